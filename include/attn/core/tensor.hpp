@@ -1,0 +1,106 @@
+// Tensor: an owning, contiguous, row-major float32 array of rank 0 to 4; TensorView and
+// ConstTensorView: cheap non-owning views of the same layout that functions take as arguments.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attn/core/shape.hpp"
+
+namespace attn {
+
+// A non-owning view of contiguous row-major data. T is float or const float.
+template <class T>
+class BasicTensorView {
+ public:
+  BasicTensorView() = default;
+  BasicTensorView(T* data, const Shape& shape) : data_(data), shape_(shape) {}
+  // A mutable view converts to a const one.
+  template <class U>
+    requires std::is_same_v<const U, T> && (!std::is_same_v<U, T>)
+  BasicTensorView(const BasicTensorView<U>& other) : data_(other.data()), shape_(other.shape()) {}
+
+  T* data() const { return data_; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  int64_t dim(int axis) const { return shape_.dim(axis); }
+  int64_t numel() const { return shape_.numel(); }
+  std::span<T> span() const { return {data_, static_cast<size_t>(numel())}; }
+
+  // The same data under another shape with as many elements; throws ShapeError otherwise.
+  BasicTensorView reshaped(const Shape& shape) const;
+  // The sub-tensor at `index` of the first axis (rank drops by one); throws ShapeError if out of range.
+  BasicTensorView operator[](int64_t index) const;
+
+  // Unchecked element access by full index; the caller guarantees rank and bounds.
+  T& operator()(int64_t i) const { return data_[i]; }
+  T& operator()(int64_t i, int64_t j) const { return data_[i * shape_[1] + j]; }
+  T& operator()(int64_t i, int64_t j, int64_t k) const {
+    return data_[(i * shape_[1] + j) * shape_[2] + k];
+  }
+  T& operator()(int64_t i, int64_t j, int64_t k, int64_t l) const {
+    return data_[((i * shape_[1] + j) * shape_[2] + k) * shape_[3] + l];
+  }
+
+ private:
+  T* data_ = nullptr;
+  Shape shape_;
+};
+
+using TensorView = BasicTensorView<float>;
+using ConstTensorView = BasicTensorView<const float>;
+
+// Owns its elements; copying copies them, moving is cheap.
+class Tensor {
+ public:
+  Tensor() = default;
+  // Zero-filled.
+  explicit Tensor(const Shape& shape);
+  // Takes `values`, which must hold exactly shape.numel() elements (ShapeError otherwise).
+  Tensor(const Shape& shape, std::vector<float> values);
+  static Tensor full(const Shape& shape, float value);
+  // A copy of any view.
+  static Tensor from(ConstTensorView view);
+
+  float* data() { return values_.data(); }
+  const float* data() const { return values_.data(); }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  int64_t dim(int axis) const { return shape_.dim(axis); }
+  int64_t numel() const { return shape_.numel(); }
+  std::span<float> span() { return values_; }
+  std::span<const float> span() const { return values_; }
+  const std::vector<float>& values() const { return values_; }
+
+  TensorView view() { return {values_.data(), shape_}; }
+  ConstTensorView view() const { return {values_.data(), shape_}; }
+  operator TensorView() { return view(); }
+  operator ConstTensorView() const { return view(); }
+
+  // Changes the shape in place, keeping the elements; throws ShapeError if the count differs.
+  void reshape(const Shape& shape);
+
+  template <class... Index>
+  float& operator()(Index... index) {
+    return view()(static_cast<int64_t>(index)...);
+  }
+  template <class... Index>
+  const float& operator()(Index... index) const {
+    return view()(static_cast<int64_t>(index)...);
+  }
+
+ private:
+  std::vector<float> values_;
+  Shape shape_;
+};
+
+// Throws ShapeError unless `view` has rank `rank`; `name` is the argument's name for the message.
+void require_rank(std::string_view name, const Shape& shape, int rank);
+// Throws ShapeError unless dimension `axis` of `shape` equals `expected`; `what` says what that
+// dimension must agree with (e.g. "the batch size of queries").
+void require_dim(std::string_view name, const Shape& shape, int axis, int64_t expected,
+                 std::string_view what);
+
+}  // namespace attn

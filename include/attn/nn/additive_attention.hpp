@@ -1,0 +1,46 @@
+// AdditiveAttention: scores w_vᵀ tanh(W_q q + W_k k) with hidden size h, for queries and keys of
+// different sizes — the book's AdditiveAttention (Bahdanau), parameters named as its state dict.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attn/nn/attention_layer.hpp"
+#include "attn/nn/linear.hpp"
+#include "attn/nn/state_dict.hpp"
+
+namespace attn {
+
+class AdditiveAttention : public AttentionLayer {
+ public:
+  // W_q (h, query_size), W_k (h, key_size), w_v (1, h), no bias; `seed` drives initialisation and
+  // dropout. ValueError for a non-positive size or a dropout outside [0, 1].
+  AdditiveAttention(int64_t key_size, int64_t query_size, int64_t num_hiddens, float dropout,
+                    uint64_t seed = 0);
+
+  // queries (B, n, query_size), keys (B, m, key_size), values (B, m, v) → (B, n, v).
+  Tensor forward(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
+                 const ValidLengths& valid_lens = {});
+  Tensor operator()(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
+                    const ValidLengths& valid_lens = {}) {
+    return forward(queries, keys, values, valid_lens);
+  }
+
+  int64_t key_size() const { return W_k_.in_features(); }
+  int64_t query_size() const { return W_q_.in_features(); }
+  int64_t num_hiddens() const { return W_q_.out_features(); }
+
+  // "W_q.weight", "W_k.weight", "w_v.weight".
+  std::vector<NamedParameter> parameters();
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& state);
+
+ private:
+  Rng init_rng_;
+  // Declared (so initialised) in the book's order: W_k, W_q, w_v.
+  Linear W_k_;
+  Linear W_q_;
+  Linear w_v_;
+};
+
+}  // namespace attn

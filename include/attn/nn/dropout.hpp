@@ -1,0 +1,27 @@
+// Dropout: zeroes each element with probability p and scales the survivors by 1/(1−p) (inverted
+// dropout, as nn.Dropout), drawing from its own seeded generator so a run can be reproduced.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+
+namespace attn {
+
+class Dropout {
+ public:
+  // ValueError unless p is in [0, 1].
+  explicit Dropout(float p, uint64_t seed = 0);
+
+  float p() const { return p_; }
+  void seed(uint64_t seed) { rng_ = Rng(seed); }
+  // In place; p = 1 zeroes everything, p = 0 leaves `values` untouched.
+  void apply(TensorView values);
+
+ private:
+  float p_;
+  Rng rng_;
+};
+
+}  // namespace attn

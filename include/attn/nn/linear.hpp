@@ -1,0 +1,40 @@
+// Linear: y = x Wᵀ + b over the last axis, PyTorch's nn.Linear with its default initialisation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/nn/state_dict.hpp"
+
+namespace attn {
+
+class Linear {
+ public:
+  // weight (out_features, in_features) and bias (out_features) drawn uniformly from
+  // ±1/√in_features, as nn.Linear's default (kaiming_uniform with a = √5) amounts to.
+  Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng);
+
+  // x (..., in_features) → (..., out_features); ShapeError names `name` when the last axis is wrong.
+  Tensor forward(ConstTensorView x, std::string_view name = "input") const;
+
+  int64_t in_features() const { return weight_.dim(1); }
+  int64_t out_features() const { return weight_.dim(0); }
+  bool has_bias() const { return has_bias_; }
+  Tensor& weight() { return weight_; }
+  const Tensor& weight() const { return weight_; }
+  Tensor& bias() { return bias_; }
+  const Tensor& bias() const { return bias_; }
+
+  // "prefix.weight" (and "prefix.bias"), as a submodule named `prefix` appears in PyTorch.
+  void append_parameters(const std::string& prefix, std::vector<NamedParameter>& parameters);
+
+ private:
+  Tensor weight_;
+  Tensor bias_;
+  bool has_bias_;
+};
+
+}  // namespace attn

@@ -1,0 +1,28 @@
+// StateDict: a layer's parameters by PyTorch's state-dict names ("W_q.weight", ...), and the
+// strict loading that names every missing, unexpected or mis-shaped tensor.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attn/core/tensor.hpp"
+
+namespace attn {
+
+using StateDict = std::map<std::string, Tensor>;
+
+// A parameter a layer owns, under its state-dict name.
+struct NamedParameter {
+  std::string name;
+  Tensor* tensor;
+};
+
+// Copies every parameter into a StateDict.
+StateDict collect_state_dict(const std::vector<NamedParameter>& parameters);
+// Copies `state` into `parameters` like PyTorch's load_state_dict(strict=True): throws ShapeError
+// naming the tensor for a missing, unexpected or mis-shaped entry, and changes nothing then.
+void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
+                     std::string_view layer_name);
+
+}  // namespace attn

@@ -1,0 +1,74 @@
+// Tensor and view construction, reshaping and slicing, with the shape checks shared by all layers.
+#include "attn/core/tensor.hpp"
+
+#include <algorithm>
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+
+template <class T>
+BasicTensorView<T> BasicTensorView<T>::reshaped(const Shape& shape) const {
+  if (shape.numel() != numel()) {
+    throw ShapeError("reshape: cannot view " + std::to_string(numel()) + " elements of shape " +
+                     shape_.str() + " as shape " + shape.str());
+  }
+  return {data_, shape};
+}
+
+template <class T>
+BasicTensorView<T> BasicTensorView<T>::operator[](int64_t index) const {
+  if (shape_.rank() == 0) throw ShapeError("index: cannot index a tensor of rank 0");
+  if (index < 0 || index >= shape_[0]) {
+    throw ShapeError("index: " + std::to_string(index) + " is out of range for the first axis of shape " +
+                     shape_.str());
+  }
+  const Shape inner = Shape::from_dims(shape_.data() + 1, shape_.rank() - 1);
+  return {data_ + index * inner.numel(), inner};
+}
+
+template class BasicTensorView<float>;
+template class BasicTensorView<const float>;
+
+Tensor::Tensor(const Shape& shape) : values_(static_cast<size_t>(shape.numel()), 0.0F), shape_(shape) {}
+
+Tensor::Tensor(const Shape& shape, std::vector<float> values) : values_(std::move(values)), shape_(shape) {
+  if (static_cast<int64_t>(values_.size()) != shape.numel()) {
+    throw ShapeError("tensor: shape " + shape.str() + " needs " + std::to_string(shape.numel()) +
+                     " values, got " + std::to_string(values_.size()));
+  }
+}
+
+Tensor Tensor::full(const Shape& shape, float value) {
+  return Tensor(shape, std::vector<float>(static_cast<size_t>(shape.numel()), value));
+}
+
+Tensor Tensor::from(ConstTensorView view) {
+  return Tensor(view.shape(), std::vector<float>(view.data(), view.data() + view.numel()));
+}
+
+void Tensor::reshape(const Shape& shape) {
+  if (shape.numel() != numel()) {
+    throw ShapeError("reshape: cannot view " + std::to_string(numel()) + " elements of shape " +
+                     shape_.str() + " as shape " + shape.str());
+  }
+  shape_ = shape;
+}
+
+void require_rank(std::string_view name, const Shape& shape, int rank) {
+  if (shape.rank() != rank) {
+    throw ShapeError(std::string(name) + ": expected a tensor of rank " + std::to_string(rank) +
+                     ", got shape " + shape.str() + " (rank " + std::to_string(shape.rank()) + ")");
+  }
+}
+
+void require_dim(std::string_view name, const Shape& shape, int axis, int64_t expected,
+                 std::string_view what) {
+  if (shape.dim(axis) != expected) {
+    throw ShapeError(std::string(name) + ": expected dimension " + std::to_string(axis) + " to be " +
+                     std::to_string(expected) + " (" + std::string(what) + "), got shape " +
+                     shape.str());
+  }
+}
+
+}  // namespace attn

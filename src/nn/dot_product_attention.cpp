@@ -1,0 +1,36 @@
+// DotProductAttention: the book's bmm(Q, Kᵀ)/√d, then the shared pooling step.
+#include "attn/nn/dot_product_attention.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "attn/core/error.hpp"
+#include "attn/kernels/matmul.hpp"
+
+namespace attn {
+
+DotProductAttention::DotProductAttention(float dropout, std::optional<float> scale, uint64_t seed)
+    : AttentionLayer(dropout, seed), scale_(scale) {
+  if (scale_ && !std::isfinite(*scale_)) {
+    throw ValueError("scale: expected a finite number, got " + std::to_string(*scale_));
+  }
+}
+
+float DotProductAttention::scale_for(int64_t d) const {
+  if (scale_) return *scale_;
+  return d > 0 ? 1.0F / std::sqrt(static_cast<float>(d)) : 1.0F;
+}
+
+Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
+                                    const ValidLengths& valid_lens) {
+  check_attention_inputs(queries, keys, values);
+  require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
+  valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
+  Tensor scores(Shape{queries.dim(0), queries.dim(1), keys.dim(1)});
+  batched_matmul_transposed(queries, keys, scores);
+  const float scale = scale_for(queries.dim(2));
+  for (float& score : scores.span()) score *= scale;
+  return pool(std::move(scores), valid_lens, values);
+}
+
+}  // namespace attn

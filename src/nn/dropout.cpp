@@ -1,0 +1,23 @@
+// Dropout: range check and the in-place masked scaling.
+#include "attn/nn/dropout.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+
+Dropout::Dropout(float p, uint64_t seed) : p_(p), rng_(seed) {
+  if (!(p >= 0.0F && p <= 1.0F)) {
+    throw ValueError("dropout: expected a probability in [0, 1], got " + std::to_string(p));
+  }
+}
+
+void Dropout::apply(TensorView values) {
+  if (p_ == 0.0F) return;
+  const float keep_scale = p_ == 1.0F ? 0.0F : 1.0F / (1.0F - p_);
+  for (float& value : values.span()) value = rng_.uniform() < p_ ? 0.0F : value * keep_scale;
+}
+
+}  // namespace attn

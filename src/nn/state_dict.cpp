@@ -1,0 +1,41 @@
+// StateDict collection and strict, all-or-nothing loading.
+#include "attn/nn/state_dict.hpp"
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+
+StateDict collect_state_dict(const std::vector<NamedParameter>& parameters) {
+  StateDict state;
+  for (const auto& parameter : parameters) state.emplace(parameter.name, *parameter.tensor);
+  return state;
+}
+
+void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
+                     std::string_view layer_name) {
+  const std::string layer(layer_name);
+  for (const auto& parameter : parameters) {
+    const auto found = state.find(parameter.name);
+    if (found == state.end()) {
+      throw ShapeError(layer + ".load_state_dict: missing tensor '" + parameter.name + "' of shape " +
+                       parameter.tensor->shape().str());
+    }
+    if (found->second.shape() != parameter.tensor->shape()) {
+      throw ShapeError(layer + ".load_state_dict: tensor '" + parameter.name + "' expected shape " +
+                       parameter.tensor->shape().str() + ", got shape " + found->second.shape().str());
+    }
+  }
+  for (const auto& [name, tensor] : state) {
+    bool known = false;
+    for (const auto& parameter : parameters) known = known || parameter.name == name;
+    if (!known) {
+      std::string expected;
+      for (const auto& parameter : parameters) expected += (expected.empty() ? "" : ", ") + parameter.name;
+      throw ShapeError(layer + ".load_state_dict: unexpected tensor '" + name + "' of shape " +
+                       tensor.shape().str() + " (expected only: " + expected + ")");
+    }
+  }
+  for (const auto& parameter : parameters) *parameter.tensor = state.at(parameter.name);
+}
+
+}  // namespace attn
