@@ -5,19 +5,20 @@
 
 namespace attn {
 
-Shape::Shape(std::initializer_list<int64_t> dims) : Shape(from_dims(dims.begin(), static_cast<int>(dims.size()))) {}
+Shape::Shape(std::initializer_list<int64_t> dims)
+    : Shape(from_dims(dims.begin(), static_cast<int>(dims.size()))) {}
 
 Shape Shape::from_dims(const int64_t* dims, int rank) {
   if (rank < 0 || rank > kMaxRank) {
-    throw ShapeError("shape: expected a rank from 0 to " + std::to_string(kMaxRank) + ", got rank " +
-                     std::to_string(rank));
+    throw ShapeError("shape: expected a rank from 0 to " + std::to_string(kMaxRank) +
+                     ", got rank " + std::to_string(rank));
   }
   Shape shape;
   shape.rank_ = rank;
   for (int axis = 0; axis < rank; ++axis) {
     if (dims[axis] < 0) {
-      throw ShapeError("shape: expected non-negative dimensions, got " + std::to_string(dims[axis]) +
-                       " at axis " + std::to_string(axis));
+      throw ShapeError("shape: expected non-negative dimensions, got " +
+                       std::to_string(dims[axis]) + " at axis " + std::to_string(axis));
     }
     shape.dims_[static_cast<size_t>(axis)] = dims[axis];
   }

@@ -20,8 +20,8 @@ template <class T>
 BasicTensorView<T> BasicTensorView<T>::operator[](int64_t index) const {
   if (shape_.rank() == 0) throw ShapeError("index: cannot index a tensor of rank 0");
   if (index < 0 || index >= shape_[0]) {
-    throw ShapeError("index: " + std::to_string(index) + " is out of range for the first axis of shape " +
-                     shape_.str());
+    throw ShapeError("index: " + std::to_string(index) +
+                     " is out of range for the first axis of shape " + shape_.str());
   }
   const Shape inner = Shape::from_dims(shape_.data() + 1, shape_.rank() - 1);
   return {data_ + index * inner.numel(), inner};
@@ -30,9 +30,11 @@ BasicTensorView<T> BasicTensorView<T>::operator[](int64_t index) const {
 template class BasicTensorView<float>;
 template class BasicTensorView<const float>;
 
-Tensor::Tensor(const Shape& shape) : values_(static_cast<size_t>(shape.numel()), 0.0F), shape_(shape) {}
+Tensor::Tensor(const Shape& shape)
+    : values_(static_cast<size_t>(shape.numel()), 0.0F), shape_(shape) {}
 
-Tensor::Tensor(const Shape& shape, std::vector<float> values) : values_(std::move(values)), shape_(shape) {
+Tensor::Tensor(const Shape& shape, std::vector<float> values)
+    : values_(std::move(values)), shape_(shape) {
   if (static_cast<int64_t>(values_.size()) != shape.numel()) {
     throw ShapeError("tensor: shape " + shape.str() + " needs " + std::to_string(shape.numel()) +
                      " values, got " + std::to_string(values_.size()));
@@ -65,9 +67,9 @@ void require_rank(std::string_view name, const Shape& shape, int rank) {
 void require_dim(std::string_view name, const Shape& shape, int axis, int64_t expected,
                  std::string_view what) {
   if (shape.dim(axis) != expected) {
-    throw ShapeError(std::string(name) + ": expected dimension " + std::to_string(axis) + " to be " +
-                     std::to_string(expected) + " (" + std::string(what) + "), got shape " +
-                     shape.str());
+    throw ShapeError(std::string(name) + ": expected dimension " + std::to_string(axis) +
+                     " to be " + std::to_string(expected) + " (" + std::string(what) +
+                     "), got shape " + shape.str());
   }
 }
 

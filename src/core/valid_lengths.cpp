@@ -16,9 +16,9 @@ ValidLengths ValidLengths::per_batch(std::vector<int64_t> lengths) {
 
 ValidLengths ValidLengths::per_query(std::vector<int64_t> lengths, int64_t batch, int64_t queries) {
   if (batch < 0 || queries < 0 || static_cast<int64_t>(lengths.size()) != batch * queries) {
-    throw ShapeError("valid_lens: shape (" + std::to_string(batch) + ", " + std::to_string(queries) +
-                     ") needs " + std::to_string(batch * queries) + " lengths, got " +
-                     std::to_string(lengths.size()));
+    throw ShapeError("valid_lens: shape (" + std::to_string(batch) + ", " +
+                     std::to_string(queries) + ") needs " + std::to_string(batch * queries) +
+                     " lengths, got " + std::to_string(lengths.size()));
   }
   ValidLengths result;
   result.kind_ = Kind::kPerQuery;
@@ -32,8 +32,9 @@ namespace {
 template <class Int>
 ValidLengths from_integers(std::span<const Int> lengths, const Shape& shape) {
   if (static_cast<int64_t>(lengths.size()) != shape.numel()) {
-    throw ShapeError("valid_lens: shape " + shape.str() + " needs " + std::to_string(shape.numel()) +
-                     " lengths, got " + std::to_string(lengths.size()));
+    throw ShapeError("valid_lens: shape " + shape.str() + " needs " +
+                     std::to_string(shape.numel()) + " lengths, got " +
+                     std::to_string(lengths.size()));
   }
   std::vector<int64_t> widened(lengths.begin(), lengths.end());
   if (shape.rank() == 1) return ValidLengths::per_batch(std::move(widened));
@@ -62,16 +63,17 @@ Shape ValidLengths::shape() const {
   return Shape{};
 }
 
-void ValidLengths::check(std::string_view name, int64_t batch, int64_t queries, int64_t keys) const {
+void ValidLengths::check(std::string_view name, int64_t batch, int64_t queries,
+                         int64_t keys) const {
   const std::string label(name);
   if (kind_ == Kind::kAll) return;
   if (batch_ != batch || (kind_ == Kind::kPerQuery && queries_ != queries)) {
-    const std::string expected = kind_ == Kind::kPerBatch
-                                     ? "(" + std::to_string(batch) + ",)"
-                                     : "(" + std::to_string(batch) + ", " + std::to_string(queries) + ")";
+    const std::string expected = kind_ == Kind::kPerBatch ? "(" + std::to_string(batch) + ",)"
+                                                          : "(" + std::to_string(batch) + ", " +
+                                                                std::to_string(queries) + ")";
     throw ShapeError(label + ": expected shape " + expected + " to match scores of shape (" +
-                     std::to_string(batch) + ", " + std::to_string(queries) + ", " + std::to_string(keys) +
-                     "), got shape " + shape().str());
+                     std::to_string(batch) + ", " + std::to_string(queries) + ", " +
+                     std::to_string(keys) + "), got shape " + shape().str());
   }
   for (size_t index = 0; index < lengths_.size(); ++index) {
     const int64_t value = lengths_[index];

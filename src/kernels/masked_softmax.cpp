@@ -11,8 +11,8 @@ namespace attn {
 void masked_softmax(ConstTensorView scores, const ValidLengths& valid_lens, TensorView weights) {
   require_rank("scores", scores.shape(), 3);
   if (weights.shape() != scores.shape()) {
-    throw ShapeError("weights: expected shape " + scores.shape().str() + " (that of scores), got shape " +
-                     weights.shape().str());
+    throw ShapeError("weights: expected shape " + scores.shape().str() +
+                     " (that of scores), got shape " + weights.shape().str());
   }
   const int64_t batch = scores.dim(0);
   const int64_t queries = scores.dim(1);

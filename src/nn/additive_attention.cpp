@@ -14,8 +14,8 @@ AdditiveAttention::AdditiveAttention(int64_t key_size, int64_t query_size, int64
       W_q_(query_size, num_hiddens, false, init_rng_),
       w_v_(num_hiddens, 1, false, init_rng_) {}
 
-Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
-                                  const ValidLengths& valid_lens) {
+Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
+                                  ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
   const Tensor projected_queries = W_q_.forward(queries, "queries");

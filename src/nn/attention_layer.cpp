@@ -1,4 +1,5 @@
-// AttentionLayer: the shared pooling step (masked softmax → dropout → weighted sum) and input checks.
+// AttentionLayer: the shared pooling step (masked softmax → dropout → weighted sum) and input
+// checks.
 #include "attn/nn/attention_layer.hpp"
 
 #include "attn/kernels/masked_softmax.hpp"

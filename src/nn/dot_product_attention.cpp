@@ -21,8 +21,8 @@ float DotProductAttention::scale_for(int64_t d) const {
   return d > 0 ? 1.0F / std::sqrt(static_cast<float>(d)) : 1.0F;
 }
 
-Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
-                                    const ValidLengths& valid_lens) {
+Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView keys,
+                                    ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));

@@ -10,11 +10,12 @@ namespace attn {
 
 GaussianKernelPooling::GaussianKernelPooling(float width, float dropout, uint64_t seed)
     : AttentionLayer(dropout, seed), width_(Shape{1}, {width}) {
-  if (!std::isfinite(width)) throw ValueError("width: expected a finite number, got " + std::to_string(width));
+  if (!std::isfinite(width))
+    throw ValueError("width: expected a finite number, got " + std::to_string(width));
 }
 
-Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
-                                      const ValidLengths& valid_lens) {
+Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView keys,
+                                      ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
@@ -36,7 +37,9 @@ Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView k
   return pool(std::move(scores), valid_lens, values);
 }
 
-std::vector<NamedParameter> GaussianKernelPooling::parameters() { return {{"w", &width_}}; }
+std::vector<NamedParameter> GaussianKernelPooling::parameters() {
+  return {{"w", &width_}};
+}
 
 StateDict GaussianKernelPooling::state_dict() const {
   // parameters() hands out mutable pointers, but collecting only copies through them.
@@ -46,8 +49,9 @@ StateDict GaussianKernelPooling::state_dict() const {
 void GaussianKernelPooling::load_state_dict(const StateDict& state) {
   attn::load_state_dict(state, parameters(), "GaussianKernelPooling");
   if (!std::isfinite(width())) {
-    throw ValueError("GaussianKernelPooling.load_state_dict: tensor 'w' expected a finite width, got " +
-                     std::to_string(width()));
+    throw ValueError(
+        "GaussianKernelPooling.load_state_dict: tensor 'w' expected a finite width, got " +
+        std::to_string(width()));
   }
 }
 

@@ -8,7 +8,9 @@
 namespace attn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
-    : weight_(Shape{out_features, in_features}), bias_(Shape{bias ? out_features : 0}), has_bias_(bias) {
+    : weight_(Shape{out_features, in_features}),
+      bias_(Shape{bias ? out_features : 0}),
+      has_bias_(bias) {
   if (in_features <= 0 || out_features <= 0) {
     throw ValueError("Linear: expected positive in_features and out_features, got " +
                      std::to_string(in_features) + " and " + std::to_string(out_features));
@@ -19,7 +21,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
 }
 
 Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
-  if (x.rank() < 1) throw ShapeError(std::string(name) + ": expected a tensor of rank 1 to 4, got rank 0");
+  if (x.rank() < 1)
+    throw ShapeError(std::string(name) + ": expected a tensor of rank 1 to 4, got rank 0");
   const int64_t in = in_features(), out = out_features();
   require_dim(name, x.shape(), -1, in, "the layer's input size");
   int64_t dims[Shape::kMaxRank];

@@ -11,8 +11,8 @@ namespace {
 
 int64_t checked_heads(int64_t num_hiddens, int64_t num_heads) {
   if (num_heads <= 0 || num_hiddens <= 0 || num_hiddens % num_heads != 0) {
-    throw ValueError("num_heads: expected a positive divisor of num_hiddens = " + std::to_string(num_hiddens) +
-                     ", got " + std::to_string(num_heads));
+    throw ValueError("num_heads: expected a positive divisor of num_hiddens = " +
+                     std::to_string(num_hiddens) + ", got " + std::to_string(num_heads));
   }
   return num_heads;
 }
@@ -42,8 +42,8 @@ Tensor merge_heads(const Tensor& x, int64_t heads) {
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size,
-                                       int64_t num_hiddens, int64_t num_heads, float dropout, bool bias,
-                                       uint64_t seed)
+                                       int64_t num_hiddens, int64_t num_heads, float dropout,
+                                       bool bias, uint64_t seed)
     : num_heads_(checked_heads(num_hiddens, num_heads)),
       init_rng_(seed),
       attention_(dropout, std::nullopt, seed ^ 0x5eed'd50'9017ULL),
@@ -52,8 +52,8 @@ MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int
       W_v_(value_size, num_hiddens, bias, init_rng_),
       W_o_(num_hiddens, num_hiddens, bias, init_rng_) {}
 
-Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
-                                   const ValidLengths& valid_lens) {
+Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys,
+                                   ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
   const Tensor q = split_heads(W_q_.forward(queries, "queries"), num_heads_);

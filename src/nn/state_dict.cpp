@@ -17,12 +17,13 @@ void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& 
   for (const auto& parameter : parameters) {
     const auto found = state.find(parameter.name);
     if (found == state.end()) {
-      throw ShapeError(layer + ".load_state_dict: missing tensor '" + parameter.name + "' of shape " +
-                       parameter.tensor->shape().str());
+      throw ShapeError(layer + ".load_state_dict: missing tensor '" + parameter.name +
+                       "' of shape " + parameter.tensor->shape().str());
     }
     if (found->second.shape() != parameter.tensor->shape()) {
       throw ShapeError(layer + ".load_state_dict: tensor '" + parameter.name + "' expected shape " +
-                       parameter.tensor->shape().str() + ", got shape " + found->second.shape().str());
+                       parameter.tensor->shape().str() + ", got shape " +
+                       found->second.shape().str());
     }
   }
   for (const auto& [name, tensor] : state) {
@@ -30,7 +31,8 @@ void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& 
     for (const auto& parameter : parameters) known = known || parameter.name == name;
     if (!known) {
       std::string expected;
-      for (const auto& parameter : parameters) expected += (expected.empty() ? "" : ", ") + parameter.name;
+      for (const auto& parameter : parameters)
+        expected += (expected.empty() ? "" : ", ") + parameter.name;
       throw ShapeError(layer + ".load_state_dict: unexpected tensor '" + name + "' of shape " +
                        tensor.shape().str() + " (expected only: " + expected + ")");
     }

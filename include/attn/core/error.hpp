@@ -1,4 +1,5 @@
-// The exceptions attn throws. Every message names the argument, what was expected and what was given.
+// The exceptions attn throws. Every message names the argument, what was expected and what was
+// given.
 #pragma once
 
 #include <stdexcept>

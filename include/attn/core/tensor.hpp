@@ -19,8 +19,9 @@ class BasicTensorView {
   BasicTensorView(T* data, const Shape& shape) : data_(data), shape_(shape) {}
   // A mutable view converts to a const one.
   template <class U>
-    requires std::is_same_v<const U, T> && (!std::is_same_v<U, T>)
-  BasicTensorView(const BasicTensorView<U>& other) : data_(other.data()), shape_(other.shape()) {}
+  requires std::is_same_v<const U, T> &&
+      (!std::is_same_v<U, T>)BasicTensorView(const BasicTensorView<U>& other)
+      : data_(other.data()), shape_(other.shape()) {}
 
   T* data() const { return data_; }
   const Shape& shape() const { return shape_; }
@@ -31,7 +32,8 @@ class BasicTensorView {
 
   // The same data under another shape with as many elements; throws ShapeError otherwise.
   BasicTensorView reshaped(const Shape& shape) const;
-  // The sub-tensor at `index` of the first axis (rank drops by one); throws ShapeError if out of range.
+  // The sub-tensor at `index` of the first axis (rank drops by one); throws ShapeError if out of
+  // range.
   BasicTensorView operator[](int64_t index) const;
 
   // Unchecked element access by full index; the caller guarantees rank and bounds.

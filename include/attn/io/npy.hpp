@@ -43,6 +43,7 @@ ValidLengths load_npy_valid_lengths(const std::filesystem::path& path, std::stri
 std::vector<std::byte> serialize_npy(ConstTensorView tensor);
 std::vector<std::byte> serialize_npy(std::span<const int64_t> values, const Shape& shape);
 void save_npy(const std::filesystem::path& path, ConstTensorView tensor);
-void save_npy(const std::filesystem::path& path, std::span<const int64_t> values, const Shape& shape);
+void save_npy(const std::filesystem::path& path, std::span<const int64_t> values,
+              const Shape& shape);
 
 }  // namespace attn

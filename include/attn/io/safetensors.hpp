@@ -22,8 +22,8 @@ StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view s
 StateDict load_safetensors(const std::filesystem::path& path);
 
 // Writes F32 tensors in name order, with optional string metadata ("__metadata__").
-std::vector<std::byte> serialize_safetensors(const StateDict& tensors,
-                                             const std::map<std::string, std::string>& metadata = {});
+std::vector<std::byte> serialize_safetensors(
+    const StateDict& tensors, const std::map<std::string, std::string>& metadata = {});
 void save_safetensors(const std::filesystem::path& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

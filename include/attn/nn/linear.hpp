@@ -17,7 +17,8 @@ class Linear {
   // ±1/√in_features, as nn.Linear's default (kaiming_uniform with a = √5) amounts to.
   Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng);
 
-  // x (..., in_features) → (..., out_features); ShapeError names `name` when the last axis is wrong.
+  // x (..., in_features) → (..., out_features); ShapeError names `name` when the last axis is
+  // wrong.
   Tensor forward(ConstTensorView x, std::string_view name = "input") const;
 
   int64_t in_features() const { return weight_.dim(1); }

@@ -1,0 +1,185 @@
+// Plain reference implementations of every attn layer: obvious loops over the book's formulas,
+// templated on the scalar so they run in double (the tests' ground truth). Independent of the
+// library's kernels on purpose: they share no code with src/.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace attn::reference {
+
+// A dense row-major array with its dimensions; deliberately simpler than attn::Tensor.
+template <class T>
+struct Array {
+  std::vector<int64_t> dims;
+  std::vector<T> values;
+
+  Array() = default;
+  explicit Array(std::vector<int64_t> dimensions) : dims(std::move(dimensions)) {
+    int64_t count = 1;
+    for (int64_t dim : dims) count *= dim;
+    values.assign(static_cast<size_t>(count), T(0));
+  }
+  T& at(int64_t i, int64_t j, int64_t k) {
+    return values[static_cast<size_t>((i * dims[1] + j) * dims[2] + k)];
+  }
+  const T& at(int64_t i, int64_t j, int64_t k) const {
+    return values[static_cast<size_t>((i * dims[1] + j) * dims[2] + k)];
+  }
+};
+
+// lengths[b][i]: how many keys query i of batch b sees (already expanded to (B, n)).
+using Lengths = std::vector<std::vector<int64_t>>;
+
+// Softmax over the first `length` entries of each row, exact zeros after; zero rows for length 0.
+template <class T>
+Array<T> masked_softmax(const Array<T>& scores, const Lengths& lengths) {
+  Array<T> weights(scores.dims);
+  for (int64_t b = 0; b < scores.dims[0]; ++b) {
+    for (int64_t i = 0; i < scores.dims[1]; ++i) {
+      const int64_t length = lengths[static_cast<size_t>(b)][static_cast<size_t>(i)];
+      if (length == 0) continue;
+      T row_max = scores.at(b, i, 0);
+      for (int64_t j = 1; j < length; ++j) row_max = std::max(row_max, scores.at(b, i, j));
+      T sum = 0;
+      for (int64_t j = 0; j < length; ++j) sum += std::exp(scores.at(b, i, j) - row_max);
+      for (int64_t j = 0; j < length; ++j)
+        weights.at(b, i, j) = std::exp(scores.at(b, i, j) - row_max) / sum;
+    }
+  }
+  return weights;
+}
+
+// out[b, i, :] = Σ_j weights[b, i, j] · values[b, j, :].
+template <class T>
+Array<T> weighted_sum(const Array<T>& weights, const Array<T>& values) {
+  Array<T> out({weights.dims[0], weights.dims[1], values.dims[2]});
+  for (int64_t b = 0; b < weights.dims[0]; ++b)
+    for (int64_t i = 0; i < weights.dims[1]; ++i)
+      for (int64_t j = 0; j < weights.dims[2]; ++j)
+        for (int64_t t = 0; t < values.dims[2]; ++t)
+          out.at(b, i, t) += weights.at(b, i, j) * values.at(b, j, t);
+  return out;
+}
+
+// x (B, n, in) · Wᵀ (+ bias) with W (out, in) stored row-major.
+template <class T>
+Array<T> linear(const Array<T>& x, const std::vector<T>& weight, const std::vector<T>& bias,
+                int64_t out_features) {
+  const int64_t in = x.dims[2];
+  Array<T> y({x.dims[0], x.dims[1], out_features});
+  for (int64_t b = 0; b < x.dims[0]; ++b)
+    for (int64_t i = 0; i < x.dims[1]; ++i)
+      for (int64_t o = 0; o < out_features; ++o) {
+        T sum = bias.empty() ? T(0) : bias[static_cast<size_t>(o)];
+        for (int64_t t = 0; t < in; ++t)
+          sum += x.at(b, i, t) * weight[static_cast<size_t>(o * in + t)];
+        y.at(b, i, o) = sum;
+      }
+  return y;
+}
+
+struct Result {
+  Array<double> output;
+  Array<double> weights;
+};
+
+// Scaled dot-product attention: softmax(Q Kᵀ · scale) V.
+inline Result dot_product_attention(const Array<double>& q, const Array<double>& k,
+                                    const Array<double>& v, const Lengths& lengths, double scale) {
+  Array<double> scores({q.dims[0], q.dims[1], k.dims[1]});
+  for (int64_t b = 0; b < q.dims[0]; ++b)
+    for (int64_t i = 0; i < q.dims[1]; ++i)
+      for (int64_t j = 0; j < k.dims[1]; ++j) {
+        double sum = 0;
+        for (int64_t t = 0; t < q.dims[2]; ++t) sum += q.at(b, i, t) * k.at(b, j, t);
+        scores.at(b, i, j) = sum * scale;
+      }
+  Array<double> weights = masked_softmax(scores, lengths);
+  return {weighted_sum(weights, v), weights};
+}
+
+// Additive attention: score(i, j) = w_v · tanh(W_q q_i + W_k k_j).
+inline Result additive_attention(const Array<double>& q, const Array<double>& k,
+                                 const Array<double>& v, const Lengths& lengths,
+                                 const std::vector<double>& W_q, const std::vector<double>& W_k,
+                                 const std::vector<double>& w_v) {
+  const auto hidden = static_cast<int64_t>(w_v.size());
+  const Array<double> qp = linear(q, W_q, {}, hidden);
+  const Array<double> kp = linear(k, W_k, {}, hidden);
+  Array<double> scores({q.dims[0], q.dims[1], k.dims[1]});
+  for (int64_t b = 0; b < q.dims[0]; ++b)
+    for (int64_t i = 0; i < q.dims[1]; ++i)
+      for (int64_t j = 0; j < k.dims[1]; ++j) {
+        double sum = 0;
+        for (int64_t t = 0; t < hidden; ++t)
+          sum += w_v[static_cast<size_t>(t)] * std::tanh(qp.at(b, i, t) + kp.at(b, j, t));
+        scores.at(b, i, j) = sum;
+      }
+  Array<double> weights = masked_softmax(scores, lengths);
+  return {weighted_sum(weights, v), weights};
+}
+
+// Gaussian-kernel (Nadaraya–Watson) pooling: score(i, j) = −½‖(q_i − k_j)·w‖².
+inline Result gaussian_kernel_pooling(const Array<double>& q, const Array<double>& k,
+                                      const Array<double>& v, const Lengths& lengths,
+                                      double width) {
+  Array<double> scores({q.dims[0], q.dims[1], k.dims[1]});
+  for (int64_t b = 0; b < q.dims[0]; ++b)
+    for (int64_t i = 0; i < q.dims[1]; ++i)
+      for (int64_t j = 0; j < k.dims[1]; ++j) {
+        double sum = 0;
+        for (int64_t t = 0; t < q.dims[2]; ++t) {
+          const double scaled = (q.at(b, i, t) - k.at(b, j, t)) * width;
+          sum += scaled * scaled;
+        }
+        scores.at(b, i, j) = -0.5 * sum;
+      }
+  Array<double> weights = masked_softmax(scores, lengths);
+  return {weighted_sum(weights, v), weights};
+}
+
+struct MultiHeadParameters {
+  std::vector<double> W_q, W_k, W_v, W_o;
+  std::vector<double> b_q, b_k, b_v, b_o;  // empty without bias
+};
+
+// Multi-head attention written head by head (no transposes): each head h uses columns
+// [h·d, (h+1)·d) of the projections; weights are returned as (B·heads, n, m).
+inline Result multi_head_attention(const Array<double>& q, const Array<double>& k,
+                                   const Array<double>& v, const Lengths& lengths,
+                                   const MultiHeadParameters& p, int64_t num_hiddens,
+                                   int64_t heads) {
+  const Array<double> qp = linear(q, p.W_q, p.b_q, num_hiddens);
+  const Array<double> kp = linear(k, p.W_k, p.b_k, num_hiddens);
+  const Array<double> vp = linear(v, p.W_v, p.b_v, num_hiddens);
+  const int64_t batch = q.dims[0], n = q.dims[1], m = k.dims[1], d = num_hiddens / heads;
+  Array<double> concat({batch, n, num_hiddens});
+  Array<double> all_weights({batch * heads, n, m});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t length = lengths[static_cast<size_t>(b)][static_cast<size_t>(i)];
+        if (length == 0) continue;
+        std::vector<double> scores(static_cast<size_t>(length));
+        double row_max = -INFINITY;
+        for (int64_t j = 0; j < length; ++j) {
+          double sum = 0;
+          for (int64_t t = 0; t < d; ++t) sum += qp.at(b, i, h * d + t) * kp.at(b, j, h * d + t);
+          scores[static_cast<size_t>(j)] = sum / std::sqrt(static_cast<double>(d));
+          row_max = std::max(row_max, scores[static_cast<size_t>(j)]);
+        }
+        double total = 0;
+        for (double& s : scores) total += (s = std::exp(s - row_max));
+        for (int64_t j = 0; j < length; ++j) {
+          const double weight = scores[static_cast<size_t>(j)] / total;
+          all_weights.at(b * heads + h, i, j) = weight;
+          for (int64_t t = 0; t < d; ++t)
+            concat.at(b, i, h * d + t) += weight * vp.at(b, j, h * d + t);
+        }
+      }
+  return {linear(concat, p.W_o, p.b_o, num_hiddens), all_weights};
+}
+
+}  // namespace attn::reference

@@ -1,0 +1,44 @@
+// Helpers shared by attn's tests: random tensors, conversion to the double reference, tolerance
+// checks relative to the result's magnitude, and matching error messages.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/core/valid_lengths.hpp"
+#include "reference.hpp"
+
+namespace attn::testing {
+
+// Normal entries times `scale`, from `rng`.
+Tensor random_tensor(const Shape& shape, Rng& rng, float scale = 1.0F);
+// The tensor's values in double, for the reference.
+reference::Array<double> to_reference(ConstTensorView tensor);
+std::vector<double> to_doubles(ConstTensorView tensor);
+// Lengths expanded to (B, n), as the reference takes them.
+reference::Lengths expand(const ValidLengths& lengths, int64_t batch, int64_t queries,
+                          int64_t keys);
+
+// max |actual − expected| ≤ relative · max(1, max |expected|); reports the worst index.
+::testing::AssertionResult close_to(ConstTensorView actual, const std::vector<double>& expected,
+                                    double relative);
+
+}  // namespace attn::testing
+
+// EXPECT_THROW_MESSAGE(statement, ExceptionType, "substring"): throws that type, message contains
+// it.
+#define EXPECT_THROW_MESSAGE(statement, exception_type, substring)                          \
+  do {                                                                                      \
+    try {                                                                                   \
+      statement;                                                                            \
+      ADD_FAILURE() << "expected " #exception_type " containing \"" << (substring) << "\""; \
+    } catch (const exception_type& error) {                                                 \
+      EXPECT_NE(std::string(error.what()).find(substring), std::string::npos)               \
+          << "message: " << error.what() << "\nexpected to contain: " << (substring);       \
+    }                                                                                       \
+  } while (false)
