@@ -1,0 +1,75 @@
+// State dicts: PyTorch's names and (out, in) shapes, round trips, and strict loading errors.
+#include "attn/nn/state_dict.hpp"
+
+#include <gtest/gtest.h>
+
+#include "attn/core/error.hpp"
+#include "attn/nn/additive_attention.hpp"
+#include "attn/nn/gaussian_kernel_pooling.hpp"
+#include "attn/nn/multi_head_attention.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+std::map<std::string, Shape> shapes_of(const StateDict& state) {
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, tensor] : state) shapes.emplace(name, tensor.shape());
+  return shapes;
+}
+
+TEST(StateDict, UsesPyTorchNamesAndLayouts) {
+  const AdditiveAttention additive(/*key_size=*/2, /*query_size=*/20, /*num_hiddens=*/8, 0.0F);
+  EXPECT_EQ(
+      shapes_of(additive.state_dict()),
+      (std::map<std::string, Shape>{
+          {"W_k.weight", Shape{8, 2}}, {"W_q.weight", Shape{8, 20}}, {"w_v.weight", Shape{1, 8}}}));
+  const MultiHeadAttention with_bias(3, 4, 5, 6, 2, 0.0F, /*bias=*/true);
+  EXPECT_EQ(shapes_of(with_bias.state_dict()),
+            (std::map<std::string, Shape>{{"W_q.weight", Shape{6, 4}},
+                                          {"W_q.bias", Shape{6}},
+                                          {"W_k.weight", Shape{6, 3}},
+                                          {"W_k.bias", Shape{6}},
+                                          {"W_v.weight", Shape{6, 5}},
+                                          {"W_v.bias", Shape{6}},
+                                          {"W_o.weight", Shape{6, 6}},
+                                          {"W_o.bias", Shape{6}}}));
+  EXPECT_EQ(shapes_of(GaussianKernelPooling(2.0F).state_dict()),
+            (std::map<std::string, Shape>{{"w", Shape{1}}}));
+}
+
+TEST(StateDict, RoundTripsBetweenLayers) {
+  AdditiveAttention source(2, 3, 4, 0.0F, /*seed=*/1), target(2, 3, 4, 0.0F, /*seed=*/2);
+  ASSERT_NE(source.state_dict().at("W_q.weight").values(),
+            target.state_dict().at("W_q.weight").values());
+  target.load_state_dict(source.state_dict());
+  for (const auto& [name, tensor] : source.state_dict())
+    EXPECT_EQ(target.state_dict().at(name).values(), tensor.values()) << name;
+}
+
+TEST(StateDict, StrictLoadingNamesTheTensorAndChangesNothing) {
+  MultiHeadAttention attention(3, 4, 5, 6, 2, 0.0F);
+  const StateDict before = attention.state_dict();
+
+  StateDict missing = before;
+  missing.erase("W_v.weight");
+  EXPECT_THROW_MESSAGE(
+      attention.load_state_dict(missing), ShapeError,
+      "MultiHeadAttention.load_state_dict: missing tensor 'W_v.weight' of shape (6, 5)");
+
+  StateDict extra = before;
+  extra.emplace("W_q.bias", Tensor(Shape{6}));
+  EXPECT_THROW_MESSAGE(attention.load_state_dict(extra), ShapeError,
+                       "unexpected tensor 'W_q.bias' of shape (6,)");
+
+  StateDict misshaped = before;
+  misshaped.at("W_o.weight") = Tensor(Shape{6, 5});
+  misshaped.at("W_q.weight") = Tensor(Shape{6, 4});  // valid, and must not be applied either
+  EXPECT_THROW_MESSAGE(attention.load_state_dict(misshaped), ShapeError,
+                       "tensor 'W_o.weight' expected shape (6, 6), got shape (6, 5)");
+  for (const auto& [name, tensor] : attention.state_dict())
+    EXPECT_EQ(tensor.values(), before.at(name).values()) << name;
+}
+
+}  // namespace
+}  // namespace attn
