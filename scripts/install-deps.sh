@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages attn builds and tests with, skipping apt when all are present.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libcairo2-dev fonts-dejavu-core      # heatmaps (PNG, SVG, PDF) and the font they use
+  libcli11-dev                         # the command line
+  nlohmann-json3-dev                   # safetensors headers
+  libgtest-dev libgmock-dev            # tests
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+[[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
