@@ -7,7 +7,7 @@ packages=(
   libcairo2-dev fonts-dejavu-core      # heatmaps (PNG, SVG, PDF) and the font they use
   libcli11-dev                         # the command line
   nlohmann-json3-dev                   # safetensors headers
-  libgtest-dev libgmock-dev            # tests
+  libgtest-dev                         # tests
 )
 
 missing=()

@@ -1,0 +1,418 @@
+// .npy reading and writing: the header's Python-literal dictionary, parsed and checked field by
+// field, and the little-endian C-order data that must follow it exactly.
+#include "attn/io/npy.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+namespace {
+
+// Data is decoded and encoded by copying bytes, which is only right on a little-endian host.
+static_assert(std::endian::native == std::endian::little, "attn assumes a little-endian host");
+
+constexpr std::string_view kMagic = "\x93NUMPY";
+// NumPy aligns the start of the data to 64 bytes so that the file can be memory-mapped.
+constexpr size_t kDataAlignment = 64;
+// NumPy leaves room after the dictionary for the first dimension to grow to 21 digits, so that
+// appending to an array can rewrite the header in place; we copy it to write identical headers.
+constexpr size_t kGrowthAxisMaxDigits = 21;
+
+struct DTypeInfo {
+  NpyDType dtype;
+  std::string_view descr;
+  int64_t itemsize;
+};
+
+constexpr std::array<DTypeInfo, 4> kDTypes = {{
+    {NpyDType::kFloat32, "<f4", 4},
+    {NpyDType::kFloat64, "<f8", 8},
+    {NpyDType::kInt32, "<i4", 4},
+    {NpyDType::kInt64, "<i8", 8},
+}};
+
+[[noreturn]] void fail(std::string_view source, const std::string& message) {
+  throw FileError(std::string(source) + ": " + message);
+}
+
+const DTypeInfo& dtype_info(NpyDType dtype) {
+  for (const DTypeInfo& info : kDTypes) {
+    if (info.dtype == dtype) return info;
+  }
+  throw FileError("npy: unknown dtype");  // unreachable: kDTypes lists every NpyDType
+}
+
+const DTypeInfo& dtype_from_descr(std::string_view descr, std::string_view source) {
+  for (const DTypeInfo& info : kDTypes) {
+    if (info.descr == descr) return info;
+  }
+  fail(source, "unsupported dtype '" + std::string(descr) +
+                   "': expected little-endian '<f4', '<f8', '<i4' or '<i8'");
+}
+
+uint64_t read_little_endian(std::span<const std::byte> bytes) {
+  uint64_t value = 0;
+  for (size_t index = bytes.size(); index > 0; --index) {
+    value = (value << 8) | std::to_integer<uint64_t>(bytes[index - 1]);
+  }
+  return value;
+}
+
+// The dictionary's three fields, each unset until the header names it.
+struct HeaderFields {
+  std::optional<std::string> descr;
+  std::optional<bool> fortran_order;
+  std::optional<std::vector<int64_t>> shape;
+};
+
+// A parser for the small subset of Python literals NumPy writes: a dict of string keys whose
+// values are strings, booleans and tuples of non-negative integers.
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, std::string_view source) : text_(text), source_(source) {}
+
+  HeaderFields parse() {
+    HeaderFields fields;
+    expect('{');
+    while (!consume('}')) {
+      const std::string key = parse_string();
+      expect(':');
+      if (key == "descr" && !fields.descr) {
+        skip_whitespace();
+        if (peek() == '[') fail(source_, "unsupported dtype: structured arrays are not supported");
+        fields.descr = parse_string();
+      } else if (key == "fortran_order" && !fields.fortran_order) {
+        fields.fortran_order = parse_bool();
+      } else if (key == "shape" && !fields.shape) {
+        fields.shape = parse_shape();
+      } else {
+        fail(source_, "malformed header: unexpected or repeated key '" + key +
+                          "' (expected 'descr', 'fortran_order' and 'shape' once each)");
+      }
+      if (!consume(',')) {
+        expect('}');
+        break;
+      }
+    }
+    skip_whitespace();
+    if (position_ != text_.size()) error("the end of the header after '}'");
+    return fields;
+  }
+
+ private:
+  char peek() const { return position_ < text_.size() ? text_[position_] : '\0'; }
+
+  void skip_whitespace() {
+    while (position_ < text_.size() && (text_[position_] == ' ' || text_[position_] == '\n' ||
+                                        text_[position_] == '\r' || text_[position_] == '\t')) {
+      ++position_;
+    }
+  }
+
+  bool consume(char wanted) {
+    skip_whitespace();
+    if (peek() != wanted || position_ == text_.size()) return false;
+    ++position_;
+    return true;
+  }
+
+  void expect(char wanted) {
+    if (!consume(wanted)) error(std::string("'") + wanted + "'");
+  }
+
+  [[noreturn]] void error(const std::string& expected) const {
+    const std::string got = position_ < text_.size()
+                                ? "'" + std::string(text_.substr(position_, 12)) + "'"
+                                : "the end of the header";
+    fail(source_, "malformed header at character " + std::to_string(position_) + ": expected " +
+                      expected + ", got " + got);
+  }
+
+  std::string parse_string() {
+    skip_whitespace();
+    const char quote = peek();
+    if (quote != '\'' && quote != '"') error("a quoted string");
+    const size_t end = text_.find(quote, position_ + 1);
+    if (end == std::string_view::npos) error("a closing quote");
+    std::string value(text_.substr(position_ + 1, end - position_ - 1));
+    // Escapes never occur in the keys and dtypes NumPy writes; refuse rather than misread them.
+    if (value.find('\\') != std::string::npos) error("a string without escape sequences");
+    position_ = end + 1;
+    return value;
+  }
+
+  bool parse_bool() {
+    skip_whitespace();
+    for (const auto& [word, value] : {std::pair<std::string_view, bool>{"True", true},
+                                      std::pair<std::string_view, bool>{"False", false}}) {
+      if (text_.substr(position_, word.size()) == word) {
+        position_ += word.size();
+        return value;
+      }
+    }
+    error("True or False");
+  }
+
+  // "()", "(3,)" or "(2, 3)"; a single element without its comma is not a tuple in Python.
+  std::vector<int64_t> parse_shape() {
+    expect('(');
+    std::vector<int64_t> dims;
+    bool trailing_comma = false;
+    while (!consume(')')) {
+      dims.push_back(parse_dimension());
+      trailing_comma = consume(',');
+      if (!trailing_comma) {
+        expect(')');
+        break;
+      }
+    }
+    if (dims.size() == 1 && !trailing_comma) error("a tuple such as (3,) for the shape");
+    return dims;
+  }
+
+  int64_t parse_dimension() {
+    skip_whitespace();
+    if (peek() < '0' || peek() > '9') error("a non-negative integer dimension");
+    int64_t value = 0;
+    while (peek() >= '0' && peek() <= '9') {
+      const int digit = peek() - '0';
+      if (value > (std::numeric_limits<int64_t>::max() - digit) / 10) {
+        fail(source_, "shape dimension " + std::string(text_.substr(position_, 24)) +
+                          "... is too large for a 64-bit integer");
+      }
+      value = value * 10 + digit;
+      ++position_;
+    }
+    return value;
+  }
+
+  std::string_view text_;
+  std::string_view source_;
+  size_t position_ = 0;
+};
+
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string text = "(";
+  for (size_t axis = 0; axis < dims.size(); ++axis) {
+    if (axis > 0) text += ", ";
+    text += std::to_string(dims[axis]);
+  }
+  return text + (dims.size() == 1 ? ",)" : ")");
+}
+
+// numel · itemsize, or nullopt if it does not fit in int64. Zero dimensions are left out of the
+// overflow check's product but zero the result, so every partial product (as Shape::numel forms
+// them) fits too.
+std::optional<int64_t> data_size(const std::vector<int64_t>& dims, int64_t itemsize) {
+  int64_t total = itemsize;
+  bool has_zero = false;
+  for (const int64_t dim : dims) {
+    if (dim == 0) {
+      has_zero = true;
+    } else if (total > std::numeric_limits<int64_t>::max() / dim) {
+      return std::nullopt;
+    } else {
+      total *= dim;
+    }
+  }
+  return has_zero ? 0 : total;
+}
+
+template <class Stored, class Decoded>
+std::vector<Decoded> decode(std::span<const std::byte> data) {
+  std::vector<Decoded> values(data.size() / sizeof(Stored));
+  for (size_t index = 0; index < values.size(); ++index) {
+    Stored value;
+    std::memcpy(&value, data.data() + index * sizeof(Stored), sizeof(Stored));
+    values[index] = static_cast<Decoded>(value);
+  }
+  return values;
+}
+
+std::vector<std::byte> build_npy(const DTypeInfo& dtype, const Shape& shape,
+                                 std::span<const std::byte> data) {
+  std::string header = "{'descr': '" + std::string(dtype.descr) +
+                       "', 'fortran_order': False, 'shape': " + shape.str() + ", }";
+  if (shape.rank() > 0) {
+    const size_t digits = std::to_string(shape[0]).size();
+    header.append(kGrowthAxisMaxDigits - std::min(digits, kGrowthAxisMaxDigits), ' ');
+  }
+  // Magic, two version bytes, two length bytes, the header and its closing newline; NumPy adds a
+  // full 64 spaces when that is already aligned, and so do we.
+  const size_t unpadded = kMagic.size() + 2 + 2 + header.size() + 1;
+  header.append(kDataAlignment - unpadded % kDataAlignment, ' ');
+  header += '\n';
+
+  std::vector<std::byte> bytes;
+  bytes.reserve(kMagic.size() + 4 + header.size() + data.size());
+  for (const char c : kMagic) bytes.push_back(static_cast<std::byte>(c));
+  bytes.push_back(std::byte{1});
+  bytes.push_back(std::byte{0});
+  bytes.push_back(static_cast<std::byte>(header.size() & 0xFF));
+  bytes.push_back(static_cast<std::byte>(header.size() >> 8));
+  for (const char c : header) bytes.push_back(static_cast<std::byte>(c));
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  return bytes;
+}
+
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
+  std::error_code error;
+  const uintmax_t size = std::filesystem::file_size(path, error);  // fails for directories too
+  if (error) throw FileError(path.string() + ": cannot read the file (" + error.message() + ")");
+  std::ifstream file(path, std::ios::binary);
+  std::vector<std::byte> bytes(static_cast<size_t>(size));
+  file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!file || file.gcount() != static_cast<std::streamsize>(bytes.size())) {
+    throw FileError(path.string() + ": cannot read the file (expected " + std::to_string(size) +
+                    " bytes, read " + std::to_string(file.gcount()) + ")");
+  }
+  return bytes;
+}
+
+void write_file_bytes(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  file.close();
+  if (!file) throw FileError(path.string() + ": cannot write the file");
+}
+
+}  // namespace
+
+NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
+  const size_t version_end = kMagic.size() + 2;
+  if (bytes.size() < version_end) {
+    fail(source, "too short for a .npy file: expected at least " + std::to_string(version_end) +
+                     " bytes, got " + std::to_string(bytes.size()));
+  }
+  const std::string_view magic(reinterpret_cast<const char*>(bytes.data()), kMagic.size());
+  if (magic != kMagic) fail(source, "not a .npy file: it does not start with \"\\x93NUMPY\"");
+  const auto major = std::to_integer<int>(bytes[kMagic.size()]);
+  const auto minor = std::to_integer<int>(bytes[kMagic.size() + 1]);
+  if (major < 1 || major > 3 || minor != 0) {
+    fail(source, "unsupported .npy version " + std::to_string(major) + "." +
+                     std::to_string(minor) + ": expected 1.0, 2.0 or 3.0");
+  }
+
+  // Version 1.0 stores the header length in 2 bytes, versions 2.0 and 3.0 in 4.
+  const size_t length_size = major == 1 ? 2 : 4;
+  const size_t header_start = version_end + length_size;
+  if (bytes.size() < header_start) {
+    fail(source, "truncated: expected " + std::to_string(header_start) +
+                     " bytes up to the header length, got " + std::to_string(bytes.size()));
+  }
+  const uint64_t header_length = read_little_endian(bytes.subspan(version_end, length_size));
+  if (header_length > bytes.size() - header_start) {
+    fail(source, "header length field says " + std::to_string(header_length) +
+                     " bytes, but only " + std::to_string(bytes.size() - header_start) +
+                     " bytes follow");
+  }
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + header_start),
+                                     static_cast<size_t>(header_length));
+  const HeaderFields fields = HeaderParser(header_text, source).parse();
+  if (!fields.descr || !fields.fortran_order || !fields.shape) {
+    fail(source, "malformed header: expected the keys 'descr', 'fortran_order' and 'shape'");
+  }
+
+  const DTypeInfo& dtype = dtype_from_descr(*fields.descr, source);
+  if (*fields.fortran_order) {
+    fail(source, "Fortran-order arrays are not supported: expected 'fortran_order': False "
+                 "(save a C-contiguous array, e.g. np.ascontiguousarray)");
+  }
+  const std::vector<int64_t>& dims = *fields.shape;
+  if (dims.size() > static_cast<size_t>(Shape::kMaxRank)) {
+    fail(source, "expected a rank of at most " + std::to_string(Shape::kMaxRank) +
+                     ", got shape " + shape_text(dims) + " (rank " + std::to_string(dims.size()) +
+                     ")");
+  }
+  const std::optional<int64_t> expected_size = data_size(dims, dtype.itemsize);
+  if (!expected_size) {
+    fail(source, "shape " + shape_text(dims) + " has too many elements for 64-bit sizes");
+  }
+
+  const std::span<const std::byte> data = bytes.subspan(header_start + header_length);
+  if (static_cast<uint64_t>(*expected_size) != data.size()) {
+    fail(source, "expected " + std::to_string(*expected_size) + " bytes of data for shape " +
+                     shape_text(dims) + " of '" + std::string(dtype.descr) + "', got " +
+                     std::to_string(data.size()) + " bytes");
+  }
+
+  NpyArray array;
+  array.shape = Shape::from_dims(dims.data(), static_cast<int>(dims.size()));
+  array.dtype = dtype.dtype;
+  switch (dtype.dtype) {
+    case NpyDType::kFloat32:
+      array.floats = decode<float, float>(data);
+      break;
+    case NpyDType::kFloat64:
+      array.floats = decode<double, float>(data);
+      break;
+    case NpyDType::kInt32:
+      array.integers = decode<int32_t, int64_t>(data);
+      break;
+    case NpyDType::kInt64:
+      array.integers = decode<int64_t, int64_t>(data);
+      break;
+  }
+  return array;
+}
+
+NpyArray read_npy(const std::filesystem::path& path) {
+  return parse_npy(read_file_bytes(path), path.string());
+}
+
+Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name) {
+  NpyArray array = read_npy(path);
+  if (array.is_integer()) {
+    throw FileError(std::string(name) + " (" + path.string() +
+                    "): expected float32 or float64 data, got integer dtype '" +
+                    std::string(dtype_info(array.dtype).descr) + "'");
+  }
+  return Tensor(array.shape, std::move(array.floats));
+}
+
+ValidLengths load_npy_valid_lengths(const std::filesystem::path& path, std::string_view name) {
+  const NpyArray array = read_npy(path);
+  if (!array.is_integer()) {
+    throw FileError(std::string(name) + " (" + path.string() +
+                    "): expected int32 or int64 valid lengths, got dtype '" +
+                    std::string(dtype_info(array.dtype).descr) + "'");
+  }
+  if (array.shape.rank() != 1 && array.shape.rank() != 2) {
+    throw ShapeError(std::string(name) + " (" + path.string() +
+                     "): expected valid lengths of shape (B,) or (B, n), got shape " +
+                     array.shape.str());
+  }
+  return ValidLengths::from_shape(std::span<const int64_t>(array.integers), array.shape);
+}
+
+std::vector<std::byte> serialize_npy(ConstTensorView tensor) {
+  return build_npy(dtype_info(NpyDType::kFloat32), tensor.shape(), std::as_bytes(tensor.span()));
+}
+
+std::vector<std::byte> serialize_npy(std::span<const int64_t> values, const Shape& shape) {
+  if (static_cast<int64_t>(values.size()) != shape.numel()) {
+    throw ShapeError("serialize_npy: shape " + shape.str() + " needs " +
+                     std::to_string(shape.numel()) + " values, got " +
+                     std::to_string(values.size()));
+  }
+  return build_npy(dtype_info(NpyDType::kInt64), shape, std::as_bytes(values));
+}
+
+void save_npy(const std::filesystem::path& path, ConstTensorView tensor) {
+  write_file_bytes(path, serialize_npy(tensor));
+}
+
+void save_npy(const std::filesystem::path& path, std::span<const int64_t> values,
+              const Shape& shape) {
+  write_file_bytes(path, serialize_npy(values, shape));
+}
+
+}  // namespace attn
