@@ -18,8 +18,12 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
                                   ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  const Tensor projected_queries = W_q_.forward(queries, "queries");
-  const Tensor projected_keys = W_k_.forward(keys, "keys");
+  projected_queries_ = W_q_.forward(queries, "queries");
+  projected_keys_ = W_k_.forward(keys, "keys");
+  queries_ = Tensor::from(queries);
+  keys_ = Tensor::from(keys);
+  const Tensor& projected_queries = projected_queries_;
+  const Tensor& projected_keys = projected_keys_;
   const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1), hidden = num_hiddens();
   const float* w_v = w_v_.weight().data();
   Tensor scores(Shape{batch, n, m});
@@ -35,6 +39,44 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
     }
   }
   return pool(std::move(scores), valid_lens, values);
+}
+
+// With a = W_q q_i, b = W_k k_j and u_t = tanh(a_t + b_t), the score is S_ij = Σ_t w_t u_t, so
+//   dw_t += dS_ij u_t,   da_it += dS_ij w_t (1 − u_t²),   db_jt += dS_ij w_t (1 − u_t²),
+// and the projections' backward passes take da and db to dq, dk and the gradients of W_q, W_k.
+AttentionGradients AdditiveAttention::backward(ConstTensorView grad_output) {
+  PoolGradients pooled = pool_backward(grad_output, "AdditiveAttention");
+  const int64_t batch = queries_.dim(0), n = queries_.dim(1), m = keys_.dim(1),
+                hidden = num_hiddens();
+  Tensor grad_projected_queries(projected_queries_.shape());
+  Tensor grad_projected_keys(projected_keys_.shape());
+  Tensor grad_w_v(Shape{1, hidden});
+  const float* w_v = w_v_.weight().data();
+  float* dw = grad_w_v.data();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* q = &projected_queries_(b, i, 0);
+      float* dq = &grad_projected_queries(b, i, 0);
+      for (int64_t j = 0; j < m; ++j) {
+        const float ds = pooled.scores(b, i, j);
+        if (ds == 0.0F) continue;  // masked keys and zero gradients contribute nothing
+        const float* k = &projected_keys_(b, j, 0);
+        float* dk = &grad_projected_keys(b, j, 0);
+        for (int64_t t = 0; t < hidden; ++t) {
+          const float u = std::tanh(q[t] + k[t]);
+          dw[t] += ds * u;
+          const float d_pre = ds * w_v[t] * (1.0F - u * u);
+          dq[t] += d_pre;
+          dk[t] += d_pre;
+        }
+      }
+    }
+  }
+  // w_v is a Linear(h → 1) applied to u; its backward with input u would recompute u, so its
+  // weight gradient is accumulated here through a one-row product instead.
+  w_v_.accumulate_weight_grad(grad_w_v);
+  return {W_q_.backward(queries_, grad_projected_queries),
+          W_k_.backward(keys_, grad_projected_keys), std::move(pooled.values)};
 }
 
 std::vector<NamedParameter> AdditiveAttention::parameters() {

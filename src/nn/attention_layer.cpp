@@ -2,7 +2,9 @@
 // checks.
 #include "attn/nn/attention_layer.hpp"
 
+#include "attn/core/error.hpp"
 #include "attn/kernels/masked_softmax.hpp"
+#include "attn/kernels/masked_softmax_backward.hpp"
 #include "attn/kernels/matmul.hpp"
 
 namespace attn {
@@ -10,10 +12,47 @@ namespace attn {
 Tensor AttentionLayer::pool(Tensor scores, const ValidLengths& valid_lens, ConstTensorView values) {
   masked_softmax(scores, valid_lens, scores);
   attention_weights_ = scores;
-  if (training_) dropout_.apply(scores);
+  dropout_mask_ = Tensor();
+  if (training_ && dropout_.p() > 0.0F) {
+    dropout_mask_ = dropout_.draw_mask(scores.shape());
+    for (int64_t index = 0; index < scores.numel(); ++index)
+      scores.data()[index] *= dropout_mask_.data()[index];
+  }
+  pooled_values_ = Tensor::from(values);
   Tensor output(Shape{values.dim(0), scores.dim(1), values.dim(2)});
   batched_matmul(scores, values, output);
   return output;
+}
+
+AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad_output,
+                                                            std::string_view layer_name) const {
+  if (attention_weights_.rank() != 3) {
+    throw ValueError(std::string(layer_name) +
+                     ".backward: expected a forward pass first, got none");
+  }
+  const Shape output_shape{attention_weights_.dim(0), attention_weights_.dim(1),
+                           pooled_values_.dim(2)};
+  if (grad_output.shape() != output_shape) {
+    throw ShapeError("grad_output: expected shape " + output_shape.str() +
+                     " (that of the last forward pass's output), got shape " +
+                     grad_output.shape().str());
+  }
+  Tensor dropped = attention_weights_;
+  if (dropout_mask_.numel() > 0) {
+    for (int64_t index = 0; index < dropped.numel(); ++index)
+      dropped.data()[index] *= dropout_mask_.data()[index];
+  }
+  PoolGradients grads{Tensor(attention_weights_.shape()), Tensor(pooled_values_.shape())};
+  batched_transposed_matmul(dropped, grad_output, grads.values);
+  Tensor grad_weights(attention_weights_.shape());
+  batched_matmul_transposed(grad_output, pooled_values_, grad_weights);
+  if (dropout_mask_.numel() > 0) {
+    for (int64_t index = 0; index < grad_weights.numel(); ++index) {
+      grad_weights.data()[index] *= dropout_mask_.data()[index];
+    }
+  }
+  masked_softmax_backward(attention_weights_, grad_weights, grads.scores);
+  return grads;
 }
 
 void check_attention_inputs(ConstTensorView queries, ConstTensorView keys, ConstTensorView values) {

@@ -30,7 +30,20 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
   batched_matmul_transposed(queries, keys, scores);
   const float scale = scale_for(queries.dim(2));
   for (float& score : scores.span()) score *= scale;
+  queries_ = Tensor::from(queries);
+  keys_ = Tensor::from(keys);
   return pool(std::move(scores), valid_lens, values);
+}
+
+AttentionGradients DotProductAttention::backward(ConstTensorView grad_output) const {
+  PoolGradients pooled = pool_backward(grad_output, "DotProductAttention");
+  const float scale = scale_for(queries_.dim(2));
+  for (float& value : pooled.scores.span()) value *= scale;
+  AttentionGradients grads{Tensor(queries_.shape()), Tensor(keys_.shape()),
+                           std::move(pooled.values)};
+  batched_matmul(pooled.scores, keys_, grads.queries);
+  batched_transposed_matmul(pooled.scores, queries_, grads.keys);
+  return grads;
 }
 
 }  // namespace attn

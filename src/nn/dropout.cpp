@@ -20,4 +20,10 @@ void Dropout::apply(TensorView values) {
   for (float& value : values.span()) value = rng_.uniform() < p_ ? 0.0F : value * keep_scale;
 }
 
+Tensor Dropout::draw_mask(const Shape& shape) {
+  Tensor mask = Tensor::full(shape, 1.0F);
+  apply(mask);
+  return mask;
+}
+
 }  // namespace attn

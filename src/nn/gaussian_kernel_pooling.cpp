@@ -9,7 +9,7 @@
 namespace attn {
 
 GaussianKernelPooling::GaussianKernelPooling(float width, float dropout, uint64_t seed)
-    : AttentionLayer(dropout, seed), width_(Shape{1}, {width}) {
+    : AttentionLayer(dropout, seed), width_(Shape{1}, {width}), width_grad_(Shape{1}) {
   if (!std::isfinite(width))
     throw ValueError("width: expected a finite number, got " + std::to_string(width));
 }
@@ -34,11 +34,42 @@ Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView k
       }
     }
   }
+  queries_ = Tensor::from(queries);
+  keys_ = Tensor::from(keys);
   return pool(std::move(scores), valid_lens, values);
 }
 
+// S_ij = −½ w² ‖q_i − k_j‖², so with δ = q_i − k_j:
+//   dq_i += −w² dS_ij δ,   dk_j += w² dS_ij δ,   dw += −w ‖δ‖² dS_ij.
+AttentionGradients GaussianKernelPooling::backward(ConstTensorView grad_output) {
+  PoolGradients pooled = pool_backward(grad_output, "GaussianKernelPooling");
+  const int64_t batch = queries_.dim(0), n = queries_.dim(1), m = keys_.dim(1), d = queries_.dim(2);
+  const float w = width();
+  AttentionGradients grads{Tensor(queries_.shape()), Tensor(keys_.shape()),
+                           std::move(pooled.values)};
+  float grad_width = 0.0F;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        const float ds = pooled.scores(b, i, j);
+        if (ds == 0.0F) continue;
+        float squared = 0.0F;
+        for (int64_t t = 0; t < d; ++t) {
+          const float delta = queries_(b, i, t) - keys_(b, j, t);
+          squared += delta * delta;
+          grads.queries(b, i, t) -= w * w * ds * delta;
+          grads.keys(b, j, t) += w * w * ds * delta;
+        }
+        grad_width -= w * squared * ds;
+      }
+    }
+  }
+  width_grad_.data()[0] += grad_width;
+  return grads;
+}
+
 std::vector<NamedParameter> GaussianKernelPooling::parameters() {
-  return {{"w", &width_}};
+  return {{"w", &width_, &width_grad_}};
 }
 
 StateDict GaussianKernelPooling::state_dict() const {

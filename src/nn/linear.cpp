@@ -10,6 +10,8 @@ namespace attn {
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
     : weight_(Shape{out_features, in_features}),
       bias_(Shape{bias ? out_features : 0}),
+      weight_grad_(weight_.shape()),
+      bias_grad_(bias_.shape()),
       has_bias_(bias) {
   if (in_features <= 0 || out_features <= 0) {
     throw ValueError("Linear: expected positive in_features and out_features, got " +
@@ -43,9 +45,49 @@ Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
   return y;
 }
 
+Tensor Linear::backward(ConstTensorView x, ConstTensorView grad_y) {
+  const int64_t in = in_features(), out = out_features();
+  if (x.rank() < 1 || grad_y.rank() < 1)
+    throw ShapeError("Linear.backward: expected tensors of rank 1 to 4, got rank 0");
+  require_dim("input", x.shape(), -1, in, "the layer's input size");
+  require_dim("grad_output", grad_y.shape(), -1, out, "the layer's output size");
+  const int64_t rows = x.numel() / in;
+  if (grad_y.numel() != rows * out) {
+    throw ShapeError("grad_output: expected " + std::to_string(rows) + " rows of " +
+                     std::to_string(out) + " (one per input row), got shape " +
+                     grad_y.shape().str());
+  }
+  Tensor grad_x(x.shape());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x_row = x.data() + r * in;
+    const float* dy_row = grad_y.data() + r * out;
+    float* dx_row = grad_x.data() + r * in;
+    for (int64_t o = 0; o < out; ++o) {
+      const float dy = dy_row[o];
+      const float* w_row = weight_.data() + o * in;
+      float* dW_row = weight_grad_.data() + o * in;
+      for (int64_t t = 0; t < in; ++t) {
+        dx_row[t] += dy * w_row[t];
+        dW_row[t] += dy * x_row[t];
+      }
+      if (has_bias_) bias_grad_.data()[o] += dy;
+    }
+  }
+  return grad_x;
+}
+
+void Linear::accumulate_weight_grad(ConstTensorView grad) {
+  if (grad.shape() != weight_.shape()) {
+    throw ShapeError("grad: expected shape " + weight_.shape().str() +
+                     " (that of the weight), got shape " + grad.shape().str());
+  }
+  for (int64_t index = 0; index < grad.numel(); ++index)
+    weight_grad_.data()[index] += grad.data()[index];
+}
+
 void Linear::append_parameters(const std::string& prefix, std::vector<NamedParameter>& parameters) {
-  parameters.push_back({prefix + ".weight", &weight_});
-  if (has_bias_) parameters.push_back({prefix + ".bias", &bias_});
+  parameters.push_back({prefix + ".weight", &weight_, &weight_grad_});
+  if (has_bias_) parameters.push_back({prefix + ".bias", &bias_, &bias_grad_});
 }
 
 }  // namespace attn

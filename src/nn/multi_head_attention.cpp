@@ -60,7 +60,30 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
   const Tensor k = split_heads(W_k_.forward(keys, "keys"), num_heads_);
   const Tensor v = split_heads(W_v_.forward(values, "values"), num_heads_);
   const Tensor heads = attention_.forward(q, k, v, valid_lens.repeat_interleave(num_heads_));
-  return W_o_.forward(merge_heads(heads, num_heads_), "concatenated heads");
+  queries_ = Tensor::from(queries);
+  keys_ = Tensor::from(keys);
+  values_ = Tensor::from(values);
+  concatenated_heads_ = merge_heads(heads, num_heads_);
+  return W_o_.forward(concatenated_heads_, "concatenated heads");
+}
+
+// The forward pass in reverse: W_o, the head split (whose adjoint is the merge), the per-head
+// attention, then the three input projections.
+AttentionGradients MultiHeadAttention::backward(ConstTensorView grad_output) {
+  if (concatenated_heads_.rank() != 3) {
+    throw ValueError("MultiHeadAttention.backward: expected a forward pass first, got none");
+  }
+  const Shape output_shape{queries_.dim(0), queries_.dim(1), num_hiddens()};
+  if (grad_output.shape() != output_shape) {
+    throw ShapeError("grad_output: expected shape " + output_shape.str() +
+                     " (that of the last forward pass's output), got shape " +
+                     grad_output.shape().str());
+  }
+  const Tensor grad_concatenated = W_o_.backward(concatenated_heads_, grad_output);
+  const AttentionGradients heads = attention_.backward(split_heads(grad_concatenated, num_heads_));
+  return {W_q_.backward(queries_, merge_heads(heads.queries, num_heads_)),
+          W_k_.backward(keys_, merge_heads(heads.keys, num_heads_)),
+          W_v_.backward(values_, merge_heads(heads.values, num_heads_))};
 }
 
 std::vector<NamedParameter> MultiHeadAttention::parameters() {

@@ -5,6 +5,12 @@
 
 namespace attn {
 
+void zero_grad(const std::vector<NamedParameter>& parameters) {
+  for (const auto& parameter : parameters) {
+    if (parameter.grad != nullptr) *parameter.grad = Tensor(parameter.tensor->shape());
+  }
+}
+
 StateDict collect_state_dict(const std::vector<NamedParameter>& parameters) {
   StateDict state;
   for (const auto& parameter : parameters) state.emplace(parameter.name, *parameter.tensor);

@@ -20,6 +20,13 @@ TEST(Tensor, IndexesRowMajor) {
   EXPECT_EQ(rank4.data()[8 + 2 + 1], 7.0F);
 }
 
+TEST(Tensor, DefaultIsEmpty) {
+  const Tensor empty;
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.shape(), (Shape{0}));
+  EXPECT_EQ(ConstTensorView().numel(), 0);
+}
+
 TEST(Tensor, RejectsWrongValueCount) {
   EXPECT_THROW_MESSAGE((Tensor(Shape{2, 3}, std::vector<float>(5))), ShapeError,
                        "shape (2, 3) needs 6 values, got 5");

@@ -51,15 +51,19 @@ Array<T> masked_softmax(const Array<T>& scores, const Lengths& lengths) {
   return weights;
 }
 
-// out[b, i, :] = Σ_j weights[b, i, j] · values[b, j, :].
+// out[b, i, :] = Σ_j weights[b, i, j] · dropout[b, i, j] · values[b, j, :], where `dropout` holds
+// the dropout multipliers (0 or 1/(1−p)); empty means no dropout.
 template <class T>
-Array<T> weighted_sum(const Array<T>& weights, const Array<T>& values) {
+Array<T> weighted_sum(const Array<T>& weights, const Array<T>& values,
+                      const std::vector<T>& dropout = {}) {
   Array<T> out({weights.dims[0], weights.dims[1], values.dims[2]});
   for (int64_t b = 0; b < weights.dims[0]; ++b)
     for (int64_t i = 0; i < weights.dims[1]; ++i)
-      for (int64_t j = 0; j < weights.dims[2]; ++j)
-        for (int64_t t = 0; t < values.dims[2]; ++t)
-          out.at(b, i, t) += weights.at(b, i, j) * values.at(b, j, t);
+      for (int64_t j = 0; j < weights.dims[2]; ++j) {
+        const size_t index = static_cast<size_t>((b * weights.dims[1] + i) * weights.dims[2] + j);
+        const T weight = weights.at(b, i, j) * (dropout.empty() ? T(1) : dropout[index]);
+        for (int64_t t = 0; t < values.dims[2]; ++t) out.at(b, i, t) += weight * values.at(b, j, t);
+      }
   return out;
 }
 
@@ -87,7 +91,8 @@ struct Result {
 
 // Scaled dot-product attention: softmax(Q Kᵀ · scale) V.
 inline Result dot_product_attention(const Array<double>& q, const Array<double>& k,
-                                    const Array<double>& v, const Lengths& lengths, double scale) {
+                                    const Array<double>& v, const Lengths& lengths, double scale,
+                                    const std::vector<double>& dropout = {}) {
   Array<double> scores({q.dims[0], q.dims[1], k.dims[1]});
   for (int64_t b = 0; b < q.dims[0]; ++b)
     for (int64_t i = 0; i < q.dims[1]; ++i)
@@ -97,14 +102,15 @@ inline Result dot_product_attention(const Array<double>& q, const Array<double>&
         scores.at(b, i, j) = sum * scale;
       }
   Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v), weights};
+  return {weighted_sum(weights, v, dropout), weights};
 }
 
 // Additive attention: score(i, j) = w_v · tanh(W_q q_i + W_k k_j).
 inline Result additive_attention(const Array<double>& q, const Array<double>& k,
                                  const Array<double>& v, const Lengths& lengths,
                                  const std::vector<double>& W_q, const std::vector<double>& W_k,
-                                 const std::vector<double>& w_v) {
+                                 const std::vector<double>& w_v,
+                                 const std::vector<double>& dropout = {}) {
   const auto hidden = static_cast<int64_t>(w_v.size());
   const Array<double> qp = linear(q, W_q, {}, hidden);
   const Array<double> kp = linear(k, W_k, {}, hidden);
@@ -118,13 +124,13 @@ inline Result additive_attention(const Array<double>& q, const Array<double>& k,
         scores.at(b, i, j) = sum;
       }
   Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v), weights};
+  return {weighted_sum(weights, v, dropout), weights};
 }
 
 // Gaussian-kernel (Nadaraya–Watson) pooling: score(i, j) = −½‖(q_i − k_j)·w‖².
 inline Result gaussian_kernel_pooling(const Array<double>& q, const Array<double>& k,
-                                      const Array<double>& v, const Lengths& lengths,
-                                      double width) {
+                                      const Array<double>& v, const Lengths& lengths, double width,
+                                      const std::vector<double>& dropout = {}) {
   Array<double> scores({q.dims[0], q.dims[1], k.dims[1]});
   for (int64_t b = 0; b < q.dims[0]; ++b)
     for (int64_t i = 0; i < q.dims[1]; ++i)
@@ -137,7 +143,7 @@ inline Result gaussian_kernel_pooling(const Array<double>& q, const Array<double
         scores.at(b, i, j) = -0.5 * sum;
       }
   Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v), weights};
+  return {weighted_sum(weights, v, dropout), weights};
 }
 
 struct MultiHeadParameters {
@@ -149,8 +155,8 @@ struct MultiHeadParameters {
 // [h·d, (h+1)·d) of the projections; weights are returned as (B·heads, n, m).
 inline Result multi_head_attention(const Array<double>& q, const Array<double>& k,
                                    const Array<double>& v, const Lengths& lengths,
-                                   const MultiHeadParameters& p, int64_t num_hiddens,
-                                   int64_t heads) {
+                                   const MultiHeadParameters& p, int64_t num_hiddens, int64_t heads,
+                                   const std::vector<double>& dropout = {}) {
   const Array<double> qp = linear(q, p.W_q, p.b_q, num_hiddens);
   const Array<double> kp = linear(k, p.W_k, p.b_k, num_hiddens);
   const Array<double> vp = linear(v, p.W_v, p.b_v, num_hiddens);
@@ -175,8 +181,12 @@ inline Result multi_head_attention(const Array<double>& q, const Array<double>& 
         for (int64_t j = 0; j < length; ++j) {
           const double weight = scores[static_cast<size_t>(j)] / total;
           all_weights.at(b * heads + h, i, j) = weight;
+          const double kept =
+              dropout.empty()
+                  ? weight
+                  : weight * dropout[static_cast<size_t>(((b * heads + h) * n + i) * m + j)];
           for (int64_t t = 0; t < d; ++t)
-            concat.at(b, i, h * d + t) += weight * vp.at(b, j, h * d + t);
+            concat.at(b, i, h * d + t) += kept * vp.at(b, j, h * d + t);
         }
       }
   return {linear(concat, p.W_o, p.b_o, num_hiddens), all_weights};

@@ -48,7 +48,7 @@ class BasicTensorView {
 
  private:
   T* data_ = nullptr;
-  Shape shape_;
+  Shape shape_ = Shape{0};  // default: empty, zero elements
 };
 
 using TensorView = BasicTensorView<float>;
@@ -95,7 +95,7 @@ class Tensor {
 
  private:
   std::vector<float> values_;
-  Shape shape_;
+  Shape shape_ = Shape{0};  // default: empty, zero elements
 };
 
 // Throws ShapeError unless `view` has rank `rank`; `name` is the argument's name for the message.

@@ -26,6 +26,10 @@ class AdditiveAttention : public AttentionLayer {
     return forward(queries, keys, values, valid_lens);
   }
 
+  // Gradients of sum(output ⊙ grad_output) for the last forward pass; accumulates the gradients of
+  // W_q, W_k and w_v (see parameters()).
+  AttentionGradients backward(ConstTensorView grad_output);
+
   int64_t key_size() const { return W_k_.in_features(); }
   int64_t query_size() const { return W_q_.in_features(); }
   int64_t num_hiddens() const { return W_q_.out_features(); }
@@ -41,6 +45,11 @@ class AdditiveAttention : public AttentionLayer {
   Linear W_k_;
   Linear W_q_;
   Linear w_v_;
+  // Kept by forward() for backward().
+  Tensor queries_;
+  Tensor keys_;
+  Tensor projected_queries_;
+  Tensor projected_keys_;
 };
 
 }  // namespace attn

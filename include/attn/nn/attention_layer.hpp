@@ -1,5 +1,5 @@
 // AttentionLayer: what every attention layer shares — training/evaluation mode, dropout on the
-// attention weights, and the last weights kept for inspection.
+// attention weights, the last weights kept for inspection, and the pooling step's backward pass.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,17 @@
 
 namespace attn {
 
+// Gradients of a loss with respect to an attention layer's inputs, shaped like them.
+struct AttentionGradients {
+  Tensor queries;
+  Tensor keys;
+  Tensor values;
+};
+
+// Backward passes are explicit: forward() keeps what its backward() needs (copies of the inputs
+// and intermediates), and backward(grad_output) returns the input gradients while accumulating the
+// parameter gradients. Layers compose by calling each other's forward and backward in turn, which
+// keeps every derivation local and readable (see docs/training.md).
 class AttentionLayer {
  public:
   // Layers start in training mode, as PyTorch modules do: call eval() for inference.
@@ -19,6 +30,9 @@ class AttentionLayer {
 
   // The weights of the last forward pass, before dropout: (B, n, m); empty before the first call.
   const Tensor& attention_weights() const { return attention_weights_; }
+  // The dropout multipliers of the last forward pass (0 or 1/(1−p), shaped like the weights);
+  // empty when it applied no dropout (evaluation mode or p = 0).
+  const Tensor& dropout_mask() const { return dropout_mask_; }
   // Re-seeds the generator behind dropout, so the next masks are reproducible.
   void seed_dropout(uint64_t seed) { dropout_.seed(seed); }
   float dropout() const { return dropout_.p(); }
@@ -30,10 +44,21 @@ class AttentionLayer {
   // then the weighted sum of values (B, m, v) → (B, n, v). `scores` (B, n, m) is consumed.
   Tensor pool(Tensor scores, const ValidLengths& valid_lens, ConstTensorView values);
 
+  struct PoolGradients {
+    Tensor scores;  // (B, n, m)
+    Tensor values;  // (B, m, v)
+  };
+  // The backward pass of the last pool(): with P the weights and D the dropout multipliers,
+  // O = (P ⊙ D) V gives dV = (P ⊙ D)ᵀ dO and dP = (dO Vᵀ) ⊙ D, then the softmax backward gives
+  // dS. ValueError before any forward pass; ShapeError if grad_output is not shaped like O.
+  PoolGradients pool_backward(ConstTensorView grad_output, std::string_view layer_name) const;
+
  private:
   Dropout dropout_;
   bool training_ = true;
   Tensor attention_weights_;
+  Tensor dropout_mask_;  // empty when the last forward pass applied no dropout
+  Tensor pooled_values_;
 };
 
 // Throws ShapeError unless queries (B, n, ·), keys (B, m, ·) and values (B, m, ·) are rank 3 with

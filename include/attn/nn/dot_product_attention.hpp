@@ -23,11 +23,17 @@ class DotProductAttention : public AttentionLayer {
     return forward(queries, keys, values, valid_lens);
   }
 
+  // Gradients of sum(output ⊙ grad_output) for the last forward pass: with S = c·Q Kᵀ,
+  // dQ = c·dS K and dK = c·dSᵀ Q; dV and dS come from the shared pooling step.
+  AttentionGradients backward(ConstTensorView grad_output) const;
+
   // The scale in use for queries of size d.
   float scale_for(int64_t d) const;
 
  private:
   std::optional<float> scale_;
+  Tensor queries_;
+  Tensor keys_;
 };
 
 }  // namespace attn

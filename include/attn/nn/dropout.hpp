@@ -18,6 +18,9 @@ class Dropout {
   void seed(uint64_t seed) { rng_ = Rng(seed); }
   // In place; p = 1 zeroes everything, p = 0 leaves `values` untouched.
   void apply(TensorView values);
+  // The multipliers apply() would use — 0 for a dropped element, 1/(1−p) for a kept one — so a
+  // backward pass can reuse the forward pass's mask.
+  Tensor draw_mask(const Shape& shape);
 
  private:
   float p_;

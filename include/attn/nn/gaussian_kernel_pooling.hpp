@@ -25,6 +25,10 @@ class GaussianKernelPooling : public AttentionLayer {
     return forward(queries, keys, values, valid_lens);
   }
 
+  // Gradients of sum(output ⊙ grad_output) for the last forward pass; accumulates the gradient
+  // of the width w (see parameters()).
+  AttentionGradients backward(ConstTensorView grad_output);
+
   float width() const { return width_.data()[0]; }
   // "w", shape (1,), as the book's NWKernelRegression names its parameter.
   std::vector<NamedParameter> parameters();
@@ -33,6 +37,10 @@ class GaussianKernelPooling : public AttentionLayer {
 
  private:
   Tensor width_;
+  Tensor width_grad_;
+  // Kept by forward() for backward().
+  Tensor queries_;
+  Tensor keys_;
 };
 
 }  // namespace attn

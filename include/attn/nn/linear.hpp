@@ -20,6 +20,11 @@ class Linear {
   // x (..., in_features) → (..., out_features); ShapeError names `name` when the last axis is
   // wrong.
   Tensor forward(ConstTensorView x, std::string_view name = "input") const;
+  // Given the forward input x (..., in) and grad_y (..., out): accumulates dW += Σ grad_yᵀ x and
+  // db += Σ grad_y over all leading positions, and returns grad_x = grad_y W (..., in).
+  Tensor backward(ConstTensorView x, ConstTensorView grad_y);
+  // Adds `grad` (out, in) to the weight gradient, for callers that computed it themselves.
+  void accumulate_weight_grad(ConstTensorView grad);
 
   int64_t in_features() const { return weight_.dim(1); }
   int64_t out_features() const { return weight_.dim(0); }
@@ -28,6 +33,8 @@ class Linear {
   const Tensor& weight() const { return weight_; }
   Tensor& bias() { return bias_; }
   const Tensor& bias() const { return bias_; }
+  const Tensor& weight_grad() const { return weight_grad_; }
+  const Tensor& bias_grad() const { return bias_grad_; }
 
   // "prefix.weight" (and "prefix.bias"), as a submodule named `prefix` appears in PyTorch.
   void append_parameters(const std::string& prefix, std::vector<NamedParameter>& parameters);
@@ -35,6 +42,8 @@ class Linear {
  private:
   Tensor weight_;
   Tensor bias_;
+  Tensor weight_grad_;
+  Tensor bias_grad_;
   bool has_bias_;
 };
 

@@ -28,12 +28,17 @@ class MultiHeadAttention {
     return forward(queries, keys, values, valid_lens);
   }
 
+  // Gradients of sum(output ⊙ grad_output) for the last forward pass; accumulates the gradients of
+  // the four projections (see parameters()).
+  AttentionGradients backward(ConstTensorView grad_output);
+
   void train(bool training = true) { attention_.train(training); }
   void eval() { attention_.eval(); }
   bool is_training() const { return attention_.is_training(); }
   void seed_dropout(uint64_t seed) { attention_.seed_dropout(seed); }
   // (B·num_heads, n, m), batch-major then head, as the book's attention.attention_weights.
   const Tensor& attention_weights() const { return attention_.attention_weights(); }
+  const Tensor& dropout_mask() const { return attention_.dropout_mask(); }
 
   int64_t num_heads() const { return num_heads_; }
   int64_t num_hiddens() const { return W_o_.out_features(); }
@@ -55,6 +60,11 @@ class MultiHeadAttention {
   Linear W_k_;
   Linear W_v_;
   Linear W_o_;
+  // Kept by forward() for backward().
+  Tensor queries_;
+  Tensor keys_;
+  Tensor values_;
+  Tensor concatenated_heads_;
 };
 
 }  // namespace attn

@@ -12,11 +12,16 @@ namespace attn {
 
 using StateDict = std::map<std::string, Tensor>;
 
-// A parameter a layer owns, under its state-dict name.
+// A parameter a layer owns, under its state-dict name, with the gradient its backward passes
+// accumulate into (same shape; like PyTorch's .grad, cleared only by zero_grad).
 struct NamedParameter {
   std::string name;
   Tensor* tensor;
+  Tensor* grad = nullptr;
 };
+
+// Sets every parameter's gradient to zero.
+void zero_grad(const std::vector<NamedParameter>& parameters);
 
 // Copies every parameter into a StateDict.
 StateDict collect_state_dict(const std::vector<NamedParameter>& parameters);
