@@ -119,7 +119,7 @@ class HeaderParser {
 
   bool consume(char wanted) {
     skip_whitespace();
-    if (peek() != wanted || position_ == text_.size()) return false;
+    if (peek() != wanted) return false;
     ++position_;
     return true;
   }
@@ -181,12 +181,14 @@ class HeaderParser {
   int64_t parse_dimension() {
     skip_whitespace();
     if (peek() < '0' || peek() > '9') error("a non-negative integer dimension");
+    const size_t start = position_;
     int64_t value = 0;
     while (peek() >= '0' && peek() <= '9') {
       const int digit = peek() - '0';
       if (value > (std::numeric_limits<int64_t>::max() - digit) / 10) {
-        fail(source_, "shape dimension " + std::string(text_.substr(position_, 24)) +
-                          "... is too large for a 64-bit integer");
+        const size_t end = text_.find_first_not_of("0123456789", start);
+        fail(source_, "shape dimension " + std::string(text_.substr(start, end - start)) +
+                          " is too large for a 64-bit integer");
       }
       value = value * 10 + digit;
       ++position_;
@@ -279,7 +281,8 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
 
 void write_file_bytes(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  file.write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
   file.close();
   if (!file) throw FileError(path.string() + ": cannot write the file");
 }
@@ -297,8 +300,8 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
   const auto major = std::to_integer<int>(bytes[kMagic.size()]);
   const auto minor = std::to_integer<int>(bytes[kMagic.size() + 1]);
   if (major < 1 || major > 3 || minor != 0) {
-    fail(source, "unsupported .npy version " + std::to_string(major) + "." +
-                     std::to_string(minor) + ": expected 1.0, 2.0 or 3.0");
+    fail(source, "unsupported .npy version " + std::to_string(major) + "." + std::to_string(minor) +
+                     ": expected 1.0, 2.0 or 3.0");
   }
 
   // Version 1.0 stores the header length in 2 bytes, versions 2.0 and 3.0 in 4.
@@ -310,9 +313,8 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
   }
   const uint64_t header_length = read_little_endian(bytes.subspan(version_end, length_size));
   if (header_length > bytes.size() - header_start) {
-    fail(source, "header length field says " + std::to_string(header_length) +
-                     " bytes, but only " + std::to_string(bytes.size() - header_start) +
-                     " bytes follow");
+    fail(source, "header length field says " + std::to_string(header_length) + " bytes, but only " +
+                     std::to_string(bytes.size() - header_start) + " bytes follow");
   }
   const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + header_start),
                                      static_cast<size_t>(header_length));
@@ -323,14 +325,14 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
 
   const DTypeInfo& dtype = dtype_from_descr(*fields.descr, source);
   if (*fields.fortran_order) {
-    fail(source, "Fortran-order arrays are not supported: expected 'fortran_order': False "
-                 "(save a C-contiguous array, e.g. np.ascontiguousarray)");
+    fail(source,
+         "Fortran-order arrays are not supported: expected 'fortran_order': False "
+         "(save a C-contiguous array, e.g. np.ascontiguousarray)");
   }
   const std::vector<int64_t>& dims = *fields.shape;
   if (dims.size() > static_cast<size_t>(Shape::kMaxRank)) {
-    fail(source, "expected a rank of at most " + std::to_string(Shape::kMaxRank) +
-                     ", got shape " + shape_text(dims) + " (rank " + std::to_string(dims.size()) +
-                     ")");
+    fail(source, "expected a rank of at most " + std::to_string(Shape::kMaxRank) + ", got shape " +
+                     shape_text(dims) + " (rank " + std::to_string(dims.size()) + ")");
   }
   const std::optional<int64_t> expected_size = data_size(dims, dtype.itemsize);
   if (!expected_size) {

@@ -1,0 +1,351 @@
+// safetensors reading and writing: an 8-byte header length, a JSON table of tensors and their
+// byte ranges, then the data; every field is checked before a single data byte is read.
+#include "attn/io/safetensors.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+namespace {
+
+// Data is decoded and encoded by copying bytes, which is only right on a little-endian host.
+static_assert(std::endian::native == std::endian::little, "attn assumes a little-endian host");
+
+constexpr size_t kLengthSize = 8;
+// The reference implementation refuses headers above 100 MB; so do we, before allocating.
+constexpr uint64_t kMaxHeaderSize = 100'000'000;
+// The reference implementation pads the header with spaces so that the data starts 8-aligned.
+constexpr size_t kHeaderAlignment = 8;
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+// One entry of the header, checked against itself but not yet against the others.
+struct TensorEntry {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+[[noreturn]] void fail(std::string_view source, const std::string& message) {
+  throw FileError(std::string(source) + ": " + message);
+}
+
+[[noreturn]] void fail_tensor(std::string_view source, std::string_view name,
+                              const std::string& message) {
+  fail(source, "tensor '" + std::string(name) + "': " + message);
+}
+
+// A JSON value as text for an error message, cut short so that a hostile header cannot make the
+// message huge.
+std::string excerpt(const nlohmann::json& value) {
+  constexpr size_t kMaxLength = 80;
+  const std::string text = value.dump();
+  return text.size() <= kMaxLength ? text : text.substr(0, kMaxLength) + "...";
+}
+
+std::optional<int64_t> itemsize_of(std::string_view dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "F64") return 8;
+  return std::nullopt;
+}
+
+// Parses the header, rejecting any object that names a key twice (JSON parsers would otherwise
+// silently keep one of the two values).
+nlohmann::json parse_header_json(std::string_view text, std::string_view source) {
+  std::vector<std::set<std::string>> open_objects;
+  const nlohmann::json::parser_callback_t reject_duplicates =
+      [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (event == nlohmann::json::parse_event_t::object_start) {
+          open_objects.emplace_back();
+        } else if (event == nlohmann::json::parse_event_t::object_end) {
+          open_objects.pop_back();
+        } else if (event == nlohmann::json::parse_event_t::key &&
+                   !open_objects.back().insert(parsed.get<std::string>()).second) {
+          fail(source, "header repeats the key '" + parsed.get<std::string>() + "'");
+        }
+        return true;
+      };
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), reject_duplicates);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail(source, std::string("header is not valid JSON: ") + error.what());
+  }
+}
+
+const nlohmann::json& field(const nlohmann::json& info, const char* key, std::string_view name,
+                            std::string_view source) {
+  const auto found = info.find(key);
+  if (found == info.end()) fail_tensor(source, name, std::string("missing field '") + key + "'");
+  return *found;
+}
+
+// A JSON value that must be an integer in [0, INT64_MAX]; `what` names it in the message.
+int64_t non_negative_integer(const nlohmann::json& value, const std::string& what,
+                             std::string_view name, std::string_view source) {
+  if (!value.is_number_unsigned() ||
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    fail_tensor(source, name,
+                "expected " + what + " to be a non-negative 64-bit integer, got " + excerpt(value));
+  }
+  return value.get<int64_t>();
+}
+
+Shape read_shape(const nlohmann::json& value, std::string_view name, std::string_view source) {
+  if (!value.is_array()) {
+    fail_tensor(source, name, "expected 'shape' to be an array, got " + excerpt(value));
+  }
+  if (value.size() > static_cast<size_t>(Shape::kMaxRank)) {
+    fail_tensor(source, name,
+                "expected a rank of at most " + std::to_string(Shape::kMaxRank) + ", got shape " +
+                    excerpt(value));
+  }
+  std::vector<int64_t> dims;
+  for (const nlohmann::json& dim : value) {
+    dims.push_back(non_negative_integer(dim, "every dimension of 'shape'", name, source));
+  }
+  // Overflow check over the non-zero dimensions, so that every partial product of Shape::numel
+  // fits in int64 too, whatever the position of a zero.
+  int64_t product = 1;
+  for (const int64_t dim : dims) {
+    if (dim == 0) continue;
+    if (product > std::numeric_limits<int64_t>::max() / dim) {
+      fail_tensor(source, name, "shape " + excerpt(value) + " has too many elements");
+    }
+    product *= dim;
+  }
+  return Shape::from_dims(dims.data(), static_cast<int>(dims.size()));
+}
+
+TensorEntry read_entry(const std::string& name, const nlohmann::json& info,
+                       std::string_view source) {
+  if (!info.is_object()) {
+    fail_tensor(
+        source, name,
+        "expected an object with 'dtype', 'shape' and 'data_offsets', got " + excerpt(info));
+  }
+  TensorEntry entry;
+  entry.name = name;
+  const nlohmann::json& dtype = field(info, "dtype", name, source);
+  if (!dtype.is_string()) {
+    fail_tensor(source, name, "expected 'dtype' to be a string, got " + excerpt(dtype));
+  }
+  entry.dtype = dtype.get<std::string>();
+  entry.shape = read_shape(field(info, "shape", name, source), name, source);
+  const nlohmann::json& offsets = field(info, "data_offsets", name, source);
+  if (!offsets.is_array() || offsets.size() != 2) {
+    fail_tensor(source, name,
+                "expected 'data_offsets' to be an array [begin, end], got " + excerpt(offsets));
+  }
+  entry.begin =
+      static_cast<uint64_t>(non_negative_integer(offsets[0], "'data_offsets'", name, source));
+  entry.end =
+      static_cast<uint64_t>(non_negative_integer(offsets[1], "'data_offsets'", name, source));
+  const std::optional<int64_t> itemsize = itemsize_of(entry.dtype);
+  if (!itemsize) {
+    fail_tensor(source, name, "unsupported dtype '" + entry.dtype + "': expected F32 or F64");
+  }
+  if (entry.begin > entry.end) {
+    fail_tensor(source, name,
+                "data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
+                    "] end before they begin");
+  }
+  // numel · itemsize may exceed int64 even though numel does not; compare in the other direction.
+  const uint64_t length = entry.end - entry.begin;
+  const auto numel = static_cast<uint64_t>(entry.shape.numel());
+  if (length % static_cast<uint64_t>(*itemsize) != 0 ||
+      length / static_cast<uint64_t>(*itemsize) != numel) {
+    fail_tensor(source, name,
+                "shape " + entry.shape.str() + " of " + entry.dtype + " needs " +
+                    std::to_string(numel) + " elements of " + std::to_string(*itemsize) +
+                    " bytes, but data_offsets span " + std::to_string(length) + " bytes");
+  }
+  return entry;
+}
+
+void check_metadata(const nlohmann::json& metadata, std::string_view source) {
+  const bool all_strings = metadata.is_object() && std::all_of(metadata.begin(), metadata.end(),
+                                                               [](const nlohmann::json& value) {
+                                                                 return value.is_string();
+                                                               });
+  if (!all_strings) {
+    fail(source, "expected '__metadata__' to map strings to strings, got " + excerpt(metadata));
+  }
+}
+
+// The tensors must tile the data buffer exactly: sorted by offset, each begins where the
+// previous one ended, and the last one ends where the file does.
+void check_tiling(std::vector<TensorEntry>& entries, uint64_t buffer_size,
+                  std::string_view source) {
+  std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  std::string previous = "the start of the data";
+  for (const TensorEntry& entry : entries) {
+    if (entry.end > buffer_size) {
+      fail_tensor(source, entry.name,
+                  "data_offsets end at byte " + std::to_string(entry.end) +
+                      ", past the end of the " + std::to_string(buffer_size) + "-byte data buffer");
+    }
+    if (entry.begin < covered) {
+      fail_tensor(source, entry.name,
+                  "data_offsets begin at byte " + std::to_string(entry.begin) + ", overlapping " +
+                      previous + " which ends at byte " + std::to_string(covered));
+    }
+    if (entry.begin > covered) {
+      fail_tensor(source, entry.name,
+                  "data_offsets begin at byte " + std::to_string(entry.begin) +
+                      ", leaving a gap after " + previous + " at byte " + std::to_string(covered));
+    }
+    covered = entry.end;
+    previous = "'" + entry.name + "'";
+  }
+  if (covered != buffer_size) {
+    fail(source, "the tensors cover " + std::to_string(covered) + " bytes of the " +
+                     std::to_string(buffer_size) + "-byte data buffer");
+  }
+}
+
+template <class Stored>
+std::vector<float> decode(std::span<const std::byte> data) {
+  std::vector<float> values(data.size() / sizeof(Stored));
+  for (size_t index = 0; index < values.size(); ++index) {
+    Stored value;
+    std::memcpy(&value, data.data() + index * sizeof(Stored), sizeof(Stored));
+    values[index] = static_cast<float>(value);
+  }
+  return values;
+}
+
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
+  std::error_code error;
+  const uintmax_t size = std::filesystem::file_size(path, error);  // fails for directories too
+  if (error) throw FileError(path.string() + ": cannot read the file (" + error.message() + ")");
+  std::ifstream file(path, std::ios::binary);
+  std::vector<std::byte> bytes(static_cast<size_t>(size));
+  file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!file || file.gcount() != static_cast<std::streamsize>(bytes.size())) {
+    throw FileError(path.string() + ": cannot read the file (expected " + std::to_string(size) +
+                    " bytes, read " + std::to_string(file.gcount()) + ")");
+  }
+  return bytes;
+}
+
+}  // namespace
+
+StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view source) {
+  if (bytes.size() < kLengthSize) {
+    fail(source, "too short for a safetensors file: expected at least 8 bytes, got " +
+                     std::to_string(bytes.size()));
+  }
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), kLengthSize);
+  if (header_size > kMaxHeaderSize) {
+    fail(source, "header length " + std::to_string(header_size) + " exceeds the limit of " +
+                     std::to_string(kMaxHeaderSize) + " bytes");
+  }
+  if (header_size > bytes.size() - kLengthSize) {
+    fail(source, "header length " + std::to_string(header_size) + " is larger than the " +
+                     std::to_string(bytes.size() - kLengthSize) + " bytes after it");
+  }
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + kLengthSize),
+                                     static_cast<size_t>(header_size));
+  const nlohmann::json header = parse_header_json(header_text, source);
+  if (!header.is_object()) {
+    fail(source, "expected the header to be a JSON object, got " + std::string(header.type_name()));
+  }
+
+  std::vector<TensorEntry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == kMetadataKey) {
+      check_metadata(info, source);
+    } else {
+      entries.push_back(read_entry(name, info, source));
+    }
+  }
+  const std::span<const std::byte> buffer = bytes.subspan(kLengthSize + header_size);
+  check_tiling(entries, buffer.size(), source);
+
+  StateDict tensors;
+  for (const TensorEntry& entry : entries) {
+    const std::span<const std::byte> data = buffer.subspan(entry.begin, entry.end - entry.begin);
+    std::vector<float> values = entry.dtype == "F32" ? decode<float>(data) : decode<double>(data);
+    tensors.emplace(entry.name, Tensor(entry.shape, std::move(values)));
+  }
+  return tensors;
+}
+
+StateDict load_safetensors(const std::filesystem::path& path) {
+  return parse_safetensors(read_file_bytes(path), path.string());
+}
+
+std::vector<std::byte> serialize_safetensors(const StateDict& tensors,
+                                             const std::map<std::string, std::string>& metadata) {
+  // ordered_json keeps insertion order, so the header lists "__metadata__" first and then the
+  // tensors in name order, byte for byte as the reference implementation writes it.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json entries = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) entries[key] = value;
+    header[std::string(kMetadataKey)] = entries;
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name == kMetadataKey) {
+      throw ValueError(
+          "serialize_safetensors: '__metadata__' is reserved and cannot name a tensor");
+    }
+    const auto size = static_cast<uint64_t>(tensor.numel()) * sizeof(float);
+    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
+    for (int axis = 0; axis < tensor.rank(); ++axis) shape.push_back(tensor.shape()[axis]);
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = "F32";
+    entry["shape"] = shape;
+    entry["data_offsets"] = {offset, offset + size};
+    header[name] = entry;
+    offset += size;
+  }
+
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::type_error& error) {
+    throw ValueError(std::string("serialize_safetensors: tensor names and metadata must be valid "
+                                 "UTF-8: ") +
+                     error.what());
+  }
+  header_text.append((kHeaderAlignment - header_text.size() % kHeaderAlignment) % kHeaderAlignment,
+                     ' ');
+
+  std::vector<std::byte> bytes(kLengthSize);
+  const uint64_t header_size = header_text.size();
+  std::memcpy(bytes.data(), &header_size, kLengthSize);
+  for (const char c : header_text) bytes.push_back(static_cast<std::byte>(c));
+  for (const auto& [name, tensor] : tensors) {
+    const std::span<const std::byte> data = std::as_bytes(tensor.span());
+    bytes.insert(bytes.end(), data.begin(), data.end());
+  }
+  return bytes;
+}
+
+void save_safetensors(const std::filesystem::path& path, const StateDict& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  const std::vector<std::byte> bytes = serialize_safetensors(tensors, metadata);
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file.write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  file.close();
+  if (!file) throw FileError(path.string() + ": cannot write the file");
+}
+
+}  // namespace attn

@@ -1,0 +1,374 @@
+// Tests of the safetensors reader and writer: round trips, the reference implementation's exact
+// bytes, a file safetensors.torch wrote (tests/fixtures/io), and malformed headers of every kind.
+#include "attn/io/safetensors.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "attn/core/error.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+std::vector<std::byte> text_bytes(std::string_view text) {
+  std::vector<std::byte> bytes;
+  for (const char c : text) bytes.push_back(static_cast<std::byte>(c));
+  return bytes;
+}
+
+// A safetensors file: the 8-byte little-endian length of `header`, `header`, then `data_size`
+// bytes of data (each byte its index, so that tensors read distinct values).
+std::vector<std::byte> make_safetensors(std::string_view header, size_t data_size,
+                                        uint64_t header_size_field) {
+  std::vector<std::byte> bytes(8);
+  for (size_t index = 0; index < 8; ++index) {
+    bytes[index] = static_cast<std::byte>((header_size_field >> (8 * index)) & 0xFF);
+  }
+  const std::vector<std::byte> text = text_bytes(header);
+  bytes.insert(bytes.end(), text.begin(), text.end());
+  for (size_t index = 0; index < data_size; ++index) {
+    bytes.push_back(static_cast<std::byte>(index));
+  }
+  return bytes;
+}
+
+std::vector<std::byte> make_safetensors(std::string_view header, size_t data_size) {
+  return make_safetensors(header, data_size, header.size());
+}
+
+std::string header_of(const std::vector<std::byte>& bytes) {
+  uint64_t size = 0;
+  std::memcpy(&size, bytes.data(), 8);
+  return std::string(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<size_t>(size));
+}
+
+std::filesystem::path fixture(const std::string& name) {
+  return std::filesystem::path(ATTN_FIXTURES_DIR) / "io" / name;
+}
+
+// A fresh directory for the current test, removed afterwards; the pid keeps concurrent runs of
+// the suite (e.g. a sanitizer build) apart.
+class TempDirectory {
+ public:
+  TempDirectory() {
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    path_ = std::filesystem::temp_directory_path() /
+            ("attn_safetensors_" + test + "_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDirectory(const TempDirectory&) = delete;
+  TempDirectory& operator=(const TempDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// One F32 tensor of shape `shape` over `offsets`, named `name`, as a header entry.
+std::string entry(std::string_view name, std::string_view shape, std::string_view offsets,
+                  std::string_view dtype = "F32") {
+  return "\"" + std::string(name) + "\":{\"dtype\":\"" + std::string(dtype) +
+         "\",\"shape\":" + std::string(shape) + ",\"data_offsets\":" + std::string(offsets) + "}";
+}
+
+// ---- Round trips. Values are compared exactly: float32 data is copied byte for byte.
+
+TEST(Safetensors, RoundTripsEveryRankAndEmptyTensors) {
+  Rng rng(11);
+  StateDict tensors;
+  tensors.emplace("scalar", testing::random_tensor(Shape{}, rng));
+  tensors.emplace("W_q.weight", testing::random_tensor(Shape{4, 3}, rng));
+  tensors.emplace("bias", testing::random_tensor(Shape{5}, rng));
+  tensors.emplace("cube", testing::random_tensor(Shape{2, 1, 3}, rng));
+  tensors.emplace("rank4", testing::random_tensor(Shape{1, 2, 2, 3}, rng));
+  tensors.emplace("empty", Tensor(Shape{0, 3}));
+  const StateDict loaded =
+      parse_safetensors(serialize_safetensors(tensors, {{"format", "pt"}}), "round trip");
+  ASSERT_EQ(loaded.size(), tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    ASSERT_EQ(loaded.count(name), 1U) << name;
+    EXPECT_EQ(loaded.at(name).shape(), tensor.shape()) << name;
+    EXPECT_EQ(loaded.at(name).values(), tensor.values()) << name;
+  }
+  EXPECT_TRUE(parse_safetensors(serialize_safetensors({}), "empty").empty());
+}
+
+// ---- Bytes as the reference implementation (safetensors 0.8, Rust) writes them.
+
+TEST(Safetensors, WritesTheReferenceBytes) {
+  // safetensors.torch.save({'b': torch.ones(2), 'W_q.weight': torch.zeros(1, 2),
+  //   'scalar': torch.tensor(3.0), 'empty': torch.zeros(0, 3)}, metadata={'format': 'pt'})
+  StateDict tensors;
+  tensors.emplace("b", Tensor::full(Shape{2}, 1.0F));
+  tensors.emplace("W_q.weight", Tensor(Shape{1, 2}));
+  tensors.emplace("scalar", Tensor(Shape{}, {3.0F}));
+  tensors.emplace("empty", Tensor(Shape{0, 3}));
+  const std::vector<std::byte> bytes = serialize_safetensors(tensors, {{"format", "pt"}});
+  const std::string expected_header =
+      R"({"__metadata__":{"format":"pt"},)"
+      R"("W_q.weight":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+      R"("empty":{"dtype":"F32","shape":[0,3],"data_offsets":[16,16]},)"
+      R"("scalar":{"dtype":"F32","shape":[],"data_offsets":[16,20]}})"
+      "  ";  // spaces up to a multiple of 8 bytes
+  ASSERT_EQ(bytes.size(), 300U);
+  EXPECT_EQ(std::to_integer<int>(bytes[0]), 0x10);  // header length 272 = 0x110
+  EXPECT_EQ(std::to_integer<int>(bytes[1]), 0x01);
+  EXPECT_EQ(header_of(bytes), expected_header);
+  const std::vector<float> data = {0, 0, 1, 1, 3};
+  EXPECT_EQ(std::memcmp(bytes.data() + 280, data.data(), 20), 0);
+
+  // safetensors.torch.save({}): "{}" and six spaces.
+  EXPECT_EQ(serialize_safetensors({}), make_safetensors("{}      ", 0));
+}
+
+TEST(Safetensors, ReadsAFileSafetensorsTorchWrote) {
+  // Its header lists the F64 tensor first and its data first too, apart from name order.
+  const StateDict loaded = load_safetensors(fixture("params.safetensors"));
+  ASSERT_EQ(loaded.size(), 3U);
+  EXPECT_EQ(loaded.at("W_q.weight").shape(), (Shape{2, 3}));
+  EXPECT_EQ(loaded.at("W_q.weight").values(),
+            (std::vector<float>{-2.5F, -1.5F, -0.5F, 0.5F, 1.5F, 2.5F}));
+  EXPECT_EQ(loaded.at("bias").values(), (std::vector<float>{0.25F, -4.0F}));
+  EXPECT_EQ(loaded.at("scale").shape().rank(), 0);
+  EXPECT_EQ(loaded.at("scale").values(), std::vector<float>{0.1F});  // F64 rounded to float32
+
+  EXPECT_THROW_MESSAGE(load_safetensors(fixture("f16.safetensors")), FileError,
+                       "tensor 'half': unsupported dtype 'F16': expected F32 or F64");
+}
+
+TEST(Safetensors, ReadsF64AndOffsetsInAnyOrder) {
+  const std::vector<double> doubles = {0.1, -3.0};
+  const std::vector<float> floats = {7.5F};
+  const std::string header =
+      "{" + entry("z", "[2]", "[0,16]", "F64") + "," + entry("a", "[]", "[16,20]") + "}";
+  std::vector<std::byte> bytes = make_safetensors(header, 0);
+  const auto* double_bytes = reinterpret_cast<const std::byte*>(doubles.data());
+  const auto* float_bytes = reinterpret_cast<const std::byte*>(floats.data());
+  bytes.insert(bytes.end(), double_bytes, double_bytes + 16);
+  bytes.insert(bytes.end(), float_bytes, float_bytes + 4);
+  const StateDict loaded = parse_safetensors(bytes, "mixed");
+  EXPECT_EQ(loaded.at("z").values(), (std::vector<float>{0.1F, -3.0F}));
+  EXPECT_EQ(loaded.at("a").values(), std::vector<float>{7.5F});
+}
+
+TEST(Safetensors, WritingRejectsNamesItCannotStore) {
+  StateDict reserved;
+  reserved.emplace("__metadata__", Tensor(Shape{1}));
+  EXPECT_THROW_MESSAGE(serialize_safetensors(reserved), ValueError, "'__metadata__' is reserved");
+  StateDict bad_utf8;
+  bad_utf8.emplace("caf\xE9", Tensor(Shape{1}));
+  EXPECT_THROW_MESSAGE(serialize_safetensors(bad_utf8), ValueError, "must be valid UTF-8");
+}
+
+// ---- Malformed files: each must throw FileError naming the source (and the tensor) and what
+// was wrong.
+
+TEST(SafetensorsMalformed, HeaderLength) {
+  EXPECT_THROW_MESSAGE(parse_safetensors(text_bytes("1234"), "short.st"), FileError,
+                       "short.st: too short for a safetensors file: expected at least 8 bytes, "
+                       "got 4");
+  EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors("{}", 0, 3), "lying.st"), FileError,
+                       "lying.st: header length 3 is larger than the 2 bytes after it");
+  EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors("{}", 0, uint64_t{1} << 63), "huge.st"),
+                       FileError, "header length 9223372036854775808 exceeds the limit");
+}
+
+TEST(SafetensorsMalformed, HeaderIsNotAJsonObject) {
+  for (const std::string_view header :
+       {"{\"a\":", "not json", "", "{\"a\":1,}", "{\"caf\xE9\":1}"}) {
+    EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors(header, 0), "json.st"), FileError,
+                         "json.st: header is not valid JSON");
+  }
+  for (const auto& [header, type] : {std::pair{"[1, 2]", "array"}, std::pair{"\"text\"", "string"},
+                                     std::pair{"3", "number"}, std::pair{"null", "null"}}) {
+    EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors(header, 0), "array.st"), FileError,
+                         std::string("expected the header to be a JSON object, got ") + type);
+  }
+  // Deep nesting must neither overflow the stack nor be mistaken for a header.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors(deep, 0), "deep.st"), FileError,
+                       "expected the header to be a JSON object, got array");
+}
+
+TEST(SafetensorsMalformed, EntriesOfTheWrongForm) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"w":3})", "tensor 'w': expected an object with 'dtype', 'shape' and 'data_offsets'"},
+      {R"({"w":{"shape":[1],"data_offsets":[0,4]}})", "tensor 'w': missing field 'dtype'"},
+      {R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", "tensor 'w': missing field 'shape'"},
+      {R"({"w":{"dtype":"F32","shape":[1]}})", "tensor 'w': missing field 'data_offsets'"},
+      {R"({"w":{"dtype":32,"shape":[1],"data_offsets":[0,4]}})",
+       "tensor 'w': expected 'dtype' to be a string, got 32"},
+      {R"({"w":{"dtype":"F32","shape":"1","data_offsets":[0,4]}})",
+       "tensor 'w': expected 'shape' to be an array, got \"1\""},
+      {R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+       "tensor 'w': expected every dimension of 'shape' to be a non-negative 64-bit integer, got "
+       "-1"},
+      {R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", "integer, got 1.5"},
+      {R"({"w":{"dtype":"F32","shape":[true],"data_offsets":[0,4]}})", "integer, got true"},
+      {R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,4]}})",
+       "integer, got 9223372036854775808"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})",
+       "tensor 'w': expected 'data_offsets' to be an array [begin, end], got [0]"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":{"a":0}}})",
+       "expected 'data_offsets' to be an array [begin, end]"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":["0","4"]}})",
+       "expected 'data_offsets' to be a non-negative 64-bit integer, got \"0\""},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,-4]}})", "got -4"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,1e30]}})", "got 1e+30"},
+      {R"({"__metadata__":{"format":1}})", "expected '__metadata__' to map strings to strings"},
+      {R"({"__metadata__":"pt"})", "expected '__metadata__' to map strings to strings"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+       "header repeats the key 'w'"},
+      {R"({"w":{"dtype":"F32","dtype":"F64","shape":[1],"data_offsets":[0,4]}})",
+       "header repeats the key 'dtype'"},
+  };
+  for (const auto& [header, message] : cases) {
+    EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors(header, 4), "form.st"), FileError,
+                         message);
+  }
+  EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors(R"({"w":3})", 4), "form.st"), FileError,
+                       "form.st: tensor 'w': expected an object");
+}
+
+TEST(SafetensorsMalformed, RankAndSizes) {
+  // A hostile header does not make a huge message: JSON values are quoted only in part.
+  std::string long_shape = "[1";
+  for (int axis = 0; axis < 10000; ++axis) long_shape += ",1";
+  try {
+    parse_safetensors(make_safetensors("{" + entry("w", long_shape + "]", "[0,4]") + "}", 4),
+                      "long.st");
+    ADD_FAILURE() << "expected FileError";
+  } catch (const FileError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("expected a rank of at most 4, got shape [1,1,1,"), std::string::npos);
+    EXPECT_LT(message.size(), 200U) << message;
+  }
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(make_safetensors("{" + entry("w", "[1,1,1,1,1]", "[0,4]") + "}", 4),
+                        "r.st"),
+      FileError, "r.st: tensor 'w': expected a rank of at most 4, got shape [1,1,1,1,1]");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(
+          make_safetensors("{" + entry("w", "[4611686018427387904,4,4]", "[0,4]") + "}", 4),
+          "overflow.st"),
+      FileError, "tensor 'w': shape [4611686018427387904,4,4] has too many elements");
+  // A zero does not excuse the other dimensions: Shape::numel multiplies them in order.
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(
+          make_safetensors(
+              "{" + entry("w", "[4611686018427387904,4611686018427387904,0]", "[0,0]") + "}", 0),
+          "zero.st"),
+      FileError, "has too many elements");
+  // 2^61 elements fit in int64 but 2^61 · 8 bytes do not; the check must not overflow either.
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(
+          make_safetensors("{" + entry("w", "[2305843009213693952]", "[0,8]", "F64") + "}", 8),
+          "bytes.st"),
+      FileError,
+      "tensor 'w': shape (2305843009213693952,) of F64 needs 2305843009213693952 elements of 8 "
+      "bytes, but data_offsets span 8 bytes");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(make_safetensors("{" + entry("w", "[2]", "[0,4]") + "}", 4), "numel.st"),
+      FileError,
+      "tensor 'w': shape (2,) of F32 needs 2 elements of 4 bytes, but data_offsets "
+      "span 4 bytes");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(make_safetensors("{" + entry("w", "[1]", "[0,6]") + "}", 6), "odd.st"),
+      FileError, "needs 1 elements of 4 bytes, but data_offsets span 6 bytes");
+}
+
+TEST(SafetensorsMalformed, UnsupportedDtypesNameTheTensor) {
+  for (const std::string dtype : {"F16", "BF16", "I64", "I32", "U8", "BOOL", "F8_E4M3", "f32"}) {
+    EXPECT_THROW_MESSAGE(
+        parse_safetensors(make_safetensors("{" + entry("layer.w", "[1]", "[0,4]", dtype) + "}", 4),
+                          "dtype.st"),
+        FileError, "dtype.st: tensor 'layer.w': unsupported dtype '" + dtype + "'");
+  }
+}
+
+TEST(SafetensorsMalformed, OffsetsThatDoNotTileTheData) {
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(make_safetensors("{" + entry("w", "[1]", "[4,0]") + "}", 4), "rev.st"),
+      FileError, "rev.st: tensor 'w': data_offsets [4, 0] end before they begin");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(make_safetensors("{" + entry("w", "[2]", "[0,8]") + "}", 4), "past.st"),
+      FileError, "tensor 'w': data_offsets end at byte 8, past the end of the 4-byte data buffer");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(
+          make_safetensors(
+              "{" + entry("w", "[1]", "[18446744073709551612,18446744073709551616]") + "}", 4),
+          "wrap.st"),
+      FileError, "tensor 'w': expected 'data_offsets' to be a non-negative 64-bit integer");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(
+          make_safetensors(
+              "{" + entry("a", "[2]", "[0,8]") + "," + entry("b", "[2]", "[4,12]") + "}", 12),
+          "overlap.st"),
+      FileError, "tensor 'b': data_offsets begin at byte 4, overlapping 'a' which ends at byte 8");
+  EXPECT_THROW_MESSAGE(parse_safetensors(make_safetensors("{" + entry("a", "[1]", "[0,4]") + "," +
+                                                              entry("b", "[1]", "[0,4]") + "}",
+                                                          4),
+                                         "same.st"),
+                       FileError, "overlapping 'a'");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(
+          make_safetensors(
+              "{" + entry("a", "[1]", "[0,4]") + "," + entry("b", "[1]", "[8,12]") + "}", 12),
+          "gap.st"),
+      FileError, "tensor 'b': data_offsets begin at byte 8, leaving a gap after 'a' at byte 4");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(make_safetensors("{" + entry("a", "[1]", "[4,8]") + "}", 8), "start.st"),
+      FileError, "leaving a gap after the start of the data at byte 0");
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(make_safetensors("{" + entry("a", "[1]", "[0,4]") + "}", 8), "tail.st"),
+      FileError, "tail.st: the tensors cover 4 bytes of the 8-byte data buffer");
+}
+
+TEST(SafetensorsMalformed, EveryTruncationThrowsFileError) {
+  StateDict tensors;
+  tensors.emplace("a", Tensor::full(Shape{2, 2}, 0.5F));
+  tensors.emplace("b", Tensor(Shape{3}));
+  const std::vector<std::byte> bytes = serialize_safetensors(tensors, {{"k", "v"}});
+  ASSERT_NO_THROW(parse_safetensors(bytes, "whole.st"));
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    EXPECT_THROW(parse_safetensors(std::span(bytes).first(length), "cut.st"), FileError)
+        << "truncated at " << length;
+  }
+}
+
+// ---- Files on disk.
+
+TEST(SafetensorsFiles, SaveThenLoad) {
+  const TempDirectory directory;
+  StateDict tensors;
+  tensors.emplace("w", Tensor(Shape{1, 2}, {1.0F, -1.0F}));
+  save_safetensors(directory.path() / "p.safetensors", tensors, {{"format", "pt"}});
+  const StateDict loaded = load_safetensors(directory.path() / "p.safetensors");
+  ASSERT_EQ(loaded.count("w"), 1U);
+  EXPECT_EQ(loaded.at("w").values(), (std::vector<float>{1.0F, -1.0F}));
+}
+
+TEST(SafetensorsFiles, MissingOrUnwritableFilesNameThePath) {
+  const TempDirectory directory;
+  const std::filesystem::path missing = directory.path() / "missing.safetensors";
+  EXPECT_THROW_MESSAGE(load_safetensors(missing), FileError,
+                       missing.string() + ": cannot read the file");
+  const std::filesystem::path nowhere = directory.path() / "no_such_dir" / "p.safetensors";
+  EXPECT_THROW_MESSAGE(save_safetensors(nowhere, {}), FileError,
+                       nowhere.string() + ": cannot write the file");
+}
+
+}  // namespace
+}  // namespace attn
