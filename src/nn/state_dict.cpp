@@ -17,8 +17,8 @@ StateDict collect_state_dict(const std::vector<NamedParameter>& parameters) {
   return state;
 }
 
-void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
-                     std::string_view layer_name) {
+void check_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
+                      std::string_view layer_name) {
   const std::string layer(layer_name);
   for (const auto& parameter : parameters) {
     const auto found = state.find(parameter.name);
@@ -43,6 +43,11 @@ void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& 
                        tensor.shape().str() + " (expected only: " + expected + ")");
     }
   }
+}
+
+void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
+                     std::string_view layer_name) {
+  check_state_dict(state, parameters, layer_name);
   for (const auto& parameter : parameters) *parameter.tensor = state.at(parameter.name);
 }
 

@@ -25,6 +25,9 @@ void zero_grad(const std::vector<NamedParameter>& parameters);
 
 // Copies every parameter into a StateDict.
 StateDict collect_state_dict(const std::vector<NamedParameter>& parameters);
+// Throws what load_state_dict would throw, without changing anything.
+void check_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
+                      std::string_view layer_name);
 // Copies `state` into `parameters` like PyTorch's load_state_dict(strict=True): throws ShapeError
 // naming the tensor for a missing, unexpected or mis-shaped entry, and changes nothing then.
 void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
