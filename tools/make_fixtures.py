@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # Golden fixtures for attn's layers: runs the PyTorch code of d2l.ai's attention chapters and
-# writes its inputs, parameters, outputs and attention weights under tests/fixtures/<case>/.
+# writes its inputs, parameters, outputs, attention weights and autograd gradients under
+# tests/fixtures/<case>/.
 """Generate the PyTorch golden fixtures that tests/nn/pytorch_fixtures_test.cpp reads.
 
 What it does
@@ -22,12 +23,28 @@ What it does
         weights.npy                         float32 module.attention_weights; for multi-head
                                             attention the inner attention's (B*heads, n, m)
         case.json                           the layer and its hyper-parameters
-    and tests/fixtures/README.md describes this layout.
+        grad_output.npy                     float32 G, shaped like output.npy: a fixed random
+                                            upstream gradient
+        grads/                              PyTorch autograd's gradients of (output * G).sum(),
+                                            float32, each shaped like what it differentiates:
+            queries.npy, keys.npy, values.npy   w.r.t. the inputs
+            <name>.npy                      w.r.t. each parameter, named as in the state dict
+                                            (W_q.weight.npy, ..., w.npy); none for
+                                            DotProductAttention
+    and tests/fixtures/README.md describes this layout. The book's toy examples (toy_*) have no
+    grad_output.npy or grads/: they check forward outputs only.
+
+    G comes from its own generator, seeded from GRAD_SEED and the case name, so adding the
+    gradients left the torch.manual_seed(SEED) stream, and with it every other file, unchanged.
+    The gradients are taken in eval mode, like the outputs, in a second forward pass with
+    requires_grad on the inputs (the first, under no_grad, writes output.npy).
 
     Valid lengths are all >= 1. A valid length of 0 is where attn deliberately differs from the
     book: the book's -1e6 trick then gives uniform weights over all m keys (every score is
     -1e6), while attn gives all-zero weights (the query attends to nothing). So no fixture holds
-    one.
+    one. With every length >= 1 the gradients agree too: a masked score's exp(-1e6 - max)
+    underflows to exactly 0 in float32, so its weight and its softmax gradient are exactly 0, as
+    attn's exact masking gives.
 
 How to run (from the repository root)
     /opt/torchenv/bin/python tools/make_fixtures.py
@@ -40,6 +57,7 @@ Generated with torch 2.15.0+cu132 (run on the CPU), numpy 2.4.6, safetensors 0.8
 import json
 import math
 import pathlib
+import zlib
 
 import numpy as np
 import torch
@@ -47,6 +65,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 SEED = 20240607
+GRAD_SEED = 20250301  # for the upstream gradients G, kept apart from SEED's stream
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 
 
@@ -156,12 +175,48 @@ class GaussianKernelPooling(nn.Module):
 # --- Writing cases ------------------------------------------------------------------------------
 
 
-def write_case(name, config, module, queries, keys, values, valid_lens=None, weights_of=None):
-    """Runs module in eval mode on the inputs and writes the case folder."""
+def write_gradients(folder, name, module, queries, keys, values, valid_lens, output_shape):
+    """Writes grad_output.npy (a seeded G) and grads/: autograd's gradients of (output * G).sum()
+    w.r.t. the inputs and every parameter, in eval mode."""
+    # Seeded from the case name, so G does not depend on the order or number of cases.
+    generator = torch.Generator().manual_seed(GRAD_SEED + zlib.crc32(name.encode("utf-8")))
+    grad_output = torch.randn(output_shape, dtype=torch.float32, generator=generator)
+
+    inputs = {"queries": queries.detach().clone().requires_grad_(True),
+              "keys": keys.detach().clone().requires_grad_(True),
+              "values": values.detach().clone().requires_grad_(True)}
+    module.eval()
+    module.zero_grad(set_to_none=True)
+    output = module(inputs["queries"], inputs["keys"], inputs["values"], valid_lens)
+    (output * grad_output).sum().backward()
+
+    grads = folder / "grads"
+    grads.mkdir()
+    np.save(folder / "grad_output.npy", grad_output.numpy().astype(np.float32))
+    for input_name, tensor in inputs.items():
+        np.save(grads / f"{input_name}.npy", tensor.grad.numpy().astype(np.float32))
+    for parameter_name, parameter in module.named_parameters():
+        assert parameter.grad is not None, f"{name}: {parameter_name} got no gradient"
+        np.save(grads / f"{parameter_name}.npy", parameter.grad.numpy().astype(np.float32))
+    # Every parameter is in the state dict under the same name (no buffers), so the C++ test can
+    # require one gradient file per parameter it loads.
+    assert ({parameter_name for parameter_name, _ in module.named_parameters()} ==
+            set(module.state_dict())), f"{name}: parameters and state dict differ"
+
+
+def write_case(name, config, module, queries, keys, values, valid_lens=None, weights_of=None,
+               with_gradients=True):
+    """Runs module in eval mode on the inputs and writes the case folder; with_gradients also
+    writes grad_output.npy and grads/."""
     folder = FIXTURES / name
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.iterdir():
-        stale.unlink()
+        if stale.is_dir():
+            for stale_file in stale.iterdir():
+                stale_file.unlink()
+            stale.rmdir()
+        else:
+            stale.unlink()
     module.eval()
     with torch.no_grad():
         output = module(queries, keys, values, valid_lens)
@@ -185,6 +240,9 @@ def write_case(name, config, module, queries, keys, values, valid_lens=None, wei
     with open(folder / "case.json", "w", encoding="utf-8") as file:
         json.dump(config, file, indent=2, sort_keys=True)
         file.write("\n")
+
+    if with_gradients:
+        write_gradients(folder, name, module, queries, keys, values, valid_lens, output.shape)
 
 
 def normal(*shape):
@@ -289,12 +347,14 @@ def main():
                {"description": "the book's AdditiveAttention example", "layer": "additive",
                 "key_size": 2, "query_size": 20, "num_hiddens": 8, "dropout": 0.1},
                AdditiveAttention(key_size=2, query_size=20, num_hiddens=8, dropout=0.1),
-               torch.normal(0, 1, (2, 1, 20)), toy_keys, toy_values, toy_lens)
+               torch.normal(0, 1, (2, 1, 20)), toy_keys, toy_values, toy_lens,
+               with_gradients=False)
     write_case("toy_dot_product",
                {"description": "the book's DotProductAttention example", "layer": "dot_product",
                 "dropout": 0.5},
                DotProductAttention(dropout=0.5),
-               torch.normal(0, 1, (2, 1, 2)), toy_keys, toy_values, toy_lens)
+               torch.normal(0, 1, (2, 1, 2)), toy_keys, toy_values, toy_lens,
+               with_gradients=False)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 // attn's layers against the book's PyTorch code: the golden fixtures tools/make_fixtures.py writes
-// under tests/fixtures/<case>/, and the book's toy examples with their known outputs.
+// under tests/fixtures/<case>/ (outputs, weights and autograd gradients), and the book's toy
+// examples.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -16,6 +18,7 @@
 #include "attn/io/npy.hpp"
 #include "attn/io/safetensors.hpp"
 #include "attn/nn/additive_attention.hpp"
+#include "attn/nn/attention_layer.hpp"
 #include "attn/nn/dot_product_attention.hpp"
 #include "attn/nn/gaussian_kernel_pooling.hpp"
 #include "attn/nn/multi_head_attention.hpp"
@@ -112,8 +115,10 @@ LayerResult run_layer(Layer& layer, const Fixture& fixture) {
   return {std::move(output), layer.attention_weights()};
 }
 
-// Builds the attn layer case.json describes, loads PyTorch's parameters and runs it.
-LayerResult run_fixture(const Fixture& fixture) {
+// Builds the attn layer case.json describes, loads PyTorch's parameters and returns
+// use(layer).
+template <class Use>
+auto with_fixture_layer(const Fixture& fixture, Use&& use) {
   const nlohmann::json& config = fixture.config;
   const std::string layer = config.at("layer").get<std::string>();
   if (layer == "additive") {
@@ -121,11 +126,11 @@ LayerResult run_fixture(const Fixture& fixture) {
         config.at("key_size").get<int64_t>(), config.at("query_size").get<int64_t>(),
         config.at("num_hiddens").get<int64_t>(), config.at("dropout").get<float>());
     attention.load_state_dict(fixture.params);
-    return run_layer(attention, fixture);
+    return use(attention);
   }
   if (layer == "dot_product") {
     DotProductAttention attention(config.at("dropout").get<float>());
-    return run_layer(attention, fixture);
+    return use(attention);
   }
   if (layer == "multi_head") {
     MultiHeadAttention attention(
@@ -134,16 +139,21 @@ LayerResult run_fixture(const Fixture& fixture) {
         config.at("num_heads").get<int64_t>(), config.at("dropout").get<float>(),
         config.at("bias").get<bool>());
     attention.load_state_dict(fixture.params);
-    return run_layer(attention, fixture);
+    return use(attention);
   }
   if (layer == "gaussian") {
     // Start from another width, so the comparison shows the state dict's "w" is what is used.
     GaussianKernelPooling pooling(0.5F);
     pooling.load_state_dict(fixture.params);
     EXPECT_EQ(pooling.width(), config.at("width").get<float>());
-    return run_layer(pooling, fixture);
+    return use(pooling);
   }
   throw std::runtime_error(fixture.name + "/case.json: unknown layer '" + layer + "'");
+}
+
+// Builds the attn layer case.json describes, loads PyTorch's parameters and runs it.
+LayerResult run_fixture(const Fixture& fixture) {
+  return with_fixture_layer(fixture, [&](auto& layer) { return run_layer(layer, fixture); });
 }
 
 std::vector<double> expected_values(const NpyArray& array) {
@@ -173,6 +183,146 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchFixtureTest, ::testing::ValuesIn(kCase
                          [](const ::testing::TestParamInfo<std::string>& case_info) {
                            return case_info.param;
                          });
+
+// --- Gradients: backward(G) against PyTorch autograd ---------------------------------------------
+
+// Every case except the book's toy examples has grad_output.npy and grads/.
+std::vector<std::string> gradient_cases() {
+  std::vector<std::string> cases;
+  for (const std::string& name : kCases) {
+    if (name.rfind("toy_", 0) != 0) cases.push_back(name);
+  }
+  return cases;
+}
+
+// attn's backward passes run in float32 through at most four chained products of ≤ 20 terms (the
+// same bound as the finite-difference test, tests/nn/gradients_test.cpp), so their round-off stays
+// near 1e-6 of the gradient's magnitude; PyTorch's float32 gradients differ from float64 autograd
+// by at most 2e-7 relative on these cases (measured when the fixtures were made). 1e-4 leaves
+// wide margin, while a wrong or missing term (a transposed weight, a dropped scale, a mask leaking
+// gradient into masked keys) gives errors comparable to the gradients themselves, 1e-2 to 4 here.
+// close_to measures against max(1, max |expected|), which matters for gradients that are zero by
+// cancellation (W_k.bias of multi-head attention, since adding q·b to a row of scores leaves the
+// softmax unchanged; queries and keys when m = 1): both sides then hold only round-off.
+constexpr double kGradientTolerance = 1e-12;
+
+// PyTorch's gradients of (output * G).sum(), by name: "queries", "keys", "values" and the
+// state-dict names of the parameters.
+struct ExpectedGradients {
+  Tensor grad_output;
+  std::map<std::string, NpyArray> by_name;
+};
+
+ExpectedGradients load_expected_gradients(const std::string& name) {
+  const std::filesystem::path folder = kFixtures / name;
+  ExpectedGradients expected;
+  expected.grad_output = load_npy_tensor(folder / "grad_output.npy", "grad_output");
+  const std::filesystem::path grads = folder / "grads";
+  if (!std::filesystem::is_directory(grads)) {
+    throw std::runtime_error("missing gradient folder " + grads.string());
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(grads)) {
+    if (entry.path().extension() != ".npy") {
+      throw std::runtime_error("unexpected file " + entry.path().string());
+    }
+    // "W_q.weight.npy" → "W_q.weight": stem() drops only the last extension.
+    expected.by_name.emplace(entry.path().stem().string(), read_npy(entry.path()));
+  }
+  return expected;
+}
+
+struct GradientResult {
+  Tensor output;
+  AttentionGradients inputs;
+  std::map<std::string, Tensor> parameters;  // each parameter's accumulated gradient, by name
+};
+
+template <class Layer>
+GradientResult run_backward(Layer& layer, const Fixture& fixture, ConstTensorView grad_output) {
+  layer.eval();
+  GradientResult result;
+  result.output = layer(fixture.queries, fixture.keys, fixture.values, fixture.valid_lens);
+  result.inputs = layer.backward(grad_output);
+  if constexpr (requires { layer.parameters(); }) {
+    for (const NamedParameter& parameter : layer.parameters()) {
+      if (parameter.grad == nullptr) {
+        throw std::runtime_error(fixture.name + ": parameter " + parameter.name +
+                                 " has no gradient");
+      }
+      result.parameters.emplace(parameter.name, *parameter.grad);
+    }
+  }
+  return result;
+}
+
+::testing::AssertionResult gradient_matches(const std::string& name, ConstTensorView actual,
+                                            const ExpectedGradients& expected) {
+  const auto found = expected.by_name.find(name);
+  if (found == expected.by_name.end()) {
+    return ::testing::AssertionFailure() << "no grads/" << name << ".npy";
+  }
+  const NpyArray& array = found->second;
+  if (array.is_integer() || actual.shape() != array.shape) {
+    return ::testing::AssertionFailure()
+           << name << ": attn's gradient has shape " << actual.shape().str() << ", PyTorch's "
+           << array.shape.str() << (array.is_integer() ? " (integer)" : "");
+  }
+  return close_to(actual, expected_values(array), kGradientTolerance)
+         << " (gradient of " << name << ")";
+}
+
+class PyTorchGradientTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PyTorchGradientTest, InputAndParameterGradientsMatchAutograd) {
+  const Fixture fixture = load_fixture(GetParam());
+  const ExpectedGradients expected = load_expected_gradients(GetParam());
+  ASSERT_EQ(expected.grad_output.shape().str(), fixture.output.shape.str());
+
+  const GradientResult result = with_fixture_layer(
+      fixture, [&](auto& layer) { return run_backward(layer, fixture, expected.grad_output); });
+
+  // The forward pass that backward() differentiates is the one PyTorch's fixture holds.
+  EXPECT_TRUE(close_to(result.output, expected_values(fixture.output), kTolerance));
+  EXPECT_TRUE(gradient_matches("queries", result.inputs.queries, expected));
+  EXPECT_TRUE(gradient_matches("keys", result.inputs.keys, expected));
+  EXPECT_TRUE(gradient_matches("values", result.inputs.values, expected));
+  for (const auto& [name, gradient] : result.parameters) {
+    EXPECT_TRUE(gradient_matches(name, gradient, expected));
+  }
+
+  // One file per input and per parameter, and nothing else: a parameter attn has but the fixture
+  // lacks (or the reverse) would otherwise go unchecked.
+  std::set<std::string> expected_names = {"queries", "keys", "values"};
+  for (const auto& [name, gradient] : result.parameters) expected_names.insert(name);
+  std::set<std::string> file_names;
+  for (const auto& [name, array] : expected.by_name) file_names.insert(name);
+  EXPECT_EQ(file_names, expected_names);
+  // The parameters with gradients are exactly those of the state dict PyTorch wrote.
+  std::set<std::string> state_dict_names;
+  for (const auto& [name, tensor] : fixture.params) state_dict_names.insert(name);
+  std::set<std::string> parameter_names;
+  for (const auto& [name, gradient] : result.parameters) parameter_names.insert(name);
+  EXPECT_EQ(parameter_names, state_dict_names);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PyTorchGradientTest, ::testing::ValuesIn(gradient_cases()),
+                         [](const ::testing::TestParamInfo<std::string>& case_info) {
+                           return case_info.param;
+                         });
+
+TEST(PyTorchFixtures, GradientsExistForExactlyTheNonToyCases) {
+  // A case without grads/ would silently skip the gradient check; the toy cases have none.
+  std::set<std::string> with_gradients;
+  for (const auto& entry : std::filesystem::directory_iterator(kFixtures)) {
+    if (std::filesystem::exists(entry.path() / "grads") ||
+        std::filesystem::exists(entry.path() / "grad_output.npy")) {
+      with_gradients.insert(entry.path().filename().string());
+    }
+  }
+  const std::vector<std::string> cases = gradient_cases();
+  EXPECT_EQ(with_gradients, std::set<std::string>(cases.begin(), cases.end()));
+  EXPECT_EQ(cases.size(), 11U);
+}
 
 TEST(PyTorchFixtures, FixtureSetIsComplete) {
   // A fixture folder this test does not list would silently go unchecked.
