@@ -18,7 +18,7 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DATTN_SANITIZE=ON -DATTN_BUILD_TESTS=ON
 cmake --build build/sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/sanitize -j"$jobs" --output-on-failure
+  LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp ctest --test-dir build/sanitize -j"$jobs" --output-on-failure
 
 echo "== Installed package: find_package(attn) from a consumer project"
 prefix=$(mktemp -d)
