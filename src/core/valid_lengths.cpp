@@ -1,6 +1,8 @@
 // ValidLengths: construction from (B) or (B, n) integers, range checks and per-head repetition.
 #include "attn/core/valid_lengths.hpp"
 
+#include <algorithm>
+
 #include "attn/core/error.hpp"
 
 namespace attn {
@@ -87,6 +89,18 @@ void ValidLengths::check(std::string_view name, int64_t batch, int64_t queries,
                        "] (the number of keys), got " + std::to_string(value));
     }
   }
+}
+
+ValidLengths ValidLengths::with_causal_mask(int64_t batch, int64_t queries, int64_t keys) const {
+  check("valid_lens", batch, queries, keys);
+  std::vector<int64_t> lengths(static_cast<size_t>(batch * queries));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < queries; ++i) {
+      const int64_t causal = std::clamp<int64_t>(i + keys - queries + 1, 0, keys);
+      lengths[static_cast<size_t>(b * queries + i)] = std::min(causal, length(b, i, keys));
+    }
+  }
+  return per_query(std::move(lengths), batch, queries);
 }
 
 ValidLengths ValidLengths::repeat_interleave(int64_t times) const {

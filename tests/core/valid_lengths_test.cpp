@@ -49,6 +49,16 @@ TEST(ValidLengths, CheckNamesIndexAndValue) {
   EXPECT_NO_THROW(ValidLengths::per_batch({0, 4}).check("valid_lens", 2, 3, 4));
 }
 
+TEST(ValidLengths, CausalMaskIsAlignedBottomRight) {
+  // n = 2 queries, m = 4 keys: query 0 sees keys 0..2, query 1 sees all four.
+  EXPECT_EQ(ValidLengths().with_causal_mask(1, 2, 4).values(), (std::vector<int64_t>{3, 4}));
+  // n = 4 > m = 2: the first two queries see nothing.
+  EXPECT_EQ(ValidLengths().with_causal_mask(1, 4, 2).values(), (std::vector<int64_t>{0, 0, 1, 2}));
+  // Combined with padding: the smaller length wins.
+  EXPECT_EQ(ValidLengths::per_batch({2, 4}).with_causal_mask(2, 3, 3).values(),
+            (std::vector<int64_t>{1, 2, 2, 1, 2, 3}));
+}
+
 TEST(ValidLengths, RepeatInterleaveMatchesTorch) {
   // torch.repeat_interleave(tensor([3, 2]), 2, dim=0) == tensor([3, 3, 2, 2]).
   EXPECT_EQ(ValidLengths::per_batch({3, 2}).repeat_interleave(2).values(),

@@ -48,6 +48,11 @@ class ValidLengths {
     return keys;
   }
 
+  // Per-query lengths that also apply a causal mask aligned bottom-right, as FlashAttention-2:
+  // query i of n sees keys j ≤ i + m − n, i.e. at most clamp(i + m − n + 1, 0, m) of them,
+  // combined (by minimum) with these lengths. ShapeError/ValueError as check().
+  ValidLengths with_causal_mask(int64_t batch, int64_t queries, int64_t keys) const;
+
   // Each batch element's lengths repeated `times` times in a row, as torch.repeat_interleave(
   // valid_lens, repeats=times, dim=0) does for multi-head attention's (B·heads) batch.
   ValidLengths repeat_interleave(int64_t times) const;
