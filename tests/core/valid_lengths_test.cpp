@@ -55,7 +55,7 @@ TEST(ValidLengths, CausalMaskIsAlignedBottomRight) {
   // n = 4 > m = 2: the first two queries see nothing.
   EXPECT_EQ(ValidLengths().with_causal_mask(1, 4, 2).values(), (std::vector<int64_t>{0, 0, 1, 2}));
   // Combined with padding: the smaller length wins.
-  EXPECT_EQ(ValidLengths::per_batch({2, 4}).with_causal_mask(2, 3, 3).values(),
+  EXPECT_EQ(ValidLengths::per_batch({2, 3}).with_causal_mask(2, 3, 3).values(),
             (std::vector<int64_t>{1, 2, 2, 1, 2, 3}));
 }
 
