@@ -1,0 +1,82 @@
+// `attn heatmap`: reads weights of rank 2 to 4 from a .npy file and draws them with
+// save_heatmaps, the picture format following the --out extension.
+#include "heatmap_command.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/io/npy.hpp"
+#include "attn/viz/heatmap.hpp"
+#include "command_support.hpp"
+
+namespace attn::cli {
+
+namespace {
+
+struct HeatmapCommandOptions {
+  std::string weights;
+  std::string out;
+  HeatmapOptions heatmap;
+};
+
+void draw(const HeatmapCommandOptions& options) {
+  const Tensor weights =
+      with_context("weights", [&] { return load_npy_tensor(options.weights, "weights"); });
+  if (weights.rank() < 2 || weights.rank() > 4) {
+    throw ShapeError("weights (" + options.weights +
+                     "): expected a tensor of rank 2 (n, m), 3 (panels, n, m) or 4 (rows, cols, "
+                     "n, m), got shape " +
+                     weights.shape().str());
+  }
+  with_context("--out", [&] { save_heatmaps(weights, options.out, options.heatmap); });
+  std::cout << "attn heatmap: weights " << weights.shape().str() << " from " << options.weights
+            << " -> " << options.out << "\n";
+}
+
+}  // namespace
+
+void add_heatmap_command(CLI::App& app) {
+  auto options = std::make_shared<HeatmapCommandOptions>();
+  CLI::App* command = app.add_subcommand(
+      "heatmap", "Draw attention weights from a .npy file as heatmaps (PNG, SVG or PDF)");
+  command->footer(
+      "Like the book's show_heatmaps: panels share one colour scale and colour bar. Rank 2 "
+      "(n, m) gives one panel, rank 3 (P, n, m) a row of P panels, rank 4 (R, C, n, m) an R x C "
+      "grid; --rows and --cols arrange the same panels differently.");
+  command->add_option("weights", options->weights, "Attention weights, float .npy of rank 2 to 4")
+      ->type_name("FILE")
+      ->required();
+  command->add_option("--out", options->out, "Picture to write: .png, .svg or .pdf")
+      ->type_name("FILE")
+      ->required();
+  command->add_option("--xlabel", options->heatmap.xlabel, "Label of the x axis");
+  command->add_option("--ylabel", options->heatmap.ylabel, "Label of the y axis");
+  command
+      ->add_option("--titles", options->heatmap.titles,
+                   "One title per panel, comma-separated, row by row")
+      ->delimiter(',')
+      ->default_str("none");
+  CLI::Option* rows =
+      command->add_option("--rows", options->heatmap.rows, "Rows of panels (with --cols)")
+          ->check(CLI::PositiveNumber)
+          ->default_str("from the shape");
+  CLI::Option* cols =
+      command->add_option("--cols", options->heatmap.cols, "Columns of panels (with --rows)")
+          ->check(CLI::PositiveNumber)
+          ->default_str("from the shape");
+  rows->needs(cols);
+  cols->needs(rows);
+  command
+      ->add_option("--panel-size", options->heatmap.panel_size,
+                   "Side of one panel's plot area in points")
+      ->check(CLI::PositiveNumber);
+  command->callback([options] { draw(*options); });
+}
+
+}  // namespace attn::cli

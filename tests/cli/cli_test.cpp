@@ -1,0 +1,592 @@
+// End-to-end tests of the attn executable (demo, run, heatmap, --version, help, error paths) run
+// in a temporary directory, and unit tests of its PyTorch-style tensor printing.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/core/valid_lengths.hpp"
+#include "attn/io/npy.hpp"
+#include "attn/io/safetensors.hpp"
+#include "attn/kernels/masked_softmax.hpp"
+#include "attn/nn/additive_attention.hpp"
+#include "attn/nn/multi_head_attention.hpp"
+#include "tensor_printing.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::close_to;
+using testing::expand;
+using testing::random_tensor;
+using testing::to_doubles;
+using testing::to_reference;
+
+// The CLI computes in float32 over a handful of terms (≤ 8 per dot product here), so it agrees
+// with the double reference to a few float32 ulps of the result's magnitude; 1e-5 leaves room for
+// that and still catches any wrong index, mask or scale.
+constexpr double kTolerance = 1e-5;
+
+std::string read_text(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+size_t count_occurrences(const std::string& text, const std::string& needle) {
+  size_t count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Random inputs for B = 2, n = 3, m = 5 and per-query valid lengths.
+struct RunInputs {
+  Tensor queries;
+  Tensor keys;
+  Tensor values;
+  ValidLengths valid_lens;
+};
+
+// Each test runs the executable in its own empty directory, removed afterwards.
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    directory_ = fs::temp_directory_path() /
+                 ("attn_cli_test_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(directory_);
+    fs::create_directories(directory_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(directory_, ignored);
+  }
+
+  fs::path path(const std::string& name) const { return directory_ / name; }
+
+  // Runs `attn <arguments>` in the test directory; arguments are passed through the shell, so
+  // file names in them are relative to that directory.
+  CommandResult attn(const std::string& arguments) const {
+    const std::string command = "cd '" + directory_.string() + "' && '" ATTN_CLI_PATH "' " +
+                                arguments + " > stdout.txt 2> stderr.txt";
+    const int status = std::system(command.c_str());
+    CommandResult result;
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    result.out = read_text(path("stdout.txt"));
+    result.err = read_text(path("stderr.txt"));
+    return result;
+  }
+
+  // Asserts a clean failure: exit code 1 and one "attn: error: ..." message naming `substring`.
+  void expect_error(const std::string& arguments, const std::string& substring) const {
+    const CommandResult result = attn(arguments);
+    EXPECT_EQ(result.exit_code, 1) << "attn " << arguments << "\nstderr: " << result.err;
+    EXPECT_TRUE(result.err.starts_with("attn: error: ")) << result.err;
+    EXPECT_NE(result.err.find(substring), std::string::npos)
+        << "attn " << arguments << "\nstderr: " << result.err
+        << "\nexpected to contain: " << substring;
+  }
+
+  void save(const std::string& name, const Tensor& tensor) const { save_npy(path(name), tensor); }
+
+  // Writes q.npy, k.npy, v.npy and lens.npy.
+  RunInputs write_inputs(int64_t query_size, int64_t key_size, int64_t value_size,
+                         uint64_t seed) const {
+    Rng rng(seed);
+    RunInputs inputs{random_tensor(Shape{2, 3, query_size}, rng),
+                     random_tensor(Shape{2, 5, key_size}, rng),
+                     random_tensor(Shape{2, 5, value_size}, rng),
+                     ValidLengths::per_query({5, 1, 3, 2, 4, 5}, 2, 3)};
+    save("q.npy", inputs.queries);
+    save("k.npy", inputs.keys);
+    save("v.npy", inputs.values);
+    save_npy(path("lens.npy"), inputs.valid_lens.values(), Shape{2, 3});
+    return inputs;
+  }
+
+  fs::path directory_;
+};
+
+bool starts_with_bytes(const fs::path& path, const std::string& prefix) {
+  return read_text(path).starts_with(prefix);
+}
+
+// The inputs write_inputs() leaves in the test directory.
+const std::string kInputArguments = "--queries q.npy --keys k.npy --values v.npy";
+
+const std::string kPngSignature = "\x89PNG\r\n\x1a\n";
+
+// --- the tensor printing, checked against what PyTorch 2.x prints for the same values ---
+
+TEST(TensorPrinting, BookToyOutputHasFourDecimalsAndAlignedColumns) {
+  // 10.000001 is not an integer, so PyTorch keeps 4 decimals for the whole tensor.
+  const Tensor output(Shape{2, 1, 4}, {2, 3, 4, 5, 10.000001F, 11, 12, 13});
+  EXPECT_EQ(cli::format_tensor(output),
+            "tensor([[[ 2.0000,  3.0000,  4.0000,  5.0000]],\n\n"
+            "        [[10.0000, 11.0000, 12.0000, 13.0000]]])");
+}
+
+TEST(TensorPrinting, IntegralValuesPrintWithATrailingPoint) {
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{2, 2}, {0, 1, 10, 11})),
+            "tensor([[ 0.,  1.],\n        [10., 11.]])");
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{2}, {0, 0})), "tensor([0., 0.])");
+}
+
+TEST(TensorPrinting, WideRangesSwitchToScientificNotation) {
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{2}, {1e-5F, 1.0F})),
+            "tensor([1.0000e-05, 1.0000e+00])");
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{2}, {1.0F, 2000.0F})),
+            "tensor([1.0000e+00, 2.0000e+03])");
+}
+
+TEST(TensorPrinting, NegativeAndNonFiniteValuesShareTheColumnWidth) {
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{2}, {-1.5F, 10.25F})), "tensor([-1.5000, 10.2500])");
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{3}, {std::numeric_limits<float>::quiet_NaN(), 1.5F,
+                                                 -std::numeric_limits<float>::infinity()})),
+            "tensor([   nan, 1.5000,   -inf])");
+}
+
+TEST(TensorPrinting, LongRowsWrapAtEightyColumns) {
+  Tensor row(Shape{20});
+  for (int64_t i = 0; i < 20; ++i) row(i) = static_cast<float>(i) + 0.5F;
+  EXPECT_EQ(cli::format_tensor(row),
+            "tensor([ 0.5000,  1.5000,  2.5000,  3.5000,  4.5000,  5.5000,  6.5000,  7.5000,\n"
+            "         8.5000,  9.5000, 10.5000, 11.5000, 12.5000, 13.5000, 14.5000, 15.5000,\n"
+            "        16.5000, 17.5000, 18.5000, 19.5000])");
+}
+
+TEST(TensorPrinting, MoreThanAThousandElementsAreSummarised) {
+  Tensor row(Shape{2000});
+  for (int64_t i = 0; i < 2000; ++i) row(i) = static_cast<float>(1000 + i);
+  EXPECT_EQ(cli::format_tensor(row), "tensor([1000., 1001., 1002.,  ..., 2997., 2998., 2999.])");
+
+  Tensor matrix(Shape{100, 20});
+  for (int64_t i = 0; i < matrix.numel(); ++i) matrix.data()[i] = static_cast<float>(i % 7);
+  const std::string text = cli::format_tensor(matrix);
+  EXPECT_TRUE(text.starts_with("tensor([[0., 1., 2.,  ..., 3., 4., 5.],\n")) << text;
+  EXPECT_NE(text.find("\n        ...,\n"), std::string::npos) << text;
+  EXPECT_EQ(count_occurrences(text, "\n"), 6U) << text;  // 3 + 3 rows and the "..." line
+}
+
+TEST(TensorPrinting, RanksZeroToFourAndEmptyTensors) {
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{}, {2.5F})), "tensor(2.5000)");
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{2, 1, 1, 2}, {0.5F, 0.25F, 0.5F, 0.25F})),
+            "tensor([[[[0.5000, 0.2500]]],\n\n\n        [[[0.5000, 0.2500]]]])");
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{0})), "tensor([])");
+  EXPECT_EQ(cli::format_tensor(Tensor(Shape{2, 0})), "tensor([], size=(2, 0))");
+}
+
+TEST(TensorPrinting, IntegerTensorsAndValidLengths) {
+  const std::vector<int64_t> lengths = {1, 3, 2, 40};
+  EXPECT_EQ(cli::format_integer_tensor(lengths, Shape{2, 2}),
+            "tensor([[ 1,  3],\n        [ 2, 40]])");
+  EXPECT_EQ(cli::format_valid_lengths(ValidLengths::per_batch({2, 3})), "tensor([2, 3])");
+  EXPECT_EQ(cli::format_valid_lengths(ValidLengths{}), "None");
+  EXPECT_THROW_MESSAGE(cli::format_integer_tensor(lengths, Shape{3}), ShapeError, "needs 3 values");
+}
+
+// --- version and help ---
+
+TEST_F(CliTest, VersionPrintsTheProjectVersion) {
+  const CommandResult result = attn("--version");
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.out, "attn " ATTN_VERSION "\n");
+}
+
+TEST_F(CliTest, NoSubcommandPrintsHelpListingTheSubcommands) {
+  const CommandResult result = attn("");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  for (const char* word : {"Usage", "demo", "run", "heatmap", "--version"}) {
+    EXPECT_NE(result.out.find(word), std::string::npos) << word << " missing from:\n" << result.out;
+  }
+}
+
+TEST_F(CliTest, SubcommandHelpShowsOptionsAndDefaults) {
+  const CommandResult demo = attn("demo --help");
+  EXPECT_EQ(demo.exit_code, 0);
+  EXPECT_NE(demo.out.find("--seed"), std::string::npos) << demo.out;
+  EXPECT_NE(demo.out.find("attn-demo"), std::string::npos) << demo.out;  // default --out
+
+  const CommandResult run = attn("run --help");
+  EXPECT_EQ(run.exit_code, 0);
+  for (const char* word : {"--layer", "--heads", "--params", "--valid-lens", "--weights-out",
+                           "--heatmap", "1/sqrt(query size)", "multi-head"}) {
+    EXPECT_NE(run.out.find(word), std::string::npos) << word << " missing from:\n" << run.out;
+  }
+
+  const CommandResult heatmap = attn("heatmap --help");
+  EXPECT_EQ(heatmap.exit_code, 0);
+  for (const char* word : {"--xlabel", "Keys", "Queries", "--titles", "--rows", "--cols"}) {
+    EXPECT_NE(heatmap.out.find(word), std::string::npos) << word << " missing from:\n"
+                                                         << heatmap.out;
+  }
+}
+
+TEST_F(CliTest, UnknownOptionIsAUsageErrorWithExitCode1) {
+  write_inputs(4, 4, 6, 15);
+  expect_error("run --layer dot-product " + kInputArguments + " --out o.npy --bogus", "--bogus");
+  EXPECT_NE(attn("run --layer dot-product " + kInputArguments + " --out o.npy --bogus")
+                .err.find("Run 'attn run --help'"),
+            std::string::npos);
+  expect_error("run --layer dot-product " + kInputArguments, "--out is required");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  expect_error("frobnicate", "frobnicate");
+}
+
+// --- demo ---
+
+TEST_F(CliTest, DemoPrintsTheBookResultsAndWritesFourPictures) {
+  const CommandResult result = attn("demo --out pictures --seed 0");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  // Additive and dot-product attention both give the book's toy result: with keys of ones every
+  // key scores the same, so each output row is the mean of the first 2 and first 6 value rows.
+  EXPECT_EQ(count_occurrences(result.out,
+                              "tensor([[[ 2.0000,  3.0000,  4.0000,  5.0000]],\n\n"
+                              "        [[10.0000, 11.0000, 12.0000, 13.0000]]])"),
+            2U)
+      << result.out;
+  EXPECT_NE(result.out.find("attention(X, Y, Y, valid_lens).shape: (2, 4, 100)"), std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("(10, 4, 6)"), std::string::npos) << result.out;
+
+  // The masked softmax of the seeded uniform input, both kinds of valid lengths.
+  Rng rng(0);
+  Tensor scores(Shape{2, 2, 4});
+  for (float& value : scores.span()) value = rng.uniform();
+  EXPECT_NE(result.out.find(cli::format_tensor(scores)), std::string::npos) << result.out;
+  const Tensor per_batch = masked_softmax(scores, ValidLengths::per_batch({2, 3}));
+  const Tensor per_query = masked_softmax(scores, ValidLengths::per_query({1, 3, 2, 4}, 2, 2));
+  EXPECT_NE(result.out.find(cli::format_tensor(per_batch)), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find(cli::format_tensor(per_query)), std::string::npos) << result.out;
+  // Query 0 of batch 0 sees one key only: weight exactly 1 there, exactly 0 elsewhere.
+  EXPECT_NE(result.out.find("tensor([[[1.0000, 0.0000, 0.0000, 0.0000],"), std::string::npos);
+
+  for (const char* name :
+       {"masked_softmax.png", "additive.png", "dot_product.png", "multi_head.png"}) {
+    EXPECT_TRUE(starts_with_bytes(path("pictures") / name, kPngSignature)) << name;
+    EXPECT_NE(result.out.find((fs::path("pictures") / name).string()), std::string::npos)
+        << name << " not reported in:\n"
+        << result.out;
+  }
+}
+
+TEST_F(CliTest, DemoIsReproducibleForASeedAndChangesWithIt) {
+  const CommandResult first = attn("demo --seed 3");
+  const CommandResult again = attn("demo --seed 3");
+  const CommandResult other = attn("demo --seed 4");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(first.out, again.out);
+  EXPECT_NE(first.out, other.out);
+  EXPECT_TRUE(starts_with_bytes(path("attn-demo/additive.png"), kPngSignature));
+}
+
+TEST_F(CliTest, DemoReportsAnOutputDirectoryThatCannotBeCreated) {
+  std::ofstream(path("occupied")) << "a file, not a directory";
+  expect_error("demo --out occupied", "occupied");
+}
+
+// --- run ---
+
+TEST_F(CliTest, RunDotProductMatchesTheReference) {
+  const RunInputs inputs = write_inputs(4, 4, 6, 1);
+  const CommandResult result =
+      attn("run --layer dot-product " + kInputArguments +
+           " --valid-lens lens.npy --out o.npy --weights-out w.npy --heatmap h.png");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("output (2, 3, 6) -> o.npy"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("weights (2, 3, 5) -> w.npy"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("heatmap -> h.png"), std::string::npos) << result.out;
+
+  const auto expected = reference::dot_product_attention(
+      to_reference(inputs.queries), to_reference(inputs.keys), to_reference(inputs.values),
+      expand(inputs.valid_lens, 2, 3, 5), 1.0 / std::sqrt(4.0));
+  const Tensor output = load_npy_tensor(path("o.npy"), "output");
+  const Tensor weights = load_npy_tensor(path("w.npy"), "weights");
+  EXPECT_EQ(output.shape(), (Shape{2, 3, 6}));
+  EXPECT_EQ(weights.shape(), (Shape{2, 3, 5}));
+  EXPECT_TRUE(close_to(output, expected.output.values, kTolerance));
+  EXPECT_TRUE(close_to(weights, expected.weights.values, kTolerance));
+  EXPECT_TRUE(starts_with_bytes(path("h.png"), kPngSignature));
+}
+
+TEST_F(CliTest, RunDotProductUsesTheGivenScale) {
+  const RunInputs inputs = write_inputs(4, 4, 6, 2);
+  ASSERT_EQ(
+      attn("run --layer dot-product --scale 0.25 " + kInputArguments + " --out o.npy").exit_code,
+      0);
+  const auto expected = reference::dot_product_attention(
+      to_reference(inputs.queries), to_reference(inputs.keys), to_reference(inputs.values),
+      expand(ValidLengths{}, 2, 3, 5), 0.25);
+  EXPECT_TRUE(
+      close_to(load_npy_tensor(path("o.npy"), "output"), expected.output.values, kTolerance));
+}
+
+TEST_F(CliTest, RunAdditiveLoadsItsParametersAndMatchesTheReference) {
+  const RunInputs inputs = write_inputs(/*query_size=*/4, /*key_size=*/3, 6, 3);
+  const AdditiveAttention layer(/*key_size=*/3, /*query_size=*/4, /*num_hiddens=*/7, 0.0F, 11);
+  const StateDict state = layer.state_dict();
+  save_safetensors(path("p.safetensors"), state);
+  const CommandResult result =
+      attn("run --layer additive --params p.safetensors " + kInputArguments +
+           " --valid-lens lens.npy --out o.npy --weights-out w.npy");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("additive attention, output (2, 3, 6) -> o.npy"), std::string::npos)
+      << result.out;
+
+  const auto expected = reference::additive_attention(
+      to_reference(inputs.queries), to_reference(inputs.keys), to_reference(inputs.values),
+      expand(inputs.valid_lens, 2, 3, 5), to_doubles(state.at("W_q.weight")),
+      to_doubles(state.at("W_k.weight")), to_doubles(state.at("w_v.weight")));
+  EXPECT_TRUE(
+      close_to(load_npy_tensor(path("o.npy"), "output"), expected.output.values, kTolerance));
+  EXPECT_TRUE(
+      close_to(load_npy_tensor(path("w.npy"), "weights"), expected.weights.values, kTolerance));
+  EXPECT_FALSE(fs::exists(path("h.png")));  // no heatmap unless asked
+}
+
+TEST_F(CliTest, RunMultiHeadWithBiasMatchesTheReferenceAndDrawsTheHeadGrid) {
+  const RunInputs inputs = write_inputs(/*query_size=*/4, /*key_size=*/3, 5, 4);
+  const MultiHeadAttention layer(/*key_size=*/3, /*query_size=*/4, /*value_size=*/5,
+                                 /*num_hiddens=*/8, /*num_heads=*/2, 0.0F, /*bias=*/true, 12);
+  const StateDict state = layer.state_dict();
+  save_safetensors(path("p.safetensors"), state);
+  const CommandResult result =
+      attn("run --layer multi-head --heads 2 --params p.safetensors " + kInputArguments +
+           " --valid-lens lens.npy --out o.npy --weights-out w.npy --heatmap h.svg");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("weights (4, 3, 5) -> w.npy"), std::string::npos) << result.out;
+
+  reference::MultiHeadParameters parameters;
+  parameters.W_q = to_doubles(state.at("W_q.weight"));
+  parameters.W_k = to_doubles(state.at("W_k.weight"));
+  parameters.W_v = to_doubles(state.at("W_v.weight"));
+  parameters.W_o = to_doubles(state.at("W_o.weight"));
+  parameters.b_q = to_doubles(state.at("W_q.bias"));
+  parameters.b_k = to_doubles(state.at("W_k.bias"));
+  parameters.b_v = to_doubles(state.at("W_v.bias"));
+  parameters.b_o = to_doubles(state.at("W_o.bias"));
+  const auto expected = reference::multi_head_attention(
+      to_reference(inputs.queries), to_reference(inputs.keys), to_reference(inputs.values),
+      expand(inputs.valid_lens, 2, 3, 5), parameters, 8, 2);
+  const Tensor output = load_npy_tensor(path("o.npy"), "output");
+  EXPECT_EQ(output.shape(), (Shape{2, 3, 8}));
+  EXPECT_TRUE(close_to(output, expected.output.values, kTolerance));
+  EXPECT_TRUE(
+      close_to(load_npy_tensor(path("w.npy"), "weights"), expected.weights.values, kTolerance));
+  // One panel per (batch, head), titled with both.
+  const std::string svg = read_text(path("h.svg"));
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+}
+
+// The PyTorch-saved layers under tests/fixtures: `attn run` on their files reproduces PyTorch's
+// output and weights.
+double largest_magnitude(const Tensor& tensor) {
+  double largest = 0.0;
+  for (float value : tensor.span())
+    largest = std::max(largest, std::abs(static_cast<double>(value)));
+  return largest;
+}
+
+::testing::AssertionResult matches_fixture(const fs::path& actual_path,
+                                           const fs::path& expected_path) {
+  const Tensor actual = load_npy_tensor(actual_path, "actual");
+  const Tensor expected = load_npy_tensor(expected_path, "expected");
+  if (actual.shape() != expected.shape()) {
+    return ::testing::AssertionFailure()
+           << "shape " << actual.shape().str() << ", expected " << expected.shape().str();
+  }
+  // PyTorch computed these in float32 too, in another summation order: a few ulps apart.
+  const double bound = 1e-5 * largest_magnitude(expected);
+  for (int64_t i = 0; i < actual.numel(); ++i) {
+    const double error = std::abs(static_cast<double>(actual.data()[i]) - expected.data()[i]);
+    if (!(error <= bound)) {
+      return ::testing::AssertionFailure()
+             << "element " << i << " is " << actual.data()[i] << ", expected " << expected.data()[i]
+             << " (error " << error << " > " << bound << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CliTest, RunReproducesThePyTorchFixtures) {
+  const fs::path fixtures = ATTN_FIXTURES_DIR;
+  ASSERT_TRUE(fs::is_directory(fixtures)) << fixtures;
+  std::map<std::string, int> cases_run;
+  for (const auto& entry : fs::directory_iterator(fixtures)) {
+    const fs::path folder = entry.path();
+    if (!fs::exists(folder / "case.json")) continue;
+    const auto description = nlohmann::json::parse(read_text(folder / "case.json"));
+    const std::string layer = description.at("layer").get<std::string>();
+    std::string arguments;
+    if (layer == "additive") {
+      arguments = "--layer additive --params '" + (folder / "params.safetensors").string() + "'";
+    } else if (layer == "multi_head") {
+      arguments = "--layer multi-head --heads " +
+                  std::to_string(description.at("num_heads").get<int>()) + " --params '" +
+                  (folder / "params.safetensors").string() + "'";
+    } else if (layer == "dot_product") {
+      arguments = "--layer dot-product";
+    } else {
+      continue;  // Gaussian-kernel pooling has no `attn run` layer
+    }
+    for (const char* input : {"queries", "keys", "values"}) {
+      arguments += " --" + std::string(input) + " '" + (folder / input).string() + ".npy'";
+    }
+    if (fs::exists(folder / "valid_lens.npy")) {
+      arguments += " --valid-lens '" + (folder / "valid_lens.npy").string() + "'";
+    }
+    SCOPED_TRACE(folder.filename().string());
+    const CommandResult result = attn("run " + arguments + " --out o.npy --weights-out w.npy");
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_TRUE(matches_fixture(path("o.npy"), folder / "output.npy"));
+    EXPECT_TRUE(matches_fixture(path("w.npy"), folder / "weights.npy"));
+    ++cases_run[layer];
+  }
+  // The brief's minimum: PyTorch-saved additive and multi-head layers both ran.
+  EXPECT_GE(cases_run["additive"], 1);
+  EXPECT_GE(cases_run["multi_head"], 1);
+  EXPECT_GE(cases_run["dot_product"], 1);
+}
+
+// --- run: errors, each with exit code 1 and a message naming the culprit ---
+
+TEST_F(CliTest, RunReportsAMissingInputFile) {
+  write_inputs(4, 4, 6, 5);
+  expect_error(
+      "run --layer dot-product --queries absent.npy --keys k.npy --values v.npy "
+      "--out o.npy",
+      "--queries: absent.npy");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  expect_error(
+      "run --layer additive --params absent.safetensors " + kInputArguments + " --out o.npy",
+      "--params: absent.safetensors");
+}
+
+TEST_F(CliTest, RunRejectsAnUnknownLayer) {
+  write_inputs(4, 4, 6, 6);
+  expect_error("run --layer additve " + kInputArguments + " --out o.npy", "additve");
+  expect_error("run --layer additve " + kInputArguments + " --out o.npy", "--layer");
+}
+
+TEST_F(CliTest, RunMultiHeadRequiresHeads) {
+  write_inputs(4, 3, 5, 7);
+  save_safetensors(path("p.safetensors"), MultiHeadAttention(3, 4, 5, 8, 2, 0.0F).state_dict());
+  expect_error("run --layer multi-head --params p.safetensors " + kInputArguments + " --out o.npy",
+               "--heads: required for --layer multi-head");
+  // 3 heads cannot split 8 hidden units.
+  expect_error(
+      "run --layer multi-head --heads 3 --params p.safetensors " + kInputArguments + " --out o.npy",
+      "--heads 3: num_heads");
+}
+
+TEST_F(CliTest, RunRequiresParamsForLayersThatHaveThem) {
+  write_inputs(4, 3, 5, 8);
+  expect_error("run --layer additive " + kInputArguments + " --out o.npy",
+               "--params: required for --layer additive");
+  expect_error("run --layer multi-head --heads 2 " + kInputArguments + " --out o.npy",
+               "--params: required for --layer multi-head");
+  save_safetensors(path("p.safetensors"), AdditiveAttention(3, 4, 7, 0.0F).state_dict());
+  expect_error("run --layer dot-product --params p.safetensors " + kInputArguments + " --out o.npy",
+               "--params: --layer dot-product has no parameters");
+  expect_error(
+      "run --layer additive --scale 2 --params p.safetensors " + kInputArguments + " --out o.npy",
+      "--scale: only --layer dot-product");
+}
+
+TEST_F(CliTest, RunNamesTheFileOfMismatchedShapes) {
+  write_inputs(4, 4, 6, 9);
+  Rng rng(10);
+  save("k3.npy", random_tensor(Shape{3, 5, 4}, rng));  // batch 3 against the queries' 2
+  expect_error("run --layer dot-product --queries q.npy --keys k3.npy --values v.npy --out o.npy",
+               "keys: expected dimension 0 to be 2");
+  expect_error("run --layer dot-product --queries q.npy --keys k3.npy --values v.npy --out o.npy",
+               "(keys from --keys k3.npy)");
+  save_npy(path("long.npy"), std::vector<int64_t>{5, 6}, Shape{2});  // 6 > m = 5
+  expect_error("run --layer dot-product " + kInputArguments + " --valid-lens long.npy --out o.npy",
+               "(valid_lens from --valid-lens long.npy)");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+TEST_F(CliTest, RunNamesTheParamsFileOfMisshapedParameters) {
+  write_inputs(4, 3, 5, 11);
+  StateDict state = AdditiveAttention(3, 4, 7, 0.0F).state_dict();
+  state["w_v.weight"] = Tensor(Shape{2, 7});  // must be (1, h)
+  save_safetensors(path("bad.safetensors"), state);
+  expect_error("run --layer additive --params bad.safetensors " + kInputArguments + " --out o.npy",
+               "--params: bad.safetensors: AdditiveAttention.load_state_dict: tensor 'w_v.weight'");
+  state.erase("W_q.weight");
+  save_safetensors(path("incomplete.safetensors"), state);
+  expect_error(
+      "run --layer additive --params incomplete.safetensors " + kInputArguments + " --out o.npy",
+      "missing tensor 'W_q.weight'");
+  StateDict flat = AdditiveAttention(3, 4, 7, 0.0F).state_dict();
+  flat["W_q.weight"] = Tensor(Shape{28});  // the layer's sizes cannot be read from a vector
+  save_safetensors(path("flat.safetensors"), flat);
+  expect_error("run --layer additive --params flat.safetensors " + kInputArguments + " --out o.npy",
+               "tensor 'W_q.weight' expected a non-empty matrix (rank 2), got shape (28,)");
+  // The queries' size must match W_q's input size: 5 here against 4.
+  Rng rng(12);
+  save("q5.npy", random_tensor(Shape{2, 3, 5}, rng));
+  save_safetensors(path("p.safetensors"), AdditiveAttention(3, 4, 7, 0.0F).state_dict());
+  expect_error(
+      "run --layer additive --params p.safetensors --queries q5.npy --keys k.npy "
+      "--values v.npy --out o.npy",
+      "(queries from --queries q5.npy)");
+}
+
+// --- heatmap ---
+
+TEST_F(CliTest, HeatmapWritesPngSvgAndPdf) {
+  Rng rng(13);
+  Tensor weights(Shape{2, 3, 4, 5});
+  for (float& value : weights.span()) value = rng.uniform();
+  save("w.npy", weights);
+  const CommandResult png = attn("heatmap w.npy --out h.png --xlabel Keys --ylabel Queries");
+  ASSERT_EQ(png.exit_code, 0) << png.err;
+  EXPECT_NE(png.out.find("(2, 3, 4, 5)"), std::string::npos) << png.out;
+  EXPECT_TRUE(starts_with_bytes(path("h.png"), kPngSignature));
+  ASSERT_EQ(attn("heatmap w.npy --out h.svg --rows 3 --cols 2 --titles a,b,c,d,e,f").exit_code, 0);
+  const std::string svg = read_text(path("h.svg"));
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  ASSERT_EQ(attn("heatmap w.npy --out h.pdf").exit_code, 0);
+  EXPECT_TRUE(starts_with_bytes(path("h.pdf"), "%PDF"));
+}
+
+TEST_F(CliTest, HeatmapRejectsBadRanksGridsAndExtensions) {
+  Rng rng(14);
+  save("row.npy", random_tensor(Shape{5}, rng));
+  save("w.npy", random_tensor(Shape{4, 2, 3}, rng));
+  expect_error("heatmap row.npy --out h.png", "got shape (5,)");
+  expect_error("heatmap w.npy --out h.png --rows 3 --cols 2", "--out");
+  expect_error("heatmap w.npy --out h.png --rows 2", "--cols");
+  expect_error("heatmap w.npy --out h.png --titles a,b", "titles");
+  expect_error("heatmap w.npy --out h.bmp", "h.bmp");
+  expect_error("heatmap absent.npy --out h.png", "absent.npy");
+  EXPECT_FALSE(fs::exists(path("h.png")));
+}
+
+}  // namespace
+}  // namespace attn
