@@ -67,8 +67,8 @@ void require_rank(std::string_view name, const Shape& shape, int rank) {
 void require_dim(std::string_view name, const Shape& shape, int axis, int64_t expected,
                  std::string_view what) {
   if (shape.dim(axis) != expected) {
-    throw ShapeError(std::string(name) + ": expected dimension " + std::to_string(axis) +
-                     " to be " + std::to_string(expected) + " (" + std::string(what) +
+    const std::string which = axis == -1 ? "the last dimension" : "dimension " + std::to_string(axis);
+    throw ShapeError(std::string(name) + ": expected " + which + " to be " + std::to_string(expected) + " (" + std::string(what) +
                      "), got shape " + shape.str());
   }
 }

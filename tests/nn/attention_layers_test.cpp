@@ -134,9 +134,9 @@ TEST(AdditiveAttention, RejectsWrongSizes) {
   const Tensor keys(Shape{2, 10, 2}), values(Shape{2, 10, 4});
   EXPECT_THROW_MESSAGE(
       attention(Tensor(Shape{2, 1, 19}), keys, values), ShapeError,
-      "queries: expected dimension -1 to be 20 (the layer's input size), got shape (2, 1, 19)");
+      "queries: expected the last dimension to be 20 (the layer's input size), got shape (2, 1, 19)");
   EXPECT_THROW_MESSAGE(attention(Tensor(Shape{2, 1, 20}), Tensor(Shape{2, 10, 3}), values),
-                       ShapeError, "keys: expected dimension -1 to be 2");
+                       ShapeError, "keys: expected the last dimension to be 2");
   EXPECT_THROW_MESSAGE(
       attention(Tensor(Shape{2, 1, 20}), keys, Tensor(Shape{2, 9, 4})), ShapeError,
       "values: expected dimension 1 to be 10 (the number of keys), got shape (2, 9, 4)");
@@ -235,7 +235,7 @@ TEST(MultiHeadAttention, BookShapeAndErrors) {
                        "num_heads: expected a positive divisor of num_hiddens = 10, got 3");
   EXPECT_THROW_MESSAGE(MultiHeadAttention(4, 4, 4, 12, 0, 0.0F), ValueError, "got 0");
   EXPECT_THROW_MESSAGE(attention(x, y, Tensor(Shape{2, 6, 99})), ShapeError,
-                       "values: expected dimension -1 to be 100");
+                       "values: expected the last dimension to be 100");
 }
 
 }  // namespace

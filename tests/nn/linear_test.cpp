@@ -43,7 +43,7 @@ TEST(Linear, ComputesXWTransposePlusBias) {
   EXPECT_TRUE(testing::close_to(y, {6.5, -0.5, -0.5, -3.5}, 0.0));
   EXPECT_THROW_MESSAGE(
       layer.forward(Tensor(Shape{2, 4}), "keys"), ShapeError,
-      "keys: expected dimension -1 to be 3 (the layer's input size), got shape (2, 4)");
+      "keys: expected the last dimension to be 3 (the layer's input size), got shape (2, 4)");
 }
 
 }  // namespace
