@@ -7,6 +7,7 @@ packages=(
   libcairo2-dev fonts-dejavu-core      # heatmaps (PNG, SVG, PDF) and the font they use
   libcli11-dev                         # the command line
   nlohmann-json3-dev                   # safetensors headers
+  libhwy-dev                           # SIMD kernels with run-time dispatch (Highway)
   libgtest-dev                         # tests
 )
 

@@ -1,0 +1,49 @@
+// HeadsView: a batch of attention heads addressed by strides, so the fused kernels read
+// multi-head projections (B, n, heads·d) in place, without the book's transpose copies.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/core/tensor.hpp"
+
+namespace attn {
+
+// Matrix (b, h) — rows × cols, row-major with contiguous columns — starts at
+// data + b·batch_stride + h·head_stride; its row i at + i·row_stride.
+template <class T>
+struct BasicHeadsView {
+  T* data = nullptr;
+  int64_t batch = 0;
+  int64_t heads = 1;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;
+
+  T* matrix(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
+};
+
+using HeadsView = BasicHeadsView<float>;
+using ConstHeadsView = BasicHeadsView<const float>;
+
+// A (B, n, d) tensor as B single-head matrices. ShapeError unless rank 3.
+ConstHeadsView single_head(ConstTensorView tensor, std::string_view name);
+HeadsView single_head(TensorView tensor, std::string_view name);
+// A (B, n, heads·d) tensor as B × heads matrices of n × d (head h = columns [h·d, (h+1)·d)), the
+// layout of multi-head projections. ShapeError unless rank 3 with the last axis divisible by heads.
+ConstHeadsView split_heads(ConstTensorView tensor, int64_t heads, std::string_view name);
+HeadsView split_heads(TensorView tensor, int64_t heads, std::string_view name);
+// Tensors convert to both view kinds; these pick by constness.
+inline ConstHeadsView single_head(const Tensor& tensor, std::string_view name) {
+  return single_head(tensor.view(), name);
+}
+inline HeadsView single_head(Tensor& tensor, std::string_view name) { return single_head(tensor.view(), name); }
+inline ConstHeadsView split_heads(const Tensor& tensor, int64_t heads, std::string_view name) {
+  return split_heads(tensor.view(), heads, name);
+}
+inline HeadsView split_heads(Tensor& tensor, int64_t heads, std::string_view name) {
+  return split_heads(tensor.view(), heads, name);
+}
+
+}  // namespace attn

@@ -1,0 +1,366 @@
+// Fused scaled dot-product attention, forward: FlashAttention-2's tiling with an online softmax,
+// written once with Highway and compiled for every SIMD target (foreach_target), dispatched once
+// per call. Layout and notation follow include/attn/kernels/flash_attention.hpp.
+//
+// Per task (batch b, head h, query tile of Br = 4 vectors of rows) the kernel keeps, in per-thread
+// scratch: Qᵀ scaled (d × Br), the score tile transposed Sᵀ (Bc × Br) — queries along the vector
+// lanes, so each row's running max and sum are lane-wise, with no horizontal reductions — and the
+// output accumulator O (Br × dv). For each key tile: Sᵀ = K Qᵀ, mask, new max, P = exp(S − max),
+// O = O·exp(old max − new max) + P V. Key tiles past every row's valid length are never visited.
+#include "attn/kernels/flash_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attn/core/error.hpp"
+
+#ifndef ATTN_FLASH_ATTENTION_SHARED
+#define ATTN_FLASH_ATTENTION_SHARED
+namespace attn::flash_detail {
+
+struct ForwardArgs {
+  ConstHeadsView q, k, v;
+  HeadsView out;
+  float* log_sum_exp;
+  const ValidLengths* valid_lens;
+  FlashAttentionOptions options;
+};
+
+// How many keys query i of batch element b sees, causal mask included.
+inline int64_t visible_keys(const ForwardArgs& args, int64_t b, int64_t i) {
+  const int64_t n = args.q.rows, m = args.k.rows;
+  int64_t length = args.valid_lens->length(b, i, m);
+  if (args.options.causal) length = std::min(length, std::clamp<int64_t>(i + m - n + 1, 0, m));
+  return length;
+}
+
+constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width
+constexpr size_t kKeyTile = 128;     // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
+
+}  // namespace attn::flash_detail
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/flash_attention.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway's headers must follow foreach_target.h.
+#include <hwy/aligned_allocator.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using flash_detail::ForwardArgs;
+
+// Register tile for this target: MR rows of broadcast scalars × NR vectors of columns.
+constexpr size_t kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 2;
+constexpr size_t kMaxVectors = flash_detail::kQueryVectors;
+
+// C[r, v·N …] (= or +=) Σ_k A(r, k) · B[k, v·N …] for r < MR, v < NR, where A(r, k) is the scalar
+// a[r·a_row + k·a_col] (broadcast) and B's rows are ldb apart; C's rows are ldc apart.
+template <size_t MR, size_t NR, bool kAccumulate, class D>
+HWY_INLINE void MicroKernel(D d, const float* HWY_RESTRICT a, size_t a_row, size_t a_col,
+                            const float* HWY_RESTRICT b, size_t ldb, size_t depth,
+                            float* HWY_RESTRICT c, size_t ldc) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  V acc[MR][NR];
+  for (size_t r = 0; r < MR; ++r) {
+    for (size_t v = 0; v < NR; ++v)
+      acc[r][v] = kAccumulate ? hn::LoadU(d, c + r * ldc + v * lanes) : hn::Zero(d);
+  }
+  for (size_t k = 0; k < depth; ++k) {
+    const float* HWY_RESTRICT b_row = b + k * ldb;
+    V b_vectors[NR];
+    for (size_t v = 0; v < NR; ++v) b_vectors[v] = hn::LoadU(d, b_row + v * lanes);
+    for (size_t r = 0; r < MR; ++r) {
+      const V a_scalar = hn::Set(d, a[r * a_row + k * a_col]);
+      for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::MulAdd(a_scalar, b_vectors[v], acc[r][v]);
+    }
+  }
+  for (size_t r = 0; r < MR; ++r) {
+    for (size_t v = 0; v < NR; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
+  }
+}
+
+// The same for any number of rows (< kMaxRows after the full blocks) and NR vectors.
+template <size_t NR, bool kAccumulate, class D>
+HWY_INLINE void RowBlocks(D d, size_t rows, const float* a, size_t a_row, size_t a_col,
+                          const float* b, size_t ldb, size_t depth, float* c, size_t ldc) {
+  size_t r = 0;
+  for (; r + kMaxRows <= rows; r += kMaxRows) {
+    MicroKernel<kMaxRows, NR, kAccumulate>(d, a + r * a_row, a_row, a_col, b, ldb, depth,
+                                           c + r * ldc, ldc);
+  }
+  const size_t left = rows - r;
+  const float* a_left = a + r * a_row;
+  float* c_left = c + r * ldc;
+  if constexpr (kMaxRows > 1) {
+    if (left == 1)
+      MicroKernel<1, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+  }
+  if constexpr (kMaxRows > 2) {
+    if (left == 2)
+      MicroKernel<2, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+    if (left == 3)
+      MicroKernel<3, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+    if (left == 4)
+      MicroKernel<4, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+    if (left == 5)
+      MicroKernel<5, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+  }
+}
+
+// C (rows × vectors·N) (= or +=) A · B for any vector count, in column blocks of kMaxVectors.
+template <bool kAccumulate, class D>
+HWY_NOINLINE void Gemm(D d, size_t rows, size_t vectors, const float* a, size_t a_row, size_t a_col,
+                       const float* b, size_t ldb, size_t depth, float* c, size_t ldc) {
+  const size_t lanes = hn::Lanes(d);
+  size_t v = 0;
+  for (; v + kMaxVectors <= vectors; v += kMaxVectors) {
+    RowBlocks<kMaxVectors, kAccumulate>(d, rows, a, a_row, a_col, b + v * lanes, ldb, depth,
+                                        c + v * lanes, ldc);
+  }
+  const size_t left = vectors - v;
+  const float* b_left = b + v * lanes;
+  float* c_left = c + v * lanes;
+  if (left == 1)
+    RowBlocks<1, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
+  if (left == 2)
+    RowBlocks<2, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
+  if (left == 3)
+    RowBlocks<3, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
+}
+
+// Per-thread working memory, sized once per call.
+struct Scratch {
+  hwy::AlignedFreeUniquePtr<float[]> memory;
+  float* q_transposed;  // d × Br
+  float* scores;        // Bc × Br: Sᵀ, then Pᵀ
+  float* output;        // Br × dv_padded
+  float* values;   // Bc × dv_padded: a padded copy of the V tile when dv is not a multiple of N
+  float* row_max;  // Br
+  float* row_sum;  // Br
+  float* row_rescale;  // Br
+  int32_t* lengths;    // Br
+
+  Scratch(size_t br, size_t depth, size_t dv_padded) {
+    const size_t bc = flash_detail::kKeyTile;
+    const size_t total = depth * br + bc * br + br * dv_padded + bc * dv_padded + 4 * br;
+    memory = hwy::AllocateAligned<float>(total);
+    float* next = memory.get();
+    if (next == nullptr) return;
+    q_transposed = next, next += depth * br;
+    scores = next, next += bc * br;
+    output = next, next += br * dv_padded;
+    values = next, next += bc * dv_padded;
+    row_max = next, next += br;
+    row_sum = next, next += br;
+    row_rescale = next, next += br;
+    lengths = reinterpret_cast<int32_t*>(next);
+  }
+};
+
+void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
+                      Scratch& s) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  using V = hn::Vec<decltype(d)>;
+  const size_t lanes = hn::Lanes(d);
+  const size_t br = flash_detail::kQueryVectors * lanes;
+  const size_t depth = static_cast<size_t>(args.q.cols);
+  const size_t dv = static_cast<size_t>(args.v.cols);
+  const size_t dv_padded = hwy::RoundUpTo(dv, lanes);
+  const size_t rows =
+      static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), args.q.rows - first_query));
+  const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
+  const float* k = args.k.matrix(b, h);
+  const float* v = args.v.matrix(b, h);
+
+  // Row lengths; padding rows see nothing.
+  int64_t most = 0, fewest = args.k.rows;
+  for (size_t r = 0; r < br; ++r) {
+    const int64_t length =
+        r < rows ? flash_detail::visible_keys(args, b, first_query + static_cast<int64_t>(r)) : 0;
+    s.lengths[r] = static_cast<int32_t>(length);
+    most = std::max(most, length);
+    if (r < rows) fewest = std::min(fewest, length);
+  }
+
+  // Qᵀ with the scale folded in, zero in padding rows.
+  const float scale = args.options.scale;
+  for (size_t t = 0; t < depth; ++t) {
+    float* column = s.q_transposed + t * br;
+    for (size_t r = 0; r < br; ++r)
+      column[r] =
+          r < rows
+              ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] * scale
+              : 0.0F;
+  }
+  const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (size_t r = 0; r < br; r += lanes) {
+    hn::Store(minus_infinity, d, s.row_max + r);
+    hn::Store(hn::Zero(d), d, s.row_sum + r);
+  }
+  std::fill(s.output, s.output + br * dv_padded, 0.0F);
+
+  const bool pad_values = dv != dv_padded;
+  for (int64_t key0 = 0; key0 < most; key0 += static_cast<int64_t>(flash_detail::kKeyTile)) {
+    const size_t bc = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), most - key0));
+    // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
+    Gemm<false>(d, bc, flash_detail::kQueryVectors, k + key0 * args.k.row_stride,
+                static_cast<size_t>(args.k.row_stride), 1, s.q_transposed, br, depth, s.scores, br);
+    // Keys at or past a row's length get −∞ (only the key rows some query cannot see).
+    for (size_t j = key0 < fewest ? static_cast<size_t>(fewest - key0) : 0; j < bc; ++j) {
+      const auto key_index = hn::Set(di, static_cast<int32_t>(key0 + static_cast<int64_t>(j)));
+      for (size_t r = 0; r < br; r += lanes) {
+        const auto visible = hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, s.lengths + r)));
+        float* score = s.scores + j * br + r;
+        hn::Store(hn::IfThenElse(visible, hn::Load(d, score), minus_infinity), d, score);
+      }
+    }
+    // Online softmax, lane-wise over queries.
+    for (size_t r = 0; r < br; r += lanes) {
+      const V old_max = hn::Load(d, s.row_max + r);
+      V new_max = old_max;
+      for (size_t j = 0; j < bc; ++j)
+        new_max = hn::Max(new_max, hn::Load(d, s.scores + j * br + r));
+      // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
+      const V shift = hn::IfThenZeroElse(hn::Eq(new_max, minus_infinity), new_max);
+      const V rescale = hn::Exp(d, hn::Sub(old_max, shift));
+      V sum = hn::Zero(d);
+      for (size_t j = 0; j < bc; ++j) {
+        float* score = s.scores + j * br + r;
+        const V p = hn::Exp(d, hn::Sub(hn::Load(d, score), shift));
+        hn::Store(p, d, score);
+        sum = hn::Add(sum, p);
+      }
+      hn::Store(hn::MulAdd(hn::Load(d, s.row_sum + r), rescale, sum), d, s.row_sum + r);
+      hn::Store(new_max, d, s.row_max + r);
+      hn::Store(rescale, d, s.row_rescale + r);
+    }
+    // O = O · rescale + P V.
+    for (size_t r = 0; r < rows; ++r) {
+      const V rescale = hn::Set(d, s.row_rescale[r]);
+      float* row = s.output + r * dv_padded;
+      for (size_t t = 0; t < dv_padded; t += lanes)
+        hn::Store(hn::Mul(hn::Load(d, row + t), rescale), d, row + t);
+    }
+    const float* value_rows = v + key0 * args.v.row_stride;
+    size_t value_stride = static_cast<size_t>(args.v.row_stride);
+    if (pad_values) {
+      for (size_t j = 0; j < bc; ++j) {
+        float* padded = s.values + j * dv_padded;
+        std::copy_n(value_rows + static_cast<int64_t>(j) * args.v.row_stride, dv, padded);
+        std::fill(padded + dv, padded + dv_padded, 0.0F);
+      }
+      value_rows = s.values;
+      value_stride = dv_padded;
+    }
+    Gemm<true>(d, rows, dv_padded / lanes, s.scores, 1, br, value_rows, value_stride, bc, s.output,
+               dv_padded);
+  }
+
+  // Normalise; a row that saw no key has sum 0 and gets a zero output.
+  float* out = args.out.matrix(b, h) + first_query * args.out.row_stride;
+  for (size_t r = 0; r < rows; ++r) {
+    const float sum = s.row_sum[r];
+    const float inverse = sum > 0.0F ? 1.0F / sum : 0.0F;
+    const float* row = s.output + r * dv_padded;
+    float* destination = out + static_cast<int64_t>(r) * args.out.row_stride;
+    for (size_t t = 0; t < dv; ++t) destination[t] = row[t] * inverse;
+  }
+  if (args.log_sum_exp != nullptr) {
+    float* lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows + first_query;
+    for (size_t r = 0; r < rows; ++r) {
+      lse[r] = s.row_sum[r] > 0.0F ? s.row_max[r] + std::log(s.row_sum[r])
+                                   : -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+void FlashForward(const ForwardArgs& args) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t br = flash_detail::kQueryVectors * lanes;
+  const int64_t tiles_per_head =
+      (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
+  const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
+  const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
+  bool out_of_memory = false;
+#pragma omp parallel
+  {
+    Scratch scratch(br, static_cast<size_t>(args.q.cols), dv_padded);
+    if (scratch.memory == nullptr) {
+#pragma omp atomic write
+      out_of_memory = true;
+    } else {
+      // Dynamic scheduling: causal and padded tiles differ widely in cost.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t head_index = task / tiles_per_head;
+        const int64_t tile = task % tiles_per_head;
+        FlashForwardTile(args, head_index / args.q.heads, head_index % args.q.heads,
+                         tile * static_cast<int64_t>(br), scratch);
+      }
+    }
+  }
+  if (out_of_memory)
+    throw Error("flash_attention_forward: could not allocate per-thread scratch memory");
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+
+HWY_EXPORT(FlashForward);
+
+namespace {
+void require_heads(const ConstHeadsView& view, const ConstHeadsView& q, std::string_view name,
+                   int64_t rows, std::string_view what) {
+  if (view.batch != q.batch || view.heads != q.heads || view.rows != rows) {
+    throw ShapeError(std::string(name) + ": expected " + std::to_string(q.batch) + " × " +
+                     std::to_string(q.heads) + " heads of " + std::to_string(rows) + " rows (" +
+                     std::string(what) + "), got " + std::to_string(view.batch) + " × " +
+                     std::to_string(view.heads) + " of " + std::to_string(view.rows));
+  }
+}
+}  // namespace
+
+void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
+                             const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                             HeadsView out, float* log_sum_exp) {
+  require_heads(k, q, "keys", k.rows, "as many as queries");
+  require_heads(v, q, "values", k.rows, "one per key");
+  require_heads(ConstHeadsView{out.data, out.batch, out.heads, out.rows, out.cols, out.batch_stride,
+                               out.head_stride, out.row_stride},
+                q, "out", q.rows, "one per query");
+  if (k.cols != q.cols) {
+    throw ShapeError("keys: expected size " + std::to_string(q.cols) + " (that of queries), got " +
+                     std::to_string(k.cols));
+  }
+  if (out.cols != v.cols) {
+    throw ShapeError("out: expected size " + std::to_string(v.cols) + " (that of values), got " +
+                     std::to_string(out.cols));
+  }
+  if (k.rows > std::numeric_limits<int32_t>::max()) {
+    throw ValueError("keys: expected at most 2^31 − 1 keys, got " + std::to_string(k.rows));
+  }
+  if (!std::isfinite(options.scale))
+    throw ValueError("scale: expected a finite number, got " + std::to_string(options.scale));
+  valid_lens.check("valid_lens", q.batch, q.rows, k.rows);
+  if (q.batch == 0 || q.heads == 0 || q.rows == 0 || v.cols == 0) return;
+  const flash_detail::ForwardArgs args{q, k, v, out, log_sum_exp, &valid_lens, options};
+  HWY_DYNAMIC_DISPATCH(FlashForward)(args);
+}
+
+}  // namespace attn
+#endif  // HWY_ONCE

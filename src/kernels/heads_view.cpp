@@ -1,0 +1,44 @@
+// HeadsView construction from tensors, with the shape checks.
+#include "attn/kernels/heads_view.hpp"
+
+#include <string>
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+
+namespace {
+template <class T>
+BasicHeadsView<T> make_heads(T* data, const Shape& shape, int64_t heads, std::string_view name) {
+  require_rank(name, shape, 3);
+  if (heads <= 0 || shape[2] % heads != 0) {
+    throw ShapeError(std::string(name) + ": expected the last dimension to split into " +
+                     std::to_string(heads) + " heads, got shape " + shape.str());
+  }
+  BasicHeadsView<T> view;
+  view.data = data;
+  view.batch = shape[0];
+  view.heads = heads;
+  view.rows = shape[1];
+  view.cols = shape[2] / heads;
+  view.batch_stride = shape[1] * shape[2];
+  view.head_stride = view.cols;
+  view.row_stride = shape[2];
+  return view;
+}
+}  // namespace
+
+ConstHeadsView single_head(ConstTensorView tensor, std::string_view name) {
+  return make_heads(tensor.data(), tensor.shape(), 1, name);
+}
+HeadsView single_head(TensorView tensor, std::string_view name) {
+  return make_heads(tensor.data(), tensor.shape(), 1, name);
+}
+ConstHeadsView split_heads(ConstTensorView tensor, int64_t heads, std::string_view name) {
+  return make_heads(tensor.data(), tensor.shape(), heads, name);
+}
+HeadsView split_heads(TensorView tensor, int64_t heads, std::string_view name) {
+  return make_heads(tensor.data(), tensor.shape(), heads, name);
+}
+
+}  // namespace attn

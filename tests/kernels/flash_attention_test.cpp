@@ -1,0 +1,171 @@
+// The fused flash-attention forward kernel against the double reference, on every SIMD target this
+// machine runs: random shapes with tails that do not divide the tiles, n = 1, m = 1, n ≠ m, valid
+// lengths 0 and m, per-query lengths, causal masks with n < m and n > m, multi-head strided views,
+// large score magnitudes.
+#include "attn/kernels/flash_attention.hpp"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <limits>
+
+#include "attn/core/error.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+using testing::close_to;
+using testing::random_tensor;
+
+// Each output is a convex combination of values (|v| ≲ 4) with float32 weights; the float32
+// exponentials and sums differ from the double reference by a few ulps per term, so 1e-5 relative
+// to the output's magnitude bounds them (the bound).
+constexpr double kTolerance = 1e-5;
+
+// Every target Highway compiled and this CPU supports, each forced in turn.
+std::vector<int64_t> targets_to_test() {
+  std::vector<int64_t> targets;
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) targets.push_back(target);
+  return targets;
+}
+
+class FlashAttention : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+struct Case {
+  int64_t batch, heads, queries, keys, depth, value_depth;
+  int mask_kind;  // 0 none, 1 per batch, 2 per query
+  bool causal;
+  float magnitude;
+};
+
+ValidLengths mask_for(const Case& c, Rng& rng) {
+  const auto random_length = [&] {
+    return static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.keys + 1));
+  };
+  if (c.mask_kind == 1) {
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < c.batch; ++b)
+      lengths.push_back(b == 0 ? c.keys : b == 1 ? 0 : random_length());
+    return ValidLengths::per_batch(lengths);
+  }
+  if (c.mask_kind == 2) {
+    std::vector<int64_t> lengths;
+    for (int64_t index = 0; index < c.batch * c.queries; ++index) {
+      lengths.push_back(index == 0 ? 0 : index == 1 ? c.keys : random_length());
+    }
+    return ValidLengths::per_query(lengths, c.batch, c.queries);
+  }
+  return {};
+}
+
+// Runs the kernel on (B, n, heads·d) tensors viewed head by head, and the reference head by head.
+void check_case(const Case& c, Rng& rng, int64_t target) {
+  const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng, c.magnitude);
+  const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng, c.magnitude);
+  const Tensor v = random_tensor(Shape{c.batch, c.keys, c.heads * c.value_depth}, rng);
+  const ValidLengths mask = mask_for(c, rng);
+  Tensor out = Tensor::full(Shape{c.batch, c.queries, c.heads * c.value_depth}, std::nanf(""));
+  std::vector<float> lse(static_cast<size_t>(c.batch * c.heads * c.queries));
+  const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+  flash_attention_forward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
+                          split_heads(v, c.heads, "v"), mask, {scale, c.causal},
+                          split_heads(out, c.heads, "out"), lse.data());
+
+  const ValidLengths effective =
+      c.causal ? mask.with_causal_mask(c.batch, c.queries, c.keys) : mask;
+  const auto lengths = testing::expand(effective, c.batch, c.queries, c.keys);
+  std::vector<double> expected(static_cast<size_t>(out.numel()));
+  for (int64_t h = 0; h < c.heads; ++h) {
+    reference::Array<double> qh({c.batch, c.queries, c.depth}), kh({c.batch, c.keys, c.depth}),
+        vh({c.batch, c.keys, c.value_depth});
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (int64_t i = 0; i < c.queries; ++i)
+        for (int64_t t = 0; t < c.depth; ++t) qh.at(b, i, t) = q(b, i, h * c.depth + t);
+      for (int64_t j = 0; j < c.keys; ++j) {
+        for (int64_t t = 0; t < c.depth; ++t) kh.at(b, j, t) = k(b, j, h * c.depth + t);
+        for (int64_t t = 0; t < c.value_depth; ++t) vh.at(b, j, t) = v(b, j, h * c.value_depth + t);
+      }
+    }
+    const auto result = reference::dot_product_attention(qh, kh, vh, lengths, scale);
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t i = 0; i < c.queries; ++i) {
+        for (int64_t t = 0; t < c.value_depth; ++t) {
+          expected[static_cast<size_t>((b * c.queries + i) * c.heads * c.value_depth +
+                                       h * c.value_depth + t)] = result.output.at(b, i, t);
+        }
+        // The log-sum-exp, from the reference scores.
+        const int64_t length = lengths[static_cast<size_t>(b)][static_cast<size_t>(i)];
+        const float actual_lse = lse[static_cast<size_t>((b * c.heads + h) * c.queries + i)];
+        if (length == 0) {
+          EXPECT_EQ(actual_lse, -std::numeric_limits<float>::infinity());
+          continue;
+        }
+        double row_max = -INFINITY;
+        std::vector<double> scores;
+        for (int64_t j = 0; j < length; ++j) {
+          double dot = 0;
+          for (int64_t t = 0; t < c.depth; ++t) dot += qh.at(b, i, t) * kh.at(b, j, t);
+          scores.push_back(dot * scale);
+          row_max = std::max(row_max, scores.back());
+        }
+        double sum = 0;
+        for (const double s : scores) sum += std::exp(s - row_max);
+        const double expected_lse = row_max + std::log(sum);
+        // The lse carries the score's own float32 rounding: relative 1e-6 of its magnitude, plus
+        // 1e-5.
+        EXPECT_NEAR(actual_lse, expected_lse, 1e-5 + 1e-6 * std::abs(expected_lse));
+      }
+  }
+  // Scores of magnitude s carry float32 rounding ~s·2⁻²⁴ into the exponent: scale the bound.
+  const double tolerance = kTolerance * std::max(1.0F, c.magnitude * c.magnitude);
+  EXPECT_TRUE(close_to(out, expected, tolerance))
+      << "target " << hwy::TargetName(target) << " B=" << c.batch << " H=" << c.heads
+      << " n=" << c.queries << " m=" << c.keys << " d=" << c.depth << " dv=" << c.value_depth
+      << " mask=" << c.mask_kind << " causal=" << c.causal;
+}
+
+TEST_P(FlashAttention, MatchesReferenceOnRandomShapes) {
+  Rng rng(77);
+  const Case cases[] = {
+      {1, 1, 1, 1, 1, 1, 0, false, 1.0F},      {2, 1, 1, 5, 3, 2, 1, false, 1.0F},
+      {1, 1, 7, 1, 4, 4, 2, false, 1.0F},      {3, 1, 37, 45, 16, 16, 1, false, 1.0F},
+      {2, 2, 70, 130, 8, 5, 2, false, 1.0F},   {2, 3, 65, 300, 64, 64, 1, false, 1.0F},
+      {1, 2, 129, 257, 32, 17, 0, true, 1.0F}, {2, 1, 50, 20, 8, 8, 1, true, 1.0F},
+      {2, 2, 20, 90, 8, 8, 2, true, 1.0F},     {1, 1, 33, 200, 16, 16, 0, false, 4.0F},
+      {2, 1, 17, 19, 5, 3, 2, false, 30.0F},
+  };
+  for (const Case& c : cases) check_case(c, rng, GetParam());
+}
+
+TEST_P(FlashAttention, RejectsInconsistentShapes) {
+  const Tensor q(Shape{2, 3, 4}), k(Shape{2, 5, 4}), v(Shape{2, 5, 6});
+  Tensor out(Shape{2, 3, 6});
+  EXPECT_THROW_MESSAGE(
+      flash_attention_forward(single_head(q, "q"), single_head(Tensor(Shape{2, 5, 3}), "k"),
+                              single_head(v, "v"), {}, {}, single_head(out, "out")),
+      ShapeError, "keys: expected size 4 (that of queries), got 3");
+  EXPECT_THROW_MESSAGE(flash_attention_forward(single_head(q, "q"), single_head(k, "k"),
+                                               single_head(Tensor(Shape{2, 4, 6}), "v"), {}, {},
+                                               single_head(out, "out")),
+                       ShapeError, "values: expected 2 × 1 heads of 5 rows");
+  EXPECT_THROW_MESSAGE(
+      flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"),
+                              ValidLengths::per_batch({1, 6}), {}, single_head(out, "out")),
+      ValueError, "valid_lens[1]: expected a valid length in [0, 5]");
+  EXPECT_THROW_MESSAGE(split_heads(q, 3, "q"), ShapeError,
+                       "q: expected the last dimension to split into 3 heads");
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTarget, FlashAttention, ::testing::ValuesIn(targets_to_test()),
+                         [](const ::testing::TestParamInfo<int64_t>& target_info) {
+                           return std::string(hwy::TargetName(target_info.param));
+                         });
+
+}  // namespace
+}  // namespace attn
