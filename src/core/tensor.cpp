@@ -2,6 +2,7 @@
 #include "attn/core/tensor.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "attn/core/error.hpp"
 
@@ -57,6 +58,20 @@ void Tensor::reshape(const Shape& shape) {
   shape_ = shape;
 }
 
+float require_finite(std::string_view name, ConstTensorView tensor) {
+  const float* values = tensor.data();
+  float largest = 0.0F;
+  for (int64_t index = 0; index < tensor.numel(); ++index) {
+    largest = std::max(largest, std::abs(values[index]));
+    if (!std::isfinite(values[index])) {
+      throw ValueError(std::string(name) + ": expected finite values, got " +
+                       std::to_string(values[index]) + " at flat index " + std::to_string(index) +
+                       " of shape " + tensor.shape().str());
+    }
+  }
+  return largest;
+}
+
 void require_rank(std::string_view name, const Shape& shape, int rank) {
   if (shape.rank() != rank) {
     throw ShapeError(std::string(name) + ": expected a tensor of rank " + std::to_string(rank) +
@@ -67,9 +82,11 @@ void require_rank(std::string_view name, const Shape& shape, int rank) {
 void require_dim(std::string_view name, const Shape& shape, int axis, int64_t expected,
                  std::string_view what) {
   if (shape.dim(axis) != expected) {
-    const std::string which = axis == -1 ? "the last dimension" : "dimension " + std::to_string(axis);
-    throw ShapeError(std::string(name) + ": expected " + which + " to be " + std::to_string(expected) + " (" + std::string(what) +
-                     "), got shape " + shape.str());
+    const std::string which =
+        axis == -1 ? "the last dimension" : "dimension " + std::to_string(axis);
+    throw ShapeError(std::string(name) + ": expected " + which + " to be " +
+                     std::to_string(expected) + " (" + std::string(what) + "), got shape " +
+                     shape.str());
   }
 }
 

@@ -340,9 +340,7 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
                              HeadsView out, float* log_sum_exp) {
   require_heads(k, q, "keys", k.rows, "as many as queries");
   require_heads(v, q, "values", k.rows, "one per key");
-  require_heads(ConstHeadsView{out.data, out.batch, out.heads, out.rows, out.cols, out.batch_stride,
-                               out.head_stride, out.row_stride},
-                q, "out", q.rows, "one per query");
+  require_heads(out, q, "out", q.rows, "one per query");
   if (k.cols != q.cols) {
     throw ShapeError("keys: expected size " + std::to_string(q.cols) + " (that of queries), got " +
                      std::to_string(k.cols));

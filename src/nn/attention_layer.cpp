@@ -9,9 +9,25 @@
 
 namespace attn {
 
+const Tensor& AttentionLayer::attention_weights() const {
+  if (weights_deferred_) {
+    attention_weights_ = compute_weights();
+    weights_deferred_ = false;
+  }
+  return attention_weights_;
+}
+
+void AttentionLayer::defer_weights(ConstTensorView values) {
+  attention_weights_ = Tensor();
+  weights_deferred_ = true;
+  dropout_mask_ = Tensor();
+  pooled_values_ = Tensor::from(values);
+}
+
 Tensor AttentionLayer::pool(Tensor scores, const ValidLengths& valid_lens, ConstTensorView values) {
   masked_softmax(scores, valid_lens, scores);
   attention_weights_ = scores;
+  weights_deferred_ = false;
   dropout_mask_ = Tensor();
   if (training_ && dropout_.p() > 0.0F) {
     dropout_mask_ = dropout_.draw_mask(scores.shape());
@@ -26,7 +42,8 @@ Tensor AttentionLayer::pool(Tensor scores, const ValidLengths& valid_lens, Const
 
 AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad_output,
                                                             std::string_view layer_name) const {
-  if (attention_weights_.rank() != 3) {
+  const Tensor& weights = attention_weights();
+  if (weights.rank() != 3) {
     throw ValueError(std::string(layer_name) +
                      ".backward: expected a forward pass first, got none");
   }

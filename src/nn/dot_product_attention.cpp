@@ -5,6 +5,8 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/masked_softmax.hpp"
 #include "attn/kernels/matmul.hpp"
 
 namespace attn {
@@ -16,6 +18,21 @@ DotProductAttention::DotProductAttention(float dropout, std::optional<float> sca
   }
 }
 
+namespace {
+// The fused kernel never holds the scores as a whole, so it cannot report a NaN or infinite one as
+// masked_softmax does. It runs only when no score can be: inputs finite and |scale · qᵀk| ≤
+// |scale|·d·max|q|·max|k| below float32's range. Anything else takes the reference path, which
+// reports the bad score.
+bool fused_scores_are_finite(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
+                             float scale) {
+  const double bound = static_cast<double>(require_finite("queries", queries)) *
+                       require_finite("keys", keys) * static_cast<double>(queries.dim(2)) *
+                       std::abs(scale);
+  require_finite("values", values);
+  return bound < 1e37;
+}
+}  // namespace
+
 float DotProductAttention::scale_for(int64_t d) const {
   if (scale_) return *scale_;
   return d > 0 ? 1.0F / std::sqrt(static_cast<float>(d)) : 1.0F;
@@ -26,13 +43,33 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
   check_attention_inputs(queries, keys, values);
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  Tensor scores(Shape{queries.dim(0), queries.dim(1), keys.dim(1)});
-  batched_matmul_transposed(queries, keys, scores);
-  const float scale = scale_for(queries.dim(2));
-  for (float& score : scores.span()) score *= scale;
   queries_ = Tensor::from(queries);
   keys_ = Tensor::from(keys);
+  valid_lens_ = valid_lens;
+  const float scale = scale_for(queries.dim(2));
+  const bool needs_dropout = is_training() && dropout() > 0.0F;
+  if (path_ == AttentionPath::kFused && !needs_dropout &&
+      fused_scores_are_finite(queries, keys, values, scale)) {
+    Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
+    flash_attention_forward(single_head(queries, "queries"), single_head(keys, "keys"),
+                            single_head(values, "values"), valid_lens, {scale, false},
+                            single_head(output.view(), "out"));
+    defer_weights(values);
+    return output;
+  }
+  Tensor scores(Shape{queries.dim(0), queries.dim(1), keys.dim(1)});
+  batched_matmul_transposed(queries, keys, scores);
+  for (float& score : scores.span()) score *= scale;
   return pool(std::move(scores), valid_lens, values);
+}
+
+Tensor DotProductAttention::compute_weights() const {
+  Tensor scores(Shape{queries_.dim(0), queries_.dim(1), keys_.dim(1)});
+  batched_matmul_transposed(queries_, keys_, scores);
+  const float scale = scale_for(queries_.dim(2));
+  for (float& score : scores.span()) score *= scale;
+  masked_softmax(scores, valid_lens_, scores);
+  return scores;
 }
 
 AttentionGradients DotProductAttention::backward(ConstTensorView grad_output) const {

@@ -86,6 +86,34 @@ TEST(DotProductAttention, CustomScaleAndZeroLengthGivesZeroOutput) {
     for (int64_t t = 0; t < 6; ++t) EXPECT_EQ(out(0, i, t), 0.0F);
 }
 
+TEST(DotProductAttention, FusedAndReferencePathsAgree) {
+  Rng rng(12);
+  const Tensor q = random_tensor(Shape{3, 70, 16}, rng), k = random_tensor(Shape{3, 150, 16}, rng);
+  const Tensor v = random_tensor(Shape{3, 150, 8}, rng);
+  const ValidLengths mask = ValidLengths::per_batch({150, 0, 77});
+  DotProductAttention fused, reference;
+  reference.set_path(AttentionPath::kReference);
+  fused.eval();
+  reference.eval();
+  const Tensor fused_out = fused(q, k, v, mask);
+  const Tensor reference_out = reference(q, k, v, mask);
+  EXPECT_TRUE(close_to(fused_out, to_doubles(reference_out), kOutputTolerance));
+  // The fused pass defers the weights; on request they are the reference path's, bit for bit.
+  EXPECT_EQ(fused.attention_weights().values(), reference.attention_weights().values());
+}
+
+TEST(DotProductAttention, FusedPathRejectsNonFiniteInputs) {
+  DotProductAttention attention;
+  attention.eval();
+  Tensor q(Shape{1, 2, 2}), k(Shape{1, 3, 2}), v(Shape{1, 3, 2});
+  k(0, 1, 1) = std::nanf("");
+  EXPECT_THROW_MESSAGE(attention(q, k, v), ValueError, "keys: expected finite values, got nan at flat index 3");
+  // Scores that overflow are reported, as on the reference path.
+  k(0, 1, 1) = 3e38F;
+  q(0, 0, 1) = 3e38F;
+  EXPECT_THROW_MESSAGE(attention(q, k, v), ValueError, "scores[0, 0]: expected finite scores, got +inf");
+}
+
 TEST(AdditiveAttention, MatchesReference) {
   Rng rng(3);
   for (const Case& c : kCases)

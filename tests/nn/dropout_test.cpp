@@ -44,7 +44,9 @@ TEST(Dropout, TrainingModeDropsAndRescalesEvaluationModeDoesNot) {
 
   attention.eval();
   const Tensor evaluated = attention(q, k, identity_values(kKeys));
-  EXPECT_TRUE(testing::close_to(evaluated, testing::to_doubles(weights), 0.0));
+  // Evaluation mode runs the fused kernel, which rounds differently from the reference path by a
+  // few ulps; any dropped (0) or rescaled (×1/0.7) weight would differ by far more than 1e-6.
+  EXPECT_TRUE(testing::close_to(evaluated, testing::to_doubles(weights), 1e-6));
 }
 
 TEST(Dropout, SameSeedSameMask) {

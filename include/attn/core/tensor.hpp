@@ -98,6 +98,8 @@ class Tensor {
   Shape shape_ = Shape{0};  // default: empty, zero elements
 };
 
+// Throws ValueError naming `name` and the first index holding NaN or ±∞; returns max |value|.
+float require_finite(std::string_view name, ConstTensorView tensor);
 // Throws ShapeError unless `view` has rank `rank`; `name` is the argument's name for the message.
 void require_rank(std::string_view name, const Shape& shape, int rank);
 // Throws ShapeError unless dimension `axis` of `shape` equals `expected`; `what` says what that

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attn/core/tensor.hpp"
 
@@ -22,6 +23,13 @@ struct BasicHeadsView {
   int64_t row_stride = 0;
 
   T* matrix(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
+
+  // A mutable view converts to a const one.
+  operator BasicHeadsView<const T>() const
+    requires(!std::is_const_v<T>)
+  {
+    return {data, batch, heads, rows, cols, batch_stride, head_stride, row_stride};
+  }
 };
 
 using HeadsView = BasicHeadsView<float>;

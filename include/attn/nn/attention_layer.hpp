@@ -29,7 +29,8 @@ class AttentionLayer {
   bool is_training() const { return training_; }
 
   // The weights of the last forward pass, before dropout: (B, n, m); empty before the first call.
-  const Tensor& attention_weights() const { return attention_weights_; }
+  // After a fused forward pass (which never holds them) they are computed on this first request.
+  const Tensor& attention_weights() const;
   // The dropout multipliers of the last forward pass (0 or 1/(1−p), shaped like the weights);
   // empty when it applied no dropout (evaluation mode or p = 0).
   const Tensor& dropout_mask() const { return dropout_mask_; }
@@ -39,6 +40,17 @@ class AttentionLayer {
 
  protected:
   AttentionLayer(float dropout, uint64_t seed) : dropout_(dropout, seed) {}
+  virtual ~AttentionLayer() = default;
+  AttentionLayer(const AttentionLayer&) = default;
+  AttentionLayer& operator=(const AttentionLayer&) = default;
+  AttentionLayer(AttentionLayer&&) = default;
+  AttentionLayer& operator=(AttentionLayer&&) = default;
+
+  // For a fused forward pass that applied no dropout: keeps `values` for the backward pass and
+  // defers the weights to compute_weights(), called on the first request.
+  void defer_weights(ConstTensorView values);
+  // Layers with a fused path recompute their last weights here.
+  virtual Tensor compute_weights() const { return {}; }
 
   // softmax(scores) with valid lengths → kept as attention_weights(); dropout in training mode;
   // then the weighted sum of values (B, m, v) → (B, n, v). `scores` (B, n, m) is consumed.
@@ -56,7 +68,9 @@ class AttentionLayer {
  private:
   Dropout dropout_;
   bool training_ = true;
-  Tensor attention_weights_;
+  // Filled on demand after a fused pass (weights_deferred_), hence mutable.
+  mutable Tensor attention_weights_;
+  mutable bool weights_deferred_ = false;
   Tensor dropout_mask_;  // empty when the last forward pass applied no dropout
   Tensor pooled_values_;
 };

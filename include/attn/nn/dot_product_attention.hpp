@@ -9,6 +9,10 @@
 
 namespace attn {
 
+// Which implementation a layer runs: the fused kernel (default; never builds the (B, n, m) score
+// tensor) or the plain reference path that builds it, as the book's code does.
+enum class AttentionPath { kFused, kReference };
+
 class DotProductAttention : public AttentionLayer {
  public:
   // ValueError for a dropout outside [0, 1] or a scale that is not finite.
@@ -30,10 +34,20 @@ class DotProductAttention : public AttentionLayer {
   // The scale in use for queries of size d.
   float scale_for(int64_t d) const;
 
+  // The fused path serves evaluation mode and dropout 0; training with dropout runs the reference
+  // path (until the kernel draws its own dropout masks).
+  void set_path(AttentionPath path) { path_ = path; }
+  AttentionPath path() const { return path_; }
+
+ protected:
+  Tensor compute_weights() const override;
+
  private:
   std::optional<float> scale_;
+  AttentionPath path_ = AttentionPath::kFused;
   Tensor queries_;
   Tensor keys_;
+  ValidLengths valid_lens_;
 };
 
 }  // namespace attn
