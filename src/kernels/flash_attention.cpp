@@ -36,7 +36,7 @@ inline int64_t visible_keys(const ForwardArgs& args, int64_t b, int64_t i) {
   return length;
 }
 
-constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width
+constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
 constexpr size_t kKeyTile = 128;     // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
 
 }  // namespace attn::flash_detail
@@ -50,91 +50,13 @@ constexpr size_t kKeyTile = 128;     // Bc: Sᵀ (Bc × Br floats) stays in L1 a
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "kernels/tile_gemm-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using flash_detail::ForwardArgs;
-
-// Register tile for this target: MR rows of broadcast scalars × NR vectors of columns.
-constexpr size_t kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 2;
-constexpr size_t kMaxVectors = flash_detail::kQueryVectors;
-
-// C[r, v·N …] (= or +=) Σ_k A(r, k) · B[k, v·N …] for r < MR, v < NR, where A(r, k) is the scalar
-// a[r·a_row + k·a_col] (broadcast) and B's rows are ldb apart; C's rows are ldc apart.
-template <size_t MR, size_t NR, bool kAccumulate, class D>
-HWY_INLINE void MicroKernel(D d, const float* HWY_RESTRICT a, size_t a_row, size_t a_col,
-                            const float* HWY_RESTRICT b, size_t ldb, size_t depth,
-                            float* HWY_RESTRICT c, size_t ldc) {
-  using V = hn::Vec<D>;
-  const size_t lanes = hn::Lanes(d);
-  V acc[MR][NR];
-  for (size_t r = 0; r < MR; ++r) {
-    for (size_t v = 0; v < NR; ++v)
-      acc[r][v] = kAccumulate ? hn::LoadU(d, c + r * ldc + v * lanes) : hn::Zero(d);
-  }
-  for (size_t k = 0; k < depth; ++k) {
-    const float* HWY_RESTRICT b_row = b + k * ldb;
-    V b_vectors[NR];
-    for (size_t v = 0; v < NR; ++v) b_vectors[v] = hn::LoadU(d, b_row + v * lanes);
-    for (size_t r = 0; r < MR; ++r) {
-      const V a_scalar = hn::Set(d, a[r * a_row + k * a_col]);
-      for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::MulAdd(a_scalar, b_vectors[v], acc[r][v]);
-    }
-  }
-  for (size_t r = 0; r < MR; ++r) {
-    for (size_t v = 0; v < NR; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
-  }
-}
-
-// The same for any number of rows (< kMaxRows after the full blocks) and NR vectors.
-template <size_t NR, bool kAccumulate, class D>
-HWY_INLINE void RowBlocks(D d, size_t rows, const float* a, size_t a_row, size_t a_col,
-                          const float* b, size_t ldb, size_t depth, float* c, size_t ldc) {
-  size_t r = 0;
-  for (; r + kMaxRows <= rows; r += kMaxRows) {
-    MicroKernel<kMaxRows, NR, kAccumulate>(d, a + r * a_row, a_row, a_col, b, ldb, depth,
-                                           c + r * ldc, ldc);
-  }
-  const size_t left = rows - r;
-  const float* a_left = a + r * a_row;
-  float* c_left = c + r * ldc;
-  if constexpr (kMaxRows > 1) {
-    if (left == 1)
-      MicroKernel<1, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
-  }
-  if constexpr (kMaxRows > 2) {
-    if (left == 2)
-      MicroKernel<2, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
-    if (left == 3)
-      MicroKernel<3, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
-    if (left == 4)
-      MicroKernel<4, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
-    if (left == 5)
-      MicroKernel<5, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
-  }
-}
-
-// C (rows × vectors·N) (= or +=) A · B for any vector count, in column blocks of kMaxVectors.
-template <bool kAccumulate, class D>
-HWY_NOINLINE void Gemm(D d, size_t rows, size_t vectors, const float* a, size_t a_row, size_t a_col,
-                       const float* b, size_t ldb, size_t depth, float* c, size_t ldc) {
-  const size_t lanes = hn::Lanes(d);
-  size_t v = 0;
-  for (; v + kMaxVectors <= vectors; v += kMaxVectors) {
-    RowBlocks<kMaxVectors, kAccumulate>(d, rows, a, a_row, a_col, b + v * lanes, ldb, depth,
-                                        c + v * lanes, ldc);
-  }
-  const size_t left = vectors - v;
-  const float* b_left = b + v * lanes;
-  float* c_left = c + v * lanes;
-  if (left == 1)
-    RowBlocks<1, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
-  if (left == 2)
-    RowBlocks<2, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
-  if (left == 3)
-    RowBlocks<3, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
-}
 
 // Per-thread working memory, sized once per call.
 struct Scratch {

@@ -26,6 +26,17 @@ struct FlashAttentionOptions {
 // backward pass. Throws ShapeError/ValueError for inconsistent shapes or lengths.
 // Accuracy: within a few float32 ulps of the plain path per accumulated term (tests use 1e-5
 // relative to the output's magnitude).
+// FlashAttention-2's backward pass: gradients of sum(out ⊙ grad_out) with respect to q, k and v,
+// recomputing the probabilities tile by tile from the forward pass's `log_sum_exp` instead of
+// storing them. `out` and `log_sum_exp` must come from flash_attention_forward with the same
+// inputs, lengths and options. Layouts as the forward pass; grad_q, grad_k, grad_v are overwritten.
+// Work is split over (batch, head) pairs, so B·H ≥ threads keeps every thread busy. Extra memory:
+// about 6·(n + m)·d floats per thread.
+void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
+                              ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
+                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                              HeadsView grad_q, HeadsView grad_k, HeadsView grad_v);
+
 void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                              HeadsView out, float* log_sum_exp = nullptr);
