@@ -48,13 +48,19 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
   valid_lens_ = valid_lens;
   const float scale = scale_for(queries.dim(2));
   const bool needs_dropout = is_training() && dropout() > 0.0F;
+  output_ = Tensor();
+  values_ = Tensor();
+  log_sum_exp_.clear();
   if (path_ == AttentionPath::kFused && !needs_dropout &&
       fused_scores_are_finite(queries, keys, values, scale)) {
     Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
+    log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * queries.dim(1)));
     flash_attention_forward(single_head(queries, "queries"), single_head(keys, "keys"),
                             single_head(values, "values"), valid_lens, {scale, false},
-                            single_head(output.view(), "out"));
+                            single_head(output.view(), "out"), log_sum_exp_.data());
     defer_weights(values);
+    values_ = Tensor::from(values);
+    output_ = output;
     return output;
   }
   Tensor scores(Shape{queries.dim(0), queries.dim(1), keys.dim(1)});
@@ -73,6 +79,23 @@ Tensor DotProductAttention::compute_weights() const {
 }
 
 AttentionGradients DotProductAttention::backward(ConstTensorView grad_output) const {
+  if (output_.rank() == 3) {
+    // The last pass was fused: the fused backward recomputes the probabilities tile by tile.
+    if (grad_output.shape() != output_.shape()) {
+      throw ShapeError("grad_output: expected shape " + output_.shape().str() +
+                       " (that of the last forward pass's output), got shape " +
+                       grad_output.shape().str());
+    }
+    AttentionGradients grads{Tensor(queries_.shape()), Tensor(keys_.shape()),
+                             Tensor(values_.shape())};
+    flash_attention_backward(
+        single_head(queries_, "queries"), single_head(keys_, "keys"),
+        single_head(values_, "values"), single_head(output_, "out"),
+        single_head(grad_output, "grad_output"), log_sum_exp_.data(), valid_lens_,
+        {scale_for(queries_.dim(2)), false}, single_head(grads.queries, "grad_queries"),
+        single_head(grads.keys, "grad_keys"), single_head(grads.values, "grad_values"));
+    return grads;
+  }
   PoolGradients pooled = pool_backward(grad_output, "DotProductAttention");
   const float scale = scale_for(queries_.dim(2));
   for (float& value : pooled.scores.span()) value *= scale;

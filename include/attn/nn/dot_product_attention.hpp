@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "attn/nn/attention_layer.hpp"
 
@@ -48,6 +49,10 @@ class DotProductAttention : public AttentionLayer {
   Tensor queries_;
   Tensor keys_;
   ValidLengths valid_lens_;
+  // Kept by a fused forward pass for the fused backward pass; empty after a reference pass.
+  Tensor values_;
+  Tensor output_;
+  std::vector<float> log_sum_exp_;
 };
 
 }  // namespace attn
