@@ -1,0 +1,399 @@
+// Conversions between Python arrays and attn tensors: zero-copy views of float32 C-contiguous CPU
+// arrays, checked copies of the rest, valid lengths from lists or integer arrays, and results
+// handed to NumPy or PyTorch without a copy.
+#include "arrays.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace attn::python {
+namespace {
+
+std::atomic<bool> strict_inputs_setting{false};
+
+std::string python_type_name(nb::handle object) {
+  return nb::type_name(object.type()).c_str();
+}
+
+std::string dtype_name(nb::dlpack::dtype dtype) {
+  using Code = nb::dlpack::dtype_code;
+  std::string kind;
+  switch (static_cast<Code>(dtype.code)) {
+    case Code::Int:
+      kind = "int";
+      break;
+    case Code::UInt:
+      kind = "uint";
+      break;
+    case Code::Float:
+      kind = "float";
+      break;
+    case Code::Bfloat:
+      kind = "bfloat";
+      break;
+    case Code::Complex:
+      kind = "complex";
+      break;
+    case Code::Bool:
+      return "bool";
+    default:
+      kind = "dtype code " + std::to_string(dtype.code) + " of ";
+      break;
+  }
+  return kind + std::to_string(dtype.bits);
+}
+
+bool is_dtype(nb::dlpack::dtype dtype, nb::dlpack::dtype_code code, int bits) {
+  return dtype.code == static_cast<uint8_t>(code) && dtype.bits == bits && dtype.lanes == 1;
+}
+
+std::string device_name(int device_type) {
+  // DLPack's device codes (dlpack.h, DLDeviceType).
+  switch (device_type) {
+    case 2:
+      return "CUDA";
+    case 3:
+      return "CUDA host memory";
+    case 4:
+      return "OpenCL";
+    case 7:
+      return "Vulkan";
+    case 8:
+      return "Metal";
+    case 10:
+      return "ROCm";
+    case 13:
+      return "CUDA managed memory";
+    case 14:
+      return "oneAPI";
+    default:
+      return "device type " + std::to_string(device_type);
+  }
+}
+
+std::string shape_string(const nb::ndarray<nb::ro>& array) {
+  std::string text = "(";
+  for (size_t axis = 0; axis < array.ndim(); ++axis) {
+    if (axis > 0) text += ", ";
+    text += std::to_string(array.shape(axis));
+  }
+  return text + (array.ndim() == 1 ? ",)" : ")");
+}
+
+std::string strides_string(const nb::ndarray<nb::ro>& array) {
+  std::string text = "(";
+  for (size_t axis = 0; axis < array.ndim(); ++axis) {
+    if (axis > 0) text += ", ";
+    text += std::to_string(array.stride(axis));
+  }
+  return text + (array.ndim() == 1 ? ",)" : ")");
+}
+
+// Imports any DLPack / buffer-protocol object as a read-only array without converting it; torch
+// tensors that require grad are detached first (same storage), as DLPack refuses to export them.
+nb::ndarray<nb::ro> import_array(nb::handle object, std::string_view name,
+                                 std::string_view expected) {
+  nb::object source = nb::borrow(object);
+  if (framework_of(object) == Framework::kTorch && nb::hasattr(object, "requires_grad") &&
+      nb::cast<bool>(object.attr("requires_grad"))) {
+    source = object.attr("detach")();
+  }
+  nb::ndarray<nb::ro> array;
+  if (!nb::try_cast(source, array, /*convert=*/false)) {
+    throw nb::type_error((std::string(name) + ": expected " + std::string(expected) + ", got " +
+                          python_type_name(object))
+                             .c_str());
+  }
+  if (array.device_type() != nb::device::cpu::value) {
+    throw nb::value_error((std::string(name) + ": expected an array in CPU memory, got one on " +
+                           device_name(array.device_type()) + " (move it with .cpu())")
+                              .c_str());
+  }
+  return array;
+}
+
+bool is_c_contiguous(const nb::ndarray<nb::ro>& array) {
+  int64_t expected_stride = 1;
+  for (size_t axis = array.ndim(); axis-- > 0;) {
+    const auto extent = static_cast<int64_t>(array.shape(axis));
+    if (extent == 0) return true;  // no elements: any strides describe them
+    if (extent != 1 && array.stride(axis) != expected_stride) return false;
+    expected_stride *= extent;
+  }
+  return true;
+}
+
+// Reads element `index` (in elements, possibly negative) of a float32 or float64 array; memcpy
+// because the buffer need not be aligned.
+float read_float(const std::byte* base, int64_t index, bool is_double) {
+  if (is_double) {
+    double value = 0.0;
+    std::memcpy(&value, base + index * static_cast<int64_t>(sizeof(double)), sizeof(double));
+    return static_cast<float>(value);
+  }
+  float value = 0.0F;
+  std::memcpy(&value, base + index * static_cast<int64_t>(sizeof(float)), sizeof(float));
+  return value;
+}
+
+// Reads element `index` of an integer array of `bits` bits, signed or not, as int64; throws
+// ValueError for an unsigned value above INT64_MAX.
+int64_t read_integer(const std::byte* base, int64_t index, int bits, bool is_signed,
+                     std::string_view name) {
+  const std::byte* element = base + index * (bits / 8);
+  auto load = [element]<class T>(T zero) {
+    T value = zero;
+    std::memcpy(&value, element, sizeof(T));
+    return value;
+  };
+  switch (bits) {
+    case 8:
+      return is_signed ? load(int8_t{}) : load(uint8_t{});
+    case 16:
+      return is_signed ? load(int16_t{}) : load(uint16_t{});
+    case 32:
+      return is_signed ? int64_t{load(int32_t{})} : int64_t{load(uint32_t{})};
+    default: {
+      if (is_signed) return load(int64_t{});
+      const uint64_t value = load(uint64_t{});
+      if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        throw nb::value_error(
+            (std::string(name) + ": expected lengths that fit int64, got " + std::to_string(value))
+                .c_str());
+      }
+      return static_cast<int64_t>(value);
+    }
+  }
+}
+
+// Visits every element of `array` (rank ≤ 4) in row-major order with its offset in elements.
+template <class Visit>
+void for_each_offset(const nb::ndarray<nb::ro>& array, Visit visit) {
+  std::array<int64_t, 4> extents{1, 1, 1, 1};
+  std::array<int64_t, 4> strides{0, 0, 0, 0};
+  const size_t first = 4 - array.ndim();
+  for (size_t axis = 0; axis < array.ndim(); ++axis) {
+    extents[first + axis] = static_cast<int64_t>(array.shape(axis));
+    strides[first + axis] = array.stride(axis);
+  }
+  for (int64_t a = 0; a < extents[0]; ++a) {
+    for (int64_t b = 0; b < extents[1]; ++b) {
+      for (int64_t c = 0; c < extents[2]; ++c) {
+        for (int64_t d = 0; d < extents[3]; ++d) {
+          visit(a * strides[0] + b * strides[1] + c * strides[2] + d * strides[3]);
+        }
+      }
+    }
+  }
+}
+
+Shape shape_of(const nb::ndarray<nb::ro>& array) {
+  std::array<int64_t, Shape::kMaxRank> dims{};
+  for (size_t axis = 0; axis < array.ndim(); ++axis) {
+    dims[axis] = static_cast<int64_t>(array.shape(axis));
+  }
+  return Shape::from_dims(dims.data(), static_cast<int>(array.ndim()));
+}
+
+}  // namespace
+
+bool strict_inputs() {
+  return strict_inputs_setting.load();
+}
+void set_strict_inputs(bool strict) {
+  strict_inputs_setting.store(strict);
+}
+
+Framework framework_of(nb::handle object) {
+  // torch.Tensor's module is "torch", nn.Parameter's "torch.nn.parameter".
+  const nb::object module = nb::getattr(object.type(), "__module__", nb::none());
+  if (!nb::isinstance<nb::str>(module)) return Framework::kNumpy;
+  const std::string_view name = nb::borrow<nb::str>(module).c_str();
+  return name == "torch" || name.starts_with("torch.") ? Framework::kTorch : Framework::kNumpy;
+}
+
+InputTensor::InputTensor(nb::handle object, std::string_view name, int rank) {
+  if (object.is_none()) {
+    throw nb::type_error((std::string(name) + ": expected an array, got None").c_str());
+  }
+  framework_ = framework_of(object);
+  array_ = import_array(object, name, "a NumPy array or a tensor supporting DLPack");
+
+  const auto ndim = static_cast<int>(array_.ndim());
+  if ((rank >= 0 && ndim != rank) || ndim > Shape::kMaxRank) {
+    const std::string expected = rank >= 0
+                                     ? std::to_string(rank) + "-d array"
+                                     : "array of rank at most " + std::to_string(Shape::kMaxRank);
+    throw nb::value_error(
+        (std::string(name) + ": expected a " + expected + ", got shape " + shape_string(array_))
+            .c_str());
+  }
+  const bool is_float32 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 32);
+  const bool is_float64 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 64);
+  if (!is_float32 && !is_float64) {
+    throw nb::type_error((std::string(name) +
+                          ": expected float32 (or float64, copied to float32), got " +
+                          dtype_name(array_.dtype()))
+                             .c_str());
+  }
+  const Shape shape = shape_of(array_);
+  const void* data = array_.data();
+  const bool aligned = reinterpret_cast<uintptr_t>(data) % alignof(float) == 0;
+  const bool contiguous = is_c_contiguous(array_);
+  if (is_float32 && contiguous && aligned) {
+    view_ = ConstTensorView(static_cast<const float*>(data), shape);
+    return;
+  }
+  if (strict_inputs()) {
+    if (!is_float32) {
+      throw nb::type_error((std::string(name) +
+                            ": expected float32 (strict inputs: no copies), got " +
+                            dtype_name(array_.dtype()))
+                               .c_str());
+    }
+    throw nb::value_error((std::string(name) +
+                           ": expected a C-contiguous, aligned array (strict inputs: no copies), "
+                           "got strides " +
+                           strides_string(array_) + " (in elements) for shape " +
+                           shape_string(array_))
+                              .c_str());
+  }
+  copy_ = Tensor(shape);
+  copied_ = true;
+  const auto* base = static_cast<const std::byte*>(data);
+  float* out = copy_.data();
+  for_each_offset(array_, [&](int64_t offset) { *out++ = read_float(base, offset, is_float64); });
+  view_ = copy_.view();
+}
+
+ValidLengths to_valid_lengths(nb::handle object, std::string_view name) {
+  if (object.is_none()) return {};
+  const std::string label(name);
+  if (nb::isinstance<nb::list>(object) || nb::isinstance<nb::tuple>(object)) {
+    auto to_length = [&](nb::handle item, const std::string& where) {
+      int64_t value = 0;
+      if (nb::isinstance<nb::bool_>(item) || !nb::try_cast(item, value, /*convert=*/false)) {
+        throw nb::type_error((where + ": expected an integer length, got " +
+                              python_type_name(item) +
+                              (nb::isinstance<nb::int_>(item) ? " out of the int64 range" : ""))
+                                 .c_str());
+      }
+      return value;
+    };
+    std::vector<int64_t> lengths;
+    const auto rows = static_cast<int64_t>(nb::len(object));
+    int64_t columns = -1;  // -1: a flat list (one length per batch element)
+    for (int64_t row = 0; row < rows; ++row) {
+      const nb::object item = object[nb::int_(row)];
+      const std::string where = label + "[" + std::to_string(row) + "]";
+      const bool nested = nb::isinstance<nb::list>(item) || nb::isinstance<nb::tuple>(item);
+      if (row == 0) columns = nested ? static_cast<int64_t>(nb::len(item)) : -1;
+      if (nested != (columns >= 0)) {
+        throw nb::value_error((label + ": expected a list of ints (B) or a list of equal-length "
+                                       "lists (B, n), got a mix of both")
+                                  .c_str());
+      }
+      if (!nested) {
+        lengths.push_back(to_length(item, where));
+        continue;
+      }
+      if (static_cast<int64_t>(nb::len(item)) != columns) {
+        throw nb::value_error((where + ": expected " + std::to_string(columns) +
+                               " lengths (as in row 0), got " + std::to_string(nb::len(item)))
+                                  .c_str());
+      }
+      for (int64_t column = 0; column < columns; ++column) {
+        lengths.push_back(to_length(nb::borrow(item)[nb::int_(column)],
+                                    where + "[" + std::to_string(column) + "]"));
+      }
+    }
+    if (columns < 0) return ValidLengths::per_batch(std::move(lengths));
+    return ValidLengths::per_query(std::move(lengths), rows, columns);
+  }
+
+  const nb::ndarray<nb::ro> array = import_array(
+      object, name, "None, a list of ints, or an int32/int64 array of shape (B,) or (B, n)");
+  const nb::dlpack::dtype dtype = array.dtype();
+  const bool is_signed = dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int);
+  const bool is_unsigned = dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt);
+  const bool supported_bits =
+      dtype.bits == 8 || dtype.bits == 16 || dtype.bits == 32 || dtype.bits == 64;
+  if (!(is_signed || is_unsigned) || !supported_bits || dtype.lanes != 1) {
+    throw nb::type_error(
+        (label + ": expected integer lengths (int32 or int64), got " + dtype_name(dtype)).c_str());
+  }
+  if (array.ndim() != 1 && array.ndim() != 2) {
+    throw nb::value_error(
+        (label + ": expected shape (B,) or (B, n), got shape " + shape_string(array)).c_str());
+  }
+  std::vector<int64_t> lengths;
+  lengths.reserve(array.size());
+  const auto* base = static_cast<const std::byte*>(array.data());
+  for_each_offset(array, [&](int64_t offset) {
+    lengths.push_back(read_integer(base, offset, dtype.bits, is_signed, name));
+  });
+  if (array.ndim() == 1) return ValidLengths::per_batch(std::move(lengths));
+  return ValidLengths::per_query(std::move(lengths), static_cast<int64_t>(array.shape(0)),
+                                 static_cast<int64_t>(array.shape(1)));
+}
+
+nb::object to_python(Tensor tensor, Framework framework) {
+  auto owned = std::make_unique<Tensor>(std::move(tensor));
+  std::array<size_t, Shape::kMaxRank> dims{};
+  const auto rank = static_cast<size_t>(owned->rank());
+  for (size_t axis = 0; axis < rank; ++axis) {
+    dims[axis] = static_cast<size_t>(owned->shape()[static_cast<int>(axis)]);
+  }
+  float* data = owned->data();
+  // The capsule owns the Tensor from here on and frees it when the array is collected.
+  nb::capsule owner(owned.get(), [](void* pointer) noexcept {
+    std::unique_ptr<Tensor>(static_cast<Tensor*>(pointer)).reset();
+  });
+  owned.release();
+  if (framework == Framework::kTorch) {
+    return nb::ndarray<nb::pytorch, float>(data, rank, dims.data(), owner).cast();
+  }
+  return nb::ndarray<nb::numpy, float>(data, rank, dims.data(), owner).cast();
+}
+
+nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank) {
+  if (tensor.rank() != rank) return nb::none();
+  return to_python(Tensor(tensor), framework);
+}
+
+StateDict to_state_dict(nb::handle mapping, std::string_view argument) {
+  if (!nb::hasattr(mapping, "items")) {
+    throw nb::type_error((std::string(argument) +
+                          ": expected a mapping of parameter names to arrays, got " +
+                          python_type_name(mapping))
+                             .c_str());
+  }
+  StateDict state;
+  for (nb::handle item : mapping.attr("items")()) {
+    const nb::object key = item[0];
+    if (!nb::isinstance<nb::str>(key)) {
+      throw nb::type_error(
+          (std::string(argument) + ": expected str keys, got " + python_type_name(key)).c_str());
+    }
+    const std::string name = nb::borrow<nb::str>(key).c_str();
+    const InputTensor tensor(item[1], std::string(argument) + "['" + name + "']", -1);
+    state.emplace(name, Tensor::from(tensor.view()));
+  }
+  return state;
+}
+
+nb::dict to_python(const StateDict& state, Framework framework) {
+  nb::dict result;
+  for (const auto& [name, tensor] : state) {
+    result[name.c_str()] = to_python(Tensor(tensor), framework);
+  }
+  return result;
+}
+
+}  // namespace attn::python

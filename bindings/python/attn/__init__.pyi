@@ -1,0 +1,218 @@
+# Type stubs for the attn package: the functions and layers of its C++ extension (attn._attn) and
+# attn.load, with the array types they take and return.
+import os
+from typing import Any, Mapping, Sequence, TypeVar, Union
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+# NumPy arrays, PyTorch CPU tensors, or anything else speaking DLPack or the buffer protocol.
+# float32 C-contiguous arrays are read in place; float64 or strided ones are copied.
+ArrayLike = Any
+# None (no mask), (B,) one length per batch element, or (B, n) one per query: an int array or
+# tensor, or a list of ints / of equal-length lists of ints.
+ValidLens = Union[None, Sequence[int], Sequence[Sequence[int]], ArrayLike]
+# A NumPy float32 array, or a torch.Tensor when the (first) input was one.
+Array = Any
+PathLike = Union[str, os.PathLike[str]]
+
+class ShapeError(ValueError):
+    """An array of the wrong rank or shape, or shapes that do not agree with each other."""
+
+class FileError(OSError):
+    """A file that cannot be opened, is truncated, corrupt, or holds something unexpected."""
+
+def masked_softmax(X: ArrayLike, valid_lens: ValidLens = None) -> Array:
+    """Softmax over the last axis of X (B, n, m), keeping only the first valid_lens keys; masked
+    keys and rows of valid length 0 get weight exactly 0."""
+
+def scaled_dot_product_attention(
+    queries: ArrayLike,
+    keys: ArrayLike,
+    values: ArrayLike,
+    valid_lens: ValidLens = None,
+    causal: bool = False,
+    dropout: float = 0.0,
+    scale: float | None = None,
+    need_weights: bool = False,
+    seed: int | None = None,
+) -> Any:
+    """softmax(Q Kᵀ · scale) V: (B, n, d), (B, m, d), (B, m, v) → (B, n, v); scale defaults to
+    1/√d; causal=True hides keys j > i + m − n from query i. Returns the output, or
+    (output, weights) with need_weights=True."""
+
+def additive_attention(
+    queries: ArrayLike,
+    keys: ArrayLike,
+    values: ArrayLike,
+    W_q: ArrayLike,
+    W_k: ArrayLike,
+    w_v: ArrayLike,
+    valid_lens: ValidLens = None,
+    need_weights: bool = False,
+) -> Any:
+    """Additive attention with given nn.Linear weights W_q (h, query_size), W_k (h, key_size),
+    w_v (1, h). Returns the output, or (output, weights) with need_weights=True."""
+
+def gaussian_kernel_pooling(
+    queries: ArrayLike,
+    keys: ArrayLike,
+    values: ArrayLike,
+    width: float = 1.0,
+    valid_lens: ValidLens = None,
+    need_weights: bool = False,
+) -> Any:
+    """Nadaraya–Watson pooling: weights softmax(−½‖(q − k)·width‖²). Returns the output, or
+    (output, weights) with need_weights=True."""
+
+def set_num_threads(n: int) -> None:
+    """How many threads attn's OpenMP kernels use (at least 1), from any Python thread; kernels
+    not parallelised yet run on the calling thread, with the GIL released."""
+
+def get_num_threads() -> int: ...
+def set_strict_inputs(strict: bool) -> None:
+    """When strict, inputs that would need a copy (not float32 or not C-contiguous) are refused."""
+
+def get_strict_inputs() -> bool: ...
+def load_safetensors(path: PathLike) -> dict[str, npt.NDArray[np.float32]]:
+    """{name: float32 array} from a safetensors file (F32 or F64 tensors)."""
+
+def save_safetensors(
+    path: PathLike, tensors: Mapping[str, ArrayLike], metadata: Mapping[str, str] = ...
+) -> None:
+    """Writes {name: array} as F32 tensors, with optional string metadata."""
+
+def load(
+    path: PathLike,
+) -> AdditiveAttention | DotProductAttention | MultiHeadAttention | GaussianKernelPooling:
+    """Rebuilds a layer written by layer.save(path)."""
+
+def _data_pointer(x: ArrayLike) -> int:
+    """The address of the float32 data the kernels would read for x (for tests)."""
+
+_Layer = TypeVar("_Layer", bound="_AttentionLayer")
+
+class _AttentionLayer:
+    """What every layer offers (not a runtime class: each layer defines these methods)."""
+
+    training: bool
+    @property
+    def attention_weights(self) -> Array | None:
+        """Weights of the last call before dropout, (B, n, m) ((B·heads, n, m) for multi-head)."""
+
+    @property
+    def dropout_mask(self) -> Array | None:
+        """Dropout multipliers of the last call (0 or 1/(1 − p)), or None when none applied."""
+
+    def forward(
+        self,
+        queries: ArrayLike,
+        keys: ArrayLike,
+        values: ArrayLike,
+        valid_lens: ValidLens = None,
+        *,
+        causal: bool = False,
+    ) -> Array:
+        """(B, n, ·), (B, m, ·), (B, m, ·) → (B, n, ·); keeps what backward() needs."""
+
+    def __call__(
+        self,
+        queries: ArrayLike,
+        keys: ArrayLike,
+        values: ArrayLike,
+        valid_lens: ValidLens = None,
+        *,
+        causal: bool = False,
+    ) -> Array: ...
+    def backward(self, grad_output: ArrayLike) -> dict[str, Array]:
+        """{'queries', 'keys', 'values'} gradients of sum(output * grad_output); accumulates the
+        parameters' gradients into grads()."""
+
+    def train(self: _Layer, mode: bool = True) -> _Layer: ...
+    def eval(self: _Layer) -> _Layer: ...
+    def seed_dropout(self, seed: int) -> None: ...
+    def state_dict(self) -> dict[str, npt.NDArray[np.float32]]:
+        """Parameters under PyTorch's names (W_q.weight, ...), as copies."""
+
+    def load_state_dict(self, state_dict: Mapping[str, ArrayLike]) -> None:
+        """Strict, as PyTorch's: missing, unexpected or mis-shaped entries raise ValueError."""
+
+    def grads(self) -> dict[str, npt.NDArray[np.float32]]: ...
+    def zero_grad(self) -> None: ...
+    def save(self, path: PathLike) -> None:
+        """Parameters to a safetensors file, constructor arguments as metadata."""
+
+    def load(self, path: PathLike) -> None:
+        """Parameters from a safetensors file (attn's or PyTorch's)."""
+
+    def __copy__(self: _Layer) -> _Layer: ...
+    def __deepcopy__(self: _Layer, memo: Any) -> _Layer: ...
+
+class AdditiveAttention(_AttentionLayer):
+    """The book's AdditiveAttention: scores w_vᵀ tanh(W_q q + W_k k)."""
+
+    def __init__(
+        self,
+        key_size: int,
+        query_size: int,
+        num_hiddens: int,
+        dropout: float = 0.0,
+        *,
+        seed: int = 0,
+    ) -> None: ...
+    @property
+    def key_size(self) -> int: ...
+    @property
+    def query_size(self) -> int: ...
+    @property
+    def num_hiddens(self) -> int: ...
+    @property
+    def dropout(self) -> float: ...
+
+class DotProductAttention(_AttentionLayer):
+    """The book's DotProductAttention: scores Q Kᵀ · scale (1/√d by default)."""
+
+    def __init__(
+        self, dropout: float = 0.0, *, scale: float | None = None, seed: int = 0
+    ) -> None: ...
+    @property
+    def dropout(self) -> float: ...
+
+class MultiHeadAttention(_AttentionLayer):
+    """The book's MultiHeadAttention over num_heads scaled dot-product heads."""
+
+    def __init__(
+        self,
+        key_size: int,
+        query_size: int,
+        value_size: int,
+        num_hiddens: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = False,
+        *,
+        seed: int = 0,
+    ) -> None: ...
+    @property
+    def key_size(self) -> int: ...
+    @property
+    def query_size(self) -> int: ...
+    @property
+    def value_size(self) -> int: ...
+    @property
+    def num_hiddens(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def bias(self) -> bool: ...
+
+class GaussianKernelPooling(_AttentionLayer):
+    """Nadaraya–Watson Gaussian-kernel pooling with a learnable width w."""
+
+    def __init__(self, width: float = 1.0, dropout: float = 0.0, *, seed: int = 0) -> None: ...
+    @property
+    def width(self) -> float: ...
+    @property
+    def dropout(self) -> float: ...

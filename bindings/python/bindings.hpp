@@ -1,0 +1,23 @@
+// The parts of the extension module attn._attn, each defined in its own file and called from
+// module.cpp.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace attn::python {
+
+namespace nb = nanobind;
+
+// functions.cpp: masked_softmax, scaled_dot_product_attention, additive_attention,
+// gaussian_kernel_pooling, _data_pointer.
+void bind_functions(nb::module_& module);
+// layers.cpp: AdditiveAttention, DotProductAttention, MultiHeadAttention, GaussianKernelPooling.
+void bind_layers(nb::module_& module);
+// files.cpp: load_safetensors, save_safetensors.
+void bind_files(nb::module_& module);
+
+// module.cpp: applies set_num_threads()'s count to the calling thread's OpenMP runtime, which
+// keeps the count per thread; called on the thread that runs each computation, GIL released.
+void use_thread_setting();
+
+}  // namespace attn::python

@@ -1,0 +1,181 @@
+// The functional API: masked_softmax, scaled_dot_product_attention, additive_attention and
+// gaussian_kernel_pooling over Python arrays, with the GIL released while the kernels run.
+#include <nanobind/stl/optional.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "arrays.hpp"
+#include "attn/kernels/masked_softmax.hpp"
+#include "attn/nn/additive_attention.hpp"
+#include "attn/nn/dot_product_attention.hpp"
+#include "attn/nn/gaussian_kernel_pooling.hpp"
+#include "bindings.hpp"
+
+namespace attn::python {
+namespace {
+
+using namespace nb::literals;
+
+// The output alone, or (output, weights) when the caller asked for the weights.
+nb::object output_and_weights(Tensor output, Tensor weights, bool need_weights,
+                              Framework framework) {
+  nb::object result = to_python(std::move(output), framework);
+  if (!need_weights) return result;
+  return nb::make_tuple(result, to_python(std::move(weights), framework));
+}
+
+// Runs `layer` (in evaluation mode unless dropout is wanted) on converted inputs without the GIL.
+template <class Layer>
+nb::object run_layer(Layer& layer, const InputTensor& queries, const InputTensor& keys,
+                     const InputTensor& values, ValidLengths valid_lens, bool causal,
+                     bool need_weights) {
+  Tensor output;
+  Tensor weights;
+  {
+    nb::gil_scoped_release release;
+    use_thread_setting();
+    if (causal) {
+      valid_lens =
+          valid_lens.with_causal_mask(queries.shape()[0], queries.shape()[1], keys.shape()[1]);
+    }
+    output = layer.forward(queries.view(), keys.view(), values.view(), valid_lens);
+    // Asked for only when wanted: after a fused forward pass the layer computes them on request.
+    if (need_weights) weights = layer.attention_weights();
+  }
+  return output_and_weights(std::move(output), std::move(weights), need_weights,
+                            queries.framework());
+}
+
+// Throws ValueError naming `name` unless `tensor` has shape (rows, columns); -1 matches any.
+void require_matrix(const InputTensor& tensor, std::string_view name, int64_t rows, int64_t columns,
+                    std::string_view layout) {
+  const Shape& shape = tensor.shape();
+  if (shape.rank() != 2 || (rows >= 0 && shape[0] != rows) ||
+      (columns >= 0 && shape[1] != columns)) {
+    throw nb::value_error(
+        (std::string(name) + ": expected shape " + std::string(layout) + ", got " + shape.str())
+            .c_str());
+  }
+}
+
+uint64_t seed_or_random(std::optional<uint64_t> seed) {
+  if (seed) return *seed;
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32U) ^ device();
+}
+
+}  // namespace
+
+void bind_functions(nb::module_& module) {
+  module.def(
+      "masked_softmax",
+      [](nb::handle X, nb::handle valid_lens) {
+        const InputTensor scores(X, "X", 3);
+        const ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
+        Tensor weights;
+        {
+          nb::gil_scoped_release release;
+          use_thread_setting();
+          weights = masked_softmax(scores.view(), lengths);
+        }
+        return to_python(std::move(weights), scores.framework());
+      },
+      "X"_a.none(), "valid_lens"_a = nb::none(),
+      "Softmax over the last axis of X (B, n, m), keeping only the first valid_lens keys.\n\n"
+      "valid_lens: None, (B,) one length per batch element, or (B, n) one per query (int32/int64\n"
+      "array, tensor or list). Masked keys get weight exactly 0; a row of valid length 0 gets\n"
+      "all-zero weights (the book's -1e6 trick would give uniform ones).");
+
+  module.def(
+      "scaled_dot_product_attention",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle valid_lens, bool causal,
+         float dropout, std::optional<float> scale, bool need_weights,
+         std::optional<uint64_t> seed) {
+        const InputTensor queries(q, "queries", 3);
+        const InputTensor keys(k, "keys", 3);
+        const InputTensor values(v, "values", 3);
+        ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
+        DotProductAttention layer(dropout, scale, seed_or_random(seed));
+        // Dropout is applied exactly when asked for, as F.scaled_dot_product_attention does.
+        layer.train(dropout > 0.0F);
+        return run_layer(layer, queries, keys, values, std::move(lengths), causal, need_weights);
+      },
+      "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "valid_lens"_a = nb::none(),
+      "causal"_a = false, "dropout"_a = 0.0F, "scale"_a = nb::none(), "need_weights"_a = false,
+      "seed"_a = nb::none(),
+      "softmax(Q Kᵀ · scale) V for queries (B, n, d), keys (B, m, d), values (B, m, v) → (B, n, "
+      "v).\n\n"
+      "scale defaults to 1/√d. valid_lens as in masked_softmax; causal=True also hides keys j >\n"
+      "i + m − n from query i (aligned bottom-right), combined with valid_lens. dropout drops\n"
+      "attention weights with that probability (seeded by seed, or randomly when None).\n"
+      "Returns the output, or (output, weights) with need_weights=True (weights before dropout).");
+
+  module.def(
+      "additive_attention",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle W_q, nb::handle W_k, nb::handle w_v,
+         nb::handle valid_lens, bool need_weights) {
+        const InputTensor queries(q, "queries", 3);
+        const InputTensor keys(k, "keys", 3);
+        const InputTensor values(v, "values", 3);
+        const InputTensor query_weight(W_q, "W_q", 2);
+        const InputTensor key_weight(W_k, "W_k", 2);
+        const InputTensor score_weight(w_v, "w_v", 2);
+        const int64_t hiddens = query_weight.shape()[0];
+        require_matrix(
+            key_weight, "W_k", hiddens, -1,
+            "(num_hiddens, key_size) with num_hiddens " + std::to_string(hiddens) + " as in W_q");
+        require_matrix(score_weight, "w_v", 1, hiddens,
+                       "(1, num_hiddens) = (1, " + std::to_string(hiddens) + ")");
+        const ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
+        AdditiveAttention layer(key_weight.shape()[1], query_weight.shape()[1], hiddens, 0.0F);
+        layer.eval();
+        StateDict parameters;
+        parameters.emplace("W_q.weight", Tensor::from(query_weight.view()));
+        parameters.emplace("W_k.weight", Tensor::from(key_weight.view()));
+        parameters.emplace("w_v.weight", Tensor::from(score_weight.view()));
+        layer.load_state_dict(parameters);
+        return run_layer(layer, queries, keys, values, lengths, false, need_weights);
+      },
+      "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "W_q"_a.none(), "W_k"_a.none(),
+      "w_v"_a.none(), "valid_lens"_a = nb::none(), "need_weights"_a = false,
+      "Additive (Bahdanau) attention with given weights: scores w_vᵀ tanh(W_q q + W_k k).\n\n"
+      "queries (B, n, query_size), keys (B, m, key_size), values (B, m, v); W_q (h, query_size),\n"
+      "W_k (h, key_size), w_v (1, h) as nn.Linear weights. Returns (B, n, v), or (output, "
+      "weights)\n"
+      "with need_weights=True.");
+
+  module.def(
+      "gaussian_kernel_pooling",
+      [](nb::handle q, nb::handle k, nb::handle v, float width, nb::handle valid_lens,
+         bool need_weights) {
+        const InputTensor queries(q, "queries", 3);
+        const InputTensor keys(k, "keys", 3);
+        const InputTensor values(v, "values", 3);
+        const ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
+        GaussianKernelPooling layer(width, 0.0F);
+        layer.eval();
+        return run_layer(layer, queries, keys, values, lengths, false, need_weights);
+      },
+      "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "width"_a = 1.0F,
+      "valid_lens"_a = nb::none(), "need_weights"_a = false,
+      "Nadaraya–Watson kernel regression as attention pooling: weights softmax(−½‖(q − k)·w‖²).\n\n"
+      "queries (B, n, d), keys (B, m, d), values (B, m, v) → (B, n, v); width is w (1 for the\n"
+      "book's nonparametric model). Returns the output, or (output, weights) with\n"
+      "need_weights=True.");
+
+  module.def(
+      "_data_pointer",
+      [](nb::handle x) {
+        const InputTensor tensor(x, "x", -1);
+        return reinterpret_cast<uintptr_t>(tensor.view().data());
+      },
+      "x"_a.none(),
+      "The address of the float32 data attn's kernels would read for x: the array's own when it\n"
+      "is passed without a copy. For tests.");
+}
+
+}  // namespace attn::python

@@ -1,0 +1,98 @@
+// The extension module attn._attn: attn's exceptions as Python ones, the thread-count and
+// strict-input settings, and the registration of the functions, layers and file readers.
+#include <nanobind/nanobind.h>
+#include <omp.h>
+
+#include <atomic>
+#include <exception>
+#include <string>
+
+#include "arrays.hpp"
+#include "attn/core/error.hpp"
+#include "bindings.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// The thread count for attn's OpenMP kernels; OpenMP's own default (OMP_NUM_THREADS, else the
+// number of hardware threads) until set_num_threads() changes it.
+std::atomic<int> num_threads_setting{omp_get_max_threads()};
+
+// Python types of attn's exceptions; created once with the module and never freed, as CPython's
+// own exception types.
+PyObject* shape_error_type = nullptr;
+PyObject* file_error_type = nullptr;
+
+// One translator for all attn errors, most derived first: ShapeError and FileError get their own
+// Python classes (subclasses of ValueError and OSError), attn::ValueError is Python's ValueError.
+void translate_attn_errors(const std::exception_ptr& error, void* /*payload*/) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const attn::ShapeError& shape_error) {
+    PyErr_SetString(shape_error_type, shape_error.what());
+  } catch (const attn::FileError& file_error) {
+    PyErr_SetString(file_error_type, file_error.what());
+  } catch (const attn::ValueError& value_error) {
+    PyErr_SetString(PyExc_ValueError, value_error.what());
+  } catch (const attn::Error& other_error) {
+    PyErr_SetString(PyExc_RuntimeError, other_error.what());
+  }
+}
+
+}  // namespace
+
+void attn::python::use_thread_setting() {
+  const int threads = num_threads_setting.load();
+  // Cheap, but skipped when unchanged: OpenMP keeps the value per calling thread.
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+}
+
+NB_MODULE(_attn, module) {
+  module.doc() =
+      "attn's C++ core: attention layers and kernels of Dive into Deep Learning over NumPy arrays "
+      "and PyTorch tensors. Import the package attn rather than this module.";
+
+  shape_error_type = PyErr_NewExceptionWithDoc(
+      "attn.ShapeError",
+      "An array of the wrong rank or shape, or shapes that do not agree with each other.",
+      PyExc_ValueError, nullptr);
+  file_error_type = PyErr_NewExceptionWithDoc(
+      "attn.FileError",
+      "A file that cannot be opened, is truncated, corrupt, or holds something other than "
+      "expected.",
+      PyExc_OSError, nullptr);
+  if (shape_error_type == nullptr || file_error_type == nullptr) throw nb::python_error();
+  module.attr("ShapeError") = nb::borrow(shape_error_type);
+  module.attr("FileError") = nb::borrow(file_error_type);
+  nb::register_exception_translator(translate_attn_errors);
+
+  module.def(
+      "set_num_threads",
+      [](int threads) {
+        if (threads < 1) {
+          throw nb::value_error(
+              ("n: expected a thread count of at least 1, got " + std::to_string(threads)).c_str());
+        }
+        num_threads_setting.store(threads);
+      },
+      "n"_a,
+      "Sets how many threads attn's OpenMP kernels may use (at least 1), like\n"
+      "torch.set_num_threads. It applies to every later call, from any Python thread; kernels\n"
+      "that are not parallel yet run on the calling thread (with the GIL released).");
+  module.def(
+      "get_num_threads", [] { return num_threads_setting.load(); },
+      "The thread count set by set_num_threads() (by default OMP_NUM_THREADS, else the number\n"
+      "of hardware threads).");
+
+  module.def("set_strict_inputs", &attn::python::set_strict_inputs, "strict"_a,
+             "When strict, arrays that would need a copy (not float32, or not C-contiguous) are\n"
+             "refused with TypeError / ValueError instead of being copied. Off by default.");
+  module.def("get_strict_inputs", &attn::python::strict_inputs,
+             "Whether set_strict_inputs(True) is in force.");
+
+  attn::python::bind_functions(module);
+  attn::python::bind_layers(module);
+  attn::python::bind_files(module);
+}

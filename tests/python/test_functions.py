@@ -1,0 +1,165 @@
+# attn's functions (masked_softmax, scaled_dot_product_attention, additive_attention,
+# gaussian_kernel_pooling) against the NumPy reference, the PyTorch fixtures and the book's toy
+# example.
+import numpy as np
+import pytest
+
+import attn
+import numpy_reference as ref
+from conftest import Case, book_toy_inputs
+
+# float32 kernels against float64 references on O(1) inputs with m ≤ 10 keys: a few float32 ulps
+# of accumulated rounding, far below 1e-5.
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+rng = np.random.default_rng(20250101)
+
+
+def normal(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "valid_lens",
+    [
+        None,
+        np.array([2, 4]),
+        np.array([[1, 4, 2], [4, 3, 1]], dtype=np.int32),
+        [3, 1],
+        [[1, 2, 3], [4, 4, 4]],
+    ],
+    ids=["none", "per_batch_int64", "per_query_int32", "list", "nested_list"],
+)
+def test_masked_softmax_matches_reference(valid_lens):
+    scores = normal(2, 3, 4) * 3
+    weights = attn.masked_softmax(scores, valid_lens)
+    assert (
+        isinstance(weights, np.ndarray)
+        and weights.dtype == np.float32
+        and weights.shape == (2, 3, 4)
+    )
+    np.testing.assert_allclose(weights, ref.masked_softmax(scores, valid_lens), **TOLERANCE)
+
+
+def test_masked_softmax_masked_keys_are_exactly_zero_and_length_zero_rows_are_zero():
+    weights = attn.masked_softmax(normal(2, 2, 5), np.array([[0, 2], [5, 1]]))
+    assert np.all(weights[0, 0] == 0.0)  # valid length 0: all-zero weights, no NaN
+    assert np.all(weights[0, 1, 2:] == 0.0) and np.all(weights[1, 1, 1:] == 0.0)
+    np.testing.assert_allclose(weights[0, 1].sum(), 1.0, rtol=1e-6)
+    assert weights[1, 1, 0] == 1.0
+
+
+def test_masked_softmax_accepts_float64_with_a_copy():
+    scores = rng.standard_normal((1, 2, 3))  # float64
+    np.testing.assert_allclose(attn.masked_softmax(scores), ref.masked_softmax(scores), **TOLERANCE)
+
+
+@pytest.mark.parametrize("scale", [None, 0.25])
+@pytest.mark.parametrize("valid_lens", [None, np.array([3, 5]), np.array([[1, 2, 3], [5, 4, 2]])])
+def test_scaled_dot_product_attention_matches_reference(scale, valid_lens):
+    q, k, v = normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 6)
+    output, weights = attn.scaled_dot_product_attention(
+        q, k, v, valid_lens, scale=scale, need_weights=True
+    )
+    expected_output, expected_weights = ref.dot_product_attention(q, k, v, valid_lens, scale)
+    np.testing.assert_allclose(output, expected_output, **TOLERANCE)
+    np.testing.assert_allclose(weights, expected_weights, **TOLERANCE)
+    alone = attn.scaled_dot_product_attention(q, k, v, valid_lens, scale=scale)
+    np.testing.assert_array_equal(alone, output)
+
+
+def test_scaled_dot_product_attention_causal_is_bottom_right_and_combines_with_lengths():
+    q, k, v = normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2)
+    # n = 3 queries, m = 5 keys: query i sees keys j ≤ i + 2, i.e. 3, 4, 5 keys; then min with
+    # the valid lengths 4 (batch 0) and 2 (batch 1).
+    expected_lens = np.array([[3, 4, 4], [2, 2, 2]])
+    output, weights = attn.scaled_dot_product_attention(
+        q, k, v, [4, 2], causal=True, need_weights=True
+    )
+    expected_output, expected_weights = ref.dot_product_attention(q, k, v, expected_lens)
+    np.testing.assert_allclose(weights, expected_weights, **TOLERANCE)
+    np.testing.assert_allclose(output, expected_output, **TOLERANCE)
+
+
+def test_scaled_dot_product_attention_dropout_is_seeded_and_inverted():
+    q, k, v = normal(1, 40, 4), normal(1, 50, 4), np.ones((1, 50, 1), np.float32)
+    first = attn.scaled_dot_product_attention(q, k, v, dropout=0.5, seed=7)
+    again = attn.scaled_dot_product_attention(q, k, v, dropout=0.5, seed=7)
+    other = attn.scaled_dot_product_attention(q, k, v, dropout=0.5, seed=8)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    # With values all 1 each output is Σ_j p_j d_j with E[d_j] = 1: the mean over 40 queries of
+    # 2000 Bernoulli draws stays within 0.15 of 1 (about 4 standard deviations).
+    assert abs(float(first.mean()) - 1.0) < 0.15
+    without = attn.scaled_dot_product_attention(q, k, v)
+    np.testing.assert_allclose(without, 1.0, rtol=1e-5)
+
+
+def test_additive_attention_function_matches_fixture_and_reference():
+    case = Case("additive_per_query")
+    p = case.params
+    output, weights = attn.additive_attention(
+        case.queries,
+        case.keys,
+        case.values,
+        p["W_q.weight"],
+        p["W_k.weight"],
+        p["w_v.weight"],
+        case.valid_lens,
+        need_weights=True,
+    )
+    # Against PyTorch's float32 output: both round differently, agreeing to float32 round-off.
+    np.testing.assert_allclose(output, case.output, **TOLERANCE)
+    np.testing.assert_allclose(weights, case.weights, **TOLERANCE)
+    expected, _ = ref.additive_attention(
+        case.queries,
+        case.keys,
+        case.values,
+        p["W_q.weight"],
+        p["W_k.weight"],
+        p["w_v.weight"],
+        case.valid_lens,
+    )
+    np.testing.assert_allclose(output, expected, **TOLERANCE)
+
+
+@pytest.mark.parametrize("name", ["gaussian_width_1", "gaussian_width_2_5"])
+def test_gaussian_kernel_pooling_matches_fixture_and_reference(name):
+    case = Case(name)
+    width = case.config["width"]
+    output, weights = attn.gaussian_kernel_pooling(
+        case.queries,
+        case.keys,
+        case.values,
+        width=width,
+        valid_lens=case.valid_lens,
+        need_weights=True,
+    )
+    np.testing.assert_allclose(output, case.output, **TOLERANCE)
+    np.testing.assert_allclose(weights, case.weights, **TOLERANCE)
+    expected, _ = ref.gaussian_kernel_pooling(
+        case.queries, case.keys, case.values, width, case.valid_lens
+    )
+    np.testing.assert_allclose(output, expected, **TOLERANCE)
+
+
+def test_book_toy_example_functions():
+    keys, values, valid_lens = book_toy_inputs()
+    queries = normal(2, 1, 2)
+    output = attn.scaled_dot_product_attention(queries, keys, values, valid_lens)
+    # Identical keys give uniform weights over the valid keys: the means of the first 2 and 6
+    # value rows, exact up to float32 rounding of the sums.
+    np.testing.assert_allclose(output, [[[2, 3, 4, 5]], [[10, 11, 12, 13]]], rtol=1e-6)
+
+
+def test_num_threads_setting_is_stored():
+    before = attn.get_num_threads()
+    assert before >= 1
+    try:
+        attn.set_num_threads(3)
+        assert attn.get_num_threads() == 3
+        with pytest.raises(ValueError, match="n: expected a thread count of at least 1, got 0"):
+            attn.set_num_threads(0)
+        assert attn.get_num_threads() == 3
+    finally:
+        attn.set_num_threads(before)

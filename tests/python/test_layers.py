@@ -1,0 +1,279 @@
+# attn's layers against the committed PyTorch fixtures (outputs, weights, input and parameter
+# gradients) and the NumPy reference; modes, dropout, state dicts, gradients and safetensors files.
+import copy
+
+import numpy as np
+import pytest
+
+import attn
+import numpy_reference as ref
+from conftest import Case, book_toy_inputs
+
+# float32 against PyTorch's float32 (or a float64 reference) on O(1) inputs: both sides round
+# differently at float32 precision (~1e-7 relative) through a handful of operations; 1e-5 leaves
+# room for that and nothing more.
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+def test_layer_matches_pytorch_fixture(case):
+    layer = case.make_layer()
+    output = layer(case.queries, case.keys, case.values, case.valid_lens)
+    np.testing.assert_allclose(output, case.output, **TOLERANCE)
+    np.testing.assert_allclose(layer.attention_weights, case.weights, **TOLERANCE)
+
+
+def test_layer_matches_numpy_reference(case):
+    layer = case.make_layer()
+    output = layer(case.queries, case.keys, case.values, case.valid_lens)
+    kind, p = case.layer_kind, case.params
+    if kind == "additive":
+        expected, weights = ref.additive_attention(
+            case.queries,
+            case.keys,
+            case.values,
+            p["W_q.weight"],
+            p["W_k.weight"],
+            p["w_v.weight"],
+            case.valid_lens,
+        )
+    elif kind == "dot_product":
+        expected, weights = ref.dot_product_attention(
+            case.queries, case.keys, case.values, case.valid_lens
+        )
+    elif kind == "multi_head":
+        expected, weights = ref.multi_head_attention(
+            case.queries, case.keys, case.values, p, case.config["num_heads"], case.valid_lens
+        )
+    else:
+        expected, weights = ref.gaussian_kernel_pooling(
+            case.queries, case.keys, case.values, float(p["w"][0]), case.valid_lens
+        )
+    np.testing.assert_allclose(output, expected, **TOLERANCE)
+    np.testing.assert_allclose(layer.attention_weights, weights, **TOLERANCE)
+
+
+def test_layer_backward_matches_pytorch_autograd(gradient_case):
+    case = gradient_case
+    layer = case.make_layer()
+    layer(case.queries, case.keys, case.values, case.valid_lens)
+    gradients = layer.backward(case.grad_output)
+    assert sorted(gradients) == ["keys", "queries", "values"]
+    for name in ("queries", "keys", "values"):
+        np.testing.assert_allclose(gradients[name], case.grads[name], err_msg=name, **TOLERANCE)
+    parameter_grads = layer.grads()
+    # Exactly the parameters have gradients, each matching PyTorch's.
+    assert sorted(parameter_grads) == sorted(set(case.grads) - {"queries", "keys", "values"})
+    for name, grad in parameter_grads.items():
+        np.testing.assert_allclose(grad, case.grads[name], err_msg=name, **TOLERANCE)
+
+
+def test_gradients_accumulate_until_zero_grad():
+    case = Case("multi_head_bias_per_query")
+    layer = case.make_layer()
+    for _ in range(2):
+        layer(case.queries, case.keys, case.values, case.valid_lens)
+        layer.backward(case.grad_output)
+    np.testing.assert_allclose(
+        layer.grads()["W_o.weight"], 2 * case.grads["W_o.weight"], **TOLERANCE
+    )
+    layer.zero_grad()
+    assert all(np.all(grad == 0) for grad in layer.grads().values())
+
+
+def test_book_toy_examples():
+    keys, values, valid_lens = book_toy_inputs()
+    rng = np.random.default_rng(0)
+    additive = attn.AdditiveAttention(key_size=2, query_size=20, num_hiddens=8, dropout=0.1).eval()
+    dot_product = attn.DotProductAttention(dropout=0.5).eval()
+    expected = [[[2, 3, 4, 5]], [[10, 11, 12, 13]]]
+    # Uniform weights over the valid keys: means of value rows, exact up to float32 sums.
+    out = additive(rng.standard_normal((2, 1, 20)).astype(np.float32), keys, values, valid_lens)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    out = dot_product(rng.standard_normal((2, 1, 2)).astype(np.float32), keys, values, valid_lens)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    np.testing.assert_allclose(dot_product.attention_weights[1, 0, :6], 1 / 6, rtol=1e-6)
+    assert np.all(dot_product.attention_weights[1, 0, 6:] == 0)
+
+
+def test_modes_and_dropout():
+    layer = attn.DotProductAttention(0.5, seed=3)
+    assert layer.training and layer.attention_weights is None and layer.dropout_mask is None
+    rng = np.random.default_rng(1)
+    q, k = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((2, 6, 4)).astype(
+        np.float32
+    )
+    v = rng.standard_normal((2, 6, 2)).astype(np.float32)
+    trained = layer(q, k, v)
+    mask = layer.dropout_mask
+    assert mask.shape == (2, 3, 6) and set(np.unique(mask)) <= {0.0, 2.0}
+    # The training output is the dropped-out weights times the values.
+    np.testing.assert_allclose(trained, (layer.attention_weights * mask) @ v, **TOLERANCE)
+    assert layer.eval() is layer and not layer.training
+    evaluated = layer(q, k, v)
+    assert layer.dropout_mask is None
+    np.testing.assert_allclose(evaluated, layer.attention_weights @ v, **TOLERANCE)
+    layer.training = True
+    assert layer.train() is layer and layer.training
+    layer.seed_dropout(11)
+    first = layer(q, k, v)
+    layer.seed_dropout(11)
+    np.testing.assert_array_equal(layer(q, k, v), first)
+
+
+def test_seeded_initialisation_is_reproducible_and_differs_between_seeds():
+    a = attn.MultiHeadAttention(3, 4, 5, 8, 2, 0.0, bias=True, seed=5).state_dict()
+    b = attn.MultiHeadAttention(3, 4, 5, 8, 2, 0.0, bias=True, seed=5).state_dict()
+    c = attn.MultiHeadAttention(3, 4, 5, 8, 2, 0.0, bias=True, seed=6).state_dict()
+    assert sorted(a) == sorted(
+        [
+            "W_q.weight",
+            "W_q.bias",
+            "W_k.weight",
+            "W_k.bias",
+            "W_v.weight",
+            "W_v.bias",
+            "W_o.weight",
+            "W_o.bias",
+        ]
+    )
+    assert a["W_q.weight"].shape == (8, 4) and a["W_o.bias"].shape == (8,)
+    assert all(np.array_equal(a[name], b[name]) for name in a)
+    assert not np.array_equal(a["W_q.weight"], c["W_q.weight"])
+    # nn.Linear's default initialisation: uniform in ±1/√fan_in.
+    assert np.abs(a["W_q.weight"]).max() <= 1 / np.sqrt(4)
+
+
+def test_state_dict_round_trip_between_layers(case):
+    source = case.make_layer()
+    state = source.state_dict()
+    assert sorted(state) == sorted(case.params)
+    target = copy.deepcopy(source)
+    target.load_state_dict(state)
+    for name, value in target.state_dict().items():
+        np.testing.assert_array_equal(value, case.params[name])
+    np.testing.assert_array_equal(
+        target(case.queries, case.keys, case.values, case.valid_lens),
+        source(case.queries, case.keys, case.values, case.valid_lens),
+    )
+
+
+def test_state_dict_is_a_copy():
+    layer = attn.AdditiveAttention(2, 3, 4, 0.0)
+    state = layer.state_dict()
+    state["W_q.weight"][:] = 42
+    assert not np.any(layer.state_dict()["W_q.weight"] == 42)
+
+
+def test_load_state_dict_is_strict_and_names_the_tensor():
+    layer = attn.AdditiveAttention(2, 3, 4, 0.0)
+    state = layer.state_dict()
+    before = layer.state_dict()
+    with pytest.raises(attn.ShapeError, match="W_q.weight") as error:
+        layer.load_state_dict({**state, "W_q.weight": np.zeros((4, 5), np.float32)})
+    assert isinstance(error.value, ValueError)
+    with pytest.raises(ValueError, match="missing tensor 'w_v.weight'"):
+        layer.load_state_dict({k: v for k, v in state.items() if k != "w_v.weight"})
+    with pytest.raises(ValueError, match="unexpected"):
+        layer.load_state_dict({**state, "W_o.weight": np.zeros((4, 4), np.float32)})
+    with pytest.raises(ValueError, match="unexpected"):
+        attn.DotProductAttention().load_state_dict({"w": np.ones(1, np.float32)})
+    with pytest.raises(TypeError, match="state_dict: expected str keys, got int"):
+        layer.load_state_dict({1: np.zeros(1)})
+    with pytest.raises(TypeError, match=r"state_dict\['W_q.weight'\]: expected float32"):
+        layer.load_state_dict({**state, "W_q.weight": np.zeros((4, 3), np.int64)})
+    # Nothing changed on failure.
+    assert all(np.array_equal(before[name], value) for name, value in layer.state_dict().items())
+    attn.DotProductAttention().load_state_dict({})
+
+
+def test_save_and_load_safetensors(tmp_path, case):
+    layer = case.make_layer()
+    path = tmp_path / f"{case.name}.safetensors"
+    layer.save(path)
+    restored = attn.load(path)
+    assert type(restored) is type(layer) and repr(restored) == repr(layer)
+    restored.eval()
+    np.testing.assert_array_equal(
+        restored(case.queries, case.keys, case.values, case.valid_lens),
+        layer(case.queries, case.keys, case.values, case.valid_lens),
+    )
+    # PyTorch-written files load into a constructed layer.
+    if case.params_path is not None:
+        fresh = case.make_layer()
+        fresh.load(case.params_path)
+        for name, value in fresh.state_dict().items():
+            np.testing.assert_array_equal(value, case.params[name])
+        with pytest.raises(ValueError, match="expected a layer saved by attn"):
+            attn.load(case.params_path)
+
+
+def test_safetensors_functions_round_trip(tmp_path):
+    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(1)}
+    attn.save_safetensors(tmp_path / "t.safetensors", tensors, {"note": "hi"})
+    loaded = attn.load_safetensors(str(tmp_path / "t.safetensors"))
+    assert sorted(loaded) == ["a", "b"] and loaded["a"].dtype == np.float32
+    np.testing.assert_array_equal(loaded["a"], tensors["a"])
+    np.testing.assert_array_equal(loaded["b"], [1.0])
+
+
+def test_file_errors_are_oserrors_with_the_path(tmp_path):
+    missing = tmp_path / "missing.safetensors"
+    with pytest.raises(attn.FileError, match="missing.safetensors") as error:
+        attn.load_safetensors(missing)
+    assert isinstance(error.value, OSError)
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\xff" * 7)
+    with pytest.raises(OSError, match="corrupt.safetensors"):
+        attn.AdditiveAttention(2, 3, 4).load(corrupt)
+    with pytest.raises(OSError, match="corrupt.safetensors"):
+        attn.load(corrupt)
+
+
+def test_layer_properties_and_repr():
+    layer = attn.MultiHeadAttention(3, 4, 5, 8, 2, 0.25, bias=True)
+    assert (layer.key_size, layer.query_size, layer.value_size) == (3, 4, 5)
+    assert (layer.num_hiddens, layer.num_heads, layer.bias) == (8, 2, True)
+    assert repr(layer) == (
+        "MultiHeadAttention(key_size=3, query_size=4, value_size=5, num_hiddens=8, num_heads=2, dropout=0.25, bias=True)"
+    )
+    assert (
+        repr(attn.DotProductAttention(0.5, scale=0.125))
+        == "DotProductAttention(dropout=0.5, scale=0.125)"
+    )
+    assert attn.GaussianKernelPooling(2.5).width == 2.5
+    additive = attn.AdditiveAttention(2, 20, 8, 0.1)
+    assert (additive.key_size, additive.query_size, additive.num_hiddens) == (2, 20, 8)
+    assert additive.dropout == pytest.approx(0.1)
+
+
+def test_constructor_errors_are_value_errors():
+    with pytest.raises(
+        ValueError, match="num_heads: expected a positive divisor of num_hiddens = 8, got 3"
+    ):
+        attn.MultiHeadAttention(3, 4, 5, 8, 3, 0.0)
+    with pytest.raises(ValueError, match="dropout"):
+        attn.DotProductAttention(1.5)
+    with pytest.raises(
+        ValueError, match="expected positive in_features and out_features, got 0 and 4"
+    ):
+        attn.AdditiveAttention(0, 3, 4, 0.0)
+
+
+def test_backward_before_forward_is_an_error():
+    with pytest.raises(ValueError, match="forward"):
+        attn.AdditiveAttention(2, 3, 4).backward(np.zeros((1, 1, 1), np.float32))
+
+
+def test_concurrent_calls_on_one_layer_stay_correct():
+    from concurrent.futures import ThreadPoolExecutor
+
+    case = Case("multi_head_n_ne_m")
+    layer = case.make_layer()
+
+    def run(_):
+        return layer(case.queries, case.keys, case.values, case.valid_lens)
+
+    with ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(run, range(32)))
+    for output in outputs:
+        np.testing.assert_allclose(output, case.output, **TOLERANCE)
