@@ -10,8 +10,9 @@ AdditiveAttention::AdditiveAttention(int64_t key_size, int64_t query_size, int64
                                      float dropout, uint64_t seed)
     : AttentionLayer(dropout, seed ^ 0x5eed'd50'9017ULL),
       init_rng_(seed),
-      W_k_(key_size, num_hiddens, false, init_rng_),
-      W_q_(query_size, num_hiddens, false, init_rng_),
+      W_k_(require_positive_size("key_size", key_size),
+           require_positive_size("num_hiddens", num_hiddens), false, init_rng_),
+      W_q_(require_positive_size("query_size", query_size), num_hiddens, false, init_rng_),
       w_v_(num_hiddens, 1, false, init_rng_) {}
 
 Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,

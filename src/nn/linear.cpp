@@ -7,6 +7,12 @@
 
 namespace attn {
 
+int64_t require_positive_size(std::string_view name, int64_t size) {
+  if (size <= 0)
+    throw ValueError(std::string(name) + ": expected a positive size, got " + std::to_string(size));
+  return size;
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
     : weight_(Shape{out_features, in_features}),
       bias_(Shape{bias ? out_features : 0}),

@@ -47,9 +47,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int
     : num_heads_(checked_heads(num_hiddens, num_heads)),
       init_rng_(seed),
       attention_(dropout, std::nullopt, seed ^ 0x5eed'd50'9017ULL),
-      W_q_(query_size, num_hiddens, bias, init_rng_),
-      W_k_(key_size, num_hiddens, bias, init_rng_),
-      W_v_(value_size, num_hiddens, bias, init_rng_),
+      W_q_(require_positive_size("query_size", query_size), num_hiddens, bias, init_rng_),
+      W_k_(require_positive_size("key_size", key_size), num_hiddens, bias, init_rng_),
+      W_v_(require_positive_size("value_size", value_size), num_hiddens, bias, init_rng_),
       W_o_(num_hiddens, num_hiddens, bias, init_rng_) {}
 
 Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys,

@@ -175,7 +175,9 @@ TEST(AdditiveAttention, RejectsWrongSizes) {
   EXPECT_THROW_MESSAGE(
       attention(Tensor(Shape{2, 1, 20}), keys, values, ValidLengths::per_batch({2, 11})),
       ValueError, "valid_lens[1]: expected a valid length in [0, 10]");
-  EXPECT_THROW_MESSAGE(AdditiveAttention(0, 20, 8, 0.0F), ValueError, "positive in_features");
+  EXPECT_THROW_MESSAGE(AdditiveAttention(0, 20, 8, 0.0F), ValueError, "key_size: expected a positive size, got 0");
+  EXPECT_THROW_MESSAGE(AdditiveAttention(2, -1, 8, 0.0F), ValueError, "query_size: expected a positive size, got -1");
+  EXPECT_THROW_MESSAGE(MultiHeadAttention(2, 2, 0, 4, 2, 0.0F), ValueError, "value_size: expected a positive size");
   EXPECT_THROW_MESSAGE(AdditiveAttention(2, 20, 8, 1.5F), ValueError,
                        "dropout: expected a probability in [0, 1], got 1.5");
 }

@@ -11,6 +11,10 @@
 
 namespace attn {
 
+// Returns `size`, or throws ValueError naming `name` when it is not positive; for layer
+// constructors that build their Linear members from user-given sizes.
+int64_t require_positive_size(std::string_view name, int64_t size);
+
 class Linear {
  public:
   // weight (out_features, in_features) and bias (out_features) drawn uniformly from

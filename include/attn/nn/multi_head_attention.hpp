@@ -35,6 +35,7 @@ class MultiHeadAttention {
   void train(bool training = true) { attention_.train(training); }
   void eval() { attention_.eval(); }
   bool is_training() const { return attention_.is_training(); }
+  float dropout() const { return attention_.dropout(); }
   void seed_dropout(uint64_t seed) { attention_.seed_dropout(seed); }
   // (B·num_heads, n, m), batch-major then head, as the book's attention.attention_weights.
   const Tensor& attention_weights() const { return attention_.attention_weights(); }
