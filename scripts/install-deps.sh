@@ -8,6 +8,7 @@ packages=(
   libcli11-dev                         # the command line
   nlohmann-json3-dev                   # safetensors headers
   libhwy-dev                           # SIMD kernels with run-time dispatch (Highway)
+  libopenblas-dev                      # GEMMs of the projections (CBLAS)
   libgtest-dev                         # tests
 )
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/gemm.hpp"
 
 namespace attn {
 
@@ -38,15 +39,12 @@ Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
   dims[x.rank() - 1] = out;
   Tensor y(Shape::from_dims(dims, x.rank()));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x_row = x.data() + r * in;
-    float* y_row = y.data() + r * out;
-    for (int64_t o = 0; o < out; ++o) {
-      const float* w_row = weight_.data() + o * in;
-      float sum = 0.0F;
-      for (int64_t t = 0; t < in; ++t) sum += x_row[t] * w_row[t];
-      y_row[o] = has_bias_ ? sum + bias_.data()[o] : sum;
-    }
+  // y = x Wᵀ (+ b): one GEMM over all leading positions.
+  gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0F, x.data(), in, weight_.data(), in, 0.0F,
+       y.data(), out);
+  if (has_bias_) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) y.data()[r * out + o] += bias_.data()[o];
   }
   return y;
 }
@@ -64,20 +62,14 @@ Tensor Linear::backward(ConstTensorView x, ConstTensorView grad_y) {
                      grad_y.shape().str());
   }
   Tensor grad_x(x.shape());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x_row = x.data() + r * in;
-    const float* dy_row = grad_y.data() + r * out;
-    float* dx_row = grad_x.data() + r * in;
-    for (int64_t o = 0; o < out; ++o) {
-      const float dy = dy_row[o];
-      const float* w_row = weight_.data() + o * in;
-      float* dW_row = weight_grad_.data() + o * in;
-      for (int64_t t = 0; t < in; ++t) {
-        dx_row[t] += dy * w_row[t];
-        dW_row[t] += dy * x_row[t];
-      }
-      if (has_bias_) bias_grad_.data()[o] += dy;
-    }
+  // dx = dy W; dW += dyᵀ x; db += Σ dy.
+  gemm(Transpose::kNo, Transpose::kNo, rows, in, out, 1.0F, grad_y.data(), out, weight_.data(), in,
+       0.0F, grad_x.data(), in);
+  gemm(Transpose::kYes, Transpose::kNo, out, in, rows, 1.0F, grad_y.data(), out, x.data(), in, 1.0F,
+       weight_grad_.data(), in);
+  if (has_bias_) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) bias_grad_.data()[o] += grad_y.data()[r * out + o];
   }
   return grad_x;
 }
