@@ -1,9 +1,13 @@
 // MultiHeadAttention: the book's transpose_qkv / transpose_output around DotProductAttention.
 #include "attn/nn/multi_head_attention.hpp"
 
+#include <cmath>
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/masked_softmax.hpp"
+#include "attn/kernels/matmul.hpp"
 
 namespace attn {
 
@@ -18,7 +22,7 @@ int64_t checked_heads(int64_t num_hiddens, int64_t num_heads) {
 }
 
 // (B, n, heads·d) → (B·heads, n, d): the book's transpose_qkv.
-Tensor split_heads(const Tensor& x, int64_t heads) {
+Tensor copy_heads_apart(const Tensor& x, int64_t heads) {
   const int64_t batch = x.dim(0), n = x.dim(1), d = x.dim(2) / heads;
   Tensor out(Shape{batch * heads, n, d});
   for (int64_t b = 0; b < batch; ++b)
@@ -29,7 +33,7 @@ Tensor split_heads(const Tensor& x, int64_t heads) {
 }
 
 // (B·heads, n, d) → (B, n, heads·d): the book's transpose_output.
-Tensor merge_heads(const Tensor& x, int64_t heads) {
+Tensor copy_heads_together(const Tensor& x, int64_t heads) {
   const int64_t batch = x.dim(0) / heads, n = x.dim(1), d = x.dim(2);
   Tensor out(Shape{batch, n, heads * d});
   for (int64_t b = 0; b < batch; ++b)
@@ -37,6 +41,16 @@ Tensor merge_heads(const Tensor& x, int64_t heads) {
       for (int64_t i = 0; i < n; ++i)
         for (int64_t t = 0; t < d; ++t) out(b, i, h * d + t) = x(b * heads + h, i, t);
   return out;
+}
+
+// The fused kernel cannot report a NaN or infinite score (it never holds the scores), so it runs
+// only when none can arise: finite projections with scale·d·max|q|·max|k| well inside float32.
+bool scores_stay_finite(const Tensor& q, const Tensor& k, const Tensor& v, int64_t head_size,
+                        float scale) {
+  const double bound = static_cast<double>(require_finite("projected queries", q)) *
+                       require_finite("projected keys", k) * static_cast<double>(head_size) * scale;
+  require_finite("projected values", v);
+  return bound < 1e37;
 }
 
 }  // namespace
@@ -56,15 +70,55 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
                                    ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  const Tensor q = split_heads(W_q_.forward(queries, "queries"), num_heads_);
-  const Tensor k = split_heads(W_k_.forward(keys, "keys"), num_heads_);
-  const Tensor v = split_heads(W_v_.forward(values, "values"), num_heads_);
-  const Tensor heads = attention_.forward(q, k, v, valid_lens.repeat_interleave(num_heads_));
   queries_ = Tensor::from(queries);
   keys_ = Tensor::from(keys);
   values_ = Tensor::from(values);
-  concatenated_heads_ = merge_heads(heads, num_heads_);
+  fused_ = false;
+  fused_weights_ = Tensor();
+  projected_queries_ = W_q_.forward(queries, "queries");
+  projected_keys_ = W_k_.forward(keys, "keys");
+  projected_values_ = W_v_.forward(values, "values");
+  const int64_t head_size = num_hiddens() / num_heads_;
+  const float scale = 1.0F / std::sqrt(static_cast<float>(head_size));
+  const bool needs_dropout = is_training() && dropout() > 0.0F;
+  if (path_ == AttentionPath::kFused && !needs_dropout &&
+      scores_stay_finite(projected_queries_, projected_keys_, projected_values_, head_size,
+                         scale)) {
+    // Heads are read and written in place through strides: no transpose copies.
+    concatenated_heads_ = Tensor(Shape{queries.dim(0), queries.dim(1), num_hiddens()});
+    log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * num_heads_ * queries.dim(1)));
+    flash_attention_forward(split_heads(projected_queries_, num_heads_, "queries"),
+                            split_heads(projected_keys_, num_heads_, "keys"),
+                            split_heads(projected_values_, num_heads_, "values"), valid_lens,
+                            {scale, false}, split_heads(concatenated_heads_, num_heads_, "heads"),
+                            log_sum_exp_.data());
+    valid_lens_ = valid_lens;
+    fused_ = true;
+    return W_o_.forward(concatenated_heads_, "concatenated heads");
+  }
+  projected_queries_ = copy_heads_apart(projected_queries_, num_heads_);
+  projected_keys_ = copy_heads_apart(projected_keys_, num_heads_);
+  projected_values_ = copy_heads_apart(projected_values_, num_heads_);
+  const Tensor heads = attention_.forward(projected_queries_, projected_keys_, projected_values_,
+                                          valid_lens.repeat_interleave(num_heads_));
+  concatenated_heads_ = copy_heads_together(heads, num_heads_);
   return W_o_.forward(concatenated_heads_, "concatenated heads");
+}
+
+const Tensor& MultiHeadAttention::attention_weights() const {
+  if (!fused_) return attention_.attention_weights();
+  if (fused_weights_.rank() != 3) {
+    // The reference computation, from the kept projections, head by head.
+    const Tensor q = copy_heads_apart(projected_queries_, num_heads_);
+    const Tensor k = copy_heads_apart(projected_keys_, num_heads_);
+    Tensor scores(Shape{q.dim(0), q.dim(1), k.dim(1)});
+    batched_matmul_transposed(q, k, scores);
+    const float scale = 1.0F / std::sqrt(static_cast<float>(q.dim(2)));
+    for (float& score : scores.span()) score *= scale;
+    masked_softmax(scores, valid_lens_.repeat_interleave(num_heads_), scores);
+    fused_weights_ = std::move(scores);
+  }
+  return fused_weights_;
 }
 
 // The forward pass in reverse: W_o, the head split (whose adjoint is the merge), the per-head
@@ -80,10 +134,27 @@ AttentionGradients MultiHeadAttention::backward(ConstTensorView grad_output) {
                      grad_output.shape().str());
   }
   const Tensor grad_concatenated = W_o_.backward(concatenated_heads_, grad_output);
-  const AttentionGradients heads = attention_.backward(split_heads(grad_concatenated, num_heads_));
-  return {W_q_.backward(queries_, merge_heads(heads.queries, num_heads_)),
-          W_k_.backward(keys_, merge_heads(heads.keys, num_heads_)),
-          W_v_.backward(values_, merge_heads(heads.values, num_heads_))};
+  if (fused_) {
+    Tensor grad_q(projected_queries_.shape()), grad_k(projected_keys_.shape()),
+        grad_v(projected_values_.shape());
+    const float scale = 1.0F / std::sqrt(static_cast<float>(num_hiddens() / num_heads_));
+    flash_attention_backward(split_heads(projected_queries_, num_heads_, "queries"),
+                             split_heads(projected_keys_, num_heads_, "keys"),
+                             split_heads(projected_values_, num_heads_, "values"),
+                             split_heads(concatenated_heads_, num_heads_, "heads"),
+                             split_heads(grad_concatenated, num_heads_, "grad_heads"),
+                             log_sum_exp_.data(), valid_lens_, {scale, false},
+                             split_heads(grad_q, num_heads_, "grad_queries"),
+                             split_heads(grad_k, num_heads_, "grad_keys"),
+                             split_heads(grad_v, num_heads_, "grad_values"));
+    return {W_q_.backward(queries_, grad_q), W_k_.backward(keys_, grad_k),
+            W_v_.backward(values_, grad_v)};
+  }
+  const AttentionGradients heads =
+      attention_.backward(copy_heads_apart(grad_concatenated, num_heads_));
+  return {W_q_.backward(queries_, copy_heads_together(heads.queries, num_heads_)),
+          W_k_.backward(keys_, copy_heads_together(heads.keys, num_heads_)),
+          W_v_.backward(values_, copy_heads_together(heads.values, num_heads_))};
 }
 
 std::vector<NamedParameter> MultiHeadAttention::parameters() {

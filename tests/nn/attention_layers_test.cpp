@@ -107,11 +107,13 @@ TEST(DotProductAttention, FusedPathRejectsNonFiniteInputs) {
   attention.eval();
   Tensor q(Shape{1, 2, 2}), k(Shape{1, 3, 2}), v(Shape{1, 3, 2});
   k(0, 1, 1) = std::nanf("");
-  EXPECT_THROW_MESSAGE(attention(q, k, v), ValueError, "keys: expected finite values, got nan at flat index 3");
+  EXPECT_THROW_MESSAGE(attention(q, k, v), ValueError,
+                       "keys: expected finite values, got nan at flat index 3");
   // Scores that overflow are reported, as on the reference path.
   k(0, 1, 1) = 3e38F;
   q(0, 0, 1) = 3e38F;
-  EXPECT_THROW_MESSAGE(attention(q, k, v), ValueError, "scores[0, 0]: expected finite scores, got +inf");
+  EXPECT_THROW_MESSAGE(attention(q, k, v), ValueError,
+                       "scores[0, 0]: expected finite scores, got +inf");
 }
 
 TEST(AdditiveAttention, MatchesReference) {
@@ -160,9 +162,9 @@ TEST(AdditiveAttention, BookToyExampleGivesMeansOfValidValues) {
 TEST(AdditiveAttention, RejectsWrongSizes) {
   AdditiveAttention attention(2, 20, 8, 0.0F);
   const Tensor keys(Shape{2, 10, 2}), values(Shape{2, 10, 4});
-  EXPECT_THROW_MESSAGE(
-      attention(Tensor(Shape{2, 1, 19}), keys, values), ShapeError,
-      "queries: expected the last dimension to be 20 (the layer's input size), got shape (2, 1, 19)");
+  EXPECT_THROW_MESSAGE(attention(Tensor(Shape{2, 1, 19}), keys, values), ShapeError,
+                       "queries: expected the last dimension to be 20 (the layer's input size), "
+                       "got shape (2, 1, 19)");
   EXPECT_THROW_MESSAGE(attention(Tensor(Shape{2, 1, 20}), Tensor(Shape{2, 10, 3}), values),
                        ShapeError, "keys: expected the last dimension to be 2");
   EXPECT_THROW_MESSAGE(
@@ -175,9 +177,12 @@ TEST(AdditiveAttention, RejectsWrongSizes) {
   EXPECT_THROW_MESSAGE(
       attention(Tensor(Shape{2, 1, 20}), keys, values, ValidLengths::per_batch({2, 11})),
       ValueError, "valid_lens[1]: expected a valid length in [0, 10]");
-  EXPECT_THROW_MESSAGE(AdditiveAttention(0, 20, 8, 0.0F), ValueError, "key_size: expected a positive size, got 0");
-  EXPECT_THROW_MESSAGE(AdditiveAttention(2, -1, 8, 0.0F), ValueError, "query_size: expected a positive size, got -1");
-  EXPECT_THROW_MESSAGE(MultiHeadAttention(2, 2, 0, 4, 2, 0.0F), ValueError, "value_size: expected a positive size");
+  EXPECT_THROW_MESSAGE(AdditiveAttention(0, 20, 8, 0.0F), ValueError,
+                       "key_size: expected a positive size, got 0");
+  EXPECT_THROW_MESSAGE(AdditiveAttention(2, -1, 8, 0.0F), ValueError,
+                       "query_size: expected a positive size, got -1");
+  EXPECT_THROW_MESSAGE(MultiHeadAttention(2, 2, 0, 4, 2, 0.0F), ValueError,
+                       "value_size: expected a positive size");
   EXPECT_THROW_MESSAGE(AdditiveAttention(2, 20, 8, 1.5F), ValueError,
                        "dropout: expected a probability in [0, 1], got 1.5");
 }
@@ -250,6 +255,30 @@ TEST(MultiHeadAttention, MatchesReference) {
         ASSERT_TRUE(
             close_to(attention.attention_weights(), expected.weights.values, kWeightTolerance));
       }
+}
+
+TEST(MultiHeadAttention, FusedAndReferencePathsAgreeForwardAndBackward) {
+  Rng rng(13);
+  const Tensor q = random_tensor(Shape{2, 40, 12}, rng), k = random_tensor(Shape{2, 70, 10}, rng);
+  const Tensor v = random_tensor(Shape{2, 70, 6}, rng), g = random_tensor(Shape{2, 40, 16}, rng);
+  const ValidLengths mask = ValidLengths::per_batch({70, 0});
+  MultiHeadAttention fused(10, 12, 6, 16, 4, 0.0F, /*bias=*/true, 3),
+      reference(10, 12, 6, 16, 4, 0.0F, true, 3);
+  reference.set_path(AttentionPath::kReference);
+  EXPECT_TRUE(
+      close_to(fused(q, k, v, mask), to_doubles(reference(q, k, v, mask)), kOutputTolerance));
+  EXPECT_TRUE(close_to(fused.attention_weights(), to_doubles(reference.attention_weights()),
+                       kWeightTolerance));
+  const AttentionGradients fused_grads = fused.backward(g), reference_grads = reference.backward(g);
+  EXPECT_TRUE(close_to(fused_grads.queries, to_doubles(reference_grads.queries), kOutputTolerance));
+  EXPECT_TRUE(close_to(fused_grads.keys, to_doubles(reference_grads.keys), kOutputTolerance));
+  EXPECT_TRUE(close_to(fused_grads.values, to_doubles(reference_grads.values), kOutputTolerance));
+  const auto fused_parameters = fused.parameters(), reference_parameters = reference.parameters();
+  for (size_t index = 0; index < fused_parameters.size(); ++index) {
+    EXPECT_TRUE(close_to(*fused_parameters[index].grad,
+                         to_doubles(*reference_parameters[index].grad), kOutputTolerance))
+        << fused_parameters[index].name;
+  }
 }
 
 TEST(MultiHeadAttention, BookShapeAndErrors) {

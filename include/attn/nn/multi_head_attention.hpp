@@ -37,9 +37,16 @@ class MultiHeadAttention {
   bool is_training() const { return attention_.is_training(); }
   float dropout() const { return attention_.dropout(); }
   void seed_dropout(uint64_t seed) { attention_.seed_dropout(seed); }
-  // (B·num_heads, n, m), batch-major then head, as the book's attention.attention_weights.
-  const Tensor& attention_weights() const { return attention_.attention_weights(); }
+  // (B·num_heads, n, m), batch-major then head, as the book's attention.attention_weights;
+  // after a fused pass they are computed on this first request.
+  const Tensor& attention_weights() const;
   const Tensor& dropout_mask() const { return attention_.dropout_mask(); }
+
+  // The fused path (default) runs the flash kernel on the projections in place, head by head
+  // through strides; it serves evaluation mode and dropout 0. The reference path is the book's:
+  // transpose copies around a DotProductAttention.
+  void set_path(AttentionPath path) { path_ = path; }
+  AttentionPath path() const { return path_; }
 
   int64_t num_heads() const { return num_heads_; }
   int64_t num_hiddens() const { return W_o_.out_features(); }
@@ -61,11 +68,20 @@ class MultiHeadAttention {
   Linear W_k_;
   Linear W_v_;
   Linear W_o_;
+  AttentionPath path_ = AttentionPath::kFused;
   // Kept by forward() for backward().
   Tensor queries_;
   Tensor keys_;
   Tensor values_;
   Tensor concatenated_heads_;
+  // Kept by a fused forward pass: the projections (B, n, h), lengths and log-sum-exp.
+  bool fused_ = false;
+  Tensor projected_queries_;
+  Tensor projected_keys_;
+  Tensor projected_values_;
+  ValidLengths valid_lens_;
+  std::vector<float> log_sum_exp_;
+  mutable Tensor fused_weights_;  // computed on request
 };
 
 }  // namespace attn
