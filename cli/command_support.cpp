@@ -1,5 +1,8 @@
-// Error re-wrapping and the multi-head heatmap grid shared by the subcommands.
+// Error re-wrapping, the output directory and the multi-head heatmap grid shared by the
+// subcommands.
 #include "command_support.hpp"
+
+#include <system_error>
 
 namespace attn::cli {
 
@@ -8,6 +11,15 @@ void rethrow_with_message(const Error& error, const std::string& message) {
   if (dynamic_cast<const ValueError*>(&error) != nullptr) throw ValueError(message);
   if (dynamic_cast<const FileError*>(&error) != nullptr) throw FileError(message);
   throw Error(message);
+}
+
+void create_output_directory(const std::filesystem::path& directory, const std::string& option) {
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error || !std::filesystem::is_directory(directory)) {
+    throw FileError(option + ": cannot create the directory '" + directory.string() + "'" +
+                    (error ? " (" + error.message() + ")" : std::string(" (not a directory)")));
+  }
 }
 
 HeatmapOptions head_grid_options(int64_t batch, int64_t heads) {

@@ -1,8 +1,9 @@
-// What the subcommands share: adding the option or file an error came from to its message, and
-// the panel grid for multi-head attention weights.
+// What the subcommands share: adding the option or file an error came from to its message, the
+// output directory, and the panel grid for multi-head attention weights.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -25,6 +26,11 @@ decltype(auto) with_context(const std::string& context, Action&& action) {
     rethrow_with_message(error, context + ": " + error.what());
   }
 }
+
+// Creates `directory` and its parents unless it exists; FileError naming `option` and the
+// directory when that fails or a file is in the way.
+void create_output_directory(const std::filesystem::path& directory,
+                             const std::string& option = "--out");
 
 // Heatmap options for multi-head weights (batch·heads, n, m) viewed as (batch, heads, n, m):
 // one row per batch element, one column per head, each panel titled with both.

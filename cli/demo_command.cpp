@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -175,15 +174,6 @@ void multi_head_example(Rng& rng, uint64_t seed, const std::filesystem::path& di
             << weights.shape().str() << "\n";
   save_picture(weights.view().reshaped(Shape{kBatch, kHeads, kQueries, kPairs}),
                directory / "multi_head.png", head_grid_options(kBatch, kHeads));
-}
-
-void create_output_directory(const std::filesystem::path& directory) {
-  std::error_code error;
-  std::filesystem::create_directories(directory, error);
-  if (error || !std::filesystem::is_directory(directory)) {
-    throw FileError("--out: cannot create the directory '" + directory.string() + "'" +
-                    (error ? " (" + error.message() + ")" : std::string(" (not a directory)")));
-  }
 }
 
 void run_demo(const DemoOptions& options) {

@@ -10,17 +10,22 @@
 #include "demo_command.hpp"
 #include "heatmap_command.hpp"
 #include "run_command.hpp"
+#include "seq2seq_commands.hpp"
+#include "train_command.hpp"
 
 namespace {
 
 // CLI11's own errors (unknown option, missing value, ...) read like attn's, and point to the help
 // of the subcommand that was being parsed.
 std::string usage_failure(const CLI::App* app, const CLI::Error& error) {
-  std::string help_command = "attn --help";
-  const auto selected = app->get_subcommands();
-  if (!selected.empty()) help_command = "attn " + selected.front()->get_name() + " --help";
-  return "attn: error: " + std::string(error.what()) + "\nRun '" + help_command +
-         "' for more information.\n";
+  // Down to the innermost one, e.g. `attn train nadaraya-watson`.
+  std::string command = "attn";
+  for (auto selected = app->get_subcommands(); !selected.empty();
+       selected = selected.front()->get_subcommands()) {
+    command += " " + selected.front()->get_name();
+  }
+  return "attn: error: " + std::string(error.what()) + "\nRun '" + command +
+         " --help' for more information.\n";
 }
 
 }  // namespace
@@ -38,6 +43,8 @@ int main(int argc, char** argv) {
   attn::cli::add_demo_command(app);
   attn::cli::add_run_command(app);
   attn::cli::add_heatmap_command(app);
+  attn::cli::add_train_command(app);
+  attn::cli::add_translate_command(app);
 
   try {
     app.parse(argc, argv);

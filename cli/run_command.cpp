@@ -1,5 +1,6 @@
 // `attn run`: builds the chosen layer from the shapes of its saved parameters, runs it in
-// evaluation mode on .npy inputs and writes the output (and optionally weights and a heatmap).
+// evaluation mode on .npy inputs and writes the output (and optionally weights, a heatmap and the
+// gradients of sum(output · G) from its backward pass).
 #include "run_command.hpp"
 
 #include <CLI/CLI.hpp>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/core/tensor.hpp"
@@ -45,6 +47,8 @@ struct RunOptions {
   std::string out;
   std::string weights_out;
   std::string heatmap;
+  std::string out_grad;
+  std::string grads_out;
   // Which optional options were given: CLI11 fills these in while parsing.
   CLI::Option* heads_option = nullptr;
   CLI::Option* scale_option = nullptr;
@@ -52,6 +56,8 @@ struct RunOptions {
   CLI::Option* valid_lens_option = nullptr;
   CLI::Option* weights_out_option = nullptr;
   CLI::Option* heatmap_option = nullptr;
+  CLI::Option* out_grad_option = nullptr;
+  CLI::Option* grads_out_option = nullptr;
 };
 
 // Combinations CLI11 cannot express: which options each layer needs or refuses.
@@ -148,14 +154,52 @@ Tensor forward_with_sources(const RunOptions& options, Forward&& forward) {
   }
 }
 
+// One gradient of sum(output · G), under the name of its file in --grads-out.
+struct NamedGradient {
+  std::string name;
+  Tensor gradient;
+};
+
 struct Result {
   Tensor output;
   Tensor weights;
   // Multi-head weights are (B·heads, n, m); the heatmap shows them as a B × heads grid.
   int64_t heads = 1;
+  // With --out-grad: the inputs' gradients, then the parameters' in state-dict order.
+  std::vector<NamedGradient> gradients;
 };
 
-Result run_additive(const RunOptions& options, const StateDict& state, const Inputs& inputs) {
+// G must be shaped like the output, as sum(output · G) pairs them element by element.
+void check_grad_output(const RunOptions& options, const Tensor& grad_output, const Tensor& output) {
+  if (grad_output.shape() != output.shape()) {
+    throw ShapeError("--out-grad: " + options.out_grad + " has shape " + grad_output.shape().str() +
+                     ", expected the shape of the layer's output " + output.shape().str() +
+                     " (G is the gradient of a loss with respect to it)");
+  }
+}
+
+std::vector<NamedGradient> input_gradients(AttentionGradients gradients) {
+  std::vector<NamedGradient> named;
+  named.push_back({"queries", std::move(gradients.queries)});
+  named.push_back({"keys", std::move(gradients.keys)});
+  named.push_back({"values", std::move(gradients.values)});
+  return named;
+}
+
+// The backward pass of a layer with parameters: gradients start from zero (a fresh layer's, but
+// backward() accumulates), then the inputs' and every parameter's under its state-dict name.
+template <class Layer>
+std::vector<NamedGradient> layer_gradients(Layer& layer, const Tensor& grad_output) {
+  zero_grad(layer.parameters());
+  std::vector<NamedGradient> named = input_gradients(layer.backward(grad_output));
+  for (const NamedParameter& parameter : layer.parameters()) {
+    named.push_back({parameter.name, *parameter.grad});
+  }
+  return named;
+}
+
+Result run_additive(const RunOptions& options, const StateDict& state, const Inputs& inputs,
+                    const Tensor* grad_output) {
   const Tensor& W_q = required_matrix(state, "W_q.weight", options);
   const Tensor& W_k = required_matrix(state, "W_k.weight", options);
   AdditiveAttention layer(/*key_size=*/W_k.dim(1), /*query_size=*/W_q.dim(1),
@@ -166,10 +210,15 @@ Result run_additive(const RunOptions& options, const StateDict& state, const Inp
   Tensor output = forward_with_sources(options, [&] {
     return layer(inputs.queries, inputs.keys, inputs.values, inputs.valid_lens);
   });
-  return {std::move(output), layer.attention_weights(), 1};
+  Result result{std::move(output), layer.attention_weights(), 1, {}};
+  if (grad_output != nullptr) {
+    check_grad_output(options, *grad_output, result.output);
+    result.gradients = layer_gradients(layer, *grad_output);
+  }
+  return result;
 }
 
-Result run_dot_product(const RunOptions& options, const Inputs& inputs) {
+Result run_dot_product(const RunOptions& options, const Inputs& inputs, const Tensor* grad_output) {
   const std::optional<float> scale =
       options.scale_option->count() > 0 ? std::optional<float>(options.scale) : std::nullopt;
   DotProductAttention layer =
@@ -178,10 +227,17 @@ Result run_dot_product(const RunOptions& options, const Inputs& inputs) {
   Tensor output = forward_with_sources(options, [&] {
     return layer(inputs.queries, inputs.keys, inputs.values, inputs.valid_lens);
   });
-  return {std::move(output), layer.attention_weights(), 1};
+  Result result{std::move(output), layer.attention_weights(), 1, {}};
+  if (grad_output != nullptr) {
+    // No parameters: only the inputs have gradients.
+    check_grad_output(options, *grad_output, result.output);
+    result.gradients = input_gradients(layer.backward(*grad_output));
+  }
+  return result;
 }
 
-Result run_multi_head(const RunOptions& options, const StateDict& state, const Inputs& inputs) {
+Result run_multi_head(const RunOptions& options, const StateDict& state, const Inputs& inputs,
+                      const Tensor* grad_output) {
   const Tensor& W_q = required_matrix(state, "W_q.weight", options);
   const Tensor& W_k = required_matrix(state, "W_k.weight", options);
   const Tensor& W_v = required_matrix(state, "W_v.weight", options);
@@ -197,7 +253,12 @@ Result run_multi_head(const RunOptions& options, const StateDict& state, const I
   Tensor output = forward_with_sources(options, [&] {
     return layer(inputs.queries, inputs.keys, inputs.values, inputs.valid_lens);
   });
-  return {std::move(output), layer.attention_weights(), options.heads};
+  Result result{std::move(output), layer.attention_weights(), options.heads, {}};
+  if (grad_output != nullptr) {
+    check_grad_output(options, *grad_output, result.output);
+    result.gradients = layer_gradients(layer, *grad_output);
+  }
+  return result;
 }
 
 void save_heatmap(const RunOptions& options, const Result& result) {
@@ -212,20 +273,53 @@ void save_heatmap(const RunOptions& options, const Result& result) {
   with_context("--heatmap", [&] { save_heatmaps(view, options.heatmap, heatmap_options); });
 }
 
+// --out-grad and --grads-out only make sense together: G without a place for the gradients, or
+// a place without G.
+void check_gradient_options(const RunOptions& options) {
+  const bool grad = options.out_grad_option->count() > 0;
+  const bool grads_out = options.grads_out_option->count() > 0;
+  if (grad && !grads_out) {
+    throw ValueError(
+        "--out-grad: given without --grads-out (the directory to write the gradients "
+        "of sum(output * G) to)");
+  }
+  if (grads_out && !grad) {
+    throw ValueError(
+        "--grads-out: given without --out-grad (the gradient G of the loss with "
+        "respect to the output, a float .npy shaped like the output)");
+  }
+}
+
+void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
+  const std::filesystem::path directory = options.grads_out;
+  create_output_directory(directory, "--grads-out");
+  for (const NamedGradient& gradient : gradients) {
+    with_context("--grads-out",
+                 [&] { save_npy(directory / (gradient.name + ".npy"), gradient.gradient); });
+  }
+}
+
 void run(const RunOptions& options) {
   check_layer_options(options);
+  check_gradient_options(options);
   StateDict state;
   if (options.params_option->count() > 0) {
     state = with_context("--params", [&] { return load_safetensors(options.params); });
   }
   const Inputs inputs = load_inputs(options);
+  std::optional<Tensor> grad_output;
+  if (options.out_grad_option->count() > 0) {
+    grad_output =
+        with_context("--out-grad", [&] { return load_npy_tensor(options.out_grad, "G"); });
+  }
+  const Tensor* const grad = grad_output ? &*grad_output : nullptr;
   Result result;
   if (options.layer == kAdditive) {
-    result = run_additive(options, state, inputs);
+    result = run_additive(options, state, inputs, grad);
   } else if (options.layer == kDotProduct) {
-    result = run_dot_product(options, inputs);
+    result = run_dot_product(options, inputs, grad);
   } else {
-    result = run_multi_head(options, state, inputs);
+    result = run_multi_head(options, state, inputs, grad);
   }
 
   with_context("--out", [&] { save_npy(options.out, result.output); });
@@ -238,6 +332,14 @@ void run(const RunOptions& options) {
   if (options.heatmap_option->count() > 0) {
     save_heatmap(options, result);
     summary += ", heatmap -> " + options.heatmap;
+  }
+  if (grad_output) {
+    save_gradients(options, result.gradients);
+    std::string names;
+    for (const NamedGradient& gradient : result.gradients) {
+      names += (names.empty() ? "" : ", ") + gradient.name;
+    }
+    summary += ", gradients of sum(output * G) (" + names + ") -> " + options.grads_out;
   }
   std::cout << summary << "\n";
 }
@@ -298,6 +400,18 @@ void add_run_command(CLI::App& app) {
           ->add_option("--heatmap", options->heatmap,
                        "Where to draw the attention weights as heatmaps (.png, .svg or .pdf)")
           ->type_name("FILE");
+  options->out_grad_option =
+      command
+          ->add_option("--out-grad", options->out_grad,
+                       "G, float .npy shaped like the output: run the backward pass for the "
+                       "gradients of sum(output * G) (with --grads-out)")
+          ->type_name("FILE");
+  options->grads_out_option =
+      command
+          ->add_option("--grads-out", options->grads_out,
+                       "Directory for the gradients (with --out-grad): queries.npy, keys.npy, "
+                       "values.npy and one <state-dict name>.npy per parameter")
+          ->type_name("DIR");
   command->callback([options] { run(*options); });
 }
 

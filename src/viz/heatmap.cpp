@@ -2,27 +2,33 @@
 // colour bar, and draws them with Cairo to PNG, SVG or PDF.
 #include "attn/viz/heatmap.hpp"
 
-#include <cairo-pdf.h>
-#include <cairo-svg.h>
 #include <cairo.h>
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <new>
 #include <numbers>
 
 #include "attn/core/error.hpp"
+#include "cairo_canvas.hpp"
 #include "heatmap_layout.hpp"
 
 namespace attn {
 namespace heatmap_detail {
 namespace {
+
+using canvas::fit_text;
+using canvas::line_metrics;
+using canvas::LineMetrics;
+using canvas::PatternPtr;
+using canvas::select_font;
+using canvas::SurfacePtr;
+using canvas::text_width;
+
+constexpr const char* kCaller = "save_heatmaps";
 
 // Sizes in points. Fonts are a little smaller than matplotlib's 10 pt because a panel is only
 // 2.5 inches wide, as in the book.
@@ -52,21 +58,13 @@ constexpr int64_t kMaxColorbarTicks = 8;
 // being square.
 constexpr double kMinPanelSideFraction = 0.25;
 constexpr double kMinPanelSize = 1.0;
-// PDF's largest page is 200 inches.
-constexpr double kMaxPanelSize = 14400.0;
-// Cairo's image surfaces are at most 32767 pixels a side; the area bound keeps a PNG in memory
-// below 256 MiB.
-constexpr double kMaxPngSide = 32767.0;
-constexpr double kMaxPngPixels = 64.0 * 1024.0 * 1024.0;
-constexpr double kPreferredPngScale = 2.0;
+constexpr double kMaxPanelSize = canvas::kMaxPageSide;
 // Matrices larger than this per side are sampled for the embedded image: a cell is then far
 // smaller than a pixel of any reasonable picture.
 constexpr int64_t kMaxImageSide = 8192;
 // In SVG and PDF, cells at least this large are drawn as rectangles, which viewers never blur;
 // smaller ones go into one image, which keeps the file small.
 constexpr double kMinVectorCellSize = 2.0;
-constexpr const char* kFontFamily = "sans-serif";
-constexpr const char* kEllipsis = "\xE2\x80\xA6";
 
 // ColorBrewer's 9-class Reds, which matplotlib's 'Reds' interpolates linearly.
 constexpr std::array<Rgb, 9> kRedsAnchors{{
@@ -81,91 +79,8 @@ constexpr std::array<Rgb, 9> kRedsAnchors{{
     {103.0 / 255.0, 0.0 / 255.0, 13.0 / 255.0},
 }};
 
-struct SurfaceDeleter {
-  void operator()(cairo_surface_t* surface) const { cairo_surface_destroy(surface); }
-};
-struct ContextDeleter {
-  void operator()(cairo_t* context) const { cairo_destroy(context); }
-};
-struct PatternDeleter {
-  void operator()(cairo_pattern_t* pattern) const { cairo_pattern_destroy(pattern); }
-};
-struct FontOptionsDeleter {
-  void operator()(cairo_font_options_t* options) const { cairo_font_options_destroy(options); }
-};
-using SurfacePtr = std::unique_ptr<cairo_surface_t, SurfaceDeleter>;
-using ContextPtr = std::unique_ptr<cairo_t, ContextDeleter>;
-using PatternPtr = std::unique_ptr<cairo_pattern_t, PatternDeleter>;
-using FontOptionsPtr = std::unique_ptr<cairo_font_options_t, FontOptionsDeleter>;
-
 std::string shape_message(const Shape& shape) {
   return "weights " + shape.str();
-}
-
-// Unhinted metrics make text as wide on the layout's scratch surface as on the PNG (drawn at twice
-// the scale) and on SVG or PDF, so what was measured is what gets drawn.
-void select_font(cairo_t* context, double size) {
-  cairo_select_font_face(context, kFontFamily, CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-  cairo_set_font_size(context, size);
-  const FontOptionsPtr options(cairo_font_options_create());
-  cairo_font_options_set_hint_metrics(options.get(), CAIRO_HINT_METRICS_OFF);
-  cairo_font_options_set_hint_style(options.get(), CAIRO_HINT_STYLE_NONE);
-  cairo_set_font_options(context, options.get());
-}
-
-double text_width(cairo_t* context, const std::string& text) {
-  cairo_text_extents_t extents;
-  cairo_text_extents(context, text.c_str(), &extents);
-  return extents.x_advance;
-}
-
-struct LineMetrics {
-  double ascent = 0.0;
-  double descent = 0.0;
-  double height() const { return ascent + descent; }
-  // The baseline that centres a line vertically on `centre`.
-  double baseline(double centre) const { return centre + (ascent - descent) / 2.0; }
-};
-
-LineMetrics line_metrics(cairo_t* context) {
-  cairo_font_extents_t extents;
-  cairo_font_extents(context, &extents);
-  return {extents.ascent, extents.descent};
-}
-
-// Byte offsets where the code points of valid UTF-8 `text` start, and its size at the end.
-std::vector<size_t> code_point_starts(const std::string& text) {
-  std::vector<size_t> starts;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if ((static_cast<unsigned char>(text[i]) & 0xC0U) != 0x80U) starts.push_back(i);
-  }
-  starts.push_back(text.size());
-  return starts;
-}
-
-// `text` (valid UTF-8) if it is at most `max_width` wide, else its longest prefix that fits with an
-// ellipsis appended, or nothing when not even the ellipsis fits.
-std::string fit_text(cairo_t* context, const std::string& text, double max_width) {
-  // Anything beyond this many code points could not fit on a page anyway; the cap bounds the work.
-  constexpr size_t kMaxCodePoints = 256;
-  if (text.empty()) return text;
-  const std::vector<size_t> starts = code_point_starts(text);
-  if (starts.size() - 1 <= kMaxCodePoints && text_width(context, text) <= max_width) return text;
-  size_t fitting = 0;  // code points known to fit before the ellipsis
-  size_t too_many = std::min(starts.size() - 1, kMaxCodePoints);
-  const auto fits = [&](size_t count) {
-    return text_width(context, text.substr(0, starts[count]) + kEllipsis) <= max_width;
-  };
-  if (!fits(0)) return {};
-  while (too_many - fitting > 1) {
-    const size_t middle = fitting + (too_many - fitting) / 2;
-    if (fits(middle)) {
-      fitting = middle;
-    } else {
-      too_many = middle;
-    }
-  }
-  return text.substr(0, starts[fitting]) + kEllipsis;
 }
 
 // The distance in cells between labelled ticks: 1, 2, 5, 10, 20, ... — the first that leaves
@@ -184,55 +99,6 @@ int64_t tick_step(int64_t count, double cell, double spacing, int64_t max_ticks)
 
 int64_t integer_tick_limit(double axis_length) {
   return std::max<int64_t>(2, static_cast<int64_t>(axis_length / kIntegerTickDistance) + 1);
-}
-
-// Enough decimals to tell the ticks `step` apart: 0.2 → 1, 2.5 → 1, 0.25 → 2, 5 → 0.
-std::string format_value(double value, double step, double magnitude) {
-  std::array<char, 64> buffer{};
-  if (step >= 1e5 || step < 1e-4) {
-    const int digits = std::clamp(
-        static_cast<int>(std::floor(std::log10(magnitude)) - std::floor(std::log10(step))) + 2, 1,
-        17);
-    std::snprintf(buffer.data(), buffer.size(), "%.*g", digits, value);
-    return buffer.data();
-  }
-  int decimals = 0;
-  double scaled = step;
-  while (decimals < 6 && std::abs(scaled - std::round(scaled)) > 1e-6 * scaled) {
-    scaled *= 10.0;
-    ++decimals;
-  }
-  std::snprintf(buffer.data(), buffer.size(), "%.*f", decimals, value);
-  return buffer.data();
-}
-
-// Round values 1, 2, 2.5 or 5 × 10^k apart inside the scale, at most `max_ticks` of them.
-std::vector<Tick> value_ticks(const ColorScale& scale, int64_t max_ticks) {
-  constexpr std::array<double, 4> kMultipliers{1.0, 2.0, 2.5, 5.0};
-  const double range = scale.high - scale.low;
-  const double magnitude = std::max(std::abs(scale.low), std::abs(scale.high));
-  // A tenth of the range or less, so the first candidates give many ticks and the search only
-  // coarsens from there; a step of the whole range or more always fits.
-  double decade = std::pow(10.0, std::floor(std::log10(range)) - 1.0);
-  for (int round = 0; round < 4; ++round, decade *= 10.0) {
-    for (const double multiplier : kMultipliers) {
-      const double step = multiplier * decade;
-      // The slack keeps an end of the scale that is a multiple of the step (such as 1.0) from
-      // being lost to rounding.
-      const double first = std::ceil(scale.low / step - 1e-9);
-      const double last = std::floor(scale.high / step + 1e-9);
-      if (last - first + 1.0 > static_cast<double>(max_ticks)) continue;
-      std::vector<Tick> ticks;
-      for (double index = first; index <= last; index += 1.0) {
-        // `+ 0.0` turns the -0 that ceil(-1e-9) leads to into 0, so no label reads "-0.0".
-        const double value = index * step + 0.0;
-        ticks.push_back({value, format_value(value, step, magnitude)});
-      }
-      return ticks;
-    }
-  }
-  return {{scale.low, format_value(scale.low, range, magnitude)},
-          {scale.high, format_value(scale.high, range, magnitude)}};
 }
 
 // The labelled ticks of an axis of `count` cells `cell` points long, with either the cell indices
@@ -372,50 +238,6 @@ Rect HeatmapLayout::cell(int64_t panel, int64_t i, int64_t j) const {
           area.y + static_cast<double>(i) * cell_height, cell_width, cell_height};
 }
 
-std::string valid_utf8(std::string_view text) {
-  static constexpr std::array<uint32_t, 5> kSmallestOfLength{0, 0, 0x80, 0x800, 0x10000};
-  std::string result;
-  result.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto lead = static_cast<unsigned char>(text[i]);
-    if (lead < 0x80U) {
-      result.push_back(lead < 0x20U || lead == 0x7FU ? ' ' : text[i]);
-      ++i;
-      continue;
-    }
-    size_t length = 0;
-    uint32_t code = 0;
-    if ((lead & 0xE0U) == 0xC0U) {
-      length = 2;
-      code = lead & 0x1FU;
-    } else if ((lead & 0xF0U) == 0xE0U) {
-      length = 3;
-      code = lead & 0x0FU;
-    } else if ((lead & 0xF8U) == 0xF0U) {
-      length = 4;
-      code = lead & 0x07U;
-    }
-    bool valid = length != 0 && length <= text.size() - i;
-    for (size_t k = 1; valid && k < length; ++k) {
-      const auto next = static_cast<unsigned char>(text[i + k]);
-      valid = (next & 0xC0U) == 0x80U;
-      code = (code << 6U) | (next & 0x3FU);
-    }
-    // Overlong forms, UTF-16 surrogates and code points beyond Unicode are not valid UTF-8.
-    valid = valid && code >= kSmallestOfLength[length] && code <= 0x10FFFFU &&
-            (code < 0xD800U || code > 0xDFFFU);
-    if (valid) {
-      result.append(text.substr(i, length));
-      i += length;
-    } else {
-      result.push_back('?');
-      ++i;
-    }
-  }
-  return result;
-}
-
 HeatmapLayout layout_heatmaps(const Grid& grid, const HeatmapOptions& options,
                               const ColorScale& scale) {
   require_label_count(options.titles, grid.panels(), "titles", "one per panel");
@@ -429,9 +251,8 @@ HeatmapLayout layout_heatmaps(const Grid& grid, const HeatmapOptions& options,
                      std::to_string(panel_size));
   }
 
-  // Text is measured on a scratch surface with the fonts the drawing will use.
-  const SurfacePtr scratch(cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1));
-  const ContextPtr context(cairo_create(scratch.get()));
+  // Text is measured with the fonts the drawing will use.
+  const canvas::MeasuringContext context;
   cairo_t* const text = context.get();
 
   HeatmapLayout layout;
@@ -518,8 +339,8 @@ HeatmapLayout layout_heatmaps(const Grid& grid, const HeatmapOptions& options,
   layout.colorbar = {bar_left, bar_top, kColorbarWidth, bar_height};
 
   select_font(text, kTickFontSize);
-  layout.colorbar_ticks = value_ticks(
-      scale,
+  layout.colorbar_ticks = canvas::nice_ticks(
+      scale.low, scale.high,
       std::min(static_cast<int64_t>(bar_height / kColorbarTickDistance) + 1, kMaxColorbarTicks));
   double widest_value = 0.0;
   for (const Tick& tick : layout.colorbar_ticks) {
@@ -542,13 +363,8 @@ HeatmapLayout layout_heatmaps(const Grid& grid, const HeatmapOptions& options,
 }
 
 double png_scale(const HeatmapLayout& layout) {
-  for (const double scale : {kPreferredPngScale, 1.0}) {
-    const double width = std::ceil(layout.width * scale);
-    const double height = std::ceil(layout.height * scale);
-    if (width <= kMaxPngSide && height <= kMaxPngSide && width * height <= kMaxPngPixels) {
-      return scale;
-    }
-  }
+  const double scale = canvas::png_scale(layout.width, layout.height);
+  if (scale > 0.0) return scale;
   throw ValueError("save_heatmaps: a PNG of " + std::to_string(layout.grid.rows) + " × " +
                    std::to_string(layout.grid.cols) + " panels would be " +
                    std::to_string(std::ceil(layout.width)) + " × " +
@@ -558,19 +374,6 @@ double png_scale(const HeatmapLayout& layout) {
 }
 
 namespace {
-
-enum class Format { kPng, kSvg, kPdf };
-
-Format format_of(const std::filesystem::path& path) {
-  std::string extension = path.extension().string();
-  std::transform(extension.begin(), extension.end(), extension.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (extension == ".png") return Format::kPng;
-  if (extension == ".svg") return Format::kSvg;
-  if (extension == ".pdf") return Format::kPdf;
-  throw FileError("save_heatmaps: cannot save '" + path.string() + "': unknown extension '" +
-                  extension + "', expected .png, .svg or .pdf");
-}
 
 void require_finite(ConstTensorView weights) {
   const std::span<const float> values = weights.span();
@@ -591,12 +394,6 @@ void require_finite(ConstTensorView weights) {
   throw ValueError("save_heatmaps: weights[" + position + "] is " +
                    (std::isnan(*bad) ? "nan" : (*bad > 0 ? "inf" : "-inf")) +
                    "; attention weights must be finite");
-}
-
-void throw_if_failed(cairo_status_t status, const std::filesystem::path& path, const char* action) {
-  if (status == CAIRO_STATUS_SUCCESS) return;
-  throw FileError("save_heatmaps: cannot " + std::string(action) + " '" + path.string() +
-                  "': " + cairo_status_to_string(status));
 }
 
 struct Rgb8 {
@@ -777,12 +574,8 @@ class Painter {
       show_centred(layout_.xlabel, area.x + area.width / 2.0, below + label_line.ascent);
     }
     if (first_column && !layout_.ylabel.empty()) {
-      const double width = text_width(context_, layout_.ylabel);
-      cairo_save(context_);
-      cairo_move_to(context_, beside - label_line.descent, area.y + (area.height + width) / 2.0);
-      cairo_rotate(context_, -std::numbers::pi / 2.0);
-      cairo_show_text(context_, layout_.ylabel.c_str());
-      cairo_restore(context_);
+      canvas::show_upright(context_, layout_.ylabel, beside - label_line.descent,
+                           area.y + area.height / 2.0);
     }
   }
 
@@ -830,8 +623,7 @@ class Painter {
   }
 
   void show_centred(const std::string& text, double centre_x, double baseline) {
-    cairo_move_to(context_, centre_x - text_width(context_, text) / 2.0, baseline);
-    cairo_show_text(context_, text.c_str());
+    canvas::show_centred(context_, text, centre_x, baseline);
   }
 
   cairo_t* context_;
@@ -840,38 +632,6 @@ class Painter {
   bool vector_;
   double device_scale_;
 };
-
-void write_png(const HeatmapLayout& layout, const float* values,
-               const std::filesystem::path& path) {
-  const double scale = png_scale(layout);
-  const SurfacePtr surface(cairo_image_surface_create(
-      CAIRO_FORMAT_RGB24, static_cast<int>(std::ceil(layout.width * scale)),
-      static_cast<int>(std::ceil(layout.height * scale))));
-  throw_if_failed(cairo_surface_status(surface.get()), path, "draw");
-  {
-    const ContextPtr context(cairo_create(surface.get()));
-    cairo_scale(context.get(), scale, scale);
-    Painter(context.get(), layout, values, false, scale).paint();
-    throw_if_failed(cairo_status(context.get()), path, "draw");
-  }
-  throw_if_failed(cairo_surface_write_to_png(surface.get(), path.c_str()), path, "write");
-}
-
-void write_vector(const HeatmapLayout& layout, const float* values,
-                  const std::filesystem::path& path, Format format) {
-  const SurfacePtr surface(
-      format == Format::kSvg ? cairo_svg_surface_create(path.c_str(), layout.width, layout.height)
-                             : cairo_pdf_surface_create(path.c_str(), layout.width, layout.height));
-  throw_if_failed(cairo_surface_status(surface.get()), path, "write");
-  {
-    const ContextPtr context(cairo_create(surface.get()));
-    Painter(context.get(), layout, values, true, 1.0).paint();
-    throw_if_failed(cairo_status(context.get()), path, "draw");
-  }
-  // Finishing flushes the file; a full disk shows up only here.
-  cairo_surface_finish(surface.get());
-  throw_if_failed(cairo_surface_status(surface.get()), path, "write");
-}
 
 }  // namespace
 }  // namespace heatmap_detail
@@ -883,14 +643,16 @@ void save_heatmaps(ConstTensorView weights, const std::filesystem::path& path,
   if (weights.data() == nullptr) {
     throw ValueError("save_heatmaps: weights of shape " + weights.shape().str() + " has no data");
   }
-  const Format format = format_of(path);
+  const canvas::Format format = canvas::format_of(path, kCaller);
   require_finite(weights);
   const HeatmapLayout layout = layout_heatmaps(grid, options, color_scale(weights.span()));
-  if (format == Format::kPng) {
-    write_png(layout, weights.data(), path);
-  } else {
-    write_vector(layout, weights.data(), path, format);
-  }
+  const double scale = format == canvas::Format::kPng ? png_scale(layout) : 1.0;
+  canvas::write_page(
+      path, format, layout.width, layout.height, scale,
+      [&](cairo_t* context, bool vector, double device_scale) {
+        Painter(context, layout, weights.data(), vector, device_scale).paint();
+      },
+      kCaller);
 }
 
 }  // namespace attn

@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "attn/core/shape.hpp"
 #include "attn/viz/heatmap.hpp"
+#include "cairo_canvas.hpp"
 
 namespace attn::heatmap_detail {
 
@@ -26,11 +26,7 @@ struct Grid {
 // (0 infers). Throws ShapeError for another rank, an empty matrix or a grid that does not fit.
 Grid infer_grid(const Shape& shape, int64_t rows, int64_t cols);
 
-struct Rgb {
-  double red = 0.0;
-  double green = 0.0;
-  double blue = 0.0;
-};
+using canvas::Rgb;
 
 // matplotlib's 'Reds' (ColorBrewer's 9-class Reds, interpolated linearly) at `fraction`, clamped to
 // [0, 1]: 0 is near-white, 1 dark red.
@@ -50,18 +46,10 @@ struct ColorScale {
 // gets the low colour instead of a division by zero.
 ColorScale color_scale(std::span<const float> values);
 
-struct Rect {
-  double x = 0.0;
-  double y = 0.0;
-  double width = 0.0;
-  double height = 0.0;
-};
+using canvas::Rect;
 
-// One labelled tick: a cell index on an axis, or a value on the colour bar.
-struct Tick {
-  double position = 0.0;  // cell index, or value for the colour bar
-  std::string label;
-};
+// One labelled tick: position is a cell index on an axis, or a value on the colour bar.
+using canvas::Tick;
 
 // Everything the drawing needs, in points (1/72 inch) from the top-left corner of the page.
 struct HeatmapLayout {
@@ -93,8 +81,6 @@ HeatmapLayout layout_heatmaps(const Grid& grid, const HeatmapOptions& options,
 // image limits; throws ValueError when even 1 does.
 double png_scale(const HeatmapLayout& layout);
 
-// `text` with every invalid UTF-8 byte replaced by '?' and control characters by spaces, as
-// Cairo rejects invalid UTF-8 by failing the whole drawing.
-std::string valid_utf8(std::string_view text);
+using canvas::valid_utf8;
 
 }  // namespace attn::heatmap_detail

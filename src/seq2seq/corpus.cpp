@@ -1,0 +1,100 @@
+// Parallel corpora: the tab-separated reader with line-numbered errors, tokenisation of pairs, and
+// the padded id arrays.
+#include "attn/seq2seq/corpus.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+
+namespace {
+
+std::string quoted_excerpt(std::string_view line) {
+  constexpr size_t kMaximum = 60;
+  std::string excerpt(line.substr(0, kMaximum));
+  for (char& c : excerpt)
+    if (c == '\t') c = ' ';
+  return "\"" + excerpt + (line.size() > kMaximum ? "...\"" : "\"");
+}
+
+}  // namespace
+
+std::vector<TextPair> parse_tsv_pairs(std::string_view text, std::string_view source_name) {
+  std::vector<TextPair> pairs;
+  size_t line_number = 0;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    const std::string where = std::string(source_name) + ":" + std::to_string(line_number) + ": ";
+    const size_t tabs = static_cast<size_t>(std::count(line.begin(), line.end(), '\t'));
+    if (tabs != 1) {
+      throw FileError(where + "expected \"source<TAB>target\" (one tab), got " +
+                      std::to_string(tabs) + " tabs in " + quoted_excerpt(line));
+    }
+    const size_t tab = line.find('\t');
+    TextPair pair{std::string(line.substr(0, tab)), std::string(line.substr(tab + 1))};
+    if (pair.source.find_first_not_of(' ') == std::string::npos ||
+        pair.target.find_first_not_of(' ') == std::string::npos) {
+      throw FileError(where + "expected a non-empty source and target, got " +
+                      quoted_excerpt(line));
+    }
+    pairs.push_back(std::move(pair));
+  }
+  if (pairs.empty()) {
+    throw FileError(std::string(source_name) +
+                    ": expected at least one \"source<TAB>target\" line, got none");
+  }
+  return pairs;
+}
+
+std::vector<TextPair> read_tsv_pairs(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw FileError(path.string() + ": cannot open the corpus file for reading");
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  if (file.bad()) throw FileError(path.string() + ": failed while reading the corpus file");
+  return parse_tsv_pairs(contents.str(), path.string());
+}
+
+ParallelCorpus tokenize_pairs(const std::vector<TextPair>& pairs, TokenizerKind tokenizer) {
+  ParallelCorpus corpus;
+  corpus.tokenizer = tokenizer;
+  corpus.source.reserve(pairs.size());
+  corpus.target.reserve(pairs.size());
+  for (const TextPair& pair : pairs) {
+    corpus.source.push_back(tokenize(pair.source, tokenizer));
+    corpus.target.push_back(tokenize(pair.target, tokenizer));
+  }
+  return corpus;
+}
+
+EncodedSequences encode_sequences(const std::vector<std::vector<std::string>>& sentences,
+                                  const Vocabulary& vocabulary, int64_t num_steps) {
+  if (num_steps < 1)
+    throw ValueError("num_steps: expected at least 1, got " + std::to_string(num_steps));
+  EncodedSequences encoded;
+  encoded.count = static_cast<int64_t>(sentences.size());
+  encoded.num_steps = num_steps;
+  encoded.ids.assign(static_cast<size_t>(encoded.count * num_steps), Vocabulary::kPad);
+  encoded.valid_lens.reserve(sentences.size());
+  for (size_t row = 0; row < sentences.size(); ++row) {
+    std::vector<int64_t> ids = vocabulary.encode(sentences[row]);
+    ids.push_back(Vocabulary::kEos);
+    const int64_t length = std::min<int64_t>(static_cast<int64_t>(ids.size()), num_steps);
+    std::copy(ids.begin(), ids.begin() + length,
+              encoded.ids.begin() + static_cast<int64_t>(row) * num_steps);
+    encoded.valid_lens.push_back(length);
+  }
+  return encoded;
+}
+
+}  // namespace attn
