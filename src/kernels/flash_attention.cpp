@@ -15,6 +15,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "kernels/dropout_hash.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_SHARED
 #define ATTN_FLASH_ATTENTION_SHARED
@@ -69,10 +70,11 @@ struct Scratch {
   float* row_sum;  // Br
   float* row_rescale;  // Br
   int32_t* lengths;    // Br
+  uint32_t* row_keys;  // Br: dropout_hash::row_key of each query
 
   Scratch(size_t br, size_t depth, size_t dv_padded) {
     const size_t bc = flash_detail::kKeyTile;
-    const size_t total = depth * br + bc * br + br * dv_padded + bc * dv_padded + 4 * br;
+    const size_t total = depth * br + bc * br + br * dv_padded + bc * dv_padded + 5 * br;
     memory = hwy::AllocateAligned<float>(total);
     float* next = memory.get();
     if (next == nullptr) return;
@@ -84,6 +86,8 @@ struct Scratch {
     row_sum = next, next += br;
     row_rescale = next, next += br;
     lengths = reinterpret_cast<int32_t*>(next);
+    next += br;
+    row_keys = reinterpret_cast<uint32_t*>(next);
   }
 };
 
@@ -111,7 +115,15 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
     s.lengths[r] = static_cast<int32_t>(length);
     most = std::max(most, length);
     if (r < rows) fewest = std::min(fewest, length);
+    s.row_keys[r] = dropout_hash::row_key(args.options.seed, b * args.q.heads + h,
+                                          first_query + static_cast<int64_t>(r));
   }
+  const bool dropout = args.options.dropout > 0.0F;
+  // Kept when bits ≥ threshold, i.e. bits > threshold − 1 (integer ≥ is not on every target).
+  const auto keep_above =
+      hn::Set(di, static_cast<int32_t>(dropout_hash::threshold(args.options.dropout)) - 1);
+  const V keep_scale = hn::Set(d, dropout ? 1.0F / (1.0F - args.options.dropout) : 1.0F);
+  const hn::RebindToUnsigned<decltype(d)> du;
 
   // Qᵀ with the scale folded in, zero in padding rows.
   const float scale = args.options.scale;
@@ -165,6 +177,17 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
       hn::Store(hn::MulAdd(hn::Load(d, s.row_sum + r), rescale, sum), d, s.row_sum + r);
       hn::Store(new_max, d, s.row_max + r);
       hn::Store(rescale, d, s.row_rescale + r);
+      // Dropout after the sum: the normaliser counts every weight, the product only the kept ones.
+      if (dropout) {
+        const auto row_keys = hn::Load(du, s.row_keys + r);
+        for (size_t j = 0; j < bc; ++j) {
+          const auto bits = hn::BitCast(
+              di, DropoutBits(du, row_keys, static_cast<uint32_t>(key0 + static_cast<int64_t>(j))));
+          const auto keep = hn::RebindMask(d, hn::Lt(keep_above, bits));
+          float* p = s.scores + j * br + r;
+          hn::Store(hn::IfThenElseZero(keep, hn::Mul(hn::Load(d, p), keep_scale)), d, p);
+        }
+      }
     }
     // O = O · rescale + P V.
     for (size_t r = 0; r < rows; ++r) {
@@ -257,6 +280,23 @@ void require_heads(const ConstHeadsView& view, const ConstHeadsView& q, std::str
 }
 }  // namespace
 
+Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads,
+                                    int64_t queries, int64_t keys) {
+  Tensor mask(Shape{batch_heads, queries, keys});
+  const uint32_t threshold = dropout_hash::threshold(options.dropout);
+  const float keep = options.dropout > 0.0F ? 1.0F / (1.0F - options.dropout) : 1.0F;
+  for (int64_t head = 0; head < batch_heads; ++head) {
+    for (int64_t i = 0; i < queries; ++i) {
+      const uint32_t row = dropout_hash::row_key(options.seed, head, i);
+      for (int64_t j = 0; j < keys; ++j) {
+        mask(head, i, j) =
+            options.dropout > 0.0F && dropout_hash::bits(row, j) < threshold ? 0.0F : keep;
+      }
+    }
+  }
+  return mask;
+}
+
 void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                              HeadsView out, float* log_sum_exp) {
@@ -273,6 +313,10 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
   }
   if (k.rows > std::numeric_limits<int32_t>::max()) {
     throw ValueError("keys: expected at most 2^31 − 1 keys, got " + std::to_string(k.rows));
+  }
+  if (!(options.dropout >= 0.0F && options.dropout < 1.0F)) {
+    throw ValueError("dropout: expected a probability in [0, 1) for the fused kernel, got " +
+                     std::to_string(options.dropout));
   }
   if (!std::isfinite(options.scale))
     throw ValueError("scale: expected a finite number, got " + std::to_string(options.scale));

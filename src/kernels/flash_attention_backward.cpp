@@ -14,6 +14,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
+#include "kernels/dropout_hash.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_BACKWARD_SHARED
 #define ATTN_FLASH_ATTENTION_BACKWARD_SHARED
@@ -69,19 +70,25 @@ struct BackwardScratch {
   float* grad_v;               // Bc × dv_padded
   float* probabilities;        // Bc × Br: Pᵀ
   float* grad_scores;          // Bc × Br: dPᵀ, then dSᵀ
+  float* dropped;              // Bc × Br: (P ⊙ Z)ᵀ with Z the dropout multipliers
   float* delta;                // tiles × Br: D
   float* lse;                  // tiles × Br
   int32_t* lengths;            // tiles × Br
   int32_t* tile_most;          // tiles: the longest length in each query tile
+  uint32_t* row_keys;          // tiles × Br: dropout_hash::row_key of each query
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes) {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t tiles = (n + br - 1) / br, n_padded = tiles * br;
     const size_t d_padded = hwy::RoundUpTo(d, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
-    const size_t total = n * d_padded + n_padded * d + n * dv_padded + n_padded * dv +
-                         m * d_padded + n * d_padded + bc * d_padded + bc * dv_padded +
-                         2 * bc * br + 4 * n_padded + tiles + 4 * lanes;
+    // Every buffer starts on a vector boundary; the sizes in the order they are taken below.
+    const size_t sizes[] = {n * d_padded, n_padded * d, n * dv_padded, n_padded * dv,
+                            m * d_padded, n * d_padded, bc * d_padded, bc * dv_padded,
+                            bc * br,      bc * br,      bc * br,       n_padded,
+                            n_padded,     n_padded,     tiles,         n_padded};
+    size_t total = 0;
+    for (const size_t size : sizes) total += hwy::RoundUpTo(size, lanes);
     memory = hwy::AllocateAligned<float>(total);
     float* next = memory.get();
     if (next == nullptr) return;
@@ -100,10 +107,12 @@ struct BackwardScratch {
     grad_v = take(bc * dv_padded);
     probabilities = take(bc * br);
     grad_scores = take(bc * br);
+    dropped = take(bc * br);
     delta = take(n_padded);
     lse = take(n_padded);
     lengths = reinterpret_cast<int32_t*>(take(n_padded));
     tile_most = reinterpret_cast<int32_t*>(take(tiles));
+    row_keys = reinterpret_cast<uint32_t*>(take(n_padded));
   }
 };
 
@@ -164,12 +173,20 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
       // A row that sees no key has lse −∞; it is fully masked, so any finite stand-in will do.
       s.lse[i] = length > 0 ? lse[i] : 0.0F;
       s.lengths[i] = length;
+      s.row_keys[i] =
+          dropout_hash::row_key(args.options.seed, b * args.q.heads + h, static_cast<int64_t>(i));
       tile_most = std::max(tile_most, length);
     }
     s.tile_most[tile] = tile_most;
     most = std::max(most, tile_most);
   }
 
+  const bool dropout = args.options.dropout > 0.0F;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  // Kept when bits ≥ threshold, i.e. bits > threshold − 1 (integer ≥ is not on every target).
+  const auto keep_above =
+      hn::Set(di, static_cast<int32_t>(dropout_hash::threshold(args.options.dropout)) - 1);
+  const V keep_scale = hn::Set(d, dropout ? 1.0F / (1.0F - args.options.dropout) : 1.0F);
   float* grad_k_head = args.grad_k.matrix(b, h);
   float* grad_v_head = args.grad_v.matrix(b, h);
   for (size_t key0 = 0; key0 < m; key0 += flash_backward_detail::kKeyTile) {
@@ -195,10 +212,24 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
           hn::Store(hn::IfThenElseZero(visible, hn::Exp(d, shifted)), d, p);
         }
       }
-      // dV += Pᵀ dO.
-      Gemm<true>(d, bc, dv_padded / lanes, s.probabilities, br, 1,
-                 s.grad_out_rows + first * dv_padded, dv_padded, rows, s.grad_v, dv_padded);
-      // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (dPᵀ − D).
+      // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
+      const float* used = s.probabilities;
+      if (dropout) {
+        for (size_t j = 0; j < bc; ++j) {
+          for (size_t r = 0; r < br; r += lanes) {
+            const auto bits = hn::BitCast(di, DropoutBits(du, hn::Load(du, s.row_keys + first + r),
+                                                          static_cast<uint32_t>(key0 + j)));
+            const auto keep = hn::RebindMask(d, hn::Lt(keep_above, bits));
+            const V p = hn::Load(d, s.probabilities + j * br + r);
+            hn::Store(hn::IfThenElseZero(keep, hn::Mul(p, keep_scale)), d, s.dropped + j * br + r);
+          }
+        }
+        used = s.dropped;
+      }
+      // dV += (P ⊙ Z)ᵀ dO.
+      Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
+                 dv_padded, rows, s.grad_v, dv_padded);
+      // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
       Gemm<false>(d, bc, flash_backward_detail::kQueryVectors,
                   v + static_cast<int64_t>(key0) * args.v.row_stride,
                   static_cast<size_t>(args.v.row_stride), 1, s.grad_out_transposed + tile * dv * br,
@@ -207,7 +238,10 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
         for (size_t r = 0; r < br; r += lanes) {
           float* ds = s.grad_scores + j * br + r;
           const V p = hn::Load(d, s.probabilities + j * br + r);
-          hn::Store(hn::Mul(p, hn::Sub(hn::Load(d, ds), hn::Load(d, s.delta + first + r))), d, ds);
+          const V p_used = hn::Load(d, used + j * br + r);
+          hn::Store(
+              hn::NegMulAdd(p, hn::Load(d, s.delta + first + r), hn::Mul(p_used, hn::Load(d, ds))),
+              d, ds);
         }
       }
       // dK += dSᵀ Q (scaled at the end); dQ += dS K.

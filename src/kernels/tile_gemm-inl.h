@@ -99,6 +99,18 @@ HWY_NOINLINE void Gemm(D d, size_t rows, size_t vectors, const float* a, size_t 
     RowBlocks<3, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
 }
 
+// dropout_hash::bits for one key and the queries in the lanes of `row_keys` (see dropout_hash.hpp).
+template <class DU>
+HWY_INLINE hn::Vec<DU> DropoutBits(DU du, hn::Vec<DU> row_keys, uint32_t key) {
+  auto x = hn::Add(row_keys, hn::Set(du, key * 0x9e3779b9U));
+  x = hn::Xor(x, hn::ShiftRight<16>(x));
+  x = hn::Mul(x, hn::Set(du, 0x7feb352dU));
+  x = hn::Xor(x, hn::ShiftRight<15>(x));
+  x = hn::Mul(x, hn::Set(du, 0x846ca68bU));
+  x = hn::Xor(x, hn::ShiftRight<16>(x));
+  return hn::ShiftRight<8>(x);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attn
 HWY_AFTER_NAMESPACE();

@@ -17,10 +17,19 @@ const Tensor& AttentionLayer::attention_weights() const {
   return attention_weights_;
 }
 
-void AttentionLayer::defer_weights(ConstTensorView values) {
+const Tensor& AttentionLayer::dropout_mask() const {
+  if (mask_deferred_) {
+    dropout_mask_ = compute_dropout_mask();
+    mask_deferred_ = false;
+  }
+  return dropout_mask_;
+}
+
+void AttentionLayer::defer_weights(ConstTensorView values, bool mask_deferred) {
   attention_weights_ = Tensor();
   weights_deferred_ = true;
   dropout_mask_ = Tensor();
+  mask_deferred_ = mask_deferred;
   pooled_values_ = Tensor::from(values);
 }
 
@@ -29,6 +38,7 @@ Tensor AttentionLayer::pool(Tensor scores, const ValidLengths& valid_lens, Const
   attention_weights_ = scores;
   weights_deferred_ = false;
   dropout_mask_ = Tensor();
+  mask_deferred_ = false;
   if (training_ && dropout_.p() > 0.0F) {
     dropout_mask_ = dropout_.draw_mask(scores.shape());
     for (int64_t index = 0; index < scores.numel(); ++index)

@@ -47,18 +47,21 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
   keys_ = Tensor::from(keys);
   valid_lens_ = valid_lens;
   const float scale = scale_for(queries.dim(2));
-  const bool needs_dropout = is_training() && dropout() > 0.0F;
+  const float applied_dropout = is_training() ? dropout() : 0.0F;
   output_ = Tensor();
   values_ = Tensor();
   log_sum_exp_.clear();
-  if (path_ == AttentionPath::kFused && !needs_dropout &&
+  // The fused kernel takes dropout in [0, 1); p = 1 (everything dropped) takes the reference path.
+  if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
       fused_scores_are_finite(queries, keys, values, scale)) {
+    fused_options_ = {scale, false, applied_dropout,
+                      applied_dropout > 0.0F ? next_dropout_seed() : 0};
     Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
     log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * queries.dim(1)));
     flash_attention_forward(single_head(queries, "queries"), single_head(keys, "keys"),
-                            single_head(values, "values"), valid_lens, {scale, false},
+                            single_head(values, "values"), valid_lens, fused_options_,
                             single_head(output.view(), "out"), log_sum_exp_.data());
-    defer_weights(values);
+    defer_weights(values, applied_dropout > 0.0F);
     values_ = Tensor::from(values);
     output_ = output;
     return output;
@@ -67,6 +70,11 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
   batched_matmul_transposed(queries, keys, scores);
   for (float& score : scores.span()) score *= scale;
   return pool(std::move(scores), valid_lens, values);
+}
+
+Tensor DotProductAttention::compute_dropout_mask() const {
+  return flash_attention_dropout_mask(fused_options_, queries_.dim(0), queries_.dim(1),
+                                      keys_.dim(1));
 }
 
 Tensor DotProductAttention::compute_weights() const {
@@ -91,9 +99,9 @@ AttentionGradients DotProductAttention::backward(ConstTensorView grad_output) co
     flash_attention_backward(
         single_head(queries_, "queries"), single_head(keys_, "keys"),
         single_head(values_, "values"), single_head(output_, "out"),
-        single_head(grad_output, "grad_output"), log_sum_exp_.data(), valid_lens_,
-        {scale_for(queries_.dim(2)), false}, single_head(grads.queries, "grad_queries"),
-        single_head(grads.keys, "grad_keys"), single_head(grads.values, "grad_values"));
+        single_head(grad_output, "grad_output"), log_sum_exp_.data(), valid_lens_, fused_options_,
+        single_head(grads.queries, "grad_queries"), single_head(grads.keys, "grad_keys"),
+        single_head(grads.values, "grad_values"));
     return grads;
   }
   PoolGradients pooled = pool_backward(grad_output, "DotProductAttention");

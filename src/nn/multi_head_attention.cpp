@@ -61,6 +61,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int
     : num_heads_(checked_heads(num_hiddens, num_heads)),
       init_rng_(seed),
       attention_(dropout, std::nullopt, seed ^ 0x5eed'd50'9017ULL),
+      dropout_seeds_(seed ^ 0xd509'5eedULL),
       W_q_(require_positive_size("query_size", query_size), num_hiddens, bias, init_rng_),
       W_k_(require_positive_size("key_size", key_size), num_hiddens, bias, init_rng_),
       W_v_(require_positive_size("value_size", value_size), num_hiddens, bias, init_rng_),
@@ -75,22 +76,26 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
   values_ = Tensor::from(values);
   fused_ = false;
   fused_weights_ = Tensor();
+  fused_mask_ = Tensor();
   projected_queries_ = W_q_.forward(queries, "queries");
   projected_keys_ = W_k_.forward(keys, "keys");
   projected_values_ = W_v_.forward(values, "values");
   const int64_t head_size = num_hiddens() / num_heads_;
   const float scale = 1.0F / std::sqrt(static_cast<float>(head_size));
-  const bool needs_dropout = is_training() && dropout() > 0.0F;
-  if (path_ == AttentionPath::kFused && !needs_dropout &&
+  const float applied_dropout = is_training() ? dropout() : 0.0F;
+  // The fused kernel takes dropout in [0, 1); p = 1 (everything dropped) takes the reference path.
+  if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
       scores_stay_finite(projected_queries_, projected_keys_, projected_values_, head_size,
                          scale)) {
     // Heads are read and written in place through strides: no transpose copies.
+    fused_options_ = {scale, false, applied_dropout,
+                      applied_dropout > 0.0F ? dropout_seeds_.next_u64() : 0};
     concatenated_heads_ = Tensor(Shape{queries.dim(0), queries.dim(1), num_hiddens()});
     log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * num_heads_ * queries.dim(1)));
     flash_attention_forward(split_heads(projected_queries_, num_heads_, "queries"),
                             split_heads(projected_keys_, num_heads_, "keys"),
                             split_heads(projected_values_, num_heads_, "values"), valid_lens,
-                            {scale, false}, split_heads(concatenated_heads_, num_heads_, "heads"),
+                            fused_options_, split_heads(concatenated_heads_, num_heads_, "heads"),
                             log_sum_exp_.data());
     valid_lens_ = valid_lens;
     fused_ = true;
@@ -103,6 +108,15 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
                                           valid_lens.repeat_interleave(num_heads_));
   concatenated_heads_ = copy_heads_together(heads, num_heads_);
   return W_o_.forward(concatenated_heads_, "concatenated heads");
+}
+
+const Tensor& MultiHeadAttention::dropout_mask() const {
+  if (!fused_) return attention_.dropout_mask();
+  if (fused_options_.dropout > 0.0F && fused_mask_.rank() != 3) {
+    fused_mask_ = flash_attention_dropout_mask(fused_options_, queries_.dim(0) * num_heads_,
+                                               queries_.dim(1), keys_.dim(1));
+  }
+  return fused_mask_;
 }
 
 const Tensor& MultiHeadAttention::attention_weights() const {
@@ -137,13 +151,12 @@ AttentionGradients MultiHeadAttention::backward(ConstTensorView grad_output) {
   if (fused_) {
     Tensor grad_q(projected_queries_.shape()), grad_k(projected_keys_.shape()),
         grad_v(projected_values_.shape());
-    const float scale = 1.0F / std::sqrt(static_cast<float>(num_hiddens() / num_heads_));
     flash_attention_backward(split_heads(projected_queries_, num_heads_, "queries"),
                              split_heads(projected_keys_, num_heads_, "keys"),
                              split_heads(projected_values_, num_heads_, "values"),
                              split_heads(concatenated_heads_, num_heads_, "heads"),
                              split_heads(grad_concatenated, num_heads_, "grad_heads"),
-                             log_sum_exp_.data(), valid_lens_, {scale, false},
+                             log_sum_exp_.data(), valid_lens_, fused_options_,
                              split_heads(grad_q, num_heads_, "grad_queries"),
                              split_heads(grad_k, num_heads_, "grad_keys"),
                              split_heads(grad_v, num_heads_, "grad_values"));

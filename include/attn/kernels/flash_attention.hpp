@@ -15,7 +15,17 @@ struct FlashAttentionOptions {
   // Bottom-right aligned, as FlashAttention-2: query i of n sees keys j ≤ i + m − n (combined with
   // the valid lengths by minimum).
   bool causal = false;
+  // Dropout on the attention weights (inverted: kept weights are scaled by 1/(1−p)), decided per
+  // (seed, batch·head, query, key) by a counter-based hash, so forward and backward agree without
+  // storing a mask. p in [0, 1).
+  float dropout = 0.0F;
+  uint64_t seed = 0;
 };
+
+// The multipliers (0 or 1/(1−p)) that the kernels apply for these options, materialised as
+// (batch·heads, n, m) for inspection and tests.
+Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads, int64_t queries,
+                                    int64_t keys);
 
 // out[b, h] = softmax(scale · Q Kᵀ, masked) V for every batch element b and head h, where query i
 // of batch element b sees its first valid_lens.length(b, i) keys (the same for every head) and a

@@ -33,7 +33,8 @@ class AttentionLayer {
   const Tensor& attention_weights() const;
   // The dropout multipliers of the last forward pass (0 or 1/(1−p), shaped like the weights);
   // empty when it applied no dropout (evaluation mode or p = 0).
-  const Tensor& dropout_mask() const { return dropout_mask_; }
+  // After a fused pass they are regenerated from the kernel's counter-based hash on this request.
+  const Tensor& dropout_mask() const;
   // Re-seeds the generator behind dropout, so the next masks are reproducible.
   void seed_dropout(uint64_t seed) { dropout_.seed(seed); }
   float dropout() const { return dropout_.p(); }
@@ -48,7 +49,11 @@ class AttentionLayer {
 
   // For a fused forward pass that applied no dropout: keeps `values` for the backward pass and
   // defers the weights to compute_weights(), called on the first request.
-  void defer_weights(ConstTensorView values);
+  void defer_weights(ConstTensorView values, bool mask_deferred = false);
+  // A seed for the fused kernel's dropout, drawn from this layer's generator.
+  uint64_t next_dropout_seed() { return dropout_.next_seed(); }
+  // Layers whose fused path applies dropout regenerate its multipliers here.
+  virtual Tensor compute_dropout_mask() const { return {}; }
   // Layers with a fused path recompute their last weights here.
   virtual Tensor compute_weights() const { return {}; }
 
@@ -71,7 +76,8 @@ class AttentionLayer {
   // Filled on demand after a fused pass (weights_deferred_), hence mutable.
   mutable Tensor attention_weights_;
   mutable bool weights_deferred_ = false;
-  Tensor dropout_mask_;  // empty when the last forward pass applied no dropout
+  mutable Tensor dropout_mask_;  // empty when the last forward pass applied no dropout
+  mutable bool mask_deferred_ = false;
   Tensor pooled_values_;
 };
 

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/attention_layer.hpp"
 
 namespace attn {
@@ -35,13 +36,14 @@ class DotProductAttention : public AttentionLayer {
   // The scale in use for queries of size d.
   float scale_for(int64_t d) const;
 
-  // The fused path serves evaluation mode and dropout 0; training with dropout runs the reference
-  // path (until the kernel draws its own dropout masks).
+  // The fused path draws dropout inside the kernel (keyed by a seed from this layer's generator);
+  // the reference path draws a materialised mask.
   void set_path(AttentionPath path) { path_ = path; }
   AttentionPath path() const { return path_; }
 
  protected:
   Tensor compute_weights() const override;
+  Tensor compute_dropout_mask() const override;
 
  private:
   std::optional<float> scale_;
@@ -53,6 +55,7 @@ class DotProductAttention : public AttentionLayer {
   Tensor values_;
   Tensor output_;
   std::vector<float> log_sum_exp_;
+  FlashAttentionOptions fused_options_;
 };
 
 }  // namespace attn

@@ -16,6 +16,8 @@ class Dropout {
 
   float p() const { return p_; }
   void seed(uint64_t seed) { rng_ = Rng(seed); }
+  // 64 random bits from this generator, e.g. to key a counter-based mask.
+  uint64_t next_seed() { return rng_.next_u64(); }
   // In place; p = 1 zeroes everything, p = 0 leaves `values` untouched.
   void apply(TensorView values);
   // The multipliers apply() would use — 0 for a dropped element, 1/(1−p) for a kept one — so a

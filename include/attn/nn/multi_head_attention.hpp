@@ -36,11 +36,15 @@ class MultiHeadAttention {
   void eval() { attention_.eval(); }
   bool is_training() const { return attention_.is_training(); }
   float dropout() const { return attention_.dropout(); }
-  void seed_dropout(uint64_t seed) { attention_.seed_dropout(seed); }
+  void seed_dropout(uint64_t seed) {
+    attention_.seed_dropout(seed);
+    dropout_seeds_ = Rng(seed);
+  }
   // (B·num_heads, n, m), batch-major then head, as the book's attention.attention_weights;
   // after a fused pass they are computed on this first request.
   const Tensor& attention_weights() const;
-  const Tensor& dropout_mask() const { return attention_.dropout_mask(); }
+  // The dropout multipliers of the last pass, (B·num_heads, n, m); empty without dropout.
+  const Tensor& dropout_mask() const;
 
   // The fused path (default) runs the flash kernel on the projections in place, head by head
   // through strides; it serves evaluation mode and dropout 0. The reference path is the book's:
@@ -64,6 +68,7 @@ class MultiHeadAttention {
   int64_t num_heads_;
   Rng init_rng_;
   DotProductAttention attention_;
+  Rng dropout_seeds_;  // keys the fused kernel's dropout, one seed per pass
   Linear W_q_;
   Linear W_k_;
   Linear W_v_;
@@ -81,7 +86,9 @@ class MultiHeadAttention {
   Tensor projected_values_;
   ValidLengths valid_lens_;
   std::vector<float> log_sum_exp_;
+  FlashAttentionOptions fused_options_;
   mutable Tensor fused_weights_;  // computed on request
+  mutable Tensor fused_mask_;     // computed on request
 };
 
 }  // namespace attn
