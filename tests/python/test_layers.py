@@ -254,7 +254,7 @@ def test_constructor_errors_are_value_errors():
     with pytest.raises(ValueError, match="dropout"):
         attn.DotProductAttention(1.5)
     with pytest.raises(
-        ValueError, match="expected positive in_features and out_features, got 0 and 4"
+        ValueError, match="key_size: expected a positive size, got 0"
     ):
         attn.AdditiveAttention(0, 3, 4, 0.0)
 
