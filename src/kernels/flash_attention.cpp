@@ -27,6 +27,9 @@ struct ForwardArgs {
   float* log_sum_exp;
   const ValidLengths* valid_lens;
   FlashAttentionOptions options;
+  // Null for dot-product scores; otherwise w_v (q.cols values) and additive scores
+  // S_ij = Σ_t w_t tanh(q_it + k_jt), with q and k the projected queries and keys.
+  const float* additive_weights = nullptr;
 };
 
 // How many keys query i of batch element b sees, causal mask included.
@@ -58,6 +61,49 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using flash_detail::ForwardArgs;
+
+// Sᵀ (bc × Br) of additive attention for one key tile: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j, t]),
+// with the projected queries transposed (queries along the lanes) and the projected keys' elements
+// broadcast. Tiles of MR keys × NR query vectors share each loaded query vector and broadcast key
+// element. The tanh dominates: h evaluations per score, never stored.
+template <size_t MR, class D>
+HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t key_stride,
+                                  const float* HWY_RESTRICT q_transposed, size_t br, size_t depth,
+                                  const float* HWY_RESTRICT weights, float* HWY_RESTRICT scores) {
+  using V = hn::Vec<D>;
+  constexpr size_t NR = flash_detail::kQueryVectors;
+  const size_t lanes = hn::Lanes(d);
+  V acc[MR][NR];
+  for (size_t r = 0; r < MR; ++r)
+    for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::Zero(d);
+  for (size_t t = 0; t < depth; ++t) {
+    const V weight = hn::Set(d, weights[t]);
+    V queries[NR];
+    for (size_t v = 0; v < NR; ++v) queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
+    for (size_t r = 0; r < MR; ++r) {
+      const V key = hn::Set(d, keys[r * key_stride + t]);
+      for (size_t v = 0; v < NR; ++v) {
+        acc[r][v] = hn::MulAdd(weight, hn::Tanh(d, hn::Add(queries[v], key)), acc[r][v]);
+      }
+    }
+  }
+  for (size_t r = 0; r < MR; ++r)
+    for (size_t v = 0; v < NR; ++v) hn::Store(acc[r][v], d, scores + r * br + v * lanes);
+}
+
+template <class D>
+void AdditiveScores(D d, size_t bc, const float* keys, size_t key_stride, const float* q_transposed,
+                    size_t br, size_t depth, const float* weights, float* scores) {
+  constexpr size_t kRows = 2;  // tanh needs registers of its own: fewer rows than the GEMM tile
+  size_t j = 0;
+  for (; j + kRows <= bc; j += kRows) {
+    AdditiveScoreRows<kRows>(d, keys + j * key_stride, key_stride, q_transposed, br, depth, weights,
+                             scores + j * br);
+  }
+  if (j < bc)
+    AdditiveScoreRows<1>(d, keys + j * key_stride, key_stride, q_transposed, br, depth, weights,
+                         scores + j * br);
+}
 
 // Per-thread working memory, sized once per call.
 struct Scratch {
@@ -147,8 +193,14 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
     const size_t bc = static_cast<size_t>(
         std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), most - key0));
     // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
-    Gemm<false>(d, bc, flash_detail::kQueryVectors, k + key0 * args.k.row_stride,
-                static_cast<size_t>(args.k.row_stride), 1, s.q_transposed, br, depth, s.scores, br);
+    if (args.additive_weights != nullptr) {
+      AdditiveScores(d, bc, k + key0 * args.k.row_stride, static_cast<size_t>(args.k.row_stride),
+                     s.q_transposed, br, depth, args.additive_weights, s.scores);
+    } else {
+      Gemm<false>(d, bc, flash_detail::kQueryVectors, k + key0 * args.k.row_stride,
+                  static_cast<size_t>(args.k.row_stride), 1, s.q_transposed, br, depth, s.scores,
+                  br);
+    }
     // Keys at or past a row's length get −∞ (only the key rows some query cannot see).
     for (size_t j = key0 < fewest ? static_cast<size_t>(fewest - key0) : 0; j < bc; ++j) {
       const auto key_index = hn::Set(di, static_cast<int32_t>(key0 + static_cast<int64_t>(j)));
@@ -297,9 +349,11 @@ Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_
   return mask;
 }
 
-void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
-                             const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                             HeadsView out, float* log_sum_exp) {
+namespace {
+// The checks every fused forward entry point shares; returns false when there is nothing to do.
+bool check_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
+                   const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                   HeadsView out) {
   require_heads(k, q, "keys", k.rows, "as many as queries");
   require_heads(v, q, "values", k.rows, "one per key");
   require_heads(out, q, "out", q.rows, "one per query");
@@ -318,11 +372,36 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
     throw ValueError("dropout: expected a probability in [0, 1) for the fused kernel, got " +
                      std::to_string(options.dropout));
   }
-  if (!std::isfinite(options.scale))
+  if (!std::isfinite(options.scale)) {
     throw ValueError("scale: expected a finite number, got " + std::to_string(options.scale));
+  }
   valid_lens.check("valid_lens", q.batch, q.rows, k.rows);
-  if (q.batch == 0 || q.heads == 0 || q.rows == 0 || v.cols == 0) return;
+  return q.batch > 0 && q.heads > 0 && q.rows > 0 && v.cols > 0;
+}
+}  // namespace
+
+void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
+                             const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                             HeadsView out, float* log_sum_exp) {
+  if (!check_forward(q, k, v, valid_lens, options, out)) return;
   const flash_detail::ForwardArgs args{q, k, v, out, log_sum_exp, &valid_lens, options};
+  HWY_DYNAMIC_DISPATCH(FlashForward)(args);
+}
+
+void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
+                                std::span<const float> w_v, ConstHeadsView values,
+                                const ValidLengths& valid_lens,
+                                const FlashAttentionOptions& options, HeadsView out,
+                                float* log_sum_exp) {
+  if (static_cast<int64_t>(w_v.size()) != projected_queries.cols) {
+    throw ShapeError("w_v: expected " + std::to_string(projected_queries.cols) +
+                     " weights (the hidden size), got " + std::to_string(w_v.size()));
+  }
+  FlashAttentionOptions additive = options;
+  additive.scale = 1.0F;  // the queries are packed as they are; w_v carries any scale
+  if (!check_forward(projected_queries, projected_keys, values, valid_lens, additive, out)) return;
+  const flash_detail::ForwardArgs args{projected_queries, projected_keys, values,   out,
+                                       log_sum_exp,       &valid_lens,    additive, w_v.data()};
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);
 }
 

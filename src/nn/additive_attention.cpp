@@ -4,6 +4,9 @@
 
 #include <cmath>
 
+#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/masked_softmax.hpp"
+
 namespace attn {
 
 AdditiveAttention::AdditiveAttention(int64_t key_size, int64_t query_size, int64_t num_hiddens,
@@ -23,23 +26,57 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
   projected_keys_ = W_k_.forward(keys, "keys");
   queries_ = Tensor::from(queries);
   keys_ = Tensor::from(keys);
-  const Tensor& projected_queries = projected_queries_;
-  const Tensor& projected_keys = projected_keys_;
-  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1), hidden = num_hiddens();
+  valid_lens_ = valid_lens;
+  const float applied_dropout = is_training() ? dropout() : 0.0F;
+  if (path_ == AttentionPath::kFused && applied_dropout < 1.0F) {
+    // The fused kernel never holds the scores, so it cannot report a NaN one as masked_softmax
+    // does; tanh keeps finite inputs' scores bounded by Σ|w_v|, so checking the inputs suffices.
+    require_finite("queries (projected)", projected_queries_);
+    require_finite("keys (projected)", projected_keys_);
+    require_finite("values", values);
+    require_finite("w_v.weight", w_v_.weight());
+    const FlashAttentionOptions options{1.0F, false, applied_dropout,
+                                        applied_dropout > 0.0F ? next_dropout_seed() : 0};
+    fused_options_ = options;
+    Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
+    additive_attention_forward(single_head(projected_queries_, "queries"),
+                               single_head(projected_keys_, "keys"), w_v_.weight().span(),
+                               single_head(values, "values"), valid_lens, options,
+                               single_head(output.view(), "out"));
+    defer_weights(values, applied_dropout > 0.0F);
+    return output;
+  }
+  return pool(compute_scores(), valid_lens, values);
+}
+
+// The book's scores, one (query, key) pair at a time: (B, n, m), without the (B, n, m, h) tensor.
+Tensor AdditiveAttention::compute_scores() const {
+  const int64_t batch = projected_queries_.dim(0), n = projected_queries_.dim(1),
+                m = projected_keys_.dim(1);
+  const int64_t hidden = num_hiddens();
   const float* w_v = w_v_.weight().data();
   Tensor scores(Shape{batch, n, m});
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < n; ++i) {
-      const float* q = &projected_queries(b, i, 0);
+      const float* q = &projected_queries_(b, i, 0);
       for (int64_t j = 0; j < m; ++j) {
-        const float* k = &projected_keys(b, j, 0);
+        const float* k = &projected_keys_(b, j, 0);
         float score = 0.0F;
         for (int64_t t = 0; t < hidden; ++t) score += w_v[t] * std::tanh(q[t] + k[t]);
         scores(b, i, j) = score;
       }
     }
   }
-  return pool(std::move(scores), valid_lens, values);
+  return scores;
+}
+
+Tensor AdditiveAttention::compute_weights() const {
+  return masked_softmax(compute_scores(), valid_lens_);
+}
+
+Tensor AdditiveAttention::compute_dropout_mask() const {
+  return flash_attention_dropout_mask(fused_options_, projected_queries_.dim(0),
+                                      projected_queries_.dim(1), projected_keys_.dim(1));
 }
 
 // With a = W_q q_i, b = W_k k_j and u_t = tanh(a_t + b_t), the score is S_ij = Σ_t w_t u_t, so

@@ -53,6 +53,7 @@ Tensor AttentionLayer::pool(Tensor scores, const ValidLengths& valid_lens, Const
 AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad_output,
                                                             std::string_view layer_name) const {
   const Tensor& weights = attention_weights();
+  const Tensor& mask = dropout_mask();
   if (weights.rank() != 3) {
     throw ValueError(std::string(layer_name) +
                      ".backward: expected a forward pass first, got none");
@@ -65,17 +66,17 @@ AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad
                      grad_output.shape().str());
   }
   Tensor dropped = attention_weights_;
-  if (dropout_mask_.numel() > 0) {
+  if (mask.numel() > 0) {
     for (int64_t index = 0; index < dropped.numel(); ++index)
-      dropped.data()[index] *= dropout_mask_.data()[index];
+      dropped.data()[index] *= mask.data()[index];
   }
   PoolGradients grads{Tensor(attention_weights_.shape()), Tensor(pooled_values_.shape())};
   batched_transposed_matmul(dropped, grad_output, grads.values);
   Tensor grad_weights(attention_weights_.shape());
   batched_matmul_transposed(grad_output, pooled_values_, grad_weights);
-  if (dropout_mask_.numel() > 0) {
+  if (mask.numel() > 0) {
     for (int64_t index = 0; index < grad_weights.numel(); ++index) {
-      grad_weights.data()[index] *= dropout_mask_.data()[index];
+      grad_weights.data()[index] *= mask.data()[index];
     }
   }
   masked_softmax_backward(attention_weights_, grad_weights, grads.scores);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "attn/core/valid_lengths.hpp"
 #include "attn/kernels/heads_view.hpp"
@@ -24,8 +25,8 @@ struct FlashAttentionOptions {
 
 // The multipliers (0 or 1/(1−p)) that the kernels apply for these options, materialised as
 // (batch·heads, n, m) for inspection and tests.
-Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads, int64_t queries,
-                                    int64_t keys);
+Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads,
+                                    int64_t queries, int64_t keys);
 
 // out[b, h] = softmax(scale · Q Kᵀ, masked) V for every batch element b and head h, where query i
 // of batch element b sees its first valid_lens.length(b, i) keys (the same for every head) and a
@@ -36,6 +37,17 @@ Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_
 // backward pass. Throws ShapeError/ValueError for inconsistent shapes or lengths.
 // Accuracy: within a few float32 ulps of the plain path per accumulated term (tests use 1e-5
 // relative to the output's magnitude).
+// Fused additive (Bahdanau) attention, forward: scores S_ij = Σ_t w_v[t] · tanh(a_it + b_jt) from
+// the projected queries a = W_q q (B·H: n × h) and keys b = W_k k (B·H: m × h), computed tile by
+// tile with a vectorised tanh and the same online softmax, masks, dropout and threads as
+// flash_attention_forward; never builds the book's (B, n, m, h) feature tensor, nor (B, n, m).
+// options.scale is ignored (w_v carries the scale). Accuracy: Highway's Tanh (a few ulps) per term.
+void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
+                                std::span<const float> w_v, ConstHeadsView values,
+                                const ValidLengths& valid_lens,
+                                const FlashAttentionOptions& options, HeadsView out,
+                                float* log_sum_exp = nullptr);
+
 // FlashAttention-2's backward pass: gradients of sum(out ⊙ grad_out) with respect to q, k and v,
 // recomputing the probabilities tile by tile from the forward pass's `log_sum_exp` instead of
 // storing them. `out` and `log_sum_exp` must come from flash_attention_forward with the same

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/attention_layer.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/state_dict.hpp"
@@ -39,7 +40,18 @@ class AdditiveAttention : public AttentionLayer {
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state);
 
+  // The fused kernel (default) never builds the (B, n, m) scores in the forward pass; the
+  // reference path is the book's computation. Backward passes build the weights either way.
+  void set_path(AttentionPath path) { path_ = path; }
+  AttentionPath path() const { return path_; }
+
+ protected:
+  Tensor compute_weights() const override;
+  Tensor compute_dropout_mask() const override;
+
  private:
+  Tensor compute_scores() const;
+
   Rng init_rng_;
   // Declared (so initialised) in the book's order: W_k, W_q, w_v.
   Linear W_k_;
@@ -50,6 +62,9 @@ class AdditiveAttention : public AttentionLayer {
   Tensor keys_;
   Tensor projected_queries_;
   Tensor projected_keys_;
+  ValidLengths valid_lens_;
+  AttentionPath path_ = AttentionPath::kFused;
+  FlashAttentionOptions fused_options_;
 };
 
 }  // namespace attn

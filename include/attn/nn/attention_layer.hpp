@@ -10,6 +10,10 @@
 
 namespace attn {
 
+// Which implementation a layer runs: the fused kernel (default; never builds the (B, n, m) score
+// tensor) or the plain reference path that builds it, as the book's code does.
+enum class AttentionPath { kFused, kReference };
+
 // Gradients of a loss with respect to an attention layer's inputs, shaped like them.
 struct AttentionGradients {
   Tensor queries;

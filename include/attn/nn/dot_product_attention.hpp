@@ -11,10 +11,6 @@
 
 namespace attn {
 
-// Which implementation a layer runs: the fused kernel (default; never builds the (B, n, m) score
-// tensor) or the plain reference path that builds it, as the book's code does.
-enum class AttentionPath { kFused, kReference };
-
 class DotProductAttention : public AttentionLayer {
  public:
   // ValueError for a dropout outside [0, 1] or a scale that is not finite.
