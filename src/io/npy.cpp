@@ -12,6 +12,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "io/file_bytes.hpp"
 
 namespace attn {
 namespace {
@@ -265,28 +266,6 @@ std::vector<std::byte> build_npy(const DTypeInfo& dtype, const Shape& shape,
   return bytes;
 }
 
-std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
-  std::error_code error;
-  const uintmax_t size = std::filesystem::file_size(path, error);  // fails for directories too
-  if (error) throw FileError(path.string() + ": cannot read the file (" + error.message() + ")");
-  std::ifstream file(path, std::ios::binary);
-  std::vector<std::byte> bytes(static_cast<size_t>(size));
-  file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!file || file.gcount() != static_cast<std::streamsize>(bytes.size())) {
-    throw FileError(path.string() + ": cannot read the file (expected " + std::to_string(size) +
-                    " bytes, read " + std::to_string(file.gcount()) + ")");
-  }
-  return bytes;
-}
-
-void write_file_bytes(const std::filesystem::path& path, std::span<const std::byte> bytes) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file.write(reinterpret_cast<const char*>(bytes.data()),
-             static_cast<std::streamsize>(bytes.size()));
-  file.close();
-  if (!file) throw FileError(path.string() + ": cannot write the file");
-}
-
 }  // namespace
 
 NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
@@ -367,7 +346,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
 }
 
 NpyArray read_npy(const std::filesystem::path& path) {
-  return parse_npy(read_file_bytes(path), path.string());
+  return parse_npy(io_detail::read_file_bytes(path), path.string());
 }
 
 Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name) {
@@ -409,12 +388,12 @@ std::vector<std::byte> serialize_npy(std::span<const int64_t> values, const Shap
 }
 
 void save_npy(const std::filesystem::path& path, ConstTensorView tensor) {
-  write_file_bytes(path, serialize_npy(tensor));
+  io_detail::write_file_bytes(path, serialize_npy(tensor));
 }
 
 void save_npy(const std::filesystem::path& path, std::span<const int64_t> values,
               const Shape& shape) {
-  write_file_bytes(path, serialize_npy(values, shape));
+  io_detail::write_file_bytes(path, serialize_npy(values, shape));
 }
 
 }  // namespace attn

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attn/core/error.hpp"
+#include "io/file_bytes.hpp"
 
 namespace attn {
 namespace {
@@ -227,20 +228,6 @@ std::vector<float> decode(std::span<const std::byte> data) {
   return values;
 }
 
-std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
-  std::error_code error;
-  const uintmax_t size = std::filesystem::file_size(path, error);  // fails for directories too
-  if (error) throw FileError(path.string() + ": cannot read the file (" + error.message() + ")");
-  std::ifstream file(path, std::ios::binary);
-  std::vector<std::byte> bytes(static_cast<size_t>(size));
-  file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!file || file.gcount() != static_cast<std::streamsize>(bytes.size())) {
-    throw FileError(path.string() + ": cannot read the file (expected " + std::to_string(size) +
-                    " bytes, read " + std::to_string(file.gcount()) + ")");
-  }
-  return bytes;
-}
-
 }  // namespace
 
 StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view source) {
@@ -286,7 +273,7 @@ StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view s
 }
 
 StateDict load_safetensors(const std::filesystem::path& path) {
-  return parse_safetensors(read_file_bytes(path), path.string());
+  return parse_safetensors(io_detail::read_file_bytes(path), path.string());
 }
 
 std::vector<std::byte> serialize_safetensors(const StateDict& tensors,
@@ -340,12 +327,7 @@ std::vector<std::byte> serialize_safetensors(const StateDict& tensors,
 
 void save_safetensors(const std::filesystem::path& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  const std::vector<std::byte> bytes = serialize_safetensors(tensors, metadata);
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file.write(reinterpret_cast<const char*>(bytes.data()),
-             static_cast<std::streamsize>(bytes.size()));
-  file.close();
-  if (!file) throw FileError(path.string() + ": cannot write the file");
+  io_detail::write_file_bytes(path, serialize_safetensors(tensors, metadata));
 }
 
 }  // namespace attn
