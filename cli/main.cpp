@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "bench_command.hpp"
 #include "demo_command.hpp"
 #include "heatmap_command.hpp"
 #include "run_command.hpp"
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   attn::cli::add_heatmap_command(app);
   attn::cli::add_train_command(app);
   attn::cli::add_translate_command(app);
+  attn::cli::add_bench_command(app);
 
   try {
     app.parse(argc, argv);

@@ -8,8 +8,9 @@ packages=(
   libcli11-dev                         # the command line
   nlohmann-json3-dev                   # safetensors headers
   libhwy-dev                           # SIMD kernels with run-time dispatch (Highway)
-  libopenblas-dev                      # GEMMs of the projections (CBLAS)
+  libopenblas-dev                      # GEMMs of the projections (CBLAS), sgemm ceiling in benchmarks
   libgtest-dev                         # tests
+  libbenchmark-dev                     # benchmarks (bench/): Google Benchmark
 )
 
 missing=()

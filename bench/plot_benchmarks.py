@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+# Draws GFLOP/s against sequence length for attn (fused, plain) and its PyTorch peers, with the
+# FMA peak and sgemm ceilings, from the JSON that compare_pytorch.py --json-out writes.
+"""Plot the dot-product attention benchmark (PNG) from compare_pytorch.py's JSON."""
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SERIES = [  # (implementation, label, style)
+    ("attn-fused", "attn fused", "o-"),
+    ("attn-plain", "attn plain (book's algorithm, serial)", "s--"),
+    ("torch-sdpa", "PyTorch scaled_dot_product_attention", "^-"),
+    ("torch-book", "PyTorch, the book's code (bmm + masked softmax + bmm)", "v--"),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("results", help="JSON from compare_pytorch.py --json-out")
+    parser.add_argument("--out", required=True, help="PNG to write")
+    parser.add_argument("--threads", type=int, help="thread count to plot (default: the largest)")
+    parser.add_argument("--workload", default="dot", help="dot, dot-padded or dot-causal")
+    args = parser.parse_args()
+    with open(args.results) as source:
+        results = json.load(source)
+    rows = results["rows"]
+    threads = args.threads or max(r["threads"] for r in rows)
+    figure, axes = plt.subplots(figsize=(8, 6))
+    sizes = []
+    for impl, label, style in SERIES:
+        points = sorted((r["n"], r["gflops"]) for r in rows if r["impl"] == impl
+                        and r["workload"] == args.workload
+                        # attn's serial plain path ran with 1 thread only
+                        and (r["threads"] == threads or impl == "attn-plain"))
+        if points:
+            axes.plot(*zip(*points), style, label=label)
+            sizes.extend(n for n, _ in points)
+    sgemm = sorted((s["n"], s["gflops"]) for s in results["attn"]["sgemm"]
+                   if s["threads"] == threads)
+    if sgemm:
+        axes.plot(*zip(*sgemm), "x:", color="grey", label="OpenBLAS sgemm, attention shapes")
+    for peak in results["attn"]["fma_peak"]:
+        if peak["threads"] == threads:
+            axes.axhline(peak["gflops"], color="black", linestyle="-.",
+                         label=f"FMA peak ({peak['gflops']:.0f} GFLOP/s)")
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sorted(set(sizes)), [str(n) for n in sorted(set(sizes))])
+    axes.set_xlabel("sequence length n = m")
+    axes.set_ylabel("GFLOP/s (unmasked work)")
+    axes.set_ylim(bottom=0)
+    axes.set_title(f"Dot-product attention forward ({args.workload}), B=4, 8 heads, d=64, "
+                   f"{threads} thread(s)\nPyTorch run started at load average "
+                   f"{results['load_average_before']}")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    figure.tight_layout()
+    figure.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+// OpenBLAS sgemm on the shapes of the book's dot-product attention, the ceiling a materialising
+// implementation built on a tuned BLAS could reach.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/random.hpp"
+#include "bench/ceilings.hpp"
+
+#if ATTN_BENCH_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+namespace attn::bench {
+
+bool have_sgemm() {
+  return ATTN_BENCH_HAVE_CBLAS != 0;
+}
+
+#if ATTN_BENCH_HAVE_CBLAS
+
+std::string sgemm_library() {
+  std::string config = openblas_get_config();
+  return config + " (core " + openblas_get_corename() + ")";
+}
+
+SgemmCeiling measure_sgemm(int64_t batch_heads, int64_t queries, int64_t keys, int64_t head_dim,
+                           int threads, int repeats) {
+  if (batch_heads <= 0 || queries <= 0 || keys <= 0 || head_dim <= 0) {
+    throw ValueError("sgemm ceiling: expected positive sizes, got batch·heads " +
+                     std::to_string(batch_heads) + ", n " + std::to_string(queries) + ", m " +
+                     std::to_string(keys) + ", d " + std::to_string(head_dim));
+  }
+  openblas_set_num_threads(threads);
+  const auto n = static_cast<size_t>(queries), m = static_cast<size_t>(keys),
+             d = static_cast<size_t>(head_dim);
+  // One head's operands, reused for every head: the ceiling is the arithmetic, and the book's
+  // code streams the score matrix through memory once per head in the same way.
+  Rng rng(7);
+  std::vector<float> q(n * d), k(m * d), v(m * d), out(n * d), scores(n * m);
+  for (float& x : q) x = rng.uniform(-1.0F, 1.0F);
+  for (float& x : k) x = rng.uniform(-1.0F, 1.0F);
+  for (float& x : v) x = rng.uniform(-1.0F, 1.0F);
+  const auto run_once = [&] {
+    for (int64_t head = 0; head < batch_heads; ++head) {
+      // S = Q Kᵀ: (n×d)·(d×m).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
+                  static_cast<int>(d), 1.0F, q.data(), static_cast<int>(d), k.data(),
+                  static_cast<int>(d), 0.0F, scores.data(), static_cast<int>(m));
+      // O = S V: (n×m)·(m×d).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
+                  static_cast<int>(d), static_cast<int>(m), 1.0F, scores.data(),
+                  static_cast<int>(m), v.data(), static_cast<int>(d), 0.0F, out.data(),
+                  static_cast<int>(d));
+    }
+  };
+  run_once();  // warm-up: first touch of the buffers and OpenBLAS's threads
+  std::vector<double> times;
+  for (int repeat = 0; repeat < std::max(repeats, 1); ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    run_once();
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(n) *
+                       static_cast<double>(m) * static_cast<double>(d);
+  return {median * 1e3, flops / median * 1e-9};
+}
+
+#else
+
+std::string sgemm_library() {
+  return "none (built without OpenBLAS)";
+}
+
+SgemmCeiling measure_sgemm(int64_t, int64_t, int64_t, int64_t, int, int) {
+  throw ValueError("sgemm ceiling: attn was built without OpenBLAS (install libopenblas-dev)");
+}
+
+#endif
+
+}  // namespace attn::bench

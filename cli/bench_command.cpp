@@ -1,0 +1,419 @@
+// `attn bench`: runs the cases of bench/attention_cases.hpp over the chosen sizes and thread
+// counts, measures the two ceilings (FMA peak, sgemm) in the same run and prints one table, or
+// JSON for scripts (bench/compare_pytorch.py).
+#include "bench_command.hpp"
+
+#include <omp.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "bench/attention_cases.hpp"
+#include "bench/ceilings.hpp"
+#include "bench/memory_probe.hpp"
+
+namespace attn::cli {
+
+namespace {
+
+using bench::AttentionCase;
+using bench::AttentionShape;
+
+const char* const kMemoryMethod =
+    "peak extra memory = growth of the process's peak resident set (VmHWM, reset through "
+    "/proc/self/clear_refs) during one pass, beyond its inputs and outputs";
+
+struct BenchOptions {
+  std::vector<int64_t> sizes{128, 512, 1024, 2048, 4096};
+  std::vector<int> threads{1, 2};
+  std::vector<std::string> cases;  // empty: all
+  int repeats = 5;
+  bool quick = false;
+  bool json = false;
+  std::string json_out;  // also write the JSON here, with the table on stdout
+  int64_t batch = 4;
+  int64_t heads = 8;
+  int64_t head_dim = 64;
+  double max_working_set_mib = 600.0;
+  uint64_t seed = 1;
+};
+
+struct CaseRow {
+  std::string name;
+  std::string workload;
+  std::string path;
+  int64_t length = 0;
+  int threads = 1;
+  double milliseconds = 0.0;
+  double gflops = 0.0;
+  std::optional<int64_t> extra_bytes;
+  std::optional<double> peak_fraction;
+  std::optional<double> sgemm_ratio;
+  std::optional<double> speedup_vs_plain;  // plain time / this time, same workload
+  std::vector<int64_t> padding_lengths;
+};
+
+struct SgemmRow {
+  int64_t length = 0;
+  int threads = 1;
+  bench::SgemmCeiling ceiling;
+};
+
+struct BenchReport {
+  std::string cpu;
+  std::string load_before;
+  std::string load_after;
+  std::string sgemm_library;
+  std::map<int, bench::FmaPeak> peaks;  // by thread count
+  std::vector<SgemmRow> sgemm;
+  std::vector<CaseRow> rows;
+};
+
+std::string load_average() {
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) != 3) return "unknown";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f %.2f %.2f", load[0], load[1], load[2]);
+  return text;
+}
+
+std::string cpu_description() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model = "unknown CPU", family, model_number;
+  const auto value = [](const std::string& text) {
+    const auto colon = text.find(':');
+    return colon == std::string::npos ? std::string() : text.substr(colon + 2);
+  };
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) model = value(line);
+    if (line.rfind("cpu family", 0) == 0) family = value(line);
+    if (line.rfind("model\t", 0) == 0) model_number = value(line);
+    if (line.empty() && !family.empty()) break;  // the first processor is enough
+  }
+  return model + " (family " + family + ", model " + model_number + "), " +
+         std::to_string(omp_get_num_procs()) + " logical CPUs";
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+void check_options(BenchOptions& options) {
+  if (options.quick) {
+    // A smoke run: the tooling end to end in seconds, not figures to quote.
+    if (options.sizes == BenchOptions{}.sizes) options.sizes = {128, 512};
+    options.repeats = std::min(options.repeats, 2);
+  }
+  for (const int64_t size : options.sizes) {
+    if (size < 1 || size > (int64_t{1} << 20)) {
+      throw ValueError("--sizes: expected lengths in [1, 1048576], got " + std::to_string(size));
+    }
+  }
+  for (const int threads : options.threads) {
+    if (threads < 1 || threads > 1024) {
+      throw ValueError("--threads: expected counts in [1, 1024], got " + std::to_string(threads));
+    }
+  }
+  if (options.cases.empty()) {
+    for (const AttentionCase& entry : bench::attention_cases()) options.cases.push_back(entry.name);
+  }
+  for (const std::string& name : options.cases) bench::find_attention_case(name);  // validates
+}
+
+AttentionShape shape_for(const BenchOptions& options, int64_t length) {
+  return {options.batch, options.heads, length, length, options.head_dim};
+}
+
+CaseRow measure_case(const AttentionCase& entry, const AttentionShape& shape, int threads,
+                     const BenchOptions& options) {
+  omp_set_num_threads(threads);
+  const bench::PreparedCase prepared = entry.prepare(shape, options.seed);
+  CaseRow row;
+  row.name = entry.name;
+  row.workload = entry.workload;
+  row.path = entry.path;
+  row.length = shape.queries;
+  row.threads = threads;
+  row.padding_lengths = prepared.padding_lengths;
+  // The first pass is the warm-up and the memory probe at once.
+  row.extra_bytes = bench::peak_extra_bytes(prepared.run);
+  std::vector<double> seconds;
+  for (int repeat = 0; repeat < options.repeats; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    prepared.run();
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  const double time = median(seconds);
+  row.milliseconds = time * 1e3;
+  row.gflops = prepared.useful_flops / time * 1e-9;
+  return row;
+}
+
+BenchReport run_benchmarks(const BenchOptions& options) {
+  BenchReport report;
+  report.cpu = cpu_description();
+  report.load_before = load_average();
+  report.sgemm_library = bench::sgemm_library();
+  bench::prepare_allocator_for_memory_probe();
+  const bool verbose = !options.json;
+  const auto progress = [&](const std::string& what) {
+    std::cerr << "attn bench: " << what << "\n";
+  };
+  for (const int threads : options.threads) {
+    progress("FMA peak, " + std::to_string(threads) + " thread(s)");
+    report.peaks[threads] =
+        bench::measure_fma_peak(threads, options.quick ? 0.05 : 0.3, options.quick ? 2 : 5);
+  }
+  const double budget = options.max_working_set_mib * 1024 * 1024;
+  for (const int64_t length : options.sizes) {
+    const AttentionShape shape = shape_for(options, length);
+    if (bench::have_sgemm()) {
+      for (const int threads : options.threads) {
+        progress("sgemm n=" + std::to_string(length) + ", " + std::to_string(threads) +
+                 " thread(s)");
+        report.sgemm.push_back({length, threads,
+                                bench::measure_sgemm(shape.batch * shape.heads, length, length,
+                                                     shape.head_dim, threads, options.repeats)});
+      }
+    }
+    for (const std::string& name : options.cases) {
+      const AttentionCase& entry = bench::find_attention_case(name);
+      if (entry.working_set_bytes(shape) > budget) {
+        if (verbose) {
+          progress("skipping " + name + " n=" + std::to_string(length) +
+                   ": its working set exceeds --max-working-set-mib");
+        }
+        continue;
+      }
+      for (const int threads : options.threads) {
+        // A serial path runs once, with 1 thread; other thread counts compare against that.
+        if (!entry.uses_threads && threads != options.threads.front()) continue;
+        const int used = entry.uses_threads ? threads : 1;
+        progress(name + " n=" + std::to_string(length) + ", " + std::to_string(used) +
+                 " thread(s)");
+        report.rows.push_back(measure_case(entry, shape, used, options));
+      }
+    }
+  }
+  // Ratios, now that every figure of the run is in.
+  for (CaseRow& row : report.rows) {
+    const auto peak = report.peaks.find(row.threads);
+    if (peak != report.peaks.end() && peak->second.gflops > 0) {
+      row.peak_fraction = row.gflops / peak->second.gflops;
+    }
+    for (const SgemmRow& sgemm : report.sgemm) {
+      if (sgemm.length == row.length && sgemm.threads == row.threads) {
+        row.sgemm_ratio = row.gflops / sgemm.ceiling.gflops;
+      }
+    }
+    for (const CaseRow& base : report.rows) {
+      if (base.path == "plain" && base.workload == row.workload && base.length == row.length &&
+          (base.threads == row.threads || base.threads == 1)) {
+        row.speedup_vs_plain = base.milliseconds / row.milliseconds;
+      }
+    }
+  }
+  report.load_after = load_average();
+  return report;
+}
+
+std::string fixed(double value, int decimals) {
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(decimals);
+  text << value;
+  return text.str();
+}
+
+std::string mebibytes(const std::optional<int64_t>& bytes) {
+  if (!bytes) return "n/a";
+  return fixed(static_cast<double>(*bytes) / (1024.0 * 1024.0), 1) + " MiB";
+}
+
+void print_table(const BenchReport& report, const BenchOptions& options) {
+  std::cout << "attn bench: dot-product attention forward, B=" << options.batch
+            << ", heads=" << options.heads << ", d=" << options.head_dim << ", n=m; median of "
+            << options.repeats << " passes after one warm-up\n"
+            << "machine: " << report.cpu << "\n"
+            << "load average (1, 5, 15 min): " << report.load_before << " before, "
+            << report.load_after << " after\n";
+  for (const auto& [threads, peak] : report.peaks) {
+    std::cout << "FMA peak, " << threads << " thread(s): " << fixed(peak.gflops, 1)
+              << " GFLOP/s (Highway " << peak.simd_target << ", " << peak.accumulators
+              << " chains x " << peak.lanes << " lanes per thread, best of the repeats)\n";
+  }
+  std::cout << "sgemm: " << report.sgemm_library << "\n";
+  // OpenBLAS 0.3.21 does not know Zen 5 and falls back to its AVX2 kernels on it.
+  const bool avx512 = !report.peaks.empty() && report.peaks.begin()->second.simd_target == "AVX3";
+  if (avx512 && report.sgemm_library.find("(core Haswell)") != std::string::npos) {
+    std::cout << "note: OpenBLAS runs its AVX2 (Haswell) kernels on this AVX-512 CPU; "
+                 "OPENBLAS_CORETYPE=SkylakeX selects its AVX-512 ones\n";
+  }
+  std::cout << kMemoryMethod << "\n"
+            << "GFLOP/s count 4*B*H*d per visible (query, key) pair: masked work is not counted\n"
+            << "% peak: of the FMA peak at the same thread count; x sgemm: rate / the sgemm rate "
+               "on the attention shapes (n x d)(d x m) + (n x m)(m x d); vs plain: plain time / "
+               "this time (the plain path is serial and is measured with 1 thread)\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-14s %6s %7s %10s %9s %7s %8s %9s %12s\n", "case", "n",
+                "threads", "ms", "GFLOP/s", "% peak", "x sgemm", "vs plain", "extra memory");
+  std::cout << line;
+  const auto optional_text = [](const std::optional<double>& value, double scale, int decimals,
+                                const std::string& suffix) {
+    return value ? fixed(*value * scale, decimals) + suffix : std::string("-");
+  };
+  for (const int64_t length : options.sizes) {
+    for (const SgemmRow& sgemm : report.sgemm) {
+      if (sgemm.length != length) continue;
+      const auto peak = report.peaks.find(sgemm.threads);
+      const std::optional<double> fraction =
+          peak == report.peaks.end()
+              ? std::nullopt
+              : std::optional<double>(sgemm.ceiling.gflops / peak->second.gflops);
+      std::snprintf(line, sizeof line, "%-14s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n", "sgemm",
+                    static_cast<long long>(length), sgemm.threads, sgemm.ceiling.milliseconds,
+                    sgemm.ceiling.gflops, optional_text(fraction, 100, 1, "").c_str(), "1.00", "-",
+                    "-");
+      std::cout << line;
+    }
+    for (const CaseRow& row : report.rows) {
+      if (row.length != length) continue;
+      std::snprintf(line, sizeof line, "%-14s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n",
+                    row.name.c_str(), static_cast<long long>(row.length), row.threads,
+                    row.milliseconds, row.gflops,
+                    optional_text(row.peak_fraction, 100, 1, "").c_str(),
+                    optional_text(row.sgemm_ratio, 1, 2, "").c_str(),
+                    optional_text(row.speedup_vs_plain, 1, 1, "x").c_str(),
+                    mebibytes(row.extra_bytes).c_str());
+      std::cout << line;
+    }
+  }
+}
+
+void write_json(const BenchReport& report, const BenchOptions& options, std::ostream& out) {
+  using nlohmann::json;
+  const auto optional_json = [](const auto& value) { return value ? json(*value) : json(nullptr); };
+  json document;
+  document["shape"] = {
+      {"batch", options.batch}, {"heads", options.heads}, {"head_dim", options.head_dim}};
+  document["repeats"] = options.repeats;
+  document["machine"] = report.cpu;
+  document["load_average_before"] = report.load_before;
+  document["load_average_after"] = report.load_after;
+  document["sgemm_library"] = report.sgemm_library;
+  document["memory_method"] = kMemoryMethod;
+  document["fma_peak"] = json::array();
+  for (const auto& [threads, peak] : report.peaks) {
+    document["fma_peak"].push_back({{"threads", threads},
+                                    {"gflops", peak.gflops},
+                                    {"simd_target", peak.simd_target},
+                                    {"chains", peak.accumulators},
+                                    {"lanes", peak.lanes}});
+  }
+  document["sgemm"] = json::array();
+  for (const SgemmRow& sgemm : report.sgemm) {
+    document["sgemm"].push_back({{"n", sgemm.length},
+                                 {"threads", sgemm.threads},
+                                 {"ms", sgemm.ceiling.milliseconds},
+                                 {"gflops", sgemm.ceiling.gflops}});
+  }
+  document["cases"] = json::array();
+  for (const CaseRow& row : report.rows) {
+    document["cases"].push_back({{"case", row.name},
+                                 {"workload", row.workload},
+                                 {"path", row.path},
+                                 {"n", row.length},
+                                 {"threads", row.threads},
+                                 {"ms", row.milliseconds},
+                                 {"gflops", row.gflops},
+                                 {"peak_fraction", optional_json(row.peak_fraction)},
+                                 {"sgemm_ratio", optional_json(row.sgemm_ratio)},
+                                 {"speedup_vs_plain", optional_json(row.speedup_vs_plain)},
+                                 {"extra_bytes", optional_json(row.extra_bytes)},
+                                 {"padding_lengths", row.padding_lengths}});
+  }
+  out << document.dump(2) << "\n";
+}
+
+void run(BenchOptions options) {
+  check_options(options);
+  // Opened first, so that a bad path fails before minutes of measuring.
+  std::ofstream file;
+  if (!options.json_out.empty()) {
+    file.open(options.json_out);
+    if (!file) throw FileError("--json-out: cannot open '" + options.json_out + "' for writing");
+  }
+  const BenchReport report = run_benchmarks(options);
+  if (file.is_open()) {
+    write_json(report, options, file);
+    file.flush();
+    if (!file) throw FileError("--json-out: cannot write '" + options.json_out + "'");
+  }
+  if (options.json) {
+    write_json(report, options, std::cout);
+  } else {
+    print_table(report, options);
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto options = std::make_shared<BenchOptions>();
+  CLI::App* command = app.add_subcommand(
+      "bench", "Time attn's attention kernels against the FMA peak and OpenBLAS sgemm");
+  std::string case_names;
+  for (const AttentionCase& entry : bench::attention_cases()) {
+    case_names += (case_names.empty() ? "" : ", ") + entry.name;
+  }
+  command->footer(
+      "Dot-product attention forward at B x heads x n x d (n = m): the fused kernel and the "
+      "plain path that materialises the scores, without mask, with padded batches (valid lengths "
+      "uniform in [1, m], seeded) and causal. The FMA peak and the sgemm ceiling are measured in "
+      "the same run. Timings are only meaningful on an otherwise idle machine (see the load "
+      "average in the output). Cases: " +
+      case_names + ".");
+  command->add_option("--sizes", options->sizes, "Sequence lengths n = m, comma-separated")
+      ->delimiter(',');
+  command->add_option("--threads", options->threads, "Thread counts, comma-separated")
+      ->delimiter(',');
+  command->add_option("--cases", options->cases, "Cases to run, comma-separated")
+      ->delimiter(',')
+      ->default_str("all");
+  command->add_option("--repeats", options->repeats, "Timed passes per case (the median is kept)")
+      ->check(CLI::Range(1, 1000));
+  command->add_flag("--quick", options->quick,
+                    "Smoke run: sizes 128,512 unless --sizes is given, at most 2 repeats");
+  command->add_flag("--json", options->json, "Print JSON instead of the table");
+  command->add_option("--json-out", options->json_out, "Also write the JSON to this file")
+      ->type_name("FILE");
+  command->add_option("--batch", options->batch, "Batch size B")->check(CLI::Range(1, 4096));
+  command->add_option("--heads", options->heads, "Heads H")->check(CLI::Range(1, 4096));
+  command->add_option("--head-dim", options->head_dim, "Head size d")->check(CLI::Range(1, 4096));
+  command
+      ->add_option("--max-working-set-mib", options->max_working_set_mib,
+                   "Skip a case at sizes where it would materialise more than this (the plain "
+                   "path's B*H*n*m scores)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--seed", options->seed, "Seed of the inputs and valid lengths");
+  command->callback([options] { run(*options); });
+}
+
+}  // namespace attn::cli
