@@ -17,6 +17,8 @@ namespace attn {
 namespace {
 
 using testing::close_to;
+using testing::dot;
+using testing::numerical_gradients;
 using testing::random_tensor;
 using testing::to_doubles;
 using Flat = std::vector<double>;
@@ -29,36 +31,10 @@ using Arguments = std::vector<Flat>;
 constexpr double kGradientTolerance = 1e-4;
 constexpr double kStep = 1e-5;
 
-// ∂loss/∂argument[a][i] for every argument and coordinate, by central differences in double.
-Arguments numerical_gradients(const std::function<double(const Arguments&)>& loss,
-                              Arguments arguments) {
-  Arguments gradients;
-  for (Flat& argument : arguments) {
-    Flat gradient(argument.size());
-    for (size_t i = 0; i < argument.size(); ++i) {
-      const double saved = argument[i];
-      argument[i] = saved + kStep;
-      const double up = loss(arguments);
-      argument[i] = saved - kStep;
-      const double down = loss(arguments);
-      argument[i] = saved;
-      gradient[i] = (up - down) / (2 * kStep);
-    }
-    gradients.push_back(std::move(gradient));
-  }
-  return gradients;
-}
-
 reference::Array<double> array(const Flat& values, const Shape& shape) {
   reference::Array<double> result(std::vector<int64_t>(shape.data(), shape.data() + shape.rank()));
   result.values = values;
   return result;
-}
-
-double dot(const Flat& a, const Flat& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
 }
 
 struct Case {
@@ -116,7 +92,7 @@ TEST(Gradients, DotProductAttention) {
                  to_doubles(g));
     };
     const Arguments expected =
-        numerical_gradients(loss, {to_doubles(q), to_doubles(k), to_doubles(v)});
+        numerical_gradients(loss, {to_doubles(q), to_doubles(k), to_doubles(v)}, kStep);
     EXPECT_TRUE(close_to(grads.queries, expected[0], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.keys, expected[1], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.values, expected[2], kGradientTolerance)) << describe(c);
@@ -147,8 +123,10 @@ TEST(Gradients, AdditiveAttention) {
           to_doubles(g));
     };
     const Arguments expected = numerical_gradients(
-        loss, {to_doubles(q), to_doubles(k), to_doubles(v), to_doubles(state.at("W_q.weight")),
-               to_doubles(state.at("W_k.weight")), to_doubles(state.at("w_v.weight"))});
+        loss,
+        {to_doubles(q), to_doubles(k), to_doubles(v), to_doubles(state.at("W_q.weight")),
+         to_doubles(state.at("W_k.weight")), to_doubles(state.at("w_v.weight"))},
+        kStep);
     EXPECT_TRUE(close_to(grads.queries, expected[0], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.keys, expected[1], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.values, expected[2], kGradientTolerance)) << describe(c);
@@ -186,7 +164,7 @@ TEST(Gradients, GaussianKernelPooling) {
                  to_doubles(g));
     };
     const Arguments expected =
-        numerical_gradients(loss, {to_doubles(q), to_doubles(k), to_doubles(v), {1.7F}});
+        numerical_gradients(loss, {to_doubles(q), to_doubles(k), to_doubles(v), {1.7F}}, kStep);
     EXPECT_TRUE(close_to(grads.queries, expected[0], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.keys, expected[1], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.values, expected[2], kGradientTolerance)) << describe(c);
@@ -232,7 +210,7 @@ TEST(Gradients, MultiHeadAttention) {
                        .output.values,
                    to_doubles(g));
       };
-      const Arguments expected = numerical_gradients(loss, arguments);
+      const Arguments expected = numerical_gradients(loss, arguments, kStep);
       EXPECT_TRUE(close_to(grads.queries, expected[0], kGradientTolerance)) << describe(c);
       EXPECT_TRUE(close_to(grads.keys, expected[1], kGradientTolerance)) << describe(c);
       EXPECT_TRUE(close_to(grads.values, expected[2], kGradientTolerance)) << describe(c);

@@ -144,12 +144,6 @@ Outputs reference_gru(const Flat& inputs, const Flat& initial_state,
   return result;
 }
 
-double dot(const Flat& a, const Flat& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 // Central differences (h = 1e-5) of the double reference have truncation error ~h²·|f'''| ≈
 // 1e-10, far below the float32 backward pass's round-off (~1e-6 of the gradient's magnitude);
 // 1e-4 relative to the largest gradient leaves margin while a wrong term shows at 1e-2 or more.
@@ -176,23 +170,10 @@ TEST(Gru, BackwardMatchesFiniteDifferencesOfTheDoubleReference) {
       const std::vector<Flat> parameters(a.begin() + 2, a.end());
       const Outputs out =
           reference_gru(a[0], a[1], parameters, c.steps, c.batch, c.input_size, c.hidden, c.layers);
-      return dot(out.outputs, to_doubles(grad_outputs)) + dot(out.state, to_doubles(grad_state));
+      return testing::dot(out.outputs, to_doubles(grad_outputs)) +
+             testing::dot(out.state, to_doubles(grad_state));
     };
-    constexpr double kStep = 1e-5;
-    std::vector<Flat> expected;
-    for (Flat& argument : arguments) {
-      Flat gradient(argument.size());
-      for (size_t i = 0; i < argument.size(); ++i) {
-        const double saved = argument[i];
-        argument[i] = saved + kStep;
-        const double up = loss(arguments);
-        argument[i] = saved - kStep;
-        const double down = loss(arguments);
-        argument[i] = saved;
-        gradient[i] = (up - down) / (2 * kStep);
-      }
-      expected.push_back(std::move(gradient));
-    }
+    const std::vector<Flat> expected = testing::numerical_gradients(loss, arguments, 1e-5);
     const std::string label = "T=" + std::to_string(c.steps) + " L=" + std::to_string(c.layers);
     EXPECT_TRUE(close_to(grads.inputs, expected[0], kGradientTolerance)) << label;
     EXPECT_TRUE(close_to(grads.initial_state, expected[1], kGradientTolerance)) << label;

@@ -34,6 +34,32 @@ reference::Lengths expand(const ValidLengths& lengths, int64_t batch, int64_t qu
   return expanded;
 }
 
+std::vector<std::vector<double>> numerical_gradients(
+    const std::function<double(const std::vector<std::vector<double>>&)>& loss,
+    std::vector<std::vector<double>> arguments, double step) {
+  std::vector<std::vector<double>> gradients;
+  for (std::vector<double>& argument : arguments) {
+    std::vector<double> gradient(argument.size());
+    for (size_t i = 0; i < argument.size(); ++i) {
+      const double saved = argument[i];
+      argument[i] = saved + step;
+      const double up = loss(arguments);
+      argument[i] = saved - step;
+      const double down = loss(arguments);
+      argument[i] = saved;
+      gradient[i] = (up - down) / (2 * step);
+    }
+    gradients.push_back(std::move(gradient));
+  }
+  return gradients;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 ::testing::AssertionResult close_to(ConstTensorView actual, const std::vector<double>& expected,
                                     double relative) {
   if (static_cast<size_t>(actual.numel()) != expected.size()) {

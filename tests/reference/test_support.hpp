@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,13 @@ std::vector<double> to_doubles(ConstTensorView tensor);
 // Lengths expanded to (B, n), as the reference takes them.
 reference::Lengths expand(const ValidLengths& lengths, int64_t batch, int64_t queries,
                           int64_t keys);
+
+// ∂loss/∂arguments[a][i] for every argument and coordinate, by central differences in double:
+// (loss(x + h) − loss(x − h)) / 2h, truncation error ~h²·|f'''|.
+std::vector<std::vector<double>> numerical_gradients(
+    const std::function<double(const std::vector<std::vector<double>>&)>& loss,
+    std::vector<std::vector<double>> arguments, double step);
+double dot(const std::vector<double>& a, const std::vector<double>& b);
 
 // max |actual − expected| ≤ relative · max(1, max |expected|); reports the worst index.
 ::testing::AssertionResult close_to(ConstTensorView actual, const std::vector<double>& expected,
