@@ -96,8 +96,7 @@ ValidLengths ValidLengths::with_causal_mask(int64_t batch, int64_t queries, int6
   std::vector<int64_t> lengths(static_cast<size_t>(batch * queries));
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < queries; ++i) {
-      const int64_t causal = std::clamp<int64_t>(i + keys - queries + 1, 0, keys);
-      lengths[static_cast<size_t>(b * queries + i)] = std::min(causal, length(b, i, keys));
+      lengths[static_cast<size_t>(b * queries + i)] = causal_length(b, i, queries, keys);
     }
   }
   return per_query(std::move(lengths), batch, queries);

@@ -34,10 +34,8 @@ struct ForwardArgs {
 
 // How many keys query i of batch element b sees, causal mask included.
 inline int64_t visible_keys(const ForwardArgs& args, int64_t b, int64_t i) {
-  const int64_t n = args.q.rows, m = args.k.rows;
-  int64_t length = args.valid_lens->length(b, i, m);
-  if (args.options.causal) length = std::min(length, std::clamp<int64_t>(i + m - n + 1, 0, m));
-  return length;
+  return args.options.causal ? args.valid_lens->causal_length(b, i, args.q.rows, args.k.rows)
+                             : args.valid_lens->length(b, i, args.k.rows);
 }
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
@@ -165,10 +163,7 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
                                           first_query + static_cast<int64_t>(r));
   }
   const bool dropout = args.options.dropout > 0.0F;
-  // Kept when bits ≥ threshold, i.e. bits > threshold − 1 (integer ≥ is not on every target).
-  const auto keep_above =
-      hn::Set(di, static_cast<int32_t>(dropout_hash::threshold(args.options.dropout)) - 1);
-  const V keep_scale = hn::Set(d, dropout ? 1.0F / (1.0F - args.options.dropout) : 1.0F);
+  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
   const hn::RebindToUnsigned<decltype(d)> du;
 
   // Qᵀ with the scale folded in, zero in padding rows.
@@ -233,11 +228,9 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
       if (dropout) {
         const auto row_keys = hn::Load(du, s.row_keys + r);
         for (size_t j = 0; j < bc; ++j) {
-          const auto bits = hn::BitCast(
-              di, DropoutBits(du, row_keys, static_cast<uint32_t>(key0 + static_cast<int64_t>(j))));
-          const auto keep = hn::RebindMask(d, hn::Lt(keep_above, bits));
           float* p = s.scores + j * br + r;
-          hn::Store(hn::IfThenElseZero(keep, hn::Mul(hn::Load(d, p), keep_scale)), d, p);
+          const auto key = static_cast<uint32_t>(key0 + static_cast<int64_t>(j));
+          hn::Store(dropout_applier.Apply(d, row_keys, key, hn::Load(d, p)), d, p);
         }
       }
     }

@@ -28,11 +28,10 @@ struct BackwardArgs {
   HeadsView grad_q, grad_k, grad_v;
 };
 
+// How many keys query i of batch element b sees, causal mask included.
 inline int64_t visible_keys(const BackwardArgs& args, int64_t b, int64_t i) {
-  const int64_t n = args.q.rows, m = args.k.rows;
-  int64_t length = args.valid_lens->length(b, i, m);
-  if (args.options.causal) length = std::min(length, std::clamp<int64_t>(i + m - n + 1, 0, m));
-  return length;
+  return args.options.causal ? args.valid_lens->causal_length(b, i, args.q.rows, args.k.rows)
+                             : args.valid_lens->length(b, i, args.k.rows);
 }
 
 constexpr size_t kQueryVectors = 4;
@@ -183,10 +182,7 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
 
   const bool dropout = args.options.dropout > 0.0F;
   const hn::RebindToUnsigned<decltype(d)> du;
-  // Kept when bits ≥ threshold, i.e. bits > threshold − 1 (integer ≥ is not on every target).
-  const auto keep_above =
-      hn::Set(di, static_cast<int32_t>(dropout_hash::threshold(args.options.dropout)) - 1);
-  const V keep_scale = hn::Set(d, dropout ? 1.0F / (1.0F - args.options.dropout) : 1.0F);
+  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
   float* grad_k_head = args.grad_k.matrix(b, h);
   float* grad_v_head = args.grad_v.matrix(b, h);
   for (size_t key0 = 0; key0 < m; key0 += flash_backward_detail::kKeyTile) {
@@ -217,11 +213,10 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
       if (dropout) {
         for (size_t j = 0; j < bc; ++j) {
           for (size_t r = 0; r < br; r += lanes) {
-            const auto bits = hn::BitCast(di, DropoutBits(du, hn::Load(du, s.row_keys + first + r),
-                                                          static_cast<uint32_t>(key0 + j)));
-            const auto keep = hn::RebindMask(d, hn::Lt(keep_above, bits));
             const V p = hn::Load(d, s.probabilities + j * br + r);
-            hn::Store(hn::IfThenElseZero(keep, hn::Mul(p, keep_scale)), d, s.dropped + j * br + r);
+            hn::Store(dropout_applier.Apply(d, hn::Load(du, s.row_keys + first + r),
+                                            static_cast<uint32_t>(key0 + j), p),
+                      d, s.dropped + j * br + r);
           }
         }
         used = s.dropped;

@@ -2,6 +2,9 @@
 // checks.
 #include "attn/nn/attention_layer.hpp"
 
+#include <cmath>
+#include <string>
+
 #include "attn/core/error.hpp"
 #include "attn/kernels/masked_softmax.hpp"
 #include "attn/kernels/masked_softmax_backward.hpp"
@@ -81,6 +84,16 @@ AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad
   }
   masked_softmax_backward(attention_weights_, grad_weights, grads.scores);
   return grads;
+}
+
+bool dot_scores_stay_finite(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
+                            int64_t depth, float scale, std::string_view what) {
+  const std::string prefix(what);
+  const double bound = static_cast<double>(require_finite(prefix + "queries", queries)) *
+                       require_finite(prefix + "keys", keys) * static_cast<double>(depth) *
+                       std::abs(static_cast<double>(scale));
+  require_finite(prefix + "values", values);
+  return bound < 1e37;
 }
 
 void check_attention_inputs(ConstTensorView queries, ConstTensorView keys, ConstTensorView values) {

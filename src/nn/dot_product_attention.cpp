@@ -18,21 +18,6 @@ DotProductAttention::DotProductAttention(float dropout, std::optional<float> sca
   }
 }
 
-namespace {
-// The fused kernel never holds the scores as a whole, so it cannot report a NaN or infinite one as
-// masked_softmax does. It runs only when no score can be: inputs finite and |scale · qᵀk| ≤
-// |scale|·d·max|q|·max|k| below float32's range. Anything else takes the reference path, which
-// reports the bad score.
-bool fused_scores_are_finite(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
-                             float scale) {
-  const double bound = static_cast<double>(require_finite("queries", queries)) *
-                       require_finite("keys", keys) * static_cast<double>(queries.dim(2)) *
-                       std::abs(scale);
-  require_finite("values", values);
-  return bound < 1e37;
-}
-}  // namespace
-
 float DotProductAttention::scale_for(int64_t d) const {
   if (scale_) return *scale_;
   return d > 0 ? 1.0F / std::sqrt(static_cast<float>(d)) : 1.0F;
@@ -53,7 +38,7 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
   log_sum_exp_.clear();
   // The fused kernel takes dropout in [0, 1); p = 1 (everything dropped) takes the reference path.
   if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
-      fused_scores_are_finite(queries, keys, values, scale)) {
+      dot_scores_stay_finite(queries, keys, values, queries.dim(2), scale)) {
     fused_options_ = {scale, false, applied_dropout,
                       applied_dropout > 0.0F ? next_dropout_seed() : 0};
     Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});

@@ -43,16 +43,6 @@ Tensor copy_heads_together(const Tensor& x, int64_t heads) {
   return out;
 }
 
-// The fused kernel cannot report a NaN or infinite score (it never holds the scores), so it runs
-// only when none can arise: finite projections with scale·d·max|q|·max|k| well inside float32.
-bool scores_stay_finite(const Tensor& q, const Tensor& k, const Tensor& v, int64_t head_size,
-                        float scale) {
-  const double bound = static_cast<double>(require_finite("projected queries", q)) *
-                       require_finite("projected keys", k) * static_cast<double>(head_size) * scale;
-  require_finite("projected values", v);
-  return bound < 1e37;
-}
-
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size,
@@ -85,8 +75,8 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
   const float applied_dropout = is_training() ? dropout() : 0.0F;
   // The fused kernel takes dropout in [0, 1); p = 1 (everything dropped) takes the reference path.
   if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
-      scores_stay_finite(projected_queries_, projected_keys_, projected_values_, head_size,
-                         scale)) {
+      dot_scores_stay_finite(projected_queries_, projected_keys_, projected_values_, head_size,
+                             scale, "projected ")) {
     // Heads are read and written in place through strides: no transpose copies.
     fused_options_ = {scale, false, applied_dropout,
                       applied_dropout > 0.0F ? dropout_seeds_.next_u64() : 0};

@@ -2,6 +2,7 @@
 // element (B), or one per query (B, n) — as the book's masked_softmax takes them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -52,6 +53,12 @@ class ValidLengths {
   // query i of n sees keys j ≤ i + m − n, i.e. at most clamp(i + m − n + 1, 0, m) of them,
   // combined (by minimum) with these lengths. ShapeError/ValueError as check().
   ValidLengths with_causal_mask(int64_t batch, int64_t queries, int64_t keys) const;
+
+  // length() further limited by the causal mask of with_causal_mask: clamp(i + m − n + 1, 0, m).
+  int64_t causal_length(int64_t batch, int64_t query, int64_t queries, int64_t keys) const {
+    const int64_t causal = std::clamp<int64_t>(query + keys - queries + 1, 0, keys);
+    return std::min(causal, length(batch, query, keys));
+  }
 
   // Each batch element's lengths repeated `times` times in a row, as torch.repeat_interleave(
   // valid_lens, repeats=times, dim=0) does for multi-head attention's (B·heads) batch.

@@ -85,6 +85,14 @@ class AttentionLayer {
   Tensor pooled_values_;
 };
 
+// The fused kernels never hold the scores, so they cannot report a NaN or infinite one as
+// masked_softmax does. Throws ValueError for non-finite queries, keys or values (names prefixed by
+// `what`, e.g. "projected "), and returns whether every dot-product score is certainly finite:
+// |scale|·depth·max|q|·max|k| < 1e37. When it is not, layers take the reference path, which reports
+// the bad score.
+bool dot_scores_stay_finite(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
+                            int64_t depth, float scale, std::string_view what = "");
+
 // Throws ShapeError unless queries (B, n, ·), keys (B, m, ·) and values (B, m, ·) are rank 3 with
 // matching batch and key counts.
 void check_attention_inputs(ConstTensorView queries, ConstTensorView keys, ConstTensorView values);
