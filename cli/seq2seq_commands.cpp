@@ -56,6 +56,8 @@ struct TrainSeq2SeqOptions {
   float dropout = 0.0F;
   int64_t num_steps = 0;  // 0: the task's default
   int64_t samples = 6;
+  // Off by default (a deliberate deviation from the book, see Seq2SeqConfig::attend_to_eos).
+  bool attend_to_eos = false;
 };
 
 constexpr int64_t kDateEpochs = 4;
@@ -208,6 +210,7 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
   config.num_hiddens = options.num_hiddens;
   config.num_layers = options.num_layers;
   config.dropout = options.dropout;
+  config.attend_to_eos = options.attend_to_eos;
   Seq2Seq model(config, options.seed);
   int64_t parameter_count = 0;
   for (const NamedParameter& parameter : model.parameters())
@@ -341,6 +344,10 @@ void add_train_seq2seq_command(CLI::App& train) {
   command->add_option("--num-steps", options->num_steps, "Tokens per sequence (with <eos>)")
       ->check(CLI::Range(1, 4096))
       ->default_str(std::to_string(kDateSteps));
+  command->add_flag(
+      "--attend-to-eos", options->attend_to_eos,
+      "Let the decoder attend to the source's <eos>, as the book's model does (alignment "
+      "heatmaps then show the last source token one step late)");
   command->add_option("--samples", options->samples, "Held-out translations to print and draw")
       ->check(CLI::NonNegativeNumber);
   command->callback([options] { train_seq2seq_command(*options); });

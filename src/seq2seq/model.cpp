@@ -54,11 +54,27 @@ Seq2Seq::Seq2Seq(const Seq2SeqConfig& config, uint64_t seed)
   }
 }
 
+std::vector<int64_t> attention_valid_lens(std::span<const int64_t> source,
+                                          std::span<const int64_t> valid_lens, int64_t steps,
+                                          bool attend_to_eos) {
+  std::vector<int64_t> lengths(valid_lens.begin(), valid_lens.end());
+  if (attend_to_eos) return lengths;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const int64_t length = lengths[b];
+    if (length < 1 || length > steps) continue;  // the decoder reports the bad length
+    const auto last = static_cast<size_t>(static_cast<int64_t>(b) * steps + length - 1);
+    if (last < source.size() && source[last] == Vocabulary::kEos) lengths[b] = length - 1;
+  }
+  return lengths;
+}
+
 Tensor Seq2Seq::forward(std::span<const int64_t> source, std::span<const int64_t> source_valid_lens,
                         std::span<const int64_t> decoder_inputs, int64_t batch,
                         int64_t source_steps, int64_t target_steps) {
   GruOutput encoded = encoder_.forward(source, batch, source_steps);
-  decoder_.begin(encoded.outputs, encoded.state, source_valid_lens);
+  decoder_.begin(
+      encoded.outputs, encoded.state,
+      attention_valid_lens(source, source_valid_lens, source_steps, config_.attend_to_eos));
   return decoder_.forward(decoder_inputs, target_steps);
 }
 

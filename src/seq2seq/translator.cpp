@@ -111,7 +111,8 @@ std::vector<Translation> Translator::translate(const std::vector<std::vector<std
                                               static_cast<size_t>(batch));
     GruOutput encoder_output = model_.encoder().forward(source, batch, steps);
     BahdanauDecoder& decoder = model_.decoder();
-    decoder.begin(encoder_output.outputs, encoder_output.state, valid_lens);
+    decoder.begin(encoder_output.outputs, encoder_output.state,
+                  attention_valid_lens(source, valid_lens, steps, model_.config().attend_to_eos));
     std::vector<int64_t> tokens(static_cast<size_t>(batch), Vocabulary::kBos);
     std::vector<int64_t> rows(static_cast<size_t>(batch), 0);
     std::vector<bool> done(static_cast<size_t>(batch), false);
@@ -184,6 +185,7 @@ void Translator::save(const std::filesystem::path& directory,
                                 {"num_hiddens", config.num_hiddens},
                                 {"num_layers", config.num_layers},
                                 {"dropout", config.dropout},
+                                {"attend_to_eos", config.attend_to_eos},
                                 {"training", training}};
   write_text(directory / "config.json", hyper.dump(2) + "\n");
 }
@@ -217,6 +219,14 @@ Translator Translator::load(const std::filesystem::path& directory) {
                     (hyper.contains("dropout") ? hyper["dropout"].dump() : std::string("none")));
   }
   config.dropout = hyper["dropout"].get<float>();
+  // Optional: directories written before the field existed used the book's model.
+  if (hyper.contains("attend_to_eos")) {
+    if (!hyper["attend_to_eos"].is_boolean()) {
+      throw FileError(config_path.string() + ": expected \"attend_to_eos\" true or false, got " +
+                      hyper["attend_to_eos"].dump());
+    }
+    config.attend_to_eos = hyper["attend_to_eos"].get<bool>();
+  }
   if (!hyper.contains("tokenizer") || !hyper["tokenizer"].is_string()) {
     throw FileError(
         config_path.string() + ": expected a string field \"tokenizer\", got " +

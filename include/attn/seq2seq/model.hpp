@@ -22,6 +22,11 @@ struct Seq2SeqConfig {
   int64_t num_hiddens = 64;
   int64_t num_layers = 1;
   float dropout = 0.0F;
+  // Whether the decoder may attend to the source's <eos>. The book's model does (true). With a
+  // unidirectional encoder the state at <eos> holds the whole source, so a decoder that may attend
+  // to it learns to read the last token there, one step late; the date task trains with false,
+  // which keeps its alignment heatmaps on the tokens themselves (year ↔ year).
+  bool attend_to_eos = true;
 };
 
 // A batch as the book's data loader gives it: source and target ids (batch, steps) padded with
@@ -35,6 +40,13 @@ struct Seq2SeqBatch {
   std::vector<int64_t> target;
   std::vector<int64_t> target_valid_lens;
 };
+
+// The lengths the decoder's attention uses: `valid_lens` (which count the <eos>) as they are when
+// `attend_to_eos`, else one fewer for every sequence that ends in <eos>. `source` is (batch,
+// steps).
+std::vector<int64_t> attention_valid_lens(std::span<const int64_t> source,
+                                          std::span<const int64_t> valid_lens, int64_t steps,
+                                          bool attend_to_eos);
 
 class Seq2Seq {
  public:

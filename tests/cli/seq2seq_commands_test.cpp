@@ -1,0 +1,107 @@
+// End-to-end tests of `attn train seq2seq` and `attn translate`: a short run on the date task and
+// on a tab-separated corpus, the model directory it writes, translating with it, and the errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+
+#include "attn/io/safetensors.hpp"
+#include "attn/seq2seq/translator.hpp"
+#include "attn/seq2seq/vocabulary.hpp"
+#include "cli_fixture.hpp"
+
+namespace attn {
+namespace {
+
+// One epoch over 600 dates: well under a second, enough to exercise every output.
+const std::string kShortDateRun =
+    "train seq2seq --out model --examples 600 --held-out 50 --epochs 1 --batch-size 32 "
+    "--samples 2";
+
+TEST_F(CliTest, TrainSeq2SeqWritesTheModelDirectoryAndPictures) {
+  const CommandResult result = attn(kShortDateRun);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("bundled date task, 600 training and 50 held-out pairs"),
+            std::string::npos)
+      << result.out;
+  std::smatch match;
+  ASSERT_TRUE(
+      std::regex_search(result.out, match,
+                        std::regex(R"(epoch +1/1 \[#+\] 100% +loss ([0-9.]+) +([0-9]+) tokens/s)")))
+      << result.out;
+  // The first epoch starts from a uniform guess over 135 target tokens (ln 135 ≈ 4.9) and learns
+  // at least where "-" and <eos> go.
+  EXPECT_LT(std::stod(match[1].str()), 4.9);
+  EXPECT_GT(std::stod(match[2].str()), 0.0);
+  ASSERT_TRUE(std::regex_search(
+      result.out, match,
+      std::regex(R"(held-out \(50 pairs\): BLEU ([0-9.]+), exact match ([0-9.]+)%)")))
+      << result.out;
+  EXPECT_GE(std::stod(match[1].str()), 0.0);
+  EXPECT_LE(std::stod(match[1].str()), 1.0);
+
+  for (const char* picture : {"model/loss.png", "model/attention_1.png", "model/attention_2.png"})
+    EXPECT_TRUE(starts_with_bytes(path(picture), kPngSignature)) << picture;
+  EXPECT_FALSE(fs::exists(path("model/attention_3.png")));
+  const StateDict state = load_safetensors(path("model/model.safetensors"));
+  EXPECT_EQ(state.at("encoder.rnn.weight_ih_l0").shape(), (Shape{3 * 64, 32}));
+  EXPECT_EQ(state.at("decoder.attention.w_v.weight").shape(), (Shape{1, 64}));
+  const nlohmann::json config = nlohmann::json::parse(read_text(path("model/config.json")));
+  EXPECT_EQ(config["format"], "attn-seq2seq");
+  EXPECT_EQ(config["tokenizer"], "dates");
+  EXPECT_EQ(config["attend_to_eos"], false);
+  EXPECT_EQ(config["num_hiddens"], 64);
+  EXPECT_EQ(config["training"]["epochs"], 1.0);
+  const nlohmann::json vocab = nlohmann::json::parse(read_text(path("model/vocab.json")));
+  EXPECT_EQ(vocab["target"][Vocabulary::kBos], "<bos>");
+  EXPECT_EQ(vocab["source"][Vocabulary::kEos], "<eos>");
+}
+
+TEST_F(CliTest, TranslatePrintsWhatTheLibraryTranslatesAndDrawsTheHeatmap) {
+  ASSERT_EQ(attn(kShortDateRun).exit_code, 0);
+  const CommandResult result = attn("translate --model model '3 march 1987' --heatmap h.svg");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  Translator translator = Translator::load(path("model"));
+  EXPECT_EQ(result.out, translator.translate("3 march 1987").text + "\n");
+  EXPECT_TRUE(read_text(path("h.svg")).find("<svg") != std::string::npos);
+  EXPECT_NE(result.err.find("attention heatmap: h.svg"), std::string::npos) << result.err;
+}
+
+TEST_F(CliTest, TrainSeq2SeqReadsATabSeparatedCorpus) {
+  std::ofstream(path("pairs.tsv")) << "Go.\tVa !\nGo!\tVa !\nGo.\tMarche.\nGo!\tMarche !\n";
+  const CommandResult result = attn("train seq2seq --data pairs.tsv --out corpus --epochs 2");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("corpus pairs.tsv"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("epoch   2/2"), std::string::npos) << result.out;
+  const nlohmann::json config = nlohmann::json::parse(read_text(path("corpus/config.json")));
+  EXPECT_EQ(config["tokenizer"], "book");
+  // The book's preprocessing (lower case, a space before punctuation) makes "Go." two tokens, and
+  // "go" occurs in each of the 3 training pairs, so min_freq 2 keeps it.
+  const nlohmann::json source =
+      nlohmann::json::parse(read_text(path("corpus/vocab.json")))["source"];
+  EXPECT_NE(std::find(source.begin(), source.end(), "go"), source.end()) << source.dump();
+  EXPECT_EQ(std::find(source.begin(), source.end(), "Go."), source.end()) << source.dump();
+  const CommandResult translated = attn("translate --model corpus 'Go!'");
+  EXPECT_EQ(translated.exit_code, 0) << translated.err;
+}
+
+TEST_F(CliTest, Seq2SeqCommandsReportBadInputClearly) {
+  std::ofstream(path("bad.tsv")) << "go .\tva !\nhi .\tsalut !\nno tab here\n";
+  expect_error("train seq2seq --data bad.tsv --out never",
+               "--data: bad.tsv:3: expected \"source<TAB>target\" (one tab), got 0 tabs");
+  expect_error("train seq2seq --data missing.tsv --out never", "missing.tsv");
+  EXPECT_FALSE(fs::exists(path("never")));
+  expect_error("translate --model nowhere 'march 3'", "--model: nowhere: no such model directory");
+  ASSERT_EQ(attn(kShortDateRun).exit_code, 0);
+  expect_error("translate --model model '  '",
+               "text: expected at least one token to translate, got an empty input");
+  std::ofstream(path("model/config.json")) << "{\"format\": \"something else\"}";
+  expect_error("translate --model model 'march 3'", "config.json: expected \"format\"");
+  expect_error("train seq2seq --out x --epochs 0", "--epochs");
+}
+
+}  // namespace
+}  // namespace attn
