@@ -52,6 +52,7 @@ constexpr size_t kKeyTile = 128;     // Bc: Sᵀ (Bc × Br floats) stays in L1 a
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "kernels/additive_scores-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -59,49 +60,6 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using flash_detail::ForwardArgs;
-
-// Sᵀ (bc × Br) of additive attention for one key tile: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j, t]),
-// with the projected queries transposed (queries along the lanes) and the projected keys' elements
-// broadcast. Tiles of MR keys × NR query vectors share each loaded query vector and broadcast key
-// element. The tanh dominates: h evaluations per score, never stored.
-template <size_t MR, class D>
-HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t key_stride,
-                                  const float* HWY_RESTRICT q_transposed, size_t br, size_t depth,
-                                  const float* HWY_RESTRICT weights, float* HWY_RESTRICT scores) {
-  using V = hn::Vec<D>;
-  constexpr size_t NR = flash_detail::kQueryVectors;
-  const size_t lanes = hn::Lanes(d);
-  V acc[MR][NR];
-  for (size_t r = 0; r < MR; ++r)
-    for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::Zero(d);
-  for (size_t t = 0; t < depth; ++t) {
-    const V weight = hn::Set(d, weights[t]);
-    V queries[NR];
-    for (size_t v = 0; v < NR; ++v) queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
-    for (size_t r = 0; r < MR; ++r) {
-      const V key = hn::Set(d, keys[r * key_stride + t]);
-      for (size_t v = 0; v < NR; ++v) {
-        acc[r][v] = hn::MulAdd(weight, hn::Tanh(d, hn::Add(queries[v], key)), acc[r][v]);
-      }
-    }
-  }
-  for (size_t r = 0; r < MR; ++r)
-    for (size_t v = 0; v < NR; ++v) hn::Store(acc[r][v], d, scores + r * br + v * lanes);
-}
-
-template <class D>
-void AdditiveScores(D d, size_t bc, const float* keys, size_t key_stride, const float* q_transposed,
-                    size_t br, size_t depth, const float* weights, float* scores) {
-  constexpr size_t kRows = 2;  // tanh needs registers of its own: fewer rows than the GEMM tile
-  size_t j = 0;
-  for (; j + kRows <= bc; j += kRows) {
-    AdditiveScoreRows<kRows>(d, keys + j * key_stride, key_stride, q_transposed, br, depth, weights,
-                             scores + j * br);
-  }
-  if (j < bc)
-    AdditiveScoreRows<1>(d, keys + j * key_stride, key_stride, q_transposed, br, depth, weights,
-                         scores + j * br);
-}
 
 // Per-thread working memory, sized once per call.
 struct Scratch {
@@ -189,8 +147,9 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
         std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), most - key0));
     // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
     if (args.additive_weights != nullptr) {
-      AdditiveScores(d, bc, k + key0 * args.k.row_stride, static_cast<size_t>(args.k.row_stride),
-                     s.q_transposed, br, depth, args.additive_weights, s.scores);
+      AdditiveScores<flash_detail::kQueryVectors>(
+          d, bc, k + key0 * args.k.row_stride, static_cast<size_t>(args.k.row_stride),
+          s.q_transposed, br, depth, args.additive_weights, s.scores);
     } else {
       Gemm<false>(d, bc, flash_detail::kQueryVectors, k + key0 * args.k.row_stride,
                   static_cast<size_t>(args.k.row_stride), 1, s.q_transposed, br, depth, s.scores,

@@ -3,7 +3,9 @@
 #include "attn/nn/additive_attention.hpp"
 
 #include <cmath>
+#include <string>
 
+#include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/masked_softmax.hpp"
 
@@ -27,6 +29,9 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
   queries_ = Tensor::from(queries);
   keys_ = Tensor::from(keys);
   valid_lens_ = valid_lens;
+  values_ = Tensor();
+  output_ = Tensor();
+  log_sum_exp_.clear();
   const float applied_dropout = is_training() ? dropout() : 0.0F;
   if (path_ == AttentionPath::kFused && applied_dropout < 1.0F) {
     // The fused kernel never holds the scores, so it cannot report a NaN one as masked_softmax
@@ -39,11 +44,14 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
                                         applied_dropout > 0.0F ? next_dropout_seed() : 0};
     fused_options_ = options;
     Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
+    log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * queries.dim(1)));
     additive_attention_forward(single_head(projected_queries_, "queries"),
                                single_head(projected_keys_, "keys"), w_v_.weight().span(),
                                single_head(values, "values"), valid_lens, options,
-                               single_head(output.view(), "out"));
+                               single_head(output.view(), "out"), log_sum_exp_.data());
     defer_weights(values, applied_dropout > 0.0F);
+    values_ = Tensor::from(values);
+    output_ = output;
     return output;
   }
   return pool(compute_scores(), valid_lens, values);
@@ -83,6 +91,28 @@ Tensor AdditiveAttention::compute_dropout_mask() const {
 //   dw_t += dS_ij u_t,   da_it += dS_ij w_t (1 − u_t²),   db_jt += dS_ij w_t (1 − u_t²),
 // and the projections' backward passes take da and db to dq, dk and the gradients of W_q, W_k.
 AttentionGradients AdditiveAttention::backward(ConstTensorView grad_output) {
+  if (output_.rank() == 3) {
+    // The last pass was fused: the fused kernel recomputes the probabilities and tanh tile by tile.
+    if (grad_output.shape() != output_.shape()) {
+      throw ShapeError("grad_output: expected shape " + output_.shape().str() +
+                       " (that of the last forward pass's output), got shape " +
+                       grad_output.shape().str());
+    }
+    Tensor grad_projected_queries(projected_queries_.shape());
+    Tensor grad_projected_keys(projected_keys_.shape());
+    Tensor grad_values(values_.shape());
+    Tensor grad_w_v(Shape{1, num_hiddens()});
+    additive_attention_backward(
+        single_head(projected_queries_, "queries"), single_head(projected_keys_, "keys"),
+        w_v_.weight().span(), single_head(values_, "values"), single_head(output_, "out"),
+        single_head(grad_output, "grad_output"), log_sum_exp_.data(), valid_lens_, fused_options_,
+        single_head(grad_projected_queries, "grad_queries"),
+        single_head(grad_projected_keys, "grad_keys"), grad_w_v.span(),
+        single_head(grad_values, "grad_values"));
+    w_v_.accumulate_weight_grad(grad_w_v);
+    return {W_q_.backward(queries_, grad_projected_queries),
+            W_k_.backward(keys_, grad_projected_keys), std::move(grad_values)};
+  }
   PoolGradients pooled = pool_backward(grad_output, "AdditiveAttention");
   const int64_t batch = queries_.dim(0), n = queries_.dim(1), m = keys_.dim(1),
                 hidden = num_hiddens();

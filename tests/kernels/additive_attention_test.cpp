@@ -101,10 +101,10 @@ TEST(AdditiveAttentionLayer, FusedAndReferencePathsAgree) {
   reference.set_path(AttentionPath::kReference);
   EXPECT_TRUE(close_to(fused(q, k, v, mask), to_doubles(reference(q, k, v, mask)), kTolerance));
   EXPECT_EQ(fused.attention_weights().values(), reference.attention_weights().values());
-  // The backward pass after a fused forward pass equals the reference one.
+  // The fused backward pass matches the reference path's within rounding.
   const AttentionGradients fused_grads = fused.backward(g), reference_grads = reference.backward(g);
-  EXPECT_EQ(fused_grads.queries.values(), reference_grads.queries.values());
-  EXPECT_EQ(fused_grads.keys.values(), reference_grads.keys.values());
+  EXPECT_TRUE(close_to(fused_grads.queries, to_doubles(reference_grads.queries), kTolerance));
+  EXPECT_TRUE(close_to(fused_grads.keys, to_doubles(reference_grads.keys), kTolerance));
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryTarget, AdditiveAttentionKernel,

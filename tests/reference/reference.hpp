@@ -192,4 +192,61 @@ inline Result multi_head_attention(const Array<double>& q, const Array<double>& 
   return {linear(concat, p.W_o, p.b_o, num_hiddens), all_weights};
 }
 
+// Gradients of sum(out ⊙ grad_out) for additive attention on projected queries a (B, n, h) and
+// projected keys b (B, m, h), straight from the chain rule: with u_ijt = tanh(a_it + b_jt),
+// S_ij = Σ_t w_t u_ijt, P = masked softmax(S), Z the dropout multipliers (empty: none) and
+// O = (P ⊙ Z) V, dP_ij = Z_ij dO_i·V_j, dS_ij = P_ij (dP_ij − Σ_k P_ik dP_ik), then
+// da_i = Σ_j dS_ij w (1 − u_ij²), db_j = Σ_i dS_ij w (1 − u_ij²), dw = Σ_ij dS_ij u_ij,
+// dV_j = Σ_i P_ij Z_ij dO_i.
+struct AdditiveGradients {
+  Array<double> queries, keys, values;
+  std::vector<double> w_v;
+};
+
+inline AdditiveGradients additive_attention_backward(const Array<double>& a, const Array<double>& b,
+                                                     const Array<double>& v, const Lengths& lengths,
+                                                     const std::vector<double>& w_v,
+                                                     const Array<double>& grad_out,
+                                                     const std::vector<double>& dropout = {}) {
+  const int64_t batch = a.dims[0], n = a.dims[1], m = b.dims[1], hidden = a.dims[2], dv = v.dims[2];
+  Array<double> scores({batch, n, m});
+  for (int64_t e = 0; e < batch; ++e)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t t = 0; t < hidden; ++t)
+          scores.at(e, i, j) +=
+              w_v[static_cast<size_t>(t)] * std::tanh(a.at(e, i, t) + b.at(e, j, t));
+  const Array<double> weights = masked_softmax(scores, lengths);
+  AdditiveGradients grads{Array<double>(a.dims), Array<double>(b.dims), Array<double>(v.dims),
+                          std::vector<double>(static_cast<size_t>(hidden))};
+  std::vector<double> grad_weights(static_cast<size_t>(m));
+  for (int64_t e = 0; e < batch; ++e)
+    for (int64_t i = 0; i < n; ++i) {
+      double expected_grad = 0;  // Σ_k P_ik dP_ik
+      for (int64_t j = 0; j < m; ++j) {
+        const double multiplier =
+            dropout.empty() ? 1.0 : dropout[static_cast<size_t>((e * n + i) * m + j)];
+        double grad_weight = 0;
+        for (int64_t t = 0; t < dv; ++t) {
+          grad_weight += grad_out.at(e, i, t) * v.at(e, j, t);
+          grads.values.at(e, j, t) += weights.at(e, i, j) * multiplier * grad_out.at(e, i, t);
+        }
+        grad_weights[static_cast<size_t>(j)] = grad_weight * multiplier;
+        expected_grad += weights.at(e, i, j) * grad_weights[static_cast<size_t>(j)];
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        const double grad_score =
+            weights.at(e, i, j) * (grad_weights[static_cast<size_t>(j)] - expected_grad);
+        for (int64_t t = 0; t < hidden; ++t) {
+          const double u = std::tanh(a.at(e, i, t) + b.at(e, j, t));
+          const double g = grad_score * w_v[static_cast<size_t>(t)] * (1 - u * u);
+          grads.queries.at(e, i, t) += g;
+          grads.keys.at(e, j, t) += g;
+          grads.w_v[static_cast<size_t>(t)] += grad_score * u;
+        }
+      }
+    }
+  return grads;
+}
+
 }  // namespace attn::reference

@@ -48,6 +48,27 @@ void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView
                                 const FlashAttentionOptions& options, HeadsView out,
                                 float* log_sum_exp = nullptr);
 
+// Fused additive attention, backward: gradients of sum(out ⊙ grad_out) with respect to the
+// projected queries a (B·H: n × h), the projected keys b (B·H: m × h), w_v (h) and the values
+// (B·H: m × dv), recomputing the probabilities tile by tile from the forward pass's `log_sum_exp`
+// and tanh(a_i + b_j) wherever it is needed; never builds (B, n, m) nor (B, n, m, h). `out` and
+// `log_sum_exp` must come from additive_attention_forward with the same inputs, lengths and
+// options. Layouts as the forward pass; grad_projected_queries, grad_projected_keys, grad_v are
+// overwritten, and so is grad_w_v (h), with the sum over every batch element and head.
+// Work is split over (batch, head) pairs, and over chunks of keys when there are fewer pairs than
+// threads; results are reproducible for a fixed thread count. Extra memory: about
+// 2n·(h + dv) + 64·(h + dv + 12·lanes) floats per thread, plus B·H·h floats (and, when heads are
+// split, about threads·n·h).
+// Accuracy: float32 sums of n or m terms per gradient with Highway's Tanh (a few ulps); tests use
+// 1e-5 relative to each gradient's magnitude. ShapeError/ValueError for inconsistent arguments.
+void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
+                                 std::span<const float> w_v, ConstHeadsView values,
+                                 ConstHeadsView out, ConstHeadsView grad_out,
+                                 const float* log_sum_exp, const ValidLengths& valid_lens,
+                                 const FlashAttentionOptions& options,
+                                 HeadsView grad_projected_queries, HeadsView grad_projected_keys,
+                                 std::span<float> grad_w_v, HeadsView grad_v);
+
 // FlashAttention-2's backward pass: gradients of sum(out ⊙ grad_out) with respect to q, k and v,
 // recomputing the probabilities tile by tile from the forward pass's `log_sum_exp` instead of
 // storing them. `out` and `log_sum_exp` must come from flash_attention_forward with the same

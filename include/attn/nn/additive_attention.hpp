@@ -40,8 +40,9 @@ class AdditiveAttention : public AttentionLayer {
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state);
 
-  // The fused kernel (default) never builds the (B, n, m) scores in the forward pass; the
-  // reference path is the book's computation. Backward passes build the weights either way.
+  // The fused kernels (default) never build the (B, n, m) scores, forward or backward: the
+  // backward pass recomputes them tile by tile from the forward pass's log-sum-exp. The reference
+  // path is the book's computation and its backward pass builds the weights.
   void set_path(AttentionPath path) { path_ = path; }
   AttentionPath path() const { return path_; }
 
@@ -64,6 +65,10 @@ class AdditiveAttention : public AttentionLayer {
   Tensor projected_keys_;
   ValidLengths valid_lens_;
   AttentionPath path_ = AttentionPath::kFused;
+  // Kept by a fused forward pass for the fused backward pass; empty after a reference pass.
+  Tensor values_;
+  Tensor output_;
+  std::vector<float> log_sum_exp_;
   FlashAttentionOptions fused_options_;
 };
 

@@ -1,0 +1,481 @@
+// Fused additive (Bahdanau) attention, backward: FlashAttention-2's tiling (key tiles outer, query
+// tiles inner, probabilities recomputed from the forward pass's log-sum-exp) with additive scores.
+//
+// Derivation, with a = projected queries, b = projected keys, u_ijt = tanh(a_it + b_jt),
+// S_ij = Σ_t w_t u_ijt, P = softmax(S) masked, Z the dropout multipliers, O = (P ⊙ Z) V:
+//   dV = (P ⊙ Z)ᵀ dO,   dP = Z ⊙ (dO Vᵀ),   dS = P ⊙ (dP − D) with D_i = Σ_t dO_it O_it,
+//   g_ijt = dS_ij w_t (1 − u_ijt²):   da_i = Σ_j g_ij,   db_j = Σ_i g_ij,   dw_t = Σ_ij dS_ij
+//   u_ijt.
+// Tiles are transposed (keys × queries, queries along the lanes) as in the forward kernel, so D,
+// the log-sum-exp and da accumulate lane-wise; db needs one horizontal sum per (key, t, query
+// tile). u is evaluated twice per (i, j, t), once for S and once for the gradients, and never
+// stored: its (n, m, h) tensor is what the fused kernels exist to avoid.
+//
+// Work: one task per (batch, head), or, when there are fewer heads than threads, per (head, chunk
+// of key tiles); chunks write disjoint db and dV rows and partial da, summed in chunk order after
+// the parallel region. dw is summed per task and reduced in task order, so results depend on the
+// thread count only through the chunking and are reproducible for a fixed thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "kernels/dropout_hash.hpp"
+
+#ifndef ATTN_ADDITIVE_ATTENTION_BACKWARD_SHARED
+#define ATTN_ADDITIVE_ATTENTION_BACKWARD_SHARED
+namespace attn::additive_backward_detail {
+
+struct AdditiveBackwardArgs {
+  ConstHeadsView queries, keys, values, out, grad_out;  // queries, keys: projected
+  const float* weights;                                 // w_v: queries.cols values
+  const float* log_sum_exp;
+  const ValidLengths* valid_lens;
+  FlashAttentionOptions options;
+  HeadsView grad_queries, grad_keys, grad_values;
+  float* grad_weights;  // queries.cols values
+};
+
+// How many keys query i of batch element b sees, causal mask included.
+inline int64_t visible_keys(const AdditiveBackwardArgs& args, int64_t b, int64_t i) {
+  return args.options.causal
+             ? args.valid_lens->causal_length(b, i, args.queries.rows, args.keys.rows)
+             : args.valid_lens->length(b, i, args.keys.rows);
+}
+
+constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes, as the forward kernel
+constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay in L1
+
+}  // namespace attn::additive_backward_detail
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/additive_attention_backward.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway's headers must follow foreach_target.h.
+#include <hwy/aligned_allocator.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "kernels/additive_scores-inl.h"
+#include "kernels/tile_gemm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using additive_backward_detail::AdditiveBackwardArgs;
+using additive_backward_detail::kKeyTile;
+using additive_backward_detail::kQueryVectors;
+
+// Per-thread scratch for one task at a time; sized once per call.
+struct AdditiveBackwardScratch {
+  hwy::AlignedFreeUniquePtr<float[]> memory;
+  float* queries_transposed;       // tiles × h × Br: aᵀ per query tile
+  float* grad_queries_transposed;  // tiles × h × Br: daᵀ
+  float* grad_out_rows;            // n × dv_padded
+  float* grad_out_transposed;      // tiles × dv × Br
+  float* grad_keys;                // Bc × h
+  float* grad_values;              // Bc × dv_padded
+  float* grad_weight_lanes;        // h × lanes: dw, lane-wise partial sums
+  float* probabilities;            // Bc × Br: Pᵀ
+  float* grad_scores;              // Bc × Br: dPᵀ, then dSᵀ
+  float* dropped;                  // Bc × Br: (P ⊙ Z)ᵀ
+  float* delta;                    // n_padded: D
+  float* lse;                      // n_padded
+  int32_t* lengths;                // n_padded
+  int32_t* tile_most;              // tiles: the longest length in each query tile
+  uint32_t* row_keys;              // n_padded: dropout_hash::row_key of each query
+
+  AdditiveBackwardScratch(size_t n, size_t hidden, size_t dv, size_t lanes) {
+    const size_t br = kQueryVectors * lanes, bc = kKeyTile;
+    const size_t tiles = (n + br - 1) / br, n_padded = tiles * br;
+    const size_t dv_padded = hwy::RoundUpTo(dv, lanes);
+    // Every buffer starts on a vector boundary; the sizes in the order they are taken below.
+    const size_t sizes[] = {
+        n_padded * hidden, n_padded * hidden, n * dv_padded, n_padded * dv, bc * hidden,
+        bc * dv_padded,    hidden * lanes,    bc * br,       bc * br,       bc * br,
+        n_padded,          n_padded,          n_padded,      tiles,         n_padded};
+    size_t total = 0;
+    for (const size_t size : sizes) total += hwy::RoundUpTo(size, lanes);
+    memory = hwy::AllocateAligned<float>(total);
+    float* next = memory.get();
+    if (next == nullptr) return;
+    const auto take = [&next, lanes](size_t count) {
+      float* start = next;
+      next += hwy::RoundUpTo(count, lanes);
+      return start;
+    };
+    queries_transposed = take(n_padded * hidden);
+    grad_queries_transposed = take(n_padded * hidden);
+    grad_out_rows = take(n * dv_padded);
+    grad_out_transposed = take(n_padded * dv);
+    grad_keys = take(bc * hidden);
+    grad_values = take(bc * dv_padded);
+    grad_weight_lanes = take(hidden * lanes);
+    probabilities = take(bc * br);
+    grad_scores = take(bc * br);
+    dropped = take(bc * br);
+    delta = take(n_padded);
+    lse = take(n_padded);
+    lengths = reinterpret_cast<int32_t*>(take(n_padded));
+    tile_most = reinterpret_cast<int32_t*>(take(tiles));
+    row_keys = reinterpret_cast<uint32_t*>(take(n_padded));
+  }
+};
+
+// For one key tile × query tile, given dSᵀ (bc × Br): recomputes u = tanh(aᵀ[t] + b[j, t]) and
+// accumulates daᵀ[t] += Σ_j g_j, grad_keys[j, t] += Σ_i g_ij (lanes summed) and the lane-wise
+// dw[t] += Σ_j dSᵀ[j] u, with g = dS · w_t · (1 − u²). One t at a time keeps aᵀ[t], daᵀ[t] and
+// dw[t] in registers while the bc rows of dSᵀ stream from L1.
+template <class D>
+HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT keys,
+                                    size_t key_stride, const float* HWY_RESTRICT q_transposed,
+                                    size_t br, size_t depth, const float* HWY_RESTRICT weights,
+                                    const float* HWY_RESTRICT grad_scores,
+                                    float* HWY_RESTRICT grad_q_transposed,
+                                    float* HWY_RESTRICT grad_keys,
+                                    float* HWY_RESTRICT grad_weight_lanes) {
+  using V = hn::Vec<D>;
+  constexpr size_t NR = kQueryVectors;
+  const size_t lanes = hn::Lanes(d);
+  for (size_t t = 0; t < depth; ++t) {
+    const V weight = hn::Set(d, weights[t]);
+    V queries[NR], grad_queries[NR];
+    for (size_t v = 0; v < NR; ++v) {
+      queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
+      grad_queries[v] = hn::Load(d, grad_q_transposed + t * br + v * lanes);
+    }
+    V grad_weight = hn::Load(d, grad_weight_lanes + t * lanes);
+    for (size_t j = 0; j < bc; ++j) {
+      const V key = hn::Set(d, keys[j * key_stride + t]);
+      V grad_key = hn::Zero(d);
+      for (size_t v = 0; v < NR; ++v) {
+        const V grad_score = hn::Load(d, grad_scores + j * br + v * lanes);
+        const V u = hn::Tanh(d, hn::Add(queries[v], key));
+        grad_weight = hn::MulAdd(grad_score, u, grad_weight);
+        const V weighted = hn::Mul(grad_score, weight);
+        const V g = hn::NegMulAdd(hn::Mul(weighted, u), u, weighted);  // dS w (1 − u²)
+        grad_queries[v] = hn::Add(grad_queries[v], g);
+        grad_key = hn::Add(grad_key, g);
+      }
+      grad_keys[j * depth + t] += hn::GetLane(hn::SumOfLanes(d, grad_key));
+    }
+    for (size_t v = 0; v < NR; ++v)
+      hn::Store(grad_queries[v], d, grad_q_transposed + t * br + v * lanes);
+    hn::Store(grad_weight, d, grad_weight_lanes + t * lanes);
+  }
+}
+
+// Where a task leaves its da (n × h rows) and its dw (h values).
+struct TaskOutputs {
+  float* grad_queries;
+  int64_t grad_queries_stride;
+  float* grad_weights;
+};
+
+// One (batch b, head h) pair, key tiles [first_key_tile, last_key_tile).
+void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h,
+                          size_t first_key_tile, size_t last_key_tile, const TaskOutputs& outputs,
+                          AdditiveBackwardScratch& s) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  using V = hn::Vec<decltype(d)>;
+  const size_t lanes = hn::Lanes(d);
+  const size_t br = kQueryVectors * lanes;
+  const size_t n = static_cast<size_t>(args.queries.rows), m = static_cast<size_t>(args.keys.rows);
+  const size_t hidden = static_cast<size_t>(args.queries.cols);
+  const size_t dv = static_cast<size_t>(args.values.cols);
+  const size_t dv_padded = hwy::RoundUpTo(dv, lanes);
+  const size_t tiles = (n + br - 1) / br;
+  const float* a = args.queries.matrix(b, h);
+  const float* keys = args.keys.matrix(b, h);
+  const size_t key_stride = static_cast<size_t>(args.keys.row_stride);
+  const float* values = args.values.matrix(b, h);
+  const float* out = args.out.matrix(b, h);
+  const float* grad_out = args.grad_out.matrix(b, h);
+  const float* lse = args.log_sum_exp + (b * args.queries.heads + h) * args.queries.rows;
+
+  // Per task: transposed copies, D, log-sum-exp, lengths and dropout keys per query.
+  for (size_t i = 0; i < n; ++i) {
+    const float* row = grad_out + static_cast<int64_t>(i) * args.grad_out.row_stride;
+    std::copy_n(row, dv, s.grad_out_rows + i * dv_padded);
+    std::fill(s.grad_out_rows + i * dv_padded + dv, s.grad_out_rows + (i + 1) * dv_padded, 0.0F);
+  }
+  std::fill(s.grad_queries_transposed, s.grad_queries_transposed + tiles * br * hidden, 0.0F);
+  std::fill(s.grad_weight_lanes, s.grad_weight_lanes + hidden * lanes, 0.0F);
+  for (size_t tile = 0; tile < tiles; ++tile) {
+    float* at = s.queries_transposed + tile * hidden * br;
+    float* dot = s.grad_out_transposed + tile * dv * br;
+    int32_t tile_most = 0;
+    for (size_t r = 0; r < br; ++r) {
+      const size_t i = tile * br + r;
+      const bool real = i < n;
+      const float* a_row = a + static_cast<int64_t>(real ? i : 0) * args.queries.row_stride;
+      for (size_t t = 0; t < hidden; ++t) at[t * br + r] = real ? a_row[t] : 0.0F;
+      for (size_t t = 0; t < dv; ++t)
+        dot[t * br + r] = real ? s.grad_out_rows[i * dv_padded + t] : 0.0F;
+      float delta = 0.0F;
+      if (real) {
+        const float* out_row = out + static_cast<int64_t>(i) * args.out.row_stride;
+        for (size_t t = 0; t < dv; ++t) delta += out_row[t] * s.grad_out_rows[i * dv_padded + t];
+      }
+      const int32_t length = real ? static_cast<int32_t>(additive_backward_detail::visible_keys(
+                                        args, b, static_cast<int64_t>(i)))
+                                  : 0;
+      s.delta[i] = delta;
+      // A row that sees no key has lse −∞; it is fully masked, so any finite stand-in will do.
+      s.lse[i] = length > 0 ? lse[i] : 0.0F;
+      s.lengths[i] = length;
+      s.row_keys[i] = dropout_hash::row_key(args.options.seed, b * args.queries.heads + h,
+                                            static_cast<int64_t>(i));
+      tile_most = std::max(tile_most, length);
+    }
+    s.tile_most[tile] = tile_most;
+  }
+
+  const bool dropout = args.options.dropout > 0.0F;
+  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
+  float* grad_keys_head = args.grad_keys.matrix(b, h);
+  float* grad_values_head = args.grad_values.matrix(b, h);
+  for (size_t key_tile = first_key_tile; key_tile < last_key_tile; ++key_tile) {
+    const size_t key0 = key_tile * kKeyTile;
+    const size_t bc = std::min(kKeyTile, m - key0);
+    std::fill(s.grad_keys, s.grad_keys + bc * hidden, 0.0F);
+    std::fill(s.grad_values, s.grad_values + bc * dv_padded, 0.0F);
+    for (size_t tile = 0; tile < tiles; ++tile) {
+      const size_t tile_most = static_cast<size_t>(s.tile_most[tile]);
+      if (tile_most <= key0) continue;  // no query here sees these keys
+      // Keys no query of this tile sees contribute nothing: skip their tanh work.
+      const size_t active = std::min(bc, tile_most - key0);
+      const size_t first = tile * br, rows = std::min(br, n - first);
+      const float* at = s.queries_transposed + tile * hidden * br;
+      const float* key_rows = keys + key0 * key_stride;
+      // Sᵀ as the forward pass computed it, then Pᵀ = exp(Sᵀ − lse), zero where masked.
+      AdditiveScores<kQueryVectors>(d, active, key_rows, key_stride, at, br, hidden, args.weights,
+                                    s.probabilities);
+      for (size_t j = 0; j < active; ++j) {
+        const auto key_index = hn::Set(di, static_cast<int32_t>(key0 + j));
+        for (size_t r = 0; r < br; r += lanes) {
+          const auto visible =
+              hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, s.lengths + first + r)));
+          float* p = s.probabilities + j * br + r;
+          const V shifted = hn::Sub(hn::Load(d, p), hn::Load(d, s.lse + first + r));
+          hn::Store(hn::IfThenElseZero(visible, hn::Exp(d, shifted)), d, p);
+        }
+      }
+      // The forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
+      const float* used = s.probabilities;
+      if (dropout) {
+        for (size_t j = 0; j < active; ++j) {
+          for (size_t r = 0; r < br; r += lanes) {
+            const V p = hn::Load(d, s.probabilities + j * br + r);
+            hn::Store(dropout_applier.Apply(d, hn::Load(du, s.row_keys + first + r),
+                                            static_cast<uint32_t>(key0 + j), p),
+                      d, s.dropped + j * br + r);
+          }
+        }
+        used = s.dropped;
+      }
+      // dV += (P ⊙ Z)ᵀ dO.
+      Gemm<true>(d, active, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
+                 dv_padded, rows, s.grad_values, dv_padded);
+      // dPᵀ = V dOᵀ, then dSᵀ = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
+      Gemm<false>(d, active, kQueryVectors,
+                  values + static_cast<int64_t>(key0) * args.values.row_stride,
+                  static_cast<size_t>(args.values.row_stride), 1,
+                  s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
+      for (size_t j = 0; j < active; ++j) {
+        for (size_t r = 0; r < br; r += lanes) {
+          float* ds = s.grad_scores + j * br + r;
+          const V p = hn::Load(d, s.probabilities + j * br + r);
+          const V p_used = hn::Load(d, used + j * br + r);
+          hn::Store(
+              hn::NegMulAdd(p, hn::Load(d, s.delta + first + r), hn::Mul(p_used, hn::Load(d, ds))),
+              d, ds);
+        }
+      }
+      AdditiveGradients(d, active, key_rows, key_stride, at, br, hidden, args.weights,
+                        s.grad_scores, s.grad_queries_transposed + tile * hidden * br, s.grad_keys,
+                        s.grad_weight_lanes);
+    }
+    for (size_t j = 0; j < bc; ++j) {
+      const auto key = static_cast<int64_t>(key0 + j);
+      std::copy_n(s.grad_keys + j * hidden, hidden,
+                  grad_keys_head + key * args.grad_keys.row_stride);
+      std::copy_n(s.grad_values + j * dv_padded, dv,
+                  grad_values_head + key * args.grad_values.row_stride);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float* at = s.grad_queries_transposed + (i / br) * hidden * br + i % br;
+    float* row = outputs.grad_queries + static_cast<int64_t>(i) * outputs.grad_queries_stride;
+    for (size_t t = 0; t < hidden; ++t) row[t] = at[t * br];
+  }
+  for (size_t t = 0; t < hidden; ++t)
+    outputs.grad_weights[t] =
+        hn::GetLane(hn::SumOfLanes(d, hn::Load(d, s.grad_weight_lanes + t * lanes)));
+}
+
+void AdditiveBackward(const AdditiveBackwardArgs& args) {
+  const hn::ScalableTag<float> d;
+  const int64_t heads = args.queries.batch * args.queries.heads;
+  const size_t n = static_cast<size_t>(args.queries.rows);
+  const size_t hidden = static_cast<size_t>(args.queries.cols);
+  const size_t key_tiles = (static_cast<size_t>(args.keys.rows) + kKeyTile - 1) / kKeyTile;
+  // Fewer heads than threads: split each head's key tiles into chunks so every thread has work.
+  const auto threads = static_cast<int64_t>(omp_get_max_threads());
+  const int64_t chunks =
+      heads >= threads ? 1
+                       : std::clamp<int64_t>((threads + heads - 1) / heads, 1,
+                                             std::max<int64_t>(1, static_cast<int64_t>(key_tiles)));
+  const int64_t tasks = heads * chunks;
+  // Partial da per task (only when heads are split) and dw per task, summed in order below.
+  std::vector<float> partial_grad_queries(chunks > 1 ? static_cast<size_t>(tasks) * n * hidden : 0);
+  std::vector<float> partial_grad_weights(static_cast<size_t>(tasks) * hidden);
+  bool out_of_memory = false;
+#pragma omp parallel
+  {
+    AdditiveBackwardScratch scratch(n, hidden, static_cast<size_t>(args.values.cols), hn::Lanes(d));
+    if (scratch.memory == nullptr) {
+#pragma omp atomic write
+      out_of_memory = true;
+    } else {
+      // Dynamic scheduling: masked and causal heads differ widely in cost.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t head = task / chunks, chunk = task % chunks;
+        const int64_t b = head / args.queries.heads, h = head % args.queries.heads;
+        const auto first_tile =
+            static_cast<size_t>(chunk) * key_tiles / static_cast<size_t>(chunks);
+        const auto last_tile =
+            static_cast<size_t>(chunk + 1) * key_tiles / static_cast<size_t>(chunks);
+        const TaskOutputs outputs =
+            chunks > 1
+                ? TaskOutputs{partial_grad_queries.data() + static_cast<size_t>(task) * n * hidden,
+                              static_cast<int64_t>(hidden),
+                              partial_grad_weights.data() + static_cast<size_t>(task) * hidden}
+                : TaskOutputs{args.grad_queries.matrix(b, h), args.grad_queries.row_stride,
+                              partial_grad_weights.data() + static_cast<size_t>(task) * hidden};
+        AdditiveBackwardTask(args, b, h, first_tile, last_tile, outputs, scratch);
+      }
+    }
+  }
+  if (out_of_memory)
+    throw Error("additive_attention_backward: could not allocate per-thread scratch memory");
+  if (chunks > 1) {
+    for (int64_t head = 0; head < heads; ++head) {
+      float* grad_queries =
+          args.grad_queries.matrix(head / args.queries.heads, head % args.queries.heads);
+      for (size_t i = 0; i < n; ++i) {
+        float* row = grad_queries + static_cast<int64_t>(i) * args.grad_queries.row_stride;
+        for (size_t t = 0; t < hidden; ++t) {
+          float sum = 0.0F;
+          for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+            sum +=
+                partial_grad_queries[(static_cast<size_t>(head * chunks + chunk) * n + i) * hidden +
+                                     t];
+          }
+          row[t] = sum;
+        }
+      }
+    }
+  }
+  for (size_t t = 0; t < hidden; ++t) {
+    double sum = 0.0;
+    for (int64_t task = 0; task < tasks; ++task)
+      sum += partial_grad_weights[static_cast<size_t>(task) * hidden + t];
+    args.grad_weights[t] = static_cast<float>(sum);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+
+HWY_EXPORT(AdditiveBackward);
+
+namespace {
+// ShapeError unless `view` holds the batch × heads matrices of rows × cols named in `expected`.
+void require_matrices(const ConstHeadsView& view, std::string_view name, int64_t batch,
+                      int64_t heads, int64_t rows, int64_t cols, std::string_view expected) {
+  if (view.batch != batch || view.heads != heads || view.rows != rows || view.cols != cols) {
+    throw ShapeError(std::string(name) + ": expected " + std::to_string(batch) + " × " +
+                     std::to_string(heads) + " heads of " + std::to_string(rows) + " × " +
+                     std::to_string(cols) + " (" + std::string(expected) + "), got " +
+                     std::to_string(view.batch) + " × " + std::to_string(view.heads) + " of " +
+                     std::to_string(view.rows) + " × " + std::to_string(view.cols));
+  }
+}
+
+void require_hidden_size(size_t size, std::string_view name, int64_t hidden) {
+  if (static_cast<int64_t>(size) != hidden) {
+    throw ShapeError(std::string(name) + ": expected " + std::to_string(hidden) +
+                     " values (the hidden size of projected_queries), got " + std::to_string(size));
+  }
+}
+}  // namespace
+
+void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
+                                 std::span<const float> w_v, ConstHeadsView values,
+                                 ConstHeadsView out, ConstHeadsView grad_out,
+                                 const float* log_sum_exp, const ValidLengths& valid_lens,
+                                 const FlashAttentionOptions& options,
+                                 HeadsView grad_projected_queries, HeadsView grad_projected_keys,
+                                 std::span<float> grad_w_v, HeadsView grad_v) {
+  const ConstHeadsView& a = projected_queries;
+  const int64_t batch = a.batch, heads = a.heads, n = a.rows, hidden = a.cols;
+  const int64_t m = projected_keys.rows, dv = values.cols;
+  require_hidden_size(w_v.size(), "w_v", hidden);
+  require_hidden_size(grad_w_v.size(), "grad_w_v", hidden);
+  require_matrices(projected_keys, "projected_keys", batch, heads, m, hidden,
+                   "the hidden size of projected_queries");
+  require_matrices(values, "values", batch, heads, m, dv, "one row per key");
+  require_matrices(out, "out", batch, heads, n, dv, "one row per query, as wide as values");
+  require_matrices(grad_out, "grad_out", batch, heads, n, dv, "as out");
+  require_matrices(grad_projected_queries, "grad_projected_queries", batch, heads, n, hidden,
+                   "as projected_queries");
+  require_matrices(grad_projected_keys, "grad_projected_keys", batch, heads, m, hidden,
+                   "as projected_keys");
+  require_matrices(grad_v, "grad_v", batch, heads, m, dv, "as values");
+  if (log_sum_exp == nullptr)
+    throw ValueError("log_sum_exp: expected the forward pass's values, got a null pointer");
+  if (m > std::numeric_limits<int32_t>::max()) {
+    throw ValueError("projected_keys: expected at most 2^31 − 1 keys, got " + std::to_string(m));
+  }
+  if (!(options.dropout >= 0.0F && options.dropout < 1.0F)) {
+    throw ValueError("dropout: expected a probability in [0, 1) for the fused kernel, got " +
+                     std::to_string(options.dropout));
+  }
+  valid_lens.check("valid_lens", batch, n, m);
+  if (batch == 0 || heads == 0) {
+    std::fill(grad_w_v.begin(), grad_w_v.end(), 0.0F);
+    return;
+  }
+  const additive_backward_detail::AdditiveBackwardArgs args{a,
+                                                            projected_keys,
+                                                            values,
+                                                            out,
+                                                            grad_out,
+                                                            w_v.data(),
+                                                            log_sum_exp,
+                                                            &valid_lens,
+                                                            options,
+                                                            grad_projected_queries,
+                                                            grad_projected_keys,
+                                                            grad_v,
+                                                            grad_w_v.data()};
+  HWY_DYNAMIC_DISPATCH(AdditiveBackward)(args);
+}
+
+}  // namespace attn
+#endif  // HWY_ONCE
