@@ -79,6 +79,7 @@ void register_benchmarks() {
       for (const AttentionCase& entry : attn::bench::attention_cases()) {
         if (!entry.uses_threads && threads != 1) continue;
         if (entry.working_set_bytes(shape_for(length)) > kPlainMaxBytes) continue;
+        if (entry.max_length > 0 && length > entry.max_length) continue;
         benchmark::RegisterBenchmark((entry.name + suffix).c_str(), run_case, entry, length,
                                      threads)
             ->UseRealTime()

@@ -1,6 +1,7 @@
 // The benchmark case table: dot-product attention forward, fused (attn::flash_attention_forward on
 // strided heads) and plain (the book's bmm + masked softmax + bmm), without mask, with padded
-// batches and causal.
+// batches and causal; its backward pass, fused and plain; and the AdditiveAttention layer's forward
+// and backward passes, fused and on its reference path.
 #include "bench/attention_cases.hpp"
 
 #include <algorithm>
@@ -15,7 +16,9 @@
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "attn/kernels/masked_softmax.hpp"
+#include "attn/kernels/masked_softmax_backward.hpp"
 #include "attn/kernels/matmul.hpp"
+#include "attn/nn/additive_attention.hpp"
 
 namespace attn::bench {
 
@@ -42,7 +45,9 @@ ValidLengths padding_lengths(Mask mask, const AttentionShape& shape, uint64_t se
   return ValidLengths::per_batch(std::move(lengths));
 }
 
-double useful_flops(Mask mask, const AttentionShape& shape, const ValidLengths& padding) {
+// `flops_per_pair` times the visible (query, key) pairs of every batch element and head.
+double useful_flops(Mask mask, const AttentionShape& shape, const ValidLengths& padding,
+                    double flops_per_pair) {
   const int64_t n = shape.queries, m = shape.keys;
   double visible = 0.0;  // Σ over batch and query of the keys the query sees
   for (int64_t b = 0; b < shape.batch; ++b) {
@@ -52,7 +57,11 @@ double useful_flops(Mask mask, const AttentionShape& shape, const ValidLengths& 
       visible += static_cast<double>(keys);
     }
   }
-  return 4.0 * static_cast<double>(shape.heads * shape.head_dim) * visible;
+  return flops_per_pair * static_cast<double>(shape.heads) * visible;
+}
+
+double dot_forward_flops(const AttentionShape& shape) {
+  return 4.0 * static_cast<double>(shape.head_dim);
 }
 
 float default_scale(const AttentionShape& shape) {
@@ -78,7 +87,7 @@ PreparedCase prepare_fused(Mask mask, const AttentionShape& shape, uint64_t seed
   state->options = {default_scale(shape), mask == Mask::kCausal};
   state->heads = shape.heads;
   PreparedCase prepared;
-  prepared.useful_flops = useful_flops(mask, shape, state->lengths);
+  prepared.useful_flops = useful_flops(mask, shape, state->lengths, dot_forward_flops(shape));
   prepared.padding_lengths = state->lengths.values();
   prepared.run = [state] {
     const State& s = *state;
@@ -110,7 +119,7 @@ PreparedCase prepare_plain(Mask mask, const AttentionShape& shape, uint64_t seed
   }
   state->scale = default_scale(shape);
   PreparedCase prepared;
-  prepared.useful_flops = useful_flops(mask, shape, padding);
+  prepared.useful_flops = useful_flops(mask, shape, padding, dot_forward_flops(shape));
   prepared.padding_lengths = padding.values();
   prepared.run = [state] {
     State& s = *state;
@@ -123,12 +132,138 @@ PreparedCase prepare_plain(Mask mask, const AttentionShape& shape, uint64_t seed
   return prepared;
 }
 
+// Backward, fused: the forward pass (with its log-sum-exp) runs in preparation; each timed pass is
+// flash_attention_backward alone, on the same strided heads.
+PreparedCase prepare_fused_backward(Mask mask, const AttentionShape& shape, uint64_t seed) {
+  struct State {
+    Tensor q, k, v, out, grad_out, grad_q, grad_k, grad_v;
+    std::vector<float> log_sum_exp;
+    ValidLengths lengths;
+    FlashAttentionOptions options;
+    int64_t heads = 0;
+  };
+  auto state = std::make_shared<State>();
+  Rng rng(seed);
+  const int64_t width = shape.heads * shape.head_dim;
+  const Shape query_shape{shape.batch, shape.queries, width},
+      key_shape{shape.batch, shape.keys, width};
+  state->q = random_tensor(query_shape, rng);
+  state->k = random_tensor(key_shape, rng);
+  state->v = random_tensor(key_shape, rng);
+  state->grad_out = random_tensor(query_shape, rng);
+  state->out = Tensor(query_shape);
+  state->grad_q = Tensor(query_shape);
+  state->grad_k = Tensor(key_shape);
+  state->grad_v = Tensor(key_shape);
+  state->log_sum_exp.resize(static_cast<size_t>(shape.batch * shape.heads * shape.queries));
+  state->lengths = padding_lengths(mask, shape, seed);
+  state->options = {default_scale(shape), mask == Mask::kCausal};
+  state->heads = shape.heads;
+  const int64_t heads = shape.heads;
+  flash_attention_forward(split_heads(state->q, heads, "queries"),
+                          split_heads(state->k, heads, "keys"),
+                          split_heads(state->v, heads, "values"), state->lengths, state->options,
+                          split_heads(state->out, heads, "out"), state->log_sum_exp.data());
+  PreparedCase prepared;
+  prepared.useful_flops = useful_flops(mask, shape, state->lengths, 2 * dot_forward_flops(shape));
+  prepared.padding_lengths = state->lengths.values();
+  prepared.run = [state] {
+    State& s = *state;
+    flash_attention_backward(
+        split_heads(s.q, s.heads, "queries"), split_heads(s.k, s.heads, "keys"),
+        split_heads(s.v, s.heads, "values"), split_heads(s.out, s.heads, "out"),
+        split_heads(s.grad_out, s.heads, "grad_out"), s.log_sum_exp.data(), s.lengths, s.options,
+        split_heads(s.grad_q, s.heads, "grad_q"), split_heads(s.grad_k, s.heads, "grad_k"),
+        split_heads(s.grad_v, s.heads, "grad_v"));
+  };
+  return prepared;
+}
+
+// Backward, plain: what autograd runs for the book's code, from the weights P it saved:
+// dV = Pᵀ dO, dP = dO Vᵀ, dS = softmax backward, dQ = c·dS K, dK = c·dSᵀ Q.
+PreparedCase prepare_plain_backward(Mask mask, const AttentionShape& shape, uint64_t seed) {
+  struct State {
+    Tensor q, k, v, weights, grad_out, grad_q, grad_k, grad_v;
+    float scale = 1.0F;
+  };
+  auto state = std::make_shared<State>();
+  Rng rng(seed);
+  const int64_t batch_heads = shape.batch * shape.heads;
+  const Shape query_shape{batch_heads, shape.queries, shape.head_dim},
+      key_shape{batch_heads, shape.keys, shape.head_dim};
+  state->q = random_tensor(query_shape, rng);
+  state->k = random_tensor(key_shape, rng);
+  state->v = random_tensor(key_shape, rng);
+  state->grad_out = random_tensor(query_shape, rng);
+  state->grad_q = Tensor(query_shape);
+  state->grad_k = Tensor(key_shape);
+  state->grad_v = Tensor(key_shape);
+  const ValidLengths padding = padding_lengths(mask, shape, seed);
+  ValidLengths lengths = padding.repeat_interleave(shape.heads);
+  if (mask == Mask::kCausal)
+    lengths = lengths.with_causal_mask(batch_heads, shape.queries, shape.keys);
+  state->scale = default_scale(shape);
+  state->weights = Tensor(Shape{batch_heads, shape.queries, shape.keys});
+  batched_matmul_transposed(state->q, state->k, state->weights);
+  for (float& score : state->weights.span()) score *= state->scale;
+  masked_softmax(state->weights, lengths, state->weights);
+  PreparedCase prepared;
+  prepared.useful_flops = useful_flops(mask, shape, padding, 2 * dot_forward_flops(shape));
+  prepared.padding_lengths = padding.values();
+  prepared.run = [state] {
+    State& s = *state;
+    batched_transposed_matmul(s.weights, s.grad_out, s.grad_v);
+    Tensor grad_scores(s.weights.shape());
+    batched_matmul_transposed(s.grad_out, s.v, grad_scores);
+    masked_softmax_backward(s.weights, grad_scores, grad_scores);
+    for (float& value : grad_scores.span()) value *= s.scale;
+    batched_matmul(grad_scores, s.k, s.grad_q);
+    batched_transposed_matmul(grad_scores, s.q, s.grad_k);
+  };
+  return prepared;
+}
+
+// Additive attention is the AdditiveAttention layer in evaluation mode, projections included, on
+// the book's shapes: B batch elements (no heads) of n queries, m keys and values of size d, and
+// hidden size h = d. Forward passes time forward(); backward passes time backward() after a
+// forward pass in preparation.
+PreparedCase prepare_additive(bool fused, bool backward, const AttentionShape& shape,
+                              uint64_t seed) {
+  struct State {
+    std::unique_ptr<AdditiveAttention> layer;
+    Tensor q, k, v, grad_out;
+  };
+  auto state = std::make_shared<State>();
+  Rng rng(seed);
+  const int64_t d = shape.head_dim;
+  state->layer = std::make_unique<AdditiveAttention>(d, d, d, 0.0F, seed);
+  state->layer->eval();
+  state->layer->set_path(fused ? AttentionPath::kFused : AttentionPath::kReference);
+  state->q = random_tensor(Shape{shape.batch, shape.queries, d}, rng);
+  state->k = random_tensor(Shape{shape.batch, shape.keys, d}, rng);
+  state->v = random_tensor(Shape{shape.batch, shape.keys, d}, rng);
+  state->grad_out = random_tensor(Shape{shape.batch, shape.queries, d}, rng);
+  PreparedCase prepared;
+  const double pairs =
+      static_cast<double>(shape.batch) * static_cast<double>(shape.queries * shape.keys);
+  prepared.useful_flops = pairs * (backward ? 2.0 : 1.0) *
+                          (3.0 * static_cast<double>(d) + 2.0 * static_cast<double>(d));
+  if (backward) {
+    state->layer->forward(state->q, state->k, state->v);
+    prepared.run = [state] { state->layer->backward(state->grad_out); };
+  } else {
+    prepared.run = [state] { state->layer->forward(state->q, state->k, state->v); };
+  }
+  return prepared;
+}
+
 double score_bytes(const AttentionShape& shape) {
   return 4.0 * static_cast<double>(shape.batch * shape.heads) * static_cast<double>(shape.queries) *
          static_cast<double>(shape.keys);
 }
 
-AttentionCase dot_case(std::string name, std::string workload, Mask mask, bool fused) {
+AttentionCase dot_case(std::string name, std::string workload, Mask mask, bool fused,
+                       bool backward = false) {
   AttentionCase entry;
   entry.name = std::move(name);
   entry.workload = std::move(workload);
@@ -137,9 +272,35 @@ AttentionCase dot_case(std::string name, std::string workload, Mask mask, bool f
   entry.working_set_bytes =
       fused
           ? std::function<double(const AttentionShape&)>([](const AttentionShape&) { return 0.0; })
-          : score_bytes;
-  entry.prepare = [mask, fused](const AttentionShape& shape, uint64_t seed) {
+          : std::function<double(const AttentionShape&)>([backward](const AttentionShape& shape) {
+              // The backward pass holds the weights and the score gradients.
+              return (backward ? 2.0 : 1.0) * score_bytes(shape);
+            });
+  entry.prepare = [mask, fused, backward](const AttentionShape& shape, uint64_t seed) {
+    if (backward)
+      return fused ? prepare_fused_backward(mask, shape, seed)
+                   : prepare_plain_backward(mask, shape, seed);
     return fused ? prepare_fused(mask, shape, seed) : prepare_plain(mask, shape, seed);
+  };
+  return entry;
+}
+
+AttentionCase additive_case(std::string name, std::string workload, bool fused, bool backward) {
+  AttentionCase entry;
+  entry.name = std::move(name);
+  entry.workload = std::move(workload);
+  entry.path = fused ? "fused" : "plain";
+  // The fused kernels thread; the reference path's score loops are serial.
+  entry.uses_threads = fused;
+  entry.max_length = fused ? 0 : 1024;
+  entry.working_set_bytes = [fused, backward](const AttentionShape& shape) {
+    if (fused) return 0.0;
+    const double scores = 4.0 * static_cast<double>(shape.batch) *
+                          static_cast<double>(shape.queries) * static_cast<double>(shape.keys);
+    return (backward ? 2.0 : 1.0) * scores;
+  };
+  entry.prepare = [fused, backward](const AttentionShape& shape, uint64_t seed) {
+    return prepare_additive(fused, backward, shape, seed);
   };
   return entry;
 }
@@ -154,6 +315,12 @@ const std::vector<AttentionCase>& attention_cases() {
       dot_case("plain-padded", "dot-padded", Mask::kPadded, false),
       dot_case("fused-causal", "dot-causal", Mask::kCausal, true),
       dot_case("plain-causal", "dot-causal", Mask::kCausal, false),
+      dot_case("fused-backward", "dot-backward", Mask::kNone, true, true),
+      dot_case("plain-backward", "dot-backward", Mask::kNone, false, true),
+      additive_case("fused-additive", "additive", true, false),
+      additive_case("plain-additive", "additive", false, false),
+      additive_case("fused-add-backward", "additive-backward", true, true),
+      additive_case("plain-add-backward", "additive-backward", false, true),
   };
   return cases;
 }

@@ -195,6 +195,13 @@ BenchReport run_benchmarks(const BenchOptions& options) {
     }
     for (const std::string& name : options.cases) {
       const AttentionCase& entry = bench::find_attention_case(name);
+      if (entry.max_length > 0 && length > entry.max_length) {
+        if (verbose) {
+          progress("skipping " + name + " n=" + std::to_string(length) +
+                   ": it runs up to n=" + std::to_string(entry.max_length));
+        }
+        continue;
+      }
       if (entry.working_set_bytes(shape) > budget) {
         if (verbose) {
           progress("skipping " + name + " n=" + std::to_string(length) +
@@ -248,9 +255,9 @@ std::string mebibytes(const std::optional<int64_t>& bytes) {
 }
 
 void print_table(const BenchReport& report, const BenchOptions& options) {
-  std::cout << "attn bench: dot-product attention forward, B=" << options.batch
-            << ", heads=" << options.heads << ", d=" << options.head_dim << ", n=m; median of "
-            << options.repeats << " passes after one warm-up\n"
+  std::cout << "attn bench: B=" << options.batch << ", heads=" << options.heads
+            << ", d=" << options.head_dim << ", n=m (additive: B batch elements of size d, h=d, "
+            << "no heads); median of " << options.repeats << " passes after one warm-up\n"
             << "machine: " << report.cpu << "\n"
             << "load average (1, 5, 15 min): " << report.load_before << " before, "
             << report.load_after << " after\n";
@@ -267,12 +274,15 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
                  "OPENBLAS_CORETYPE=SkylakeX selects its AVX-512 ones\n";
   }
   std::cout << kMemoryMethod << "\n"
-            << "GFLOP/s count 4*B*H*d per visible (query, key) pair: masked work is not counted\n"
+            << "GFLOP/s count, per visible (query, key) pair of every batch element and head, "
+               "4*d for dot-product forward, 8*d for its backward (dV, dP, dQ, dK), 3*h+2*d for "
+               "additive forward (tanh not counted), 6*h+4*d for its backward: masked work is "
+               "not counted\n"
             << "% peak: of the FMA peak at the same thread count; x sgemm: rate / the sgemm rate "
                "on the attention shapes (n x d)(d x m) + (n x m)(m x d); vs plain: plain time / "
                "this time (the plain path is serial and is measured with 1 thread)\n\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%-14s %6s %7s %10s %9s %7s %8s %9s %12s\n", "case", "n",
+  std::snprintf(line, sizeof line, "%-18s %6s %7s %10s %9s %7s %8s %9s %12s\n", "case", "n",
                 "threads", "ms", "GFLOP/s", "% peak", "x sgemm", "vs plain", "extra memory");
   std::cout << line;
   const auto optional_text = [](const std::optional<double>& value, double scale, int decimals,
@@ -287,7 +297,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
           peak == report.peaks.end()
               ? std::nullopt
               : std::optional<double>(sgemm.ceiling.gflops / peak->second.gflops);
-      std::snprintf(line, sizeof line, "%-14s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n", "sgemm",
+      std::snprintf(line, sizeof line, "%-18s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n", "sgemm",
                     static_cast<long long>(length), sgemm.threads, sgemm.ceiling.milliseconds,
                     sgemm.ceiling.gflops, optional_text(fraction, 100, 1, "").c_str(), "1.00", "-",
                     "-");
@@ -295,7 +305,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
     }
     for (const CaseRow& row : report.rows) {
       if (row.length != length) continue;
-      std::snprintf(line, sizeof line, "%-14s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n",
+      std::snprintf(line, sizeof line, "%-18s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n",
                     row.name.c_str(), static_cast<long long>(row.length), row.threads,
                     row.milliseconds, row.gflops,
                     optional_text(row.peak_fraction, 100, 1, "").c_str(),
@@ -384,9 +394,11 @@ void add_bench_command(CLI::App& app) {
     case_names += (case_names.empty() ? "" : ", ") + entry.name;
   }
   command->footer(
-      "Dot-product attention forward at B x heads x n x d (n = m): the fused kernel and the "
-      "plain path that materialises the scores, without mask, with padded batches (valid lengths "
-      "uniform in [1, m], seeded) and causal. The FMA peak and the sgemm ceiling are measured in "
+      "Dot-product attention at B x heads x n x d (n = m): the fused kernel and the plain path "
+      "that materialises the scores, forward without mask, with padded batches (valid lengths "
+      "uniform in [1, m], seeded) and causal, and backward without mask; additive attention "
+      "(the AdditiveAttention layer, h = d) forward and backward, fused and on its reference "
+      "path (up to n = 1024). The FMA peak and the sgemm ceiling are measured in "
       "the same run. Timings are only meaningful on an otherwise idle machine (see the load "
       "average in the output). Cases: " +
       case_names + ".");
