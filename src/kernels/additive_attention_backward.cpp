@@ -63,6 +63,7 @@ constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
+#include "kernels/softmax_exp-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -267,7 +268,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
               hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, s.lengths + first + r)));
           float* p = s.probabilities + j * br + r;
           const V shifted = hn::Sub(hn::Load(d, p), hn::Load(d, s.lse + first + r));
-          hn::Store(hn::IfThenElseZero(visible, hn::Exp(d, shifted)), d, p);
+          hn::Store(hn::IfThenElseZero(visible, SoftmaxExp(d, shifted)), d, p);
         }
       }
       // The forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.

@@ -39,7 +39,7 @@ inline int64_t visible_keys(const ForwardArgs& args, int64_t b, int64_t i) {
 }
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
-constexpr size_t kKeyTile = 128;     // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
+constexpr size_t kKeyTile = 64;     // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
 
 }  // namespace attn::flash_detail
 #endif
@@ -53,6 +53,7 @@ constexpr size_t kKeyTile = 128;     // Bc: Sᵀ (Bc × Br floats) stays in L1 a
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
+#include "kernels/softmax_exp-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -164,41 +165,47 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
         hn::Store(hn::IfThenElse(visible, hn::Load(d, score), minus_infinity), d, score);
       }
     }
-    // Online softmax, lane-wise over queries.
-    for (size_t r = 0; r < br; r += lanes) {
-      const V old_max = hn::Load(d, s.row_max + r);
-      V new_max = old_max;
-      for (size_t j = 0; j < bc; ++j)
-        new_max = hn::Max(new_max, hn::Load(d, s.scores + j * br + r));
+    // Online softmax, lane-wise over queries; the kVectors query vectors g of each key row
+    // are adjacent in memory and give independent dependency chains.
+    constexpr size_t kVectors = flash_detail::kQueryVectors;
+    V row_max[kVectors], shift[kVectors], sum[kVectors];
+    for (size_t g = 0; g < kVectors; ++g) row_max[g] = hn::Load(d, s.row_max + g * lanes);
+    for (size_t j = 0; j < bc; ++j) {
+      for (size_t g = 0; g < kVectors; ++g)
+        row_max[g] = hn::Max(row_max[g], hn::Load(d, s.scores + j * br + g * lanes));
+    }
+    for (size_t g = 0; g < kVectors; ++g) {
       // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
-      const V shift = hn::IfThenZeroElse(hn::Eq(new_max, minus_infinity), new_max);
-      const V rescale = hn::Exp(d, hn::Sub(old_max, shift));
-      V sum = hn::Zero(d);
-      for (size_t j = 0; j < bc; ++j) {
-        float* score = s.scores + j * br + r;
-        const V p = hn::Exp(d, hn::Sub(hn::Load(d, score), shift));
+      shift[g] = hn::IfThenZeroElse(hn::Eq(row_max[g], minus_infinity), row_max[g]);
+      hn::Store(SoftmaxExp(d, hn::Sub(hn::Load(d, s.row_max + g * lanes), shift[g])), d,
+                s.row_rescale + g * lanes);
+      hn::Store(row_max[g], d, s.row_max + g * lanes);
+      sum[g] = hn::Zero(d);
+    }
+    for (size_t j = 0; j < bc; ++j) {
+      for (size_t g = 0; g < kVectors; ++g) {
+        float* score = s.scores + j * br + g * lanes;
+        const V p = SoftmaxExp(d, hn::Sub(hn::Load(d, score), shift[g]));
         hn::Store(p, d, score);
-        sum = hn::Add(sum, p);
-      }
-      hn::Store(hn::MulAdd(hn::Load(d, s.row_sum + r), rescale, sum), d, s.row_sum + r);
-      hn::Store(new_max, d, s.row_max + r);
-      hn::Store(rescale, d, s.row_rescale + r);
-      // Dropout after the sum: the normaliser counts every weight, the product only the kept ones.
-      if (dropout) {
-        const auto row_keys = hn::Load(du, s.row_keys + r);
-        for (size_t j = 0; j < bc; ++j) {
-          float* p = s.scores + j * br + r;
-          const auto key = static_cast<uint32_t>(key0 + static_cast<int64_t>(j));
-          hn::Store(dropout_applier.Apply(d, row_keys, key, hn::Load(d, p)), d, p);
-        }
+        sum[g] = hn::Add(sum[g], p);
       }
     }
-    // O = O · rescale + P V.
-    for (size_t r = 0; r < rows; ++r) {
-      const V rescale = hn::Set(d, s.row_rescale[r]);
-      float* row = s.output + r * dv_padded;
-      for (size_t t = 0; t < dv_padded; t += lanes)
-        hn::Store(hn::Mul(hn::Load(d, row + t), rescale), d, row + t);
+    for (size_t g = 0; g < kVectors; ++g) {
+      float* row_sum = s.row_sum + g * lanes;
+      hn::Store(hn::MulAdd(hn::Load(d, row_sum), hn::Load(d, s.row_rescale + g * lanes), sum[g]), d,
+                row_sum);
+    }
+    // Dropout after the sum: the normaliser counts every weight, the product only the kept ones.
+    if (dropout) {
+      for (size_t j = 0; j < bc; ++j) {
+        const auto key = static_cast<uint32_t>(key0 + static_cast<int64_t>(j));
+        for (size_t g = 0; g < kVectors; ++g) {
+          float* p = s.scores + j * br + g * lanes;
+          hn::Store(
+              dropout_applier.Apply(d, hn::Load(du, s.row_keys + g * lanes), key, hn::Load(d, p)),
+              d, p);
+        }
+      }
     }
     const float* value_rows = v + key0 * args.v.row_stride;
     size_t value_stride = static_cast<size_t>(args.v.row_stride);
@@ -211,8 +218,9 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
       value_rows = s.values;
       value_stride = dv_padded;
     }
+    // O = O · rescale + P V.
     Gemm<true>(d, rows, dv_padded / lanes, s.scores, 1, br, value_rows, value_stride, bc, s.output,
-               dv_padded);
+               dv_padded, s.row_rescale);
   }
 
   // Normalise; a row that saw no key has sum 0 and gets a zero output.

@@ -48,6 +48,7 @@ constexpr size_t kKeyTile = 64;
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "kernels/softmax_exp-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -205,7 +206,7 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
               hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, s.lengths + first + r)));
           float* p = s.probabilities + j * br + r;
           const V shifted = hn::Sub(hn::Load(d, p), hn::Load(d, s.lse + first + r));
-          hn::Store(hn::IfThenElseZero(visible, hn::Exp(d, shifted)), d, p);
+          hn::Store(hn::IfThenElseZero(visible, SoftmaxExp(d, shifted)), d, p);
         }
       }
       // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.

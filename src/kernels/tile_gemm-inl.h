@@ -26,17 +26,25 @@ constexpr size_t kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 2;
 constexpr size_t kMaxVectors = 4;
 
 // C[r, v·N …] (= or +=) Σ_k A(r, k) · B[k, v·N …] for r < MR, v < NR, where A(r, k) is the scalar
-// a[r·a_row + k·a_col] (broadcast) and B's rows are ldb apart; C's rows are ldc apart.
+// a[r·a_row + k·a_col] (broadcast) and B's rows are ldb apart; C's rows are ldc apart. When
+// accumulating with `c_scale`, row r of C is first multiplied by c_scale[r] (the online softmax's
+// rescaling, folded into the load C needs anyway).
 template <size_t MR, size_t NR, bool kAccumulate, class D>
 HWY_INLINE void MicroKernel(D d, const float* HWY_RESTRICT a, size_t a_row, size_t a_col,
                             const float* HWY_RESTRICT b, size_t ldb, size_t depth,
-                            float* HWY_RESTRICT c, size_t ldc) {
+                            float* HWY_RESTRICT c, size_t ldc, const float* c_scale) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   V acc[MR][NR];
   for (size_t r = 0; r < MR; ++r) {
-    for (size_t v = 0; v < NR; ++v)
-      acc[r][v] = kAccumulate ? hn::LoadU(d, c + r * ldc + v * lanes) : hn::Zero(d);
+    for (size_t v = 0; v < NR; ++v) {
+      if constexpr (kAccumulate) {
+        acc[r][v] = hn::LoadU(d, c + r * ldc + v * lanes);
+        if (c_scale != nullptr) acc[r][v] = hn::Mul(acc[r][v], hn::Set(d, c_scale[r]));
+      } else {
+        acc[r][v] = hn::Zero(d);
+      }
+    }
   }
   for (size_t k = 0; k < depth; ++k) {
     const float* HWY_RESTRICT b_row = b + k * ldb;
@@ -55,50 +63,59 @@ HWY_INLINE void MicroKernel(D d, const float* HWY_RESTRICT a, size_t a_row, size
 // The same for any number of rows (< kMaxRows after the full blocks) and NR vectors.
 template <size_t NR, bool kAccumulate, class D>
 HWY_INLINE void RowBlocks(D d, size_t rows, const float* a, size_t a_row, size_t a_col,
-                          const float* b, size_t ldb, size_t depth, float* c, size_t ldc) {
+                          const float* b, size_t ldb, size_t depth, float* c, size_t ldc,
+                          const float* c_scale) {
   size_t r = 0;
   for (; r + kMaxRows <= rows; r += kMaxRows) {
     MicroKernel<kMaxRows, NR, kAccumulate>(d, a + r * a_row, a_row, a_col, b, ldb, depth,
-                                           c + r * ldc, ldc);
+                                           c + r * ldc, ldc, c_scale ? c_scale + r : nullptr);
   }
   const size_t left = rows - r;
   const float* a_left = a + r * a_row;
   float* c_left = c + r * ldc;
+  const float* scale_left = c_scale ? c_scale + r : nullptr;
   if constexpr (kMaxRows > 1) {
     if (left == 1)
-      MicroKernel<1, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+      MicroKernel<1, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
+                                      scale_left);
   }
   if constexpr (kMaxRows > 2) {
     if (left == 2)
-      MicroKernel<2, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+      MicroKernel<2, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
+                                      scale_left);
     if (left == 3)
-      MicroKernel<3, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+      MicroKernel<3, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
+                                      scale_left);
     if (left == 4)
-      MicroKernel<4, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+      MicroKernel<4, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
+                                      scale_left);
     if (left == 5)
-      MicroKernel<5, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc);
+      MicroKernel<5, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
+                                      scale_left);
   }
 }
 
-// C (rows × vectors·N) (= or +=) A · B for any vector count, in column blocks of kMaxVectors.
+// C (rows × vectors·N) (= or +=) A · B for any vector count, in column blocks of kMaxVectors;
+// `c_scale` (rows values, or null) as in MicroKernel.
 template <bool kAccumulate, class D>
 HWY_NOINLINE void Gemm(D d, size_t rows, size_t vectors, const float* a, size_t a_row, size_t a_col,
-                       const float* b, size_t ldb, size_t depth, float* c, size_t ldc) {
+                       const float* b, size_t ldb, size_t depth, float* c, size_t ldc,
+                       const float* c_scale = nullptr) {
   const size_t lanes = hn::Lanes(d);
   size_t v = 0;
   for (; v + kMaxVectors <= vectors; v += kMaxVectors) {
     RowBlocks<kMaxVectors, kAccumulate>(d, rows, a, a_row, a_col, b + v * lanes, ldb, depth,
-                                        c + v * lanes, ldc);
+                                        c + v * lanes, ldc, c_scale);
   }
   const size_t left = vectors - v;
   const float* b_left = b + v * lanes;
   float* c_left = c + v * lanes;
   if (left == 1)
-    RowBlocks<1, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
+    RowBlocks<1, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc, c_scale);
   if (left == 2)
-    RowBlocks<2, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
+    RowBlocks<2, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc, c_scale);
   if (left == 3)
-    RowBlocks<3, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc);
+    RowBlocks<3, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc, c_scale);
 }
 
 // dropout_hash::bits for one key and the queries in the lanes of `row_keys` (see dropout_hash.hpp).
