@@ -19,6 +19,7 @@
 #include "attn/kernels/masked_softmax_backward.hpp"
 #include "attn/kernels/matmul.hpp"
 #include "attn/nn/additive_attention.hpp"
+#include "attn/nn/multi_head_attention.hpp"
 
 namespace attn::bench {
 
@@ -257,6 +258,29 @@ PreparedCase prepare_additive(bool fused, bool backward, const AttentionShape& s
   return prepared;
 }
 
+// Multi-head self-attention as nn.MultiheadAttention computes it (bench/compare_pytorch.py's
+// torch-mha): the MultiHeadAttention layer in evaluation mode with biases, D = heads·d, on
+// x (B, n, D) as queries, keys and values. Its flops count the four D × D projections too.
+PreparedCase prepare_multi_head(const AttentionShape& shape, uint64_t seed) {
+  struct State {
+    std::unique_ptr<MultiHeadAttention> layer;
+    Tensor x;
+  };
+  auto state = std::make_shared<State>();
+  Rng rng(seed);
+  const int64_t width = shape.heads * shape.head_dim;
+  state->layer = std::make_unique<MultiHeadAttention>(width, width, width, width, shape.heads, 0.0F,
+                                                      /*bias=*/true, seed);
+  state->layer->eval();
+  state->x = random_tensor(Shape{shape.batch, shape.queries, width}, rng);
+  PreparedCase prepared;
+  prepared.useful_flops =
+      useful_flops(Mask::kNone, shape, {}, dot_forward_flops(shape)) +
+      8.0 * static_cast<double>(shape.batch * shape.queries) * static_cast<double>(width * width);
+  prepared.run = [state] { state->layer->forward(state->x, state->x, state->x); };
+  return prepared;
+}
+
 double score_bytes(const AttentionShape& shape) {
   return 4.0 * static_cast<double>(shape.batch * shape.heads) * static_cast<double>(shape.queries) *
          static_cast<double>(shape.keys);
@@ -281,6 +305,18 @@ AttentionCase dot_case(std::string name, std::string workload, Mask mask, bool f
       return fused ? prepare_fused_backward(mask, shape, seed)
                    : prepare_plain_backward(mask, shape, seed);
     return fused ? prepare_fused(mask, shape, seed) : prepare_plain(mask, shape, seed);
+  };
+  return entry;
+}
+
+AttentionCase multi_head_case() {
+  AttentionCase entry;
+  entry.name = "fused-mha";
+  entry.workload = "mha";
+  entry.path = "fused";
+  entry.working_set_bytes = [](const AttentionShape&) { return 0.0; };
+  entry.prepare = [](const AttentionShape& shape, uint64_t seed) {
+    return prepare_multi_head(shape, seed);
   };
   return entry;
 }
@@ -317,6 +353,7 @@ const std::vector<AttentionCase>& attention_cases() {
       dot_case("plain-causal", "dot-causal", Mask::kCausal, false),
       dot_case("fused-backward", "dot-backward", Mask::kNone, true, true),
       dot_case("plain-backward", "dot-backward", Mask::kNone, false, true),
+      multi_head_case(),
       additive_case("fused-additive", "additive", true, false),
       additive_case("plain-additive", "additive", false, false),
       additive_case("fused-add-backward", "additive-backward", true, true),

@@ -26,7 +26,8 @@ struct PreparedCase {
   // Flops of the work the mask leaves, per visible (query, key) pair summed over batch, heads and
   // queries: 4·d for dot-product attention forward, 8·d for its backward pass (dV, dP, dQ, dK;
   // recomputing the scores is not counted), 3·h + 2·d for additive attention forward (add, w_v
-  // multiply-add; tanh not counted) and 6·h + 4·d for its backward. Masked cases count only
+  // multiply-add; tanh not counted) and 6·h + 4·d for its backward; multi-head attention adds its
+  // four projections, 8·B·n·(H·d)². Masked cases count only
   // this, so their rate compares with unmasked ones.
   double useful_flops = 0.0;
   // The valid length of each batch element of a padded case (empty for none), so that peers

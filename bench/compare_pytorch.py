@@ -149,6 +149,25 @@ def torch_cases(args, n, threads, attn_lengths):
             lambda: F.scaled_dot_product_attention(q4, k4, v4, attn_mask=sdpa_mask,
                                                    is_causal=causal), args.repeats)
         yield row("torch-sdpa", workload, n, threads, ms, flops, extra)
+    # Backward passes without mask (workload dot-backward), timed alone: one forward pass keeps its
+    # graph, then each timed pass is autograd's backward through it (torch.autograd.grad, so
+    # nothing accumulates). GFLOP/s count 8·d per pair (dV, dP, dQ, dK), as attn bench does.
+    flops = 2 * dot_flops(batch, heads, n, n, d, None, False)
+    if 4 * score_bytes <= budget:  # the saved weights, their gradient and the score gradient
+        inputs = [x.clone().requires_grad_() for x in (q3, k3, v3)]
+        out = book_dot_product(*inputs, None)
+        grad = rand(*out.shape)
+        ms, extra = time_median_ms(
+            lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True), args.repeats)
+        yield row("torch-book", "dot-backward", n, threads, ms, flops, extra)
+        del out
+    inputs = [x.clone().requires_grad_() for x in (q4, k4, v4)]
+    out = F.scaled_dot_product_attention(*inputs)
+    grad = rand(*out.shape)
+    ms, extra = time_median_ms(
+        lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True), args.repeats)
+    yield row("torch-sdpa", "dot-backward", n, threads, ms, flops, extra)
+    del out
     # nn.MultiheadAttention over (B, n, heads·d) with its four projections; need_weights=False
     # lets it take its fast path. Its GFLOP/s count the projections too (8·B·n·D² more).
     embed = heads * d
@@ -168,6 +187,17 @@ def torch_cases(args, n, threads, attn_lengths):
         flops = batch * n * n * (3.0 * hidden + 2.0 * d)
         ms, extra = time_median_ms(lambda: additive(qa, ka, va, None), args.repeats)
         yield row("torch-book-additive", "additive", n, threads, ms, flops, extra)
+        # Its backward pass, to the inputs and the three weight matrices, as attn's layer does.
+        # The graph holds the features, their tanh and its gradient: about 4 such tensors.
+        if 4 * 4.0 * batch * n * n * hidden <= budget:
+            inputs = [x.clone().requires_grad_() for x in (qa, ka, va)]
+            out = additive(*inputs, None)
+            grad = rand(*out.shape)
+            wrt = inputs + list(additive.parameters())
+            ms, extra = time_median_ms(
+                lambda: torch.autograd.grad(out, wrt, grad, retain_graph=True), args.repeats)
+            yield row("torch-book-additive", "additive-backward", n, threads, ms, 2 * flops, extra)
+            del out
 
 
 def row(name, workload, n, threads, ms, flops, extra):
@@ -249,12 +279,14 @@ def main():
     print(f"machine: {attn['machine']}; load average {load_before} before, {load_after} after")
     print("FMA peak: " + ", ".join(f"{t} thread(s) {g:.1f} GFLOP/s" for t, g in peaks.items()))
     print("GFLOP/s count only unmasked work; torch-mha counts its projections too; "
-          "'attn faster by' = this time / attn fused time (same workload, n, threads)")
+          "'attn faster by' = this time / attn fused time (same workload, n, threads); backward "
+          "rows time the backward pass alone")
     print(attn["memory_method"] + " (the same for PyTorch)\n")
-    header = f"{'workload':<11} {'n':>5} {'thr':>3} {'implementation':<20} {'ms':>10} " \
+    header = f"{'workload':<17} {'n':>5} {'thr':>3} {'implementation':<20} {'ms':>10} " \
              f"{'GFLOP/s':>8} {'% peak':>7} {'attn faster by':>14} {'extra memory':>13}"
     print(header)
-    order = ["dot", "dot-padded", "dot-causal", "mha", "additive"]
+    order = ["dot", "dot-padded", "dot-causal", "dot-backward", "mha", "additive",
+             "additive-backward"]
     rows.sort(key=lambda r: (order.index(r["workload"]) if r["workload"] in order else 99,
                              r["n"], r["threads"], r["impl"]))
     for r in rows:
@@ -262,7 +294,7 @@ def main():
         ratio = f"{r['ms'] / base:.2f}x" if base and r["impl"] != "attn-fused" else "-"
         peak = peaks.get(r["threads"])
         percent = f"{100 * r['gflops'] / peak:.1f}" if peak else "-"
-        print(f"{r['workload']:<11} {r['n']:>5} {r['threads']:>3} {r['impl']:<20} "
+        print(f"{r['workload']:<17} {r['n']:>5} {r['threads']:>3} {r['impl']:<20} "
               f"{r['ms']:>10.2f} {r['gflops']:>8.1f} {percent:>7} {ratio:>14} "
               f"{format_bytes(r['extra_bytes']):>13}")
     if args.json_out:

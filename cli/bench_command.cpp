@@ -276,8 +276,8 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
   std::cout << kMemoryMethod << "\n"
             << "GFLOP/s count, per visible (query, key) pair of every batch element and head, "
                "4*d for dot-product forward, 8*d for its backward (dV, dP, dQ, dK), 3*h+2*d for "
-               "additive forward (tanh not counted), 6*h+4*d for its backward: masked work is "
-               "not counted\n"
+               "additive forward (tanh not counted), 6*h+4*d for its backward; fused-mha adds its "
+               "projections, 8*B*n*(H*d)^2: masked work is not counted\n"
             << "% peak: of the FMA peak at the same thread count; x sgemm: rate / the sgemm rate "
                "on the attention shapes (n x d)(d x m) + (n x m)(m x d); vs plain: plain time / "
                "this time (the plain path is serial and is measured with 1 thread)\n\n";
@@ -396,7 +396,9 @@ void add_bench_command(CLI::App& app) {
   command->footer(
       "Dot-product attention at B x heads x n x d (n = m): the fused kernel and the plain path "
       "that materialises the scores, forward without mask, with padded batches (valid lengths "
-      "uniform in [1, m], seeded) and causal, and backward without mask; additive attention "
+      "uniform in [1, m], seeded) and causal, and backward without mask; the MultiHeadAttention "
+      "layer with its projections (fused-mha); "
+      "additive attention "
       "(the AdditiveAttention layer, h = d) forward and backward, fused and on its reference "
       "path (up to n = 1024). The FMA peak and the sgemm ceiling are measured in "
       "the same run. Timings are only meaningful on an otherwise idle machine (see the load "

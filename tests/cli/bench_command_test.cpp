@@ -43,9 +43,10 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
       EXPECT_DOUBLE_EQ(row["speedup_vs_plain"].get<double>(), 1.0) << name;
     }
   }
-  for (const char* name : {"fused", "plain", "fused-padded", "plain-padded", "fused-causal",
-                           "plain-causal", "fused-backward", "plain-backward", "fused-additive",
-                           "plain-additive", "fused-add-backward", "plain-add-backward"})
+  for (const char* name :
+       {"fused", "plain", "fused-padded", "plain-padded", "fused-causal", "plain-causal",
+        "fused-backward", "plain-backward", "fused-mha", "fused-additive", "plain-additive",
+        "fused-add-backward", "plain-add-backward"})
     EXPECT_TRUE(cases.contains(name)) << name;
   EXPECT_NE(result.out.find("FMA peak, 1 thread(s):"), std::string::npos) << result.out;
 }
