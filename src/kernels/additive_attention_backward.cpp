@@ -59,11 +59,10 @@ constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
 #include <hwy/aligned_allocator.h>
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
-#include "kernels/softmax_exp-inl.h"
+#include "kernels/fast_math-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -158,7 +157,7 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
       V grad_key = hn::Zero(d);
       for (size_t v = 0; v < NR; ++v) {
         const V grad_score = hn::Load(d, grad_scores + j * br + v * lanes);
-        const V u = hn::Tanh(d, hn::Add(queries[v], key));
+        const V u = AdditiveTanh(d, hn::Add(queries[v], key));
         grad_weight = hn::MulAdd(grad_score, u, grad_weight);
         const V weighted = hn::Mul(grad_score, weight);
         const V g = hn::NegMulAdd(hn::Mul(weighted, u), u, weighted);  // dS w (1 − u²)

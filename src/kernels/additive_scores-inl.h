@@ -8,8 +8,9 @@
 #define ATTN_KERNELS_ADDITIVE_SCORES_INL_H_
 #endif
 
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
+
+#include "kernels/fast_math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -36,7 +37,7 @@ HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t ke
     for (size_t r = 0; r < MR; ++r) {
       const V key = hn::Set(d, keys[r * key_stride + t]);
       for (size_t v = 0; v < NR; ++v) {
-        acc[r][v] = hn::MulAdd(weight, hn::Tanh(d, hn::Add(queries[v], key)), acc[r][v]);
+        acc[r][v] = hn::MulAdd(weight, AdditiveTanh(d, hn::Add(queries[v], key)), acc[r][v]);
       }
     }
   }

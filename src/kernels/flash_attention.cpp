@@ -39,7 +39,7 @@ inline int64_t visible_keys(const ForwardArgs& args, int64_t b, int64_t i) {
 }
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
-constexpr size_t kKeyTile = 64;     // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
+constexpr size_t kKeyTile = 64;      // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
 
 }  // namespace attn::flash_detail
 #endif
@@ -49,11 +49,10 @@ constexpr size_t kKeyTile = 64;     // Bc: Sᵀ (Bc × Br floats) stays in L1 at
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
 #include <hwy/aligned_allocator.h>
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
-#include "kernels/softmax_exp-inl.h"
+#include "kernels/fast_math-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();

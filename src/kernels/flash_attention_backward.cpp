@@ -45,10 +45,9 @@ constexpr size_t kKeyTile = 64;
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
 #include <hwy/aligned_allocator.h>
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
-#include "kernels/softmax_exp-inl.h"
+#include "kernels/fast_math-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();

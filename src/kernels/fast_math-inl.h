@@ -1,0 +1,81 @@
+// The fused kernels' elementwise math, per SIMD target (a Highway "-inl.h" header), cheaper than
+// hwy's general Exp and Tanh because each serves only the arguments the kernels give it.
+//
+// SoftmaxExp: exp(x) for the online softmax's arguments x = score − running max ≤ 0, in about
+// half the instructions of hwy::Exp. Cody–Waite reduction x = n·ln 2 + r with n = nearest(x·log2 e)
+// and |r| ≤ ln2 / 2, Cephes's degree-7 polynomial for e^r (within 1 ulp on that interval, measured
+// against double exp in tests/kernels/fast_math_test.cpp), then 2^n built in the exponent field.
+// Every x below −87 (−∞ included: masked keys) gives exactly 0, so 2^n stays a normal number;
+// exp(−87) ≈ 1.6e−38 is far below a float32 weight's resolution next to the row's maximum, whose
+// weight is 1.
+
+#if defined(ATTN_KERNELS_FAST_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_FAST_MATH_INL_H_
+#undef ATTN_KERNELS_FAST_MATH_INL_H_
+#else
+#define ATTN_KERNELS_FAST_MATH_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// exp(x) for x ≤ 0 or −∞: callers subtract the row's maximum (or log-sum-exp) first. Within
+// rounding above 0 it stays accurate (the backward passes' recomputed scores can exceed the
+// forward pass's maximum by an ulp); any other input (+∞ or NaN, which the backward passes mask
+// out afterwards) gives an unspecified value but never undefined behaviour.
+template <class D>
+HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
+  const hn::RebindToSigned<D> di;
+  const auto underflows = hn::Lt(x, hn::Set(d, -87.0F));
+  const auto n = hn::NearestInt(hn::Mul(x, hn::Set(d, 1.44269504088896341F)));
+  const auto n_float = hn::ConvertTo(d, n);
+  // ln 2 in two parts, the first exact in few bits, so n·ln2_high is exact.
+  auto r = hn::NegMulAdd(n_float, hn::Set(d, 0.693359375F), x);
+  r = hn::NegMulAdd(n_float, hn::Set(d, -2.12194440e-4F), r);
+  const auto r2 = hn::Mul(r, r);
+  auto p = hn::Set(d, 1.9875691500E-4F);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507E-3F));
+  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073E-3F));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894E-2F));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459E-1F));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201E-1F));
+  p = hn::Add(hn::MulAdd(p, r2, r), hn::Set(d, 1.0F));
+  // 2^n with n ≥ −126 wherever the result is kept.
+  const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, int32_t{127}))));
+  return hn::IfThenZeroElse(underflows, hn::Mul(p, two_to_n));
+}
+
+// tanh(x) for additive attention's features, about twice as fast as hwy::Tanh (an expm1 and a
+// division): x·P(x²)/Q(x²) with P, Q of degree 4 fitted on [0, 9] by tools/fit_tanh.py, within
+// 3.5e−7 relative of tanh in float32 (tests/kernels/fast_math_test.cpp); beyond ±9 the value at
+// ±9, within 3e−7 of ±1. Q ≥ 1, so its reciprocal comes from the hardware estimate and one Newton
+// step. Finite inputs only (the kernels check theirs).
+template <class D>
+HWY_INLINE hn::Vec<D> AdditiveTanh(D d, hn::Vec<D> x) {
+  const auto limit = hn::Set(d, 9.0F);
+  x = hn::Min(hn::Max(x, hn::Neg(limit)), limit);
+  const auto z = hn::Mul(x, x);
+  auto p = hn::Set(d, 1.335422084e-08F);
+  p = hn::MulAdd(p, z, hn::Set(d, 2.060861152e-05F));
+  p = hn::MulAdd(p, z, hn::Set(d, 3.495553043e-03F));
+  p = hn::MulAdd(p, z, hn::Set(d, 1.338099390e-01F));
+  p = hn::MulAdd(p, z, hn::Set(d, 1.0F));
+  auto q = hn::Set(d, 7.776332609e-07F);
+  q = hn::MulAdd(q, z, hn::Set(d, 3.285582061e-04F));
+  q = hn::MulAdd(q, z, hn::Set(d, 2.587684244e-02F));
+  q = hn::MulAdd(q, z, hn::Set(d, 4.671430886e-01F));
+  q = hn::MulAdd(q, z, hn::Set(d, 1.0F));
+  auto reciprocal = hn::ApproximateReciprocal(q);
+  reciprocal = hn::Mul(reciprocal, hn::NegMulAdd(q, reciprocal, hn::Set(d, 2.0F)));
+  return hn::Mul(hn::Mul(x, p), reciprocal);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_FAST_MATH_INL_H_
