@@ -67,31 +67,62 @@ struct Scratch {
   float* q_transposed;  // d × Br
   float* scores;        // Bc × Br: Sᵀ, then Pᵀ
   float* output;        // Br × dv_padded
-  float* values;   // Bc × dv_padded: a padded copy of the V tile when dv is not a multiple of N
-  float* row_max;  // Br
-  float* row_sum;  // Br
-  float* row_rescale;  // Br
-  int32_t* lengths;    // Br
-  uint32_t* row_keys;  // Br: dropout_hash::row_key of each query
+  float* row_max;       // Br
+  float* row_sum;       // Br
+  float* row_rescale;   // Br
+  int32_t* lengths;     // Br
+  uint32_t* row_keys;   // Br: dropout_hash::row_key of each query
+  // The current head's keys (m × d) and values (m × dv_padded, zero-padded columns), packed
+  // contiguously: heads addressed by stride put a head's rows kilobytes apart, and at long
+  // sequences the pages they span outgrow the TLB (n = 16384 with 32 heads ran at 38% of peak
+  // instead of 70%). Rows are packed as tiles first need them, once per head and thread.
+  hwy::AlignedFreeUniquePtr<float[]> packed;
+  float* packed_keys = nullptr;
+  float* packed_values = nullptr;
+  int64_t packed_head = -1;
+  int64_t packed_rows = 0;
 
-  Scratch(size_t br, size_t depth, size_t dv_padded) {
+  Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys) {
     const size_t bc = flash_detail::kKeyTile;
-    const size_t total = depth * br + bc * br + br * dv_padded + bc * dv_padded + 5 * br;
+    const size_t total = depth * br + bc * br + br * dv_padded + 5 * br;
     memory = hwy::AllocateAligned<float>(total);
+    packed = hwy::AllocateAligned<float>(std::max<size_t>(keys * (depth + dv_padded), 1));
     float* next = memory.get();
-    if (next == nullptr) return;
+    if (next == nullptr || packed == nullptr) return;
     q_transposed = next, next += depth * br;
     scores = next, next += bc * br;
     output = next, next += br * dv_padded;
-    values = next, next += bc * dv_padded;
     row_max = next, next += br;
     row_sum = next, next += br;
     row_rescale = next, next += br;
     lengths = reinterpret_cast<int32_t*>(next);
     next += br;
     row_keys = reinterpret_cast<uint32_t*>(next);
+    packed_keys = packed.get();
+    packed_values = packed.get() + keys * depth;
   }
+  bool ok() const { return memory != nullptr && packed != nullptr; }
 };
+
+// Makes rows [0, rows) of head (b, h)'s keys and values available in s.packed_*.
+void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t rows,
+                       size_t dv_padded, Scratch& s) {
+  const int64_t head = b * args.q.heads + h;
+  if (s.packed_head != head) {
+    s.packed_head = head;
+    s.packed_rows = 0;
+  }
+  const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
+  const float* k = args.k.matrix(b, h);
+  const float* v = args.v.matrix(b, h);
+  for (int64_t j = s.packed_rows; j < rows; ++j) {
+    std::copy_n(k + j * args.k.row_stride, depth, s.packed_keys + static_cast<size_t>(j) * depth);
+    float* value_row = s.packed_values + static_cast<size_t>(j) * dv_padded;
+    std::copy_n(v + j * args.v.row_stride, dv, value_row);
+    std::fill(value_row + dv, value_row + dv_padded, 0.0F);
+  }
+  s.packed_rows = std::max(s.packed_rows, rows);
+}
 
 void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
                       Scratch& s) {
@@ -106,8 +137,6 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
   const size_t rows =
       static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), args.q.rows - first_query));
   const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
-  const float* k = args.k.matrix(b, h);
-  const float* v = args.v.matrix(b, h);
 
   // Row lengths; padding rows see nothing.
   int64_t most = 0, fewest = args.k.rows;
@@ -141,19 +170,20 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
   }
   std::fill(s.output, s.output + br * dv_padded, 0.0F);
 
-  const bool pad_values = dv != dv_padded;
+  PackKeysAndValues(args, b, h, most, dv_padded, s);
+  const float* k = s.packed_keys;
+  const float* v = s.packed_values;
   for (int64_t key0 = 0; key0 < most; key0 += static_cast<int64_t>(flash_detail::kKeyTile)) {
     const size_t bc = static_cast<size_t>(
         std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), most - key0));
     // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
     if (args.additive_weights != nullptr) {
-      AdditiveScores<flash_detail::kQueryVectors>(
-          d, bc, k + key0 * args.k.row_stride, static_cast<size_t>(args.k.row_stride),
-          s.q_transposed, br, depth, args.additive_weights, s.scores);
+      AdditiveScores<flash_detail::kQueryVectors>(d, bc, k + static_cast<size_t>(key0) * depth,
+                                                  depth, s.q_transposed, br, depth,
+                                                  args.additive_weights, s.scores);
     } else {
-      Gemm<false>(d, bc, flash_detail::kQueryVectors, k + key0 * args.k.row_stride,
-                  static_cast<size_t>(args.k.row_stride), 1, s.q_transposed, br, depth, s.scores,
-                  br);
+      Gemm<false>(d, bc, flash_detail::kQueryVectors, k + static_cast<size_t>(key0) * depth, depth,
+                  1, s.q_transposed, br, depth, s.scores, br);
     }
     // Keys at or past a row's length get −∞ (only the key rows some query cannot see).
     for (size_t j = key0 < fewest ? static_cast<size_t>(fewest - key0) : 0; j < bc; ++j) {
@@ -206,20 +236,10 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
         }
       }
     }
-    const float* value_rows = v + key0 * args.v.row_stride;
-    size_t value_stride = static_cast<size_t>(args.v.row_stride);
-    if (pad_values) {
-      for (size_t j = 0; j < bc; ++j) {
-        float* padded = s.values + j * dv_padded;
-        std::copy_n(value_rows + static_cast<int64_t>(j) * args.v.row_stride, dv, padded);
-        std::fill(padded + dv, padded + dv_padded, 0.0F);
-      }
-      value_rows = s.values;
-      value_stride = dv_padded;
-    }
     // O = O · rescale + P V.
-    Gemm<true>(d, rows, dv_padded / lanes, s.scores, 1, br, value_rows, value_stride, bc, s.output,
-               dv_padded, s.row_rescale);
+    Gemm<true>(d, rows, dv_padded / lanes, s.scores, 1, br,
+               v + static_cast<size_t>(key0) * dv_padded, dv_padded, bc, s.output, dv_padded,
+               s.row_rescale);
   }
 
   // Normalise; a row that saw no key has sum 0 and gets a zero output.
@@ -251,8 +271,9 @@ void FlashForward(const ForwardArgs& args) {
   bool out_of_memory = false;
 #pragma omp parallel
   {
-    Scratch scratch(br, static_cast<size_t>(args.q.cols), dv_padded);
-    if (scratch.memory == nullptr) {
+    Scratch scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
+                    static_cast<size_t>(args.k.rows));
+    if (!scratch.ok()) {
 #pragma omp atomic write
       out_of_memory = true;
     } else {
