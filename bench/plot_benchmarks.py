@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-# Draws GFLOP/s against sequence length for attn (fused, plain) and its PyTorch peers, with the
-# FMA peak and sgemm ceilings, from the JSON that compare_pytorch.py --json-out writes.
-"""Plot the dot-product attention benchmark (PNG) from compare_pytorch.py's JSON."""
+# Draws GFLOP/s against sequence length for attn (fused, plain) and its PyTorch peers on one
+# workload, with the FMA peak and sgemm ceilings, from the JSON compare_pytorch.py --json-out writes.
+"""Plot one workload of the attention benchmark (PNG) from compare_pytorch.py's JSON."""
 import argparse
 import json
 
@@ -15,6 +15,8 @@ SERIES = [  # (implementation, label, style)
     ("attn-plain", "attn plain (book's algorithm, serial)", "s--"),
     ("torch-sdpa", "PyTorch scaled_dot_product_attention", "^-"),
     ("torch-book", "PyTorch, the book's code (bmm + masked softmax + bmm)", "v--"),
+    ("torch-book-additive", "PyTorch, the book's AdditiveAttention", "d--"),
+    ("torch-mha", "PyTorch nn.MultiheadAttention", "^-"),
 ]
 
 
@@ -23,7 +25,9 @@ def main():
     parser.add_argument("results", help="JSON from compare_pytorch.py --json-out")
     parser.add_argument("--out", required=True, help="PNG to write")
     parser.add_argument("--threads", type=int, help="thread count to plot (default: the largest)")
-    parser.add_argument("--workload", default="dot", help="dot, dot-padded or dot-causal")
+    parser.add_argument("--workload", default="dot",
+                        help="dot, dot-padded, dot-causal, dot-backward, mha, additive or "
+                             "additive-backward")
     args = parser.parse_args()
     with open(args.results) as source:
         results = json.load(source)
@@ -39,11 +43,13 @@ def main():
         if points:
             axes.plot(*zip(*points), style, label=label)
             sizes.extend(n for n, _ in points)
+    # The ceilings are those of the dot-product products; additive work is mostly tanh.
+    ceilings = args.workload.startswith("dot")
     sgemm = sorted((s["n"], s["gflops"]) for s in results["attn"]["sgemm"]
-                   if s["threads"] == threads)
+                   if s["threads"] == threads) if ceilings else []
     if sgemm:
         axes.plot(*zip(*sgemm), "x:", color="grey", label="OpenBLAS sgemm, attention shapes")
-    for peak in results["attn"]["fma_peak"]:
+    for peak in results["attn"]["fma_peak"] if ceilings else []:
         if peak["threads"] == threads:
             axes.axhline(peak["gflops"], color="black", linestyle="-.",
                          label=f"FMA peak ({peak['gflops']:.0f} GFLOP/s)")
@@ -52,7 +58,7 @@ def main():
     axes.set_xlabel("sequence length n = m")
     axes.set_ylabel("GFLOP/s (unmasked work)")
     axes.set_ylim(bottom=0)
-    axes.set_title(f"Dot-product attention forward ({args.workload}), B=4, 8 heads, d=64, "
+    axes.set_title(f"Attention, workload {args.workload}, B=4, 8 heads, d=64, "
                    f"{threads} thread(s)\nPyTorch run started at load average "
                    f"{results['load_average_before']}")
     axes.grid(True, alpha=0.3)

@@ -36,7 +36,12 @@ Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_
 // of each row's softmax denominator including the max, −∞ for a row that sees no key, for the
 // backward pass. Throws ShapeError/ValueError for inconsistent shapes or lengths.
 // Accuracy: within a few float32 ulps of the plain path per accumulated term (tests use 1e-5
-// relative to the output's magnitude).
+// relative to the output's magnitude). Extra memory: per thread, a packed copy of one head's keys
+// and values, m·(d + dv) floats, plus tiles of a few tens of kilobytes.
+void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
+                             const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                             HeadsView out, float* log_sum_exp = nullptr);
+
 // Fused additive (Bahdanau) attention, forward: scores S_ij = Σ_t w_v[t] · tanh(a_it + b_jt) from
 // the projected queries a = W_q q (B·H: n × h) and keys b = W_k k (B·H: m × h), computed tile by
 // tile with a vectorised tanh and the same online softmax, masks, dropout and threads as
@@ -79,9 +84,5 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HeadsView grad_q, HeadsView grad_k, HeadsView grad_v);
-
-void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
-                             const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                             HeadsView out, float* log_sum_exp = nullptr);
 
 }  // namespace attn
