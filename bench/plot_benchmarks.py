@@ -58,7 +58,8 @@ def main():
     axes.set_xlabel("sequence length n = m")
     axes.set_ylabel("GFLOP/s (unmasked work)")
     axes.set_ylim(bottom=0)
-    axes.set_title(f"Attention, workload {args.workload}, B=4, 8 heads, d=64, "
+    shape = "B=4, h=d=64" if args.workload.startswith("additive") else "B=4, 8 heads, d=64"
+    axes.set_title(f"Attention, workload {args.workload}, {shape}, "
                    f"{threads} thread(s)\nPyTorch run started at load average "
                    f"{results['load_average_before']}")
     axes.grid(True, alpha=0.3)
