@@ -62,6 +62,7 @@ constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
+#include "kernels/backward_tiles-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
@@ -184,9 +185,6 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
                           size_t first_key_tile, size_t last_key_tile, const TaskOutputs& outputs,
                           AdditiveBackwardScratch& s) {
   const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  const hn::RebindToUnsigned<decltype(d)> du;
-  using V = hn::Vec<decltype(d)>;
   const size_t lanes = hn::Lanes(d);
   const size_t br = kQueryVectors * lanes;
   const size_t n = static_cast<size_t>(args.queries.rows), m = static_cast<size_t>(args.keys.rows);
@@ -260,27 +258,13 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       // Sᵀ as the forward pass computed it, then Pᵀ = exp(Sᵀ − lse), zero where masked.
       AdditiveScores<kQueryVectors>(d, active, key_rows, key_stride, at, br, hidden, args.weights,
                                     s.probabilities);
-      for (size_t j = 0; j < active; ++j) {
-        const auto key_index = hn::Set(di, static_cast<int32_t>(key0 + j));
-        for (size_t r = 0; r < br; r += lanes) {
-          const auto visible =
-              hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, s.lengths + first + r)));
-          float* p = s.probabilities + j * br + r;
-          const V shifted = hn::Sub(hn::Load(d, p), hn::Load(d, s.lse + first + r));
-          hn::Store(hn::IfThenElseZero(visible, SoftmaxExp(d, shifted)), d, p);
-        }
-      }
+      ProbabilitiesFromScores(d, active, key0, br, s.lengths + first, s.lse + first,
+                              s.probabilities);
       // The forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
       const float* used = s.probabilities;
       if (dropout) {
-        for (size_t j = 0; j < active; ++j) {
-          for (size_t r = 0; r < br; r += lanes) {
-            const V p = hn::Load(d, s.probabilities + j * br + r);
-            hn::Store(dropout_applier.Apply(d, hn::Load(du, s.row_keys + first + r),
-                                            static_cast<uint32_t>(key0 + j), p),
-                      d, s.dropped + j * br + r);
-          }
-        }
+        ApplyDropout(d, dropout_applier, active, key0, br, s.row_keys + first, s.probabilities,
+                     s.dropped);
         used = s.dropped;
       }
       // dV += (P ⊙ Z)ᵀ dO.
@@ -291,16 +275,8 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
                   values + static_cast<int64_t>(key0) * args.values.row_stride,
                   static_cast<size_t>(args.values.row_stride), 1,
                   s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
-      for (size_t j = 0; j < active; ++j) {
-        for (size_t r = 0; r < br; r += lanes) {
-          float* ds = s.grad_scores + j * br + r;
-          const V p = hn::Load(d, s.probabilities + j * br + r);
-          const V p_used = hn::Load(d, used + j * br + r);
-          hn::Store(
-              hn::NegMulAdd(p, hn::Load(d, s.delta + first + r), hn::Mul(p_used, hn::Load(d, ds))),
-              d, ds);
-        }
-      }
+      GradScoresFromGradProbabilities(d, active, br, s.probabilities, used, s.delta + first,
+                                      s.grad_scores);
       AdditiveGradients(d, active, key_rows, key_stride, at, br, hidden, args.weights,
                         s.grad_scores, s.grad_queries_transposed + tile * hidden * br, s.grad_keys,
                         s.grad_weight_lanes);

@@ -47,6 +47,7 @@ constexpr size_t kKeyTile = 64;
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
+#include "kernels/backward_tiles-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
@@ -127,8 +128,6 @@ void PadRows(const float* source, int64_t stride, size_t rows, size_t cols, size
 
 void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardScratch& s) {
   const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  using V = hn::Vec<decltype(d)>;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_backward_detail::kQueryVectors * lanes;
   const size_t n = static_cast<size_t>(args.q.rows), m = static_cast<size_t>(args.k.rows);
@@ -181,7 +180,6 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
   }
 
   const bool dropout = args.options.dropout > 0.0F;
-  const hn::RebindToUnsigned<decltype(d)> du;
   const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
   float* grad_k_head = args.grad_k.matrix(b, h);
   float* grad_v_head = args.grad_v.matrix(b, h);
@@ -198,27 +196,12 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
                   k + static_cast<int64_t>(key0) * args.k.row_stride,
                   static_cast<size_t>(args.k.row_stride), 1, s.q_transposed + tile * depth * br, br,
                   depth, s.probabilities, br);
-      for (size_t j = 0; j < bc; ++j) {
-        const auto key_index = hn::Set(di, static_cast<int32_t>(key0 + j));
-        for (size_t r = 0; r < br; r += lanes) {
-          const auto visible =
-              hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, s.lengths + first + r)));
-          float* p = s.probabilities + j * br + r;
-          const V shifted = hn::Sub(hn::Load(d, p), hn::Load(d, s.lse + first + r));
-          hn::Store(hn::IfThenElseZero(visible, SoftmaxExp(d, shifted)), d, p);
-        }
-      }
+      ProbabilitiesFromScores(d, bc, key0, br, s.lengths + first, s.lse + first, s.probabilities);
       // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
       const float* used = s.probabilities;
       if (dropout) {
-        for (size_t j = 0; j < bc; ++j) {
-          for (size_t r = 0; r < br; r += lanes) {
-            const V p = hn::Load(d, s.probabilities + j * br + r);
-            hn::Store(dropout_applier.Apply(d, hn::Load(du, s.row_keys + first + r),
-                                            static_cast<uint32_t>(key0 + j), p),
-                      d, s.dropped + j * br + r);
-          }
-        }
+        ApplyDropout(d, dropout_applier, bc, key0, br, s.row_keys + first, s.probabilities,
+                     s.dropped);
         used = s.dropped;
       }
       // dV += (P ⊙ Z)ᵀ dO.
@@ -229,16 +212,8 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
                   v + static_cast<int64_t>(key0) * args.v.row_stride,
                   static_cast<size_t>(args.v.row_stride), 1, s.grad_out_transposed + tile * dv * br,
                   br, dv, s.grad_scores, br);
-      for (size_t j = 0; j < bc; ++j) {
-        for (size_t r = 0; r < br; r += lanes) {
-          float* ds = s.grad_scores + j * br + r;
-          const V p = hn::Load(d, s.probabilities + j * br + r);
-          const V p_used = hn::Load(d, used + j * br + r);
-          hn::Store(
-              hn::NegMulAdd(p, hn::Load(d, s.delta + first + r), hn::Mul(p_used, hn::Load(d, ds))),
-              d, ds);
-        }
-      }
+      GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
+                                      s.grad_scores);
       // dK += dSᵀ Q (scaled at the end); dQ += dS K.
       Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.q_rows + first * d_padded,
                  d_padded, rows, s.grad_k, d_padded);
