@@ -53,9 +53,7 @@ double useful_flops(Mask mask, const AttentionShape& shape, const ValidLengths& 
   double visible = 0.0;  // Σ over batch and query of the keys the query sees
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t i = 0; i < n; ++i) {
-      int64_t keys = padding.length(b, i, m);
-      if (mask == Mask::kCausal) keys = std::min(keys, std::clamp<int64_t>(i + m - n + 1, 0, m));
-      visible += static_cast<double>(keys);
+      visible += static_cast<double>(padding.visible_length(b, i, n, m, mask == Mask::kCausal));
     }
   }
   return flops_per_pair * static_cast<double>(shape.heads) * visible;

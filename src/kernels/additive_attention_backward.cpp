@@ -41,13 +41,6 @@ struct AdditiveBackwardArgs {
   float* grad_weights;  // queries.cols values
 };
 
-// How many keys query i of batch element b sees, causal mask included.
-inline int64_t visible_keys(const AdditiveBackwardArgs& args, int64_t b, int64_t i) {
-  return args.options.causal
-             ? args.valid_lens->causal_length(b, i, args.queries.rows, args.keys.rows)
-             : args.valid_lens->length(b, i, args.keys.rows);
-}
-
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes, as the forward kernel
 constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay in L1
 
@@ -196,46 +189,20 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
   const float* keys = args.keys.matrix(b, h);
   const size_t key_stride = static_cast<size_t>(args.keys.row_stride);
   const float* values = args.values.matrix(b, h);
-  const float* out = args.out.matrix(b, h);
-  const float* grad_out = args.grad_out.matrix(b, h);
   const float* lse = args.log_sum_exp + (b * args.queries.heads + h) * args.queries.rows;
 
   // Per task: transposed copies, D, log-sum-exp, lengths and dropout keys per query.
-  for (size_t i = 0; i < n; ++i) {
-    const float* row = grad_out + static_cast<int64_t>(i) * args.grad_out.row_stride;
-    std::copy_n(row, dv, s.grad_out_rows + i * dv_padded);
-    std::fill(s.grad_out_rows + i * dv_padded + dv, s.grad_out_rows + (i + 1) * dv_padded, 0.0F);
-  }
+  PrepareQueryTiles(args.out, args.grad_out, lse, *args.valid_lens, args.options, args.keys.rows, b,
+                    h, br, dv_padded, s);
   std::fill(s.grad_queries_transposed, s.grad_queries_transposed + tiles * br * hidden, 0.0F);
   std::fill(s.grad_weight_lanes, s.grad_weight_lanes + hidden * lanes, 0.0F);
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* at = s.queries_transposed + tile * hidden * br;
-    float* dot = s.grad_out_transposed + tile * dv * br;
-    int32_t tile_most = 0;
     for (size_t r = 0; r < br; ++r) {
       const size_t i = tile * br + r;
-      const bool real = i < n;
-      const float* a_row = a + static_cast<int64_t>(real ? i : 0) * args.queries.row_stride;
-      for (size_t t = 0; t < hidden; ++t) at[t * br + r] = real ? a_row[t] : 0.0F;
-      for (size_t t = 0; t < dv; ++t)
-        dot[t * br + r] = real ? s.grad_out_rows[i * dv_padded + t] : 0.0F;
-      float delta = 0.0F;
-      if (real) {
-        const float* out_row = out + static_cast<int64_t>(i) * args.out.row_stride;
-        for (size_t t = 0; t < dv; ++t) delta += out_row[t] * s.grad_out_rows[i * dv_padded + t];
-      }
-      const int32_t length = real ? static_cast<int32_t>(additive_backward_detail::visible_keys(
-                                        args, b, static_cast<int64_t>(i)))
-                                  : 0;
-      s.delta[i] = delta;
-      // A row that sees no key has lse −∞; it is fully masked, so any finite stand-in will do.
-      s.lse[i] = length > 0 ? lse[i] : 0.0F;
-      s.lengths[i] = length;
-      s.row_keys[i] = dropout_hash::row_key(args.options.seed, b * args.queries.heads + h,
-                                            static_cast<int64_t>(i));
-      tile_most = std::max(tile_most, length);
+      const float* a_row = a + static_cast<int64_t>(i < n ? i : 0) * args.queries.row_stride;
+      for (size_t t = 0; t < hidden; ++t) at[t * br + r] = i < n ? a_row[t] : 0.0F;
     }
-    s.tile_most[tile] = tile_most;
   }
 
   const bool dropout = args.options.dropout > 0.0F;

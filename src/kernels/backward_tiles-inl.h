@@ -1,6 +1,7 @@
-// The softmax steps the fused backward passes share, on transposed tiles (keys × Br queries, the
-// queries along the lanes), per SIMD target (a Highway "-inl.h" header): Pᵀ from the scores and the
-// forward pass's log-sum-exp, the dropout multipliers regenerated, and dSᵀ from dPᵀ.
+// What the fused backward passes share, per SIMD target (a Highway "-inl.h" header): the query side
+// of a head prepared once, then the softmax steps on transposed tiles (keys × Br queries, the
+// queries along the lanes): Pᵀ from the scores and the forward pass's log-sum-exp, the dropout
+// multipliers regenerated, and dSᵀ from dPᵀ.
 
 #if defined(ATTN_KERNELS_BACKWARD_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_BACKWARD_TILES_INL_H_
@@ -11,6 +12,11 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
+
+#include "attn/core/valid_lengths.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "kernels/dropout_hash.hpp"
 #include "kernels/fast_math-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
@@ -18,6 +24,56 @@ HWY_BEFORE_NAMESPACE();
 namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+// The query side of head (b, h), once per head: dO rows padded to dv_padded (grad_out_rows), dOᵀ
+// per query tile of br (grad_out_transposed, tiles × dv × br), D_i = dO_i · O_i (delta), the
+// log-sum-exp (lse; rows that see no key get 0 instead of −∞: they are fully masked, so any finite
+// stand-in will do), visible lengths, dropout row keys and each tile's longest length (tile_most)
+// in `s`, padding rows zero. `head_lse` holds the head's n forward values. Returns the head's
+// longest length.
+template <class Scratch>
+int32_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
+                          const float* head_lse, const ValidLengths& valid_lens,
+                          const FlashAttentionOptions& options, int64_t keys, int64_t b, int64_t h,
+                          size_t br, size_t dv_padded, Scratch& s) {
+  const auto n = static_cast<size_t>(out.rows), dv = static_cast<size_t>(out.cols);
+  const float* grad_out_head = grad_out.matrix(b, h);
+  const float* out_head = out.matrix(b, h);
+  for (size_t i = 0; i < n; ++i) {
+    float* row = s.grad_out_rows + i * dv_padded;
+    std::copy_n(grad_out_head + static_cast<int64_t>(i) * grad_out.row_stride, dv, row);
+    std::fill(row + dv, row + dv_padded, 0.0F);
+  }
+  int32_t most = 0;
+  for (size_t tile = 0; tile * br < n; ++tile) {
+    float* grad_out_transposed = s.grad_out_transposed + tile * dv * br;
+    int32_t tile_most = 0;
+    for (size_t r = 0; r < br; ++r) {
+      const size_t i = tile * br + r;
+      const bool real = i < n;
+      const float* grad_out_row = s.grad_out_rows + i * dv_padded;
+      for (size_t t = 0; t < dv; ++t)
+        grad_out_transposed[t * br + r] = real ? grad_out_row[t] : 0.0F;
+      float delta = 0.0F;
+      if (real) {
+        const float* out_row = out_head + static_cast<int64_t>(i) * out.row_stride;
+        for (size_t t = 0; t < dv; ++t) delta += out_row[t] * grad_out_row[t];
+      }
+      const auto query = static_cast<int64_t>(i);
+      const int32_t length = real ? static_cast<int32_t>(valid_lens.visible_length(
+                                        b, query, out.rows, keys, options.causal))
+                                  : 0;
+      s.delta[i] = delta;
+      s.lse[i] = length > 0 ? head_lse[i] : 0.0F;
+      s.lengths[i] = length;
+      s.row_keys[i] = dropout_hash::row_key(options.seed, b * out.heads + h, query);
+      tile_most = std::max(tile_most, length);
+    }
+    s.tile_most[tile] = tile_most;
+    most = std::max(most, tile_most);
+  }
+  return most;
+}
 
 // Pᵀ = exp(Sᵀ − lse) in place for keys key0 … key0 + keys − 1, zero where key ≥ the query's
 // length; `lengths` and `lse` hold the tile's Br queries.

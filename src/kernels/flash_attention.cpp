@@ -32,12 +32,6 @@ struct ForwardArgs {
   const float* additive_weights = nullptr;
 };
 
-// How many keys query i of batch element b sees, causal mask included.
-inline int64_t visible_keys(const ForwardArgs& args, int64_t b, int64_t i) {
-  return args.options.causal ? args.valid_lens->causal_length(b, i, args.q.rows, args.k.rows)
-                             : args.valid_lens->length(b, i, args.k.rows);
-}
-
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
 constexpr size_t kKeyTile = 64;      // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
 
@@ -142,7 +136,9 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
   int64_t most = 0, fewest = args.k.rows;
   for (size_t r = 0; r < br; ++r) {
     const int64_t length =
-        r < rows ? flash_detail::visible_keys(args, b, first_query + static_cast<int64_t>(r)) : 0;
+        r < rows ? args.valid_lens->visible_length(b, first_query + static_cast<int64_t>(r),
+                                                   args.q.rows, args.k.rows, args.options.causal)
+                 : 0;
     s.lengths[r] = static_cast<int32_t>(length);
     most = std::max(most, length);
     if (r < rows) fewest = std::min(fewest, length);

@@ -28,12 +28,6 @@ struct BackwardArgs {
   HeadsView grad_q, grad_k, grad_v;
 };
 
-// How many keys query i of batch element b sees, causal mask included.
-inline int64_t visible_keys(const BackwardArgs& args, int64_t b, int64_t i) {
-  return args.options.causal ? args.valid_lens->causal_length(b, i, args.q.rows, args.k.rows)
-                             : args.valid_lens->length(b, i, args.k.rows);
-}
-
 constexpr size_t kQueryVectors = 4;
 constexpr size_t kKeyTile = 64;
 
@@ -138,45 +132,21 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
   const float* q = args.q.matrix(b, h);
   const float* k = args.k.matrix(b, h);
   const float* v = args.v.matrix(b, h);
-  const float* out = args.out.matrix(b, h);
-  const float* grad_out = args.grad_out.matrix(b, h);
   const float* lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
 
   // Per head: padded and transposed copies, D, log-sum-exp and lengths per query.
   PadRows(q, args.q.row_stride, n, depth, d_padded, s.q_rows);
-  PadRows(grad_out, args.grad_out.row_stride, n, dv, dv_padded, s.grad_out_rows);
   PadRows(k, args.k.row_stride, m, depth, d_padded, s.k_rows);
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
-  int32_t most = 0;
+  const int32_t most = PrepareQueryTiles(args.out, args.grad_out, lse, *args.valid_lens,
+                                         args.options, args.k.rows, b, h, br, dv_padded, s);
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* qt = s.q_transposed + tile * depth * br;
-    float* dot = s.grad_out_transposed + tile * dv * br;
-    int32_t tile_most = 0;
     for (size_t r = 0; r < br; ++r) {
       const size_t i = tile * br + r;
-      const bool real = i < n;
       for (size_t t = 0; t < depth; ++t)
-        qt[t * br + r] = real ? s.q_rows[i * d_padded + t] * scale : 0.0F;
-      for (size_t t = 0; t < dv; ++t)
-        dot[t * br + r] = real ? s.grad_out_rows[i * dv_padded + t] : 0.0F;
-      float delta = 0.0F;
-      if (real) {
-        const float* out_row = out + static_cast<int64_t>(i) * args.out.row_stride;
-        for (size_t t = 0; t < dv; ++t) delta += out_row[t] * s.grad_out_rows[i * dv_padded + t];
-      }
-      const int32_t length = real ? static_cast<int32_t>(flash_backward_detail::visible_keys(
-                                        args, b, static_cast<int64_t>(i)))
-                                  : 0;
-      s.delta[i] = delta;
-      // A row that sees no key has lse −∞; it is fully masked, so any finite stand-in will do.
-      s.lse[i] = length > 0 ? lse[i] : 0.0F;
-      s.lengths[i] = length;
-      s.row_keys[i] =
-          dropout_hash::row_key(args.options.seed, b * args.q.heads + h, static_cast<int64_t>(i));
-      tile_most = std::max(tile_most, length);
+        qt[t * br + r] = i < n ? s.q_rows[i * d_padded + t] * scale : 0.0F;
     }
-    s.tile_most[tile] = tile_most;
-    most = std::max(most, tile_most);
   }
 
   const bool dropout = args.options.dropout > 0.0F;

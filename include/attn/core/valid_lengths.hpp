@@ -59,6 +59,11 @@ class ValidLengths {
     const int64_t causal = std::clamp<int64_t>(query + keys - queries + 1, 0, keys);
     return std::min(causal, length(batch, query, keys));
   }
+  // The keys query i sees: causal_length() when `causal`, else length().
+  int64_t visible_length(int64_t batch, int64_t query, int64_t queries, int64_t keys,
+                         bool causal) const {
+    return causal ? causal_length(batch, query, queries, keys) : length(batch, query, keys);
+  }
 
   // Each batch element's lengths repeated `times` times in a row, as torch.repeat_interleave(
   // valid_lens, repeats=times, dim=0) does for multi-head attention's (B·heads) batch.
