@@ -3,9 +3,7 @@
 #include "attn/nn/additive_attention.hpp"
 
 #include <cmath>
-#include <string>
 
-#include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/masked_softmax.hpp"
 
@@ -93,11 +91,7 @@ Tensor AdditiveAttention::compute_dropout_mask() const {
 AttentionGradients AdditiveAttention::backward(ConstTensorView grad_output) {
   if (output_.rank() == 3) {
     // The last pass was fused: the fused kernel recomputes the probabilities and tanh tile by tile.
-    if (grad_output.shape() != output_.shape()) {
-      throw ShapeError("grad_output: expected shape " + output_.shape().str() +
-                       " (that of the last forward pass's output), got shape " +
-                       grad_output.shape().str());
-    }
+    check_grad_output(grad_output, output_.shape());
     Tensor grad_projected_queries(projected_queries_.shape());
     Tensor grad_projected_keys(projected_keys_.shape());
     Tensor grad_values(values_.shape());

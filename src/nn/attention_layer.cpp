@@ -63,11 +63,7 @@ AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad
   }
   const Shape output_shape{attention_weights_.dim(0), attention_weights_.dim(1),
                            pooled_values_.dim(2)};
-  if (grad_output.shape() != output_shape) {
-    throw ShapeError("grad_output: expected shape " + output_shape.str() +
-                     " (that of the last forward pass's output), got shape " +
-                     grad_output.shape().str());
-  }
+  check_grad_output(grad_output, output_shape);
   Tensor dropped = attention_weights_;
   if (mask.numel() > 0) {
     for (int64_t index = 0; index < dropped.numel(); ++index)
@@ -94,6 +90,14 @@ bool dot_scores_stay_finite(ConstTensorView queries, ConstTensorView keys, Const
                        std::abs(static_cast<double>(scale));
   require_finite(prefix + "values", values);
   return bound < 1e37;
+}
+
+void check_grad_output(ConstTensorView grad_output, const Shape& output_shape) {
+  if (grad_output.shape() != output_shape) {
+    throw ShapeError("grad_output: expected shape " + output_shape.str() +
+                     " (that of the last forward pass's output), got shape " +
+                     grad_output.shape().str());
+  }
 }
 
 void check_attention_inputs(ConstTensorView queries, ConstTensorView keys, ConstTensorView values) {

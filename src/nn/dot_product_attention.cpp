@@ -74,11 +74,7 @@ Tensor DotProductAttention::compute_weights() const {
 AttentionGradients DotProductAttention::backward(ConstTensorView grad_output) const {
   if (output_.rank() == 3) {
     // The last pass was fused: the fused backward recomputes the probabilities tile by tile.
-    if (grad_output.shape() != output_.shape()) {
-      throw ShapeError("grad_output: expected shape " + output_.shape().str() +
-                       " (that of the last forward pass's output), got shape " +
-                       grad_output.shape().str());
-    }
+    check_grad_output(grad_output, output_.shape());
     AttentionGradients grads{Tensor(queries_.shape()), Tensor(keys_.shape()),
                              Tensor(values_.shape())};
     flash_attention_backward(

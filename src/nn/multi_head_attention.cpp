@@ -132,11 +132,7 @@ AttentionGradients MultiHeadAttention::backward(ConstTensorView grad_output) {
     throw ValueError("MultiHeadAttention.backward: expected a forward pass first, got none");
   }
   const Shape output_shape{queries_.dim(0), queries_.dim(1), num_hiddens()};
-  if (grad_output.shape() != output_shape) {
-    throw ShapeError("grad_output: expected shape " + output_shape.str() +
-                     " (that of the last forward pass's output), got shape " +
-                     grad_output.shape().str());
-  }
+  check_grad_output(grad_output, output_shape);
   const Tensor grad_concatenated = W_o_.backward(concatenated_heads_, grad_output);
   if (fused_) {
     Tensor grad_q(projected_queries_.shape()), grad_k(projected_keys_.shape()),

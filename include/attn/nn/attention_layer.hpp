@@ -97,4 +97,7 @@ bool dot_scores_stay_finite(ConstTensorView queries, ConstTensorView keys, Const
 // matching batch and key counts.
 void check_attention_inputs(ConstTensorView queries, ConstTensorView keys, ConstTensorView values);
 
+// Throws ShapeError unless a backward pass's grad_output has the last forward pass's output shape.
+void check_grad_output(ConstTensorView grad_output, const Shape& output_shape);
+
 }  // namespace attn
