@@ -14,6 +14,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/additive_attention.hpp"
+#include "every_simd_target.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -32,11 +33,7 @@ using testing::to_reference;
 // missing term shows up at 1e-2 or more.
 constexpr double kTolerance = 1e-5;
 
-class AdditiveAttentionBackwardKernel : public ::testing::TestWithParam<int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
+class AdditiveAttentionBackwardKernel : public testing::EverySimdTarget {};
 
 // Columns [h·width, (h+1)·width) of a (B, rows, heads·width) tensor.
 Tensor head_of(const Tensor& x, int64_t h, int64_t width) {
@@ -242,11 +239,7 @@ TEST_P(AdditiveAttentionBackwardKernel, RejectsInconsistentArguments) {
       ShapeError, "grad_out: expected 1 × 1 heads of 2 × 5 (as out), got 1 × 1 of 2 × 4");
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryTarget, AdditiveAttentionBackwardKernel,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<int64_t>& target_info) {
-                           return std::string(hwy::TargetName(target_info.param));
-                         });
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(AdditiveAttentionBackwardKernel);
 
 // Every parameter and input gradient of the layer's fused backward pass against its reference
 // path (the book's computation with materialised weights).

@@ -7,6 +7,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/additive_attention.hpp"
+#include "every_simd_target.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -20,11 +21,7 @@ using testing::to_doubles;
 // convex combination of values: 1e-5 relative to the output's magnitude holds with margin.
 constexpr double kTolerance = 1e-5;
 
-class AdditiveAttentionKernel : public ::testing::TestWithParam<int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
+class AdditiveAttentionKernel : public testing::EverySimdTarget {};
 
 std::vector<double> identity(int64_t size) {
   std::vector<double> matrix(static_cast<size_t>(size * size));
@@ -107,11 +104,7 @@ TEST(AdditiveAttentionLayer, FusedAndReferencePathsAgree) {
   EXPECT_TRUE(close_to(fused_grads.keys, to_doubles(reference_grads.keys), kTolerance));
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryTarget, AdditiveAttentionKernel,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<int64_t>& target_info) {
-                           return std::string(hwy::TargetName(target_info.param));
-                         });
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(AdditiveAttentionKernel);
 
 }  // namespace
 }  // namespace attn

@@ -37,6 +37,8 @@ HWY_AFTER_NAMESPACE();
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include "every_simd_target.hpp"
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -60,11 +62,7 @@ std::vector<float> additive_tanh(std::vector<float> inputs) {
   return outputs;
 }
 
-class FastMath : public ::testing::TestWithParam<int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
+class FastMath : public testing::EverySimdTarget {};
 
 // Cephes's expf polynomial after a two-part ln 2 reduction is within about 1 ulp (2^−24 ≈ 6e−8
 // relative) of the true value on normal results; 2e−7 allows the few ulps that the reduction and
@@ -117,16 +115,7 @@ TEST_P(FastMath, AdditiveTanhIsOddAndExactAtZero) {
   EXPECT_EQ(outputs[5], -outputs[6]);
 }
 
-std::vector<int64_t> targets_to_test() {
-  std::vector<int64_t> targets;
-  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) targets.push_back(target);
-  return targets;
-}
-
-INSTANTIATE_TEST_SUITE_P(EveryTarget, FastMath, ::testing::ValuesIn(targets_to_test()),
-                         [](const ::testing::TestParamInfo<int64_t>& target_info) {
-                           return std::string(hwy::TargetName(target_info.param));
-                         });
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FastMath);
 
 }  // namespace
 }  // namespace attn

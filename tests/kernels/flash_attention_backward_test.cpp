@@ -10,6 +10,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/dot_product_attention.hpp"
+#include "every_simd_target.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -24,11 +25,7 @@ using testing::to_doubles;
 // less; 2e-5 relative to the gradient's magnitude (floor 1) holds with margin on these shapes.
 constexpr double kTolerance = 2e-5;
 
-class FlashAttentionBackward : public ::testing::TestWithParam<int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
+class FlashAttentionBackward : public testing::EverySimdTarget {};
 
 // Columns [h·width, (h+1)·width) of a (B, rows, heads·width) tensor.
 Tensor head_of(const Tensor& x, int64_t h, int64_t width) {
@@ -122,11 +119,7 @@ TEST_P(FlashAttentionBackward, RejectsMismatchedGradients) {
       ValueError, "log_sum_exp: expected the forward pass's values");
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryTarget, FlashAttentionBackward,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<int64_t>& target_info) {
-                           return std::string(hwy::TargetName(target_info.param));
-                         });
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionBackward);
 
 }  // namespace
 }  // namespace attn

@@ -9,6 +9,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
+#include "every_simd_target.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -18,11 +19,7 @@ using testing::close_to;
 using testing::random_tensor;
 using testing::to_doubles;
 
-class FlashAttentionDropout : public ::testing::TestWithParam<int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
+class FlashAttentionDropout : public testing::EverySimdTarget {};
 
 reference::Array<double> array(const Tensor& tensor) {
   return testing::to_reference(tensor);
@@ -115,11 +112,7 @@ TEST(FlashAttentionDropoutMask, RejectsProbabilityOne) {
       ValueError, "dropout: expected a probability in [0, 1) for the fused kernel, got 1");
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryTarget, FlashAttentionDropout,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<int64_t>& target_info) {
-                           return std::string(hwy::TargetName(target_info.param));
-                         });
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionDropout);
 
 }  // namespace
 }  // namespace attn

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "attn/core/error.hpp"
+#include "every_simd_target.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -24,18 +25,7 @@ using testing::random_tensor;
 // to the output's magnitude bounds them (the bound).
 constexpr double kTolerance = 1e-5;
 
-// Every target Highway compiled and this CPU supports, each forced in turn.
-std::vector<int64_t> targets_to_test() {
-  std::vector<int64_t> targets;
-  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) targets.push_back(target);
-  return targets;
-}
-
-class FlashAttention : public ::testing::TestWithParam<int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
+class FlashAttention : public testing::EverySimdTarget {};
 
 struct Case {
   int64_t batch, heads, queries, keys, depth, value_depth;
@@ -162,10 +152,7 @@ TEST_P(FlashAttention, RejectsInconsistentShapes) {
                        "q: expected the last dimension to split into 3 heads");
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryTarget, FlashAttention, ::testing::ValuesIn(targets_to_test()),
-                         [](const ::testing::TestParamInfo<int64_t>& target_info) {
-                           return std::string(hwy::TargetName(target_info.param));
-                         });
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttention);
 
 }  // namespace
 }  // namespace attn
