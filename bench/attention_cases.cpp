@@ -67,79 +67,22 @@ float default_scale(const AttentionShape& shape) {
   return 1.0F / std::sqrt(static_cast<float>(shape.head_dim));
 }
 
-// Fused: the multi-head layout (B, n, heads·d) read in place through split_heads.
-PreparedCase prepare_fused(Mask mask, const AttentionShape& shape, uint64_t seed) {
-  struct State {
-    Tensor q, k, v, out;
-    ValidLengths lengths;
-    FlashAttentionOptions options;
-    int64_t heads = 0;
-  };
-  auto state = std::make_shared<State>();
-  Rng rng(seed);
-  const int64_t width = shape.heads * shape.head_dim;
-  state->q = random_tensor(Shape{shape.batch, shape.queries, width}, rng);
-  state->k = random_tensor(Shape{shape.batch, shape.keys, width}, rng);
-  state->v = random_tensor(Shape{shape.batch, shape.keys, width}, rng);
-  state->out = Tensor(Shape{shape.batch, shape.queries, width});
-  state->lengths = padding_lengths(mask, shape, seed);
-  state->options = {default_scale(shape), mask == Mask::kCausal};
-  state->heads = shape.heads;
-  PreparedCase prepared;
-  prepared.useful_flops = useful_flops(mask, shape, state->lengths, dot_forward_flops(shape));
-  prepared.padding_lengths = state->lengths.values();
-  prepared.run = [state] {
-    const State& s = *state;
-    flash_attention_forward(split_heads(s.q, s.heads, "queries"), split_heads(s.k, s.heads, "keys"),
-                            split_heads(s.v, s.heads, "values"), s.lengths, s.options,
-                            split_heads(state->out, s.heads, "out"));
-  };
-  return prepared;
-}
-
-// Plain: the book's code on (B·heads, n, d) tensors, materialising the (B·heads, n, m) scores.
-PreparedCase prepare_plain(Mask mask, const AttentionShape& shape, uint64_t seed) {
-  struct State {
-    Tensor q, k, v, out;
-    ValidLengths lengths;  // per (batch·head), as the book's repeat_interleave gives them
-    float scale = 1.0F;
-  };
-  auto state = std::make_shared<State>();
-  Rng rng(seed);
-  const int64_t batch_heads = shape.batch * shape.heads;
-  state->q = random_tensor(Shape{batch_heads, shape.queries, shape.head_dim}, rng);
-  state->k = random_tensor(Shape{batch_heads, shape.keys, shape.head_dim}, rng);
-  state->v = random_tensor(Shape{batch_heads, shape.keys, shape.head_dim}, rng);
-  state->out = Tensor(Shape{batch_heads, shape.queries, shape.head_dim});
-  const ValidLengths padding = padding_lengths(mask, shape, seed);
-  state->lengths = padding.repeat_interleave(shape.heads);
-  if (mask == Mask::kCausal) {
-    state->lengths = state->lengths.with_causal_mask(batch_heads, shape.queries, shape.keys);
-  }
-  state->scale = default_scale(shape);
-  PreparedCase prepared;
-  prepared.useful_flops = useful_flops(mask, shape, padding, dot_forward_flops(shape));
-  prepared.padding_lengths = padding.values();
-  prepared.run = [state] {
-    State& s = *state;
-    Tensor scores(Shape{s.q.dim(0), s.q.dim(1), s.k.dim(1)});
-    batched_matmul_transposed(s.q, s.k, scores);
-    for (float& score : scores.span()) score *= s.scale;
-    masked_softmax(scores, s.lengths, scores);
-    batched_matmul(scores, s.v, s.out);
-  };
-  return prepared;
-}
-
-// Backward, fused: the forward pass (with its log-sum-exp) runs in preparation; each timed pass is
+// Fused: the multi-head layout (B, n, heads·d) read in place through split_heads. The backward
+// case runs the forward pass (with its log-sum-exp) in preparation and times
 // flash_attention_backward alone, on the same strided heads.
-PreparedCase prepare_fused_backward(Mask mask, const AttentionShape& shape, uint64_t seed) {
+PreparedCase prepare_fused(Mask mask, bool backward, const AttentionShape& shape, uint64_t seed) {
   struct State {
     Tensor q, k, v, out, grad_out, grad_q, grad_k, grad_v;
     std::vector<float> log_sum_exp;
     ValidLengths lengths;
     FlashAttentionOptions options;
     int64_t heads = 0;
+
+    void forward(float* lse) {
+      flash_attention_forward(split_heads(q, heads, "queries"), split_heads(k, heads, "keys"),
+                              split_heads(v, heads, "values"), lengths, options,
+                              split_heads(out, heads, "out"), lse);
+    }
   };
   auto state = std::make_shared<State>();
   Rng rng(seed);
@@ -149,23 +92,24 @@ PreparedCase prepare_fused_backward(Mask mask, const AttentionShape& shape, uint
   state->q = random_tensor(query_shape, rng);
   state->k = random_tensor(key_shape, rng);
   state->v = random_tensor(key_shape, rng);
-  state->grad_out = random_tensor(query_shape, rng);
   state->out = Tensor(query_shape);
+  state->lengths = padding_lengths(mask, shape, seed);
+  state->options = {default_scale(shape), mask == Mask::kCausal};
+  state->heads = shape.heads;
+  PreparedCase prepared;
+  prepared.useful_flops =
+      useful_flops(mask, shape, state->lengths, (backward ? 2 : 1) * dot_forward_flops(shape));
+  prepared.padding_lengths = state->lengths.values();
+  if (!backward) {
+    prepared.run = [state] { state->forward(nullptr); };
+    return prepared;
+  }
+  state->grad_out = random_tensor(query_shape, rng);
   state->grad_q = Tensor(query_shape);
   state->grad_k = Tensor(key_shape);
   state->grad_v = Tensor(key_shape);
   state->log_sum_exp.resize(static_cast<size_t>(shape.batch * shape.heads * shape.queries));
-  state->lengths = padding_lengths(mask, shape, seed);
-  state->options = {default_scale(shape), mask == Mask::kCausal};
-  state->heads = shape.heads;
-  const int64_t heads = shape.heads;
-  flash_attention_forward(split_heads(state->q, heads, "queries"),
-                          split_heads(state->k, heads, "keys"),
-                          split_heads(state->v, heads, "values"), state->lengths, state->options,
-                          split_heads(state->out, heads, "out"), state->log_sum_exp.data());
-  PreparedCase prepared;
-  prepared.useful_flops = useful_flops(mask, shape, state->lengths, 2 * dot_forward_flops(shape));
-  prepared.padding_lengths = state->lengths.values();
+  state->forward(state->log_sum_exp.data());
   prepared.run = [state] {
     State& s = *state;
     flash_attention_backward(
@@ -178,12 +122,22 @@ PreparedCase prepare_fused_backward(Mask mask, const AttentionShape& shape, uint
   return prepared;
 }
 
-// Backward, plain: what autograd runs for the book's code, from the weights P it saved:
-// dV = Pᵀ dO, dP = dO Vᵀ, dS = softmax backward, dQ = c·dS K, dK = c·dSᵀ Q.
-PreparedCase prepare_plain_backward(Mask mask, const AttentionShape& shape, uint64_t seed) {
+// Plain: the book's code on (B·heads, n, d) tensors, materialising the (B·heads, n, m) scores.
+// The backward case is what autograd runs from the weights P the forward pass saved (computed in
+// preparation): dV = Pᵀ dO, dP = dO Vᵀ, dS = softmax backward, dQ = c·dS K, dK = c·dSᵀ Q.
+PreparedCase prepare_plain(Mask mask, bool backward, const AttentionShape& shape, uint64_t seed) {
   struct State {
-    Tensor q, k, v, weights, grad_out, grad_q, grad_k, grad_v;
+    Tensor q, k, v, out, weights, grad_out, grad_q, grad_k, grad_v;
+    ValidLengths lengths;  // per (batch·head), as the book's repeat_interleave gives them
     float scale = 1.0F;
+
+    Tensor attention_weights() const {
+      Tensor scores(Shape{q.dim(0), q.dim(1), k.dim(1)});
+      batched_matmul_transposed(q, k, scores);
+      for (float& score : scores.span()) score *= scale;
+      masked_softmax(scores, lengths, scores);
+      return scores;
+    }
   };
   auto state = std::make_shared<State>();
   Rng rng(seed);
@@ -193,22 +147,26 @@ PreparedCase prepare_plain_backward(Mask mask, const AttentionShape& shape, uint
   state->q = random_tensor(query_shape, rng);
   state->k = random_tensor(key_shape, rng);
   state->v = random_tensor(key_shape, rng);
+  state->out = Tensor(query_shape);
+  const ValidLengths padding = padding_lengths(mask, shape, seed);
+  state->lengths = padding.repeat_interleave(shape.heads);
+  if (mask == Mask::kCausal) {
+    state->lengths = state->lengths.with_causal_mask(batch_heads, shape.queries, shape.keys);
+  }
+  state->scale = default_scale(shape);
+  PreparedCase prepared;
+  prepared.useful_flops =
+      useful_flops(mask, shape, padding, (backward ? 2 : 1) * dot_forward_flops(shape));
+  prepared.padding_lengths = padding.values();
+  if (!backward) {
+    prepared.run = [state] { batched_matmul(state->attention_weights(), state->v, state->out); };
+    return prepared;
+  }
   state->grad_out = random_tensor(query_shape, rng);
   state->grad_q = Tensor(query_shape);
   state->grad_k = Tensor(key_shape);
   state->grad_v = Tensor(key_shape);
-  const ValidLengths padding = padding_lengths(mask, shape, seed);
-  ValidLengths lengths = padding.repeat_interleave(shape.heads);
-  if (mask == Mask::kCausal)
-    lengths = lengths.with_causal_mask(batch_heads, shape.queries, shape.keys);
-  state->scale = default_scale(shape);
-  state->weights = Tensor(Shape{batch_heads, shape.queries, shape.keys});
-  batched_matmul_transposed(state->q, state->k, state->weights);
-  for (float& score : state->weights.span()) score *= state->scale;
-  masked_softmax(state->weights, lengths, state->weights);
-  PreparedCase prepared;
-  prepared.useful_flops = useful_flops(mask, shape, padding, 2 * dot_forward_flops(shape));
-  prepared.padding_lengths = padding.values();
+  state->weights = state->attention_weights();
   prepared.run = [state] {
     State& s = *state;
     batched_transposed_matmul(s.weights, s.grad_out, s.grad_v);
@@ -299,10 +257,8 @@ AttentionCase dot_case(std::string name, std::string workload, Mask mask, bool f
               return (backward ? 2.0 : 1.0) * score_bytes(shape);
             });
   entry.prepare = [mask, fused, backward](const AttentionShape& shape, uint64_t seed) {
-    if (backward)
-      return fused ? prepare_fused_backward(mask, shape, seed)
-                   : prepare_plain_backward(mask, shape, seed);
-    return fused ? prepare_fused(mask, shape, seed) : prepare_plain(mask, shape, seed);
+    return fused ? prepare_fused(mask, backward, shape, seed)
+                 : prepare_plain(mask, backward, shape, seed);
   };
   return entry;
 }
