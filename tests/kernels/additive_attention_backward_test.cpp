@@ -21,6 +21,7 @@ namespace attn {
 namespace {
 
 using testing::close_to;
+using testing::head_of;
 using testing::random_tensor;
 using testing::to_doubles;
 using testing::to_reference;
@@ -34,15 +35,6 @@ using testing::to_reference;
 constexpr double kTolerance = 1e-5;
 
 class AdditiveAttentionBackwardKernel : public testing::EverySimdTarget {};
-
-// Columns [h·width, (h+1)·width) of a (B, rows, heads·width) tensor.
-Tensor head_of(const Tensor& x, int64_t h, int64_t width) {
-  Tensor out(Shape{x.dim(0), x.dim(1), width});
-  for (int64_t b = 0; b < x.dim(0); ++b)
-    for (int64_t i = 0; i < x.dim(1); ++i)
-      for (int64_t t = 0; t < width; ++t) out(b, i, t) = x(b, i, h * width + t);
-  return out;
-}
 
 // Head h's (B, n, m) slice of the kernels' (B·heads, n, m) dropout multipliers.
 std::vector<double> dropout_of_head(const Tensor& mask, int64_t batch, int64_t heads, int64_t h) {

@@ -54,6 +54,14 @@ std::vector<std::vector<double>> numerical_gradients(
   return gradients;
 }
 
+Tensor head_of(const Tensor& x, int64_t h, int64_t width) {
+  Tensor out(Shape{x.dim(0), x.dim(1), width});
+  for (int64_t b = 0; b < x.dim(0); ++b)
+    for (int64_t i = 0; i < x.dim(1); ++i)
+      for (int64_t t = 0; t < width; ++t) out(b, i, t) = x(b, i, h * width + t);
+  return out;
+}
+
 double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double sum = 0;
   for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];

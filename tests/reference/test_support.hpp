@@ -21,6 +21,8 @@ Tensor random_tensor(const Shape& shape, Rng& rng, float scale = 1.0F);
 // The tensor's values in double, for the reference.
 reference::Array<double> to_reference(ConstTensorView tensor);
 std::vector<double> to_doubles(ConstTensorView tensor);
+// Columns [h·width, (h+1)·width) of a (B, rows, heads·width) tensor: head h, as split_heads sees it.
+Tensor head_of(const Tensor& x, int64_t h, int64_t width);
 // Lengths expanded to (B, n), as the reference takes them.
 reference::Lengths expand(const ValidLengths& lengths, int64_t batch, int64_t queries,
                           int64_t keys);
