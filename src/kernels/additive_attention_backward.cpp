@@ -26,6 +26,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "kernels/dropout_hash.hpp"
+#include "kernels/scratch_memory.hpp"
 
 #ifndef ATTN_ADDITIVE_ATTENTION_BACKWARD_SHARED
 #define ATTN_ADDITIVE_ATTENTION_BACKWARD_SHARED
@@ -90,36 +91,23 @@ struct AdditiveBackwardScratch {
     const size_t br = kQueryVectors * lanes, bc = kKeyTile;
     const size_t tiles = (n + br - 1) / br, n_padded = tiles * br;
     const size_t dv_padded = hwy::RoundUpTo(dv, lanes);
-    // Every buffer starts on a vector boundary; the sizes in the order they are taken below.
-    const size_t sizes[] = {
-        n_padded * hidden, n_padded * hidden, n * dv_padded, n_padded * dv, bc * hidden,
-        bc * dv_padded,    hidden * lanes,    bc * br,       bc * br,       bc * br,
-        n_padded,          n_padded,          n_padded,      tiles,         n_padded};
-    size_t total = 0;
-    for (const size_t size : sizes) total += hwy::RoundUpTo(size, lanes);
-    memory = hwy::AllocateAligned<float>(total);
-    float* next = memory.get();
-    if (next == nullptr) return;
-    const auto take = [&next, lanes](size_t count) {
-      float* start = next;
-      next += hwy::RoundUpTo(count, lanes);
-      return start;
-    };
-    queries_transposed = take(n_padded * hidden);
-    grad_queries_transposed = take(n_padded * hidden);
-    grad_out_rows = take(n * dv_padded);
-    grad_out_transposed = take(n_padded * dv);
-    grad_keys = take(bc * hidden);
-    grad_values = take(bc * dv_padded);
-    grad_weight_lanes = take(hidden * lanes);
-    probabilities = take(bc * br);
-    grad_scores = take(bc * br);
-    dropped = take(bc * br);
-    delta = take(n_padded);
-    lse = take(n_padded);
-    lengths = reinterpret_cast<int32_t*>(take(n_padded));
-    tile_most = reinterpret_cast<int32_t*>(take(tiles));
-    row_keys = reinterpret_cast<uint32_t*>(take(n_padded));
+    memory = carve_scratch(lanes, [&](const auto& take) {
+      queries_transposed = take(n_padded * hidden);
+      grad_queries_transposed = take(n_padded * hidden);
+      grad_out_rows = take(n * dv_padded);
+      grad_out_transposed = take(n_padded * dv);
+      grad_keys = take(bc * hidden);
+      grad_values = take(bc * dv_padded);
+      grad_weight_lanes = take(hidden * lanes);
+      probabilities = take(bc * br);
+      grad_scores = take(bc * br);
+      dropped = take(bc * br);
+      delta = take(n_padded);
+      lse = take(n_padded);
+      lengths = as_int32(take(n_padded));
+      tile_most = as_int32(take(tiles));
+      row_keys = as_uint32(take(n_padded));
+    });
   }
 };
 

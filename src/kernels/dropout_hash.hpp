@@ -1,7 +1,7 @@
 // The counter-based generator behind the fused kernels' dropout: a keep/drop decision for every
-// (seed, batch·head, query, key) computed from those numbers alone, so the backward pass regenerates
-// the forward pass's mask instead of storing it. Scalar form here; the SIMD kernels compute the
-// same integers lane-wise (tile_gemm-inl.h's DropoutBits).
+// (seed, batch·head, query, key) computed from those numbers alone, so the backward pass
+// regenerates the forward pass's mask instead of storing it. Scalar form here; the SIMD kernels
+// compute the same integers lane-wise (tile_gemm-inl.h's DropoutBits).
 #pragma once
 
 #include <cstdint>
@@ -27,8 +27,8 @@ constexpr uint64_t mix64(uint64_t x) {
 
 // The key of query `query` of matrix `head_index` (b·heads + h).
 constexpr uint32_t row_key(uint64_t seed, int64_t head_index, int64_t query) {
-  return static_cast<uint32_t>(mix64(mix64(seed ^ mix64(static_cast<uint64_t>(head_index))) +
-                                     static_cast<uint64_t>(query)));
+  return static_cast<uint32_t>(
+      mix64(mix64(seed ^ mix64(static_cast<uint64_t>(head_index))) + static_cast<uint64_t>(query)));
 }
 
 constexpr uint32_t kKeyStride = 0x9e3779b9U;  // odd, so distinct keys give distinct inputs
@@ -39,6 +39,8 @@ constexpr uint32_t bits(uint32_t row, int64_t key) {
 }
 
 // Dropped when bits < threshold, where threshold = round(p · 2^24).
-constexpr uint32_t threshold(float p) { return static_cast<uint32_t>(static_cast<double>(p) * 16777216.0 + 0.5); }
+constexpr uint32_t threshold(float p) {
+  return static_cast<uint32_t>(static_cast<double>(p) * 16777216.0 + 0.5);
+}
 
 }  // namespace attn::dropout_hash

@@ -16,6 +16,7 @@
 
 #include "attn/core/error.hpp"
 #include "kernels/dropout_hash.hpp"
+#include "kernels/scratch_memory.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_SHARED
 #define ATTN_FLASH_ATTENTION_SHARED
@@ -70,32 +71,26 @@ struct Scratch {
   // contiguously: heads addressed by stride put a head's rows kilobytes apart, and at long
   // sequences the pages they span outgrow the TLB (n = 16384 with 32 heads ran at 38% of peak
   // instead of 70%). Rows are packed as tiles first need them, once per head and thread.
-  hwy::AlignedFreeUniquePtr<float[]> packed;
-  float* packed_keys = nullptr;
-  float* packed_values = nullptr;
+  float* packed_keys;
+  float* packed_values;
   int64_t packed_head = -1;
   int64_t packed_rows = 0;
 
-  Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys) {
+  Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes) {
     const size_t bc = flash_detail::kKeyTile;
-    const size_t total = depth * br + bc * br + br * dv_padded + 5 * br;
-    memory = hwy::AllocateAligned<float>(total);
-    packed = hwy::AllocateAligned<float>(std::max<size_t>(keys * (depth + dv_padded), 1));
-    float* next = memory.get();
-    if (next == nullptr || packed == nullptr) return;
-    q_transposed = next, next += depth * br;
-    scores = next, next += bc * br;
-    output = next, next += br * dv_padded;
-    row_max = next, next += br;
-    row_sum = next, next += br;
-    row_rescale = next, next += br;
-    lengths = reinterpret_cast<int32_t*>(next);
-    next += br;
-    row_keys = reinterpret_cast<uint32_t*>(next);
-    packed_keys = packed.get();
-    packed_values = packed.get() + keys * depth;
+    memory = carve_scratch(lanes, [&](const auto& take) {
+      q_transposed = take(depth * br);
+      scores = take(bc * br);
+      output = take(br * dv_padded);
+      row_max = take(br);
+      row_sum = take(br);
+      row_rescale = take(br);
+      lengths = as_int32(take(br));
+      row_keys = as_uint32(take(br));
+      packed_keys = take(keys * depth);
+      packed_values = take(keys * dv_padded);
+    });
   }
-  bool ok() const { return memory != nullptr && packed != nullptr; }
 };
 
 // Makes rows [0, rows) of head (b, h)'s keys and values available in s.packed_*.
@@ -268,8 +263,8 @@ void FlashForward(const ForwardArgs& args) {
 #pragma omp parallel
   {
     Scratch scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
-                    static_cast<size_t>(args.k.rows));
-    if (!scratch.ok()) {
+                    static_cast<size_t>(args.k.rows), lanes);
+    if (scratch.memory == nullptr) {
 #pragma omp atomic write
       out_of_memory = true;
     } else {
