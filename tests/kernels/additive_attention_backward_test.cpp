@@ -27,11 +27,11 @@ using testing::to_doubles;
 using testing::to_reference;
 
 // Each gradient is a float32 sum of up to a few hundred terms (da over m keys, db over n queries,
-// dw over B·H·n·m pairs), each a product of a few rounded factors with Highway's Tanh (a few ulps):
-// errors grow like √terms · 2⁻²⁴ ≈ 1e-6 relative to the terms' magnitude, and the scores the
-// probabilities come from are rounded to about |S|·2⁻²⁴. 1e-5 relative to each gradient's largest
-// entry (floor 1) holds with margin on these shapes, while a wrong mask, dropout multiplier or
-// missing term shows up at 1e-2 or more.
+// dw over B·H·n·m pairs), each a product of a few rounded factors with the kernels' tanh (3.5e-7
+// relative): errors grow like √terms · 2⁻²⁴ ≈ 1e-6 relative to the terms' magnitude, and the scores
+// the probabilities come from are rounded to about |S|·2⁻²⁴. 1e-5 relative to each gradient's
+// largest entry (floor 1) holds with margin on these shapes, while a wrong mask, dropout multiplier
+// or missing term shows up at 1e-2 or more.
 constexpr double kTolerance = 1e-5;
 
 class AdditiveAttentionBackwardKernel : public testing::EverySimdTarget {};
