@@ -69,44 +69,25 @@ using additive_backward_detail::kKeyTile;
 using additive_backward_detail::kQueryVectors;
 
 // Per-thread scratch for one task at a time; sized once per call.
-struct AdditiveBackwardScratch {
+struct AdditiveBackwardScratch : BackwardTileBuffers {
   hwy::AlignedFreeUniquePtr<float[]> memory;
   float* queries_transposed;       // tiles × h × Br: aᵀ per query tile
   float* grad_queries_transposed;  // tiles × h × Br: daᵀ
-  float* grad_out_rows;            // n × dv_padded
-  float* grad_out_transposed;      // tiles × dv × Br
   float* grad_keys;                // Bc × h
   float* grad_values;              // Bc × dv_padded
   float* grad_weight_lanes;        // h × lanes: dw, lane-wise partial sums
-  float* probabilities;            // Bc × Br: Pᵀ
-  float* grad_scores;              // Bc × Br: dPᵀ, then dSᵀ
-  float* dropped;                  // Bc × Br: (P ⊙ Z)ᵀ
-  float* delta;                    // n_padded: D
-  float* lse;                      // n_padded
-  int32_t* lengths;                // n_padded
-  int32_t* tile_most;              // tiles: the longest length in each query tile
-  uint32_t* row_keys;              // n_padded: dropout_hash::row_key of each query
 
   AdditiveBackwardScratch(size_t n, size_t hidden, size_t dv, size_t lanes) {
     const size_t br = kQueryVectors * lanes, bc = kKeyTile;
-    const size_t tiles = (n + br - 1) / br, n_padded = tiles * br;
+    const size_t n_padded = (n + br - 1) / br * br;
     const size_t dv_padded = hwy::RoundUpTo(dv, lanes);
     memory = carve_scratch(lanes, [&](const auto& take) {
+      take_tile_buffers(take, n, br, bc, dv, dv_padded);
       queries_transposed = take(n_padded * hidden);
       grad_queries_transposed = take(n_padded * hidden);
-      grad_out_rows = take(n * dv_padded);
-      grad_out_transposed = take(n_padded * dv);
       grad_keys = take(bc * hidden);
       grad_values = take(bc * dv_padded);
       grad_weight_lanes = take(hidden * lanes);
-      probabilities = take(bc * br);
-      grad_scores = take(bc * br);
-      dropped = take(bc * br);
-      delta = take(n_padded);
-      lse = take(n_padded);
-      lengths = as_int32(take(n_padded));
-      tile_most = as_int32(take(tiles));
-      row_keys = as_uint32(take(n_padded));
     });
   }
 };

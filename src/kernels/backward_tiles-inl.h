@@ -18,6 +18,7 @@
 #include "attn/kernels/flash_attention.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/fast_math-inl.h"
+#include "kernels/scratch_memory.hpp"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -25,17 +26,49 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The buffers every backward pass keeps per thread: a head's query side (PrepareQueryTiles) and
+// one key tile's softmax steps. Each kernel's scratch derives from it and adds its own buffers.
+struct BackwardTileBuffers {
+  float* grad_out_rows;        // n × dv_padded
+  float* grad_out_transposed;  // tiles × dv × Br
+  float* probabilities;        // Bc × Br: Pᵀ
+  float* grad_scores;          // Bc × Br: dPᵀ, then dSᵀ
+  float* dropped;              // Bc × Br: (P ⊙ Z)ᵀ with Z the dropout multipliers
+  float* delta;                // tiles × Br: D
+  float* lse;                  // tiles × Br
+  int32_t* lengths;            // tiles × Br
+  int32_t* tile_most;          // tiles: the longest length in each query tile
+  uint32_t* row_keys;          // tiles × Br: dropout_hash::row_key of each query
+
+  // Takes these buffers from carve_scratch's `take`: n queries in tiles of br, key tiles of bc,
+  // values of size dv (rows padded to dv_padded).
+  template <class Take>
+  void take_tile_buffers(const Take& take, size_t n, size_t br, size_t bc, size_t dv,
+                         size_t dv_padded) {
+    const size_t tiles = (n + br - 1) / br, n_padded = tiles * br;
+    grad_out_rows = take(n * dv_padded);
+    grad_out_transposed = take(n_padded * dv);
+    probabilities = take(bc * br);
+    grad_scores = take(bc * br);
+    dropped = take(bc * br);
+    delta = take(n_padded);
+    lse = take(n_padded);
+    lengths = as_int32(take(n_padded));
+    tile_most = as_int32(take(tiles));
+    row_keys = as_uint32(take(n_padded));
+  }
+};
+
 // The query side of head (b, h), once per head: dO rows padded to dv_padded (grad_out_rows), dOᵀ
 // per query tile of br (grad_out_transposed, tiles × dv × br), D_i = dO_i · O_i (delta), the
 // log-sum-exp (lse; rows that see no key get 0 instead of −∞: they are fully masked, so any finite
 // stand-in will do), visible lengths, dropout row keys and each tile's longest length (tile_most)
 // in `s`, padding rows zero. `head_lse` holds the head's n forward values. Returns the head's
 // longest length.
-template <class Scratch>
-int32_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
-                          const float* head_lse, const ValidLengths& valid_lens,
-                          const FlashAttentionOptions& options, int64_t keys, int64_t b, int64_t h,
-                          size_t br, size_t dv_padded, Scratch& s) {
+inline int32_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
+                                 const float* head_lse, const ValidLengths& valid_lens,
+                                 const FlashAttentionOptions& options, int64_t keys, int64_t b,
+                                 int64_t h, size_t br, size_t dv_padded, BackwardTileBuffers& s) {
   const auto n = static_cast<size_t>(out.rows), dv = static_cast<size_t>(out.cols);
   const float* grad_out_head = grad_out.matrix(b, h);
   const float* out_head = out.matrix(b, h);

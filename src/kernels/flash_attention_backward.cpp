@@ -53,47 +53,28 @@ namespace hn = hwy::HWY_NAMESPACE;
 using flash_backward_detail::BackwardArgs;
 
 // Per-thread scratch for one head at a time; sized once per call.
-struct BackwardScratch {
+struct BackwardScratch : BackwardTileBuffers {
   hwy::AlignedFreeUniquePtr<float[]> memory;
-  float* q_rows;               // n × d_padded: Q, unscaled
-  float* q_transposed;         // tiles × d × Br: c·Qᵀ per query tile
-  float* grad_out_rows;        // n × dv_padded
-  float* grad_out_transposed;  // tiles × dv × Br
-  float* k_rows;               // m × d_padded
-  float* grad_q;               // n × d_padded
-  float* grad_k;               // Bc × d_padded
-  float* grad_v;               // Bc × dv_padded
-  float* probabilities;        // Bc × Br: Pᵀ
-  float* grad_scores;          // Bc × Br: dPᵀ, then dSᵀ
-  float* dropped;              // Bc × Br: (P ⊙ Z)ᵀ with Z the dropout multipliers
-  float* delta;                // tiles × Br: D
-  float* lse;                  // tiles × Br
-  int32_t* lengths;            // tiles × Br
-  int32_t* tile_most;          // tiles: the longest length in each query tile
-  uint32_t* row_keys;          // tiles × Br: dropout_hash::row_key of each query
+  float* q_rows;        // n × d_padded: Q, unscaled
+  float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile
+  float* k_rows;        // m × d_padded
+  float* grad_q;        // n × d_padded
+  float* grad_k;        // Bc × d_padded
+  float* grad_v;        // Bc × dv_padded
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes) {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
-    const size_t tiles = (n + br - 1) / br, n_padded = tiles * br;
+    const size_t n_padded = (n + br - 1) / br * br;
     const size_t d_padded = hwy::RoundUpTo(d, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
     memory = carve_scratch(lanes, [&](const auto& take) {
+      take_tile_buffers(take, n, br, bc, dv, dv_padded);
       q_rows = take(n * d_padded);
       q_transposed = take(n_padded * d);
-      grad_out_rows = take(n * dv_padded);
-      grad_out_transposed = take(n_padded * dv);
       k_rows = take(m * d_padded);
       grad_q = take(n * d_padded);
       grad_k = take(bc * d_padded);
       grad_v = take(bc * dv_padded);
-      probabilities = take(bc * br);
-      grad_scores = take(bc * br);
-      dropped = take(bc * br);
-      delta = take(n_padded);
-      lse = take(n_padded);
-      lengths = as_int32(take(n_padded));
-      tile_most = as_int32(take(tiles));
-      row_keys = as_uint32(take(n_padded));
     });
   }
 };
