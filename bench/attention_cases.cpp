@@ -13,6 +13,7 @@
 #include "attn/core/random.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
+#include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "attn/kernels/masked_softmax.hpp"
@@ -94,7 +95,8 @@ PreparedCase prepare_fused(Mask mask, bool backward, const AttentionShape& shape
   state->v = random_tensor(key_shape, rng);
   state->out = Tensor(query_shape);
   state->lengths = padding_lengths(mask, shape, seed);
-  state->options = {default_scale(shape), mask == Mask::kCausal};
+  state->options.scale = default_scale(shape);
+  state->options.causal = mask == Mask::kCausal;
   state->heads = shape.heads;
   PreparedCase prepared;
   prepared.useful_flops =

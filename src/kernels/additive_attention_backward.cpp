@@ -24,8 +24,10 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
-#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/additive_attention.hpp"
 #include "kernels/dropout_hash.hpp"
+#include "kernels/kernel_arguments.hpp"
+#include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
 #ifndef ATTN_ADDITIVE_ATTENTION_BACKWARD_SHARED
@@ -58,6 +60,7 @@ constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay
 #include "kernels/additive_scores-inl.h"
 #include "kernels/backward_tiles-inl.h"
 #include "kernels/fast_math-inl.h"
+#include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -184,18 +187,29 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
     std::fill(s.grad_keys, s.grad_keys + bc * hidden, 0.0F);
     std::fill(s.grad_values, s.grad_values + bc * dv_padded, 0.0F);
     for (size_t tile = 0; tile < tiles; ++tile) {
-      const size_t tile_most = static_cast<size_t>(s.tile_most[tile]);
-      if (tile_most <= key0) continue;  // no query here sees these keys
-      // Keys no query of this tile sees contribute nothing: skip their tanh work.
-      const size_t active = std::min(bc, tile_most - key0);
+      const TileKeyRanges ranges = s.tile_ranges(tile);
+      const auto key_begin = static_cast<int64_t>(key0);
+      if (ranges.end <= key_begin || ranges.begin >= key_begin + static_cast<int64_t>(bc))
+        continue;  // no query here sees these keys
       const size_t first = tile * br, rows = std::min(br, n - first);
+      MaskCoverage coverage = MaskCoverage::kAll;
+      if (args.options.mask.kind == MaskKind::kBool) {
+        coverage = bool_mask_coverage(args.options.mask, b, h, static_cast<int64_t>(first), rows,
+                                      key_begin, bc);
+        if (coverage == MaskCoverage::kNone) continue;
+      }
+      // Keys past every query of this tile contribute nothing: skip their tanh work.
+      const size_t active = std::min(bc, static_cast<size_t>(ranges.end - key_begin));
       const float* at = s.queries_transposed + tile * hidden * br;
       const float* key_rows = keys + key0 * key_stride;
-      // Sᵀ as the forward pass computed it, then Pᵀ = exp(Sᵀ − lse), zero where masked.
+      // Sᵀ as the forward pass computed it, masked, then Pᵀ = exp(Sᵀ − lse).
       AdditiveScores<kQueryVectors>(d, active, key_rows, key_stride, at, br, hidden, args.weights,
                                     s.probabilities);
-      ProbabilitiesFromScores(d, active, key0, br, s.lengths + first, s.lse + first,
-                              s.probabilities);
+      const QueryTile query_tile{b, h, static_cast<int64_t>(first), rows, args.queries.rows,
+                                 args.keys.rows, s.first + first, s.last + first, ranges};
+      ApplyScoreModifiers(d, args.options, query_tile, key_begin, active, br,
+                          coverage == MaskCoverage::kSome, s.probabilities);
+      ProbabilitiesFromScores(d, active, br, s.lse + first, s.probabilities);
       // The forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
       const float* used = s.probabilities;
       if (dropout) {
@@ -317,18 +331,6 @@ namespace attn {
 HWY_EXPORT(AdditiveBackward);
 
 namespace {
-// ShapeError unless `view` holds the batch × heads matrices of rows × cols named in `expected`.
-void require_matrices(const ConstHeadsView& view, std::string_view name, int64_t batch,
-                      int64_t heads, int64_t rows, int64_t cols, std::string_view expected) {
-  if (view.batch != batch || view.heads != heads || view.rows != rows || view.cols != cols) {
-    throw ShapeError(std::string(name) + ": expected " + std::to_string(batch) + " × " +
-                     std::to_string(heads) + " heads of " + std::to_string(rows) + " × " +
-                     std::to_string(cols) + " (" + std::string(expected) + "), got " +
-                     std::to_string(view.batch) + " × " + std::to_string(view.heads) + " of " +
-                     std::to_string(view.rows) + " × " + std::to_string(view.cols));
-  }
-}
-
 void require_hidden_size(size_t size, std::string_view name, int64_t hidden) {
   if (static_cast<int64_t>(size) != hidden) {
     throw ShapeError(std::string(name) + ": expected " + std::to_string(hidden) +
@@ -359,16 +361,9 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
   require_matrices(grad_projected_keys, "grad_projected_keys", batch, heads, m, hidden,
                    "as projected_keys");
   require_matrices(grad_v, "grad_v", batch, heads, m, dv, "as values");
-  if (log_sum_exp == nullptr)
-    throw ValueError("log_sum_exp: expected the forward pass's values, got a null pointer");
-  if (m > std::numeric_limits<int32_t>::max()) {
-    throw ValueError("projected_keys: expected at most 2^31 − 1 keys, got " + std::to_string(m));
-  }
-  if (!(options.dropout >= 0.0F && options.dropout < 1.0F)) {
-    throw ValueError("dropout: expected a probability in [0, 1) for the fused kernel, got " +
-                     std::to_string(options.dropout));
-  }
-  valid_lens.check("valid_lens", batch, n, m);
+  require_log_sum_exp(log_sum_exp);
+  require_additive_options(options, a, projected_keys);
+  check_attention_arguments(a, projected_keys, values, out, valid_lens, options);
   if (batch == 0 || heads == 0) {
     std::fill(grad_w_v.begin(), grad_w_v.end(), 0.0F);
     return;

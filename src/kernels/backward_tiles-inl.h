@@ -1,7 +1,7 @@
 // What the fused backward passes share, per SIMD target (a Highway "-inl.h" header): the query side
 // of a head prepared once, then the softmax steps on transposed tiles (keys × Br queries, the
-// queries along the lanes): Pᵀ from the scores and the forward pass's log-sum-exp, the dropout
-// multipliers regenerated, and dSᵀ from dPᵀ.
+// queries along the lanes): Pᵀ from the masked scores and the forward pass's log-sum-exp, the
+// dropout multipliers regenerated, and dSᵀ from dPᵀ.
 
 #if defined(ATTN_KERNELS_BACKWARD_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_BACKWARD_TILES_INL_H_
@@ -13,11 +13,14 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "attn/core/valid_lengths.hpp"
-#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/fused_options.hpp"
+#include "attn/kernels/heads_view.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/fast_math-inl.h"
+#include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 #include "kernels/tile_gemm-inl.h"
 
@@ -31,13 +34,15 @@ namespace hn = hwy::HWY_NAMESPACE;
 struct BackwardTileBuffers {
   float* grad_out_rows;        // n × dv_padded
   float* grad_out_transposed;  // tiles × dv × Br
-  float* probabilities;        // Bc × Br: Pᵀ
+  float* probabilities;        // Bc × Br: Sᵀ, then Pᵀ
   float* grad_scores;          // Bc × Br: dPᵀ, then dSᵀ
   float* dropped;              // Bc × Br: (P ⊙ Z)ᵀ with Z the dropout multipliers
+  float* softcap_tanh;         // Bc × Br: tanh(s / softcap) of the raw scores
   float* delta;                // tiles × Br: D
   float* lse;                  // tiles × Br
-  int32_t* lengths;            // tiles × Br
-  int32_t* tile_most;          // tiles: the longest length in each query tile
+  int32_t* first;              // tiles × Br: each query's first visible key
+  int32_t* last;               // tiles × Br: one past its last
+  int32_t* tile_bounds;        // tiles × 4: the query tile's TileKeyRanges
   uint32_t* row_keys;          // tiles × Br: dropout_hash::row_key of each query
 
   // Takes these buffers from carve_scratch's `take`: n queries in tiles of br, key tiles of bc,
@@ -51,21 +56,29 @@ struct BackwardTileBuffers {
     probabilities = take(bc * br);
     grad_scores = take(bc * br);
     dropped = take(bc * br);
+    softcap_tanh = take(bc * br);
     delta = take(n_padded);
     lse = take(n_padded);
-    lengths = as_int32(take(n_padded));
-    tile_most = as_int32(take(tiles));
+    first = as_int32(take(n_padded));
+    last = as_int32(take(n_padded));
+    tile_bounds = as_int32(take(tiles * 4));
     row_keys = as_uint32(take(n_padded));
+  }
+
+  // The key ranges of query tile `tile`, as PrepareQueryTiles left them.
+  TileKeyRanges tile_ranges(size_t tile) const {
+    const int32_t* bounds = tile_bounds + tile * 4;
+    return {bounds[0], bounds[1], bounds[2], bounds[3]};
   }
 };
 
 // The query side of head (b, h), once per head: dO rows padded to dv_padded (grad_out_rows), dOᵀ
 // per query tile of br (grad_out_transposed, tiles × dv × br), D_i = dO_i · O_i (delta), the
-// log-sum-exp (lse; rows that see no key get 0 instead of −∞: they are fully masked, so any finite
-// stand-in will do), visible lengths, dropout row keys and each tile's longest length (tile_most)
-// in `s`, padding rows zero. `head_lse` holds the head's n forward values. Returns the head's
-// longest length.
-inline int32_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
+// log-sum-exp (lse; rows that saw nothing get 0 instead of −∞: all their scores are −∞, so any
+// finite stand-in gives P = 0), each query's key range, dropout row keys and each tile's key
+// ranges (tile_bounds) in `s`, padding rows zero. `head_lse` holds the head's n forward values.
+// Returns one past the last key any query of the head sees.
+inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
                                  const float* head_lse, const ValidLengths& valid_lens,
                                  const FlashAttentionOptions& options, int64_t keys, int64_t b,
                                  int64_t h, size_t br, size_t dv_padded, BackwardTileBuffers& s) {
@@ -77,13 +90,22 @@ inline int32_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
     std::copy_n(grad_out_head + static_cast<int64_t>(i) * grad_out.row_stride, dv, row);
     std::fill(row + dv, row + dv_padded, 0.0F);
   }
-  int32_t most = 0;
+  int64_t extent = 0;
   for (size_t tile = 0; tile * br < n; ++tile) {
+    const size_t first_row = tile * br, rows = std::min(br, n - first_row);
+    const TileKeyRanges ranges =
+        tile_key_ranges(valid_lens, options, b, static_cast<int64_t>(first_row), rows, br, out.rows,
+                        keys, s.first + first_row, s.last + first_row);
+    int32_t* bounds = s.tile_bounds + tile * 4;
+    bounds[0] = static_cast<int32_t>(ranges.begin);
+    bounds[1] = static_cast<int32_t>(ranges.end);
+    bounds[2] = static_cast<int32_t>(ranges.common_begin);
+    bounds[3] = static_cast<int32_t>(ranges.common_end);
+    extent = std::max(extent, ranges.end);
     float* grad_out_transposed = s.grad_out_transposed + tile * dv * br;
-    int32_t tile_most = 0;
     for (size_t r = 0; r < br; ++r) {
-      const size_t i = tile * br + r;
-      const bool real = i < n;
+      const size_t i = first_row + r;
+      const bool real = r < rows;
       const float* grad_out_row = s.grad_out_rows + i * dv_padded;
       for (size_t t = 0; t < dv; ++t)
         grad_out_transposed[t * br + r] = real ? grad_out_row[t] : 0.0F;
@@ -92,36 +114,24 @@ inline int32_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
         const float* out_row = out_head + static_cast<int64_t>(i) * out.row_stride;
         for (size_t t = 0; t < dv; ++t) delta += out_row[t] * grad_out_row[t];
       }
-      const auto query = static_cast<int64_t>(i);
-      const int32_t length = real ? static_cast<int32_t>(valid_lens.visible_length(
-                                        b, query, out.rows, keys, options.causal))
-                                  : 0;
       s.delta[i] = delta;
-      s.lse[i] = length > 0 ? head_lse[i] : 0.0F;
-      s.lengths[i] = length;
-      s.row_keys[i] = dropout_hash::row_key(options.seed, b * out.heads + h, query);
-      tile_most = std::max(tile_most, length);
+      s.lse[i] = real && head_lse[i] > -std::numeric_limits<float>::infinity() ? head_lse[i] : 0.0F;
+      s.row_keys[i] =
+          dropout_hash::row_key(options.seed, b * out.heads + h, static_cast<int64_t>(i));
     }
-    s.tile_most[tile] = tile_most;
-    most = std::max(most, tile_most);
   }
-  return most;
+  return extent;
 }
 
-// Pᵀ = exp(Sᵀ − lse) in place for keys key0 … key0 + keys − 1, zero where key ≥ the query's
-// length; `lengths` and `lse` hold the tile's Br queries.
+// Pᵀ = exp(Sᵀ − lse) in place for `keys` key rows, from scores the score modifiers already masked
+// (−∞ gives 0); `lse` holds the tile's Br queries.
 template <class D>
-HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t key0, size_t br,
-                                        const int32_t* lengths, const float* lse,
+HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, const float* lse,
                                         float* probabilities) {
-  const hn::RebindToSigned<D> di;
   for (size_t j = 0; j < keys; ++j) {
-    const auto key_index = hn::Set(di, static_cast<int32_t>(key0 + j));
     for (size_t r = 0; r < br; r += hn::Lanes(d)) {
-      const auto visible = hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, lengths + r)));
       float* p = probabilities + j * br + r;
-      const auto shifted = hn::Sub(hn::Load(d, p), hn::Load(d, lse + r));
-      hn::Store(hn::IfThenElseZero(visible, SoftmaxExp(d, shifted)), d, p);
+      hn::Store(SoftmaxExp(d, hn::Sub(hn::Load(d, p), hn::Load(d, lse + r))), d, p);
     }
   }
 }
@@ -153,6 +163,21 @@ HWY_INLINE void GradScoresFromGradProbabilities(D d, size_t keys, size_t br,
       const auto p = hn::Load(d, probabilities + j * br + r);
       const auto p_used = hn::Load(d, used + j * br + r);
       hn::Store(hn::NegMulAdd(p, hn::Load(d, delta + r), hn::Mul(p_used, hn::Load(d, ds))), d, ds);
+    }
+  }
+}
+
+// dSᵀ ⊙ (1 − t²) in place, t = tanh(s / softcap) of the raw scores: the gradient through the soft
+// cap s → softcap · tanh(s / softcap).
+template <class D>
+HWY_INLINE void SoftcapBackward(D d, size_t keys, size_t br, const float* softcap_tanh,
+                                float* grad_scores) {
+  for (size_t j = 0; j < keys; ++j) {
+    for (size_t r = 0; r < br; r += hn::Lanes(d)) {
+      float* ds = grad_scores + j * br + r;
+      const auto t = hn::Load(d, softcap_tanh + j * br + r);
+      const auto grad = hn::Load(d, ds);
+      hn::Store(hn::NegMulAdd(hn::Mul(grad, t), t, grad), d, ds);
     }
   }
 }

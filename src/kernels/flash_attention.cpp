@@ -15,7 +15,10 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/additive_attention.hpp"
 #include "kernels/dropout_hash.hpp"
+#include "kernels/kernel_arguments.hpp"
+#include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_SHARED
@@ -48,6 +51,7 @@ constexpr size_t kKeyTile = 64;      // Bc: Sᵀ (Bc × Br floats) stays in L1 a
 
 #include "kernels/additive_scores-inl.h"
 #include "kernels/fast_math-inl.h"
+#include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -65,7 +69,8 @@ struct Scratch {
   float* row_max;       // Br
   float* row_sum;       // Br
   float* row_rescale;   // Br
-  int32_t* lengths;     // Br
+  int32_t* first;       // Br: each query's first visible key
+  int32_t* last;        // Br: one past each query's last visible key
   uint32_t* row_keys;   // Br: dropout_hash::row_key of each query
   // The current head's keys (m × d) and values (m × dv_padded, zero-padded columns), packed
   // contiguously: heads addressed by stride put a head's rows kilobytes apart, and at long
@@ -85,7 +90,8 @@ struct Scratch {
       row_max = take(br);
       row_sum = take(br);
       row_rescale = take(br);
-      lengths = as_int32(take(br));
+      first = as_int32(take(br));
+      last = as_int32(take(br));
       row_keys = as_uint32(take(br));
       packed_keys = take(keys * depth);
       packed_values = take(keys * dv_padded);
@@ -93,10 +99,10 @@ struct Scratch {
   }
 };
 
-// Makes rows [0, rows) of head (b, h)'s keys and values available in s.packed_*.
+// Makes rows [0, rows) of key/value head (b, h)'s keys and values available in s.packed_*.
 void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t rows,
                        size_t dv_padded, Scratch& s) {
-  const int64_t head = b * args.q.heads + h;
+  const int64_t head = b * args.k.heads + h;
   if (s.packed_head != head) {
     s.packed_head = head;
     s.packed_rows = 0;
@@ -113,129 +119,107 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t ro
   s.packed_rows = std::max(s.packed_rows, rows);
 }
 
-void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
-                      Scratch& s) {
-  const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  using V = hn::Vec<decltype(d)>;
-  const size_t lanes = hn::Lanes(d);
-  const size_t br = flash_detail::kQueryVectors * lanes;
-  const size_t depth = static_cast<size_t>(args.q.cols);
-  const size_t dv = static_cast<size_t>(args.v.cols);
-  const size_t dv_padded = hwy::RoundUpTo(dv, lanes);
-  const size_t rows =
-      static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), args.q.rows - first_query));
-  const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
-
-  // Row lengths; padding rows see nothing.
-  int64_t most = 0, fewest = args.k.rows;
+// The rows' key ranges and dropout keys, Qᵀ with the scale folded in (zero in padding lanes), and
+// the online softmax's starting state: running max −∞ and sum 0, or the head's sink logit with
+// sum exp(0) = 1, so the sink joins every row's denominator.
+QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
+                           size_t br, Scratch& s) {
+  QueryTile tile;
+  tile.batch = b;
+  tile.head = h;
+  tile.first_query = first_query;
+  tile.rows = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), args.q.rows - first_query));
+  tile.queries = args.q.rows;
+  tile.keys = args.k.rows;
+  tile.first = s.first;
+  tile.last = s.last;
+  tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, first_query, tile.rows, br,
+                                args.q.rows, args.k.rows, s.first, s.last);
   for (size_t r = 0; r < br; ++r) {
-    const int64_t length =
-        r < rows ? args.valid_lens->visible_length(b, first_query + static_cast<int64_t>(r),
-                                                   args.q.rows, args.k.rows, args.options.causal)
-                 : 0;
-    s.lengths[r] = static_cast<int32_t>(length);
-    most = std::max(most, length);
-    if (r < rows) fewest = std::min(fewest, length);
     s.row_keys[r] = dropout_hash::row_key(args.options.seed, b * args.q.heads + h,
                                           first_query + static_cast<int64_t>(r));
   }
-  const bool dropout = args.options.dropout > 0.0F;
-  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
-  const hn::RebindToUnsigned<decltype(d)> du;
-
-  // Qᵀ with the scale folded in, zero in padding rows.
+  const size_t depth = static_cast<size_t>(args.q.cols);
+  const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
   const float scale = args.options.scale;
   for (size_t t = 0; t < depth; ++t) {
     float* column = s.q_transposed + t * br;
-    for (size_t r = 0; r < br; ++r)
-      column[r] =
-          r < rows
-              ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] * scale
-              : 0.0F;
+    for (size_t r = 0; r < br; ++r) {
+      column[r] = r < tile.rows
+                      ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] * scale
+                      : 0.0F;
+    }
   }
+  const bool sink = args.options.sinks != nullptr;
+  const float start_max = sink ? args.options.sinks[h] : -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < br; ++r) {
+    s.row_max[r] = r < tile.rows ? start_max : -std::numeric_limits<float>::infinity();
+    s.row_sum[r] = r < tile.rows && sink ? 1.0F : 0.0F;
+  }
+  return tile;
+}
+
+// One key tile's online-softmax step on Sᵀ (bc × Br, masked scores in, Pᵀ out), lane-wise over
+// queries: new running max, rescale factors exp(old max − new max) in s.row_rescale, P = exp(S −
+// max), running sum rescaled plus P's column sums. The kVectors query vectors of each key row are
+// adjacent in memory and give independent dependency chains.
+template <class D>
+HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  constexpr size_t kVectors = flash_detail::kQueryVectors;
   const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
-  for (size_t r = 0; r < br; r += lanes) {
-    hn::Store(minus_infinity, d, s.row_max + r);
-    hn::Store(hn::Zero(d), d, s.row_sum + r);
+  V row_max[kVectors], shift[kVectors], sum[kVectors];
+  for (size_t g = 0; g < kVectors; ++g) row_max[g] = hn::Load(d, s.row_max + g * lanes);
+  for (size_t j = 0; j < bc; ++j) {
+    for (size_t g = 0; g < kVectors; ++g)
+      row_max[g] = hn::Max(row_max[g], hn::Load(d, s.scores + j * br + g * lanes));
   }
-  std::fill(s.output, s.output + br * dv_padded, 0.0F);
-
-  PackKeysAndValues(args, b, h, most, dv_padded, s);
-  const float* k = s.packed_keys;
-  const float* v = s.packed_values;
-  for (int64_t key0 = 0; key0 < most; key0 += static_cast<int64_t>(flash_detail::kKeyTile)) {
-    const size_t bc = static_cast<size_t>(
-        std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), most - key0));
-    // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
-    if (args.additive_weights != nullptr) {
-      AdditiveScores<flash_detail::kQueryVectors>(d, bc, k + static_cast<size_t>(key0) * depth,
-                                                  depth, s.q_transposed, br, depth,
-                                                  args.additive_weights, s.scores);
-    } else {
-      Gemm<false>(d, bc, flash_detail::kQueryVectors, k + static_cast<size_t>(key0) * depth, depth,
-                  1, s.q_transposed, br, depth, s.scores, br);
-    }
-    // Keys at or past a row's length get −∞ (only the key rows some query cannot see).
-    for (size_t j = key0 < fewest ? static_cast<size_t>(fewest - key0) : 0; j < bc; ++j) {
-      const auto key_index = hn::Set(di, static_cast<int32_t>(key0 + static_cast<int64_t>(j)));
-      for (size_t r = 0; r < br; r += lanes) {
-        const auto visible = hn::RebindMask(d, hn::Lt(key_index, hn::Load(di, s.lengths + r)));
-        float* score = s.scores + j * br + r;
-        hn::Store(hn::IfThenElse(visible, hn::Load(d, score), minus_infinity), d, score);
-      }
-    }
-    // Online softmax, lane-wise over queries; the kVectors query vectors g of each key row
-    // are adjacent in memory and give independent dependency chains.
-    constexpr size_t kVectors = flash_detail::kQueryVectors;
-    V row_max[kVectors], shift[kVectors], sum[kVectors];
-    for (size_t g = 0; g < kVectors; ++g) row_max[g] = hn::Load(d, s.row_max + g * lanes);
-    for (size_t j = 0; j < bc; ++j) {
-      for (size_t g = 0; g < kVectors; ++g)
-        row_max[g] = hn::Max(row_max[g], hn::Load(d, s.scores + j * br + g * lanes));
-    }
-    for (size_t g = 0; g < kVectors; ++g) {
-      // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
-      shift[g] = hn::IfThenZeroElse(hn::Eq(row_max[g], minus_infinity), row_max[g]);
-      hn::Store(SoftmaxExp(d, hn::Sub(hn::Load(d, s.row_max + g * lanes), shift[g])), d,
-                s.row_rescale + g * lanes);
-      hn::Store(row_max[g], d, s.row_max + g * lanes);
-      sum[g] = hn::Zero(d);
-    }
-    for (size_t j = 0; j < bc; ++j) {
-      for (size_t g = 0; g < kVectors; ++g) {
-        float* score = s.scores + j * br + g * lanes;
-        const V p = SoftmaxExp(d, hn::Sub(hn::Load(d, score), shift[g]));
-        hn::Store(p, d, score);
-        sum[g] = hn::Add(sum[g], p);
-      }
-    }
-    for (size_t g = 0; g < kVectors; ++g) {
-      float* row_sum = s.row_sum + g * lanes;
-      hn::Store(hn::MulAdd(hn::Load(d, row_sum), hn::Load(d, s.row_rescale + g * lanes), sum[g]), d,
-                row_sum);
-    }
-    // Dropout after the sum: the normaliser counts every weight, the product only the kept ones.
-    if (dropout) {
-      for (size_t j = 0; j < bc; ++j) {
-        const auto key = static_cast<uint32_t>(key0 + static_cast<int64_t>(j));
-        for (size_t g = 0; g < kVectors; ++g) {
-          float* p = s.scores + j * br + g * lanes;
-          hn::Store(
-              dropout_applier.Apply(d, hn::Load(du, s.row_keys + g * lanes), key, hn::Load(d, p)),
-              d, p);
-        }
-      }
-    }
-    // O = O · rescale + P V.
-    Gemm<true>(d, rows, dv_padded / lanes, s.scores, 1, br,
-               v + static_cast<size_t>(key0) * dv_padded, dv_padded, bc, s.output, dv_padded,
-               s.row_rescale);
+  for (size_t g = 0; g < kVectors; ++g) {
+    // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
+    shift[g] = hn::IfThenZeroElse(hn::Eq(row_max[g], minus_infinity), row_max[g]);
+    hn::Store(SoftmaxExp(d, hn::Sub(hn::Load(d, s.row_max + g * lanes), shift[g])), d,
+              s.row_rescale + g * lanes);
+    hn::Store(row_max[g], d, s.row_max + g * lanes);
+    sum[g] = hn::Zero(d);
   }
+  for (size_t j = 0; j < bc; ++j) {
+    for (size_t g = 0; g < kVectors; ++g) {
+      float* score = s.scores + j * br + g * lanes;
+      const V p = SoftmaxExp(d, hn::Sub(hn::Load(d, score), shift[g]));
+      hn::Store(p, d, score);
+      sum[g] = hn::Add(sum[g], p);
+    }
+  }
+  for (size_t g = 0; g < kVectors; ++g) {
+    float* row_sum = s.row_sum + g * lanes;
+    hn::Store(hn::MulAdd(hn::Load(d, row_sum), hn::Load(d, s.row_rescale + g * lanes), sum[g]), d,
+              row_sum);
+  }
+}
 
-  // Normalise; a row that saw no key has sum 0 and gets a zero output.
-  float* out = args.out.matrix(b, h) + first_query * args.out.row_stride;
-  for (size_t r = 0; r < rows; ++r) {
+// Dropout after the sum: the normaliser counts every weight, the product only the kept ones.
+template <class D, class Applier>
+HWY_INLINE void DropWeights(D d, const Applier& applier, int64_t key0, size_t bc,
+                            size_t br, Scratch& s) {
+  const hn::RebindToUnsigned<D> du;
+  const size_t lanes = hn::Lanes(d);
+  for (size_t j = 0; j < bc; ++j) {
+    const auto key = static_cast<uint32_t>(key0 + static_cast<int64_t>(j));
+    for (size_t r = 0; r < br; r += lanes) {
+      float* p = s.scores + j * br + r;
+      hn::Store(applier.Apply(d, hn::Load(du, s.row_keys + r), key, hn::Load(d, p)), d, p);
+    }
+  }
+}
+
+// O / sum into `out` (a row that saw no key has sum 0 and gets a zero output), and each row's
+// log-sum-exp.
+void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_padded,
+                     const Scratch& s) {
+  const size_t dv = static_cast<size_t>(args.v.cols);
+  float* out = args.out.matrix(tile.batch, tile.head) + tile.first_query * args.out.row_stride;
+  for (size_t r = 0; r < tile.rows; ++r) {
     const float sum = s.row_sum[r];
     const float inverse = sum > 0.0F ? 1.0F / sum : 0.0F;
     const float* row = s.output + r * dv_padded;
@@ -243,12 +227,63 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
     for (size_t t = 0; t < dv; ++t) destination[t] = row[t] * inverse;
   }
   if (args.log_sum_exp != nullptr) {
-    float* lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows + first_query;
-    for (size_t r = 0; r < rows; ++r) {
+    float* lse = args.log_sum_exp + (tile.batch * args.q.heads + tile.head) * args.q.rows +
+                 tile.first_query;
+    for (size_t r = 0; r < tile.rows; ++r) {
       lse[r] = s.row_sum[r] > 0.0F ? s.row_max[r] + std::log(s.row_sum[r])
                                    : -std::numeric_limits<float>::infinity();
     }
   }
+}
+
+// One query tile of query head (b, h): for each key tile some row sees, Sᵀ = K Qᵀ (or additive
+// scores), the score modifiers and masks, the online softmax step, dropout, O = O·rescale + P V.
+void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
+                      Scratch& s) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t br = flash_detail::kQueryVectors * lanes;
+  const size_t depth = static_cast<size_t>(args.q.cols);
+  const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
+  const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
+  std::fill(s.output, s.output + br * dv_padded, 0.0F);
+  const bool dropout = args.options.dropout > 0.0F;
+  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
+  const bool bool_mask = args.options.mask.kind == MaskKind::kBool;
+
+  // Grouped-query attention: this query head reads key/value head h / group.
+  const int64_t kv_head = h / (args.q.heads / args.k.heads);
+  PackKeysAndValues(args, b, kv_head, tile.ranges.end, dv_padded, s);
+  const float* k = s.packed_keys;
+  const float* v = s.packed_values;
+  for (int64_t key0 = tile.ranges.begin; key0 < tile.ranges.end;
+       key0 += static_cast<int64_t>(flash_detail::kKeyTile)) {
+    const size_t bc = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), tile.ranges.end - key0));
+    MaskCoverage coverage = MaskCoverage::kAll;
+    if (bool_mask) {
+      coverage = bool_mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
+      if (coverage == MaskCoverage::kNone) continue;  // the mask hides this whole tile
+    }
+    // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
+    const float* key_rows = k + static_cast<size_t>(key0) * depth;
+    if (args.additive_weights != nullptr) {
+      AdditiveScores<flash_detail::kQueryVectors>(d, bc, key_rows, depth, s.q_transposed, br,
+                                                  depth, args.additive_weights, s.scores);
+    } else {
+      Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, depth, 1, s.q_transposed, br,
+                  depth, s.scores, br);
+    }
+    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
+                        s.scores);
+    OnlineSoftmaxStep(d, bc, br, s);
+    if (dropout) DropWeights(d, dropout_applier, key0, bc, br, s);
+    // O = O · rescale + P V.
+    Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br,
+               v + static_cast<size_t>(key0) * dv_padded, dv_padded, bc, s.output, dv_padded,
+               s.row_rescale);
+  }
+  WriteOutputRows(args, tile, dv_padded, s);
 }
 
 void FlashForward(const ForwardArgs& args) {
@@ -291,18 +326,6 @@ namespace attn {
 
 HWY_EXPORT(FlashForward);
 
-namespace {
-void require_heads(const ConstHeadsView& view, const ConstHeadsView& q, std::string_view name,
-                   int64_t rows, std::string_view what) {
-  if (view.batch != q.batch || view.heads != q.heads || view.rows != rows) {
-    throw ShapeError(std::string(name) + ": expected " + std::to_string(q.batch) + " × " +
-                     std::to_string(q.heads) + " heads of " + std::to_string(rows) + " rows (" +
-                     std::string(what) + "), got " + std::to_string(view.batch) + " × " +
-                     std::to_string(view.heads) + " of " + std::to_string(view.rows));
-  }
-}
-}  // namespace
-
 Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads,
                                     int64_t queries, int64_t keys) {
   Tensor mask(Shape{batch_heads, queries, keys});
@@ -320,41 +343,10 @@ Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_
   return mask;
 }
 
-namespace {
-// The checks every fused forward entry point shares; returns false when there is nothing to do.
-bool check_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
-                   const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                   HeadsView out) {
-  require_heads(k, q, "keys", k.rows, "as many as queries");
-  require_heads(v, q, "values", k.rows, "one per key");
-  require_heads(out, q, "out", q.rows, "one per query");
-  if (k.cols != q.cols) {
-    throw ShapeError("keys: expected size " + std::to_string(q.cols) + " (that of queries), got " +
-                     std::to_string(k.cols));
-  }
-  if (out.cols != v.cols) {
-    throw ShapeError("out: expected size " + std::to_string(v.cols) + " (that of values), got " +
-                     std::to_string(out.cols));
-  }
-  if (k.rows > std::numeric_limits<int32_t>::max()) {
-    throw ValueError("keys: expected at most 2^31 − 1 keys, got " + std::to_string(k.rows));
-  }
-  if (!(options.dropout >= 0.0F && options.dropout < 1.0F)) {
-    throw ValueError("dropout: expected a probability in [0, 1) for the fused kernel, got " +
-                     std::to_string(options.dropout));
-  }
-  if (!std::isfinite(options.scale)) {
-    throw ValueError("scale: expected a finite number, got " + std::to_string(options.scale));
-  }
-  valid_lens.check("valid_lens", q.batch, q.rows, k.rows);
-  return q.batch > 0 && q.heads > 0 && q.rows > 0 && v.cols > 0;
-}
-}  // namespace
-
 void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                              HeadsView out, float* log_sum_exp) {
-  if (!check_forward(q, k, v, valid_lens, options, out)) return;
+  if (!check_attention_arguments(q, k, v, out, valid_lens, options)) return;
   const flash_detail::ForwardArgs args{q, k, v, out, log_sum_exp, &valid_lens, options};
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);
 }
@@ -368,9 +360,13 @@ void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView
     throw ShapeError("w_v: expected " + std::to_string(projected_queries.cols) +
                      " weights (the hidden size), got " + std::to_string(w_v.size()));
   }
+  require_additive_options(options, projected_queries, projected_keys);
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;  // the queries are packed as they are; w_v carries any scale
-  if (!check_forward(projected_queries, projected_keys, values, valid_lens, additive, out)) return;
+  if (!check_attention_arguments(projected_queries, projected_keys, values, out, valid_lens,
+                                 additive)) {
+    return;
+  }
   const flash_detail::ForwardArgs args{projected_queries, projected_keys, values,   out,
                                        log_sum_exp,       &valid_lens,    additive, w_v.data()};
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);

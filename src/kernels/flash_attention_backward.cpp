@@ -7,14 +7,19 @@
 //   dQ = c · dS K,   dK = c · dSᵀ Q.
 // Everything runs on transposed tiles (keys × queries) so the per-query D and log-sum-exp are
 // lane-wise, and every product is the tile GEMM of tile_gemm-inl.h.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "kernels/dropout_hash.hpp"
+#include "kernels/kernel_arguments.hpp"
+#include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_BACKWARD_SHARED
@@ -27,6 +32,8 @@ struct BackwardArgs {
   const ValidLengths* valid_lens;
   FlashAttentionOptions options;
   HeadsView grad_q, grad_k, grad_v;
+  ScoreMaskGradient grad_mask;  // data null: not wanted
+  float* grad_sinks;            // null: not wanted
 };
 
 constexpr size_t kQueryVectors = 4;
@@ -44,6 +51,7 @@ constexpr size_t kKeyTile = 64;
 
 #include "kernels/backward_tiles-inl.h"
 #include "kernels/fast_math-inl.h"
+#include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -52,15 +60,15 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using flash_backward_detail::BackwardArgs;
 
-// Per-thread scratch for one head at a time; sized once per call.
+// Per-thread scratch for one (batch, key/value head) task at a time; sized once per call.
 struct BackwardScratch : BackwardTileBuffers {
   hwy::AlignedFreeUniquePtr<float[]> memory;
   float* q_rows;        // n × d_padded: Q, unscaled
   float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile
   float* k_rows;        // m × d_padded
   float* grad_q;        // n × d_padded
-  float* grad_k;        // Bc × d_padded
-  float* grad_v;        // Bc × dv_padded
+  float* grad_k;        // m × d_padded: dK of the key/value head, summed over its query heads
+  float* grad_v;        // m × dv_padded
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes) {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
@@ -73,8 +81,8 @@ struct BackwardScratch : BackwardTileBuffers {
       q_transposed = take(n_padded * d);
       k_rows = take(m * d_padded);
       grad_q = take(n * d_padded);
-      grad_k = take(bc * d_padded);
-      grad_v = take(bc * dv_padded);
+      grad_k = take(m * d_padded);
+      grad_v = take(m * dv_padded);
     });
   }
 };
@@ -89,7 +97,11 @@ void PadRows(const float* source, int64_t stride, size_t rows, size_t cols, size
   }
 }
 
-void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardScratch& s) {
+// One query head h (reading key/value head kv_head) of batch element b: accumulates its share of
+// dK and dV into s.grad_k and s.grad_v, writes its dQ, and returns its sink gradient
+// −Σ_i exp(sink − lse_i)·D_i (0 without sinks).
+float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int64_t kv_head,
+                             const ScoreMaskGradient& grad_mask, BackwardScratch& s) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_backward_detail::kQueryVectors * lanes;
@@ -97,18 +109,17 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
   const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
   const size_t tiles = (n + br - 1) / br;
-  const float scale = args.options.scale;
-  const float* q = args.q.matrix(b, h);
-  const float* k = args.k.matrix(b, h);
-  const float* v = args.v.matrix(b, h);
-  const float* lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
+  const FlashAttentionOptions& options = args.options;
+  const float scale = options.scale;
+  const float* k = args.k.matrix(b, kv_head);
+  const float* v = args.v.matrix(b, kv_head);
+  const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
 
-  // Per head: padded and transposed copies, D, log-sum-exp and lengths per query.
-  PadRows(q, args.q.row_stride, n, depth, d_padded, s.q_rows);
-  PadRows(k, args.k.row_stride, m, depth, d_padded, s.k_rows);
+  // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
+  PadRows(args.q.matrix(b, h), args.q.row_stride, n, depth, d_padded, s.q_rows);
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
-  const int32_t most = PrepareQueryTiles(args.out, args.grad_out, lse, *args.valid_lens,
-                                         args.options, args.k.rows, b, h, br, dv_padded, s);
+  const int64_t extent = PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens,
+                                           options, args.k.rows, b, h, br, dv_padded, s);
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* qt = s.q_transposed + tile * depth * br;
     for (size_t r = 0; r < br; ++r) {
@@ -118,24 +129,31 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
     }
   }
 
-  const bool dropout = args.options.dropout > 0.0F;
-  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
-  float* grad_k_head = args.grad_k.matrix(b, h);
-  float* grad_v_head = args.grad_v.matrix(b, h);
-  for (size_t key0 = 0; key0 < m; key0 += flash_backward_detail::kKeyTile) {
+  const bool dropout = options.dropout > 0.0F;
+  const DropoutApplier<decltype(d)> dropout_applier(d, options.dropout);
+  for (size_t key0 = 0; static_cast<int64_t>(key0) < extent;
+       key0 += flash_backward_detail::kKeyTile) {
     const size_t bc = std::min(flash_backward_detail::kKeyTile, m - key0);
-    std::fill(s.grad_k, s.grad_k + bc * d_padded, 0.0F);
-    std::fill(s.grad_v, s.grad_v + bc * dv_padded, 0.0F);
-    for (size_t tile = 0; tile < tiles && static_cast<int64_t>(key0) < most; ++tile) {
-      if (s.tile_most[tile] <= static_cast<int32_t>(key0))
-        continue;  // no query here sees these keys
+    const auto key_begin = static_cast<int64_t>(key0), key_end = static_cast<int64_t>(key0 + bc);
+    for (size_t tile = 0; tile < tiles; ++tile) {
+      const TileKeyRanges ranges = s.tile_ranges(tile);
+      if (ranges.end <= key_begin || ranges.begin >= key_end) continue;  // sees none of these keys
       const size_t first = tile * br, rows = std::min(br, n - first);
-      // Sᵀ = K c·Qᵀ, then Pᵀ = exp(Sᵀ − lse), zero where masked.
+      MaskCoverage coverage = MaskCoverage::kAll;
+      if (options.mask.kind == MaskKind::kBool) {
+        coverage = bool_mask_coverage(options.mask, b, h, static_cast<int64_t>(first), rows,
+                                      key_begin, bc);
+        if (coverage == MaskCoverage::kNone) continue;
+      }
+      const QueryTile query_tile{b, h, static_cast<int64_t>(first), rows, args.q.rows, args.k.rows,
+                                 s.first + first, s.last + first, ranges};
+      // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
       Gemm<false>(d, bc, flash_backward_detail::kQueryVectors,
-                  k + static_cast<int64_t>(key0) * args.k.row_stride,
-                  static_cast<size_t>(args.k.row_stride), 1, s.q_transposed + tile * depth * br, br,
-                  depth, s.probabilities, br);
-      ProbabilitiesFromScores(d, bc, key0, br, s.lengths + first, s.lse + first, s.probabilities);
+                  k + key_begin * args.k.row_stride, static_cast<size_t>(args.k.row_stride), 1,
+                  s.q_transposed + tile * depth * br, br, depth, s.probabilities, br);
+      ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
+                          coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
+      ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
       // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
       const float* used = s.probabilities;
       if (dropout) {
@@ -145,25 +163,25 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
       }
       // dV += (P ⊙ Z)ᵀ dO.
       Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
-                 dv_padded, rows, s.grad_v, dv_padded);
+                 dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
       // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
       Gemm<false>(d, bc, flash_backward_detail::kQueryVectors,
-                  v + static_cast<int64_t>(key0) * args.v.row_stride,
-                  static_cast<size_t>(args.v.row_stride), 1, s.grad_out_transposed + tile * dv * br,
-                  br, dv, s.grad_scores, br);
+                  v + key_begin * args.v.row_stride, static_cast<size_t>(args.v.row_stride), 1,
+                  s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
       GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
+      // A float mask is added to the final scores: its gradient is dS itself.
+      if (grad_mask.data != nullptr) {
+        accumulate_mask_gradient(grad_mask, b, h, static_cast<int64_t>(first), rows, key_begin,
+                                 bc, br, s.grad_scores);
+      }
+      // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
+      if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
       // dK += dSᵀ Q (scaled at the end); dQ += dS K.
       Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.q_rows + first * d_padded,
-                 d_padded, rows, s.grad_k, d_padded);
+                 d_padded, rows, s.grad_k + key0 * d_padded, d_padded);
       Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.k_rows + key0 * d_padded,
                  d_padded, bc, s.grad_q + first * d_padded, d_padded);
-    }
-    for (size_t j = 0; j < bc; ++j) {
-      float* grad_k_row = grad_k_head + static_cast<int64_t>(key0 + j) * args.grad_k.row_stride;
-      float* grad_v_row = grad_v_head + static_cast<int64_t>(key0 + j) * args.grad_v.row_stride;
-      for (size_t t = 0; t < depth; ++t) grad_k_row[t] = s.grad_k[j * d_padded + t] * scale;
-      std::copy_n(s.grad_v + j * dv_padded, dv, grad_v_row);
     }
   }
   float* grad_q_head = args.grad_q.matrix(b, h);
@@ -171,11 +189,57 @@ void FlashBackwardHead(const BackwardArgs& args, int64_t b, int64_t h, BackwardS
     float* grad_q_row = grad_q_head + static_cast<int64_t>(i) * args.grad_q.row_stride;
     for (size_t t = 0; t < depth; ++t) grad_q_row[t] = s.grad_q[i * d_padded + t] * scale;
   }
+  if (options.sinks == nullptr) return 0.0F;
+  // The sink's weight in row i is exp(sink − lse_i); d lse_i / d sink is that weight, and
+  // dL/d sink = −Σ_i weight_i · D_i (D_i = dO_i·O_i = Σ_j P_ij dP_ij).
+  double grad_sink = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (head_lse[i] == -std::numeric_limits<float>::infinity()) continue;
+    grad_sink -= std::exp(static_cast<double>(options.sinks[h]) - head_lse[i]) * s.delta[i];
+  }
+  return static_cast<float>(grad_sink);
+}
+
+// One (batch b, key/value head kv_head) task: the query heads that share it in turn, then dK and
+// dV written once. Sink gradients go to grad_sinks_by_head (B·H values, one per query head).
+void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
+                       const ScoreMaskGradient& grad_mask, float* grad_sinks_by_head,
+                       BackwardScratch& s) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t m = static_cast<size_t>(args.k.rows);
+  const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
+  const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
+  PadRows(args.k.matrix(b, kv_head), args.k.row_stride, m, depth, d_padded, s.k_rows);
+  std::fill(s.grad_k, s.grad_k + m * d_padded, 0.0F);
+  std::fill(s.grad_v, s.grad_v + m * dv_padded, 0.0F);
+  const int64_t group = args.q.heads / args.k.heads;
+  for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+    grad_sinks_by_head[b * args.q.heads + h] =
+        FlashBackwardQueryHead(args, b, h, kv_head, grad_mask, s);
+  }
+  float* grad_k_head = args.grad_k.matrix(b, kv_head);
+  float* grad_v_head = args.grad_v.matrix(b, kv_head);
+  const float scale = args.options.scale;
+  for (size_t j = 0; j < m; ++j) {
+    float* grad_k_row = grad_k_head + static_cast<int64_t>(j) * args.grad_k.row_stride;
+    for (size_t t = 0; t < depth; ++t) grad_k_row[t] = s.grad_k[j * d_padded + t] * scale;
+    std::copy_n(s.grad_v + j * dv_padded, dv,
+                grad_v_head + static_cast<int64_t>(j) * args.grad_v.row_stride);
+  }
 }
 
 void FlashBackward(const BackwardArgs& args) {
   const hn::ScalableTag<float> d;
-  const int64_t heads = args.q.batch * args.q.heads;
+  const int64_t tasks = args.q.batch * args.k.heads;
+  const auto threads = static_cast<size_t>(omp_get_max_threads());
+  // A float mask's gradient that broadcasts over batch elements or key/value heads gets written
+  // by several tasks: each thread then sums into a private copy (static schedule, summed in
+  // thread order, so reproducible for a fixed thread count).
+  MaskGradientAccumulator target(args.grad_mask, args.q.batch, args.q.heads, args.k.heads,
+                                 args.q.rows, args.k.rows, threads);
+  std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
+  float* grad_sinks = grad_sinks_by_head.data();
   bool out_of_memory = false;
 #pragma omp parallel
   {
@@ -185,15 +249,33 @@ void FlashBackward(const BackwardArgs& args) {
     if (scratch.memory == nullptr) {
 #pragma omp atomic write
       out_of_memory = true;
+    } else if (target.private_copies()) {
+      const ScoreMaskGradient grad_mask =
+          target.for_thread(static_cast<size_t>(omp_get_thread_num()));
+#pragma omp for schedule(static, 1)
+      for (int64_t task = 0; task < tasks; ++task) {
+        FlashBackwardTask(args, task / args.k.heads, task % args.k.heads, grad_mask, grad_sinks,
+                          scratch);
+      }
     } else {
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t head = 0; head < heads; ++head) {
-        FlashBackwardHead(args, head / args.q.heads, head % args.q.heads, scratch);
+      for (int64_t task = 0; task < tasks; ++task) {
+        FlashBackwardTask(args, task / args.k.heads, task % args.k.heads, args.grad_mask,
+                          grad_sinks, scratch);
       }
     }
   }
   if (out_of_memory)
     throw Error("flash_attention_backward: could not allocate per-thread scratch memory");
+  target.sum_private_copies();
+  if (args.grad_sinks != nullptr) {
+    for (int64_t h = 0; h < args.q.heads; ++h) {
+      double sum = 0.0;
+      for (int64_t b = 0; b < args.q.batch; ++b)
+        sum += grad_sinks_by_head[static_cast<size_t>(b * args.q.heads + h)];
+      args.grad_sinks[h] += static_cast<float>(sum);
+    }
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -205,49 +287,32 @@ namespace attn {
 
 HWY_EXPORT(FlashBackward);
 
-namespace {
-void require_like(const ConstHeadsView& view, std::string_view name, const ConstHeadsView& like,
-                  std::string_view like_name) {
-  if (view.batch != like.batch || view.heads != like.heads || view.rows != like.rows ||
-      view.cols != like.cols) {
-    throw ShapeError(std::string(name) + ": expected " + std::to_string(like.batch) + " × " +
-                     std::to_string(like.heads) + " heads of " + std::to_string(like.rows) + " × " +
-                     std::to_string(like.cols) + " (as " + std::string(like_name) + "), got " +
-                     std::to_string(view.batch) + " × " + std::to_string(view.heads) + " of " +
-                     std::to_string(view.rows) + " × " + std::to_string(view.cols));
-  }
-}
-}  // namespace
-
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                              HeadsView grad_q, HeadsView grad_k, HeadsView grad_v) {
-  if (k.batch != q.batch || k.heads != q.heads || k.cols != q.cols) {
-    throw ShapeError("keys: expected " + std::to_string(q.batch) + " × " + std::to_string(q.heads) +
-                     " heads of size " + std::to_string(q.cols) + " (as queries), got " +
-                     std::to_string(k.batch) + " × " + std::to_string(k.heads) + " of size " +
-                     std::to_string(k.cols));
+                              HeadsView grad_q, HeadsView grad_k, HeadsView grad_v,
+                              ScoreMaskGradient grad_mask, float* grad_sinks) {
+  const bool work = check_attention_arguments(q, k, v, out, valid_lens, options);
+  require_matrices(grad_out, "grad_out", out.batch, out.heads, out.rows, out.cols, "as out");
+  require_matrices(grad_q, "grad_q", q.batch, q.heads, q.rows, q.cols, "as queries");
+  require_matrices(grad_k, "grad_k", k.batch, k.heads, k.rows, k.cols, "as keys");
+  require_matrices(grad_v, "grad_v", v.batch, v.heads, v.rows, v.cols, "as values");
+  require_log_sum_exp(log_sum_exp);
+  if (grad_mask.data != nullptr && options.mask.kind != MaskKind::kFloat) {
+    throw ValueError("grad_mask: expected a float attention mask to differentiate, got " +
+                     std::string(options.mask.kind == MaskKind::kBool ? "a bool mask" : "none"));
   }
-  if (v.batch != q.batch || v.heads != q.heads || v.rows != k.rows) {
-    throw ShapeError("values: expected one row per key (" + std::to_string(k.rows) + "), got " +
-                     std::to_string(v.rows));
+  if (grad_sinks != nullptr && options.sinks == nullptr) {
+    throw ValueError("grad_sinks: expected sinks to differentiate, got none");
   }
-  require_like(out, "out", ConstHeadsView{nullptr, q.batch, q.heads, q.rows, v.cols, 0, 0, 0},
-               "queries × values");
-  require_like(grad_out, "grad_out", out, "out");
-  require_like(grad_q, "grad_q", q, "queries");
-  require_like(grad_k, "grad_k", k, "keys");
-  require_like(grad_v, "grad_v", v, "values");
-  if (log_sum_exp == nullptr)
-    throw ValueError("log_sum_exp: expected the forward pass's values, got a null pointer");
-  if (k.rows > std::numeric_limits<int32_t>::max()) {
-    throw ValueError("keys: expected at most 2^31 − 1 keys, got " + std::to_string(k.rows));
+  if (!work || k.heads == 0) {
+    // Nothing flows back: the input gradients are zero, the mask's and sinks' unchanged.
+    for (const HeadsView& g : {grad_q, grad_k, grad_v}) fill_heads(g, 0.0F);
+    return;
   }
-  valid_lens.check("valid_lens", q.batch, q.rows, k.rows);
-  if (q.batch == 0 || q.heads == 0) return;
   const flash_backward_detail::BackwardArgs args{
-      q, k, v, out, grad_out, log_sum_exp, &valid_lens, options, grad_q, grad_k, grad_v};
+      q,      k,      v,      out,       grad_out,  log_sum_exp, &valid_lens,
+      options, grad_q, grad_k, grad_v, grad_mask, grad_sinks};
   HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
 }
 

@@ -1,6 +1,7 @@
 // HeadsView construction from tensors, with the shape checks.
 #include "attn/kernels/heads_view.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "attn/core/error.hpp"
@@ -27,6 +28,13 @@ BasicHeadsView<T> make_heads(T* data, const Shape& shape, int64_t heads, std::st
   return view;
 }
 }  // namespace
+
+void fill_heads(const HeadsView& view, float value) {
+  for (int64_t b = 0; b < view.batch; ++b)
+    for (int64_t h = 0; h < view.heads; ++h)
+      for (int64_t i = 0; i < view.rows; ++i)
+        std::fill_n(view.matrix(b, h) + i * view.row_stride, view.cols, value);
+}
 
 ConstHeadsView single_head(ConstTensorView tensor, std::string_view name) {
   return make_heads(tensor.data(), tensor.shape(), 1, name);

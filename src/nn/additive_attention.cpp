@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/masked_softmax.hpp"
 
 namespace attn {
@@ -38,8 +38,9 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
     require_finite("keys (projected)", projected_keys_);
     require_finite("values", values);
     require_finite("w_v.weight", w_v_.weight());
-    const FlashAttentionOptions options{1.0F, false, applied_dropout,
-                                        applied_dropout > 0.0F ? next_dropout_seed() : 0};
+    FlashAttentionOptions options;
+    options.dropout = applied_dropout;
+    options.seed = applied_dropout > 0.0F ? next_dropout_seed() : 0;
     fused_options_ = options;
     Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
     log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * queries.dim(1)));

@@ -39,8 +39,10 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
   // The fused kernel takes dropout in [0, 1); p = 1 (everything dropped) takes the reference path.
   if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
       dot_scores_stay_finite(queries, keys, values, queries.dim(2), scale)) {
-    fused_options_ = {scale, false, applied_dropout,
-                      applied_dropout > 0.0F ? next_dropout_seed() : 0};
+    fused_options_ = FlashAttentionOptions();
+    fused_options_.scale = scale;
+    fused_options_.dropout = applied_dropout;
+    fused_options_.seed = applied_dropout > 0.0F ? next_dropout_seed() : 0;
     Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
     log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * queries.dim(1)));
     flash_attention_forward(single_head(queries, "queries"), single_head(keys, "keys"),

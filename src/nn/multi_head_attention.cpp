@@ -78,8 +78,10 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
       dot_scores_stay_finite(projected_queries_, projected_keys_, projected_values_, head_size,
                              scale, "projected ")) {
     // Heads are read and written in place through strides: no transpose copies.
-    fused_options_ = {scale, false, applied_dropout,
-                      applied_dropout > 0.0F ? dropout_seeds_.next_u64() : 0};
+    fused_options_ = FlashAttentionOptions();
+    fused_options_.scale = scale;
+    fused_options_.dropout = applied_dropout;
+    fused_options_.seed = applied_dropout > 0.0F ? dropout_seeds_.next_u64() : 0;
     concatenated_heads_ = Tensor(Shape{queries.dim(0), queries.dim(1), num_hiddens()});
     log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * num_heads_ * queries.dim(1)));
     flash_attention_forward(split_heads(projected_queries_, num_heads_, "queries"),

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
-#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/additive_attention.hpp"
 #include "attn/nn/additive_attention.hpp"
 #include "every_simd_target.hpp"
 #include "test_support.hpp"
@@ -94,7 +94,7 @@ struct FusedRun {
         w(random_tensor(Shape{c.hidden}, rng, c.weight_scale)),
         grad_out(random_tensor(Shape{c.batch, c.queries, c.heads * c.value_depth}, rng)),
         mask(mask_for(c)),
-        options{1.0F, c.causal, c.dropout, 1234} {}
+        options(testing::kernel_options(1.0F, c.causal, c.dropout, 1234)) {}
 
   KernelGradients backward(const Case& c) const {
     Tensor out(Shape{c.batch, c.queries, c.heads * c.value_depth});
@@ -221,7 +221,7 @@ TEST_P(AdditiveAttentionBackwardKernel, RejectsInconsistentArguments) {
                        "got 1 × 1 of 2 × 4");
   EXPECT_THROW_MESSAGE(call(w.span(), b, v, nullptr, {}, db, dw), ValueError,
                        "log_sum_exp: expected the forward pass's values, got a null pointer");
-  EXPECT_THROW_MESSAGE(call(w.span(), b, v, lse.data(), {1.0F, false, 1.0F, 0}, db, dw), ValueError,
+  EXPECT_THROW_MESSAGE(call(w.span(), b, v, lse.data(), testing::kernel_options(1.0F, false, 1.0F), db, dw), ValueError,
                        "dropout: expected a probability in [0, 1)");
   EXPECT_THROW_MESSAGE(
       additive_attention_backward(

@@ -5,7 +5,7 @@
 #include <hwy/targets.h>
 
 #include "attn/core/error.hpp"
-#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/additive_attention.hpp"
 #include "attn/nn/additive_attention.hpp"
 #include "every_simd_target.hpp"
 #include "test_support.hpp"
@@ -61,7 +61,7 @@ TEST_P(AdditiveAttentionKernel, MatchesReference) {
         lengths.push_back(index % (c.keys + 1));
       mask = ValidLengths::per_query(lengths, c.batch, c.queries);
     }
-    const FlashAttentionOptions options{1.0F, c.causal, c.dropout, 99};
+    const FlashAttentionOptions options = testing::kernel_options(1.0F, c.causal, c.dropout, 99);
     Tensor out(Shape{c.batch, c.queries, c.value_depth});
     additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
                                single_head(v, "v"), mask, options, single_head(out, "out"));

@@ -60,7 +60,7 @@ TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
     const float scale = 0.37F;
     Tensor out(Shape{c.batch, c.queries, c.heads * c.value_depth});
     std::vector<float> lse(static_cast<size_t>(c.batch * c.heads * c.queries));
-    const FlashAttentionOptions options{scale, c.causal};
+    const FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
     flash_attention_forward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
                             split_heads(v, c.heads, "v"), mask, options,
                             split_heads(out, c.heads, "out"), lse.data());

@@ -35,7 +35,7 @@ TEST_P(FlashAttentionDropout, ForwardAndBackwardUseTheReportedMask) {
                g = random_tensor(Shape{batch, n, value_depth}, rng);
   const ValidLengths mask = ValidLengths::per_query(
       {150, 0, 3, 77, 1, 149, 150, 20, 64, 5, 6, 7, 8, 9, 10, 11, 12, 140}, batch, n);
-  const FlashAttentionOptions options{0.5F, false, 0.3F, 1234};
+  const FlashAttentionOptions options = testing::kernel_options(0.5F, false, 0.3F, 1234);
   Tensor out(Shape{batch, n, value_depth});
   std::vector<float> lse(static_cast<size_t>(batch * n));
   flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"), mask,
@@ -79,7 +79,7 @@ TEST_P(FlashAttentionDropout, ForwardAndBackwardUseTheReportedMask) {
 }
 
 TEST(FlashAttentionDropoutMask, RateScaleAndSeeds) {
-  const FlashAttentionOptions options{1.0F, false, 0.25F, 7};
+  const FlashAttentionOptions options = testing::kernel_options(1.0F, false, 0.25F, 7);
   const Tensor mask = flash_attention_dropout_mask(options, 4, 100, 250);
   int64_t dropped = 0;
   for (const float value : mask.span()) {
@@ -108,7 +108,7 @@ TEST(FlashAttentionDropoutMask, RejectsProbabilityOne) {
   Tensor out(Shape{1, 1, 1});
   EXPECT_THROW_MESSAGE(
       flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"), {},
-                              {1.0F, false, 1.0F, 0}, single_head(out, "out")),
+                              testing::kernel_options(1.0F, false, 1.0F), single_head(out, "out")),
       ValueError, "dropout: expected a probability in [0, 1) for the fused kernel, got 1");
 }
 

@@ -64,7 +64,7 @@ void check_case(const Case& c, Rng& rng, int64_t target) {
   std::vector<float> lse(static_cast<size_t>(c.batch * c.heads * c.queries));
   const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
   flash_attention_forward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
-                          split_heads(v, c.heads, "v"), mask, {scale, c.causal},
+                          split_heads(v, c.heads, "v"), mask, testing::kernel_options(scale, c.causal),
                           split_heads(out, c.heads, "out"), lse.data());
 
   const ValidLengths effective =
@@ -143,7 +143,7 @@ TEST_P(FlashAttention, RejectsInconsistentShapes) {
   EXPECT_THROW_MESSAGE(flash_attention_forward(single_head(q, "q"), single_head(k, "k"),
                                                single_head(Tensor(Shape{2, 4, 6}), "v"), {}, {},
                                                single_head(out, "out")),
-                       ShapeError, "values: expected 2 × 1 heads of 5 rows");
+                       ShapeError, "values: expected 2 × 1 heads of 5 × 6 (one row per key)");
   EXPECT_THROW_MESSAGE(
       flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"),
                               ValidLengths::per_batch({1, 6}), {}, single_head(out, "out")),

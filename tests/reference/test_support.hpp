@@ -12,9 +12,21 @@
 #include "attn/core/random.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
+#include "attn/kernels/fused_options.hpp"
 #include "reference.hpp"
 
 namespace attn::testing {
+
+// The fused kernels' options for the book's cases: scale, bottom-right causal, dropout and seed.
+inline FlashAttentionOptions kernel_options(float scale, bool causal = false, float dropout = 0.0F,
+                                            uint64_t seed = 0) {
+  FlashAttentionOptions options;
+  options.scale = scale;
+  options.causal = causal;
+  options.dropout = dropout;
+  options.seed = seed;
+  return options;
+}
 
 // Normal entries times `scale`, from `rng`.
 Tensor random_tensor(const Shape& shape, Rng& rng, float scale = 1.0F);

@@ -1,4 +1,4 @@
-// Shape: the dimensions of a row-major tensor of rank 0 to 4, and its printing for error messages.
+// Shape: the dimensions of a row-major tensor of rank 0 to 8, and its printing for error messages.
 #pragma once
 
 #include <array>
@@ -10,7 +10,7 @@ namespace attn {
 
 class Shape {
  public:
-  static constexpr int kMaxRank = 4;
+  static constexpr int kMaxRank = 8;
 
   Shape() = default;
   // Throws ShapeError for a rank above kMaxRank or a negative dimension.

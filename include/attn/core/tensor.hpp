@@ -1,4 +1,4 @@
-// Tensor: an owning, contiguous, row-major float32 array of rank 0 to 4; TensorView and
+// Tensor: an owning, contiguous, row-major float32 array of rank 0 to 8; TensorView and
 // ConstTensorView: cheap non-owning views of the same layout that functions take as arguments.
 #pragma once
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attn/kernels/flash_attention.hpp"
+#include "attn/kernels/additive_attention.hpp"
 #include "attn/nn/attention_layer.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/state_dict.hpp"

@@ -1,0 +1,92 @@
+// AttentionOptions: everything the functional attention API (scaled_dot_product_attention,
+// additive_attention) takes besides its tensors — PyTorch's SDPA arguments (attn_mask, is_causal,
+// scale, enable_gqa, dropout) plus valid lengths, sliding windows, ALiBi, soft-capping and sinks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "attn/core/strided_view.hpp"
+#include "attn/core/valid_lengths.hpp"
+#include "attn/kernels/fused_options.hpp"
+
+namespace attn {
+
+// A boolean or float attention mask, broadcastable (PyTorch's rules, aligned from the last axis)
+// to the scores' shape (..., H_q, L, S). Bool: true (nonzero byte) = the key takes part, as
+// PyTorch's bool attn_mask; float: added to the scaled scores, −∞ hiding the key. Views only: the
+// caller keeps the entries alive during the call.
+class AttentionMask {
+ public:
+  AttentionMask() = default;  // no mask
+  static AttentionMask boolean(StridedView<const uint8_t> mask) {
+    AttentionMask result;
+    result.kind_ = MaskKind::kBool;
+    result.bools_ = mask;
+    return result;
+  }
+  static AttentionMask additive(StridedView<const float> mask) {
+    AttentionMask result;
+    result.kind_ = MaskKind::kFloat;
+    result.floats_ = mask;
+    return result;
+  }
+
+  MaskKind kind() const { return kind_; }
+  bool has_value() const { return kind_ != MaskKind::kNone; }
+  const StridedView<const uint8_t>& bools() const { return bools_; }
+  const StridedView<const float>& floats() const { return floats_; }
+  // The mask's shape and strides, whichever its kind.
+  const Shape& shape() const { return kind_ == MaskKind::kBool ? bools_.shape() : floats_.shape(); }
+  std::span<const int64_t> strides() const {
+    return kind_ == MaskKind::kBool ? bools_.strides() : floats_.strides();
+  }
+  const void* data() const {
+    return kind_ == MaskKind::kBool ? static_cast<const void*>(bools_.data())
+                                    : static_cast<const void*>(floats_.data());
+  }
+
+ private:
+  MaskKind kind_ = MaskKind::kNone;
+  StridedView<const uint8_t> bools_;
+  StridedView<const float> floats_;
+};
+
+// A sliding window around each query's diagonal key c (see `alignment`): keys j with
+// c − left ≤ j ≤ c + right; −1 leaves a side unbounded (FlashAttention's window_size).
+struct SlidingWindow {
+  int64_t left = -1;
+  int64_t right = -1;
+};
+
+struct AttentionOptions {
+  // Valid lengths (the book's): one per batch element (B) or per query (B, L), B the queries'
+  // first axis; keys past a query's length take no part, in every head.
+  ValidLengths valid_lens;
+  // PyTorch's is_causal: query i sees keys j ≤ its diagonal key (see `alignment`).
+  bool causal = false;
+  // The diagonal of `causal`, `window` and ALiBi: top-left (key i, PyTorch's is_causal) or
+  // bottom-right (key i + S − L: FlashAttention-2's, decoding's).
+  DiagonalAlignment alignment = DiagonalAlignment::kTopLeft;
+  std::optional<SlidingWindow> window;
+  AttentionMask attn_mask;
+  // Scores are scale · qᵀk; default 1/√E (E the queries' last axis), as PyTorch.
+  std::optional<float> scale;
+  // Grouped-query attention: keys and values may have H_kv heads dividing the queries' H_q; query
+  // head h reads key/value head h / (H_q / H_kv), without copies (PyTorch's enable_gqa).
+  bool enable_gqa = false;
+  // ALiBi: one slope per query head; the score of query i and key j gets −slope·|c_i − j|.
+  std::span<const float> alibi_slopes;
+  // Logit soft-capping (Gemma 2): scaled scores s become softcap · tanh(s / softcap); > 0.
+  std::optional<float> softcap;
+  // Attention sinks (gpt-oss): one logit per query head joining every row's softmax denominator,
+  // with no value: rows may then weigh their keys less than 1 in total.
+  std::span<const float> sinks;
+  // Dropout on the attention weights, p in [0, 1), from a counter-based generator keyed by `seed`:
+  // the backward pass regenerates the same multipliers.
+  float dropout = 0.0F;
+  uint64_t seed = 0;
+};
+
+}  // namespace attn

@@ -1,0 +1,78 @@
+// attn::scaled_dot_product_attention: PyTorch's torch.nn.functional.scaled_dot_product_attention
+// on the CPU, forward and backward, through the fused kernels — with valid lengths, sliding
+// windows, ALiBi, soft-capping and sinks beside PyTorch's masks, causal flag and grouped heads.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attn/core/strided_view.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/functional/attention_options.hpp"
+
+namespace attn {
+
+// Shapes, as PyTorch's: query (..., H_q, L, E), key (..., H_kv, S, E), value (..., H_kv, S, Ev),
+// output (..., H_q, L, Ev), with the same leading axes "..." (any number, rank 2 to 8); H_kv = H_q
+// unless options.enable_gqa. A rank-3 input (B, L, E) is B batch elements of one head (the book's
+// layout), or, with enable_gqa and B differing between query and key, B heads (PyTorch's rule
+// that axis −3 holds the heads). Any strides; the last axis of query, key, value and output must
+// be contiguous (stride 1), or the input is copied once. Nothing is ever copied per head.
+//
+// Semantics, in order: S = scale · Q Kᵀ; soft-capping; ALiBi; a float attn_mask added (a bool
+// one, valid lengths, causal and window hide keys); softmax over the visible keys, sinks joining
+// the denominator; dropout; times V. A query that sees no key gets a zero output and zero
+// gradients (PyTorch ≥ 2.5). Errors (ShapeError, ValueError) name the argument, or both options
+// of an invalid combination.
+
+// What a forward pass leaves for its backward pass besides the inputs: the output and one
+// log-sum-exp per query row (natural log of its softmax denominator, sinks included; −∞ for a
+// row that sees nothing), in an order of attn's choosing: pass it back unchanged.
+struct AttentionForward {
+  Tensor output;
+  std::vector<float> log_sum_exp;
+};
+
+// The number of log-sum-exp values a forward pass over `query` writes: one per query row.
+int64_t log_sum_exp_size(const Shape& query);
+
+// Forward pass into `output` (shaped as above, any strides with a contiguous last axis);
+// `log_sum_exp`, when not empty, must hold log_sum_exp_size(query) floats.
+void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
+                                  ConstStridedView value, const AttentionOptions& options,
+                                  MutableStridedView output, std::span<float> log_sum_exp = {});
+// The same into new storage.
+AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
+                                              ConstStridedView value,
+                                              const AttentionOptions& options = {});
+
+// Gradients of sum(output ⊙ grad_output), shaped as their inputs: query, key, value, and, when
+// asked for, the float attn_mask (its shape, broadcast axes summed) and the sinks (H_q values).
+struct AttentionGradients {
+  Tensor query;
+  Tensor key;
+  Tensor value;
+  Tensor attn_mask;  // empty unless asked for
+  Tensor sinks;      // empty unless asked for
+};
+
+// The backward pass: `output` and `log_sum_exp` must be the forward pass's for the same inputs
+// and options. Recomputes the probabilities tile by tile (FlashAttention-2); never builds L × S.
+// `mask_gradient` needs a float attn_mask, `sinks_gradient` sinks.
+AttentionGradients scaled_dot_product_attention_backward(
+    ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
+    ConstStridedView grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, bool mask_gradient = false, bool sinks_gradient = false);
+
+// The attention weights of the forward pass (before dropout), (..., H_q, L, S): computed only on
+// this request, from the forward pass's log-sum-exp.
+Tensor attention_weights(ConstStridedView query, ConstStridedView key,
+                         std::span<const float> log_sum_exp, const AttentionOptions& options);
+
+// The dropout multipliers (0 or 1/(1 − p)) a forward pass with these options and shapes applied,
+// (..., H_q, L, S); all ones without dropout.
+Tensor attention_dropout_mask(const Shape& query, const Shape& key,
+                              const AttentionOptions& options);
+
+}  // namespace attn

@@ -1,0 +1,79 @@
+// What every fused attention kernel applies to its scores, resolved to the kernels' (batch, head,
+// query, key) indexing: scale, causal and sliding-window bounds, soft-capping, ALiBi, an attention
+// mask, sinks, and dropout. The functional API (attn/functional) builds these from user options.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/core/tensor.hpp"
+
+namespace attn {
+
+// Which diagonal "causal", sliding windows and ALiBi distances refer to, for n queries and m keys:
+// query i's diagonal key is i (top-left: PyTorch's is_causal) or i + m − n (bottom-right:
+// FlashAttention-2's, where the last query sits on the last key, as in decoding).
+enum class DiagonalAlignment { kTopLeft, kBottomRight };
+
+// The diagonal key of query `query` of `queries`, for `keys` keys.
+inline int64_t diagonal_key(DiagonalAlignment alignment, int64_t query, int64_t queries,
+                            int64_t keys) {
+  return alignment == DiagonalAlignment::kTopLeft ? query : query + keys - queries;
+}
+
+enum class MaskKind { kNone, kBool, kFloat };
+
+// An attention mask over (batch, head, query, key), addressed by strides in elements: a stride 0
+// repeats one entry along that axis (PyTorch's broadcasting). kBool: bytes, nonzero = the key
+// takes part (PyTorch's bool attn_mask); kFloat: floats added to the scores, −∞ hiding the key.
+template <class T>
+struct BasicScoreMask {
+  MaskKind kind = MaskKind::kNone;
+  T* data = nullptr;  // uint8_t entries for kBool, float for kFloat
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;
+  int64_t col_stride = 0;
+
+  int64_t offset(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return b * batch_stride + h * head_stride + i * row_stride + j * col_stride;
+  }
+};
+using ScoreMask = BasicScoreMask<const void>;
+
+// Where a backward pass accumulates the gradient of a float mask: floats laid out as the mask
+// (same strides), so broadcast axes sum their gradient, as autograd does. The kernel overwrites
+// every element the mask addresses.
+using ScoreMaskGradient = BasicScoreMask<float>;
+
+struct FlashAttentionOptions {
+  float scale = 1.0F;  // raw scores are scale · qᵀk
+  // Query i sees keys j ≤ diagonal_key(i) only (combined with the valid lengths by minimum).
+  bool causal = false;
+  DiagonalAlignment alignment = DiagonalAlignment::kBottomRight;
+  // Sliding window around the diagonal key c_i: keys j with c_i − window_left ≤ j ≤
+  // c_i + window_right (FlashAttention's window_size); −1 leaves that side unbounded.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // Logit soft-capping (Gemma 2): raw score s becomes softcap · tanh(s / softcap); 0 = none.
+  float softcap = 0.0F;
+  // ALiBi: adds −alibi_slopes[h] · |c_i − j| for query head h; null = none.
+  const float* alibi_slopes = nullptr;
+  // Attention sinks (gpt-oss): one logit per query head that joins every row's softmax
+  // denominator and carries no value; null = none.
+  const float* sinks = nullptr;
+  // Dropout on the attention weights (inverted: kept weights are scaled by 1/(1−p)), decided per
+  // (seed, batch·head, query, key) by a counter-based hash, so forward and backward agree without
+  // storing a mask. p in [0, 1).
+  float dropout = 0.0F;
+  uint64_t seed = 0;
+  // Added (kFloat) or applied (kBool) after soft-capping and ALiBi. Last, so that designated
+  // initialisers of the fields above may leave it out.
+  ScoreMask mask;
+};
+
+// The multipliers (0 or 1/(1−p)) that the kernels apply for these options, materialised as
+// (batch·heads, n, m) for inspection and tests.
+Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads,
+                                    int64_t queries, int64_t keys);
+
+}  // namespace attn

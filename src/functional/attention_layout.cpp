@@ -1,0 +1,139 @@
+// The functional API's tensor layouts: axis roles, heads views per slice, broadcasting, scans.
+#include "functional/attention_layout.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attn/core/error.hpp"
+
+namespace attn::functional_detail {
+
+AxisRoles axis_roles(int rank, bool rank3_heads) {
+  AxisRoles roles;
+  roles.rank = rank;
+  if (rank == 3) {
+    (rank3_heads ? roles.heads : roles.batch) = 0;
+  } else if (rank >= 4) {
+    roles.batch = 0;
+    roles.heads = rank - 3;
+    roles.slice_begin = 1;
+    roles.slice_end = rank - 3;
+  }
+  return roles;
+}
+
+HeadsLayout heads_layout(const AxisRoles& roles, const Shape& shape,
+                         std::span<const int64_t> strides) {
+  HeadsLayout layout;
+  const int rank = roles.rank;
+  layout.rows = shape[rank - 2];
+  layout.cols = shape[rank - 1];
+  layout.row_stride = strides[static_cast<size_t>(rank - 2)];
+  layout.col_stride = strides[static_cast<size_t>(rank - 1)];
+  if (roles.batch >= 0) {
+    layout.batch = shape[roles.batch];
+    layout.batch_stride = strides[static_cast<size_t>(roles.batch)];
+  }
+  if (roles.heads >= 0) {
+    layout.heads = shape[roles.heads];
+    layout.head_stride = strides[static_cast<size_t>(roles.heads)];
+  }
+  // Every index combination of the slice axes, last axis fastest.
+  layout.slice_offsets.assign(1, 0);
+  for (int axis = roles.slice_begin; axis < roles.slice_end; ++axis) {
+    std::vector<int64_t> next;
+    next.reserve(layout.slice_offsets.size() * static_cast<size_t>(shape[axis]));
+    for (const int64_t offset : layout.slice_offsets) {
+      for (int64_t index = 0; index < shape[axis]; ++index)
+        next.push_back(offset + index * strides[static_cast<size_t>(axis)]);
+    }
+    layout.slice_offsets = std::move(next);
+  }
+  return layout;
+}
+
+std::vector<int64_t> broadcast_strides(std::string_view name, const Shape& shape,
+                                       std::span<const int64_t> strides, const Shape& target,
+                                       std::string_view target_description) {
+  const int rank = shape.rank(), target_rank = target.rank();
+  std::vector<int64_t> result(static_cast<size_t>(target_rank), 0);
+  bool fits = rank <= target_rank;
+  for (int axis = 0; fits && axis < rank; ++axis) {
+    const int target_axis = target_rank - rank + axis;
+    if (shape[axis] == target[target_axis]) {
+      result[static_cast<size_t>(target_axis)] = target[target_axis] == 1 ? 0 : strides[static_cast<size_t>(axis)];
+    } else if (shape[axis] != 1) {
+      fits = false;
+    }
+  }
+  if (!fits) {
+    throw ShapeError(std::string(name) + ": expected a shape that broadcasts to " + target.str() +
+                     " (" + std::string(target_description) + "), got " + shape.str());
+  }
+  return result;
+}
+
+namespace {
+// Calls visit(offset, flat index) for every element of a view, last axis fastest.
+template <class Visit>
+void for_each_element(const Shape& shape, std::span<const int64_t> strides, const Visit& visit) {
+  const int rank = shape.rank();
+  if (shape.numel() == 0) return;
+  std::vector<int64_t> index(static_cast<size_t>(rank), 0);
+  int64_t offset = 0;
+  for (int64_t flat = 0;; ++flat) {
+    visit(offset, flat);
+    int axis = rank - 1;
+    for (; axis >= 0; --axis) {
+      const auto a = static_cast<size_t>(axis);
+      if (++index[a] < shape[axis]) {
+        offset += strides[a];
+        break;
+      }
+      offset -= (index[a] - 1) * strides[a];
+      index[a] = 0;
+    }
+    if (axis < 0) return;
+  }
+}
+}  // namespace
+
+float require_finite(std::string_view name, const ConstStridedView& view) {
+  float largest = 0.0F;
+  const float* data = view.data();
+  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
+    const float value = data[offset];
+    if (!std::isfinite(value)) {
+      throw ValueError(std::string(name) + ": expected finite values, got " +
+                       (std::isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf") +
+                       " at flat index " + std::to_string(flat));
+    }
+    largest = std::max(largest, std::fabs(value));
+  });
+  return largest;
+}
+
+void require_mask_values(std::string_view name, const ConstStridedView& view) {
+  const float* data = view.data();
+  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
+    const float value = data[offset];
+    if (std::isnan(value) || value == std::numeric_limits<float>::infinity()) {
+      throw ValueError(std::string(name) + ": expected finite values or -inf, got " +
+                       (std::isnan(value) ? "NaN" : "inf") + " at flat index " +
+                       std::to_string(flat));
+    }
+  });
+}
+
+Tensor contiguous_copy(const ConstStridedView& view) {
+  Tensor copy(view.shape());
+  float* destination = copy.data();
+  const float* source = view.data();
+  for_each_element(view.shape(), view.strides(),
+                   [&](int64_t offset, int64_t flat) { destination[flat] = source[offset]; });
+  return copy;
+}
+
+}  // namespace attn::functional_detail

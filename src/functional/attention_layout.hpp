@@ -1,0 +1,63 @@
+// How the functional API lays a PyTorch-shaped tensor (..., H, L, E) over the kernels' heads:
+// axis 0 the batch, axis −3 the heads, the axes between them enumerated as slices (one kernel
+// call each), the last two a matrix per head. Also broadcasting (PyTorch's rules) and the scans
+// of strided inputs for NaN and infinity.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "attn/core/shape.hpp"
+#include "attn/core/strided_view.hpp"
+#include "attn/kernels/heads_view.hpp"
+
+namespace attn::functional_detail {
+
+// Which axis of a tensor of rank `rank` (2 to 8) plays which part.
+struct AxisRoles {
+  int rank = 0;
+  int batch = -1;  // −1: none (a batch of 1)
+  int heads = -1;  // −1: none (one head)
+  int slice_begin = 0;  // axes [slice_begin, slice_end) are enumerated as slices
+  int slice_end = 0;
+};
+
+// Rank 2: one matrix. Rank 3: (B, L, E), or (H, L, E) when `rank3_heads`. Rank ≥ 4:
+// (B, slices..., H, L, E).
+AxisRoles axis_roles(int rank, bool rank3_heads);
+
+// A tensor under those roles: the heads of slice s are at data + slice_offsets[s].
+struct HeadsLayout {
+  int64_t batch = 1, heads = 1, rows = 0, cols = 0;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 1;
+  std::vector<int64_t> slice_offsets;
+
+  template <class T>
+  BasicHeadsView<T> slice(T* data, size_t s) const {
+    return {data + slice_offsets[s], batch, heads, rows, cols, batch_stride, head_stride,
+            row_stride};
+  }
+};
+
+HeadsLayout heads_layout(const AxisRoles& roles, const Shape& shape,
+                         std::span<const int64_t> strides);
+
+// The strides that read a tensor of `shape` / `strides` broadcast to `target` (aligned from the
+// last axis; a missing or size-1 axis repeats with stride 0). ShapeError naming `name` when the
+// shapes do not broadcast.
+std::vector<int64_t> broadcast_strides(std::string_view name, const Shape& shape,
+                                       std::span<const int64_t> strides, const Shape& target,
+                                       std::string_view target_description);
+
+// ValueError naming `name` and the index of the first NaN or ±∞; returns the largest magnitude.
+float require_finite(std::string_view name, const ConstStridedView& view);
+
+// ValueError naming `name` and the index of the first NaN or +∞ (an additive mask may hold −∞).
+void require_mask_values(std::string_view name, const ConstStridedView& view);
+
+// A contiguous copy of a view (for inputs whose last axis is not contiguous).
+Tensor contiguous_copy(const ConstStridedView& view);
+
+}  // namespace attn::functional_detail

@@ -1,0 +1,264 @@
+// PreparedAttention: the functional API's argument checks and layouts.
+#include "functional/prepared_attention.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "attn/core/error.hpp"
+#include "kernels/dropout_hash.hpp"
+
+namespace attn::functional_detail {
+
+namespace {
+
+Shape with_last(const Shape& shape, int64_t last) {
+  int64_t dims[Shape::kMaxRank];
+  for (int axis = 0; axis < shape.rank(); ++axis) dims[axis] = shape[axis];
+  dims[shape.rank() - 1] = last;
+  return Shape::from_dims(dims, shape.rank());
+}
+
+// The input as the kernels read it: itself when its last axis is contiguous (or has at most one
+// element), else a contiguous copy kept in `copy`.
+ConstStridedView readable(const ConstStridedView& view, Tensor& copy) {
+  if (view.dim(-1) <= 1 || view.stride(-1) == 1) return view;
+  copy = contiguous_copy(view);
+  return copy;
+}
+
+void require_same_rank(std::string_view name, const ConstStridedView& view, int rank) {
+  if (view.rank() != rank) {
+    throw ShapeError(std::string(name) + ": expected rank " + std::to_string(rank) +
+                     " (that of query), got shape " + view.shape().str());
+  }
+}
+
+}  // namespace
+
+Shape output_shape(const ConstStridedView& query, const ConstStridedView& value) {
+  return with_last(query.shape(), value.dim(-1));
+}
+
+PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView key,
+                                     std::optional<ConstStridedView> value,
+                                     const AttentionOptions& options, Family family)
+    : options_(options) {
+  const int rank = query.rank();
+  if (rank < 2) {
+    throw ShapeError("query: expected a tensor of rank 2 to 8 shaped (..., L, E), got shape " +
+                     query.shape().str());
+  }
+  require_same_rank("key", key, rank);
+  if (value) require_same_rank("value", *value, rank);
+  if (key.dim(-1) != query.dim(-1)) {
+    throw ShapeError("key: expected the last axis " + std::to_string(query.dim(-1)) +
+                     " (that of query), got shape " + key.shape().str());
+  }
+  const bool rank3_heads = options.enable_gqa && rank == 3 && query.dim(0) != key.dim(0);
+  roles_ = axis_roles(rank, rank3_heads);
+  for (int axis = 0; axis < rank - 2; ++axis) {
+    if (axis == roles_.heads) continue;
+    if (key.dim(axis) != query.dim(axis)) {
+      throw ShapeError("key: expected the leading axes of query " + query.shape().str() +
+                       " (all but the heads, L and E), got shape " + key.shape().str());
+    }
+  }
+  const int64_t query_heads = roles_.heads >= 0 ? query.dim(roles_.heads) : 1;
+  const int64_t kv_heads = roles_.heads >= 0 ? key.dim(roles_.heads) : 1;
+  if (kv_heads != query_heads) {
+    if (!options.enable_gqa) {
+      throw ShapeError("key: expected " + std::to_string(query_heads) +
+                       " heads (those of query; set enable_gqa for grouped-query attention), got " +
+                       std::to_string(kv_heads));
+    }
+    if (kv_heads == 0 || query_heads % kv_heads != 0) {
+      throw ShapeError("enable_gqa: expected the key/value heads to divide the query's " +
+                       std::to_string(query_heads) + " heads, got " + std::to_string(kv_heads));
+    }
+  }
+  if (value) {
+    for (int axis = 0; axis < rank - 1; ++axis) {
+      if (value->dim(axis) != key.dim(axis)) {
+        throw ShapeError("value: expected the shape of key " + key.shape().str() +
+                         " up to the last axis, got " + value->shape().str());
+      }
+    }
+  }
+  query_ = readable(query, query_copy_);
+  key_ = readable(key, key_copy_);
+  value_ = value ? readable(*value, value_copy_) : key_;
+  query_layout_ = heads_layout(roles_, query_.shape(), query_.strides());
+  key_layout_ = heads_layout(roles_, key_.shape(), key_.strides());
+  value_layout_ = heads_layout(roles_, value_.shape(), value_.strides());
+  output_shape_ = with_last(query.shape(), value ? value->dim(-1) : 1);
+  scores_shape_ = with_last(query.shape(), key.dim(-2));
+  rows_per_slice_ = query_layout_.batch * query_layout_.heads * query_layout_.rows;
+  const int64_t depth = query_layout_.cols;
+  scale_ = family == kAdditive ? 1.0F
+           : options.scale   ? *options.scale
+                             : (depth > 0 ? 1.0F / std::sqrt(static_cast<float>(depth)) : 1.0F);
+  check_options(family);
+  lay_out_mask();
+  if (family != kShapesOnly) check_values(family);
+}
+
+void PreparedAttention::check_options(Family family) const {
+  const int64_t heads = query_layout_.heads;
+  if (!(options_.dropout >= 0.0F && options_.dropout < 1.0F)) {
+    throw ValueError("dropout: expected a probability in [0, 1), got " +
+                     std::to_string(options_.dropout));
+  }
+  if (family == kAdditive) {
+    const char* refused = options_.scale             ? "scale"
+                          : options_.softcap         ? "softcap"
+                          : !options_.alibi_slopes.empty() ? "alibi_slopes"
+                          : !options_.sinks.empty()  ? "sinks"
+                          : options_.enable_gqa      ? "enable_gqa"
+                                                     : nullptr;
+    if (refused != nullptr) {
+      throw ValueError(std::string(refused) +
+                       ": additive attention takes no scale, softcap, alibi_slopes, sinks or "
+                       "enable_gqa (they belong to dot-product scores; w_v carries any scale)");
+    }
+  }
+  if (options_.scale && !std::isfinite(*options_.scale)) {
+    throw ValueError("scale: expected a finite number, got " + std::to_string(*options_.scale));
+  }
+  if (options_.window && (options_.window->left < -1 || options_.window->right < -1)) {
+    throw ValueError("window: expected sizes ≥ 0 (−1 for unbounded), got (" +
+                     std::to_string(options_.window->left) + ", " +
+                     std::to_string(options_.window->right) + ")");
+  }
+  if (options_.softcap && !(*options_.softcap > 0.0F && std::isfinite(*options_.softcap))) {
+    throw ValueError("softcap: expected a positive finite number, got " +
+                     std::to_string(*options_.softcap));
+  }
+  const auto require_per_head = [heads](std::string_view name, std::span<const float> values) {
+    if (values.empty()) return;
+    if (static_cast<int64_t>(values.size()) != heads) {
+      throw ShapeError(std::string(name) + ": expected one value per query head (" +
+                       std::to_string(heads) + "), got " + std::to_string(values.size()));
+    }
+    for (size_t h = 0; h < values.size(); ++h) {
+      if (!std::isfinite(values[h])) {
+        throw ValueError(std::string(name) + ": expected finite values, got " +
+                         std::to_string(values[h]) + " at index " + std::to_string(h));
+      }
+    }
+  };
+  require_per_head("alibi_slopes", options_.alibi_slopes);
+  require_per_head("sinks", options_.sinks);
+  if (!options_.valid_lens.is_all()) {
+    if (roles_.batch < 0) {
+      throw ValueError(
+          roles_.heads >= 0
+              ? "valid_lens: not available with enable_gqa on rank-3 inputs, whose first axis "
+                "holds heads; give (N, H, L, E) inputs instead"
+              : "valid_lens: expected inputs of rank 3 or more (their first axis is the batch), "
+                "got rank 2");
+    }
+    options_.valid_lens.check("valid_lens", query_layout_.batch, query_layout_.rows,
+                              key_layout_.rows);
+  }
+}
+
+void PreparedAttention::check_values(Family family) const {
+  const float query_max = require_finite("query", query_);
+  const float key_max = require_finite("key", key_);
+  require_finite("value", value_);
+  if (options_.attn_mask.kind() == MaskKind::kFloat)
+    require_mask_values("attn_mask", options_.attn_mask.floats());
+  if (family == kDotProduct) {
+    // The kernels never hold a score to check it: bound them all through |s| ≤ |scale|·E·max|q|·
+    // max|k| instead, far from float's limit.
+    const double bound = std::fabs(static_cast<double>(scale_)) *
+                         static_cast<double>(query_layout_.cols) * query_max * key_max;
+    if (bound >= 1e37) {
+      throw ValueError("query, key: scores could overflow float32 (|scale|·E·max|q|·max|k| = " +
+                       std::to_string(bound) + "); scale the inputs down");
+    }
+  }
+}
+
+void PreparedAttention::lay_out_mask() {
+  const AttentionMask& mask = options_.attn_mask;
+  if (!mask.has_value()) return;
+  const std::vector<int64_t> strides =
+      broadcast_strides("attn_mask", mask.shape(), mask.strides(), scores_shape_,
+                        "the scores (..., H_q, L, S)");
+  mask_layout_ = heads_layout(roles_, scores_shape_, strides);
+  if (mask.kind() == MaskKind::kFloat) {
+    // The gradient is a contiguous tensor of the mask's own shape.
+    const ConstStridedView gradient(nullptr, mask.shape());
+    mask_gradient_layout_ = heads_layout(
+        roles_, scores_shape_,
+        broadcast_strides("attn_mask", mask.shape(), gradient.strides(), scores_shape_,
+                          "the scores (..., H_q, L, S)"));
+  }
+}
+
+FlashAttentionOptions PreparedAttention::kernel_options(size_t s) const {
+  FlashAttentionOptions kernel;
+  kernel.scale = scale_;
+  kernel.causal = options_.causal;
+  kernel.alignment = options_.alignment;
+  if (options_.window) {
+    kernel.window_left = options_.window->left;
+    kernel.window_right = options_.window->right;
+  }
+  kernel.softcap = options_.softcap.value_or(0.0F);
+  kernel.alibi_slopes = options_.alibi_slopes.empty() ? nullptr : options_.alibi_slopes.data();
+  kernel.sinks = options_.sinks.empty() ? nullptr : options_.sinks.data();
+  const AttentionMask& mask = options_.attn_mask;
+  if (mask.has_value()) {
+    const int64_t offset = mask_layout_.slice_offsets[s];
+    kernel.mask = {mask.kind(),
+                   mask.kind() == MaskKind::kBool
+                       ? static_cast<const void*>(mask.bools().data() + offset)
+                       : static_cast<const void*>(mask.floats().data() + offset),
+                   mask_layout_.batch_stride,
+                   mask_layout_.head_stride,
+                   mask_layout_.row_stride,
+                   mask_layout_.col_stride};
+  }
+  kernel.dropout = options_.dropout;
+  // Each slice is its own kernel call, with heads numbered from 0: give it its own seed.
+  kernel.seed = s == 0 ? options_.seed : dropout_hash::mix64(options_.seed ^ dropout_hash::mix64(s));
+  return kernel;
+}
+
+HeadsLayout PreparedAttention::checked_layout(std::string_view name, const Shape& shape,
+                                              std::span<const int64_t> strides,
+                                              const Shape& expected,
+                                              std::string_view expected_description) const {
+  if (shape != expected) {
+    throw ShapeError(std::string(name) + ": expected shape " + expected.str() + " (the " +
+                     std::string(expected_description) + "), got " + shape.str());
+  }
+  if (shape.rank() > 0 && shape[shape.rank() - 1] > 1 && strides.back() != 1) {
+    throw ShapeError(std::string(name) + ": expected a contiguous last axis (stride 1), got stride " +
+                     std::to_string(strides.back()));
+  }
+  return heads_layout(roles_, shape, strides);
+}
+
+HeadsLayout PreparedAttention::contiguous_layout(const Tensor& tensor) const {
+  const ConstStridedView view(tensor);
+  return heads_layout(roles_, view.shape(), view.strides());
+}
+
+void PreparedAttention::require_log_sum_exp(size_t size, bool optional) const {
+  const auto expected = static_cast<size_t>(rows_per_slice_) * slices();
+  if ((optional && size == 0) || size == expected) return;
+  throw ShapeError("log_sum_exp: expected " + std::to_string(expected) +
+                   " values (one per query row), got " + std::to_string(size));
+}
+
+ScoreMaskGradient PreparedAttention::mask_gradient(Tensor& gradient, size_t s) const {
+  const HeadsLayout& layout = mask_gradient_layout_;
+  return {MaskKind::kFloat,      gradient.data() + layout.slice_offsets[s],
+          layout.batch_stride,   layout.head_stride,
+          layout.row_stride,     layout.col_stride};
+}
+
+}  // namespace attn::functional_detail

@@ -1,0 +1,100 @@
+// PreparedAttention: one functional attention call's arguments checked and laid out for the fused
+// kernels — the tensors' heads views per slice, the valid lengths, and AttentionOptions resolved
+// into FlashAttentionOptions (the mask broadcast to the scores, per-slice dropout seeds).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "attn/core/strided_view.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/functional/attention_options.hpp"
+#include "attn/kernels/fused_options.hpp"
+#include "attn/kernels/heads_view.hpp"
+#include "functional/attention_layout.hpp"
+
+namespace attn::functional_detail {
+
+// The output's shape: the query's with the value's last axis.
+Shape output_shape(const ConstStridedView& query, const ConstStridedView& value);
+
+class PreparedAttention {
+ public:
+  enum Family {
+    kDotProduct,  // query and key scored by dot products: every option applies
+    kAdditive,    // projected queries and keys of additive attention: no scale, softcap, ALiBi,
+                  // sinks or grouped heads
+    kShapesOnly,  // shapes and options only (the tensors' values are not read)
+  };
+
+  // Checks ranks, shapes, heads, options and finiteness (ShapeError / ValueError naming the
+  // argument); `value` may be absent when only the scores are wanted. Copies an input only when
+  // its last axis is not contiguous.
+  PreparedAttention(ConstStridedView query, ConstStridedView key,
+                    std::optional<ConstStridedView> value, const AttentionOptions& options,
+                    Family family);
+
+  size_t slices() const { return query_layout_.slice_offsets.size(); }
+  ConstHeadsView query(size_t s) const { return query_layout_.slice(query_.data(), s); }
+  ConstHeadsView key(size_t s) const { return key_layout_.slice(key_.data(), s); }
+  ConstHeadsView value(size_t s) const { return value_layout_.slice(value_.data(), s); }
+  const ValidLengths& valid_lens() const { return options_.valid_lens; }
+  // The kernels' options for slice s (its mask entries and dropout seed).
+  FlashAttentionOptions kernel_options(size_t s) const;
+
+  // The layout of an output-like tensor (the query's shape with the value's last axis), after
+  // checking its shape and that its last axis is contiguous.
+  template <class T>
+  HeadsLayout output_layout(std::string_view name, const StridedView<T>& view) const {
+    return checked_layout(name, view.shape(), view.strides(), output_shape_, "query's shape with the value's last axis");
+  }
+  // Layouts of new contiguous tensors shaped as the query, the key (or value), or the scores.
+  HeadsLayout layout_like_query(const Tensor& tensor) const { return contiguous_layout(tensor); }
+  HeadsLayout layout_like_key(const Tensor& tensor) const { return contiguous_layout(tensor); }
+  HeadsLayout layout_like_scores(const Tensor& tensor) const { return contiguous_layout(tensor); }
+  // (..., H_q, L, S).
+  const Shape& scores_shape() const { return scores_shape_; }
+
+  // ValueError unless `log_sum_exp` holds one value per query row (or is empty when `optional`).
+  void require_log_sum_exp(size_t size, bool optional) const;
+  template <class T>
+  void require_log_sum_exp(std::span<T> values, bool optional) const {
+    require_log_sum_exp(values.size(), optional);
+  }
+  // Slice s's part of the log-sum-exp buffer.
+  template <class T>
+  T* slice_log_sum_exp(std::span<T> values, size_t s) const {
+    return values.data() + s * static_cast<size_t>(rows_per_slice_);
+  }
+
+  // Slice s of a float mask's gradient (a contiguous tensor of the mask's shape).
+  ScoreMaskGradient mask_gradient(Tensor& gradient, size_t s) const;
+
+ private:
+  HeadsLayout checked_layout(std::string_view name, const Shape& shape,
+                             std::span<const int64_t> strides, const Shape& expected,
+                             std::string_view expected_description) const;
+  HeadsLayout contiguous_layout(const Tensor& tensor) const;
+  void check_options(Family family) const;
+  void check_values(Family family) const;
+  void lay_out_mask();
+
+  const AttentionOptions& options_;
+  AxisRoles roles_;
+  // Inputs as the kernels read them: the caller's, or contiguous copies.
+  ConstStridedView query_, key_, value_;
+  Tensor query_copy_, key_copy_, value_copy_;
+  HeadsLayout query_layout_, key_layout_, value_layout_;
+  Shape output_shape_, scores_shape_;
+  int64_t rows_per_slice_ = 0;  // batch · heads · L: the log-sum-exp values of one slice
+  float scale_ = 1.0F;
+  // The mask read as a tensor of the scores' shape (stride 0 on broadcast axes).
+  HeadsLayout mask_layout_;
+  // The mask's gradient: a contiguous tensor of the mask's own shape, read the same way.
+  HeadsLayout mask_gradient_layout_;
+};
+
+}  // namespace attn::functional_detail

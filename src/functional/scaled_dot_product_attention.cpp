@@ -1,0 +1,121 @@
+// attn::scaled_dot_product_attention: checks PyTorch-shaped arguments, lays them over the fused
+// kernels' heads (slices of leading axes one kernel call each), and resolves AttentionOptions into
+// the kernels' FlashAttentionOptions.
+#include "attn/functional/scaled_dot_product_attention.hpp"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "attn/core/error.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "functional/attention_layout.hpp"
+#include "functional/prepared_attention.hpp"
+#include "kernels/dropout_hash.hpp"
+
+namespace attn {
+
+using functional_detail::PreparedAttention;
+
+int64_t log_sum_exp_size(const Shape& query) {
+  if (query.rank() < 2) return 0;
+  return query.numel() / query[query.rank() - 1];
+}
+
+void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
+                                  ConstStridedView value, const AttentionOptions& options,
+                                  MutableStridedView output, std::span<float> log_sum_exp) {
+  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
+  const auto out = prepared.output_layout("output", output);
+  prepared.require_log_sum_exp(log_sum_exp, true);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_forward(prepared.query(s), prepared.key(s), prepared.value(s),
+                            prepared.valid_lens(), prepared.kernel_options(s),
+                            out.slice(output.data(), s),
+                            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
+  }
+}
+
+AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
+                                              ConstStridedView value,
+                                              const AttentionOptions& options) {
+  AttentionForward result;
+  result.output = Tensor(functional_detail::output_shape(query, value));
+  result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(query.shape())));
+  scaled_dot_product_attention(query, key, value, options, result.output, result.log_sum_exp);
+  return result;
+}
+
+AttentionGradients scaled_dot_product_attention_backward(
+    ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
+    ConstStridedView grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
+  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
+  if (mask_gradient && options.attn_mask.kind() != MaskKind::kFloat) {
+    throw ValueError(std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
+                     (options.attn_mask.kind() == MaskKind::kBool ? "a bool attn_mask"
+                                                                  : "no attn_mask"));
+  }
+  if (sinks_gradient && options.sinks.empty()) {
+    throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
+  }
+  const auto out = prepared.output_layout("output", output);
+  const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  AttentionGradients grads{Tensor(query.shape()), Tensor(key.shape()), Tensor(value.shape()), {},
+                           {}};
+  if (mask_gradient) grads.attn_mask = Tensor(options.attn_mask.shape());
+  if (sinks_gradient) grads.sinks = Tensor(Shape{static_cast<int64_t>(options.sinks.size())});
+  const auto grad_q = prepared.layout_like_query(grads.query);
+  const auto grad_k = prepared.layout_like_key(grads.key);
+  const auto grad_v = prepared.layout_like_key(grads.value);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_backward(
+        prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
+        grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
+        prepared.valid_lens(), prepared.kernel_options(s), grad_q.slice(grads.query.data(), s),
+        grad_k.slice(grads.key.data(), s), grad_v.slice(grads.value.data(), s),
+        mask_gradient ? prepared.mask_gradient(grads.attn_mask, s) : ScoreMaskGradient{},
+        sinks_gradient ? grads.sinks.data() : nullptr);
+  }
+  return grads;
+}
+
+Tensor attention_weights(ConstStridedView query, ConstStridedView key,
+                         std::span<const float> log_sum_exp, const AttentionOptions& options) {
+  // The values do not enter the weights: a stand-in with the keys' layout and one column.
+  const PreparedAttention prepared(query, key, std::nullopt, options,
+                                   PreparedAttention::kDotProduct);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  Tensor weights(prepared.scores_shape());
+  const auto layout = prepared.layout_like_scores(weights);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_weights(prepared.query(s), prepared.key(s),
+                            prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
+                            prepared.kernel_options(s), layout.slice(weights.data(), s));
+  }
+  return weights;
+}
+
+Tensor attention_dropout_mask(const Shape& query, const Shape& key,
+                              const AttentionOptions& options) {
+  const Tensor q(query), k(key);
+  const PreparedAttention prepared(q, k, std::nullopt, options, PreparedAttention::kShapesOnly);
+  Tensor mask(prepared.scores_shape());
+  const auto layout = prepared.layout_like_scores(mask);
+  const int64_t batch = layout.batch, heads = layout.heads, n = layout.rows, m = layout.cols;
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    const Tensor slice =
+        flash_attention_dropout_mask(prepared.kernel_options(s), batch * heads, n, m);
+    const HeadsView destination = layout.slice(mask.data(), s);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < m; ++j)
+            destination.matrix(b, h)[i * destination.row_stride + j] = slice(b * heads + h, i, j);
+  }
+  return mask;
+}
+
+}  // namespace attn

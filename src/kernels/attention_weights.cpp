@@ -1,0 +1,201 @@
+// The attention weights of a fused forward pass, recomputed on request: per query tile, the same
+// score tiles, modifiers and masks as the forward and backward kernels, then P = exp(S − lse)
+// written out row by row. Dot-product and additive scores. Layout as flash_attention.hpp.
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "attn/core/error.hpp"
+#include "attn/kernels/additive_attention.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "kernels/kernel_arguments.hpp"
+#include "kernels/score_masks.hpp"
+#include "kernels/scratch_memory.hpp"
+
+#ifndef ATTN_ATTENTION_WEIGHTS_SHARED
+#define ATTN_ATTENTION_WEIGHTS_SHARED
+namespace attn::weights_detail {
+
+struct WeightsArgs {
+  ConstHeadsView q, k;
+  const float* log_sum_exp;
+  const ValidLengths* valid_lens;
+  FlashAttentionOptions options;
+  HeadsView weights;
+  const float* additive_weights;  // w_v for additive scores; null for dot products
+};
+
+constexpr size_t kQueryVectors = 4;
+constexpr size_t kKeyTile = 64;
+
+}  // namespace attn::weights_detail
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/attention_weights.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway's headers must follow foreach_target.h.
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include "kernels/additive_scores-inl.h"
+#include "kernels/backward_tiles-inl.h"
+#include "kernels/score_modifiers-inl.h"
+#include "kernels/tile_gemm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using weights_detail::kKeyTile;
+using weights_detail::kQueryVectors;
+using weights_detail::WeightsArgs;
+
+struct WeightsScratch {
+  hwy::AlignedFreeUniquePtr<float[]> memory;
+  float* q_transposed;  // d × Br, scaled
+  float* scores;        // Bc × Br
+  float* lse;           // Br
+  int32_t* first;       // Br
+  int32_t* last;        // Br
+
+  WeightsScratch(size_t br, size_t depth, size_t lanes) {
+    memory = carve_scratch(lanes, [&](const auto& take) {
+      q_transposed = take(depth * br);
+      scores = take(kKeyTile * br);
+      lse = take(br);
+      first = as_int32(take(br));
+      last = as_int32(take(br));
+    });
+  }
+};
+
+void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_query,
+                 WeightsScratch& s) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t br = kQueryVectors * lanes;
+  const size_t depth = static_cast<size_t>(args.q.cols);
+  const int64_t n = args.q.rows, m = args.k.rows;
+  const size_t rows = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), n - first_query));
+  const int64_t kv_head = h / (args.q.heads / args.k.heads);
+  QueryTile tile{b, h, first_query, rows, n, m, s.first, s.last, {}};
+  tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, first_query, rows, br, n, m,
+                                s.first, s.last);
+  const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
+  const float* lse = args.log_sum_exp + (b * args.q.heads + h) * n + first_query;
+  for (size_t r = 0; r < br; ++r) {
+    s.lse[r] = r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? lse[r] : 0.0F;
+  }
+  for (size_t t = 0; t < depth; ++t) {
+    for (size_t r = 0; r < br; ++r) {
+      s.q_transposed[t * br + r] =
+          r < rows ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] *
+                         args.options.scale
+                   : 0.0F;
+    }
+  }
+  float* out = args.weights.matrix(b, h) + first_query * args.weights.row_stride;
+  for (size_t r = 0; r < rows; ++r)
+    std::fill_n(out + static_cast<int64_t>(r) * args.weights.row_stride, m, 0.0F);
+  const float* keys = args.k.matrix(b, kv_head);
+  const auto key_stride = static_cast<size_t>(args.k.row_stride);
+  for (int64_t key0 = tile.ranges.begin; key0 < tile.ranges.end;
+       key0 += static_cast<int64_t>(kKeyTile)) {
+    const size_t bc =
+        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), tile.ranges.end - key0));
+    MaskCoverage coverage = MaskCoverage::kAll;
+    if (args.options.mask.kind == MaskKind::kBool) {
+      coverage = bool_mask_coverage(args.options.mask, b, h, first_query, rows, key0, bc);
+      if (coverage == MaskCoverage::kNone) continue;
+    }
+    const float* key_rows = keys + key0 * args.k.row_stride;
+    if (args.additive_weights != nullptr) {
+      AdditiveScores<kQueryVectors>(d, bc, key_rows, key_stride, s.q_transposed, br, depth,
+                                    args.additive_weights, s.scores);
+    } else {
+      Gemm<false>(d, bc, kQueryVectors, key_rows, key_stride, 1, s.q_transposed, br, depth,
+                  s.scores, br);
+    }
+    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
+                        s.scores);
+    ProbabilitiesFromScores(d, bc, br, s.lse, s.scores);
+    for (size_t r = 0; r < rows; ++r) {
+      float* row = out + static_cast<int64_t>(r) * args.weights.row_stride + key0;
+      for (size_t j = 0; j < bc; ++j) row[j] = s.scores[j * br + r];
+    }
+  }
+}
+
+void AttentionWeights(const WeightsArgs& args) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t br = kQueryVectors * lanes;
+  const int64_t tiles_per_head =
+      (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
+  const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
+  bool out_of_memory = false;
+#pragma omp parallel
+  {
+    WeightsScratch scratch(br, static_cast<size_t>(args.q.cols), lanes);
+    if (scratch.memory == nullptr) {
+#pragma omp atomic write
+      out_of_memory = true;
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t head = task / tiles_per_head;
+        WeightsTile(args, head / args.q.heads, head % args.q.heads,
+                    (task % tiles_per_head) * static_cast<int64_t>(br), scratch);
+      }
+    }
+  }
+  if (out_of_memory) throw Error("attention weights: could not allocate per-thread scratch memory");
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+
+HWY_EXPORT(AttentionWeights);
+
+namespace {
+void compute_weights(const weights_detail::WeightsArgs& args) {
+  require_log_sum_exp(args.log_sum_exp);
+  // The values' shape does not matter here: check the rest against a stand-in of one column.
+  const ConstHeadsView values{nullptr, args.k.batch, args.k.heads, args.k.rows, 1, 0, 0, 0};
+  const ConstHeadsView out{nullptr, args.q.batch, args.q.heads, args.q.rows, 1, 0, 0, 0};
+  if (!check_attention_arguments(args.q, args.k, values, out, *args.valid_lens, args.options))
+    return;
+  require_matrices(args.weights, "weights", args.q.batch, args.q.heads, args.q.rows, args.k.rows,
+                   "one row per query, one column per key");
+  HWY_DYNAMIC_DISPATCH(AttentionWeights)(args);
+}
+}  // namespace
+
+void flash_attention_weights(ConstHeadsView q, ConstHeadsView k, const float* log_sum_exp,
+                             const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                             HeadsView weights) {
+  compute_weights({q, k, log_sum_exp, &valid_lens, options, weights, nullptr});
+}
+
+void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
+                                std::span<const float> w_v, const float* log_sum_exp,
+                                const ValidLengths& valid_lens,
+                                const FlashAttentionOptions& options, HeadsView weights) {
+  if (static_cast<int64_t>(w_v.size()) != projected_queries.cols) {
+    throw ShapeError("w_v: expected " + std::to_string(projected_queries.cols) +
+                     " weights (the hidden size), got " + std::to_string(w_v.size()));
+  }
+  require_additive_options(options, projected_queries, projected_keys);
+  FlashAttentionOptions additive = options;
+  additive.scale = 1.0F;
+  compute_weights({projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights,
+                   w_v.data()});
+}
+
+}  // namespace attn
+#endif  // HWY_ONCE

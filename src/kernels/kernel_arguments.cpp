@@ -1,0 +1,88 @@
+// The fused kernels' shared argument checks.
+#include "kernels/kernel_arguments.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attn/core/error.hpp"
+
+namespace attn {
+
+void require_matrices(const ConstHeadsView& view, std::string_view name, int64_t batch,
+                      int64_t heads, int64_t rows, int64_t cols, std::string_view expected) {
+  if (view.batch != batch || view.heads != heads || view.rows != rows || view.cols != cols) {
+    throw ShapeError(std::string(name) + ": expected " + std::to_string(batch) + " × " +
+                     std::to_string(heads) + " heads of " + std::to_string(rows) + " × " +
+                     std::to_string(cols) + " (" + std::string(expected) + "), got " +
+                     std::to_string(view.batch) + " × " + std::to_string(view.heads) + " of " +
+                     std::to_string(view.rows) + " × " + std::to_string(view.cols));
+  }
+}
+
+bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
+                               const ConstHeadsView& v, const ConstHeadsView& out,
+                               const ValidLengths& valid_lens,
+                               const FlashAttentionOptions& options) {
+  if (k.cols != q.cols) {
+    throw ShapeError("keys: expected size " + std::to_string(q.cols) + " (that of queries), got " +
+                     std::to_string(k.cols));
+  }
+  if (k.batch != q.batch || k.heads <= 0 || (q.heads % k.heads != 0 && q.batch > 0)) {
+    throw ShapeError("keys: expected " + std::to_string(q.batch) +
+                     " batch elements and a number of heads dividing the queries' " +
+                     std::to_string(q.heads) + ", got " + std::to_string(k.batch) + " × " +
+                     std::to_string(k.heads));
+  }
+  require_matrices(v, "values", k.batch, k.heads, k.rows, v.cols, "one row per key");
+  require_matrices(out, "out", q.batch, q.heads, q.rows, v.cols,
+                   "one row per query, as wide as values");
+  if (k.rows > std::numeric_limits<int32_t>::max()) {
+    throw ValueError("keys: expected at most 2^31 − 1 keys, got " + std::to_string(k.rows));
+  }
+  if (!(options.dropout >= 0.0F && options.dropout < 1.0F)) {
+    throw ValueError("dropout: expected a probability in [0, 1) for the fused kernel, got " +
+                     std::to_string(options.dropout));
+  }
+  if (!std::isfinite(options.scale)) {
+    throw ValueError("scale: expected a finite number, got " + std::to_string(options.scale));
+  }
+  if (!(options.softcap >= 0.0F && std::isfinite(options.softcap))) {
+    throw ValueError("softcap: expected a positive number (0 for none), got " +
+                     std::to_string(options.softcap));
+  }
+  if (options.window_left < -1 || options.window_right < -1) {
+    throw ValueError("window: expected sizes ≥ 0 (−1 for unbounded), got (" +
+                     std::to_string(options.window_left) + ", " +
+                     std::to_string(options.window_right) + ")");
+  }
+  if (options.mask.kind != MaskKind::kNone && options.mask.data == nullptr) {
+    throw ValueError("attn_mask: expected the mask's entries, got a null pointer");
+  }
+  valid_lens.check("valid_lens", q.batch, q.rows, k.rows);
+  return q.batch > 0 && q.heads > 0 && q.rows > 0 && v.cols > 0;
+}
+
+void require_additive_options(const FlashAttentionOptions& options,
+                              const ConstHeadsView& projected_queries,
+                              const ConstHeadsView& projected_keys) {
+  if (options.softcap != 0.0F || options.alibi_slopes != nullptr || options.sinks != nullptr) {
+    throw ValueError(
+        "options: additive attention takes no softcap, alibi_slopes or sinks (they belong to "
+        "dot-product scores), got " +
+        std::string(options.softcap != 0.0F ? "softcap" : options.alibi_slopes ? "alibi_slopes" : "sinks"));
+  }
+  if (projected_keys.heads != projected_queries.heads) {
+    throw ShapeError("projected_keys: expected " + std::to_string(projected_queries.heads) +
+                     " heads (those of projected_queries: additive attention has no grouped "
+                     "heads), got " +
+                     std::to_string(projected_keys.heads));
+  }
+}
+
+void require_log_sum_exp(const float* log_sum_exp) {
+  if (log_sum_exp == nullptr)
+    throw ValueError("log_sum_exp: expected the forward pass's values, got a null pointer");
+}
+
+}  // namespace attn

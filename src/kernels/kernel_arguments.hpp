@@ -1,0 +1,35 @@
+// The argument checks every fused attention kernel shares: head layouts that agree (grouped-query
+// heads included), options in range, lengths that fit. Each names the argument and what it got.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "attn/core/valid_lengths.hpp"
+#include "attn/kernels/fused_options.hpp"
+#include "attn/kernels/heads_view.hpp"
+
+namespace attn {
+
+// ShapeError unless `view` holds batch × heads matrices of rows × cols; `expected` says why.
+void require_matrices(const ConstHeadsView& view, std::string_view name, int64_t batch,
+                      int64_t heads, int64_t rows, int64_t cols, std::string_view expected);
+
+// Checks q (B·H: n × d), k (B·H_kv: m × d), v (B·H_kv: m × dv) and out (B·H: n × dv) — H_kv
+// dividing H — the options' ranges and the valid lengths. Returns false when there is nothing to
+// compute (no batch, head, query or value column).
+bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
+                               const ConstHeadsView& v, const ConstHeadsView& out,
+                               const ValidLengths& valid_lens,
+                               const FlashAttentionOptions& options);
+
+// ValueError for the options additive attention does not take (scale ≠ 1 is ignored: w_v carries
+// it; softcap, ALiBi and sinks are refused), ShapeError unless keys have the queries' heads.
+void require_additive_options(const FlashAttentionOptions& options,
+                              const ConstHeadsView& projected_queries,
+                              const ConstHeadsView& projected_keys);
+
+// Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's).
+void require_log_sum_exp(const float* log_sum_exp);
+
+}  // namespace attn

@@ -1,0 +1,172 @@
+// Which keys each query of a fused kernel's tile may see — the interval that valid lengths, the
+// causal bound and a sliding window leave — and the attention mask's scalar steps (its coverage
+// of a tile, its entries added or applied to a transposed score tile). Target-independent.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attn/core/valid_lengths.hpp"
+#include "attn/kernels/fused_options.hpp"
+
+namespace attn {
+
+// Keys [begin, end) of one query; empty when begin == end.
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// The keys query `query` of batch element `batch` sees before the attention mask: its valid
+// length, then the causal bound j ≤ c and the window c − left ≤ j ≤ c + right around its diagonal
+// key c (fused_options.hpp), all intersected.
+inline KeyRange visible_keys(const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                             int64_t batch, int64_t query, int64_t queries, int64_t keys) {
+  int64_t begin = 0;
+  int64_t end = valid_lens.length(batch, query, keys);
+  const int64_t diagonal = diagonal_key(options.alignment, query, queries, keys);
+  if (options.causal) end = std::min(end, diagonal + 1);
+  if (options.window_left >= 0) begin = std::max(begin, diagonal - options.window_left);
+  if (options.window_right >= 0) end = std::min(end, diagonal + options.window_right + 1);
+  end = std::clamp<int64_t>(end, 0, keys);
+  begin = std::clamp<int64_t>(begin, 0, end);
+  return {begin, end};
+}
+
+// The key ranges of up to `br` consecutive queries (a tile's lanes), as the SIMD steps read them,
+// and the keys the tile needs at all.
+struct TileKeyRanges {
+  int64_t begin = 0;         // first key any real row sees
+  int64_t end = 0;           // one past the last; begin == end: the tile sees nothing
+  int64_t common_begin = 0;  // [common_begin, common_end): keys every real row sees
+  int64_t common_end = 0;
+};
+
+// Fills first[r], last[r] (one past) for the `rows` real queries from `first_query` and an empty
+// range for the padding lanes up to `br`.
+inline TileKeyRanges tile_key_ranges(const ValidLengths& valid_lens,
+                                     const FlashAttentionOptions& options, int64_t batch,
+                                     int64_t first_query, size_t rows, size_t br, int64_t queries,
+                                     int64_t keys, int32_t* first, int32_t* last) {
+  TileKeyRanges tile{keys, 0, 0, keys};
+  for (size_t r = 0; r < br; ++r) {
+    KeyRange range;
+    if (r < rows) {
+      range = visible_keys(valid_lens, options, batch, first_query + static_cast<int64_t>(r),
+                           queries, keys);
+      tile.common_begin = std::max(tile.common_begin, range.begin);
+      tile.common_end = std::min(tile.common_end, range.end);
+      if (range.begin < range.end) {
+        tile.begin = std::min(tile.begin, range.begin);
+        tile.end = std::max(tile.end, range.end);
+      }
+    }
+    first[r] = static_cast<int32_t>(range.begin);
+    last[r] = static_cast<int32_t>(range.end);
+  }
+  if (tile.begin >= tile.end) tile.begin = tile.end = 0;
+  return tile;
+}
+
+// How much of a tile (rows × keys) a bool mask lets through.
+enum class MaskCoverage { kAll, kSome, kNone };
+
+inline MaskCoverage bool_mask_coverage(const ScoreMask& mask, int64_t batch, int64_t head,
+                                       int64_t first_query, size_t rows, int64_t key0,
+                                       size_t keys) {
+  const auto* bytes = static_cast<const uint8_t*>(mask.data);
+  bool any = false, all = true;
+  for (size_t r = 0; r < rows; ++r) {
+    const uint8_t* row = bytes + mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
+    for (size_t j = 0; j < keys; ++j) {
+      const bool takes_part = row[static_cast<int64_t>(j) * mask.col_stride] != 0;
+      any = any || takes_part;
+      all = all && takes_part;
+    }
+    if (any && !all) return MaskCoverage::kSome;
+  }
+  return all ? MaskCoverage::kAll : any ? MaskCoverage::kSome : MaskCoverage::kNone;
+}
+
+// Applies the mask to a transposed score tile Sᵀ (keys × br, the `rows` real queries along the
+// lanes): a float mask's entries are added, a bool mask's false entries become −∞.
+inline void apply_mask_to_tile(const ScoreMask& mask, int64_t batch, int64_t head,
+                               int64_t first_query, size_t rows, int64_t key0, size_t keys,
+                               size_t br, float* scores) {
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t row = mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
+    if (mask.kind == MaskKind::kFloat) {
+      const float* entries = static_cast<const float*>(mask.data) + row;
+      for (size_t j = 0; j < keys; ++j)
+        scores[j * br + r] += entries[static_cast<int64_t>(j) * mask.col_stride];
+    } else {
+      const uint8_t* entries = static_cast<const uint8_t*>(mask.data) + row;
+      for (size_t j = 0; j < keys; ++j) {
+        if (entries[static_cast<int64_t>(j) * mask.col_stride] == 0)
+          scores[j * br + r] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+}
+
+// Adds a transposed gradient tile dSᵀ (keys × br) into a float mask's gradient, laid out as the
+// mask (so broadcast axes accumulate).
+inline void accumulate_mask_gradient(const ScoreMaskGradient& gradient, int64_t batch,
+                                     int64_t head, int64_t first_query, size_t rows, int64_t key0,
+                                     size_t keys, size_t br, const float* grad_scores) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* entries =
+        gradient.data + gradient.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
+    for (size_t j = 0; j < keys; ++j)
+      entries[static_cast<int64_t>(j) * gradient.col_stride] += grad_scores[j * br + r];
+  }
+}
+
+// Where a backward pass's tasks add a float mask's gradient into the caller's buffer (which holds
+// the elements its strides address within `extent()` floats from its start). When
+// the mask broadcasts over batch elements or over key/value heads, tasks that run in parallel
+// would add into the same elements, so each thread gets a zeroed private copy, summed into the
+// gradient in thread order afterwards (reproducible for a fixed thread count and schedule).
+class MaskGradientAccumulator {
+ public:
+  MaskGradientAccumulator(const ScoreMaskGradient& gradient, int64_t batch, int64_t heads,
+                          int64_t kv_heads, int64_t queries, int64_t keys, size_t threads)
+      : gradient_(gradient) {
+    if (gradient.data == nullptr || batch <= 0 || heads <= 0 || queries <= 0 || keys <= 0) return;
+    extent_ = static_cast<size_t>((batch - 1) * gradient.batch_stride +
+                                  (heads - 1) * gradient.head_stride +
+                                  (queries - 1) * gradient.row_stride +
+                                  (keys - 1) * gradient.col_stride + 1);
+    if ((gradient.batch_stride == 0 && batch > 1) || (gradient.head_stride == 0 && kv_heads > 1)) {
+      threads_ = threads;
+      copies_.assign(threads * extent_, 0.0F);
+    }
+  }
+
+  size_t extent() const { return extent_; }
+  bool private_copies() const { return threads_ > 0; }
+  // The gradient thread `thread` adds into: its private copy, or the shared gradient.
+  ScoreMaskGradient for_thread(size_t thread) {
+    if (!private_copies()) return gradient_;
+    ScoreMaskGradient copy = gradient_;
+    copy.data = copies_.data() + thread * extent_;
+    return copy;
+  }
+  void sum_private_copies() {
+    for (size_t thread = 0; thread < threads_; ++thread) {
+      const float* copy = copies_.data() + thread * extent_;
+      for (size_t e = 0; e < extent_; ++e) gradient_.data[e] += copy[e];
+    }
+  }
+
+ private:
+  ScoreMaskGradient gradient_;
+  size_t extent_ = 0;
+  size_t threads_ = 0;
+  std::vector<float> copies_;
+};
+
+}  // namespace attn

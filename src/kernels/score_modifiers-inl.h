@@ -1,0 +1,105 @@
+// The steps between a raw score tile and the softmax, per SIMD target (a Highway "-inl.h" header):
+// soft-capping, ALiBi, the attention mask and the key ranges, applied in that order to a
+// transposed tile Sᵀ (keys × Br, queries along the lanes). The forward pass, the backward pass and
+// the weights kernel all call ApplyScoreModifiers, so they agree on every score.
+
+#if defined(ATTN_KERNELS_SCORE_MODIFIERS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_SCORE_MODIFIERS_INL_H_
+#undef ATTN_KERNELS_SCORE_MODIFIERS_INL_H_
+#else
+#define ATTN_KERNELS_SCORE_MODIFIERS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "attn/kernels/fused_options.hpp"
+#include "kernels/fast_math-inl.h"
+#include "kernels/score_masks.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// One query tile of a head: where its lanes' queries are and which keys each sees.
+struct QueryTile {
+  int64_t batch = 0;
+  int64_t head = 0;         // the query head
+  int64_t first_query = 0;  // the query in lane 0
+  size_t rows = 0;          // real queries; lanes up to Br past them are padding
+  int64_t queries = 0;      // n
+  int64_t keys = 0;         // m
+  const int32_t* first = nullptr;  // Br values: each lane's first visible key
+  const int32_t* last = nullptr;   // Br values: one past each lane's last visible key
+  TileKeyRanges ranges;
+};
+
+// Sᵀ (keys key0 … key0 + bc − 1 × Br) from raw scores to the scores the softmax takes, in place:
+// s → softcap·tanh(s/softcap), + ALiBi's −slope·|c_i − j|, + a float mask (or −∞ where a bool
+// mask is false, when `apply_bool_mask`: callers skip it for tiles the mask covers entirely),
+// −∞ outside each lane's key range. `softcap_tanh` (bc × Br or null) receives tanh(s/softcap),
+// which the backward pass needs for the derivative 1 − tanh².
+template <class D>
+HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options, const QueryTile& tile,
+                                    int64_t key0, size_t bc, size_t br, bool apply_bool_mask,
+                                    float* scores, float* softcap_tanh = nullptr) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  if (options.softcap > 0.0F) {
+    const V cap = hn::Set(d, options.softcap), inverse_cap = hn::Set(d, 1.0F / options.softcap);
+    for (size_t j = 0; j < bc; ++j) {
+      for (size_t r = 0; r < br; r += lanes) {
+        float* score = scores + j * br + r;
+        const V t = AdditiveTanh(d, hn::Mul(hn::Load(d, score), inverse_cap));
+        if (softcap_tanh != nullptr) hn::Store(t, d, softcap_tanh + j * br + r);
+        hn::Store(hn::Mul(t, cap), d, score);
+      }
+    }
+  }
+  if (options.alibi_slopes != nullptr) {
+    // |c_i − j| with c_i = diagonal of lane r's query: (first diagonal − j) + r, exact in float
+    // below 2^24.
+    const V slope = hn::Set(d, options.alibi_slopes[tile.head]);
+    const int64_t first_diagonal =
+        diagonal_key(options.alignment, tile.first_query, tile.queries, tile.keys);
+    const V lane_index = hn::Iota(d, 0.0F);
+    for (size_t j = 0; j < bc; ++j) {
+      const auto offset = static_cast<float>(first_diagonal - key0 - static_cast<int64_t>(j));
+      for (size_t r = 0; r < br; r += lanes) {
+        float* score = scores + j * br + r;
+        const V distance =
+            hn::Abs(hn::Add(lane_index, hn::Set(d, offset + static_cast<float>(r))));
+        hn::Store(hn::NegMulAdd(slope, distance, hn::Load(d, score)), d, score);
+      }
+    }
+  }
+  if (options.mask.kind == MaskKind::kFloat ||
+      (options.mask.kind == MaskKind::kBool && apply_bool_mask)) {
+    apply_mask_to_tile(options.mask, tile.batch, tile.head, tile.first_query, tile.rows, key0, bc,
+                       br, scores);
+  }
+  // Keys outside a lane's [first, last): only those some real query of the tile cannot see.
+  const hn::RebindToSigned<D> di;
+  const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (size_t j = 0; j < bc; ++j) {
+    const int64_t key = key0 + static_cast<int64_t>(j);
+    if (key >= tile.ranges.common_begin && key < tile.ranges.common_end) continue;
+    const auto key_index = hn::Set(di, static_cast<int32_t>(key));
+    for (size_t r = 0; r < br; r += lanes) {
+      const auto visible = hn::RebindMask(
+          d, hn::And(hn::Not(hn::Lt(key_index, hn::Load(di, tile.first + r))),
+                     hn::Lt(key_index, hn::Load(di, tile.last + r))));
+      float* score = scores + j * br + r;
+      hn::Store(hn::IfThenElse(visible, hn::Load(d, score), minus_infinity), d, score);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_SCORE_MODIFIERS_INL_H_
