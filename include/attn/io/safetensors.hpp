@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "attn/nn/state_dict.hpp"
+#include "attn/core/named_tensors.hpp"
 
 namespace attn {
 

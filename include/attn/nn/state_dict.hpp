@@ -6,11 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "attn/core/named_tensors.hpp"
 #include "attn/core/tensor.hpp"
 
 namespace attn {
 
-using StateDict = std::map<std::string, Tensor>;
+// StateDict itself lives in attn/core/named_tensors.hpp (attn/io uses it too).
 
 // A parameter a layer owns, under its state-dict name, with the gradient its backward passes
 // accumulate into (same shape; like PyTorch's .grad, cleared only by zero_grad).
