@@ -63,7 +63,8 @@ std::vector<int64_t> broadcast_strides(std::string_view name, const Shape& shape
   for (int axis = 0; fits && axis < rank; ++axis) {
     const int target_axis = target_rank - rank + axis;
     if (shape[axis] == target[target_axis]) {
-      result[static_cast<size_t>(target_axis)] = target[target_axis] == 1 ? 0 : strides[static_cast<size_t>(axis)];
+      result[static_cast<size_t>(target_axis)] =
+          target[target_axis] == 1 ? 0 : strides[static_cast<size_t>(axis)];
     } else if (shape[axis] != 1) {
       fits = false;
     }
@@ -107,7 +108,9 @@ float require_finite(std::string_view name, const ConstStridedView& view) {
     const float value = data[offset];
     if (!std::isfinite(value)) {
       throw ValueError(std::string(name) + ": expected finite values, got " +
-                       (std::isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf") +
+                       (std::isnan(value) ? "NaN"
+                        : value > 0       ? "inf"
+                                          : "-inf") +
                        " at flat index " + std::to_string(flat));
     }
     largest = std::max(largest, std::fabs(value));

@@ -18,8 +18,8 @@ namespace attn::functional_detail {
 // Which axis of a tensor of rank `rank` (2 to 8) plays which part.
 struct AxisRoles {
   int rank = 0;
-  int batch = -1;  // −1: none (a batch of 1)
-  int heads = -1;  // −1: none (one head)
+  int batch = -1;       // −1: none (a batch of 1)
+  int heads = -1;       // −1: none (one head)
   int slice_begin = 0;  // axes [slice_begin, slice_end) are enumerated as slices
   int slice_end = 0;
 };
@@ -36,8 +36,8 @@ struct HeadsLayout {
 
   template <class T>
   BasicHeadsView<T> slice(T* data, size_t s) const {
-    return {data + slice_offsets[s], batch, heads, rows, cols, batch_stride, head_stride,
-            row_stride};
+    return {
+        data + slice_offsets[s], batch, heads, rows, cols, batch_stride, head_stride, row_stride};
   }
 };
 

@@ -95,8 +95,8 @@ PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView ke
   rows_per_slice_ = query_layout_.batch * query_layout_.heads * query_layout_.rows;
   const int64_t depth = query_layout_.cols;
   scale_ = family == kAdditive ? 1.0F
-           : options.scale   ? *options.scale
-                             : (depth > 0 ? 1.0F / std::sqrt(static_cast<float>(depth)) : 1.0F);
+           : options.scale     ? *options.scale
+                               : (depth > 0 ? 1.0F / std::sqrt(static_cast<float>(depth)) : 1.0F);
   check_options(family);
   lay_out_mask();
   if (family != kShapesOnly) check_values(family);
@@ -109,12 +109,12 @@ void PreparedAttention::check_options(Family family) const {
                      std::to_string(options_.dropout));
   }
   if (family == kAdditive) {
-    const char* refused = options_.scale             ? "scale"
-                          : options_.softcap         ? "softcap"
+    const char* refused = options_.scale                   ? "scale"
+                          : options_.softcap               ? "softcap"
                           : !options_.alibi_slopes.empty() ? "alibi_slopes"
-                          : !options_.sinks.empty()  ? "sinks"
-                          : options_.enable_gqa      ? "enable_gqa"
-                                                     : nullptr;
+                          : !options_.sinks.empty()        ? "sinks"
+                          : options_.enable_gqa            ? "enable_gqa"
+                                                           : nullptr;
     if (refused != nullptr) {
       throw ValueError(std::string(refused) +
                        ": additive attention takes no scale, softcap, alibi_slopes, sinks or "
@@ -183,17 +183,16 @@ void PreparedAttention::check_values(Family family) const {
 void PreparedAttention::lay_out_mask() {
   const AttentionMask& mask = options_.attn_mask;
   if (!mask.has_value()) return;
-  const std::vector<int64_t> strides =
-      broadcast_strides("attn_mask", mask.shape(), mask.strides(), scores_shape_,
-                        "the scores (..., H_q, L, S)");
+  const std::vector<int64_t> strides = broadcast_strides(
+      "attn_mask", mask.shape(), mask.strides(), scores_shape_, "the scores (..., H_q, L, S)");
   mask_layout_ = heads_layout(roles_, scores_shape_, strides);
   if (mask.kind() == MaskKind::kFloat) {
     // The gradient is a contiguous tensor of the mask's own shape.
     const ConstStridedView gradient(nullptr, mask.shape());
-    mask_gradient_layout_ = heads_layout(
-        roles_, scores_shape_,
-        broadcast_strides("attn_mask", mask.shape(), gradient.strides(), scores_shape_,
-                          "the scores (..., H_q, L, S)"));
+    mask_gradient_layout_ =
+        heads_layout(roles_, scores_shape_,
+                     broadcast_strides("attn_mask", mask.shape(), gradient.strides(), scores_shape_,
+                                       "the scores (..., H_q, L, S)"));
   }
 }
 
@@ -223,7 +222,8 @@ FlashAttentionOptions PreparedAttention::kernel_options(size_t s) const {
   }
   kernel.dropout = options_.dropout;
   // Each slice is its own kernel call, with heads numbered from 0: give it its own seed.
-  kernel.seed = s == 0 ? options_.seed : dropout_hash::mix64(options_.seed ^ dropout_hash::mix64(s));
+  kernel.seed =
+      s == 0 ? options_.seed : dropout_hash::mix64(options_.seed ^ dropout_hash::mix64(s));
   return kernel;
 }
 
@@ -236,7 +236,8 @@ HeadsLayout PreparedAttention::checked_layout(std::string_view name, const Shape
                      std::string(expected_description) + "), got " + shape.str());
   }
   if (shape.rank() > 0 && shape[shape.rank() - 1] > 1 && strides.back() != 1) {
-    throw ShapeError(std::string(name) + ": expected a contiguous last axis (stride 1), got stride " +
+    throw ShapeError(std::string(name) +
+                     ": expected a contiguous last axis (stride 1), got stride " +
                      std::to_string(strides.back()));
   }
   return heads_layout(roles_, shape, strides);
@@ -256,9 +257,9 @@ void PreparedAttention::require_log_sum_exp(size_t size, bool optional) const {
 
 ScoreMaskGradient PreparedAttention::mask_gradient(Tensor& gradient, size_t s) const {
   const HeadsLayout& layout = mask_gradient_layout_;
-  return {MaskKind::kFloat,      gradient.data() + layout.slice_offsets[s],
-          layout.batch_stride,   layout.head_stride,
-          layout.row_stride,     layout.col_stride};
+  return {MaskKind::kFloat,    gradient.data() + layout.slice_offsets[s],
+          layout.batch_stride, layout.head_stride,
+          layout.row_stride,   layout.col_stride};
 }
 
 }  // namespace attn::functional_detail

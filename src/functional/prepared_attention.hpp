@@ -49,7 +49,8 @@ class PreparedAttention {
   // checking its shape and that its last axis is contiguous.
   template <class T>
   HeadsLayout output_layout(std::string_view name, const StridedView<T>& view) const {
-    return checked_layout(name, view.shape(), view.strides(), output_shape_, "query's shape with the value's last axis");
+    return checked_layout(name, view.shape(), view.strides(), output_shape_,
+                          "query's shape with the value's last axis");
   }
   // Layouts of new contiguous tensors shaped as the query, the key (or value), or the scores.
   HeadsLayout layout_like_query(const Tensor& tensor) const { return contiguous_layout(tensor); }

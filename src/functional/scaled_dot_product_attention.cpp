@@ -30,10 +30,10 @@ void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
   const auto out = prepared.output_layout("output", output);
   prepared.require_log_sum_exp(log_sum_exp, true);
   for (size_t s = 0; s < prepared.slices(); ++s) {
-    flash_attention_forward(prepared.query(s), prepared.key(s), prepared.value(s),
-                            prepared.valid_lens(), prepared.kernel_options(s),
-                            out.slice(output.data(), s),
-                            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
+    flash_attention_forward(
+        prepared.query(s), prepared.key(s), prepared.value(s), prepared.valid_lens(),
+        prepared.kernel_options(s), out.slice(output.data(), s),
+        log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
   }
 }
 
@@ -53,9 +53,9 @@ AttentionGradients scaled_dot_product_attention_backward(
     const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
   const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   if (mask_gradient && options.attn_mask.kind() != MaskKind::kFloat) {
-    throw ValueError(std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
-                     (options.attn_mask.kind() == MaskKind::kBool ? "a bool attn_mask"
-                                                                  : "no attn_mask"));
+    throw ValueError(
+        std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
+        (options.attn_mask.kind() == MaskKind::kBool ? "a bool attn_mask" : "no attn_mask"));
   }
   if (sinks_gradient && options.sinks.empty()) {
     throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
@@ -63,8 +63,8 @@ AttentionGradients scaled_dot_product_attention_backward(
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
-  AttentionGradients grads{Tensor(query.shape()), Tensor(key.shape()), Tensor(value.shape()), {},
-                           {}};
+  AttentionGradients grads{
+      Tensor(query.shape()), Tensor(key.shape()), Tensor(value.shape()), {}, {}};
   if (mask_gradient) grads.attn_mask = Tensor(options.attn_mask.shape());
   if (sinks_gradient) grads.sinks = Tensor(Shape{static_cast<int64_t>(options.sinks.size())});
   const auto grad_q = prepared.layout_like_query(grads.query);

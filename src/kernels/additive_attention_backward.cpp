@@ -205,8 +205,15 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       // Sᵀ as the forward pass computed it, masked, then Pᵀ = exp(Sᵀ − lse).
       AdditiveScores<kQueryVectors>(d, active, key_rows, key_stride, at, br, hidden, args.weights,
                                     s.probabilities);
-      const QueryTile query_tile{b, h, static_cast<int64_t>(first), rows, args.queries.rows,
-                                 args.keys.rows, s.first + first, s.last + first, ranges};
+      const QueryTile query_tile{b,
+                                 h,
+                                 static_cast<int64_t>(first),
+                                 rows,
+                                 args.queries.rows,
+                                 args.keys.rows,
+                                 s.first + first,
+                                 s.last + first,
+                                 ranges};
       ApplyScoreModifiers(d, args.options, query_tile, key_begin, active, br,
                           coverage == MaskCoverage::kSome, s.probabilities);
       ProbabilitiesFromScores(d, active, br, s.lse + first, s.probabilities);

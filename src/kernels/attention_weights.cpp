@@ -77,7 +77,8 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   const size_t br = kQueryVectors * lanes;
   const size_t depth = static_cast<size_t>(args.q.cols);
   const int64_t n = args.q.rows, m = args.k.rows;
-  const size_t rows = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), n - first_query));
+  const size_t rows =
+      static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), n - first_query));
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
   QueryTile tile{b, h, first_query, rows, n, m, s.first, s.last, {}};
   tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, first_query, rows, br, n, m,
@@ -102,8 +103,8 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   const auto key_stride = static_cast<size_t>(args.k.row_stride);
   for (int64_t key0 = tile.ranges.begin; key0 < tile.ranges.end;
        key0 += static_cast<int64_t>(kKeyTile)) {
-    const size_t bc =
-        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), tile.ranges.end - key0));
+    const size_t bc = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(kKeyTile), tile.ranges.end - key0));
     MaskCoverage coverage = MaskCoverage::kAll;
     if (args.options.mask.kind == MaskKind::kBool) {
       coverage = bool_mask_coverage(args.options.mask, b, h, first_query, rows, key0, bc);
@@ -193,8 +194,8 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
   require_additive_options(options, projected_queries, projected_keys);
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;
-  compute_weights({projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights,
-                   w_v.data()});
+  compute_weights(
+      {projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights, w_v.data()});
 }
 
 }  // namespace attn

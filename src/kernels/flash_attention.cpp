@@ -128,7 +128,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   tile.batch = b;
   tile.head = h;
   tile.first_query = first_query;
-  tile.rows = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), args.q.rows - first_query));
+  tile.rows =
+      static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), args.q.rows - first_query));
   tile.queries = args.q.rows;
   tile.keys = args.k.rows;
   tile.first = s.first;
@@ -145,9 +146,10 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   for (size_t t = 0; t < depth; ++t) {
     float* column = s.q_transposed + t * br;
     for (size_t r = 0; r < br; ++r) {
-      column[r] = r < tile.rows
-                      ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] * scale
-                      : 0.0F;
+      column[r] =
+          r < tile.rows
+              ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] * scale
+              : 0.0F;
     }
   }
   const bool sink = args.options.sinks != nullptr;
@@ -200,8 +202,8 @@ HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
 
 // Dropout after the sum: the normaliser counts every weight, the product only the kept ones.
 template <class D, class Applier>
-HWY_INLINE void DropWeights(D d, const Applier& applier, int64_t key0, size_t bc,
-                            size_t br, Scratch& s) {
+HWY_INLINE void DropWeights(D d, const Applier& applier, int64_t key0, size_t bc, size_t br,
+                            Scratch& s) {
   const hn::RebindToUnsigned<D> du;
   const size_t lanes = hn::Lanes(d);
   for (size_t j = 0; j < bc; ++j) {
@@ -227,8 +229,8 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
     for (size_t t = 0; t < dv; ++t) destination[t] = row[t] * inverse;
   }
   if (args.log_sum_exp != nullptr) {
-    float* lse = args.log_sum_exp + (tile.batch * args.q.heads + tile.head) * args.q.rows +
-                 tile.first_query;
+    float* lse =
+        args.log_sum_exp + (tile.batch * args.q.heads + tile.head) * args.q.rows + tile.first_query;
     for (size_t r = 0; r < tile.rows; ++r) {
       lse[r] = s.row_sum[r] > 0.0F ? s.row_max[r] + std::log(s.row_sum[r])
                                    : -std::numeric_limits<float>::infinity();
@@ -268,11 +270,11 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
     // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
     const float* key_rows = k + static_cast<size_t>(key0) * depth;
     if (args.additive_weights != nullptr) {
-      AdditiveScores<flash_detail::kQueryVectors>(d, bc, key_rows, depth, s.q_transposed, br,
-                                                  depth, args.additive_weights, s.scores);
+      AdditiveScores<flash_detail::kQueryVectors>(d, bc, key_rows, depth, s.q_transposed, br, depth,
+                                                  args.additive_weights, s.scores);
     } else {
-      Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, depth, 1, s.q_transposed, br,
-                  depth, s.scores, br);
+      Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, depth, 1, s.q_transposed, br, depth,
+                  s.scores, br);
     }
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
                         s.scores);

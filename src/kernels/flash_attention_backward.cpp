@@ -145,12 +145,19 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int
                                       key_begin, bc);
         if (coverage == MaskCoverage::kNone) continue;
       }
-      const QueryTile query_tile{b, h, static_cast<int64_t>(first), rows, args.q.rows, args.k.rows,
-                                 s.first + first, s.last + first, ranges};
+      const QueryTile query_tile{b,
+                                 h,
+                                 static_cast<int64_t>(first),
+                                 rows,
+                                 args.q.rows,
+                                 args.k.rows,
+                                 s.first + first,
+                                 s.last + first,
+                                 ranges};
       // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
-      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors,
-                  k + key_begin * args.k.row_stride, static_cast<size_t>(args.k.row_stride), 1,
-                  s.q_transposed + tile * depth * br, br, depth, s.probabilities, br);
+      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, k + key_begin * args.k.row_stride,
+                  static_cast<size_t>(args.k.row_stride), 1, s.q_transposed + tile * depth * br, br,
+                  depth, s.probabilities, br);
       ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
                           coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
       ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
@@ -165,15 +172,15 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int
       Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
                  dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
       // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
-      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors,
-                  v + key_begin * args.v.row_stride, static_cast<size_t>(args.v.row_stride), 1,
-                  s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
+      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, v + key_begin * args.v.row_stride,
+                  static_cast<size_t>(args.v.row_stride), 1, s.grad_out_transposed + tile * dv * br,
+                  br, dv, s.grad_scores, br);
       GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
       // A float mask is added to the final scores: its gradient is dS itself.
       if (grad_mask.data != nullptr) {
-        accumulate_mask_gradient(grad_mask, b, h, static_cast<int64_t>(first), rows, key_begin,
-                                 bc, br, s.grad_scores);
+        accumulate_mask_gradient(grad_mask, b, h, static_cast<int64_t>(first), rows, key_begin, bc,
+                                 br, s.grad_scores);
       }
       // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
       if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
@@ -311,7 +318,7 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
     return;
   }
   const flash_backward_detail::BackwardArgs args{
-      q,      k,      v,      out,       grad_out,  log_sum_exp, &valid_lens,
+      q,       k,      v,      out,    grad_out,  log_sum_exp, &valid_lens,
       options, grad_q, grad_k, grad_v, grad_mask, grad_sinks};
   HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
 }

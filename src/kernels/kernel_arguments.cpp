@@ -70,7 +70,9 @@ void require_additive_options(const FlashAttentionOptions& options,
     throw ValueError(
         "options: additive attention takes no softcap, alibi_slopes or sinks (they belong to "
         "dot-product scores), got " +
-        std::string(options.softcap != 0.0F ? "softcap" : options.alibi_slopes ? "alibi_slopes" : "sinks"));
+        std::string(options.softcap != 0.0F ? "softcap"
+                    : options.alibi_slopes  ? "alibi_slopes"
+                                            : "sinks"));
   }
   if (projected_keys.heads != projected_queries.heads) {
     throw ShapeError("projected_keys: expected " + std::to_string(projected_queries.heads) +

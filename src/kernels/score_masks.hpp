@@ -80,7 +80,8 @@ inline MaskCoverage bool_mask_coverage(const ScoreMask& mask, int64_t batch, int
   const auto* bytes = static_cast<const uint8_t*>(mask.data);
   bool any = false, all = true;
   for (size_t r = 0; r < rows; ++r) {
-    const uint8_t* row = bytes + mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
+    const uint8_t* row =
+        bytes + mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
     for (size_t j = 0; j < keys; ++j) {
       const bool takes_part = row[static_cast<int64_t>(j) * mask.col_stride] != 0;
       any = any || takes_part;
@@ -114,9 +115,9 @@ inline void apply_mask_to_tile(const ScoreMask& mask, int64_t batch, int64_t hea
 
 // Adds a transposed gradient tile dSᵀ (keys × br) into a float mask's gradient, laid out as the
 // mask (so broadcast axes accumulate).
-inline void accumulate_mask_gradient(const ScoreMaskGradient& gradient, int64_t batch,
-                                     int64_t head, int64_t first_query, size_t rows, int64_t key0,
-                                     size_t keys, size_t br, const float* grad_scores) {
+inline void accumulate_mask_gradient(const ScoreMaskGradient& gradient, int64_t batch, int64_t head,
+                                     int64_t first_query, size_t rows, int64_t key0, size_t keys,
+                                     size_t br, const float* grad_scores) {
   for (size_t r = 0; r < rows; ++r) {
     float* entries =
         gradient.data + gradient.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
@@ -136,10 +137,9 @@ class MaskGradientAccumulator {
                           int64_t kv_heads, int64_t queries, int64_t keys, size_t threads)
       : gradient_(gradient) {
     if (gradient.data == nullptr || batch <= 0 || heads <= 0 || queries <= 0 || keys <= 0) return;
-    extent_ = static_cast<size_t>((batch - 1) * gradient.batch_stride +
-                                  (heads - 1) * gradient.head_stride +
-                                  (queries - 1) * gradient.row_stride +
-                                  (keys - 1) * gradient.col_stride + 1);
+    extent_ = static_cast<size_t>(
+        (batch - 1) * gradient.batch_stride + (heads - 1) * gradient.head_stride +
+        (queries - 1) * gradient.row_stride + (keys - 1) * gradient.col_stride + 1);
     if ((gradient.batch_stride == 0 && batch > 1) || (gradient.head_stride == 0 && kv_heads > 1)) {
       threads_ = threads;
       copies_.assign(threads * extent_, 0.0F);

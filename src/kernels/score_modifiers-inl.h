@@ -27,11 +27,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 // One query tile of a head: where its lanes' queries are and which keys each sees.
 struct QueryTile {
   int64_t batch = 0;
-  int64_t head = 0;         // the query head
-  int64_t first_query = 0;  // the query in lane 0
-  size_t rows = 0;          // real queries; lanes up to Br past them are padding
-  int64_t queries = 0;      // n
-  int64_t keys = 0;         // m
+  int64_t head = 0;                // the query head
+  int64_t first_query = 0;         // the query in lane 0
+  size_t rows = 0;                 // real queries; lanes up to Br past them are padding
+  int64_t queries = 0;             // n
+  int64_t keys = 0;                // m
   const int32_t* first = nullptr;  // Br values: each lane's first visible key
   const int32_t* last = nullptr;   // Br values: one past each lane's last visible key
   TileKeyRanges ranges;
@@ -43,9 +43,10 @@ struct QueryTile {
 // −∞ outside each lane's key range. `softcap_tanh` (bc × Br or null) receives tanh(s/softcap),
 // which the backward pass needs for the derivative 1 − tanh².
 template <class D>
-HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options, const QueryTile& tile,
-                                    int64_t key0, size_t bc, size_t br, bool apply_bool_mask,
-                                    float* scores, float* softcap_tanh = nullptr) {
+HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
+                                    const QueryTile& tile, int64_t key0, size_t bc, size_t br,
+                                    bool apply_bool_mask, float* scores,
+                                    float* softcap_tanh = nullptr) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   if (options.softcap > 0.0F) {
@@ -70,8 +71,7 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options, c
       const auto offset = static_cast<float>(first_diagonal - key0 - static_cast<int64_t>(j));
       for (size_t r = 0; r < br; r += lanes) {
         float* score = scores + j * br + r;
-        const V distance =
-            hn::Abs(hn::Add(lane_index, hn::Set(d, offset + static_cast<float>(r))));
+        const V distance = hn::Abs(hn::Add(lane_index, hn::Set(d, offset + static_cast<float>(r))));
         hn::Store(hn::NegMulAdd(slope, distance, hn::Load(d, score)), d, score);
       }
     }
@@ -89,9 +89,9 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options, c
     if (key >= tile.ranges.common_begin && key < tile.ranges.common_end) continue;
     const auto key_index = hn::Set(di, static_cast<int32_t>(key));
     for (size_t r = 0; r < br; r += lanes) {
-      const auto visible = hn::RebindMask(
-          d, hn::And(hn::Not(hn::Lt(key_index, hn::Load(di, tile.first + r))),
-                     hn::Lt(key_index, hn::Load(di, tile.last + r))));
+      const auto visible =
+          hn::RebindMask(d, hn::And(hn::Not(hn::Lt(key_index, hn::Load(di, tile.first + r))),
+                                    hn::Lt(key_index, hn::Load(di, tile.last + r))));
       float* score = scores + j * br + r;
       hn::Store(hn::IfThenElse(visible, hn::Load(d, score), minus_infinity), d, score);
     }

@@ -39,7 +39,7 @@ struct Config {
   int mask_shape = 0;  // index into mask_shape_of: which axes the mask has
   Causal causal = Causal::kNone;
   int64_t window_left = -2, window_right = -2;  // −2: no window
-  bool bottom_right = false;                     // alignment of window/ALiBi without causal
+  bool bottom_right = false;                    // alignment of window/ALiBi without causal
   float softcap = 0.0F;
   bool alibi = false, sinks = false, lengths = false, hide_row = false;
   float dropout = 0.0F;
@@ -51,9 +51,10 @@ struct Config {
     return "N=" + std::to_string(s.batch) + " Hq=" + std::to_string(s.q_heads) +
            " Hkv=" + std::to_string(s.kv_heads) + " L=" + std::to_string(s.queries) +
            " S=" + std::to_string(s.keys) + " E=" + std::to_string(s.depth) +
-           " Ev=" + std::to_string(s.value_depth) + " mask=" + std::to_string(static_cast<int>(mask)) +
-           "/" + std::to_string(mask_shape) + " causal=" + std::to_string(static_cast<int>(causal)) +
-           " window=(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")" +
+           " Ev=" + std::to_string(s.value_depth) +
+           " mask=" + std::to_string(static_cast<int>(mask)) + "/" + std::to_string(mask_shape) +
+           " causal=" + std::to_string(static_cast<int>(causal)) + " window=(" +
+           std::to_string(window_left) + "," + std::to_string(window_right) + ")" +
            " bottom_right=" + std::to_string(bottom_right) + " softcap=" + std::to_string(softcap) +
            " alibi=" + std::to_string(alibi) + " sinks=" + std::to_string(sinks) +
            " lengths=" + std::to_string(lengths) + " hide_row=" + std::to_string(hide_row) +
@@ -65,13 +66,20 @@ struct Config {
 // The broadcast shapes PyTorch users pass, right-aligned against (N, Hq, L, S).
 Shape mask_shape_of(int which, const SdpaShape& s) {
   switch (which) {
-    case 0: return Shape{s.batch, s.q_heads, s.queries, s.keys};
-    case 1: return Shape{s.queries, s.keys};
-    case 2: return Shape{1, 1, s.queries, s.keys};
-    case 3: return Shape{s.batch, 1, s.queries, s.keys};
-    case 4: return Shape{s.batch, 1, 1, s.keys};  // key padding
-    case 5: return Shape{1, s.q_heads, 1, s.keys};
-    default: return Shape{s.q_heads, s.queries, s.keys};
+    case 0:
+      return Shape{s.batch, s.q_heads, s.queries, s.keys};
+    case 1:
+      return Shape{s.queries, s.keys};
+    case 2:
+      return Shape{1, 1, s.queries, s.keys};
+    case 3:
+      return Shape{s.batch, 1, s.queries, s.keys};
+    case 4:
+      return Shape{s.batch, 1, 1, s.keys};  // key padding
+    case 5:
+      return Shape{1, s.q_heads, 1, s.keys};
+    default:
+      return Shape{s.q_heads, s.queries, s.keys};
   }
 }
 constexpr int kMaskShapes = 7;
@@ -82,8 +90,10 @@ SdpaTestCase make_case(const Config& config, uint64_t seed) {
     c.set_mask(mask_shape_of(config.mask_shape, config.shape), config.mask == MaskKind::kBool, 0.8);
     if (config.hide_row) c.hide_row(config.shape.queries / 2);
   }
-  if (config.causal != Causal::kNone) c.set_causal(config.causal == Causal::kBottomRight);
-  else c.set_alignment(config.bottom_right);
+  if (config.causal != Causal::kNone)
+    c.set_causal(config.causal == Causal::kBottomRight);
+  else
+    c.set_alignment(config.bottom_right);
   if (config.window_left > -2) c.set_window(config.window_left, config.window_right);
   if (config.softcap > 0) c.set_softcap(config.softcap);
   if (config.alibi) c.set_alibi();
@@ -92,8 +102,9 @@ SdpaTestCase make_case(const Config& config, uint64_t seed) {
   if (config.lengths) {
     std::vector<int64_t> lengths;
     for (int64_t index = 0; index < config.shape.batch * config.shape.queries; ++index)
-      lengths.push_back(index == 0 ? 0 : index == 1 ? config.shape.keys
-                                                    : (index * 7) % (config.shape.keys + 1));
+      lengths.push_back(index == 0   ? 0
+                        : index == 1 ? config.shape.keys
+                                     : (index * 7) % (config.shape.keys + 1));
     c.set_lengths(lengths);
   }
   if (config.dropout > 0) c.set_dropout(config.dropout, seed * 31 + 5);
@@ -120,7 +131,8 @@ void check(const Config& config, uint64_t seed) {
   EXPECT_TRUE(close_to(grads.value, expected_grads.v, kBackwardTolerance)) << "grad value";
   if (mask_gradient) {
     EXPECT_EQ(grads.attn_mask.shape(), c.mask_floats.shape());
-    EXPECT_TRUE(close_to(grads.attn_mask, c.reduce_to_mask(expected_grads.mask), kBackwardTolerance))
+    EXPECT_TRUE(
+        close_to(grads.attn_mask, c.reduce_to_mask(expected_grads.mask), kBackwardTolerance))
         << "grad attn_mask";
   }
   if (config.sinks) {
@@ -129,6 +141,22 @@ void check(const Config& config, uint64_t seed) {
 }
 
 class FunctionalSdpa : public testing::EverySimdTarget {};
+
+// A contiguous copy of any view, through a pass of the attention API's own layout-free path: an
+// explicit loop, independent of the code under test.
+Tensor slice_copy(const ConstStridedView& view) {
+  Tensor copy(view.shape());
+  std::vector<int64_t> index(static_cast<size_t>(view.rank()), 0);
+  for (int64_t flat = 0; flat < copy.numel(); ++flat) {
+    int64_t rest = flat, offset = 0;
+    for (int axis = view.rank() - 1; axis >= 0; --axis) {
+      offset += (rest % view.dim(axis)) * view.stride(axis);
+      rest /= view.dim(axis);
+    }
+    copy.data()[flat] = view.data()[offset];
+  }
+  return copy;
+}
 
 TEST_P(FunctionalSdpa, EachOptionAloneMatchesTheReference) {
   const SdpaShape shape{2, 4, 2, 37, 70, 16, 12};
@@ -203,7 +231,8 @@ TEST_P(FunctionalSdpa, CombinedOptionsMatchTheReference) {
          .magnitude = 4.0F},
         seed++);
   // L = 1 (decoding), S ≠ L, one key, one query.
-  check({.shape = {2, 4, 1, 1, 200, 64, 64}, .causal = Causal::kBottomRight, .alibi = true}, seed++);
+  check({.shape = {2, 4, 1, 1, 200, 64, 64}, .causal = Causal::kBottomRight, .alibi = true},
+        seed++);
   check({.shape = {1, 1, 1, 1, 1, 1, 1}, .mask = MaskKind::kFloat, .mask_shape = 0}, seed++);
   check({.shape = {1, 1, 1, 5, 1, 3, 2}, .causal = Causal::kTopLeft}, seed++);
 }
@@ -217,7 +246,7 @@ TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
     Config config;
     const int64_t heads[] = {1, 2, 4};
     const int64_t q_heads = heads[pick(3)];
-    config.shape = {1 + pick(2), q_heads,      q_heads,     1 + pick(90),
+    config.shape = {1 + pick(2),   q_heads,      q_heads,     1 + pick(90),
                     1 + pick(150), 1 + pick(40), 1 + pick(20)};
     if (q_heads > 1 && pick(2) == 0) config.shape.kv_heads = q_heads / 2;
     config.mask = static_cast<MaskKind>(pick(3));
@@ -239,6 +268,201 @@ TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalSdpa);
+
+// Rank 3 (B, L, E) is B batch elements of one head; rank 5 (N, A, H, L, E) runs each of the A
+// slices as a rank-4 problem; rank 2 is one matrix; rank-3 grouped heads put the heads first.
+TEST(FunctionalSdpaLayout, EveryRankMeansWhatPyTorchMeans) {
+  Rng rng(8);
+  const Tensor q = testing::random_tensor(Shape{2, 3, 4, 7, 8}, rng);
+  const Tensor k = testing::random_tensor(Shape{2, 3, 4, 11, 8}, rng);
+  const Tensor v = testing::random_tensor(Shape{2, 3, 4, 11, 5}, rng);
+  const Tensor g = testing::random_tensor(Shape{2, 3, 4, 7, 5}, rng);
+  Tensor mask(Shape{7, 11});
+  for (int64_t e = 0; e < mask.numel(); ++e)
+    mask.data()[e] = e % 5 == 0 ? -INFINITY : 0.1F * static_cast<float>(e % 7);
+  AttentionOptions options;
+  options.attn_mask = AttentionMask::additive(mask);
+  options.causal = true;
+  options.valid_lens = ValidLengths::per_batch({9, 4});
+  const AttentionForward rank5 = scaled_dot_product_attention(q, k, v, options);
+  const AttentionGradients grads5 = scaled_dot_product_attention_backward(
+      q, k, v, rank5.output, g, rank5.log_sum_exp, options, true);
+  ASSERT_EQ(rank5.output.shape(), (Shape{2, 3, 4, 7, 5}));
+  Tensor mask_gradient_sum(mask.shape());
+  for (int64_t a = 0; a < 3; ++a) {
+    // Slice a: (2, 4, L, ·) with the batch stride of the rank-5 tensors.
+    const auto slice = [a](const Tensor& x) {
+      const int64_t strides[4] = {x.dim(1) * x.dim(2) * x.dim(3) * x.dim(4), x.dim(3) * x.dim(4),
+                                  x.dim(4), 1};
+      return ConstStridedView(x.data() + a * x.dim(2) * x.dim(3) * x.dim(4),
+                              Shape{x.dim(0), x.dim(2), x.dim(3), x.dim(4)}, strides);
+    };
+    const AttentionForward rank4 =
+        scaled_dot_product_attention(slice(q), slice(k), slice(v), options);
+    const AttentionGradients grads4 = scaled_dot_product_attention_backward(
+        slice(q), slice(k), slice(v), rank4.output, Tensor::from(slice_copy(slice(g))),
+        rank4.log_sum_exp, options, true);
+    EXPECT_TRUE(close_to(Tensor::from(slice_copy(slice(rank5.output))),
+                         testing::to_doubles(rank4.output), 0.0));
+    EXPECT_TRUE(close_to(Tensor::from(slice_copy(slice(grads5.query))),
+                         testing::to_doubles(grads4.query), 0.0));
+    for (int64_t e = 0; e < mask.numel(); ++e)
+      mask_gradient_sum.data()[e] += grads4.attn_mask.data()[e];
+  }
+  EXPECT_TRUE(close_to(grads5.attn_mask, testing::to_doubles(mask_gradient_sum), 1e-6));
+
+  // Rank 3 (B, L, E) = rank 4 (B, 1, L, E); rank 2 = one batch element.
+  Tensor q3 = testing::random_tensor(Shape{2, 7, 8}, rng),
+         k3 = testing::random_tensor(Shape{2, 11, 8}, rng),
+         v3 = testing::random_tensor(Shape{2, 11, 5}, rng);
+  AttentionOptions lengths;
+  lengths.valid_lens = ValidLengths::per_batch({3, 11});
+  const Tensor out3 = scaled_dot_product_attention(q3, k3, v3, lengths).output;
+  Tensor q4 = q3, k4 = k3, v4 = v3;
+  q4.reshape(Shape{2, 1, 7, 8});
+  k4.reshape(Shape{2, 1, 11, 8});
+  v4.reshape(Shape{2, 1, 11, 5});
+  EXPECT_TRUE(close_to(scaled_dot_product_attention(q4, k4, v4, lengths).output,
+                       testing::to_doubles(out3), 0.0));
+  const Tensor out2 = scaled_dot_product_attention(q3.view()[1], k3.view()[1], v3.view()[1]).output;
+  EXPECT_EQ(out2.shape(), (Shape{7, 5}));
+  EXPECT_TRUE(close_to(out2, testing::to_doubles(Tensor::from(out3.view()[1])), 0.0));
+
+  // Rank-3 grouped heads: (Hq, L, E) against (Hkv, S, E), as PyTorch's enable_gqa.
+  AttentionOptions gqa;
+  gqa.enable_gqa = true;
+  const Tensor kv_heads = testing::random_tensor(Shape{1, 11, 8}, rng),
+               values = testing::random_tensor(Shape{1, 11, 5}, rng);
+  const Tensor grouped = scaled_dot_product_attention(q3, kv_heads, values, gqa).output;
+  for (int64_t h = 0; h < 2; ++h) {
+    const Tensor alone =
+        scaled_dot_product_attention(q3.view()[h], kv_heads.view()[0], values.view()[0]).output;
+    EXPECT_TRUE(close_to(Tensor::from(grouped.view()[h]), testing::to_doubles(alone), 0.0));
+  }
+}
+
+// Transposed views (HF transformers' (N, L, H, E).transpose(1, 2)) are read and written in place
+// and give the contiguous result bit for bit; a last axis with a stride is copied first.
+TEST(FunctionalSdpaLayout, StridedViewsGiveTheContiguousResult) {
+  Rng rng(9);
+  const int64_t N = 2, L = 13, S = 17, H = 4, E = 8;
+  const Tensor q_nlhe = testing::random_tensor(Shape{N, L, H, E}, rng);
+  const Tensor k_nshe = testing::random_tensor(Shape{N, S, H, E}, rng);
+  const Tensor v_nshe = testing::random_tensor(Shape{N, S, H, E}, rng);
+  const auto transposed = [](const Tensor& x) {  // (N, T, H, E) seen as (N, H, T, E)
+    const int64_t strides[4] = {x.dim(1) * x.dim(2) * x.dim(3), x.dim(3), x.dim(2) * x.dim(3), 1};
+    return ConstStridedView(x.data(), Shape{x.dim(0), x.dim(2), x.dim(1), x.dim(3)}, strides);
+  };
+  AttentionOptions options;
+  options.causal = true;
+  Tensor out_nlhe(Shape{N, L, H, E});
+  const int64_t out_strides[4] = {L * H * E, E, H * E, 1};
+  scaled_dot_product_attention(transposed(q_nlhe), transposed(k_nshe), transposed(v_nshe), options,
+                               MutableStridedView(out_nlhe.data(), Shape{N, H, L, E}, out_strides));
+  const Tensor q = Tensor::from(slice_copy(transposed(q_nlhe)));
+  const Tensor k = Tensor::from(slice_copy(transposed(k_nshe)));
+  const Tensor v = Tensor::from(slice_copy(transposed(v_nshe)));
+  const Tensor expected = scaled_dot_product_attention(q, k, v, options).output;
+  EXPECT_TRUE(
+      close_to(Tensor::from(slice_copy(transposed(out_nlhe))), testing::to_doubles(expected), 0.0));
+
+  // Every other element of the last axis: copied, same numbers.
+  const Tensor wide = testing::random_tensor(Shape{N, H, L, 2 * E}, rng);
+  const int64_t every_other[4] = {H * L * 2 * E, L * 2 * E, 2 * E, 2};
+  const ConstStridedView q_strided(wide.data(), Shape{N, H, L, E}, every_other);
+  const Tensor q_copy = Tensor::from(slice_copy(q_strided));
+  EXPECT_TRUE(close_to(
+      scaled_dot_product_attention(q_strided, k, v, options).output,
+      testing::to_doubles(scaled_dot_product_attention(q_copy, k, v, options).output), 0.0));
+}
+
+TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
+  const Tensor q(Shape{2, 4, 3, 8}), k(Shape{2, 2, 5, 8}), v(Shape{2, 2, 5, 6});
+  const Tensor k4(Shape{2, 4, 5, 8}), v4(Shape{2, 4, 5, 6});
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention(q, k, v), ShapeError,
+      "key: expected 4 heads (those of query; set enable_gqa for grouped-query attention), got 2");
+  AttentionOptions gqa;
+  gqa.enable_gqa = true;
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention(q, Tensor(Shape{2, 3, 5, 8}), Tensor(Shape{2, 3, 5, 6}), gqa),
+      ShapeError, "enable_gqa: expected the key/value heads to divide the query's 4 heads, got 3");
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, Tensor(Shape{2, 4, 5, 7}), v4), ShapeError,
+                       "key: expected the last axis 8 (that of query), got shape (2, 4, 5, 7)");
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, Tensor(Shape{2, 4, 6, 6})), ShapeError,
+                       "value: expected the shape of key (2, 4, 5, 8) up to the last axis");
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(Tensor(Shape{8}), k4, v4), ShapeError,
+                       "query: expected a tensor of rank 2 to 8");
+  const Tensor bad_mask(Shape{3, 4});
+  AttentionOptions mask;
+  mask.attn_mask = AttentionMask::additive(bad_mask);
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, mask), ShapeError,
+                       "attn_mask: expected a shape that broadcasts to (2, 4, 3, 5) (the scores "
+                       "(..., H_q, L, S)), got (3, 4)");
+  Tensor nan_mask(Shape{3, 5});
+  nan_mask.data()[7] = NAN;
+  mask.attn_mask = AttentionMask::additive(nan_mask);
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, mask), ValueError,
+                       "attn_mask: expected finite values or -inf, got NaN at flat index 7");
+  nan_mask.data()[7] = INFINITY;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, mask), ValueError,
+                       "attn_mask: expected finite values or -inf, got inf at flat index 7");
+  const std::vector<float> three{1, 2, 3}, four{1, 2, 3, NAN};
+  AttentionOptions per_head;
+  per_head.alibi_slopes = three;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ShapeError,
+                       "alibi_slopes: expected one value per query head (4), got 3");
+  per_head = {};
+  per_head.sinks = four;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ValueError,
+                       "sinks: expected finite values, got nan at index 3");
+  AttentionOptions window;
+  window.window = SlidingWindow{-2, 0};
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, window), ValueError,
+                       "window: expected sizes ≥ 0 (−1 for unbounded), got (-2, 0)");
+  AttentionOptions softcap;
+  softcap.softcap = -1.0F;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, softcap), ValueError,
+                       "softcap: expected a positive finite number");
+  AttentionOptions dropout;
+  dropout.dropout = 1.0F;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, dropout), ValueError,
+                       "dropout: expected a probability in [0, 1), got 1");
+  AttentionOptions lengths;
+  lengths.valid_lens = ValidLengths::per_batch({1, 6});
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, lengths), ValueError,
+                       "valid_lens[1]: expected a valid length in [0, 5]");
+  lengths.enable_gqa = true;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(Tensor(Shape{4, 3, 8}), Tensor(Shape{2, 5, 8}),
+                                                    Tensor(Shape{2, 5, 6}), lengths),
+                       ValueError, "valid_lens: not available with enable_gqa on rank-3 inputs");
+  Tensor nan_query(Shape{2, 4, 3, 8});
+  nan_query.data()[5] = NAN;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(nan_query, k4, v4), ValueError,
+                       "query: expected finite values, got NaN at flat index 5");
+  const Tensor huge_q = Tensor::full(Shape{2, 4, 3, 8}, 1e19F),
+               huge_k = Tensor::full(Shape{2, 4, 5, 8}, 1e19F);
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(huge_q, huge_k, v4), ValueError,
+                       "query, key: scores could overflow float32");
+  const AttentionForward forward = scaled_dot_product_attention(q, k4, v4);
+  std::vector<float> short_lse(forward.log_sum_exp.size() - 1);
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention_backward(q, k4, v4, forward.output,
+                                                             forward.output, short_lse, {}),
+                       ShapeError, "log_sum_exp: expected 24 values (one per query row), got 23");
+  const std::vector<uint8_t> bytes(15, 1);
+  AttentionOptions bool_mask;
+  bool_mask.attn_mask =
+      AttentionMask::boolean(StridedView<const uint8_t>(bytes.data(), Shape{3, 5}));
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention_backward(q, k4, v4, forward.output, forward.output,
+                                            forward.log_sum_exp, bool_mask, true),
+      ValueError,
+      "mask_gradient: expected a float attn_mask to differentiate, got a bool attn_mask");
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention_backward(q, k4, v4, forward.output, Tensor(Shape{2, 4, 3, 5}),
+                                            forward.log_sum_exp, {}),
+      ShapeError, "grad_output: expected shape (2, 4, 3, 6)");
+}
 
 // The reference's backward pass against central differences of its forward pass, every option
 // on: what the kernel tests above compare with is itself right.

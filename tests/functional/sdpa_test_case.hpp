@@ -25,10 +25,12 @@ class SdpaTestCase {
  public:
   explicit SdpaTestCase(const SdpaShape& shape, uint64_t seed, float magnitude = 1.0F)
       : shape_(shape), rng_(seed) {
-    q = random_tensor(Shape{shape.batch, shape.q_heads, shape.queries, shape.depth}, rng_, magnitude);
+    q = random_tensor(Shape{shape.batch, shape.q_heads, shape.queries, shape.depth}, rng_,
+                      magnitude);
     k = random_tensor(Shape{shape.batch, shape.kv_heads, shape.keys, shape.depth}, rng_, magnitude);
     v = random_tensor(Shape{shape.batch, shape.kv_heads, shape.keys, shape.value_depth}, rng_);
-    grad_out = random_tensor(Shape{shape.batch, shape.q_heads, shape.queries, shape.value_depth}, rng_);
+    grad_out =
+        random_tensor(Shape{shape.batch, shape.q_heads, shape.queries, shape.value_depth}, rng_);
     options.enable_gqa = shape.kv_heads != shape.q_heads;
     problem.batch = shape.batch;
     problem.q_heads = shape.q_heads;
@@ -54,8 +56,8 @@ class SdpaTestCase {
     options.attn_mask =
         boolean ? AttentionMask::boolean(StridedView<const uint8_t>(mask_bytes.data(), mask_shape))
                 : AttentionMask::additive(mask_floats);
-    problem.mask_kind = boolean ? reference::SdpaProblem::Mask::kBool
-                                : reference::SdpaProblem::Mask::kFloat;
+    problem.mask_kind =
+        boolean ? reference::SdpaProblem::Mask::kBool : reference::SdpaProblem::Mask::kFloat;
     problem.mask.assign(scores_count(), 0.0);
     for_each_score([&](int64_t b, int64_t h, int64_t i, int64_t j, size_t index) {
       const int64_t e = mask_offset(mask_shape, b, h, i, j);
@@ -89,7 +91,8 @@ class SdpaTestCase {
     set_alignment(bottom_right);
   }
   void set_alignment(bool bottom_right) {
-    options.alignment = bottom_right ? DiagonalAlignment::kBottomRight : DiagonalAlignment::kTopLeft;
+    options.alignment =
+        bottom_right ? DiagonalAlignment::kBottomRight : DiagonalAlignment::kTopLeft;
     problem.bottom_right = bottom_right;
   }
   void set_window(int64_t left, int64_t right) {
@@ -103,7 +106,8 @@ class SdpaTestCase {
   }
   void set_alibi() {
     alibi.clear();
-    for (int64_t h = 0; h < shape_.q_heads; ++h) alibi.push_back(std::exp2(-1.0F - static_cast<float>(h)));
+    for (int64_t h = 0; h < shape_.q_heads; ++h)
+      alibi.push_back(std::exp2(-1.0F - static_cast<float>(h)));
     options.alibi_slopes = alibi;
     problem.alibi.assign(alibi.begin(), alibi.end());
   }

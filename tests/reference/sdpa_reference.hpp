@@ -24,9 +24,9 @@ struct SdpaProblem {
   std::vector<double> alibi;                    // Hq slopes, or empty
   std::vector<double> sinks;                    // Hq logits, or empty
   enum class Mask { kNone, kBool, kFloat } mask_kind = Mask::kNone;
-  std::vector<double> mask;       // scores-shaped: 1/0 for kBool, added values for kFloat
-  std::vector<int64_t> lengths;   // (N, L) valid lengths, or empty
-  std::vector<double> dropout;    // scores-shaped multipliers, or empty
+  std::vector<double> mask;      // scores-shaped: 1/0 for kBool, added values for kFloat
+  std::vector<int64_t> lengths;  // (N, L) valid lengths, or empty
+  std::vector<double> dropout;   // scores-shaped multipliers, or empty
 
   size_t score_index(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return static_cast<size_t>(((b * q_heads + h) * queries + i) * keys + j);
@@ -45,9 +45,9 @@ struct SdpaProblem {
 };
 
 struct SdpaForward {
-  std::vector<double> out;      // (N, Hq, L, Ev)
-  std::vector<double> weights;  // (N, Hq, L, S), before dropout
-  std::vector<double> raw;      // (N, Hq, L, S): scale·q·k, before soft-capping
+  std::vector<double> out;          // (N, Hq, L, Ev)
+  std::vector<double> weights;      // (N, Hq, L, S), before dropout
+  std::vector<double> raw;          // (N, Hq, L, S): scale·q·k, before soft-capping
   std::vector<double> denominator;  // (N, Hq, L): Σ exp(s − max) + exp(sink − max), with max
   std::vector<double> sink_weight;  // (N, Hq, L): the sink's share of each row
 };
@@ -77,7 +77,8 @@ inline SdpaForward sdpa_forward(const SdpaProblem& p, const std::vector<double>&
           f.raw[p.score_index(b, h, i, j)] = s;
           if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
           if (!p.alibi.empty())
-            s -= p.alibi[static_cast<size_t>(h)] * std::fabs(static_cast<double>(p.diagonal(i) - j));
+            s -=
+                p.alibi[static_cast<size_t>(h)] * std::fabs(static_cast<double>(p.diagonal(i) - j));
           if (p.mask_kind == SdpaProblem::Mask::kFloat) s += p.mask[p.score_index(b, h, i, j)];
           if (p.hidden(b, h, i, j)) s = minus_infinity;
           scores[static_cast<size_t>(j)] = s;
@@ -85,11 +86,13 @@ inline SdpaForward sdpa_forward(const SdpaProblem& p, const std::vector<double>&
         }
         const size_t row = static_cast<size_t>((b * p.q_heads + h) * p.queries + i);
         if (row_max == minus_infinity) continue;  // sees nothing, no sink: zero output
-        double denominator = p.sinks.empty() ? 0.0 : std::exp(p.sinks[static_cast<size_t>(h)] - row_max);
+        double denominator =
+            p.sinks.empty() ? 0.0 : std::exp(p.sinks[static_cast<size_t>(h)] - row_max);
         for (const double s : scores) denominator += std::exp(s - row_max);
         f.denominator[row] = denominator;
         f.sink_weight[row] =
-            p.sinks.empty() ? 0.0 : std::exp(p.sinks[static_cast<size_t>(h)] - row_max) / denominator;
+            p.sinks.empty() ? 0.0
+                            : std::exp(p.sinks[static_cast<size_t>(h)] - row_max) / denominator;
         for (int64_t j = 0; j < p.keys; ++j) {
           const double weight = std::exp(scores[static_cast<size_t>(j)] - row_max) / denominator;
           f.weights[p.score_index(b, h, i, j)] = weight;
@@ -97,7 +100,8 @@ inline SdpaForward sdpa_forward(const SdpaProblem& p, const std::vector<double>&
               weight * (p.dropout.empty() ? 1.0 : p.dropout[p.score_index(b, h, i, j)]);
           for (int64_t t = 0; t < p.value_depth; ++t)
             f.out[row * static_cast<size_t>(p.value_depth) + static_cast<size_t>(t)] +=
-                kept * v[static_cast<size_t>(((b * p.kv_heads + g) * p.keys + j) * p.value_depth + t)];
+                kept *
+                v[static_cast<size_t>(((b * p.kv_heads + g) * p.keys + j) * p.value_depth + t)];
         }
       }
   return f;
@@ -110,9 +114,9 @@ struct SdpaGradients {
 };
 
 // Gradients of Σ out ⊙ grad_out by the chain rule, with P the weights, Z the dropout multipliers:
-// dP_ij = Z_ij dO_i·v_j, D_i = Σ_j P_ij dP_ij, dS_ij = P_ij (dP_ij − D_i), d sink = −Σ_i p_sink,i D_i,
-// through the soft cap ds_raw = dS (1 − tanh²(raw/cap)), dq = scale Σ_j ds_raw k_j,
-// dk = scale Σ_i ds_raw q_i, dv_j = Σ_i P_ij Z_ij dO_i.
+// dP_ij = Z_ij dO_i·v_j, D_i = Σ_j P_ij dP_ij, dS_ij = P_ij (dP_ij − D_i), d sink = −Σ_i p_sink,i
+// D_i, through the soft cap ds_raw = dS (1 − tanh²(raw/cap)), dq = scale Σ_j ds_raw k_j, dk = scale
+// Σ_i ds_raw q_i, dv_j = Σ_i P_ij Z_ij dO_i.
 inline SdpaGradients sdpa_backward(const SdpaProblem& p, const std::vector<double>& q,
                                    const std::vector<double>& k, const std::vector<double>& v,
                                    const std::vector<double>& grad_out) {
@@ -155,8 +159,10 @@ inline SdpaGradients sdpa_backward(const SdpaProblem& p, const std::vector<doubl
             ds_raw *= 1 - t * t;
           }
           for (int64_t t = 0; t < p.depth; ++t) {
-            const size_t qi = static_cast<size_t>(((b * p.q_heads + h) * p.queries + i) * p.depth + t);
-            const size_t ki = static_cast<size_t>(((b * p.kv_heads + kv) * p.keys + j) * p.depth + t);
+            const size_t qi =
+                static_cast<size_t>(((b * p.q_heads + h) * p.queries + i) * p.depth + t);
+            const size_t ki =
+                static_cast<size_t>(((b * p.kv_heads + kv) * p.keys + j) * p.depth + t);
             g.q[qi] += p.scale * ds_raw * k[ki];
             g.k[ki] += p.scale * ds_raw * q[qi];
           }

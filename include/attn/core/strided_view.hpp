@@ -49,21 +49,19 @@ class StridedView {
   }
   // Contiguous tensors and views convert implicitly.
   template <class U>
-    requires std::is_same_v<const U, T> || std::is_same_v<U, T>
-  StridedView(const BasicTensorView<U>& view)  // NOLINT(google-explicit-constructor)
+  requires std::is_same_v<const U, T> || std::is_same_v<U, T> StridedView(
+      const BasicTensorView<U>& view)  // NOLINT(google-explicit-constructor)
       : StridedView(view.data(), view.shape()) {}
   StridedView(const Tensor& tensor)  // NOLINT(google-explicit-constructor)
-    requires std::is_same_v<T, const float>
-      : StridedView(tensor.data(), tensor.shape()) {}
+      requires std::is_same_v<T, const float> : StridedView(tensor.data(), tensor.shape()) {}
   StridedView(Tensor& tensor)  // NOLINT(google-explicit-constructor)
-    requires std::is_same_v<std::remove_const_t<T>, float>
-      : StridedView(tensor.data(), tensor.shape()) {}
+      requires std::is_same_v < std::remove_const_t<T>,
+  float > : StridedView(tensor.data(), tensor.shape()) {}
   // A mutable view converts to a const one.
   operator StridedView<const T>() const  // NOLINT(google-explicit-constructor)
-    requires(!std::is_const_v<T>)
-  {
-    return StridedView<const T>(data_, shape_, std::span<const int64_t>(strides_.data(),
-                                                                        static_cast<size_t>(rank())));
+      requires(!std::is_const_v<T>) {
+    return StridedView<const T>(
+        data_, shape_, std::span<const int64_t>(strides_.data(), static_cast<size_t>(rank())));
   }
 
   T* data() const { return data_; }

@@ -41,8 +41,7 @@ struct AdditiveGradients {
 AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStridedView keys,
                                               ConstStridedView values,
                                               const AdditiveParameters& parameters,
-                                              ConstStridedView output,
-                                              ConstStridedView grad_output,
+                                              ConstStridedView output, ConstStridedView grad_output,
                                               std::span<const float> log_sum_exp,
                                               const AttentionOptions& options = {});
 

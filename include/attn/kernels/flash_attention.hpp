@@ -40,9 +40,9 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
 // `grad_mask` (floats addressed by its strides as options.mask's entries are, which must be a float
 // mask) has the gradient with respect to the float mask, dS, ADDED into it (broadcast axes sum);
 // `grad_sinks` (H values) has the gradient with respect to the sinks, summed over the batch, added.
-// Either may be left empty / null. Work is split over (batch, key/value head) pairs. Extra memory: about
-// 6·(n + m)·d floats per thread, plus one copy of the mask per thread when grad_mask broadcasts
-// over batch elements or key/value heads.
+// Either may be left empty / null. Work is split over (batch, key/value head) pairs. Extra memory:
+// about 6·(n + m)·d floats per thread, plus one copy of the mask per thread when grad_mask
+// broadcasts over batch elements or key/value heads.
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,

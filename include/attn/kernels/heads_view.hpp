@@ -25,9 +25,7 @@ struct BasicHeadsView {
   T* matrix(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
 
   // A mutable view converts to a const one.
-  operator BasicHeadsView<const T>() const
-    requires(!std::is_const_v<T>)
-  {
+  operator BasicHeadsView<const T>() const requires(!std::is_const_v<T>) {
     return {data, batch, heads, rows, cols, batch_stride, head_stride, row_stride};
   }
 };
@@ -49,7 +47,9 @@ void fill_heads(const HeadsView& view, float value);
 inline ConstHeadsView single_head(const Tensor& tensor, std::string_view name) {
   return single_head(tensor.view(), name);
 }
-inline HeadsView single_head(Tensor& tensor, std::string_view name) { return single_head(tensor.view(), name); }
+inline HeadsView single_head(Tensor& tensor, std::string_view name) {
+  return single_head(tensor.view(), name);
+}
 inline ConstHeadsView split_heads(const Tensor& tensor, int64_t heads, std::string_view name) {
   return split_heads(tensor.view(), heads, name);
 }

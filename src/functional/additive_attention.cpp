@@ -1,0 +1,168 @@
+// attn::additive_attention: the projections W_q q and W_k k through OpenBLAS, then the fused
+// additive kernels over PreparedAttention's layout; the backward pass carries the projected
+// gradients back through the projections.
+#include "attn/functional/additive_attention.hpp"
+
+#include <string>
+
+#include "attn/core/error.hpp"
+#include "attn/kernels/additive_attention.hpp"
+#include "attn/kernels/gemm.hpp"
+#include "functional/attention_layout.hpp"
+#include "functional/prepared_attention.hpp"
+
+namespace attn {
+
+using functional_detail::PreparedAttention;
+
+namespace {
+
+// ShapeError unless W is a (hidden, input) matrix with a contiguous last axis.
+void require_weight(std::string_view name, const ConstStridedView& weight, int64_t hidden,
+                    std::string_view input_name, int64_t input_size) {
+  if (weight.rank() != 2 || (hidden >= 0 && weight.dim(0) != hidden) ||
+      weight.dim(1) != input_size) {
+    throw ShapeError(std::string(name) + ": expected shape (" +
+                     (hidden >= 0 ? std::to_string(hidden) : std::string("num_hiddens")) + ", " +
+                     std::to_string(input_size) + ") (num_hiddens × the last axis of " +
+                     std::string(input_name) + "), got " + weight.shape().str());
+  }
+}
+
+void check_parameters(const ConstStridedView& queries, const ConstStridedView& keys,
+                      const AdditiveParameters& parameters) {
+  if (queries.rank() < 2 || keys.rank() < 2) {
+    throw ShapeError("queries, keys: expected tensors of rank 2 to 8 shaped (..., L, D), got " +
+                     queries.shape().str() + " and " + keys.shape().str());
+  }
+  require_weight("W_q", parameters.W_q, -1, "queries", queries.dim(-1));
+  const int64_t hidden = parameters.W_q.dim(0);
+  require_weight("W_k", parameters.W_k, hidden, "keys", keys.dim(-1));
+  if (static_cast<int64_t>(parameters.w_v.size()) != hidden) {
+    throw ShapeError("w_v: expected " + std::to_string(hidden) +
+                     " weights (num_hiddens, as W_q), got " +
+                     std::to_string(parameters.w_v.size()));
+  }
+}
+
+// A contiguous version of `view`: itself when it already is, else a copy kept in `copy`.
+const float* contiguous_data(const ConstStridedView& view, Tensor& copy) {
+  if (view.is_contiguous()) return view.data();
+  copy = functional_detail::contiguous_copy(view);
+  return copy.data();
+}
+
+// x W ᵀ over the last axis: (..., D) → (..., hidden).
+Tensor project(const ConstStridedView& x, const ConstStridedView& weight) {
+  Tensor copy, weight_copy;
+  const float* data = contiguous_data(x, copy);
+  const float* w = contiguous_data(weight, weight_copy);
+  int64_t dims[Shape::kMaxRank];
+  for (int axis = 0; axis < x.rank(); ++axis) dims[axis] = x.dim(axis);
+  const int64_t in = x.dim(-1), hidden = weight.dim(0);
+  dims[x.rank() - 1] = hidden;
+  Tensor y(Shape::from_dims(dims, x.rank()));
+  const int64_t rows = in == 0 ? 0 : x.numel() / in;
+  gemm(Transpose::kNo, Transpose::kYes, rows, hidden, in, 1.0F, data, in, w, in, 0.0F, y.data(),
+       hidden);
+  return y;
+}
+
+// The gradients through y = x Wᵀ: dx = dy W (x's shape) and dW = dyᵀ x (W's shape).
+void project_backward(const ConstStridedView& x, const ConstStridedView& weight,
+                      const Tensor& grad_y, Tensor& grad_x, Tensor& grad_weight) {
+  Tensor copy, weight_copy;
+  const float* data = contiguous_data(x, copy);
+  const float* w = contiguous_data(weight, weight_copy);
+  const int64_t in = x.dim(-1), hidden = weight.dim(0);
+  const int64_t rows = in == 0 ? 0 : x.numel() / in;
+  grad_x = Tensor(x.shape());
+  grad_weight = Tensor(weight.shape());
+  gemm(Transpose::kNo, Transpose::kNo, rows, in, hidden, 1.0F, grad_y.data(), hidden, w, in, 0.0F,
+       grad_x.data(), in);
+  gemm(Transpose::kYes, Transpose::kNo, hidden, in, rows, 1.0F, grad_y.data(), hidden, data, in,
+       0.0F, grad_weight.data(), in);
+}
+
+}  // namespace
+
+AttentionForward additive_attention(ConstStridedView queries, ConstStridedView keys,
+                                    ConstStridedView values, const AdditiveParameters& parameters,
+                                    const AttentionOptions& options) {
+  check_parameters(queries, keys, parameters);
+  const Tensor projected_queries = project(queries, parameters.W_q);
+  const Tensor projected_keys = project(keys, parameters.W_k);
+  const PreparedAttention prepared(projected_queries, projected_keys, values, options,
+                                   PreparedAttention::kAdditive);
+  AttentionForward result;
+  result.output = Tensor(functional_detail::output_shape(projected_queries, values));
+  result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(queries.shape())));
+  const auto out = prepared.layout_like_query(result.output);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    additive_attention_forward(prepared.query(s), prepared.key(s), parameters.w_v,
+                               prepared.value(s), prepared.valid_lens(), prepared.kernel_options(s),
+                               out.slice(result.output.data(), s),
+                               prepared.slice_log_sum_exp(std::span<float>(result.log_sum_exp), s));
+  }
+  return result;
+}
+
+AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStridedView keys,
+                                              ConstStridedView values,
+                                              const AdditiveParameters& parameters,
+                                              ConstStridedView output, ConstStridedView grad_output,
+                                              std::span<const float> log_sum_exp,
+                                              const AttentionOptions& options) {
+  check_parameters(queries, keys, parameters);
+  const Tensor projected_queries = project(queries, parameters.W_q);
+  const Tensor projected_keys = project(keys, parameters.W_k);
+  const PreparedAttention prepared(projected_queries, projected_keys, values, options,
+                                   PreparedAttention::kAdditive);
+  const auto out = prepared.output_layout("output", output);
+  const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  Tensor grad_projected_queries(projected_queries.shape()),
+      grad_projected_keys(projected_keys.shape());
+  AdditiveGradients grads;
+  grads.values = Tensor(values.shape());
+  grads.w_v = Tensor(Shape{static_cast<int64_t>(parameters.w_v.size())});
+  Tensor slice_grad_w_v(grads.w_v.shape());
+  const auto grad_a = prepared.layout_like_query(grad_projected_queries);
+  const auto grad_b = prepared.layout_like_key(grad_projected_keys);
+  const auto grad_v = prepared.layout_like_key(grads.values);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    additive_attention_backward(
+        prepared.query(s), prepared.key(s), parameters.w_v, prepared.value(s),
+        out.slice(output.data(), s), grad_out.slice(grad_output.data(), s),
+        prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
+        prepared.kernel_options(s), grad_a.slice(grad_projected_queries.data(), s),
+        grad_b.slice(grad_projected_keys.data(), s), slice_grad_w_v.span(),
+        grad_v.slice(grads.values.data(), s));
+    for (int64_t t = 0; t < grads.w_v.numel(); ++t) grads.w_v.data()[t] += slice_grad_w_v.data()[t];
+  }
+  project_backward(queries, parameters.W_q, grad_projected_queries, grads.queries, grads.W_q);
+  project_backward(keys, parameters.W_k, grad_projected_keys, grads.keys, grads.W_k);
+  return grads;
+}
+
+Tensor additive_attention_weights(ConstStridedView queries, ConstStridedView keys,
+                                  const AdditiveParameters& parameters,
+                                  std::span<const float> log_sum_exp,
+                                  const AttentionOptions& options) {
+  check_parameters(queries, keys, parameters);
+  const Tensor projected_queries = project(queries, parameters.W_q);
+  const Tensor projected_keys = project(keys, parameters.W_k);
+  const PreparedAttention prepared(projected_queries, projected_keys, std::nullopt, options,
+                                   PreparedAttention::kAdditive);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  Tensor weights(prepared.scores_shape());
+  const auto layout = prepared.layout_like_scores(weights);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    additive_attention_weights(prepared.query(s), prepared.key(s), parameters.w_v,
+                               prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
+                               prepared.kernel_options(s), layout.slice(weights.data(), s));
+  }
+  return weights;
+}
+
+}  // namespace attn

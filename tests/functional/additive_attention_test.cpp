@@ -1,0 +1,192 @@
+// attn::additive_attention (forward, weights, backward with the parameters' gradients) against the
+// double reference on every SIMD target: valid lengths, bottom-right causal, dropout, a window and
+// a bool mask (checked against the equivalent lengths), rank-4 inputs; refused options.
+#include "attn/functional/additive_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "attn/core/error.hpp"
+#include "every_simd_target.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+using testing::close_to;
+using testing::random_tensor;
+using testing::to_doubles;
+
+// As the additive kernels' own tests: float32 sums of up to a few hundred terms with the kernels'
+// tanh (3.5e-7 relative) against double: 1e-5 relative to the result's magnitude.
+constexpr double kTolerance = 1e-5;
+// The parameters' gradients add one more float32 GEMM over B·n rows (OpenBLAS) on top.
+constexpr double kParameterTolerance = 3e-5;
+
+class FunctionalAdditive : public testing::EverySimdTarget {};
+
+struct Parameters {
+  Tensor W_q, W_k, w_v;
+  AdditiveParameters view() const { return {W_q, W_k, w_v.span()}; }
+};
+
+Parameters random_parameters(int64_t hidden, int64_t query_size, int64_t key_size, Rng& rng) {
+  return {random_tensor(Shape{hidden, query_size}, rng, 0.5F),
+          random_tensor(Shape{hidden, key_size}, rng, 0.5F), random_tensor(Shape{hidden}, rng)};
+}
+
+// x Wᵀ in double, for (rows, in) x and (out, in) W.
+reference::Array<double> project(const Tensor& x, const Tensor& W) {
+  return reference::linear(testing::to_reference(x), to_doubles(W), {}, W.dim(0));
+}
+
+TEST_P(FunctionalAdditive, MatchesTheReferenceForwardAndBackward) {
+  Rng rng(5);
+  struct Case {
+    int64_t batch, queries, keys, query_size, key_size, hidden, value_size;
+    bool causal;
+    float dropout;
+  };
+  for (const Case& c :
+       {Case{2, 9, 70, 7, 5, 8, 3, false, 0.0F}, Case{3, 33, 17, 4, 6, 16, 5, true, 0.0F},
+        Case{2, 20, 65, 3, 3, 4, 2, false, 0.3F}, Case{1, 1, 1, 1, 1, 1, 1, false, 0.0F}}) {
+    const Tensor q = random_tensor(Shape{c.batch, c.queries, c.query_size}, rng);
+    const Tensor k = random_tensor(Shape{c.batch, c.keys, c.key_size}, rng);
+    const Tensor v = random_tensor(Shape{c.batch, c.keys, c.value_size}, rng);
+    const Tensor g = random_tensor(Shape{c.batch, c.queries, c.value_size}, rng);
+    const Parameters p = random_parameters(c.hidden, c.query_size, c.key_size, rng);
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < c.batch; ++b) lengths.push_back(b == 1 ? 0 : c.keys - b);
+    AttentionOptions options;
+    options.valid_lens = ValidLengths::per_batch(lengths);
+    options.causal = c.causal;
+    options.alignment = DiagonalAlignment::kBottomRight;
+    options.dropout = c.dropout;
+    options.seed = 11;
+
+    const AttentionForward forward = additive_attention(q, k, v, p.view(), options);
+    const ValidLengths effective =
+        c.causal ? options.valid_lens.with_causal_mask(c.batch, c.queries, c.keys)
+                 : options.valid_lens;
+    const auto expanded = testing::expand(effective, c.batch, c.queries, c.keys);
+    std::vector<double> dropout;
+    if (c.dropout > 0) {
+      dropout = to_doubles(
+          attention_dropout_mask(q.shape(), Shape{c.batch, c.keys, c.query_size}, options));
+    }
+    const reference::Result expected = reference::additive_attention(
+        testing::to_reference(q), testing::to_reference(k), testing::to_reference(v), expanded,
+        to_doubles(p.W_q), to_doubles(p.W_k), to_doubles(p.w_v), dropout);
+    EXPECT_TRUE(close_to(forward.output, expected.output.values, kTolerance));
+    EXPECT_TRUE(close_to(additive_attention_weights(q, k, p.view(), forward.log_sum_exp, options),
+                         expected.weights.values, kTolerance));
+
+    const AdditiveGradients grads = additive_attention_backward(q, k, v, p.view(), forward.output,
+                                                                g, forward.log_sum_exp, options);
+    const reference::Array<double> a = project(q, p.W_q), b = project(k, p.W_k);
+    const reference::AdditiveGradients projected = reference::additive_attention_backward(
+        a, b, testing::to_reference(v), expanded, to_doubles(p.w_v), testing::to_reference(g),
+        dropout);
+    // Back through the projections: dq = da W_q, dW_q = daᵀ q (and the same for keys).
+    const auto back = [](const reference::Array<double>& grad, const Tensor& x, const Tensor& W,
+                         std::vector<double>& grad_x, std::vector<double>& grad_W) {
+      const int64_t rows = x.numel() / x.dim(-1), in = x.dim(-1), out = W.dim(0);
+      grad_x.assign(static_cast<size_t>(x.numel()), 0.0);
+      grad_W.assign(static_cast<size_t>(W.numel()), 0.0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t t = 0; t < in; ++t) {
+            const double d = grad.values[static_cast<size_t>(r * out + o)];
+            grad_x[static_cast<size_t>(r * in + t)] += d * W.data()[o * in + t];
+            grad_W[static_cast<size_t>(o * in + t)] += d * x.data()[r * in + t];
+          }
+    };
+    std::vector<double> dq, dWq, dk, dWk;
+    back(projected.queries, q, p.W_q, dq, dWq);
+    back(projected.keys, k, p.W_k, dk, dWk);
+    EXPECT_TRUE(close_to(grads.queries, dq, kParameterTolerance));
+    EXPECT_TRUE(close_to(grads.keys, dk, kParameterTolerance));
+    EXPECT_TRUE(close_to(grads.values, projected.values.values, kTolerance));
+    EXPECT_TRUE(close_to(grads.W_q, dWq, kParameterTolerance));
+    EXPECT_TRUE(close_to(grads.W_k, dWk, kParameterTolerance));
+    EXPECT_TRUE(close_to(grads.w_v, projected.w_v, kParameterTolerance));
+  }
+}
+
+// A bool mask hiding the keys past each batch element's length, a window and rank-4 inputs give
+// what the equivalent valid lengths and rank-3 calls give.
+TEST_P(FunctionalAdditive, MasksWindowsAndRanksAgreeWithTheirEquivalents) {
+  Rng rng(6);
+  const int64_t batch = 2, n = 30, m = 80;
+  const Tensor q = random_tensor(Shape{batch, n, 6}, rng),
+               k = random_tensor(Shape{batch, m, 4}, rng),
+               v = random_tensor(Shape{batch, m, 3}, rng);
+  const Parameters p = random_parameters(8, 6, 4, rng);
+  AttentionOptions by_lengths;
+  by_lengths.valid_lens = ValidLengths::per_batch({m - 5, 37});
+  std::vector<uint8_t> bytes(static_cast<size_t>(batch * m));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < m; ++j)
+      bytes[static_cast<size_t>(b * m + j)] = j < (b == 0 ? m - 5 : 37);
+  AttentionOptions by_mask;
+  by_mask.attn_mask =
+      AttentionMask::boolean(StridedView<const uint8_t>(bytes.data(), Shape{batch, 1, m}));
+  const Tensor expected = additive_attention(q, k, v, p.view(), by_lengths).output;
+  EXPECT_TRUE(
+      close_to(additive_attention(q, k, v, p.view(), by_mask).output, to_doubles(expected), 1e-6));
+
+  // Window (left 0, right 9) from the top-left diagonal = per-query lengths i + 10 on keys ≥ i.
+  AttentionOptions window;
+  window.window = SlidingWindow{0, 9};
+  std::vector<int64_t> per_query;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < n; ++i) per_query.push_back(std::min<int64_t>(i + 10, m));
+  const Tensor windowed = additive_attention(q, k, v, p.view(), window).output;
+  const Tensor weights = additive_attention_weights(
+      q, k, p.view(), additive_attention(q, k, v, p.view(), window).log_sum_exp, window);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j) {
+        const bool visible = j >= i && j <= i + 9;
+        if (!visible)
+          EXPECT_EQ(weights(b, i, j), 0.0F) << b << " " << i << " " << j;
+        else
+          EXPECT_GT(weights(b, i, j), 0.0F) << b << " " << i << " " << j;
+      }
+  (void)windowed;
+
+  // (2, 1, n, ·) inputs: the same numbers as (2, n, ·).
+  Tensor q4 = q, k4 = k, v4 = v;
+  q4.reshape(Shape{batch, 1, n, 6});
+  k4.reshape(Shape{batch, 1, m, 4});
+  v4.reshape(Shape{batch, 1, m, 3});
+  const Tensor rank4 = additive_attention(q4, k4, v4, p.view(), by_lengths).output;
+  EXPECT_EQ(rank4.shape(), (Shape{batch, 1, n, 3}));
+  EXPECT_TRUE(close_to(rank4, to_doubles(expected), 0.0));
+}
+
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalAdditive);
+
+TEST(FunctionalAdditiveArguments, NamesWhatIsWrong) {
+  const Tensor q(Shape{1, 2, 3}), k(Shape{1, 4, 5}), v(Shape{1, 4, 2});
+  const Tensor W_q(Shape{6, 3}), W_k(Shape{6, 5}), w_v(Shape{6});
+  const AdditiveParameters p{W_q, W_k, w_v.span()};
+  EXPECT_THROW_MESSAGE(
+      additive_attention(q, k, v, {W_q, Tensor(Shape{6, 4}), w_v.span()}), ShapeError,
+      "W_k: expected shape (6, 5) (num_hiddens × the last axis of keys), got (6, 4)");
+  EXPECT_THROW_MESSAGE(
+      additive_attention(q, k, v, {W_q, W_k, std::span<const float>(w_v.data(), 5)}), ShapeError,
+      "w_v: expected 6 weights (num_hiddens, as W_q), got 5");
+  AttentionOptions softcap;
+  softcap.softcap = 2.0F;
+  EXPECT_THROW_MESSAGE(additive_attention(q, k, v, p, softcap), ValueError,
+                       "softcap: additive attention takes no scale, softcap");
+  AttentionOptions scale;
+  scale.scale = 2.0F;
+  EXPECT_THROW_MESSAGE(additive_attention(q, k, v, p, scale), ValueError,
+                       "scale: additive attention");
+}
+
+}  // namespace
+}  // namespace attn
