@@ -255,9 +255,9 @@ void PreparedAttention::require_log_sum_exp(size_t size, bool optional) const {
                    " values (one per query row), got " + std::to_string(size));
 }
 
-ScoreMaskGradient PreparedAttention::mask_gradient(Tensor& gradient, size_t s) const {
+ScoreMaskGradient PreparedAttention::mask_gradient(float* gradient, size_t s) const {
   const HeadsLayout& layout = mask_gradient_layout_;
-  return {MaskKind::kFloat,    gradient.data() + layout.slice_offsets[s],
+  return {MaskKind::kFloat,    gradient + layout.slice_offsets[s],
           layout.batch_stride, layout.head_stride,
           layout.row_stride,   layout.col_stride};
 }

@@ -52,6 +52,11 @@ class PreparedAttention {
     return checked_layout(name, view.shape(), view.strides(), output_shape_,
                           "query's shape with the value's last axis");
   }
+  // The layout of a gradient shaped as an input (`shape`), after checking it as output_layout does.
+  HeadsLayout input_layout(std::string_view name, const MutableStridedView& view,
+                           const Shape& shape) const {
+    return checked_layout(name, view.shape(), view.strides(), shape, "shape of its input");
+  }
   // Layouts of new contiguous tensors shaped as the query, the key (or value), or the scores.
   HeadsLayout layout_like_query(const Tensor& tensor) const { return contiguous_layout(tensor); }
   HeadsLayout layout_like_key(const Tensor& tensor) const { return contiguous_layout(tensor); }
@@ -71,8 +76,8 @@ class PreparedAttention {
     return values.data() + s * static_cast<size_t>(rows_per_slice_);
   }
 
-  // Slice s of a float mask's gradient (a contiguous tensor of the mask's shape).
-  ScoreMaskGradient mask_gradient(Tensor& gradient, size_t s) const;
+  // Slice s of a float mask's gradient (contiguous floats of the mask's shape at `gradient`).
+  ScoreMaskGradient mask_gradient(float* gradient, size_t s) const;
 
  private:
   HeadsLayout checked_layout(std::string_view name, const Shape& shape,

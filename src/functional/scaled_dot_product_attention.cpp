@@ -3,6 +3,7 @@
 // the kernels' FlashAttentionOptions.
 #include "attn/functional/scaled_dot_product_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -47,11 +48,56 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStrid
   return result;
 }
 
-AttentionGradients scaled_dot_product_attention_backward(
+void scaled_dot_product_attention_backward(
+    ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
+    ConstStridedView grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
+    MutableStridedView grad_value, MutableStridedView grad_mask, std::span<float> grad_sinks) {
+  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
+  const bool mask_gradient = grad_mask.data() != nullptr;
+  const bool sinks_gradient = !grad_sinks.empty();
+  if (mask_gradient) {
+    if (options.attn_mask.kind() != MaskKind::kFloat) {
+      throw ValueError(
+          std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
+          (options.attn_mask.kind() == MaskKind::kBool ? "a bool attn_mask" : "no attn_mask"));
+    }
+    if (grad_mask.shape() != options.attn_mask.shape() || !grad_mask.is_contiguous()) {
+      throw ShapeError("grad_mask: expected a contiguous tensor of the attn_mask's shape " +
+                       options.attn_mask.shape().str() + ", got shape " + grad_mask.shape().str());
+    }
+    std::fill_n(grad_mask.data(), grad_mask.numel(), 0.0F);
+  }
+  if (sinks_gradient) {
+    if (options.sinks.empty())
+      throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
+    if (grad_sinks.size() != options.sinks.size()) {
+      throw ShapeError("grad_sinks: expected " + std::to_string(options.sinks.size()) +
+                       " values (one per query head), got " + std::to_string(grad_sinks.size()));
+    }
+    std::fill(grad_sinks.begin(), grad_sinks.end(), 0.0F);
+  }
+  const auto out = prepared.output_layout("output", output);
+  const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  const auto grad_q = prepared.input_layout("grad_query", grad_query, query.shape());
+  const auto grad_k = prepared.input_layout("grad_key", grad_key, key.shape());
+  const auto grad_v = prepared.input_layout("grad_value", grad_value, value.shape());
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_backward(
+        prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
+        grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
+        prepared.valid_lens(), prepared.kernel_options(s), grad_q.slice(grad_query.data(), s),
+        grad_k.slice(grad_key.data(), s), grad_v.slice(grad_value.data(), s),
+        mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},
+        sinks_gradient ? grad_sinks.data() : nullptr);
+  }
+}
+
+AttentionBackward scaled_dot_product_attention_backward(
     ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
-  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   if (mask_gradient && options.attn_mask.kind() != MaskKind::kFloat) {
     throw ValueError(
         std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
@@ -60,25 +106,14 @@ AttentionGradients scaled_dot_product_attention_backward(
   if (sinks_gradient && options.sinks.empty()) {
     throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
   }
-  const auto out = prepared.output_layout("output", output);
-  const auto grad_out = prepared.output_layout("grad_output", grad_output);
-  prepared.require_log_sum_exp(log_sum_exp, false);
-  AttentionGradients grads{
+  AttentionBackward grads{
       Tensor(query.shape()), Tensor(key.shape()), Tensor(value.shape()), {}, {}};
   if (mask_gradient) grads.attn_mask = Tensor(options.attn_mask.shape());
   if (sinks_gradient) grads.sinks = Tensor(Shape{static_cast<int64_t>(options.sinks.size())});
-  const auto grad_q = prepared.layout_like_query(grads.query);
-  const auto grad_k = prepared.layout_like_key(grads.key);
-  const auto grad_v = prepared.layout_like_key(grads.value);
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    flash_attention_backward(
-        prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
-        grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
-        prepared.valid_lens(), prepared.kernel_options(s), grad_q.slice(grads.query.data(), s),
-        grad_k.slice(grads.key.data(), s), grad_v.slice(grads.value.data(), s),
-        mask_gradient ? prepared.mask_gradient(grads.attn_mask, s) : ScoreMaskGradient{},
-        sinks_gradient ? grads.sinks.data() : nullptr);
-  }
+  scaled_dot_product_attention_backward(
+      query, key, value, output, grad_output, log_sum_exp, options, grads.query, grads.key,
+      grads.value, mask_gradient ? MutableStridedView(grads.attn_mask) : MutableStridedView(),
+      grads.sinks.span());
   return grads;
 }
 

@@ -4,7 +4,6 @@
 
 #include <cmath>
 
-#include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/masked_softmax.hpp"
 
 namespace attn {
@@ -22,37 +21,25 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
                                   ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
+  require_dim("queries", queries.shape(), -1, query_size(), "the layer's input size");
+  require_dim("keys", keys.shape(), -1, key_size(), "the layer's input size");
+  const float applied_dropout = is_training() ? dropout() : 0.0F;
+  queries_ = projected_queries_ = keys_ = projected_keys_ = Tensor();
+  if (path_ == AttentionPath::kFused && applied_dropout < 1.0F) {
+    // attn::additive_attention projects, then never holds a score to report it as masked_softmax
+    // does; tanh keeps finite inputs' scores bounded by Σ|w_v|, so checking these suffices.
+    require_finite("w_v.weight", w_v_.weight());
+    Tensor output = fused_.additive(
+        Tensor::from(queries), Tensor::from(keys), Tensor::from(values), W_q_.weight(),
+        W_k_.weight(), Tensor::from(w_v_.weight().view().reshaped(Shape{num_hiddens()})),
+        fused_options(valid_lens));
+    fused_pass_recorded();
+    return output;
+  }
   projected_queries_ = W_q_.forward(queries, "queries");
   projected_keys_ = W_k_.forward(keys, "keys");
   queries_ = Tensor::from(queries);
   keys_ = Tensor::from(keys);
-  valid_lens_ = valid_lens;
-  values_ = Tensor();
-  output_ = Tensor();
-  log_sum_exp_.clear();
-  const float applied_dropout = is_training() ? dropout() : 0.0F;
-  if (path_ == AttentionPath::kFused && applied_dropout < 1.0F) {
-    // The fused kernel never holds the scores, so it cannot report a NaN one as masked_softmax
-    // does; tanh keeps finite inputs' scores bounded by Σ|w_v|, so checking the inputs suffices.
-    require_finite("queries (projected)", projected_queries_);
-    require_finite("keys (projected)", projected_keys_);
-    require_finite("values", values);
-    require_finite("w_v.weight", w_v_.weight());
-    FlashAttentionOptions options;
-    options.dropout = applied_dropout;
-    options.seed = applied_dropout > 0.0F ? next_dropout_seed() : 0;
-    fused_options_ = options;
-    Tensor output(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
-    log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * queries.dim(1)));
-    additive_attention_forward(single_head(projected_queries_, "queries"),
-                               single_head(projected_keys_, "keys"), w_v_.weight().span(),
-                               single_head(values, "values"), valid_lens, options,
-                               single_head(output.view(), "out"), log_sum_exp_.data());
-    defer_weights(values, applied_dropout > 0.0F);
-    values_ = Tensor::from(values);
-    output_ = output;
-    return output;
-  }
   return pool(compute_scores(), valid_lens, values);
 }
 
@@ -77,36 +64,19 @@ Tensor AdditiveAttention::compute_scores() const {
   return scores;
 }
 
-Tensor AdditiveAttention::compute_weights() const {
-  return masked_softmax(compute_scores(), valid_lens_);
-}
-
-Tensor AdditiveAttention::compute_dropout_mask() const {
-  return flash_attention_dropout_mask(fused_options_, projected_queries_.dim(0),
-                                      projected_queries_.dim(1), projected_keys_.dim(1));
-}
-
 // With a = W_q q_i, b = W_k k_j and u_t = tanh(a_t + b_t), the score is S_ij = Σ_t w_t u_t, so
 //   dw_t += dS_ij u_t,   da_it += dS_ij w_t (1 − u_t²),   db_jt += dS_ij w_t (1 − u_t²),
 // and the projections' backward passes take da and db to dq, dk and the gradients of W_q, W_k.
 AttentionGradients AdditiveAttention::backward(ConstTensorView grad_output) {
-  if (output_.rank() == 3) {
-    // The last pass was fused: the fused kernel recomputes the probabilities and tanh tile by tile.
-    check_grad_output(grad_output, output_.shape());
-    Tensor grad_projected_queries(projected_queries_.shape());
-    Tensor grad_projected_keys(projected_keys_.shape());
-    Tensor grad_values(values_.shape());
-    Tensor grad_w_v(Shape{1, num_hiddens()});
-    additive_attention_backward(
-        single_head(projected_queries_, "queries"), single_head(projected_keys_, "keys"),
-        w_v_.weight().span(), single_head(values_, "values"), single_head(output_, "out"),
-        single_head(grad_output, "grad_output"), log_sum_exp_.data(), valid_lens_, fused_options_,
-        single_head(grad_projected_queries, "grad_queries"),
-        single_head(grad_projected_keys, "grad_keys"), grad_w_v.span(),
-        single_head(grad_values, "grad_values"));
-    w_v_.accumulate_weight_grad(grad_w_v);
-    return {W_q_.backward(queries_, grad_projected_queries),
-            W_k_.backward(keys_, grad_projected_keys), std::move(grad_values)};
+  if (fused_.ran()) {
+    // The last pass was fused: the fused kernel recomputes the probabilities and tanh tile by
+    // tile, and attn::additive_attention_backward carries them through the projections.
+    AdditiveGradients fused = fused_.additive_backward(grad_output);
+    W_q_.accumulate_weight_grad(fused.W_q);
+    W_k_.accumulate_weight_grad(fused.W_k);
+    fused.w_v.reshape(Shape{1, num_hiddens()});
+    w_v_.accumulate_weight_grad(fused.w_v);
+    return {std::move(fused.queries), std::move(fused.keys), std::move(fused.values)};
   }
   PoolGradients pooled = pool_backward(grad_output, "AdditiveAttention");
   const int64_t batch = queries_.dim(0), n = queries_.dim(1), m = keys_.dim(1),

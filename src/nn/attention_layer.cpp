@@ -14,7 +14,7 @@ namespace attn {
 
 const Tensor& AttentionLayer::attention_weights() const {
   if (weights_deferred_) {
-    attention_weights_ = compute_weights();
+    attention_weights_ = fused_.weights();
     weights_deferred_ = false;
   }
   return attention_weights_;
@@ -22,21 +22,30 @@ const Tensor& AttentionLayer::attention_weights() const {
 
 const Tensor& AttentionLayer::dropout_mask() const {
   if (mask_deferred_) {
-    dropout_mask_ = compute_dropout_mask();
+    dropout_mask_ = fused_.dropout_mask();
     mask_deferred_ = false;
   }
   return dropout_mask_;
 }
 
-void AttentionLayer::defer_weights(ConstTensorView values, bool mask_deferred) {
+void AttentionLayer::fused_pass_recorded() {
   attention_weights_ = Tensor();
   weights_deferred_ = true;
   dropout_mask_ = Tensor();
-  mask_deferred_ = mask_deferred;
-  pooled_values_ = Tensor::from(values);
+  mask_deferred_ = true;
+  pooled_values_ = Tensor();
+}
+
+AttentionOptions AttentionLayer::fused_options(const ValidLengths& valid_lens) {
+  AttentionOptions options;
+  options.valid_lens = valid_lens;
+  options.dropout = training_ ? dropout_.p() : 0.0F;
+  options.seed = options.dropout > 0.0F ? dropout_.next_seed() : 0;
+  return options;
 }
 
 Tensor AttentionLayer::pool(Tensor scores, const ValidLengths& valid_lens, ConstTensorView values) {
+  fused_.clear();
   masked_softmax(scores, valid_lens, scores);
   attention_weights_ = scores;
   weights_deferred_ = false;

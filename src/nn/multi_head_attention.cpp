@@ -5,9 +5,6 @@
 #include <string>
 
 #include "attn/core/error.hpp"
-#include "attn/kernels/flash_attention.hpp"
-#include "attn/kernels/masked_softmax.hpp"
-#include "attn/kernels/matmul.hpp"
 
 namespace attn {
 
@@ -64,66 +61,47 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
   queries_ = Tensor::from(queries);
   keys_ = Tensor::from(keys);
   values_ = Tensor::from(values);
-  fused_ = false;
+  fused_.clear();
   fused_weights_ = Tensor();
   fused_mask_ = Tensor();
-  projected_queries_ = W_q_.forward(queries, "queries");
-  projected_keys_ = W_k_.forward(keys, "keys");
-  projected_values_ = W_v_.forward(values, "values");
+  Tensor projected_queries = W_q_.forward(queries, "queries");
+  Tensor projected_keys = W_k_.forward(keys, "keys");
+  Tensor projected_values = W_v_.forward(values, "values");
   const int64_t head_size = num_hiddens() / num_heads_;
   const float scale = 1.0F / std::sqrt(static_cast<float>(head_size));
   const float applied_dropout = is_training() ? dropout() : 0.0F;
   // The fused kernel takes dropout in [0, 1); p = 1 (everything dropped) takes the reference path.
   if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
-      dot_scores_stay_finite(projected_queries_, projected_keys_, projected_values_, head_size,
-                             scale, "projected ")) {
-    // Heads are read and written in place through strides: no transpose copies.
-    fused_options_ = FlashAttentionOptions();
-    fused_options_.scale = scale;
-    fused_options_.dropout = applied_dropout;
-    fused_options_.seed = applied_dropout > 0.0F ? dropout_seeds_.next_u64() : 0;
-    concatenated_heads_ = Tensor(Shape{queries.dim(0), queries.dim(1), num_hiddens()});
-    log_sum_exp_.resize(static_cast<size_t>(queries.dim(0) * num_heads_ * queries.dim(1)));
-    flash_attention_forward(split_heads(projected_queries_, num_heads_, "queries"),
-                            split_heads(projected_keys_, num_heads_, "keys"),
-                            split_heads(projected_values_, num_heads_, "values"), valid_lens,
-                            fused_options_, split_heads(concatenated_heads_, num_heads_, "heads"),
-                            log_sum_exp_.data());
-    valid_lens_ = valid_lens;
-    fused_ = true;
+      dot_scores_stay_finite(projected_queries, projected_keys, projected_values, head_size, scale,
+                             "projected ")) {
+    // attn::scaled_dot_product_attention reads and writes the heads in place, through strides:
+    // no transpose copies.
+    AttentionOptions options;
+    options.valid_lens = valid_lens;
+    options.scale = scale;
+    options.dropout = applied_dropout;
+    options.seed = applied_dropout > 0.0F ? dropout_seeds_.next_u64() : 0;
+    concatenated_heads_ =
+        fused_.dot_product(std::move(projected_queries), std::move(projected_keys),
+                           std::move(projected_values), num_heads_, std::move(options));
     return W_o_.forward(concatenated_heads_, "concatenated heads");
   }
-  projected_queries_ = copy_heads_apart(projected_queries_, num_heads_);
-  projected_keys_ = copy_heads_apart(projected_keys_, num_heads_);
-  projected_values_ = copy_heads_apart(projected_values_, num_heads_);
-  const Tensor heads = attention_.forward(projected_queries_, projected_keys_, projected_values_,
-                                          valid_lens.repeat_interleave(num_heads_));
+  const Tensor heads = attention_.forward(
+      copy_heads_apart(projected_queries, num_heads_), copy_heads_apart(projected_keys, num_heads_),
+      copy_heads_apart(projected_values, num_heads_), valid_lens.repeat_interleave(num_heads_));
   concatenated_heads_ = copy_heads_together(heads, num_heads_);
   return W_o_.forward(concatenated_heads_, "concatenated heads");
 }
 
 const Tensor& MultiHeadAttention::dropout_mask() const {
-  if (!fused_) return attention_.dropout_mask();
-  if (fused_options_.dropout > 0.0F && fused_mask_.rank() != 3) {
-    fused_mask_ = flash_attention_dropout_mask(fused_options_, queries_.dim(0) * num_heads_,
-                                               queries_.dim(1), keys_.dim(1));
-  }
+  if (!fused_.ran()) return attention_.dropout_mask();
+  if (fused_mask_.rank() != 3) fused_mask_ = fused_.dropout_mask();
   return fused_mask_;
 }
 
 const Tensor& MultiHeadAttention::attention_weights() const {
-  if (!fused_) return attention_.attention_weights();
-  if (fused_weights_.rank() != 3) {
-    // The reference computation, from the kept projections, head by head.
-    const Tensor q = copy_heads_apart(projected_queries_, num_heads_);
-    const Tensor k = copy_heads_apart(projected_keys_, num_heads_);
-    Tensor scores(Shape{q.dim(0), q.dim(1), k.dim(1)});
-    batched_matmul_transposed(q, k, scores);
-    const float scale = 1.0F / std::sqrt(static_cast<float>(q.dim(2)));
-    for (float& score : scores.span()) score *= scale;
-    masked_softmax(scores, valid_lens_.repeat_interleave(num_heads_), scores);
-    fused_weights_ = std::move(scores);
-  }
+  if (!fused_.ran()) return attention_.attention_weights();
+  if (fused_weights_.rank() != 3) fused_weights_ = fused_.weights();
   return fused_weights_;
 }
 
@@ -136,20 +114,10 @@ AttentionGradients MultiHeadAttention::backward(ConstTensorView grad_output) {
   const Shape output_shape{queries_.dim(0), queries_.dim(1), num_hiddens()};
   check_grad_output(grad_output, output_shape);
   const Tensor grad_concatenated = W_o_.backward(concatenated_heads_, grad_output);
-  if (fused_) {
-    Tensor grad_q(projected_queries_.shape()), grad_k(projected_keys_.shape()),
-        grad_v(projected_values_.shape());
-    flash_attention_backward(split_heads(projected_queries_, num_heads_, "queries"),
-                             split_heads(projected_keys_, num_heads_, "keys"),
-                             split_heads(projected_values_, num_heads_, "values"),
-                             split_heads(concatenated_heads_, num_heads_, "heads"),
-                             split_heads(grad_concatenated, num_heads_, "grad_heads"),
-                             log_sum_exp_.data(), valid_lens_, fused_options_,
-                             split_heads(grad_q, num_heads_, "grad_queries"),
-                             split_heads(grad_k, num_heads_, "grad_keys"),
-                             split_heads(grad_v, num_heads_, "grad_values"));
-    return {W_q_.backward(queries_, grad_q), W_k_.backward(keys_, grad_k),
-            W_v_.backward(values_, grad_v)};
+  if (fused_.ran()) {
+    const AttentionBackward heads = fused_.dot_product_backward(grad_concatenated);
+    return {W_q_.backward(queries_, heads.query), W_k_.backward(keys_, heads.key),
+            W_v_.backward(values_, heads.value)};
   }
   const AttentionGradients heads =
       attention_.backward(copy_heads_apart(grad_concatenated, num_heads_));

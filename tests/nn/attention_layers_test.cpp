@@ -98,8 +98,9 @@ TEST(DotProductAttention, FusedAndReferencePathsAgree) {
   const Tensor fused_out = fused(q, k, v, mask);
   const Tensor reference_out = reference(q, k, v, mask);
   EXPECT_TRUE(close_to(fused_out, to_doubles(reference_out), kOutputTolerance));
-  // The fused pass defers the weights; on request they are the reference path's, bit for bit.
-  EXPECT_EQ(fused.attention_weights().values(), reference.attention_weights().values());
+  // The fused pass defers the weights; on request the kernel recomputes the probabilities it used,
+  // which differ from the reference path's float32 softmax by rounding only (weights ≤ 1).
+  EXPECT_TRUE(close_to(fused.attention_weights(), to_doubles(reference.attention_weights()), 1e-6));
 }
 
 TEST(DotProductAttention, FusedPathRejectsNonFiniteInputs) {

@@ -49,7 +49,7 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStrid
 
 // Gradients of sum(output ⊙ grad_output), shaped as their inputs: query, key, value, and, when
 // asked for, the float attn_mask (its shape, broadcast axes summed) and the sinks (H_q values).
-struct AttentionGradients {
+struct AttentionBackward {
   Tensor query;
   Tensor key;
   Tensor value;
@@ -60,10 +60,21 @@ struct AttentionGradients {
 // The backward pass: `output` and `log_sum_exp` must be the forward pass's for the same inputs
 // and options. Recomputes the probabilities tile by tile (FlashAttention-2); never builds L × S.
 // `mask_gradient` needs a float attn_mask, `sinks_gradient` sinks.
-AttentionGradients scaled_dot_product_attention_backward(
+AttentionBackward scaled_dot_product_attention_backward(
     ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, bool mask_gradient = false, bool sinks_gradient = false);
+
+// The same into caller-provided gradients shaped as query, key and value (any strides with a
+// contiguous last axis, e.g. heads inside a (B, L, H·E) projection); `grad_mask` (a contiguous
+// tensor of the float attn_mask's shape) and `grad_sinks` (H_q values) when not empty. Every
+// gradient given is overwritten.
+void scaled_dot_product_attention_backward(
+    ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
+    ConstStridedView grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
+    MutableStridedView grad_value, MutableStridedView grad_mask = {},
+    std::span<float> grad_sinks = {});
 
 // The attention weights of the forward pass (before dropout), (..., H_q, L, S): computed only on
 // this request, from the forward pass's log-sum-exp.

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "attn/kernels/additive_attention.hpp"
 #include "attn/nn/attention_layer.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/state_dict.hpp"
@@ -46,10 +45,6 @@ class AdditiveAttention : public AttentionLayer {
   void set_path(AttentionPath path) { path_ = path; }
   AttentionPath path() const { return path_; }
 
- protected:
-  Tensor compute_weights() const override;
-  Tensor compute_dropout_mask() const override;
-
  private:
   Tensor compute_scores() const;
 
@@ -58,18 +53,12 @@ class AdditiveAttention : public AttentionLayer {
   Linear W_k_;
   Linear W_q_;
   Linear w_v_;
-  // Kept by forward() for backward().
+  // Kept by a reference forward pass for its backward pass (a fused pass keeps its own, in fused_).
   Tensor queries_;
   Tensor keys_;
   Tensor projected_queries_;
   Tensor projected_keys_;
-  ValidLengths valid_lens_;
   AttentionPath path_ = AttentionPath::kFused;
-  // Kept by a fused forward pass for the fused backward pass; empty after a reference pass.
-  Tensor values_;
-  Tensor output_;
-  std::vector<float> log_sum_exp_;
-  FlashAttentionOptions fused_options_;
 };
 
 }  // namespace attn

@@ -7,6 +7,7 @@
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
 #include "attn/nn/dropout.hpp"
+#include "attn/nn/fused_attention_pass.hpp"
 
 namespace attn {
 
@@ -51,18 +52,18 @@ class AttentionLayer {
   AttentionLayer(AttentionLayer&&) = default;
   AttentionLayer& operator=(AttentionLayer&&) = default;
 
-  // For a fused forward pass that applied no dropout: keeps `values` for the backward pass and
-  // defers the weights to compute_weights(), called on the first request.
-  void defer_weights(ConstTensorView values, bool mask_deferred = false);
-  // A seed for the fused kernel's dropout, drawn from this layer's generator.
-  uint64_t next_dropout_seed() { return dropout_.next_seed(); }
-  // Layers whose fused path applies dropout regenerate its multipliers here.
-  virtual Tensor compute_dropout_mask() const { return {}; }
-  // Layers with a fused path recompute their last weights here.
-  virtual Tensor compute_weights() const { return {}; }
+  // The fused path: the layer runs its forward pass through fused_ (the functional API), then
+  // calls fused_pass_recorded(), after which attention_weights() and dropout_mask() come from
+  // fused_ on the first request.
+  FusedAttentionPass fused_;
+  void fused_pass_recorded();
+  // The options of a fused pass in this layer's mode: dropout (and a seed for it, drawn from this
+  // layer's generator) in training mode only.
+  AttentionOptions fused_options(const ValidLengths& valid_lens);
 
-  // softmax(scores) with valid lengths → kept as attention_weights(); dropout in training mode;
-  // then the weighted sum of values (B, m, v) → (B, n, v). `scores` (B, n, m) is consumed.
+  // The reference path: softmax(scores) with valid lengths → kept as attention_weights(); dropout
+  // in training mode; then the weighted sum of values (B, m, v) → (B, n, v). `scores` (B, n, m)
+  // is consumed; fused_ is cleared.
   Tensor pool(Tensor scores, const ValidLengths& valid_lens, ConstTensorView values);
 
   struct PoolGradients {
@@ -77,12 +78,12 @@ class AttentionLayer {
  private:
   Dropout dropout_;
   bool training_ = true;
-  // Filled on demand after a fused pass (weights_deferred_), hence mutable.
+  // Filled on demand after a fused pass (until then *_deferred_), hence mutable.
   mutable Tensor attention_weights_;
   mutable bool weights_deferred_ = false;
   mutable Tensor dropout_mask_;  // empty when the last forward pass applied no dropout
   mutable bool mask_deferred_ = false;
-  Tensor pooled_values_;
+  Tensor pooled_values_;  // the reference path's values, for pool_backward
 };
 
 // The fused kernels never hold the scores, so they cannot report a NaN or infinite one as

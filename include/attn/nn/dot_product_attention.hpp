@@ -6,7 +6,6 @@
 #include <optional>
 #include <vector>
 
-#include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/attention_layer.hpp"
 
 namespace attn {
@@ -37,21 +36,12 @@ class DotProductAttention : public AttentionLayer {
   void set_path(AttentionPath path) { path_ = path; }
   AttentionPath path() const { return path_; }
 
- protected:
-  Tensor compute_weights() const override;
-  Tensor compute_dropout_mask() const override;
-
  private:
   std::optional<float> scale_;
   AttentionPath path_ = AttentionPath::kFused;
+  // Kept by a reference forward pass for its backward pass (a fused pass keeps its own, in fused_).
   Tensor queries_;
   Tensor keys_;
-  ValidLengths valid_lens_;
-  // Kept by a fused forward pass for the fused backward pass; empty after a reference pass.
-  Tensor values_;
-  Tensor output_;
-  std::vector<float> log_sum_exp_;
-  FlashAttentionOptions fused_options_;
 };
 
 }  // namespace attn

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attn/nn/dot_product_attention.hpp"
+#include "attn/nn/fused_attention_pass.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/state_dict.hpp"
 
@@ -79,14 +80,8 @@ class MultiHeadAttention {
   Tensor keys_;
   Tensor values_;
   Tensor concatenated_heads_;
-  // Kept by a fused forward pass: the projections (B, n, h), lengths and log-sum-exp.
-  bool fused_ = false;
-  Tensor projected_queries_;
-  Tensor projected_keys_;
-  Tensor projected_values_;
-  ValidLengths valid_lens_;
-  std::vector<float> log_sum_exp_;
-  FlashAttentionOptions fused_options_;
+  // A fused forward pass: the projections (B, n, h) it ran on, its output and log-sum-exp.
+  FusedAttentionPass fused_;
   mutable Tensor fused_weights_;  // computed on request
   mutable Tensor fused_mask_;     // computed on request
 };
