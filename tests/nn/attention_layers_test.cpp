@@ -8,6 +8,7 @@
 #include "attn/nn/additive_attention.hpp"
 #include "attn/nn/dot_product_attention.hpp"
 #include "attn/nn/gaussian_kernel_pooling.hpp"
+#include "attn/nn/general_attention.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "test_support.hpp"
 
@@ -186,6 +187,43 @@ TEST(AdditiveAttention, RejectsWrongSizes) {
                        "value_size: expected a positive size");
   EXPECT_THROW_MESSAGE(AdditiveAttention(2, 20, 8, 1.5F), ValueError,
                        "dropout: expected a probability in [0, 1], got 1.5");
+}
+
+// Luong's general score on queries and keys of different sizes: the fused and reference paths
+// agree with each other and with softmax((W q)·k) V in double; errors name the argument.
+TEST(GeneralAttention, FusedAndReferencePathsMatchTheDoubleReference) {
+  Rng rng(41);
+  const Tensor q = random_tensor(Shape{2, 33, 5}, rng), k = random_tensor(Shape{2, 70, 9}, rng);
+  const Tensor v = random_tensor(Shape{2, 70, 4}, rng), g = random_tensor(Shape{2, 33, 4}, rng);
+  const ValidLengths mask = ValidLengths::per_batch({70, 0});
+  GeneralAttention fused(5, 9, 0.0F, 3), reference(5, 9, 0.0F, 3);
+  reference.set_path(AttentionPath::kReference);
+  const Tensor out = fused(q, k, v, mask);
+  const reference::Array<double> projected = reference::linear(
+      testing::to_reference(q), to_doubles(fused.state_dict().at("W.weight")), {}, 9);
+  const reference::Result expected = reference::dot_product_attention(
+      projected, testing::to_reference(k), testing::to_reference(v),
+      testing::expand(mask, 2, 33, 70), 1.0);
+  EXPECT_TRUE(close_to(out, expected.output.values, kOutputTolerance));
+  EXPECT_TRUE(close_to(reference(q, k, v, mask), expected.output.values, kOutputTolerance));
+  EXPECT_TRUE(close_to(fused.attention_weights(), expected.weights.values, kOutputTolerance));
+  const AttentionGradients fused_grads = fused.backward(g), reference_grads = reference.backward(g);
+  EXPECT_TRUE(close_to(fused_grads.queries, to_doubles(reference_grads.queries), 2e-5));
+  EXPECT_TRUE(close_to(fused_grads.keys, to_doubles(reference_grads.keys), 2e-5));
+  EXPECT_TRUE(close_to(fused_grads.values, to_doubles(reference_grads.values), 2e-5));
+
+  EXPECT_THROW_MESSAGE(fused(q, Tensor(Shape{2, 70, 8}), v), ShapeError,
+                       "keys: expected the last dimension to be 9 (the layer's key size)");
+  EXPECT_THROW_MESSAGE(fused(Tensor(Shape{2, 33, 4}), k, v), ShapeError,
+                       "queries: expected the last dimension to be 5 (the layer's input size)");
+  EXPECT_THROW_MESSAGE(GeneralAttention(5, 0), ValueError,
+                       "key_size: expected a positive size, got 0");
+  GeneralAttention loaded(5, 9);
+  loaded.load_state_dict(fused.state_dict());
+  EXPECT_EQ(loaded.state_dict().at("W.weight").values(),
+            fused.state_dict().at("W.weight").values());
+  EXPECT_THROW_MESSAGE(loaded.load_state_dict({{"W.weight", Tensor(Shape{5, 9})}}), ShapeError,
+                       "W.weight");
 }
 
 TEST(GaussianKernelPooling, MatchesReference) {

@@ -10,6 +10,7 @@
 #include "attn/nn/additive_attention.hpp"
 #include "attn/nn/dot_product_attention.hpp"
 #include "attn/nn/gaussian_kernel_pooling.hpp"
+#include "attn/nn/general_attention.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "test_support.hpp"
 
@@ -96,6 +97,46 @@ TEST(Gradients, DotProductAttention) {
     EXPECT_TRUE(close_to(grads.queries, expected[0], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.keys, expected[1], kGradientTolerance)) << describe(c);
     EXPECT_TRUE(close_to(grads.values, expected[2], kGradientTolerance)) << describe(c);
+  }
+}
+
+// Luong's general score: the reference is the dot-product reference, unscaled, on W q.
+TEST(Gradients, GeneralAttention) {
+  Rng rng(35);
+  for (const Case& c : kCases) {
+    const Shape q_shape{c.batch, c.queries, 3}, k_shape{c.batch, c.keys, 4},
+        v_shape{c.batch, c.keys, 2};
+    const Tensor q = random_tensor(q_shape, rng), k = random_tensor(k_shape, rng),
+                 v = random_tensor(v_shape, rng);
+    const Tensor g = random_tensor(Shape{c.batch, c.queries, 2}, rng);
+    const ValidLengths mask = mask_for(c);
+    for (const AttentionPath path : {AttentionPath::kFused, AttentionPath::kReference}) {
+      GeneralAttention attention(/*query_size=*/3, /*key_size=*/4, 0.3F, 9);
+      attention.set_path(path);
+      attention.train(c.training);
+      attention(q, k, v, mask);
+      const AttentionGradients grads = attention.backward(g);
+      const Flat dropout = to_doubles(attention.dropout_mask());
+      const auto lengths = testing::expand(mask, c.batch, c.queries, c.keys);
+      const Tensor W = attention.state_dict().at("W.weight");
+      const auto loss = [&](const Arguments& a) {
+        const reference::Array<double> projected =
+            reference::linear(array(a[0], q_shape), a[3], {}, 4);
+        return dot(reference::dot_product_attention(projected, array(a[1], k_shape),
+                                                    array(a[2], v_shape), lengths, 1.0, dropout)
+                       .output.values,
+                   to_doubles(g));
+      };
+      const Arguments expected = numerical_gradients(
+          loss, {to_doubles(q), to_doubles(k), to_doubles(v), to_doubles(W)}, kStep);
+      const std::string label =
+          describe(c) + (path == AttentionPath::kFused ? " fused" : " reference");
+      EXPECT_TRUE(close_to(grads.queries, expected[0], kGradientTolerance)) << label;
+      EXPECT_TRUE(close_to(grads.keys, expected[1], kGradientTolerance)) << label;
+      EXPECT_TRUE(close_to(grads.values, expected[2], kGradientTolerance)) << label;
+      EXPECT_TRUE(close_to(attention.parameters()[0].grad->view(), expected[3], kGradientTolerance))
+          << label;
+    }
   }
 }
 
