@@ -5,6 +5,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "attn/functional/gaussian_kernel_pooling.hpp"
 
 namespace attn {
 
@@ -19,21 +20,7 @@ Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView k
   check_attention_inputs(queries, keys, values);
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1), d = queries.dim(2);
-  const float w = width();
-  Tensor scores(Shape{batch, n, m});
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < m; ++j) {
-        float squared = 0.0F;
-        for (int64_t t = 0; t < d; ++t) {
-          const float scaled = (queries(b, i, t) - keys(b, j, t)) * w;
-          squared += scaled * scaled;
-        }
-        scores(b, i, j) = -0.5F * squared;
-      }
-    }
-  }
+  Tensor scores = gaussian_kernel_scores(queries, keys, width());
   queries_ = Tensor::from(queries);
   keys_ = Tensor::from(keys);
   return pool(std::move(scores), valid_lens, values);

@@ -122,7 +122,7 @@ void check(const Config& config, uint64_t seed) {
   EXPECT_TRUE(close_to(weights, expected.weights, kForwardTolerance)) << "weights";
 
   const bool mask_gradient = config.mask == MaskKind::kFloat;
-  const AttentionGradients grads = scaled_dot_product_attention_backward(
+  const AttentionBackward grads = scaled_dot_product_attention_backward(
       c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options, mask_gradient,
       config.sinks);
   const reference::SdpaGradients expected_grads = c.expected_backward();
@@ -285,7 +285,7 @@ TEST(FunctionalSdpaLayout, EveryRankMeansWhatPyTorchMeans) {
   options.causal = true;
   options.valid_lens = ValidLengths::per_batch({9, 4});
   const AttentionForward rank5 = scaled_dot_product_attention(q, k, v, options);
-  const AttentionGradients grads5 = scaled_dot_product_attention_backward(
+  const AttentionBackward grads5 = scaled_dot_product_attention_backward(
       q, k, v, rank5.output, g, rank5.log_sum_exp, options, true);
   ASSERT_EQ(rank5.output.shape(), (Shape{2, 3, 4, 7, 5}));
   Tensor mask_gradient_sum(mask.shape());
@@ -299,7 +299,7 @@ TEST(FunctionalSdpaLayout, EveryRankMeansWhatPyTorchMeans) {
     };
     const AttentionForward rank4 =
         scaled_dot_product_attention(slice(q), slice(k), slice(v), options);
-    const AttentionGradients grads4 = scaled_dot_product_attention_backward(
+    const AttentionBackward grads4 = scaled_dot_product_attention_backward(
         slice(q), slice(k), slice(v), rank4.output, Tensor::from(slice_copy(slice(g))),
         rank4.log_sum_exp, options, true);
     EXPECT_TRUE(close_to(Tensor::from(slice_copy(slice(rank5.output))),

@@ -1,0 +1,25 @@
+// attn::gaussian_kernel_pooling: Nadaraya–Watson kernel regression as attention pooling, as a
+// function — the scores −½‖(q − k)·w‖², masked softmax over valid lengths, the weighted sum.
+// The scores are built in full: this pooling is the book's small-data regression, not a kernel.
+#pragma once
+
+#include "attn/core/tensor.hpp"
+#include "attn/core/valid_lengths.hpp"
+
+namespace attn {
+
+// Scores S_ij = −½ ‖(q_i − k_j)·w‖² for queries (B, n, d) and keys (B, m, d): (B, n, m).
+// ShapeError for inconsistent shapes, ValueError for a width that is not finite.
+Tensor gaussian_kernel_scores(ConstTensorView queries, ConstTensorView keys, float width);
+
+struct PoolingResult {
+  Tensor output;   // (B, n, v)
+  Tensor weights;  // (B, n, m)
+};
+
+// softmax(S) over each query's valid keys, then weights · values (B, m, v).
+PoolingResult gaussian_kernel_pooling(ConstTensorView queries, ConstTensorView keys,
+                                      ConstTensorView values, float width,
+                                      const ValidLengths& valid_lens = {});
+
+}  // namespace attn
