@@ -172,23 +172,29 @@ int64_t read_integer(const std::byte* base, int64_t index, int bits, bool is_sig
   }
 }
 
-// Visits every element of `array` (rank ≤ 4) in row-major order with its offset in elements.
+// Visits every element of `array` (any rank) in row-major order with its offset in elements.
 template <class Visit>
 void for_each_offset(const nb::ndarray<nb::ro>& array, Visit visit) {
-  std::array<int64_t, 4> extents{1, 1, 1, 1};
-  std::array<int64_t, 4> strides{0, 0, 0, 0};
-  const size_t first = 4 - array.ndim();
-  for (size_t axis = 0; axis < array.ndim(); ++axis) {
-    extents[first + axis] = static_cast<int64_t>(array.shape(axis));
-    strides[first + axis] = array.stride(axis);
+  const size_t rank = array.ndim();
+  for (size_t axis = 0; axis < rank; ++axis) {
+    if (array.shape(axis) == 0) return;
   }
-  for (int64_t a = 0; a < extents[0]; ++a) {
-    for (int64_t b = 0; b < extents[1]; ++b) {
-      for (int64_t c = 0; c < extents[2]; ++c) {
-        for (int64_t d = 0; d < extents[3]; ++d) {
-          visit(a * strides[0] + b * strides[1] + c * strides[2] + d * strides[3]);
-        }
+  std::array<int64_t, Shape::kMaxRank> index{};
+  int64_t offset = 0;
+  for (;;) {
+    visit(offset);
+    // Advances the multi-index like an odometer, last axis fastest.
+    size_t axis = rank;
+    for (;;) {
+      if (axis == 0) return;
+      --axis;
+      const auto extent = static_cast<int64_t>(array.shape(axis));
+      if (++index[axis] < extent) {
+        offset += array.stride(axis);
+        break;
       }
+      offset -= array.stride(axis) * (extent - 1);
+      index[axis] = 0;
     }
   }
 }
@@ -199,6 +205,34 @@ Shape shape_of(const nb::ndarray<nb::ro>& array) {
     dims[axis] = static_cast<int64_t>(array.shape(axis));
   }
   return Shape::from_dims(dims.data(), static_cast<int>(array.ndim()));
+}
+
+std::array<int64_t, Shape::kMaxRank> strides_of(const nb::ndarray<nb::ro>& array) {
+  std::array<int64_t, Shape::kMaxRank> strides{};
+  for (size_t axis = 0; axis < array.ndim(); ++axis) strides[axis] = array.stride(axis);
+  return strides;
+}
+
+bool has_negative_stride(const nb::ndarray<nb::ro>& array) {
+  for (size_t axis = 0; axis < array.ndim(); ++axis) {
+    if (array.shape(axis) > 1 && array.stride(axis) < 0) return true;
+  }
+  return false;
+}
+
+// Strides with those of axes of extent ≤ 1 set to 0: such axes never move the address, and
+// DLPack producers write anything there (even negative values).
+std::array<int64_t, Shape::kMaxRank> normalized_strides(const nb::ndarray<nb::ro>& array) {
+  std::array<int64_t, Shape::kMaxRank> strides = strides_of(array);
+  for (size_t axis = 0; axis < array.ndim(); ++axis) {
+    if (array.shape(axis) <= 1) strides[axis] = 0;
+  }
+  return strides;
+}
+
+std::string rank_range(int min_rank, int max_rank) {
+  if (min_rank == max_rank) return "a " + std::to_string(min_rank) + "-d array";
+  return "an array of rank " + std::to_string(min_rank) + " to " + std::to_string(max_rank);
 }
 
 }  // namespace
@@ -270,6 +304,162 @@ InputTensor::InputTensor(nb::handle object, std::string_view name, int rank) {
   float* out = copy_.data();
   for_each_offset(array_, [&](int64_t offset) { *out++ = read_float(base, offset, is_float64); });
   view_ = copy_.view();
+}
+
+StridedInput::StridedInput(nb::handle object, std::string_view name, int min_rank, int max_rank) {
+  if (object.is_none()) {
+    throw nb::type_error((std::string(name) + ": expected an array, got None").c_str());
+  }
+  framework_ = framework_of(object);
+  array_ = import_array(object, name, "a NumPy array or a tensor supporting DLPack");
+  const auto ndim = static_cast<int>(array_.ndim());
+  if (ndim < min_rank || ndim > max_rank) {
+    throw nb::value_error((std::string(name) + ": expected " + rank_range(min_rank, max_rank) +
+                           ", got shape " + shape_string(array_))
+                              .c_str());
+  }
+  const bool is_float32 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 32);
+  const bool is_float64 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 64);
+  if (!is_float32 && !is_float64) {
+    throw nb::type_error((std::string(name) +
+                          ": expected float32 (or float64, copied to float32), got " +
+                          dtype_name(array_.dtype()))
+                             .c_str());
+  }
+  const Shape shape = shape_of(array_);
+  const void* data = array_.data();
+  const bool aligned = reinterpret_cast<uintptr_t>(data) % alignof(float) == 0;
+  const bool last_axis_contiguous = ndim == 0 || array_.shape(static_cast<size_t>(ndim - 1)) <= 1 ||
+                                    array_.stride(static_cast<size_t>(ndim - 1)) == 1;
+  if (is_float32 && aligned && last_axis_contiguous && !has_negative_stride(array_)) {
+    const auto strides = normalized_strides(array_);
+    view_ = ConstStridedView(static_cast<const float*>(data), shape,
+                             std::span<const int64_t>(strides.data(), static_cast<size_t>(ndim)));
+    return;
+  }
+  if (strict_inputs()) {
+    if (!is_float32) {
+      throw nb::type_error((std::string(name) +
+                            ": expected float32 (strict inputs: no copies), got " +
+                            dtype_name(array_.dtype()))
+                               .c_str());
+    }
+    throw nb::value_error((std::string(name) +
+                           ": expected an aligned array with non-negative strides and a "
+                           "contiguous last axis (strict inputs: no copies), got strides " +
+                           strides_string(array_) + " (in elements) for shape " +
+                           shape_string(array_))
+                              .c_str());
+  }
+  copy_ = Tensor(shape);
+  copied_ = true;
+  const auto* base = static_cast<const std::byte*>(data);
+  float* out = copy_.data();
+  for_each_offset(array_, [&](int64_t offset) { *out++ = read_float(base, offset, is_float64); });
+  view_ = ConstStridedView(copy_);
+}
+
+MaskInput::MaskInput(nb::handle object, std::string_view name) {
+  if (object.is_none()) return;
+  if (nb::isinstance<nb::list>(object) || nb::isinstance<nb::tuple>(object)) {
+    valid_lengths_ = to_valid_lengths(object, "valid_lens");
+    holds_valid_lengths_ = true;
+    return;
+  }
+  array_ = import_array(object, name,
+                        "None, a bool or float mask (array or tensor), or integer valid lengths");
+  const nb::dlpack::dtype dtype = array_.dtype();
+  using Code = nb::dlpack::dtype_code;
+  if (dtype.code == static_cast<uint8_t>(Code::Int) ||
+      dtype.code == static_cast<uint8_t>(Code::UInt)) {
+    // The book's call scaled_dot_product_attention(q, k, v, valid_lens): PyTorch never takes an
+    // integer attn_mask, so integers here can only be lengths.
+    valid_lengths_ = to_valid_lengths(object, "valid_lens");
+    holds_valid_lengths_ = true;
+    return;
+  }
+  if (array_.ndim() > static_cast<size_t>(Shape::kMaxRank)) {
+    throw nb::value_error((std::string(name) + ": expected a mask of rank at most " +
+                           std::to_string(Shape::kMaxRank) + ", got shape " + shape_string(array_))
+                              .c_str());
+  }
+  const auto rank = static_cast<size_t>(array_.ndim());
+  const Shape shape = shape_of(array_);
+  const bool is_bool = is_dtype(dtype, Code::Bool, 8);
+  const bool is_float32 = is_dtype(dtype, Code::Float, 32);
+  const bool is_float64 = is_dtype(dtype, Code::Float, 64);
+  if (!is_bool && !is_float32 && !is_float64) {
+    throw nb::type_error((std::string(name) +
+                          ": expected a bool mask, a float32 (or float64) additive mask, or "
+                          "integer valid lengths, got " +
+                          dtype_name(dtype))
+                             .c_str());
+  }
+  const auto* base = static_cast<const std::byte*>(array_.data());
+  const auto strides = normalized_strides(array_);
+  const std::span<const int64_t> stride_span(strides.data(), rank);
+  if (is_bool) {
+    if (!has_negative_stride(array_)) {
+      mask_ = AttentionMask::boolean(
+          StridedView<const uint8_t>(reinterpret_cast<const uint8_t*>(base), shape, stride_span));
+      return;
+    }
+    for_each_offset(array_, [&](int64_t offset) {
+      bool_copy_.push_back(static_cast<uint8_t>(base[offset]) != 0 ? 1 : 0);
+    });
+    mask_ = AttentionMask::boolean(StridedView<const uint8_t>(bool_copy_.data(), shape));
+    return;
+  }
+  const bool aligned = reinterpret_cast<uintptr_t>(base) % alignof(float) == 0;
+  if (is_float32 && aligned && !has_negative_stride(array_)) {
+    mask_ = AttentionMask::additive(
+        StridedView<const float>(reinterpret_cast<const float*>(base), shape, stride_span));
+    return;
+  }
+  if (strict_inputs()) {
+    if (!is_float32) {
+      throw nb::type_error((std::string(name) +
+                            ": expected a bool or float32 mask (strict inputs: no copies), got " +
+                            dtype_name(dtype))
+                               .c_str());
+    }
+    throw nb::value_error((std::string(name) +
+                           ": expected an aligned mask with non-negative strides (strict inputs: "
+                           "no copies), got strides " +
+                           strides_string(array_) + " (in elements) for shape " +
+                           shape_string(array_))
+                              .c_str());
+  }
+  float_copy_.reserve(static_cast<size_t>(shape.numel()));
+  for_each_offset(
+      array_, [&](int64_t offset) { float_copy_.push_back(read_float(base, offset, is_float64)); });
+  mask_ = AttentionMask::additive(StridedView<const float>(float_copy_.data(), shape));
+}
+
+std::vector<float> to_float_vector(nb::handle object, std::string_view name) {
+  std::vector<float> values;
+  if (object.is_none()) return values;
+  if (nb::isinstance<nb::list>(object) || nb::isinstance<nb::tuple>(object)) {
+    const auto size = static_cast<int64_t>(nb::len(object));
+    for (int64_t index = 0; index < size; ++index) {
+      const nb::object item = object[nb::int_(index)];
+      double value = 0.0;
+      if (nb::isinstance<nb::bool_>(item) || !nb::try_cast(item, value, /*convert=*/true)) {
+        throw nb::type_error((std::string(name) + "[" + std::to_string(index) +
+                              "]: expected a number, got " + python_type_name(item))
+                                 .c_str());
+      }
+      values.push_back(static_cast<float>(value));
+    }
+    return values;
+  }
+  const StridedInput array(object, name, 1, 1);
+  const ConstStridedView& view = array.view();
+  values.reserve(static_cast<size_t>(view.numel()));
+  for (int64_t index = 0; index < view.numel(); ++index) {
+    values.push_back(view.data()[index * view.stride(0)]);
+  }
+  return values;
 }
 
 ValidLengths to_valid_lengths(nb::handle object, std::string_view name) {

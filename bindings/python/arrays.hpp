@@ -5,11 +5,15 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
+#include "attn/functional/attention_options.hpp"
 #include "attn/nn/state_dict.hpp"
 
 namespace attn::python {
@@ -46,6 +50,58 @@ class InputTensor {
   Framework framework_ = Framework::kNumpy;
   bool copied_ = false;
 };
+
+// A float32 view, with strides, of a Python array of rank `min_rank` to `max_rank`, for the
+// functional API, whose kernels take any non-negative strides with a contiguous last axis: such an
+// array (a transposed or sliced PyTorch view, say) is read in place; a float64 one, or one with a
+// negative stride or a strided last axis, is copied once to a C-contiguous float32 array — or
+// refused under strict inputs.
+class StridedInput {
+ public:
+  StridedInput(nb::handle object, std::string_view name, int min_rank, int max_rank);
+  StridedInput(const StridedInput&) = delete;
+  StridedInput& operator=(const StridedInput&) = delete;
+
+  const ConstStridedView& view() const { return view_; }
+  const Shape& shape() const { return view_.shape(); }
+  Framework framework() const { return framework_; }
+  bool copied() const { return copied_; }
+
+ private:
+  nb::ndarray<nb::ro> array_;
+  Tensor copy_;
+  ConstStridedView view_;
+  Framework framework_ = Framework::kNumpy;
+  bool copied_ = false;
+};
+
+// scaled_dot_product_attention's attn_mask: None; a bool mask (true: the key takes part) or a
+// float one (added to the scores; float64 copied to float32), read with its strides as given (a
+// broadcast or expanded mask is not copied); or, for the book's calls, integer lengths (an integer
+// array or tensor, or a Python list), which are valid lengths, not a mask.
+class MaskInput {
+ public:
+  MaskInput(nb::handle object, std::string_view name);
+  MaskInput(const MaskInput&) = delete;
+  MaskInput& operator=(const MaskInput&) = delete;
+
+  const AttentionMask& mask() const { return mask_; }
+  // Whether the argument held integer lengths; valid_lengths() holds them then.
+  bool holds_valid_lengths() const { return holds_valid_lengths_; }
+  const ValidLengths& valid_lengths() const { return valid_lengths_; }
+
+ private:
+  nb::ndarray<nb::ro> array_;
+  std::vector<float> float_copy_;
+  std::vector<uint8_t> bool_copy_;
+  AttentionMask mask_;
+  ValidLengths valid_lengths_;
+  bool holds_valid_lengths_ = false;
+};
+
+// A vector of floats from None (empty), a 1-d float array or tensor, or a list or tuple of
+// numbers (alibi_slopes, sinks). TypeError/ValueError naming `name` otherwise.
+std::vector<float> to_float_vector(nb::handle object, std::string_view name);
 
 // Valid lengths from None (no mask), a Python list of ints (B) or of equal-length lists (B, n), or
 // an integer array of shape (B) or (B, n). TypeError/ValueError naming `name` otherwise.

@@ -8,9 +8,11 @@ namespace attn::python {
 
 namespace nb = nanobind;
 
-// functions.cpp: masked_softmax, scaled_dot_product_attention, additive_attention,
-// gaussian_kernel_pooling, _data_pointer.
+// functions.cpp: masked_softmax, additive_attention, gaussian_kernel_pooling, _data_pointer.
 void bind_functions(nb::module_& module);
+// functional.cpp: scaled_dot_product_attention (PyTorch's signature), _sdpa_forward,
+// _sdpa_backward.
+void bind_functional(nb::module_& module);
 // layers.cpp: AdditiveAttention, DotProductAttention, MultiHeadAttention, GaussianKernelPooling.
 void bind_layers(nb::module_& module);
 // files.cpp: load_safetensors, save_safetensors.

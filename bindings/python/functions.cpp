@@ -1,17 +1,16 @@
-// The functional API: masked_softmax, scaled_dot_product_attention, additive_attention and
-// gaussian_kernel_pooling over Python arrays, with the GIL released while the kernels run.
+// The book's functions: masked_softmax, additive_attention and gaussian_kernel_pooling over
+// Python arrays, with the GIL released while the kernels run (scaled_dot_product_attention is in
+// functional.cpp).
 #include <nanobind/stl/optional.h>
 
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <string>
 #include <utility>
 
 #include "arrays.hpp"
 #include "attn/kernels/masked_softmax.hpp"
 #include "attn/nn/additive_attention.hpp"
-#include "attn/nn/dot_product_attention.hpp"
 #include "attn/nn/gaussian_kernel_pooling.hpp"
 #include "bindings.hpp"
 
@@ -62,12 +61,6 @@ void require_matrix(const InputTensor& tensor, std::string_view name, int64_t ro
   }
 }
 
-uint64_t seed_or_random(std::optional<uint64_t> seed) {
-  if (seed) return *seed;
-  std::random_device device;
-  return (static_cast<uint64_t>(device()) << 32U) ^ device();
-}
-
 }  // namespace
 
 void bind_functions(nb::module_& module) {
@@ -89,30 +82,6 @@ void bind_functions(nb::module_& module) {
       "valid_lens: None, (B,) one length per batch element, or (B, n) one per query (int32/int64\n"
       "array, tensor or list). Masked keys get weight exactly 0; a row of valid length 0 gets\n"
       "all-zero weights (the book's -1e6 trick would give uniform ones).");
-
-  module.def(
-      "scaled_dot_product_attention",
-      [](nb::handle q, nb::handle k, nb::handle v, nb::handle valid_lens, bool causal,
-         float dropout, std::optional<float> scale, bool need_weights,
-         std::optional<uint64_t> seed) {
-        const InputTensor queries(q, "queries", 3);
-        const InputTensor keys(k, "keys", 3);
-        const InputTensor values(v, "values", 3);
-        ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
-        DotProductAttention layer(dropout, scale, seed_or_random(seed));
-        // Dropout is applied exactly when asked for, as F.scaled_dot_product_attention does.
-        layer.train(dropout > 0.0F);
-        return run_layer(layer, queries, keys, values, std::move(lengths), causal, need_weights);
-      },
-      "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "valid_lens"_a = nb::none(),
-      "causal"_a = false, "dropout"_a = 0.0F, "scale"_a = nb::none(), "need_weights"_a = false,
-      "seed"_a = nb::none(),
-      "softmax(Q Kᵀ · scale) V for queries (B, n, d), keys (B, m, d), values (B, m, v) → (B, n, "
-      "v).\n\n"
-      "scale defaults to 1/√d. valid_lens as in masked_softmax; causal=True also hides keys j >\n"
-      "i + m − n from query i (aligned bottom-right), combined with valid_lens. dropout drops\n"
-      "attention weights with that probability (seeded by seed, or randomly when None).\n"
-      "Returns the output, or (output, weights) with need_weights=True (weights before dropout).");
 
   module.def(
       "additive_attention",
@@ -169,13 +138,19 @@ void bind_functions(nb::module_& module) {
 
   module.def(
       "_data_pointer",
-      [](nb::handle x) {
+      [](nb::handle x, bool strided) {
+        if (strided) {
+          const StridedInput tensor(x, "x", 1, Shape::kMaxRank);
+          return reinterpret_cast<uintptr_t>(tensor.view().data());
+        }
         const InputTensor tensor(x, "x", -1);
         return reinterpret_cast<uintptr_t>(tensor.view().data());
       },
-      "x"_a.none(),
+      "x"_a.none(), "strided"_a = false,
       "The address of the float32 data attn's kernels would read for x: the array's own when it\n"
-      "is passed without a copy. For tests.");
+      "is passed without a copy. strided=True: as scaled_dot_product_attention reads its inputs\n"
+      "(any non-negative strides with a contiguous last axis) rather than as the layers do\n"
+      "(C-contiguous). For tests.");
 }
 
 }  // namespace attn::python

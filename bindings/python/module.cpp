@@ -93,6 +93,7 @@ NB_MODULE(_attn, module) {
              "Whether set_strict_inputs(True) is in force.");
 
   attn::python::bind_functions(module);
+  attn::python::bind_functional(module);
   attn::python::bind_layers(module);
   attn::python::bind_files(module);
 }

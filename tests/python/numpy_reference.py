@@ -79,3 +79,51 @@ def multi_head_attention(queries, keys, values, state, num_heads, valid_lens=Non
     heads = heads.reshape(batch, num_heads, heads.shape[1], heads.shape[2]).transpose(0, 2, 1, 3)
     concatenated = heads.reshape(batch, heads.shape[1], -1)
     return linear(concatenated, state, "W_o"), weights
+
+
+def sdpa(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    alignment="top-left",
+    valid_lens=None,
+):
+    """PyTorch's scaled_dot_product_attention in float64 over (..., H, L, E) arrays: a bool mask
+    hides keys (True = attend), a float one is added; causal hides keys past each query's
+    diagonal (top-left: key i; bottom-right: key i + S − L); valid lengths (B,) or (B, L) hide
+    keys past them; a row that sees no key gives zeros."""
+    query, key, value = (np.asarray(a, dtype=np.float64) for a in (query, key, value))
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key = np.repeat(key, groups, axis=-3)
+        value = np.repeat(value, groups, axis=-3)
+    L, S = query.shape[-2], key.shape[-2]
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    scores = query @ np.swapaxes(key, -1, -2) * scale
+    visible = np.ones(scores.shape, dtype=bool)
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        if attn_mask.dtype == bool:
+            visible = visible & attn_mask
+        else:
+            scores = scores + attn_mask
+    rows, cols = np.arange(L)[:, None], np.arange(S)[None, :]
+    diagonal = rows if alignment == "top-left" else rows + S - L
+    if is_causal:
+        visible = visible & (cols <= diagonal)
+    if valid_lens is not None:
+        lengths = np.asarray(valid_lens, dtype=np.int64)
+        middle = (1,) * (scores.ndim - 3)
+        shape = (lengths.shape[0], *middle, 1 if lengths.ndim == 1 else L, 1)
+        visible = visible & (cols < lengths.reshape(shape))
+    scores = np.where(visible, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    exps = np.where(visible, np.exp(scores - row_max), 0.0)
+    sums = exps.sum(axis=-1, keepdims=True)
+    weights = np.divide(exps, sums, out=np.zeros_like(exps), where=sums > 0)
+    return weights @ value, weights

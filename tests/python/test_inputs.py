@@ -165,10 +165,15 @@ def test_mismatched_shapes_are_shape_errors():
     ],
 )
 def test_bad_valid_lens_name_the_argument(valid_lens, error, message):
+    # By keyword: the fourth positional argument is attn_mask now, where float and bool arrays
+    # are masks (integer arrays and lists there still mean valid lengths: see test_sdpa.py).
     with pytest.raises(error, match=message):
         attn.scaled_dot_product_attention(
-            normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2), valid_lens
+            normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2), valid_lens=valid_lens
         )
+    layer = attn.DotProductAttention()
+    with pytest.raises(error, match=message):
+        layer(normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2), valid_lens)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32])

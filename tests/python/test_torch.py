@@ -129,7 +129,7 @@ def test_results_follow_the_input_framework():
 
 
 def test_torch_input_errors():
-    with pytest.raises(TypeError, match="queries: expected float32 .* got int64"):
+    with pytest.raises(TypeError, match="query: expected float32 .* got int64"):
         attn.scaled_dot_product_attention(
             torch.zeros(1, 2, 3, dtype=torch.int64), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)
         )

@@ -1,7 +1,7 @@
 # Type stubs for the attn package: the functions and layers of its C++ extension (attn._attn) and
 # attn.load, with the array types they take and return.
 import os
-from typing import Any, Mapping, Sequence, TypeVar, Union
+from typing import Any, Literal, Mapping, Sequence, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -14,6 +14,11 @@ ArrayLike = Any
 # None (no mask), (B,) one length per batch element, or (B, n) one per query: an int array or
 # tensor, or a list of ints / of equal-length lists of ints.
 ValidLens = Union[None, Sequence[int], Sequence[Sequence[int]], ArrayLike]
+# scaled_dot_product_attention's attn_mask: None, a bool or float array or tensor, or (the book's
+# call) integer valid lengths.
+Mask = Union[None, ArrayLike, Sequence[int], Sequence[Sequence[int]]]
+# One float per query head: None, a 1-d float array or tensor, or a list of numbers.
+Floats = Union[None, Sequence[float], ArrayLike]
 # A NumPy float32 array, or a torch.Tensor when the (first) input was one.
 Array = Any
 PathLike = Union[str, os.PathLike[str]]
@@ -29,19 +34,33 @@ def masked_softmax(X: ArrayLike, valid_lens: ValidLens = None) -> Array:
     keys and rows of valid length 0 get weight exactly 0."""
 
 def scaled_dot_product_attention(
-    queries: ArrayLike,
-    keys: ArrayLike,
-    values: ArrayLike,
-    valid_lens: ValidLens = None,
-    causal: bool = False,
-    dropout: float = 0.0,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: Mask = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    window: tuple[int | None, int | None] | None = None,
+    alibi_slopes: Floats = None,
+    softcap: float | None = None,
+    sinks: Floats = None,
+    valid_lens: ValidLens = None,
+    alignment: Literal["top-left", "bottom-right"] = "top-left",
     need_weights: bool = False,
     seed: int | None = None,
+    causal: bool = False,
+    dropout: float | None = None,
 ) -> Any:
-    """softmax(Q Kᵀ · scale) V: (B, n, d), (B, m, d), (B, m, v) → (B, n, v); scale defaults to
-    1/√d; causal=True hides keys j > i + m − n from query i. Returns the output, or
-    (output, weights) with need_weights=True."""
+    """PyTorch's scaled_dot_product_attention: query (..., H_q, L, E), key (..., H_kv, S, E),
+    value (..., H_kv, S, Ev) -> (..., H_q, L, Ev), rank 2 to 8. attn_mask: bool (True: attend) or
+    float (added), broadcastable to (..., H_q, L, S); integers or a list there are valid_lens.
+    is_causal and window=(left, right) (-1/None: unbounded) follow `alignment`; alibi_slopes and
+    sinks hold H_q floats; softcap caps the scores. The book's causal=True is causal aligned
+    bottom-right, dropout= is dropout_p. Returns the output, or (output, weights) with
+    need_weights=True."""
 
 def additive_attention(
     queries: ArrayLike,
@@ -89,8 +108,9 @@ def load(
 ) -> AdditiveAttention | DotProductAttention | MultiHeadAttention | GaussianKernelPooling:
     """Rebuilds a layer written by layer.save(path)."""
 
-def _data_pointer(x: ArrayLike) -> int:
-    """The address of the float32 data the kernels would read for x (for tests)."""
+def _data_pointer(x: ArrayLike, strided: bool = False) -> int:
+    """The address of the float32 data the kernels would read for x (for tests); strided=True:
+    as scaled_dot_product_attention reads it (any strides with a contiguous last axis)."""
 
 _Layer = TypeVar("_Layer", bound="_AttentionLayer")
 

@@ -1,0 +1,300 @@
+// scaled_dot_product_attention over Python arrays, with PyTorch's signature and attn's additions
+// (attn/functional): NumPy arrays or DLPack tensors shaped (..., H, L, E) read in place when their
+// last axis is contiguous, the GIL released while attn computes. Also the forward and backward
+// passes that attn.torch's custom operators call (_sdpa_forward, _sdpa_backward).
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "arrays.hpp"
+#include "attn/functional/attention_options.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
+#include "bindings.hpp"
+
+namespace attn::python {
+namespace {
+
+using namespace nb::literals;
+
+std::string python_type(nb::handle object) {
+  return nb::type_name(object.type()).c_str();
+}
+
+// One side of `window`: None or -1 (unbounded), or a number of keys ≥ 0.
+int64_t window_side(nb::handle item, const char* side) {
+  if (item.is_none()) return -1;
+  int64_t value = 0;
+  if (nb::isinstance<nb::bool_>(item) || !nb::try_cast(item, value, /*convert=*/false)) {
+    throw nb::type_error((std::string("window: expected (left, right) as ints or None, got ") +
+                          side + " of type " + python_type(item))
+                             .c_str());
+  }
+  if (value < -1) {
+    throw nb::value_error((std::string("window: expected ") + side +
+                           " ≥ 0, or -1 / None for unbounded, got " + std::to_string(value))
+                              .c_str());
+  }
+  return value;
+}
+
+std::optional<SlidingWindow> to_window(nb::handle window) {
+  if (window.is_none()) return std::nullopt;
+  if (!(nb::isinstance<nb::tuple>(window) || nb::isinstance<nb::list>(window)) ||
+      nb::len(window) != 2) {
+    throw nb::type_error(("window: expected None or a pair (left, right) of ints (-1 or None: "
+                          "unbounded), got " +
+                          python_type(window))
+                             .c_str());
+  }
+  return SlidingWindow{window_side(window[nb::int_(0)], "left"),
+                       window_side(window[nb::int_(1)], "right")};
+}
+
+DiagonalAlignment to_alignment(const std::string& alignment) {
+  if (alignment == "top-left") return DiagonalAlignment::kTopLeft;
+  if (alignment == "bottom-right") return DiagonalAlignment::kBottomRight;
+  throw nb::value_error(
+      ("alignment: expected \"top-left\" or \"bottom-right\", got \"" + alignment + "\"").c_str());
+}
+
+uint64_t random_seed() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32U) ^ device();
+}
+
+// Everything one call takes besides query, key and value, converted: the options and the storage
+// their views point into (mask copies, slopes, sinks).
+class CallOptions {
+ public:
+  CallOptions(nb::handle attn_mask, float dropout_p, bool is_causal, std::optional<float> scale,
+              bool enable_gqa, nb::handle window, nb::handle alibi_slopes,
+              std::optional<float> softcap, nb::handle sinks, nb::handle valid_lens,
+              const std::string& alignment, bool causal, std::optional<float> dropout,
+              uint64_t seed)
+      : mask_(attn_mask, "attn_mask"),
+        alibi_slopes_(to_float_vector(alibi_slopes, "alibi_slopes")),
+        sinks_(to_float_vector(sinks, "sinks")) {
+    if (dropout) {
+      if (dropout_p != 0.0F) {
+        throw nb::value_error(
+            "dropout: the book's name of dropout_p; give one of dropout_p and dropout");
+      }
+      dropout_p = *dropout;
+    }
+    if (causal && is_causal) {
+      throw nb::value_error(
+          "causal: the book's causal=True (aligned bottom-right) and is_causal=True (PyTorch's, "
+          "aligned top-left) were both given; give one");
+    }
+    if (mask_.holds_valid_lengths()) {
+      if (!valid_lens.is_none()) {
+        throw nb::value_error(
+            "attn_mask: integer lengths here are read as valid_lens, which was given too; pass "
+            "a bool or float mask as attn_mask");
+      }
+      options_.valid_lens = mask_.valid_lengths();
+    } else {
+      options_.valid_lens = to_valid_lengths(valid_lens, "valid_lens");
+      options_.attn_mask = mask_.mask();
+    }
+    options_.alignment = causal ? DiagonalAlignment::kBottomRight : to_alignment(alignment);
+    options_.causal = causal || is_causal;
+    options_.window = to_window(window);
+    options_.scale = scale;
+    options_.enable_gqa = enable_gqa;
+    options_.alibi_slopes = alibi_slopes_;
+    options_.softcap = softcap;
+    options_.sinks = sinks_;
+    options_.dropout = dropout_p;
+    options_.seed = seed;
+  }
+  CallOptions(const CallOptions&) = delete;
+  CallOptions& operator=(const CallOptions&) = delete;
+
+  const AttentionOptions& options() const { return options_; }
+
+ private:
+  MaskInput mask_;
+  std::vector<float> alibi_slopes_;
+  std::vector<float> sinks_;
+  AttentionOptions options_;
+};
+
+// query, key and value with the ranks the functional API takes.
+struct QueryKeyValue {
+  QueryKeyValue(nb::handle q, nb::handle k, nb::handle v)
+      : query(q, "query", 2, Shape::kMaxRank),
+        key(k, "key", 2, Shape::kMaxRank),
+        value(v, "value", 2, Shape::kMaxRank) {}
+  StridedInput query;
+  StridedInput key;
+  StridedInput value;
+};
+
+// The log-sum-exp as an array shaped as the query's rows, query.shape[:-1].
+nb::object log_sum_exp_to_python(std::vector<float> log_sum_exp, const Shape& query,
+                                 Framework framework) {
+  std::array<int64_t, Shape::kMaxRank> dims{};
+  for (int axis = 0; axis + 1 < query.rank(); ++axis) dims[static_cast<size_t>(axis)] = query[axis];
+  const Shape shape = Shape::from_dims(dims.data(), query.rank() - 1);
+  return to_python(Tensor(shape, std::move(log_sum_exp)), framework);
+}
+
+// The arguments scaled_dot_product_attention and _sdpa_forward share, in order.
+#define ATTN_SDPA_ARGUMENTS                                                           \
+  "query"_a.none(), "key"_a.none(), "value"_a.none(),                                 \
+      "attn_mask"_a.none() = nb::none(), "dropout_p"_a = 0.0F, "is_causal"_a = false, \
+      "scale"_a.none() = nb::none(), "enable_gqa"_a = false, nb::kw_only(),           \
+      "window"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),           \
+      "softcap"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),                 \
+      "valid_lens"_a.none() = nb::none(), "alignment"_a = "top-left"
+
+}  // namespace
+
+void bind_functional(nb::module_& module) {
+  module.def(
+      "scaled_dot_product_attention",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, float dropout_p,
+         bool is_causal, std::optional<float> scale, bool enable_gqa, nb::handle window,
+         nb::handle alibi_slopes, std::optional<float> softcap, nb::handle sinks,
+         nb::handle valid_lens, const std::string& alignment, bool need_weights,
+         std::optional<uint64_t> seed, bool causal, std::optional<float> dropout) {
+        const QueryKeyValue inputs(q, k, v);
+        // A random seed only when dropout will use it (random_device may be slow).
+        const bool drops = dropout_p > 0.0F || dropout.value_or(0.0F) > 0.0F;
+        const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                               alibi_slopes, softcap, sinks, valid_lens, alignment, causal, dropout,
+                               seed    ? *seed
+                               : drops ? random_seed()
+                                       : 0);
+        AttentionForward forward;
+        Tensor weights;
+        {
+          nb::gil_scoped_release release;
+          use_thread_setting();
+          forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
+                                                 inputs.value.view(), call.options());
+          // Computed on request only, from the log-sum-exp of this pass.
+          if (need_weights) {
+            weights = attention_weights(inputs.query.view(), inputs.key.view(), forward.log_sum_exp,
+                                        call.options());
+          }
+        }
+        const Framework framework = inputs.query.framework();
+        nb::object output = to_python(std::move(forward.output), framework);
+        if (!need_weights) return output;
+        return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
+      },
+      ATTN_SDPA_ARGUMENTS, "need_weights"_a = false, "seed"_a.none() = nb::none(),
+      "causal"_a = false, "dropout"_a.none() = nb::none(),
+      "PyTorch's scaled_dot_product_attention on the CPU, with attn's additions.\n\n"
+      "query (..., H_q, L, E), key (..., H_kv, S, E), value (..., H_kv, S, Ev) -> (..., H_q, L,\n"
+      "Ev), rank 2 to 8, the leading axes equal; H_kv = H_q unless enable_gqa (then H_kv divides\n"
+      "H_q). A rank-3 input (B, L, E) is B batch elements of one head (the book's layout).\n"
+      "NumPy arrays or DLPack tensors; a float32 array whose last axis is contiguous is read in\n"
+      "place, whatever its other strides. Returns the query's kind (torch.Tensor or NumPy).\n\n"
+      "attn_mask: None, a bool mask (True: the key takes part) or a float one (added to the\n"
+      "scores), broadcastable to (..., H_q, L, S). PyTorch never takes an integer mask, so an\n"
+      "integer array/tensor or a Python list here is read as valid_lens (the book's call\n"
+      "scaled_dot_product_attention(q, k, v, valid_lens)).\n"
+      "dropout_p: dropout on the weights, applied whenever > 0 (as PyTorch), seeded by seed\n"
+      "(random when None). is_causal: query i sees keys j <= its diagonal key (see alignment).\n"
+      "scale: default 1/sqrt(E). window=(left, right): keys within left before and right after\n"
+      "the diagonal key (-1/None: unbounded). alibi_slopes (H_q floats): scores get\n"
+      "-slope*|diagonal - j|. softcap: scores s become softcap*tanh(s/softcap). sinks (H_q\n"
+      "floats): one logit per head joining each softmax denominator. valid_lens: None, (B,) or\n"
+      "(B, L) integer lengths, B the first axis. alignment: \"top-left\" (PyTorch's is_causal)\n"
+      "or \"bottom-right\" (FlashAttention's: the last query on the last key) for causal,\n"
+      "window and ALiBi. A query that sees no key gets a zero output.\n\n"
+      "The book's API keeps working: causal=True is causal aligned bottom-right; dropout= is\n"
+      "dropout_p's old name; need_weights=True returns (output, weights), the weights (...,\n"
+      "H_q, L, S) before dropout, computed only then.");
+
+  module.def(
+      "_sdpa_forward",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, float dropout_p,
+         bool is_causal, std::optional<float> scale, bool enable_gqa, nb::handle window,
+         nb::handle alibi_slopes, std::optional<float> softcap, nb::handle sinks,
+         nb::handle valid_lens, const std::string& alignment, uint64_t seed) {
+        const QueryKeyValue inputs(q, k, v);
+        const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                               alibi_slopes, softcap, sinks, valid_lens, alignment, false,
+                               std::nullopt, seed);
+        AttentionForward forward;
+        {
+          nb::gil_scoped_release release;
+          use_thread_setting();
+          forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
+                                                 inputs.value.view(), call.options());
+        }
+        const Framework framework = inputs.query.framework();
+        return nb::make_tuple(
+            to_python(std::move(forward.output), framework),
+            log_sum_exp_to_python(std::move(forward.log_sum_exp), inputs.query.shape(), framework));
+      },
+      ATTN_SDPA_ARGUMENTS, "seed"_a = 0,
+      "(output, log_sum_exp) of scaled_dot_product_attention, log_sum_exp shaped query.shape[:-1]\n"
+      "(pass it back unchanged to _sdpa_backward). For attn.torch's custom operator.");
+
+  module.def(
+      "_sdpa_backward",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle grad_o, nb::handle lse,
+         nb::handle attn_mask, float dropout_p, bool is_causal, std::optional<float> scale,
+         bool enable_gqa, nb::handle window, nb::handle alibi_slopes, std::optional<float> softcap,
+         nb::handle sinks, nb::handle valid_lens, const std::string& alignment, uint64_t seed,
+         bool mask_gradient, bool sinks_gradient) {
+        const QueryKeyValue inputs(q, k, v);
+        const StridedInput output(o, "output", 2, Shape::kMaxRank);
+        const StridedInput grad_output(grad_o, "grad_output", 2, Shape::kMaxRank);
+        const StridedInput log_sum_exp(lse, "log_sum_exp", 1, Shape::kMaxRank);
+        const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                               alibi_slopes, softcap, sinks, valid_lens, alignment, false,
+                               std::nullopt, seed);
+        const int64_t rows = log_sum_exp_size(inputs.query.shape());
+        if (log_sum_exp.shape().numel() != rows || !log_sum_exp.view().is_contiguous()) {
+          throw nb::value_error(("log_sum_exp: expected the forward pass's " +
+                                 std::to_string(rows) + " contiguous values, got shape " +
+                                 log_sum_exp.shape().str())
+                                    .c_str());
+        }
+        AttentionBackward gradients;
+        {
+          nb::gil_scoped_release release;
+          use_thread_setting();
+          gradients = scaled_dot_product_attention_backward(
+              inputs.query.view(), inputs.key.view(), inputs.value.view(), output.view(),
+              grad_output.view(),
+              std::span<const float>(log_sum_exp.view().data(), static_cast<size_t>(rows)),
+              call.options(), mask_gradient, sinks_gradient);
+        }
+        const Framework framework = inputs.query.framework();
+        nb::object mask_grad = nb::none();
+        nb::object sinks_grad = nb::none();
+        if (mask_gradient) mask_grad = to_python(std::move(gradients.attn_mask), framework);
+        if (sinks_gradient) sinks_grad = to_python(std::move(gradients.sinks), framework);
+        return nb::make_tuple(to_python(std::move(gradients.query), framework),
+                              to_python(std::move(gradients.key), framework),
+                              to_python(std::move(gradients.value), framework), mask_grad,
+                              sinks_grad);
+      },
+      "query"_a.none(), "key"_a.none(), "value"_a.none(), "output"_a.none(), "grad_output"_a.none(),
+      "log_sum_exp"_a.none(), "attn_mask"_a.none() = nb::none(), "dropout_p"_a = 0.0F,
+      "is_causal"_a = false, "scale"_a.none() = nb::none(), "enable_gqa"_a = false, nb::kw_only(),
+      "window"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
+      "softcap"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
+      "valid_lens"_a.none() = nb::none(), "alignment"_a = "top-left", "seed"_a = 0,
+      "mask_gradient"_a = false, "sinks_gradient"_a = false,
+      "(d query, d key, d value, d attn_mask or None, d sinks or None): the gradients of\n"
+      "sum(output * grad_output) for _sdpa_forward's inputs and options. For attn.torch.");
+}
+
+#undef ATTN_SDPA_ARGUMENTS
+
+}  // namespace attn::python

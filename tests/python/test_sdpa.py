@@ -1,0 +1,254 @@
+# attn.scaled_dot_product_attention with PyTorch's signature, over NumPy arrays (no PyTorch
+# needed): shapes of rank 2 to 8, masks, causal alignments, grouped heads, need_weights, strided
+# inputs read in place, the book's calls that keep their meaning, and the errors.
+import numpy as np
+import pytest
+
+import attn
+import numpy_reference as ref
+
+# float32 kernels against float64 references on O(1) inputs with S ≤ 9 keys: a few float32 ulps
+# of accumulated rounding, far below 1e-5.
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+rng = np.random.default_rng(20250611)
+
+
+def normal(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def address(array):
+    return array.__array_interface__["data"][0]
+
+
+def qkv(*leading, L=4, S=6, E=8, Ev=5, kv_heads=None):
+    """query (*leading, L, E), key (…, S, E), value (…, S, Ev); kv_heads replaces the heads
+    axis (leading[-1]) of key and value."""
+    kv_leading = leading if kv_heads is None else (*leading[:-1], kv_heads)
+    return normal(*leading, L, E), normal(*kv_leading, S, E), normal(*kv_leading, S, Ev)
+
+
+@pytest.mark.parametrize(
+    "leading", [(), (3,), (2, 3), (2, 1, 3), (1, 2, 1, 2, 1, 2)], ids=lambda s: f"rank{len(s) + 2}"
+)
+def test_every_rank_matches_the_reference(leading):
+    q, k, v = qkv(*leading)
+    output, weights = attn.scaled_dot_product_attention(q, k, v, need_weights=True)
+    expected_output, expected_weights = ref.sdpa(q, k, v)
+    assert output.dtype == np.float32 and output.shape == (*leading, 4, 5)
+    assert weights.shape == (*leading, 4, 6)
+    np.testing.assert_allclose(output, expected_output, **TOLERANCE)
+    np.testing.assert_allclose(weights, expected_weights, **TOLERANCE)
+
+
+MASK_SHAPES = [(4, 6), (1, 1, 4, 6), (2, 1, 4, 6), (2, 3, 4, 6), (2, 1, 1, 6), (1, 3, 1, 6), (6,)]
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_masks_match_the_reference(shape, kind, is_causal):
+    q, k, v = qkv(2, 3)
+    if kind == "bool":
+        mask = rng.random(shape) < 0.7
+    else:
+        mask = normal(*shape)
+    output, weights = attn.scaled_dot_product_attention(
+        q, k, v, mask, is_causal=is_causal, need_weights=True
+    )
+    expected_output, expected_weights = ref.sdpa(q, k, v, mask, is_causal=is_causal)
+    np.testing.assert_allclose(output, expected_output, **TOLERANCE)
+    np.testing.assert_allclose(weights, expected_weights, **TOLERANCE)
+
+
+def test_broadcast_and_float64_masks_need_no_copy_of_the_inputs():
+    q, k, v = qkv(2, 3)
+    mask = rng.random((1, 1, 4, 6)) < 0.6
+    expanded = np.broadcast_to(mask, (2, 3, 4, 6))  # stride 0 on the first two axes
+    assert expanded.strides[:2] == (0, 0)
+    expected = attn.scaled_dot_product_attention(q, k, v, mask)
+    np.testing.assert_array_equal(attn.scaled_dot_product_attention(q, k, v, expanded), expected)
+    additive = np.where(mask, 0.0, -np.inf)  # float64: copied to float32
+    np.testing.assert_allclose(
+        attn.scaled_dot_product_attention(q, k, v, additive), expected, **TOLERANCE
+    )
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 6])
+def test_grouped_query_heads(groups):
+    q, k, v = qkv(2, 6, kv_heads=6 // groups)
+    mask = rng.random((2, 1, 4, 6)) < 0.7
+    output = attn.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+    expected, _ = ref.sdpa(q, k, v, mask, enable_gqa=True)
+    np.testing.assert_allclose(output, expected, **TOLERANCE)
+
+
+@pytest.mark.parametrize("alignment", ["top-left", "bottom-right"])
+@pytest.mark.parametrize("L, S", [(4, 6), (6, 4), (1, 5)])
+def test_causal_alignments(alignment, L, S):
+    q, k, v = qkv(2, 3, L=L, S=S)
+    output = attn.scaled_dot_product_attention(q, k, v, is_causal=True, alignment=alignment)
+    expected, _ = ref.sdpa(q, k, v, is_causal=True, alignment=alignment)
+    np.testing.assert_allclose(output, expected, **TOLERANCE)
+
+
+def test_a_query_that_sees_no_key_gets_zeros():
+    q, k, v = qkv(2, 3, L=6, S=4)
+    # Bottom-right with L > S: the first two queries see no key.
+    output = attn.scaled_dot_product_attention(q, k, v, is_causal=True, alignment="bottom-right")
+    assert np.all(output[..., :2, :] == 0) and np.all(np.isfinite(output))
+    mask = np.ones((6, 4), bool)
+    mask[3] = False
+    output, weights = attn.scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    assert np.all(output[..., 3, :] == 0) and np.all(weights[..., 3, :] == 0)
+
+
+def test_the_books_calls_keep_their_meaning():
+    q, k, v = qkv(2)  # (B, L, E): the book's layout, one head per batch element
+    lengths = np.array([3, 5])
+    expected, expected_weights = ref.sdpa(
+        q, k, v, is_causal=True, alignment="bottom-right", valid_lens=lengths
+    )
+    # causal=True: aligned bottom-right; integers or a list as attn_mask: valid lengths.
+    for lens in (lengths, lengths.astype(np.int32), [3, 5]):
+        output, weights = attn.scaled_dot_product_attention(
+            q, k, v, lens, causal=True, need_weights=True
+        )
+        np.testing.assert_allclose(output, expected, **TOLERANCE)
+        np.testing.assert_allclose(weights, expected_weights, **TOLERANCE)
+    keyword = attn.scaled_dot_product_attention(
+        q, k, v, valid_lens=lengths, is_causal=True, alignment="bottom-right"
+    )
+    np.testing.assert_allclose(keyword, expected, **TOLERANCE)
+    # dropout= is dropout_p's old name.
+    np.testing.assert_array_equal(
+        attn.scaled_dot_product_attention(q, k, v, dropout=0.5, seed=3),
+        attn.scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=3),
+    )
+
+
+def test_valid_lens_with_heads():
+    q, k, v = qkv(2, 3)
+    per_query = np.array([[1, 2, 6, 0], [6, 5, 4, 3]])
+    output = attn.scaled_dot_product_attention(q, k, v, valid_lens=per_query)
+    expected, _ = ref.sdpa(q, k, v, valid_lens=per_query)
+    np.testing.assert_allclose(output, expected, **TOLERANCE)
+
+
+def test_transposed_views_are_read_in_place():
+    # (B, L, H, E) viewed as (B, H, L, E), as transformers passes its projections: the last axis
+    # is contiguous, so no copy.
+    storage = normal(2, 4, 3, 8)
+    q = storage.transpose(0, 2, 1, 3)
+    assert not q.flags.c_contiguous
+    assert attn._data_pointer(q, strided=True) == address(q)
+    sliced = normal(2, 3, 9, 8)[:, :, 2:6]  # a slice of a longer sequence: also in place
+    assert attn._data_pointer(sliced, strided=True) == address(sliced)
+    _, k, v = qkv(2, 3)
+    np.testing.assert_allclose(
+        attn.scaled_dot_product_attention(q, k, v),
+        attn.scaled_dot_product_attention(np.ascontiguousarray(q), k, v),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    # A strided last axis, negative strides and float64 are copied (same values).
+    for copied in (normal(2, 3, 4, 16)[..., ::2], storage.transpose(0, 2, 1, 3)[:, :, ::-1]):
+        assert attn._data_pointer(copied, strided=True) != address(copied)
+        np.testing.assert_allclose(
+            attn.scaled_dot_product_attention(copied, k, v),
+            attn.scaled_dot_product_attention(np.ascontiguousarray(copied), k, v),
+            rtol=1e-6,
+            atol=1e-7,
+        )
+
+
+def test_strict_inputs_accept_views_and_refuse_copies():
+    q, k, v = qkv(2, 3)
+    attn.set_strict_inputs(True)
+    try:
+        transposed = normal(2, 4, 3, 8).transpose(0, 2, 1, 3)
+        attn.scaled_dot_product_attention(transposed, k, v)  # in place: fine
+        with pytest.raises(TypeError, match=r"query: expected float32 \(strict inputs"):
+            attn.scaled_dot_product_attention(q.astype(np.float64), k, v)
+        with pytest.raises(ValueError, match=r"key: expected .*contiguous last axis \(strict"):
+            attn.scaled_dot_product_attention(q, normal(2, 3, 6, 16)[..., ::2], v)
+        with pytest.raises(TypeError, match=r"attn_mask: expected a bool or float32 mask \(strict"):
+            attn.scaled_dot_product_attention(q, k, v, np.zeros((4, 6)))
+    finally:
+        attn.set_strict_inputs(False)
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        (dict(query=np.zeros((2, 3, 4, 8), np.int64)), TypeError, r"query: expected float32"),
+        (dict(value=np.zeros((2, 3, 6, 5), np.float16)), TypeError, r"value: expected float32"),
+        (dict(query=normal(4)), ValueError, r"query: expected an array of rank 2 to 8"),
+        (dict(key=normal(2, 3, 6, 7)), attn.ShapeError, r"key"),
+        (dict(value=normal(2, 3, 5, 5)), attn.ShapeError, r"value"),
+        (dict(key=normal(2, 2, 6, 8), value=normal(2, 2, 6, 5)), attn.ShapeError, r"key"),
+        (dict(attn_mask=np.zeros((4, 6), np.float16)), TypeError, r"attn_mask: expected a bool"),
+        (dict(attn_mask=normal(4, 5)), attn.ShapeError, r"attn_mask"),
+        (dict(attn_mask="mask"), TypeError, r"attn_mask: expected None, a bool or float mask"),
+        (dict(attn_mask=[1, 2], valid_lens=[1, 2]), ValueError, r"attn_mask: integer lengths"),
+        (dict(window=3), TypeError, r"window: expected None or a pair"),
+        (dict(window=(1, -2)), ValueError, r"window: expected right ≥ 0"),
+        (dict(window=(1.5, 0)), TypeError, r"window: expected \(left, right\) as ints"),
+        (dict(alignment="top-right"), ValueError, r"alignment: expected \"top-left\""),
+        (dict(alibi_slopes=[0.5, 0.25]), attn.ShapeError, r"alibi_slopes"),
+        (dict(sinks=["a", 1, 2]), TypeError, r"sinks\[0\]: expected a number"),
+        (dict(softcap=-1.0), ValueError, r"softcap"),
+        (dict(dropout_p=1.5), ValueError, r"dropout"),
+        (dict(dropout_p=0.1, dropout=0.2), ValueError, r"dropout: the book's name of dropout_p"),
+        (dict(causal=True, is_causal=True), ValueError, r"causal: .* both given"),
+        (dict(valid_lens=[7, 1]), ValueError, r"valid_lens"),
+    ],
+    ids=[
+        "int_query",
+        "float16_value",
+        "rank1_query",
+        "key_width",
+        "value_length",
+        "heads_without_gqa",
+        "float16_mask",
+        "mask_shape",
+        "str_mask",
+        "lengths_twice",
+        "window_int",
+        "window_negative",
+        "window_float",
+        "alignment",
+        "alibi_count",
+        "sinks_str",
+        "softcap_negative",
+        "dropout_range",
+        "dropout_twice",
+        "causal_twice",
+        "valid_lens_range",
+    ],
+)
+def test_bad_arguments_name_themselves(arguments, error, message):
+    q, k, v = qkv(2, 3)
+    call = dict(query=q, key=k, value=v)
+    call.update(arguments)
+    with pytest.raises(error, match=message):
+        attn.scaled_dot_product_attention(**call)
+
+
+def test_alibi_softcap_and_sinks_change_the_result_as_documented():
+    # The exact values are checked against PyTorch in test_sdpa_torch.py; here, that each option
+    # reaches the kernels: sinks only shrink the weights' row sums below 1, a large softcap is
+    # the identity, ALiBi with zero slopes too.
+    q, k, v = qkv(2, 3)
+    plain, weights = attn.scaled_dot_product_attention(q, k, v, need_weights=True)
+    _, sunk = attn.scaled_dot_product_attention(q, k, v, sinks=[0.0, 1.0, 2.0], need_weights=True)
+    sums = sunk.sum(-1)
+    assert np.all(sums < 1) and np.all(sums[:, 2] < sums[:, 0])
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(
+        attn.scaled_dot_product_attention(q, k, v, softcap=1e4), plain, **TOLERANCE
+    )
+    np.testing.assert_allclose(
+        attn.scaled_dot_product_attention(q, k, v, alibi_slopes=np.zeros(3)), plain, **TOLERANCE
+    )
