@@ -1,4 +1,5 @@
-"""attn's layers as ``torch.nn.Module``s, trainable inside a PyTorch model.
+"""attn's layers as ``torch.nn.Module``s, trainable inside a PyTorch model, and
+``scaled_dot_product_attention`` as PyTorch custom operators.
 
 Each module keeps its parameters as ``nn.Parameter``s under the book's state-dict names
 (``W_q.weight``, ...), so ``load_state_dict`` takes the book's PyTorch modules' state dicts and
@@ -8,16 +9,24 @@ which runs the forward pass (no GIL, no autograd graph of its own); a
 input and parameter gradients to autograd. Dropout in training mode draws its seed from
 PyTorch's generator, so ``torch.manual_seed`` makes a run reproducible.
 
+``scaled_dot_product_attention`` replaces ``torch.nn.functional.scaled_dot_product_attention``
+(with attn's windows, ALiBi, soft-capping, sinks and valid lengths besides): the operators
+``attn::sdpa`` and ``attn::sdpa_backward`` (``torch.ops.attn``) have fake implementations and
+registered autograd, so ``torch.compile(fullgraph=True)`` traces through them.
+
 CPU tensors only (attn runs on the CPU); float32 inputs are read without a copy. Second-order
 gradients are not supported.
 """
 
 import copy as _copy
+from typing import Optional
 
+import numpy as _np
 import torch
 from torch import nn
 
 import attn as _attn
+from attn import _attn as _extension
 
 __all__ = [
     "AdditiveAttention",
@@ -166,8 +175,320 @@ class GaussianKernelPooling(_AttnModule):
         super().__init__(_attn.GaussianKernelPooling(width, dropout, seed=seed))
 
 
-def scaled_dot_product_attention(queries, keys, values, valid_lens=None, causal=False, scale=None):
-    """softmax(Q Kᵀ · scale) V with autograd, computed by attn: queries (B, n, d), keys (B, m, d),
-    values (B, m, v) → (B, n, v); scale defaults to 1/√d."""
-    layer = _attn.DotProductAttention(0.0, scale=scale).eval()
-    return _LayerFunction.apply(layer, [], valid_lens, causal, queries, keys, values)
+# --- scaled_dot_product_attention as custom operators -------------------------------------------
+#
+# attn::sdpa runs attn's forward pass and returns (output, log-sum-exp); attn::sdpa_backward its
+# backward pass. Both have fake (meta) implementations, so torch.compile(fullgraph=True) traces
+# them without running attn, and register_autograd connects them, so gradients reach query, key,
+# value, a float attn_mask that requires grad, and sinks. The options travel as plain scalars.
+
+
+def _window_arguments(window):
+    """(window_left, window_right) for the operators: -1 leaves a side unbounded; (-1, -1) and
+    None both mean no window."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(
+            "window: expected None or a pair (left, right) of ints (-1 or None: unbounded), got "
+            f"{type(window).__name__}"
+        )
+    return tuple(-1 if side is None else side for side in window)
+
+
+def _window(window_left, window_right):
+    """The ``window=`` argument of attn's functions for the operators' two ints."""
+    if window_left == -1 and window_right == -1:
+        return None
+    return (window_left, window_right)
+
+
+@torch.library.custom_op("attn::sdpa", mutates_args=(), device_types="cpu")
+def _sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    valid_lens: Optional[torch.Tensor],
+    alibi_slopes: Optional[torch.Tensor],
+    sinks: Optional[torch.Tensor],
+    seed: Optional[torch.Tensor],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    window_left: int,
+    window_right: int,
+    softcap: Optional[float],
+    alignment: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L))."""
+    return _extension._sdpa_forward(
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        window=_window(window_left, window_right),
+        alibi_slopes=alibi_slopes,
+        softcap=softcap,
+        sinks=sinks,
+        valid_lens=valid_lens,
+        alignment=alignment,
+        seed=0 if seed is None else int(seed),
+    )
+
+
+@_sdpa.register_fake
+def _sdpa_fake(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options):
+    output = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return output, query.new_empty(query.shape[:-1])
+
+
+@torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
+def _sdpa_backward(
+    grad_output: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    log_sum_exp: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    valid_lens: Optional[torch.Tensor],
+    alibi_slopes: Optional[torch.Tensor],
+    sinks: Optional[torch.Tensor],
+    seed: Optional[torch.Tensor],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    window_left: int,
+    window_right: int,
+    softcap: Optional[float],
+    alignment: str,
+    mask_gradient: bool,
+    sinks_gradient: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """attn's backward pass: gradients of query, key, value, and of the float attn_mask and the
+    sinks when asked for (empty tensors otherwise)."""
+    d_query, d_key, d_value, d_mask, d_sinks = _extension._sdpa_backward(
+        query,
+        key,
+        value,
+        output,
+        grad_output,
+        log_sum_exp,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        window=_window(window_left, window_right),
+        alibi_slopes=alibi_slopes,
+        softcap=softcap,
+        sinks=sinks,
+        valid_lens=valid_lens,
+        alignment=alignment,
+        seed=0 if seed is None else int(seed),
+        mask_gradient=mask_gradient,
+        sinks_gradient=sinks_gradient,
+    )
+    return (
+        d_query,
+        d_key,
+        d_value,
+        query.new_empty(0) if d_mask is None else d_mask,
+        query.new_empty(0) if d_sinks is None else d_sinks,
+    )
+
+
+@_sdpa_backward.register_fake
+def _sdpa_backward_fake(
+    grad_output,
+    query,
+    key,
+    value,
+    output,
+    log_sum_exp,
+    attn_mask,
+    valid_lens,
+    alibi_slopes,
+    sinks,
+    seed,
+    *options,
+):
+    mask_gradient, sinks_gradient = options[-2:]
+    return (
+        query.new_empty(query.shape),
+        key.new_empty(key.shape),
+        value.new_empty(value.shape),
+        query.new_empty(attn_mask.shape if mask_gradient else (0,)),
+        query.new_empty(sinks.shape if sinks_gradient else (0,)),
+    )
+
+
+# Positions of the operator's inputs that can have gradients.
+_MASK, _SINKS = 3, 6
+
+
+def _sdpa_setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options = inputs
+    result, log_sum_exp = output
+    ctx.save_for_backward(
+        query, key, value, result, log_sum_exp, attn_mask, valid_lens, alibi_slopes, sinks, seed
+    )
+    ctx.options = options
+    ctx.mark_non_differentiable(log_sum_exp)
+
+
+def _sdpa_backward_rule(ctx, grad_output, _grad_log_sum_exp):
+    query, key, value, result, log_sum_exp, attn_mask, valid_lens, alibi_slopes, sinks, seed = (
+        ctx.saved_tensors
+    )
+    mask_gradient = (
+        attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[_MASK]
+    )
+    sinks_gradient = sinks is not None and ctx.needs_input_grad[_SINKS]
+    if grad_output.stride(-1) != 1:
+        grad_output = grad_output.contiguous()
+    d_query, d_key, d_value, d_mask, d_sinks = _sdpa_backward(
+        grad_output,
+        query,
+        key,
+        value,
+        result,
+        log_sum_exp,
+        attn_mask,
+        valid_lens,
+        alibi_slopes,
+        sinks,
+        seed,
+        *ctx.options,
+        mask_gradient,
+        sinks_gradient,
+    )
+    return (
+        d_query,
+        d_key,
+        d_value,
+        d_mask.to(attn_mask.dtype) if mask_gradient else None,
+        None,
+        None,
+        d_sinks.to(sinks.dtype) if sinks_gradient else None,
+        None,
+        *([None] * len(ctx.options)),
+    )
+
+
+_sdpa.register_autograd(_sdpa_backward_rule, setup_context=_sdpa_setup_context)
+
+
+def _is_lengths(attn_mask):
+    """Whether an attn_mask argument is really the book's valid lengths: a Python list or tuple,
+    or integers (PyTorch never takes an integer mask)."""
+    if isinstance(attn_mask, (list, tuple)):
+        return True
+    if isinstance(attn_mask, torch.Tensor):
+        return not attn_mask.is_floating_point() and attn_mask.dtype != torch.bool
+    return attn_mask is not None and _np.issubdtype(_np.asarray(attn_mask).dtype, _np.integer)
+
+
+def _as_float32(tensor):
+    if tensor is None or tensor.dtype == torch.float32:
+        return tensor
+    return tensor.to(torch.float32)
+
+
+def _as_tensor(values, dtype):
+    """None, a tensor, or anything torch.as_tensor reads (lists, NumPy arrays)."""
+    if values is None or isinstance(values, torch.Tensor):
+        return values
+    return torch.as_tensor(values, dtype=dtype)
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    *,
+    window: Optional[tuple[Optional[int], Optional[int]]] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
+    valid_lens: Optional[torch.Tensor] = None,
+    alignment: str = "top-left",
+    causal: bool = False,
+    dropout: Optional[float] = None,
+) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by attn, with autograd and
+    ``torch.compile(fullgraph=True)`` support (custom operators attn::sdpa, attn::sdpa_backward).
+
+    query (..., H_q, L, E), key (..., H_kv, S, E), value (..., H_kv, S, Ev) → (..., H_q, L, Ev),
+    CPU tensors; the arguments are those of ``attn.scaled_dot_product_attention`` (window,
+    alibi_slopes, softcap, sinks, valid_lens, alignment besides PyTorch's; the book's
+    ``causal=True``, aligned bottom-right, and ``dropout=``; an integer tensor or list as
+    attn_mask is read as valid_lens). attn computes in float32: other floating dtypes are
+    converted, and the output has the query's dtype. Gradients reach query, key, value, a float
+    attn_mask that requires grad (summed over its broadcast axes) and sinks; alibi_slopes get
+    none. Dropout (whenever dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator,
+    so ``torch.manual_seed`` makes it reproducible."""
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise TypeError(f"{name}: expected a floating-point torch.Tensor, got {got}")
+    if dropout is not None:
+        if dropout_p != 0.0:
+            raise ValueError(
+                "dropout: the book's name of dropout_p; give one of dropout_p and dropout"
+            )
+        dropout_p = dropout
+    if causal:
+        if is_causal:
+            raise ValueError(
+                "causal: the book's causal=True (aligned bottom-right) and is_causal=True "
+                "(PyTorch's, aligned top-left) were both given; give one"
+            )
+        is_causal, alignment = True, "bottom-right"
+    if _is_lengths(attn_mask):
+        if valid_lens is not None:
+            raise ValueError(
+                "attn_mask: integer lengths here are read as valid_lens, which was given too; "
+                "pass a bool or float mask as attn_mask"
+            )
+        attn_mask, valid_lens = None, attn_mask
+    valid_lens = _as_tensor(valid_lens, torch.int64)
+    alibi_slopes = _as_float32(_as_tensor(alibi_slopes, torch.float32))
+    sinks = _as_float32(_as_tensor(sinks, torch.float32))
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        attn_mask = torch.as_tensor(attn_mask)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = _as_float32(attn_mask)
+    window_left, window_right = _window_arguments(window)
+    seed = torch.randint(0, _SEED_BOUND, ()) if dropout_p > 0.0 else None
+    output, _ = _sdpa(
+        _as_float32(query),
+        _as_float32(key),
+        _as_float32(value),
+        attn_mask,
+        valid_lens,
+        alibi_slopes,
+        sinks,
+        seed,
+        float(dropout_p),
+        bool(is_causal),
+        None if scale is None else float(scale),
+        bool(enable_gqa),
+        window_left,
+        window_right,
+        None if softcap is None else float(softcap),
+        alignment,
+    )
+    return output if output.dtype == query.dtype else output.to(query.dtype)

@@ -1,0 +1,420 @@
+# attn.torch.scaled_dot_product_attention against PyTorch: torch.nn.functional's own function on
+# random cases (masks of every broadcast shape and both kinds, causal, grouped heads, scales,
+# L ≠ S, fully masked rows), a float64 eager reference for what PyTorch lacks (windows, ALiBi,
+# soft-capping, sinks, valid lengths, bottom-right alignment), forward and gradients through
+# autograd, and torch.compile(fullgraph=True).
+import numpy as np
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the scaled_dot_product_attention comparisons need it"
+)
+F = torch.nn.functional
+
+import attn  # noqa: E402
+import attn.torch as attn_torch  # noqa: E402
+from torch_reference import reference_sdpa  # noqa: E402
+
+# Outputs: float32 on both sides, sums of at most a few dozen O(1) products; attn's fast exp and
+# its tile order round differently from PyTorch's by a few float32 ulps of the largest output.
+OUTPUT_RTOL = 1e-5
+# Gradients: longer chains (dP, the row sums D, dS = P ⊙ (dP − D), then two more products), each
+# rounding in float32, so ten times the output tolerance.
+GRADIENT_RTOL = 1e-4
+
+N, H, L, S, E, EV = 2, 4, 5, 7, 8, 6
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(20250611)
+
+
+def assert_relative(actual, expected, rtol, name):
+    """max |actual − expected| ≤ rtol · max |expected| (the issue's "relative to the output's
+    max magnitude"); an all-zero expectation must be matched to 1e-7 (float32 round-off of 1)."""
+    actual, expected = actual.detach().double(), expected.detach().double()
+    assert actual.shape == expected.shape, (name, actual.shape, expected.shape)
+    assert torch.isfinite(actual).all(), f"{name}: attn gave non-finite values"
+    scale = max(expected.abs().max().item(), 1e-2)
+    error = (actual - expected).abs().max().item()
+    assert error <= rtol * scale, f"{name}: max error {error:.3g} > {rtol} × {scale:.3g}"
+
+
+def leaf(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(True)
+
+
+def compare(attn_call, reference_call, inputs, names, reference_dtype=None):
+    """Runs attn and the reference on the same leaves, backpropagates the same random
+    grad_output through both, and compares outputs and every input's gradient. The reference
+    runs on copies converted to `reference_dtype` (float64 for the eager reference)."""
+    output = attn_call(*inputs)
+    grad_output = torch.randn_like(output)
+    gradients = torch.autograd.grad(output, inputs, grad_output)
+    reference_inputs = [
+        t.detach().to(reference_dtype or t.dtype).requires_grad_(True) for t in inputs
+    ]
+    expected = reference_call(*reference_inputs)
+    expected_gradients = torch.autograd.grad(
+        expected, reference_inputs, grad_output.to(expected.dtype)
+    )
+    assert output.dtype == inputs[0].dtype
+    assert_relative(output, expected, OUTPUT_RTOL, "output")
+    for name, mine, theirs in zip(names, gradients, expected_gradients):
+        assert_relative(mine, theirs, GRADIENT_RTOL, f"d {name}")
+
+
+# --- against torch.nn.functional.scaled_dot_product_attention -----------------------------------
+
+MASK_SHAPES = {
+    "L_S": (L, S),
+    "1_1_L_S": (1, 1, L, S),
+    "N_1_L_S": (N, 1, L, S),
+    "N_H_L_S": (N, H, L, S),
+    "N_1_1_S": (N, 1, 1, S),
+    "1_H_1_S": (1, H, 1, S),
+    "H_L_S": (H, L, S),
+    "1_S": (1, S),
+    "1_H_L_1": (1, H, L, 1),
+}
+
+
+def random_mask(shape, kind):
+    if kind == "bool":
+        mask = torch.rand(shape) < 0.7
+        # Keep key 0 visible everywhere so that no row is empty here (empty rows have their own
+        # test); a (…, 1) mask broadcasts one entry over the keys, so keep it all visible.
+        mask[..., 0] = True
+        return mask
+    return leaf(*shape)
+
+
+def causal_bool(L, S):
+    """PyTorch's is_causal as a mask: query i sees keys j ≤ i (top-left)."""
+    return torch.ones(L, S, dtype=torch.bool).tril()
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mask_shape", list(MASK_SHAPES), ids=list(MASK_SHAPES))
+def test_masks_match_torch(mask_shape, kind, is_causal):
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    mask = random_mask(MASK_SHAPES[mask_shape], kind)
+    inputs, names = [q, k, v], ["query", "key", "value"]
+    if kind == "float":
+        inputs.append(mask)
+        names.append("attn_mask")
+
+    def mine(q, k, v, *float_mask):
+        m = float_mask[0] if float_mask else mask
+        return attn_torch.scaled_dot_product_attention(q, k, v, m, is_causal=is_causal)
+
+    def theirs(q, k, v, *float_mask):
+        m = float_mask[0] if float_mask else mask
+        if is_causal:  # PyTorch refuses attn_mask with is_causal: fold the causal mask in
+            causal = causal_bool(L, S)
+            m = m & causal if m.dtype == torch.bool else m.masked_fill(~causal, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, m)
+
+    compare(mine, theirs, inputs, names)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_no_mask_matches_torch(is_causal):
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    compare(
+        lambda q, k, v: attn_torch.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+        [q, k, v],
+        ["query", "key", "value"],
+    )
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4, 8])
+@pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "padding_mask"])
+def test_grouped_query_heads_match_torch(groups, masked):
+    heads = 8
+    q, k, v = leaf(N, heads, L, E), leaf(N, heads // groups, S, E), leaf(N, heads // groups, S, EV)
+    mask = None
+    if masked:  # padding: batch element 1 sees its first 4 keys only
+        mask = torch.ones(N, 1, 1, S, dtype=torch.bool)
+        mask[1, ..., 4:] = False
+    compare(
+        lambda q, k, v: attn_torch.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True),
+        [q, k, v],
+        ["query", "key", "value"],
+    )
+
+
+@pytest.mark.parametrize("scale", [None, 0.3, 2.0])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "queries, keys", [(5, 7), (7, 5), (1, 9), (6, 6), (33, 70)], ids=lambda n: str(n)
+)
+def test_scales_and_lengths_match_torch(queries, keys, scale, is_causal):
+    q, k, v = leaf(N, 3, queries, E), leaf(N, 3, keys, E), leaf(N, 3, keys, EV)
+    compare(
+        lambda q, k, v: attn_torch.scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, scale=scale
+        ),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale),
+        [q, k, v],
+        ["query", "key", "value"],
+    )
+
+
+@pytest.mark.parametrize(
+    "shape", [(L, E), (N, L, E), (N, 2, 3, L, E)], ids=["rank2", "rank3", "rank5"]
+)
+def test_other_ranks_match_torch(shape):
+    q = leaf(*shape)
+    k = leaf(*shape[:-2], S, E)
+    v = leaf(*shape[:-2], S, EV)
+    mask = torch.rand(L, S) < 0.7
+    mask[:, 0] = True
+    compare(
+        lambda q, k, v: attn_torch.scaled_dot_product_attention(q, k, v, mask),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, mask),
+        [q, k, v],
+        ["query", "key", "value"],
+    )
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows_give_zeros_like_torch(kind):
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    visible = torch.rand(N, H, L, S) < 0.7
+    visible[..., 0] = True
+    visible[0, 1, 2] = False  # one row sees nothing
+    visible[1, :, 4] = False  # a row of every head of batch element 1
+    if kind == "bool":
+        mask, inputs, names = visible, [q, k, v], ["query", "key", "value"]
+    else:
+        mask = torch.zeros(N, H, L, S).masked_fill(~visible, float("-inf")).requires_grad_(True)
+        inputs, names = [q, k, v, mask], ["query", "key", "value", "attn_mask"]
+
+    def mine(q, k, v, *float_mask):
+        return attn_torch.scaled_dot_product_attention(q, k, v, *(float_mask or [mask]))
+
+    def theirs(q, k, v, *float_mask):
+        return F.scaled_dot_product_attention(q, k, v, *(float_mask or [mask]))
+
+    output = mine(q, k, v, *inputs[3:])
+    assert torch.all(output[0, 1, 2] == 0) and torch.all(output[1, :, 4] == 0)
+    compare(mine, theirs, inputs, names)
+
+
+def test_expanded_float_mask_gradient_sums_like_torch():
+    # transformers hands masks made by expand(): stride-0 axes; the gradient of the unexpanded
+    # leaf is summed over them, as autograd does for PyTorch.
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    base = leaf(1, 1, L, S)
+    compare(
+        lambda q, k, v, m: attn_torch.scaled_dot_product_attention(q, k, v, m.expand(N, H, L, S)),
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m.expand(N, H, L, S)),
+        [q, k, v, base],
+        ["query", "key", "value", "attn_mask"],
+    )
+
+
+def test_transposed_inputs_as_transformers_passes_them():
+    # (B, L, H, E) projections viewed as (B, H, L, E): read in place by attn (last axis
+    # contiguous), with the same results as contiguous copies.
+    q = leaf(N, L, H, E)
+    k, v = leaf(N, S, H, E), leaf(N, S, H, EV)
+    compare(
+        lambda q, k, v: attn_torch.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        ),
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        ),
+        [q, k, v],
+        ["query", "key", "value"],
+    )
+    transposed = q.detach().transpose(1, 2)
+    assert attn._data_pointer(transposed, strided=True) == transposed.data_ptr()
+
+
+def test_float64_inputs_give_float64_results():
+    q, k, v = (leaf(N, H, L, E, dtype=torch.float64) for _ in range(3))
+    output = attn_torch.scaled_dot_product_attention(q, k, v)
+    assert output.dtype == torch.float64
+    output.sum().backward()
+    assert q.grad.dtype == torch.float64
+    assert_relative(output, F.scaled_dot_product_attention(q, k, v), OUTPUT_RTOL, "output")
+
+
+# --- the variants PyTorch lacks, against the float64 eager reference ---------------------------
+
+HQ, HKV = 4, 2
+VARIANTS = {
+    "window_top_left": dict(window=(2, 1)),
+    "window_bottom_right": dict(window=(2, 1), alignment="bottom-right"),
+    "window_left_only_causal": dict(window=(3, None), is_causal=True),
+    "window_right_only": dict(window=(-1, 0), alignment="bottom-right"),
+    "alibi_top_left": dict(alibi_slopes=[0.5, 0.25, 0.125, 0.0625]),
+    "alibi_bottom_right_causal": dict(
+        alibi_slopes=[0.5, 0.25, 0.125, 0.0625], alignment="bottom-right", is_causal=True
+    ),
+    "softcap": dict(softcap=2.0, scale=1.5),
+    "sinks": dict(sinks=True),
+    "sinks_causal_bottom_right": dict(sinks=True, is_causal=True, alignment="bottom-right"),
+    "valid_lens_per_batch": dict(valid_lens=[3, 6]),
+    "valid_lens_per_query": dict(valid_lens=[[1, 2, 0, 4, 7], [7, 7, 3, 3, 5]]),
+    "bottom_right_causal": dict(is_causal=True, alignment="bottom-right"),
+    "everything": dict(
+        window=(4, 0),
+        alignment="bottom-right",
+        alibi_slopes=[0.3, 0.2, 0.1, 0.05],
+        softcap=3.0,
+        sinks=True,
+        valid_lens=[5, 6],
+        float_mask=True,
+        enable_gqa=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("queries, keys", [(5, 7), (7, 5)], ids=["L<S", "L>S"])
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+def test_variants_match_the_reference(variant, queries, keys):
+    options = dict(VARIANTS[variant])
+    if "valid_lens" in options and queries != 5:
+        per_query = torch.as_tensor(options["valid_lens"])
+        if per_query.dim() == 2:  # one length per query: L rows
+            options["valid_lens"] = per_query[:, :1].expand(-1, queries).clamp(max=keys)
+        else:
+            options["valid_lens"] = per_query.clamp(max=keys)
+    elif "valid_lens" in options:
+        options["valid_lens"] = torch.as_tensor(options["valid_lens"]).clamp(max=keys)
+    gqa = options.get("enable_gqa", False)
+    q = leaf(N, HQ, queries, E)
+    k, v = leaf(N, HKV if gqa else HQ, keys, E), leaf(N, HKV if gqa else HQ, keys, EV)
+    inputs, names = [q, k, v], ["query", "key", "value"]
+    if options.pop("sinks", False):
+        inputs.append(leaf(HQ))
+        names.append("sinks")
+    if options.pop("float_mask", False):
+        inputs.append(leaf(N, 1, queries, keys))
+        names.append("attn_mask")
+
+    def split(extra):
+        named = dict(zip(names[3:], extra))
+        return named.get("sinks"), named.get("attn_mask")
+
+    def mine(q, k, v, *extra):
+        sinks, mask = split(extra)
+        return attn_torch.scaled_dot_product_attention(q, k, v, mask, sinks=sinks, **options)
+
+    def theirs(q, k, v, *extra):
+        sinks, mask = split(extra)
+        return reference_sdpa(q, k, v, mask, sinks=sinks, **options)
+
+    compare(mine, theirs, inputs, names, reference_dtype=torch.float64)
+
+
+def test_the_books_calls_keep_their_meaning():
+    # causal=True is bottom-right; an integer tensor or list as attn_mask is valid_lens; dropout=
+    # is dropout_p.
+    q, k, v = leaf(N, 3, E), leaf(N, 5, E), leaf(N, 5, EV)
+    lengths = torch.tensor([2, 4])
+    expected = reference_sdpa(
+        q.double(),
+        k.double(),
+        v.double(),
+        is_causal=True,
+        alignment="bottom-right",
+        valid_lens=lengths,
+    )
+    for call in (
+        lambda: attn_torch.scaled_dot_product_attention(q, k, v, lengths, causal=True),
+        lambda: attn_torch.scaled_dot_product_attention(q, k, v, [2, 4], causal=True, dropout=0.0),
+        lambda: attn_torch.scaled_dot_product_attention(
+            q, k, v, valid_lens=lengths, is_causal=True, alignment="bottom-right"
+        ),
+    ):
+        assert_relative(call(), expected, OUTPUT_RTOL, "output")
+    with pytest.raises(ValueError, match="causal"):
+        attn_torch.scaled_dot_product_attention(q, k, v, causal=True, is_causal=True)
+    with pytest.raises(ValueError, match="valid_lens"):
+        attn_torch.scaled_dot_product_attention(q, k, v, lengths, valid_lens=lengths)
+    with pytest.raises(TypeError, match="query"):
+        attn_torch.scaled_dot_product_attention(q.detach().long(), k, v)
+
+
+def test_dropout_follows_torch_manual_seed_and_backward_replays_it():
+    q, k = leaf(N, H, 16, E), leaf(N, H, 20, E)
+    v = leaf(N, H, 20, EV)
+    torch.manual_seed(3)
+    first = attn_torch.scaled_dot_product_attention(q, k, v, dropout_p=0.4)
+    torch.manual_seed(3)
+    again = attn_torch.scaled_dot_product_attention(q, k, v, dropout_p=0.4)
+    other = attn_torch.scaled_dot_product_attention(q, k, v, dropout_p=0.4)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    # The output is linear in the values for fixed dropout multipliers, so with the same seed
+    # <out(v + δ) − out(v), g> = <δ, dL/dv> up to float32 rounding: the backward pass applied the
+    # forward pass's multipliers.
+    grad_output = torch.randn_like(first)
+    (grad_v,) = torch.autograd.grad(first, [v], grad_output)
+    delta = torch.randn_like(v)
+    torch.manual_seed(3)
+    shifted = attn_torch.scaled_dot_product_attention(q, k, v + delta, dropout_p=0.4)
+    change = ((shifted - first) * grad_output).sum().item()
+    np.testing.assert_allclose(change, (delta * grad_v).sum().item(), rtol=1e-4)
+
+
+# --- torch.compile ---------------------------------------------------------------------------
+
+
+def test_torch_compile_fullgraph_forward_and_backward_match_eager():
+    torch._dynamo.reset()
+
+    def block(q, k, v, mask, sinks):
+        out = attn_torch.scaled_dot_product_attention(
+            q * 1.5, k, v, mask, enable_gqa=True, sinks=sinks, window=(3, 0)
+        )
+        return torch.tanh(out).sum(dim=-1)
+
+    compiled = torch.compile(block, fullgraph=True)
+    q, k, v = leaf(N, HQ, L, E), leaf(N, HKV, S, E), leaf(N, HKV, S, EV)
+    mask, sinks = leaf(N, 1, L, S), leaf(HQ)
+    inputs = [q, k, v, mask, sinks]
+    eager = block(*inputs)
+    result = compiled(*inputs)
+    grad_output = torch.randn_like(eager)
+    eager_grads = torch.autograd.grad(eager, inputs, grad_output)
+    compiled_grads = torch.autograd.grad(result, inputs, grad_output)
+    # Same attn operators on both sides; only the surrounding element-wise ops may be fused and
+    # rounded differently by Inductor.
+    assert_relative(result, eager, OUTPUT_RTOL, "output")
+    for name, mine, theirs in zip(["q", "k", "v", "mask", "sinks"], compiled_grads, eager_grads):
+        assert_relative(mine, theirs, OUTPUT_RTOL, f"d {name}")
+
+
+def test_operators_pass_opcheck():
+    # torch.library's own checks of the custom operators: schema, fake (meta) implementation,
+    # autograd registration.
+    q, k, v = leaf(N, HQ, L, E), leaf(N, HKV, S, E), leaf(N, HKV, S, EV)
+    mask, sinks = leaf(N, 1, L, S), leaf(HQ)
+    arguments = (
+        q,
+        k,
+        v,
+        mask,
+        None,
+        None,
+        sinks,
+        None,
+        0.0,
+        True,
+        None,
+        True,
+        2,
+        0,
+        5.0,
+        "top-left",
+    )
+    torch.library.opcheck(torch.ops.attn.sdpa.default, arguments)
