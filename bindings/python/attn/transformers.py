@@ -1,0 +1,121 @@
+"""attn as an attention implementation of Hugging Face transformers.
+
+``attn.transformers.register()`` adds attn to transformers' ``AttentionInterface`` (and its mask
+interface) under the name ``"attn"``, so that
+
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="attn")
+
+(or ``from_pretrained(..., attn_implementation="attn")``, or ``model.set_attn_implementation("attn")``)
+runs every attention layer through ``attn.torch.scaled_dot_product_attention``, forward and
+backward. It follows transformers' own SDPA integration (integrations/sdpa_attention.py): the
+model builds the same boolean masks as for ``"sdpa"`` (padding, causal, sliding windows, ...) or
+none at all when ``is_causal`` suffices (aligned top-left, as PyTorch's); grouped-query heads are
+read without being repeated; Gemma 2's ``attn_logit_softcapping`` arrives as ``softcap`` and
+gpt-oss' sinks as ``s_aux``, both computed by attn (transformers' SDPA integration refuses
+``softcap`` and has no sinks).
+
+Sliding windows reach attn inside the mask transformers builds (its ``sliding_window_overlay``),
+exactly as for SDPA: that mask knows where the cached keys sit, which a window aligned to the
+last key would not with a static cache (whose last slots are empty).
+
+transformers is imported only when ``register()`` runs; ``import attn.transformers`` works
+without it.
+"""
+
+import warnings
+from typing import Optional
+
+import torch
+
+from . import torch as _attn_torch
+
+__all__ = ["attention_forward", "register"]
+
+NAME = "attn"
+
+_warned_about_weights = False
+
+
+def _warn_once_about_weights():
+    global _warned_about_weights
+    _warned_about_weights = True
+    warnings.warn(
+        "attn does not return attention weights (output_attentions=True gives None): use "
+        'attn_implementation="eager" for them',
+        stacklevel=3,
+    )
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    s_aux: Optional[torch.Tensor] = None,
+    position_bias: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """One attention layer of a transformers model: query (B, H_q, L, E), key and value
+    (B, H_kv, S, E) → ((B, L, H_q, Ev), None), as transformers' ``sdpa_attention_forward``.
+
+    ``attention_mask`` is the model's mask for this layer (bool, True = attend, or additive
+    float), broadcastable to (B, H_q, L, S), or None; ``softcap`` soft-caps the scores (Gemma 2);
+    ``s_aux`` holds one sink logit per query head (gpt-oss); ``position_bias`` (T5-style) is
+    added to the scores as transformers' SDPA does. ``sliding_window`` is in the mask already."""
+    cache = kwargs.get("cache")
+    if cache is not None and type(cache).__name__ == "PagedAttentionCache":
+        raise NotImplementedError(
+            "attn: paged attention caches (continuous batching) are not supported; use the "
+            "default caches"
+        )
+    if kwargs.get("output_attentions", False) and not _warned_about_weights:
+        _warn_once_about_weights()
+    q_length = query.shape[2]
+    # As SDPA: is_causal from the call, else the module's; it applies only when the model left
+    # the mask out (a plain causal pattern) and there is more than one query (a single decoding
+    # query sees every cached key).
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    is_causal = q_length > 1 and attention_mask is None and is_causal
+    if position_bias is not None:
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+
+        attention_mask = create_position_bias_mask(
+            position_bias, attention_mask, is_causal, query, key
+        )
+        is_causal = False
+    output = _attn_torch.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        is_causal=is_causal,
+        scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1],
+        softcap=softcap,
+        sinks=s_aux,
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> str:
+    """Registers attn with transformers under ``name`` (default ``"attn"``): its
+    ``AttentionInterface`` gets :func:`attention_forward`, its ``AttentionMaskInterface`` the
+    boolean masks of SDPA (``masking_utils.sdpa_mask``), which attn takes as they are. Returns
+    ``name``, to pass as ``attn_implementation``. Calling it again is harmless."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as error:
+        raise ImportError(
+            "attn.transformers.register() needs Hugging Face transformers >= 5 "
+            "(pip install transformers)"
+        ) from error
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name

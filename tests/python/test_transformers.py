@@ -1,0 +1,197 @@
+# attn inside Hugging Face transformers models: small randomly initialised causal LMs built from
+# config objects (nothing downloaded) run with attn_implementation="attn" and "eager" on the same
+# weights; logits (padded batches included) and one training step's parameter gradients must
+# agree. Llama with grouped-query heads, Mistral with a sliding window shorter than the sequence,
+# Gemma 2 with logit soft-capping and its sliding layers, gpt-oss with attention sinks.
+import copy
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the transformers tests need it"
+)
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed: the model tests need it"
+)
+
+import attn.transformers  # noqa: E402
+
+# Logits: float32 through two layers, attn's and eager's attention rounding differently by a few
+# ulps, amplified by the layers after it (norms, MLP, the vocabulary projection).
+LOGITS_RTOL = 1e-4
+# Parameter gradients: the backward pass through the same layers, each one's rounding compounding;
+# relative to each parameter's largest gradient.
+GRADIENT_RTOL = 1e-3
+
+BATCH, LENGTH = 3, 12
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,  # grouped-query heads: 4 query heads per key/value head
+    head_dim=8,
+    max_position_embeddings=64,
+    attention_dropout=0.0,
+    # Larger weights than the default 0.02, so that the scores are O(1) to O(10): attention is
+    # far from uniform and Gemma 2's soft-capping (at 5) changes them.
+    initializer_range=0.2,
+)
+
+
+def llama():
+    return transformers.LlamaConfig(**COMMON)
+
+
+def mistral():
+    return transformers.MistralConfig(**COMMON, sliding_window=5)
+
+
+def gemma2():
+    return transformers.Gemma2Config(
+        **COMMON,
+        sliding_window=5,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=None,
+        query_pre_attn_scalar=8,
+    )
+
+
+def gpt_oss():
+    config = dict(COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=5)
+    return transformers.GptOssConfig(**config)
+
+
+CONFIGS = {"llama": llama, "mistral": mistral, "gemma2": gemma2, "gpt_oss": gpt_oss}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    assert attn.transformers.register() == "attn"
+
+
+def model_pair(name):
+    """The same random weights under attn and eager attention, in evaluation mode."""
+    make_config = CONFIGS[name]
+    if name == "gpt_oss" and not hasattr(transformers, "GptOssConfig"):
+        pytest.skip("this transformers has no gpt-oss")
+    torch.manual_seed(0)
+    config = make_config()
+    eager = transformers.AutoModelForCausalLM.from_config(
+        copy.deepcopy(config), attn_implementation="eager"
+    ).eval()
+    mine = transformers.AutoModelForCausalLM.from_config(
+        copy.deepcopy(config), attn_implementation="attn"
+    ).eval()
+    mine.load_state_dict(eager.state_dict())
+    assert mine.config._attn_implementation == "attn"
+    if name == "gpt_oss":  # the sinks start at zero: make them matter
+        with torch.no_grad():
+            for model in (eager, mine):
+                for layer in model.model.layers:
+                    layer.self_attn.sinks.copy_(
+                        torch.linspace(-1.0, 2.0, COMMON["num_attention_heads"])
+                    )
+    return eager, mine
+
+
+PADDINGS = {
+    "none": None,
+    "all_ones": lambda: torch.ones(BATCH, LENGTH, dtype=torch.long),
+    # Row 1 padded on the left (4 tokens), row 2 on the right (3 tokens).
+    "left_and_right": lambda: torch.tensor(
+        [[1] * LENGTH, [0] * 4 + [1] * (LENGTH - 4), [1] * (LENGTH - 3) + [0] * 3]
+    ),
+}
+
+
+def assert_relative(actual, expected, rtol, name):
+    actual, expected = actual.detach().double(), expected.detach().double()
+    scale = max(expected.abs().max().item(), 1e-6)
+    error = (actual - expected).abs().max().item()
+    assert error <= rtol * scale, f"{name}: max error {error:.3g} > {rtol} × {scale:.3g}"
+
+
+def count_calls():
+    """Counts the calls that reach attn's attention function while the model runs."""
+    calls = []
+    original = attn.transformers.attention_forward
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("softcap"))
+        return original(*args, **kwargs)
+
+    transformers.AttentionInterface.register("attn", spy)
+    return calls, lambda: transformers.AttentionInterface.register("attn", original)
+
+
+@pytest.mark.parametrize("padding", list(PADDINGS))
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_and_gradients_match_eager(name, padding):
+    eager, mine = model_pair(name)
+    torch.manual_seed(1)
+    input_ids = torch.randint(0, COMMON["vocab_size"], (BATCH, LENGTH))
+    attention_mask = PADDINGS[padding]() if PADDINGS[padding] else None
+    # Only real tokens count: a padded query's output is arbitrary (eager's float mask gives it
+    # uniform weights over padding, attn zeros), and no real token attends to it.
+    real = (
+        torch.ones(BATCH, LENGTH, dtype=torch.bool)
+        if attention_mask is None
+        else attention_mask.bool()
+    )
+    # The loss predicts token t + 1 from position t: keep the labels whose position and
+    # predecessor are both real tokens.
+    counted = real.clone()
+    counted[:, 1:] &= real[:, :-1]
+    labels = input_ids.masked_fill(~counted, -100)
+
+    calls, restore = count_calls()
+    try:
+        output = mine(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    finally:
+        restore()
+    expected = eager(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert len(calls) == COMMON["num_hidden_layers"]  # every layer ran through attn
+    if name == "gemma2":
+        assert calls == [5.0, 5.0]
+    assert_relative(output.logits[real], expected.logits[real], LOGITS_RTOL, "logits")
+
+    # One training step: the loss over real tokens, every parameter's gradient.
+    output.loss.backward()
+    expected.loss.backward()
+    eager_parameters = dict(eager.named_parameters())
+    for parameter_name, parameter in mine.named_parameters():
+        reference = eager_parameters[parameter_name].grad
+        if reference is None:
+            assert parameter.grad is None or not parameter.grad.any(), parameter_name
+            continue
+        assert parameter.grad is not None, f"{parameter_name}: no gradient through attn"
+        assert_relative(parameter.grad, reference, GRADIENT_RTOL, f"d {parameter_name}")
+
+
+def test_generation_with_a_cache_matches_eager():
+    # Decoding: the padded prompt, then one query at a time against the cached keys.
+    eager, mine = model_pair("mistral")
+    torch.manual_seed(2)
+    input_ids = torch.randint(1, COMMON["vocab_size"], (2, 6))
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    settings = dict(
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    ours = mine.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+    theirs = eager.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for step, (mine_scores, eager_scores) in enumerate(zip(ours.scores, theirs.scores)):
+        assert_relative(mine_scores, eager_scores, LOGITS_RTOL, f"scores at step {step}")
+
+
+def test_register_names_the_implementation():
+    assert "attn" in transformers.AttentionInterface()
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    assert "attn" in ALL_MASK_ATTENTION_FUNCTIONS
