@@ -2,7 +2,8 @@
 # Fresh machine → every test: installs what is missing, then builds and runs the whole suite three
 # ways: a Release build, an AddressSanitizer + UndefinedBehaviorSanitizer build, and a consumer
 # project built against the installed package (find_package(attn)); between the first two, the
-# Python module is installed with pip and its pytest suite run.
+# Python module is installed with pip into build/venv beside PyTorch and transformers, and its
+# pytest suite run there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=2
@@ -15,25 +16,41 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_TESTS=ON
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release -j"$jobs" --output-on-failure
 
-echo "== Python module: pip install . and pytest"
-# The python3 on PATH needs pip and its C headers; Debian's own python3 lacks both until installed.
+echo "== Python module: pip install . and pytest, in a virtual environment with PyTorch and transformers"
+python_started=$SECONDS
+# The python3 on PATH needs pip, venv and its C headers; Debian's own python3 lacks them until
+# installed.
 has_headers='import os, sysconfig as s; os.stat(os.path.join(s.get_path("include"), "Python.h"))'
-if ! python3 -m pip --version >/dev/null 2>&1 || ! python3 -c "$has_headers" 2>/dev/null; then
+if ! python3 -m pip --version >/dev/null 2>&1 || ! python3 -c "$has_headers" 2>/dev/null ||
+  ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
   sudo_cmd=()
   [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
-  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-pip python3-dev
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-pip python3-dev python3-venv
 fi
-pip_flags=(--quiet)
-# A distribution's python3 marked externally managed (PEP 668) refuses pip installs without this.
-managed='import os, sysconfig as s; os.stat(os.path.join(s.get_path("stdlib"), "EXTERNALLY-MANAGED"))'
-if python3 -c "$managed" 2>/dev/null; then
-  pip_flags+=(--break-system-packages)
+# The project's own environment under build/ (git-ignored), so that every comparison with PyTorch
+# and transformers runs; pip's cache makes later runs fast. Without network (PyTorch cannot be
+# installed), the module is tested with the system python3 instead, the PyTorch and transformers
+# tests skipped.
+venv=build/venv
+python=("$venv/bin/python")
+pip_flags=(--quiet --disable-pip-version-check)
+if ! { [[ -x $venv/bin/python ]] || python3 -m venv "$venv"; } ||
+  ! "${python[@]}" -m pip install "${pip_flags[@]}" "torch>=2.5" "transformers>=5" numpy pytest; then
+  echo "test.sh: could not install PyTorch and transformers from PyPI into $venv (no network?):" \
+    "testing the Python module with the system python3; the PyTorch and transformers tests are skipped"
+  python=(python3)
+  # A distribution's python3 marked externally managed (PEP 668) refuses pip installs without this.
+  managed='import os, sysconfig as s; os.stat(os.path.join(s.get_path("stdlib"), "EXTERNALLY-MANAGED"))'
+  if python3 -c "$managed" 2>/dev/null; then
+    pip_flags+=(--break-system-packages)
+  fi
 fi
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs PIP_ROOT_USER_ACTION=ignore \
-  python3 -m pip install "${pip_flags[@]}" --config-settings=build-dir=build/python ./ numpy pytest
-python3 -m pytest -q -rs tests/python
+  "${python[@]}" -m pip install "${pip_flags[@]}" --config-settings=build-dir=build/python ./ numpy pytest
+"${python[@]}" -m pytest -q -rs tests/python
+echo "test.sh: Python stage took $((SECONDS - python_started)) s"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DATTN_SANITIZE=ON -DATTN_BUILD_TESTS=ON
