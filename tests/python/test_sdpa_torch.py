@@ -222,7 +222,7 @@ def test_expanded_float_mask_gradient_sums_like_torch():
     )
 
 
-def test_transposed_inputs_as_transformers_passes_them():
+def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
     # (B, L, H, E) projections viewed as (B, H, L, E): read in place by attn (last axis
     # contiguous), with the same results as contiguous copies.
     q = leaf(N, L, H, E)
@@ -237,8 +237,21 @@ def test_transposed_inputs_as_transformers_passes_them():
         [q, k, v],
         ["query", "key", "value"],
     )
-    transposed = q.detach().transpose(1, 2)
-    assert attn._data_pointer(transposed, strided=True) == transposed.data_ptr()
+    # The operator hands attn the views themselves, whose memory attn reads in place.
+    seen = []
+    forward = attn_torch._extension._sdpa_forward
+
+    def spy(query, key, value, *args, **kwargs):
+        seen.extend((t, attn._data_pointer(t, strided=True)) for t in (query, key, value))
+        return forward(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(attn_torch._extension, "_sdpa_forward", spy)
+    views = [t.detach().transpose(1, 2) for t in (q, k, v)]
+    attn_torch.scaled_dot_product_attention(*views, is_causal=True)
+    assert len(seen) == 3
+    for view, (passed, address) in zip(views, seen):
+        assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
+        assert address == view.data_ptr()
 
 
 def test_float64_inputs_give_float64_results():

@@ -114,13 +114,18 @@ def assert_relative(actual, expected, rtol, name):
 
 
 def count_calls():
-    """Counts the calls that reach attn's attention function while the model runs."""
+    """Records the calls that reach attn's attention function while the model runs."""
     calls = []
     original = attn.transformers.attention_forward
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("softcap"))
-        return original(*args, **kwargs)
+    def spy(module, query, key, value, *args, **kwargs):
+        # What attn reads: the model's own (transposed) query, key and value, without a copy.
+        in_place = all(
+            attn._data_pointer(t.detach(), strided=True) == t.data_ptr()
+            for t in (query, key, value)
+        )
+        calls.append((kwargs.get("softcap"), in_place))
+        return original(module, query, key, value, *args, **kwargs)
 
     transformers.AttentionInterface.register("attn", spy)
     return calls, lambda: transformers.AttentionInterface.register("attn", original)
@@ -153,8 +158,9 @@ def test_logits_and_gradients_match_eager(name, padding):
         restore()
     expected = eager(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     assert len(calls) == COMMON["num_hidden_layers"]  # every layer ran through attn
+    assert all(in_place for _, in_place in calls)
     if name == "gemma2":
-        assert calls == [5.0, 5.0]
+        assert [softcap for softcap, _ in calls] == [5.0, 5.0]
     assert_relative(output.logits[real], expected.logits[real], LOGITS_RTOL, "logits")
 
     # One training step: the loss over real tokens, every parameter's gradient.
