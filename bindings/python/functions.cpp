@@ -1,6 +1,6 @@
 // The book's functions: masked_softmax, additive_attention and gaussian_kernel_pooling over
-// Python arrays, with the GIL released while the kernels run (scaled_dot_product_attention is in
-// functional.cpp).
+// Python arrays through attn's functional API (no layer built per call), with the GIL released
+// while the kernels run (scaled_dot_product_attention is in functional.cpp).
 #include <nanobind/stl/optional.h>
 
 #include <cstdint>
@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "arrays.hpp"
+#include "attn/functional/additive_attention.hpp"
+#include "attn/functional/gaussian_kernel_pooling.hpp"
 #include "attn/kernels/masked_softmax.hpp"
-#include "attn/nn/additive_attention.hpp"
-#include "attn/nn/gaussian_kernel_pooling.hpp"
 #include "bindings.hpp"
 
 namespace attn::python {
@@ -25,28 +25,6 @@ nb::object output_and_weights(Tensor output, Tensor weights, bool need_weights,
   nb::object result = to_python(std::move(output), framework);
   if (!need_weights) return result;
   return nb::make_tuple(result, to_python(std::move(weights), framework));
-}
-
-// Runs `layer` (in evaluation mode unless dropout is wanted) on converted inputs without the GIL.
-template <class Layer>
-nb::object run_layer(Layer& layer, const InputTensor& queries, const InputTensor& keys,
-                     const InputTensor& values, ValidLengths valid_lens, bool causal,
-                     bool need_weights) {
-  Tensor output;
-  Tensor weights;
-  {
-    nb::gil_scoped_release release;
-    use_thread_setting();
-    if (causal) {
-      valid_lens =
-          valid_lens.with_causal_mask(queries.shape()[0], queries.shape()[1], keys.shape()[1]);
-    }
-    output = layer.forward(queries.view(), keys.view(), values.view(), valid_lens);
-    // Asked for only when wanted: after a fused forward pass the layer computes them on request.
-    if (need_weights) weights = layer.attention_weights();
-  }
-  return output_and_weights(std::move(output), std::move(weights), need_weights,
-                            queries.framework());
 }
 
 // Throws ValueError naming `name` unless `tensor` has shape (rows, columns); -1 matches any.
@@ -99,15 +77,24 @@ void bind_functions(nb::module_& module) {
             "(num_hiddens, key_size) with num_hiddens " + std::to_string(hiddens) + " as in W_q");
         require_matrix(score_weight, "w_v", 1, hiddens,
                        "(1, num_hiddens) = (1, " + std::to_string(hiddens) + ")");
-        const ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
-        AdditiveAttention layer(key_weight.shape()[1], query_weight.shape()[1], hiddens, 0.0F);
-        layer.eval();
-        StateDict parameters;
-        parameters.emplace("W_q.weight", Tensor::from(query_weight.view()));
-        parameters.emplace("W_k.weight", Tensor::from(key_weight.view()));
-        parameters.emplace("w_v.weight", Tensor::from(score_weight.view()));
-        layer.load_state_dict(parameters);
-        return run_layer(layer, queries, keys, values, lengths, false, need_weights);
+        AttentionOptions options;
+        options.valid_lens = to_valid_lengths(valid_lens, "valid_lens");
+        const AdditiveParameters parameters{query_weight.view(), key_weight.view(),
+                                            score_weight.view().span()};
+        AttentionForward forward;
+        Tensor weights;
+        {
+          nb::gil_scoped_release release;
+          use_thread_setting();
+          forward =
+              additive_attention(queries.view(), keys.view(), values.view(), parameters, options);
+          if (need_weights) {
+            weights = additive_attention_weights(queries.view(), keys.view(), parameters,
+                                                 forward.log_sum_exp, options);
+          }
+        }
+        return output_and_weights(std::move(forward.output), std::move(weights), need_weights,
+                                  queries.framework());
       },
       "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "W_q"_a.none(), "W_k"_a.none(),
       "w_v"_a.none(), "valid_lens"_a = nb::none(), "need_weights"_a = false,
@@ -125,9 +112,15 @@ void bind_functions(nb::module_& module) {
         const InputTensor keys(k, "keys", 3);
         const InputTensor values(v, "values", 3);
         const ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
-        GaussianKernelPooling layer(width, 0.0F);
-        layer.eval();
-        return run_layer(layer, queries, keys, values, lengths, false, need_weights);
+        PoolingResult result;
+        {
+          nb::gil_scoped_release release;
+          use_thread_setting();
+          result = gaussian_kernel_pooling(queries.view(), keys.view(), values.view(), width,
+                                           lengths);
+        }
+        return output_and_weights(std::move(result.output), std::move(result.weights),
+                                  need_weights, queries.framework());
       },
       "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "width"_a = 1.0F,
       "valid_lens"_a = nb::none(), "need_weights"_a = false,

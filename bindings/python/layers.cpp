@@ -1,5 +1,5 @@
-// The layers: AdditiveAttention, DotProductAttention, MultiHeadAttention and GaussianKernelPooling
-// with the book's constructors, forward/backward, modes, state dicts, gradients and safetensors.
+// The layers: AdditiveAttention, DotProductAttention, MultiHeadAttention, GeneralAttention and
+// GaussianKernelPooling with the book's constructors, forward/backward, modes, state dicts, gradients and safetensors.
 #include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -19,6 +19,7 @@
 #include "attn/nn/additive_attention.hpp"
 #include "attn/nn/dot_product_attention.hpp"
 #include "attn/nn/gaussian_kernel_pooling.hpp"
+#include "attn/nn/general_attention.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "bindings.hpp"
 
@@ -407,6 +408,33 @@ void bind_layers(nb::module_& module) {
   });
   multi_head.def_prop_ro("bias", [](MultiHead& bound) {
     return bound.with_layer([](MultiHeadAttention& layer) { return layer.has_bias(); });
+  });
+
+  using General = BoundLayer<GeneralAttention>;
+  nb::class_<General> general(
+      module, "GeneralAttention",
+      "Luong's general attention: scores (W q)·k for queries and keys of different sizes (the\n"
+      "book's exercise), unscaled, masked softmax, dropout, weighted sum of values. Parameter\n"
+      "W.weight (key_size, query_size), as nn.Linear(query_size, key_size, bias=False).");
+  general.def(
+      "__init__",
+      [](General* self, int64_t query_size, int64_t key_size, float dropout, uint64_t seed) {
+        Config config{{"query_size", python_literal(query_size)},
+                      {"key_size", python_literal(key_size)},
+                      {"dropout", python_literal(dropout)}};
+        construct(self, "GeneralAttention", std::move(config),
+                  GeneralAttention(query_size, key_size, dropout, seed));
+      },
+      "query_size"_a, "key_size"_a, "dropout"_a = 0.0F, nb::kw_only(), "seed"_a = 0);
+  bind_common(general);
+  general.def_prop_ro("query_size", [](General& bound) {
+    return bound.with_layer([](GeneralAttention& layer) { return layer.query_size(); });
+  });
+  general.def_prop_ro("key_size", [](General& bound) {
+    return bound.with_layer([](GeneralAttention& layer) { return layer.key_size(); });
+  });
+  general.def_prop_ro("dropout", [](General& bound) {
+    return bound.with_layer([](GeneralAttention& layer) { return layer.dropout(); });
   });
 
   using Gaussian = BoundLayer<GaussianKernelPooling>;

@@ -8,7 +8,13 @@ import pytest
 import attn
 
 STUB = pathlib.Path(attn.__file__).with_name("__init__.pyi")
-LAYERS = ["AdditiveAttention", "DotProductAttention", "MultiHeadAttention", "GaussianKernelPooling"]
+LAYERS = [
+    "AdditiveAttention",
+    "DotProductAttention",
+    "MultiHeadAttention",
+    "GeneralAttention",
+    "GaussianKernelPooling",
+]
 
 
 def stub_tree():

@@ -18,6 +18,7 @@ from ._attn import (
     DotProductAttention,
     FileError,
     GaussianKernelPooling,
+    GeneralAttention,
     MultiHeadAttention,
     ShapeError,
     additive_attention,
@@ -43,6 +44,7 @@ __all__ = [
     "DotProductAttention",
     "FileError",
     "GaussianKernelPooling",
+    "GeneralAttention",
     "MultiHeadAttention",
     "ShapeError",
     "additive_attention",
@@ -62,6 +64,7 @@ _LAYERS = {
     "AdditiveAttention": AdditiveAttention,
     "DotProductAttention": DotProductAttention,
     "GaussianKernelPooling": GaussianKernelPooling,
+    "GeneralAttention": GeneralAttention,
     "MultiHeadAttention": MultiHeadAttention,
 }
 

@@ -105,7 +105,13 @@ def save_safetensors(
 
 def load(
     path: PathLike,
-) -> AdditiveAttention | DotProductAttention | MultiHeadAttention | GaussianKernelPooling:
+) -> (
+    AdditiveAttention
+    | DotProductAttention
+    | MultiHeadAttention
+    | GeneralAttention
+    | GaussianKernelPooling
+):
     """Rebuilds a layer written by layer.save(path)."""
 
 def _data_pointer(x: ArrayLike, strided: bool = False) -> int:
@@ -227,6 +233,19 @@ class MultiHeadAttention(_AttentionLayer):
     def num_heads(self) -> int: ...
     @property
     def bias(self) -> bool: ...
+
+class GeneralAttention(_AttentionLayer):
+    """Luong's general attention: scores (W q)·k for queries and keys of different sizes."""
+
+    def __init__(
+        self, query_size: int, key_size: int, dropout: float = 0.0, *, seed: int = 0
+    ) -> None: ...
+    @property
+    def query_size(self) -> int: ...
+    @property
+    def key_size(self) -> int: ...
+    @property
+    def dropout(self) -> float: ...
 
 class GaussianKernelPooling(_AttentionLayer):
     """Nadaraya–Watson Gaussian-kernel pooling with a learnable width w."""

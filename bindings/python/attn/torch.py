@@ -32,6 +32,7 @@ __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
     "GaussianKernelPooling",
+    "GeneralAttention",
     "MultiHeadAttention",
     "scaled_dot_product_attention",
 ]
@@ -165,6 +166,14 @@ class MultiHeadAttention(_AttnModule):
                 key_size, query_size, value_size, num_hiddens, num_heads, dropout, bias, seed=seed
             )
         )
+
+
+class GeneralAttention(_AttnModule):
+    """Luong's general attention, computed by attn: scores (W q)·k for queries and keys of
+    different sizes, parameter ``W.weight`` (key_size, query_size)."""
+
+    def __init__(self, query_size, key_size, dropout=0.0, *, seed=0):
+        super().__init__(_attn.GeneralAttention(query_size, key_size, dropout, seed=seed))
 
 
 class GaussianKernelPooling(_AttnModule):
