@@ -1,12 +1,13 @@
-// Fused scaled dot-product attention, forward: FlashAttention-2's tiling with an online softmax,
-// written once with Highway and compiled for every SIMD target (foreach_target), dispatched once
-// per call. Layout and notation follow include/attn/kernels/flash_attention.hpp.
+// Fused attention, forward (dot-product and additive scores): FlashAttention-2's tiling with an
+// online softmax, written once with Highway and compiled for every SIMD target (foreach_target),
+// dispatched once per call. Layout and notation follow include/attn/kernels/flash_attention.hpp.
 //
 // Per task (batch b, head h, query tile of Br = 4 vectors of rows) the kernel keeps, in per-thread
 // scratch: Qᵀ scaled (d × Br), the score tile transposed Sᵀ (Bc × Br) — queries along the vector
 // lanes, so each row's running max and sum are lane-wise, with no horizontal reductions — and the
-// output accumulator O (Br × dv). For each key tile: Sᵀ = K Qᵀ, mask, new max, P = exp(S − max),
-// O = O·exp(old max − new max) + P V. Key tiles past every row's valid length are never visited.
+// output accumulator O (Br × dv). For each key tile: Sᵀ = K Qᵀ, the score modifiers and masks
+// (score_modifiers-inl.h), new max, P = exp(S − max), O = O·exp(old max − new max) + P V. Key
+// tiles outside every row's key range, or hidden whole by a bool mask, are never computed.
 #include "attn/kernels/flash_attention.hpp"
 
 #include <algorithm>

@@ -28,7 +28,9 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
     throw ShapeError("keys: expected size " + std::to_string(q.cols) + " (that of queries), got " +
                      std::to_string(k.cols));
   }
-  if (k.batch != q.batch || k.heads <= 0 || (q.heads % k.heads != 0 && q.batch > 0)) {
+  // Grouped-query heads: H_kv divides H (no heads at all on either side is an empty problem).
+  const bool heads_divide = k.heads > 0 ? q.heads % k.heads == 0 : q.heads == 0;
+  if (k.batch != q.batch || !heads_divide) {
     throw ShapeError("keys: expected " + std::to_string(q.batch) +
                      " batch elements and a number of heads dividing the queries' " +
                      std::to_string(q.heads) + ", got " + std::to_string(k.batch) + " × " +
