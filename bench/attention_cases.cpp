@@ -1,18 +1,25 @@
 // The benchmark case table: dot-product attention forward, fused (attn::flash_attention_forward on
 // strided heads) and plain (the book's bmm + masked softmax + bmm), without mask, with padded
-// batches and causal; its backward pass, fused and plain; and the AdditiveAttention layer's forward
-// and backward passes, fused and on its reference path.
+// batches and causal; its backward pass, fused and plain; the functional API
+// (attn::scaled_dot_product_attention) without mask, with a sliding window, bool and float
+// attention masks and grouped-query heads; and the AdditiveAttention layer's forward and backward
+// passes, fused and on its reference path.
 #include "bench/attention_cases.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <utility>
 
 #include "attn/core/error.hpp"
 #include "attn/core/random.hpp"
+#include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
+#include "attn/functional/attention_options.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
@@ -182,6 +189,126 @@ PreparedCase prepare_plain(Mask mask, bool backward, const AttentionShape& shape
   return prepared;
 }
 
+// The functional API, attn::scaled_dot_product_attention, as users call it: query, key and value
+// stored (B, n, H·d) as the fused cases' (what a projection writes) and passed as (B, H, n, d)
+// views of it (PyTorch's view(B, n, H, d).transpose(1, 2)), read in place; the output likewise.
+// Forward passes without the log-sum-exp (inference), as the fused case.
+enum class Functional {
+  kFull,        // no mask: the base of the others' ratios
+  kWindow,      // causal sliding window, keys i − window … i (Mistral's), shape.window
+  kMaskBool,    // bool key-padding mask (B, 1, 1, S): fused-padded's lengths, as a mask
+  kMaskCausal,  // bool (L, S) mask j ≤ i: fused-causal as a materialised mask
+  kMaskFloat,   // float (L, S) mask −|i − j|/256: an ALiBi bias of one slope as a mask
+  kGqa,         // grouped-query heads: H_kv = H / 4 (1 when 4 does not divide H)
+};
+
+int64_t kv_heads(Functional variant, const AttentionShape& shape) {
+  if (variant != Functional::kGqa) return shape.heads;
+  return shape.heads % 4 == 0 ? shape.heads / 4 : 1;
+}
+
+// (B, heads, rows, depth) over storage laid out (B, rows, heads·depth).
+template <class T>
+StridedView<T> heads_first(T* data, int64_t batch, int64_t heads, int64_t rows, int64_t depth) {
+  const std::array<int64_t, 4> strides{rows * heads * depth, depth, heads * depth, 1};
+  return StridedView<T>(data, Shape{batch, heads, rows, depth}, strides);
+}
+
+// Σ over batch elements and queries of the keys each query sees, times the heads and 4·d.
+double functional_flops(Functional variant, const AttentionShape& shape,
+                        const std::vector<int64_t>& padding) {
+  const int64_t n = shape.queries, m = shape.keys;
+  double visible = 0.0;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      switch (variant) {
+        case Functional::kWindow:
+          visible += static_cast<double>(std::min(m, i + 1) - std::max<int64_t>(0, i - shape.window));
+          break;
+        case Functional::kMaskBool:
+          visible += static_cast<double>(padding[static_cast<size_t>(b)]);
+          break;
+        case Functional::kMaskCausal:
+          visible += static_cast<double>(std::min(m, i + 1));
+          break;
+        default:
+          visible += static_cast<double>(m);
+      }
+    }
+  }
+  return dot_forward_flops(shape) * static_cast<double>(shape.heads) * visible;
+}
+
+PreparedCase prepare_functional(Functional variant, const AttentionShape& shape, uint64_t seed) {
+  struct State {
+    Tensor q, k, v, out, float_mask;
+    std::vector<uint8_t> bool_mask;
+    AttentionOptions options;
+    ConstStridedView query, key, value;
+    MutableStridedView output;
+  };
+  auto state = std::make_shared<State>();
+  Rng rng(seed);
+  const int64_t n = shape.queries, m = shape.keys, d = shape.head_dim;
+  const int64_t heads = shape.heads, kv = kv_heads(variant, shape);
+  state->q = random_tensor(Shape{shape.batch, n, heads * d}, rng);
+  state->k = random_tensor(Shape{shape.batch, m, kv * d}, rng);
+  state->v = random_tensor(Shape{shape.batch, m, kv * d}, rng);
+  state->out = Tensor(Shape{shape.batch, n, heads * d});
+  state->query = heads_first<const float>(state->q.data(), shape.batch, heads, n, d);
+  state->key = heads_first<const float>(state->k.data(), shape.batch, kv, m, d);
+  state->value = heads_first<const float>(state->v.data(), shape.batch, kv, m, d);
+  state->output = heads_first<float>(state->out.data(), shape.batch, heads, n, d);
+  AttentionOptions& options = state->options;
+  std::vector<int64_t> padding;
+  switch (variant) {
+    case Functional::kFull:
+      break;
+    case Functional::kWindow:
+      options.causal = true;
+      options.window = SlidingWindow{shape.window, 0};
+      break;
+    case Functional::kMaskBool: {
+      padding = padding_lengths(Mask::kPadded, shape, seed).values();
+      state->bool_mask.resize(static_cast<size_t>(shape.batch * m));
+      for (int64_t b = 0; b < shape.batch; ++b) {
+        for (int64_t j = 0; j < m; ++j)
+          state->bool_mask[static_cast<size_t>(b * m + j)] = j < padding[static_cast<size_t>(b)];
+      }
+      options.attn_mask = AttentionMask::boolean(
+          StridedView<const uint8_t>(state->bool_mask.data(), Shape{shape.batch, 1, 1, m}));
+      break;
+    }
+    case Functional::kMaskCausal:
+      state->bool_mask.resize(static_cast<size_t>(n * m));
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < m; ++j) state->bool_mask[static_cast<size_t>(i * m + j)] = j <= i;
+      }
+      options.attn_mask = AttentionMask::boolean(
+          StridedView<const uint8_t>(state->bool_mask.data(), Shape{n, m}));
+      break;
+    case Functional::kMaskFloat:
+      state->float_mask = Tensor(Shape{n, m});
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < m; ++j)
+          state->float_mask.data()[i * m + j] = -static_cast<float>(std::abs(i - j)) / 256.0F;
+      }
+      options.attn_mask = AttentionMask::additive(state->float_mask);
+      break;
+    case Functional::kGqa:
+      options.enable_gqa = true;
+      break;
+  }
+  PreparedCase prepared;
+  prepared.useful_flops = functional_flops(variant, shape, padding);
+  prepared.padding_lengths = padding;
+  prepared.run = [state] {
+    scaled_dot_product_attention(state->query, state->key, state->value, state->options,
+                                 state->output);
+  };
+  return prepared;
+}
+
 // Additive attention is the AdditiveAttention layer in evaluation mode, projections included, on
 // the book's shapes: B batch elements (no heads) of n queries, m keys and values of size d, and
 // hidden size h = d. Forward passes time forward(); backward passes time backward() after a
@@ -277,6 +404,25 @@ AttentionCase multi_head_case() {
   return entry;
 }
 
+AttentionCase functional_case(std::string name, std::string workload, Functional variant) {
+  AttentionCase entry;
+  entry.name = std::move(name);
+  entry.workload = std::move(workload);
+  entry.path = "fused";
+  // Nothing is materialised but the (L, S) masks, inputs the size of the scores' plane: counted,
+  // so that --max-working-set-mib skips sizes where they would not fit.
+  entry.working_set_bytes = [variant](const AttentionShape& shape) {
+    const double plane = static_cast<double>(shape.queries) * static_cast<double>(shape.keys);
+    return variant == Functional::kMaskCausal  ? plane
+           : variant == Functional::kMaskFloat ? 4.0 * plane
+                                               : 0.0;
+  };
+  entry.prepare = [variant](const AttentionShape& shape, uint64_t seed) {
+    return prepare_functional(variant, shape, seed);
+  };
+  return entry;
+}
+
 AttentionCase additive_case(std::string name, std::string workload, bool fused, bool backward) {
   AttentionCase entry;
   entry.name = std::move(name);
@@ -310,6 +456,12 @@ const std::vector<AttentionCase>& attention_cases() {
       dot_case("fused-backward", "dot-backward", Mask::kNone, true, true),
       dot_case("plain-backward", "dot-backward", Mask::kNone, false, true),
       multi_head_case(),
+      functional_case("fused-sdpa", "sdpa", Functional::kFull),
+      functional_case("fused-window", "sdpa-window", Functional::kWindow),
+      functional_case("fused-mask-bool", "sdpa-mask-bool", Functional::kMaskBool),
+      functional_case("fused-mask-causal", "sdpa-mask-causal", Functional::kMaskCausal),
+      functional_case("fused-mask-float", "sdpa-mask-float", Functional::kMaskFloat),
+      functional_case("fused-gqa", "sdpa-gqa", Functional::kGqa),
       additive_case("fused-additive", "additive", true, false),
       additive_case("plain-additive", "additive", false, false),
       additive_case("fused-add-backward", "additive-backward", true, true),

@@ -17,6 +17,8 @@ struct AttentionShape {
   int64_t queries = 128;  // n
   int64_t keys = 128;     // m
   int64_t head_dim = 64;  // d (queries, keys and values alike)
+  // The sliding-window case's left size: query i sees keys i − window … i (causal, Mistral's).
+  int64_t window = 256;
 };
 
 // A case ready to run: inputs and outputs allocated and filled, `run` does one pass. Whatever

@@ -44,11 +44,13 @@ struct BenchOptions {
   std::vector<std::string> cases;  // empty: all
   int repeats = 5;
   bool quick = false;
+  bool no_ceilings = false;  // skip the FMA peak and sgemm (profiling the cases alone)
   bool json = false;
   std::string json_out;  // also write the JSON here, with the table on stdout
   int64_t batch = 4;
   int64_t heads = 8;
   int64_t head_dim = 64;
+  int64_t window = 256;  // fused-window's left size
   double max_working_set_mib = 600.0;
   uint64_t seed = 1;
 };
@@ -65,6 +67,8 @@ struct CaseRow {
   std::optional<double> peak_fraction;
   std::optional<double> sgemm_ratio;
   std::optional<double> speedup_vs_plain;  // plain time / this time, same workload
+  // The functional cases but fused-sdpa: fused-sdpa's time / this time, same n and threads.
+  std::optional<double> speedup_vs_sdpa;
   std::vector<int64_t> padding_lengths;
 };
 
@@ -137,7 +141,7 @@ void check_options(BenchOptions& options) {
 }
 
 AttentionShape shape_for(const BenchOptions& options, int64_t length) {
-  return {options.batch, options.heads, length, length, options.head_dim};
+  return {options.batch, options.heads, length, length, options.head_dim, options.window};
 }
 
 CaseRow measure_case(const AttentionCase& entry, const AttentionShape& shape, int threads,
@@ -177,6 +181,7 @@ BenchReport run_benchmarks(const BenchOptions& options) {
     std::cerr << "attn bench: " << what << "\n";
   };
   for (const int threads : options.threads) {
+    if (options.no_ceilings) break;
     progress("FMA peak, " + std::to_string(threads) + " thread(s)");
     report.peaks[threads] =
         bench::measure_fma_peak(threads, options.quick ? 0.05 : 0.3, options.quick ? 2 : 5);
@@ -184,7 +189,7 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   const double budget = options.max_working_set_mib * 1024 * 1024;
   for (const int64_t length : options.sizes) {
     const AttentionShape shape = shape_for(options, length);
-    if (bench::have_sgemm()) {
+    if (bench::have_sgemm() && !options.no_ceilings) {
       for (const int threads : options.threads) {
         progress("sgemm n=" + std::to_string(length) + ", " + std::to_string(threads) +
                  " thread(s)");
@@ -235,6 +240,10 @@ BenchReport run_benchmarks(const BenchOptions& options) {
           (base.threads == row.threads || base.threads == 1)) {
         row.speedup_vs_plain = base.milliseconds / row.milliseconds;
       }
+      if (base.workload == "sdpa" && row.workload.rfind("sdpa-", 0) == 0 &&
+          base.length == row.length && base.threads == row.threads) {
+        row.speedup_vs_sdpa = base.milliseconds / row.milliseconds;
+      }
     }
   }
   report.load_after = load_average();
@@ -257,7 +266,9 @@ std::string mebibytes(const std::optional<int64_t>& bytes) {
 void print_table(const BenchReport& report, const BenchOptions& options) {
   std::cout << "attn bench: B=" << options.batch << ", heads=" << options.heads
             << ", d=" << options.head_dim << ", n=m (additive: B batch elements of size d, h=d, "
-            << "no heads); median of " << options.repeats << " passes after one warm-up\n"
+            << "no heads; fused-window: keys i-" << options.window << "..i; fused-gqa: "
+            << "heads/4 key/value heads); median of " << options.repeats
+            << " passes after one warm-up\n"
             << "machine: " << report.cpu << "\n"
             << "load average (1, 5, 15 min): " << report.load_before << " before, "
             << report.load_after << " after\n";
@@ -277,7 +288,8 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
             << "GFLOP/s count, per visible (query, key) pair of every batch element and head, "
                "4*d for dot-product forward, 8*d for its backward (dV, dP, dQ, dK), 3*h+2*d for "
                "additive forward (tanh not counted), 6*h+4*d for its backward; fused-mha adds its "
-               "projections, 8*B*n*(H*d)^2: masked work is not counted\n"
+               "projections, 8*B*n*(H*d)^2: masked work is not counted (a window or mask counts "
+               "only the pairs it lets through)\n"
             << "% peak: of the FMA peak at the same thread count; x sgemm: rate / the sgemm rate "
                "on the attention shapes (n x d)(d x m) + (n x m)(m x d); vs plain: plain time / "
                "this time (the plain path is serial and is measured with 1 thread)\n\n";
@@ -315,6 +327,18 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
       std::cout << line;
     }
   }
+  bool heading = false;
+  for (const CaseRow& row : report.rows) {
+    if (!row.speedup_vs_sdpa) continue;
+    if (!heading) {
+      std::cout << "\nfunctional API: fused-sdpa's time (no mask, same n and threads) / this "
+                   "time\n";
+      heading = true;
+    }
+    std::snprintf(line, sizeof line, "%-18s %6lld %7d %9.2fx\n", row.name.c_str(),
+                  static_cast<long long>(row.length), row.threads, *row.speedup_vs_sdpa);
+    std::cout << line;
+  }
 }
 
 void write_json(const BenchReport& report, const BenchOptions& options, std::ostream& out) {
@@ -322,7 +346,8 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
   const auto optional_json = [](const auto& value) { return value ? json(*value) : json(nullptr); };
   json document;
   document["shape"] = {
-      {"batch", options.batch}, {"heads", options.heads}, {"head_dim", options.head_dim}};
+      {"batch", options.batch}, {"heads", options.heads}, {"head_dim", options.head_dim},
+      {"window", options.window}};
   document["repeats"] = options.repeats;
   document["machine"] = report.cpu;
   document["load_average_before"] = report.load_before;
@@ -356,6 +381,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
                                  {"peak_fraction", optional_json(row.peak_fraction)},
                                  {"sgemm_ratio", optional_json(row.sgemm_ratio)},
                                  {"speedup_vs_plain", optional_json(row.speedup_vs_plain)},
+                                 {"speedup_vs_sdpa", optional_json(row.speedup_vs_sdpa)},
                                  {"extra_bytes", optional_json(row.extra_bytes)},
                                  {"padding_lengths", row.padding_lengths}});
   }
@@ -398,6 +424,12 @@ void add_bench_command(CLI::App& app) {
       "that materialises the scores, forward without mask, with padded batches (valid lengths "
       "uniform in [1, m], seeded) and causal, and backward without mask; the MultiHeadAttention "
       "layer with its projections (fused-mha); "
+      "the functional API attn::scaled_dot_product_attention on (B, H, n, d) views of the same "
+      "storage, without mask (fused-sdpa, the base of the others), with a causal sliding window "
+      "of --window keys back (fused-window), a bool key-padding mask (B, 1, 1, S) of "
+      "fused-padded's lengths (fused-mask-bool), a bool (L, S) causal mask (fused-mask-causal), "
+      "a float (L, S) ALiBi-like bias (fused-mask-float) and grouped-query heads, H/4 key/value "
+      "heads (fused-gqa); "
       "additive attention "
       "(the AdditiveAttention layer, h = d) forward and backward, fused and on its reference "
       "path (up to n = 1024). The FMA peak and the sgemm ceiling are measured in "
@@ -415,12 +447,20 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   command->add_flag("--quick", options->quick,
                     "Smoke run: sizes 128,512 unless --sizes is given, at most 2 repeats");
+  command->add_flag("--no-ceilings", options->no_ceilings,
+                    "Skip the FMA peak and sgemm measurements (% peak and x sgemm stay empty): "
+                    "the cases alone, e.g. under perf record");
   command->add_flag("--json", options->json, "Print JSON instead of the table");
   command->add_option("--json-out", options->json_out, "Also write the JSON to this file")
       ->type_name("FILE");
   command->add_option("--batch", options->batch, "Batch size B")->check(CLI::Range(1, 4096));
   command->add_option("--heads", options->heads, "Heads H")->check(CLI::Range(1, 4096));
   command->add_option("--head-dim", options->head_dim, "Head size d")->check(CLI::Range(1, 4096));
+  command
+      ->add_option("--window", options->window,
+                   "fused-window: query i sees keys i - N ... i (causal sliding window)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   command
       ->add_option("--max-working-set-mib", options->max_working_set_mib,
                    "Skip a case at sizes where it would materialise more than this (the plain "
