@@ -27,6 +27,7 @@
 #include "attn/kernels/additive_attention.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
+#include "kernels/parallel_tasks.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
@@ -272,17 +273,14 @@ void AdditiveBackward(const AdditiveBackwardArgs& args) {
   // Partial da per task (only when heads are split) and dw per task, summed in order below.
   std::vector<float> partial_grad_queries(chunks > 1 ? static_cast<size_t>(tasks) * n * hidden : 0);
   std::vector<float> partial_grad_weights(static_cast<size_t>(tasks) * hidden);
-  bool out_of_memory = false;
-#pragma omp parallel
-  {
-    AdditiveBackwardScratch scratch(n, hidden, static_cast<size_t>(args.values.cols), hn::Lanes(d));
-    if (scratch.memory == nullptr) {
-#pragma omp atomic write
-      out_of_memory = true;
-    } else {
-      // Dynamic scheduling: masked and causal heads differ widely in cost.
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) {
+  // Dynamic scheduling: masked and causal heads differ widely in cost.
+  run_parallel_tasks(
+      tasks, "additive_attention_backward", TaskSchedule::kDynamic,
+      [&] {
+        return AdditiveBackwardScratch(n, hidden, static_cast<size_t>(args.values.cols),
+                                       hn::Lanes(d));
+      },
+      [&](int64_t task, AdditiveBackwardScratch& scratch, int) {
         const int64_t head = task / chunks, chunk = task % chunks;
         const int64_t b = head / args.queries.heads, h = head % args.queries.heads;
         const auto first_tile =
@@ -297,11 +295,7 @@ void AdditiveBackward(const AdditiveBackwardArgs& args) {
                 : TaskOutputs{args.grad_queries.matrix(b, h), args.grad_queries.row_stride,
                               partial_grad_weights.data() + static_cast<size_t>(task) * hidden};
         AdditiveBackwardTask(args, b, h, first_tile, last_tile, outputs, scratch);
-      }
-    }
-  }
-  if (out_of_memory)
-    throw Error("additive_attention_backward: could not allocate per-thread scratch memory");
+      });
   if (chunks > 1) {
     for (int64_t head = 0; head < heads; ++head) {
       float* grad_queries =
@@ -369,7 +363,7 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
                    "as projected_keys");
   require_matrices(grad_v, "grad_v", batch, heads, m, dv, "as values");
   require_log_sum_exp(log_sum_exp);
-  require_additive_options(options, a, projected_keys);
+  require_additive_arguments(w_v, options, a, projected_keys);
   check_attention_arguments(a, projected_keys, values, out, valid_lens, options);
   if (batch == 0 || heads == 0) {
     std::fill(grad_w_v.begin(), grad_w_v.end(), 0.0F);

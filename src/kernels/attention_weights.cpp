@@ -9,6 +9,7 @@
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "kernels/kernel_arguments.hpp"
+#include "kernels/parallel_tasks.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
@@ -135,23 +136,14 @@ void AttentionWeights(const WeightsArgs& args) {
   const int64_t tiles_per_head =
       (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
   const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
-  bool out_of_memory = false;
-#pragma omp parallel
-  {
-    WeightsScratch scratch(br, static_cast<size_t>(args.q.cols), lanes);
-    if (scratch.memory == nullptr) {
-#pragma omp atomic write
-      out_of_memory = true;
-    } else {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) {
+  run_parallel_tasks(
+      tasks, "attention weights", TaskSchedule::kDynamic,
+      [&] { return WeightsScratch(br, static_cast<size_t>(args.q.cols), lanes); },
+      [&](int64_t task, WeightsScratch& scratch, int) {
         const int64_t head = task / tiles_per_head;
         WeightsTile(args, head / args.q.heads, head % args.q.heads,
                     (task % tiles_per_head) * static_cast<int64_t>(br), scratch);
-      }
-    }
-  }
-  if (out_of_memory) throw Error("attention weights: could not allocate per-thread scratch memory");
+      });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -187,11 +179,7 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
                                 std::span<const float> w_v, const float* log_sum_exp,
                                 const ValidLengths& valid_lens,
                                 const FlashAttentionOptions& options, HeadsView weights) {
-  if (static_cast<int64_t>(w_v.size()) != projected_queries.cols) {
-    throw ShapeError("w_v: expected " + std::to_string(projected_queries.cols) +
-                     " weights (the hidden size), got " + std::to_string(w_v.size()));
-  }
-  require_additive_options(options, projected_queries, projected_keys);
+  require_additive_arguments(w_v, options, projected_queries, projected_keys);
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;
   compute_weights(

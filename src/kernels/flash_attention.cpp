@@ -19,6 +19,7 @@
 #include "attn/kernels/additive_attention.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
+#include "kernels/parallel_tasks.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
@@ -297,27 +298,19 @@ void FlashForward(const ForwardArgs& args) {
       (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
   const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
-  bool out_of_memory = false;
-#pragma omp parallel
-  {
-    Scratch scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
-                    static_cast<size_t>(args.k.rows), lanes);
-    if (scratch.memory == nullptr) {
-#pragma omp atomic write
-      out_of_memory = true;
-    } else {
-      // Dynamic scheduling: causal and padded tiles differ widely in cost.
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) {
+  // Dynamic scheduling: causal, windowed and padded tiles differ widely in cost.
+  run_parallel_tasks(
+      tasks, "flash_attention_forward", TaskSchedule::kDynamic,
+      [&] {
+        return Scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
+                       static_cast<size_t>(args.k.rows), lanes);
+      },
+      [&](int64_t task, Scratch& scratch, int) {
         const int64_t head_index = task / tiles_per_head;
         const int64_t tile = task % tiles_per_head;
         FlashForwardTile(args, head_index / args.q.heads, head_index % args.q.heads,
                          tile * static_cast<int64_t>(br), scratch);
-      }
-    }
-  }
-  if (out_of_memory)
-    throw Error("flash_attention_forward: could not allocate per-thread scratch memory");
+      });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -359,11 +352,7 @@ void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView
                                 const ValidLengths& valid_lens,
                                 const FlashAttentionOptions& options, HeadsView out,
                                 float* log_sum_exp) {
-  if (static_cast<int64_t>(w_v.size()) != projected_queries.cols) {
-    throw ShapeError("w_v: expected " + std::to_string(projected_queries.cols) +
-                     " weights (the hidden size), got " + std::to_string(w_v.size()));
-  }
-  require_additive_options(options, projected_queries, projected_keys);
+  require_additive_arguments(w_v, options, projected_queries, projected_keys);
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;  // the queries are packed as they are; w_v carries any scale
   if (!check_attention_arguments(projected_queries, projected_keys, values, out, valid_lens,

@@ -19,6 +19,7 @@
 #include "attn/kernels/flash_attention.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
+#include "kernels/parallel_tasks.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
@@ -247,33 +248,18 @@ void FlashBackward(const BackwardArgs& args) {
                                  args.q.rows, args.k.rows, threads);
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
   float* grad_sinks = grad_sinks_by_head.data();
-  bool out_of_memory = false;
-#pragma omp parallel
-  {
-    BackwardScratch scratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
-                            static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
-                            hn::Lanes(d));
-    if (scratch.memory == nullptr) {
-#pragma omp atomic write
-      out_of_memory = true;
-    } else if (target.private_copies()) {
-      const ScoreMaskGradient grad_mask =
-          target.for_thread(static_cast<size_t>(omp_get_thread_num()));
-#pragma omp for schedule(static, 1)
-      for (int64_t task = 0; task < tasks; ++task) {
-        FlashBackwardTask(args, task / args.k.heads, task % args.k.heads, grad_mask, grad_sinks,
-                          scratch);
-      }
-    } else {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) {
-        FlashBackwardTask(args, task / args.k.heads, task % args.k.heads, args.grad_mask,
-                          grad_sinks, scratch);
-      }
-    }
-  }
-  if (out_of_memory)
-    throw Error("flash_attention_backward: could not allocate per-thread scratch memory");
+  run_parallel_tasks(
+      tasks, "flash_attention_backward",
+      target.private_copies() ? TaskSchedule::kStatic : TaskSchedule::kDynamic,
+      [&] {
+        return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
+                               static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
+                               hn::Lanes(d));
+      },
+      [&](int64_t task, BackwardScratch& scratch, int thread) {
+        FlashBackwardTask(args, task / args.k.heads, task % args.k.heads,
+                          target.for_thread(static_cast<size_t>(thread)), grad_sinks, scratch);
+      });
   target.sum_private_copies();
   if (args.grad_sinks != nullptr) {
     for (int64_t h = 0; h < args.q.heads; ++h) {

@@ -65,9 +65,13 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
   return q.batch > 0 && q.heads > 0 && q.rows > 0 && v.cols > 0;
 }
 
-void require_additive_options(const FlashAttentionOptions& options,
-                              const ConstHeadsView& projected_queries,
-                              const ConstHeadsView& projected_keys) {
+void require_additive_arguments(std::span<const float> w_v, const FlashAttentionOptions& options,
+                                const ConstHeadsView& projected_queries,
+                                const ConstHeadsView& projected_keys) {
+  if (static_cast<int64_t>(w_v.size()) != projected_queries.cols) {
+    throw ShapeError("w_v: expected " + std::to_string(projected_queries.cols) +
+                     " weights (the hidden size), got " + std::to_string(w_v.size()));
+  }
   if (options.softcap != 0.0F || options.alibi_slopes != nullptr || options.sinks != nullptr) {
     throw ValueError(
         "options: additive attention takes no softcap, alibi_slopes or sinks (they belong to "

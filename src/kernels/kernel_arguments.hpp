@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "attn/core/valid_lengths.hpp"
@@ -23,11 +24,12 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
                                const ValidLengths& valid_lens,
                                const FlashAttentionOptions& options);
 
+// ShapeError unless w_v holds one weight per hidden unit and the keys have the queries' heads;
 // ValueError for the options additive attention does not take (scale ≠ 1 is ignored: w_v carries
-// it; softcap, ALiBi and sinks are refused), ShapeError unless keys have the queries' heads.
-void require_additive_options(const FlashAttentionOptions& options,
-                              const ConstHeadsView& projected_queries,
-                              const ConstHeadsView& projected_keys);
+// it; softcap, ALiBi and sinks are refused).
+void require_additive_arguments(std::span<const float> w_v, const FlashAttentionOptions& options,
+                                const ConstHeadsView& projected_queries,
+                                const ConstHeadsView& projected_keys);
 
 // Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's).
 void require_log_sum_exp(const float* log_sum_exp);
