@@ -4,6 +4,7 @@
 #include "attn/functional/additive_attention.hpp"
 
 #include <string>
+#include <utility>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
@@ -84,14 +85,20 @@ void project_backward(const ConstStridedView& x, const ConstStridedView& weight,
        0.0F, grad_weight.data(), in);
 }
 
+// W_q q and W_k k, after checking the parameters against the inputs.
+std::pair<Tensor, Tensor> project_inputs(const ConstStridedView& queries,
+                                         const ConstStridedView& keys,
+                                         const AdditiveParameters& parameters) {
+  check_parameters(queries, keys, parameters);
+  return {project(queries, parameters.W_q), project(keys, parameters.W_k)};
+}
+
 }  // namespace
 
 AttentionForward additive_attention(ConstStridedView queries, ConstStridedView keys,
                                     ConstStridedView values, const AdditiveParameters& parameters,
                                     const AttentionOptions& options) {
-  check_parameters(queries, keys, parameters);
-  const Tensor projected_queries = project(queries, parameters.W_q);
-  const Tensor projected_keys = project(keys, parameters.W_k);
+  const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
   const PreparedAttention prepared(projected_queries, projected_keys, values, options,
                                    PreparedAttention::kAdditive);
   AttentionForward result;
@@ -113,9 +120,7 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
                                               ConstStridedView output, ConstStridedView grad_output,
                                               std::span<const float> log_sum_exp,
                                               const AttentionOptions& options) {
-  check_parameters(queries, keys, parameters);
-  const Tensor projected_queries = project(queries, parameters.W_q);
-  const Tensor projected_keys = project(keys, parameters.W_k);
+  const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
   const PreparedAttention prepared(projected_queries, projected_keys, values, options,
                                    PreparedAttention::kAdditive);
   const auto out = prepared.output_layout("output", output);
@@ -149,9 +154,7 @@ Tensor additive_attention_weights(ConstStridedView queries, ConstStridedView key
                                   const AdditiveParameters& parameters,
                                   std::span<const float> log_sum_exp,
                                   const AttentionOptions& options) {
-  check_parameters(queries, keys, parameters);
-  const Tensor projected_queries = project(queries, parameters.W_q);
-  const Tensor projected_keys = project(keys, parameters.W_k);
+  const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
   const PreparedAttention prepared(projected_queries, projected_keys, std::nullopt, options,
                                    PreparedAttention::kAdditive);
   prepared.require_log_sum_exp(log_sum_exp, false);
