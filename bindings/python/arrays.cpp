@@ -235,6 +235,43 @@ std::string rank_range(int min_rank, int max_rank) {
   return "an array of rank " + std::to_string(min_rank) + " to " + std::to_string(max_rank);
 }
 
+// The float32 data the kernels read for an imported array: its own when it is float32, aligned and
+// `in_place` (the layout the caller reads in place), else a C-contiguous float32 copy made into
+// `copy` — refused under strict inputs, the message saying the `requirement` it missed. TypeError
+// for a dtype other than float32 and float64.
+const float* float_data(const nb::ndarray<nb::ro>& array, std::string_view name, bool in_place,
+                        std::string_view requirement, Tensor& copy, bool& copied) {
+  const bool is_float32 = is_dtype(array.dtype(), nb::dlpack::dtype_code::Float, 32);
+  const bool is_float64 = is_dtype(array.dtype(), nb::dlpack::dtype_code::Float, 64);
+  if (!is_float32 && !is_float64) {
+    throw nb::type_error((std::string(name) +
+                          ": expected float32 (or float64, copied to float32), got " +
+                          dtype_name(array.dtype()))
+                             .c_str());
+  }
+  const void* data = array.data();
+  const bool aligned = reinterpret_cast<uintptr_t>(data) % alignof(float) == 0;
+  if (is_float32 && aligned && in_place) return static_cast<const float*>(data);
+  if (strict_inputs()) {
+    if (!is_float32) {
+      throw nb::type_error((std::string(name) +
+                            ": expected float32 (strict inputs: no copies), got " +
+                            dtype_name(array.dtype()))
+                               .c_str());
+    }
+    throw nb::value_error((std::string(name) + ": expected " + std::string(requirement) +
+                           " (strict inputs: no copies), got strides " + strides_string(array) +
+                           " (in elements) for shape " + shape_string(array))
+                              .c_str());
+  }
+  copy = Tensor(shape_of(array));
+  copied = true;
+  const auto* base = static_cast<const std::byte*>(data);
+  float* out = copy.data();
+  for_each_offset(array, [&](int64_t offset) { *out++ = read_float(base, offset, is_float64); });
+  return copy.data();
+}
+
 }  // namespace
 
 bool strict_inputs() {
@@ -268,42 +305,10 @@ InputTensor::InputTensor(nb::handle object, std::string_view name, int rank) {
         (std::string(name) + ": expected a " + expected + ", got shape " + shape_string(array_))
             .c_str());
   }
-  const bool is_float32 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 32);
-  const bool is_float64 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 64);
-  if (!is_float32 && !is_float64) {
-    throw nb::type_error((std::string(name) +
-                          ": expected float32 (or float64, copied to float32), got " +
-                          dtype_name(array_.dtype()))
-                             .c_str());
-  }
-  const Shape shape = shape_of(array_);
-  const void* data = array_.data();
-  const bool aligned = reinterpret_cast<uintptr_t>(data) % alignof(float) == 0;
-  const bool contiguous = is_c_contiguous(array_);
-  if (is_float32 && contiguous && aligned) {
-    view_ = ConstTensorView(static_cast<const float*>(data), shape);
-    return;
-  }
-  if (strict_inputs()) {
-    if (!is_float32) {
-      throw nb::type_error((std::string(name) +
-                            ": expected float32 (strict inputs: no copies), got " +
-                            dtype_name(array_.dtype()))
-                               .c_str());
-    }
-    throw nb::value_error((std::string(name) +
-                           ": expected a C-contiguous, aligned array (strict inputs: no copies), "
-                           "got strides " +
-                           strides_string(array_) + " (in elements) for shape " +
-                           shape_string(array_))
-                              .c_str());
-  }
-  copy_ = Tensor(shape);
-  copied_ = true;
-  const auto* base = static_cast<const std::byte*>(data);
-  float* out = copy_.data();
-  for_each_offset(array_, [&](int64_t offset) { *out++ = read_float(base, offset, is_float64); });
-  view_ = copy_.view();
+  const bool in_place = is_c_contiguous(array_);
+  const float* data = float_data(array_, name, in_place, "a C-contiguous, aligned array", copy_,
+                                 copied_);
+  view_ = ConstTensorView(data, shape_of(array_));
 }
 
 StridedInput::StridedInput(nb::handle object, std::string_view name, int min_rank, int max_rank) {
@@ -318,45 +323,19 @@ StridedInput::StridedInput(nb::handle object, std::string_view name, int min_ran
                            ", got shape " + shape_string(array_))
                               .c_str());
   }
-  const bool is_float32 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 32);
-  const bool is_float64 = is_dtype(array_.dtype(), nb::dlpack::dtype_code::Float, 64);
-  if (!is_float32 && !is_float64) {
-    throw nb::type_error((std::string(name) +
-                          ": expected float32 (or float64, copied to float32), got " +
-                          dtype_name(array_.dtype()))
-                             .c_str());
-  }
-  const Shape shape = shape_of(array_);
-  const void* data = array_.data();
-  const bool aligned = reinterpret_cast<uintptr_t>(data) % alignof(float) == 0;
-  const bool last_axis_contiguous = ndim == 0 || array_.shape(static_cast<size_t>(ndim - 1)) <= 1 ||
-                                    array_.stride(static_cast<size_t>(ndim - 1)) == 1;
-  if (is_float32 && aligned && last_axis_contiguous && !has_negative_stride(array_)) {
-    const auto strides = normalized_strides(array_);
-    view_ = ConstStridedView(static_cast<const float*>(data), shape,
-                             std::span<const int64_t>(strides.data(), static_cast<size_t>(ndim)));
+  const bool in_place = (ndim == 0 || array_.shape(static_cast<size_t>(ndim - 1)) <= 1 ||
+                         array_.stride(static_cast<size_t>(ndim - 1)) == 1) &&
+                        !has_negative_stride(array_);
+  const float* data = float_data(
+      array_, name, in_place,
+      "an aligned array with non-negative strides and a contiguous last axis", copy_, copied_);
+  if (copied_) {
+    view_ = ConstStridedView(copy_);
     return;
   }
-  if (strict_inputs()) {
-    if (!is_float32) {
-      throw nb::type_error((std::string(name) +
-                            ": expected float32 (strict inputs: no copies), got " +
-                            dtype_name(array_.dtype()))
-                               .c_str());
-    }
-    throw nb::value_error((std::string(name) +
-                           ": expected an aligned array with non-negative strides and a "
-                           "contiguous last axis (strict inputs: no copies), got strides " +
-                           strides_string(array_) + " (in elements) for shape " +
-                           shape_string(array_))
-                              .c_str());
-  }
-  copy_ = Tensor(shape);
-  copied_ = true;
-  const auto* base = static_cast<const std::byte*>(data);
-  float* out = copy_.data();
-  for_each_offset(array_, [&](int64_t offset) { *out++ = read_float(base, offset, is_float64); });
-  view_ = ConstStridedView(copy_);
+  const auto strides = normalized_strides(array_);
+  view_ = ConstStridedView(data, shape_of(array_),
+                           std::span<const int64_t>(strides.data(), static_cast<size_t>(ndim)));
 }
 
 MaskInput::MaskInput(nb::handle object, std::string_view name) {
