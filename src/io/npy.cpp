@@ -33,11 +33,13 @@ struct DTypeInfo {
   int64_t itemsize;
 };
 
-constexpr std::array<DTypeInfo, 4> kDTypes = {{
+// NumPy writes bool as '|b1': one byte, so no byte order ('|'), holding 0 or 1.
+constexpr std::array<DTypeInfo, 5> kDTypes = {{
     {NpyDType::kFloat32, "<f4", 4},
     {NpyDType::kFloat64, "<f8", 8},
     {NpyDType::kInt32, "<i4", 4},
     {NpyDType::kInt64, "<i8", 8},
+    {NpyDType::kBool, "|b1", 1},
 }};
 
 [[noreturn]] void fail(std::string_view source, const std::string& message) {
@@ -56,7 +58,7 @@ const DTypeInfo& dtype_from_descr(std::string_view descr, std::string_view sourc
     if (info.descr == descr) return info;
   }
   fail(source, "unsupported dtype '" + std::string(descr) +
-                   "': expected little-endian '<f4', '<f8', '<i4' or '<i8'");
+                   "': expected little-endian '<f4', '<f8', '<i4' or '<i8', or bool '|b1'");
 }
 
 uint64_t read_little_endian(std::span<const std::byte> bytes) {
@@ -240,6 +242,20 @@ std::vector<Decoded> decode(std::span<const std::byte> data) {
   return values;
 }
 
+// Bool bytes as stored: each must be 0 or 1, the only values NumPy writes for bool.
+std::vector<uint8_t> decode_bools(std::span<const std::byte> data, std::string_view source) {
+  std::vector<uint8_t> values(data.size());
+  for (size_t index = 0; index < data.size(); ++index) {
+    const auto value = std::to_integer<uint8_t>(data[index]);
+    if (value > 1) {
+      fail(source, "bool data must hold bytes 0 or 1 (False or True), got " +
+                       std::to_string(value) + " at flat index " + std::to_string(index));
+    }
+    values[index] = value;
+  }
+  return values;
+}
+
 std::vector<std::byte> build_npy(const DTypeInfo& dtype, const Shape& shape,
                                  std::span<const std::byte> data) {
   std::string header = "{'descr': '" + std::string(dtype.descr) +
@@ -341,6 +357,9 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
     case NpyDType::kInt64:
       array.integers = decode<int64_t, int64_t>(data);
       break;
+    case NpyDType::kBool:
+      array.bools = decode_bools(data, source);
+      break;
   }
   return array;
 }
@@ -351,9 +370,10 @@ NpyArray read_npy(const std::filesystem::path& path) {
 
 Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name) {
   NpyArray array = read_npy(path);
-  if (array.is_integer()) {
+  if (array.is_integer() || array.is_bool()) {
     throw FileError(std::string(name) + " (" + path.string() +
-                    "): expected float32 or float64 data, got integer dtype '" +
+                    "): expected float32 or float64 data, got " +
+                    (array.is_bool() ? "bool" : "integer") + " dtype '" +
                     std::string(dtype_info(array.dtype).descr) + "'");
   }
   return Tensor(array.shape, std::move(array.floats));
@@ -387,6 +407,19 @@ std::vector<std::byte> serialize_npy(std::span<const int64_t> values, const Shap
   return build_npy(dtype_info(NpyDType::kInt64), shape, std::as_bytes(values));
 }
 
+std::vector<std::byte> serialize_npy_bool(std::span<const uint8_t> values, const Shape& shape) {
+  if (static_cast<int64_t>(values.size()) != shape.numel()) {
+    throw ShapeError("serialize_npy_bool: shape " + shape.str() + " needs " +
+                     std::to_string(shape.numel()) + " values, got " +
+                     std::to_string(values.size()));
+  }
+  std::vector<std::byte> data(values.size());
+  for (size_t index = 0; index < values.size(); ++index) {
+    data[index] = std::byte{values[index] != 0 ? uint8_t{1} : uint8_t{0}};
+  }
+  return build_npy(dtype_info(NpyDType::kBool), shape, data);
+}
+
 void save_npy(const std::filesystem::path& path, ConstTensorView tensor) {
   io_detail::write_file_bytes(path, serialize_npy(tensor));
 }
@@ -394,6 +427,11 @@ void save_npy(const std::filesystem::path& path, ConstTensorView tensor) {
 void save_npy(const std::filesystem::path& path, std::span<const int64_t> values,
               const Shape& shape) {
   io_detail::write_file_bytes(path, serialize_npy(values, shape));
+}
+
+void save_npy_bool(const std::filesystem::path& path, std::span<const uint8_t> values,
+                   const Shape& shape) {
+  io_detail::write_file_bytes(path, serialize_npy_bool(values, shape));
 }
 
 }  // namespace attn

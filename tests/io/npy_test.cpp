@@ -154,6 +154,59 @@ TEST(Npy, Int32IsWidened) {
                                                   std::numeric_limits<int32_t>::max()}));
 }
 
+// ---- Bool arrays ('|b1'), as attention masks come.
+
+TEST(Npy, BoolRoundTripsAndMatchesNumPyByteForByte) {
+  const std::vector<uint8_t> values = {1, 0, 1, 0, 0, 1};
+  const std::vector<std::byte> bytes = serialize_npy_bool(values, Shape{2, 3});
+  // np.save(np.array([[True, False, True], [False, False, True]])) (NumPy 2.4): the data starts
+  // at byte 128 and holds one byte per element.
+  const std::string expected_header =
+      std::string("\x93NUMPY\x01\x00\x76\x00", 10) +
+      "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 3), }" + std::string(58, ' ') + "\n";
+  ASSERT_EQ(bytes.size(), 128U + 6);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes.data()), 128), expected_header);
+  const NpyArray array = parse_npy(bytes, "mask.npy");
+  EXPECT_EQ(array.dtype, NpyDType::kBool);
+  EXPECT_TRUE(array.is_bool());
+  EXPECT_FALSE(array.is_integer());
+  EXPECT_EQ(array.shape, (Shape{2, 3}));
+  EXPECT_EQ(array.bools, values);
+  EXPECT_TRUE(array.floats.empty());
+  EXPECT_TRUE(array.integers.empty());
+  // Any nonzero byte given to the writer is True.
+  EXPECT_EQ(parse_npy(serialize_npy_bool(std::vector<uint8_t>{7, 0}, Shape{2}), "b").bools,
+            (std::vector<uint8_t>{1, 0}));
+  EXPECT_THROW_MESSAGE(serialize_npy_bool(std::vector<uint8_t>{1}, Shape{2}), ShapeError,
+                       "shape (2,) needs 2 values, got 1");
+}
+
+TEST(Npy, BoolAtEveryRankAndEmpty) {
+  for (const Shape& shape : {Shape{}, Shape{0}, Shape{4}, Shape{1, 2, 1, 3, 1}}) {
+    std::vector<uint8_t> values(static_cast<size_t>(shape.numel()));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i % 2);
+    const NpyArray array = parse_npy(serialize_npy_bool(values, shape), "bools");
+    EXPECT_EQ(array.shape, shape);
+    EXPECT_EQ(array.bools, values) << shape.str();
+  }
+}
+
+// NumPy only ever stores 0 and 1 in a bool array; any other byte means the data is something else
+// under a bool header, so it is refused (naming the first offending index) rather than read as
+// True.
+TEST(NpyMalformed, BoolBytesOtherThanZeroOrOne) {
+  const std::string dict = "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), }";
+  for (const uint8_t bad : {uint8_t{2}, uint8_t{255}}) {
+    const std::vector<std::byte> data = {std::byte{1}, std::byte{0}, std::byte{0}, std::byte{bad}};
+    EXPECT_THROW_MESSAGE(parse_npy(make_npy(dict, data), "bad_bool.npy"), FileError,
+                         "bad_bool.npy: bool data must hold bytes 0 or 1 (False or True), got " +
+                             std::to_string(bad) + " at flat index 3");
+  }
+  // A bool file's data is one byte per element, checked as for every dtype.
+  EXPECT_THROW_MESSAGE(parse_npy(make_npy(dict, std::vector<std::byte>(8)), "wide.npy"), FileError,
+                       "expected 4 bytes of data for shape (2, 2) of '|b1', got 8 bytes");
+}
+
 TEST(Npy, ReadsVersions2And3) {
   const std::vector<std::byte> data = value_bytes(std::vector<float>{1, 2, 3, 4, 5, 6});
   for (const int major : {2, 3}) {
@@ -308,8 +361,8 @@ TEST(NpyMalformed, ShapesWhoseSizeOverflows) {
 }
 
 TEST(NpyMalformed, UnsupportedDtypes) {
-  for (const std::string descr : {"'>f4'", "'>i8'", "'<f2'", "'|u1'", "'|b1'", "'f4'", "'=f4'",
-                                  "'|f4'", "'<c8'", "'|O'", "'<U3'", "'float32'"}) {
+  for (const std::string descr : {"'>f4'", "'>i8'", "'<f2'", "'|u1'", "'<b1'", "'b1'", "'f4'",
+                                  "'=f4'", "'|f4'", "'<c8'", "'|O'", "'<U3'", "'float32'"}) {
     const std::string dict = "{'descr': " + descr + ", 'fortran_order': False, 'shape': (1,), }";
     EXPECT_THROW_MESSAGE(parse_npy(make_npy(dict, std::vector<std::byte>(4)), "dtype.npy"),
                          FileError, "dtype.npy: unsupported dtype " + descr);
@@ -328,9 +381,11 @@ TEST(NpyMalformed, FortranOrderAndRankAboveFour) {
                 "fortran.npy"),
       FileError, "fortran.npy: Fortran-order arrays are not supported");
   EXPECT_THROW_MESSAGE(
-      parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }",
-                         std::vector<std::byte>(4)),
-                "rank9.npy"),
+      parse_npy(
+          make_npy(
+              "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }",
+              std::vector<std::byte>(4)),
+          "rank9.npy"),
       FileError,
       "rank9.npy: expected a rank of at most 8, got shape (1, 1, 1, 1, 1, 1, 1, 1, 1) (rank 9)");
 }
@@ -411,6 +466,13 @@ TEST(NpyFiles, WrongKindsOfDataNameTheArgument) {
   EXPECT_THROW_MESSAGE(load_npy_valid_lengths(fixture("f4_2x3.npy"), "valid_lens"), FileError,
                        "valid_lens (" + fixture("f4_2x3.npy").string() +
                            "): expected int32 or int64 valid lengths, got dtype '<f4'");
+  const TempDirectory bools;
+  save_npy_bool(bools.path() / "mask.npy", std::vector<uint8_t>{1, 0}, Shape{2});
+  EXPECT_THROW_MESSAGE(load_npy_tensor(bools.path() / "mask.npy", "queries"), FileError,
+                       "): expected float32 or float64 data, got bool dtype '|b1'");
+  EXPECT_THROW_MESSAGE(load_npy_valid_lengths(bools.path() / "mask.npy", "valid_lens"), FileError,
+                       "expected int32 or int64 valid lengths, got dtype '|b1'");
+  EXPECT_EQ(read_npy(bools.path() / "mask.npy").bools, (std::vector<uint8_t>{1, 0}));
   EXPECT_THROW_MESSAGE(load_npy_valid_lengths(fixture("i8_scalar.npy"), "valid_lens"), ShapeError,
                        "valid_lens (" + fixture("i8_scalar.npy").string() +
                            "): expected valid lengths of shape (B,) or (B, n), got shape ()");
