@@ -1,14 +1,16 @@
-// `attn run`: builds the chosen layer from the shapes of its saved parameters, runs it in
-// evaluation mode on .npy inputs and writes the output (and optionally weights, a heatmap and the
-// gradients of sum(output · G) from its backward pass).
+// `attn run`: one evaluation-mode attention call on .npy inputs — the functional API directly for
+// dot-product and additive scores (with masks, windows, causal, soft-capping, ALiBi, sinks and
+// grouped heads), a layer built from its saved parameters for multi-head and general attention —
+// writing the output and, on request only, the weights, a heatmap and the gradients of
+// sum(output · G).
 #include "run_command.hpp"
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,14 +20,16 @@
 #include "attn/core/error.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
+#include "attn/functional/additive_attention.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
 #include "attn/io/npy.hpp"
 #include "attn/io/safetensors.hpp"
-#include "attn/nn/additive_attention.hpp"
-#include "attn/nn/dot_product_attention.hpp"
+#include "attn/nn/general_attention.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "attn/nn/state_dict.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "run_arguments.hpp"
 
 namespace attn::cli {
 
@@ -34,16 +38,24 @@ namespace {
 const std::string kAdditive = "additive";
 const std::string kDotProduct = "dot-product";
 const std::string kMultiHead = "multi-head";
+const std::string kGeneral = "general";
 
 struct RunOptions {
   std::string layer;
   int64_t heads = 0;
+  int64_t kv_heads = 0;
   float scale = 0.0F;
+  float softcap = 0.0F;
   std::string params;
   std::string queries;
   std::string keys;
   std::string values;
   std::string valid_lens;
+  std::string mask;
+  std::string window;
+  std::string causal;
+  std::string alibi;
+  std::string sinks;
   std::string out;
   std::string weights_out;
   std::string heatmap;
@@ -51,14 +63,71 @@ struct RunOptions {
   std::string grads_out;
   // Which optional options were given: CLI11 fills these in while parsing.
   CLI::Option* heads_option = nullptr;
+  CLI::Option* kv_heads_option = nullptr;
   CLI::Option* scale_option = nullptr;
+  CLI::Option* softcap_option = nullptr;
   CLI::Option* params_option = nullptr;
   CLI::Option* valid_lens_option = nullptr;
+  CLI::Option* mask_option = nullptr;
+  CLI::Option* window_option = nullptr;
+  CLI::Option* causal_option = nullptr;
+  CLI::Option* alibi_option = nullptr;
+  CLI::Option* sinks_option = nullptr;
   CLI::Option* weights_out_option = nullptr;
   CLI::Option* heatmap_option = nullptr;
   CLI::Option* out_grad_option = nullptr;
   CLI::Option* grads_out_option = nullptr;
 };
+
+template <class T>
+std::optional<T> given(const CLI::Option* option, const T& value) {
+  return option->count() > 0 ? std::optional<T>(value) : std::nullopt;
+}
+
+RunArguments run_arguments(const RunOptions& options) {
+  RunArguments arguments;
+  arguments.queries = options.queries;
+  arguments.keys = options.keys;
+  arguments.values = options.values;
+  arguments.valid_lens = given(options.valid_lens_option, options.valid_lens);
+  arguments.mask = given(options.mask_option, options.mask);
+  arguments.alibi = given(options.alibi_option, options.alibi);
+  arguments.sinks = given(options.sinks_option, options.sinks);
+  arguments.window = given(options.window_option, options.window);
+  arguments.causal = given(options.causal_option, options.causal);
+  arguments.heads = given(options.heads_option, options.heads);
+  arguments.kv_heads = given(options.kv_heads_option, options.kv_heads);
+  arguments.scale = given(options.scale_option, options.scale);
+  arguments.softcap = given(options.softcap_option, options.softcap);
+  return arguments;
+}
+
+// What each layer takes beside the inputs, --valid-lens and the output flags, and how to say so.
+struct LayerFlags {
+  std::vector<std::string> flags;
+  std::string description;
+};
+
+LayerFlags layer_flags(const std::string& layer) {
+  if (layer == kDotProduct) {
+    return {{"--heads", "--kv-heads", "--scale", "--mask", "--window", "--causal", "--softcap",
+             "--alibi", "--sinks"},
+            "every attention flag"};
+  }
+  if (layer == kAdditive) {
+    return {{"--params", "--mask", "--window", "--causal"},
+            "--params, --mask, --window, --causal and --valid-lens (additive scores have no "
+            "heads, scale, soft-capping, ALiBi or sinks)"};
+  }
+  if (layer == kMultiHead) {
+    return {{"--params", "--heads"},
+            "--params, --heads and --valid-lens only (the book's layer, which owns its "
+            "projections, has no other option)"};
+  }
+  return {{"--params"},
+          "--params and --valid-lens only (the layer projects the queries, then scores them "
+          "unscaled, as the book's exercise)"};
+}
 
 // Combinations CLI11 cannot express: which options each layer needs or refuses.
 void check_layer_options(const RunOptions& options) {
@@ -68,9 +137,6 @@ void check_layer_options(const RunOptions& options) {
     throw ValueError(
         "--heads: required for --layer multi-head (the number of heads cannot be inferred from "
         "the parameter shapes)");
-  }
-  if (!multi_head && options.heads_option->count() > 0) {
-    throw ValueError("--heads: only --layer multi-head has heads, got --layer " + options.layer);
   }
   if (!dot_product && options.scale_option->count() > 0) {
     throw ValueError("--scale: only --layer dot-product takes a scale, got --layer " +
@@ -84,6 +150,22 @@ void check_layer_options(const RunOptions& options) {
     throw ValueError("--params: required for --layer " + options.layer +
                      " (a safetensors file with the layer's state dict, e.g. saved from PyTorch "
                      "with safetensors.torch.save_file(layer.state_dict(), path))");
+  }
+  const LayerFlags taken = layer_flags(options.layer);
+  for (const auto& [flag, option] : std::vector<std::pair<std::string, const CLI::Option*>>{
+           {"--heads", options.heads_option},
+           {"--kv-heads", options.kv_heads_option},
+           {"--mask", options.mask_option},
+           {"--window", options.window_option},
+           {"--causal", options.causal_option},
+           {"--softcap", options.softcap_option},
+           {"--alibi", options.alibi_option},
+           {"--sinks", options.sinks_option}}) {
+    if (option->count() == 0) continue;
+    if (std::find(taken.flags.begin(), taken.flags.end(), flag) == taken.flags.end()) {
+      throw ValueError(flag + ": not supported by --layer " + options.layer + ", which takes " +
+                       taken.description + "; --layer dot-product takes every attention flag");
+    }
   }
 }
 
@@ -109,16 +191,16 @@ const Tensor& required_matrix(const StateDict& state, const std::string& name,
   return found->second;
 }
 
-// The inputs of one forward pass, with the option each came from for error messages.
-struct Inputs {
+// The inputs of a layer's forward pass: the book's layers take (B, n, ·) tensors as they are.
+struct LayerInputs {
   Tensor queries;
   Tensor keys;
   Tensor values;
   ValidLengths valid_lens;
 };
 
-Inputs load_inputs(const RunOptions& options) {
-  Inputs inputs;
+LayerInputs load_layer_inputs(const RunOptions& options) {
+  LayerInputs inputs;
   inputs.queries =
       with_context("--queries", [&] { return load_npy_tensor(options.queries, "queries"); });
   inputs.keys = with_context("--keys", [&] { return load_npy_tensor(options.keys, "keys"); });
@@ -131,29 +213,6 @@ Inputs load_inputs(const RunOptions& options) {
   return inputs;
 }
 
-// The library names the argument a shape error is about ("keys: expected ..."); the user also
-// needs to know which file that was.
-template <class Forward>
-Tensor forward_with_sources(const RunOptions& options, Forward&& forward) {
-  try {
-    return std::forward<Forward>(forward)();
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    const std::map<std::string, std::pair<std::string, std::string>> sources = {
-        {"queries", {"--queries", options.queries}},
-        {"keys", {"--keys", options.keys}},
-        {"values", {"--values", options.values}},
-        {"valid_lens", {"--valid-lens", options.valid_lens}}};
-    for (const auto& [argument, source] : sources) {
-      if (message.starts_with(argument + ":") || message.starts_with(argument + "[")) {
-        rethrow_with_message(
-            error, message + " (" + argument + " from " + source.first + " " + source.second + ")");
-      }
-    }
-    throw;
-  }
-}
-
 // One gradient of sum(output · G), under the name of its file in --grads-out.
 struct NamedGradient {
   std::string name;
@@ -162,27 +221,31 @@ struct NamedGradient {
 
 struct Result {
   Tensor output;
+  // Empty unless --weights-out or --heatmap asked for them: (B, n, m) scores' worth of memory.
   Tensor weights;
-  // Multi-head weights are (B·heads, n, m); the heatmap shows them as a B × heads grid.
+  // Multi-head layer weights are (B·heads, n, m); the heatmap shows them as a B × heads grid
+  // (rank-4 weights (B, H, n, m) are one already).
   int64_t heads = 1;
-  // With --out-grad: the inputs' gradients, then the parameters' in state-dict order.
+  // With --out-grad: the inputs' gradients, then the parameters' (or the mask's and sinks') in
+  // state-dict order.
   std::vector<NamedGradient> gradients;
 };
 
 // G must be shaped like the output, as sum(output · G) pairs them element by element.
-void check_grad_output(const RunOptions& options, const Tensor& grad_output, const Tensor& output) {
-  if (grad_output.shape() != output.shape()) {
+void check_grad_output(const RunOptions& options, const Tensor& grad_output,
+                       const Shape& output_shape) {
+  if (grad_output.shape() != output_shape) {
     throw ShapeError("--out-grad: " + options.out_grad + " has shape " + grad_output.shape().str() +
-                     ", expected the shape of the layer's output " + output.shape().str() +
+                     ", expected the shape of the layer's output " + output_shape.str() +
                      " (G is the gradient of a loss with respect to it)");
   }
 }
 
-std::vector<NamedGradient> input_gradients(AttentionGradients gradients) {
+std::vector<NamedGradient> input_gradients(Tensor queries, Tensor keys, Tensor values) {
   std::vector<NamedGradient> named;
-  named.push_back({"queries", std::move(gradients.queries)});
-  named.push_back({"keys", std::move(gradients.keys)});
-  named.push_back({"values", std::move(gradients.values)});
+  named.push_back({"queries", std::move(queries)});
+  named.push_back({"keys", std::move(keys)});
+  named.push_back({"values", std::move(values)});
   return named;
 }
 
@@ -191,53 +254,129 @@ std::vector<NamedGradient> input_gradients(AttentionGradients gradients) {
 template <class Layer>
 std::vector<NamedGradient> layer_gradients(Layer& layer, const Tensor& grad_output) {
   zero_grad(layer.parameters());
-  std::vector<NamedGradient> named = input_gradients(layer.backward(grad_output));
+  AttentionGradients inputs = layer.backward(grad_output);
+  std::vector<NamedGradient> named =
+      input_gradients(std::move(inputs.queries), std::move(inputs.keys), std::move(inputs.values));
   for (const NamedParameter& parameter : layer.parameters()) {
     named.push_back({parameter.name, *parameter.grad});
   }
   return named;
 }
 
-Result run_additive(const RunOptions& options, const StateDict& state, const Inputs& inputs,
-                    const Tensor* grad_output) {
+// Dot-product attention through attn::scaled_dot_product_attention on the files' tensors in place:
+// the output, and the gradients, are written straight into tensors of the files' layouts.
+Result run_dot_product(const RunOptions& options, const Tensor* grad_output, bool need_weights) {
+  const RunArguments arguments = run_arguments(options);
+  const FunctionalInputs inputs(arguments, ScoreFamily::kDotProduct);
+  Result result;
+  result.output = Tensor(inputs.output_shape());
+  std::vector<float> log_sum_exp(static_cast<size_t>(log_sum_exp_size(inputs.query().shape())));
+  name_sources(arguments, [&] {
+    scaled_dot_product_attention(inputs.query(), inputs.key(), inputs.value(), inputs.options(),
+                                 inputs.like_query(result.output), log_sum_exp);
+  });
+  if (need_weights) {
+    result.weights = attention_weights(inputs.query(), inputs.key(), log_sum_exp, inputs.options());
+  }
+  if (grad_output != nullptr) {
+    check_grad_output(options, *grad_output, result.output.shape());
+    Tensor queries(inputs.queries().shape());
+    Tensor keys(inputs.keys().shape());
+    Tensor values(inputs.values().shape());
+    // A float mask and sinks are differentiable inputs too (the mask's broadcast axes summed).
+    Tensor mask = inputs.has_float_mask() ? Tensor(inputs.options().attn_mask.shape()) : Tensor();
+    Tensor sinks = inputs.has_sinks() ? Tensor(Shape{inputs.query_heads()}) : Tensor();
+    name_sources(arguments, [&] {
+      scaled_dot_product_attention_backward(
+          inputs.query(), inputs.key(), inputs.value(), inputs.like_query(result.output),
+          inputs.like_query(*grad_output), log_sum_exp, inputs.options(),
+          inputs.like_query(queries), inputs.like_key(keys), inputs.like_key(values),
+          inputs.has_float_mask() ? MutableStridedView(mask) : MutableStridedView(),
+          inputs.has_sinks() ? sinks.span() : std::span<float>());
+    });
+    result.gradients = input_gradients(std::move(queries), std::move(keys), std::move(values));
+    if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
+    if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
+  }
+  return result;
+}
+
+// Additive attention through attn::additive_attention with the parameters read from --params.
+Result run_additive(const RunOptions& options, const StateDict& state, const Tensor* grad_output,
+                    bool need_weights) {
   const Tensor& W_q = required_matrix(state, "W_q.weight", options);
   const Tensor& W_k = required_matrix(state, "W_k.weight", options);
-  AdditiveAttention layer(/*key_size=*/W_k.dim(1), /*query_size=*/W_q.dim(1),
-                          /*num_hiddens=*/W_q.dim(0), /*dropout=*/0.0F);
-  // Strict loading checks W_k (h, k) and w_v (1, h) against W_q's h and names what is wrong.
-  with_context("--params: " + options.params, [&] { layer.load_state_dict(state); });
+  const int64_t hidden = W_q.dim(0);
+  // Strict, as the layer's load_state_dict: W_k (h, k) and w_v (1, h) against W_q's h, and no
+  // other tensor; the message names what is wrong.
+  Tensor W_q_shape(Shape{hidden, W_q.dim(1)}), W_k_shape(Shape{hidden, W_k.dim(1)}),
+      w_v_shape(Shape{1, hidden});
+  with_context("--params: " + options.params, [&] {
+    check_state_dict(
+        state, {{"W_q.weight", &W_q_shape}, {"W_k.weight", &W_k_shape}, {"w_v.weight", &w_v_shape}},
+        "AdditiveAttention");
+  });
+  const Tensor& w_v = state.at("w_v.weight");
+  const RunArguments arguments = run_arguments(options);
+  const FunctionalInputs inputs(arguments, ScoreFamily::kAdditive);
+  name_sources(arguments, [&] {
+    require_dim("queries", inputs.queries().shape(), -1, W_q.dim(1),
+                "the query size of W_q.weight " + W_q.shape().str());
+    require_dim("keys", inputs.keys().shape(), -1, W_k.dim(1),
+                "the key size of W_k.weight " + W_k.shape().str());
+  });
+  const AdditiveParameters parameters{W_q, W_k, w_v.span()};
+  AttentionForward forward = name_sources(arguments, [&] {
+    return additive_attention(inputs.query(), inputs.key(), inputs.value(), parameters,
+                              inputs.options());
+  });
+  Result result;
+  result.output = std::move(forward.output);
+  if (need_weights) {
+    result.weights = additive_attention_weights(inputs.query(), inputs.key(), parameters,
+                                                forward.log_sum_exp, inputs.options());
+  }
+  if (grad_output != nullptr) {
+    check_grad_output(options, *grad_output, result.output.shape());
+    AdditiveGradients gradients = name_sources(arguments, [&] {
+      return additive_attention_backward(inputs.query(), inputs.key(), inputs.value(), parameters,
+                                         result.output, *grad_output, forward.log_sum_exp,
+                                         inputs.options());
+    });
+    result.gradients = input_gradients(std::move(gradients.queries), std::move(gradients.keys),
+                                       std::move(gradients.values));
+    result.gradients.push_back({"W_q.weight", std::move(gradients.W_q)});
+    result.gradients.push_back({"W_k.weight", std::move(gradients.W_k)});
+    // The state dict's w_v.weight is nn.Linear's (1, h) matrix.
+    gradients.w_v.reshape(Shape{1, hidden});
+    result.gradients.push_back({"w_v.weight", std::move(gradients.w_v)});
+  }
+  return result;
+}
+
+// A layer's forward pass and, on request, its weights and backward pass.
+template <class Layer>
+Result run_layer(const RunOptions& options, Layer& layer, const Tensor* grad_output,
+                 bool need_weights, int64_t heads) {
+  const LayerInputs inputs = load_layer_inputs(options);
   layer.eval();
-  Tensor output = forward_with_sources(options, [&] {
+  const RunArguments arguments = run_arguments(options);
+  Result result;
+  result.output = name_sources(arguments, [&] {
     return layer(inputs.queries, inputs.keys, inputs.values, inputs.valid_lens);
   });
-  Result result{std::move(output), layer.attention_weights(), 1, {}};
+  result.heads = heads;
+  // Computed from the fused pass only on this request.
+  if (need_weights) result.weights = layer.attention_weights();
   if (grad_output != nullptr) {
-    check_grad_output(options, *grad_output, result.output);
+    check_grad_output(options, *grad_output, result.output.shape());
     result.gradients = layer_gradients(layer, *grad_output);
   }
   return result;
 }
 
-Result run_dot_product(const RunOptions& options, const Inputs& inputs, const Tensor* grad_output) {
-  const std::optional<float> scale =
-      options.scale_option->count() > 0 ? std::optional<float>(options.scale) : std::nullopt;
-  DotProductAttention layer =
-      with_context("--scale", [&] { return DotProductAttention(/*dropout=*/0.0F, scale); });
-  layer.eval();
-  Tensor output = forward_with_sources(options, [&] {
-    return layer(inputs.queries, inputs.keys, inputs.values, inputs.valid_lens);
-  });
-  Result result{std::move(output), layer.attention_weights(), 1, {}};
-  if (grad_output != nullptr) {
-    // No parameters: only the inputs have gradients.
-    check_grad_output(options, *grad_output, result.output);
-    result.gradients = input_gradients(layer.backward(*grad_output));
-  }
-  return result;
-}
-
-Result run_multi_head(const RunOptions& options, const StateDict& state, const Inputs& inputs,
-                      const Tensor* grad_output) {
+Result run_multi_head(const RunOptions& options, const StateDict& state, const Tensor* grad_output,
+                      bool need_weights) {
   const Tensor& W_q = required_matrix(state, "W_q.weight", options);
   const Tensor& W_k = required_matrix(state, "W_k.weight", options);
   const Tensor& W_v = required_matrix(state, "W_v.weight", options);
@@ -249,23 +388,25 @@ Result run_multi_head(const RunOptions& options, const StateDict& state, const I
   });
   // Strict loading checks W_o, the other projections' widths and every bias.
   with_context("--params: " + options.params, [&] { layer.load_state_dict(state); });
-  layer.eval();
-  Tensor output = forward_with_sources(options, [&] {
-    return layer(inputs.queries, inputs.keys, inputs.values, inputs.valid_lens);
-  });
-  Result result{std::move(output), layer.attention_weights(), options.heads, {}};
-  if (grad_output != nullptr) {
-    check_grad_output(options, *grad_output, result.output);
-    result.gradients = layer_gradients(layer, *grad_output);
-  }
-  return result;
+  return run_layer(options, layer, grad_output, need_weights, options.heads);
+}
+
+Result run_general(const RunOptions& options, const StateDict& state, const Tensor* grad_output,
+                   bool need_weights) {
+  // W (key_size, query_size): nn.Linear(query_size, key_size, bias=False).
+  const Tensor& W = required_matrix(state, "W.weight", options);
+  GeneralAttention layer(/*query_size=*/W.dim(1), /*key_size=*/W.dim(0), /*dropout=*/0.0F);
+  with_context("--params: " + options.params, [&] { layer.load_state_dict(state); });
+  return run_layer(options, layer, grad_output, need_weights, 1);
 }
 
 void save_heatmap(const RunOptions& options, const Result& result) {
   const Tensor& weights = result.weights;
   HeatmapOptions heatmap_options;
   ConstTensorView view = weights;
-  if (result.heads > 1) {
+  if (weights.rank() == 4) {
+    heatmap_options = head_grid_options(weights.dim(0), weights.dim(1));
+  } else if (result.heads > 1) {
     const int64_t batch = weights.dim(0) / result.heads;
     heatmap_options = head_grid_options(batch, result.heads);
     view = view.reshaped(Shape{batch, result.heads, weights.dim(1), weights.dim(2)});
@@ -306,20 +447,24 @@ void run(const RunOptions& options) {
   if (options.params_option->count() > 0) {
     state = with_context("--params", [&] { return load_safetensors(options.params); });
   }
-  const Inputs inputs = load_inputs(options);
   std::optional<Tensor> grad_output;
   if (options.out_grad_option->count() > 0) {
     grad_output =
         with_context("--out-grad", [&] { return load_npy_tensor(options.out_grad, "G"); });
   }
   const Tensor* const grad = grad_output ? &*grad_output : nullptr;
+  // The weights hold B·H·n·m floats (8.6 GB at n = m = 8192 for B·H = 32): only when asked.
+  const bool need_weights =
+      options.weights_out_option->count() > 0 || options.heatmap_option->count() > 0;
   Result result;
   if (options.layer == kAdditive) {
-    result = run_additive(options, state, inputs, grad);
+    result = run_additive(options, state, grad, need_weights);
   } else if (options.layer == kDotProduct) {
-    result = run_dot_product(options, inputs, grad);
+    result = run_dot_product(options, grad, need_weights);
+  } else if (options.layer == kMultiHead) {
+    result = run_multi_head(options, state, grad, need_weights);
   } else {
-    result = run_multi_head(options, state, inputs, grad);
+    result = run_general(options, state, grad, need_weights);
   }
 
   with_context("--out", [&] { save_npy(options.out, result.output); });
@@ -349,34 +494,52 @@ void run(const RunOptions& options) {
 void add_run_command(CLI::App& app) {
   auto options = std::make_shared<RunOptions>();
   CLI::App* command = app.add_subcommand(
-      "run", "Run one attention layer (evaluation mode) on .npy inputs, writing its output");
+      "run", "Run one attention call (evaluation mode) on .npy inputs, writing its output");
   command->footer(
-      "The layer's sizes come from the shapes of its parameters in --params, stored under "
-      "PyTorch's state-dict names: W_q.weight (h, query_size), W_k.weight (h, key_size) and "
+      "dot-product and additive call attn's functional API directly; multi-head and general "
+      "build the layer, whose sizes come from the shapes of its parameters in --params, stored "
+      "under PyTorch's state-dict names: W_q.weight (h, query_size), W_k.weight (h, key_size) and "
       "w_v.weight (1, h) for additive; W_q, W_k, W_v, W_o .weight (and .bias if any) for "
-      "multi-head. A layer saved from PyTorch with safetensors.torch.save_file(layer.state_dict(), "
-      "path) runs unchanged. Dropout is off (evaluation mode).");
+      "multi-head; W.weight (key_size, query_size) for general. A layer saved from PyTorch with "
+      "safetensors.torch.save_file(layer.state_dict(), path) runs unchanged. Inputs are rank 3 "
+      "(B, n, d), split into heads by --heads, or rank 4 (N, H, L, E) as PyTorch's; the output "
+      "keeps the queries' layout. Dropout is off (evaluation mode). Weights are computed only "
+      "for --weights-out or --heatmap.");
   command->add_option("--layer", options->layer, "Layer type")
       ->required()
-      ->check(CLI::IsMember({kAdditive, kDotProduct, kMultiHead}));
+      ->check(CLI::IsMember({kAdditive, kDotProduct, kMultiHead, kGeneral}));
   options->heads_option =
-      command->add_option("--heads", options->heads, "Number of heads (required for multi-head)")
+      command
+          ->add_option("--heads", options->heads,
+                       "Number of heads: required for multi-head; for dot-product, splits the "
+                       "last axis of rank-3 inputs into heads in place (head h: columns "
+                       "[h*d, (h+1)*d))")
           ->default_str("");
+  options->kv_heads_option =
+      command
+          ->add_option("--kv-heads", options->kv_heads,
+                       "Key/value heads for grouped-query attention (dot-product, with --heads; "
+                       "must divide --heads)")
+          ->default_str("--heads");
   options->params_option = command
                                ->add_option("--params", options->params,
-                                            "Parameters as safetensors (required for additive and "
-                                            "multi-head; none for dot-product)")
+                                            "Parameters as safetensors (required for additive, "
+                                            "multi-head and general; none for dot-product)")
                                ->type_name("FILE");
   options->scale_option =
       command->add_option("--scale", options->scale, "Score scale for dot-product")
           ->default_str("1/sqrt(query size)");
-  command->add_option("--queries", options->queries, "Queries (B, n, query_size), float .npy")
+  command
+      ->add_option("--queries", options->queries,
+                   "Queries (B, n, query_size) or (N, H, L, E), float .npy")
       ->type_name("FILE")
       ->required();
-  command->add_option("--keys", options->keys, "Keys (B, m, key_size), float .npy")
+  command->add_option("--keys", options->keys, "Keys (B, m, key_size) or (N, G, S, E), float .npy")
       ->type_name("FILE")
       ->required();
-  command->add_option("--values", options->values, "Values (B, m, value_size), float .npy")
+  command
+      ->add_option("--values", options->values,
+                   "Values (B, m, value_size) or (N, G, S, Ev), float .npy")
       ->type_name("FILE")
       ->required();
   options->valid_lens_option =
@@ -384,17 +547,58 @@ void add_run_command(CLI::App& app) {
           ->add_option("--valid-lens", options->valid_lens,
                        "Valid lengths (B) or (B, n), integer .npy (default: every key is valid)")
           ->type_name("FILE");
+  options->mask_option =
+      command
+          ->add_option(
+              "--mask", options->mask,
+              "Attention mask, .npy broadcastable to the scores (B, n, m) or (B, H, n, m): "
+              "bool (True: the key takes part) or float (added to the scores; -inf "
+              "hides); dot-product and additive")
+          ->type_name("FILE");
+  options->window_option =
+      command
+          ->add_option("--window", options->window,
+                       "Sliding window L,R: keys from L before to R after each query's diagonal "
+                       "key (-1: unbounded); dot-product and additive")
+          ->type_name("L,R");
+  options->causal_option =
+      command
+          ->add_option("--causal", options->causal,
+                       "Causal mask aligned top-left (PyTorch's is_causal: query i sees keys "
+                       "j <= i) or bottom-right (j <= i + m - n: the book's layers', "
+                       "FlashAttention's); a bare --causal is bottom-right. Also places --window "
+                       "and --alibi; dot-product and additive")
+          ->expected(0, 1)
+          ->default_str("bottom-right")
+          ->type_name("top-left|bottom-right");
+  options->softcap_option =
+      command
+          ->add_option("--softcap", options->softcap,
+                       "Soft-capping: scores s become X*tanh(s/X) (Gemma 2); dot-product")
+          ->type_name("X")
+          ->default_str("");
+  options->alibi_option = command
+                              ->add_option("--alibi", options->alibi,
+                                           "ALiBi slopes, float .npy (H): one per query head; "
+                                           "dot-product")
+                              ->type_name("FILE");
+  options->sinks_option = command
+                              ->add_option("--sinks", options->sinks,
+                                           "Attention sink logits, float .npy (H): one per query "
+                                           "head, joining each softmax's denominator; dot-product")
+                              ->type_name("FILE");
   command
-      ->add_option(
-          "--out", options->out,
-          "Where to write the output as .npy: (B, n, value_size), or (B, n, h) for multi-head")
+      ->add_option("--out", options->out,
+                   "Where to write the output as .npy, in the queries' layout: (B, n, value_size), "
+                   "(B, n, H*dv) with --heads, (N, H, L, Ev), or (B, n, h) for multi-head")
       ->type_name("FILE")
       ->required();
-  options->weights_out_option = command
-                                    ->add_option("--weights-out", options->weights_out,
-                                                 "Where to write the attention weights (B, n, m) "
-                                                 "as .npy; (B*heads, n, m) for multi-head")
-                                    ->type_name("FILE");
+  options->weights_out_option =
+      command
+          ->add_option("--weights-out", options->weights_out,
+                       "Where to write the attention weights as .npy: (B, n, m); (B, H, n, m) "
+                       "with heads; (B*heads, n, m) for multi-head")
+          ->type_name("FILE");
   options->heatmap_option =
       command
           ->add_option("--heatmap", options->heatmap,
@@ -410,7 +614,8 @@ void add_run_command(CLI::App& app) {
       command
           ->add_option("--grads-out", options->grads_out,
                        "Directory for the gradients (with --out-grad): queries.npy, keys.npy, "
-                       "values.npy and one <state-dict name>.npy per parameter")
+                       "values.npy, one <state-dict name>.npy per parameter, attn_mask.npy for a "
+                       "float --mask and sinks.npy for --sinks")
           ->type_name("DIR");
   command->callback([options] { run(*options); });
 }

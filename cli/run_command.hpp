@@ -1,5 +1,5 @@
-// `attn run`: one evaluation-mode forward pass of an attention layer on .npy inputs, with its
-// parameters from a safetensors file (e.g. saved from PyTorch), writing the output as .npy.
+// `attn run`: one evaluation-mode attention call on .npy inputs — the functional API, or a layer
+// with its parameters from a safetensors file (e.g. saved from PyTorch) — writing .npy output.
 #pragma once
 
 namespace CLI {

@@ -1,0 +1,268 @@
+// `attn run`'s functional inputs: reading and checking the files, the heads views, the options
+// parsed from their flags, and the flag and file added to an error about an argument.
+#include "run_arguments.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <system_error>
+
+#include "attn/core/valid_lengths.hpp"
+#include "attn/io/npy.hpp"
+#include "command_support.hpp"
+
+namespace attn::cli {
+
+namespace {
+
+// The scores' axes by name, for mask messages: one head per batch element, or heads.
+std::string scores_description(int rank) {
+  return rank == 3 ? "(B, n, m)" : "(B, H, n, m)";
+}
+
+// Whether `shape` broadcasts to `target` by PyTorch's rules: aligned from the last axis, each
+// axis equal or 1, no more axes than the target.
+bool broadcasts(const Shape& shape, const Shape& target) {
+  if (shape.rank() > target.rank()) return false;
+  for (int axis = 1; axis <= shape.rank(); ++axis) {
+    const int64_t size = shape.dim(-axis);
+    if (size != 1 && size != target.dim(-axis)) return false;
+  }
+  return true;
+}
+
+// The integer in `text`, all of it, or nothing.
+std::optional<int64_t> parse_integer(std::string_view text) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return {};
+  return value;
+}
+
+Shape with_last(const Shape& shape, int64_t last) {
+  int64_t dims[Shape::kMaxRank];
+  for (int axis = 0; axis < shape.rank(); ++axis) dims[axis] = shape[axis];
+  dims[shape.rank() - 1] = last;
+  return Shape::from_dims(dims, shape.rank());
+}
+
+}  // namespace
+
+void rethrow_with_sources(const Error& error, const RunArguments& arguments) {
+  const std::string message = error.what();
+  // Layers name their inputs in the plural, the functional API in the singular.
+  const std::vector<std::pair<std::string, std::pair<std::string, std::optional<std::string>>>>
+      sources = {{"queries", {"--queries", arguments.queries}},
+                 {"query", {"--queries", arguments.queries}},
+                 {"keys", {"--keys", arguments.keys}},
+                 {"key", {"--keys", arguments.keys}},
+                 {"values", {"--values", arguments.values}},
+                 {"value", {"--values", arguments.values}},
+                 {"valid_lens", {"--valid-lens", arguments.valid_lens}},
+                 {"attn_mask", {"--mask", arguments.mask}},
+                 {"alibi_slopes", {"--alibi", arguments.alibi}},
+                 {"sinks", {"--sinks", arguments.sinks}}};
+  for (const auto& [argument, source] : sources) {
+    if (!source.second) continue;
+    if (message.starts_with(argument + ":") || message.starts_with(argument + "[")) {
+      rethrow_with_message(
+          error, message + " (" + argument + " from " + source.first + " " + *source.second + ")");
+    }
+  }
+  rethrow_with_message(error, message);
+}
+
+SlidingWindow parse_window(const std::string& text) {
+  const size_t comma = text.find(',');
+  std::optional<int64_t> left, right;
+  if (comma != std::string::npos) {
+    left = parse_integer(std::string_view(text).substr(0, comma));
+    right = parse_integer(std::string_view(text).substr(comma + 1));
+  }
+  if (!left || !right || *left < -1 || *right < -1) {
+    throw ValueError(
+        "--window: expected L,R, two integers ≥ -1 (keys up to L before and R after "
+        "each query's diagonal key; -1 leaves a side unbounded), got '" +
+        text + "'");
+  }
+  return {*left, *right};
+}
+
+DiagonalAlignment parse_causal(const std::string& text) {
+  if (text == "top-left") return DiagonalAlignment::kTopLeft;
+  if (text == "bottom-right") return DiagonalAlignment::kBottomRight;
+  throw ValueError(
+      "--causal: expected top-left (PyTorch's is_causal: query i sees keys j <= i) "
+      "or bottom-right (the book's layers' and FlashAttention's: j <= i + m - n), "
+      "got '" +
+      text + "'");
+}
+
+FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily family) {
+  name_sources(arguments, [&] {
+    read_inputs(arguments, family);
+    if (arguments.valid_lens) {
+      options_.valid_lens = with_context("--valid-lens", [&] {
+        return load_npy_valid_lengths(*arguments.valid_lens, "valid_lens");
+      });
+    }
+    if (arguments.scale) {
+      if (!std::isfinite(*arguments.scale)) {
+        throw ValueError("--scale: expected a finite number, got " +
+                         std::to_string(*arguments.scale));
+      }
+      options_.scale = arguments.scale;
+    }
+    if (arguments.softcap) {
+      if (!(*arguments.softcap > 0.0F && std::isfinite(*arguments.softcap))) {
+        throw ValueError("--softcap: expected a positive finite number, got " +
+                         std::to_string(*arguments.softcap));
+      }
+      options_.softcap = arguments.softcap;
+    }
+    if (arguments.window) options_.window = parse_window(*arguments.window);
+    if (arguments.causal) {
+      options_.causal = true;
+      options_.alignment = parse_causal(*arguments.causal);
+    }
+    read_mask(arguments);
+    if (arguments.alibi) {
+      alibi_ = read_per_head(*arguments.alibi, "--alibi", "alibi_slopes", "slope");
+      options_.alibi_slopes = alibi_;
+    }
+    if (arguments.sinks) {
+      sinks_ = read_per_head(*arguments.sinks, "--sinks", "sinks", "sink logit");
+      options_.sinks = sinks_;
+    }
+  });
+}
+
+void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily family) {
+  queries_ =
+      with_context("--queries", [&] { return load_npy_tensor(arguments.queries, "queries"); });
+  keys_ = with_context("--keys", [&] { return load_npy_tensor(arguments.keys, "keys"); });
+  values_ = with_context("--values", [&] { return load_npy_tensor(arguments.values, "values"); });
+  const int rank = queries_.rank();
+  if (rank != 3 && rank != 4) {
+    throw ShapeError("queries: expected (B, n, d) or (N, H, L, E) (rank 3 or 4), got shape " +
+                     queries_.shape().str());
+  }
+  require_rank("keys", keys_.shape(), rank);
+  require_rank("values", values_.shape(), rank);
+  require_dim("keys", keys_.shape(), 0, queries_.dim(0), "the batch size of queries");
+  require_dim("values", values_.shape(), 0, queries_.dim(0), "the batch size of queries");
+  require_dim("values", values_.shape(), -2, keys_.dim(-2), "the number of keys");
+  const bool dot_product = family == ScoreFamily::kDotProduct;
+
+  if (rank == 4) {
+    for (const auto& [flag, given] : {std::pair{"--heads", arguments.heads.has_value()},
+                                      std::pair{"--kv-heads", arguments.kv_heads.has_value()}}) {
+      if (given) {
+        throw ValueError(std::string(flag) +
+                         ": the inputs are rank 4 (N, H, L, E), whose axis 1 holds the heads "
+                         "already (" +
+                         flag + " splits the last axis of rank-3 inputs)");
+      }
+    }
+    query_heads_ = queries_.dim(1);
+    kv_heads_ = keys_.dim(1);
+    heads_source_ = "the heads from axis 1 of the queries";
+    require_dim("values", values_.shape(), 1, kv_heads_, "the heads of keys");
+    if (!dot_product) {
+      require_dim("keys", keys_.shape(), 1, query_heads_, "the heads of queries");
+    } else if (kv_heads_ == 0 || query_heads_ % kv_heads_ != 0) {
+      throw ShapeError("keys: expected a number of heads (axis 1) dividing the queries' " +
+                       std::to_string(query_heads_) + " (grouped-query attention), got shape " +
+                       keys_.shape().str());
+    }
+    if (dot_product) {
+      require_dim("keys", keys_.shape(), -1, queries_.dim(-1), "the size of each query");
+    }
+  } else if (arguments.heads) {
+    query_heads_ = *arguments.heads;
+    if (query_heads_ < 1) {
+      throw ValueError("--heads: expected a positive number of heads, got " +
+                       std::to_string(query_heads_));
+    }
+    kv_heads_ = arguments.kv_heads.value_or(query_heads_);
+    const std::string kv_flag = arguments.kv_heads ? "--kv-heads" : "--heads";
+    if (arguments.kv_heads && (kv_heads_ < 1 || query_heads_ % kv_heads_ != 0)) {
+      throw ValueError("--kv-heads: expected a divisor of --heads " + std::to_string(query_heads_) +
+                       " (each key/value head serves --heads / --kv-heads query heads), got " +
+                       std::to_string(kv_heads_));
+    }
+    split_heads_ = true;
+    heads_source_ = "the heads from --heads " + std::to_string(query_heads_);
+    if (queries_.dim(2) % query_heads_ != 0) {
+      throw ShapeError("queries: expected a last axis that splits into --heads " +
+                       std::to_string(query_heads_) + " heads, got shape " +
+                       queries_.shape().str());
+    }
+    const int64_t size = queries_.dim(2) / query_heads_;
+    require_dim("keys", keys_.shape(), -1, kv_heads_ * size,
+                kv_flag + " " + std::to_string(kv_heads_) + " × the queries' head size " +
+                    std::to_string(size));
+    if (values_.dim(2) % kv_heads_ != 0) {
+      throw ShapeError("values: expected a last axis that splits into " +
+                       std::to_string(kv_heads_) + " heads (" + kv_flag + "), got shape " +
+                       values_.shape().str());
+    }
+  } else {
+    if (arguments.kv_heads) {
+      throw ValueError("--kv-heads: needs --heads (the query heads that --kv-heads " +
+                       std::to_string(*arguments.kv_heads) + " key/value heads serve)");
+    }
+    heads_source_ = "rank-3 inputs without --heads have one head";
+    if (dot_product) {
+      require_dim("keys", keys_.shape(), -1, queries_.dim(-1), "the size of each query");
+    }
+  }
+  // Grouped-query attention: query head h reads key/value head h / (H / G), in place.
+  options_.enable_gqa = kv_heads_ != query_heads_;
+}
+
+void FunctionalInputs::read_mask(const RunArguments& arguments) {
+  if (!arguments.mask) return;
+  NpyArray mask = with_context("--mask", [&] { return read_npy(*arguments.mask); });
+  if (mask.is_integer()) {
+    throw FileError(
+        "attn_mask: expected a bool or float32/float64 mask, got an integer array "
+        "(valid lengths go to --valid-lens)");
+  }
+  const Shape scores = with_last(query().shape(), key().dim(-2));
+  if (!broadcasts(mask.shape, scores)) {
+    throw ShapeError("attn_mask: expected a shape that broadcasts to the scores " + scores.str() +
+                     " " + scores_description(scores.rank()) +
+                     " (PyTorch's rules: aligned from the last axis, each axis equal or 1), got " +
+                     mask.shape.str());
+  }
+  mask_shape_ = mask.shape;
+  if (mask.is_bool()) {
+    bool_mask_ = std::move(mask.bools);
+    options_.attn_mask =
+        AttentionMask::boolean(StridedView<const uint8_t>(bool_mask_.data(), mask_shape_));
+  } else {
+    float_mask_ = std::move(mask.floats);
+    options_.attn_mask =
+        AttentionMask::additive(StridedView<const float>(float_mask_.data(), mask_shape_));
+  }
+}
+
+std::vector<float> FunctionalInputs::read_per_head(const std::string& path, const std::string& flag,
+                                                   const std::string& name,
+                                                   const std::string& what) const {
+  Tensor tensor = with_context(flag, [&] { return load_npy_tensor(path, name); });
+  if (tensor.rank() != 1 || tensor.dim(0) != query_heads_) {
+    throw ShapeError(name + ": expected one " + what + " per query head, shape (" +
+                     std::to_string(query_heads_) + ",) (" + heads_source_ + "), got shape " +
+                     tensor.shape().str());
+  }
+  return tensor.values();
+}
+
+Shape FunctionalInputs::output_shape() const {
+  if (!split_heads_) return with_last(queries_.shape(), values_.dim(-1));
+  return Shape{queries_.dim(0), queries_.dim(1), query_heads_ * (values_.dim(2) / kv_heads_)};
+}
+
+}  // namespace attn::cli

@@ -1,0 +1,136 @@
+// What `attn run` hands the functional attention API: its .npy inputs read once and viewed in
+// PyTorch's (..., H, L, E) layout through strides (rank-3 files split into heads in place, never
+// copied), and AttentionOptions built from the flags (mask, window, causal, softcap, ALiBi, sinks).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/shape.hpp"
+#include "attn/core/strided_view.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/functional/attention_options.hpp"
+
+namespace attn::cli {
+
+// The files and values of one `attn run` call that shape the attention call; an empty optional is
+// a flag that was not given.
+struct RunArguments {
+  std::string queries;
+  std::string keys;
+  std::string values;
+  std::optional<std::string> valid_lens;
+  std::optional<std::string> mask;
+  std::optional<std::string> alibi;
+  std::optional<std::string> sinks;
+  std::optional<std::string> window;  // "L,R" as typed
+  std::optional<std::string> causal;  // "top-left" or "bottom-right" as typed
+  std::optional<int64_t> heads;
+  std::optional<int64_t> kv_heads;
+  std::optional<float> scale;
+  std::optional<float> softcap;
+};
+
+// Runs `action`; an attn::Error whose message begins with an argument's name as the library or
+// this file spells it ("keys: ...", "key: ...", "attn_mask: ...") is re-thrown with the flag and
+// file it came from added, e.g. " (attn_mask from --mask m.npy)": the user knows files, not names.
+[[noreturn]] void rethrow_with_sources(const Error& error, const RunArguments& arguments);
+template <class Action>
+decltype(auto) name_sources(const RunArguments& arguments, Action&& action) {
+  try {
+    return std::forward<Action>(action)();
+  } catch (const Error& error) {
+    rethrow_with_sources(error, arguments);
+  }
+}
+
+// "L,R" → a window; ValueError naming --window unless both are integers ≥ −1.
+SlidingWindow parse_window(const std::string& text);
+// "top-left" or "bottom-right" → the alignment; ValueError naming --causal otherwise.
+DiagonalAlignment parse_causal(const std::string& text);
+
+// Which function the inputs are for. Dot products take every layout and option; additive scores
+// need no equal query and key sizes, and take no heads (the command refuses --heads for them).
+enum class ScoreFamily { kDotProduct, kAdditive };
+
+// The inputs of one functional call. Three layouts:
+//   rank-3 files (B, n, d), (B, m, d), (B, m, dv): one head per batch element, as the book's;
+//   rank-3 files with --heads H [--kv-heads G]: (B, n, H·d), (B, m, G·d), (B, m, G·dv), head h
+//     in columns [h·d, (h+1)·d) as multi-head projections lay them out, read as (B, H, n, d) and
+//     (B, G, m, d) through strides;
+//   rank-4 files (N, H, L, E), (N, G, S, E), (N, G, S, Ev): PyTorch's layout, G dividing H.
+// Outputs and gradients keep the layout of the file they belong to.
+// A rank-3 (B, L, heads·d) tensor read as (B, heads, L, d) in place: head h is columns
+// [h·d, (h+1)·d), as multi-head projections lay them out. `heads` divides the last axis.
+template <class T>
+StridedView<T> split_heads(T* data, const Shape& shape, int64_t heads) {
+  const int64_t rows = shape[1], width = shape[2], size = width / heads;
+  const int64_t strides[] = {rows * width, size, width, 1};
+  return StridedView<T>(data, Shape{shape[0], heads, rows, size}, strides);
+}
+
+class FunctionalInputs {
+ public:
+  // Reads every file and checks shapes and option values; errors name the argument and, through
+  // name_sources, its flag and file. Nothing is copied after reading.
+  FunctionalInputs(const RunArguments& arguments, ScoreFamily family);
+  // The options hold views of this object's own storage.
+  FunctionalInputs(const FunctionalInputs&) = delete;
+  FunctionalInputs& operator=(const FunctionalInputs&) = delete;
+
+  const Tensor& queries() const { return queries_; }
+  const Tensor& keys() const { return keys_; }
+  const Tensor& values() const { return values_; }
+  // The files' tensors as the functional API reads them.
+  ConstStridedView query() const { return as_heads(queries_, query_heads_); }
+  ConstStridedView key() const { return as_heads(keys_, kv_heads_); }
+  ConstStridedView value() const { return as_heads(values_, kv_heads_); }
+  const AttentionOptions& options() const { return options_; }
+
+  // The output file's shape: the queries' layout with the values' size per head.
+  Shape output_shape() const;
+  // Tensors in the layout of the output (or of the queries) / of the keys and values, viewed as
+  // the functional API writes or reads them.
+  MutableStridedView like_query(Tensor& tensor) const { return as_heads(tensor, query_heads_); }
+  ConstStridedView like_query(const Tensor& tensor) const { return as_heads(tensor, query_heads_); }
+  MutableStridedView like_key(Tensor& tensor) const { return as_heads(tensor, kv_heads_); }
+
+  int64_t query_heads() const { return query_heads_; }
+  bool has_float_mask() const { return options_.attn_mask.kind() == MaskKind::kFloat; }
+  bool has_sinks() const { return !sinks_.empty(); }
+
+ private:
+  // A tensor of the files' layout as the functional API reads it: (B, heads, L, d) when the last
+  // axis holds the heads, else as it is.
+  ConstStridedView as_heads(const Tensor& tensor, int64_t heads) const {
+    return split_heads_ ? split_heads(tensor.data(), tensor.shape(), heads)
+                        : ConstStridedView(tensor);
+  }
+  MutableStridedView as_heads(Tensor& tensor, int64_t heads) const {
+    return split_heads_ ? split_heads(tensor.data(), tensor.shape(), heads)
+                        : MutableStridedView(tensor);
+  }
+  void read_inputs(const RunArguments& arguments, ScoreFamily family);
+  void read_mask(const RunArguments& arguments);
+  std::vector<float> read_per_head(const std::string& path, const std::string& flag,
+                                   const std::string& name, const std::string& what) const;
+
+  Tensor queries_, keys_, values_;
+  bool split_heads_ = false;
+  int64_t query_heads_ = 1;
+  int64_t kv_heads_ = 1;
+  // Where the number of query heads came from, for messages about per-head values.
+  std::string heads_source_;
+  Shape mask_shape_;
+  std::vector<uint8_t> bool_mask_;
+  std::vector<float> float_mask_;
+  std::vector<float> alibi_;
+  std::vector<float> sinks_;
+  AttentionOptions options_;
+};
+
+}  // namespace attn::cli

@@ -1,0 +1,515 @@
+// End-to-end tests of `attn run`'s functional path (issue #10): every attention flag (--mask bool
+// and float, --window, --causal, --softcap, --alibi, --sinks, --heads/--kv-heads, rank-4 inputs)
+// against attn::scaled_dot_product_attention / attn::additive_attention called on the same inputs,
+// the gradients it writes, --layer general, weights computed only on request, and the errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/core/valid_lengths.hpp"
+#include "attn/functional/additive_attention.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
+#include "attn/io/npy.hpp"
+#include "attn/io/safetensors.hpp"
+#include "attn/nn/additive_attention.hpp"
+#include "attn/nn/general_attention.hpp"
+#include "attn/nn/multi_head_attention.hpp"
+#include "cli_fixture.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::random_tensor;
+
+// (B, L, H·d) → (B, H, L, d), copied element by element: the layout the CLI's strided views of
+// --heads must agree with, built independently of them.
+Tensor to_heads(const Tensor& x, int64_t heads) {
+  const int64_t batch = x.dim(0), rows = x.dim(1), size = x.dim(2) / heads;
+  Tensor result(Shape{batch, heads, rows, size});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t c = 0; c < size; ++c) result(b, h, i, c) = x(b, i, h * size + c);
+  return result;
+}
+
+// (B, H, L, d) → (B, L, H·d), the inverse.
+Tensor from_heads(const Tensor& x) {
+  const int64_t batch = x.dim(0), heads = x.dim(1), rows = x.dim(2), size = x.dim(3);
+  Tensor result(Shape{batch, rows, heads * size});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t c = 0; c < size; ++c) result(b, i, h * size + c) = x(b, h, i, c);
+  return result;
+}
+
+// The CLI runs the same float32 kernels on the same numbers, read through other strides; they
+// agree to a few ulps (exactly, in practice). 1e-6 of the magnitude still catches any wrong head,
+// mask entry, alignment or scale, which move results by a sizeable fraction.
+::testing::AssertionResult same_values(const Tensor& actual, const Tensor& expected) {
+  if (actual.shape() != expected.shape()) {
+    return ::testing::AssertionFailure()
+           << "shape " << actual.shape().str() << ", expected " << expected.shape().str();
+  }
+  double largest = 1.0;
+  for (const float value : expected.span()) largest = std::max(largest, std::fabs(double{value}));
+  for (int64_t i = 0; i < actual.numel(); ++i) {
+    const double error = std::fabs(double{actual.data()[i]} - double{expected.data()[i]});
+    if (!(error <= 1e-6 * largest) && !(actual.data()[i] == expected.data()[i])) {
+      return ::testing::AssertionFailure() << "element " << i << " is " << actual.data()[i]
+                                           << ", expected " << expected.data()[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult differ(const Tensor& a, const Tensor& b) {
+  if (same_values(a, b)) return ::testing::AssertionFailure() << "the two results are equal";
+  return ::testing::AssertionSuccess();
+}
+
+std::set<std::string> file_names(const fs::path& directory) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+class RunAttentionTest : public CliTest {
+ protected:
+  Tensor load(const std::string& name) const { return load_npy_tensor(path(name), name); }
+
+  // Runs `attn run <arguments> --out o.npy`, asserting success, and returns the output.
+  Tensor run(const std::string& arguments) const {
+    const CommandResult result = attn("run " + arguments + " --out o.npy");
+    EXPECT_EQ(result.exit_code, 0) << "attn run " << arguments << "\n" << result.err;
+    return load("o.npy");
+  }
+
+  // Random (B, n, d) queries, (B, m, d) keys, (B, m, dv) values as q.npy, k.npy, v.npy.
+  void write_qkv(const Shape& queries, const Shape& keys, const Shape& values, uint64_t seed) {
+    Rng rng(seed);
+    queries_ = random_tensor(queries, rng);
+    keys_ = random_tensor(keys, rng);
+    values_ = random_tensor(values, rng);
+    save("q.npy", queries_);
+    save("k.npy", keys_);
+    save("v.npy", values_);
+  }
+
+  Tensor queries_, keys_, values_;
+};
+
+const std::string kDot = "--layer dot-product --queries q.npy --keys k.npy --values v.npy";
+
+// --- layouts ---
+
+TEST_F(RunAttentionTest, HeadsSplitTheLastAxisInPlaceWithGroupedKeyValueHeads) {
+  // H = 4 query heads of d = 3, G = 2 key/value heads, dv = 2; per-batch valid lengths.
+  write_qkv(Shape{2, 3, 12}, Shape{2, 5, 6}, Shape{2, 5, 4}, 21);
+  save_npy(path("lens.npy"), std::vector<int64_t>{4, 2}, Shape{2});
+  const CommandResult result = attn("run " + kDot +
+                                    " --heads 4 --kv-heads 2 --valid-lens lens.npy --out o.npy "
+                                    "--weights-out w.npy --heatmap h.png");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("output (2, 3, 8) -> o.npy"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("weights (2, 4, 3, 5) -> w.npy"), std::string::npos) << result.out;
+
+  AttentionOptions options;
+  options.enable_gqa = true;
+  options.valid_lens = ValidLengths::per_batch({4, 2});
+  const Tensor q = to_heads(queries_, 4), k = to_heads(keys_, 2), v = to_heads(values_, 2);
+  const AttentionForward expected = scaled_dot_product_attention(q, k, v, options);
+  EXPECT_TRUE(same_values(load("o.npy"), from_heads(expected.output)));
+  EXPECT_TRUE(same_values(load("w.npy"), attention_weights(q, k, expected.log_sum_exp, options)));
+  EXPECT_TRUE(starts_with_bytes(path("h.png"), kPngSignature));
+
+  // Without --kv-heads, keys and values have --heads heads too.
+  write_qkv(Shape{2, 3, 12}, Shape{2, 5, 12}, Shape{2, 5, 8}, 22);
+  const AttentionForward plain = scaled_dot_product_attention(
+      to_heads(queries_, 4), to_heads(keys_, 4), to_heads(values_, 4), AttentionOptions{});
+  EXPECT_TRUE(same_values(run(kDot + " --heads 4"), from_heads(plain.output)));
+}
+
+TEST_F(RunAttentionTest, RankFourInputsArePyTorchsLayout) {
+  // (N, H, L, E) queries against (N, G, S, E) keys: grouped-query attention from the files' shapes.
+  write_qkv(Shape{2, 4, 3, 5}, Shape{2, 2, 6, 5}, Shape{2, 2, 6, 3}, 23);
+  const CommandResult result = attn("run " + kDot + " --out o.npy --weights-out w.npy");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  AttentionOptions options;
+  options.enable_gqa = true;
+  const AttentionForward expected = scaled_dot_product_attention(queries_, keys_, values_, options);
+  const Tensor output = load("o.npy");
+  EXPECT_EQ(output.shape(), (Shape{2, 4, 3, 3}));
+  EXPECT_TRUE(same_values(output, expected.output));
+  EXPECT_TRUE(same_values(load("w.npy"),
+                          attention_weights(queries_, keys_, expected.log_sum_exp, options)));
+
+  // Equal heads, with a per-query length: the batch is the first axis.
+  write_qkv(Shape{2, 2, 3, 4}, Shape{2, 2, 5, 4}, Shape{2, 2, 5, 4}, 24);
+  save_npy(path("lens.npy"), std::vector<int64_t>{5, 1, 3, 0, 2, 5}, Shape{2, 3});
+  AttentionOptions lengths;
+  lengths.valid_lens = ValidLengths::per_query({5, 1, 3, 0, 2, 5}, 2, 3);
+  EXPECT_TRUE(same_values(run(kDot + " --valid-lens lens.npy"),
+                          scaled_dot_product_attention(queries_, keys_, values_, lengths).output));
+}
+
+// --- masks ---
+
+TEST_F(RunAttentionTest, BoolMasksOfEveryBroadcastShape) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 6}, 25);
+  Rng rng(26);
+  for (const Shape& shape : {Shape{2, 3, 5}, Shape{3, 5}, Shape{2, 1, 5}, Shape{5}}) {
+    SCOPED_TRACE(shape.str());
+    std::vector<uint8_t> bools(static_cast<size_t>(shape.numel()));
+    for (uint8_t& entry : bools) entry = rng.uniform() < 0.6F ? 1 : 0;
+    bools[0] = 0;  // at least one key hidden
+    save_npy_bool(path("mask.npy"), bools, shape);
+    AttentionOptions options;
+    options.attn_mask = AttentionMask::boolean(StridedView<const uint8_t>(bools.data(), shape));
+    const Tensor expected = scaled_dot_product_attention(queries_, keys_, values_, options).output;
+    const Tensor output = run(kDot + " --mask mask.npy");
+    EXPECT_TRUE(same_values(output, expected));
+    EXPECT_TRUE(differ(output, scaled_dot_product_attention(queries_, keys_, values_).output));
+  }
+}
+
+TEST_F(RunAttentionTest, FloatMasksAreAddedWithHeads) {
+  // (B, H, n, m) scores with --heads 2; a (1, 2, 3, 5) float mask (per head) with −∞ entries, and
+  // a float64 file (read as float32, as every input).
+  write_qkv(Shape{2, 3, 8}, Shape{2, 5, 8}, Shape{2, 5, 6}, 27);
+  Rng rng(28);
+  Tensor mask = random_tensor(Shape{1, 2, 3, 5}, rng);
+  mask(0, 1, 2, 0) = -std::numeric_limits<float>::infinity();
+  mask(0, 0, 0, 4) = -std::numeric_limits<float>::infinity();
+  save("mask.npy", mask);
+  AttentionOptions options;
+  options.attn_mask = AttentionMask::additive(mask);
+  const Tensor expected =
+      from_heads(scaled_dot_product_attention(to_heads(queries_, 2), to_heads(keys_, 2),
+                                              to_heads(values_, 2), options)
+                     .output);
+  EXPECT_TRUE(same_values(run(kDot + " --heads 2 --mask mask.npy"), expected));
+}
+
+// --- window, causal, softcap, ALiBi, sinks, scale ---
+
+TEST_F(RunAttentionTest, WindowsAndBothCausalAlignments) {
+  // n = 3 < m = 6, so top-left and bottom-right put the diagonal on different keys.
+  write_qkv(Shape{2, 3, 4}, Shape{2, 6, 4}, Shape{2, 6, 5}, 29);
+  const auto expect_run = [&](const std::string& flags, const AttentionOptions& options) {
+    SCOPED_TRACE(flags);
+    const Tensor output = run(kDot + " " + flags);
+    EXPECT_TRUE(same_values(
+        output, scaled_dot_product_attention(queries_, keys_, values_, options).output));
+    return output;
+  };
+  AttentionOptions top_left;
+  top_left.causal = true;
+  top_left.alignment = DiagonalAlignment::kTopLeft;
+  AttentionOptions bottom_right = top_left;
+  bottom_right.alignment = DiagonalAlignment::kBottomRight;
+  const Tensor tl = expect_run("--causal top-left", top_left);
+  const Tensor br = expect_run("--causal bottom-right", bottom_right);
+  EXPECT_TRUE(differ(tl, br));
+  // A bare --causal is the book's layers' alignment, bottom-right.
+  EXPECT_TRUE(same_values(expect_run("--causal", bottom_right), br));
+  EXPECT_TRUE(same_values(run(kDot + " --causal=bottom-right"), br));
+
+  AttentionOptions window;
+  window.window = SlidingWindow{1, 0};
+  expect_run("--window 1,0", window);
+  window.window = SlidingWindow{-1, 1};
+  expect_run("--window -1,1", window);
+  // The window sits on the causal diagonal's alignment.
+  window.window = SlidingWindow{0, 2};
+  window.alignment = DiagonalAlignment::kBottomRight;
+  window.causal = true;
+  expect_run("--window=0,2 --causal bottom-right", window);
+}
+
+TEST_F(RunAttentionTest, SoftcapAlibiSinksAndScaleTogetherWithHeads) {
+  write_qkv(Shape{2, 4, 6}, Shape{2, 5, 6}, Shape{2, 5, 6}, 30);
+  const Tensor slopes(Shape{3}, {0.5F, 0.25F, 0.125F});
+  const Tensor sinks(Shape{3}, {0.3F, -1.0F, 2.0F});
+  save("alibi.npy", slopes);
+  save("sinks.npy", sinks);
+  AttentionOptions options;
+  options.softcap = 1.5F;
+  options.scale = 0.8F;
+  options.alibi_slopes = slopes.span();
+  options.sinks = sinks.span();
+  options.causal = true;
+  options.alignment = DiagonalAlignment::kTopLeft;
+  const Tensor q = to_heads(queries_, 3), k = to_heads(keys_, 3), v = to_heads(values_, 3);
+  const AttentionForward expected = scaled_dot_product_attention(q, k, v, options);
+  const CommandResult result =
+      attn("run " + kDot +
+           " --heads 3 --softcap 1.5 --scale 0.8 --alibi alibi.npy --sinks sinks.npy "
+           "--causal top-left --out o.npy --weights-out w.npy");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(same_values(load("o.npy"), from_heads(expected.output)));
+  EXPECT_TRUE(same_values(load("w.npy"), attention_weights(q, k, expected.log_sum_exp, options)));
+
+  // Each option on its own changes the result: none of them is silently dropped.
+  const Tensor combined = load("o.npy");
+  for (const std::string without :
+       {" --softcap 1.5 --scale 0.8 --alibi alibi.npy --causal top-left",
+        " --softcap 1.5 --scale 0.8 --sinks sinks.npy --causal top-left",
+        " --scale 0.8 --alibi alibi.npy --sinks sinks.npy --causal top-left",
+        " --softcap 1.5 --alibi alibi.npy --sinks sinks.npy --causal top-left"}) {
+    EXPECT_TRUE(differ(run(kDot + " --heads 3" + without), combined)) << without;
+  }
+}
+
+// --- gradients ---
+
+TEST_F(RunAttentionTest, GradientsIncludeTheFloatMaskAndTheSinks) {
+  write_qkv(Shape{2, 3, 8}, Shape{2, 5, 4}, Shape{2, 5, 3}, 31);
+  Rng rng(32);
+  const Tensor mask = random_tensor(Shape{3, 5}, rng);  // broadcast over batch and heads
+  const Tensor sinks(Shape{2}, {0.5F, -0.5F});
+  const Tensor grad_output = random_tensor(Shape{2, 3, 6}, rng);  // (B, n, H·dv), H = 2, dv = 3
+  save("mask.npy", mask);
+  save("sinks.npy", sinks);
+  save("g.npy", grad_output);
+  const CommandResult result = attn("run " + kDot +
+                                    " --heads 2 --kv-heads 1 --mask mask.npy --sinks sinks.npy "
+                                    "--out o.npy --out-grad g.npy --grads-out grads");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(file_names(path("grads")),
+            (std::set<std::string>{"queries.npy", "keys.npy", "values.npy", "attn_mask.npy",
+                                   "sinks.npy"}));
+
+  AttentionOptions options;
+  options.enable_gqa = true;
+  options.attn_mask = AttentionMask::additive(mask);
+  options.sinks = sinks.span();
+  const Tensor q = to_heads(queries_, 2), k = to_heads(keys_, 1), v = to_heads(values_, 1);
+  const AttentionForward forward = scaled_dot_product_attention(q, k, v, options);
+  const AttentionBackward expected = scaled_dot_product_attention_backward(
+      q, k, v, forward.output, to_heads(grad_output, 2), forward.log_sum_exp, options, true, true);
+  EXPECT_TRUE(same_values(load("o.npy"), from_heads(forward.output)));
+  EXPECT_TRUE(same_values(load("grads/queries.npy"), from_heads(expected.query)));
+  EXPECT_TRUE(same_values(load("grads/keys.npy"), from_heads(expected.key)));
+  EXPECT_TRUE(same_values(load("grads/values.npy"), from_heads(expected.value)));
+  EXPECT_TRUE(same_values(load("grads/attn_mask.npy"), expected.attn_mask));
+  EXPECT_TRUE(same_values(load("grads/sinks.npy"), expected.sinks));
+  EXPECT_EQ(load("grads/attn_mask.npy").shape(), (Shape{3, 5}));
+
+  // A bool mask has no gradient.
+  std::vector<uint8_t> bools(15, 1);
+  bools[3] = 0;
+  save_npy_bool(path("bool.npy"), bools, Shape{3, 5});
+  ASSERT_EQ(attn("run " + kDot +
+                 " --heads 2 --kv-heads 1 --mask bool.npy --out o.npy --out-grad g.npy "
+                 "--grads-out bool_grads")
+                .exit_code,
+            0);
+  EXPECT_EQ(file_names(path("bool_grads")),
+            (std::set<std::string>{"queries.npy", "keys.npy", "values.npy"}));
+}
+
+// --- additive and general ---
+
+TEST_F(RunAttentionTest, AdditiveTakesMasksWindowsAndCausal) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 3}, Shape{2, 5, 6}, 33);
+  const AdditiveAttention layer(/*key_size=*/3, /*query_size=*/4, /*num_hiddens=*/7, 0.0F, 34);
+  const StateDict state = layer.state_dict();
+  save_safetensors(path("p.safetensors"), state);
+  std::vector<uint8_t> bools = {1, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1};
+  save_npy_bool(path("mask.npy"), bools, Shape{3, 5});
+  Rng rng(35);
+  const Tensor grad_output = random_tensor(Shape{2, 3, 6}, rng);
+  save("g.npy", grad_output);
+  const CommandResult result = attn(
+      "run --layer additive --params p.safetensors --queries q.npy --keys k.npy --values "
+      "v.npy --mask mask.npy --window 2,1 --causal bottom-right --out o.npy --weights-out "
+      "w.npy --out-grad g.npy --grads-out grads");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+
+  AttentionOptions options;
+  options.attn_mask = AttentionMask::boolean(StridedView<const uint8_t>(bools.data(), Shape{3, 5}));
+  options.window = SlidingWindow{2, 1};
+  options.causal = true;
+  options.alignment = DiagonalAlignment::kBottomRight;
+  const AdditiveParameters parameters{state.at("W_q.weight"), state.at("W_k.weight"),
+                                      state.at("w_v.weight").span()};
+  const AttentionForward forward =
+      additive_attention(queries_, keys_, values_, parameters, options);
+  EXPECT_TRUE(same_values(load("o.npy"), forward.output));
+  EXPECT_TRUE(same_values(load("w.npy"), additive_attention_weights(queries_, keys_, parameters,
+                                                                    forward.log_sum_exp, options)));
+  AdditiveGradients expected =
+      additive_attention_backward(queries_, keys_, values_, parameters, forward.output, grad_output,
+                                  forward.log_sum_exp, options);
+  EXPECT_TRUE(same_values(load("grads/queries.npy"), expected.queries));
+  EXPECT_TRUE(same_values(load("grads/keys.npy"), expected.keys));
+  EXPECT_TRUE(same_values(load("grads/values.npy"), expected.values));
+  EXPECT_TRUE(same_values(load("grads/W_q.weight.npy"), expected.W_q));
+  EXPECT_TRUE(same_values(load("grads/W_k.weight.npy"), expected.W_k));
+  expected.w_v.reshape(Shape{1, 7});  // the state dict's (1, h)
+  EXPECT_TRUE(same_values(load("grads/w_v.weight.npy"), expected.w_v));
+}
+
+TEST_F(RunAttentionTest, GeneralLayerInfersItsSizesFromW) {
+  // Queries of size 4 scored against keys of size 3 through W (3, 4).
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 3}, Shape{2, 5, 6}, 36);
+  GeneralAttention layer(/*query_size=*/4, /*key_size=*/3, 0.0F, 37);
+  layer.eval();
+  save_safetensors(path("p.safetensors"), layer.state_dict());
+  save_npy(path("lens.npy"), std::vector<int64_t>{2, 5}, Shape{2});
+  Rng rng(38);
+  const Tensor grad_output = random_tensor(Shape{2, 3, 6}, rng);
+  save("g.npy", grad_output);
+  const CommandResult result = attn(
+      "run --layer general --params p.safetensors --queries q.npy --keys k.npy --values v.npy"
+      " --valid-lens lens.npy --out o.npy --weights-out w.npy --out-grad g.npy "
+      "--grads-out grads");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("general attention, output (2, 3, 6)"), std::string::npos)
+      << result.out;
+  const Tensor expected = layer(queries_, keys_, values_, ValidLengths::per_batch({2, 5}));
+  EXPECT_TRUE(same_values(load("o.npy"), expected));
+  EXPECT_TRUE(same_values(load("w.npy"), layer.attention_weights()));
+  const AttentionGradients gradients = layer.backward(grad_output);
+  EXPECT_EQ(file_names(path("grads")),
+            (std::set<std::string>{"queries.npy", "keys.npy", "values.npy", "W.weight.npy"}));
+  EXPECT_TRUE(same_values(load("grads/queries.npy"), gradients.queries));
+  EXPECT_TRUE(same_values(load("grads/keys.npy"), gradients.keys));
+  EXPECT_TRUE(same_values(load("grads/values.npy"), gradients.values));
+  EXPECT_TRUE(same_values(load("grads/W.weight.npy"), *layer.parameters()[0].grad));
+}
+
+// --- weights only on request ---
+
+// n = m = 2^23 queries and keys: their (1, n, m) weights would be 2^46 floats (256 TiB), more than
+// an x86-64 process can address, so a run that built them would fail with an allocation error.
+// Under --window 0,0 each query sees its diagonal key only, the kernels skip every other tile,
+// and the output is the values themselves: the run takes seconds and 100 MB of files.
+TEST_F(RunAttentionTest, WeightsAreNeverBuiltUnlessAsked) {
+  const int64_t n = int64_t{1} << 23;
+  Tensor ones = Tensor::full(Shape{1, n, 1}, 1.0F);
+  Tensor values(Shape{1, n, 1});
+  for (int64_t i = 0; i < n; ++i) values.data()[i] = static_cast<float>(i % 1000) - 500.0F;
+  save("q.npy", ones);
+  save("k.npy", ones);
+  save("v.npy", values);
+  ones = Tensor();
+  const CommandResult result = attn("run " + kDot + " --window 0,0 --out o.npy");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const Tensor output = load("o.npy");
+  ASSERT_EQ(output.shape(), values.shape());
+  EXPECT_EQ(output.values(), values.values());
+}
+
+// --- errors: exit code 1 and a message naming the flag (and file) ---
+
+TEST_F(RunAttentionTest, MaskErrorsNameTheFlagAndTheFile) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 6}, 39);
+  save_npy_bool(path("square.npy"), std::vector<uint8_t>(16, 1), Shape{4, 4});
+  expect_error("run " + kDot + " --mask square.npy --out o.npy",
+               "attn_mask: expected a shape that broadcasts to the scores (2, 3, 5) (B, n, m)");
+  expect_error("run " + kDot + " --mask square.npy --out o.npy",
+               "got (4, 4) (attn_mask from --mask square.npy)");
+  save("wide.npy", Tensor(Shape{3, 2, 3, 5}));  // (3, ·) against B = 2 with --heads 2
+  expect_error("run " + kDot + " --heads 2 --mask wide.npy --out o.npy",
+               "broadcasts to the scores (2, 2, 3, 5) (B, H, n, m)");
+  save_npy(path("ints.npy"), std::vector<int64_t>{1, 0, 1, 1, 1}, Shape{5});
+  expect_error("run " + kDot + " --mask ints.npy --out o.npy",
+               "expected a bool or float32/float64 mask, got an integer array");
+  expect_error("run " + kDot + " --mask absent.npy --out o.npy", "--mask: absent.npy");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+TEST_F(RunAttentionTest, HeadErrorsNameBothFlags) {
+  write_qkv(Shape{2, 3, 8}, Shape{2, 5, 4}, Shape{2, 5, 6}, 40);
+  expect_error("run " + kDot + " --heads 4 --kv-heads 3 --out o.npy",
+               "--kv-heads: expected a divisor of --heads 4");
+  expect_error("run " + kDot + " --heads 4 --kv-heads 0 --out o.npy",
+               "--kv-heads: expected a divisor of --heads 4");
+  expect_error("run " + kDot + " --kv-heads 2 --out o.npy", "--kv-heads: needs --heads");
+  expect_error("run " + kDot + " --heads 0 --out o.npy", "--heads: expected a positive number");
+  expect_error("run " + kDot + " --heads 3 --out o.npy",
+               "queries: expected a last axis that splits into --heads 3 heads, got shape "
+               "(2, 3, 8) (queries from --queries q.npy)");
+  // Two heads of 4 need keys of 8 (or --kv-heads 1).
+  expect_error("run " + kDot + " --heads 2 --out o.npy",
+               "keys: expected the last dimension to be 8 (--heads 2 × the queries' head size 4)");
+  write_qkv(Shape{2, 4, 3, 5}, Shape{2, 3, 6, 5}, Shape{2, 3, 6, 3}, 41);
+  expect_error("run " + kDot + " --out o.npy",
+               "keys: expected a number of heads (axis 1) dividing the queries' 4");
+  expect_error("run " + kDot + " --heads 4 --out o.npy",
+               "--heads: the inputs are rank 4 (N, H, L, E)");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+TEST_F(RunAttentionTest, BadWindowCausalSoftcapAlibiAndSinks) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 6}, 42);
+  for (const std::string window : {"3", "a,b", "-2,0", "1,-5", "1,2,3", ",", "1.5,2"}) {
+    expect_error("run " + kDot + " --window=" + window + " --out o.npy",
+                 "--window: expected L,R, two integers ≥ -1");
+  }
+  expect_error("run " + kDot + " --causal diagonal --out o.npy",
+               "--causal: expected top-left (PyTorch's is_causal");
+  expect_error("run " + kDot + " --causal diagonal --out o.npy", "got 'diagonal'");
+  expect_error("run " + kDot + " --softcap 0 --out o.npy",
+               "--softcap: expected a positive finite number");
+  expect_error("run " + kDot + " --softcap -2 --out o.npy", "--softcap");
+  save("three.npy", Tensor(Shape{3}, {0.5F, 0.25F, 0.125F}));
+  expect_error("run " + kDot + " --heads 2 --alibi three.npy --out o.npy",
+               "alibi_slopes: expected one slope per query head, shape (2,) (the heads from "
+               "--heads 2), got shape (3,) (alibi_slopes from --alibi three.npy)");
+  expect_error("run " + kDot + " --alibi three.npy --out o.npy",
+               "shape (1,) (rank-3 inputs without --heads have one head)");
+  expect_error("run " + kDot + " --sinks three.npy --out o.npy",
+               "sinks: expected one sink logit per query head");
+  save_npy_bool(path("bool.npy"), std::vector<uint8_t>{1}, Shape{1});
+  expect_error("run " + kDot + " --sinks bool.npy --out o.npy", "got bool dtype '|b1'");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+TEST_F(RunAttentionTest, FlagsALayerDoesNotTakeAreErrorsNamingBoth) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 3}, Shape{2, 5, 5}, 43);
+  save_safetensors(path("mh.safetensors"), MultiHeadAttention(3, 4, 5, 8, 2, 0.0F).state_dict());
+  save_safetensors(path("add.safetensors"), AdditiveAttention(3, 4, 7, 0.0F).state_dict());
+  save_safetensors(path("gen.safetensors"), GeneralAttention(4, 3).state_dict());
+  const std::string inputs = " --queries q.npy --keys k.npy --values v.npy --out o.npy";
+  expect_error("run --layer multi-head --heads 2 --params mh.safetensors --window 1,1" + inputs,
+               "--window: not supported by --layer multi-head");
+  expect_error("run --layer multi-head --heads 2 --params mh.safetensors --kv-heads 1" + inputs,
+               "--kv-heads: not supported by --layer multi-head");
+  expect_error("run --layer multi-head --heads 2 --params mh.safetensors --causal" + inputs,
+               "--causal: not supported by --layer multi-head");
+  expect_error("run --layer additive --params add.safetensors --softcap 2" + inputs,
+               "--softcap: not supported by --layer additive");
+  expect_error("run --layer additive --params add.safetensors --heads 2" + inputs,
+               "--heads: not supported by --layer additive");
+  expect_error("run --layer additive --params add.safetensors --alibi a.npy" + inputs,
+               "--alibi: not supported by --layer additive");
+  expect_error("run --layer general --params gen.safetensors --mask m.npy" + inputs,
+               "--mask: not supported by --layer general");
+  expect_error("run --layer general --params gen.safetensors --sinks s.npy" + inputs,
+               "--sinks: not supported by --layer general");
+  expect_error("run --layer general --params gen.safetensors --scale 2" + inputs,
+               "--scale: only --layer dot-product takes a scale, got --layer general");
+  expect_error("run --layer general" + inputs, "--params: required for --layer general");
+  expect_error("run --layer general --params add.safetensors" + inputs,
+               "missing tensor 'W.weight' needed by --layer general");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+}  // namespace
+}  // namespace attn
