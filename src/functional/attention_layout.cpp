@@ -2,7 +2,9 @@
 #include "functional/attention_layout.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -101,21 +103,62 @@ void for_each_element(const Shape& shape, std::span<const int64_t> strides, cons
 }
 }  // namespace
 
+// Calls visit(row, flat index of its first element) for every row along the last axis of a view
+// whose last axis is contiguous, so the caller's inner loop runs over contiguous floats (and
+// vectorises): the scans below check 50 million floats in milliseconds, not in a fifth of a second
+// as one element at a time did.
+template <class Visit>
+void for_each_row(const ConstStridedView& view, const Visit& visit) {
+  const int rank = view.rank();
+  if (rank == 0) {
+    visit(view.data(), int64_t{0});
+    return;
+  }
+  const int64_t cols = view.dim(-1);
+  const Shape rows = Shape::from_dims(view.shape().data(), rank - 1);
+  for_each_element(rows, view.strides().first(static_cast<size_t>(rank - 1)),
+                   [&](int64_t offset, int64_t row) { visit(view.data() + offset, row * cols); });
+}
+
 float require_finite(std::string_view name, const ConstStridedView& view) {
-  float largest = 0.0F;
-  const float* data = view.data();
-  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
-    const float value = data[offset];
-    if (!std::isfinite(value)) {
-      throw ValueError(std::string(name) + ": expected finite values, got " +
-                       (std::isnan(value) ? "NaN"
-                        : value > 0       ? "inf"
-                                          : "-inf") +
-                       " at flat index " + std::to_string(flat));
+  if (view.rank() > 0 && view.dim(-1) > 1 && view.stride(-1) != 1) {
+    return require_finite(name, ConstStridedView(contiguous_copy(view)));
+  }
+  const int64_t cols = view.rank() == 0 ? 1 : view.dim(-1);
+  // The largest |x| as the integer order of its bits, which is the float order for non-negative
+  // floats, with ±∞ and NaN (exponent all ones) above every finite value: one integer max
+  // reduction, which the compiler vectorises, both finds the magnitude and detects them.
+  constexpr uint32_t kMagnitudeBits = 0x7fffffffU, kFirstNonFinite = 0x7f800000U;
+  std::vector<const float*> rows;
+  rows.reserve(static_cast<size_t>(cols > 0 ? view.numel() / cols : 0));
+  for_each_row(view, [&](const float* row, int64_t) { rows.push_back(row); });
+  const auto row_count = static_cast<int64_t>(rows.size());
+  uint32_t largest = 0;
+  // Threads only where the scan is long enough to pay for them (inputs of a few MB and more).
+#pragma omp parallel for reduction(max : largest) if (row_count * cols > (int64_t{1} << 20))
+  for (int64_t r = 0; r < row_count; ++r) {
+    const float* row = rows[static_cast<size_t>(r)];
+    uint32_t row_largest = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      row_largest = std::max(row_largest, std::bit_cast<uint32_t>(row[j]) & kMagnitudeBits);
     }
-    largest = std::max(largest, std::fabs(value));
-  });
-  return largest;
+    largest = std::max(largest, row_largest);
+  }
+  if (largest >= kFirstNonFinite) {
+    // Rare: read the rows again, in order, to name the first culprit.
+    for (int64_t r = 0; r < row_count; ++r) {
+      const float* row = rows[static_cast<size_t>(r)];
+      for (int64_t j = 0; j < cols; ++j) {
+        if (std::isfinite(row[j])) continue;
+        throw ValueError(std::string(name) + ": expected finite values, got " +
+                         (std::isnan(row[j]) ? "NaN"
+                          : row[j] > 0       ? "inf"
+                                             : "-inf") +
+                         " at flat index " + std::to_string(r * cols + j));
+      }
+    }
+  }
+  return std::bit_cast<float>(largest);
 }
 
 void require_mask_values(std::string_view name, const ConstStridedView& view) {

@@ -77,11 +77,13 @@ struct Scratch {
   // The current head's keys (m × d) and values (m × dv_padded, zero-padded columns), packed
   // contiguously: heads addressed by stride put a head's rows kilobytes apart, and at long
   // sequences the pages they span outgrow the TLB (n = 16384 with 32 heads ran at 38% of peak
-  // instead of 70%). Rows are packed as tiles first need them, once per head and thread.
+  // instead of 70%). Rows are packed as tiles first need them, once per head and thread (for a
+  // sliding window, only the keys its tiles reach).
   float* packed_keys;
   float* packed_values;
   int64_t packed_head = -1;
-  int64_t packed_rows = 0;
+  int64_t packed_begin = 0;  // rows [packed_begin, packed_end) of packed_head are packed
+  int64_t packed_end = 0;
 
   Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes) {
     const size_t bc = flash_detail::kKeyTile;
@@ -101,24 +103,27 @@ struct Scratch {
   }
 };
 
-// Makes rows [0, rows) of key/value head (b, h)'s keys and values available in s.packed_*.
-void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t rows,
+// Makes rows [begin, end) of key/value head (b, h)'s keys and values available in s.packed_*, at
+// their own row offsets. A thread's successive tiles of a head need ranges that only move forward
+// (causal, windows) or stay (full attention), so packing extends the packed range; a range before
+// or past it (another head, a window far ahead) starts a new one.
+void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t begin, int64_t end,
                        size_t dv_padded, Scratch& s) {
   const int64_t head = b * args.k.heads + h;
-  if (s.packed_head != head) {
+  if (s.packed_head != head || begin < s.packed_begin || begin > s.packed_end) {
     s.packed_head = head;
-    s.packed_rows = 0;
+    s.packed_begin = s.packed_end = begin;
   }
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
   const float* k = args.k.matrix(b, h);
   const float* v = args.v.matrix(b, h);
-  for (int64_t j = s.packed_rows; j < rows; ++j) {
+  for (int64_t j = s.packed_end; j < end; ++j) {
     std::copy_n(k + j * args.k.row_stride, depth, s.packed_keys + static_cast<size_t>(j) * depth);
     float* value_row = s.packed_values + static_cast<size_t>(j) * dv_padded;
     std::copy_n(v + j * args.v.row_stride, dv, value_row);
     std::fill(value_row + dv, value_row + dv_padded, 0.0F);
   }
-  s.packed_rows = std::max(s.packed_rows, rows);
+  s.packed_end = std::max(s.packed_end, end);
 }
 
 // The rows' key ranges and dropout keys, Qᵀ with the scale folded in (zero in padding lanes), and
@@ -257,7 +262,7 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
 
   // Grouped-query attention: this query head reads key/value head h / group.
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
-  PackKeysAndValues(args, b, kv_head, tile.ranges.end, dv_padded, s);
+  PackKeysAndValues(args, b, kv_head, tile.ranges.begin, tile.ranges.end, dv_padded, s);
   const float* k = s.packed_keys;
   const float* v = s.packed_values;
   for (int64_t key0 = tile.ranges.begin; key0 < tile.ranges.end;

@@ -74,22 +74,33 @@ inline TileKeyRanges tile_key_ranges(const ValidLengths& valid_lens,
 // How much of a tile (rows × keys) a bool mask lets through.
 enum class MaskCoverage { kAll, kSome, kNone };
 
+// Scans the tile's rows, each once (a mask broadcast over the queries has one row), with a
+// branch-free inner loop over contiguous bytes, and stops at the first row that settles kSome.
 inline MaskCoverage bool_mask_coverage(const ScoreMask& mask, int64_t batch, int64_t head,
                                        int64_t first_query, size_t rows, int64_t key0,
                                        size_t keys) {
   const auto* bytes = static_cast<const uint8_t*>(mask.data);
-  bool any = false, all = true;
-  for (size_t r = 0; r < rows; ++r) {
+  const size_t distinct_rows = mask.row_stride == 0 ? std::min<size_t>(rows, 1) : rows;
+  unsigned any = 0, all = 1;
+  for (size_t r = 0; r < distinct_rows; ++r) {
     const uint8_t* row =
         bytes + mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
-    for (size_t j = 0; j < keys; ++j) {
-      const bool takes_part = row[static_cast<int64_t>(j) * mask.col_stride] != 0;
-      any = any || takes_part;
-      all = all && takes_part;
+    if (mask.col_stride == 1) {
+      for (size_t j = 0; j < keys; ++j) {
+        const unsigned takes_part = row[j] != 0 ? 1U : 0U;
+        any |= takes_part;
+        all &= takes_part;
+      }
+    } else {
+      for (size_t j = 0; j < keys; ++j) {
+        const unsigned takes_part = row[static_cast<int64_t>(j) * mask.col_stride] != 0 ? 1U : 0U;
+        any |= takes_part;
+        all &= takes_part;
+      }
     }
-    if (any && !all) return MaskCoverage::kSome;
+    if (any != 0 && all == 0) return MaskCoverage::kSome;
   }
-  return all ? MaskCoverage::kAll : any ? MaskCoverage::kSome : MaskCoverage::kNone;
+  return all != 0 ? MaskCoverage::kAll : any != 0 ? MaskCoverage::kSome : MaskCoverage::kNone;
 }
 
 // Applies the mask to a transposed score tile Sᵀ (keys × br, the `rows` real queries along the
