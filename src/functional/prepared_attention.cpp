@@ -201,6 +201,7 @@ FlashAttentionOptions PreparedAttention::kernel_options(size_t s) const {
   kernel.scale = scale_;
   kernel.causal = options_.causal;
   kernel.alignment = options_.alignment;
+  kernel.diagonal_offset = options_.diagonal_offset;
   if (options_.window) {
     kernel.window_left = options_.window->left;
     kernel.window_right = options_.window->right;

@@ -27,7 +27,7 @@ inline KeyRange visible_keys(const ValidLengths& valid_lens, const FlashAttentio
                              int64_t batch, int64_t query, int64_t queries, int64_t keys) {
   int64_t begin = 0;
   int64_t end = valid_lens.length(batch, query, keys);
-  const int64_t diagonal = diagonal_key(options.alignment, query, queries, keys);
+  const int64_t diagonal = diagonal_key(options, query, queries, keys);
   if (options.causal) end = std::min(end, diagonal + 1);
   if (options.window_left >= 0) begin = std::max(begin, diagonal - options.window_left);
   if (options.window_right >= 0) end = std::min(end, diagonal + options.window_right + 1);

@@ -65,7 +65,7 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
     // below 2^24.
     const V slope = hn::Set(d, options.alibi_slopes[tile.head]);
     const int64_t first_diagonal =
-        diagonal_key(options.alignment, tile.first_query, tile.queries, tile.keys);
+        diagonal_key(options, tile.first_query, tile.queries, tile.keys);
     const V lane_index = hn::Iota(d, 0.0F);
     for (size_t j = 0; j < bc; ++j) {
       const auto offset = static_cast<float>(first_diagonal - key0 - static_cast<int64_t>(j));

@@ -237,6 +237,28 @@ TEST_P(FunctionalSdpa, CombinedOptionsMatchTheReference) {
   check({.shape = {1, 1, 1, 5, 1, 3, 2}, .causal = Causal::kTopLeft}, seed++);
 }
 
+// An explicit diagonal offset: the block of queries 100…139 against keys 64…163 of one sequence
+// (offset 36), causal with a window and ALiBi, as ring attention computes one block pair; and a
+// block entirely before or after the diagonal.
+TEST_P(FunctionalSdpa, ExplicitDiagonalOffsetsMatchTheReference) {
+  uint64_t seed = 400;
+  for (const int64_t offset : {36, -200, 500}) {
+    SdpaTestCase c({2, 2, 1, 40, 100, 16, 8}, seed++);
+    c.set_causal(false);
+    c.set_diagonal_offset(offset);
+    c.set_window(50, 0);
+    c.set_alibi();
+    const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+    EXPECT_TRUE(close_to(forward.output, c.expected_forward().out, kForwardTolerance)) << offset;
+    const AttentionBackward grads = scaled_dot_product_attention_backward(
+        c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
+    const reference::SdpaGradients expected = c.expected_backward();
+    EXPECT_TRUE(close_to(grads.query, expected.q, kBackwardTolerance)) << offset;
+    EXPECT_TRUE(close_to(grads.key, expected.k, kBackwardTolerance)) << offset;
+    EXPECT_TRUE(close_to(grads.value, expected.v, kBackwardTolerance)) << offset;
+  }
+}
+
 TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
   Rng rng(4242);
   const auto pick = [&](int64_t count) {

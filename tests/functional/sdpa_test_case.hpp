@@ -95,6 +95,11 @@ class SdpaTestCase {
         bottom_right ? DiagonalAlignment::kBottomRight : DiagonalAlignment::kTopLeft;
     problem.bottom_right = bottom_right;
   }
+  void set_diagonal_offset(int64_t offset) {
+    options.alignment = DiagonalAlignment::kOffset;
+    options.diagonal_offset = offset;
+    problem.diagonal_offset = offset;
+  }
   void set_window(int64_t left, int64_t right) {
     options.window = SlidingWindow{left, right};
     problem.window_left = left;

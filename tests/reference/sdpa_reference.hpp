@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace attn::reference {
@@ -19,6 +20,7 @@ struct SdpaProblem {
   double scale = 1.0;
   bool causal = false;
   bool bottom_right = false;  // the diagonal key of query i: i (top-left) or i + S − L
+  std::optional<int64_t> diagonal_offset;       // when set: i + diagonal_offset, whatever the above
   int64_t window_left = -1, window_right = -1;  // −1: unbounded
   double softcap = 0.0;                         // 0: none
   std::vector<double> alibi;                    // Hq slopes, or empty
@@ -31,7 +33,10 @@ struct SdpaProblem {
   size_t score_index(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return static_cast<size_t>(((b * q_heads + h) * queries + i) * keys + j);
   }
-  int64_t diagonal(int64_t i) const { return bottom_right ? i + keys - queries : i; }
+  int64_t diagonal(int64_t i) const {
+    if (diagonal_offset) return i + *diagonal_offset;
+    return bottom_right ? i + keys - queries : i;
+  }
   // Whether key j is hidden from query i of (b, h) before any score is looked at.
   bool hidden(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const int64_t c = diagonal(i);

@@ -66,9 +66,12 @@ struct AttentionOptions {
   ValidLengths valid_lens;
   // PyTorch's is_causal: query i sees keys j ≤ its diagonal key (see `alignment`).
   bool causal = false;
-  // The diagonal of `causal`, `window` and ALiBi: top-left (key i, PyTorch's is_causal) or
-  // bottom-right (key i + S − L: FlashAttention-2's, decoding's).
+  // The diagonal of `causal`, `window` and ALiBi: top-left (key i, PyTorch's is_causal),
+  // bottom-right (key i + S − L: FlashAttention-2's, decoding's) or kOffset (below).
   DiagonalAlignment alignment = DiagonalAlignment::kTopLeft;
+  // With alignment kOffset: query i's diagonal key is i + diagonal_offset (queries and keys that
+  // are blocks of one longer sequence: the first query's position minus the first key's).
+  int64_t diagonal_offset = 0;
   std::optional<SlidingWindow> window;
   AttentionMask attn_mask;
   // Scores are scale · qᵀk; default 1/√E (E the queries' last axis), as PyTorch.

@@ -10,15 +10,11 @@
 namespace attn {
 
 // Which diagonal "causal", sliding windows and ALiBi distances refer to, for n queries and m keys:
-// query i's diagonal key is i (top-left: PyTorch's is_causal) or i + m − n (bottom-right:
-// FlashAttention-2's, where the last query sits on the last key, as in decoding).
-enum class DiagonalAlignment { kTopLeft, kBottomRight };
-
-// The diagonal key of query `query` of `queries`, for `keys` keys.
-inline int64_t diagonal_key(DiagonalAlignment alignment, int64_t query, int64_t queries,
-                            int64_t keys) {
-  return alignment == DiagonalAlignment::kTopLeft ? query : query + keys - queries;
-}
+// query i's diagonal key is i (top-left: PyTorch's is_causal), i + m − n (bottom-right:
+// FlashAttention-2's, where the last query sits on the last key, as in decoding), or i + a given
+// offset (kOffset: a block of queries against a block of keys of one longer sequence, as ring
+// attention and chunked prefill see them — offset = first query's position − first key's).
+enum class DiagonalAlignment { kTopLeft, kBottomRight, kOffset };
 
 enum class MaskKind { kNone, kBool, kFloat };
 
@@ -50,6 +46,7 @@ struct FlashAttentionOptions {
   // Query i sees keys j ≤ diagonal_key(i) only (combined with the valid lengths by minimum).
   bool causal = false;
   DiagonalAlignment alignment = DiagonalAlignment::kBottomRight;
+  int64_t diagonal_offset = 0;  // with kOffset: query i's diagonal key is i + diagonal_offset
   // Sliding window around the diagonal key c_i: keys j with c_i − window_left ≤ j ≤
   // c_i + window_right (FlashAttention's window_size); −1 leaves that side unbounded.
   int64_t window_left = -1;
@@ -70,6 +67,20 @@ struct FlashAttentionOptions {
   // initialisers of the fields above may leave it out.
   ScoreMask mask;
 };
+
+// The diagonal key of query `query` of `queries`, for `keys` keys.
+inline int64_t diagonal_key(const FlashAttentionOptions& options, int64_t query, int64_t queries,
+                            int64_t keys) {
+  switch (options.alignment) {
+    case DiagonalAlignment::kTopLeft:
+      return query;
+    case DiagonalAlignment::kBottomRight:
+      return query + keys - queries;
+    case DiagonalAlignment::kOffset:
+      return query + options.diagonal_offset;
+  }
+  return query;
+}
 
 // The multipliers (0 or 1/(1−p)) that the kernels apply for these options, materialised as
 // (batch·heads, n, m) for inspection and tests.
