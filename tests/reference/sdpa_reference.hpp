@@ -20,7 +20,8 @@ struct SdpaProblem {
   double scale = 1.0;
   bool causal = false;
   bool bottom_right = false;  // the diagonal key of query i: i (top-left) or i + S − L
-  std::optional<int64_t> diagonal_offset;       // when set: i + diagonal_offset, whatever the above
+  std::optional<int64_t> diagonal_offset;  // when set: i + diagonal_offset, whatever the above
+  std::vector<int64_t> batch_offsets;  // when set (B values): i + batch_offsets[b], per sequence
   int64_t window_left = -1, window_right = -1;  // −1: unbounded
   double softcap = 0.0;                         // 0: none
   std::vector<double> alibi;                    // Hq slopes, or empty
@@ -33,13 +34,14 @@ struct SdpaProblem {
   size_t score_index(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return static_cast<size_t>(((b * q_heads + h) * queries + i) * keys + j);
   }
-  int64_t diagonal(int64_t i) const {
+  int64_t diagonal(int64_t b, int64_t i) const {
+    if (!batch_offsets.empty()) return i + batch_offsets[static_cast<size_t>(b)];
     if (diagonal_offset) return i + *diagonal_offset;
     return bottom_right ? i + keys - queries : i;
   }
   // Whether key j is hidden from query i of (b, h) before any score is looked at.
   bool hidden(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    const int64_t c = diagonal(i);
+    const int64_t c = diagonal(b, i);
     if (!lengths.empty() && j >= lengths[static_cast<size_t>(b * queries + i)]) return true;
     if (causal && j > c) return true;
     if (window_left >= 0 && j < c - window_left) return true;
@@ -82,8 +84,8 @@ inline SdpaForward sdpa_forward(const SdpaProblem& p, const std::vector<double>&
           f.raw[p.score_index(b, h, i, j)] = s;
           if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
           if (!p.alibi.empty())
-            s -=
-                p.alibi[static_cast<size_t>(h)] * std::fabs(static_cast<double>(p.diagonal(i) - j));
+            s -= p.alibi[static_cast<size_t>(h)] *
+                 std::fabs(static_cast<double>(p.diagonal(b, i) - j));
           if (p.mask_kind == SdpaProblem::Mask::kFloat) s += p.mask[p.score_index(b, h, i, j)];
           if (p.hidden(b, h, i, j)) s = minus_infinity;
           scores[static_cast<size_t>(j)] = s;

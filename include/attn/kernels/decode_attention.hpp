@@ -1,0 +1,60 @@
+// Attention for decoding: a few new queries per sequence against a KV cache of m keys, memory-bound
+// (each cached key and value is read once per step). The keys are split across threads
+// (FlashDecoding: partial maximum, sum and output per split, merged by log-sum-exp), every query
+// head of a grouped-query group is computed from the same read of each K/V row, and the cache is
+// read in its own precision (fp32, fp16, bf16 or int8 with a scale per row), converted in
+// registers, accumulated in fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "attn/kernels/heads_view.hpp"
+
+namespace attn {
+
+// How a KV cache stores its entries.
+enum class CacheDType { kFloat32, kFloat16, kBFloat16, kInt8 };
+
+// Bytes per stored element.
+constexpr int64_t cache_dtype_size(CacheDType dtype) {
+  return dtype == CacheDType::kFloat32 ? 4 : dtype == CacheDType::kInt8 ? 1 : 2;
+}
+
+// One tensor of a KV cache: batch × heads matrices of (capacity rows × cols) entries of `dtype`,
+// row-major with contiguous columns, matrix (b, h) at element b·batch_stride + h·head_stride. For
+// kInt8, `scales` holds one float per (b, h, row) at (b·heads + h)·capacity + row, and entry e of
+// a row means e·scale.
+struct CacheTensorView {
+  CacheDType dtype = CacheDType::kFloat32;
+  const void* data = nullptr;
+  const float* scales = nullptr;
+  int64_t batch = 0, heads = 0, capacity = 0, cols = 0;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+};
+
+struct DecodeOptions {
+  float scale = 1.0F;
+  // Query i of the n new queries of sequence b sits at position lengths[b] − n + i: it sees keys
+  // j ≤ that position when causal (bottom-right, per sequence), and all of its sequence's keys
+  // otherwise; a window (−1: unbounded side) narrows to position − left … position + right.
+  bool causal = true;
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0F;          // 0: none
+  const float* sinks = nullptr;  // one per query head, or null
+};
+
+// out[b, h] = softmax(S) V for the n new queries (B·H: n × d) against sequence b's first
+// lengths[b] cached keys (B·H_kv: capacity × d) and values (B·H_kv: capacity × dv), H_kv dividing
+// H (query head h reads key/value head h / (H / H_kv)). `log_sum_exp` (B·H·n values, may be null)
+// as flash_attention_forward's. n ≤ 64 / (H / H_kv) (the group's queries share one tile: at most
+// 64 rows); ShapeError/ValueError otherwise. Extra memory: per task a few tiles, plus B·H·n·(dv +
+// 2) floats per split for the partial results.
+void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
+                              const CacheTensorView& values, const int64_t* lengths,
+                              const DecodeOptions& options, HeadsView out,
+                              float* log_sum_exp = nullptr);
+
+// The largest n·(H / H_kv) decode_attention_forward takes.
+constexpr int64_t kMaxDecodeRows = 64;
+
+}  // namespace attn

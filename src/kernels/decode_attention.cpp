@@ -1,0 +1,411 @@
+// Decoding attention (FlashDecoding on the CPU): per task (batch b, key/value head g, split of the
+// keys) the G·n query rows of head group g — G query heads sharing g, n new queries each — are
+// scored against each key tile in one GEMM, so every K and V row is read from the cache once per
+// step whatever G is; partial (max, sum, output) per split merge by log-sum-exp afterwards.
+// Layout and semantics: include/attn/kernels/decode_attention.hpp.
+//
+// Tiles keep the rows along the SIMD lanes, as the prefill kernel keeps its queries: Sᵀ (Bc keys ×
+// R rows), so each row's running max and sum are lane-wise. Few rows (one query, G ≤ 4) use
+// 4-lane vectors instead of wasting three quarters of an AVX-512 register. Cache tiles in fp16,
+// bf16 or int8 are widened to fp32 once per tile, then shared by every row.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
+#include "attn/kernels/decode_attention.hpp"
+#include "kernels/parallel_tasks.hpp"
+#include "kernels/score_masks.hpp"
+#include "kernels/scratch_memory.hpp"
+
+#ifndef ATTN_DECODE_ATTENTION_SHARED
+#define ATTN_DECODE_ATTENTION_SHARED
+namespace attn::decode_detail {
+
+struct DecodeArgs {
+  ConstHeadsView q;
+  CacheTensorView keys, values;
+  const int64_t* lengths;
+  DecodeOptions options;
+  int64_t splits;     // key splits per (batch, key/value head)
+  int64_t split_len;  // keys per split (a multiple of kKeyTile)
+  // Per task (b, g, split) and row: max, sum, then dv unnormalised output floats.
+  float* partial;
+  int64_t partial_row;  // floats per row: 2 + dv
+};
+
+constexpr size_t kKeyTile = 64;
+
+}  // namespace attn::decode_detail
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/decode_attention.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway's headers must follow foreach_target.h.
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include "kernels/fast_math-inl.h"
+#include "kernels/score_modifiers-inl.h"
+#include "kernels/tile_gemm-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using decode_detail::DecodeArgs;
+using decode_detail::kKeyTile;
+
+// Per-thread buffers, sized for the widest vectors this target has.
+struct DecodeScratch {
+  hwy::AlignedFreeUniquePtr<float[]> memory;
+  float* q_transposed;  // d × R: the rows' queries, scaled
+  float* scores;        // Bc × R: Sᵀ, then Pᵀ
+  float* output;        // rows × dv_padded
+  float* key_tile;      // Bc × d: the tile's keys in fp32
+  float* value_tile;    // Bc × dv_padded: its values in fp32, columns zero-padded
+  float* row_max;       // R
+  float* row_sum;       // R
+  float* row_rescale;   // R
+  int32_t* first;       // R: each row's first visible key
+  int32_t* last;        // R: one past its last
+
+  DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes) {
+    memory = carve_scratch(lanes, [&](const auto& take) {
+      q_transposed = take(depth * max_rows);
+      scores = take(kKeyTile * max_rows);
+      output = take(max_rows * dv_padded);
+      key_tile = take(kKeyTile * depth);
+      value_tile = take(kKeyTile * dv_padded);
+      row_max = take(max_rows);
+      row_sum = take(max_rows);
+      row_rescale = take(max_rows);
+      first = as_int32(take(max_rows));
+      last = as_int32(take(max_rows));
+    });
+  }
+};
+
+// Rows [row0, row0 + rows) of matrix (b, h) of a cache tensor, widened to fp32 into `out` (rows
+// `ld` floats apart; columns cols … ld − 1 set to 0).
+template <class D>
+void WidenCacheRows(D d, const CacheTensorView& t, int64_t b, int64_t h, int64_t row0, size_t rows,
+                    float* out, size_t ld) {
+  const size_t lanes = hn::Lanes(d), cols = static_cast<size_t>(t.cols);
+  const int64_t matrix = b * t.batch_stride + h * t.head_stride;
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t row = matrix + (row0 + static_cast<int64_t>(r)) * t.row_stride;
+    float* destination = out + r * ld;
+    size_t c = 0;
+    switch (t.dtype) {
+      case CacheDType::kFloat32: {
+        std::copy_n(static_cast<const float*>(t.data) + row, cols, destination);
+        c = cols;
+        break;
+      }
+      case CacheDType::kFloat16: {
+        const auto* source = static_cast<const hwy::float16_t*>(t.data) + row;
+        const hn::Rebind<hwy::float16_t, D> dh;
+        for (; c + lanes <= cols; c += lanes)
+          hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, source + c)), d, destination + c);
+        for (; c < cols; ++c) destination[c] = half_to_float(source[c].bits);
+        break;
+      }
+      case CacheDType::kBFloat16: {
+        const auto* source = static_cast<const hwy::bfloat16_t*>(t.data) + row;
+        const hn::Rebind<hwy::bfloat16_t, D> dbf;
+        for (; c + lanes <= cols; c += lanes)
+          hn::StoreU(hn::PromoteTo(d, hn::LoadU(dbf, source + c)), d, destination + c);
+        for (; c < cols; ++c) destination[c] = bfloat16_to_float(source[c].bits);
+        break;
+      }
+      case CacheDType::kInt8: {
+        const auto* source = static_cast<const int8_t*>(t.data) + row;
+        const float scale =
+            t.scales[(b * t.heads + h) * t.capacity + row0 + static_cast<int64_t>(r)];
+        const hn::Rebind<int8_t, D> d8;
+        const hn::RebindToSigned<D> di;
+        const auto scale_vector = hn::Set(d, scale);
+        for (; c + lanes <= cols; c += lanes) {
+          const auto widened = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, source + c)));
+          hn::StoreU(hn::Mul(widened, scale_vector), d, destination + c);
+        }
+        for (; c < cols; ++c) destination[c] = static_cast<float>(source[c]) * scale;
+        break;
+      }
+    }
+    std::fill(destination + cols, destination + ld, 0.0F);
+  }
+}
+
+// One key tile's online-softmax step on Sᵀ (bc × R, masked scores in, Pᵀ out), lane-wise over the
+// rows, one vector of rows at a time: new max, rescale exp(old − new), P = exp(S − max), sums.
+template <class D>
+void DecodeSoftmaxStep(D d, size_t bc, size_t row_lanes, DecodeScratch& s) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (size_t r = 0; r < row_lanes; r += lanes) {
+    V row_max = hn::Load(d, s.row_max + r);
+    for (size_t j = 0; j < bc; ++j)
+      row_max = hn::Max(row_max, hn::Load(d, s.scores + j * row_lanes + r));
+    // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
+    const V shift = hn::IfThenZeroElse(hn::Eq(row_max, minus_infinity), row_max);
+    const V rescale = SoftmaxExp(d, hn::Sub(hn::Load(d, s.row_max + r), shift));
+    hn::Store(rescale, d, s.row_rescale + r);
+    hn::Store(row_max, d, s.row_max + r);
+    V sum = hn::Zero(d);
+    for (size_t j = 0; j < bc; ++j) {
+      float* score = s.scores + j * row_lanes + r;
+      const V p = SoftmaxExp(d, hn::Sub(hn::Load(d, score), shift));
+      hn::Store(p, d, score);
+      sum = hn::Add(sum, p);
+    }
+    hn::Store(hn::MulAdd(hn::Load(d, s.row_sum + r), rescale, sum), d, s.row_sum + r);
+  }
+}
+
+// Task (b, g, split) with the rows along vectors of `d` (row_lanes = rows rounded up to them);
+// `df` is the full-width tag for the P·V product over the value columns.
+template <class D>
+void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split,
+                DecodeScratch& s) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(d), full_lanes = hn::Lanes(df);
+  const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
+  const auto rows = static_cast<size_t>(group * n);
+  const size_t row_lanes = hwy::RoundUpTo(rows, lanes);
+  const auto depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.values.cols);
+  const size_t dv_padded = hwy::RoundUpTo(dv, full_lanes);
+  const int64_t length = args.lengths[b];
+  const DecodeOptions& options = args.options;
+
+  // The rows' queries (row r: head g·G + r / n, query r % n), scaled, transposed; their key ranges.
+  int64_t begin = length, end = 0, common_begin = 0, common_end = length;
+  for (size_t r = 0; r < row_lanes; ++r) {
+    int64_t first = 0, last = 0;
+    if (r < rows) {
+      const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+      const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
+      for (size_t t = 0; t < depth; ++t) s.q_transposed[t * row_lanes + r] = q[t] * options.scale;
+      const int64_t position = length - n + i;
+      last = options.causal ? std::min(length, position + 1) : length;
+      if (options.window_left >= 0) first = std::max<int64_t>(0, position - options.window_left);
+      if (options.window_right >= 0) last = std::min(last, position + options.window_right + 1);
+      last = std::max<int64_t>(last, 0);
+      first = std::min(first, last);
+      if (first < last) {
+        begin = std::min(begin, first);
+        end = std::max(end, last);
+      }
+      common_begin = std::max(common_begin, first);
+      common_end = std::min(common_end, last);
+    } else {
+      for (size_t t = 0; t < depth; ++t) s.q_transposed[t * row_lanes + r] = 0.0F;
+    }
+    s.first[r] = static_cast<int32_t>(first);
+    s.last[r] = static_cast<int32_t>(last);
+    s.row_max[r] = -std::numeric_limits<float>::infinity();
+    s.row_sum[r] = 0.0F;
+  }
+  std::fill(s.output, s.output + rows * dv_padded, 0.0F);
+  // This split's keys, within what any row sees.
+  const int64_t split_begin = std::max(begin, split * args.split_len);
+  const int64_t split_end = std::min(end, (split + 1) * args.split_len);
+
+  FlashAttentionOptions modifiers;  // soft-capping and the key ranges only
+  modifiers.softcap = options.softcap;
+  const QueryTile tile{b,       g,      0,
+                       rows,    n,      length,
+                       s.first, s.last, TileKeyRanges{begin, end, common_begin, common_end}};
+  const int64_t kv_head = g;
+  for (int64_t key0 = split_begin; key0 < split_end; key0 += static_cast<int64_t>(kKeyTile)) {
+    const auto bc =
+        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - key0));
+    // Sᵀ = K Qᵀ, with K widened to fp32 (or read in place when the cache is fp32).
+    const float* key_rows = s.key_tile;
+    size_t key_ld = depth;
+    if (args.keys.dtype == CacheDType::kFloat32) {
+      key_rows = static_cast<const float*>(args.keys.data) + b * args.keys.batch_stride +
+                 kv_head * args.keys.head_stride + key0 * args.keys.row_stride;
+      key_ld = static_cast<size_t>(args.keys.row_stride);
+    } else {
+      WidenCacheRows(df, args.keys, b, kv_head, key0, bc, s.key_tile, depth);
+    }
+    Gemm<false>(d, bc, row_lanes / lanes, key_rows, key_ld, 1, s.q_transposed, row_lanes, depth,
+                s.scores, row_lanes);
+    ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
+    DecodeSoftmaxStep(d, bc, row_lanes, s);
+    // O = O · rescale + P V over the value columns, full-width vectors.
+    const float* value_rows = s.value_tile;
+    size_t value_ld = dv_padded;
+    if (args.values.dtype == CacheDType::kFloat32 && dv == dv_padded) {
+      value_rows = static_cast<const float*>(args.values.data) + b * args.values.batch_stride +
+                   kv_head * args.values.head_stride + key0 * args.values.row_stride;
+      value_ld = static_cast<size_t>(args.values.row_stride);
+    } else {
+      WidenCacheRows(df, args.values, b, kv_head, key0, bc, s.value_tile, dv_padded);
+    }
+    Gemm<true>(df, rows, dv_padded / full_lanes, s.scores, 1, row_lanes, value_rows, value_ld, bc,
+               s.output, dv_padded, s.row_rescale);
+  }
+
+  // The split's partial results: max, sum, unnormalised output per row.
+  const int64_t task = (b * args.keys.heads + g) * args.splits + split;
+  float* partial = args.partial + task * static_cast<int64_t>(rows) * args.partial_row;
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = partial + static_cast<int64_t>(r) * args.partial_row;
+    row[0] = s.row_max[r];
+    row[1] = s.row_sum[r];
+    std::copy_n(s.output + r * dv_padded, dv, row + 2);
+  }
+}
+
+void DecodeForward(const DecodeArgs& args) {
+  const hn::ScalableTag<float> df;
+  const hn::CappedTag<float, 4> d4;
+  const int64_t rows = (args.q.heads / args.keys.heads) * args.q.rows;
+  const size_t full_lanes = hn::Lanes(df);
+  const size_t max_rows = hwy::RoundUpTo(static_cast<size_t>(rows), full_lanes);
+  const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.values.cols), full_lanes);
+  const int64_t tasks = args.q.batch * args.keys.heads * args.splits;
+  run_parallel_tasks(
+      tasks, "decode_attention_forward", TaskSchedule::kDynamic,
+      [&] {
+        return DecodeScratch(max_rows, static_cast<size_t>(args.q.cols), dv_padded, full_lanes);
+      },
+      [&](int64_t task, DecodeScratch& scratch, int) {
+        const int64_t split = task % args.splits, head = task / args.splits;
+        const int64_t b = head / args.keys.heads, g = head % args.keys.heads;
+        // One query per head of a small group: 4-lane rows waste no lanes.
+        if (rows <= 4) {
+          DecodeTask(d4, args, b, g, split, scratch);
+        } else {
+          DecodeTask(df, args, b, g, split, scratch);
+        }
+      });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+
+HWY_EXPORT(DecodeForward);
+
+namespace {
+
+void require_cache_tensor(const CacheTensorView& t, std::string_view name, const ConstHeadsView& q,
+                          int64_t cols) {
+  const int64_t stored = cache_dtype_size(t.dtype);
+  if (t.data == nullptr || t.batch != q.batch || t.heads <= 0 || q.heads % t.heads != 0 ||
+      t.cols != cols || t.capacity < 0 || (t.dtype == CacheDType::kInt8 && t.scales == nullptr) ||
+      stored <= 0) {
+    throw ShapeError(std::string(name) + ": expected a cache of " + std::to_string(q.batch) +
+                     " sequences, a number of heads dividing the queries' " +
+                     std::to_string(q.heads) + ", rows of " + std::to_string(cols) + ", got " +
+                     std::to_string(t.batch) + " × " + std::to_string(t.heads) + " heads of " +
+                     std::to_string(t.capacity) + " × " + std::to_string(t.cols));
+  }
+}
+
+}  // namespace
+
+void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
+                              const CacheTensorView& values, const int64_t* lengths,
+                              const DecodeOptions& options, HeadsView out, float* log_sum_exp) {
+  require_cache_tensor(keys, "keys", q, q.cols);
+  require_cache_tensor(values, "values", q, values.cols);
+  if (values.heads != keys.heads || values.capacity != keys.capacity) {
+    throw ShapeError("values: expected the keys' " + std::to_string(keys.heads) + " heads and " +
+                     "capacity " + std::to_string(keys.capacity) + ", got " +
+                     std::to_string(values.heads) + " and " + std::to_string(values.capacity));
+  }
+  if (out.batch != q.batch || out.heads != q.heads || out.rows != q.rows ||
+      out.cols != values.cols) {
+    throw ShapeError("out: expected " + std::to_string(q.batch) + " × " + std::to_string(q.heads) +
+                     " heads of " + std::to_string(q.rows) + " × " + std::to_string(values.cols) +
+                     ", got " + std::to_string(out.batch) + " × " + std::to_string(out.heads) +
+                     " of " + std::to_string(out.rows) + " × " + std::to_string(out.cols));
+  }
+  const int64_t group = keys.heads > 0 ? q.heads / keys.heads : 1;
+  if (group * q.rows > kMaxDecodeRows) {
+    throw ValueError("queries: expected at most " + std::to_string(kMaxDecodeRows) +
+                     " rows per key/value head for decoding (new queries × query heads per "
+                     "key/value head), got " +
+                     std::to_string(q.rows) + " × " + std::to_string(group));
+  }
+  if (keys.capacity > std::numeric_limits<int32_t>::max()) {
+    throw ValueError("keys: expected at most 2^31 − 1 cached keys, got " +
+                     std::to_string(keys.capacity));
+  }
+  if (lengths == nullptr) throw ValueError("lengths: expected one length per sequence, got none");
+  int64_t longest = 0;
+  for (int64_t b = 0; b < q.batch; ++b) {
+    if (lengths[b] < 0 || lengths[b] > keys.capacity) {
+      throw ValueError("lengths[" + std::to_string(b) + "]: expected a cached length in [0, " +
+                       std::to_string(keys.capacity) + "], got " + std::to_string(lengths[b]));
+    }
+    longest = std::max(longest, lengths[b]);
+  }
+  if (q.batch == 0 || q.heads == 0 || q.rows == 0 || values.cols == 0) return;
+
+  // Splits: enough tasks to keep every thread busy several times over, each split at least a few
+  // key tiles long (partials and their merge cost per split).
+  const auto threads = static_cast<int64_t>(omp_get_max_threads());
+  const int64_t key_tiles = std::max<int64_t>(1, (longest + 63) / 64);
+  const int64_t wanted = (4 * threads + q.batch * keys.heads - 1) / (q.batch * keys.heads);
+  const int64_t splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, key_tiles / 4));
+  const int64_t split_len = (key_tiles + splits - 1) / splits * 64;
+  const int64_t rows = group * q.rows, dv = values.cols;
+  std::vector<float> partial(static_cast<size_t>(q.batch * keys.heads * splits * rows * (dv + 2)));
+  decode_detail::DecodeArgs args{q,      keys,      values,         lengths, options,
+                                 splits, split_len, partial.data(), dv + 2};
+  HWY_DYNAMIC_DISPATCH(DecodeForward)(args);
+
+  // Merge the splits' partials per row by log-sum-exp (the sink joins once, with no value).
+  for (int64_t b = 0; b < q.batch; ++b) {
+    for (int64_t g = 0; g < keys.heads; ++g) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t h = g * group + r / q.rows, i = r % q.rows;
+        const auto row_of = [&](int64_t split) {
+          return partial.data() + (((b * keys.heads + g) * splits + split) * rows + r) * (dv + 2);
+        };
+        float top =
+            options.sinks != nullptr ? options.sinks[h] : -std::numeric_limits<float>::infinity();
+        for (int64_t split = 0; split < splits; ++split) top = std::max(top, row_of(split)[0]);
+        float* destination = out.matrix(b, h) + i * out.row_stride;
+        std::fill_n(destination, dv, 0.0F);
+        float* lse =
+            log_sum_exp != nullptr ? log_sum_exp + (b * q.heads + h) * q.rows + i : nullptr;
+        if (top == -std::numeric_limits<float>::infinity()) {
+          if (lse != nullptr) *lse = top;
+          continue;
+        }
+        double sum =
+            options.sinks != nullptr ? std::exp(static_cast<double>(options.sinks[h]) - top) : 0.0;
+        for (int64_t split = 0; split < splits; ++split) {
+          const float* row = row_of(split);
+          if (row[1] == 0.0F) continue;
+          const float weight = std::exp(row[0] - top);
+          sum += static_cast<double>(row[1]) * weight;
+          for (int64_t t = 0; t < dv; ++t) destination[t] += weight * row[2 + t];
+        }
+        const float inverse = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0F;
+        for (int64_t t = 0; t < dv; ++t) destination[t] *= inverse;
+        if (lse != nullptr)
+          *lse = sum > 0.0 ? top + static_cast<float>(std::log(sum))
+                           : -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+}
+
+}  // namespace attn
+#endif  // HWY_ONCE

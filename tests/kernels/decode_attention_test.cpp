@@ -1,0 +1,217 @@
+// The decode kernel against the double reference on every SIMD target: fp32, fp16, bf16 and int8
+// caches (the reference reads the same stored values, widened in double), sequences of different
+// cached lengths (0 and the full capacity included), 1 to 8 query heads per key/value head, one or
+// several new queries (causal among them, aligned to each sequence's end), windows, soft-capping,
+// sinks, and splits of the keys across threads.
+#include "attn/kernels/decode_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
+#include "every_simd_target.hpp"
+#include "sdpa_reference.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+using testing::close_to;
+
+// As the prefill kernels' bound: outputs are convex combinations of value rows with float32
+// weights, a few ulps per term, so 1e-5 relative to the output's magnitude. The cache's own
+// rounding is not in it: the reference reads the stored (rounded) values.
+constexpr double kTolerance = 1e-5;
+
+// A (B, H_kv, capacity, cols) cache tensor of `dtype` filled from normal values, and the values it
+// stores, widened to double, for the reference.
+struct StoredTensor {
+  CacheDType dtype;
+  std::vector<float> f32;
+  std::vector<uint16_t> halves;
+  std::vector<int8_t> bytes;
+  std::vector<float> scales;
+  std::vector<double> widened;
+  CacheTensorView view;
+
+  StoredTensor(CacheDType type, int64_t batch, int64_t heads, int64_t capacity, int64_t cols,
+               Rng& rng)
+      : dtype(type) {
+    const auto count = static_cast<size_t>(batch * heads * capacity * cols);
+    std::vector<float> values(count);
+    for (float& value : values) value = rng.normal();
+    widened.resize(count);
+    if (dtype == CacheDType::kFloat32) {
+      f32 = values;
+      for (size_t e = 0; e < count; ++e) widened[e] = f32[e];
+    } else if (dtype == CacheDType::kFloat16 || dtype == CacheDType::kBFloat16) {
+      halves.resize(count);
+      for (size_t e = 0; e < count; ++e) {
+        halves[e] =
+            dtype == CacheDType::kFloat16 ? float_to_half(values[e]) : float_to_bfloat16(values[e]);
+        widened[e] =
+            dtype == CacheDType::kFloat16 ? half_to_float(halves[e]) : bfloat16_to_float(halves[e]);
+      }
+    } else {
+      // One scale per row: max |x| / 127, as a quantising cache would store.
+      bytes.resize(count);
+      scales.resize(static_cast<size_t>(batch * heads * capacity));
+      for (size_t row = 0; row < scales.size(); ++row) {
+        float largest = 0.0F;
+        for (int64_t t = 0; t < cols; ++t)
+          largest = std::max(
+              largest, std::fabs(values[row * static_cast<size_t>(cols) + static_cast<size_t>(t)]));
+        scales[row] = largest > 0.0F ? largest / 127.0F : 1.0F;
+        for (int64_t t = 0; t < cols; ++t) {
+          const size_t e = row * static_cast<size_t>(cols) + static_cast<size_t>(t);
+          bytes[e] = static_cast<int8_t>(std::lround(values[e] / scales[row]));
+          widened[e] = static_cast<double>(bytes[e]) * scales[row];
+        }
+      }
+    }
+    view.dtype = dtype;
+    view.data = dtype == CacheDType::kFloat32 ? static_cast<const void*>(f32.data())
+                : dtype == CacheDType::kInt8  ? static_cast<const void*>(bytes.data())
+                                              : static_cast<const void*>(halves.data());
+    view.scales = dtype == CacheDType::kInt8 ? scales.data() : nullptr;
+    view.batch = batch;
+    view.heads = heads;
+    view.capacity = capacity;
+    view.cols = cols;
+    view.row_stride = cols;
+    view.head_stride = capacity * cols;
+    view.batch_stride = heads * capacity * cols;
+  }
+};
+
+struct Case {
+  int64_t batch, q_heads, kv_heads, queries, capacity, depth, value_depth;
+  bool causal;
+  int64_t window_left, window_right;
+  float softcap;
+  bool sinks;
+};
+
+class DecodeAttention : public testing::EverySimdTarget {};
+
+void check(const Case& c, CacheDType dtype, uint64_t seed) {
+  SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) +
+               " B=" + std::to_string(c.batch) + " Hq=" + std::to_string(c.q_heads) +
+               " Hkv=" + std::to_string(c.kv_heads) + " n=" + std::to_string(c.queries) +
+               " m=" + std::to_string(c.capacity));
+  Rng rng(seed);
+  const Tensor q = testing::random_tensor(Shape{c.batch, c.q_heads, c.queries, c.depth}, rng);
+  const StoredTensor keys(dtype, c.batch, c.kv_heads, c.capacity, c.depth, rng);
+  const StoredTensor values(dtype, c.batch, c.kv_heads, c.capacity, c.value_depth, rng);
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < c.batch; ++b)
+    lengths.push_back(
+        b == 0   ? c.capacity
+        : b == 1 ? 0
+                 : static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.capacity + 1)));
+  std::vector<float> sinks;
+  for (int64_t h = 0; h < c.q_heads && c.sinks; ++h) sinks.push_back(rng.normal());
+  DecodeOptions options;
+  options.scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+  options.causal = c.causal;
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  options.softcap = c.softcap;
+  options.sinks = c.sinks ? sinks.data() : nullptr;
+
+  Tensor out = Tensor::full(Shape{c.batch, c.q_heads, c.queries, c.value_depth}, NAN);
+  const auto heads = [](const Tensor& t) {
+    return ConstHeadsView{t.data(),
+                          t.dim(0),
+                          t.dim(1),
+                          t.dim(2),
+                          t.dim(3),
+                          t.dim(1) * t.dim(2) * t.dim(3),
+                          t.dim(2) * t.dim(3),
+                          t.dim(3)};
+  };
+  HeadsView out_view{out.data(),
+                     out.dim(0),
+                     out.dim(1),
+                     out.dim(2),
+                     out.dim(3),
+                     out.dim(1) * out.dim(2) * out.dim(3),
+                     out.dim(2) * out.dim(3),
+                     out.dim(3)};
+  decode_attention_forward(heads(q), keys.view, values.view, lengths.data(), options, out_view);
+
+  reference::SdpaProblem problem;
+  problem.batch = c.batch;
+  problem.q_heads = c.q_heads;
+  problem.kv_heads = c.kv_heads;
+  problem.queries = c.queries;
+  problem.keys = c.capacity;
+  problem.depth = c.depth;
+  problem.value_depth = c.value_depth;
+  problem.scale = options.scale;
+  problem.causal = c.causal;
+  problem.window_left = c.window_left;
+  problem.window_right = c.window_right;
+  problem.softcap = c.softcap;
+  problem.sinks.assign(sinks.begin(), sinks.end());
+  for (int64_t b = 0; b < c.batch; ++b) {
+    problem.batch_offsets.push_back(lengths[static_cast<size_t>(b)] - c.queries);
+    for (int64_t i = 0; i < c.queries; ++i)
+      problem.lengths.push_back(lengths[static_cast<size_t>(b)]);
+  }
+  const reference::SdpaForward expected =
+      reference::sdpa_forward(problem, testing::to_doubles(q), keys.widened, values.widened);
+  EXPECT_TRUE(close_to(out, expected.out, kTolerance));
+}
+
+TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
+  const Case cases[] = {
+      {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false},   // one token, GQA 4
+      {3, 8, 8, 2, 129, 32, 16, true, -1, -1, 0.0F, true},    // MHA, two tokens, sinks
+      {2, 8, 1, 4, 200, 16, 24, true, 40, 0, 0.0F, false},    // MQA 8, four tokens, window
+      {2, 4, 2, 3, 70, 8, 8, false, -1, -1, 2.0F, false},     // not causal, softcap
+      {1, 4, 4, 1, 2000, 64, 64, true, -1, -1, 0.0F, false},  // many splits of one head
+      {2, 2, 1, 1, 1, 5, 3, true, -1, -1, 0.0F, true},        // one cached key, odd sizes
+  };
+  uint64_t seed = 1;
+  for (const Case& c : cases) {
+    for (const CacheDType dtype :
+         {CacheDType::kFloat32, CacheDType::kFloat16, CacheDType::kBFloat16, CacheDType::kInt8}) {
+      check(c, dtype, seed++);
+    }
+  }
+}
+
+TEST_P(DecodeAttention, RejectsBadArguments) {
+  Rng rng(3);
+  const StoredTensor keys(CacheDType::kFloat32, 1, 2, 10, 4, rng);
+  const Tensor q(Shape{1, 4, 1, 4});
+  Tensor out(Shape{1, 4, 1, 4});
+  const ConstHeadsView q_view{q.data(), 1, 4, 1, 4, 16, 4, 4};
+  const HeadsView out_view{out.data(), 1, 4, 1, 4, 16, 4, 4};
+  const std::vector<int64_t> too_long{11};
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, keys.view, keys.view, too_long.data(), {}, out_view),
+      ValueError, "lengths[0]: expected a cached length in [0, 10], got 11");
+  const Tensor many(Shape{1, 4, 40, 4});
+  Tensor many_out(Shape{1, 4, 40, 4});
+  const std::vector<int64_t> ten{10};
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward({many.data(), 1, 4, 40, 4, 160, 40, 4}, keys.view, keys.view,
+                               ten.data(), {}, {many_out.data(), 1, 4, 40, 4, 160, 40, 4}),
+      ValueError, "queries: expected at most 64 rows per key/value head");
+  CacheTensorView three_heads = keys.view;
+  three_heads.heads = 3;
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, three_heads, three_heads, ten.data(), {}, out_view),
+      ShapeError, "keys: expected a cache of 1 sequences, a number of heads dividing");
+}
+
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(DecodeAttention);
+
+}  // namespace
+}  // namespace attn
