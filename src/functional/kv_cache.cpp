@@ -1,0 +1,352 @@
+// KVCache: storage, appending (with conversion to the cache's dtype), growth; and attention of new
+// queries against a cache — the decode kernel for a few queries, the prefill kernel beyond.
+#include "attn/functional/kv_cache.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
+#include "functional/attention_layout.hpp"
+
+namespace attn {
+
+namespace {
+
+int64_t require_size(std::string_view name, int64_t value) {
+  if (value <= 0) {
+    throw ValueError(std::string(name) + ": expected a positive size, got " +
+                     std::to_string(value));
+  }
+  return value;
+}
+
+// The flat index of (b, h, row) matrices' rows in a (B, H, capacity, ·) store.
+int64_t row_index(int64_t b, int64_t h, int64_t row, int64_t heads, int64_t capacity) {
+  return (b * heads + h) * capacity + row;
+}
+
+}  // namespace
+
+KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity,
+                 CacheDType dtype, std::optional<int64_t> value_dim)
+    : batch_(require_size("batch", batch)),
+      kv_heads_(require_size("kv_heads", kv_heads)),
+      head_dim_(require_size("head_dim", head_dim)),
+      value_dim_(require_size("value_dim", value_dim.value_or(head_dim))),
+      capacity_(0),
+      dtype_(dtype),
+      lengths_(static_cast<size_t>(batch), 0) {
+  if (capacity < 0) {
+    throw ValueError("capacity: expected a number of tokens ≥ 0, got " + std::to_string(capacity));
+  }
+  reserve(capacity);
+}
+
+int64_t KVCache::bytes_per_token() const {
+  const int64_t scales = dtype_ == CacheDType::kInt8 ? 2 * static_cast<int64_t>(sizeof(float)) : 0;
+  return kv_heads_ * ((head_dim_ + value_dim_) * cache_dtype_size(dtype_) + scales);
+}
+
+void KVCache::reserve(int64_t capacity) {
+  if (capacity <= capacity_) return;
+  const int64_t element = cache_dtype_size(dtype_);
+  const auto grow = [&](std::vector<std::byte>& data, std::vector<float>& scales, int64_t cols) {
+    std::vector<std::byte> grown(
+        static_cast<size_t>(batch_ * kv_heads_ * capacity * cols * element));
+    std::vector<float> grown_scales(
+        dtype_ == CacheDType::kInt8 ? static_cast<size_t>(batch_ * kv_heads_ * capacity) : 0);
+    for (int64_t b = 0; b < batch_; ++b) {
+      const int64_t rows = lengths_[static_cast<size_t>(b)];
+      for (int64_t h = 0; h < kv_heads_; ++h) {
+        const int64_t from = row_index(b, h, 0, kv_heads_, capacity_);
+        const int64_t to = row_index(b, h, 0, kv_heads_, capacity);
+        std::memcpy(grown.data() + to * cols * element, data.data() + from * cols * element,
+                    static_cast<size_t>(rows * cols * element));
+        if (!scales.empty()) std::copy_n(scales.data() + from, rows, grown_scales.data() + to);
+      }
+    }
+    data = std::move(grown);
+    scales = std::move(grown_scales);
+  };
+  grow(keys_, key_scales_, head_dim_);
+  grow(values_, value_scales_, value_dim_);
+  capacity_ = capacity;
+}
+
+void KVCache::clear() {
+  std::fill(lengths_.begin(), lengths_.end(), 0);
+}
+
+void KVCache::store_rows(std::vector<std::byte>& data, std::vector<float>& scales, int64_t cols,
+                         const ConstStridedView& source, std::span<const int64_t> counts) {
+  const int64_t element = cache_dtype_size(dtype_);
+  for (int64_t b = 0; b < batch_; ++b) {
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      for (int64_t t = 0; t < counts[static_cast<size_t>(b)]; ++t) {
+        const float* row =
+            source.data() + b * source.stride(0) + h * source.stride(1) + t * source.stride(2);
+        const int64_t index =
+            row_index(b, h, lengths_[static_cast<size_t>(b)] + t, kv_heads_, capacity_);
+        std::byte* destination = data.data() + index * cols * element;
+        switch (dtype_) {
+          case CacheDType::kFloat32:
+            std::memcpy(destination, row, static_cast<size_t>(cols) * sizeof(float));
+            break;
+          case CacheDType::kFloat16:
+          case CacheDType::kBFloat16:
+            for (int64_t c = 0; c < cols; ++c) {
+              const uint16_t bits = dtype_ == CacheDType::kFloat16 ? float_to_half(row[c])
+                                                                   : float_to_bfloat16(row[c]);
+              std::memcpy(destination + c * 2, &bits, 2);
+            }
+            break;
+          case CacheDType::kInt8: {
+            // q8: one scale per row, max|x| / 127, entries rounded to [−127, 127].
+            float largest = 0.0F;
+            for (int64_t c = 0; c < cols; ++c) largest = std::max(largest, std::fabs(row[c]));
+            const float scale = largest > 0.0F ? largest / 127.0F : 1.0F;
+            scales[static_cast<size_t>(index)] = scale;
+            for (int64_t c = 0; c < cols; ++c) {
+              const auto quantised =
+                  static_cast<int8_t>(std::clamp<long>(std::lround(row[c] / scale), -127, 127));
+              std::memcpy(destination + c, &quantised, 1);
+            }
+            break;
+          }
+        }
+      }
+    }
+  }
+}
+
+void KVCache::append(ConstStridedView keys, ConstStridedView values,
+                     std::span<const int64_t> counts) {
+  const auto require_tokens = [&](std::string_view name, const ConstStridedView& view,
+                                  int64_t cols) {
+    if (view.rank() != 4 || view.dim(0) != batch_ || view.dim(1) != kv_heads_ ||
+        view.dim(3) != cols) {
+      throw ShapeError(std::string(name) + ": expected shape (" + std::to_string(batch_) + ", " +
+                       std::to_string(kv_heads_) + ", T, " + std::to_string(cols) +
+                       ") (batch, kv_heads, tokens, dim), got " + view.shape().str());
+    }
+  };
+  require_tokens("keys", keys, head_dim_);
+  require_tokens("values", values, value_dim_);
+  const int64_t tokens = keys.dim(2);
+  if (values.dim(2) != tokens) {
+    throw ShapeError("values: expected " + std::to_string(tokens) + " tokens (as keys), got " +
+                     std::to_string(values.dim(2)));
+  }
+  std::vector<int64_t> appended(static_cast<size_t>(batch_), tokens);
+  if (!counts.empty()) {
+    if (static_cast<int64_t>(counts.size()) != batch_) {
+      throw ShapeError("counts: expected one count per sequence (" + std::to_string(batch_) +
+                       "), got " + std::to_string(counts.size()));
+    }
+    for (int64_t b = 0; b < batch_; ++b) {
+      const int64_t count = counts[static_cast<size_t>(b)];
+      if (count < 0 || count > tokens) {
+        throw ValueError("counts[" + std::to_string(b) + "]: expected a number of tokens in [0, " +
+                         std::to_string(tokens) + "], got " + std::to_string(count));
+      }
+      appended[static_cast<size_t>(b)] = count;
+    }
+  }
+  // Contiguous last axes and finite entries, checked before anything changes.
+  Tensor key_copy, value_copy;
+  if (keys.dim(-1) > 1 && keys.stride(-1) != 1)
+    keys = key_copy = functional_detail::contiguous_copy(keys);
+  if (values.dim(-1) > 1 && values.stride(-1) != 1)
+    values = value_copy = functional_detail::contiguous_copy(values);
+  functional_detail::require_finite("keys", keys);
+  functional_detail::require_finite("values", values);
+  int64_t needed = 0;
+  for (int64_t b = 0; b < batch_; ++b)
+    needed = std::max(needed, lengths_[static_cast<size_t>(b)] + appended[static_cast<size_t>(b)]);
+  if (needed > capacity_) reserve(std::max(needed, 2 * capacity_));
+  store_rows(keys_, key_scales_, head_dim_, keys, appended);
+  store_rows(values_, value_scales_, value_dim_, values, appended);
+  for (int64_t b = 0; b < batch_; ++b)
+    lengths_[static_cast<size_t>(b)] += appended[static_cast<size_t>(b)];
+}
+
+CacheTensorView KVCache::view(const std::vector<std::byte>& data, const std::vector<float>& scales,
+                              int64_t cols) const {
+  CacheTensorView view;
+  view.dtype = dtype_;
+  view.data = data.data();
+  view.scales = scales.empty() ? nullptr : scales.data();
+  view.batch = batch_;
+  view.heads = kv_heads_;
+  view.capacity = capacity_;
+  view.cols = cols;
+  view.row_stride = cols;
+  view.head_stride = capacity_ * cols;
+  view.batch_stride = kv_heads_ * capacity_ * cols;
+  return view;
+}
+
+Tensor KVCache::widen(const CacheTensorView& tensor) const {
+  const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
+  Tensor widened(Shape{batch_, kv_heads_, longest, tensor.cols});
+  for (int64_t b = 0; b < batch_; ++b) {
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      for (int64_t row = 0; row < lengths_[static_cast<size_t>(b)]; ++row) {
+        const int64_t index = row_index(b, h, row, kv_heads_, capacity_);
+        for (int64_t c = 0; c < tensor.cols; ++c) {
+          const int64_t e = index * tensor.cols + c;
+          float value = 0.0F;
+          switch (tensor.dtype) {
+            case CacheDType::kFloat32:
+              value = static_cast<const float*>(tensor.data)[e];
+              break;
+            case CacheDType::kFloat16:
+              value = half_to_float(static_cast<const uint16_t*>(tensor.data)[e]);
+              break;
+            case CacheDType::kBFloat16:
+              value = bfloat16_to_float(static_cast<const uint16_t*>(tensor.data)[e]);
+              break;
+            case CacheDType::kInt8:
+              value = static_cast<float>(static_cast<const int8_t*>(tensor.data)[e]) *
+                      tensor.scales[static_cast<size_t>(index)];
+              break;
+          }
+          widened(b, h, row, c) = value;
+        }
+      }
+    }
+  }
+  return widened;
+}
+
+namespace {
+
+// The options a cache call refuses, and the checks of the rest that the kernels need.
+void check_cache_options(const AttentionOptions& options, int64_t query_heads) {
+  const char* refused = options.attn_mask.has_value()   ? "attn_mask"
+                        : !options.alibi_slopes.empty() ? "alibi_slopes"
+                        : !options.valid_lens.is_all()  ? "valid_lens"
+                        : options.dropout != 0.0F       ? "dropout"
+                                                        : nullptr;
+  if (refused != nullptr) {
+    throw ValueError(std::string(refused) +
+                     ": not taken with a KV cache (the cache's lengths are the valid lengths; "
+                     "masks, ALiBi and dropout are for the prefill call without a cache)");
+  }
+  if (options.scale && !std::isfinite(*options.scale))
+    throw ValueError("scale: expected a finite number, got " + std::to_string(*options.scale));
+  if (options.softcap && !(*options.softcap > 0.0F && std::isfinite(*options.softcap))) {
+    throw ValueError("softcap: expected a positive finite number, got " +
+                     std::to_string(*options.softcap));
+  }
+  if (options.window && (options.window->left < -1 || options.window->right < -1)) {
+    throw ValueError("window: expected sizes ≥ 0 (−1 for unbounded), got (" +
+                     std::to_string(options.window->left) + ", " +
+                     std::to_string(options.window->right) + ")");
+  }
+  if (!options.sinks.empty() && static_cast<int64_t>(options.sinks.size()) != query_heads) {
+    throw ShapeError("sinks: expected one value per query head (" + std::to_string(query_heads) +
+                     "), got " + std::to_string(options.sinks.size()));
+  }
+  for (const float sink : options.sinks) {
+    if (!std::isfinite(sink))
+      throw ValueError("sinks: expected finite values, got " + std::to_string(sink));
+  }
+}
+
+}  // namespace
+
+AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCache& cache,
+                                              const AttentionOptions& options) {
+  if (query.rank() != 4 || query.dim(0) != cache.batch() || query.dim(3) != cache.head_dim()) {
+    throw ShapeError("query: expected shape (" + std::to_string(cache.batch()) + ", H_q, n, " +
+                     std::to_string(cache.head_dim()) +
+                     ") (the cache's batch and head size), got " + query.shape().str());
+  }
+  const int64_t batch = query.dim(0), heads = query.dim(1), n = query.dim(2);
+  if (heads != cache.kv_heads()) {
+    if (!options.enable_gqa) {
+      throw ShapeError("query: expected " + std::to_string(cache.kv_heads()) +
+                       " heads (the cache's; set enable_gqa for grouped-query attention), got " +
+                       std::to_string(heads));
+    }
+    if (heads % cache.kv_heads() != 0) {
+      throw ShapeError("enable_gqa: expected the cache's " + std::to_string(cache.kv_heads()) +
+                       " key/value heads to divide the query's heads, got " +
+                       std::to_string(heads));
+    }
+  }
+  check_cache_options(options, heads);
+  Tensor query_copy;
+  if (query.dim(-1) > 1 && query.stride(-1) != 1)
+    query = query_copy = functional_detail::contiguous_copy(query);
+  functional_detail::require_finite("query", query);
+  const float scale =
+      options.scale.value_or(1.0F / std::sqrt(static_cast<float>(cache.head_dim())));
+
+  AttentionForward result;
+  result.output = Tensor(Shape{batch, heads, n, cache.value_dim()});
+  result.log_sum_exp.resize(static_cast<size_t>(batch * heads * n));
+  const ConstHeadsView q{query.data(), batch,           heads,           n,
+                         query.dim(3), query.stride(0), query.stride(1), query.stride(2)};
+  const HeadsView out{result.output.data(),
+                      batch,
+                      heads,
+                      n,
+                      cache.value_dim(),
+                      heads * n * cache.value_dim(),
+                      n * cache.value_dim(),
+                      cache.value_dim()};
+  const int64_t group = heads / cache.kv_heads();
+  if (group * n <= kMaxDecodeRows) {
+    DecodeOptions decode;
+    decode.scale = scale;
+    decode.causal = options.causal;
+    if (options.window) {
+      decode.window_left = options.window->left;
+      decode.window_right = options.window->right;
+    }
+    decode.softcap = options.softcap.value_or(0.0F);
+    decode.sinks = options.sinks.empty() ? nullptr : options.sinks.data();
+    decode_attention_forward(q, cache.keys_view(), cache.values_view(), cache.lengths().data(),
+                             decode, out, result.log_sum_exp.data());
+    return result;
+  }
+  // Prefill against the cache: each sequence on fp32 copies of its cached rows, its queries'
+  // diagonal at lengths[b] − n + i.
+  const Tensor keys = cache.keys(), values = cache.values();
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = cache.lengths()[static_cast<size_t>(b)];
+    AttentionOptions prefill;
+    prefill.causal = options.causal;
+    prefill.alignment = DiagonalAlignment::kOffset;
+    prefill.diagonal_offset = length - n;
+    prefill.window = options.window;
+    prefill.scale = scale;
+    prefill.softcap = options.softcap;
+    prefill.sinks = options.sinks;
+    prefill.enable_gqa = options.enable_gqa;
+    const auto sequence = [&](const Tensor& t, int64_t rows) {
+      const int64_t strides[4] = {0, t.dim(2) * t.dim(3), t.dim(3), 1};
+      return ConstStridedView(t.data() + b * t.dim(1) * t.dim(2) * t.dim(3),
+                              Shape{1, t.dim(1), rows, t.dim(3)}, strides);
+    };
+    const int64_t query_strides[4] = {0, query.stride(1), query.stride(2), query.stride(3)};
+    const ConstStridedView q_b(query.data() + b * query.stride(0), Shape{1, heads, n, query.dim(3)},
+                               query_strides);
+    const int64_t out_strides[4] = {0, n * cache.value_dim(), cache.value_dim(), 1};
+    scaled_dot_product_attention(
+        q_b, sequence(keys, length), sequence(values, length), prefill,
+        MutableStridedView(result.output.data() + b * heads * n * cache.value_dim(),
+                           Shape{1, heads, n, cache.value_dim()}, out_strides),
+        std::span<float>(result.log_sum_exp.data() + b * heads * n,
+                         static_cast<size_t>(heads * n)));
+  }
+  return result;
+}
+
+}  // namespace attn

@@ -1,0 +1,168 @@
+// KVCache (appending in each dtype, ragged counts, growth past the capacity) and attention of new
+// queries against it — the decode kernel for a few queries, the prefill path for many — against
+// the double reference on the values the cache stores; refused options name themselves.
+#include "attn/functional/kv_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
+#include "sdpa_reference.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+using testing::close_to;
+using testing::random_tensor;
+
+// Outputs against the double reference on the stored values: a few float32 ulps per term, as the
+// kernels' own tests.
+constexpr double kTolerance = 1e-5;
+
+const CacheDType kDTypes[] = {CacheDType::kFloat32, CacheDType::kFloat16, CacheDType::kBFloat16,
+                              CacheDType::kInt8};
+
+TEST(KVCache, StoresWhatItIsGivenInItsOwnPrecisionAndGrows) {
+  Rng rng(1);
+  for (const CacheDType dtype : kDTypes) {
+    KVCache cache(2, 3, 8, /*capacity=*/4, dtype, /*value_dim=*/5);
+    const Tensor k1 = random_tensor(Shape{2, 3, 3, 8}, rng),
+                 v1 = random_tensor(Shape{2, 3, 3, 5}, rng);
+    const Tensor k2 = random_tensor(Shape{2, 3, 4, 8}, rng),
+                 v2 = random_tensor(Shape{2, 3, 4, 5}, rng);
+    cache.append(k1, v1);
+    const std::vector<int64_t> counts{4, 1};  // ragged, and past the capacity of 4
+    cache.append(k2, v2, counts);
+    EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{7, 4}));
+    EXPECT_GE(cache.capacity(), 7);
+    const Tensor keys = cache.keys(), values = cache.values();
+    ASSERT_EQ(keys.shape(), (Shape{2, 3, 7, 8}));
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t row = 0; row < 7; ++row)
+          for (int64_t c = 0; c < 8; ++c) {
+            const float stored = keys(b, h, row, c);
+            if (row >= cache.lengths()[static_cast<size_t>(b)]) {
+              EXPECT_EQ(stored, 0.0F);
+              continue;
+            }
+            const float given = row < 3 ? k1(b, h, row, c) : k2(b, h, row - 3, c);
+            switch (dtype) {
+              case CacheDType::kFloat32:
+                EXPECT_EQ(stored, given);
+                break;
+              case CacheDType::kFloat16:
+                EXPECT_EQ(stored, half_to_float(float_to_half(given)));
+                break;
+              case CacheDType::kBFloat16:
+                EXPECT_EQ(stored, bfloat16_to_float(float_to_bfloat16(given)));
+                break;
+              case CacheDType::kInt8: {
+                // Within half a step of the row's scale, max|x| / 127 ≤ 4/127 for these values.
+                EXPECT_NEAR(stored, given, 0.5 * 4.0 / 127.0 + 1e-6);
+                break;
+              }
+            }
+          }
+    EXPECT_EQ(values.shape(), (Shape{2, 3, 7, 5}));
+    EXPECT_EQ(cache.bytes_per_token(),
+              3 * (13 * cache_dtype_size(dtype) + (dtype == CacheDType::kInt8 ? 8 : 0)));
+  }
+}
+
+// Attention through the cache: n new queries at the end of sequences of different lengths.
+void check_attention(CacheDType dtype, int64_t n, int64_t q_heads, int64_t kv_heads, bool causal,
+                     std::optional<SlidingWindow> window, bool sinks, uint64_t seed) {
+  SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) + " n=" + std::to_string(n) +
+               " Hq=" + std::to_string(q_heads) + " Hkv=" + std::to_string(kv_heads));
+  Rng rng(seed);
+  const int64_t batch = 3, d = 16, dv = 12, tokens = 90;
+  KVCache cache(batch, kv_heads, d, 32, dtype, dv);
+  const std::vector<int64_t> counts{tokens, 20, 0};
+  cache.append(random_tensor(Shape{batch, kv_heads, tokens, d}, rng),
+               random_tensor(Shape{batch, kv_heads, tokens, dv}, rng), counts);
+  const Tensor q = random_tensor(Shape{batch, q_heads, n, d}, rng);
+  std::vector<float> sink_values;
+  for (int64_t h = 0; h < q_heads && sinks; ++h) sink_values.push_back(rng.normal());
+  AttentionOptions options;
+  options.causal = causal;
+  options.window = window;
+  options.enable_gqa = q_heads != kv_heads;
+  options.sinks = sink_values;
+  const AttentionForward forward = scaled_dot_product_attention(q, cache, options);
+
+  const Tensor keys = cache.keys(), values = cache.values();
+  reference::SdpaProblem problem;
+  problem.batch = batch;
+  problem.q_heads = q_heads;
+  problem.kv_heads = kv_heads;
+  problem.queries = n;
+  problem.keys = keys.dim(2);
+  problem.depth = d;
+  problem.value_depth = dv;
+  problem.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  problem.causal = causal;
+  if (window) {
+    problem.window_left = window->left;
+    problem.window_right = window->right;
+  }
+  problem.sinks.assign(sink_values.begin(), sink_values.end());
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = cache.lengths()[static_cast<size_t>(b)];
+    problem.batch_offsets.push_back(length - n);
+    for (int64_t i = 0; i < n; ++i) problem.lengths.push_back(length);
+  }
+  const reference::SdpaForward expected = reference::sdpa_forward(
+      problem, testing::to_doubles(q), testing::to_doubles(keys), testing::to_doubles(values));
+  EXPECT_TRUE(close_to(forward.output, expected.out, kTolerance));
+}
+
+TEST(KVCacheAttention, DecodeAndPrefillMatchTheReference) {
+  uint64_t seed = 10;
+  for (const CacheDType dtype : kDTypes) {
+    check_attention(dtype, 1, 8, 2, true, std::nullopt, false, seed++);          // decode, GQA
+    check_attention(dtype, 4, 4, 4, true, SlidingWindow{30, 0}, true, seed++);   // window, sinks
+    check_attention(dtype, 2, 2, 1, false, std::nullopt, false, seed++);         // not causal
+    check_attention(dtype, 70, 4, 2, true, SlidingWindow{25, 0}, true, seed++);  // prefill path
+  }
+}
+
+TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
+  KVCache cache(1, 2, 4, 8);
+  cache.append(Tensor(Shape{1, 2, 3, 4}), Tensor(Shape{1, 2, 3, 4}));
+  const Tensor q(Shape{1, 4, 1, 4});
+  AttentionOptions gqa;
+  gqa.enable_gqa = true;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache), ShapeError,
+                       "query: expected 2 heads (the cache's; set enable_gqa");
+  AttentionOptions lengths = gqa;
+  lengths.valid_lens = ValidLengths::per_batch({2});
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, lengths), ValueError,
+                       "valid_lens: not taken with a KV cache");
+  AttentionOptions dropout = gqa;
+  dropout.dropout = 0.5F;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, dropout), ValueError,
+                       "dropout: not taken with a KV cache");
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(Tensor(Shape{1, 4, 1, 5}), cache, gqa),
+                       ShapeError, "query: expected shape (1, H_q, n, 4)");
+  EXPECT_THROW_MESSAGE(
+      cache.append(Tensor(Shape{1, 2, 3, 5}), Tensor(Shape{1, 2, 3, 4})), ShapeError,
+      "keys: expected shape (1, 2, T, 4) (batch, kv_heads, tokens, dim), got (1, 2, 3, 5)");
+  Tensor nan_keys(Shape{1, 2, 1, 4});
+  nan_keys.data()[2] = NAN;
+  EXPECT_THROW_MESSAGE(cache.append(nan_keys, Tensor(Shape{1, 2, 1, 4})), ValueError,
+                       "keys: expected finite values, got NaN at flat index 2");
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{3}));  // nothing appended by the failed calls
+  const std::vector<int64_t> too_many{5};
+  EXPECT_THROW_MESSAGE(cache.append(Tensor(Shape{1, 2, 3, 4}), Tensor(Shape{1, 2, 3, 4}), too_many),
+                       ValueError, "counts[0]: expected a number of tokens in [0, 3], got 5");
+  EXPECT_THROW_MESSAGE(KVCache(1, 0, 4, 8), ValueError,
+                       "kv_heads: expected a positive size, got 0");
+}
+
+}  // namespace
+}  // namespace attn
