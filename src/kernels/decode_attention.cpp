@@ -63,20 +63,20 @@ using decode_detail::kKeyTile;
 // Per-thread buffers, sized for the widest vectors this target has.
 struct DecodeScratch {
   hwy::AlignedFreeUniquePtr<float[]> memory;
-  float* q_transposed;  // d × R: the rows' queries, scaled
-  float* scores;        // Bc × R: Sᵀ, then Pᵀ
-  float* output;        // rows × dv_padded
-  float* key_tile;      // Bc × d: the tile's keys in fp32
-  float* value_tile;    // Bc × dv_padded: its values in fp32, columns zero-padded
-  float* row_max;       // R
-  float* row_sum;       // R
-  float* row_rescale;   // R
-  int32_t* first;       // R: each row's first visible key
-  int32_t* last;        // R: one past its last
+  float* q_rows;       // R × d: the rows' queries, scaled
+  float* scores;       // Bc × R: Sᵀ, then Pᵀ
+  float* output;       // rows × dv_padded
+  float* key_tile;     // Bc × d: the tile's keys in fp32
+  float* value_tile;   // Bc × dv_padded: its values in fp32, columns zero-padded
+  float* row_max;      // R
+  float* row_sum;      // R
+  float* row_rescale;  // R
+  int32_t* first;      // R: each row's first visible key
+  int32_t* last;       // R: one past its last
 
   DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes) {
     memory = carve_scratch(lanes, [&](const auto& take) {
-      q_transposed = take(depth * max_rows);
+      q_rows = take(depth * max_rows);
       scores = take(kKeyTile * max_rows);
       output = take(max_rows * dv_padded);
       key_tile = take(kKeyTile * depth);
@@ -142,6 +142,43 @@ void WidenCacheRows(D d, const CacheTensorView& t, int64_t b, int64_t h, int64_t
   }
 }
 
+// Sᵀ[j, r] = q_r · k_j for the tile's keys (rows `key_ld` apart) and the `rows` query rows
+// (depth floats each), one dot product at a time: each query row's vectors stay in registers while
+// the tile's keys stream past (the tile is 64 rows: after the first query row, from L1/L2), and a
+// full-width FMA chain per key ends in one horizontal sum. Decoding has too few rows for the
+// prefill kernel's layout (a broadcast per key element, rows along the lanes) to fill a vector.
+// Padding lanes (r ≥ rows) are left as they are: the key ranges mask them.
+template <class D>
+HWY_INLINE void ScoreRows(D d, size_t bc, const float* HWY_RESTRICT keys, size_t key_ld,
+                          const float* HWY_RESTRICT q_rows, size_t rows, size_t depth,
+                          float* HWY_RESTRICT scores, size_t row_lanes) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  const size_t vectors = depth / lanes;
+  constexpr size_t kRegisterVectors = 8;  // up to 8 vectors of a query row in registers
+  const size_t held = std::min(vectors, kRegisterVectors);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* q = q_rows + r * depth;
+    V q_vectors[kRegisterVectors];
+    for (size_t v = 0; v < held; ++v) q_vectors[v] = hn::LoadU(d, q + v * lanes);
+    for (size_t j = 0; j < bc; ++j) {
+      const float* k = keys + j * key_ld;
+      V acc0 = hn::Zero(d), acc1 = hn::Zero(d);  // two chains hide the FMA latency
+      size_t v = 0;
+      for (; v + 2 <= held; v += 2) {
+        acc0 = hn::MulAdd(q_vectors[v], hn::LoadU(d, k + v * lanes), acc0);
+        acc1 = hn::MulAdd(q_vectors[v + 1], hn::LoadU(d, k + (v + 1) * lanes), acc1);
+      }
+      if (v < held) acc0 = hn::MulAdd(q_vectors[v], hn::LoadU(d, k + v * lanes), acc0);
+      for (v = held; v < vectors; ++v)
+        acc1 = hn::MulAdd(hn::LoadU(d, q + v * lanes), hn::LoadU(d, k + v * lanes), acc1);
+      float dot = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
+      for (size_t t = vectors * lanes; t < depth; ++t) dot += q[t] * k[t];
+      scores[j * row_lanes + r] = dot;
+    }
+  }
+}
+
 // One key tile's online-softmax step on Sᵀ (bc × R, masked scores in, Pᵀ out), lane-wise over the
 // rows, one vector of rows at a time: new max, rescale exp(old − new), P = exp(S − max), sums.
 template <class D>
@@ -191,7 +228,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     if (r < rows) {
       const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
       const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
-      for (size_t t = 0; t < depth; ++t) s.q_transposed[t * row_lanes + r] = q[t] * options.scale;
+      for (size_t t = 0; t < depth; ++t) s.q_rows[r * depth + t] = q[t] * options.scale;
       const int64_t position = length - n + i;
       last = options.causal ? std::min(length, position + 1) : length;
       if (options.window_left >= 0) first = std::max<int64_t>(0, position - options.window_left);
@@ -204,8 +241,6 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       }
       common_begin = std::max(common_begin, first);
       common_end = std::min(common_end, last);
-    } else {
-      for (size_t t = 0; t < depth; ++t) s.q_transposed[t * row_lanes + r] = 0.0F;
     }
     s.first[r] = static_cast<int32_t>(first);
     s.last[r] = static_cast<int32_t>(last);
@@ -236,8 +271,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     } else {
       WidenCacheRows(df, args.keys, b, kv_head, key0, bc, s.key_tile, depth);
     }
-    Gemm<false>(d, bc, row_lanes / lanes, key_rows, key_ld, 1, s.q_transposed, row_lanes, depth,
-                s.scores, row_lanes);
+    ScoreRows(df, bc, key_rows, key_ld, s.q_rows, rows, depth, s.scores, row_lanes);
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
     DecodeSoftmaxStep(d, bc, row_lanes, s);
     // O = O · rescale + P V over the value columns, full-width vectors.
