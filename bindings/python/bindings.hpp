@@ -15,6 +15,8 @@ void bind_functions(nb::module_& module);
 void bind_functional(nb::module_& module);
 // layers.cpp: AdditiveAttention, DotProductAttention, MultiHeadAttention, GaussianKernelPooling.
 void bind_layers(nb::module_& module);
+// kv_cache.cpp: KVCache (scaled_dot_product_attention takes one as key).
+void bind_kv_cache(nb::module_& module);
 // files.cpp: load_safetensors, save_safetensors.
 void bind_files(nb::module_& module);
 

@@ -1,7 +1,8 @@
 // scaled_dot_product_attention over Python arrays, with PyTorch's signature and attn's additions
 // (attn/functional): NumPy arrays or DLPack tensors shaped (..., H, L, E) read in place when their
 // last axis is contiguous, the GIL released while attn computes. Also the forward and backward
-// passes that attn.torch's custom operators call (_sdpa_forward, _sdpa_backward).
+// passes that attn.torch's custom operators call (_sdpa_forward, _sdpa_backward). With an
+// attn.KVCache as key, the decode call attn::scaled_dot_product_attention(query, cache, options).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -17,6 +18,7 @@
 #include "attn/functional/attention_options.hpp"
 #include "attn/functional/scaled_dot_product_attention.hpp"
 #include "bindings.hpp"
+#include "kv_cache.hpp"
 
 namespace attn::python {
 namespace {
@@ -147,6 +149,30 @@ nb::object log_sum_exp_to_python(std::vector<float> log_sum_exp, const Shape& qu
   return to_python(Tensor(shape, std::move(log_sum_exp)), framework);
 }
 
+// scaled_dot_product_attention(query, cache, None, ...): the decode call. value must be None or
+// the cache itself (PyTorch-style code passes key and value alike); the options go through the
+// same conversions as for arrays, and attn::scaled_dot_product_attention refuses those a cache
+// does not take (attn_mask, alibi_slopes, valid_lens, dropout), naming them.
+nb::object attend_to_cache_call(nb::handle q, BoundCache& cache, nb::handle v, nb::handle attn_mask,
+                                float dropout_p, bool is_causal, std::optional<float> scale,
+                                bool enable_gqa, nb::handle window, nb::handle alibi_slopes,
+                                std::optional<float> softcap, nb::handle sinks,
+                                nb::handle valid_lens, const std::string& alignment,
+                                bool need_weights, bool causal, std::optional<float> dropout) {
+  if (!v.is_none() && as_kv_cache(v) != &cache) {
+    throw nb::type_error(
+        ("value: expected None or the KVCache given as key, got " + python_type(v)).c_str());
+  }
+  if (need_weights) {
+    throw nb::value_error(
+        "need_weights: not available with a KVCache (decoding never materialises the weights)");
+  }
+  // The seed only matters for dropout, which a cache call refuses.
+  const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes,
+                         softcap, sinks, valid_lens, alignment, causal, dropout, 0);
+  return attend_to_cache(q, cache, call.options());
+}
+
 // The arguments scaled_dot_product_attention and _sdpa_forward share, in order.
 #define ATTN_SDPA_ARGUMENTS                                                           \
   "query"_a.none(), "key"_a.none(), "value"_a.none(),                                 \
@@ -166,6 +192,15 @@ void bind_functional(nb::module_& module) {
          nb::handle alibi_slopes, std::optional<float> softcap, nb::handle sinks,
          nb::handle valid_lens, const std::string& alignment, bool need_weights,
          std::optional<uint64_t> seed, bool causal, std::optional<float> dropout) {
+        if (BoundCache* cache = as_kv_cache(k)) {
+          return attend_to_cache_call(q, *cache, v, attn_mask, dropout_p, is_causal, scale,
+                                      enable_gqa, window, alibi_slopes, softcap, sinks, valid_lens,
+                                      alignment, need_weights, causal, dropout);
+        }
+        if (as_kv_cache(v) != nullptr) {
+          throw nb::type_error(
+              "value: got a KVCache; pass the cache as key (value None or the same cache)");
+        }
         const QueryKeyValue inputs(q, k, v);
         // A random seed only when dropout will use it (random_device may be slow).
         const bool drops = dropout_p > 0.0F || dropout.value_or(0.0F) > 0.0F;
@@ -215,7 +250,13 @@ void bind_functional(nb::module_& module) {
       "window and ALiBi. A query that sees no key gets a zero output.\n\n"
       "The book's API keeps working: causal=True is causal aligned bottom-right; dropout= is\n"
       "dropout_p's old name; need_weights=True returns (output, weights), the weights (...,\n"
-      "H_q, L, S) before dropout, computed only then.");
+      "H_q, L, S) before dropout, computed only then.\n\n"
+      "Decoding: key may be an attn.KVCache (value None or the same cache) and query (B, H_q, n,\n"
+      "E) the last n tokens of each sequence, already appended: query i of sequence b sits at\n"
+      "position lengths[b] - n + i, which is_causal/causal and window refer to (alignment is\n"
+      "ignored). scale, enable_gqa, softcap and sinks are taken; attn_mask, alibi_slopes,\n"
+      "valid_lens, dropout and need_weights are refused (the cache's lengths are the valid\n"
+      "lengths).");
 
   module.def(
       "_sdpa_forward",

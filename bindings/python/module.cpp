@@ -94,6 +94,7 @@ NB_MODULE(_attn, module) {
 
   attn::python::bind_functions(module);
   attn::python::bind_functional(module);
+  attn::python::bind_kv_cache(module);
   attn::python::bind_layers(module);
   attn::python::bind_files(module);
 }

@@ -110,3 +110,15 @@ def test_layer_methods_match(name):
             getattr(runtime, method)
         ), method
     assert runtime.__doc__ and ("book" in runtime.__doc__ or "Nadaraya" in runtime.__doc__)
+
+
+def test_kv_cache_matches():
+    classes = {node.name: node for node in stub_tree().body if isinstance(node, ast.ClassDef)}
+    cache_class = classes["KVCache"]
+    methods = {node.name: node for node in cache_class.body if isinstance(node, ast.FunctionDef)}
+    public = {member for member in dir(attn.KVCache) if not member.startswith("_")}
+    assert public == set(methods) - {"__init__"}, public ^ (set(methods) - {"__init__"})
+    for method in ["__init__", "append", "reserve", "clear", "keys", "values"]:
+        assert stub_parameters(methods[method]) == runtime_parameters(
+            getattr(attn.KVCache, method)
+        ), method

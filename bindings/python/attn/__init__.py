@@ -5,7 +5,8 @@ attention, Nadaraya–Watson Gaussian-kernel pooling).
 Arrays go in as NumPy arrays or anything speaking DLPack (PyTorch CPU tensors among them); float32
 C-contiguous ones are read in place, without a copy. Results come back as NumPy arrays, or as
 PyTorch tensors when the queries were one. ``attn.torch`` wraps the layers as ``torch.nn.Module``s
-with autograd support.
+with autograd support. ``KVCache`` holds keys and values for decoding (float32, float16, bfloat16
+or int8), which ``scaled_dot_product_attention(query, cache)`` reads in that precision.
 """
 
 import ast as _ast
@@ -19,6 +20,7 @@ from ._attn import (
     FileError,
     GaussianKernelPooling,
     GeneralAttention,
+    KVCache,
     MultiHeadAttention,
     ShapeError,
     additive_attention,
@@ -45,6 +47,7 @@ __all__ = [
     "FileError",
     "GaussianKernelPooling",
     "GeneralAttention",
+    "KVCache",
     "MultiHeadAttention",
     "ShapeError",
     "additive_attention",

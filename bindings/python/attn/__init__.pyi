@@ -35,8 +35,8 @@ def masked_softmax(X: ArrayLike, valid_lens: ValidLens = None) -> Array:
 
 def scaled_dot_product_attention(
     query: ArrayLike,
-    key: ArrayLike,
-    value: ArrayLike,
+    key: ArrayLike | KVCache,
+    value: ArrayLike | KVCache | None,
     attn_mask: Mask = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
@@ -60,7 +60,12 @@ def scaled_dot_product_attention(
     is_causal and window=(left, right) (-1/None: unbounded) follow `alignment`; alibi_slopes and
     sinks hold H_q floats; softcap caps the scores. The book's causal=True is causal aligned
     bottom-right, dropout= is dropout_p. Returns the output, or (output, weights) with
-    need_weights=True."""
+    need_weights=True.
+
+    With a KVCache as key (value None or the same cache): query (B, H_q, n, E) holds the last n
+    tokens of each sequence, already appended; query i of sequence b sits at position
+    lengths[b] − n + i, which is_causal and window refer to. scale, enable_gqa, softcap and sinks
+    are taken; attn_mask, alibi_slopes, valid_lens, dropout and need_weights raise ValueError."""
 
 def additive_attention(
     queries: ArrayLike,
@@ -117,6 +122,57 @@ def load(
 def _data_pointer(x: ArrayLike, strided: bool = False) -> int:
     """The address of the float32 data the kernels would read for x (for tests); strided=True:
     as scaled_dot_product_attention reads it (any strides with a contiguous last axis)."""
+
+class KVCache:
+    """Keys (B, H_kv, capacity, head_dim) and values (B, H_kv, capacity, value_dim) of a batch of
+    sequences being decoded, stored as float32, float16, bfloat16 or int8 (a scale per row and
+    head) and read in that precision by scaled_dot_product_attention(query, cache)."""
+
+    def __init__(
+        self,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: Literal["float32", "float16", "bfloat16", "int8"] = "float32",
+        value_dim: int | None = None,
+    ) -> None: ...
+    def append(self, keys: ArrayLike, values: ArrayLike, counts: ValidLens = None) -> None:
+        """Appends keys (B, H_kv, T, head_dim) and values (B, H_kv, T, value_dim); counts (B
+        ints <= T): sequence b takes only its first counts[b] tokens. The GIL is released."""
+
+    def reserve(self, capacity: int) -> None:
+        """Room for `capacity` tokens per sequence now (never shrinks)."""
+
+    def clear(self) -> None:
+        """Empties every sequence; the storage stays."""
+
+    def keys(self) -> npt.NDArray[np.float32]:
+        """Stored keys widened to float32, (B, H_kv, max(lengths), head_dim), zero past each
+        length."""
+
+    def values(self) -> npt.NDArray[np.float32]:
+        """Stored values widened to float32, (B, H_kv, max(lengths), value_dim)."""
+
+    @property
+    def lengths(self) -> npt.NDArray[np.int64]:
+        """Tokens held per sequence, (B,)."""
+
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def dtype(self) -> Literal["float32", "float16", "bfloat16", "int8"]: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def value_dim(self) -> int: ...
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes of keys and values per cached token of one sequence (int8 scales included)."""
 
 _Layer = TypeVar("_Layer", bound="_AttentionLayer")
 

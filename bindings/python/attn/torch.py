@@ -418,6 +418,21 @@ def _as_tensor(values, dtype):
     return torch.as_tensor(values, dtype=dtype)
 
 
+def _cache_attention(query, cache, value, *args, **kwargs):
+    """scaled_dot_product_attention with a KVCache: attn's decode call on a float32 query, the
+    output in the query's dtype."""
+    if not isinstance(query, torch.Tensor) or not query.is_floating_point():
+        got = query.dtype if isinstance(query, torch.Tensor) else type(query).__name__
+        raise TypeError(f"query: expected a floating-point torch.Tensor, got {got}")
+    if query.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "query: requires grad, but attention against a KVCache has no backward pass "
+            "(decode under torch.no_grad() or torch.inference_mode())"
+        )
+    output = _attn.scaled_dot_product_attention(_as_float32(query), cache, value, *args, **kwargs)
+    return output if output.dtype == query.dtype else output.to(query.dtype)
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -448,7 +463,30 @@ def scaled_dot_product_attention(
     converted, and the output has the query's dtype. Gradients reach query, key, value, a float
     attn_mask that requires grad (summed over its broadcast axes) and sinks; alibi_slopes get
     none. Dropout (whenever dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator,
-    so ``torch.manual_seed`` makes it reproducible."""
+    so ``torch.manual_seed`` makes it reproducible.
+
+    With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
+    ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
+    that requires grad is refused while autograd records."""
+    if isinstance(key, _attn.KVCache):
+        return _cache_attention(
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            window=window,
+            alibi_slopes=alibi_slopes,
+            softcap=softcap,
+            sinks=sinks,
+            valid_lens=valid_lens,
+            alignment=alignment,
+            causal=causal,
+            dropout=dropout,
+        )
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
