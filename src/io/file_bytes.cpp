@@ -1,34 +1,34 @@
-// Whole-file reads and writes shared by the .npy and safetensors code.
+// Whole-file reads and writes shared by the .npy and safetensors code and offered to attn's users
+// (attn/io/files.hpp): core's regular-file reader and atomic writer (src/core/file_access.hpp).
 #include "io/file_bytes.hpp"
 
-#include <fstream>
-#include <string>
-#include <system_error>
+#include "attn/io/files.hpp"
+#include "core/file_access.hpp"
 
-#include "attn/core/error.hpp"
+namespace attn {
 
-namespace attn::io_detail {
+namespace io_detail {
 
-std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
-  std::error_code error;
-  const uintmax_t size = std::filesystem::file_size(path, error);  // fails for directories too
-  if (error) throw FileError(path.string() + ": cannot read the file (" + error.message() + ")");
-  std::ifstream file(path, std::ios::binary);
-  std::vector<std::byte> bytes(static_cast<size_t>(size));
-  file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!file || file.gcount() != static_cast<std::streamsize>(bytes.size())) {
-    throw FileError(path.string() + ": cannot read the file (expected " + std::to_string(size) +
-                    " bytes, read " + std::to_string(file.gcount()) + ")");
-  }
-  return bytes;
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path, uint64_t max_size) {
+  return file_access::read_regular_file(path, max_size);
 }
 
 void write_file_bytes(const std::filesystem::path& path, std::span<const std::byte> bytes) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file.write(reinterpret_cast<const char*>(bytes.data()),
-             static_cast<std::streamsize>(bytes.size()));
-  file.close();
-  if (!file) throw FileError(path.string() + ": cannot write the file");
+  file_access::write_bytes_atomically(path, bytes);
 }
 
-}  // namespace attn::io_detail
+}  // namespace io_detail
+
+std::vector<std::byte> read_file(const std::filesystem::path& path, uint64_t max_size) {
+  return file_access::read_regular_file(path, max_size);
+}
+
+void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  file_access::write_bytes_atomically(path, bytes);
+}
+
+void write_file(const std::filesystem::path& path, std::string_view text) {
+  file_access::write_bytes_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+}  // namespace attn

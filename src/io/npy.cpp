@@ -12,7 +12,10 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
+#include "io/limits.hpp"
+#include "io/npy_layout.hpp"
 
 namespace attn {
 namespace {
@@ -26,6 +29,8 @@ constexpr size_t kDataAlignment = 64;
 // NumPy leaves room after the dictionary for the first dimension to grow to 21 digits, so that
 // appending to an array can rewrite the header in place; we copy it to write identical headers.
 constexpr size_t kGrowthAxisMaxDigits = 21;
+// The most dimensions the header parser collects before refusing the shape outright.
+constexpr size_t kMaxShapeLength = 64;
 
 struct DTypeInfo {
   NpyDType dtype;
@@ -57,7 +62,7 @@ const DTypeInfo& dtype_from_descr(std::string_view descr, std::string_view sourc
   for (const DTypeInfo& info : kDTypes) {
     if (info.descr == descr) return info;
   }
-  fail(source, "unsupported dtype '" + std::string(descr) +
+  fail(source, "unsupported dtype '" + io_detail::escaped(descr) +
                    "': expected little-endian '<f4', '<f8', '<i4' or '<i8', or bool '|b1'");
 }
 
@@ -97,7 +102,7 @@ class HeaderParser {
       } else if (key == "shape" && !fields.shape) {
         fields.shape = parse_shape();
       } else {
-        fail(source_, "malformed header: unexpected or repeated key '" + key +
+        fail(source_, "malformed header: unexpected or repeated key '" + io_detail::escaped(key) +
                           "' (expected 'descr', 'fortran_order' and 'shape' once each)");
       }
       if (!consume(',')) {
@@ -133,7 +138,7 @@ class HeaderParser {
 
   [[noreturn]] void error(const std::string& expected) const {
     const std::string got = position_ < text_.size()
-                                ? "'" + std::string(text_.substr(position_, 12)) + "'"
+                                ? "'" + io_detail::escaped(text_.substr(position_), 12) + "'"
                                 : "the end of the header";
     fail(source_, "malformed header at character " + std::to_string(position_) + ": expected " +
                       expected + ", got " + got);
@@ -170,6 +175,13 @@ class HeaderParser {
     std::vector<int64_t> dims;
     bool trailing_comma = false;
     while (!consume(')')) {
+      // A hostile header can make the tuple millions long: stop well past any rank attn reads
+      // (the rank check below names the shape of a merely too-high rank).
+      if (dims.size() == kMaxShapeLength) {
+        fail(source_, "expected a rank of at most " + std::to_string(Shape::kMaxRank) +
+                          ", got a shape tuple of more than " + std::to_string(kMaxShapeLength) +
+                          " dimensions");
+      }
       dims.push_back(parse_dimension());
       trailing_comma = consume(',');
       if (!trailing_comma) {
@@ -190,7 +202,7 @@ class HeaderParser {
       const int digit = peek() - '0';
       if (value > (std::numeric_limits<int64_t>::max() - digit) / 10) {
         const size_t end = text_.find_first_not_of("0123456789", start);
-        fail(source_, "shape dimension " + std::string(text_.substr(start, end - start)) +
+        fail(source_, "shape dimension " + io_detail::escaped(text_.substr(start, end - start)) +
                           " is too large for a 64-bit integer");
       }
       value = value * 10 + digit;
@@ -284,7 +296,9 @@ std::vector<std::byte> build_npy(const DTypeInfo& dtype, const Shape& shape,
 
 }  // namespace
 
-NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
+namespace io_detail {
+
+NpyPreamble parse_npy_preamble(std::span<const std::byte> bytes, std::string_view source) {
   const size_t version_end = kMagic.size() + 2;
   if (bytes.size() < version_end) {
     fail(source, "too short for a .npy file: expected at least " + std::to_string(version_end) +
@@ -307,6 +321,11 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
                      " bytes up to the header length, got " + std::to_string(bytes.size()));
   }
   const uint64_t header_length = read_little_endian(bytes.subspan(version_end, length_size));
+  return {header_start, header_length};
+}
+
+NpyLayout parse_npy_header(std::span<const std::byte> bytes, std::string_view source) {
+  const auto [header_start, header_length] = parse_npy_preamble(bytes, source);
   if (header_length > bytes.size() - header_start) {
     fail(source, "header length field says " + std::to_string(header_length) + " bytes, but only " +
                      std::to_string(bytes.size() - header_start) + " bytes follow");
@@ -333,18 +352,28 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
   if (!expected_size) {
     fail(source, "shape " + shape_text(dims) + " has too many elements for 64-bit sizes");
   }
-
-  const std::span<const std::byte> data = bytes.subspan(header_start + header_length);
-  if (static_cast<uint64_t>(*expected_size) != data.size()) {
-    fail(source, "expected " + std::to_string(*expected_size) + " bytes of data for shape " +
-                     shape_text(dims) + " of '" + std::string(dtype.descr) + "', got " +
-                     std::to_string(data.size()) + " bytes");
+  if (io_detail::empty_extent(dims) > io_detail::kMaxEmptyExtent) {
+    fail(source, "shape " + shape_text(dims) + " " + io_detail::empty_extent_message());
   }
 
+  return {dtype.dtype, Shape::from_dims(dims.data(), static_cast<int>(dims.size())),
+          header_start + static_cast<size_t>(header_length), static_cast<uint64_t>(*expected_size)};
+}
+
+void check_npy_data_size(const NpyLayout& layout, uint64_t size, std::string_view source) {
+  if (layout.data_size == size) return;
+  const std::vector<int64_t> dims(layout.shape.data(), layout.shape.data() + layout.shape.rank());
+  fail(source, "expected " + std::to_string(layout.data_size) + " bytes of data for shape " +
+                   shape_text(dims) + " of '" + std::string(dtype_info(layout.dtype).descr) +
+                   "', got " + std::to_string(size) + " bytes");
+}
+
+NpyArray decode_npy_data(NpyDType dtype, const Shape& shape, std::span<const std::byte> data,
+                         std::string_view source) {
   NpyArray array;
-  array.shape = Shape::from_dims(dims.data(), static_cast<int>(dims.size()));
-  array.dtype = dtype.dtype;
-  switch (dtype.dtype) {
+  array.shape = shape;
+  array.dtype = dtype;
+  switch (dtype) {
     case NpyDType::kFloat32:
       array.floats = decode<float, float>(data);
       break;
@@ -362,6 +391,15 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
       break;
   }
   return array;
+}
+
+}  // namespace io_detail
+
+NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
+  const io_detail::NpyLayout layout = io_detail::parse_npy_header(bytes, source);
+  const std::span<const std::byte> data = bytes.subspan(layout.data_offset);
+  io_detail::check_npy_data_size(layout, data.size(), source);
+  return io_detail::decode_npy_data(layout.dtype, layout.shape, data, source);
 }
 
 NpyArray read_npy(const std::filesystem::path& path) {

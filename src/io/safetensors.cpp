@@ -8,12 +8,14 @@
 #include <fstream>
 #include <limits>
 #include <optional>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "attn/core/error.hpp"
+#include "io/bounded_json.hpp"
+#include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
+#include "io/limits.hpp"
 
 namespace attn {
 namespace {
@@ -27,6 +29,10 @@ constexpr uint64_t kMaxHeaderSize = 100'000'000;
 // The reference implementation pads the header with spaces so that the data starts 8-aligned.
 constexpr size_t kHeaderAlignment = 8;
 constexpr std::string_view kMetadataKey = "__metadata__";
+// A header describes each tensor in a dozen JSON values; a million lets a file hold tens of
+// thousands of tensors (a large model's shard holds about a thousand) while keeping the parsed
+// header's memory to tens of megabytes, whatever its text.
+constexpr io_detail::JsonLimits kHeaderLimits{64, 1'000'000};
 
 // One entry of the header, checked against itself but not yet against the others.
 struct TensorEntry {
@@ -41,46 +47,21 @@ struct TensorEntry {
   throw FileError(std::string(source) + ": " + message);
 }
 
+// Tensor names come from the file: escaped, so that NULs or terminal escapes never reach a message.
 [[noreturn]] void fail_tensor(std::string_view source, std::string_view name,
                               const std::string& message) {
-  fail(source, "tensor '" + std::string(name) + "': " + message);
+  fail(source, "tensor '" + io_detail::escaped(name) + "': " + message);
 }
 
-// A JSON value as text for an error message, cut short so that a hostile header cannot make the
-// message huge.
+// A JSON value as text for an error message: cut short, escaped, and written without recursion.
 std::string excerpt(const nlohmann::json& value) {
-  constexpr size_t kMaxLength = 80;
-  const std::string text = value.dump();
-  return text.size() <= kMaxLength ? text : text.substr(0, kMaxLength) + "...";
+  return io_detail::json_excerpt(value);
 }
 
 std::optional<int64_t> itemsize_of(std::string_view dtype) {
   if (dtype == "F32") return 4;
   if (dtype == "F64") return 8;
   return std::nullopt;
-}
-
-// Parses the header, rejecting any object that names a key twice (JSON parsers would otherwise
-// silently keep one of the two values).
-nlohmann::json parse_header_json(std::string_view text, std::string_view source) {
-  std::vector<std::set<std::string>> open_objects;
-  const nlohmann::json::parser_callback_t reject_duplicates =
-      [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        if (event == nlohmann::json::parse_event_t::object_start) {
-          open_objects.emplace_back();
-        } else if (event == nlohmann::json::parse_event_t::object_end) {
-          open_objects.pop_back();
-        } else if (event == nlohmann::json::parse_event_t::key &&
-                   !open_objects.back().insert(parsed.get<std::string>()).second) {
-          fail(source, "header repeats the key '" + parsed.get<std::string>() + "'");
-        }
-        return true;
-      };
-  try {
-    return nlohmann::json::parse(text.begin(), text.end(), reject_duplicates);
-  } catch (const nlohmann::json::parse_error& error) {
-    fail(source, std::string("header is not valid JSON: ") + error.what());
-  }
 }
 
 const nlohmann::json& field(const nlohmann::json& info, const char* key, std::string_view name,
@@ -124,6 +105,9 @@ Shape read_shape(const nlohmann::json& value, std::string_view name, std::string
     }
     product *= dim;
   }
+  if (io_detail::empty_extent(dims) > io_detail::kMaxEmptyExtent) {
+    fail_tensor(source, name, "shape " + excerpt(value) + " " + io_detail::empty_extent_message());
+  }
   return Shape::from_dims(dims.data(), static_cast<int>(dims.size()));
 }
 
@@ -153,7 +137,8 @@ TensorEntry read_entry(const std::string& name, const nlohmann::json& info,
       static_cast<uint64_t>(non_negative_integer(offsets[1], "'data_offsets'", name, source));
   const std::optional<int64_t> itemsize = itemsize_of(entry.dtype);
   if (!itemsize) {
-    fail_tensor(source, name, "unsupported dtype '" + entry.dtype + "': expected F32 or F64");
+    fail_tensor(source, name,
+                "unsupported dtype '" + io_detail::escaped(entry.dtype) + "': expected F32 or F64");
   }
   if (entry.begin > entry.end) {
     fail_tensor(source, name,
@@ -209,7 +194,7 @@ void check_tiling(std::vector<TensorEntry>& entries, uint64_t buffer_size,
                       ", leaving a gap after " + previous + " at byte " + std::to_string(covered));
     }
     covered = entry.end;
-    previous = "'" + entry.name + "'";
+    previous = "'" + io_detail::escaped(entry.name) + "'";
   }
   if (covered != buffer_size) {
     fail(source, "the tensors cover " + std::to_string(covered) + " bytes of the " +
@@ -228,9 +213,10 @@ std::vector<float> decode(std::span<const std::byte> data) {
   return values;
 }
 
-}  // namespace
-
-StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view source) {
+// The whole file checked, its tensors decoded into `tensors` and its metadata into `metadata`
+// (either may be null when not wanted).
+void parse_file(std::span<const std::byte> bytes, std::string_view source, StateDict* tensors,
+                std::map<std::string, std::string>* metadata) {
   if (bytes.size() < kLengthSize) {
     fail(source, "too short for a safetensors file: expected at least 8 bytes, got " +
                      std::to_string(bytes.size()));
@@ -247,7 +233,8 @@ StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view s
   }
   const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + kLengthSize),
                                      static_cast<size_t>(header_size));
-  const nlohmann::json header = parse_header_json(header_text, source);
+  const nlohmann::json header =
+      io_detail::parse_bounded_json(header_text, source, "header", kHeaderLimits);
   if (!header.is_object()) {
     fail(source, "expected the header to be a JSON object, got " + std::string(header.type_name()));
   }
@@ -256,24 +243,47 @@ StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view s
   for (const auto& [name, info] : header.items()) {
     if (name == kMetadataKey) {
       check_metadata(info, source);
+      if (metadata != nullptr) {
+        for (const auto& [key, value] : info.items()) {
+          metadata->emplace(key, value.get<std::string>());
+        }
+      }
     } else {
       entries.push_back(read_entry(name, info, source));
     }
   }
   const std::span<const std::byte> buffer = bytes.subspan(kLengthSize + header_size);
   check_tiling(entries, buffer.size(), source);
+  if (tensors == nullptr) return;
 
-  StateDict tensors;
   for (const TensorEntry& entry : entries) {
     const std::span<const std::byte> data = buffer.subspan(entry.begin, entry.end - entry.begin);
     std::vector<float> values = entry.dtype == "F32" ? decode<float>(data) : decode<double>(data);
-    tensors.emplace(entry.name, Tensor(entry.shape, std::move(values)));
+    tensors->emplace(entry.name, Tensor(entry.shape, std::move(values)));
   }
+}
+
+}  // namespace
+
+StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view source) {
+  StateDict tensors;
+  parse_file(bytes, source, &tensors, nullptr);
   return tensors;
 }
 
 StateDict load_safetensors(const std::filesystem::path& path) {
   return parse_safetensors(io_detail::read_file_bytes(path), path.string());
+}
+
+std::map<std::string, std::string> parse_safetensors_metadata(std::span<const std::byte> bytes,
+                                                              std::string_view source) {
+  std::map<std::string, std::string> metadata;
+  parse_file(bytes, source, nullptr, &metadata);
+  return metadata;
+}
+
+std::map<std::string, std::string> load_safetensors_metadata(const std::filesystem::path& path) {
+  return parse_safetensors_metadata(io_detail::read_file_bytes(path), path.string());
 }
 
 std::vector<std::byte> serialize_safetensors(const StateDict& tensors,

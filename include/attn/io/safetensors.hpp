@@ -18,10 +18,21 @@ namespace attn {
 // as they are and F64 ones are rounded to float32; any other dtype, a rank above 4, a header
 // that is not JSON of the format, offsets that overlap, leave gaps or point past the data, or a
 // shape that disagrees with its byte range throws FileError naming the tensor.
+// The header is JSON read within limits: nesting at most 64 levels deep, at most a million values,
+// no key twice in an object; an empty tensor's other dimensions multiply to at most 65536.
+// load_safetensors refuses anything but a regular file (a FIFO, a device, a directory) before
+// reading from it.
 StateDict parse_safetensors(std::span<const std::byte> bytes, std::string_view source);
 StateDict load_safetensors(const std::filesystem::path& path);
+// The string metadata ("__metadata__"; empty when the file has none), after checking the whole file
+// as parse_safetensors does; for attn.load, which rebuilds a layer from it.
+std::map<std::string, std::string> parse_safetensors_metadata(std::span<const std::byte> bytes,
+                                                              std::string_view source);
+std::map<std::string, std::string> load_safetensors_metadata(const std::filesystem::path& path);
 
-// Writes F32 tensors in name order, with optional string metadata ("__metadata__").
+// Writes F32 tensors in name order, with optional string metadata ("__metadata__"). save_ writes
+// a temporary file in the same folder and renames it over `path`, so that a failed write leaves
+// any previous file intact; FileError naming the path and the system's reason.
 std::vector<std::byte> serialize_safetensors(
     const StateDict& tensors, const std::map<std::string, std::string>& metadata = {});
 void save_safetensors(const std::filesystem::path& path, const StateDict& tensors,
