@@ -3,13 +3,16 @@
 #include "attn/seq2seq/translator.hpp"
 
 #include <algorithm>
-#include <fstream>
+#include <cmath>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <string_view>
 
 #include "attn/core/error.hpp"
 #include "attn/io/safetensors.hpp"
 #include "attn/seq2seq/corpus.hpp"
+#include "core/file_access.hpp"
+#include "io/bounded_json.hpp"
+#include "io/excerpt.hpp"
 
 namespace attn {
 
@@ -22,36 +25,54 @@ constexpr int kFormatVersion = 1;
 constexpr int64_t kMaximumSize = 1 << 16;
 constexpr int64_t kMaximumLayers = 64;
 constexpr int64_t kMaximumParameters = int64_t{1} << 28;
+// config.json holds a dozen fields; vocab.json two token lists of at most kMaximumSize tokens each.
+// Sizes and value counts far above those bound the memory a hostile file can make parsing take.
+constexpr uint64_t kMaximumConfigBytes = 1 << 20;
+constexpr uint64_t kMaximumVocabularyBytes = uint64_t{64} << 20;
+constexpr io_detail::JsonLimits kConfigLimits{16, 10'000};
+constexpr io_detail::JsonLimits kVocabularyLimits{16, 2 * kMaximumSize + 100};
 
 void write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream file(path, std::ios::binary);
-  file << text;
-  file.close();
-  if (!file) throw FileError(path.string() + ": cannot write the file");
+  file_access::write_bytes_atomically(path, std::as_bytes(std::span(text.data(), text.size())));
 }
 
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file)
-    throw FileError(path.string() +
-                    ": cannot open the file (is this a model directory "
-                    "written by 'attn train seq2seq'?)");
-  std::ostringstream contents;
-  contents << file.rdbuf();
+// A file's text: a regular file (a FIFO or a device is refused before it can block) of at most
+// `max_size` bytes.
+std::string read_text(const std::filesystem::path& path, uint64_t max_size) {
+  std::vector<std::byte> bytes;
   try {
-    return nlohmann::json::parse(contents.str());
-  } catch (const nlohmann::json::exception& error) {
-    throw FileError(path.string() + ": expected JSON, got a parse error: " + error.what());
+    bytes = file_access::read_regular_file(path, max_size);
+  } catch (const FileError& error) {
+    throw FileError(std::string(error.what()) +
+                    " (is this a model directory written by 'attn train seq2seq'?)");
   }
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// The value under `key`, or null when `json` is not an object or lacks it (so that a message can
+// say "none"); never nlohmann's assertion or exception.
+const nlohmann::json* find_field(const nlohmann::json& json, const std::string& key) {
+  if (!json.is_object()) return nullptr;
+  const auto found = json.find(key);
+  return found == json.end() ? nullptr : &*found;
+}
+
+std::string field_text(const nlohmann::json* value) {
+  return value != nullptr ? io_detail::json_excerpt(*value) : std::string("none");
 }
 
 int64_t integer_field(const nlohmann::json& json, const std::string& key, int64_t low, int64_t high,
                       const std::filesystem::path& path) {
-  if (!json.contains(key) || !json[key].is_number_integer()) {
-    throw FileError(path.string() + ": expected an integer field \"" + key + "\", got " +
-                    (json.contains(key) ? json[key].dump() : std::string("none")));
+  const nlohmann::json* field = find_field(json, key);
+  // is_number_integer holds for unsigned values beyond int64 too: compare as unsigned first.
+  if (field == nullptr || !field->is_number_integer() ||
+      (field->is_number_unsigned() &&
+       field->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    throw FileError(path.string() + ": expected an integer field \"" + key + "\" in [" +
+                    std::to_string(low) + ", " + std::to_string(high) + "], got " +
+                    field_text(field));
   }
-  const auto value = json[key].get<int64_t>();
+  const auto value = field->get<int64_t>();
   if (value < low || value > high) {
     throw FileError(path.string() + ": expected \"" + key + "\" in [" + std::to_string(low) + ", " +
                     std::to_string(high) + "], got " + std::to_string(value));
@@ -61,17 +82,36 @@ int64_t integer_field(const nlohmann::json& json, const std::string& key, int64_
 
 std::vector<std::string> token_list(const nlohmann::json& json, const std::string& key,
                                     const std::filesystem::path& path) {
-  if (!json.contains(key) || !json[key].is_array()) {
+  const nlohmann::json* field = find_field(json, key);
+  if (field == nullptr || !field->is_array()) {
     throw FileError(path.string() + ": expected a token array \"" + key + "\", got " +
-                    (json.contains(key) ? json[key].type_name() : std::string("none")));
+                    (field != nullptr ? io_detail::json_kind(*field) : std::string("none")));
   }
   std::vector<std::string> tokens;
-  for (const auto& token : json[key]) {
-    if (!token.is_string())
-      throw FileError(path.string() + ": expected strings in \"" + key + "\", got " + token.dump());
+  for (const auto& token : *field) {
+    if (!token.is_string()) {
+      throw FileError(path.string() + ": expected strings in \"" + key + "\", got " +
+                      io_detail::json_excerpt(token));
+    }
     tokens.push_back(token.get<std::string>());
   }
   return tokens;
+}
+
+// The parameters Seq2Seq(config) allocates, counted from the sizes alone: the encoder's embedding
+// and GRU, the decoder's attention (W_q, W_k: h × h; w_v: 1 × h), embedding, GRU (whose first
+// layer reads the embedding and the context) and dense layer (with bias).
+int64_t parameter_count(const Seq2SeqConfig& config) {
+  const int64_t h = config.num_hiddens, e = config.embed_size, gates = 3 * h;
+  const auto gru = [&](int64_t input) {
+    int64_t count = 0;
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+      count += gates * (layer == 0 ? input : h) + gates * h + 2 * gates;
+    }
+    return count;
+  };
+  return config.source_vocab_size * e + gru(e) + 2 * h * h + h + config.target_vocab_size * e +
+         gru(e + h) + config.target_vocab_size * (h + 1);
 }
 
 }  // namespace
@@ -196,12 +236,46 @@ Translator Translator::load(const std::filesystem::path& directory) {
                     ": no such model directory (expected one written by 'attn train seq2seq', "
                     "holding model.safetensors, vocab.json and config.json)");
   }
+  // Each file is read only once the ones before it passed, so that a message is about the first
+  // problem.
+  const std::string config = read_text(directory / "config.json", kMaximumConfigBytes);
+  return build(
+      config, [&] { return read_text(directory / "vocab.json", kMaximumVocabularyBytes); },
+      [&] {
+        try {
+          return file_access::read_regular_file(directory / "model.safetensors");
+        } catch (const FileError& error) {
+          throw FileError(std::string(error.what()) + " (the model's weights)");
+        }
+      },
+      directory);
+}
+
+Translator Translator::parse(std::string_view config_json, std::string_view vocab_json,
+                             std::span<const std::byte> model_safetensors,
+                             const std::filesystem::path& directory) {
+  return build(
+      config_json, [&] { return std::string(vocab_json); },
+      [&] { return std::vector<std::byte>(model_safetensors.begin(), model_safetensors.end()); },
+      directory);
+}
+
+Translator Translator::build(std::string_view config_json,
+                             const std::function<std::string()>& read_vocab,
+                             const std::function<std::vector<std::byte>()>& read_weights,
+                             const std::filesystem::path& directory) {
   const std::filesystem::path config_path = directory / "config.json";
-  const nlohmann::json hyper = read_json(config_path);
-  if (!hyper.is_object() || hyper.value("format", std::string()) != kFormatName) {
-    throw FileError(config_path.string() + ": expected \"format\": \"" + kFormatName + "\", got " +
-                    (hyper.is_object() && hyper.contains("format") ? hyper["format"].dump()
-                                                                   : std::string("none")));
+  const std::string config_name = config_path.string();
+  if (config_json.size() > kMaximumConfigBytes) {
+    throw FileError(config_name + ": expected at most " + std::to_string(kMaximumConfigBytes) +
+                    " bytes, got " + std::to_string(config_json.size()));
+  }
+  const nlohmann::json hyper =
+      io_detail::parse_bounded_json(config_json, config_name, "the file", kConfigLimits);
+  const nlohmann::json* format = find_field(hyper, "format");
+  if (format == nullptr || !format->is_string() || format->get<std::string>() != kFormatName) {
+    throw FileError(config_name + ": expected \"format\": \"" + kFormatName + "\", got " +
+                    field_text(format));
   }
   integer_field(hyper, "version", kFormatVersion, kFormatVersion, config_path);
   Seq2SeqConfig config;
@@ -213,35 +287,45 @@ Translator Translator::load(const std::filesystem::path& directory) {
   config.num_hiddens = integer_field(hyper, "num_hiddens", 1, kMaximumSize, config_path);
   config.num_layers = integer_field(hyper, "num_layers", 1, kMaximumLayers, config_path);
   const int64_t num_steps = integer_field(hyper, "num_steps", 1, kMaximumSize, config_path);
-  if (!hyper.contains("dropout") || !hyper["dropout"].is_number() ||
-      !(hyper["dropout"].get<double>() >= 0.0 && hyper["dropout"].get<double>() <= 1.0)) {
-    throw FileError(config_path.string() + ": expected \"dropout\" in [0, 1], got " +
-                    (hyper.contains("dropout") ? hyper["dropout"].dump() : std::string("none")));
+  const nlohmann::json* dropout = find_field(hyper, "dropout");
+  if (dropout == nullptr || !dropout->is_number() ||
+      !(dropout->get<double>() >= 0.0 && dropout->get<double>() <= 1.0)) {
+    throw FileError(config_name + ": expected \"dropout\" in [0, 1], got " + field_text(dropout));
   }
-  config.dropout = hyper["dropout"].get<float>();
+  config.dropout = dropout->get<float>();
   // Optional: directories written before the field existed used the book's model.
-  if (hyper.contains("attend_to_eos")) {
-    if (!hyper["attend_to_eos"].is_boolean()) {
-      throw FileError(config_path.string() + ": expected \"attend_to_eos\" true or false, got " +
-                      hyper["attend_to_eos"].dump());
+  if (const nlohmann::json* attend = find_field(hyper, "attend_to_eos")) {
+    if (!attend->is_boolean()) {
+      throw FileError(config_name + ": expected \"attend_to_eos\" true or false, got " +
+                      field_text(attend));
     }
-    config.attend_to_eos = hyper["attend_to_eos"].get<bool>();
+    config.attend_to_eos = attend->get<bool>();
   }
-  if (!hyper.contains("tokenizer") || !hyper["tokenizer"].is_string()) {
-    throw FileError(
-        config_path.string() + ": expected a string field \"tokenizer\", got " +
-        (hyper.contains("tokenizer") ? hyper["tokenizer"].dump() : std::string("none")));
+  const nlohmann::json* tokenizer_field = find_field(hyper, "tokenizer");
+  if (tokenizer_field == nullptr || !tokenizer_field->is_string()) {
+    throw FileError(config_name + ": expected a string field \"tokenizer\", got " +
+                    field_text(tokenizer_field));
   }
   TokenizerKind tokenizer = TokenizerKind::kBook;
   try {
-    tokenizer = tokenizer_from_name(hyper["tokenizer"].get<std::string>());
+    tokenizer = tokenizer_from_name(tokenizer_field->get<std::string>());
   } catch (const ValueError& error) {
-    throw FileError(config_path.string() + ": " + error.what());
+    throw FileError(config_name + ": " + io_detail::escaped(error.what(), 200));
   }
 
   const std::filesystem::path vocab_path = directory / "vocab.json";
-  const nlohmann::json vocab = read_json(vocab_path);
-  if (!vocab.is_object()) throw FileError(vocab_path.string() + ": expected a JSON object");
+  const std::string vocab_json = read_vocab();
+  if (vocab_json.size() > kMaximumVocabularyBytes) {
+    throw FileError(vocab_path.string() + ": expected at most " +
+                    std::to_string(kMaximumVocabularyBytes) + " bytes, got " +
+                    std::to_string(vocab_json.size()));
+  }
+  const nlohmann::json vocab =
+      io_detail::parse_bounded_json(vocab_json, vocab_path.string(), "the file", kVocabularyLimits);
+  if (!vocab.is_object()) {
+    throw FileError(vocab_path.string() + ": expected a JSON object, got " +
+                    io_detail::json_kind(vocab));
+  }
   auto make_vocabulary = [&](const std::string& key, int64_t expected_size) {
     std::vector<std::string> tokens = token_list(vocab, key, vocab_path);
     if (static_cast<int64_t>(tokens.size()) != expected_size) {
@@ -252,31 +336,46 @@ Translator Translator::load(const std::filesystem::path& directory) {
     try {
       return Vocabulary::from_tokens(std::move(tokens));
     } catch (const ValueError& error) {
-      throw FileError(vocab_path.string() + ": \"" + key + "\": " + error.what());
+      // The message quotes a token from the file: escaped.
+      throw FileError(vocab_path.string() + ": \"" + key +
+                      "\": " + io_detail::escaped(error.what(), 200));
     }
   };
   Vocabulary source = make_vocabulary("source", config.source_vocab_size);
   Vocabulary target = make_vocabulary("target", config.target_vocab_size);
 
-  // The sizes are each bounded; their products must be too, before anything is allocated.
-  const int64_t hidden = config.num_hiddens, embed = config.embed_size;
-  const int64_t parameter_count =
-      (config.source_vocab_size + config.target_vocab_size) * (embed + hidden + 1) +
-      config.num_layers * 2 * 3 * hidden * (embed + 3 * hidden + 2) + 3 * hidden * hidden;
-  if (parameter_count > kMaximumParameters) {
-    throw FileError(config_path.string() + ": expected a model of at most " +
-                    std::to_string(kMaximumParameters) + " parameters, got sizes that make about " +
-                    std::to_string(parameter_count));
+  // The sizes are each bounded; the parameters they make must be too, and must be in the weights
+  // file before anything is allocated for them: a 200-byte config.json cannot make attn allocate
+  // and initialise a gigabyte of parameters that model.safetensors does not hold.
+  const int64_t expected_parameters = parameter_count(config);
+  if (expected_parameters > kMaximumParameters) {
+    throw FileError(config_name + ": expected a model of at most " +
+                    std::to_string(kMaximumParameters) + " parameters, got sizes that make " +
+                    std::to_string(expected_parameters));
+  }
+  const std::filesystem::path weights_path = directory / "model.safetensors";
+  const StateDict state = parse_safetensors(read_weights(), weights_path.string());
+  int64_t stored = 0;
+  for (const auto& [name, tensor] : state) {
+    stored += tensor.numel();
+    // A NaN or an infinity would reach every translation; a finite model cannot hold one.
+    for (const float value : tensor.span()) {
+      if (!std::isfinite(value)) {
+        throw FileError(weights_path.string() + ": tensor '" + io_detail::escaped(name) +
+                        "': expected finite values, got " + std::to_string(value));
+      }
+    }
+  }
+  if (stored != expected_parameters) {
+    throw ShapeError(
+        weights_path.string() + ": expected the " + std::to_string(expected_parameters) +
+        " parameters that config.json's sizes make, got tensors holding " + std::to_string(stored));
   }
   Seq2Seq model(config, 0);
-  const std::filesystem::path weights_path = directory / "model.safetensors";
-  if (!std::filesystem::is_regular_file(weights_path))
-    throw FileError(weights_path.string() + ": no such file (the model's weights)");
-  const StateDict state = load_safetensors(weights_path);
   try {
     model.load_state_dict(state);
   } catch (const ShapeError& error) {
-    throw ShapeError(weights_path.string() + ": " + error.what());
+    throw ShapeError(weights_path.string() + ": " + io_detail::escaped(error.what(), 300));
   }
   return Translator(std::move(model), std::move(source), std::move(target), tokenizer, num_steps);
 }

@@ -350,9 +350,9 @@ TEST_F(ModelDirectory, UnknownOrDamagedDirectoriesAreClearErrors) {
   rewrite(directory_ / "vocab.json", "\"<unk>\"", "\"<unknown>\"");
   EXPECT_THROW_MESSAGE(Translator::load(directory_), FileError, "vocab.json");
   fs::remove(directory_ / "vocab.json");
-  EXPECT_THROW_MESSAGE(Translator::load(directory_), FileError, "vocab.json: cannot open");
+  EXPECT_THROW_MESSAGE(Translator::load(directory_), FileError, "vocab.json: cannot read the file");
   std::ofstream(directory_ / "config.json") << "{not json";
-  EXPECT_THROW_MESSAGE(Translator::load(directory_), FileError, "config.json: expected JSON");
+  EXPECT_THROW_MESSAGE(Translator::load(directory_), FileError, "config.json: the file is not valid JSON");
 }
 
 }  // namespace

@@ -2,9 +2,12 @@
 // (with the attention weights of every step) and saving to / loading from a model directory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,14 +44,22 @@ class Translator {
 
   // Writes model.safetensors (the state dict), vocab.json ({"source": [...], "target": [...]})
   // and config.json (hyper-parameters, tokenizer, num_steps, and `training_record` under
-  // "training": epochs, seconds, scores, ...) into `directory`, creating it. FileError when that
-  // fails.
+  // "training": epochs, seconds, scores, ...) into `directory`, creating it; each file through a
+  // temporary file renamed over the old one. FileError when that fails.
   void save(const std::filesystem::path& directory,
             const std::map<std::string, double>& training_record = {}) const;
-  // FileError naming the directory or file when it is missing or unreadable, or a field that is
-  // absent, of the wrong type or out of range; ShapeError (from the strict state-dict loading)
-  // when the tensors do not fit the configuration.
+  // FileError naming the directory or file when it is missing, unreadable or not a regular file
+  // (refused before reading, so a FIFO cannot block), or a field that is absent, of the wrong type
+  // or out of range; ShapeError (from the strict state-dict loading) when the tensors do not fit
+  // the configuration. The JSON is read within limits (config.json at most 1 MiB, vocab.json
+  // 64 MiB, both nested at most 16 levels), and the weights must hold exactly the parameters the
+  // configuration's sizes make before any is allocated.
   static Translator load(const std::filesystem::path& directory);
+  // What load does with the three files' contents, named as files of `directory` in messages
+  // (load reads them; fuzzing calls this directly).
+  static Translator parse(std::string_view config_json, std::string_view vocab_json,
+                          std::span<const std::byte> model_safetensors,
+                          const std::filesystem::path& directory);
 
   Seq2Seq& model() { return model_; }
   const Vocabulary& source_vocabulary() const { return source_vocabulary_; }
@@ -57,6 +68,12 @@ class Translator {
   int64_t num_steps() const { return num_steps_; }
 
  private:
+  // parse, with the second and third files read only when the first passed.
+  static Translator build(std::string_view config_json,
+                          const std::function<std::string()>& read_vocab,
+                          const std::function<std::vector<std::byte>()>& read_weights,
+                          const std::filesystem::path& directory);
+
   Seq2Seq model_;
   Vocabulary source_vocabulary_;
   Vocabulary target_vocabulary_;
