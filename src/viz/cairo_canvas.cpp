@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <numbers>
 
 #include "attn/core/error.hpp"
+#include "core/file_access.hpp"
 
 namespace attn::canvas {
 
@@ -52,8 +54,14 @@ Format format_of(const std::filesystem::path& path, std::string_view caller) {
 void throw_if_failed(cairo_status_t status, const std::filesystem::path& path,
                      std::string_view action, std::string_view caller) {
   if (status == CAIRO_STATUS_SUCCESS) return;
-  throw FileError(std::string(caller) + ": cannot " + std::string(action) + " '" + path.string() +
-                  "': " + cairo_status_to_string(status));
+  // Cairo reports a failed write as such; the C library's errno says why (callers zero it first).
+  const int reason = errno;
+  std::string message = std::string(caller) + ": cannot " + std::string(action) + " '" +
+                        path.string() + "': " + cairo_status_to_string(status);
+  if (status == CAIRO_STATUS_WRITE_ERROR && reason != 0) {
+    message += " (" + file_access::system_reason(reason) + ")";
+  }
+  throw FileError(message);
 }
 
 MeasuringContext::MeasuringContext()
@@ -241,8 +249,11 @@ double png_scale(double width, double height) {
   return 0.0;
 }
 
-void write_page(const std::filesystem::path& path, Format format, double width, double height,
-                double scale, const PagePainter& paint, std::string_view caller) {
+namespace {
+
+// write_page's drawing into `path`, which is the temporary file write_page renames over the target.
+void draw_page(const std::filesystem::path& path, Format format, double width, double height,
+               double scale, const PagePainter& paint, std::string_view caller) {
   if (format == Format::kPng) {
     const SurfacePtr surface(
         cairo_image_surface_create(CAIRO_FORMAT_RGB24, static_cast<int>(std::ceil(width * scale)),
@@ -254,9 +265,11 @@ void write_page(const std::filesystem::path& path, Format format, double width, 
       paint(context.get(), false, scale);
       throw_if_failed(cairo_status(context.get()), path, "draw", caller);
     }
+    errno = 0;
     throw_if_failed(cairo_surface_write_to_png(surface.get(), path.c_str()), path, "write", caller);
     return;
   }
+  errno = 0;
   const SurfacePtr surface(format == Format::kSvg
                                ? cairo_svg_surface_create(path.c_str(), width, height)
                                : cairo_pdf_surface_create(path.c_str(), width, height));
@@ -267,8 +280,31 @@ void write_page(const std::filesystem::path& path, Format format, double width, 
     throw_if_failed(cairo_status(context.get()), path, "draw", caller);
   }
   // Finishing flushes the file; a full disk shows up only here.
+  errno = 0;
   cairo_surface_finish(surface.get());
   throw_if_failed(cairo_surface_status(surface.get()), path, "write", caller);
+}
+
+}  // namespace
+
+void write_page(const std::filesystem::path& path, Format format, double width, double height,
+                double scale, const PagePainter& paint, std::string_view caller) {
+  // Cairo writes in place, truncating first: drawing into a temporary file renamed over `path`
+  // keeps the previous picture whole when a write fails (a full disk, a file-size limit).
+  file_access::write_atomically(path, [&](const std::filesystem::path& temporary) {
+    try {
+      draw_page(temporary, format, width, height, scale, paint, caller);
+    } catch (const FileError& error) {
+      // Name the file the caller asked for, not the temporary one.
+      std::string message = error.what();
+      const std::string temporary_name = temporary.string();
+      for (size_t at = message.find(temporary_name); at != std::string::npos;
+           at = message.find(temporary_name, at + 1)) {
+        message.replace(at, temporary_name.size(), path.string());
+      }
+      throw FileError(message);
+    }
+  });
 }
 
 }  // namespace attn::canvas
