@@ -3,6 +3,8 @@
 // gradients back through the projections.
 #include "attn/functional/additive_attention.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/gemm.hpp"
 #include "functional/attention_layout.hpp"
+#include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
 
 namespace attn {
@@ -85,12 +88,24 @@ void project_backward(const ConstStridedView& x, const ConstStridedView& weight,
        0.0F, grad_weight.data(), in);
 }
 
-// W_q q and W_k k, after checking the parameters against the inputs.
+// W_q q and W_k k, after checking the parameters against the inputs. A projection of finite
+// inputs that overflows is an error naming them (PreparedAttention would otherwise report an
+// infinity in a "query" the caller never passed).
 std::pair<Tensor, Tensor> project_inputs(const ConstStridedView& queries,
                                          const ConstStridedView& keys,
                                          const AdditiveParameters& parameters) {
   check_parameters(queries, keys, parameters);
-  return {project(queries, parameters.W_q), project(keys, parameters.W_k)};
+  functional_detail::require_finite("queries", queries);
+  functional_detail::require_finite("keys", keys);
+  functional_detail::require_finite("W_q", parameters.W_q);
+  functional_detail::require_finite("W_k", parameters.W_k);
+  std::pair<Tensor, Tensor> projected{project(queries, parameters.W_q),
+                                      project(keys, parameters.W_k)};
+  functional_detail::require_finite_result(projected.first.data(), projected.first.numel(),
+                                           "queries·W_qᵀ", "queries and W_q");
+  functional_detail::require_finite_result(projected.second.data(), projected.second.numel(),
+                                           "keys·W_kᵀ", "keys and W_k");
+  return projected;
 }
 
 }  // namespace
@@ -99,17 +114,25 @@ AttentionForward additive_attention(ConstStridedView queries, ConstStridedView k
                                     ConstStridedView values, const AdditiveParameters& parameters,
                                     const AttentionOptions& options) {
   const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
-  const PreparedAttention prepared(projected_queries, projected_keys, values, options,
-                                   PreparedAttention::kAdditive);
+  PreparedAttention prepared(projected_queries, projected_keys, values, options,
+                             PreparedAttention::kAdditive);
   AttentionForward result;
   result.output = Tensor(functional_detail::output_shape(projected_queries, values));
   result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(queries.shape())));
   const auto out = prepared.layout_like_query(result.output);
+  // As scaled_dot_product_attention: the unnormalised sum reaches S·max|v| (finite_range.hpp).
+  const int shift = functional_detail::shift_for(prepared.value_sum_bound());
+  prepared.scale_value(shift);
   for (size_t s = 0; s < prepared.slices(); ++s) {
     additive_attention_forward(prepared.query(s), prepared.key(s), parameters.w_v,
                                prepared.value(s), prepared.valid_lens(), prepared.kernel_options(s),
                                out.slice(result.output.data(), s),
                                prepared.slice_log_sum_exp(std::span<float>(result.log_sum_exp), s));
+  }
+  functional_detail::scale_values(result.output.data(), result.output.numel(), shift);
+  if (shift > 0) {
+    functional_detail::require_finite_result(result.output.data(), result.output.numel(), "output",
+                                             "values and dropout");
   }
   return result;
 }
@@ -121,11 +144,34 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
                                               std::span<const float> log_sum_exp,
                                               const AttentionOptions& options) {
   const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
-  const PreparedAttention prepared(projected_queries, projected_keys, values, options,
-                                   PreparedAttention::kAdditive);
+  PreparedAttention prepared(projected_queries, projected_keys, values, options,
+                             PreparedAttention::kAdditive);
+  prepared.output_layout("output", output);
+  prepared.output_layout("grad_output", grad_output);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  // As scaled_dot_product_attention_backward: the projected queries' and keys' gradients sum
+  // dS·w_v·(1 − tanh²) over keys or queries, w_v's over every score.
+  double w_v_max = 0.0;
+  for (const float w : parameters.w_v) {
+    if (!std::isfinite(w))
+      throw ValueError("w_v: expected finite values, got " + std::to_string(w));
+    w_v_max = std::max(w_v_max, static_cast<double>(std::fabs(w)));
+  }
+  const auto shifts = prepared.gradient_shifts(
+      functional_detail::require_finite("grad_output", grad_output),
+      functional_detail::require_finite("output", output), w_v_max, w_v_max, true);
+  Tensor grad_output_copy, output_copy;
+  if (shifts.grad_output > 0) {
+    grad_output_copy = functional_detail::scaled_copy(grad_output, shifts.grad_output);
+    grad_output = grad_output_copy;
+  }
+  if (shifts.value > 0) {
+    output_copy = functional_detail::scaled_copy(output, shifts.value);
+    output = output_copy;
+    prepared.scale_value(shifts.value);
+  }
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
-  prepared.require_log_sum_exp(log_sum_exp, false);
   Tensor grad_projected_queries(projected_queries.shape()),
       grad_projected_keys(projected_keys.shape());
   AdditiveGradients grads;
@@ -145,8 +191,24 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
         grad_v.slice(grads.values.data(), s));
     for (int64_t t = 0; t < grads.w_v.numel(); ++t) grads.w_v.data()[t] += slice_grad_w_v.data()[t];
   }
+  const int both = shifts.grad_output + shifts.value;
+  functional_detail::scale_values(grads.values.data(), grads.values.numel(), shifts.grad_output);
+  for (Tensor* gradient : {&grads.w_v, &grad_projected_queries, &grad_projected_keys}) {
+    functional_detail::scale_values(gradient->data(), gradient->numel(), both);
+  }
   project_backward(queries, parameters.W_q, grad_projected_queries, grads.queries, grads.W_q);
   project_backward(keys, parameters.W_k, grad_projected_keys, grads.keys, grads.W_k);
+  // The projections' products can overflow too: every gradient is checked, not only scaled ones.
+  for (const auto& [gradient, name] :
+       {std::pair<const Tensor*, const char*>{&grads.queries, "grad_queries"},
+        {&grads.keys, "grad_keys"},
+        {&grads.values, "grad_values"},
+        {&grads.W_q, "grad_W_q"},
+        {&grads.W_k, "grad_W_k"},
+        {&grads.w_v, "grad_w_v"}}) {
+    functional_detail::require_finite_result(gradient->data(), gradient->numel(), name,
+                                             "queries, keys, values, parameters and grad_output");
+  }
   return grads;
 }
 

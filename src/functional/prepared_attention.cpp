@@ -1,10 +1,12 @@
 // PreparedAttention: the functional API's argument checks and layouts.
 #include "functional/prepared_attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "functional/finite_range.hpp"
 #include "kernels/dropout_hash.hpp"
 
 namespace attn::functional_detail {
@@ -162,10 +164,10 @@ void PreparedAttention::check_options(Family family) const {
   }
 }
 
-void PreparedAttention::check_values(Family family) const {
-  const float query_max = require_finite("query", query_);
-  const float key_max = require_finite("key", key_);
-  require_finite("value", value_);
+void PreparedAttention::check_values(Family family) {
+  const float query_max = query_max_ = require_finite("query", query_);
+  const float key_max = key_max_ = require_finite("key", key_);
+  value_max_ = require_finite("value", value_);
   if (options_.attn_mask.kind() == MaskKind::kFloat)
     require_mask_values("attn_mask", options_.attn_mask.floats());
   if (family == kDotProduct) {
@@ -178,6 +180,42 @@ void PreparedAttention::check_values(Family family) const {
                        std::to_string(bound) + "); scale the inputs down");
     }
   }
+}
+
+void PreparedAttention::scale_value(int shift) {
+  if (shift == 0) return;
+  value_copy_ = scaled_copy(value_, shift);
+  value_ = value_copy_;
+  value_layout_ = heads_layout(roles_, value_.shape(), value_.strides());
+}
+
+double PreparedAttention::value_sum_bound() const {
+  const double dropout = 1.0 / (1.0 - static_cast<double>(options_.dropout));
+  return static_cast<double>(value_max_) * static_cast<double>(key_layout_.rows) * dropout;
+}
+
+PreparedAttention::GradientShifts PreparedAttention::gradient_shifts(double grad_output_max,
+                                                                     double output_max,
+                                                                     double query_factor,
+                                                                     double key_factor,
+                                                                     bool summed_gradients) const {
+  const double dropout = 1.0 / (1.0 - static_cast<double>(options_.dropout));
+  const auto rows = static_cast<double>(query_layout_.rows);
+  const auto keys = static_cast<double>(key_layout_.rows);
+  const double group =
+      key_layout_.heads > 0 ? static_cast<double>(query_layout_.heads / key_layout_.heads) : 1.0;
+  const double grad_value = rows * group * grad_output_max * dropout;
+  const double grad_scores = 2.0 * static_cast<double>(value_layout_.cols) * grad_output_max *
+                             std::max(static_cast<double>(value_max_), output_max) * dropout;
+  double others =
+      std::max(keys * grad_scores * query_factor, rows * group * grad_scores * key_factor);
+  if (summed_gradients) {
+    others = std::max(others, static_cast<double>(scores_shape_.numel()) * grad_scores);
+  }
+  GradientShifts shifts;
+  shifts.grad_output = shift_for(grad_value);
+  shifts.value = std::max(0, shift_for(others) - shifts.grad_output);
+  return shifts;
 }
 
 void PreparedAttention::lay_out_mask() {

@@ -79,13 +79,36 @@ class PreparedAttention {
   // Slice s of a float mask's gradient (contiguous floats of the mask's shape at `gradient`).
   ScoreMaskGradient mask_gradient(float* gradient, size_t s) const;
 
+  // The largest magnitudes of the inputs (0 for kShapesOnly), which bound the kernels' sums.
+  float query_max() const { return query_max_; }
+  float key_max() const { return key_max_; }
+  float value_max() const { return value_max_; }
+  float scale() const { return scale_; }
+  // The kernels then read value · 2^−shift (a scaled contiguous copy): finite_range.hpp says why.
+  void scale_value(int shift);
+  // What the forward kernel's unnormalised output sum can reach: S·max|v|, times 1/(1−p) with
+  // dropout.
+  double value_sum_bound() const;
+  // The powers of two a backward pass scales grad_output (by 2^−grad_output) and value and output
+  // (by 2^−value) with, so that every sum stays below kSafeMagnitude: dV ≤ L·G·max|dO|,
+  // dS ≤ 2·Ev·max|dO|·max(|v|, |o|), dQ ≤ S·dS·query_factor, dK ≤ L·G·dS·key_factor, and the
+  // gradients summed over every score (mask, sinks, w_v) ≤ B·H·L·S·dS; G is the query heads per
+  // key/value head, dropout multiplies each by 1/(1−p). dV carries the first shift only, the others
+  // both.
+  struct GradientShifts {
+    int grad_output = 0;
+    int value = 0;
+  };
+  GradientShifts gradient_shifts(double grad_output_max, double output_max, double query_factor,
+                                 double key_factor, bool summed_gradients) const;
+
  private:
   HeadsLayout checked_layout(std::string_view name, const Shape& shape,
                              std::span<const int64_t> strides, const Shape& expected,
                              std::string_view expected_description) const;
   HeadsLayout contiguous_layout(const Tensor& tensor) const;
   void check_options(Family family) const;
-  void check_values(Family family) const;
+  void check_values(Family family);
   void lay_out_mask();
 
   const AttentionOptions& options_;
@@ -97,6 +120,7 @@ class PreparedAttention {
   Shape output_shape_, scores_shape_;
   int64_t rows_per_slice_ = 0;  // batch · heads · L: the log-sum-exp values of one slice
   float scale_ = 1.0F;
+  float query_max_ = 0.0F, key_max_ = 0.0F, value_max_ = 0.0F;
   // The mask read as a tensor of the scores' shape (stride 0 on broadcast axes).
   HeadsLayout mask_layout_;
   // The mask's gradient: a contiguous tensor of the mask's own shape, read the same way.

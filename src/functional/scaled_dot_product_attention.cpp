@@ -8,10 +8,13 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "functional/attention_layout.hpp"
+#include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
 #include "kernels/dropout_hash.hpp"
 
@@ -21,20 +24,35 @@ using functional_detail::PreparedAttention;
 
 int64_t log_sum_exp_size(const Shape& query) {
   if (query.rank() < 2) return 0;
-  return query.numel() / query[query.rank() - 1];
+  // The product of every axis but E, formed directly: numel / E divides by zero when E = 0.
+  int64_t rows = 1;
+  for (int axis = 0; axis + 1 < query.rank(); ++axis) rows *= query[axis];
+  return rows;
 }
 
 void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
                                   ConstStridedView value, const AttentionOptions& options,
                                   MutableStridedView output, std::span<float> log_sum_exp) {
-  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
+  PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const auto out = prepared.output_layout("output", output);
   prepared.require_log_sum_exp(log_sum_exp, true);
+  // The kernel's unnormalised sum reaches S·max|v| (times dropout's 1/(1−p)): values near float's
+  // maximum are scaled down by a power of two first and the output back up after.
+  const int shift = functional_detail::shift_for(prepared.value_sum_bound());
+  prepared.scale_value(shift);
   for (size_t s = 0; s < prepared.slices(); ++s) {
     flash_attention_forward(
         prepared.query(s), prepared.key(s), prepared.value(s), prepared.valid_lens(),
         prepared.kernel_options(s), out.slice(output.data(), s),
         log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
+  }
+  if (shift > 0) {
+    for (size_t s = 0; s < prepared.slices(); ++s) {
+      functional_detail::scale_heads(out.slice(output.data(), s), shift);
+      // Only dropout's 1/(1−p) can take a convex combination of finite values out of range.
+      functional_detail::require_finite_result(out.slice(output.data(), s), "output",
+                                               "values and dropout");
+    }
   }
 }
 
@@ -53,7 +71,7 @@ void scaled_dot_product_attention_backward(
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
     MutableStridedView grad_value, MutableStridedView grad_mask, std::span<float> grad_sinks) {
-  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
+  PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const bool mask_gradient = grad_mask.data() != nullptr;
   const bool sinks_gradient = !grad_sinks.empty();
   if (mask_gradient) {
@@ -77,12 +95,32 @@ void scaled_dot_product_attention_backward(
     }
     std::fill(grad_sinks.begin(), grad_sinks.end(), 0.0F);
   }
-  const auto out = prepared.output_layout("output", output);
-  const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  prepared.output_layout("output", output);
+  prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
   const auto grad_q = prepared.input_layout("grad_query", grad_query, query.shape());
   const auto grad_k = prepared.input_layout("grad_key", grad_key, key.shape());
   const auto grad_v = prepared.input_layout("grad_value", grad_value, value.shape());
+  // The kernel's sums (dV, dS, dQ, dK, the mask's and the sinks' gradients) are bounded by products
+  // of the inputs' magnitudes: near float's maximum, grad_output, value and output are scaled down
+  // by powers of two first and the gradients back up after (finite_range.hpp).
+  const double scale = std::fabs(static_cast<double>(prepared.scale()));
+  const auto shifts = prepared.gradient_shifts(
+      functional_detail::require_finite("grad_output", grad_output),
+      functional_detail::require_finite("output", output), scale * prepared.key_max(),
+      scale * prepared.query_max(), mask_gradient || sinks_gradient);
+  Tensor grad_output_copy, output_copy;
+  if (shifts.grad_output > 0) {
+    grad_output_copy = functional_detail::scaled_copy(grad_output, shifts.grad_output);
+    grad_output = grad_output_copy;
+  }
+  if (shifts.value > 0) {
+    output_copy = functional_detail::scaled_copy(output, shifts.value);
+    output = output_copy;
+    prepared.scale_value(shifts.value);
+  }
+  const auto out = prepared.output_layout("output", output);
+  const auto grad_out = prepared.output_layout("grad_output", grad_output);
   for (size_t s = 0; s < prepared.slices(); ++s) {
     flash_attention_backward(
         prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
@@ -91,6 +129,30 @@ void scaled_dot_product_attention_backward(
         grad_k.slice(grad_key.data(), s), grad_v.slice(grad_value.data(), s),
         mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},
         sinks_gradient ? grad_sinks.data() : nullptr);
+  }
+  const int both = shifts.grad_output + shifts.value;
+  if (both == 0) return;
+  constexpr std::string_view kInputs = "query, key, value and grad_output";
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    const std::pair<HeadsView, int> gradients[] = {
+        {grad_q.slice(grad_query.data(), s), both},
+        {grad_k.slice(grad_key.data(), s), both},
+        {grad_v.slice(grad_value.data(), s), shifts.grad_output}};
+    const char* names[] = {"grad_query", "grad_key", "grad_value"};
+    for (size_t g = 0; g < 3; ++g) {
+      functional_detail::scale_heads(gradients[g].first, gradients[g].second);
+      functional_detail::require_finite_result(gradients[g].first, names[g], kInputs);
+    }
+  }
+  if (mask_gradient) {
+    functional_detail::scale_values(grad_mask.data(), grad_mask.numel(), both);
+    functional_detail::require_finite_result(grad_mask.data(), grad_mask.numel(), "grad_mask",
+                                             kInputs);
+  }
+  if (sinks_gradient) {
+    const auto count = static_cast<int64_t>(grad_sinks.size());
+    functional_detail::scale_values(grad_sinks.data(), count, both);
+    functional_detail::require_finite_result(grad_sinks.data(), count, "grad_sinks", kInputs);
   }
 }
 

@@ -40,6 +40,41 @@ Tensor copy_heads_together(const Tensor& x, int64_t heads) {
   return out;
 }
 
+bool all_finite(ConstTensorView tensor) {
+  for (const float value : tensor.span()) {
+    if (!std::isfinite(value)) return false;
+  }
+  return true;
+}
+
+// ValueError "<parameter>.weight: expected finite values, ..." for a parameter loaded with a NaN
+// or an infinity (a state dict from a diverged run, a hostile file).
+void require_finite_parameters(const Linear& layer, const std::string& parameter) {
+  require_finite(parameter + ".weight", layer.weight());
+  if (layer.has_bias()) require_finite(parameter + ".bias", layer.bias());
+}
+
+// layer(x), or a ValueError naming `parameter` and `input` when the product of finite values
+// overflows float32: an infinite output would otherwise leave the layer with exit status 0. Only
+// the output is scanned when all is well.
+Tensor checked_projection(const Linear& layer, ConstTensorView x, const std::string& input,
+                          const std::string& parameter) {
+  Tensor y = layer.forward(x, input);
+  if (all_finite(y)) return y;
+  require_finite(input, x);
+  require_finite_parameters(layer, parameter);
+  throw ValueError(parameter + ": the projection of the " + input +
+                   " overflows float32 (beyond ±3.4e38) although both are finite; scale the " +
+                   input + " or " + parameter + ".weight down");
+}
+
+// A gradient through `parameter`, or a ValueError naming it when the finite gradient overflows.
+Tensor checked_gradient(Tensor gradient, const std::string& name, const std::string& parameter) {
+  if (all_finite(gradient)) return gradient;
+  throw ValueError(name + ": the gradient through " + parameter +
+                   " overflows float32 (beyond ±3.4e38) for these inputs and grad_output");
+}
+
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size,
@@ -64,9 +99,9 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
   fused_.clear();
   fused_weights_ = Tensor();
   fused_mask_ = Tensor();
-  Tensor projected_queries = W_q_.forward(queries, "queries");
-  Tensor projected_keys = W_k_.forward(keys, "keys");
-  Tensor projected_values = W_v_.forward(values, "values");
+  Tensor projected_queries = checked_projection(W_q_, queries, "queries", "W_q");
+  Tensor projected_keys = checked_projection(W_k_, keys, "keys", "W_k");
+  Tensor projected_values = checked_projection(W_v_, values, "values", "W_v");
   const int64_t head_size = num_hiddens() / num_heads_;
   const float scale = 1.0F / std::sqrt(static_cast<float>(head_size));
   const float applied_dropout = is_training() ? dropout() : 0.0F;
@@ -84,13 +119,13 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
     concatenated_heads_ =
         fused_.dot_product(std::move(projected_queries), std::move(projected_keys),
                            std::move(projected_values), num_heads_, std::move(options));
-    return W_o_.forward(concatenated_heads_, "concatenated heads");
+    return checked_projection(W_o_, concatenated_heads_, "concatenated heads", "W_o");
   }
   const Tensor heads = attention_.forward(
       copy_heads_apart(projected_queries, num_heads_), copy_heads_apart(projected_keys, num_heads_),
       copy_heads_apart(projected_values, num_heads_), valid_lens.repeat_interleave(num_heads_));
   concatenated_heads_ = copy_heads_together(heads, num_heads_);
-  return W_o_.forward(concatenated_heads_, "concatenated heads");
+  return checked_projection(W_o_, concatenated_heads_, "concatenated heads", "W_o");
 }
 
 const Tensor& MultiHeadAttention::dropout_mask() const {
@@ -113,17 +148,23 @@ AttentionGradients MultiHeadAttention::backward(ConstTensorView grad_output) {
   }
   const Shape output_shape{queries_.dim(0), queries_.dim(1), num_hiddens()};
   check_grad_output(grad_output, output_shape);
-  const Tensor grad_concatenated = W_o_.backward(concatenated_heads_, grad_output);
+  require_finite("grad_output", grad_output);
+  const Tensor grad_concatenated =
+      checked_gradient(W_o_.backward(concatenated_heads_, grad_output), "grad_output", "W_o");
   if (fused_.ran()) {
     const AttentionBackward heads = fused_.dot_product_backward(grad_concatenated);
-    return {W_q_.backward(queries_, heads.query), W_k_.backward(keys_, heads.key),
-            W_v_.backward(values_, heads.value)};
+    return {checked_gradient(W_q_.backward(queries_, heads.query), "grad_queries", "W_q"),
+            checked_gradient(W_k_.backward(keys_, heads.key), "grad_keys", "W_k"),
+            checked_gradient(W_v_.backward(values_, heads.value), "grad_values", "W_v")};
   }
   const AttentionGradients heads =
       attention_.backward(copy_heads_apart(grad_concatenated, num_heads_));
-  return {W_q_.backward(queries_, copy_heads_together(heads.queries, num_heads_)),
-          W_k_.backward(keys_, copy_heads_together(heads.keys, num_heads_)),
-          W_v_.backward(values_, copy_heads_together(heads.values, num_heads_))};
+  return {checked_gradient(W_q_.backward(queries_, copy_heads_together(heads.queries, num_heads_)),
+                           "grad_queries", "W_q"),
+          checked_gradient(W_k_.backward(keys_, copy_heads_together(heads.keys, num_heads_)),
+                           "grad_keys", "W_k"),
+          checked_gradient(W_v_.backward(values_, copy_heads_together(heads.values, num_heads_)),
+                           "grad_values", "W_v")};
 }
 
 std::vector<NamedParameter> MultiHeadAttention::parameters() {
