@@ -1,5 +1,6 @@
-// The two ceilings attention kernels are measured against: the machine's FP32 FMA peak (a
-// register-only FMA loop on every thread) and OpenBLAS sgemm on the attention shapes.
+// The ceilings attention kernels are measured against: the machine's FP32 FMA peak (a
+// register-only FMA loop on every thread), OpenBLAS sgemm on the attention shapes, and the memory
+// read bandwidth (a streaming read on every thread) for decoding.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +29,19 @@ bool have_sgemm();
 std::string sgemm_library();  // e.g. "OpenBLAS 0.3.21 ... (core Haswell)"
 SgemmCeiling measure_sgemm(int64_t batch_heads, int64_t queries, int64_t keys, int64_t head_dim,
                            int threads, int repeats);
+
+// The memory read bandwidth: `threads` OpenMP threads each sum their own slice of a `bytes`
+// buffer (written first, then read once untimed), `repeats` times; the best pass counts.
+struct StreamRead {
+  double gbytes_per_second = 0.0;  // 10⁹ bytes per second
+  int64_t bytes = 0;               // the buffer actually read (slices rounded to 4 KiB)
+  std::string simd_target;
+};
+StreamRead measure_stream_read(int threads, int64_t bytes, int repeats);
+// The L3 size in bytes (sysfs, else sysconf); 0 when unknown.
+int64_t l3_cache_bytes();
+// The buffer measure_stream_read should read: 4× the L3 (32 MiB assumed when unknown) for a quick
+// run, else 1 GiB; never more than the larger of 4× the L3 and a quarter of the available memory.
+int64_t default_stream_read_bytes(bool quick);
 
 }  // namespace attn::bench

@@ -1,6 +1,7 @@
 // `attn bench`: runs the cases of bench/attention_cases.hpp over the chosen sizes and thread
 // counts, measures the two ceilings (FMA peak, sgemm) in the same run and prints one table, or
-// JSON for scripts (bench/compare_pytorch.py).
+// JSON for scripts (bench/compare_pytorch.py); then the decode cases (bench_decode.hpp) against
+// the stream-read ceiling.
 #include "bench_command.hpp"
 
 #include <omp.h>
@@ -25,7 +26,9 @@
 #include "attn/core/error.hpp"
 #include "bench/attention_cases.hpp"
 #include "bench/ceilings.hpp"
+#include "bench/decode_cases.hpp"
 #include "bench/memory_probe.hpp"
+#include "bench_decode.hpp"
 
 namespace attn::cli {
 
@@ -53,6 +56,7 @@ struct BenchOptions {
   int64_t window = 256;  // fused-window's left size
   double max_working_set_mib = 600.0;
   uint64_t seed = 1;
+  DecodeBenchOptions decode;
 };
 
 struct CaseRow {
@@ -86,6 +90,7 @@ struct BenchReport {
   std::map<int, bench::FmaPeak> peaks;  // by thread count
   std::vector<SgemmRow> sgemm;
   std::vector<CaseRow> rows;
+  DecodeReport decode;
 };
 
 std::string load_average() {
@@ -136,8 +141,37 @@ void check_options(BenchOptions& options) {
   }
   if (options.cases.empty()) {
     for (const AttentionCase& entry : bench::attention_cases()) options.cases.push_back(entry.name);
+    for (const bench::DecodeCase& entry : bench::decode_cases())
+      options.cases.push_back(entry.name);
   }
-  for (const std::string& name : options.cases) bench::find_attention_case(name);  // validates
+  for (const std::string& name : options.cases) {
+    if (bench::find_decode_case(name) != nullptr) continue;
+    const auto& known = bench::attention_cases();
+    if (std::none_of(known.begin(), known.end(),
+                     [&](const AttentionCase& entry) { return entry.name == name; })) {
+      std::string names;
+      for (const AttentionCase& entry : known) names += (names.empty() ? "" : ", ") + entry.name;
+      for (const bench::DecodeCase& entry : bench::decode_cases()) names += ", " + entry.name;
+      throw ValueError("--cases: expected one of " + names + ", got '" + name + "'");
+    }
+  }
+  check_decode_options(options.decode, options.quick);
+}
+
+// The selected cases of each table, in --cases order.
+std::vector<std::string> selected_attention_cases(const BenchOptions& options) {
+  std::vector<std::string> names;
+  for (const std::string& name : options.cases) {
+    if (bench::find_decode_case(name) == nullptr) names.push_back(name);
+  }
+  return names;
+}
+std::vector<const bench::DecodeCase*> selected_decode_cases(const BenchOptions& options) {
+  std::vector<const bench::DecodeCase*> cases;
+  for (const std::string& name : options.cases) {
+    if (const bench::DecodeCase* entry = bench::find_decode_case(name)) cases.push_back(entry);
+  }
+  return cases;
 }
 
 AttentionShape shape_for(const BenchOptions& options, int64_t length) {
@@ -180,14 +214,17 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   const auto progress = [&](const std::string& what) {
     std::cerr << "attn bench: " << what << "\n";
   };
+  const std::vector<std::string> attention_cases = selected_attention_cases(options);
   for (const int threads : options.threads) {
-    if (options.no_ceilings) break;
+    // The FMA peak and sgemm are the attention cases' ceilings, the stream read the decode ones'.
+    if (options.no_ceilings || attention_cases.empty()) break;
     progress("FMA peak, " + std::to_string(threads) + " thread(s)");
     report.peaks[threads] =
         bench::measure_fma_peak(threads, options.quick ? 0.05 : 0.3, options.quick ? 2 : 5);
   }
   const double budget = options.max_working_set_mib * 1024 * 1024;
   for (const int64_t length : options.sizes) {
+    if (attention_cases.empty()) break;
     const AttentionShape shape = shape_for(options, length);
     if (bench::have_sgemm() && !options.no_ceilings) {
       for (const int threads : options.threads) {
@@ -198,7 +235,7 @@ BenchReport run_benchmarks(const BenchOptions& options) {
                                                      shape.head_dim, threads, options.repeats)});
       }
     }
-    for (const std::string& name : options.cases) {
+    for (const std::string& name : attention_cases) {
       const AttentionCase& entry = bench::find_attention_case(name);
       if (entry.max_length > 0 && length > entry.max_length) {
         if (verbose) {
@@ -246,6 +283,9 @@ BenchReport run_benchmarks(const BenchOptions& options) {
       }
     }
   }
+  report.decode =
+      run_decode_benchmarks(options.decode, selected_decode_cases(options), options.threads,
+                            options.quick, options.no_ceilings, options.seed, progress);
   report.load_after = load_average();
   return report;
 }
@@ -264,6 +304,14 @@ std::string mebibytes(const std::optional<int64_t>& bytes) {
 }
 
 void print_table(const BenchReport& report, const BenchOptions& options) {
+  if (report.rows.empty() && report.peaks.empty()) {  // decode cases alone
+    std::cout << "attn bench: decode cases\n"
+              << "machine: " << report.cpu << "\n"
+              << "load average (1, 5, 15 min): " << report.load_before << " before, "
+              << report.load_after << " after\n";
+    print_decode_table(report.decode, options.decode, std::cout);
+    return;
+  }
   std::cout << "attn bench: B=" << options.batch << ", heads=" << options.heads
             << ", d=" << options.head_dim << ", n=m (additive: B batch elements of size d, h=d, "
             << "no heads; fused-window: keys i-" << options.window << "..i; fused-gqa: "
@@ -339,6 +387,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
                   static_cast<long long>(row.length), row.threads, *row.speedup_vs_sdpa);
     std::cout << line;
   }
+  print_decode_table(report.decode, options.decode, std::cout);
 }
 
 void write_json(const BenchReport& report, const BenchOptions& options, std::ostream& out) {
@@ -385,6 +434,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
                                  {"extra_bytes", optional_json(row.extra_bytes)},
                                  {"padding_lengths", row.padding_lengths}});
   }
+  document.update(decode_json(report.decode, options.decode));
   out << document.dump(2) << "\n";
 }
 
@@ -419,6 +469,7 @@ void add_bench_command(CLI::App& app) {
   for (const AttentionCase& entry : bench::attention_cases()) {
     case_names += (case_names.empty() ? "" : ", ") + entry.name;
   }
+  for (const bench::DecodeCase& entry : bench::decode_cases()) case_names += ", " + entry.name;
   command->footer(
       "Dot-product attention at B x heads x n x d (n = m): the fused kernel and the plain path "
       "that materialises the scores, forward without mask, with padded batches (valid lengths "
@@ -432,9 +483,13 @@ void add_bench_command(CLI::App& app) {
       "heads (fused-gqa); "
       "additive attention "
       "(the AdditiveAttention layer, h = d) forward and backward, fused and on its reference "
-      "path (up to n = 1024). The FMA peak and the sgemm ceiling are measured in "
-      "the same run. Timings are only meaningful on an otherwise idle machine (see the load "
-      "average in the output). Cases: " +
+      "path (up to n = 1024). Decoding (decode-float32, -float16, -bfloat16, -int8): "
+      "attn::scaled_dot_product_attention(query, cache) for n new queries against a KV cache of m "
+      "tokens in that dtype, --decode-heads query heads over --decode-kv-heads, at every "
+      "--decode-batch x --decode-queries x --decode-lengths, in GB/s of keys and values read. "
+      "The FMA peak and the sgemm ceiling (attention cases) and the stream-read bandwidth "
+      "(decode cases) are measured in the same run. Timings are only meaningful on an "
+      "otherwise idle machine (see the load average in the output). Cases: " +
       case_names + ".");
   command->add_option("--sizes", options->sizes, "Sequence lengths n = m, comma-separated")
       ->delimiter(',');
@@ -446,7 +501,8 @@ void add_bench_command(CLI::App& app) {
   command->add_option("--repeats", options->repeats, "Timed passes per case (the median is kept)")
       ->check(CLI::Range(1, 1000));
   command->add_flag("--quick", options->quick,
-                    "Smoke run: sizes 128,512 unless --sizes is given, at most 2 repeats");
+                    "Smoke run: sizes 128,512 unless --sizes is given, at most 2 repeats; decode "
+                    "cases at B=1, n=1, m=4096 unless given, at most 3 passes");
   command->add_flag("--no-ceilings", options->no_ceilings,
                     "Skip the FMA peak and sgemm measurements (% peak and x sgemm stay empty): "
                     "the cases alone, e.g. under perf record");
@@ -467,6 +523,7 @@ void add_bench_command(CLI::App& app) {
                    "path's B*H*n*m scores)")
       ->check(CLI::PositiveNumber);
   command->add_option("--seed", options->seed, "Seed of the inputs and valid lengths");
+  add_decode_options(*command, options->decode);
   command->callback([options] { run(*options); });
 }
 

@@ -1,5 +1,6 @@
 // End-to-end test of `attn bench`: a smoke run at tiny sizes measures its ceilings and every
-// case, prints one table row per case, and writes the same figures as JSON.
+// case, prints one table row per case, and writes the same figures as JSON; the decode cases read
+// the bytes their caches hold.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +14,13 @@
 namespace attn {
 namespace {
 
+// Decode cases at tiny sizes too: B = 2, 4 query heads over 2 key/value heads of 8, m = 50.
+const std::string kTinyDecode =
+    " --decode-batch 2 --decode-queries 1,3 --decode-lengths 50 --decode-heads 4 "
+    "--decode-kv-heads 2 --decode-head-dim 8 --decode-repeats 1 --stream-mib 8";
 const std::string kTinyBench =
-    "bench --sizes 40 --threads 1 --batch 2 --heads 2 --head-dim 8 --repeats 1 --json-out b.json";
+    "bench --sizes 40 --threads 1 --batch 2 --heads 2 --head-dim 8 --repeats 1 --json-out b.json" +
+    kTinyDecode;
 
 TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
   const CommandResult result = attn(kTinyBench);
@@ -59,19 +65,62 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
         "fused-mask-bool", "fused-mask-causal", "fused-mask-float", "fused-gqa", "fused-additive",
         "plain-additive", "fused-add-backward", "plain-add-backward"})
     EXPECT_TRUE(cases.contains(name)) << name;
-  EXPECT_NE(result.out.find("functional API: fused-sdpa's time"), std::string::npos)
-      << result.out;
+  EXPECT_NE(result.out.find("functional API: fused-sdpa's time"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("FMA peak, 1 thread(s):"), std::string::npos) << result.out;
+  // Every decode case ran, by default, after the attention cases.
+  EXPECT_EQ(report["decode"].size(), 8U);  // 4 dtypes × n = 1, 3
+  EXPECT_NE(result.out.find("stream read, 1 thread(s):"), std::string::npos) << result.out;
+}
+
+// Bytes read per decode step: Σ lengths × bytes per token = 2 sequences × 50 tokens × 2 key/value
+// heads × (8 + 8) entries × the element size, plus two float scales per head and token for int8.
+// fp32 is the base of the speedups; % read is against the stream read of the same run.
+TEST_F(CliTest, BenchDecodeCasesCountTheBytesOfTheCache) {
+  const CommandResult result = attn(
+      "bench --threads 1 --cases decode-float32,decode-float16,decode-bfloat16,decode-int8 "
+      "--json-out d.json" +
+      kTinyDecode);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json report = nlohmann::json::parse(read_text(path("d.json")));
+  EXPECT_TRUE(report["cases"].empty());  // no attention case selected: nor their ceilings
+  EXPECT_TRUE(report["fma_peak"].empty());
+  ASSERT_EQ(report["stream_read"].size(), 1U);
+  EXPECT_GT(report["stream_read"][0]["gbytes_per_second"].get<double>(), 0.0);
+  EXPECT_EQ(report["decode_shape"]["kv_heads"], 2);
+  const std::map<std::string, double> bytes = {{"float32", 12800.0},
+                                               {"float16", 6400.0},
+                                               {"bfloat16", 6400.0},
+                                               {"int8", 2.0 * 50 * 2 * (16 + 8)}};
+  ASSERT_EQ(report["decode"].size(), 8U);
+  for (const nlohmann::json& row : report["decode"]) {
+    const std::string dtype = row["dtype"];
+    EXPECT_EQ(row["case"], "decode-" + dtype);
+    EXPECT_EQ(row["batch"], 2);
+    EXPECT_EQ(row["m"], 50);
+    EXPECT_TRUE(row["n"] == 1 || row["n"] == 3) << row;
+    EXPECT_DOUBLE_EQ(row["bytes_read"].get<double>(), bytes.at(dtype)) << dtype;
+    const double ms = row["ms"].get<double>();
+    EXPECT_GT(ms, 0.0);
+    EXPECT_NEAR(row["gbytes_per_second"].get<double>(), bytes.at(dtype) / ms * 1e-6, 1e-9);
+    EXPECT_GT(row["read_fraction"].get<double>(), 0.0);
+    if (dtype == "float32") {
+      EXPECT_DOUBLE_EQ(row["speedup_vs_float32"].get<double>(), 1.0);
+    }
+    EXPECT_GT(row["speedup_vs_float32"].get<double>(), 0.0);
+    EXPECT_NE(result.out.find("decode-" + dtype + " "), std::string::npos) << result.out;
+  }
+  EXPECT_NE(result.out.find("stream read, 1 thread(s):"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("GFLOP/s"), std::string::npos) << result.out;
 }
 
 // Useful flops count only the pairs a window or mask lets through: at n = 40 and a window of 7,
 // fused-window does Σ_i min(i + 1, 8) of fused-sdpa's 40 · 40 pairs, and the causal mask
 // 40 · 41 / 2 of them. --no-ceilings leaves the FMA peak and sgemm out.
 TEST_F(CliTest, BenchCountsOnlyThePairsAWindowOrMaskLetsThrough) {
-  const CommandResult result =
-      attn("bench --sizes 40 --threads 1 --batch 2 --heads 4 --head-dim 8 --repeats 1 --window 7 "
-           "--cases fused-sdpa,fused-window,fused-mask-causal,fused-mask-float,fused-gqa --json "
-           "--no-ceilings");
+  const CommandResult result = attn(
+      "bench --sizes 40 --threads 1 --batch 2 --heads 4 --head-dim 8 --repeats 1 --window 7 "
+      "--cases fused-sdpa,fused-window,fused-mask-causal,fused-mask-float,fused-gqa --json "
+      "--no-ceilings");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json report = nlohmann::json::parse(result.out);
   EXPECT_EQ(report["shape"]["window"], 7);
@@ -96,6 +145,11 @@ TEST_F(CliTest, BenchRejectsUnknownCasesAndBadSizes) {
   expect_error("bench --sizes 0", "--sizes");
   expect_error("bench --threads 0", "--threads");
   expect_error("bench --window -1", "--window");
+  expect_error("bench --cases decode-float8", "decode-int8, got 'decode-float8'");
+  expect_error("bench --cases decode-int8 --decode-kv-heads 3", "--decode-kv-heads");
+  // 17 queries × 4 query heads per key/value head are more rows than the decode kernel takes.
+  expect_error("bench --cases decode-int8 --decode-queries 17", "--decode-queries");
+  expect_error("bench --cases decode-int8 --decode-lengths 0", "--decode-lengths");
 }
 
 }  // namespace

@@ -1,0 +1,96 @@
+// The decode cases: a KV cache filled with seeded random tokens, and one decode step (n new queries
+// of every sequence against everything cached) through attn::scaled_dot_product_attention.
+#include "bench/decode_cases.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/functional/attention_options.hpp"
+#include "bench/ceilings.hpp"
+
+namespace attn::bench {
+
+namespace {
+
+Tensor random_tensor(const Shape& shape, Rng& rng) {
+  Tensor tensor(shape);
+  for (float& x : tensor.span()) x = rng.uniform(-1.0F, 1.0F);
+  return tensor;
+}
+
+}  // namespace
+
+const std::vector<DecodeCase>& decode_cases() {
+  static const std::vector<DecodeCase> cases = {
+      {"decode-float32", CacheDType::kFloat32, "float32"},
+      {"decode-float16", CacheDType::kFloat16, "float16"},
+      {"decode-bfloat16", CacheDType::kBFloat16, "bfloat16"},
+      {"decode-int8", CacheDType::kInt8, "int8"},
+  };
+  return cases;
+}
+
+const DecodeCase* find_decode_case(const std::string& name) {
+  for (const DecodeCase& entry : decode_cases()) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<const KVCache> make_decode_cache(const DecodeShape& shape, CacheDType dtype,
+                                                 uint64_t seed) {
+  auto cache =
+      std::make_shared<KVCache>(shape.batch, shape.kv_heads, shape.head_dim, shape.length, dtype);
+  Rng rng(seed);
+  const int64_t chunk = std::min<int64_t>(shape.length, 1024);
+  const Shape tokens{shape.batch, shape.kv_heads, chunk, shape.head_dim};
+  const Tensor keys = random_tensor(tokens, rng), values = random_tensor(tokens, rng);
+  for (int64_t filled = 0; filled < shape.length; filled += chunk) {
+    const int64_t take = std::min(chunk, shape.length - filled);
+    std::vector<int64_t> counts(static_cast<size_t>(shape.batch), take);
+    cache->append(keys, values, counts);
+  }
+  return cache;
+}
+
+PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t heads, int64_t queries,
+                              uint64_t seed) {
+  struct State {
+    std::shared_ptr<const KVCache> cache;
+    Tensor query;
+    AttentionOptions options;
+  };
+  auto state = std::make_shared<State>();
+  Rng rng(seed ^ 0x5deece66dULL);
+  state->cache = std::move(cache);
+  state->query =
+      random_tensor(Shape{state->cache->batch(), heads, queries, state->cache->head_dim()}, rng);
+  state->options.causal = true;
+  state->options.enable_gqa = true;
+  PreparedDecode prepared;
+  for (const int64_t length : state->cache->lengths()) {
+    prepared.bytes_read +=
+        static_cast<double>(length) * static_cast<double>(state->cache->bytes_per_token());
+  }
+  prepared.run = [state] {
+    scaled_dot_product_attention(state->query, *state->cache, state->options);
+  };
+  return prepared;
+}
+
+CacheEvictor::CacheEvictor() {
+  const int64_t l3 = l3_cache_bytes() > 0 ? l3_cache_bytes() : int64_t{32} << 20;
+  buffer_.assign(static_cast<size_t>(2 * l3) / sizeof(uint64_t), 1);
+}
+
+void CacheEvictor::evict() {
+  uint64_t sum = 0;
+  for (const uint64_t word : buffer_) sum += word;
+  // Through a volatile, so the loop is not optimised away.
+  volatile uint64_t sink = sum;
+  (void)sink;
+}
+
+}  // namespace attn::bench

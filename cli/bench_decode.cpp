@@ -1,0 +1,263 @@
+// `attn bench`'s decode cases: one cache per (batch, length, dtype), timed for each number of new
+// queries and thread count, after an eviction read so that every pass reads the cache from memory,
+// against the stream-read bandwidth measured in the same run.
+#include "bench_decode.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <utility>
+
+#include "attn/core/error.hpp"
+
+namespace attn::cli {
+
+namespace {
+
+int64_t available_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string field;
+  int64_t kib = 0;
+  while (meminfo >> field) {
+    if (field == "MemAvailable:") {
+      meminfo >> kib;
+      return kib * 1024;
+    }
+    meminfo.ignore(256, '\n');
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
+  command
+      .add_option("--decode-batch", options.batches, "Decode cases: batch sizes B, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  command
+      .add_option("--decode-queries", options.queries,
+                  "Decode cases: new queries n per sequence, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  command
+      .add_option("--decode-lengths", options.lengths,
+                  "Decode cases: cached tokens m per sequence, comma-separated (e.g. "
+                  "4096,32768,131072)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  command.add_option("--decode-heads", options.heads, "Decode cases: query heads H_q")
+      ->check(CLI::Range(1, 4096));
+  command.add_option("--decode-kv-heads", options.kv_heads, "Decode cases: key/value heads H_kv")
+      ->check(CLI::Range(1, 4096));
+  command.add_option("--decode-head-dim", options.head_dim, "Decode cases: head size d")
+      ->check(CLI::Range(1, 4096));
+  command
+      .add_option("--decode-repeats", options.repeats,
+                  "Decode cases: timed passes per row (the median is kept)")
+      ->check(CLI::Range(1, 10000));
+  command.add_flag("--decode-warm", options.warm,
+                   "Decode cases: no eviction read between passes, so a cache that fits the L3 is "
+                   "read from it");
+  command
+      .add_option("--stream-mib", options.stream_mib,
+                  "Buffer of the stream-read ceiling in MiB (default: 1024, or 4x the L3 with "
+                  "--quick, within a quarter of the available memory)")
+      ->check(CLI::Range(1.0, 1048576.0));
+}
+
+void check_decode_options(DecodeBenchOptions& options, bool quick) {
+  if (quick) {
+    const DecodeBenchOptions defaults;
+    if (options.batches == defaults.batches) options.batches = {1};
+    if (options.queries == defaults.queries) options.queries = {1};
+    if (options.lengths == defaults.lengths) options.lengths = {4096};
+    options.repeats = std::min(options.repeats, 3);
+  }
+  if (options.heads % options.kv_heads != 0) {
+    throw ValueError("--decode-kv-heads: expected a divisor of --decode-heads (" +
+                     std::to_string(options.heads) + "), got " + std::to_string(options.kv_heads));
+  }
+  const int64_t group = options.heads / options.kv_heads;
+  for (const int64_t n : options.queries) {
+    // More rows than the decode kernel takes go to the prefill kernel: not a decode step.
+    if (n * group > kMaxDecodeRows) {
+      throw ValueError(
+          "--decode-queries: expected n x (heads / kv-heads) <= " + std::to_string(kMaxDecodeRows) +
+          " (the decode kernel's rows), got " + std::to_string(n) + " x " + std::to_string(group));
+    }
+  }
+}
+
+DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
+                                   const std::vector<const bench::DecodeCase*>& cases,
+                                   const std::vector<int>& threads, bool quick, bool no_ceilings,
+                                   uint64_t seed,
+                                   const std::function<void(const std::string&)>& progress) {
+  DecodeReport report;
+  if (cases.empty()) return report;
+  if (!no_ceilings) {
+    const int64_t bytes = options.stream_mib > 0
+                              ? static_cast<int64_t>(options.stream_mib * 1024 * 1024)
+                              : bench::default_stream_read_bytes(quick);
+    for (const int count : threads) {
+      progress("stream read, " + std::to_string(count) + " thread(s)");
+      report.stream_read[count] = bench::measure_stream_read(count, bytes, quick ? 2 : 5);
+    }
+  }
+  std::optional<bench::CacheEvictor> evictor;
+  if (!options.warm) {
+    evictor.emplace();
+    report.evicted_bytes = evictor->bytes();
+  }
+  const int64_t available = available_memory();
+  for (const int64_t batch : options.batches) {
+    for (const int64_t length : options.lengths) {
+      for (const bench::DecodeCase* entry : cases) {
+        const bench::DecodeShape shape{batch, options.heads, options.kv_heads, options.head_dim,
+                                       length};
+        const std::string where =
+            entry->name + " B=" + std::to_string(batch) + " m=" + std::to_string(length);
+        // The cache is the case's memory: skip sizes that would crowd the machine.
+        const double scales = entry->dtype == CacheDType::kInt8 ? 8.0 : 0.0;
+        const double cache_bytes =
+            static_cast<double>(batch * length * options.kv_heads) *
+            (2.0 * static_cast<double>(options.head_dim * cache_dtype_size(entry->dtype)) + scales);
+        if (available > 0 && cache_bytes > 0.5 * static_cast<double>(available)) {
+          progress("skipping " + where + ": its cache (" +
+                   std::to_string(static_cast<int64_t>(cache_bytes / (1 << 20))) +
+                   " MiB) exceeds half the available memory");
+          continue;
+        }
+        progress("filling the cache of " + where);
+        std::shared_ptr<const KVCache> cache = bench::make_decode_cache(shape, entry->dtype, seed);
+        for (const int64_t n : options.queries) {
+          const bench::PreparedDecode prepared =
+              bench::prepare_decode(cache, options.heads, n, seed);
+          for (const int count : threads) {
+            progress(where + " n=" + std::to_string(n) + ", " + std::to_string(count) +
+                     " thread(s)");
+            omp_set_num_threads(count);
+            std::vector<double> seconds;
+            for (int pass = -1; pass < options.repeats; ++pass) {  // pass −1: the warm-up
+              if (evictor) evictor->evict();
+              const auto start = std::chrono::steady_clock::now();
+              prepared.run();
+              const double elapsed =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              if (pass >= 0) seconds.push_back(elapsed);
+            }
+            std::sort(seconds.begin(), seconds.end());
+            const double time = seconds[seconds.size() / 2];
+            DecodeRow row;
+            row.name = entry->name;
+            row.dtype = entry->dtype_name;
+            row.batch = batch;
+            row.queries = n;
+            row.length = length;
+            row.threads = count;
+            row.milliseconds = time * 1e3;
+            row.bytes_read = prepared.bytes_read;
+            row.gbytes_per_second = prepared.bytes_read / time * 1e-9;
+            report.rows.push_back(row);
+          }
+        }
+      }
+    }
+  }
+  // Ratios, once every row is in.
+  for (DecodeRow& row : report.rows) {
+    const auto stream = report.stream_read.find(row.threads);
+    if (stream != report.stream_read.end() && stream->second.gbytes_per_second > 0) {
+      row.read_fraction = row.gbytes_per_second / stream->second.gbytes_per_second;
+    }
+    for (const DecodeRow& base : report.rows) {
+      if (base.dtype == "float32" && base.batch == row.batch && base.queries == row.queries &&
+          base.length == row.length && base.threads == row.threads) {
+        row.speedup_vs_float32 = base.milliseconds / row.milliseconds;
+      }
+    }
+  }
+  return report;
+}
+
+void print_decode_table(const DecodeReport& report, const DecodeBenchOptions& options,
+                        std::ostream& out) {
+  if (report.rows.empty() && report.stream_read.empty()) return;
+  out << "\ndecode: attn::scaled_dot_product_attention(query, cache), causal, " << options.heads
+      << " query heads over " << options.kv_heads << " key/value heads of " << options.head_dim
+      << "; median of " << options.repeats << " passes after one warm-up, each after ";
+  if (report.evicted_bytes > 0) {
+    out << "an eviction read of " << report.evicted_bytes / (1 << 20)
+        << " MiB (2x the L3: the cache is read from memory, as in a model whose other layers "
+           "pass through the L3 between two steps)\n";
+  } else {
+    out << "no eviction read (--decode-warm: a cache that fits the L3 is read from it)\n";
+  }
+  for (const auto& [threads, stream] : report.stream_read) {
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "stream read, %d thread(s): %.1f GB/s (%lld MiB buffer, Highway %s, best of "
+                  "the repeats)\n",
+                  threads, stream.gbytes_per_second,
+                  static_cast<long long>(stream.bytes / (1 << 20)), stream.simd_target.c_str());
+    out << line;
+  }
+  if (report.rows.empty()) return;
+  out << "GB/s: bytes of keys and values read (sum of lengths x bytes per token, int8 scales "
+         "included) / time; % read: of the stream read at the same thread count; vs fp32: "
+         "decode-float32's time / this time\n\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "%-16s %5s %3s %8s %7s %10s %8s %7s %8s\n", "case", "B", "n",
+                "m", "threads", "ms", "GB/s", "% read", "vs fp32");
+  out << line;
+  for (const DecodeRow& row : report.rows) {
+    char read[16] = "-", speedup[16] = "-";
+    if (row.read_fraction) std::snprintf(read, sizeof read, "%.1f", *row.read_fraction * 100);
+    if (row.speedup_vs_float32)
+      std::snprintf(speedup, sizeof speedup, "%.2fx", *row.speedup_vs_float32);
+    std::snprintf(line, sizeof line, "%-16s %5lld %3lld %8lld %7d %10.3f %8.1f %7s %8s\n",
+                  row.name.c_str(), static_cast<long long>(row.batch),
+                  static_cast<long long>(row.queries), static_cast<long long>(row.length),
+                  row.threads, row.milliseconds, row.gbytes_per_second, read, speedup);
+    out << line;
+  }
+}
+
+nlohmann::json decode_json(const DecodeReport& report, const DecodeBenchOptions& options) {
+  using nlohmann::json;
+  const auto optional_json = [](const auto& value) { return value ? json(*value) : json(nullptr); };
+  json document;
+  document["decode_shape"] = {{"heads", options.heads},
+                              {"kv_heads", options.kv_heads},
+                              {"head_dim", options.head_dim},
+                              {"repeats", options.repeats},
+                              {"evicted_bytes", report.evicted_bytes}};
+  document["stream_read"] = json::array();
+  for (const auto& [threads, stream] : report.stream_read) {
+    document["stream_read"].push_back({{"threads", threads},
+                                       {"gbytes_per_second", stream.gbytes_per_second},
+                                       {"bytes", stream.bytes},
+                                       {"simd_target", stream.simd_target}});
+  }
+  document["decode"] = json::array();
+  for (const DecodeRow& row : report.rows) {
+    document["decode"].push_back({{"case", row.name},
+                                  {"dtype", row.dtype},
+                                  {"batch", row.batch},
+                                  {"n", row.queries},
+                                  {"m", row.length},
+                                  {"threads", row.threads},
+                                  {"ms", row.milliseconds},
+                                  {"bytes_read", row.bytes_read},
+                                  {"gbytes_per_second", row.gbytes_per_second},
+                                  {"read_fraction", optional_json(row.read_fraction)},
+                                  {"speedup_vs_float32", optional_json(row.speedup_vs_float32)}});
+  }
+  return document;
+}
+
+}  // namespace attn::cli
