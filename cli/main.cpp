@@ -9,6 +9,7 @@
 #include "attn/core/error.hpp"
 #include "bench_command.hpp"
 #include "demo_command.hpp"
+#include "generate_command.hpp"
 #include "heatmap_command.hpp"
 #include "run_command.hpp"
 #include "seq2seq_commands.hpp"
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   attn::cli::add_train_command(app);
   attn::cli::add_translate_command(app);
   attn::cli::add_bench_command(app);
+  attn::cli::add_generate_command(app);
 
   try {
     app.parse(argc, argv);
