@@ -11,6 +11,7 @@ packages=(
   libopenblas-dev                      # GEMMs of the projections (CBLAS), sgemm ceiling in benchmarks
   libgtest-dev                         # tests
   libbenchmark-dev                     # benchmarks (bench/): Google Benchmark
+  libopenmpi-dev openmpi-bin           # attn::dist: ring attention over MPI (mpirun, its tests)
 )
 
 missing=()
