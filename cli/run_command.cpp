@@ -29,6 +29,7 @@
 #include "attn/nn/state_dict.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "ring_run.hpp"
 #include "run_arguments.hpp"
 
 namespace attn::cli {
@@ -61,6 +62,7 @@ struct RunOptions {
   std::string heatmap;
   std::string out_grad;
   std::string grads_out;
+  bool ring = false;  // --ring: over MPI ranks (cli/ring_run.cpp)
   // Which optional options were given: CLI11 fills these in while parsing.
   CLI::Option* heads_option = nullptr;
   CLI::Option* kv_heads_option = nullptr;
@@ -440,9 +442,27 @@ void save_gradients(const RunOptions& options, const std::vector<NamedGradient>&
   }
 }
 
+// --ring: the same inputs and attention flags over MPI ranks; cli/ring_run.cpp refuses by name
+// what it cannot take (other layers, --mask, --sinks, the weights).
+RingRunRequest ring_request(const RunOptions& options) {
+  RingRunRequest request;
+  request.layer = options.layer;
+  request.arguments = run_arguments(options);
+  request.out = options.out;
+  request.out_grad = given(options.out_grad_option, options.out_grad);
+  request.grads_out = given(options.grads_out_option, options.grads_out);
+  if (options.weights_out_option->count() > 0) request.refused_flags.push_back("--weights-out");
+  if (options.heatmap_option->count() > 0) request.refused_flags.push_back("--heatmap");
+  return request;
+}
+
 void run(const RunOptions& options) {
   check_layer_options(options);
   check_gradient_options(options);
+  if (options.ring) {
+    run_ring(ring_request(options));
+    return;
+  }
   StateDict state;
   if (options.params_option->count() > 0) {
     state = with_context("--params", [&] { return load_safetensors(options.params); });
@@ -617,6 +637,11 @@ void add_run_command(CLI::App& app) {
                        "values.npy, one <state-dict name>.npy per parameter, attn_mask.npy for a "
                        "float --mask and sinks.npy for --sinks")
           ->type_name("DIR");
+  command->add_flag("--ring", options->ring,
+                    "Ring attention over MPI: run as `mpirun -np P attn run --ring ...`; each rank "
+                    "reads only its zig-zag shard of every input, rank 0 writes --out and the "
+                    "gradients. Dot-product with --valid-lens, --causal, --window, --scale, "
+                    "--heads/--kv-heads, --softcap, --alibi (docs/distributed.md)");
   command->callback([options] { run(*options); });
 }
 

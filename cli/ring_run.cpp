@@ -1,0 +1,489 @@
+// `attn run --ring`: each rank reads the headers of the .npy inputs and then only its zig-zag
+// shard of their rows, runs attn::dist's ring attention forward (and backward with --out-grad),
+// and rank 0 gathers the rows and writes --out and the gradients in the files' layouts.
+#include "ring_run.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/valid_lengths.hpp"
+#include "attn/dist/collective_check.hpp"
+#include "attn/dist/ring_attention.hpp"
+#include "attn/dist/sequence_shards.hpp"
+#include "attn/io/npy.hpp"
+#include "attn/io/npy_rows.hpp"
+#include "command_support.hpp"
+
+namespace attn::cli {
+
+namespace {
+
+using dist::SequenceShards;
+
+// MPI for the length of one run: initialised here unless the program already did (funneled:
+// OpenMP threads compute, only this thread calls MPI), finalised on the way out.
+class MpiSession {
+ public:
+  MpiSession() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized == 0) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+      owned_ = true;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~MpiSession() { finalize(); }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  void finalize() {
+    if (!owned_) return;
+    owned_ = false;
+    MPI_Finalize();
+  }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  bool owned_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// An error from attn::dist ("rank r: key: ...") with its flag and file named as a single-process
+// run names them: "rank r: key: ... (key from --keys k.npy)".
+[[noreturn]] void rethrow_ring_error(const Error& error, const RunArguments& arguments) {
+  const std::string message = error.what();
+  std::string prefix;
+  if (message.starts_with("rank ")) {
+    const size_t end = message.find(": ");
+    if (end != std::string::npos) prefix = message.substr(0, end + 2);
+  }
+  try {
+    rethrow_with_message(error, message.substr(prefix.size()));
+  } catch (const Error& bare) {
+    try {
+      rethrow_with_sources(bare, arguments);
+    } catch (const Error& named) {
+      rethrow_with_message(named, prefix + named.what());
+    }
+  }
+  throw;  // unreachable: each branch above throws
+}
+
+template <class Action>
+decltype(auto) name_ring_sources(const RunArguments& arguments, Action&& action) {
+  try {
+    return std::forward<Action>(action)();
+  } catch (const Error& error) {
+    rethrow_ring_error(error, arguments);
+  }
+}
+
+std::vector<NpyRowRange> row_ranges(const SequenceShards& shards, int rank) {
+  std::vector<NpyRowRange> ranges;
+  for (const dist::SequenceChunk& chunk : shards.chunks(rank))
+    ranges.push_back({chunk.start, chunk.length});
+  return ranges;
+}
+
+// This rank's rows (along axis −2, the sequence in both file layouts) of a float .npy file.
+Tensor read_shard(const std::string& path, const std::string& name, const SequenceShards& shards,
+                  int rank) {
+  NpyArray array = read_npy_rows(path, -2, row_ranges(shards, rank));
+  if (array.is_integer() || array.is_bool()) {
+    throw FileError(name + " (" + path + "): expected float32 or float64 data, got " +
+                    (array.is_bool() ? "bool" : "integer") + " data");
+  }
+  return Tensor(array.shape, std::move(array.floats));
+}
+
+Shape with_axis(const Shape& shape, int axis, int64_t size) {
+  int64_t dims[Shape::kMaxRank];
+  for (int a = 0; a < shape.rank(); ++a) dims[a] = shape[a];
+  dims[axis < 0 ? axis + shape.rank() : axis] = size;
+  return Shape::from_dims(dims, shape.rank());
+}
+
+// A (B, H, L, E) tensor of the functional layout in the files' (B, L, H·E) one.
+Tensor merge_heads(const Tensor& heads) {
+  const int64_t batch = heads.dim(0), count = heads.dim(1), rows = heads.dim(2),
+                size = heads.dim(3);
+  Tensor merged(Shape{batch, rows, count * size});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < count; ++h)
+      for (int64_t i = 0; i < rows; ++i)
+        std::copy_n(&heads(b, h, i, 0), size, &merged(b, i, h * size));
+  return merged;
+}
+
+// One rank's inputs: the files' headers, its shards of their rows, and the options from the flags.
+class RingInputs {
+ public:
+  RingInputs(const RingRunRequest& request, int rank, int ranks) {
+    const RunArguments& arguments = request.arguments;
+    name_sources(arguments, [&] {
+      read_shapes(arguments);
+      query_shards_ = SequenceShards(query_file_.dim(-2), ranks);
+      key_shards_ = SequenceShards(key_file_.dim(-2), ranks);
+      queries_ = with_context("--queries", [&] {
+        return read_shard(arguments.queries, "queries", query_shards_, rank);
+      });
+      keys_ = with_context("--keys",
+                           [&] { return read_shard(arguments.keys, "keys", key_shards_, rank); });
+      values_ = with_context(
+          "--values", [&] { return read_shard(arguments.values, "values", key_shards_, rank); });
+      if (arguments.valid_lens) read_valid_lens(*arguments.valid_lens, rank);
+      if (arguments.scale) {
+        if (!std::isfinite(*arguments.scale)) {
+          throw ValueError("--scale: expected a finite number, got " +
+                           std::to_string(*arguments.scale));
+        }
+        options_.scale = arguments.scale;
+      }
+      if (arguments.softcap) {
+        if (!(*arguments.softcap > 0.0F && std::isfinite(*arguments.softcap))) {
+          throw ValueError("--softcap: expected a positive finite number, got " +
+                           std::to_string(*arguments.softcap));
+        }
+        options_.softcap = arguments.softcap;
+      }
+      if (arguments.window) options_.window = parse_window(*arguments.window);
+      if (arguments.causal) {
+        options_.causal = true;
+        options_.alignment = parse_causal(*arguments.causal);
+      }
+      if (arguments.alibi) {
+        Tensor slopes = with_context(
+            "--alibi", [&] { return load_npy_tensor(*arguments.alibi, "alibi_slopes"); });
+        if (slopes.rank() != 1 || slopes.dim(0) != query_heads_) {
+          throw ShapeError("alibi_slopes: expected one slope per query head, shape (" +
+                           std::to_string(query_heads_) + ",), got shape " + slopes.shape().str());
+        }
+        alibi_ = slopes.values();
+        options_.alibi_slopes = alibi_;
+      }
+      options_.enable_gqa = kv_heads_ != query_heads_;
+    });
+    if (request.out_grad) {
+      const Shape expected = output_file_shape();
+      grad_output_ = with_context("--out-grad", [&] {
+        const NpyHeader header = read_npy_header(*request.out_grad);
+        if (header.shape != expected) {
+          throw ShapeError(*request.out_grad + " has shape " + header.shape.str() +
+                           ", expected the shape of the output " + expected.str() +
+                           " (G is the gradient of a loss with respect to it)");
+        }
+        return read_shard(*request.out_grad, "G", query_shards_, rank);
+      });
+    }
+  }
+  RingInputs(const RingInputs&) = delete;
+  RingInputs& operator=(const RingInputs&) = delete;
+
+  ConstStridedView query() const { return as_heads(queries_, query_heads_); }
+  ConstStridedView key() const { return as_heads(keys_, kv_heads_); }
+  ConstStridedView value() const { return as_heads(values_, kv_heads_); }
+  ConstStridedView grad_output() const { return as_heads(grad_output_, query_heads_); }
+  const AttentionOptions& options() const { return options_; }
+  const SequenceShards& query_shards() const { return query_shards_; }
+  const SequenceShards& key_shards() const { return key_shards_; }
+  const Shape& query_file() const { return query_file_; }
+  const Shape& key_file() const { return key_file_; }
+  const Shape& value_file() const { return value_file_; }
+
+  // The output file's shape: the queries' layout with the values' size per head.
+  Shape output_file_shape() const {
+    if (!split_heads_) return with_axis(query_file_, -1, value_file_.dim(-1));
+    return Shape{query_file_[0], query_file_[1], query_heads_ * (value_file_[2] / kv_heads_)};
+  }
+  // A functional-layout result (contiguous) in its file's layout.
+  Tensor to_file_layout(const Tensor& tensor) const {
+    return split_heads_ ? merge_heads(tensor) : tensor;
+  }
+
+ private:
+  ConstStridedView as_heads(const Tensor& tensor, int64_t heads) const {
+    return split_heads_ ? split_heads(tensor.data(), tensor.shape(), heads)
+                        : ConstStridedView(tensor);
+  }
+
+  // The files' shapes from their headers, checked as a single-process run checks them.
+  void read_shapes(const RunArguments& arguments) {
+    query_file_ =
+        with_context("--queries", [&] { return read_npy_header(arguments.queries); }).shape;
+    key_file_ = with_context("--keys", [&] { return read_npy_header(arguments.keys); }).shape;
+    value_file_ = with_context("--values", [&] { return read_npy_header(arguments.values); }).shape;
+    const int rank = query_file_.rank();
+    if (rank != 3 && rank != 4) {
+      throw ShapeError("queries: expected (B, n, d) or (N, H, L, E) (rank 3 or 4), got shape " +
+                       query_file_.str());
+    }
+    require_rank("keys", key_file_, rank);
+    require_rank("values", value_file_, rank);
+    require_dim("keys", key_file_, 0, query_file_[0], "the batch size of queries");
+    require_dim("values", value_file_, 0, query_file_[0], "the batch size of queries");
+    require_dim("values", value_file_, -2, key_file_.dim(-2), "the number of keys");
+    if (rank == 4) {
+      for (const auto& [flag, given] : {std::pair{"--heads", arguments.heads.has_value()},
+                                        std::pair{"--kv-heads", arguments.kv_heads.has_value()}}) {
+        if (given) {
+          throw ValueError(std::string(flag) +
+                           ": the inputs are rank 4 (N, H, L, E), whose axis 1 holds the heads "
+                           "already (" +
+                           flag + " splits the last axis of rank-3 inputs)");
+        }
+      }
+      query_heads_ = query_file_[1];
+      kv_heads_ = key_file_[1];
+      require_dim("values", value_file_, 1, kv_heads_, "the heads of keys");
+      if (kv_heads_ == 0 || query_heads_ % kv_heads_ != 0) {
+        throw ShapeError("keys: expected a number of heads (axis 1) dividing the queries' " +
+                         std::to_string(query_heads_) + " (grouped-query attention), got shape " +
+                         key_file_.str());
+      }
+    } else if (arguments.heads) {
+      query_heads_ = *arguments.heads;
+      if (query_heads_ < 1) {
+        throw ValueError("--heads: expected a positive number of heads, got " +
+                         std::to_string(query_heads_));
+      }
+      kv_heads_ = arguments.kv_heads.value_or(query_heads_);
+      const std::string kv_flag = arguments.kv_heads ? "--kv-heads" : "--heads";
+      if (arguments.kv_heads && (kv_heads_ < 1 || query_heads_ % kv_heads_ != 0)) {
+        throw ValueError("--kv-heads: expected a divisor of --heads " +
+                         std::to_string(query_heads_) +
+                         " (each key/value head serves --heads / --kv-heads query heads), got " +
+                         std::to_string(kv_heads_));
+      }
+      split_heads_ = true;
+      if (query_file_[2] % query_heads_ != 0) {
+        throw ShapeError("queries: expected a last axis that splits into --heads " +
+                         std::to_string(query_heads_) + " heads, got shape " + query_file_.str());
+      }
+      const int64_t size = query_file_[2] / query_heads_;
+      require_dim("keys", key_file_, -1, kv_heads_ * size,
+                  kv_flag + " " + std::to_string(kv_heads_) + " × the queries' head size " +
+                      std::to_string(size));
+      if (value_file_[2] % kv_heads_ != 0) {
+        throw ShapeError("values: expected a last axis that splits into " +
+                         std::to_string(kv_heads_) + " heads (" + kv_flag + "), got shape " +
+                         value_file_.str());
+      }
+    } else if (arguments.kv_heads) {
+      throw ValueError("--kv-heads: needs --heads (the query heads that --kv-heads " +
+                       std::to_string(*arguments.kv_heads) + " key/value heads serve)");
+    }
+  }
+
+  // Per batch element (B): read whole; per query (B, n): this rank's queries' columns only.
+  void read_valid_lens(const std::string& path, int rank) {
+    options_.valid_lens = with_context("--valid-lens", [&] {
+      const NpyHeader header = read_npy_header(path);
+      if (header.shape.rank() == 2 && header.shape[1] == query_file_.dim(-2)) {
+        const NpyArray lengths = read_npy_rows(path, 1, row_ranges(query_shards_, rank));
+        if (!lengths.is_integer()) {
+          throw FileError("valid_lens (" + path +
+                          "): expected int32 or int64 valid lengths, got a float or bool dtype");
+        }
+        return ValidLengths::from_shape(std::span<const int64_t>(lengths.integers), lengths.shape);
+      }
+      if (header.shape.rank() == 2) {
+        throw ShapeError("valid_lens (" + path + "): expected (B,) or (B, n) = (" +
+                         std::to_string(query_file_[0]) + ", " +
+                         std::to_string(query_file_.dim(-2)) + "), got shape " +
+                         header.shape.str());
+      }
+      return load_npy_valid_lengths(path, "valid_lens");
+    });
+  }
+
+  Shape query_file_, key_file_, value_file_;
+  SequenceShards query_shards_{0, 1}, key_shards_{0, 1};
+  Tensor queries_, keys_, values_, grad_output_;
+  bool split_heads_ = false;
+  int64_t query_heads_ = 1, kv_heads_ = 1;
+  std::vector<float> alibi_;
+  AttentionOptions options_;
+};
+
+// Rank 0 receives every rank's rows (a contiguous tensor in the file's layout, the sequence on
+// axis −2) and lays them out as the whole `shape`; the other ranks send theirs and get nothing.
+Tensor gather_rows(const Tensor& local, const SequenceShards& shards, const Shape& shape, int rank,
+                   int ranks) {
+  constexpr int kTag = 7;
+  const int64_t cols = shape.dim(-1), rows = shape.dim(-2);
+  const int64_t outer = rows * cols == 0 ? 0 : shape.numel() / (rows * cols);
+  if (rank != 0) {
+    MPI_Send(local.data(), static_cast<int>(local.numel()), MPI_FLOAT, 0, kTag, MPI_COMM_WORLD);
+    return {};
+  }
+  Tensor whole(shape);
+  std::vector<float> received;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t local_rows = shards.local_length(r);
+    const float* data = local.data();
+    if (r != 0) {
+      received.resize(static_cast<size_t>(outer * local_rows * cols));
+      MPI_Recv(received.data(), static_cast<int>(received.size()), MPI_FLOAT, r, kTag,
+               MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      data = received.data();
+    }
+    for (int64_t o = 0; o < outer; ++o) {
+      int64_t row = 0;
+      for (const dist::SequenceChunk& chunk : shards.chunks(r)) {
+        std::copy_n(data + (o * local_rows + row) * cols, chunk.length * cols,
+                    whole.data() + (o * rows + chunk.start) * cols);
+        row += chunk.length;
+      }
+    }
+  }
+  return whole;
+}
+
+double slowest(double seconds) {
+  double result = 0.0;
+  MPI_Allreduce(&seconds, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return result;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f s", seconds);
+  return text;
+}
+
+// What the ranks computed together: on rank 0 the whole output and gradients, in the files'
+// layouts; empty tensors elsewhere.
+struct RingResults {
+  Tensor output, grad_queries, grad_keys, grad_values;
+  double forward_seconds = 0.0, forward_wait = 0.0, backward_seconds = 0.0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The collective part: every rank reads and checks its shards (a failure anywhere is the same
+// attn::Error on all), then the ring forward and backward passes, then the gathers to rank 0.
+RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSession& session) {
+  const int rank = session.rank(), ranks = session.size();
+  const RunArguments& arguments = request.arguments;
+  std::optional<RingInputs> inputs;
+  dist::check_on_all_ranks(MPI_COMM_WORLD, [&] {
+    if (request.layer != "dot-product") {
+      throw ValueError("--ring: only --layer dot-product runs as ring attention, got --layer " +
+                       request.layer);
+    }
+    for (const auto& [flag, given] : {std::pair{"--mask", arguments.mask.has_value()},
+                                      std::pair{"--sinks", arguments.sinks.has_value()}}) {
+      if (given) {
+        throw ValueError(std::string(flag) +
+                         ": not available with --ring, which takes --valid-lens, --causal, "
+                         "--window, --scale, --heads/--kv-heads, --softcap and --alibi");
+      }
+    }
+    if (!request.refused_flags.empty()) {
+      throw ValueError(request.refused_flags.front() +
+                       ": not available with --ring (the whole (n, m) weights are what ring "
+                       "attention never holds)");
+    }
+    inputs.emplace(request, rank, ranks);
+  });
+
+  RingResults results;
+  auto start = std::chrono::steady_clock::now();
+  const dist::RingAttentionForward forward = name_ring_sources(arguments, [&] {
+    return dist::ring_attention_forward(MPI_COMM_WORLD, inputs->query(), inputs->key(),
+                                        inputs->value(), inputs->options());
+  });
+  results.forward_seconds = slowest(seconds_since(start));
+  results.forward_wait = slowest(dist::last_ring_statistics().wait_seconds);
+  std::optional<dist::RingAttentionBackward> grads;
+  if (request.out_grad) {
+    start = std::chrono::steady_clock::now();
+    grads = name_ring_sources(arguments, [&] {
+      return dist::ring_attention_backward(MPI_COMM_WORLD, inputs->query(), inputs->key(),
+                                           inputs->value(), forward.output, inputs->grad_output(),
+                                           forward.log_sum_exp, inputs->options());
+    });
+    results.backward_seconds = slowest(seconds_since(start));
+  }
+  // Past the checks, a failure is one rank's alone (memory): stop every rank rather than leave
+  // the others waiting for its rows.
+  try {
+    results.output = gather_rows(inputs->to_file_layout(forward.output), inputs->query_shards(),
+                                 inputs->output_file_shape(), rank, ranks);
+    if (grads) {
+      results.grad_queries = gather_rows(inputs->to_file_layout(grads->query),
+                                         inputs->query_shards(), inputs->query_file(), rank, ranks);
+      results.grad_keys = gather_rows(inputs->to_file_layout(grads->key), inputs->key_shards(),
+                                      inputs->key_file(), rank, ranks);
+      results.grad_values = gather_rows(inputs->to_file_layout(grads->value), inputs->key_shards(),
+                                        inputs->value_file(), rank, ranks);
+    }
+  } catch (const std::exception& error) {
+    dist::abort_all_ranks(MPI_COMM_WORLD, std::string("gathering the results: ") + error.what());
+  }
+  return results;
+}
+
+// Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting.
+void write_results(const RingRunRequest& request, const RingResults& results, int ranks) {
+  with_context("--out", [&] { save_npy(request.out, results.output); });
+  std::string summary = "attn run: dot-product attention as ring attention over " +
+                        std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
+                        " (zig-zag shards), output " + results.output.shape().str() + " -> " +
+                        request.out;
+  if (request.out_grad) {
+    const std::filesystem::path directory = *request.grads_out;
+    create_output_directory(directory, "--grads-out");
+    for (const auto& [name, gradient] :
+         {std::pair{"queries", &results.grad_queries}, std::pair{"keys", &results.grad_keys},
+          std::pair{"values", &results.grad_values}}) {
+      with_context("--grads-out",
+                   [&] { save_npy(directory / (std::string(name) + ".npy"), *gradient); });
+    }
+    summary += ", gradients of sum(output * G) (queries, keys, values) -> " + *request.grads_out;
+  }
+  summary += "; forward " + seconds_text(results.forward_seconds) + " (slowest rank, " +
+             seconds_text(results.forward_wait) + " waiting for blocks)";
+  if (request.out_grad) summary += ", backward " + seconds_text(results.backward_seconds);
+  std::cout << summary << "\n";
+}
+
+}  // namespace
+
+void run_ring(const RingRunRequest& request) {
+  MpiSession session;
+  std::optional<RingResults> results;
+  try {
+    results = compute_on_every_rank(request, session);
+  } catch (const Error& error) {
+    // Every rank is here with the same error. Rank 0 prints it before any rank exits: Open MPI
+    // ends the whole job at the first non-zero exit, which could cut rank 0 off mid-message.
+    if (session.rank() == 0) std::cerr << "attn: error: " << error.what() << std::endl;
+    MPI_Barrier(MPI_COMM_WORLD);
+    session.finalize();
+    std::exit(1);
+  }
+  if (session.rank() == 0) write_results(request, *results, session.size());
+}
+
+}  // namespace attn::cli

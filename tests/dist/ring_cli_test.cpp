@@ -1,0 +1,180 @@
+// `mpiexec -n P attn run --ring ...` end to end: its output and gradient files against a
+// single-process `attn run` on the same files (P = 1 to 4), and its errors — one rank's bad rows,
+// a missing file, refused flags — reported once by rank 0 with exit status 1, never a hang.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/io/npy.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+class RingCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    directory_ = fs::temp_directory_path() /
+                 ("attn_ring_cli_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(directory_);
+    fs::create_directories(directory_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(directory_, ignored);
+  }
+  fs::path path(const std::string& name) const { return directory_ / name; }
+
+  // Runs `command` in the test directory under a time limit, so a hang fails instead of waiting.
+  CommandResult shell(const std::string& command) const {
+    const std::string line = "cd '" + directory_.string() + "' && timeout 120 " + command +
+                             " > stdout.txt 2> stderr.txt";
+    const int status = std::system(line.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(path("stdout.txt")),
+            read_text(path("stderr.txt"))};
+  }
+  CommandResult attn(const std::string& arguments) const {
+    return shell("'" ATTN_CLI_PATH "' " + arguments);
+  }
+  // Open MPI refuses root (CI) without these; one OpenMP thread per rank on a shared machine.
+  CommandResult ring(int ranks, const std::string& arguments) const {
+    return shell(
+        "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+        "'" ATTN_MPIEXEC "' -n " +
+        std::to_string(ranks) + " " ATTN_MPIEXEC_FLAGS " '" ATTN_CLI_PATH "' " + arguments +
+        " --ring");
+  }
+
+  void save(const std::string& name, const Tensor& tensor) const { save_npy(path(name), tensor); }
+
+  fs::path directory_;
+};
+
+// max |ring − single| ≤ 1e−5 · max |single|, over a whole file.
+void expect_same_file(const fs::path& ring, const fs::path& single) {
+  const Tensor a = load_npy_tensor(ring, "ring");
+  const Tensor b = load_npy_tensor(single, "single");
+  ASSERT_EQ(a.shape(), b.shape()) << ring;
+  double largest = 0.0, worst = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    largest = std::max(largest, std::fabs(static_cast<double>(b.data()[i])));
+    worst = std::max(worst, std::fabs(static_cast<double>(a.data()[i]) - b.data()[i]));
+  }
+  EXPECT_LE(worst, 1e-5 * largest) << ring << " against " << single;
+}
+
+// Rank-3 (B, n, H·d) files split by --heads 4 --kv-heads 2, causal, per-query valid lengths and a
+// window; then rank-4 (N, H, L, E) files with more keys than queries, bottom-right causal and a
+// scale. n = 37 and 29/41: divisible by no 2P.
+TEST_F(RingCliTest, RingRunsMatchASingleProcessRun) {
+  Rng rng(21);
+  save("q3.npy", testing::random_tensor(Shape{2, 37, 4 * 8}, rng));
+  save("k3.npy", testing::random_tensor(Shape{2, 37, 2 * 8}, rng));
+  save("v3.npy", testing::random_tensor(Shape{2, 37, 2 * 6}, rng));
+  save("g3.npy", testing::random_tensor(Shape{2, 37, 4 * 6}, rng));
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 2 * 37; ++i) lengths.push_back((i * 7) % 38);
+  save_npy(path("lens.npy"), lengths, Shape{2, 37});
+  save("q4.npy", testing::random_tensor(Shape{1, 4, 29, 8}, rng));
+  save("k4.npy", testing::random_tensor(Shape{1, 2, 41, 8}, rng));
+  save("v4.npy", testing::random_tensor(Shape{1, 2, 41, 8}, rng));
+  save("g4.npy", testing::random_tensor(Shape{1, 4, 29, 8}, rng));
+
+  const std::string three =
+      "run --layer dot-product --queries q3.npy --keys k3.npy --values v3.npy --heads 4 "
+      "--kv-heads 2 --causal top-left --valid-lens lens.npy --window 9,2 --out-grad g3.npy";
+  const std::string four =
+      "run --layer dot-product --queries q4.npy --keys k4.npy --values v4.npy --causal "
+      "bottom-right --scale 0.2 --out-grad g4.npy";
+  for (const auto& [name, arguments] : {std::pair{"three", three}, std::pair{"four", four}}) {
+    const std::string single = std::string(name) + "_single";
+    const CommandResult reference =
+        attn(arguments + " --out " + single + ".npy --grads-out " + single);
+    ASSERT_EQ(reference.exit_code, 0) << reference.err;
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      const std::string mine = std::string(name) + "_ring" + std::to_string(ranks);
+      const CommandResult result =
+          ring(ranks, arguments + " --out " + mine + ".npy --grads-out " + mine);
+      ASSERT_EQ(result.exit_code, 0) << result.err;
+      EXPECT_NE(result.out.find("as ring attention over " + std::to_string(ranks)),
+                std::string::npos)
+          << result.out;
+      expect_same_file(path(mine + ".npy"), path(single + ".npy"));
+      for (const char* gradient : {"queries", "keys", "values"}) {
+        expect_same_file(path(mine) / (std::string(gradient) + ".npy"),
+                         path(single) / (std::string(gradient) + ".npy"));
+      }
+    }
+  }
+}
+
+// A NaN in rows that only rank 1 reads: every rank stops, rank 0 says which rank and file.
+TEST_F(RingCliTest, BadRowsOnOneRankStopEveryRank) {
+  Rng rng(4);
+  save("q.npy", testing::random_tensor(Shape{1, 37, 8}, rng));
+  Tensor keys = testing::random_tensor(Shape{1, 37, 8}, rng);
+  // 37 over 4 zig-zag chunks (10, 9, 9, 9): rank 1 of 2 holds rows 10 to 27.
+  keys(0, 12, 3) = std::numeric_limits<float>::quiet_NaN();
+  save("k.npy", keys);
+  save("v.npy", testing::random_tensor(Shape{1, 37, 8}, rng));
+  const CommandResult result =
+      ring(2, "run --layer dot-product --queries q.npy --keys k.npy --values v.npy --out o.npy");
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("attn: error: rank 1: key: expected finite values, got NaN"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("(key from --keys k.npy)"), std::string::npos) << result.err;
+  // Reported once, by rank 0, not by every rank.
+  EXPECT_EQ(result.err.find("attn: error:"), result.err.rfind("attn: error:")) << result.err;
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+TEST_F(RingCliTest, MissingFilesAndRefusedFlagsAreErrorsOnEveryRank) {
+  Rng rng(4);
+  save("q.npy", testing::random_tensor(Shape{1, 9, 8}, rng));
+  const std::string inputs = "run --layer dot-product --queries q.npy --keys q.npy --values ";
+  CommandResult result = ring(3, inputs + "missing.npy --out o.npy");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("attn: error: rank 0: --values: missing.npy"), std::string::npos)
+      << result.err;
+  result = ring(2, inputs + "q.npy --out o.npy --mask q.npy");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--mask: not available with --ring"), std::string::npos) << result.err;
+  result = ring(2, inputs + "q.npy --out o.npy --weights-out w.npy");
+  EXPECT_NE(result.err.find("--weights-out: not available with --ring"), std::string::npos)
+      << result.err;
+  result = ring(1,
+                "run --layer additive --params p.safetensors --queries q.npy --keys q.npy "
+                "--values q.npy --out o.npy");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--ring: only --layer dot-product"), std::string::npos) << result.err;
+}
+
+}  // namespace
+}  // namespace attn
