@@ -11,6 +11,7 @@ packages=(
   libopenblas-dev                      # GEMMs of the projections (CBLAS), sgemm ceiling in benchmarks
   libgtest-dev                         # tests
   libbenchmark-dev                     # benchmarks (bench/): Google Benchmark
+  clang libclang-rt-dev libomp-dev llvm # fuzz targets (fuzz/): libFuzzer, ASan, OpenMP, symbolizer
   libopenmpi-dev openmpi-bin           # attn::dist: ring attention over MPI (mpirun, its tests)
 )
 

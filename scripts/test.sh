@@ -3,7 +3,7 @@
 # ways: a Release build, an AddressSanitizer + UndefinedBehaviorSanitizer build, and a consumer
 # project built against the installed package (find_package(attn)); between the first two, the
 # Python module is installed with pip into build/venv beside PyTorch and transformers, and its
-# pytest suite run there.
+# pytest suite run there; before the last, the fuzz targets (fuzz/) run for 45 s each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=2
@@ -57,6 +57,10 @@ cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DAT
 cmake --build build/sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp ctest --test-dir build/sanitize -j"$jobs" --output-on-failure
+
+echo "== Fuzz targets: libFuzzer + ASan + UBSan on each reader of hostile bytes, 45 s each"
+# scripts/fuzz.sh fails on any finding; `bash scripts/fuzz.sh --seconds 3600` is the long campaign.
+bash scripts/fuzz.sh --seconds 45
 
 echo "== Installed package: find_package(attn) from a consumer project"
 prefix=$(mktemp -d)
