@@ -614,6 +614,8 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
                   ring_comm.left(), kKeyValueTag, ring_comm.get(), &requests[0]);
         MPI_Isend(current.data(), static_cast<int>(ring.block_floats(owner)), MPI_FLOAT,
                   ring_comm.right(), kKeyValueTag, ring_comm.get(), &requests[1]);
+        // A first poll at once: a large message's rendezvous starts only inside an MPI call.
+        progress(requests);
       }
       const ConstStridedView keys = ring.block_keys(current.data(), owner);
       const ConstStridedView values = ring.block_values(current.data(), owner);
@@ -703,6 +705,7 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
         MPI_Irecv(incoming.data(), static_cast<int>(ring.block_floats(owner)), MPI_FLOAT,
                   ring_comm.left(), kGradientTag, ring_comm.get(), &requests[2]);
       }
+      progress(requests);
       std::fill_n(contribution.begin(), ring.block_floats(owner), 0.0F);
       const ConstStridedView keys = ring.block_keys(current.data(), owner);
       const ConstStridedView values = ring.block_values(current.data(), owner);

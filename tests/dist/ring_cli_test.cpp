@@ -62,13 +62,11 @@ class RingCliTest : public ::testing::Test {
   CommandResult attn(const std::string& arguments) const {
     return shell("'" ATTN_CLI_PATH "' " + arguments);
   }
-  // Open MPI refuses root (CI) without these; one OpenMP thread per rank on a shared machine.
+  // The environment tests/dist/CMakeLists.txt gives MPI processes: Open MPI refuses root (CI)
+  // without its two variables; one OpenMP thread per rank on a shared machine.
   CommandResult ring(int ranks, const std::string& arguments) const {
-    return shell(
-        "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-        "'" ATTN_MPIEXEC "' -n " +
-        std::to_string(ranks) + " " ATTN_MPIEXEC_FLAGS " '" ATTN_CLI_PATH "' " + arguments +
-        " --ring");
+    return shell("env " ATTN_MPI_ENVIRONMENT " '" ATTN_MPIEXEC "' -n " + std::to_string(ranks) +
+                 " " ATTN_MPIEXEC_FLAGS " '" ATTN_CLI_PATH "' " + arguments + " --ring");
   }
 
   void save(const std::string& name, const Tensor& tensor) const { save_npy(path(name), tensor); }
