@@ -2,6 +2,7 @@
 // subcommands.
 #include "command_support.hpp"
 
+#include <cctype>
 #include <system_error>
 
 namespace attn::cli {
@@ -19,6 +20,84 @@ void create_output_directory(const std::filesystem::path& directory, const std::
   if (error || !std::filesystem::is_directory(directory)) {
     throw FileError(option + ": cannot create the directory '" + directory.string() + "'" +
                     (error ? " (" + error.message() + ")" : std::string(" (not a directory)")));
+  }
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string lower_extension(const fs::path& path) {
+  std::string extension = path.extension().string();
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return extension;
+}
+
+// Whether two paths name one file: the same inode when both exist (hard links, symbolic links,
+// "./a" and "a"), else the same absolute path with the existing part's links resolved.
+bool same_file(const fs::path& a, const fs::path& b) {
+  std::error_code error;
+  const bool a_exists = fs::exists(a, error);
+  const bool b_exists = fs::exists(b, error);
+  if (a_exists && b_exists) {
+    const bool same = fs::equivalent(a, b, error);
+    return !error && same;
+  }
+  if (a_exists != b_exists) return false;
+  const fs::path a_full = fs::weakly_canonical(fs::absolute(a, error), error);
+  const fs::path b_full = fs::weakly_canonical(fs::absolute(b, error), error);
+  return a_full.lexically_normal() == b_full.lexically_normal();
+}
+
+std::string described(const std::string& option, const fs::path& path) {
+  return option + " " + path.string();
+}
+
+void check_output(const OutputFile& output) {
+  const std::string name = described(output.option, output.path);
+  if (output.path.empty() || !output.path.has_filename()) {
+    throw FileError(output.option + ": expected a file name, got '" + output.path.string() + "'");
+  }
+  const std::string extension = lower_extension(output.path);
+  if (output.kind == OutputKind::kNpy && extension != ".npy") {
+    throw ValueError(output.option + ": expected a file name ending in .npy, got '" +
+                     output.path.string() + "'");
+  }
+  if (output.kind == OutputKind::kPicture && extension != ".png" && extension != ".svg" &&
+      extension != ".pdf") {
+    throw ValueError(output.option + ": expected a picture ending in .png, .svg or .pdf, got '" +
+                     output.path.string() + "'");
+  }
+  const fs::path folder = output.path.has_parent_path() ? output.path.parent_path() : ".";
+  std::error_code error;
+  if (!fs::is_directory(folder, error)) {
+    throw FileError(name + ": the folder '" + folder.string() + "' " +
+                    (fs::exists(folder, error) ? "is not a directory" : "does not exist"));
+  }
+  if (fs::is_directory(output.path, error)) {
+    throw FileError(name + ": is a directory, expected a file name");
+  }
+}
+
+}  // namespace
+
+void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<CommandFile>& inputs) {
+  for (const OutputFile& output : outputs) check_output(output);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (same_file(outputs[i].path, outputs[j].path)) {
+        throw ValueError(described(outputs[i].option, outputs[i].path) + ": the same file as " +
+                         described(outputs[j].option, outputs[j].path) +
+                         " (each output needs its own file)");
+      }
+    }
+    for (const CommandFile& input : inputs) {
+      if (same_file(outputs[i].path, input.path)) {
+        throw ValueError(described(outputs[i].option, outputs[i].path) + ": the same file as " +
+                         described(input.option, input.path) +
+                         " (writing it would overwrite an input)");
+      }
+    }
   }
 }
 

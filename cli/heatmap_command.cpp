@@ -26,6 +26,7 @@ struct HeatmapCommandOptions {
 };
 
 void draw(const HeatmapCommandOptions& options) {
+  check_outputs({{"--out", options.out, OutputKind::kPicture}}, {{"weights", options.weights}});
   const Tensor weights =
       with_context("weights", [&] { return load_npy_tensor(options.weights, "weights"); });
   if (weights.rank() < 2 || weights.rank() > 4) {

@@ -8,12 +8,15 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -433,13 +436,62 @@ void check_gradient_options(const RunOptions& options) {
   }
 }
 
+std::filesystem::path gradient_path(const RunOptions& options, const std::string& name) {
+  return std::filesystem::path(options.grads_out) / (name + ".npy");
+}
+
 void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
-  const std::filesystem::path directory = options.grads_out;
-  create_output_directory(directory, "--grads-out");
   for (const NamedGradient& gradient : gradients) {
     with_context("--grads-out",
-                 [&] { save_npy(directory / (gradient.name + ".npy"), gradient.gradient); });
+                 [&] { save_npy(gradient_path(options, gradient.name), gradient.gradient); });
   }
+}
+
+// The last guard of "finite in, finite out": the functions and layers raise their own errors for a
+// result that overflows, and no file holding an infinity or a NaN is ever written with exit 0.
+void require_finite_result(const Tensor& tensor, const std::string& option) {
+  for (int64_t index = 0; index < tensor.numel(); ++index) {
+    if (!std::isfinite(tensor.data()[index])) {
+      throw ValueError(option + ": the result holds " + std::to_string(tensor.data()[index]) +
+                       " at flat index " + std::to_string(index) +
+                       " although every input is finite (it overflows float32); scale the "
+                       "inputs down");
+    }
+  }
+}
+
+// Every file the run reads, by the option that names it.
+std::vector<CommandFile> input_files(const RunOptions& options) {
+  std::vector<CommandFile> inputs = {
+      {"--queries", options.queries}, {"--keys", options.keys}, {"--values", options.values}};
+  for (const auto& [option, flag, path] :
+       std::vector<std::tuple<std::string, const CLI::Option*, std::string>>{
+           {"--params", options.params_option, options.params},
+           {"--valid-lens", options.valid_lens_option, options.valid_lens},
+           {"--mask", options.mask_option, options.mask},
+           {"--alibi", options.alibi_option, options.alibi},
+           {"--sinks", options.sinks_option, options.sinks},
+           {"--out-grad", options.out_grad_option, options.out_grad}}) {
+    if (flag->count() > 0) inputs.push_back({option, path});
+  }
+  return inputs;
+}
+
+// Every file the run writes; the gradients' files once their names are known (after the run).
+std::vector<OutputFile> output_files(const RunOptions& options,
+                                     const std::vector<NamedGradient>& gradients) {
+  std::vector<OutputFile> outputs = {{"--out", options.out, OutputKind::kNpy}};
+  if (options.weights_out_option->count() > 0) {
+    outputs.push_back({"--weights-out", options.weights_out, OutputKind::kNpy});
+  }
+  if (options.heatmap_option->count() > 0) {
+    outputs.push_back({"--heatmap", options.heatmap, OutputKind::kPicture});
+  }
+  for (const NamedGradient& gradient : gradients) {
+    outputs.push_back({"--grads-out (" + gradient.name + ")", gradient_path(options, gradient.name),
+                       OutputKind::kNpy});
+  }
+  return outputs;
 }
 
 // --ring: the same inputs and attention flags over MPI ranks; cli/ring_run.cpp refuses by name
@@ -463,6 +515,18 @@ void run(const RunOptions& options) {
     run_ring(ring_request(options));
     return;
   }
+  // Every output is checked before the computation (so that a bad path costs no time) and again,
+  // gradients included, before the first file is written.
+  const std::vector<CommandFile> inputs = input_files(options);
+  const bool gradients = options.grads_out_option->count() > 0;
+  // The gradients' directory is created only once there is something to write into it.
+  std::error_code error;
+  if (gradients && std::filesystem::exists(options.grads_out, error) &&
+      !std::filesystem::is_directory(options.grads_out, error)) {
+    throw FileError("--grads-out: cannot create the directory '" + options.grads_out +
+                    "' (a file is in the way)");
+  }
+  check_outputs(output_files(options, {}), inputs);
   StateDict state;
   if (options.params_option->count() > 0) {
     state = with_context("--params", [&] { return load_safetensors(options.params); });
@@ -487,19 +551,29 @@ void run(const RunOptions& options) {
     result = run_general(options, state, grad, need_weights);
   }
 
+  require_finite_result(result.output, "--out");
+  if (options.weights_out_option->count() > 0)
+    require_finite_result(result.weights, "--weights-out");
+  for (const NamedGradient& gradient : result.gradients) {
+    require_finite_result(gradient.gradient, "--grads-out (" + gradient.name + ")");
+  }
+  if (gradients) create_output_directory(options.grads_out, "--grads-out");
+  check_outputs(output_files(options, result.gradients), inputs);
+  // The heatmap first: of the outputs it is the one that can still be refused for its contents (a
+  // picture too large to draw), and then nothing has been written yet. --out last.
+  if (options.heatmap_option->count() > 0) save_heatmap(options, result);
+  if (options.weights_out_option->count() > 0) {
+    with_context("--weights-out", [&] { save_npy(options.weights_out, result.weights); });
+  }
+  if (grad_output) save_gradients(options, result.gradients);
   with_context("--out", [&] { save_npy(options.out, result.output); });
   std::string summary = "attn run: " + options.layer + " attention, output " +
                         result.output.shape().str() + " -> " + options.out;
   if (options.weights_out_option->count() > 0) {
-    with_context("--weights-out", [&] { save_npy(options.weights_out, result.weights); });
     summary += ", weights " + result.weights.shape().str() + " -> " + options.weights_out;
   }
-  if (options.heatmap_option->count() > 0) {
-    save_heatmap(options, result);
-    summary += ", heatmap -> " + options.heatmap;
-  }
+  if (options.heatmap_option->count() > 0) summary += ", heatmap -> " + options.heatmap;
   if (grad_output) {
-    save_gradients(options, result.gradients);
     std::string names;
     for (const NamedGradient& gradient : result.gradients) {
       names += (names.empty() ? "" : ", ") + gradient.name;

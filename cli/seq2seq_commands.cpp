@@ -292,6 +292,13 @@ struct TranslateOptions {
 };
 
 void translate_command(const TranslateOptions& options) {
+  if (!options.heatmap.empty()) {
+    const fs::path model = options.model;
+    check_outputs({{"--heatmap", options.heatmap, OutputKind::kPicture}},
+                  {{"--model", model / "config.json"},
+                   {"--model", model / "vocab.json"},
+                   {"--model", model / "model.safetensors"}});
+  }
   Translator translator = with_context("--model", [&] { return Translator::load(options.model); });
   const Translation translation = translator.translate(options.text);
   std::cout << translation.text << "\n";

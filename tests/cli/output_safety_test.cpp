@@ -1,0 +1,155 @@
+// `attn run` and `attn heatmap` under careless or hostile use: every output is checked before the
+// first is written (folder, extension, two outputs one file, an output that is an input, gradients
+// over the inputs' own names), a write that fails midway (a file-size limit) keeps the old --out,
+// a result that would overflow float is an error instead of an infinite file, and hostile input
+// files (empty giants, deep JSON, FIFOs) are clean errors.
+#include <sys/stat.h>
+
+#include <cstring>
+#include <limits>
+
+#include "attn/io/safetensors.hpp"
+#include "attn/nn/multi_head_attention.hpp"
+#include "cli_fixture.hpp"
+
+namespace attn {
+namespace {
+
+using testing::random_tensor;
+
+class OutputSafetyTest : public CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    write_inputs(4, 4, 6, 31);
+    save("old.npy", Tensor::full(Shape{1}, 42.0F));
+    old_ = read_text(path("old.npy"));
+  }
+  // The run fails with `message`, and old.npy (given as --out) is untouched.
+  void expect_refused(const std::string& arguments, const std::string& message) {
+    expect_error("run --layer dot-product " + kInputArguments + " " + arguments, message);
+    EXPECT_EQ(read_text(path("old.npy")), old_) << arguments;
+  }
+  std::string old_;
+};
+
+TEST_F(OutputSafetyTest, EveryOutputIsCheckedBeforeAnyIsWritten) {
+  expect_refused("--out old.npy --weights-out missing/w.npy",
+                 "--weights-out missing/w.npy: the folder 'missing' does not exist");
+  expect_refused("--out old.npy --heatmap h.bmp",
+                 "--heatmap: expected a picture ending in .png, .svg or .pdf, got 'h.bmp'");
+  expect_refused("--out old.npy --weights-out w.txt",
+                 "--weights-out: expected a file name ending in .npy, got 'w.txt'");
+  expect_refused("--out old.npy --weights-out ./old.npy",
+                 "--weights-out ./old.npy: the same file as --out old.npy");
+  expect_refused("--out old.npy --heatmap missing/h.png", "the folder 'missing' does not exist");
+  EXPECT_FALSE(fs::exists(path("w.txt")));
+}
+
+TEST_F(OutputSafetyTest, NoOutputOverwritesAnInput) {
+  const std::string before = read_text(path("q.npy"));
+  expect_error(
+      "run --layer dot-product " + kInputArguments + " --out q.npy",
+      "--out q.npy: the same file as --queries q.npy (writing it would overwrite an input)");
+  expect_error("run --layer dot-product " + kInputArguments + " --out o.npy --weights-out k.npy",
+               "--weights-out k.npy: the same file as --keys k.npy");
+  // Through a symbolic link too.
+  fs::create_symlink("v.npy", path("link.npy"));
+  expect_error("run --layer dot-product " + kInputArguments + " --out link.npy",
+               "the same file as --values v.npy");
+  // Gradients into the folder that holds the inputs: queries.npy is one of them.
+  fs::copy_file(path("q.npy"), path("queries.npy"));
+  Rng rng(32);
+  save("g.npy", random_tensor(Shape{2, 3, 6}, rng));
+  expect_error(
+      "run --layer dot-product --queries queries.npy --keys k.npy --values v.npy "
+      "--out o.npy --out-grad g.npy --grads-out .",
+      "--grads-out (queries) ./queries.npy: the same file as --queries queries.npy");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  EXPECT_EQ(read_text(path("q.npy")), before);
+  EXPECT_EQ(read_text(path("queries.npy")), before);
+}
+
+TEST_F(OutputSafetyTest, AWriteThatFailsMidwayKeepsTheOldOutput) {
+  // 128 KiB of output under a 64 KiB file-size limit (SIGXFSZ ignored, so write() fails with
+  // EFBIG): the command fails naming the reason, and old.npy keeps its bytes.
+  Rng rng(33);
+  save("q.npy", random_tensor(Shape{2, 2048, 4}, rng));
+  const CommandResult result =
+      attn("run --layer dot-product " + kInputArguments + " --out old.npy; trap '' XFSZ");
+  ASSERT_EQ(result.exit_code, 0) << result.err;  // without a limit the run works
+  save("old.npy", Tensor::full(Shape{1}, 42.0F));
+  const std::string command =
+      "cd '" + directory_.string() + "' && trap '' XFSZ && ulimit -f 64 && '" +
+      ATTN_CLI_PATH "' run --layer dot-product " + kInputArguments + " --out old.npy 2> stderr.txt";
+  const int status = std::system(command.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_NE(read_text(path("stderr.txt")).find("old.npy: cannot write the file (File too large)"),
+            std::string::npos)
+      << read_text(path("stderr.txt"));
+  EXPECT_EQ(read_text(path("old.npy")), old_);
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    EXPECT_EQ(entry.path().filename().string().find(".attn-"), std::string::npos)
+        << "temporary file left: " << entry.path();
+  }
+}
+
+TEST_F(OutputSafetyTest, ValuesNearFloatMaxGiveAFiniteOutput) {
+  Rng rng(34);
+  // Normal values of deviation 8e37: a few near ±2e38, and the kernel's sum over 5 keys beyond
+  // float without the power-of-two scaling.
+  save("v.npy", random_tensor(Shape{2, 5, 6}, rng, 8.0e37F));
+  ASSERT_EQ(attn("run --layer dot-product " + kInputArguments + " --out o.npy").exit_code, 0);
+  for (const float value : load_npy_tensor(path("o.npy"), "o").span()) {
+    EXPECT_TRUE(std::isfinite(value));
+  }
+}
+
+TEST_F(OutputSafetyTest, AMultiHeadProjectionThatOverflowsIsAnError) {
+  MultiHeadAttention layer(4, 4, 6, 4, 2, 0.0F);
+  StateDict state = layer.state_dict();
+  // Positive values and W_v: each concatenated head is 6 · 4 = 24, each output 4 · 24 · 3e38.
+  for (float& w : state.at("W_v.weight").span()) w = 1.0F;
+  for (float& w : state.at("W_o.weight").span()) w = 3.0e38F;
+  save_safetensors(path("p.safetensors"), state);
+  save("v.npy", Tensor::full(Shape{2, 5, 6}, 4.0F));
+  expect_error("run --layer multi-head --heads 2 --params p.safetensors " + kInputArguments +
+                   " --out old.npy",
+               "W_o: the projection of the concatenated heads overflows float32");
+  EXPECT_EQ(read_text(path("old.npy")), old_);
+}
+
+TEST_F(OutputSafetyTest, HostileInputFilesAreCleanErrors) {
+  // 128 bytes that claim 2^31 queries of width 0.
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2147483648, 0), }";
+  dict.append(117 - dict.size(), ' ');
+  dict += '\n';
+  std::string npy = "\x93NUMPY\x01";
+  npy += '\0';
+  npy += static_cast<char>(dict.size());
+  npy += '\0';
+  std::ofstream(path("giant.npy"), std::ios::binary) << npy << dict;
+  expect_error(
+      "run --layer dot-product --queries giant.npy --keys giant.npy --values giant.npy "
+      "--out o.npy",
+      "--queries: giant.npy: shape (1, 2147483648, 0) holds no data");
+  // JSON nested 300 000 levels deep in a safetensors header's metadata.
+  const std::string header =
+      "{\"__metadata__\":" + std::string(300000, '[') + std::string(300000, ']') + "}";
+  std::string file(8, '\0');
+  const uint64_t size = header.size();
+  std::memcpy(file.data(), &size, 8);
+  std::ofstream(path("deep.safetensors"), std::ios::binary) << file << header;
+  expect_error("run --layer additive --params deep.safetensors " + kInputArguments + " --out o.npy",
+               "--params: deep.safetensors: header nests arrays and objects deeper than 64");
+  // A FIFO as an input: refused at once, not waited on.
+  ASSERT_EQ(::mkfifo(path("fifo.npy").c_str(), 0600), 0);
+  expect_error("run --layer dot-product --queries fifo.npy --keys k.npy --values v.npy --out o.npy",
+               "fifo.npy: cannot read the file (expected a regular file, got a FIFO");
+  expect_error("heatmap fifo.npy --out h.png", "got a FIFO");
+  expect_error("heatmap q.npy --out q.png --titles a", "titles");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+}  // namespace
+}  // namespace attn
