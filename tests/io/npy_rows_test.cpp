@@ -1,6 +1,7 @@
 // read_npy_header and read_npy_rows: chosen rows of one axis of a .npy file, against the same
 // rows cut from the whole array that read_npy returns, and the errors a bad request or file gets.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -97,6 +98,11 @@ TEST_F(NpyRowsTest, TruncatedMissingAndForeignFilesAreFileErrors) {
   std::ofstream(path("text.npy")) << "not an array at all";
   EXPECT_THROW_MESSAGE(read_npy_header(path("text.npy")), FileError, "not a .npy file");
   EXPECT_THROW_MESSAGE(read_npy_header(path("missing.npy")), FileError, "missing.npy");
+  // Refused before anything waits on them.
+  ASSERT_EQ(::mkfifo(path("fifo.npy").c_str(), 0600), 0);
+  EXPECT_THROW_MESSAGE(read_npy_header(path("fifo.npy")), FileError,
+                       "expected a regular file, got a FIFO");
+  EXPECT_THROW_MESSAGE(read_npy_rows(directory_, 0, {}), FileError, "got a directory");
 }
 
 }  // namespace
