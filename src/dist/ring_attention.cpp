@@ -320,9 +320,6 @@ class Ring {
   int64_t kv_outer() const { return kv_outer_; }
   int64_t head_size() const { return head_size_; }
   int64_t value_size() const { return value_size_; }
-  const Shape& query_shape() const { return query_shape_; }
-  const Shape& key_shape() const { return key_shape_; }
-  const Shape& value_shape() const { return value_shape_; }
 
   // Floats of rank `owner`'s key/value block: its keys, then its values, each contiguous.
   int64_t block_floats(int owner) const {
