@@ -369,6 +369,35 @@ std::string seconds_text(double seconds) {
   return text;
 }
 
+// Every file the run reads, and every file it writes (the gradients' once their folder exists),
+// for the same checks as a single-process run (command_support.hpp's check_outputs).
+std::vector<CommandFile> input_files(const RingRunRequest& request) {
+  const RunArguments& arguments = request.arguments;
+  std::vector<CommandFile> inputs = {
+      {"--queries", arguments.queries}, {"--keys", arguments.keys}, {"--values", arguments.values}};
+  for (const auto& [option, path] :
+       {std::pair{"--valid-lens", arguments.valid_lens}, std::pair{"--alibi", arguments.alibi},
+        std::pair{"--out-grad", request.out_grad}}) {
+    if (path) inputs.push_back({option, *path});
+  }
+  return inputs;
+}
+
+std::filesystem::path gradient_path(const RingRunRequest& request, const std::string& name) {
+  return std::filesystem::path(*request.grads_out) / (name + ".npy");
+}
+
+std::vector<OutputFile> output_files(const RingRunRequest& request, bool gradients) {
+  std::vector<OutputFile> outputs = {{"--out", request.out, OutputKind::kNpy}};
+  if (gradients) {
+    for (const char* name : {"queries", "keys", "values"}) {
+      outputs.push_back({"--grads-out (" + std::string(name) + ")", gradient_path(request, name),
+                         OutputKind::kNpy});
+    }
+  }
+  return outputs;
+}
+
 // What the ranks computed together: on rank 0 the whole output and gradients, in the files'
 // layouts; empty tensors elsewhere.
 struct RingResults {
@@ -404,6 +433,8 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
                        ": not available with --ring (the whole (n, m) weights are what ring "
                        "attention never holds)");
     }
+    // Before any work: --out is not an input, has a .npy name in an existing folder, ...
+    check_outputs(output_files(request, false), input_files(request));
     inputs.emplace(request, rank, ranks);
   });
 
@@ -444,24 +475,24 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
   return results;
 }
 
-// Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting.
+// Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting. The
+// gradients first and --out last, each file checked before the first is written.
 void write_results(const RingRunRequest& request, const RingResults& results, int ranks) {
-  with_context("--out", [&] { save_npy(request.out, results.output); });
+  if (request.out_grad) create_output_directory(*request.grads_out, "--grads-out");
+  check_outputs(output_files(request, request.out_grad.has_value()), input_files(request));
   std::string summary = "attn run: dot-product attention as ring attention over " +
                         std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
                         " (zig-zag shards), output " + results.output.shape().str() + " -> " +
                         request.out;
   if (request.out_grad) {
-    const std::filesystem::path directory = *request.grads_out;
-    create_output_directory(directory, "--grads-out");
     for (const auto& [name, gradient] :
          {std::pair{"queries", &results.grad_queries}, std::pair{"keys", &results.grad_keys},
           std::pair{"values", &results.grad_values}}) {
-      with_context("--grads-out",
-                   [&] { save_npy(directory / (std::string(name) + ".npy"), *gradient); });
+      with_context("--grads-out", [&] { save_npy(gradient_path(request, name), *gradient); });
     }
     summary += ", gradients of sum(output * G) (queries, keys, values) -> " + *request.grads_out;
   }
+  with_context("--out", [&] { save_npy(request.out, results.output); });
   summary += "; forward " + seconds_text(results.forward_seconds) + " (slowest rank, " +
              seconds_text(results.forward_wait) + " waiting for blocks)";
   if (request.out_grad) summary += ", backward " + seconds_text(results.backward_seconds);

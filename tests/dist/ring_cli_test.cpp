@@ -161,6 +161,11 @@ TEST_F(RingCliTest, MissingFilesAndRefusedFlagsAreErrorsOnEveryRank) {
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.err.find("attn: error: rank 0: --values: missing.npy"), std::string::npos)
       << result.err;
+  // Outputs are checked as a single-process run checks them, before any work.
+  result = ring(2, inputs + "q.npy --out q.npy");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--out q.npy: the same file as --queries q.npy"), std::string::npos)
+      << result.err;
   result = ring(2, inputs + "q.npy --out o.npy --mask q.npy");
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.err.find("--mask: not available with --ring"), std::string::npos) << result.err;
