@@ -31,6 +31,15 @@ void bind_files(nb::module_& module) {
       "Reads a safetensors file of F32 (or F64, rounded) tensors as {name: float32 NumPy array}.\n"
       "A missing, truncated or malformed file raises attn.FileError (an OSError) naming it.");
   module.def(
+      "_load_safetensors_metadata",
+      [](const std::filesystem::path& path) {
+        nb::gil_scoped_release release;
+        return load_safetensors_metadata(path);
+      },
+      "path"_a,
+      "The string metadata of a safetensors file (checked whole, as load_safetensors does), {}\n"
+      "when it has none; for attn.load. A bad file raises attn.FileError naming it.");
+  module.def(
       "save_safetensors",
       [](const std::filesystem::path& path, nb::handle tensors,
          const std::map<std::string, std::string>& metadata) {
@@ -39,7 +48,8 @@ void bind_files(nb::module_& module) {
         save_safetensors(path, state, metadata);
       },
       "path"_a, "tensors"_a, "metadata"_a = std::map<std::string, std::string>{},
-      "Writes {name: array} as F32 tensors to a safetensors file, with optional string metadata.\n"
+      "Writes {name: array} as F32 tensors to a safetensors file, with optional string metadata,\n"
+      "through a temporary file renamed over `path` (a failed write keeps the old file).\n"
       "PyTorch reads it with safetensors.torch.load_file(path).");
 }
 

@@ -3,12 +3,15 @@
 #include <nanobind/nanobind.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <string>
 
 #include "arrays.hpp"
 #include "attn/core/error.hpp"
+#include "attn/core/threads.hpp"
 #include "bindings.hpp"
 
 namespace nb = nanobind;
@@ -17,8 +20,8 @@ using namespace nb::literals;
 namespace {
 
 // The thread count for attn's OpenMP kernels; OpenMP's own default (OMP_NUM_THREADS, else the
-// number of hardware threads) until set_num_threads() changes it.
-std::atomic<int> num_threads_setting{omp_get_max_threads()};
+// number of hardware threads), at most attn::kMaxThreads, until set_num_threads() changes it.
+std::atomic<int> num_threads_setting{std::min(omp_get_max_threads(), attn::kMaxThreads)};
 
 // Python types of attn's exceptions; created once with the module and never freed, as CPython's
 // own exception types.
@@ -70,15 +73,14 @@ NB_MODULE(_attn, module) {
 
   module.def(
       "set_num_threads",
-      [](int threads) {
-        if (threads < 1) {
-          throw nb::value_error(
-              ("n: expected a thread count of at least 1, got " + std::to_string(threads)).c_str());
-        }
-        num_threads_setting.store(threads);
+      [](int64_t threads) {
+        // Checked here, not at the next call: OpenMP crashes on a million threads and exits the
+        // interpreter when it cannot create a few thousand.
+        attn::check_thread_count(threads, "n");
+        num_threads_setting.store(static_cast<int>(threads));
       },
       "n"_a,
-      "Sets how many threads attn's OpenMP kernels may use (at least 1), like\n"
+      "Sets how many threads attn's OpenMP kernels may use (1 to 1024), like\n"
       "torch.set_num_threads. It applies to every later call, from any Python thread; kernels\n"
       "that are not parallel yet run on the calling thread (with the GIL released).");
   module.def(

@@ -9,8 +9,6 @@ with autograd support. ``KVCache`` holds keys and values for decoding (float32, 
 or int8), which ``scaled_dot_product_attention(query, cache)`` reads in that precision.
 """
 
-import ast as _ast
-import json as _json
 import os as _os
 from importlib import metadata as _metadata
 
@@ -34,6 +32,7 @@ from ._attn import (
     set_num_threads,
     set_strict_inputs,
     _data_pointer,
+    _load_safetensors_metadata,
 )
 
 try:
@@ -71,29 +70,30 @@ _LAYERS = {
     "MultiHeadAttention": MultiHeadAttention,
 }
 
-# A safetensors header is at most this long (the format's own limit is 100 MB).
-_MAX_HEADER_BYTES = 100_000_000
+# A constructor argument in a file's metadata is a short literal: an int, a float, True, False or
+# None (what ``layer.save`` writes). Anything longer or else is refused, never evaluated.
+_MAX_ARGUMENT_LENGTH = 64
 
 
-def _safetensors_metadata(path):
-    """The string metadata (``__metadata__``) of a safetensors file, {} when it has none."""
-    with open(path, "rb") as file:
-        prefix = file.read(8)
-        if len(prefix) != 8:
-            raise FileError(
-                f"{_os.fspath(path)}: expected a safetensors file, got {len(prefix)} bytes"
-            )
-        size = int.from_bytes(prefix, "little")
-        if size > _MAX_HEADER_BYTES:
-            raise FileError(
-                f"{_os.fspath(path)}: header of {size} bytes exceeds {_MAX_HEADER_BYTES}"
-            )
-        header = file.read(size)
-    try:
-        metadata = _json.loads(header).get("__metadata__", {})
-    except (ValueError, AttributeError) as error:
-        raise FileError(f"{_os.fspath(path)}: header is not a JSON object ({error})") from None
-    return metadata if isinstance(metadata, dict) else {}
+def _argument(path, key, text):
+    """The value of constructor argument ``key`` written as ``text`` in the metadata of ``path``."""
+    constants = {"True": True, "False": False, "None": None}
+    if text in constants:
+        return constants[text]
+    if len(text) <= _MAX_ARGUMENT_LENGTH:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    shown = text if len(text) <= _MAX_ARGUMENT_LENGTH else text[:_MAX_ARGUMENT_LENGTH] + "..."
+    raise FileError(
+        f"{_os.fspath(path)}: metadata {key!r}: expected a number, True, False or None "
+        f"(at most {_MAX_ARGUMENT_LENGTH} characters), got {shown!r}"
+    )
 
 
 def load(path):
@@ -101,15 +101,25 @@ def load(path):
     the file's metadata, its parameters from the tensors. Training mode, as a new layer.
 
     A file written elsewhere (e.g. ``safetensors.torch.save_file(module.state_dict(), path)``)
-    has no such metadata: construct the layer and call ``layer.load(path)`` instead."""
-    metadata = _safetensors_metadata(path)
+    has no such metadata: construct the layer and call ``layer.load(path)`` instead. Any problem
+    with the file — unreadable, not a regular file, malformed, or metadata that builds no layer —
+    raises attn.FileError naming it."""
+    # attn's own reader: bounded JSON, FIFOs and devices refused before reading, FileError always.
+    metadata = _load_safetensors_metadata(path)
     name = metadata.get("layer")
     if name not in _LAYERS:
         raise ValueError(
             f"{_os.fspath(path)}: expected a layer saved by attn (metadata 'layer' one of "
             f"{sorted(_LAYERS)}), got {name!r}; construct the layer and call layer.load(path)"
         )
-    kwargs = {key: _ast.literal_eval(value) for key, value in metadata.items() if key != "layer"}
-    layer = _LAYERS[name](**kwargs)
+    kwargs = {
+        key: _argument(path, key, value) for key, value in metadata.items() if key != "layer"
+    }
+    try:
+        layer = _LAYERS[name](**kwargs)
+    except (TypeError, ValueError) as error:
+        raise FileError(
+            f"{_os.fspath(path)}: metadata does not build a {name}: {error}"
+        ) from None
     layer.load(path)
     return layer

@@ -1,0 +1,147 @@
+# The Python module under hostile use (docs/reliability.md): files that crashed or hung the
+# interpreter (JSON nested without end, a FIFO), foreign exceptions, thread counts that made OpenMP
+# kill the process, metadata that attn.load must not evaluate, writes that fail midway, and finite
+# inputs near float's maximum.
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import attn
+
+
+def safetensors_bytes(header, data=b""):
+    text = header.encode() if isinstance(header, str) else header
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def run_python(code, timeout=60):
+    """Runs `code` in a fresh interpreter (a crash or a hang there does not take pytest down)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("where", ["metadata", "shape"])
+def test_deep_json_in_a_header_is_a_file_error_not_a_crash(tmp_path, where):
+    deep = "[" * 300_000 + "]" * 300_000
+    header = (
+        '{"__metadata__":' + deep + "}"
+        if where == "metadata"
+        else '{"w":{"dtype":"F32","shape":' + deep + ',"data_offsets":[0,0]}}'
+    )
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(safetensors_bytes(header))
+    with pytest.raises(attn.FileError, match="deep.safetensors: header nests arrays and objects"):
+        attn.load_safetensors(path)
+    with pytest.raises(attn.FileError, match="nests arrays and objects deeper than 64"):
+        attn.load(path)
+
+
+def test_numbers_beyond_double_are_file_errors_naming_the_file(tmp_path):
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(safetensors_bytes('{"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}}',
+                                       b"\0" * 4))
+    with pytest.raises(attn.FileError, match="big.safetensors: header is not valid JSON") as error:
+        attn.load_safetensors(path)
+    assert isinstance(error.value, OSError) and "json.exception" not in str(error.value)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "layer.safetensors"
+    os.mkfifo(fifo)
+    result = run_python(
+        f"""
+        import attn
+        for call in (attn.load, attn.load_safetensors):
+            try:
+                call({str(fifo)!r})
+            except attn.FileError as error:
+                print(error)
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("expected a regular file, got a FIFO") == 2, result.stdout
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1025, 1_000_000])
+def test_thread_counts_outside_one_to_1024_are_value_errors(threads):
+    before = attn.get_num_threads()
+    with pytest.raises(ValueError, match=r"n: expected a thread count in \[1, 1024\]"):
+        attn.set_num_threads(threads)
+    assert attn.get_num_threads() == before
+
+
+def test_a_huge_omp_num_threads_is_capped():
+    env_result = subprocess.run(
+        [sys.executable, "-c", "import attn; print(attn.get_num_threads())"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "100000"},
+    )
+    assert env_result.returncode == 0, env_result.stderr
+    assert int(env_result.stdout) == 1024
+
+
+def saved_layer(tmp_path, metadata):
+    layer = attn.MultiHeadAttention(2, 2, 2, 4, 2, 0.0)
+    path = tmp_path / "layer.safetensors"
+    attn.save_safetensors(path, layer.state_dict(), metadata)
+    return path
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["(" * 100_000 + ")" * 100_000, "__import__('os').getcwd()", "[2]", "9" * 100],
+)
+def test_load_never_evaluates_metadata(tmp_path, value):
+    path = saved_layer(tmp_path, {"layer": "MultiHeadAttention", "key_size": value})
+    with pytest.raises(attn.FileError, match="metadata 'key_size': expected a number"):
+        attn.load(path)
+
+
+def test_metadata_that_builds_no_layer_is_a_file_error(tmp_path):
+    path = saved_layer(tmp_path, {"layer": "MultiHeadAttention", "colour": "3"})
+    with pytest.raises(attn.FileError, match="metadata does not build a MultiHeadAttention"):
+        attn.load(path)
+
+
+def test_a_write_that_fails_midway_keeps_the_old_file(tmp_path):
+    path = tmp_path / "t.safetensors"
+    attn.save_safetensors(path, {"w": np.ones(2, dtype=np.float32)})
+    before = path.read_bytes()
+    result = run_python(
+        f"""
+        import resource, signal
+        import numpy as np
+        import attn
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+        try:
+            attn.save_safetensors({str(path)!r}, {{"w": np.ones(1 << 18, dtype=np.float32)}})
+        except attn.FileError as error:
+            print(error)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "cannot write the file (File too large)" in result.stdout
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]
+
+
+def test_values_near_float_max_give_finite_outputs():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 64, 8)).astype(np.float32)
+    v = (rng.uniform(-1, 1, (1, 2, 64, 4)) * 3e38).astype(np.float32)
+    out = attn.scaled_dot_product_attention(q, k, v)
+    assert np.isfinite(out).all()
+    scores = (q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2)) / np.sqrt(8)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = weights @ v.astype(np.float64)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
