@@ -275,6 +275,19 @@ TEST(HostileShapes, ZeroWidthGiantsAreRefusedByTheReaders) {
       FileError, "giant.st: tensor 'w': shape [0,4294967296] holds no data");
 }
 
+TEST(HostileShapes, AShapeTupleMillionsLongIsRefusedAsItIsRead) {
+  std::string tuple = "(";
+  for (int i = 0; i < 1'000'000; ++i) tuple += "1, ";
+  tuple += ")";
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': " + tuple + ", }\n";
+  std::string npy = "\x93NUMPY\x02";
+  npy += '\0';
+  const auto size = static_cast<uint32_t>(dict.size());
+  npy.append(reinterpret_cast<const char*>(&size), 4);
+  EXPECT_THROW_MESSAGE(parse_npy(bytes_of(npy + dict), "long.npy"), FileError,
+                       "long.npy: expected a rank of at most 8, got a shape tuple of more than 64");
+}
+
 TEST(HostileShapes, ZeroWidthInputsCostNoPerElementWork) {
   // E = 0: every score is 0, so each output row is the mean of the values; nothing divides by E.
   EXPECT_EQ(log_sum_exp_size(Shape{3, 65536, 0}), 3 * 65536);
