@@ -3,10 +3,9 @@
 #include "attn/seq2seq/corpus.hpp"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "attn/core/error.hpp"
+#include "core/file_access.hpp"
 
 namespace attn {
 
@@ -57,12 +56,10 @@ std::vector<TextPair> parse_tsv_pairs(std::string_view text, std::string_view so
 }
 
 std::vector<TextPair> read_tsv_pairs(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw FileError(path.string() + ": cannot open the corpus file for reading");
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  if (file.bad()) throw FileError(path.string() + ": failed while reading the corpus file");
-  return parse_tsv_pairs(contents.str(), path.string());
+  // A regular file only: a FIFO or a device is refused before anything waits on it.
+  const std::vector<std::byte> bytes = file_access::read_regular_file(path);
+  return parse_tsv_pairs(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string());
 }
 
 ParallelCorpus tokenize_pairs(const std::vector<TextPair>& pairs, TokenizerKind tokenizer) {

@@ -100,9 +100,8 @@ TEST_F(OutputSafetyTest, ValuesNearFloatMaxGiveAFiniteOutput) {
   // float without the power-of-two scaling.
   save("v.npy", random_tensor(Shape{2, 5, 6}, rng, 8.0e37F));
   ASSERT_EQ(attn("run --layer dot-product " + kInputArguments + " --out o.npy").exit_code, 0);
-  for (const float value : load_npy_tensor(path("o.npy"), "o").span()) {
-    EXPECT_TRUE(std::isfinite(value));
-  }
+  const Tensor output = load_npy_tensor(path("o.npy"), "o");
+  for (const float value : output.span()) EXPECT_TRUE(std::isfinite(value));
 }
 
 TEST_F(OutputSafetyTest, AMultiHeadProjectionThatOverflowsIsAnError) {

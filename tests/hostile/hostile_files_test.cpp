@@ -19,6 +19,7 @@
 #include "attn/io/files.hpp"
 #include "attn/io/npy.hpp"
 #include "attn/io/safetensors.hpp"
+#include "attn/seq2seq/corpus.hpp"
 #include "attn/seq2seq/translator.hpp"
 #include "test_support.hpp"
 
@@ -233,6 +234,7 @@ TEST(HostileFiles, FifosDevicesAndFoldersAreRefusedWithoutBlocking) {
   EXPECT_THROW_MESSAGE(read_npy(fifo), FileError, "expected a regular file, got a FIFO");
   EXPECT_THROW_MESSAGE(load_safetensors(fifo), FileError, "got a FIFO");
   EXPECT_THROW_MESSAGE(read_file(fifo), FileError, "got a FIFO");
+  EXPECT_THROW_MESSAGE(read_tsv_pairs(fifo), FileError, "got a FIFO");
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
   EXPECT_THROW_MESSAGE(read_npy("/dev/zero"), FileError, "got a character device");
   EXPECT_THROW_MESSAGE(load_safetensors(directory.path()), FileError, "got a directory");

@@ -128,7 +128,7 @@ TEST(Corpus, MalformedLinesAreClearErrors) {
   EXPECT_THROW_MESSAGE(parse_tsv_pairs("\n\n", "empty.tsv"), FileError,
                        "empty.tsv: expected at least one");
   EXPECT_THROW_MESSAGE(read_tsv_pairs("/nonexistent/corpus.tsv"), FileError,
-                       "/nonexistent/corpus.tsv: cannot open");
+                       "/nonexistent/corpus.tsv: cannot read the file (No such file or directory)");
 }
 
 TEST(Corpus, EncodesWithEosTruncatesAndPads) {
