@@ -24,11 +24,14 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/core/threads.hpp"
+#include "attn/io/files.hpp"
 #include "bench/attention_cases.hpp"
 #include "bench/ceilings.hpp"
 #include "bench/decode_cases.hpp"
 #include "bench/memory_probe.hpp"
 #include "bench_decode.hpp"
+#include "command_support.hpp"
 
 namespace attn::cli {
 
@@ -135,9 +138,7 @@ void check_options(BenchOptions& options) {
     }
   }
   for (const int threads : options.threads) {
-    if (threads < 1 || threads > 1024) {
-      throw ValueError("--threads: expected counts in [1, 1024], got " + std::to_string(threads));
-    }
+    check_thread_count(threads, "--threads");
   }
   if (options.cases.empty()) {
     for (const AttentionCase& entry : bench::attention_cases()) options.cases.push_back(entry.name);
@@ -440,17 +441,14 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
 
 void run(BenchOptions options) {
   check_options(options);
-  // Opened first, so that a bad path fails before minutes of measuring.
-  std::ofstream file;
-  if (!options.json_out.empty()) {
-    file.open(options.json_out);
-    if (!file) throw FileError("--json-out: cannot open '" + options.json_out + "' for writing");
-  }
+  // Checked first, so that a bad path fails before minutes of measuring; written through a
+  // temporary file renamed over it, so that a failed write keeps an earlier report whole.
+  if (!options.json_out.empty()) check_outputs({{"--json-out", options.json_out}}, {});
   const BenchReport report = run_benchmarks(options);
-  if (file.is_open()) {
-    write_json(report, options, file);
-    file.flush();
-    if (!file) throw FileError("--json-out: cannot write '" + options.json_out + "'");
+  if (!options.json_out.empty()) {
+    std::ostringstream text;
+    write_json(report, options, text);
+    with_context("--json-out", [&] { write_file(options.json_out, text.str()); });
   }
   if (options.json) {
     write_json(report, options, std::cout);

@@ -144,6 +144,8 @@ TEST_F(CliTest, BenchRejectsUnknownCasesAndBadSizes) {
   expect_error("bench --cases nope", "--cases: expected one of fused, plain");
   expect_error("bench --sizes 0", "--sizes");
   expect_error("bench --threads 0", "--threads");
+  expect_error("bench --threads 1000000", "--threads: expected a thread count in [1, 1024]");
+  expect_error("bench --json-out missing/b.json", "--json-out missing/b.json: the folder");
   expect_error("bench --window -1", "--window");
   expect_error("bench --cases decode-float8", "decode-int8, got 'decode-float8'");
   expect_error("bench --cases decode-int8 --decode-kv-heads 3", "--decode-kv-heads");
