@@ -61,6 +61,8 @@ void KVCache::reserve(int64_t capacity) {
         dtype_ == CacheDType::kInt8 ? static_cast<size_t>(batch_ * kv_heads_ * capacity) : 0);
     for (int64_t b = 0; b < batch_; ++b) {
       const int64_t rows = lengths_[static_cast<size_t>(b)];
+      // An empty cache has no buffer yet; memcpy may not be given its null pointer.
+      if (rows == 0) continue;
       for (int64_t h = 0; h < kv_heads_; ++h) {
         const int64_t from = row_index(b, h, 0, kv_heads_, capacity_);
         const int64_t to = row_index(b, h, 0, kv_heads_, capacity);
