@@ -135,6 +135,21 @@ Translator::Translator(Seq2Seq model, Vocabulary source_vocabulary, Vocabulary t
     throw ValueError("num_steps: expected at least 1, got " + std::to_string(num_steps));
 }
 
+namespace {
+
+// Finite parameters can still overflow float inside the GRUs or the dense layer (weights near
+// 1e38 from a hand-made file): that is an error, never NaN logits or weights in a translation.
+void require_finite_result(const Tensor& values, std::string_view what, int64_t step) {
+  const std::span<const float> data = values.span();
+  if (std::all_of(data.begin(), data.end(), [](float v) { return std::isfinite(v); })) return;
+  throw ValueError("model: its parameters overflow float while translating (non-finite " +
+                   std::string(what) +
+                   (step >= 0 ? " at step " + std::to_string(step) : std::string()) +
+                   "); a model's parameters must keep every activation below float's maximum");
+}
+
+}  // namespace
+
 std::vector<Translation> Translator::translate(const std::vector<std::vector<std::string>>& sources,
                                                int64_t batch_size) {
   if (batch_size < 1)
@@ -159,6 +174,7 @@ std::vector<Translation> Translator::translate(const std::vector<std::vector<std
     int64_t finished = 0;
     for (int64_t t = 0; t < steps && finished < batch; ++t) {
       const Tensor logits = decoder.step(tokens);
+      require_finite_result(logits, "logits", t);
       const int64_t vocab = logits.dim(1);
       for (int64_t b = 0; b < batch; ++b) {
         const auto index = static_cast<size_t>(b);
@@ -177,6 +193,7 @@ std::vector<Translation> Translator::translate(const std::vector<std::vector<std
       }
     }
     const Tensor weights = decoder.attention_weights();  // (steps taken, batch, num_steps)
+    require_finite_result(weights, "attention weights", -1);
     for (int64_t b = 0; b < batch; ++b) {
       Translation& translation = translations[static_cast<size_t>(first + b)];
       const int64_t length = valid_lens[static_cast<size_t>(b)];

@@ -224,6 +224,27 @@ TEST_F(HostileModel, SizesTheWeightsDoNotHoldAllocateNothing) {
   EXPECT_THROW_MESSAGE(Translator::load(directory_.path()), FileError, "parameters");
 }
 
+// Finite parameters near float's maximum overflow inside the model's GRUs: translating is an
+// error, never NaN logits or attention weights. The model is the seq2seq fuzzer's finding (GRU
+// weights near 1e36), kept in its corpus: config.json, vocab.json and model.safetensors joined by
+// the fuzzer's separator line.
+TEST(HostileModelValues, ParametersThatOverflowWhileTranslatingAreAnError) {
+  std::ifstream file(fs::path(ATTN_FIXTURES_DIR) / "../../fuzz/corpus/seq2seq_model/overflowing_gru",
+                     std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  const std::string separator = "\n#attn-fuzz#\n";
+  const size_t first = text.find(separator);
+  const size_t second = text.find(separator, first + separator.size());
+  ASSERT_NE(second, std::string::npos) << "fixture missing or not three files";
+  const std::string_view all(text);
+  const std::string_view weights = all.substr(second + separator.size());
+  Translator translator = Translator::parse(
+      all.substr(0, first), all.substr(first + separator.size(), second - first - separator.size()),
+      std::as_bytes(std::span(weights.data(), weights.size())), "overflowing_gru");
+  EXPECT_THROW_MESSAGE(translator.translate("3 march 1987"), ValueError,
+                       "model: its parameters overflow float while translating");
+}
+
 // ---- Files that are not regular files: refused before anything waits on them.
 
 TEST(HostileFiles, FifosDevicesAndFoldersAreRefusedWithoutBlocking) {
