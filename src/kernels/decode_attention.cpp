@@ -38,6 +38,7 @@ struct DecodeArgs {
 };
 
 constexpr size_t kKeyTile = 64;
+constexpr int64_t kPrefetchTiles = 2;  // how far ahead TilePrefetch requests rows
 
 }  // namespace attn::decode_detail
 #endif
@@ -59,6 +60,7 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using decode_detail::DecodeArgs;
 using decode_detail::kKeyTile;
+using decode_detail::kPrefetchTiles;
 
 // Per-thread buffers, sized for the widest vectors this target has.
 struct DecodeScratch {
@@ -142,6 +144,26 @@ void WidenCacheRows(D d, const CacheTensorView& t, int64_t b, int64_t h, int64_t
   }
 }
 
+// Software prefetch of a later tile's K and V rows into L2, a row of each per key of the current
+// tile's first pass, so that requests reach memory evenly while the core computes on cached data
+// (the hardware prefetchers, which stop at page boundaries, let a single core's decode stall on
+// every tile). Rows outside the split are not requested.
+struct TilePrefetch {
+  const char* keys = nullptr;  // row 0 of the tile to fetch, or null
+  const char* values = nullptr;
+  size_t key_stride = 0, value_stride = 0;  // bytes between rows
+  size_t key_bytes = 0, value_bytes = 0;    // bytes per row
+  size_t rows = 0;
+
+  HWY_INLINE void Row(size_t j) const {
+    if (j >= rows) return;
+    const char* k = keys + j * key_stride;
+    for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 2);
+    const char* v = values + j * value_stride;
+    for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 2);
+  }
+};
+
 // Sᵀ[j, r] = q_r · k_j for the tile's keys (rows `key_ld` apart) and the `rows` query rows
 // (depth floats each), one dot product at a time: each query row's vectors stay in registers while
 // the tile's keys stream past (the tile is 64 rows: after the first query row, from L1/L2), and a
@@ -151,7 +173,8 @@ void WidenCacheRows(D d, const CacheTensorView& t, int64_t b, int64_t h, int64_t
 template <class D>
 HWY_INLINE void ScoreRows(D d, size_t bc, const float* HWY_RESTRICT keys, size_t key_ld,
                           const float* HWY_RESTRICT q_rows, size_t rows, size_t depth,
-                          float* HWY_RESTRICT scores, size_t row_lanes) {
+                          float* HWY_RESTRICT scores, size_t row_lanes,
+                          const TilePrefetch& prefetch) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   const size_t vectors = depth / lanes;
@@ -162,6 +185,7 @@ HWY_INLINE void ScoreRows(D d, size_t bc, const float* HWY_RESTRICT keys, size_t
     V q_vectors[kRegisterVectors];
     for (size_t v = 0; v < held; ++v) q_vectors[v] = hn::LoadU(d, q + v * lanes);
     for (size_t j = 0; j < bc; ++j) {
+      if (r == 0) prefetch.Row(j);
       const float* k = keys + j * key_ld;
       V acc0 = hn::Zero(d), acc1 = hn::Zero(d);  // two chains hide the FMA latency
       size_t v = 0;
@@ -271,7 +295,24 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     } else {
       WidenCacheRows(df, args.keys, b, kv_head, key0, bc, s.key_tile, depth);
     }
-    ScoreRows(df, bc, key_rows, key_ld, s.q_rows, rows, depth, s.scores, row_lanes);
+    TilePrefetch prefetch;
+    const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);
+    if (ahead < split_end) {
+      const int64_t element = cache_dtype_size(args.keys.dtype);
+      const auto row_address = [&](const CacheTensorView& t) {
+        return static_cast<const char*>(t.data) +
+               (b * t.batch_stride + kv_head * t.head_stride + ahead * t.row_stride) * element;
+      };
+      prefetch = TilePrefetch{row_address(args.keys),
+                              row_address(args.values),
+                              static_cast<size_t>(args.keys.row_stride * element),
+                              static_cast<size_t>(args.values.row_stride * element),
+                              static_cast<size_t>(args.keys.cols * element),
+                              static_cast<size_t>(args.values.cols * element),
+                              static_cast<size_t>(std::min<int64_t>(
+                                  static_cast<int64_t>(kKeyTile), split_end - ahead))};
+    }
+    ScoreRows(df, bc, key_rows, key_ld, s.q_rows, rows, depth, s.scores, row_lanes, prefetch);
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
     DecodeSoftmaxStep(d, bc, row_lanes, s);
     // O = O · rescale + P V over the value columns, full-width vectors.
