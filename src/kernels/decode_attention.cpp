@@ -203,6 +203,137 @@ HWY_INLINE void ScoreRows(D d, size_t bc, const float* HWY_RESTRICT keys, size_t
   }
 }
 
+// Element t of a cache row in fp32 (before an int8 row's scale), for depth tails.
+template <CacheDType kType>
+HWY_INLINE float CacheElement(const void* row, size_t t) {
+  if constexpr (kType == CacheDType::kFloat32) return static_cast<const float*>(row)[t];
+  if constexpr (kType == CacheDType::kFloat16)
+    return half_to_float(static_cast<const uint16_t*>(row)[t]);
+  if constexpr (kType == CacheDType::kBFloat16)
+    return bfloat16_to_float(static_cast<const uint16_t*>(row)[t]);
+  return static_cast<float>(static_cast<const int8_t*>(row)[t]);
+}
+
+// A vector of a cache row from element t on, converted to fp32 in registers.
+template <CacheDType kType, class D>
+HWY_INLINE hn::Vec<D> LoadCacheVector(D d, const void* row, size_t t) {
+  if constexpr (kType == CacheDType::kFloat32) {
+    return hn::LoadU(d, static_cast<const float*>(row) + t);
+  } else if constexpr (kType == CacheDType::kFloat16) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(row) + t));
+  } else if constexpr (kType == CacheDType::kBFloat16) {
+    const hn::Rebind<hwy::bfloat16_t, D> dbf;
+    return hn::PromoteTo(d, hn::LoadU(dbf, static_cast<const hwy::bfloat16_t*>(row) + t));
+  } else {
+    const hn::Rebind<int8_t, D> d8;
+    const hn::RebindToSigned<D> di;
+    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, static_cast<const int8_t*>(row) + t)));
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// The lanes of each 128-bit block summed across blocks: 4 lanes.
+template <class D>
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) <= 4) {
+    (void)d;
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return SumBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
+// (Σa, Σb, Σc, Σd) in 4 lanes: two interleaving steps within each 128-bit block, then the blocks
+// added — 3 shuffles per sum instead of a horizontal reduction each.
+template <class D>
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumFour(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c,
+                                                    hn::Vec<D> e) {
+  const hn::Repartition<uint64_t, D> d64;
+  // Per block: (a0 + a2, b0 + b2, a1 + a3, b1 + b3), and the same of c and e.
+  const auto ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  const auto ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+  const auto ab64 = hn::BitCast(d64, ab), ce64 = hn::BitCast(d64, ce);
+  const auto sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
+                            hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64)));
+  return SumBlocks(d, sums);
+}
+#endif
+
+// Sᵀ[j, r] = q_r · k_j (times the key row's int8 scale) for the tile's bc keys, read from the
+// cache in its own dtype and converted in registers: each key row is loaded once for four query
+// rows at a time, two keys at once (eight FMA chains), and four sums leave in one vector. Query rows
+// rows … rows rounded up to 4 must be zero (their scores are masked anyway).
+template <CacheDType kType, size_t kKeys, class D>
+HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const float* scales,
+                          const float* HWY_RESTRICT q_rows, size_t row_groups, size_t depth,
+                          float* HWY_RESTRICT scores, size_t row_lanes) {
+#if HWY_TARGET == HWY_SCALAR  // plain dot products
+  (void)d;
+    for (size_t k = 0; k < kKeys; ++k) {
+      for (size_t r = 0; r < row_groups * 4; ++r) {
+        float dot = 0.0F;
+        for (size_t t = 0; t < depth; ++t)
+          dot += q_rows[r * depth + t] * CacheElement<kType>(key_row + k * key_stride, t);
+        if constexpr (kType == CacheDType::kInt8) dot *= scales[k];
+        scores[k * row_lanes + r] = dot;
+      }
+    }
+#else
+  using V = hn::Vec<D>;
+  const hn::CappedTag<float, 4> d4;
+  const size_t lanes = hn::Lanes(d), vectors_end = depth / lanes * lanes;
+  for (size_t group = 0; group < row_groups; ++group) {
+    const float* q = q_rows + group * 4 * depth;
+    V acc[kKeys][4];
+    for (size_t k = 0; k < kKeys; ++k)
+      for (size_t i = 0; i < 4; ++i) acc[k][i] = hn::Zero(d);
+    for (size_t t = 0; t < vectors_end; t += lanes) {
+      V key[kKeys];
+      for (size_t k = 0; k < kKeys; ++k)
+        key[k] = LoadCacheVector<kType>(d, key_row + k * key_stride, t);
+      for (size_t i = 0; i < 4; ++i) {
+        const V query = hn::LoadU(d, q + i * depth + t);
+        for (size_t k = 0; k < kKeys; ++k) acc[k][i] = hn::MulAdd(query, key[k], acc[k][i]);
+      }
+    }
+    for (size_t k = 0; k < kKeys; ++k) {
+      auto sums = SumFour(d, acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
+      if (vectors_end < depth) {
+        HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+        for (size_t i = 0; i < 4; ++i)
+          for (size_t t = vectors_end; t < depth; ++t)
+            tail[i] += q[i * depth + t] * CacheElement<kType>(key_row + k * key_stride, t);
+        sums = hn::Add(sums, hn::Load(d4, tail));
+      }
+      if constexpr (kType == CacheDType::kInt8) sums = hn::Mul(sums, hn::Set(d4, scales[k]));
+      hn::StoreU(sums, d4, scores + k * row_lanes + group * 4);
+    }
+  }
+#endif
+}
+
+template <CacheDType kType, class D>
+HWY_INLINE void ScoreTile(D d, size_t bc, const char* key_rows, size_t key_stride,
+                          const float* scales, const float* HWY_RESTRICT q_rows, size_t rows,
+                          size_t depth, float* HWY_RESTRICT scores, size_t row_lanes,
+                          const TilePrefetch& prefetch) {
+  const size_t row_groups = (rows + 3) / 4;
+  size_t j = 0;
+  for (; j + 2 <= bc; j += 2) {
+    prefetch.Row(j);
+    prefetch.Row(j + 1);
+    ScoreKeys<kType, 2>(d, key_rows + j * key_stride, key_stride, scales + j, q_rows, row_groups,
+                        depth, scores + j * row_lanes, row_lanes);
+  }
+  if (j < bc) {
+    prefetch.Row(j);
+    ScoreKeys<kType, 1>(d, key_rows + j * key_stride, key_stride, scales + j, q_rows, row_groups,
+                        depth, scores + j * row_lanes, row_lanes);
+  }
+}
+
 // One key tile's online-softmax step on Sᵀ (bc × R, masked scores in, Pᵀ out), lane-wise over the
 // rows, one vector of rows at a time: new max, rescale exp(old − new), P = exp(S − max), sums.
 template <class D>
@@ -239,7 +370,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const size_t lanes = hn::Lanes(d), full_lanes = hn::Lanes(df);
   const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
   const auto rows = static_cast<size_t>(group * n);
-  const size_t row_lanes = hwy::RoundUpTo(rows, lanes);
+  // Whole groups of 4 rows (ScoreKeys), whole vectors of `d`.
+  const size_t row_lanes = hwy::RoundUpTo(rows, std::max<size_t>(lanes, 4));
   const auto depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.values.cols);
   const size_t dv_padded = hwy::RoundUpTo(dv, full_lanes);
   const int64_t length = args.lengths[b];
@@ -272,6 +404,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     s.row_sum[r] = 0.0F;
   }
   std::fill(s.output, s.output + rows * dv_padded, 0.0F);
+  // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
+  std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
   // This split's keys, within what any row sees.
   const int64_t split_begin = std::max(begin, split * args.split_len);
   const int64_t split_end = std::min(end, (split + 1) * args.split_len);
@@ -285,16 +419,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   for (int64_t key0 = split_begin; key0 < split_end; key0 += static_cast<int64_t>(kKeyTile)) {
     const auto bc =
         static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - key0));
-    // Sᵀ = K Qᵀ, with K widened to fp32 (or read in place when the cache is fp32).
-    const float* key_rows = s.key_tile;
-    size_t key_ld = depth;
-    if (args.keys.dtype == CacheDType::kFloat32) {
-      key_rows = static_cast<const float*>(args.keys.data) + b * args.keys.batch_stride +
-                 kv_head * args.keys.head_stride + key0 * args.keys.row_stride;
-      key_ld = static_cast<size_t>(args.keys.row_stride);
-    } else {
-      WidenCacheRows(df, args.keys, b, kv_head, key0, bc, s.key_tile, depth);
-    }
+    // Sᵀ = K Qᵀ, K read in its cache dtype.
     TilePrefetch prefetch;
     const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);
     if (ahead < split_end) {
@@ -312,7 +437,34 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                               static_cast<size_t>(std::min<int64_t>(
                                   static_cast<int64_t>(kKeyTile), split_end - ahead))};
     }
-    ScoreRows(df, bc, key_rows, key_ld, s.q_rows, rows, depth, s.scores, row_lanes, prefetch);
+    {
+      const int64_t element = cache_dtype_size(args.keys.dtype);
+      const CacheTensorView& k = args.keys;
+      const char* key_rows = static_cast<const char*>(k.data) +
+                             (b * k.batch_stride + kv_head * k.head_stride + key0 * k.row_stride) *
+                                 element;
+      const auto key_stride = static_cast<size_t>(k.row_stride * element);
+      const float* scales =
+          k.scales != nullptr ? k.scales + (b * k.heads + kv_head) * k.capacity + key0 : nullptr;
+      switch (k.dtype) {
+        case CacheDType::kFloat32:
+          ScoreTile<CacheDType::kFloat32>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
+                                          depth, s.scores, row_lanes, prefetch);
+          break;
+        case CacheDType::kFloat16:
+          ScoreTile<CacheDType::kFloat16>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
+                                          depth, s.scores, row_lanes, prefetch);
+          break;
+        case CacheDType::kBFloat16:
+          ScoreTile<CacheDType::kBFloat16>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
+                                           depth, s.scores, row_lanes, prefetch);
+          break;
+        case CacheDType::kInt8:
+          ScoreTile<CacheDType::kInt8>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
+                                       depth, s.scores, row_lanes, prefetch);
+          break;
+      }
+    }
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
     DecodeSoftmaxStep(d, bc, row_lanes, s);
     // O = O · rescale + P V over the value columns, full-width vectors.
@@ -345,7 +497,7 @@ void DecodeForward(const DecodeArgs& args) {
   const hn::CappedTag<float, 4> d4;
   const int64_t rows = (args.q.heads / args.keys.heads) * args.q.rows;
   const size_t full_lanes = hn::Lanes(df);
-  const size_t max_rows = hwy::RoundUpTo(static_cast<size_t>(rows), full_lanes);
+  const size_t max_rows = hwy::RoundUpTo(static_cast<size_t>(rows), std::max<size_t>(full_lanes, 4));
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.values.cols), full_lanes);
   const int64_t tasks = args.q.batch * args.keys.heads * args.splits;
   run_parallel_tasks(
