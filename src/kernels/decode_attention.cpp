@@ -1,13 +1,14 @@
 // Decoding attention (FlashDecoding on the CPU): per task (batch b, key/value head g, split of the
 // keys) the G·n query rows of head group g — G query heads sharing g, n new queries each — are
-// scored against each key tile in one GEMM, so every K and V row is read from the cache once per
+// scored against each key tile together, so every K and V row is read from the cache once per
 // step whatever G is; partial (max, sum, output) per split merge by log-sum-exp afterwards.
 // Layout and semantics: include/attn/kernels/decode_attention.hpp.
 //
 // Tiles keep the rows along the SIMD lanes, as the prefill kernel keeps its queries: Sᵀ (Bc keys ×
 // R rows), so each row's running max and sum are lane-wise. Few rows (one query, G ≤ 4) use
-// 4-lane vectors instead of wasting three quarters of an AVX-512 register. Cache tiles in fp16,
-// bf16 or int8 are widened to fp32 once per tile, then shared by every row.
+// 4-lane vectors instead of wasting three quarters of an AVX-512 register. K and V rows in fp16,
+// bf16 or int8 are converted to fp32 in registers as they are loaded (ScoreKeys, AccumulateColumns),
+// each load shared by four rows; the rows of a tile two ahead are prefetched while this one runs.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -52,7 +53,6 @@ constexpr int64_t kPrefetchTiles = 2;  // how far ahead TilePrefetch requests ro
 
 #include "kernels/fast_math-inl.h"
 #include "kernels/score_modifiers-inl.h"
-#include "kernels/tile_gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -68,8 +68,6 @@ struct DecodeScratch {
   float* q_rows;       // R × d: the rows' queries, scaled
   float* scores;       // Bc × R: Sᵀ, then Pᵀ
   float* output;       // rows × dv_padded
-  float* key_tile;     // Bc × d: the tile's keys in fp32
-  float* value_tile;   // Bc × dv_padded: its values in fp32, columns zero-padded
   float* row_max;      // R
   float* row_sum;      // R
   float* row_rescale;  // R
@@ -81,8 +79,6 @@ struct DecodeScratch {
       q_rows = take(depth * max_rows);
       scores = take(kKeyTile * max_rows);
       output = take(max_rows * dv_padded);
-      key_tile = take(kKeyTile * depth);
-      value_tile = take(kKeyTile * dv_padded);
       row_max = take(max_rows);
       row_sum = take(max_rows);
       row_rescale = take(max_rows);
@@ -91,58 +87,6 @@ struct DecodeScratch {
     });
   }
 };
-
-// Rows [row0, row0 + rows) of matrix (b, h) of a cache tensor, widened to fp32 into `out` (rows
-// `ld` floats apart; columns cols … ld − 1 set to 0).
-template <class D>
-void WidenCacheRows(D d, const CacheTensorView& t, int64_t b, int64_t h, int64_t row0, size_t rows,
-                    float* out, size_t ld) {
-  const size_t lanes = hn::Lanes(d), cols = static_cast<size_t>(t.cols);
-  const int64_t matrix = b * t.batch_stride + h * t.head_stride;
-  for (size_t r = 0; r < rows; ++r) {
-    const int64_t row = matrix + (row0 + static_cast<int64_t>(r)) * t.row_stride;
-    float* destination = out + r * ld;
-    size_t c = 0;
-    switch (t.dtype) {
-      case CacheDType::kFloat32: {
-        std::copy_n(static_cast<const float*>(t.data) + row, cols, destination);
-        c = cols;
-        break;
-      }
-      case CacheDType::kFloat16: {
-        const auto* source = static_cast<const hwy::float16_t*>(t.data) + row;
-        const hn::Rebind<hwy::float16_t, D> dh;
-        for (; c + lanes <= cols; c += lanes)
-          hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, source + c)), d, destination + c);
-        for (; c < cols; ++c) destination[c] = half_to_float(source[c].bits);
-        break;
-      }
-      case CacheDType::kBFloat16: {
-        const auto* source = static_cast<const hwy::bfloat16_t*>(t.data) + row;
-        const hn::Rebind<hwy::bfloat16_t, D> dbf;
-        for (; c + lanes <= cols; c += lanes)
-          hn::StoreU(hn::PromoteTo(d, hn::LoadU(dbf, source + c)), d, destination + c);
-        for (; c < cols; ++c) destination[c] = bfloat16_to_float(source[c].bits);
-        break;
-      }
-      case CacheDType::kInt8: {
-        const auto* source = static_cast<const int8_t*>(t.data) + row;
-        const float scale =
-            t.scales[(b * t.heads + h) * t.capacity + row0 + static_cast<int64_t>(r)];
-        const hn::Rebind<int8_t, D> d8;
-        const hn::RebindToSigned<D> di;
-        const auto scale_vector = hn::Set(d, scale);
-        for (; c + lanes <= cols; c += lanes) {
-          const auto widened = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, source + c)));
-          hn::StoreU(hn::Mul(widened, scale_vector), d, destination + c);
-        }
-        for (; c < cols; ++c) destination[c] = static_cast<float>(source[c]) * scale;
-        break;
-      }
-    }
-    std::fill(destination + cols, destination + ld, 0.0F);
-  }
-}
 
 // Software prefetch of a later tile's K and V rows into L2, a row of each per key of the current
 // tile's first pass, so that requests reach memory evenly while the core computes on cached data
@@ -163,45 +107,6 @@ struct TilePrefetch {
     for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 2);
   }
 };
-
-// Sᵀ[j, r] = q_r · k_j for the tile's keys (rows `key_ld` apart) and the `rows` query rows
-// (depth floats each), one dot product at a time: each query row's vectors stay in registers while
-// the tile's keys stream past (the tile is 64 rows: after the first query row, from L1/L2), and a
-// full-width FMA chain per key ends in one horizontal sum. Decoding has too few rows for the
-// prefill kernel's layout (a broadcast per key element, rows along the lanes) to fill a vector.
-// Padding lanes (r ≥ rows) are left as they are: the key ranges mask them.
-template <class D>
-HWY_INLINE void ScoreRows(D d, size_t bc, const float* HWY_RESTRICT keys, size_t key_ld,
-                          const float* HWY_RESTRICT q_rows, size_t rows, size_t depth,
-                          float* HWY_RESTRICT scores, size_t row_lanes,
-                          const TilePrefetch& prefetch) {
-  using V = hn::Vec<D>;
-  const size_t lanes = hn::Lanes(d);
-  const size_t vectors = depth / lanes;
-  constexpr size_t kRegisterVectors = 8;  // up to 8 vectors of a query row in registers
-  const size_t held = std::min(vectors, kRegisterVectors);
-  for (size_t r = 0; r < rows; ++r) {
-    const float* q = q_rows + r * depth;
-    V q_vectors[kRegisterVectors];
-    for (size_t v = 0; v < held; ++v) q_vectors[v] = hn::LoadU(d, q + v * lanes);
-    for (size_t j = 0; j < bc; ++j) {
-      if (r == 0) prefetch.Row(j);
-      const float* k = keys + j * key_ld;
-      V acc0 = hn::Zero(d), acc1 = hn::Zero(d);  // two chains hide the FMA latency
-      size_t v = 0;
-      for (; v + 2 <= held; v += 2) {
-        acc0 = hn::MulAdd(q_vectors[v], hn::LoadU(d, k + v * lanes), acc0);
-        acc1 = hn::MulAdd(q_vectors[v + 1], hn::LoadU(d, k + (v + 1) * lanes), acc1);
-      }
-      if (v < held) acc0 = hn::MulAdd(q_vectors[v], hn::LoadU(d, k + v * lanes), acc0);
-      for (v = held; v < vectors; ++v)
-        acc1 = hn::MulAdd(hn::LoadU(d, q + v * lanes), hn::LoadU(d, k + v * lanes), acc1);
-      float dot = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
-      for (size_t t = vectors * lanes; t < depth; ++t) dot += q[t] * k[t];
-      scores[j * row_lanes + r] = dot;
-    }
-  }
-}
 
 // Element t of a cache row in fp32 (before an int8 row's scale), for depth tails.
 template <CacheDType kType>
@@ -334,6 +239,83 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const char* key_rows, size_t key_strid
   }
 }
 
+// Columns [c0, c0 + kVectors·lanes) of four output rows r0 … r0 + 3: O[r] += Σ_j P[j, r] · v_j,
+// the accumulators in registers while the tile's value rows stream past, converted in registers.
+template <CacheDType kType, size_t kVectors, class D>
+HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t value_stride,
+                                  const float* HWY_RESTRICT p, size_t row_lanes, size_t r0,
+                                  size_t c0, float* HWY_RESTRICT output, size_t dv_padded) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  V acc[4][kVectors];
+  for (size_t i = 0; i < 4; ++i)
+    for (size_t v = 0; v < kVectors; ++v)
+      acc[i][v] = hn::Load(d, output + (r0 + i) * dv_padded + c0 + v * lanes);
+  for (size_t j = 0; j < bc; ++j) {
+    const char* row = value_rows + j * value_stride;
+    V value[kVectors];
+    for (size_t v = 0; v < kVectors; ++v)
+      value[v] = LoadCacheVector<kType>(d, row, c0 + v * lanes);
+    const float* pj = p + j * row_lanes + r0;
+    for (size_t i = 0; i < 4; ++i) {
+      const V weight = hn::Set(d, pj[i]);
+      for (size_t v = 0; v < kVectors; ++v) acc[i][v] = hn::MulAdd(weight, value[v], acc[i][v]);
+    }
+  }
+  for (size_t i = 0; i < 4; ++i)
+    for (size_t v = 0; v < kVectors; ++v)
+      hn::Store(acc[i][v], d, output + (r0 + i) * dv_padded + c0 + v * lanes);
+}
+
+// O[r] = O[r] · rescale[r] + Σ_j P[j, r] · v_j over the tile's bc value rows (P: Pᵀ, rows
+// row_lanes apart, a multiple of 4; int8 rows' scales folded into P first), for the rows rounded
+// up to 4 (the padding rows, zero queries, are computed and discarded). A last partial vector of
+// columns goes through a small buffer, so no row is read past its end.
+template <CacheDType kType, class D>
+HWY_INLINE void AccumulateValues(D d, size_t bc, const char* value_rows, size_t value_stride,
+                                 const float* scales, float* HWY_RESTRICT p, size_t row_lanes,
+                                 size_t rows, size_t dv, float* HWY_RESTRICT output,
+                                 size_t dv_padded, const float* HWY_RESTRICT rescale) {
+  using V = hn::Vec<D>;
+  constexpr size_t kColumnVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;  // 16 or 8 accumulators
+  const size_t lanes = hn::Lanes(d), full_vectors = dv / lanes;
+  const size_t padded_rows = hwy::RoundUpTo(rows, 4);
+  if constexpr (kType == CacheDType::kInt8) {
+    for (size_t j = 0; j < bc; ++j)
+      for (size_t r = 0; r < padded_rows; ++r) p[j * row_lanes + r] *= scales[j];
+  }
+  for (size_t r = 0; r < padded_rows; ++r) {
+    const V factor = hn::Set(d, rescale[r]);
+    for (size_t c = 0; c < dv_padded; c += lanes)
+      hn::Store(hn::Mul(hn::Load(d, output + r * dv_padded + c), factor), d,
+                output + r * dv_padded + c);
+  }
+  for (size_t r0 = 0; r0 < padded_rows; r0 += 4) {
+    size_t v0 = 0;
+    for (; v0 + kColumnVectors <= full_vectors; v0 += kColumnVectors)
+      AccumulateColumns<kType, kColumnVectors>(d, bc, value_rows, value_stride, p, row_lanes, r0,
+                                               v0 * lanes, output, dv_padded);
+    for (; v0 < full_vectors; ++v0)
+      AccumulateColumns<kType, 1>(d, bc, value_rows, value_stride, p, row_lanes, r0, v0 * lanes,
+                                  output, dv_padded);
+    if (full_vectors * lanes < dv) {  // the last columns, fewer than a vector
+      const size_t c0 = full_vectors * lanes;
+      HWY_ALIGN float tail[hn::MaxLanes(D())];
+      for (size_t j = 0; j < bc; ++j) {
+        const char* row = value_rows + j * value_stride;
+        for (size_t c = 0; c < lanes; ++c)
+          tail[c] = c0 + c < dv ? CacheElement<kType>(row, c0 + c) : 0.0F;
+        const V value = hn::Load(d, tail);
+        for (size_t i = 0; i < 4; ++i) {
+          float* out = output + (r0 + i) * dv_padded + c0;
+          const V weight = hn::Set(d, p[j * row_lanes + r0 + i]);
+          hn::Store(hn::MulAdd(weight, value, hn::Load(d, out)), d, out);
+        }
+      }
+    }
+  }
+}
+
 // One key tile's online-softmax step on Sᵀ (bc × R, masked scores in, Pᵀ out), lane-wise over the
 // rows, one vector of rows at a time: new max, rescale exp(old − new), P = exp(S − max), sums.
 template <class D>
@@ -403,7 +385,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     s.row_max[r] = -std::numeric_limits<float>::infinity();
     s.row_sum[r] = 0.0F;
   }
-  std::fill(s.output, s.output + rows * dv_padded, 0.0F);
+  std::fill(s.output, s.output + hwy::RoundUpTo(rows, 4) * dv_padded, 0.0F);
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
   // This split's keys, within what any row sees.
@@ -467,18 +449,39 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     }
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
     DecodeSoftmaxStep(d, bc, row_lanes, s);
-    // O = O · rescale + P V over the value columns, full-width vectors.
-    const float* value_rows = s.value_tile;
-    size_t value_ld = dv_padded;
-    if (args.values.dtype == CacheDType::kFloat32 && dv == dv_padded) {
-      value_rows = static_cast<const float*>(args.values.data) + b * args.values.batch_stride +
-                   kv_head * args.values.head_stride + key0 * args.values.row_stride;
-      value_ld = static_cast<size_t>(args.values.row_stride);
-    } else {
-      WidenCacheRows(df, args.values, b, kv_head, key0, bc, s.value_tile, dv_padded);
+    // O = O · rescale + P V, V read in its cache dtype.
+    {
+      const CacheTensorView& v = args.values;
+      const int64_t element = cache_dtype_size(v.dtype);
+      const char* value_rows = static_cast<const char*>(v.data) +
+                               (b * v.batch_stride + kv_head * v.head_stride + key0 * v.row_stride) *
+                                   element;
+      const auto value_stride = static_cast<size_t>(v.row_stride * element);
+      const float* scales =
+          v.scales != nullptr ? v.scales + (b * v.heads + kv_head) * v.capacity + key0 : nullptr;
+      switch (v.dtype) {
+        case CacheDType::kFloat32:
+          AccumulateValues<CacheDType::kFloat32>(df, bc, value_rows, value_stride, scales,
+                                                 s.scores, row_lanes, rows, dv, s.output,
+                                                 dv_padded, s.row_rescale);
+          break;
+        case CacheDType::kFloat16:
+          AccumulateValues<CacheDType::kFloat16>(df, bc, value_rows, value_stride, scales,
+                                                 s.scores, row_lanes, rows, dv, s.output,
+                                                 dv_padded, s.row_rescale);
+          break;
+        case CacheDType::kBFloat16:
+          AccumulateValues<CacheDType::kBFloat16>(df, bc, value_rows, value_stride, scales,
+                                                  s.scores, row_lanes, rows, dv, s.output,
+                                                  dv_padded, s.row_rescale);
+          break;
+        case CacheDType::kInt8:
+          AccumulateValues<CacheDType::kInt8>(df, bc, value_rows, value_stride, scales, s.scores,
+                                              row_lanes, rows, dv, s.output, dv_padded,
+                                              s.row_rescale);
+          break;
+      }
     }
-    Gemm<true>(df, rows, dv_padded / full_lanes, s.scores, 1, row_lanes, value_rows, value_ld, bc,
-               s.output, dv_padded, s.row_rescale);
   }
 
   // The split's partial results: max, sum, unnormalised output per row.
