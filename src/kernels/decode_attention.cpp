@@ -39,7 +39,7 @@ struct DecodeArgs {
 };
 
 constexpr size_t kKeyTile = 64;
-constexpr int64_t kPrefetchTiles = 2;  // how far ahead TilePrefetch requests rows
+constexpr int64_t kPrefetchTiles = 4;  // how far ahead TilePrefetch requests rows
 
 }  // namespace attn::decode_detail
 #endif
@@ -404,7 +404,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     // Sᵀ = K Qᵀ, K read in its cache dtype.
     TilePrefetch prefetch;
     const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);
-    if (ahead < split_end) {
+    if (kPrefetchTiles > 0 && ahead < split_end) {
       const int64_t element = cache_dtype_size(args.keys.dtype);
       const auto row_address = [&](const CacheTensorView& t) {
         return static_cast<const char*>(t.data) +
