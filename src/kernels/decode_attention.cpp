@@ -589,10 +589,11 @@ void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
   // Splits: enough tasks to keep every thread busy several times over, each split at least a few
   // key tiles long (partials and their merge cost per split).
   const auto threads = static_cast<int64_t>(omp_get_max_threads());
-  const int64_t key_tiles = std::max<int64_t>(1, (longest + 63) / 64);
+  const int64_t tile = static_cast<int64_t>(decode_detail::kKeyTile);
+  const int64_t key_tiles = std::max<int64_t>(1, (longest + tile - 1) / tile);
   const int64_t wanted = (4 * threads + q.batch * keys.heads - 1) / (q.batch * keys.heads);
   const int64_t splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, key_tiles / 4));
-  const int64_t split_len = (key_tiles + splits - 1) / splits * 64;
+  const int64_t split_len = (key_tiles + splits - 1) / splits * tile;
   const int64_t rows = group * q.rows, dv = values.cols;
   std::vector<float> partial(static_cast<size_t>(q.batch * keys.heads * splits * rows * (dv + 2)));
   decode_detail::DecodeArgs args{q,      keys,      values,         lengths, options,
