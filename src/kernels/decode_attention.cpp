@@ -343,6 +343,53 @@ void DecodeSoftmaxStep(D d, size_t bc, size_t row_lanes, DecodeScratch& s) {
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// The lanes of each 128-bit block: their maximum across blocks, 4 lanes.
+template <class D>
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> MaxBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) <= 4) {
+    (void)d;
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return MaxBlocks(dh, hn::Max(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
+// DecodeSoftmaxStep for exactly 4 rows (one query per head of a group of 4, the commonest decode
+// shape): Sᵀ's bc × 4 scores are contiguous, so full-width vectors hold 4 keys × 4 rows and the
+// exponentials run at full width instead of 4 lanes; per-row max and sum fold the 128-bit blocks.
+template <class D>
+void DecodeSoftmaxStepFourRows(D d, size_t bc, DecodeScratch& s) {
+  using V = hn::Vec<D>;
+  const hn::CappedTag<float, 4> d4;
+  const size_t lanes = hn::Lanes(d);
+  const size_t total = bc * 4, padded = hwy::RoundUpTo(total, lanes);
+  const float minus_infinity = -std::numeric_limits<float>::infinity();
+  // Lanes past the tile's keys take part as −∞: no effect on the max, exp 0 in the sum.
+  std::fill(s.scores + total, s.scores + padded, minus_infinity);
+  V tile_max = hn::Set(d, minus_infinity);
+  for (size_t i = 0; i < padded; i += lanes) tile_max = hn::Max(tile_max, hn::Load(d, s.scores + i));
+  const auto old_max = hn::Load(d4, s.row_max);
+  const auto row_max = hn::Max(old_max, MaxBlocks(d, tile_max));
+  // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
+  const auto shift4 = hn::IfThenZeroElse(hn::Eq(row_max, hn::Set(d4, minus_infinity)), row_max);
+  const auto rescale = SoftmaxExp(d4, hn::Sub(old_max, shift4));
+  hn::Store(rescale, d4, s.row_rescale);
+  hn::Store(row_max, d4, s.row_max);
+  HWY_ALIGN float shift_block[4];
+  hn::Store(shift4, d4, shift_block);
+  const V shift = hn::LoadDup128(d, shift_block);
+  V sum = hn::Zero(d);
+  for (size_t i = 0; i < padded; i += lanes) {
+    const V p = SoftmaxExp(d, hn::Sub(hn::Load(d, s.scores + i), shift));
+    hn::Store(p, d, s.scores + i);
+    sum = hn::Add(sum, p);
+  }
+  hn::Store(hn::MulAdd(hn::Load(d4, s.row_sum), rescale, SumBlocks(d, sum)), d4, s.row_sum);
+}
+#endif
+
 // Task (b, g, split) with the rows along vectors of `d` (row_lanes = rows rounded up to them);
 // `df` is the full-width tag for the P·V product over the value columns.
 template <class D>
@@ -448,7 +495,15 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       }
     }
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
+#if HWY_TARGET != HWY_SCALAR
+    if (row_lanes == 4) {
+      DecodeSoftmaxStepFourRows(df, bc, s);
+    } else {
+      DecodeSoftmaxStep(d, bc, row_lanes, s);
+    }
+#else
     DecodeSoftmaxStep(d, bc, row_lanes, s);
+#endif
     // O = O · rescale + P V, V read in its cache dtype.
     {
       const CacheTensorView& v = args.values;
