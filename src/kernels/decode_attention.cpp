@@ -225,17 +225,19 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const char* key_rows, size_t key_strid
                           size_t depth, float* HWY_RESTRICT scores, size_t row_lanes,
                           const TilePrefetch& prefetch) {
   const size_t row_groups = (rows + 3) / 4;
+  // Only int8 rows have scales (null otherwise: no offset may be applied to it).
+  const auto scales_from = [&](size_t j) { return scales != nullptr ? scales + j : nullptr; };
   size_t j = 0;
   for (; j + 2 <= bc; j += 2) {
     prefetch.Row(j);
     prefetch.Row(j + 1);
-    ScoreKeys<kType, 2>(d, key_rows + j * key_stride, key_stride, scales + j, q_rows, row_groups,
-                        depth, scores + j * row_lanes, row_lanes);
+    ScoreKeys<kType, 2>(d, key_rows + j * key_stride, key_stride, scales_from(j), q_rows,
+                        row_groups, depth, scores + j * row_lanes, row_lanes);
   }
   if (j < bc) {
     prefetch.Row(j);
-    ScoreKeys<kType, 1>(d, key_rows + j * key_stride, key_stride, scales + j, q_rows, row_groups,
-                        depth, scores + j * row_lanes, row_lanes);
+    ScoreKeys<kType, 1>(d, key_rows + j * key_stride, key_stride, scales_from(j), q_rows,
+                        row_groups, depth, scores + j * row_lanes, row_lanes);
   }
 }
 
