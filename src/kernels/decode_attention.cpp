@@ -7,8 +7,9 @@
 // Tiles keep the rows along the SIMD lanes, as the prefill kernel keeps its queries: Sᵀ (Bc keys ×
 // R rows), so each row's running max and sum are lane-wise. Few rows (one query, G ≤ 4) use
 // 4-lane vectors instead of wasting three quarters of an AVX-512 register. K and V rows in fp16,
-// bf16 or int8 are converted to fp32 in registers as they are loaded (ScoreKeys, AccumulateColumns),
-// each load shared by four rows; the rows of a tile two ahead are prefetched while this one runs.
+// bf16 or int8 are converted to fp32 in registers as they are loaded (ScoreKeys,
+// AccumulateColumns), each load shared by four rows; the rows of the tile four ahead are prefetched
+// while one runs.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -168,23 +169,23 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumFour(D d, hn::Vec<D> a, hn::Vec<D
 
 // Sᵀ[j, r] = q_r · k_j (times the key row's int8 scale) for the tile's bc keys, read from the
 // cache in its own dtype and converted in registers: each key row is loaded once for four query
-// rows at a time, two keys at once (eight FMA chains), and four sums leave in one vector. Query rows
-// rows … rows rounded up to 4 must be zero (their scores are masked anyway).
+// rows at a time, two keys at once (eight FMA chains), and four sums leave in one vector. Query
+// rows rows … rows rounded up to 4 must be zero (their scores are masked anyway).
 template <CacheDType kType, size_t kKeys, class D>
 HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const float* scales,
                           const float* HWY_RESTRICT q_rows, size_t row_groups, size_t depth,
                           float* HWY_RESTRICT scores, size_t row_lanes) {
 #if HWY_TARGET == HWY_SCALAR  // plain dot products
   (void)d;
-    for (size_t k = 0; k < kKeys; ++k) {
-      for (size_t r = 0; r < row_groups * 4; ++r) {
-        float dot = 0.0F;
-        for (size_t t = 0; t < depth; ++t)
-          dot += q_rows[r * depth + t] * CacheElement<kType>(key_row + k * key_stride, t);
-        if constexpr (kType == CacheDType::kInt8) dot *= scales[k];
-        scores[k * row_lanes + r] = dot;
-      }
+  for (size_t k = 0; k < kKeys; ++k) {
+    for (size_t r = 0; r < row_groups * 4; ++r) {
+      float dot = 0.0F;
+      for (size_t t = 0; t < depth; ++t)
+        dot += q_rows[r * depth + t] * CacheElement<kType>(key_row + k * key_stride, t);
+      if constexpr (kType == CacheDType::kInt8) dot *= scales[k];
+      scores[k * row_lanes + r] = dot;
     }
+  }
 #else
   using V = hn::Vec<D>;
   const hn::CappedTag<float, 4> d4;
@@ -256,8 +257,7 @@ HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t
   for (size_t j = 0; j < bc; ++j) {
     const char* row = value_rows + j * value_stride;
     V value[kVectors];
-    for (size_t v = 0; v < kVectors; ++v)
-      value[v] = LoadCacheVector<kType>(d, row, c0 + v * lanes);
+    for (size_t v = 0; v < kVectors; ++v) value[v] = LoadCacheVector<kType>(d, row, c0 + v * lanes);
     const float* pj = p + j * row_lanes + r0;
     for (size_t i = 0; i < 4; ++i) {
       const V weight = hn::Set(d, pj[i]);
@@ -371,7 +371,8 @@ void DecodeSoftmaxStepFourRows(D d, size_t bc, DecodeScratch& s) {
   // Lanes past the tile's keys take part as −∞: no effect on the max, exp 0 in the sum.
   std::fill(s.scores + total, s.scores + padded, minus_infinity);
   V tile_max = hn::Set(d, minus_infinity);
-  for (size_t i = 0; i < padded; i += lanes) tile_max = hn::Max(tile_max, hn::Load(d, s.scores + i));
+  for (size_t i = 0; i < padded; i += lanes)
+    tile_max = hn::Max(tile_max, hn::Load(d, s.scores + i));
   const auto old_max = hn::Load(d4, s.row_max);
   const auto row_max = hn::Max(old_max, MaxBlocks(d, tile_max));
   // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
@@ -465,15 +466,15 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                               static_cast<size_t>(args.values.row_stride * element),
                               static_cast<size_t>(args.keys.cols * element),
                               static_cast<size_t>(args.values.cols * element),
-                              static_cast<size_t>(std::min<int64_t>(
-                                  static_cast<int64_t>(kKeyTile), split_end - ahead))};
+                              static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile),
+                                                                    split_end - ahead))};
     }
     {
       const int64_t element = cache_dtype_size(args.keys.dtype);
       const CacheTensorView& k = args.keys;
-      const char* key_rows = static_cast<const char*>(k.data) +
-                             (b * k.batch_stride + kv_head * k.head_stride + key0 * k.row_stride) *
-                                 element;
+      const char* key_rows =
+          static_cast<const char*>(k.data) +
+          (b * k.batch_stride + kv_head * k.head_stride + key0 * k.row_stride) * element;
       const auto key_stride = static_cast<size_t>(k.row_stride * element);
       const float* scales =
           k.scales != nullptr ? k.scales + (b * k.heads + kv_head) * k.capacity + key0 : nullptr;
@@ -491,8 +492,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                                            depth, s.scores, row_lanes, prefetch);
           break;
         case CacheDType::kInt8:
-          ScoreTile<CacheDType::kInt8>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
-                                       depth, s.scores, row_lanes, prefetch);
+          ScoreTile<CacheDType::kInt8>(df, bc, key_rows, key_stride, scales, s.q_rows, rows, depth,
+                                       s.scores, row_lanes, prefetch);
           break;
       }
     }
@@ -510,22 +511,22 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     {
       const CacheTensorView& v = args.values;
       const int64_t element = cache_dtype_size(v.dtype);
-      const char* value_rows = static_cast<const char*>(v.data) +
-                               (b * v.batch_stride + kv_head * v.head_stride + key0 * v.row_stride) *
-                                   element;
+      const char* value_rows =
+          static_cast<const char*>(v.data) +
+          (b * v.batch_stride + kv_head * v.head_stride + key0 * v.row_stride) * element;
       const auto value_stride = static_cast<size_t>(v.row_stride * element);
       const float* scales =
           v.scales != nullptr ? v.scales + (b * v.heads + kv_head) * v.capacity + key0 : nullptr;
       switch (v.dtype) {
         case CacheDType::kFloat32:
-          AccumulateValues<CacheDType::kFloat32>(df, bc, value_rows, value_stride, scales,
-                                                 s.scores, row_lanes, rows, dv, s.output,
-                                                 dv_padded, s.row_rescale);
+          AccumulateValues<CacheDType::kFloat32>(df, bc, value_rows, value_stride, scales, s.scores,
+                                                 row_lanes, rows, dv, s.output, dv_padded,
+                                                 s.row_rescale);
           break;
         case CacheDType::kFloat16:
-          AccumulateValues<CacheDType::kFloat16>(df, bc, value_rows, value_stride, scales,
-                                                 s.scores, row_lanes, rows, dv, s.output,
-                                                 dv_padded, s.row_rescale);
+          AccumulateValues<CacheDType::kFloat16>(df, bc, value_rows, value_stride, scales, s.scores,
+                                                 row_lanes, rows, dv, s.output, dv_padded,
+                                                 s.row_rescale);
           break;
         case CacheDType::kBFloat16:
           AccumulateValues<CacheDType::kBFloat16>(df, bc, value_rows, value_stride, scales,
@@ -557,7 +558,8 @@ void DecodeForward(const DecodeArgs& args) {
   const hn::CappedTag<float, 4> d4;
   const int64_t rows = (args.q.heads / args.keys.heads) * args.q.rows;
   const size_t full_lanes = hn::Lanes(df);
-  const size_t max_rows = hwy::RoundUpTo(static_cast<size_t>(rows), std::max<size_t>(full_lanes, 4));
+  const size_t max_rows =
+      hwy::RoundUpTo(static_cast<size_t>(rows), std::max<size_t>(full_lanes, 4));
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.values.cols), full_lanes);
   const int64_t tasks = args.q.batch * args.keys.heads * args.splits;
   run_parallel_tasks(

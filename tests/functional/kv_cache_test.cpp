@@ -171,17 +171,18 @@ TEST(KVCacheAttention, NarrowCachesStayWithinTheirQuantisationBounds) {
       for (int64_t t = 0; t < d; ++t)
         largest = std::max(largest, std::abs(static_cast<double>(exact.data()[row * d + t])));
       for (int64_t t = 0; t < d; ++t) {
-        const double error = std::abs(static_cast<double>(narrow.data()[row * d + t]) -
-                                      exact.data()[row * d + t]) /
-                             largest;
+        const double error =
+            std::abs(static_cast<double>(narrow.data()[row * d + t]) - exact.data()[row * d + t]) /
+            largest;
         max_error = std::max(max_error, error);
         sum_error += error;
         ++count;
       }
     }
     const double mean_error = sum_error / static_cast<double>(count);
-    std::printf("%s cache: output error relative to the row's largest |output|: max %.2e, mean %.2e\n",
-                c.name, max_error, mean_error);
+    std::printf(
+        "%s cache: output error relative to the row's largest |output|: max %.2e, mean %.2e\n",
+        c.name, max_error, mean_error);
     EXPECT_LT(max_error, c.max_bound) << c.name;
     EXPECT_LT(mean_error, c.mean_bound) << c.name;
     EXPECT_GT(max_error, 0.0) << c.name << ": a narrow cache that loses nothing is not narrow";

@@ -229,8 +229,9 @@ TEST_F(HostileModel, SizesTheWeightsDoNotHoldAllocateNothing) {
 // weights near 1e36), kept in its corpus: config.json, vocab.json and model.safetensors joined by
 // the fuzzer's separator line.
 TEST(HostileModelValues, ParametersThatOverflowWhileTranslatingAreAnError) {
-  std::ifstream file(fs::path(ATTN_FIXTURES_DIR) / "../../fuzz/corpus/seq2seq_model/overflowing_gru",
-                     std::ios::binary);
+  std::ifstream file(
+      fs::path(ATTN_FIXTURES_DIR) / "../../fuzz/corpus/seq2seq_model/overflowing_gru",
+      std::ios::binary);
   const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
   const std::string separator = "\n#attn-fuzz#\n";
   const size_t first = text.find(separator);
