@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -39,6 +40,22 @@ struct DecodeArgs {
   int64_t partial_row;  // floats per row: 2 + dv
 };
 
+// Row `row` of matrix (b, h) of a cache tensor on: its address, the bytes between rows, and its
+// int8 scales from that row on (null for the other dtypes).
+struct CacheRows {
+  const char* data;
+  size_t stride;
+  const float* scales;
+};
+
+inline CacheRows rows_of(const CacheTensorView& t, int64_t b, int64_t h, int64_t row) {
+  const int64_t element = cache_dtype_size(t.dtype);
+  return {static_cast<const char*>(t.data) +
+              (b * t.batch_stride + h * t.head_stride + row * t.row_stride) * element,
+          static_cast<size_t>(t.row_stride * element),
+          t.scales != nullptr ? t.scales + (b * t.heads + h) * t.capacity + row : nullptr};
+}
+
 constexpr size_t kKeyTile = 64;
 constexpr int64_t kPrefetchTiles = 4;  // how far ahead TilePrefetch requests rows
 
@@ -59,6 +76,7 @@ HWY_BEFORE_NAMESPACE();
 namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using decode_detail::CacheRows;
 using decode_detail::DecodeArgs;
 using decode_detail::kKeyTile;
 using decode_detail::kPrefetchTiles;
@@ -109,6 +127,26 @@ struct TilePrefetch {
   }
 };
 
+// Calls f(std::integral_constant<CacheDType, dtype>()), so that one call site instantiates a
+// routine per cache dtype and picks the one `dtype` names at run time.
+template <class F>
+HWY_INLINE void WithCacheType(CacheDType dtype, const F& f) {
+  switch (dtype) {
+    case CacheDType::kFloat32:
+      f(std::integral_constant<CacheDType, CacheDType::kFloat32>());
+      break;
+    case CacheDType::kFloat16:
+      f(std::integral_constant<CacheDType, CacheDType::kFloat16>());
+      break;
+    case CacheDType::kBFloat16:
+      f(std::integral_constant<CacheDType, CacheDType::kBFloat16>());
+      break;
+    case CacheDType::kInt8:
+      f(std::integral_constant<CacheDType, CacheDType::kInt8>());
+      break;
+  }
+}
+
 // Element t of a cache row in fp32 (before an int8 row's scale), for depth tails.
 template <CacheDType kType>
 HWY_INLINE float CacheElement(const void* row, size_t t) {
@@ -139,17 +177,21 @@ HWY_INLINE hn::Vec<D> LoadCacheVector(D d, const void* row, size_t t) {
 }
 
 #if HWY_TARGET != HWY_SCALAR
-// The lanes of each 128-bit block summed across blocks: 4 lanes.
-template <class D>
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumBlocks(D d, hn::Vec<D> v) {
+// The lanes of each 128-bit block combined across blocks by `op` (hn::Add or hn::Max as a
+// lambda of two vectors): 4 lanes.
+template <class D, class Op>
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> FoldBlocks(D d, hn::Vec<D> v, const Op& op) {
   if constexpr (hn::MaxLanes(D()) <= 4) {
     (void)d;
     return v;
   } else {
     const hn::Half<D> dh;
-    return SumBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+    return FoldBlocks(dh, op(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), op);
   }
 }
+
+constexpr auto kVectorSum = [](auto a, auto b) { return hn::Add(a, b); };
+constexpr auto kVectorMax = [](auto a, auto b) { return hn::Max(a, b); };
 
 // (Σa, Σb, Σc, Σd) in 4 lanes: two interleaving steps within each 128-bit block, then the blocks
 // added — 3 shuffles per sum instead of a horizontal reduction each.
@@ -163,7 +205,7 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumFour(D d, hn::Vec<D> a, hn::Vec<D
   const auto ab64 = hn::BitCast(d64, ab), ce64 = hn::BitCast(d64, ce);
   const auto sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
                             hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64)));
-  return SumBlocks(d, sums);
+  return FoldBlocks(d, sums, kVectorSum);
 }
 #endif
 
@@ -346,18 +388,6 @@ void DecodeSoftmaxStep(D d, size_t bc, size_t row_lanes, DecodeScratch& s) {
 }
 
 #if HWY_TARGET != HWY_SCALAR
-// The lanes of each 128-bit block: their maximum across blocks, 4 lanes.
-template <class D>
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> MaxBlocks(D d, hn::Vec<D> v) {
-  if constexpr (hn::MaxLanes(D()) <= 4) {
-    (void)d;
-    return v;
-  } else {
-    const hn::Half<D> dh;
-    return MaxBlocks(dh, hn::Max(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  }
-}
-
 // DecodeSoftmaxStep for exactly 4 rows (one query per head of a group of 4, the commonest decode
 // shape): Sᵀ's bc × 4 scores are contiguous, so full-width vectors hold 4 keys × 4 rows and the
 // exponentials run at full width instead of 4 lanes; per-row max and sum fold the 128-bit blocks.
@@ -374,7 +404,7 @@ void DecodeSoftmaxStepFourRows(D d, size_t bc, DecodeScratch& s) {
   for (size_t i = 0; i < padded; i += lanes)
     tile_max = hn::Max(tile_max, hn::Load(d, s.scores + i));
   const auto old_max = hn::Load(d4, s.row_max);
-  const auto row_max = hn::Max(old_max, MaxBlocks(d, tile_max));
+  const auto row_max = hn::Max(old_max, FoldBlocks(d, tile_max, kVectorMax));
   // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
   const auto shift4 = hn::IfThenZeroElse(hn::Eq(row_max, hn::Set(d4, minus_infinity)), row_max);
   const auto rescale = SoftmaxExp(d4, hn::Sub(old_max, shift4));
@@ -389,7 +419,8 @@ void DecodeSoftmaxStepFourRows(D d, size_t bc, DecodeScratch& s) {
     hn::Store(p, d, s.scores + i);
     sum = hn::Add(sum, p);
   }
-  hn::Store(hn::MulAdd(hn::Load(d4, s.row_sum), rescale, SumBlocks(d, sum)), d4, s.row_sum);
+  hn::Store(hn::MulAdd(hn::Load(d4, s.row_sum), rescale, FoldBlocks(d, sum, kVectorSum)), d4,
+            s.row_sum);
 }
 #endif
 
@@ -456,47 +487,22 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);
     if (kPrefetchTiles > 0 && ahead < split_end) {
       const int64_t element = cache_dtype_size(args.keys.dtype);
-      const auto row_address = [&](const CacheTensorView& t) {
-        return static_cast<const char*>(t.data) +
-               (b * t.batch_stride + kv_head * t.head_stride + ahead * t.row_stride) * element;
-      };
-      prefetch = TilePrefetch{row_address(args.keys),
-                              row_address(args.values),
-                              static_cast<size_t>(args.keys.row_stride * element),
-                              static_cast<size_t>(args.values.row_stride * element),
+      const CacheRows keys_ahead = decode_detail::rows_of(args.keys, b, kv_head, ahead);
+      const CacheRows values_ahead = decode_detail::rows_of(args.values, b, kv_head, ahead);
+      prefetch = TilePrefetch{keys_ahead.data,
+                              values_ahead.data,
+                              keys_ahead.stride,
+                              values_ahead.stride,
                               static_cast<size_t>(args.keys.cols * element),
                               static_cast<size_t>(args.values.cols * element),
                               static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile),
                                                                     split_end - ahead))};
     }
-    {
-      const int64_t element = cache_dtype_size(args.keys.dtype);
-      const CacheTensorView& k = args.keys;
-      const char* key_rows =
-          static_cast<const char*>(k.data) +
-          (b * k.batch_stride + kv_head * k.head_stride + key0 * k.row_stride) * element;
-      const auto key_stride = static_cast<size_t>(k.row_stride * element);
-      const float* scales =
-          k.scales != nullptr ? k.scales + (b * k.heads + kv_head) * k.capacity + key0 : nullptr;
-      switch (k.dtype) {
-        case CacheDType::kFloat32:
-          ScoreTile<CacheDType::kFloat32>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
-                                          depth, s.scores, row_lanes, prefetch);
-          break;
-        case CacheDType::kFloat16:
-          ScoreTile<CacheDType::kFloat16>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
-                                          depth, s.scores, row_lanes, prefetch);
-          break;
-        case CacheDType::kBFloat16:
-          ScoreTile<CacheDType::kBFloat16>(df, bc, key_rows, key_stride, scales, s.q_rows, rows,
-                                           depth, s.scores, row_lanes, prefetch);
-          break;
-        case CacheDType::kInt8:
-          ScoreTile<CacheDType::kInt8>(df, bc, key_rows, key_stride, scales, s.q_rows, rows, depth,
-                                       s.scores, row_lanes, prefetch);
-          break;
-      }
-    }
+    const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
+    WithCacheType(args.keys.dtype, [&](auto type) {
+      ScoreTile<decltype(type)::value>(df, bc, key_rows.data, key_rows.stride, key_rows.scales,
+                                       s.q_rows, rows, depth, s.scores, row_lanes, prefetch);
+    });
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
 #if HWY_TARGET != HWY_SCALAR
     if (row_lanes == 4) {
@@ -508,38 +514,12 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     DecodeSoftmaxStep(d, bc, row_lanes, s);
 #endif
     // O = O · rescale + P V, V read in its cache dtype.
-    {
-      const CacheTensorView& v = args.values;
-      const int64_t element = cache_dtype_size(v.dtype);
-      const char* value_rows =
-          static_cast<const char*>(v.data) +
-          (b * v.batch_stride + kv_head * v.head_stride + key0 * v.row_stride) * element;
-      const auto value_stride = static_cast<size_t>(v.row_stride * element);
-      const float* scales =
-          v.scales != nullptr ? v.scales + (b * v.heads + kv_head) * v.capacity + key0 : nullptr;
-      switch (v.dtype) {
-        case CacheDType::kFloat32:
-          AccumulateValues<CacheDType::kFloat32>(df, bc, value_rows, value_stride, scales, s.scores,
-                                                 row_lanes, rows, dv, s.output, dv_padded,
-                                                 s.row_rescale);
-          break;
-        case CacheDType::kFloat16:
-          AccumulateValues<CacheDType::kFloat16>(df, bc, value_rows, value_stride, scales, s.scores,
-                                                 row_lanes, rows, dv, s.output, dv_padded,
-                                                 s.row_rescale);
-          break;
-        case CacheDType::kBFloat16:
-          AccumulateValues<CacheDType::kBFloat16>(df, bc, value_rows, value_stride, scales,
-                                                  s.scores, row_lanes, rows, dv, s.output,
-                                                  dv_padded, s.row_rescale);
-          break;
-        case CacheDType::kInt8:
-          AccumulateValues<CacheDType::kInt8>(df, bc, value_rows, value_stride, scales, s.scores,
-                                              row_lanes, rows, dv, s.output, dv_padded,
-                                              s.row_rescale);
-          break;
-      }
-    }
+    const CacheRows value_rows = decode_detail::rows_of(args.values, b, kv_head, key0);
+    WithCacheType(args.values.dtype, [&](auto type) {
+      AccumulateValues<decltype(type)::value>(df, bc, value_rows.data, value_rows.stride,
+                                              value_rows.scales, s.scores, row_lanes, rows, dv,
+                                              s.output, dv_padded, s.row_rescale);
+    });
   }
 
   // The split's partial results: max, sum, unnormalised output per row.
