@@ -112,17 +112,15 @@ struct DecodeScratch {
 // (the hardware prefetchers, which stop at page boundaries, let a single core's decode stall on
 // every tile). Rows outside the split are not requested.
 struct TilePrefetch {
-  const char* keys = nullptr;  // row 0 of the tile to fetch, or null
-  const char* values = nullptr;
-  size_t key_stride = 0, value_stride = 0;  // bytes between rows
-  size_t key_bytes = 0, value_bytes = 0;    // bytes per row
-  size_t rows = 0;
+  CacheRows keys{}, values{};             // from row 0 of the tile to fetch
+  size_t key_bytes = 0, value_bytes = 0;  // bytes per row
+  size_t rows = 0;                        // 0: nothing to fetch
 
   HWY_INLINE void Row(size_t j) const {
     if (j >= rows) return;
-    const char* k = keys + j * key_stride;
+    const char* k = keys.data + j * keys.stride;
     for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 2);
-    const char* v = values + j * value_stride;
+    const char* v = values.data + j * values.stride;
     for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 2);
   }
 };
@@ -284,18 +282,22 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const char* key_rows, size_t key_strid
   }
 }
 
-// Columns [c0, c0 + kVectors·lanes) of four output rows r0 … r0 + 3: O[r] += Σ_j P[j, r] · v_j,
-// the accumulators in registers while the tile's value rows stream past, converted in registers.
+// Columns [c0, c0 + kVectors·lanes) of four output rows r0 … r0 + 3: O[r] = O[r] · rescale[r] +
+// Σ_j P[j, r] · v_j, the accumulators in registers while the tile's value rows stream past,
+// converted in registers. The rescale is applied as the accumulators load (no pass of its own).
 template <CacheDType kType, size_t kVectors, class D>
 HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t value_stride,
                                   const float* HWY_RESTRICT p, size_t row_lanes, size_t r0,
-                                  size_t c0, float* HWY_RESTRICT output, size_t dv_padded) {
+                                  size_t c0, float* HWY_RESTRICT output, size_t dv_padded,
+                                  const float* HWY_RESTRICT rescale) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   V acc[4][kVectors];
-  for (size_t i = 0; i < 4; ++i)
+  for (size_t i = 0; i < 4; ++i) {
+    const V factor = hn::Set(d, rescale[r0 + i]);
     for (size_t v = 0; v < kVectors; ++v)
-      acc[i][v] = hn::Load(d, output + (r0 + i) * dv_padded + c0 + v * lanes);
+      acc[i][v] = hn::Mul(hn::Load(d, output + (r0 + i) * dv_padded + c0 + v * lanes), factor);
+  }
   for (size_t j = 0; j < bc; ++j) {
     const char* row = value_rows + j * value_stride;
     V value[kVectors];
@@ -328,22 +330,20 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const char* value_rows, size_t 
     for (size_t j = 0; j < bc; ++j)
       for (size_t r = 0; r < padded_rows; ++r) p[j * row_lanes + r] *= scales[j];
   }
-  for (size_t r = 0; r < padded_rows; ++r) {
-    const V factor = hn::Set(d, rescale[r]);
-    for (size_t c = 0; c < dv_padded; c += lanes)
-      hn::Store(hn::Mul(hn::Load(d, output + r * dv_padded + c), factor), d,
-                output + r * dv_padded + c);
-  }
   for (size_t r0 = 0; r0 < padded_rows; r0 += 4) {
     size_t v0 = 0;
     for (; v0 + kColumnVectors <= full_vectors; v0 += kColumnVectors)
       AccumulateColumns<kType, kColumnVectors>(d, bc, value_rows, value_stride, p, row_lanes, r0,
-                                               v0 * lanes, output, dv_padded);
+                                               v0 * lanes, output, dv_padded, rescale);
     for (; v0 < full_vectors; ++v0)
       AccumulateColumns<kType, 1>(d, bc, value_rows, value_stride, p, row_lanes, r0, v0 * lanes,
-                                  output, dv_padded);
+                                  output, dv_padded, rescale);
     if (full_vectors * lanes < dv) {  // the last columns, fewer than a vector
       const size_t c0 = full_vectors * lanes;
+      for (size_t i = 0; i < 4; ++i) {  // rescaled once, before the tile's rows add to them
+        float* out = output + (r0 + i) * dv_padded + c0;
+        hn::Store(hn::Mul(hn::Load(d, out), hn::Set(d, rescale[r0 + i])), d, out);
+      }
       HWY_ALIGN float tail[hn::MaxLanes(D())];
       for (size_t j = 0; j < bc; ++j) {
         const char* row = value_rows + j * value_stride;
@@ -485,14 +485,10 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     // Sᵀ = K Qᵀ, K read in its cache dtype.
     TilePrefetch prefetch;
     const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);
-    if (kPrefetchTiles > 0 && ahead < split_end) {
+    if (ahead < split_end) {
       const int64_t element = cache_dtype_size(args.keys.dtype);
-      const CacheRows keys_ahead = decode_detail::rows_of(args.keys, b, kv_head, ahead);
-      const CacheRows values_ahead = decode_detail::rows_of(args.values, b, kv_head, ahead);
-      prefetch = TilePrefetch{keys_ahead.data,
-                              values_ahead.data,
-                              keys_ahead.stride,
-                              values_ahead.stride,
+      prefetch = TilePrefetch{decode_detail::rows_of(args.keys, b, kv_head, ahead),
+                              decode_detail::rows_of(args.values, b, kv_head, ahead),
                               static_cast<size_t>(args.keys.cols * element),
                               static_cast<size_t>(args.values.cols * element),
                               static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile),
