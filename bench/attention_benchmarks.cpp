@@ -1,6 +1,6 @@
 // Google Benchmark targets for attn's attention kernels: every case of attention_cases() at
 // B = 4, 8 heads, d = 64 over n = m ∈ {128 … 4096} with 1 and 2 threads, and the two ceilings (the
-// FMA peak and OpenBLAS sgemm on the attention shapes), each with a GFLOP/s counter.
+// FMA peak and oneDNN sgemm on the attention shapes), each with a GFLOP/s counter.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -71,11 +71,9 @@ void register_benchmarks() {
     for (const int threads : kThreads) {
       const std::string suffix =
           "/n:" + std::to_string(length) + "/threads:" + std::to_string(threads);
-      if (attn::bench::have_sgemm()) {
-        benchmark::RegisterBenchmark(("sgemm" + suffix).c_str(), run_sgemm, length, threads)
-            ->Iterations(3)
-            ->Unit(benchmark::kMillisecond);
-      }
+      benchmark::RegisterBenchmark(("sgemm" + suffix).c_str(), run_sgemm, length, threads)
+          ->Iterations(3)
+          ->Unit(benchmark::kMillisecond);
       for (const AttentionCase& entry : attn::bench::attention_cases()) {
         if (!entry.uses_threads && threads != 1) continue;
         if (entry.working_set_bytes(shape_for(length)) > kPlainMaxBytes) continue;

@@ -1,5 +1,5 @@
 // The ceilings attention kernels are measured against: the machine's FP32 FMA peak (a
-// register-only FMA loop on every thread), OpenBLAS sgemm on the attention shapes, and the memory
+// register-only FMA loop on every thread), oneDNN sgemm on the attention shapes, and the memory
 // read bandwidth (a streaming read on every thread) for decoding.
 #pragma once
 
@@ -18,15 +18,13 @@ struct FmaPeak {
 // Runs the FMA loop on `threads` OpenMP threads at once for about `seconds` per repeat.
 FmaPeak measure_fma_peak(int threads, double seconds, int repeats);
 
-// The two products of the book's code for one head, (n×d)·(d×m) then (n×m)·(m×d), as
-// cblas_sgemm calls over batch·heads matrices on `threads` OpenBLAS threads; median time.
+// The two products of the book's code for one head, (n×d)·(d×m) then (n×m)·(m×d), as attn::gemm
+// (oneDNN sgemm) calls over batch·heads matrices on `threads` OpenMP threads; median time.
 struct SgemmCeiling {
   double milliseconds = 0.0;
   double gflops = 0.0;  // 4·B·H·n·m·d / time
 };
-// False when attn was built without OpenBLAS (then measure_sgemm throws ValueError).
-bool have_sgemm();
-std::string sgemm_library();  // e.g. "OpenBLAS 0.3.21 ... (core Haswell)"
+std::string sgemm_library();  // e.g. "oneDNN 2.6.3 (AVX-512 BF16)"
 SgemmCeiling measure_sgemm(int64_t batch_heads, int64_t queries, int64_t keys, int64_t head_dim,
                            int threads, int repeats);
 

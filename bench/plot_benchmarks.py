@@ -48,7 +48,7 @@ def main():
     sgemm = sorted((s["n"], s["gflops"]) for s in results["attn"]["sgemm"]
                    if s["threads"] == threads) if ceilings else []
     if sgemm:
-        axes.plot(*zip(*sgemm), "x:", color="grey", label="OpenBLAS sgemm, attention shapes")
+        axes.plot(*zip(*sgemm), "x:", color="grey", label="oneDNN sgemm, attention shapes")
     for peak in results["attn"]["fma_peak"] if ceilings else []:
         if peak["threads"] == threads:
             axes.axhline(peak["gflops"], color="black", linestyle="-.",

@@ -1,5 +1,7 @@
-// OpenBLAS sgemm on the shapes of the book's dot-product attention, the ceiling a materialising
-// implementation built on a tuned BLAS could reach.
+// sgemm (attn::gemm, oneDNN) on the shapes of the book's dot-product attention, the ceiling a
+// materialising implementation built on a tuned GEMM could reach.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -7,23 +9,13 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/random.hpp"
+#include "attn/kernels/gemm.hpp"
 #include "bench/ceilings.hpp"
-
-#if ATTN_BENCH_HAVE_CBLAS
-#include <cblas.h>
-#endif
 
 namespace attn::bench {
 
-bool have_sgemm() {
-  return ATTN_BENCH_HAVE_CBLAS != 0;
-}
-
-#if ATTN_BENCH_HAVE_CBLAS
-
 std::string sgemm_library() {
-  std::string config = openblas_get_config();
-  return config + " (core " + openblas_get_corename() + ")";
+  return gemm_library();
 }
 
 SgemmCeiling measure_sgemm(int64_t batch_heads, int64_t queries, int64_t keys, int64_t head_dim,
@@ -33,7 +25,7 @@ SgemmCeiling measure_sgemm(int64_t batch_heads, int64_t queries, int64_t keys, i
                      std::to_string(batch_heads) + ", n " + std::to_string(queries) + ", m " +
                      std::to_string(keys) + ", d " + std::to_string(head_dim));
   }
-  openblas_set_num_threads(threads);
+  omp_set_num_threads(threads);  // attn::gemm runs on the OpenMP runtime's threads
   const auto n = static_cast<size_t>(queries), m = static_cast<size_t>(keys),
              d = static_cast<size_t>(head_dim);
   // One head's operands, reused for every head: the ceiling is the arithmetic, and the book's
@@ -46,17 +38,14 @@ SgemmCeiling measure_sgemm(int64_t batch_heads, int64_t queries, int64_t keys, i
   const auto run_once = [&] {
     for (int64_t head = 0; head < batch_heads; ++head) {
       // S = Q Kᵀ: (n×d)·(d×m).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
-                  static_cast<int>(d), 1.0F, q.data(), static_cast<int>(d), k.data(),
-                  static_cast<int>(d), 0.0F, scores.data(), static_cast<int>(m));
+      gemm(Transpose::kNo, Transpose::kYes, queries, keys, head_dim, 1.0F, q.data(), head_dim,
+           k.data(), head_dim, 0.0F, scores.data(), keys);
       // O = S V: (n×m)·(m×d).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
-                  static_cast<int>(d), static_cast<int>(m), 1.0F, scores.data(),
-                  static_cast<int>(m), v.data(), static_cast<int>(d), 0.0F, out.data(),
-                  static_cast<int>(d));
+      gemm(Transpose::kNo, Transpose::kNo, queries, head_dim, keys, 1.0F, scores.data(), keys,
+           v.data(), head_dim, 0.0F, out.data(), head_dim);
     }
   };
-  run_once();  // warm-up: first touch of the buffers and OpenBLAS's threads
+  run_once();  // warm-up: first touch of the buffers, OpenMP's threads, oneDNN's kernels
   std::vector<double> times;
   for (int repeat = 0; repeat < std::max(repeats, 1); ++repeat) {
     const auto start = std::chrono::steady_clock::now();
@@ -70,17 +59,5 @@ SgemmCeiling measure_sgemm(int64_t batch_heads, int64_t queries, int64_t keys, i
                        static_cast<double>(m) * static_cast<double>(d);
   return {median * 1e3, flops / median * 1e-9};
 }
-
-#else
-
-std::string sgemm_library() {
-  return "none (built without OpenBLAS)";
-}
-
-SgemmCeiling measure_sgemm(int64_t, int64_t, int64_t, int64_t, int, int) {
-  throw ValueError("sgemm ceiling: attn was built without OpenBLAS (install libopenblas-dev)");
-}
-
-#endif
 
 }  // namespace attn::bench

@@ -227,7 +227,7 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   for (const int64_t length : options.sizes) {
     if (attention_cases.empty()) break;
     const AttentionShape shape = shape_for(options, length);
-    if (bench::have_sgemm() && !options.no_ceilings) {
+    if (!options.no_ceilings) {
       for (const int threads : options.threads) {
         progress("sgemm n=" + std::to_string(length) + ", " + std::to_string(threads) +
                  " thread(s)");
@@ -327,12 +327,6 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
               << " chains x " << peak.lanes << " lanes per thread, best of the repeats)\n";
   }
   std::cout << "sgemm: " << report.sgemm_library << "\n";
-  // OpenBLAS 0.3.21 does not know Zen 5 and falls back to its AVX2 kernels on it.
-  const bool avx512 = !report.peaks.empty() && report.peaks.begin()->second.simd_target == "AVX3";
-  if (avx512 && report.sgemm_library.find("(core Haswell)") != std::string::npos) {
-    std::cout << "note: OpenBLAS runs its AVX2 (Haswell) kernels on this AVX-512 CPU; "
-                 "OPENBLAS_CORETYPE=SkylakeX selects its AVX-512 ones\n";
-  }
   std::cout << kMemoryMethod << "\n"
             << "GFLOP/s count, per visible (query, key) pair of every batch element and head, "
                "4*d for dot-product forward, 8*d for its backward (dV, dP, dQ, dK), 3*h+2*d for "
@@ -462,7 +456,7 @@ void run(BenchOptions options) {
 void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<BenchOptions>();
   CLI::App* command = app.add_subcommand(
-      "bench", "Time attn's attention kernels against the FMA peak and OpenBLAS sgemm");
+      "bench", "Time attn's attention kernels against the FMA peak and oneDNN sgemm");
   std::string case_names;
   for (const AttentionCase& entry : bench::attention_cases()) {
     case_names += (case_names.empty() ? "" : ", ") + entry.name;

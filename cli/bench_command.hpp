@@ -1,5 +1,5 @@
 // `attn bench`: times attn's attention kernels (fused and plain paths, with and without masks)
-// against the machine's FMA peak and OpenBLAS sgemm measured in the same run, as one table.
+// against the machine's FMA peak and oneDNN sgemm measured in the same run, as one table.
 #pragma once
 
 namespace CLI {

@@ -1,16 +1,12 @@
 // `attn generate`: an end-to-end decoding demo. A toy decoder — random weights from a seed, a few
 // pre-norm layers of grouped-query attention with rotary positions and a SiLU MLP, projections
-// through OpenBLAS (attn::Linear) — prefills a random prompt through a KVCache per layer (n = P new
+// through oneDNN (attn::Linear) — prefills a random prompt through a KVCache per layer (n = P new
 // queries), then generates tokens greedily one at a time against the same caches, for each cache
 // dtype; it prints prefill and decoding tokens/s and the tokens themselves.
 #include "generate_command.hpp"
 
 #include <omp.h>
 #include <CLI/CLI.hpp>
-
-#if ATTN_CLI_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -282,10 +278,7 @@ void run(const GenerateOptions& options) {
                      options.dtype + "'");
   }
   if (options.threads > 0) {
-    omp_set_num_threads(options.threads);  // attention (attn's kernels)
-#if ATTN_CLI_HAVE_OPENBLAS
-    openblas_set_num_threads(options.threads);  // the projections
-#endif
+    omp_set_num_threads(options.threads);  // attention and the projections (oneDNN on OpenMP)
   }
   const int threads = omp_get_max_threads();
   const Model model(options.layers, options.seed);
@@ -307,7 +300,7 @@ void run(const GenerateOptions& options) {
                 "prefill tok/s", "decode tok/s", "min margin", "max change");
   std::cout << line;
   {
-    // Warm-up, untimed: OpenMP's and OpenBLAS's threads started, the weights' pages touched.
+    // Warm-up, untimed: OpenMP's threads started, oneDNN's kernels generated, the weights' pages touched.
     std::vector<KVCache> caches;
     for (int64_t l = 0; l < options.layers; ++l)
       caches.emplace_back(1, kKvHeads, kHeadDim, options.prompt, CacheDType::kFloat32);

@@ -8,7 +8,8 @@ packages=(
   libcli11-dev                         # the command line
   nlohmann-json3-dev                   # safetensors headers
   libhwy-dev                           # SIMD kernels with run-time dispatch (Highway)
-  libopenblas-dev                      # GEMMs of the projections (CBLAS), sgemm ceiling in benchmarks
+  libdnnl-dev ocl-icd-opencl-dev       # GEMMs of the projections (oneDNN; its CMake package needs OpenCL)
+  libopenblas-dev                      # benchmarks only: OpenBLAS beside oneDNN (bench/gemm_libraries.cpp)
   libgtest-dev                         # tests
   libbenchmark-dev                     # benchmarks (bench/): Google Benchmark
   clang libclang-rt-dev libomp-dev llvm # fuzz targets (fuzz/): libFuzzer, ASan, OpenMP, symbolizer

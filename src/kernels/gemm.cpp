@@ -1,9 +1,9 @@
-// gemm: a thin, checked wrapper over cblas_sgemm.
+// gemm: a thin, checked wrapper over oneDNN's dnnl_sgemm (row-major, 64-bit sizes, its OpenMP
+// threads), and the name of the library and instruction set it runs.
 #include "attn/kernels/gemm.hpp"
 
-#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 
-#include <limits>
 #include <string>
 
 #include "attn/core/error.hpp"
@@ -11,12 +11,18 @@
 namespace attn {
 
 namespace {
-blasint to_blas(int64_t value, const char* name) {
-  if (value < 0 || value > std::numeric_limits<blasint>::max()) {
-    throw ValueError(std::string("gemm: ") + name + " = " + std::to_string(value) +
-                     " is outside BLAS's integer range");
+std::string isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "SSE4.1";
+    case dnnl_cpu_isa_avx: return "AVX";
+    case dnnl_cpu_isa_avx2: return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni: return "AVX2-VNNI";
+    case dnnl_cpu_isa_avx512_core: return "AVX-512";
+    case dnnl_cpu_isa_avx512_core_vnni: return "AVX-512 VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX-512 BF16";
+    case dnnl_cpu_isa_avx512_core_amx: return "AVX-512 AMX";
+    default: return "ISA code " + std::to_string(static_cast<int>(isa));
   }
-  return static_cast<blasint>(value);
 }
 }  // namespace
 
@@ -30,10 +36,22 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int64_t rows, int64_t co
         c[r * ldc + j] = beta == 0.0F ? 0.0F : beta * c[r * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, transpose_a == Transpose::kYes ? CblasTrans : CblasNoTrans,
-              transpose_b == Transpose::kYes ? CblasTrans : CblasNoTrans, to_blas(rows, "rows"),
-              to_blas(cols, "cols"), to_blas(depth, "depth"), alpha, a, to_blas(lda, "lda"), b,
-              to_blas(ldb, "ldb"), beta, c, to_blas(ldc, "ldc"));
+  const dnnl_status_t status =
+      dnnl_sgemm(transpose_a == Transpose::kYes ? 'T' : 'N', transpose_b == Transpose::kYes ? 'T' : 'N',
+                 rows, cols, depth, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (status != dnnl_success) {
+    throw ValueError("gemm: oneDNN's sgemm refused rows = " + std::to_string(rows) +
+                     ", cols = " + std::to_string(cols) + ", depth = " + std::to_string(depth) +
+                     ", lda = " + std::to_string(lda) + ", ldb = " + std::to_string(ldb) +
+                     ", ldc = " + std::to_string(ldc) + " (dnnl status " +
+                     std::to_string(static_cast<int>(status)) + ")");
+  }
+}
+
+std::string gemm_library() {
+  const dnnl_version_t* version = dnnl_version();
+  return "oneDNN " + std::to_string(version->major) + "." + std::to_string(version->minor) + "." +
+         std::to_string(version->patch) + " (" + isa_name(dnnl_get_effective_cpu_isa()) + ")";
 }
 
 }  // namespace attn

@@ -21,7 +21,7 @@ using testing::to_doubles;
 // As the additive kernels' own tests: float32 sums of up to a few hundred terms with the kernels'
 // tanh (3.5e-7 relative) against double: 1e-5 relative to the result's magnitude.
 constexpr double kTolerance = 1e-5;
-// The parameters' gradients add one more float32 GEMM over B·n rows (OpenBLAS) on top.
+// The parameters' gradients add one more float32 GEMM over B·n rows (oneDNN) on top.
 constexpr double kParameterTolerance = 3e-5;
 
 class FunctionalAdditive : public testing::EverySimdTarget {};

@@ -1,8 +1,10 @@
-// General matrix product C = α·op(A)·op(B) + β·C on row-major float32 matrices, through OpenBLAS's
-// CBLAS sgemm: the projections of the layers (Linear) are large GEMMs where a tuned BLAS wins.
+// General matrix product C = α·op(A)·op(B) + β·C on row-major float32 matrices, through oneDNN's
+// sgemm: the projections of the layers (Linear) are large GEMMs where a tuned library wins.
+// docs/gemm.md says why oneDNN (it picks its kernels by instruction set, not by CPU model).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace attn {
 
@@ -13,5 +15,9 @@ enum class Transpose { kNo, kYes };
 void gemm(Transpose transpose_a, Transpose transpose_b, int64_t rows, int64_t cols, int64_t depth,
           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
           float* c, int64_t ldc);
+
+// The GEMM library, its version and the instruction set it runs here, e.g.
+// "oneDNN 2.6.3 (AVX-512 BF16)". Its threads are the OpenMP runtime's (omp_set_num_threads).
+std::string gemm_library();
 
 }  // namespace attn
