@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -44,9 +45,19 @@ const char* const kMemoryMethod =
     "peak extra memory = growth of the process's peak resident set (VmHWM, reset through "
     "/proc/self/clear_refs) during one pass, beyond its inputs and outputs";
 
+// 1, 2, 4, … below the machine's logical CPUs, then their number: the thread-scaling table's
+// columns (1, 2 on a 2-core machine; 1, 2, 4, 8, 16 on a 16-core one).
+std::vector<int> default_thread_counts() {
+  const int cpus = std::max(1, omp_get_num_procs());
+  std::vector<int> counts;
+  for (int count = 1; count < cpus; count *= 2) counts.push_back(count);
+  counts.push_back(cpus);
+  return counts;
+}
+
 struct BenchOptions {
   std::vector<int64_t> sizes{128, 512, 1024, 2048, 4096};
-  std::vector<int> threads{1, 2};
+  std::vector<int> threads = default_thread_counts();
   std::vector<std::string> cases;  // empty: all
   int repeats = 5;
   bool quick = false;
@@ -76,6 +87,8 @@ struct CaseRow {
   std::optional<double> speedup_vs_plain;  // plain time / this time, same workload
   // The functional cases but fused-sdpa: fused-sdpa's time / this time, same n and threads.
   std::optional<double> speedup_vs_sdpa;
+  // Time at the run's first thread count (1 by default) / this time, same case and n.
+  std::optional<double> thread_scaling;
   std::vector<int64_t> padding_lengths;
 };
 
@@ -282,6 +295,10 @@ BenchReport run_benchmarks(const BenchOptions& options) {
           base.length == row.length && base.threads == row.threads) {
         row.speedup_vs_sdpa = base.milliseconds / row.milliseconds;
       }
+      if (base.name == row.name && base.length == row.length &&
+          base.threads == options.threads.front() && row.threads != base.threads) {
+        row.thread_scaling = base.milliseconds / row.milliseconds;
+      }
     }
   }
   report.decode =
@@ -302,6 +319,41 @@ std::string fixed(double value, int decimals) {
 std::string mebibytes(const std::optional<int64_t>& bytes) {
   if (!bytes) return "n/a";
   return fixed(static_cast<double>(*bytes) / (1024.0 * 1024.0), 1) + " MiB";
+}
+
+// Each threaded case's time at the first thread count / its time at each of the others, one row
+// per case and n: how far the kernels scale on this machine (ideal: the thread ratio).
+void print_thread_scaling(const BenchReport& report, const BenchOptions& options) {
+  if (options.threads.size() < 2) return;
+  std::ostringstream header;
+  header << "\nthread scaling: time at " << options.threads.front()
+         << " thread(s) / time at T threads\n"
+         << std::left << std::setw(18) << "case" << std::right << std::setw(7) << "n";
+  for (size_t t = 1; t < options.threads.size(); ++t)
+    header << std::setw(9) << ("T=" + std::to_string(options.threads[t]));
+  bool any = false;
+  std::ostringstream body;
+  for (const int64_t length : options.sizes) {
+    std::vector<std::string> names;
+    for (const CaseRow& row : report.rows)
+      if (row.length == length && row.thread_scaling &&
+          std::find(names.begin(), names.end(), row.name) == names.end())
+        names.push_back(row.name);
+    for (const std::string& name : names) {
+      any = true;
+      body << std::left << std::setw(18) << name << std::right << std::setw(7) << length;
+      for (size_t t = 1; t < options.threads.size(); ++t) {
+        std::string cell = "-";
+        for (const CaseRow& row : report.rows)
+          if (row.name == name && row.length == length && row.threads == options.threads[t] &&
+              row.thread_scaling)
+            cell = fixed(*row.thread_scaling, 2) + "x";
+        body << std::setw(9) << cell;
+      }
+      body << "\n";
+    }
+  }
+  if (any) std::cout << header.str() << "\n" << body.str();
 }
 
 void print_table(const BenchReport& report, const BenchOptions& options) {
@@ -382,6 +434,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
                   static_cast<long long>(row.length), row.threads, *row.speedup_vs_sdpa);
     std::cout << line;
   }
+  print_thread_scaling(report, options);
   print_decode_table(report.decode, options.decode, std::cout);
 }
 
@@ -426,6 +479,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
                                  {"sgemm_ratio", optional_json(row.sgemm_ratio)},
                                  {"speedup_vs_plain", optional_json(row.speedup_vs_plain)},
                                  {"speedup_vs_sdpa", optional_json(row.speedup_vs_sdpa)},
+                                 {"thread_scaling", optional_json(row.thread_scaling)},
                                  {"extra_bytes", optional_json(row.extra_bytes)},
                                  {"padding_lengths", row.padding_lengths}});
   }
@@ -485,8 +539,11 @@ void add_bench_command(CLI::App& app) {
       case_names + ".");
   command->add_option("--sizes", options->sizes, "Sequence lengths n = m, comma-separated")
       ->delimiter(',');
-  command->add_option("--threads", options->threads, "Thread counts, comma-separated")
-      ->delimiter(',');
+  command->add_option("--threads", options->threads,
+                      "Thread counts, comma-separated (default: 1, 2, 4, ... up to the machine's "
+                      "logical CPUs); with several, a thread-scaling table follows")
+      ->delimiter(',')
+      ->capture_default_str();
   command->add_option("--cases", options->cases, "Cases to run, comma-separated")
       ->delimiter(',')
       ->default_str("all");

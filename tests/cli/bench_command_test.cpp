@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "cli_fixture.hpp"
 
@@ -70,6 +71,38 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
   // Every decode case ran, by default, after the attention cases.
   EXPECT_EQ(report["decode"].size(), 8U);  // 4 dtypes × n = 1, 3
   EXPECT_NE(result.out.find("stream read, 1 thread(s):"), std::string::npos) << result.out;
+}
+
+// With two thread counts, each threaded case gets its scaling, time at the first count / time at
+// the second, printed in its own table and written to the JSON; the serial plain cases run at the
+// first count only and get none.
+TEST_F(CliTest, BenchReportsThreadScalingAgainstTheFirstThreadCount) {
+  const CommandResult result =
+      attn("bench --sizes 40 --threads 1,2 --batch 2 --heads 2 --head-dim 8 --repeats 1 "
+           "--cases fused,plain,fused-causal --no-ceilings --json-out s.json");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json report = nlohmann::json::parse(read_text(path("s.json")));
+  std::map<std::pair<std::string, int>, double> milliseconds;
+  for (const nlohmann::json& row : report["cases"])
+    milliseconds[{row["case"].get<std::string>(), row["threads"].get<int>()}] = row["ms"];
+  int scaled = 0;
+  for (const nlohmann::json& row : report["cases"]) {
+    const std::string name = row["case"];
+    if (row["threads"] == 2) {
+      ASSERT_FALSE(row["thread_scaling"].is_null()) << name;
+      EXPECT_DOUBLE_EQ(row["thread_scaling"].get<double>(),
+                       milliseconds.at({name, 1}) / row["ms"].get<double>())
+          << name;
+      ++scaled;
+    } else {
+      EXPECT_TRUE(row["thread_scaling"].is_null()) << name;
+    }
+  }
+  EXPECT_EQ(scaled, 2);  // fused and fused-causal; plain is serial
+  EXPECT_NE(result.out.find("thread scaling: time at 1 thread(s) / time at T threads"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("T=2"), std::string::npos) << result.out;
 }
 
 // Bytes read per decode step: Σ lengths × bytes per token = 2 sequences × 50 tokens × 2 key/value
