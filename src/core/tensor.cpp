@@ -59,17 +59,34 @@ void Tensor::reshape(const Shape& shape) {
   shape_ = shape;
 }
 
-float require_finite(std::string_view name, ConstTensorView tensor) {
-  const float* values = tensor.data();
-  const int64_t count = tensor.numel();
-  // The largest |x| as the integer order of its bits (the float order for non-negative floats),
-  // with ±∞ and NaN above every finite value: one integer max reduction, which the compiler
-  // vectorises, finds the magnitude and detects them (a per-element branch did not vectorise).
-  constexpr uint32_t kMagnitudeBits = 0x7fffffffU, kFirstNonFinite = 0x7f800000U;
+namespace {
+
+constexpr uint32_t kMagnitudeBits = 0x7fffffffU, kFirstNonFinite = 0x7f800000U;
+
+// The largest |x| as the integer order of its bits (the float order for non-negative floats),
+// with ±∞ and NaN above every finite value: one integer max reduction, which the compiler
+// vectorises, finds the magnitude and detects them (a per-element branch did not vectorise).
+// Threads only where the scan is long enough to pay for them (a few MB and more): the layers'
+// checks otherwise stay serial beside parallel GEMMs and kernels.
+uint32_t largest_magnitude_bits(const float* values, int64_t count) {
   uint32_t largest = 0;
+#pragma omp parallel for reduction(max : largest) if (count > (int64_t{1} << 20))
   for (int64_t index = 0; index < count; ++index) {
     largest = std::max(largest, std::bit_cast<uint32_t>(values[index]) & kMagnitudeBits);
   }
+  return largest;
+}
+
+}  // namespace
+
+bool all_finite(ConstTensorView tensor) {
+  return largest_magnitude_bits(tensor.data(), tensor.numel()) < kFirstNonFinite;
+}
+
+float require_finite(std::string_view name, ConstTensorView tensor) {
+  const float* values = tensor.data();
+  const int64_t count = tensor.numel();
+  const uint32_t largest = largest_magnitude_bits(values, count);
   if (largest < kFirstNonFinite) return std::bit_cast<float>(largest);
   for (int64_t index = 0; index < count; ++index) {  // rare: name the first culprit
     if (std::isfinite(values[index])) continue;

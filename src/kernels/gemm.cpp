@@ -4,6 +4,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <string>
 
 #include "attn/core/error.hpp"
@@ -46,6 +47,14 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int64_t rows, int64_t co
                      ", ldc = " + std::to_string(ldc) + " (dnnl status " +
                      std::to_string(static_cast<int>(status)) + ")");
   }
+}
+
+void gemm_plus_bias(Transpose transpose_a, Transpose transpose_b, int64_t rows, int64_t cols,
+                    int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb,
+                    const float* bias, float* c, int64_t ldc) {
+#pragma omp parallel for if (rows * cols > (int64_t{1} << 16))
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, cols, c + r * ldc);
+  gemm(transpose_a, transpose_b, rows, cols, depth, 1.0F, a, lda, b, ldb, 1.0F, c, ldc);
 }
 
 std::string gemm_library() {

@@ -40,11 +40,12 @@ Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
   Tensor y(Shape::from_dims(dims, x.rank()));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   // y = x Wᵀ (+ b): one GEMM over all leading positions.
-  gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0F, x.data(), in, weight_.data(), in, 0.0F,
-       y.data(), out);
   if (has_bias_) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) y.data()[r * out + o] += bias_.data()[o];
+    gemm_plus_bias(Transpose::kNo, Transpose::kYes, rows, out, in, x.data(), in, weight_.data(),
+                   in, bias_.data(), y.data(), out);
+  } else {
+    gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0F, x.data(), in, weight_.data(), in,
+         0.0F, y.data(), out);
   }
   return y;
 }

@@ -40,13 +40,6 @@ Tensor copy_heads_together(const Tensor& x, int64_t heads) {
   return out;
 }
 
-bool all_finite(ConstTensorView tensor) {
-  for (const float value : tensor.span()) {
-    if (!std::isfinite(value)) return false;
-  }
-  return true;
-}
-
 // ValueError "<parameter>.weight: expected finite values, ..." for a parameter loaded with a NaN
 // or an infinity (a state dict from a diverged run, a hostile file).
 void require_finite_parameters(const Linear& layer, const std::string& parameter) {

@@ -16,6 +16,13 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int64_t rows, int64_t co
           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
           float* c, int64_t ldc);
 
+// C = op(A)·op(B) + 1·biasᵀ: `bias` (cols floats) added to every row, as a Linear layer does. C
+// starts as the bias rows (written on the OpenMP threads) and the GEMM accumulates onto them, so
+// no serial pass over C follows the parallel product.
+void gemm_plus_bias(Transpose transpose_a, Transpose transpose_b, int64_t rows, int64_t cols,
+                    int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb,
+                    const float* bias, float* c, int64_t ldc);
+
 // The GEMM library, its version and the instruction set it runs here, e.g.
 // "oneDNN 2.6.3 (AVX-512 BF16)". Its threads are the OpenMP runtime's (omp_set_num_threads).
 std::string gemm_library();
