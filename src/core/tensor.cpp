@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "attn/core/error.hpp"
+#include "core/magnitude_scan.hpp"
 
 namespace attn {
 
@@ -61,18 +62,21 @@ void Tensor::reshape(const Shape& shape) {
 
 namespace {
 
-constexpr uint32_t kMagnitudeBits = 0x7fffffffU, kFirstNonFinite = 0x7f800000U;
+using core_detail::kFirstNonFinite;
 
-// The largest |x| as the integer order of its bits (the float order for non-negative floats),
-// with ±∞ and NaN above every finite value: one integer max reduction, which the compiler
-// vectorises, finds the magnitude and detects them (a per-element branch did not vectorise).
-// Threads only where the scan is long enough to pay for them (a few MB and more): the layers'
-// checks otherwise stay serial beside parallel GEMMs and kernels.
+// core_detail::largest_magnitude_bits over the whole run, in chunks on the OpenMP threads where
+// the scan is long enough to pay for them (a few MB and more): the layers' checks would otherwise
+// stay serial beside parallel GEMMs and kernels.
 uint32_t largest_magnitude_bits(const float* values, int64_t count) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  if (count <= 16 * kChunk) return core_detail::largest_magnitude_bits(values, count);
+  const int64_t chunks = (count + kChunk - 1) / kChunk;
   uint32_t largest = 0;
-#pragma omp parallel for reduction(max : largest) if (count > (int64_t{1} << 20))
-  for (int64_t index = 0; index < count; ++index) {
-    largest = std::max(largest, std::bit_cast<uint32_t>(values[index]) & kMagnitudeBits);
+#pragma omp parallel for reduction(max : largest)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t begin = chunk * kChunk;
+    largest = std::max(largest, core_detail::largest_magnitude_bits(
+                                    values + begin, std::min(kChunk, count - begin)));
   }
   return largest;
 }

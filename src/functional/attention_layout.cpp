@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "core/magnitude_scan.hpp"
 
 namespace attn::functional_detail {
 
@@ -127,10 +128,9 @@ float require_finite(std::string_view name, const ConstStridedView& view) {
     return require_finite(name, ConstStridedView(contiguous_copy(view)));
   }
   const int64_t cols = view.rank() == 0 ? 1 : view.dim(-1);
-  // The largest |x| as the integer order of its bits, which is the float order for non-negative
-  // floats, with ±∞ and NaN (exponent all ones) above every finite value: one integer max
-  // reduction, which the compiler vectorises, both finds the magnitude and detects them.
-  constexpr uint32_t kMagnitudeBits = 0x7fffffffU, kFirstNonFinite = 0x7f800000U;
+  // The largest |x| as the bits of the float, NaN and ±∞ above every finite value
+  // (core_detail::largest_magnitude_bits, row by row): one scan finds the magnitude and detects them.
+  using core_detail::kFirstNonFinite;
   std::vector<const float*> rows;
   rows.reserve(static_cast<size_t>(cols > 0 ? view.numel() / cols : 0));
   for_each_row(view, [&](const float* row, int64_t) { rows.push_back(row); });
@@ -140,11 +140,7 @@ float require_finite(std::string_view name, const ConstStridedView& view) {
 #pragma omp parallel for reduction(max : largest) if (row_count * cols > (int64_t{1} << 20))
   for (int64_t r = 0; r < row_count; ++r) {
     const float* row = rows[static_cast<size_t>(r)];
-    uint32_t row_largest = 0;
-    for (int64_t j = 0; j < cols; ++j) {
-      row_largest = std::max(row_largest, std::bit_cast<uint32_t>(row[j]) & kMagnitudeBits);
-    }
-    largest = std::max(largest, row_largest);
+    largest = std::max(largest, core_detail::largest_magnitude_bits(row, cols));
   }
   if (largest >= kFirstNonFinite) {
     // Rare: read the rows again, in order, to name the first culprit.

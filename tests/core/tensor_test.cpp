@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
+#include <string>
+
 #include "attn/core/error.hpp"
 #include "test_support.hpp"
 
@@ -64,6 +68,39 @@ TEST(TensorChecks, NameTheArgument) {
   EXPECT_THROW_MESSAGE(
       require_dim("keys", Shape{2, 3, 4}, 0, 5, "the batch size of queries"), ShapeError,
       "keys: expected dimension 0 to be 5 (the batch size of queries), got shape (2, 3, 4)");
+}
+
+// require_finite returns max |x| and names the first NaN or ±∞; all_finite says whether there is
+// one. Lengths around the vector widths (tails of 1–15 floats) and past the 2^20 floats from which
+// the scan runs in chunks on the OpenMP threads, with the culprit first, last, or in a tail.
+TEST(Tensor, FiniteScansFindTheMagnitudeAndTheFirstCulpritAtEveryLength) {
+  for (const int64_t count : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{33}, int64_t{1000},
+                              (int64_t{1} << 20) + 1, (int64_t{1} << 21) + 13}) {
+    Tensor values(Shape{count});
+    for (int64_t i = 0; i < count; ++i) values.data()[i] = static_cast<float>(i % 97) - 48.0F;
+    values.data()[count / 2] = -1.5e30F;  // the largest magnitude, negative
+    EXPECT_EQ(require_finite("x", values), 1.5e30F) << count;
+    EXPECT_TRUE(all_finite(values)) << count;
+    for (const int64_t where : {int64_t{0}, count - 1, count / 3}) {
+      for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                              -std::numeric_limits<float>::infinity()}) {
+        Tensor copy = Tensor::from(values);
+        copy.data()[where] = bad;
+        if (where != count - 1) copy.data()[count - 1] = std::numeric_limits<float>::infinity();
+        EXPECT_FALSE(all_finite(copy)) << count << " " << where;
+        const std::string expected =
+            "at flat index " + std::to_string(std::min(where, count - 1)) + " of shape";
+        try {
+          require_finite("x", copy);
+          ADD_FAILURE() << "no error for count " << count << ", index " << where;
+        } catch (const ValueError& error) {
+          EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+          EXPECT_EQ(std::string(error.what()).rfind("x: expected finite values, got ", 0), 0U)
+              << error.what();
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
