@@ -34,12 +34,6 @@ bool reset_peak() {
 
 }  // namespace
 
-void prepare_allocator_for_memory_probe() {
-  // A fixed threshold also stops glibc from raising it after large frees.
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 64 * 1024);
-}
-
 std::optional<int64_t> peak_extra_bytes(const std::function<void()>& action) {
   malloc_trim(0);
   if (!reset_peak()) {

@@ -8,13 +8,13 @@
 
 namespace attn::bench {
 
-// Makes every allocation above 64 KiB a fresh mapping that free() returns to the system, so memory
-// freed by an earlier case cannot hide a later case's allocations. Call once, before measuring.
-void prepare_allocator_for_memory_probe();
-
 // Runs `action` once and returns how many bytes the peak resident set grew beyond the resident
-// set just before it; nullopt when the kernel does not offer the peak reset (Linux < 4.0, no
-// /proc). Accurate to a few pages per thread (the kernel batches RSS counter updates).
+// set just before it, after malloc_trim(0) has returned every free page of every arena to the
+// system (so memory freed by an earlier case cannot hide this one's allocations). The allocator
+// keeps glibc's default policy: the timed passes see what a user's process sees (an earlier
+// version fixed the mmap threshold at 64 KiB, which page-faulted every large buffer in every pass);
+// nullopt when the kernel does not offer the peak reset (Linux < 4.0, no /proc). Accurate to a few
+// pages per thread (the kernel batches RSS counter updates).
 std::optional<int64_t> peak_extra_bytes(const std::function<void()>& action);
 
 }  // namespace attn::bench

@@ -223,7 +223,6 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   report.cpu = cpu_description();
   report.load_before = load_average();
   report.sgemm_library = bench::sgemm_library();
-  bench::prepare_allocator_for_memory_probe();
   const bool verbose = !options.json;
   const auto progress = [&](const std::string& what) {
     std::cerr << "attn bench: " << what << "\n";
