@@ -230,22 +230,31 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
   using V = hn::Vec<D>;
   const hn::CappedTag<float, 4> d4;
   const size_t lanes = hn::Lanes(d), vectors_end = depth / lanes * lanes;
+  static_assert(kKeys == 1 || kKeys == 2);
   for (size_t group = 0; group < row_groups; ++group) {
     const float* q = q_rows + group * 4 * depth;
-    V acc[kKeys][4];
-    for (size_t k = 0; k < kKeys; ++k)
-      for (size_t i = 0; i < 4; ++i) acc[k][i] = hn::Zero(d);
+    // Named accumulators, not an array: GCC 12 kept a V[2][4] array on the stack and stored all
+    // eight vectors back in every iteration, which halved this loop's speed.
+    V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    V b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
     for (size_t t = 0; t < vectors_end; t += lanes) {
-      V key[kKeys];
-      for (size_t k = 0; k < kKeys; ++k)
-        key[k] = LoadCacheVector<kType>(d, key_row + k * key_stride, t);
-      for (size_t i = 0; i < 4; ++i) {
-        const V query = hn::LoadU(d, q + i * depth + t);
-        for (size_t k = 0; k < kKeys; ++k) acc[k][i] = hn::MulAdd(query, key[k], acc[k][i]);
+      const V key0 = LoadCacheVector<kType>(d, key_row, t);
+      const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + depth + t),
+              q2 = hn::LoadU(d, q + 2 * depth + t), q3 = hn::LoadU(d, q + 3 * depth + t);
+      a0 = hn::MulAdd(q0, key0, a0);
+      a1 = hn::MulAdd(q1, key0, a1);
+      a2 = hn::MulAdd(q2, key0, a2);
+      a3 = hn::MulAdd(q3, key0, a3);
+      if constexpr (kKeys == 2) {
+        const V key1 = LoadCacheVector<kType>(d, key_row + key_stride, t);
+        b0 = hn::MulAdd(q0, key1, b0);
+        b1 = hn::MulAdd(q1, key1, b1);
+        b2 = hn::MulAdd(q2, key1, b2);
+        b3 = hn::MulAdd(q3, key1, b3);
       }
     }
     for (size_t k = 0; k < kKeys; ++k) {
-      auto sums = SumFour(d, acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
+      auto sums = k == 0 ? SumFour(d, a0, a1, a2, a3) : SumFour(d, b0, b1, b2, b3);
       if (vectors_end < depth) {
         HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
         for (size_t i = 0; i < 4; ++i)
