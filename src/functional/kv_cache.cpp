@@ -54,8 +54,8 @@ int64_t KVCache::bytes_per_token() const {
 void KVCache::reserve(int64_t capacity) {
   if (capacity <= capacity_) return;
   const int64_t element = cache_dtype_size(dtype_);
-  const auto grow = [&](std::vector<std::byte>& data, std::vector<float>& scales, int64_t cols) {
-    std::vector<std::byte> grown(
+  const auto grow = [&](Storage& data, std::vector<float>& scales, int64_t cols) {
+    Storage grown(
         static_cast<size_t>(batch_ * kv_heads_ * capacity * cols * element));
     std::vector<float> grown_scales(
         dtype_ == CacheDType::kInt8 ? static_cast<size_t>(batch_ * kv_heads_ * capacity) : 0);
@@ -83,7 +83,7 @@ void KVCache::clear() {
   std::fill(lengths_.begin(), lengths_.end(), 0);
 }
 
-void KVCache::store_rows(std::vector<std::byte>& data, std::vector<float>& scales, int64_t cols,
+void KVCache::store_rows(Storage& data, std::vector<float>& scales, int64_t cols,
                          const ConstStridedView& source, std::span<const int64_t> counts) {
   const int64_t element = cache_dtype_size(dtype_);
   for (int64_t b = 0; b < batch_; ++b) {
@@ -176,7 +176,7 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
     lengths_[static_cast<size_t>(b)] += appended[static_cast<size_t>(b)];
 }
 
-CacheTensorView KVCache::view(const std::vector<std::byte>& data, const std::vector<float>& scales,
+CacheTensorView KVCache::view(const Storage& data, const std::vector<float>& scales,
                               int64_t cols) const {
   CacheTensorView view;
   view.dtype = dtype_;

@@ -222,5 +222,15 @@ TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
                        "kv_heads: expected a positive size, got 0");
 }
 
+// The cache's keys and values sit on HugePageAllocator blocks: several MiB start on a 2 MiB
+// boundary, where the kernel can back them with transparent huge pages.
+TEST(KVCache, LargeStorageStartsOnHugePageBoundaries) {
+  // 2 sequences × 4 heads × 4096 tokens × 64 fp32 = 8 MiB of keys, as much of values.
+  const KVCache cache(2, 4, 64, 4096, CacheDType::kFloat32);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(cache.keys_view().data) % core_detail::kHugePageBytes, 0U);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(cache.values_view().data) % core_detail::kHugePageBytes,
+            0U);
+}
+
 }  // namespace
 }  // namespace attn

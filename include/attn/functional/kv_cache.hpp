@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "attn/core/huge_page_allocator.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/functional/attention_options.hpp"
@@ -55,15 +56,19 @@ class KVCache {
   Tensor values() const { return widen(values_view()); }
 
  private:
-  CacheTensorView view(const std::vector<std::byte>& data, const std::vector<float>& scales,
+  // Keys and values on transparent huge pages where the kernel allows them: a decode step reads
+  // them from memory front to back, and 4 KiB pages stopped one core's prefetchers at every page.
+  using Storage = std::vector<std::byte, HugePageAllocator<std::byte>>;
+
+  CacheTensorView view(const Storage& data, const std::vector<float>& scales,
                        int64_t cols) const;
   Tensor widen(const CacheTensorView& tensor) const;
-  void store_rows(std::vector<std::byte>& data, std::vector<float>& scales, int64_t cols,
+  void store_rows(Storage& data, std::vector<float>& scales, int64_t cols,
                   const ConstStridedView& source, std::span<const int64_t> counts);
 
   int64_t batch_, kv_heads_, head_dim_, value_dim_, capacity_;
   CacheDType dtype_;
-  std::vector<std::byte> keys_, values_;
+  Storage keys_, values_;
   std::vector<float> key_scales_, value_scales_;  // int8 only: one per (b, h, row)
   std::vector<int64_t> lengths_;
 };
