@@ -12,8 +12,8 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <hwy/targets.h>
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -74,9 +74,10 @@ Library system_openblas() {
 Library onednn() {
   return {"attn::gemm: " + attn::gemm_library(), [](int threads) { omp_set_num_threads(threads); },
           [](const GemmShape& s, const float* a, const float* b, float* c) {
-            attn::gemm(attn::Transpose::kNo, s.transpose_b ? attn::Transpose::kYes : attn::Transpose::kNo,
-                       s.rows, s.cols, s.depth, 1.0F, a, s.depth, b,
-                       s.transpose_b ? s.depth : s.cols, 0.0F, c, s.cols);
+            attn::gemm(attn::Transpose::kNo,
+                       s.transpose_b ? attn::Transpose::kYes : attn::Transpose::kNo, s.rows, s.cols,
+                       s.depth, 1.0F, a, s.depth, b, s.transpose_b ? s.depth : s.cols, 0.0F, c,
+                       s.cols);
           }};
 }
 
@@ -88,9 +89,12 @@ std::vector<Library> scipy_openblas(const std::string& path) {
     return {};
   }
   const auto sgemm = reinterpret_cast<Sgemm>(dlsym(handle, "scipy_cblas_sgemm"));
-  const auto set_threads = reinterpret_cast<SetThreads>(dlsym(handle, "scipy_openblas_set_num_threads"));
-  const auto config = reinterpret_cast<const char* (*)()>(dlsym(handle, "scipy_openblas_get_config"));
-  const auto core = reinterpret_cast<const char* (*)()>(dlsym(handle, "scipy_openblas_get_corename"));
+  const auto set_threads =
+      reinterpret_cast<SetThreads>(dlsym(handle, "scipy_openblas_set_num_threads"));
+  const auto config =
+      reinterpret_cast<const char* (*)()>(dlsym(handle, "scipy_openblas_get_config"));
+  const auto core =
+      reinterpret_cast<const char* (*)()>(dlsym(handle, "scipy_openblas_get_corename"));
   if (sgemm == nullptr || set_threads == nullptr || config == nullptr || core == nullptr) {
     std::fprintf(stderr, "--scipy-openblas: %s lacks the scipy_-prefixed OpenBLAS symbols\n",
                  path.c_str());
@@ -110,7 +114,8 @@ std::vector<Library> scipy_openblas(const std::string& path) {
 double time_gemm(const Library& library, const GemmShape& shape) {
   attn::Rng rng(3);
   std::vector<float> a(static_cast<size_t>(shape.rows * shape.depth)),
-      b(static_cast<size_t>(shape.depth * shape.cols)), c(static_cast<size_t>(shape.rows * shape.cols));
+      b(static_cast<size_t>(shape.depth * shape.cols)),
+      c(static_cast<size_t>(shape.rows * shape.cols));
   for (float& x : a) x = rng.uniform(-1.0F, 1.0F);
   for (float& x : b) x = rng.uniform(-1.0F, 1.0F);
   library.run(shape, a.data(), b.data(), c.data());
@@ -118,7 +123,8 @@ double time_gemm(const Library& library, const GemmShape& shape) {
   for (int repeat = 0; repeat < 7; ++repeat) {
     const auto start = std::chrono::steady_clock::now();
     library.run(shape, a.data(), b.data(), c.data());
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(seconds.begin(), seconds.end());
   return 2.0 * static_cast<double>(shape.rows * shape.cols * shape.depth) / seconds[3] * 1e-9;
@@ -160,8 +166,9 @@ int main(int argc, char** argv) {
     std::printf("library %zu: %s\n", l, libraries[l].name.c_str());
   for (const int threads : thread_counts) {
     const attn::bench::FmaPeak peak = attn::bench::measure_fma_peak(threads, 0.3, 5);
-    std::printf("\n%d thread(s), FMA peak %.1f GFLOP/s (Highway %s); GFLOP/s (%% of peak) per library\n",
-                threads, peak.gflops, peak.simd_target.c_str());
+    std::printf(
+        "\n%d thread(s), FMA peak %.1f GFLOP/s (Highway %s); GFLOP/s (%% of peak) per library\n",
+        threads, peak.gflops, peak.simd_target.c_str());
     for (const GemmShape& shape : kShapes) {
       std::printf("%-38s", shape.what);
       for (const Library& library : libraries) {

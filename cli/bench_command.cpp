@@ -441,9 +441,10 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
   using nlohmann::json;
   const auto optional_json = [](const auto& value) { return value ? json(*value) : json(nullptr); };
   json document;
-  document["shape"] = {
-      {"batch", options.batch}, {"heads", options.heads}, {"head_dim", options.head_dim},
-      {"window", options.window}};
+  document["shape"] = {{"batch", options.batch},
+                       {"heads", options.heads},
+                       {"head_dim", options.head_dim},
+                       {"window", options.window}};
   document["repeats"] = options.repeats;
   document["machine"] = report.cpu;
   document["load_average_before"] = report.load_before;
@@ -538,9 +539,10 @@ void add_bench_command(CLI::App& app) {
       case_names + ".");
   command->add_option("--sizes", options->sizes, "Sequence lengths n = m, comma-separated")
       ->delimiter(',');
-  command->add_option("--threads", options->threads,
-                      "Thread counts, comma-separated (default: 1, 2, 4, ... up to the machine's "
-                      "logical CPUs); with several, a thread-scaling table follows")
+  command
+      ->add_option("--threads", options->threads,
+                   "Thread counts, comma-separated (default: 1, 2, 4, ... up to the machine's "
+                   "logical CPUs); with several, a thread-scaling table follows")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--cases", options->cases, "Cases to run, comma-separated")

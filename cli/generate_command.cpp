@@ -300,7 +300,8 @@ void run(const GenerateOptions& options) {
                 "prefill tok/s", "decode tok/s", "min margin", "max change");
   std::cout << line;
   {
-    // Warm-up, untimed: OpenMP's threads started, oneDNN's kernels generated, the weights' pages touched.
+    // Warm-up, untimed: OpenMP's threads started, oneDNN's kernels generated, the weights' pages
+    // touched.
     std::vector<KVCache> caches;
     for (int64_t l = 0; l < options.layers; ++l)
       caches.emplace_back(1, kKvHeads, kHeadDim, options.prompt, CacheDType::kFloat32);

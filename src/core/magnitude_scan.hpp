@@ -6,8 +6,8 @@
 
 namespace attn::core_detail {
 
-inline constexpr uint32_t kMagnitudeBits = 0x7fffffffU;    // clears the sign
-inline constexpr uint32_t kFirstNonFinite = 0x7f800000U;   // +∞; NaNs lie above
+inline constexpr uint32_t kMagnitudeBits = 0x7fffffffU;   // clears the sign
+inline constexpr uint32_t kFirstNonFinite = 0x7f800000U;  // +∞; NaNs lie above
 
 // max over i of bits(values[i]) & kMagnitudeBits: the integer order of those bits is the float
 // order of |x|, so one integer max reduction both finds the magnitude and detects NaN and ±∞.

@@ -1,5 +1,5 @@
-// attn::additive_attention: the projections W_q q and W_k k through attn::gemm (oneDNN), then the fused
-// additive kernels over PreparedAttention's layout; the backward pass carries the projected
+// attn::additive_attention: the projections W_q q and W_k k through attn::gemm (oneDNN), then the
+// fused additive kernels over PreparedAttention's layout; the backward pass carries the projected
 // gradients back through the projections.
 #include "attn/functional/additive_attention.hpp"
 

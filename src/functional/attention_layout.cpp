@@ -129,7 +129,8 @@ float require_finite(std::string_view name, const ConstStridedView& view) {
   }
   const int64_t cols = view.rank() == 0 ? 1 : view.dim(-1);
   // The largest |x| as the bits of the float, NaN and ±∞ above every finite value
-  // (core_detail::largest_magnitude_bits, row by row): one scan finds the magnitude and detects them.
+  // (core_detail::largest_magnitude_bits, row by row): one scan finds the magnitude and detects
+  // them.
   using core_detail::kFirstNonFinite;
   std::vector<const float*> rows;
   rows.reserve(static_cast<size_t>(cols > 0 ? view.numel() / cols : 0));

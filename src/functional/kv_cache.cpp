@@ -55,8 +55,7 @@ void KVCache::reserve(int64_t capacity) {
   if (capacity <= capacity_) return;
   const int64_t element = cache_dtype_size(dtype_);
   const auto grow = [&](Storage& data, std::vector<float>& scales, int64_t cols) {
-    Storage grown(
-        static_cast<size_t>(batch_ * kv_heads_ * capacity * cols * element));
+    Storage grown(static_cast<size_t>(batch_ * kv_heads_ * capacity * cols * element));
     std::vector<float> grown_scales(
         dtype_ == CacheDType::kInt8 ? static_cast<size_t>(batch_ * kv_heads_ * capacity) : 0);
     for (int64_t b = 0; b < batch_; ++b) {

@@ -14,15 +14,24 @@ namespace attn {
 namespace {
 std::string isa_name(dnnl_cpu_isa_t isa) {
   switch (isa) {
-    case dnnl_cpu_isa_sse41: return "SSE4.1";
-    case dnnl_cpu_isa_avx: return "AVX";
-    case dnnl_cpu_isa_avx2: return "AVX2";
-    case dnnl_cpu_isa_avx2_vnni: return "AVX2-VNNI";
-    case dnnl_cpu_isa_avx512_core: return "AVX-512";
-    case dnnl_cpu_isa_avx512_core_vnni: return "AVX-512 VNNI";
-    case dnnl_cpu_isa_avx512_core_bf16: return "AVX-512 BF16";
-    case dnnl_cpu_isa_avx512_core_amx: return "AVX-512 AMX";
-    default: return "ISA code " + std::to_string(static_cast<int>(isa));
+    case dnnl_cpu_isa_sse41:
+      return "SSE4.1";
+    case dnnl_cpu_isa_avx:
+      return "AVX";
+    case dnnl_cpu_isa_avx2:
+      return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "AVX2-VNNI";
+    case dnnl_cpu_isa_avx512_core:
+      return "AVX-512";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "AVX-512 VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "AVX-512 BF16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "AVX-512 AMX";
+    default:
+      return "ISA code " + std::to_string(static_cast<int>(isa));
   }
 }
 }  // namespace
@@ -37,9 +46,9 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int64_t rows, int64_t co
         c[r * ldc + j] = beta == 0.0F ? 0.0F : beta * c[r * ldc + j];
     return;
   }
-  const dnnl_status_t status =
-      dnnl_sgemm(transpose_a == Transpose::kYes ? 'T' : 'N', transpose_b == Transpose::kYes ? 'T' : 'N',
-                 rows, cols, depth, alpha, a, lda, b, ldb, beta, c, ldc);
+  const dnnl_status_t status = dnnl_sgemm(transpose_a == Transpose::kYes ? 'T' : 'N',
+                                          transpose_b == Transpose::kYes ? 'T' : 'N', rows, cols,
+                                          depth, alpha, a, lda, b, ldb, beta, c, ldc);
   if (status != dnnl_success) {
     throw ValueError("gemm: oneDNN's sgemm refused rows = " + std::to_string(rows) +
                      ", cols = " + std::to_string(cols) + ", depth = " + std::to_string(depth) +

@@ -41,8 +41,8 @@ Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   // y = x Wᵀ (+ b): one GEMM over all leading positions.
   if (has_bias_) {
-    gemm_plus_bias(Transpose::kNo, Transpose::kYes, rows, out, in, x.data(), in, weight_.data(),
-                   in, bias_.data(), y.data(), out);
+    gemm_plus_bias(Transpose::kNo, Transpose::kYes, rows, out, in, x.data(), in, weight_.data(), in,
+                   bias_.data(), y.data(), out);
   } else {
     gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0F, x.data(), in, weight_.data(), in,
          0.0F, y.data(), out);

@@ -77,9 +77,9 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
 // the second, printed in its own table and written to the JSON; the serial plain cases run at the
 // first count only and get none.
 TEST_F(CliTest, BenchReportsThreadScalingAgainstTheFirstThreadCount) {
-  const CommandResult result =
-      attn("bench --sizes 40 --threads 1,2 --batch 2 --heads 2 --head-dim 8 --repeats 1 "
-           "--cases fused,plain,fused-causal --no-ceilings --json-out s.json");
+  const CommandResult result = attn(
+      "bench --sizes 40 --threads 1,2 --batch 2 --heads 2 --head-dim 8 --repeats 1 "
+      "--cases fused,plain,fused-causal --no-ceilings --json-out s.json");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json report = nlohmann::json::parse(read_text(path("s.json")));
   std::map<std::pair<std::string, int>, double> milliseconds;

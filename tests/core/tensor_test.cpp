@@ -82,8 +82,8 @@ TEST(Tensor, FiniteScansFindTheMagnitudeAndTheFirstCulpritAtEveryLength) {
     EXPECT_EQ(require_finite("x", values), 1.5e30F) << count;
     EXPECT_TRUE(all_finite(values)) << count;
     for (const int64_t where : {int64_t{0}, count - 1, count / 3}) {
-      for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
-                              -std::numeric_limits<float>::infinity()}) {
+      for (const float bad :
+           {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
         Tensor copy = Tensor::from(values);
         copy.data()[where] = bad;
         if (where != count - 1) copy.data()[count - 1] = std::numeric_limits<float>::infinity();

@@ -60,8 +60,7 @@ class KVCache {
   // them from memory front to back, and 4 KiB pages stopped one core's prefetchers at every page.
   using Storage = std::vector<std::byte, HugePageAllocator<std::byte>>;
 
-  CacheTensorView view(const Storage& data, const std::vector<float>& scales,
-                       int64_t cols) const;
+  CacheTensorView view(const Storage& data, const std::vector<float>& scales, int64_t cols) const;
   Tensor widen(const CacheTensorView& tensor) const;
   void store_rows(Storage& data, std::vector<float>& scales, int64_t cols,
                   const ConstStridedView& source, std::span<const int64_t> counts);
