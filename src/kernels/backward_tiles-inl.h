@@ -72,6 +72,24 @@ struct BackwardTileBuffers {
   }
 };
 
+// dO_i · O_i over dv floats: vectors, then the last columns one by one. (A plain loop summed in
+// order, one horizontal shuffle chain per vector: 3% of the backward pass's time.)
+inline float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, size_t count) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+  size_t t = 0;
+  for (; t + 2 * lanes <= count; t += 2 * lanes) {
+    sum0 = hn::MulAdd(hn::LoadU(d, a + t), hn::LoadU(d, b + t), sum0);
+    sum1 = hn::MulAdd(hn::LoadU(d, a + t + lanes), hn::LoadU(d, b + t + lanes), sum1);
+  }
+  for (; t + lanes <= count; t += lanes)
+    sum0 = hn::MulAdd(hn::LoadU(d, a + t), hn::LoadU(d, b + t), sum0);
+  float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+  for (; t < count; ++t) total += a[t] * b[t];
+  return total;
+}
+
 // The query side of head (b, h), once per head: dO rows padded to dv_padded (grad_out_rows), dOᵀ
 // per query tile of br (grad_out_transposed, tiles × dv × br), D_i = dO_i · O_i (delta), the
 // log-sum-exp (lse; rows that saw nothing get 0 instead of −∞: all their scores are −∞, so any
@@ -109,12 +127,9 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
       const float* grad_out_row = s.grad_out_rows + i * dv_padded;
       for (size_t t = 0; t < dv; ++t)
         grad_out_transposed[t * br + r] = real ? grad_out_row[t] : 0.0F;
-      float delta = 0.0F;
-      if (real) {
-        const float* out_row = out_head + static_cast<int64_t>(i) * out.row_stride;
-        for (size_t t = 0; t < dv; ++t) delta += out_row[t] * grad_out_row[t];
-      }
-      s.delta[i] = delta;
+      s.delta[i] =
+          real ? RowDot(out_head + static_cast<int64_t>(i) * out.row_stride, grad_out_row, dv)
+               : 0.0F;
       s.lse[i] = real && head_lse[i] > -std::numeric_limits<float>::infinity() ? head_lse[i] : 0.0F;
       s.row_keys[i] =
           dropout_hash::row_key(options.seed, b * out.heads + h, static_cast<int64_t>(i));
