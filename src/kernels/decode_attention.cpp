@@ -107,10 +107,11 @@ struct DecodeScratch {
   }
 };
 
-// Software prefetch of a later tile's K and V rows into L2, a row of each per key of the current
-// tile's first pass, so that requests reach memory evenly while the core computes on cached data
-// (the hardware prefetchers, which stop at page boundaries, let a single core's decode stall on
-// every tile). Rows outside the split are not requested.
+// Software prefetch of a later tile's K and V rows into L1 (prefetcht0: 5–6% faster than into L2
+// on one Zen 5 core once the score loop kept its accumulators in registers), a row of each per key
+// of the current tile's first pass, so that requests reach memory evenly while the core computes on
+// cached data (the hardware prefetchers, which stop at page boundaries, let a single core's decode
+// stall on every tile). Rows outside the split are not requested.
 struct TilePrefetch {
   CacheRows keys{}, values{};             // from row 0 of the tile to fetch
   size_t key_bytes = 0, value_bytes = 0;  // bytes per row
@@ -119,9 +120,9 @@ struct TilePrefetch {
   HWY_INLINE void Row(size_t j) const {
     if (j >= rows) return;
     const char* k = keys.data + j * keys.stride;
-    for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 2);
+    for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 3);
     const char* v = values.data + j * values.stride;
-    for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 2);
+    for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 3);
   }
 };
 
