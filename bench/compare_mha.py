@@ -12,7 +12,6 @@ would otherwise spin against each other on the same cores. Prints the median tim
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -20,17 +19,7 @@ import numpy as np
 import torch
 
 import attn
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from compare_decode import cpu_name, parse_ints  # this folder's decode comparison
 
 
 def median_ms(action, repeats):
@@ -62,10 +51,10 @@ def main():
     print(f"B={args.batch}, {args.heads} heads of {args.head_dim}, D={width}, biases, eval mode; "
           f"median of {args.repeats}")
     print(f"{'n':>6} {'threads':>7} {'attn ms':>9} {'torch ms':>9} {'torch/attn':>10}")
-    for n in (int(size) for size in args.sizes.split(",")):
+    for n in parse_ints(args.sizes):
         x = np.random.default_rng(0).standard_normal((args.batch, n, width), dtype=np.float32)
         x_torch = torch.from_numpy(x)
-        for threads in (int(count) for count in args.threads.split(",")):
+        for threads in parse_ints(args.threads):
             attn.set_num_threads(threads)
             torch.set_num_threads(threads)
             attn_ms = median_ms(lambda: attn_layer(x, x, x), args.repeats)

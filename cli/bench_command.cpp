@@ -330,29 +330,27 @@ void print_thread_scaling(const BenchReport& report, const BenchOptions& options
          << std::left << std::setw(18) << "case" << std::right << std::setw(7) << "n";
   for (size_t t = 1; t < options.threads.size(); ++t)
     header << std::setw(9) << ("T=" + std::to_string(options.threads[t]));
-  bool any = false;
-  std::ostringstream body;
-  for (const int64_t length : options.sizes) {
-    std::vector<std::string> names;
-    for (const CaseRow& row : report.rows)
-      if (row.length == length && row.thread_scaling &&
-          std::find(names.begin(), names.end(), row.name) == names.end())
-        names.push_back(row.name);
-    for (const std::string& name : names) {
-      any = true;
-      body << std::left << std::setw(18) << name << std::right << std::setw(7) << length;
-      for (size_t t = 1; t < options.threads.size(); ++t) {
-        std::string cell = "-";
-        for (const CaseRow& row : report.rows)
-          if (row.name == name && row.length == length && row.threads == options.threads[t] &&
-              row.thread_scaling)
-            cell = fixed(*row.thread_scaling, 2) + "x";
-        body << std::setw(9) << cell;
-      }
-      body << "\n";
-    }
+  // One line per (case, n) in the run's order, with the case's scaling per thread count.
+  std::vector<std::pair<const CaseRow*, std::map<int, double>>> lines;
+  for (const CaseRow& row : report.rows) {
+    if (!row.thread_scaling) continue;
+    auto line = std::find_if(lines.begin(), lines.end(), [&](const auto& entry) {
+      return entry.first->name == row.name && entry.first->length == row.length;
+    });
+    if (line == lines.end()) line = lines.insert(lines.end(), {&row, {}});
+    line->second[row.threads] = *row.thread_scaling;
   }
-  if (any) std::cout << header.str() << "\n" << body.str();
+  if (lines.empty()) return;
+  std::cout << header.str() << "\n";
+  for (const auto& [first, scaling] : lines) {
+    std::cout << std::left << std::setw(18) << first->name << std::right << std::setw(7)
+              << first->length;
+    for (size_t t = 1; t < options.threads.size(); ++t) {
+      const auto cell = scaling.find(options.threads[t]);
+      std::cout << std::setw(9) << (cell == scaling.end() ? "-" : fixed(cell->second, 2) + "x");
+    }
+    std::cout << "\n";
+  }
 }
 
 void print_table(const BenchReport& report, const BenchOptions& options) {

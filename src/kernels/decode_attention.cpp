@@ -271,10 +271,12 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
 }
 
 template <CacheDType kType, class D>
-HWY_INLINE void ScoreTile(D d, size_t bc, const char* key_rows, size_t key_stride,
-                          const float* scales, const float* HWY_RESTRICT q_rows, size_t rows,
-                          size_t depth, float* HWY_RESTRICT scores, size_t row_lanes,
+HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HWY_RESTRICT q_rows,
+                          size_t rows, size_t depth, float* HWY_RESTRICT scores, size_t row_lanes,
                           const TilePrefetch& prefetch) {
+  const char* key_rows = keys.data;
+  const size_t key_stride = keys.stride;
+  const float* scales = keys.scales;
   const size_t row_groups = (rows + 3) / 4;
   // Only int8 rows have scales (null otherwise: no offset may be applied to it).
   const auto scales_from = [&](size_t j) { return scales != nullptr ? scales + j : nullptr; };
@@ -328,11 +330,14 @@ HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t
 // up to 4 (the padding rows, zero queries, are computed and discarded). A last partial vector of
 // columns goes through a small buffer, so no row is read past its end.
 template <CacheDType kType, class D>
-HWY_INLINE void AccumulateValues(D d, size_t bc, const char* value_rows, size_t value_stride,
-                                 const float* scales, float* HWY_RESTRICT p, size_t row_lanes,
-                                 size_t rows, size_t dv, float* HWY_RESTRICT output,
-                                 size_t dv_padded, const float* HWY_RESTRICT rescale) {
+HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float* HWY_RESTRICT p,
+                                 size_t row_lanes, size_t rows, size_t dv,
+                                 float* HWY_RESTRICT output, size_t dv_padded,
+                                 const float* HWY_RESTRICT rescale) {
   using V = hn::Vec<D>;
+  const char* value_rows = values.data;
+  const size_t value_stride = values.stride;
+  const float* scales = values.scales;
   constexpr size_t kColumnVectors = HWY_MAX_BYTES >= 64 ? 4 : 2;  // 16 or 8 accumulators
   const size_t lanes = hn::Lanes(d), full_vectors = dv / lanes;
   const size_t padded_rows = hwy::RoundUpTo(rows, 4);
@@ -506,8 +511,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     }
     const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
     WithCacheType(args.keys.dtype, [&](auto type) {
-      ScoreTile<decltype(type)::value>(df, bc, key_rows.data, key_rows.stride, key_rows.scales,
-                                       s.q_rows, rows, depth, s.scores, row_lanes, prefetch);
+      ScoreTile<decltype(type)::value>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes,
+                                       prefetch);
     });
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
 #if HWY_TARGET != HWY_SCALAR
@@ -522,8 +527,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     // O = O · rescale + P V, V read in its cache dtype.
     const CacheRows value_rows = decode_detail::rows_of(args.values, b, kv_head, key0);
     WithCacheType(args.values.dtype, [&](auto type) {
-      AccumulateValues<decltype(type)::value>(df, bc, value_rows.data, value_rows.stride,
-                                              value_rows.scales, s.scores, row_lanes, rows, dv,
+      AccumulateValues<decltype(type)::value>(df, bc, value_rows, s.scores, row_lanes, rows, dv,
                                               s.output, dv_padded, s.row_rescale);
     });
   }
