@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 
 #include "attn/core/error.hpp"
 #include "core/magnitude_scan.hpp"
@@ -85,6 +86,12 @@ uint32_t largest_magnitude_bits(const float* values, int64_t count) {
 
 bool all_finite(ConstTensorView tensor) {
   return largest_magnitude_bits(tensor.data(), tensor.numel()) < kFirstNonFinite;
+}
+
+float max_magnitude(ConstTensorView tensor) {
+  const uint32_t largest = largest_magnitude_bits(tensor.data(), tensor.numel());
+  return largest < kFirstNonFinite ? std::bit_cast<float>(largest)
+                                   : std::numeric_limits<float>::infinity();
 }
 
 float require_finite(std::string_view name, ConstTensorView tensor) {

@@ -94,11 +94,16 @@ AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad
 bool dot_scores_stay_finite(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
                             int64_t depth, float scale, std::string_view what) {
   const std::string prefix(what);
-  const double bound = static_cast<double>(require_finite(prefix + "queries", queries)) *
-                       require_finite(prefix + "keys", keys) * static_cast<double>(depth) *
-                       std::abs(static_cast<double>(scale));
+  const float query_max = require_finite(prefix + "queries", queries);
+  const float key_max = require_finite(prefix + "keys", keys);
   require_finite(prefix + "values", values);
-  return bound < 1e37;
+  return dot_scores_stay_finite(query_max, key_max, depth, scale);
+}
+
+bool dot_scores_stay_finite(float query_max, float key_max, int64_t depth, float scale) {
+  return static_cast<double>(query_max) * key_max * static_cast<double>(depth) *
+             std::abs(static_cast<double>(scale)) <
+         1e37;
 }
 
 void check_grad_output(ConstTensorView grad_output, const Shape& output_shape) {

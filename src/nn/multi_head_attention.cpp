@@ -49,11 +49,14 @@ void require_finite_parameters(const Linear& layer, const std::string& parameter
 
 // layer(x), or a ValueError naming `parameter` and `input` when the product of finite values
 // overflows float32: an infinite output would otherwise leave the layer with exit status 0. Only
-// the output is scanned when all is well.
+// the output is scanned when all is well; its largest magnitude goes to `largest` when given (the
+// score bound of the projected queries and keys needs no second scan).
 Tensor checked_projection(const Linear& layer, ConstTensorView x, const std::string& input,
-                          const std::string& parameter) {
+                          const std::string& parameter, float* largest = nullptr) {
   Tensor y = layer.forward(x, input);
-  if (all_finite(y)) return y;
+  const float y_max = max_magnitude(y);
+  if (largest != nullptr) *largest = y_max;
+  if (std::isfinite(y_max)) return y;
   require_finite(input, x);
   require_finite_parameters(layer, parameter);
   throw ValueError(parameter + ": the projection of the " + input +
@@ -92,16 +95,16 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
   fused_.clear();
   fused_weights_ = Tensor();
   fused_mask_ = Tensor();
-  Tensor projected_queries = checked_projection(W_q_, queries, "queries", "W_q");
-  Tensor projected_keys = checked_projection(W_k_, keys, "keys", "W_k");
+  float query_max = 0.0F, key_max = 0.0F;
+  Tensor projected_queries = checked_projection(W_q_, queries, "queries", "W_q", &query_max);
+  Tensor projected_keys = checked_projection(W_k_, keys, "keys", "W_k", &key_max);
   Tensor projected_values = checked_projection(W_v_, values, "values", "W_v");
   const int64_t head_size = num_hiddens() / num_heads_;
   const float scale = 1.0F / std::sqrt(static_cast<float>(head_size));
   const float applied_dropout = is_training() ? dropout() : 0.0F;
   // The fused kernel takes dropout in [0, 1); p = 1 (everything dropped) takes the reference path.
   if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
-      dot_scores_stay_finite(projected_queries, projected_keys, projected_values, head_size, scale,
-                             "projected ")) {
+      dot_scores_stay_finite(query_max, key_max, head_size, scale)) {
     // attn::scaled_dot_product_attention reads and writes the heads in place, through strides:
     // no transpose copies.
     AttentionOptions options;

@@ -71,8 +71,9 @@ TEST(TensorChecks, NameTheArgument) {
 }
 
 // require_finite returns max |x| and names the first NaN or ±∞; all_finite says whether there is
-// one. Lengths around the vector widths (tails of 1–15 floats) and past the 2^20 floats from which
-// the scan runs in chunks on the OpenMP threads, with the culprit first, last, or in a tail.
+// one; max_magnitude gives max |x|, or +∞ when there is one. Lengths around the vector widths
+// (tails of 1–15 floats) and past the 2^20 floats from which the scan runs in chunks on the OpenMP
+// threads, with the culprit first, last, or in a tail.
 TEST(Tensor, FiniteScansFindTheMagnitudeAndTheFirstCulpritAtEveryLength) {
   for (const int64_t count : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{33}, int64_t{1000},
                               (int64_t{1} << 20) + 1, (int64_t{1} << 21) + 13}) {
@@ -81,6 +82,7 @@ TEST(Tensor, FiniteScansFindTheMagnitudeAndTheFirstCulpritAtEveryLength) {
     values.data()[count / 2] = -1.5e30F;  // the largest magnitude, negative
     EXPECT_EQ(require_finite("x", values), 1.5e30F) << count;
     EXPECT_TRUE(all_finite(values)) << count;
+    EXPECT_EQ(max_magnitude(values), 1.5e30F) << count;
     for (const int64_t where : {int64_t{0}, count - 1, count / 3}) {
       for (const float bad :
            {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
@@ -88,6 +90,8 @@ TEST(Tensor, FiniteScansFindTheMagnitudeAndTheFirstCulpritAtEveryLength) {
         copy.data()[where] = bad;
         if (where != count - 1) copy.data()[count - 1] = std::numeric_limits<float>::infinity();
         EXPECT_FALSE(all_finite(copy)) << count << " " << where;
+        EXPECT_EQ(max_magnitude(copy), std::numeric_limits<float>::infinity())
+            << count << " " << where;
         const std::string expected =
             "at flat index " + std::to_string(std::min(where, count - 1)) + " of shape";
         try {

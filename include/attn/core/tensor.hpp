@@ -103,6 +103,8 @@ class Tensor {
 float require_finite(std::string_view name, ConstTensorView tensor);
 // True when no element is NaN or ±∞.
 bool all_finite(ConstTensorView tensor);
+// max |value| in one scan, or +∞ when some element is NaN or ±∞.
+float max_magnitude(ConstTensorView tensor);
 // Throws ShapeError unless `view` has rank `rank`; `name` is the argument's name for the message.
 void require_rank(std::string_view name, const Shape& shape, int rank);
 // Throws ShapeError unless dimension `axis` of `shape` equals `expected`; `what` says what that

@@ -93,6 +93,8 @@ class AttentionLayer {
 // the bad score.
 bool dot_scores_stay_finite(ConstTensorView queries, ConstTensorView keys, ConstTensorView values,
                             int64_t depth, float scale, std::string_view what = "");
+// The same bound for inputs already known finite, from their largest magnitudes.
+bool dot_scores_stay_finite(float query_max, float key_max, int64_t depth, float scale);
 
 // Throws ShapeError unless queries (B, n, ·), keys (B, m, ·) and values (B, m, ·) are rank 3 with
 // matching batch and key counts.
