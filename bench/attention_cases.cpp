@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
 #include "attn/core/random.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
@@ -223,7 +225,8 @@ double functional_flops(Functional variant, const AttentionShape& shape,
     for (int64_t i = 0; i < n; ++i) {
       switch (variant) {
         case Functional::kWindow:
-          visible += static_cast<double>(std::min(m, i + 1) - std::max<int64_t>(0, i - shape.window));
+          visible +=
+              static_cast<double>(std::min(m, i + 1) - std::max<int64_t>(0, i - shape.window));
           break;
         case Functional::kMaskBool:
           visible += static_cast<double>(padding[static_cast<size_t>(b)]);
@@ -284,8 +287,8 @@ PreparedCase prepare_functional(Functional variant, const AttentionShape& shape,
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < m; ++j) state->bool_mask[static_cast<size_t>(i * m + j)] = j <= i;
       }
-      options.attn_mask = AttentionMask::boolean(
-          StridedView<const uint8_t>(state->bool_mask.data(), Shape{n, m}));
+      options.attn_mask =
+          AttentionMask::boolean(StridedView<const uint8_t>(state->bool_mask.data(), Shape{n, m}));
       break;
     case Functional::kMaskFloat:
       state->float_mask = Tensor(Shape{n, m});
@@ -371,6 +374,57 @@ double score_bytes(const AttentionShape& shape) {
          static_cast<double>(shape.keys);
 }
 
+// The fused forward pass on fp16 or bf16 inputs rounded from the same normal draws as the fp32
+// case, (B, n, H·d) heads read in place, the output in the inputs' type.
+PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t seed) {
+  struct State {
+    std::vector<uint16_t> q, k, v, out;
+    FlashAttentionOptions options;
+    ConstHalfHeadsView q_view, k_view, v_view;
+    HalfHeadsView out_view;
+  };
+  auto state = std::make_shared<State>();
+  Rng rng(seed);
+  const int64_t width = shape.heads * shape.head_dim;
+  const auto rounded = [&](int64_t rows) {
+    std::vector<uint16_t> bits(static_cast<size_t>(shape.batch * rows * width));
+    for (uint16_t& element : bits) element = float_to_half_bits(type, rng.normal());
+    return bits;
+  };
+  state->q = rounded(shape.queries);
+  state->k = rounded(shape.keys);
+  state->v = rounded(shape.keys);
+  state->out.resize(state->q.size());
+  state->options.scale = default_scale(shape);
+  const auto heads = [&](auto* data, int64_t rows) {
+    return BasicHeadsView<std::remove_pointer_t<decltype(data)>>{
+        data, shape.batch, shape.heads, rows, shape.head_dim, rows * width, shape.head_dim, width};
+  };
+  state->q_view = heads(static_cast<const uint16_t*>(state->q.data()), shape.queries);
+  state->k_view = heads(static_cast<const uint16_t*>(state->k.data()), shape.keys);
+  state->v_view = heads(static_cast<const uint16_t*>(state->v.data()), shape.keys);
+  state->out_view = heads(state->out.data(), shape.queries);
+  PreparedCase prepared;
+  prepared.useful_flops = useful_flops(Mask::kNone, shape, {}, dot_forward_flops(shape));
+  prepared.run = [state, type] {
+    flash_attention_forward(type, state->q_view, state->k_view, state->v_view, {}, state->options,
+                            state->out_view);
+  };
+  return prepared;
+}
+
+AttentionCase half_case(std::string name, HalfType type) {
+  AttentionCase entry;
+  entry.name = std::move(name);
+  entry.workload = type == HalfType::kBFloat16 ? "dot-bf16" : "dot-fp16";
+  entry.path = "fused";
+  entry.working_set_bytes = [](const AttentionShape&) { return 0.0; };
+  entry.prepare = [type](const AttentionShape& shape, uint64_t seed) {
+    return prepare_half(type, shape, seed);
+  };
+  return entry;
+}
+
 AttentionCase dot_case(std::string name, std::string workload, Mask mask, bool fused,
                        bool backward = false) {
   AttentionCase entry;
@@ -449,6 +503,8 @@ const std::vector<AttentionCase>& attention_cases() {
   static const std::vector<AttentionCase> cases = {
       dot_case("fused", "dot", Mask::kNone, true),
       dot_case("plain", "dot", Mask::kNone, false),
+      half_case("fused-bf16", HalfType::kBFloat16),
+      half_case("fused-fp16", HalfType::kFloat16),
       dot_case("fused-padded", "dot-padded", Mask::kPadded, true),
       dot_case("plain-padded", "dot-padded", Mask::kPadded, false),
       dot_case("fused-causal", "dot-causal", Mask::kCausal, true),

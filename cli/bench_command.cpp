@@ -87,6 +87,8 @@ struct CaseRow {
   std::optional<double> speedup_vs_plain;  // plain time / this time, same workload
   // The functional cases but fused-sdpa: fused-sdpa's time / this time, same n and threads.
   std::optional<double> speedup_vs_sdpa;
+  // The half-precision cases (fused-bf16, fused-fp16): fused's fp32 time / this time.
+  std::optional<double> speedup_vs_fp32;
   // Time at the run's first thread count (1 by default) / this time, same case and n.
   std::optional<double> thread_scaling;
   std::vector<int64_t> padding_lengths;
@@ -294,6 +296,10 @@ BenchReport run_benchmarks(const BenchOptions& options) {
           base.length == row.length && base.threads == row.threads) {
         row.speedup_vs_sdpa = base.milliseconds / row.milliseconds;
       }
+      if (base.name == "fused" && (row.workload == "dot-bf16" || row.workload == "dot-fp16") &&
+          base.length == row.length && base.threads == row.threads) {
+        row.speedup_vs_fp32 = base.milliseconds / row.milliseconds;
+      }
       if (base.name == row.name && base.length == row.length &&
           base.threads == options.threads.front() && row.threads != base.threads) {
         row.thread_scaling = base.milliseconds / row.milliseconds;
@@ -431,6 +437,17 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
                   static_cast<long long>(row.length), row.threads, *row.speedup_vs_sdpa);
     std::cout << line;
   }
+  heading = false;
+  for (const CaseRow& row : report.rows) {
+    if (!row.speedup_vs_fp32) continue;
+    if (!heading) {
+      std::cout << "\nhalf precision: fused's fp32 time (same n and threads) / this time\n";
+      heading = true;
+    }
+    std::snprintf(line, sizeof line, "%-18s %6lld %7d %9.2fx\n", row.name.c_str(),
+                  static_cast<long long>(row.length), row.threads, *row.speedup_vs_fp32);
+    std::cout << line;
+  }
   print_thread_scaling(report, options);
   print_decode_table(report.decode, options.decode, std::cout);
 }
@@ -477,6 +494,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
                                  {"sgemm_ratio", optional_json(row.sgemm_ratio)},
                                  {"speedup_vs_plain", optional_json(row.speedup_vs_plain)},
                                  {"speedup_vs_sdpa", optional_json(row.speedup_vs_sdpa)},
+                                 {"speedup_vs_fp32", optional_json(row.speedup_vs_fp32)},
                                  {"thread_scaling", optional_json(row.thread_scaling)},
                                  {"extra_bytes", optional_json(row.extra_bytes)},
                                  {"padding_lengths", row.padding_lengths}});

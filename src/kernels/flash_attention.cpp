@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -36,7 +37,19 @@ struct ForwardArgs {
   // Null for dot-product scores; otherwise w_v (q.cols values) and additive scores
   // S_ij = Σ_t w_t tanh(q_it + k_jt), with q and k the projected queries and keys.
   const float* additive_weights = nullptr;
+  // Half-precision inputs and output: q, k, v and out above then give shapes and strides only,
+  // and the elements are these (flash_attention.hpp's half-precision overload).
+  bool half = false;
+  HalfType half_type = HalfType::kBFloat16;
+  ConstHalfHeadsView q16{}, k16{}, v16{};
+  HalfHeadsView out16{};
 };
+
+// Whether this CPU has the bf16 dot-product instructions (the AVX-512 targets ask).
+inline bool cpu_has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
+  return has;
+}
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
 constexpr size_t kKeyTile = 64;      // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
@@ -74,6 +87,7 @@ struct Scratch {
   int32_t* first;       // Br: each query's first visible key
   int32_t* last;        // Br: one past each query's last visible key
   uint32_t* row_keys;   // Br: dropout_hash::row_key of each query
+  float* widened_row;   // max(d, dv_padded): a half-precision row in or out
   // The current head's keys (m × d) and values (m × dv_padded, zero-padded columns), packed
   // contiguously: heads addressed by stride put a head's rows kilobytes apart, and at long
   // sequences the pages they span outgrow the TLB (n = 16384 with 32 heads ran at 38% of peak
@@ -84,8 +98,16 @@ struct Scratch {
   int64_t packed_head = -1;
   int64_t packed_begin = 0;  // rows [packed_begin, packed_end) of packed_head are packed
   int64_t packed_end = 0;
+  // The bf16 dot-product path (FlashForwardTileBF16) instead keeps pairs of bf16 in 32 bits, the
+  // operand vdpbf16ps multiplies: Qᵀ as (d/2 × Br) pairs of a query's adjacent dimensions, P as
+  // (Bc/2 × Br) pairs of a query's adjacent keys, each key row as d/2 pairs, and the values as
+  // (m/2 × dv_padded) pairs of two adjacent keys' entries in one column. Pairs start at even keys.
+  uint32_t* query_pairs = nullptr;
+  uint32_t* probability_pairs = nullptr;
+  uint32_t* key_pairs = nullptr;
+  uint32_t* value_pairs = nullptr;
 
-  Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes) {
+  Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes, bool bf16_pairs) {
     const size_t bc = flash_detail::kKeyTile;
     memory = carve_scratch(lanes, [&](const auto& take) {
       q_transposed = take(depth * br);
@@ -97,16 +119,75 @@ struct Scratch {
       first = as_int32(take(br));
       last = as_int32(take(br));
       row_keys = as_uint32(take(br));
-      packed_keys = take(keys * depth);
-      packed_values = take(keys * dv_padded);
+      widened_row = take(std::max(depth, dv_padded));
+      if (bf16_pairs) {
+        const size_t depth_pairs = (depth + 1) / 2, key_pairs_count = (keys + 1) / 2;
+        query_pairs = as_uint32(take(depth_pairs * br));
+        probability_pairs = as_uint32(take(bc / 2 * br));
+        key_pairs = as_uint32(take(2 * key_pairs_count * depth_pairs));
+        value_pairs = as_uint32(take(key_pairs_count * dv_padded));
+      } else {
+        packed_keys = take(keys * depth);
+        packed_values = take(keys * dv_padded);
+      }
     });
   }
 };
 
+// `count` half-precision elements widened to floats.
+template <class D>
+HWY_INLINE void WidenRow(D d, HalfType type, const uint16_t* HWY_RESTRICT from, size_t count,
+                         float* HWY_RESTRICT to) {
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  if (type == HalfType::kFloat16) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    const auto* halves = reinterpret_cast<const hwy::float16_t*>(from);
+    for (; i + lanes <= count; i += lanes)
+      hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, halves + i)), d, to + i);
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, D> dh;
+    const auto* halves = reinterpret_cast<const hwy::bfloat16_t*>(from);
+    for (; i + lanes <= count; i += lanes)
+      hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, halves + i)), d, to + i);
+  }
+  for (; i < count; ++i) to[i] = half_bits_to_float(type, from[i]);
+}
+
+// `count` floats rounded to nearest even in `type`: bf16 by integer rounding in vectors, fp16 by
+// the CPU's conversion (F16C rounds to nearest even) where the target has it.
+template <class D>
+HWY_INLINE void NarrowRow(D d, HalfType type, const float* HWY_RESTRICT from, size_t count,
+                          uint16_t* HWY_RESTRICT to) {
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  if (type == HalfType::kBFloat16) {
+    const hn::RebindToUnsigned<D> du;
+    const hn::Rebind<uint16_t, D> d16;
+    for (; i + lanes <= count; i += lanes) {
+      // bits + 0x7fff + (bit 16), then the upper half; NaN (never an output here) is not special.
+      const auto bits = hn::BitCast(du, hn::LoadU(d, from + i));
+      const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1U));
+      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffU), odd)));
+      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<D>(), rounded)), d16, to + i);
+    }
+  }
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (type == HalfType::kFloat16) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    auto* halves = reinterpret_cast<hwy::float16_t*>(to);
+    for (; i + lanes <= count; i += lanes)
+      hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, from + i)), dh, halves + i);
+  }
+#endif
+  for (; i < count; ++i) to[i] = float_to_half_bits(type, from[i]);
+}
+
 // Makes rows [begin, end) of key/value head (b, h)'s keys and values available in s.packed_*, at
-// their own row offsets. A thread's successive tiles of a head need ranges that only move forward
-// (causal, windows) or stay (full attention), so packing extends the packed range; a range before
-// or past it (another head, a window far ahead) starts a new one.
+// their own row offsets (half-precision inputs widened to floats). A thread's successive tiles of
+// a head need ranges that only move forward (causal, windows) or stay (full attention), so packing
+// extends the packed range; a range before or past it (another head, a window far ahead) starts a
+// new one.
 void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t begin, int64_t end,
                        size_t dv_padded, Scratch& s) {
   const int64_t head = b * args.k.heads + h;
@@ -114,13 +195,18 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
     s.packed_head = head;
     s.packed_begin = s.packed_end = begin;
   }
+  const hn::ScalableTag<float> d;
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
-  const float* k = args.k.matrix(b, h);
-  const float* v = args.v.matrix(b, h);
   for (int64_t j = s.packed_end; j < end; ++j) {
-    std::copy_n(k + j * args.k.row_stride, depth, s.packed_keys + static_cast<size_t>(j) * depth);
+    float* key_row = s.packed_keys + static_cast<size_t>(j) * depth;
     float* value_row = s.packed_values + static_cast<size_t>(j) * dv_padded;
-    std::copy_n(v + j * args.v.row_stride, dv, value_row);
+    if (args.half) {
+      WidenRow(d, args.half_type, args.k16.matrix(b, h) + j * args.k16.row_stride, depth, key_row);
+      WidenRow(d, args.half_type, args.v16.matrix(b, h) + j * args.v16.row_stride, dv, value_row);
+    } else {
+      std::copy_n(args.k.matrix(b, h) + j * args.k.row_stride, depth, key_row);
+      std::copy_n(args.v.matrix(b, h) + j * args.v.row_stride, dv, value_row);
+    }
     std::fill(value_row + dv, value_row + dv_padded, 0.0F);
   }
   s.packed_end = std::max(s.packed_end, end);
@@ -148,15 +234,43 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
                                           first_query + static_cast<int64_t>(r));
   }
   const size_t depth = static_cast<size_t>(args.q.cols);
-  const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
   const float scale = args.options.scale;
-  for (size_t t = 0; t < depth; ++t) {
-    float* column = s.q_transposed + t * br;
+  if (args.half && s.query_pairs != nullptr) {
+    // bf16 pairs of adjacent dimensions, unscaled (the score product scales its sums).
+    const uint16_t* q = args.q16.matrix(b, h) + first_query * args.q16.row_stride;
+    for (size_t t = 0; t < depth; t += 2) {
+      uint32_t* column = s.query_pairs + t / 2 * br;
+      for (size_t r = 0; r < br; ++r) {
+        const uint16_t* element = q + static_cast<int64_t>(r) * args.q16.row_stride + t;
+        column[r] = r >= tile.rows  ? 0U
+                    : t + 1 < depth ? element[0] | static_cast<uint32_t>(element[1]) << 16
+                                    : element[0];
+      }
+    }
+  } else if (args.half) {
+    // Each row widened in vectors (a conversion per element would cost a quarter of the tile's
+    // time at d = 64), then transposed.
+    const hn::ScalableTag<float> d;
     for (size_t r = 0; r < br; ++r) {
-      column[r] =
-          r < tile.rows
-              ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] * scale
-              : 0.0F;
+      if (r < tile.rows) {
+        WidenRow(
+            d, args.half_type,
+            args.q16.matrix(b, h) + (first_query + static_cast<int64_t>(r)) * args.q16.row_stride,
+            depth, s.widened_row);
+      }
+      for (size_t t = 0; t < depth; ++t)
+        s.q_transposed[t * br + r] = r < tile.rows ? s.widened_row[t] * scale : 0.0F;
+    }
+  } else {
+    const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
+    for (size_t t = 0; t < depth; ++t) {
+      float* column = s.q_transposed + t * br;
+      for (size_t r = 0; r < br; ++r) {
+        column[r] =
+            r < tile.rows
+                ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] * scale
+                : 0.0F;
+      }
     }
   }
   const bool sink = args.options.sinks != nullptr;
@@ -227,13 +341,21 @@ HWY_INLINE void DropWeights(D d, const Applier& applier, int64_t key0, size_t bc
 void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_padded,
                      const Scratch& s) {
   const size_t dv = static_cast<size_t>(args.v.cols);
-  float* out = args.out.matrix(tile.batch, tile.head) + tile.first_query * args.out.row_stride;
   for (size_t r = 0; r < tile.rows; ++r) {
     const float sum = s.row_sum[r];
     const float inverse = sum > 0.0F ? 1.0F / sum : 0.0F;
     const float* row = s.output + r * dv_padded;
-    float* destination = out + static_cast<int64_t>(r) * args.out.row_stride;
-    for (size_t t = 0; t < dv; ++t) destination[t] = row[t] * inverse;
+    const int64_t query = tile.first_query + static_cast<int64_t>(r);
+    if (args.half) {
+      const hn::ScalableTag<float> d;
+      for (size_t t = 0; t < dv; t += hn::Lanes(d))
+        hn::Store(hn::Mul(hn::Load(d, row + t), hn::Set(d, inverse)), d, s.widened_row + t);
+      NarrowRow(d, args.half_type, s.widened_row, dv,
+                args.out16.matrix(tile.batch, tile.head) + query * args.out16.row_stride);
+    } else {
+      float* destination = args.out.matrix(tile.batch, tile.head) + query * args.out.row_stride;
+      for (size_t t = 0; t < dv; ++t) destination[t] = row[t] * inverse;
+    }
   }
   if (args.log_sum_exp != nullptr) {
     float* lse =
@@ -295,6 +417,226 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
   WriteOutputRows(args, tile, dv_padded, s);
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The bf16 dot-product path: AVX-512 with AVX512-BF16 (checked at run time). vdpbf16ps multiplies
+// pairs of bf16 (exact products) and adds both to an fp32 lane, twice the work of an fp32 FMA per
+// instruction at the same throughput.
+#define ATTN_BF16_TARGET __attribute__((target("avx512bf16")))
+constexpr bool kBFloat16Path = true;
+
+// C[r, v·16 …] (= or +=) Σ_p A(r, p) · B[p, v·16 …] over bf16 pairs: A(r, p) is the pair
+// a[r·a_row + p·a_col] (broadcast), B's rows are ldb pairs apart. Without kAccumulate the sums are
+// multiplied by `product_scale` as they are stored; with it, row r of C is first multiplied by
+// c_scale[r] as MicroKernel does.
+template <size_t MR, size_t NR, bool kAccumulate>
+ATTN_BF16_TARGET HWY_INLINE void MicroKernelBF16(const uint32_t* HWY_RESTRICT a, size_t a_row,
+                                                 size_t a_col, const uint32_t* HWY_RESTRICT b,
+                                                 size_t ldb, size_t pairs, float* HWY_RESTRICT c,
+                                                 size_t ldc, const float* c_scale,
+                                                 float product_scale) {
+  __m512 acc[MR][NR];
+  for (size_t r = 0; r < MR; ++r) {
+    for (size_t v = 0; v < NR; ++v) {
+      if constexpr (kAccumulate) {
+        acc[r][v] = _mm512_loadu_ps(c + r * ldc + v * 16);
+        if (c_scale != nullptr) acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(c_scale[r]));
+      } else {
+        acc[r][v] = _mm512_setzero_ps();
+      }
+    }
+  }
+  for (size_t p = 0; p < pairs; ++p) {
+    __m512bh b_vectors[NR];
+    for (size_t v = 0; v < NR; ++v)
+      b_vectors[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + p * ldb + v * 16));
+    for (size_t r = 0; r < MR; ++r) {
+      const auto a_pair =
+          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(a[r * a_row + p * a_col])));
+      for (size_t v = 0; v < NR; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_pair, b_vectors[v]);
+    }
+  }
+  for (size_t r = 0; r < MR; ++r) {
+    for (size_t v = 0; v < NR; ++v) {
+      if constexpr (!kAccumulate)
+        acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(product_scale));
+      _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
+    }
+  }
+}
+
+// MicroKernelBF16 for MR rows and 1 to 4 vectors.
+template <size_t MR, bool kAccumulate>
+ATTN_BF16_TARGET HWY_INLINE void RowBlockBF16(size_t vectors, const uint32_t* a, size_t a_row,
+                                              size_t a_col, const uint32_t* b, size_t ldb,
+                                              size_t pairs, float* c, size_t ldc,
+                                              const float* c_scale, float product_scale) {
+  switch (vectors) {
+    case 1:
+      return MicroKernelBF16<MR, 1, kAccumulate>(a, a_row, a_col, b, ldb, pairs, c, ldc, c_scale,
+                                                 product_scale);
+    case 2:
+      return MicroKernelBF16<MR, 2, kAccumulate>(a, a_row, a_col, b, ldb, pairs, c, ldc, c_scale,
+                                                 product_scale);
+    case 3:
+      return MicroKernelBF16<MR, 3, kAccumulate>(a, a_row, a_col, b, ldb, pairs, c, ldc, c_scale,
+                                                 product_scale);
+    default:
+      return MicroKernelBF16<MR, 4, kAccumulate>(a, a_row, a_col, b, ldb, pairs, c, ldc, c_scale,
+                                                 product_scale);
+  }
+}
+
+// MicroKernelBF16 over any rows (blocks of kMaxRows) and vectors (blocks of kMaxVectors).
+template <bool kAccumulate>
+ATTN_BF16_TARGET HWY_NOINLINE void GemmBF16(size_t rows, size_t vectors, const uint32_t* a,
+                                            size_t a_row, size_t a_col, const uint32_t* b,
+                                            size_t ldb, size_t pairs, float* c, size_t ldc,
+                                            const float* c_scale, float product_scale = 1.0F) {
+  for (size_t v = 0; v < vectors; v += kMaxVectors) {
+    const size_t block_vectors = std::min(kMaxVectors, vectors - v);
+    for (size_t r = 0; r < rows; r += kMaxRows) {
+      const uint32_t* a_block = a + r * a_row;
+      const uint32_t* b_block = b + v * 16;
+      float* c_block = c + r * ldc + v * 16;
+      const float* scale_block = c_scale != nullptr ? c_scale + r : nullptr;
+#define ATTN_ROW_BLOCK(MR)                                                                 \
+  RowBlockBF16<MR, kAccumulate>(block_vectors, a_block, a_row, a_col, b_block, ldb, pairs, \
+                                c_block, ldc, scale_block, product_scale)
+      switch (std::min(kMaxRows, rows - r)) {
+        case 1:
+          ATTN_ROW_BLOCK(1);
+          break;
+        case 2:
+          ATTN_ROW_BLOCK(2);
+          break;
+        case 3:
+          ATTN_ROW_BLOCK(3);
+          break;
+        case 4:
+          ATTN_ROW_BLOCK(4);
+          break;
+        case 5:
+          ATTN_ROW_BLOCK(5);
+          break;
+        default:
+          ATTN_ROW_BLOCK(6);
+          break;
+      }
+#undef ATTN_ROW_BLOCK
+    }
+  }
+}
+
+// Rows [begin, end) of key/value head (b, h), begin even, as bf16 pairs in s.key_pairs (d/2 per
+// key row, an odd d's last pair padded with 0) and s.value_pairs (rows 2p and 2p + 1 of a column
+// in pair p; a key past m reads as 0). The packed range grows as PackKeysAndValues's does.
+ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int64_t h,
+                                        int64_t begin, int64_t end, size_t dv_padded, Scratch& s) {
+  const int64_t head = b * args.k.heads + h;
+  if (s.packed_head != head || begin < s.packed_begin || begin > s.packed_end) {
+    s.packed_head = head;
+    s.packed_begin = s.packed_end = begin;
+  }
+  const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
+  const size_t depth_pairs = (depth + 1) / 2;
+  const uint16_t* k = args.k16.matrix(b, h);
+  const uint16_t* v = args.v16.matrix(b, h);
+  const int64_t keys = args.k.rows;
+  for (int64_t j = s.packed_end; j < end; j += 2) {
+    for (int64_t row = j; row < j + 2; ++row) {
+      uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * depth_pairs;
+      if (row >= keys) {
+        std::fill_n(pairs, depth_pairs, 0U);
+        continue;
+      }
+      const uint16_t* from = k + row * args.k16.row_stride;
+      for (size_t t = 0; t + 1 < depth; t += 2)
+        pairs[t / 2] = from[t] | static_cast<uint32_t>(from[t + 1]) << 16;
+      if (depth % 2 != 0) pairs[depth_pairs - 1] = from[depth - 1];
+    }
+    uint32_t* pairs = s.value_pairs + static_cast<size_t>(j / 2) * dv_padded;
+    const uint16_t* first = v + j * args.v16.row_stride;
+    const uint16_t* second = j + 1 < keys ? first + args.v16.row_stride : nullptr;
+    for (size_t t = 0; t < dv; ++t)
+      pairs[t] = first[t] | (second != nullptr ? static_cast<uint32_t>(second[t]) << 16 : 0U);
+    std::fill(pairs + dv, pairs + dv_padded, 0U);
+  }
+  s.packed_end = std::max(s.packed_end, end + end % 2);  // whole pairs
+}
+
+// Pᵀ (bc × Br floats, bc ≤ Bc) as bf16 pairs of adjacent keys per query (Bc/2 × Br), rounded to
+// nearest even; a key past bc is 0.
+ATTN_BF16_TARGET HWY_INLINE void PackProbabilityPairs(const float* probabilities, size_t bc,
+                                                      size_t br, uint32_t* pairs) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  for (size_t j = 0; j < bc; j += 2) {
+    for (size_t r = 0; r < br; r += 16) {
+      const __m512 even = _mm512_loadu_ps(probabilities + j * br + r);
+      const __m512 odd =
+          j + 1 < bc ? _mm512_loadu_ps(probabilities + (j + 1) * br + r) : _mm512_setzero_ps();
+      // Words 0–15 the even key's, 16–31 the odd key's; interleaved into one pair per query.
+      const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+      _mm512_storeu_si512(pairs + j / 2 * br + r, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
+
+// FlashForwardTile on bf16 inputs with vdpbf16ps: Sᵀ = K Qᵀ over pairs of dimensions, the score
+// modifiers, softmax and dropout on fp32 Sᵀ as there, then P rounded to bf16 pairs for O += P V.
+// Key tiles start at even keys (pairs never straddle two tiles): a tile that would start at an odd
+// key starts one key earlier, which no row sees and the modifiers mask.
+ATTN_BF16_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
+                                           int64_t first_query, Scratch& s) {
+  const hn::ScalableTag<float> d;
+  constexpr size_t kLanes = 16;
+  const size_t br = flash_detail::kQueryVectors * kLanes;
+  const size_t depth_pairs = (static_cast<size_t>(args.q.cols) + 1) / 2;
+  const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), kLanes);
+  const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
+  std::fill(s.output, s.output + br * dv_padded, 0.0F);
+  const bool dropout = args.options.dropout > 0.0F;
+  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
+  const bool bool_mask = args.options.mask.kind == MaskKind::kBool;
+  const int64_t kv_head = h / (args.q.heads / args.k.heads);
+  const int64_t begin = tile.ranges.begin - tile.ranges.begin % 2;
+  if (tile.ranges.begin < tile.ranges.end)
+    PackKeyValuePairs(args, b, kv_head, begin, tile.ranges.end, dv_padded, s);
+  for (int64_t key0 = begin; key0 < tile.ranges.end;
+       key0 += static_cast<int64_t>(flash_detail::kKeyTile)) {
+    const size_t bc = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), tile.ranges.end - key0));
+    MaskCoverage coverage = MaskCoverage::kAll;
+    if (bool_mask) {
+      coverage = bool_mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
+      if (coverage == MaskCoverage::kNone) continue;
+    }
+    GemmBF16<false>(bc, flash_detail::kQueryVectors,
+                    s.key_pairs + static_cast<size_t>(key0) * depth_pairs, depth_pairs, 1,
+                    s.query_pairs, br, depth_pairs, s.scores, br, nullptr, args.options.scale);
+    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
+                        s.scores);
+    OnlineSoftmaxStep(d, bc, br, s);
+    if (dropout) DropWeights(d, dropout_applier, key0, bc, br, s);
+    PackProbabilityPairs(s.scores, bc, br, s.probability_pairs);
+    GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
+                   s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
+                   (bc + 1) / 2, s.output, dv_padded, s.row_rescale);
+  }
+  WriteOutputRows(args, tile, dv_padded, s);
+}
+#undef ATTN_BF16_TARGET
+#else
+constexpr bool kBFloat16Path = false;
+#endif
+
+// Whether bf16 inputs take FlashForwardTileBF16 under this target on this CPU.
+bool NativeBFloat16() {
+  return kBFloat16Path && flash_detail::cpu_has_avx512_bf16();
+}
+
 void FlashForward(const ForwardArgs& args) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
@@ -303,18 +645,22 @@ void FlashForward(const ForwardArgs& args) {
       (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
   const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
+  const bool bf16_pairs = args.half && args.half_type == HalfType::kBFloat16 && NativeBFloat16();
   // Dynamic scheduling: causal, windowed and padded tiles differ widely in cost.
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
         return Scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
-                       static_cast<size_t>(args.k.rows), lanes);
+                       static_cast<size_t>(args.k.rows), lanes, bf16_pairs);
       },
       [&](int64_t task, Scratch& scratch, int) {
         const int64_t head_index = task / tiles_per_head;
-        const int64_t tile = task % tiles_per_head;
-        FlashForwardTile(args, head_index / args.q.heads, head_index % args.q.heads,
-                         tile * static_cast<int64_t>(br), scratch);
+        const int64_t b = head_index / args.q.heads, h = head_index % args.q.heads;
+        const int64_t first_query = task % tiles_per_head * static_cast<int64_t>(br);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        if (bf16_pairs) return FlashForwardTileBF16(args, b, h, first_query, scratch);
+#endif
+        FlashForwardTile(args, b, h, first_query, scratch);
       });
 }
 
@@ -326,6 +672,40 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 
 HWY_EXPORT(FlashForward);
+HWY_EXPORT(NativeBFloat16);
+
+bool flash_attention_bfloat16_native() {
+  return HWY_DYNAMIC_DISPATCH(NativeBFloat16)();
+}
+
+namespace {
+// The shapes and strides of a half-precision view, as the float views the checks take (their
+// data is never read).
+ConstHeadsView shape_only(const ConstHalfHeadsView& view) {
+  return {nullptr,   view.batch,        view.heads,       view.rows,
+          view.cols, view.batch_stride, view.head_stride, view.row_stride};
+}
+}  // namespace
+
+void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
+                             ConstHalfHeadsView v, const ValidLengths& valid_lens,
+                             const FlashAttentionOptions& options, HalfHeadsView out,
+                             float* log_sum_exp) {
+  const ConstHeadsView q_shape = shape_only(q), k_shape = shape_only(k), v_shape = shape_only(v);
+  if (!check_attention_arguments(q_shape, k_shape, v_shape, shape_only(out), valid_lens, options))
+    return;
+  const HeadsView out_shape_only{nullptr,  out.batch,        out.heads,       out.rows,
+                                 out.cols, out.batch_stride, out.head_stride, out.row_stride};
+  flash_detail::ForwardArgs args{q_shape,     k_shape,     v_shape, out_shape_only,
+                                 log_sum_exp, &valid_lens, options};
+  args.half = true;
+  args.half_type = type;
+  args.q16 = q;
+  args.k16 = k;
+  args.v16 = v;
+  args.out16 = out;
+  HWY_DYNAMIC_DISPATCH(FlashForward)(args);
+}
 
 Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads,
                                     int64_t queries, int64_t keys) {

@@ -8,6 +8,14 @@
 
 namespace attn {
 
+// Which 16-bit float format a half-precision tensor's elements are in.
+enum class HalfType { kFloat16, kBFloat16 };
+
+// The float of one element of `type`.
+constexpr float half_bits_to_float(HalfType type, uint16_t bits);
+// The `type` bits nearest to `value`.
+constexpr uint16_t float_to_half_bits(HalfType type, float value);
+
 // The float of fp16 bits.
 constexpr float half_to_float(uint16_t half) {
   const uint32_t sign = static_cast<uint32_t>(half & 0x8000U) << 16;
@@ -61,6 +69,14 @@ constexpr uint16_t float_to_bfloat16(float value) {
   if ((bits & 0x7fffffffU) > 0x7f800000U) return static_cast<uint16_t>((bits >> 16) | 0x40U);
   const uint32_t rounding = 0x7fffU + ((bits >> 16) & 1U);
   return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+constexpr float half_bits_to_float(HalfType type, uint16_t bits) {
+  return type == HalfType::kFloat16 ? half_to_float(bits) : bfloat16_to_float(bits);
+}
+
+constexpr uint16_t float_to_half_bits(HalfType type, float value) {
+  return type == HalfType::kFloat16 ? float_to_half(value) : float_to_bfloat16(value);
 }
 
 }  // namespace attn

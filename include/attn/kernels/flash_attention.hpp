@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "attn/core/half.hpp"
 #include "attn/core/valid_lengths.hpp"
 #include "attn/kernels/fused_options.hpp"
 #include "attn/kernels/heads_view.hpp"
@@ -31,6 +32,27 @@ namespace attn {
 void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                              HeadsView out, float* log_sum_exp = nullptr);
+
+// Half-precision heads: fp16 or bf16 bits, addressed as HeadsView's floats are.
+using ConstHalfHeadsView = BasicHeadsView<const uint16_t>;
+using HalfHeadsView = BasicHeadsView<uint16_t>;
+
+// The same pass over half-precision q, k, v (all of `type`), written to `out` in `type`, as
+// PyTorch's bf16/fp16 attention: scores, softmax and the output accumulate in fp32, and the output
+// is rounded once (to nearest even). bf16 inputs run on the CPU's bf16 dot products (vdpbf16ps)
+// where it has them (flash_attention_bfloat16_native()); the probabilities then enter P·V rounded
+// to bf16, as PyTorch's and FlashAttention's bf16 kernels round them, which adds at most 2⁻⁸·Σ_j
+// P_ij·|v_j| to an output. Elsewhere, and for fp16, the kernel widens each row to fp32 as it
+// packs it and computes exactly as the fp32 pass does on the widened values.
+void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
+                             ConstHalfHeadsView v, const ValidLengths& valid_lens,
+                             const FlashAttentionOptions& options, HalfHeadsView out,
+                             float* log_sum_exp = nullptr);
+
+// True when this CPU runs bf16 attention on its bf16 dot-product instructions (AVX512-BF16:
+// Zen 4 and later, Cooper Lake and Sapphire Rapids and later) under the SIMD target dispatch
+// picks.
+bool flash_attention_bfloat16_native();
 
 // FlashAttention-2's backward pass: gradients of sum(out ⊙ grad_out) with respect to q, k, v,
 // recomputing the probabilities tile by tile from the forward pass's `log_sum_exp` instead of

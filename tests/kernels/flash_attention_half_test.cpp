@@ -1,0 +1,226 @@
+// The fused forward kernel on fp16 and bf16 inputs, on every SIMD target this machine runs: against
+// the double reference on the same rounded inputs (shapes with tails, odd depths, grouped heads,
+// causal, windows with odd first keys, lengths 0 and m, sinks, soft-capping, bool masks, large
+// scores), and, where the kernel widens to fp32, bit-equal to the fp32 kernel on widened inputs.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "every_simd_target.hpp"
+#include "sdpa_reference.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+class FlashAttentionHalf : public testing::EverySimdTarget {};
+
+struct HalfCase {
+  int64_t batch, q_heads, kv_heads, queries, keys, depth, value_depth;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  bool lengths = false, sinks = false, bool_mask = false;
+  float softcap = 0.0F;
+  float magnitude = 1.0F;
+};
+
+// Dense (B, H, rows, cols) half-precision heads.
+struct HalfHeads {
+  HalfHeads(int64_t batch_count, int64_t head_count, int64_t row_count, int64_t col_count)
+      : batch(batch_count),
+        heads(head_count),
+        rows(row_count),
+        cols(col_count),
+        bits(static_cast<size_t>(batch * heads * rows * cols)) {}
+  int64_t batch, heads, rows, cols;
+  std::vector<uint16_t> bits;
+  ConstHalfHeadsView view() const {
+    return {bits.data(), batch, heads, rows, cols, heads * rows * cols, rows * cols, cols};
+  }
+  HalfHeadsView view() {
+    return {bits.data(), batch, heads, rows, cols, heads * rows * cols, rows * cols, cols};
+  }
+  ConstHeadsView float_view(const std::vector<float>& data) const {
+    return {data.data(), batch, heads, rows, cols, heads * rows * cols, rows * cols, cols};
+  }
+  HeadsView float_view(std::vector<float>& data) const {
+    return {data.data(), batch, heads, rows, cols, heads * rows * cols, rows * cols, cols};
+  }
+};
+
+// Random normal entries times `magnitude`, rounded to `type`; their exact values in `widened`.
+HalfHeads random_heads(HalfType type, int64_t batch, int64_t heads, int64_t rows, int64_t cols,
+                       float magnitude, Rng& rng, std::vector<float>& widened) {
+  HalfHeads result(batch, heads, rows, cols);
+  widened.resize(result.bits.size());
+  for (size_t i = 0; i < result.bits.size(); ++i) {
+    result.bits[i] = float_to_half_bits(type, rng.normal() * magnitude);
+    widened[i] = half_bits_to_float(type, result.bits[i]);
+  }
+  return result;
+}
+
+void check_case(HalfType type, const HalfCase& c, Rng& rng) {
+  std::vector<float> q, k, v;
+  const HalfHeads q16 =
+      random_heads(type, c.batch, c.q_heads, c.queries, c.depth, c.magnitude, rng, q);
+  const HalfHeads k16 =
+      random_heads(type, c.batch, c.kv_heads, c.keys, c.depth, c.magnitude, rng, k);
+  const HalfHeads v16 =
+      random_heads(type, c.batch, c.kv_heads, c.keys, c.value_depth, 1.0F, rng, v);
+
+  reference::SdpaProblem problem;
+  problem.batch = c.batch;
+  problem.q_heads = c.q_heads;
+  problem.kv_heads = c.kv_heads;
+  problem.queries = c.queries;
+  problem.keys = c.keys;
+  problem.depth = c.depth;
+  problem.value_depth = c.value_depth;
+  const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+  problem.scale = scale;
+  problem.causal = c.causal;
+  problem.bottom_right = true;  // the kernel's default alignment
+  problem.window_left = c.window_left;
+  problem.window_right = c.window_right;
+  problem.softcap = c.softcap;
+
+  FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  options.softcap = c.softcap;
+  std::vector<float> sinks;
+  if (c.sinks) {
+    for (int64_t h = 0; h < c.q_heads; ++h) sinks.push_back(static_cast<float>(h % 3) - 1.0F);
+    problem.sinks.assign(sinks.begin(), sinks.end());
+    options.sinks = sinks.data();
+  }
+  std::vector<uint8_t> mask;
+  if (c.bool_mask) {
+    // (B, n, m), shared by the heads: every third key hidden, and query 1 sees nothing.
+    problem.mask_kind = reference::SdpaProblem::Mask::kBool;
+    problem.mask.resize(static_cast<size_t>(c.batch * c.q_heads * c.queries * c.keys));
+    mask.resize(static_cast<size_t>(c.batch * c.queries * c.keys));
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t i = 0; i < c.queries; ++i)
+        for (int64_t j = 0; j < c.keys; ++j) {
+          const bool keep = i != 1 && (i + j + b) % 3 != 0;
+          mask[static_cast<size_t>((b * c.queries + i) * c.keys + j)] = keep ? 1 : 0;
+          for (int64_t h = 0; h < c.q_heads; ++h)
+            problem.mask[problem.score_index(b, h, i, j)] = keep ? 1.0 : 0.0;
+        }
+    options.mask = {MaskKind::kBool, mask.data(), c.queries * c.keys, 0, c.keys, 1};
+  }
+  ValidLengths lengths;
+  if (c.lengths) {
+    std::vector<int64_t> per_query;
+    for (int64_t index = 0; index < c.batch * c.queries; ++index) {
+      per_query.push_back(
+          index == 0   ? 0
+          : index == 1 ? c.keys
+                       : static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.keys + 1)));
+    }
+    lengths = ValidLengths::per_query(per_query, c.batch, c.queries);
+    problem.lengths = per_query;
+  }
+
+  HalfHeads out16(c.batch, c.q_heads, c.queries, c.value_depth);
+  std::vector<float> lse(static_cast<size_t>(c.batch * c.q_heads * c.queries));
+  flash_attention_forward(type, q16.view(), k16.view(), v16.view(), lengths, options, out16.view(),
+                          lse.data());
+
+  const bool native = type == HalfType::kBFloat16 && flash_attention_bfloat16_native();
+  if (!native) {
+    // Widened to fp32 as packed: the fp32 kernel on the widened values, rounded once.
+    std::vector<float> out32(out16.bits.size());
+    std::vector<float> lse32(lse.size());
+    flash_attention_forward(q16.float_view(q), k16.float_view(k), v16.float_view(v), lengths,
+                            options, out16.float_view(out32), lse32.data());
+    for (size_t i = 0; i < out32.size(); ++i) {
+      ASSERT_EQ(out16.bits[i], float_to_half_bits(type, out32[i])) << "element " << i;
+    }
+    EXPECT_EQ(lse, lse32);
+  }
+
+  const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+  const reference::SdpaForward expected = reference::sdpa_forward(problem, qd, kd, vd);
+  double largest = 0.0;
+  for (const double value : expected.out) largest = std::max(largest, std::abs(value));
+  // Per element: the fp32 kernel's 1e-5 of the output's magnitude (scaled, as the fp32 test does,
+  // by the scores' magnitude, whose float rounding enters the exponent), plus rounding the output
+  // to `type` (half an ulp: 2⁻⁸ relative for bf16's 8 significant bits, 2⁻¹¹ for fp16's 11), plus,
+  // on the bf16 dot-product path, P rounded to bf16 in P·V: 2⁻⁸·Σ_j P_ij·|v_j|.
+  const double output_rounding = type == HalfType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double base = 1e-5 * std::max(1.0F, c.magnitude * c.magnitude) * std::max(largest, 1e-30);
+  const int64_t group = c.q_heads / c.kv_heads;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.q_heads; ++h)
+      for (int64_t i = 0; i < c.queries; ++i)
+        for (int64_t t = 0; t < c.value_depth; ++t) {
+          const auto index =
+              static_cast<size_t>(((b * c.q_heads + h) * c.queries + i) * c.value_depth + t);
+          double weighted_magnitude = 0.0;
+          for (int64_t j = 0; j < c.keys; ++j) {
+            weighted_magnitude +=
+                expected.weights[problem.score_index(b, h, i, j)] *
+                std::abs(vd[static_cast<size_t>(
+                    ((b * c.kv_heads + h / group) * c.keys + j) * c.value_depth + t)]);
+          }
+          const double want = expected.out[index];
+          const double tolerance = base + output_rounding * std::abs(want) +
+                                   (native ? 0x1p-8 * weighted_magnitude : 0.0);
+          const double got = half_bits_to_float(type, out16.bits[index]);
+          ASSERT_NEAR(got, want, tolerance)
+              << (type == HalfType::kBFloat16 ? "bf16" : "fp16") << " native=" << native
+              << " B=" << c.batch << " Hq=" << c.q_heads << " Hkv=" << c.kv_heads
+              << " n=" << c.queries << " m=" << c.keys << " d=" << c.depth
+              << " dv=" << c.value_depth << " at (" << b << ", " << h << ", " << i << ", " << t
+              << ")";
+        }
+}
+
+const HalfCase kCases[] = {
+    {1, 1, 1, 1, 1, 1, 1},
+    {2, 1, 1, 1, 5, 3, 2},
+    {2, 2, 1, 37, 45, 16, 16},
+    {1, 4, 2, 70, 131, 64, 64, true},
+    {2, 2, 2, 65, 300, 63, 17, false, -1, -1, true},
+    {1, 2, 2, 90, 211, 32, 33, false, 21, 6},  // windows: tiles start at odd keys
+    {1, 2, 2, 50, 20, 8, 8, true, -1, -1, false, true},
+    {1, 8, 1, 33, 129, 128, 128, false, -1, -1, false, false, true},
+    {2, 3, 3, 20, 77, 24, 24, false, -1, -1, false, false, false, 5.0F},
+    {1, 1, 1, 33, 200, 16, 16, false, -1, -1, false, false, false, 0.0F, 4.0F},
+};
+
+TEST_P(FlashAttentionHalf, BFloat16MatchesReferenceOnRoundedInputs) {
+  Rng rng(81);
+  for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
+}
+
+TEST_P(FlashAttentionHalf, Float16MatchesReferenceOnRoundedInputs) {
+  Rng rng(82);
+  for (const HalfCase& c : kCases) check_case(HalfType::kFloat16, c, rng);
+}
+
+TEST_P(FlashAttentionHalf, RejectsInconsistentShapes) {
+  std::vector<float> unused;
+  Rng rng(3);
+  const HalfHeads q = random_heads(HalfType::kBFloat16, 1, 2, 4, 8, 1.0F, rng, unused);
+  const HalfHeads k = random_heads(HalfType::kBFloat16, 1, 2, 5, 7, 1.0F, rng, unused);
+  HalfHeads out(1, 2, 4, 8);
+  EXPECT_THROW(flash_attention_forward(HalfType::kBFloat16, q.view(), k.view(), k.view(), {},
+                                       testing::kernel_options(1.0F), out.view()),
+               ShapeError);
+}
+
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionHalf);
+
+}  // namespace
+}  // namespace attn
