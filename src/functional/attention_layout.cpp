@@ -181,4 +181,56 @@ Tensor contiguous_copy(const ConstStridedView& view) {
   return copy;
 }
 
+float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& view) {
+  // Both formats keep the sign in the top bit and order magnitudes as their other bits do, with an
+  // all-ones exponent for ±∞ and NaN: one pass of integer maxima finds the magnitude and detects
+  // them, as the float scan does.
+  const uint16_t exponent = type == HalfType::kFloat16 ? 0x7c00U : 0x7f80U;
+  uint16_t largest = 0;
+  const uint16_t* data = view.data();
+  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t) {
+    largest = std::max(largest, static_cast<uint16_t>(data[offset] & 0x7fffU));
+  });
+  if ((largest & exponent) == exponent) {
+    // Rare: read the elements again, in order, to name the first culprit.
+    for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
+      const uint16_t bits = data[offset];
+      if ((bits & exponent) != exponent) return;
+      throw ValueError(std::string(name) + ": expected finite values, got " +
+                       ((bits & 0x7fffU) != exponent ? "NaN"
+                        : (bits & 0x8000U) == 0      ? "inf"
+                                                     : "-inf") +
+                       " at flat index " + std::to_string(flat));
+    });
+  }
+  return half_bits_to_float(type, largest);
+}
+
+std::vector<uint16_t> contiguous_copy(const ConstHalfStridedView& view) {
+  std::vector<uint16_t> copy(static_cast<size_t>(view.numel()));
+  const uint16_t* source = view.data();
+  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
+    copy[static_cast<size_t>(flat)] = source[offset];
+  });
+  return copy;
+}
+
+Tensor widened_copy(HalfType type, const ConstHalfStridedView& view) {
+  Tensor copy(view.shape());
+  float* destination = copy.data();
+  const uint16_t* source = view.data();
+  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
+    destination[flat] = half_bits_to_float(type, source[offset]);
+  });
+  return copy;
+}
+
+void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedView& to) {
+  const float* source = from.data();
+  uint16_t* destination = to.data();
+  for_each_element(to.shape(), to.strides(), [&](int64_t offset, int64_t flat) {
+    destination[offset] = float_to_half_bits(type, source[flat]);
+  });
+}
+
 }  // namespace attn::functional_detail

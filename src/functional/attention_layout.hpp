@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attn/core/half.hpp"
 #include "attn/core/shape.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/kernels/heads_view.hpp"
@@ -59,5 +60,17 @@ void require_mask_values(std::string_view name, const ConstStridedView& view);
 
 // A contiguous copy of a view (for inputs whose last axis is not contiguous).
 Tensor contiguous_copy(const ConstStridedView& view);
+
+// Half-precision tensors (fp16 or bf16 bits, `type`), for the functional API's half overloads.
+using ConstHalfStridedView = StridedView<const uint16_t>;
+using MutableHalfStridedView = StridedView<uint16_t>;
+// require_finite's scan and message on half-precision data; returns the largest magnitude.
+float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& view);
+// A contiguous copy of the bits.
+std::vector<uint16_t> contiguous_copy(const ConstHalfStridedView& view);
+// A contiguous float32 tensor of the values (exact: every fp16 and bf16 value is a float).
+Tensor widened_copy(HalfType type, const ConstHalfStridedView& view);
+// Writes `from` (a contiguous tensor of to's shape) into `to`, each value rounded to `type`.
+void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedView& to);
 
 }  // namespace attn::functional_detail

@@ -86,9 +86,12 @@ PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView ke
       }
     }
   }
-  query_ = readable(query, query_copy_);
-  key_ = readable(key, key_copy_);
-  value_ = value ? readable(*value, value_copy_) : key_;
+  // kShapesOnly never reads the data, so a strided last axis is not copied either: only the
+  // layouts below are wanted, and no kernel reads through them.
+  const bool reads = family != kShapesOnly;
+  query_ = reads ? readable(query, query_copy_) : query;
+  key_ = reads ? readable(key, key_copy_) : key;
+  value_ = !value ? key_ : reads ? readable(*value, value_copy_) : *value;
   query_layout_ = heads_layout(roles_, query_.shape(), query_.strides());
   key_layout_ = heads_layout(roles_, key_.shape(), key_.strides());
   value_layout_ = heads_layout(roles_, value_.shape(), value_.strides());
@@ -165,9 +168,21 @@ void PreparedAttention::check_options(Family family) const {
 }
 
 void PreparedAttention::check_values(Family family) {
-  const float query_max = query_max_ = require_finite("query", query_);
-  const float key_max = key_max_ = require_finite("key", key_);
-  value_max_ = require_finite("value", value_);
+  const float query_max = require_finite("query", query_);
+  const float key_max = require_finite("key", key_);
+  const float value_max = require_finite("value", value_);
+  check_magnitudes(family, query_max, key_max, value_max);
+}
+
+void PreparedAttention::check_scanned_values(float query_max, float key_max, float value_max) {
+  check_magnitudes(kDotProduct, query_max, key_max, value_max);
+}
+
+void PreparedAttention::check_magnitudes(Family family, float query_max, float key_max,
+                                         float value_max) {
+  query_max_ = query_max;
+  key_max_ = key_max;
+  value_max_ = value_max;
   if (options_.attn_mask.kind() == MaskKind::kFloat)
     require_mask_values("attn_mask", options_.attn_mask.floats());
   if (family == kDotProduct) {

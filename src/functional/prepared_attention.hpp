@@ -27,7 +27,8 @@ class PreparedAttention {
     kDotProduct,  // query and key scored by dot products: every option applies
     kAdditive,    // projected queries and keys of additive attention: no scale, softcap, ALiBi,
                   // sinks or grouped heads
-    kShapesOnly,  // shapes and options only (the tensors' values are not read)
+    kShapesOnly,  // shapes and options only: the tensors' data is never read (not even copied),
+                  // so views of half-precision data, or of none, may stand in for them
   };
 
   // Checks ranks, shapes, heads, options and finiteness (ShapeError / ValueError naming the
@@ -41,6 +42,11 @@ class PreparedAttention {
   ConstHeadsView query(size_t s) const { return query_layout_.slice(query_.data(), s); }
   ConstHeadsView key(size_t s) const { return key_layout_.slice(key_.data(), s); }
   ConstHeadsView value(size_t s) const { return value_layout_.slice(value_.data(), s); }
+  // The inputs' layouts (in elements), for data that the float views only describe: the half-
+  // precision inputs of a kShapesOnly preparation.
+  const HeadsLayout& query_layout() const { return query_layout_; }
+  const HeadsLayout& key_layout() const { return key_layout_; }
+  const HeadsLayout& value_layout() const { return value_layout_; }
   const ValidLengths& valid_lens() const { return options_.valid_lens; }
   // The kernels' options for slice s (its mask entries and dropout seed).
   FlashAttentionOptions kernel_options(size_t s) const;
@@ -79,7 +85,13 @@ class PreparedAttention {
   // Slice s of a float mask's gradient (contiguous floats of the mask's shape at `gradient`).
   ScoreMaskGradient mask_gradient(float* gradient, size_t s) const;
 
-  // The largest magnitudes of the inputs (0 for kShapesOnly), which bound the kernels' sums.
+  // kDotProduct's remaining value checks (a float mask's values, the scores' bound) for inputs the
+  // caller has scanned itself — half-precision data under kShapesOnly — given their largest
+  // magnitudes (finite), which the accessors below then return.
+  void check_scanned_values(float query_max, float key_max, float value_max);
+
+  // The largest magnitudes of the inputs (0 for kShapesOnly until check_scanned_values), which
+  // bound the kernels' sums.
   float query_max() const { return query_max_; }
   float key_max() const { return key_max_; }
   float value_max() const { return value_max_; }
@@ -109,6 +121,7 @@ class PreparedAttention {
   HeadsLayout contiguous_layout(const Tensor& tensor) const;
   void check_options(Family family) const;
   void check_values(Family family);
+  void check_magnitudes(Family family, float query_max, float key_max, float value_max);
   void lay_out_mask();
 
   const AttentionOptions& options_;

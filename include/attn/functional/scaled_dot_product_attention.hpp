@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "attn/core/half.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/functional/attention_options.hpp"
@@ -75,6 +76,34 @@ void scaled_dot_product_attention_backward(
     const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
     MutableStridedView grad_value, MutableStridedView grad_mask = {},
     std::span<float> grad_sinks = {});
+
+// Half precision, as PyTorch's fp16 and bf16 attention: query, key, value (and output, grad_output
+// and the gradients of query, key and value) hold `type`'s bits; everything else (masks, slopes,
+// sinks, log_sum_exp, the mask's and the sinks' gradients) stays float. Shapes, options, checks
+// and errors are the float overloads'. The forward pass runs the half kernel
+// (flash_attention_forward in attn/kernels/flash_attention.hpp), reading the inputs in place when
+// their last axis is contiguous: scores, softmax and sums in fp32, the output rounded once to
+// `type` (to nearest even). fp16, and bf16 on CPUs without bf16 dot products, give exactly the
+// float overload's result on the widened inputs, rounded once; with them
+// (flash_attention_bfloat16_native()), bf16 rounds the probabilities to bf16 before P·V, as
+// PyTorch does, adding at most 2⁻⁸·Σ_j P_ij·|v_j| to an output. Values so large that the float
+// path scales them down (bf16 near float's maximum) are computed by the float overload on the
+// widened inputs, then rounded.
+void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
+                                  StridedView<const uint16_t> key,
+                                  StridedView<const uint16_t> value,
+                                  const AttentionOptions& options, StridedView<uint16_t> output,
+                                  std::span<float> log_sum_exp = {});
+// The backward pass in half precision: the float overload on the widened inputs, each gradient of
+// query, key and value rounded once to `type` (grad_query, grad_key and grad_value shaped as their
+// inputs, any strides); grad_mask and grad_sinks as the float overload's.
+void scaled_dot_product_attention_backward(
+    HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
+    StridedView<const uint16_t> value, StridedView<const uint16_t> output,
+    StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, StridedView<uint16_t> grad_query,
+    StridedView<uint16_t> grad_key, StridedView<uint16_t> grad_value,
+    MutableStridedView grad_mask = {}, std::span<float> grad_sinks = {});
 
 // The attention weights of the forward pass (before dropout), (..., H_q, L, S): computed only on
 // this request, from the forward pass's log-sum-exp.

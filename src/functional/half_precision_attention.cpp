@@ -1,0 +1,122 @@
+// attn::scaled_dot_product_attention and its backward pass on fp16 and bf16 tensors: the float
+// overloads' checks through PreparedAttention, then the half kernel per slice (forward), or the
+// float overloads on widened copies, rounded once (backward, and forward values out of its range).
+#include <string>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "functional/attention_layout.hpp"
+#include "functional/finite_range.hpp"
+#include "functional/prepared_attention.hpp"
+
+namespace attn {
+
+using functional_detail::ConstHalfStridedView;
+using functional_detail::MutableHalfStridedView;
+using functional_detail::PreparedAttention;
+
+namespace {
+
+// A half-precision input as the kernel reads it: in place when its last axis is contiguous (or
+// has at most one element), else a contiguous copy, as the float path copies.
+class HalfInput {
+ public:
+  explicit HalfInput(const ConstHalfStridedView& given) : view_(given) {
+    if (given.rank() == 0 || given.dim(-1) <= 1 || given.stride(-1) == 1) return;
+    copy_ = functional_detail::contiguous_copy(given);
+    view_ = ConstHalfStridedView(copy_.data(), given.shape());
+  }
+  HalfInput(const HalfInput&) = delete;
+  HalfInput& operator=(const HalfInput&) = delete;
+
+  const ConstHalfStridedView& view() const { return view_; }
+  const uint16_t* data() const { return view_.data(); }
+  // Its shape and strides as the float view PreparedAttention's kShapesOnly checks, which never
+  // reads the data: the layouts it computes (in elements) then address these bits.
+  ConstStridedView shape_only() const {
+    return ConstStridedView(nullptr, view_.shape(), view_.strides());
+  }
+
+ private:
+  ConstHalfStridedView view_;
+  std::vector<uint16_t> copy_;
+};
+
+// ShapeError unless a half gradient has the shape of its input.
+void require_gradient_shape(std::string_view name, const MutableHalfStridedView& gradient,
+                            const ConstHalfStridedView& input) {
+  if (gradient.shape() != input.shape()) {
+    throw ShapeError(std::string(name) + ": expected shape " + input.shape().str() +
+                     " (the shape of its input), got " + gradient.shape().str());
+  }
+}
+
+}  // namespace
+
+void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
+                                  StridedView<const uint16_t> key,
+                                  StridedView<const uint16_t> value,
+                                  const AttentionOptions& options, StridedView<uint16_t> output,
+                                  std::span<float> log_sum_exp) {
+  const HalfInput q(query), k(key), v(value);
+  PreparedAttention prepared(q.shape_only(), k.shape_only(), v.shape_only(), options,
+                             PreparedAttention::kShapesOnly);
+  // In the float path's order: query, key, value, then the mask and the scores' bound.
+  const float query_max = functional_detail::require_finite("query", type, q.view());
+  const float key_max = functional_detail::require_finite("key", type, k.view());
+  const float value_max = functional_detail::require_finite("value", type, v.view());
+  prepared.check_scanned_values(query_max, key_max, value_max);
+  const auto out = prepared.output_layout("output", output);
+  prepared.require_log_sum_exp(log_sum_exp, true);
+  if (functional_detail::shift_for(prepared.value_sum_bound()) > 0) {
+    // bf16 values near float's maximum: the float path scales them down by a power of two for its
+    // sums (finite_range.hpp), which the half kernel, reading the bits in place, cannot. Rare
+    // enough to pay for widened copies; the result is the float path's, rounded once.
+    const Tensor wide_query = functional_detail::widened_copy(type, q.view());
+    const Tensor wide_key = functional_detail::widened_copy(type, k.view());
+    const Tensor wide_value = functional_detail::widened_copy(type, v.view());
+    Tensor wide_output(functional_detail::output_shape(wide_query, wide_value));
+    scaled_dot_product_attention(wide_query, wide_key, wide_value, options, wide_output,
+                                 log_sum_exp);
+    functional_detail::store_rounded(type, wide_output, output);
+    return;
+  }
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_forward(
+        type, prepared.query_layout().slice(q.data(), s), prepared.key_layout().slice(k.data(), s),
+        prepared.value_layout().slice(v.data(), s), prepared.valid_lens(),
+        prepared.kernel_options(s), out.slice(output.data(), s),
+        log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
+  }
+}
+
+void scaled_dot_product_attention_backward(
+    HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
+    StridedView<const uint16_t> value, StridedView<const uint16_t> output,
+    StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, StridedView<uint16_t> grad_query,
+    StridedView<uint16_t> grad_key, StridedView<uint16_t> grad_value, MutableStridedView grad_mask,
+    std::span<float> grad_sinks) {
+  require_gradient_shape("grad_query", grad_query, query);
+  require_gradient_shape("grad_key", grad_key, key);
+  require_gradient_shape("grad_value", grad_value, value);
+  // Widening is exact, so the float backward on the copies is PyTorch's fp32-accumulating
+  // backward on these inputs; it checks everything else (shapes, options, finiteness) with the
+  // float overload's messages. Speed is not the point here: the copies cost O(size of the inputs).
+  const Tensor wide_query = functional_detail::widened_copy(type, query);
+  const Tensor wide_key = functional_detail::widened_copy(type, key);
+  const Tensor wide_value = functional_detail::widened_copy(type, value);
+  const Tensor wide_output = functional_detail::widened_copy(type, output);
+  const Tensor wide_grad_output = functional_detail::widened_copy(type, grad_output);
+  Tensor wide_grad_query(query.shape()), wide_grad_key(key.shape()), wide_grad_value(value.shape());
+  scaled_dot_product_attention_backward(wide_query, wide_key, wide_value, wide_output,
+                                        wide_grad_output, log_sum_exp, options, wide_grad_query,
+                                        wide_grad_key, wide_grad_value, grad_mask, grad_sinks);
+  functional_detail::store_rounded(type, wide_grad_query, grad_query);
+  functional_detail::store_rounded(type, wide_grad_key, grad_key);
+  functional_detail::store_rounded(type, wide_grad_value, grad_value);
+}
+
+}  // namespace attn

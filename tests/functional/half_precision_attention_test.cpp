@@ -1,0 +1,419 @@
+// attn::scaled_dot_product_attention's fp16 and bf16 overloads on every SIMD target: the forward
+// pass against the float overload on the widened inputs (bit-equal once rounded where the kernel
+// widens; within the bf16 kernel's stated bound where it runs on bf16 dot products), the
+// log-sum-exp, grouped heads, causal, masks, valid lengths, strided inputs, ranks 2 to 5, values
+// near float's maximum; the backward pass bit-equal to the float one rounded; the errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
+#include "attn/core/random.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
+#include "attn/kernels/flash_attention.hpp"
+#include "every_simd_target.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+namespace {
+
+using HalfView = StridedView<const uint16_t>;
+
+const char* type_name(HalfType type) {
+  return type == HalfType::kFloat16 ? "fp16" : "bf16";
+}
+
+// Values rounded to `type`, as bits (the half overloads' input) and widened back to float (the
+// float overload's input: the same numbers exactly).
+struct HalfArray {
+  HalfArray(HalfType type, const Tensor& values)
+      : bits(static_cast<size_t>(values.numel())), widened(values.shape()) {
+    for (int64_t e = 0; e < values.numel(); ++e) {
+      bits[static_cast<size_t>(e)] = float_to_half_bits(type, values.data()[e]);
+      widened.data()[e] = half_bits_to_float(type, bits[static_cast<size_t>(e)]);
+    }
+  }
+  HalfView view() const { return {bits.data(), widened.shape()}; }
+  // The same data under other shape and strides (a transposed view, say), in both forms.
+  HalfView view(const Shape& shape, const std::vector<int64_t>& strides) const {
+    return {bits.data(), shape, strides};
+  }
+  ConstStridedView wide(const Shape& shape, const std::vector<int64_t>& strides) const {
+    return {widened.data(), shape, strides};
+  }
+
+  std::vector<uint16_t> bits;
+  Tensor widened;
+};
+
+Shape with_last(const Shape& shape, int64_t last) {
+  int64_t dims[Shape::kMaxRank];
+  for (int axis = 0; axis < shape.rank(); ++axis) dims[axis] = shape[axis];
+  dims[shape.rank() - 1] = last;
+  return Shape::from_dims(dims, shape.rank());
+}
+
+// A contiguous copy of any float view, by an explicit index loop.
+Tensor contiguous(const ConstStridedView& view) {
+  Tensor copy(view.shape());
+  for (int64_t flat = 0; flat < copy.numel(); ++flat) {
+    int64_t rest = flat, offset = 0;
+    for (int axis = view.rank() - 1; axis >= 0; --axis) {
+      offset += (rest % view.dim(axis)) * view.stride(axis);
+      rest /= view.dim(axis);
+    }
+    copy.data()[flat] = view.data()[offset];
+  }
+  return copy;
+}
+
+// True when the kernel widens bf16 to fp32 (and fp16 always): results are then the float path's.
+bool widened_kernel(HalfType type) {
+  return type == HalfType::kFloat16 || !flash_attention_bfloat16_native();
+}
+
+// The half forward pass of q, k, v against the float overload on the same values (`wide_*`).
+// Exact kernels: every output is the float output rounded once (bit-equal), the log-sum-exp
+// bit-equal. The native bf16 kernel (bf16 dot products, P rounded to bf16 before P·V):
+//   |out − out32| ≤ 1e-5·max|out32| + 2⁻⁸·|out32| + 2⁻⁸·Σ_j P_ij·|v_j|
+// — the float kernel's own 1e-5 against exact arithmetic (functional tests), the output's
+// rounding to bf16 (half an ulp, 2⁻⁹ relative, doubled for margin) and P's rounding (2⁻⁹ relative
+// per probability, doubled: the kernel's stated bound). Its scores differ from the float path's
+// only in the order of their fp32 sums (bf16 products are exact in fp32), each within
+// E·2⁻²⁴·|scale|·Σ_t|q_t·k_t|, so the log-sum-exp moves by at most twice that, bounded by
+// E²·2⁻²³·|scale|·max|q|·max|k|, plus a few ulps of exp and log (1e-6·(1 + |lse|)).
+void expect_forward_matches(HalfType type, HalfView q, HalfView k, HalfView v,
+                            ConstStridedView wide_q, ConstStridedView wide_k,
+                            ConstStridedView wide_v, const AttentionOptions& options,
+                            const std::string& what) {
+  SCOPED_TRACE(std::string(type_name(type)) + " " + what);
+  const Shape out_shape = with_last(q.shape(), v.dim(-1));
+  std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()), 0xffffU);
+  std::vector<float> lse(static_cast<size_t>(log_sum_exp_size(q.shape())), NAN);
+  scaled_dot_product_attention(type, q, k, v, options, StridedView<uint16_t>(out.data(), out_shape),
+                               lse);
+  const AttentionForward expected = scaled_dot_product_attention(wide_q, wide_k, wide_v, options);
+  ASSERT_EQ(expected.output.numel(), out_shape.numel());
+  if (widened_kernel(type)) {
+    int64_t mismatches = 0;
+    for (int64_t e = 0; e < out_shape.numel(); ++e) {
+      const uint16_t want = float_to_half_bits(type, expected.output.data()[e]);
+      if (out[static_cast<size_t>(e)] != want && mismatches++ < 5) {
+        ADD_FAILURE() << "output " << e << ": got bits " << out[static_cast<size_t>(e)]
+                      << ", the float path rounded gives " << want;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+    for (size_t r = 0; r < lse.size(); ++r) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(lse[r]), std::bit_cast<uint32_t>(expected.log_sum_exp[r]))
+          << "log_sum_exp " << r << ": " << lse[r] << " vs " << expected.log_sum_exp[r];
+    }
+    return;
+  }
+  // Σ_j P_ij·|v_j| per output element, from the float pass's weights (N', Hq, L, S), the leading
+  // axes folded into N'; query head h reads value head h / (Hq / Hkv).
+  const Tensor weights = attention_weights(wide_q, wide_k, expected.log_sum_exp, options);
+  const Tensor values = contiguous(wide_v);
+  const int rank = q.rank();
+  const int64_t q_heads = rank >= 4 ? q.dim(-3) : 1, kv_heads = rank >= 4 ? k.dim(-3) : 1;
+  const int64_t rows = q.dim(-2), keys = k.dim(-2), depth = q.dim(-1), value_depth = v.dim(-1);
+  const int64_t batch = out_shape.numel() / std::max<int64_t>(1, q_heads * rows * value_depth);
+  double out_max = 0.0;
+  for (int64_t e = 0; e < out_shape.numel(); ++e)
+    out_max = std::max(out_max, std::fabs(static_cast<double>(expected.output.data()[e])));
+  int64_t failures = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < q_heads; ++h)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t c = 0; c < value_depth; ++c) {
+          double spread = 0.0;
+          const int64_t g = h / (q_heads / kv_heads);
+          for (int64_t j = 0; j < keys; ++j) {
+            spread +=
+                static_cast<double>(weights.data()[((b * q_heads + h) * rows + i) * keys + j]) *
+                std::fabs(static_cast<double>(
+                    values.data()[((b * kv_heads + g) * keys + j) * value_depth + c]));
+          }
+          const int64_t e = ((b * q_heads + h) * rows + i) * value_depth + c;
+          const double want = expected.output.data()[e];
+          const double got = half_bits_to_float(type, out[static_cast<size_t>(e)]);
+          const double bound = 1e-5 * out_max + 0x1p-8 * std::fabs(want) + 0x1p-8 * spread;
+          if (!(std::fabs(got - want) <= bound) && failures++ < 5) {
+            ADD_FAILURE() << "output " << e << ": " << got << " vs " << want << " (bound " << bound
+                          << ")";
+          }
+        }
+  EXPECT_EQ(failures, 0);
+  const Tensor wide_query = contiguous(wide_q), wide_key = contiguous(wide_k);
+  double q_max = 0.0, k_max = 0.0;
+  for (int64_t e = 0; e < wide_query.numel(); ++e)
+    q_max = std::max(q_max, std::fabs(static_cast<double>(wide_query.data()[e])));
+  for (int64_t e = 0; e < wide_key.numel(); ++e)
+    k_max = std::max(k_max, std::fabs(static_cast<double>(wide_key.data()[e])));
+  const double scale =
+      options.scale ? std::fabs(*options.scale) : 1.0 / std::sqrt(static_cast<double>(depth));
+  const double score_bound = static_cast<double>(depth * depth) * 0x1p-23 * scale * q_max * k_max;
+  for (size_t r = 0; r < lse.size(); ++r) {
+    const double want = expected.log_sum_exp[r];
+    if (std::isinf(want)) {
+      EXPECT_EQ(lse[r], expected.log_sum_exp[r]) << "log_sum_exp " << r;
+      continue;
+    }
+    EXPECT_NEAR(lse[r], want, score_bound + 1e-6 * (1.0 + std::fabs(want))) << "log_sum_exp " << r;
+  }
+}
+
+// Random normal q, k, v of the given shapes, rounded to `type`.
+struct Inputs {
+  Inputs(HalfType type, const Shape& q_shape, const Shape& k_shape, const Shape& v_shape,
+         uint64_t seed, float value_scale = 1.0F)
+      : rng(seed),
+        q(type, testing::random_tensor(q_shape, rng)),
+        k(type, testing::random_tensor(k_shape, rng)),
+        v(type, testing::random_tensor(v_shape, rng, value_scale)) {}
+  void expect_matches(HalfType type, const AttentionOptions& options, const std::string& what) {
+    expect_forward_matches(type, q.view(), k.view(), v.view(), q.widened, k.widened, v.widened,
+                           options, what);
+  }
+  Rng rng;
+  HalfArray q, k, v;
+};
+
+class HalfPrecisionSdpa : public testing::EverySimdTarget {};
+
+constexpr HalfType kTypes[] = {HalfType::kFloat16, HalfType::kBFloat16};
+
+TEST_P(HalfPrecisionSdpa, ForwardMatchesTheFloatPathOnWidenedInputs) {
+  uint64_t seed = 1;
+  for (const HalfType type : kTypes) {
+    // Grouped heads (4 query heads over 2), sizes that divide no tile.
+    Inputs in(type, Shape{2, 4, 37, 16}, Shape{2, 2, 70, 16}, Shape{2, 2, 70, 12}, seed++);
+    AttentionOptions options;
+    options.enable_gqa = true;
+    in.expect_matches(type, options, "grouped heads");
+    options.causal = true;
+    in.expect_matches(type, options, "causal");
+    options.alignment = DiagonalAlignment::kBottomRight;
+    in.expect_matches(type, options, "causal bottom-right");
+
+    AttentionOptions masked;
+    masked.enable_gqa = true;
+    std::vector<uint8_t> keep(2 * 37 * 70);
+    for (auto& entry : keep) entry = in.rng.uniform() < 0.7 ? 1 : 0;
+    keep[5 * 70 + 0] = 0;  // row 5 of batch 0 sees nothing: a zero output
+    std::fill_n(keep.begin() + 5 * 70, 70, 0);
+    masked.attn_mask =
+        AttentionMask::boolean(StridedView<const uint8_t>(keep.data(), {2, 1, 37, 70}));
+    in.expect_matches(type, masked, "bool mask with an empty row");
+
+    AttentionOptions lengths;
+    lengths.enable_gqa = true;
+    lengths.valid_lens = ValidLengths::per_batch({23, 70});
+    in.expect_matches(type, lengths, "valid lengths");
+
+    AttentionOptions more;
+    more.enable_gqa = true;
+    more.scale = 0.3F;
+    more.softcap = 5.0F;
+    more.window = SlidingWindow{9, 4};
+    std::vector<float> sinks = {0.5F, -1.0F, 2.0F, 0.0F};
+    more.sinks = sinks;
+    in.expect_matches(type, more, "scale, softcap, window, sinks");
+  }
+}
+
+TEST_P(HalfPrecisionSdpa, Fp16DropoutIsTheFloatPathsDropout) {
+  // Exact for fp16 on every target: the same seeds drop the same weights.
+  Inputs in(HalfType::kFloat16, Shape{2, 2, 21, 8}, Shape{2, 2, 33, 8}, Shape{2, 2, 33, 8}, 50);
+  AttentionOptions options;
+  options.dropout = 0.25F;
+  options.seed = 1234;
+  in.expect_matches(HalfType::kFloat16, options, "dropout");
+}
+
+TEST_P(HalfPrecisionSdpa, EveryRankAndStridedInputs) {
+  uint64_t seed = 60;
+  for (const HalfType type : kTypes) {
+    const AttentionOptions plain;
+    Inputs(type, Shape{19, 8}, Shape{29, 8}, Shape{29, 4}, seed++)
+        .expect_matches(type, plain, "rank 2");
+    Inputs(type, Shape{3, 19, 8}, Shape{3, 29, 8}, Shape{3, 29, 4}, seed++)
+        .expect_matches(type, plain, "rank 3");
+    Inputs(type, Shape{2, 3, 2, 19, 8}, Shape{2, 3, 2, 29, 8}, Shape{2, 3, 2, 29, 4}, seed++)
+        .expect_matches(type, plain, "rank 5");
+
+    // The query as (N, L, H, E) data read as (N, H, L, E) — heads inside a projection, read in
+    // place — and the key stored transposed, (N, H, E, S), so its last axis is strided and the
+    // overload copies it.
+    const int64_t n = 2, h = 3, l = 17, s = 26, e = 8;
+    Rng rng(seed++);
+    const HalfArray q(type, testing::random_tensor(Shape{n, l, h, e}, rng));
+    const HalfArray k(type, testing::random_tensor(Shape{n, h, e, s}, rng));
+    const HalfArray v(type, testing::random_tensor(Shape{n, h, s, e}, rng));
+    const Shape q_shape{n, h, l, e}, k_shape{n, h, s, e};
+    const std::vector<int64_t> q_strides{l * h * e, e, h * e, 1}, k_strides{h * e * s, e * s, 1, s};
+    expect_forward_matches(type, q.view(q_shape, q_strides), k.view(k_shape, k_strides), v.view(),
+                           q.wide(q_shape, q_strides), k.wide(k_shape, k_strides), v.widened, plain,
+                           "transposed query and key");
+  }
+}
+
+TEST_P(HalfPrecisionSdpa, StridedOutputIsWrittenInPlace) {
+  // An output with heads inside rows, (N, L, H, Ev) read as (N, H, L, Ev): the same bits as a
+  // contiguous one, untouched elsewhere (a padding column stays as it was).
+  const HalfType type = HalfType::kBFloat16;
+  Inputs in(type, Shape{1, 2, 9, 8}, Shape{1, 2, 12, 8}, Shape{1, 2, 12, 4}, 70);
+  std::vector<uint16_t> contiguous(1 * 2 * 9 * 4);
+  scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), {},
+                               StridedView<uint16_t>(contiguous.data(), Shape{1, 2, 9, 4}));
+  std::vector<uint16_t> padded(1 * 9 * 2 * 5, 0x1234U);  // (N, L, H, Ev + 1)
+  scaled_dot_product_attention(
+      type, in.q.view(), in.k.view(), in.v.view(), {},
+      StridedView<uint16_t>(padded.data(), Shape{1, 2, 9, 4}, std::vector<int64_t>{90, 5, 10, 1}));
+  for (int64_t head = 0; head < 2; ++head)
+    for (int64_t i = 0; i < 9; ++i) {
+      for (int64_t c = 0; c < 4; ++c) {
+        EXPECT_EQ(padded[static_cast<size_t>(i * 10 + head * 5 + c)],
+                  contiguous[static_cast<size_t>((head * 9 + i) * 4 + c)]);
+      }
+      EXPECT_EQ(padded[static_cast<size_t>(i * 10 + head * 5 + 4)], 0x1234U);
+    }
+}
+
+TEST_P(HalfPrecisionSdpa, Bf16ValuesNearFloatsMaximumTakeTheFloatPath) {
+  // max|v|·S = 2¹²⁰·40 passes finite_range's 2¹²⁰: the overload widens and calls the float path,
+  // which scales the values down for its sums; the result is its result rounded once, on every
+  // target.
+  const HalfType type = HalfType::kBFloat16;
+  Inputs in(type, Shape{1, 2, 11, 8}, Shape{1, 2, 40, 8}, Shape{1, 2, 40, 8}, 80, 0x1p120F);
+  const Shape out_shape{1, 2, 11, 8};
+  std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
+  std::vector<float> lse(22);
+  scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), {},
+                               StridedView<uint16_t>(out.data(), out_shape), lse);
+  const AttentionForward expected =
+      scaled_dot_product_attention(in.q.widened, in.k.widened, in.v.widened);
+  for (int64_t e = 0; e < out_shape.numel(); ++e) {
+    ASSERT_TRUE(std::isfinite(expected.output.data()[e]));
+    ASSERT_EQ(out[static_cast<size_t>(e)], float_to_half_bits(type, expected.output.data()[e]))
+        << e;
+  }
+  for (size_t r = 0; r < lse.size(); ++r) EXPECT_EQ(lse[r], expected.log_sum_exp[r]) << r;
+}
+
+TEST_P(HalfPrecisionSdpa, BackwardIsTheFloatBackwardRoundedOnce) {
+  uint64_t seed = 90;
+  for (const HalfType type : kTypes) {
+    SCOPED_TRACE(type_name(type));
+    const Shape q_shape{2, 4, 23, 16}, k_shape{2, 2, 41, 16}, v_shape{2, 2, 41, 12};
+    Inputs in(type, q_shape, k_shape, v_shape, seed++);
+    Tensor mask = testing::random_tensor(Shape{23, 41}, in.rng);
+    AttentionOptions options;
+    options.enable_gqa = true;
+    options.causal = true;
+    options.attn_mask = AttentionMask::additive(mask);
+    std::vector<float> sinks = {0.25F, -0.5F, 1.0F, 0.0F};
+    options.sinks = sinks;
+    const Shape out_shape{2, 4, 23, 12};
+    std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
+    std::vector<float> lse(static_cast<size_t>(log_sum_exp_size(q_shape)));
+    scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), options,
+                                 StridedView<uint16_t>(out.data(), out_shape), lse);
+    const HalfArray grad_out(type, testing::random_tensor(out_shape, in.rng));
+    std::vector<uint16_t> gq(in.q.bits.size()), gk(in.k.bits.size()), gv(in.v.bits.size());
+    Tensor grad_mask(mask.shape());
+    std::vector<float> grad_sinks(4);
+    scaled_dot_product_attention_backward(
+        type, in.q.view(), in.k.view(), in.v.view(), HalfView(out.data(), out_shape),
+        grad_out.view(), lse, options, StridedView<uint16_t>(gq.data(), q_shape),
+        StridedView<uint16_t>(gk.data(), k_shape), StridedView<uint16_t>(gv.data(), v_shape),
+        grad_mask, grad_sinks);
+    // The float backward on the same numbers: the half output widened, the same log-sum-exp.
+    Tensor wide_out(out_shape);
+    for (int64_t e = 0; e < out_shape.numel(); ++e)
+      wide_out.data()[e] = half_bits_to_float(type, out[static_cast<size_t>(e)]);
+    const AttentionBackward expected =
+        scaled_dot_product_attention_backward(in.q.widened, in.k.widened, in.v.widened, wide_out,
+                                              grad_out.widened, lse, options, true, true);
+    const std::pair<const std::vector<uint16_t>*, const Tensor*> pairs[] = {
+        {&gq, &expected.query}, {&gk, &expected.key}, {&gv, &expected.value}};
+    for (const auto& [got, want] : pairs) {
+      for (int64_t e = 0; e < want->numel(); ++e) {
+        ASSERT_EQ((*got)[static_cast<size_t>(e)], float_to_half_bits(type, want->data()[e])) << e;
+      }
+    }
+    for (int64_t e = 0; e < grad_mask.numel(); ++e)
+      ASSERT_EQ(grad_mask.data()[e], expected.attn_mask.data()[e]) << e;
+    for (size_t h = 0; h < grad_sinks.size(); ++h)
+      EXPECT_EQ(grad_sinks[h], expected.sinks.data()[static_cast<int64_t>(h)]) << h;
+    // Not all zero: the comparison above means something.
+    EXPECT_TRUE(std::any_of(gk.begin(), gk.end(), [](uint16_t bits) { return bits != 0; }));
+  }
+}
+
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(HalfPrecisionSdpa);
+
+TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrong) {
+  for (const HalfType type : kTypes) {
+    SCOPED_TRACE(type_name(type));
+    const Tensor zeros_q(Shape{2, 2, 3, 8}), zeros_k(Shape{2, 2, 5, 8}), zeros_v(Shape{2, 2, 5, 6});
+    HalfArray q(type, zeros_q), k(type, zeros_k), v(type, zeros_v);
+    std::vector<uint16_t> out(2 * 2 * 3 * 6);
+    const StridedView<uint16_t> output(out.data(), Shape{2, 2, 3, 6});
+    k.bits[5] = float_to_half_bits(type, NAN);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k.view(), v.view(), {}, output), ValueError,
+        "key: expected finite values, got NaN at flat index 5");
+    k.bits[5] = 0;
+    v.bits[3] = float_to_half_bits(type, -INFINITY);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k.view(), v.view(), {}, output), ValueError,
+        "value: expected finite values, got -inf at flat index 3");
+    v.bits[3] = 0;
+    q.bits[7] = float_to_half_bits(type, INFINITY);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k.view(), v.view(), {}, output), ValueError,
+        "query: expected finite values, got inf at flat index 7");
+    q.bits[7] = 0;
+    // Shapes before values, as the float overload checks them.
+    const HalfArray k7(type, Tensor(Shape{2, 2, 5, 7}));
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k7.view(), v.view(), {}, output), ShapeError,
+        "key: expected the last axis 8 (that of query), got shape (2, 2, 5, 7)");
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k.view(), v.view(), {},
+                                     StridedView<uint16_t>(out.data(), Shape{2, 2, 6, 3})),
+        ShapeError, "output: expected shape (2, 2, 3, 6)");
+    std::vector<float> short_lse(3);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k.view(), v.view(), {}, output, short_lse),
+        ShapeError, "log_sum_exp: expected 12 values (one per query row), got 3");
+    std::vector<uint16_t> gq(q.bits.size()), gk(k.bits.size()), gv(v.bits.size());
+    std::vector<float> lse(12);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention_backward(type, q.view(), k.view(), v.view(), output, output,
+                                              lse, {},
+                                              StridedView<uint16_t>(gq.data(), Shape{2, 2, 8, 3}),
+                                              StridedView<uint16_t>(gk.data(), Shape{2, 2, 5, 8}),
+                                              StridedView<uint16_t>(gv.data(), Shape{2, 2, 5, 6})),
+        ShapeError,
+        "grad_query: expected shape (2, 2, 3, 8) (the shape of its input), got (2, 2, 8, 3)");
+    out[4] = float_to_half_bits(type, NAN);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention_backward(type, q.view(), k.view(), v.view(), output,
+                                              HalfView(out.data(), Shape{2, 2, 3, 6}), lse, {},
+                                              StridedView<uint16_t>(gq.data(), Shape{2, 2, 3, 8}),
+                                              StridedView<uint16_t>(gk.data(), Shape{2, 2, 5, 8}),
+                                              StridedView<uint16_t>(gv.data(), Shape{2, 2, 5, 6})),
+        ValueError, "finite values, got NaN at flat index 4");
+  }
+}
+
+}  // namespace
+}  // namespace attn
