@@ -26,13 +26,22 @@ namespace hn = hwy::HWY_NAMESPACE;
 // exp(x) for x ≤ 0 or −∞: callers subtract the row's maximum (or log-sum-exp) first. Within
 // rounding above 0 it stays accurate (the backward passes' recomputed scores can exceed the
 // forward pass's maximum by an ulp); any other input (+∞ or NaN, which the backward passes mask
-// out afterwards) gives an unspecified value but never undefined behaviour.
+// out afterwards) gives an unspecified value but never undefined behaviour. Cody–Waite reduction
+// x = n·ln 2 + r, Cephes's polynomial for e^r, then 2ⁿ: on AVX-512 by vscalefps, which rounds a
+// result below float's normal range to a subnormal or 0 (exactly 0 from about −104 down, −∞
+// included) and needs neither exponent-field arithmetic nor a mask — four instructions fewer in
+// the softmax's hottest loop; elsewhere through the exponent field, exactly 0 below −87.
 template <class D>
 HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  x = hn::Max(x, hn::Set(d, -120.0F));  // −∞ would make r NaN; e^−120 scales to exactly 0
+  const auto n_float = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341F)));
+#else
   const hn::RebindToSigned<D> di;
   const auto underflows = hn::Lt(x, hn::Set(d, -87.0F));
   const auto n = hn::NearestInt(hn::Mul(x, hn::Set(d, 1.44269504088896341F)));
   const auto n_float = hn::ConvertTo(d, n);
+#endif
   // ln 2 in two parts, the first exact in few bits, so n·ln2_high is exact.
   auto r = hn::NegMulAdd(n_float, hn::Set(d, 0.693359375F), x);
   r = hn::NegMulAdd(n_float, hn::Set(d, -2.12194440e-4F), r);
@@ -44,9 +53,19 @@ HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
   p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459E-1F));
   p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201E-1F));
   p = hn::Add(hn::MulAdd(p, r2, r), hn::Set(d, 1.0F));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(d) == 16) {
+    return hn::Vec<D>{_mm512_scalef_ps(p.raw, n_float.raw)};
+  } else if constexpr (hn::MaxLanes(d) == 8) {
+    return hn::Vec<D>{_mm256_scalef_ps(p.raw, n_float.raw)};
+  } else {
+    return hn::Vec<D>{_mm_scalef_ps(p.raw, n_float.raw)};
+  }
+#else
   // 2^n with n ≥ −126 wherever the result is kept.
   const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, int32_t{127}))));
   return hn::IfThenZeroElse(underflows, hn::Mul(p, two_to_n));
+#endif
 }
 
 // tanh(x) for additive attention's features, about twice as fast as hwy::Tanh (an expm1 and a
