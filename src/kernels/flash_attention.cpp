@@ -240,15 +240,18 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   const float scale = args.options.scale;
   if (args.half && s.query_pairs != nullptr) {
     // bf16 pairs of adjacent dimensions, unscaled (the score product scales its sums).
+    // A row's adjacent bf16 already are its pairs in memory: copied into the row's lane.
     const uint16_t* q = args.q16.matrix(b, h) + first_query * args.q16.row_stride;
-    for (size_t t = 0; t < depth; t += 2) {
-      uint32_t* column = s.query_pairs + t / 2 * br;
-      for (size_t r = 0; r < br; ++r) {
-        const uint16_t* element = q + static_cast<int64_t>(r) * args.q16.row_stride + t;
-        column[r] = r >= tile.rows  ? 0U
-                    : t + 1 < depth ? element[0] | static_cast<uint32_t>(element[1]) << 16
-                                    : element[0];
+    const size_t depth_pairs = (depth + 1) / 2, full_pairs = depth / 2;
+    if (tile.rows < br || depth % 2 != 0) std::fill_n(s.query_pairs, depth_pairs * br, 0U);
+    for (size_t r = 0; r < tile.rows; ++r) {
+      const uint16_t* row = q + static_cast<int64_t>(r) * args.q16.row_stride;
+      for (size_t t = 0; t < full_pairs; ++t) {
+        uint32_t pair;
+        std::memcpy(&pair, row + 2 * t, sizeof pair);
+        s.query_pairs[t * br + r] = pair;
       }
+      if (depth % 2 != 0) s.query_pairs[full_pairs * br + r] = row[depth - 1];
     }
   } else if (args.half) {
     // Each row widened in vectors (a conversion per element would cost a quarter of the tile's
@@ -553,6 +556,16 @@ ATTN_BF16_TARGET HWY_NOINLINE void GemmBF16(size_t rows, size_t vectors, const u
   }
 }
 
+// Words 0–15 of a vector from the even key, 16–31 from the odd one, in the order that makes each
+// 32-bit lane one query's (even, odd) pair.
+alignas(64) constexpr uint16_t kPairInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+alignas(64) constexpr uint16_t kRowInterleave[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+
 // Rows [begin, end) of key/value head (b, h), begin even, as bf16 pairs in s.key_pairs (d/2 per
 // key row, an odd d's last pair padded with 0) and s.value_pairs (rows 2p and 2p + 1 of a column
 // in pair p; a key past m reads as 0). The packed range grows as PackKeysAndValues's does.
@@ -568,33 +581,35 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   const uint16_t* k = args.k16.matrix(b, h);
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
+  // Two adjacent bf16 of a key row already are its pair in memory (little-endian): a copy. Two
+  // value rows interleave 32 columns at a time (vpermt2w).
+  // Index i < 32 picks word i of the first row, 32 + i word i of the second: columns t + i (low)
+  // and t + 16 + i (high) of both rows, interleaved.
+  const __m512i low_half = _mm512_load_si512(kRowInterleave);
+  const __m512i high_half = _mm512_add_epi16(low_half, _mm512_set1_epi16(16));
   for (int64_t j = s.packed_end; j < end; j += 2) {
     for (int64_t row = j; row < j + 2; ++row) {
       uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * depth_pairs;
-      if (row >= keys) {
-        std::fill_n(pairs, depth_pairs, 0U);
-        continue;
-      }
-      const uint16_t* from = k + row * args.k16.row_stride;
-      for (size_t t = 0; t + 1 < depth; t += 2)
-        pairs[t / 2] = from[t] | static_cast<uint32_t>(from[t + 1]) << 16;
-      if (depth % 2 != 0) pairs[depth_pairs - 1] = from[depth - 1];
+      pairs[depth_pairs - 1] = 0U;  // an odd depth's padding
+      if (row < keys) std::memcpy(pairs, k + row * args.k16.row_stride, depth * sizeof(uint16_t));
     }
     uint32_t* pairs = s.value_pairs + static_cast<size_t>(j / 2) * dv_padded;
     const uint16_t* first = v + j * args.v16.row_stride;
     const uint16_t* second = j + 1 < keys ? first + args.v16.row_stride : nullptr;
-    for (size_t t = 0; t < dv; ++t)
+    size_t t = 0;
+    for (; t + 32 <= dv; t += 32) {
+      const __m512i a = _mm512_loadu_si512(first + t);
+      const __m512i b2 =
+          second != nullptr ? _mm512_loadu_si512(second + t) : _mm512_setzero_si512();
+      _mm512_storeu_si512(pairs + t, _mm512_permutex2var_epi16(a, low_half, b2));
+      _mm512_storeu_si512(pairs + t + 16, _mm512_permutex2var_epi16(a, high_half, b2));
+    }
+    for (; t < dv; ++t)
       pairs[t] = first[t] | (second != nullptr ? static_cast<uint32_t>(second[t]) << 16 : 0U);
     std::fill(pairs + dv, pairs + dv_padded, 0U);
   }
   s.packed_end = std::max(s.packed_end, end + end % 2);  // whole pairs
 }
-
-// Words 0–15 of a vector from the even key, 16–31 from the odd one, in the order that makes each
-// 32-bit lane one query's (even, odd) pair.
-alignas(64) constexpr uint16_t kPairInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
 // Pᵀ (bc × Br floats, bc ≤ Bc) as bf16 pairs of adjacent keys per query (Bc/2 × Br), rounded to
 // nearest even; a key past bc is 0.
