@@ -1,7 +1,8 @@
 // The fused forward kernel on fp16 and bf16 inputs, on every SIMD target this machine runs: against
 // the double reference on the same rounded inputs (shapes with tails, odd depths, grouped heads,
 // causal, windows with odd first keys, lengths 0 and m, sinks, soft-capping, bool masks, large
-// scores), and, where the kernel widens to fp32, bit-equal to the fp32 kernel on widened inputs.
+// scores, dropout), and, where the kernel widens to fp32, bit-equal to the fp32 kernel on widened
+// inputs.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -29,6 +30,7 @@ struct HalfCase {
   bool lengths = false, sinks = false, bool_mask = false;
   float softcap = 0.0F;
   float magnitude = 1.0F;
+  float dropout = 0.0F;
 };
 
 // Dense (B, H, rows, cols) half-precision heads.
@@ -92,7 +94,13 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
   problem.window_right = c.window_right;
   problem.softcap = c.softcap;
 
-  FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
+  FlashAttentionOptions options = testing::kernel_options(scale, c.causal, c.dropout, 1234);
+  if (c.dropout > 0.0F) {
+    // The kernel's keep/drop multipliers, (B·H, n, m), as the reference's scores-shaped ones.
+    const Tensor multipliers =
+        flash_attention_dropout_mask(options, c.batch * c.q_heads, c.queries, c.keys);
+    problem.dropout.assign(multipliers.data(), multipliers.data() + multipliers.numel());
+  }
   options.window_left = c.window_left;
   options.window_right = c.window_right;
   options.softcap = c.softcap;
@@ -168,8 +176,9 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
               static_cast<size_t>(((b * c.q_heads + h) * c.queries + i) * c.value_depth + t);
           double weighted_magnitude = 0.0;
           for (int64_t j = 0; j < c.keys; ++j) {
+            const size_t score = problem.score_index(b, h, i, j);
             weighted_magnitude +=
-                expected.weights[problem.score_index(b, h, i, j)] *
+                expected.weights[score] * (problem.dropout.empty() ? 1.0 : problem.dropout[score]) *
                 std::abs(vd[static_cast<size_t>(
                     ((b * c.kv_heads + h / group) * c.keys + j) * c.value_depth + t)]);
           }
@@ -197,6 +206,7 @@ const HalfCase kCases[] = {
     {1, 8, 1, 33, 129, 128, 128, false, -1, -1, false, false, true},
     {2, 3, 3, 20, 77, 24, 24, false, -1, -1, false, false, false, 5.0F},
     {1, 1, 1, 33, 200, 16, 16, false, -1, -1, false, false, false, 0.0F, 4.0F},
+    {2, 2, 1, 40, 150, 32, 32, true, -1, -1, true, false, false, 0.0F, 1.0F, 0.3F},  // dropout
 };
 
 TEST_P(FlashAttentionHalf, BFloat16MatchesReferenceOnRoundedInputs) {
