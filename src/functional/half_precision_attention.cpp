@@ -2,6 +2,7 @@
 // overloads' checks through PreparedAttention, then the half kernel per slice (forward), or the
 // float overloads on widened copies, rounded once (backward, and forward values out of its range).
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -117,6 +118,37 @@ void scaled_dot_product_attention_backward(
   functional_detail::store_rounded(type, wide_grad_query, grad_query);
   functional_detail::store_rounded(type, wide_grad_key, grad_key);
   functional_detail::store_rounded(type, wide_grad_value, grad_value);
+}
+
+HalfAttentionBackward scaled_dot_product_attention_backward(
+    HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
+    StridedView<const uint16_t> value, StridedView<const uint16_t> output,
+    StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
+  functional_detail::OptionGradients option_gradients =
+      functional_detail::new_option_gradients(options, mask_gradient, sinks_gradient);
+  const auto new_half = [type](const Shape& shape) {
+    return HalfTensor{type, shape, std::vector<uint16_t>(static_cast<size_t>(shape.numel()))};
+  };
+  HalfAttentionBackward grads{new_half(query.shape()), new_half(key.shape()),
+                              new_half(value.shape()), std::move(option_gradients.attn_mask),
+                              std::move(option_gradients.sinks)};
+  scaled_dot_product_attention_backward(
+      type, query, key, value, output, grad_output, log_sum_exp, options,
+      StridedView<uint16_t>(grads.query.bits.data(), grads.query.shape),
+      StridedView<uint16_t>(grads.key.bits.data(), grads.key.shape),
+      StridedView<uint16_t>(grads.value.bits.data(), grads.value.shape),
+      mask_gradient ? MutableStridedView(grads.attn_mask) : MutableStridedView(),
+      grads.sinks.span());
+  return grads;
+}
+
+Tensor attention_weights(HalfType type, StridedView<const uint16_t> query,
+                         StridedView<const uint16_t> key, std::span<const float> log_sum_exp,
+                         const AttentionOptions& options) {
+  // Weights are asked for rarely (need_weights) and cost L·S anyway: widened copies are fine.
+  return attention_weights(functional_detail::widened_copy(type, query),
+                           functional_detail::widened_copy(type, key), log_sum_exp, options);
 }
 
 }  // namespace attn

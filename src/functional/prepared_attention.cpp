@@ -41,6 +41,22 @@ Shape output_shape(const ConstStridedView& query, const ConstStridedView& value)
   return with_last(query.shape(), value.dim(-1));
 }
 
+OptionGradients new_option_gradients(const AttentionOptions& options, bool mask_gradient,
+                                     bool sinks_gradient) {
+  if (mask_gradient && options.attn_mask.kind() != MaskKind::kFloat) {
+    throw ValueError(
+        std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
+        (options.attn_mask.kind() == MaskKind::kBool ? "a bool attn_mask" : "no attn_mask"));
+  }
+  if (sinks_gradient && options.sinks.empty()) {
+    throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
+  }
+  OptionGradients gradients;
+  if (mask_gradient) gradients.attn_mask = Tensor(options.attn_mask.shape());
+  if (sinks_gradient) gradients.sinks = Tensor(Shape{static_cast<int64_t>(options.sinks.size())});
+  return gradients;
+}
+
 PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView key,
                                      std::optional<ConstStridedView> value,
                                      const AttentionOptions& options, Family family)

@@ -21,6 +21,16 @@ namespace attn::functional_detail {
 // The output's shape: the query's with the value's last axis.
 Shape output_shape(const ConstStridedView& query, const ConstStridedView& value);
 
+// New tensors for the float attn_mask's gradient (its shape) and the sinks' (H_q values) when
+// asked for, empty otherwise; ValueError naming mask_gradient / sinks_gradient when there is no
+// float attn_mask / no sinks to differentiate.
+struct OptionGradients {
+  Tensor attn_mask;
+  Tensor sinks;
+};
+OptionGradients new_option_gradients(const AttentionOptions& options, bool mask_gradient,
+                                     bool sinks_gradient);
+
 class PreparedAttention {
  public:
   enum Family {

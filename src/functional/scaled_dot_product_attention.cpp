@@ -160,18 +160,10 @@ AttentionBackward scaled_dot_product_attention_backward(
     ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
-  if (mask_gradient && options.attn_mask.kind() != MaskKind::kFloat) {
-    throw ValueError(
-        std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
-        (options.attn_mask.kind() == MaskKind::kBool ? "a bool attn_mask" : "no attn_mask"));
-  }
-  if (sinks_gradient && options.sinks.empty()) {
-    throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
-  }
-  AttentionBackward grads{
-      Tensor(query.shape()), Tensor(key.shape()), Tensor(value.shape()), {}, {}};
-  if (mask_gradient) grads.attn_mask = Tensor(options.attn_mask.shape());
-  if (sinks_gradient) grads.sinks = Tensor(Shape{static_cast<int64_t>(options.sinks.size())});
+  functional_detail::OptionGradients option_gradients =
+      functional_detail::new_option_gradients(options, mask_gradient, sinks_gradient);
+  AttentionBackward grads{Tensor(query.shape()), Tensor(key.shape()), Tensor(value.shape()),
+                          std::move(option_gradients.attn_mask), std::move(option_gradients.sinks)};
   scaled_dot_product_attention_backward(
       query, key, value, output, grad_output, log_sum_exp, options, grads.query, grads.key,
       grads.value, mask_gradient ? MutableStridedView(grads.attn_mask) : MutableStridedView(),

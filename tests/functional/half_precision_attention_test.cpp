@@ -352,6 +352,22 @@ TEST_P(HalfPrecisionSdpa, BackwardIsTheFloatBackwardRoundedOnce) {
       ASSERT_EQ(grad_mask.data()[e], expected.attn_mask.data()[e]) << e;
     for (size_t h = 0; h < grad_sinks.size(); ++h)
       EXPECT_EQ(grad_sinks[h], expected.sinks.data()[static_cast<int64_t>(h)]) << h;
+    // The overload into new storage: the same gradients.
+    const HalfAttentionBackward fresh = scaled_dot_product_attention_backward(
+        type, in.q.view(), in.k.view(), in.v.view(), HalfView(out.data(), out_shape),
+        grad_out.view(), lse, options, true, true);
+    EXPECT_EQ(fresh.query.bits, gq);
+    EXPECT_EQ(fresh.key.bits, gk);
+    EXPECT_EQ(fresh.value.bits, gv);
+    EXPECT_EQ(fresh.value.shape, v_shape);
+    EXPECT_TRUE(std::equal(grad_mask.span().begin(), grad_mask.span().end(),
+                           fresh.attn_mask.span().begin()));
+    EXPECT_TRUE(std::equal(grad_sinks.begin(), grad_sinks.end(), fresh.sinks.span().begin()));
+    // The weights of the half pass: the float weights of the widened query and key.
+    const Tensor weights = attention_weights(type, in.q.view(), in.k.view(), lse, options);
+    const Tensor wide_weights = attention_weights(in.q.widened, in.k.widened, lse, options);
+    EXPECT_TRUE(
+        std::equal(weights.span().begin(), weights.span().end(), wide_weights.span().begin()));
     // Not all zero: the comparison above means something.
     EXPECT_TRUE(std::any_of(gk.begin(), gk.end(), [](uint16_t bits) { return bits != 0; }));
   }
@@ -404,6 +420,12 @@ TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrong) {
                                               StridedView<uint16_t>(gv.data(), Shape{2, 2, 5, 6})),
         ShapeError,
         "grad_query: expected shape (2, 2, 3, 8) (the shape of its input), got (2, 2, 8, 3)");
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention_backward(type, q.view(), k.view(), v.view(), output, output,
+                                              lse, {}, true, false),
+        ValueError,
+        "mask_gradient: expected a float attn_mask to differentiate, got no "
+        "attn_mask");
     out[4] = float_to_half_bits(type, NAN);
     EXPECT_THROW_MESSAGE(
         scaled_dot_product_attention_backward(type, q.view(), k.view(), v.view(), output,

@@ -105,6 +105,33 @@ void scaled_dot_product_attention_backward(
     StridedView<uint16_t> grad_key, StridedView<uint16_t> grad_value,
     MutableStridedView grad_mask = {}, std::span<float> grad_sinks = {});
 
+// A half-precision tensor: `type`'s bits, contiguous, of `shape`.
+struct HalfTensor {
+  HalfType type = HalfType::kBFloat16;
+  Shape shape;
+  std::vector<uint16_t> bits;
+};
+// The half-precision pass's gradients: query, key and value in `type`, the float attn_mask's and
+// the sinks' in float (empty unless asked for).
+struct HalfAttentionBackward {
+  HalfTensor query;
+  HalfTensor key;
+  HalfTensor value;
+  Tensor attn_mask;
+  Tensor sinks;
+};
+// The same into new storage.
+HalfAttentionBackward scaled_dot_product_attention_backward(
+    HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
+    StridedView<const uint16_t> value, StridedView<const uint16_t> output,
+    StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
+    const AttentionOptions& options, bool mask_gradient = false, bool sinks_gradient = false);
+// The attention weights (float) of a half-precision forward pass, from its log-sum-exp: those of
+// the widened query and key.
+Tensor attention_weights(HalfType type, StridedView<const uint16_t> query,
+                         StridedView<const uint16_t> key, std::span<const float> log_sum_exp,
+                         const AttentionOptions& options);
+
 // The attention weights of the forward pass (before dropout), (..., H_q, L, S): computed only on
 // this request, from the forward pass's log-sum-exp.
 Tensor attention_weights(ConstStridedView query, ConstStridedView key,
