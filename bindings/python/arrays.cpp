@@ -306,12 +306,13 @@ InputTensor::InputTensor(nb::handle object, std::string_view name, int rank) {
             .c_str());
   }
   const bool in_place = is_c_contiguous(array_);
-  const float* data = float_data(array_, name, in_place, "a C-contiguous, aligned array", copy_,
-                                 copied_);
+  const float* data =
+      float_data(array_, name, in_place, "a C-contiguous, aligned array", copy_, copied_);
   view_ = ConstTensorView(data, shape_of(array_));
 }
 
-StridedInput::StridedInput(nb::handle object, std::string_view name, int min_rank, int max_rank) {
+StridedInput::StridedInput(nb::handle object, std::string_view name, int min_rank, int max_rank,
+                           HalfInputs half) {
   if (object.is_none()) {
     throw nb::type_error((std::string(name) + ": expected an array, got None").c_str());
   }
@@ -326,6 +327,9 @@ StridedInput::StridedInput(nb::handle object, std::string_view name, int min_ran
   const bool in_place = (ndim == 0 || array_.shape(static_cast<size_t>(ndim - 1)) <= 1 ||
                          array_.stride(static_cast<size_t>(ndim - 1)) == 1) &&
                         !has_negative_stride(array_);
+  dtype_ = dtype_name(array_.dtype());
+  shape_ = shape_of(array_);
+  if (half == HalfInputs::kAccept && import_half(name, in_place)) return;
   const float* data = float_data(
       array_, name, in_place,
       "an aligned array with non-negative strides and a contiguous last axis", copy_, copied_);
@@ -336,6 +340,49 @@ StridedInput::StridedInput(nb::handle object, std::string_view name, int min_ran
   const auto strides = normalized_strides(array_);
   view_ = ConstStridedView(data, shape_of(array_),
                            std::span<const int64_t>(strides.data(), static_cast<size_t>(ndim)));
+}
+
+bool StridedInput::import_half(std::string_view name, bool in_place) {
+  using Code = nb::dlpack::dtype_code;
+  const bool is_float16 = is_dtype(array_.dtype(), Code::Float, 16);
+  const bool is_bfloat16 = is_dtype(array_.dtype(), Code::Bfloat, 16);
+  if (!is_float16 && !is_bfloat16) {
+    const bool is_float =
+        is_dtype(array_.dtype(), Code::Float, 32) || is_dtype(array_.dtype(), Code::Float, 64);
+    if (is_float) return false;
+    throw nb::type_error((std::string(name) +
+                          ": expected float32 (float64 is copied to it), float16 or bfloat16, "
+                          "got " +
+                          dtype_)
+                             .c_str());
+  }
+  half_type_ = is_float16 ? HalfType::kFloat16 : HalfType::kBFloat16;
+  const auto* base = static_cast<const std::byte*>(array_.data());
+  const auto ndim = static_cast<size_t>(array_.ndim());
+  const bool aligned = reinterpret_cast<uintptr_t>(base) % alignof(uint16_t) == 0;
+  if (in_place && aligned) {
+    const auto strides = normalized_strides(array_);
+    half_view_ = StridedView<const uint16_t>(reinterpret_cast<const uint16_t*>(base), shape_,
+                                             std::span<const int64_t>(strides.data(), ndim));
+    return true;
+  }
+  if (strict_inputs()) {
+    throw nb::value_error((std::string(name) +
+                           ": expected an aligned array with non-negative strides and a "
+                           "contiguous last axis (strict inputs: no copies), got strides " +
+                           strides_string(array_) + " (in elements) for shape " +
+                           shape_string(array_))
+                              .c_str());
+  }
+  half_copy_.reserve(static_cast<size_t>(shape_.numel()));
+  for_each_offset(array_, [&](int64_t offset) {
+    uint16_t bits = 0;
+    std::memcpy(&bits, base + offset * static_cast<int64_t>(sizeof(uint16_t)), sizeof(bits));
+    half_copy_.push_back(bits);
+  });
+  half_view_ = StridedView<const uint16_t>(half_copy_.data(), shape_);
+  copied_ = true;
+  return true;
 }
 
 MaskInput::MaskInput(nb::handle object, std::string_view name) {
@@ -529,6 +576,28 @@ nb::object to_python(Tensor tensor, Framework framework) {
     return nb::ndarray<nb::pytorch, float>(data, rank, dims.data(), owner).cast();
   }
   return nb::ndarray<nb::numpy, float>(data, rank, dims.data(), owner).cast();
+}
+
+nb::object to_python(std::vector<uint16_t> bits, const Shape& shape, HalfType type,
+                     Framework framework) {
+  auto owned = std::make_unique<std::vector<uint16_t>>(std::move(bits));
+  std::array<size_t, Shape::kMaxRank> dims{};
+  const auto rank = static_cast<size_t>(shape.rank());
+  for (size_t axis = 0; axis < rank; ++axis) {
+    dims[axis] = static_cast<size_t>(shape[static_cast<int>(axis)]);
+  }
+  uint16_t* data = owned->data();
+  nb::capsule owner(owned.get(), [](void* pointer) noexcept {
+    std::unique_ptr<std::vector<uint16_t>>(static_cast<std::vector<uint16_t>*>(pointer)).reset();
+  });
+  owned.release();
+  using Code = nb::dlpack::dtype_code;
+  const nb::dlpack::dtype dtype{
+      static_cast<uint8_t>(type == HalfType::kFloat16 ? Code::Float : Code::Bfloat), 16, 1};
+  if (framework == Framework::kTorch || type == HalfType::kBFloat16) {
+    return nb::ndarray<nb::pytorch>(data, rank, dims.data(), owner, nullptr, dtype).cast();
+  }
+  return nb::ndarray<nb::numpy>(data, rank, dims.data(), owner, nullptr, dtype).cast();
 }
 
 nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank) {

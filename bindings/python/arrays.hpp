@@ -6,10 +6,12 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "attn/core/half.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
@@ -56,21 +58,41 @@ class InputTensor {
 // array (a transposed or sliced PyTorch view, say) is read in place; a float64 one, or one with a
 // negative stride or a strided last axis, is copied once to a C-contiguous float32 array — or
 // refused under strict inputs.
+//
+// With HalfInputs::kAccept, a float16 or bfloat16 array keeps its type instead (half_view()), read
+// in place under the same conditions (2-byte alignment), else copied C-contiguous.
+enum class HalfInputs { kRefuse, kAccept };
 class StridedInput {
  public:
-  StridedInput(nb::handle object, std::string_view name, int min_rank, int max_rank);
+  StridedInput(nb::handle object, std::string_view name, int min_rank, int max_rank,
+               HalfInputs half = HalfInputs::kRefuse);
   StridedInput(const StridedInput&) = delete;
   StridedInput& operator=(const StridedInput&) = delete;
 
+  // The float32 view; empty for a half-precision input.
   const ConstStridedView& view() const { return view_; }
-  const Shape& shape() const { return view_.shape(); }
+  const Shape& shape() const { return shape_; }
   Framework framework() const { return framework_; }
   bool copied() const { return copied_; }
+  // A half-precision input's type and bits (HalfInputs::kAccept); std::nullopt for a float one.
+  std::optional<HalfType> half_type() const { return half_type_; }
+  const StridedView<const uint16_t>& half_view() const { return half_view_; }
+  // The array's dtype as errors name it: "float32", "float16", "bfloat16", ...
+  const std::string& dtype() const { return dtype_; }
 
  private:
   nb::ndarray<nb::ro> array_;
   Tensor copy_;
   ConstStridedView view_;
+  std::vector<uint16_t> half_copy_;
+  StridedView<const uint16_t> half_view_;
+  std::optional<HalfType> half_type_;
+  std::string dtype_;
+  Shape shape_;
+
+  // Imports a float16 or bfloat16 array into half_view_; false for float32 and float64 (read as
+  // floats), TypeError for other dtypes.
+  bool import_half(std::string_view name, bool in_place);
   Framework framework_ = Framework::kNumpy;
   bool copied_ = false;
 };
@@ -109,6 +131,10 @@ ValidLengths to_valid_lengths(nb::handle object, std::string_view name);
 
 // Moves `tensor` into a new NumPy array, or a PyTorch tensor for kTorch, without copying.
 nb::object to_python(Tensor tensor, Framework framework);
+// Moves half-precision `bits` of `shape` into a new array of `type` without copying: a NumPy
+// float16 array, or a PyTorch tensor for kTorch — and for bfloat16 always, NumPy having none.
+nb::object to_python(std::vector<uint16_t> bits, const Shape& shape, HalfType type,
+                     Framework framework);
 // A copy of `tensor` as a NumPy array / PyTorch tensor, or None when `tensor` holds no result yet
 // (its rank differs from `rank`).
 nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank);

@@ -11,6 +11,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -129,16 +130,68 @@ class CallOptions {
   AttentionOptions options_;
 };
 
-// query, key and value with the ranks the functional API takes.
+// query, key and value with the ranks the functional API takes, float16 and bfloat16 kept as
+// they are (attn's half overloads compute them).
 struct QueryKeyValue {
   QueryKeyValue(nb::handle q, nb::handle k, nb::handle v)
-      : query(q, "query", 2, Shape::kMaxRank),
-        key(k, "key", 2, Shape::kMaxRank),
-        value(v, "value", 2, Shape::kMaxRank) {}
+      : query(q, "query", 2, Shape::kMaxRank, HalfInputs::kAccept),
+        key(k, "key", 2, Shape::kMaxRank, HalfInputs::kAccept),
+        value(v, "value", 2, Shape::kMaxRank, HalfInputs::kAccept) {}
   StridedInput query;
   StridedInput key;
   StridedInput value;
 };
+
+// TypeError unless `input` has the query's type where either is half precision (float32 and
+// float64 mix, as before: both are computed in float32). PyTorch refuses mixed dtypes too.
+void require_query_type(const StridedInput& input, std::string_view name,
+                        const StridedInput& query) {
+  if (input.half_type() == query.half_type()) return;
+  throw nb::type_error((std::string(name) + ": expected the dtype of query (" + query.dtype() +
+                        "), got " + input.dtype())
+                           .c_str());
+}
+
+// The 16-bit type query, key and value share, or std::nullopt when all three are float.
+std::optional<HalfType> common_half_type(const QueryKeyValue& inputs) {
+  require_query_type(inputs.key, "key", inputs.query);
+  require_query_type(inputs.value, "value", inputs.query);
+  return inputs.query.half_type();
+}
+
+// The output's shape: the query's with the value's last axis.
+Shape output_shape(const Shape& query, const Shape& value) {
+  std::array<int64_t, Shape::kMaxRank> dims{};
+  for (int axis = 0; axis < query.rank(); ++axis) dims[static_cast<size_t>(axis)] = query[axis];
+  dims[static_cast<size_t>(query.rank() - 1)] = value[value.rank() - 1];
+  return Shape::from_dims(dims.data(), query.rank());
+}
+
+// A half-precision forward pass: the output's bits and the log-sum-exp. Call without the GIL.
+struct HalfForward {
+  Shape shape;
+  std::vector<uint16_t> output;
+  std::vector<float> log_sum_exp;
+};
+HalfForward half_forward(HalfType type, const QueryKeyValue& inputs,
+                         const AttentionOptions& options) {
+  HalfForward forward;
+  forward.shape = output_shape(inputs.query.shape(), inputs.value.shape());
+  forward.output.resize(static_cast<size_t>(forward.shape.numel()));
+  forward.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(inputs.query.shape())));
+  scaled_dot_product_attention(
+      type, inputs.query.half_view(), inputs.key.half_view(), inputs.value.half_view(), options,
+      StridedView<uint16_t>(forward.output.data(), forward.shape), forward.log_sum_exp);
+  return forward;
+}
+
+// Float values rounded to `type` (the attention weights of a half call, returned in its dtype as
+// torch.nn.MultiheadAttention returns its weights).
+std::vector<uint16_t> rounded(HalfType type, const Tensor& values) {
+  std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
+  for (size_t e = 0; e < bits.size(); ++e) bits[e] = float_to_half_bits(type, values.span()[e]);
+  return bits;
+}
 
 // The log-sum-exp as an array shaped as the query's rows, query.shape[:-1].
 nb::object log_sum_exp_to_python(std::vector<float> log_sum_exp, const Shape& query,
@@ -209,6 +262,28 @@ void bind_functional(nb::module_& module) {
                                seed    ? *seed
                                : drops ? random_seed()
                                        : 0);
+        const Framework framework = inputs.query.framework();
+        if (const std::optional<HalfType> half = common_half_type(inputs)) {
+          HalfForward forward;
+          std::vector<uint16_t> weights;
+          Shape weights_shape;
+          {
+            nb::gil_scoped_release release;
+            use_thread_setting();
+            forward = half_forward(*half, inputs, call.options());
+            if (need_weights) {
+              const Tensor wide =
+                  attention_weights(*half, inputs.query.half_view(), inputs.key.half_view(),
+                                    forward.log_sum_exp, call.options());
+              weights_shape = wide.shape();
+              weights = rounded(*half, wide);
+            }
+          }
+          nb::object output = to_python(std::move(forward.output), forward.shape, *half, framework);
+          if (!need_weights) return output;
+          return nb::object(nb::make_tuple(
+              output, to_python(std::move(weights), weights_shape, *half, framework)));
+        }
         AttentionForward forward;
         Tensor weights;
         {
@@ -222,7 +297,6 @@ void bind_functional(nb::module_& module) {
                                         call.options());
           }
         }
-        const Framework framework = inputs.query.framework();
         nb::object output = to_python(std::move(forward.output), framework);
         if (!need_weights) return output;
         return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
@@ -234,7 +308,11 @@ void bind_functional(nb::module_& module) {
       "Ev), rank 2 to 8, the leading axes equal; H_kv = H_q unless enable_gqa (then H_kv divides\n"
       "H_q). A rank-3 input (B, L, E) is B batch elements of one head (the book's layout).\n"
       "NumPy arrays or DLPack tensors; a float32 array whose last axis is contiguous is read in\n"
-      "place, whatever its other strides. Returns the query's kind (torch.Tensor or NumPy).\n\n"
+      "place, whatever its other strides. Returns the query's kind (torch.Tensor or NumPy).\n"
+      "float16 and bfloat16 query, key and value (all three alike: a mix is a TypeError) are\n"
+      "read the same way and computed by attn's half kernels (fp32 scores, softmax and sums,\n"
+      "the output rounded once), returning the output (and weights) in their dtype (bfloat16\n"
+      "always as a torch.Tensor: NumPy has none).\n\n"
       "attn_mask: None, a bool mask (True: the key takes part) or a float one (added to the\n"
       "scores), broadcastable to (..., H_q, L, S). PyTorch never takes an integer mask, so an\n"
       "integer array/tensor or a Python list here is read as valid_lens (the book's call\n"
@@ -268,6 +346,19 @@ void bind_functional(nb::module_& module) {
         const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                alibi_slopes, softcap, sinks, valid_lens, alignment, false,
                                std::nullopt, seed);
+        const Framework framework = inputs.query.framework();
+        if (const std::optional<HalfType> half = common_half_type(inputs)) {
+          HalfForward forward;
+          {
+            nb::gil_scoped_release release;
+            use_thread_setting();
+            forward = half_forward(*half, inputs, call.options());
+          }
+          return nb::make_tuple(
+              to_python(std::move(forward.output), forward.shape, *half, framework),
+              log_sum_exp_to_python(std::move(forward.log_sum_exp), inputs.query.shape(),
+                                    framework));
+        }
         AttentionForward forward;
         {
           nb::gil_scoped_release release;
@@ -275,7 +366,6 @@ void bind_functional(nb::module_& module) {
           forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
                                                  inputs.value.view(), call.options());
         }
-        const Framework framework = inputs.query.framework();
         return nb::make_tuple(
             to_python(std::move(forward.output), framework),
             log_sum_exp_to_python(std::move(forward.log_sum_exp), inputs.query.shape(), framework));
@@ -292,8 +382,12 @@ void bind_functional(nb::module_& module) {
          nb::handle sinks, nb::handle valid_lens, const std::string& alignment, uint64_t seed,
          bool mask_gradient, bool sinks_gradient) {
         const QueryKeyValue inputs(q, k, v);
-        const StridedInput output(o, "output", 2, Shape::kMaxRank);
-        const StridedInput grad_output(grad_o, "grad_output", 2, Shape::kMaxRank);
+        const StridedInput output(o, "output", 2, Shape::kMaxRank, HalfInputs::kAccept);
+        const StridedInput grad_output(grad_o, "grad_output", 2, Shape::kMaxRank,
+                                       HalfInputs::kAccept);
+        const std::optional<HalfType> half = common_half_type(inputs);
+        require_query_type(output, "output", inputs.query);
+        require_query_type(grad_output, "grad_output", inputs.query);
         const StridedInput log_sum_exp(lse, "log_sum_exp", 1, Shape::kMaxRank);
         const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                alibi_slopes, softcap, sinks, valid_lens, alignment, false,
@@ -305,21 +399,44 @@ void bind_functional(nb::module_& module) {
                                  log_sum_exp.shape().str())
                                     .c_str());
         }
+        const Framework framework = inputs.query.framework();
+        const std::span<const float> lse_values(log_sum_exp.view().data(),
+                                                static_cast<size_t>(rows));
+        const auto option_gradients = [&](Tensor mask_values, Tensor sinks_values) {
+          nb::object mask_grad = nb::none();
+          nb::object sinks_grad = nb::none();
+          if (mask_gradient) mask_grad = to_python(std::move(mask_values), framework);
+          if (sinks_gradient) sinks_grad = to_python(std::move(sinks_values), framework);
+          return std::make_pair(mask_grad, sinks_grad);
+        };
+        if (half) {
+          HalfAttentionBackward gradients;
+          {
+            nb::gil_scoped_release release;
+            use_thread_setting();
+            gradients = scaled_dot_product_attention_backward(
+                *half, inputs.query.half_view(), inputs.key.half_view(), inputs.value.half_view(),
+                output.half_view(), grad_output.half_view(), lse_values, call.options(),
+                mask_gradient, sinks_gradient);
+          }
+          const auto to_array = [&](HalfTensor& tensor) {
+            return to_python(std::move(tensor.bits), tensor.shape, *half, framework);
+          };
+          auto [mask_grad, sinks_grad] =
+              option_gradients(std::move(gradients.attn_mask), std::move(gradients.sinks));
+          return nb::make_tuple(to_array(gradients.query), to_array(gradients.key),
+                                to_array(gradients.value), mask_grad, sinks_grad);
+        }
         AttentionBackward gradients;
         {
           nb::gil_scoped_release release;
           use_thread_setting();
           gradients = scaled_dot_product_attention_backward(
               inputs.query.view(), inputs.key.view(), inputs.value.view(), output.view(),
-              grad_output.view(),
-              std::span<const float>(log_sum_exp.view().data(), static_cast<size_t>(rows)),
-              call.options(), mask_gradient, sinks_gradient);
+              grad_output.view(), lse_values, call.options(), mask_gradient, sinks_gradient);
         }
-        const Framework framework = inputs.query.framework();
-        nb::object mask_grad = nb::none();
-        nb::object sinks_grad = nb::none();
-        if (mask_gradient) mask_grad = to_python(std::move(gradients.attn_mask), framework);
-        if (sinks_gradient) sinks_grad = to_python(std::move(gradients.sinks), framework);
+        auto [mask_grad, sinks_grad] =
+            option_gradients(std::move(gradients.attn_mask), std::move(gradients.sinks));
         return nb::make_tuple(to_python(std::move(gradients.query), framework),
                               to_python(std::move(gradients.key), framework),
                               to_python(std::move(gradients.value), framework), mask_grad,

@@ -180,7 +180,11 @@ def test_strict_inputs_accept_views_and_refuse_copies():
     "arguments, error, message",
     [
         (dict(query=np.zeros((2, 3, 4, 8), np.int64)), TypeError, r"query: expected float32"),
-        (dict(value=np.zeros((2, 3, 6, 5), np.float16)), TypeError, r"value: expected float32"),
+        (
+            dict(value=np.zeros((2, 3, 6, 5), np.float16)),
+            TypeError,
+            r"value: expected the dtype of query \(float32\), got float16",
+        ),
         (dict(query=normal(4)), ValueError, r"query: expected an array of rank 2 to 8"),
         (dict(key=normal(2, 3, 6, 7)), attn.ShapeError, r"key"),
         (dict(value=normal(2, 3, 5, 5)), attn.ShapeError, r"value"),

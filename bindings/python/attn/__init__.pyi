@@ -9,7 +9,8 @@ import numpy.typing as npt
 __version__: str
 
 # NumPy arrays, PyTorch CPU tensors, or anything else speaking DLPack or the buffer protocol.
-# float32 C-contiguous arrays are read in place; float64 or strided ones are copied.
+# float32 C-contiguous arrays are read in place; float64 or strided ones are copied
+# (scaled_dot_product_attention also reads float16 and bfloat16 in place: see there).
 ArrayLike = Any
 # None (no mask), (B,) one length per batch element, or (B, n) one per query: an int array or
 # tensor, or a list of ints / of equal-length lists of ints.
@@ -19,7 +20,8 @@ ValidLens = Union[None, Sequence[int], Sequence[Sequence[int]], ArrayLike]
 Mask = Union[None, ArrayLike, Sequence[int], Sequence[Sequence[int]]]
 # One float per query head: None, a 1-d float array or tensor, or a list of numbers.
 Floats = Union[None, Sequence[float], ArrayLike]
-# A NumPy float32 array, or a torch.Tensor when the (first) input was one.
+# A NumPy float32 array, or a torch.Tensor when the (first) input was one; float16 or bfloat16
+# where scaled_dot_product_attention's inputs were.
 Array = Any
 PathLike = Union[str, os.PathLike[str]]
 
@@ -61,6 +63,11 @@ def scaled_dot_product_attention(
     sinks hold H_q floats; softcap caps the scores. The book's causal=True is causal aligned
     bottom-right, dropout= is dropout_p. Returns the output, or (output, weights) with
     need_weights=True.
+
+    float16 (NumPy or torch) and bfloat16 (torch) query, key and value, all three of one dtype
+    (a mix raises TypeError), are read in place and computed by attn's half kernels (fp32 scores,
+    softmax and sums, the output rounded once); the output and weights come back in that dtype
+    (bfloat16 as a torch.Tensor). Masks, alibi_slopes and sinks stay float32 (or bool).
 
     With a KVCache as key (value None or the same cache): query (B, H_q, n, E) holds the last n
     tokens of each sequence, already appended; query i of sequence b sits at position

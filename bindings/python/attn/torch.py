@@ -14,8 +14,9 @@ PyTorch's generator, so ``torch.manual_seed`` makes a run reproducible.
 ``attn::sdpa`` and ``attn::sdpa_backward`` (``torch.ops.attn``) have fake implementations and
 registered autograd, so ``torch.compile(fullgraph=True)`` traces through them.
 
-CPU tensors only (attn runs on the CPU); float32 inputs are read without a copy. Second-order
-gradients are not supported.
+CPU tensors only (attn runs on the CPU); float32 inputs are read without a copy, and so are
+``scaled_dot_product_attention``'s float16 and bfloat16 ones, which attn's half kernels compute.
+Second-order gradients are not supported.
 """
 
 import copy as _copy
@@ -253,8 +254,9 @@ def _sdpa(
 
 @_sdpa.register_fake
 def _sdpa_fake(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options):
+    # The output in the query's dtype (float16 and bfloat16 too); the log-sum-exp always float32.
     output = query.new_empty((*query.shape[:-1], value.shape[-1]))
-    return output, query.new_empty(query.shape[:-1])
+    return output, query.new_empty(query.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
@@ -305,12 +307,13 @@ def _sdpa_backward(
         mask_gradient=mask_gradient,
         sinks_gradient=sinks_gradient,
     )
+    # The mask's and the sinks' gradients are float32 whatever the inputs' dtype.
     return (
         d_query,
         d_key,
         d_value,
-        query.new_empty(0) if d_mask is None else d_mask,
-        query.new_empty(0) if d_sinks is None else d_sinks,
+        query.new_empty(0, dtype=torch.float32) if d_mask is None else d_mask,
+        query.new_empty(0, dtype=torch.float32) if d_sinks is None else d_sinks,
     )
 
 
@@ -334,8 +337,8 @@ def _sdpa_backward_fake(
         query.new_empty(query.shape),
         key.new_empty(key.shape),
         value.new_empty(value.shape),
-        query.new_empty(attn_mask.shape if mask_gradient else (0,)),
-        query.new_empty(sinks.shape if sinks_gradient else (0,)),
+        query.new_empty(attn_mask.shape if mask_gradient else (0,), dtype=torch.float32),
+        query.new_empty(sinks.shape if sinks_gradient else (0,), dtype=torch.float32),
     )
 
 
@@ -411,6 +414,23 @@ def _as_float32(tensor):
     return tensor.to(torch.float32)
 
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _computed_dtypes(query, key, value):
+    """query, key and value as attn computes them: float16 and bfloat16 as they are (attn's half
+    kernels), all three alike; other floating dtypes converted to float32. TypeError for a mix
+    involving a half dtype, as torch.nn.functional.scaled_dot_product_attention refuses one."""
+    if query.dtype in _HALF_DTYPES or key.dtype in _HALF_DTYPES or value.dtype in _HALF_DTYPES:
+        for name, tensor in (("key", key), ("value", value)):
+            if tensor.dtype != query.dtype:
+                raise TypeError(
+                    f"{name}: expected the dtype of query ({query.dtype}), got {tensor.dtype}"
+                )
+        return query, key, value
+    return _as_float32(query), _as_float32(key), _as_float32(value)
+
+
 def _as_tensor(values, dtype):
     """None, a tensor, or anything torch.as_tensor reads (lists, NumPy arrays)."""
     if values is None or isinstance(values, torch.Tensor):
@@ -459,10 +479,13 @@ def scaled_dot_product_attention(
     CPU tensors; the arguments are those of ``attn.scaled_dot_product_attention`` (window,
     alibi_slopes, softcap, sinks, valid_lens, alignment besides PyTorch's; the book's
     ``causal=True``, aligned bottom-right, and ``dropout=``; an integer tensor or list as
-    attn_mask is read as valid_lens). attn computes in float32: other floating dtypes are
-    converted, and the output has the query's dtype. Gradients reach query, key, value, a float
-    attn_mask that requires grad (summed over its broadcast axes) and sinks; alibi_slopes get
-    none. Dropout (whenever dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator,
+    attn_mask is read as valid_lens). float16 and bfloat16 query, key and value (all three of
+    one dtype; a mix is a TypeError) are computed by attn's half kernels as PyTorch computes
+    them (fp32 scores, softmax and accumulation, the output rounded once to their dtype), their
+    gradients too; other floating dtypes are converted to float32, the output returned in the
+    query's dtype. A float attn_mask, alibi_slopes and sinks are used in float32 whatever the
+    inputs' dtype. Gradients reach query, key, value, a float attn_mask that requires grad
+    (summed over its broadcast axes) and sinks; alibi_slopes get none. Dropout (whenever dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator,
     so ``torch.manual_seed`` makes it reproducible.
 
     With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
@@ -520,10 +543,11 @@ def scaled_dot_product_attention(
         attn_mask = _as_float32(attn_mask)
     window_left, window_right = _window_arguments(window)
     seed = torch.randint(0, _SEED_BOUND, ()) if dropout_p > 0.0 else None
+    computed_query, computed_key, computed_value = _computed_dtypes(query, key, value)
     output, _ = _sdpa(
-        _as_float32(query),
-        _as_float32(key),
-        _as_float32(value),
+        computed_query,
+        computed_key,
+        computed_value,
         attn_mask,
         valid_lens,
         alibi_slopes,

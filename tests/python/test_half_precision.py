@@ -1,0 +1,236 @@
+# float16 and bfloat16 inputs of attn.scaled_dot_product_attention, _sdpa_forward/_sdpa_backward
+# and attn.torch.scaled_dot_product_attention: computed by attn's half kernels and returned in the
+# inputs' dtype and framework — against attn's own float32 call on the widened inputs (NumPy
+# float16: bit-equal once rounded) and torch.nn.functional on float32 copies (within the
+# tolerances below); autograd, torch.compile(fullgraph=True), mixed dtypes and NaN refused.
+import numpy as np
+import pytest
+
+import attn
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the bfloat16 and torch comparisons need it"
+)
+F = torch.nn.functional
+
+import attn.torch as attn_torch  # noqa: E402
+
+rng = np.random.default_rng(20250611)
+N, H, HKV, L, S, E, EV = 2, 4, 2, 19, 33, 16, 12
+
+
+def normal(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(20250611)
+
+
+def half_inputs(dtype=np.float16):
+    """query, key and value (grouped heads: H over HKV) in float16."""
+    q = normal(N, H, L, E, dtype=dtype)
+    k = normal(N, HKV, S, E, dtype=dtype)
+    v = normal(N, HKV, S, EV, dtype=dtype)
+    return q, k, v
+
+
+# --- NumPy float16: exactly attn's float32 call on the widened inputs, rounded once -------------
+# attn's fp16 kernel widens each row to fp32 and computes as the float32 kernel does, then rounds
+# the output to nearest even, as numpy's astype(float16) rounds: the bits must agree.
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(enable_gqa=True),
+        dict(enable_gqa=True, is_causal=True),
+        dict(enable_gqa=True, attn_mask=rng.random((N, 1, L, S)) < 0.7),
+        dict(enable_gqa=True, valid_lens=[5, 33], scale=0.3, softcap=4.0),
+    ],
+    ids=["gqa", "causal", "bool_mask", "lengths_scale_softcap"],
+)
+def test_numpy_float16_is_the_float32_call_rounded_once(options):
+    q, k, v = half_inputs()
+    output, weights = attn.scaled_dot_product_attention(q, k, v, need_weights=True, **options)
+    assert isinstance(output, np.ndarray) and output.dtype == np.float16
+    assert output.shape == (N, H, L, EV)
+    wide = [x.astype(np.float32) for x in (q, k, v)]
+    expected, expected_weights = attn.scaled_dot_product_attention(
+        *wide, need_weights=True, **options
+    )
+    np.testing.assert_array_equal(
+        output.view(np.uint16), expected.astype(np.float16).view(np.uint16)
+    )
+    # The weights come back in the inputs' dtype, from the same log-sum-exp (bit-equal for fp16).
+    assert weights.dtype == np.float16
+    np.testing.assert_array_equal(weights, expected_weights.astype(np.float16))
+
+
+def test_numpy_float16_strided_inputs_are_read_as_their_values():
+    # A transposed query (heads inside rows: read in place) and a key with a strided last axis
+    # (copied): the same result as contiguous copies.
+    q_rows = normal(N, L, H, E, dtype=np.float16)
+    k_columns = normal(N, HKV, E, S, dtype=np.float16)
+    v = normal(N, HKV, S, EV, dtype=np.float16)
+    q, k = q_rows.transpose(0, 2, 1, 3), k_columns.transpose(0, 1, 3, 2)
+    output = attn.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    expected = attn.scaled_dot_product_attention(
+        np.ascontiguousarray(q), np.ascontiguousarray(k), v, enable_gqa=True
+    )
+    np.testing.assert_array_equal(output, expected)
+
+
+def test_numpy_float16_forward_and_backward_operators():
+    q, k, v = half_inputs()
+    output, log_sum_exp = attn._attn._sdpa_forward(q, k, v, None, 0.0, True, None, True)
+    assert output.dtype == np.float16 and log_sum_exp.dtype == np.float32
+    assert log_sum_exp.shape == (N, H, L)
+    wide = [x.astype(np.float32) for x in (q, k, v)]
+    expected, expected_lse = attn._attn._sdpa_forward(*wide, None, 0.0, True, None, True)
+    np.testing.assert_array_equal(output, expected.astype(np.float16))
+    np.testing.assert_array_equal(log_sum_exp, expected_lse)
+    # Backward: the float32 backward on the same numbers (the float16 output widened), each
+    # gradient rounded once.
+    grad_output = normal(N, H, L, EV, dtype=np.float16)
+    options = (None, 0.0, True, None, True)  # attn_mask, dropout_p, is_causal, scale, enable_gqa
+    grads = attn._attn._sdpa_backward(q, k, v, output, grad_output, log_sum_exp, *options)
+    wide_grads = attn._attn._sdpa_backward(
+        *wide, output.astype(np.float32), grad_output.astype(np.float32), log_sum_exp, *options
+    )
+    for got, want, x in zip(grads[:3], wide_grads[:3], (q, k, v)):
+        assert got.dtype == np.float16 and got.shape == x.shape
+        np.testing.assert_array_equal(got, want.astype(np.float16))
+    assert grads[3] is None and grads[4] is None
+
+
+# --- torch bfloat16 and float16 against torch.nn.functional ------------------------------------
+# Reference: PyTorch's float32 attention on the same values upcast, rounded once to the dtype.
+# fp16: attn's result is its float32 kernel's rounded once; the two float32 results differ by
+# ~1e-5 of the largest output, which can move a rounding by one fp16 ulp: 2⁻¹⁰ of |out|, plus
+# 1e-5·max|out|. bf16 on CPUs with bf16 dot products rounds the probabilities to bf16 before P·V
+# (as PyTorch's bf16 kernels do): at most 2⁻⁸·Σ_j P_ij|v_j| ≤ 2⁻⁸·max|v| more, plus each side's
+# rounding of the output (2⁻⁹ of |out| each) — 2⁻⁷·max|v| covers all of it (|out| ≤ max|v|).
+def tolerance(dtype, reference, value):
+    if dtype == torch.float16:
+        return 2.0**-10 * reference.abs().double() + 1e-5 * float(reference.abs().max())
+    return 2.0**-7 * float(value.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(is_causal=True), dict(attn_mask="bool"), dict(attn_mask="float")],
+    ids=["plain", "causal", "bool_mask", "float_mask"],
+)
+def test_torch_half_matches_pytorch_in_float32_rounded(dtype, options):
+    q = torch.randn(N, H, L, E).to(dtype)
+    k = torch.randn(N, HKV, S, E).to(dtype)
+    v = torch.randn(N, HKV, S, EV).to(dtype)
+    options = dict(options, enable_gqa=True)
+    if options.get("attn_mask") == "bool":
+        options["attn_mask"] = torch.rand(L, S) < 0.7
+    elif options.get("attn_mask") == "float":
+        options["attn_mask"] = torch.randn(N, 1, L, S)
+    for call in (attn.scaled_dot_product_attention, attn_torch.scaled_dot_product_attention):
+        output = call(q, k, v, **options)
+        assert isinstance(output, torch.Tensor) and output.dtype == dtype
+        reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options)
+        reference = reference.to(dtype)
+        difference = (output.double() - reference.double()).abs()
+        assert (difference <= tolerance(dtype, reference, v)).all(), float(difference.max())
+
+
+def test_torch_half_inputs_are_read_in_place_by_the_operator():
+    # attn.torch hands half tensors to the extension unconverted: a transposed bf16 query (heads
+    # inside rows) gives the result of its contiguous copy, bit for bit.
+    q = torch.randn(N, L, H, E, dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(N, HKV, S, E, dtype=torch.bfloat16)
+    v = torch.randn(N, HKV, S, EV, dtype=torch.bfloat16)
+    output = attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    expected = attn.scaled_dot_product_attention(q.contiguous(), k, v, enable_gqa=True)
+    assert torch.equal(output, expected)
+
+
+# Gradients: the half backward is attn's float32 backward on the half inputs, the half output and
+# the half grad_output, rounded once. Against float32 autograd on the same (upcast) leaves the
+# differences are the output's rounding to bf16 entering D = rowsum(dO ⊙ O) (2⁻⁹ relative), the
+# native kernel's probabilities in the forward (2⁻⁸), and the gradients' own rounding (2⁻⁹
+# relative): together under 4·2⁻⁸ = 2⁻⁶ of the largest gradient (measured: about 2⁻⁸).
+GRADIENT_TOLERANCE = 2.0**-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autograd_gives_half_gradients_close_to_float32(dtype):
+    q32 = torch.randn(N, H, L, E)
+    k32 = torch.randn(N, HKV, S, E)
+    v32 = torch.randn(N, HKV, S, EV)
+    grad_output = torch.randn(N, H, L, EV).to(dtype)
+    leaves = [x.to(dtype).requires_grad_(True) for x in (q32, k32, v32)]
+    sinks = torch.randn(H, requires_grad=True)
+    output = attn_torch.scaled_dot_product_attention(
+        *leaves, is_causal=True, enable_gqa=True, sinks=sinks
+    )
+    assert output.dtype == dtype
+    output.backward(grad_output)
+    wide = [x.detach().float().requires_grad_(True) for x in leaves]
+    wide_sinks = sinks.detach().clone().requires_grad_(True)
+    attn_torch.scaled_dot_product_attention(
+        *wide, is_causal=True, enable_gqa=True, sinks=wide_sinks
+    ).backward(grad_output.float())
+    for name, leaf, reference in zip("qkv", leaves, wide):
+        assert leaf.grad.dtype == dtype, name
+        scale = float(reference.grad.abs().max())
+        difference = float((leaf.grad.double() - reference.grad.double()).abs().max())
+        assert difference <= GRADIENT_TOLERANCE * scale, (name, difference, scale)
+    assert sinks.grad.dtype == torch.float32
+    assert torch.allclose(sinks.grad, wide_sinks.grad, rtol=GRADIENT_TOLERANCE, atol=1e-3)
+
+
+def test_torch_compile_fullgraph_on_bfloat16():
+    q = torch.randn(N, H, L, E, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(N, HKV, S, E, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(N, HKV, S, EV, dtype=torch.bfloat16, requires_grad=True)
+
+    def attend(q, k, v):
+        return attn_torch.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    output = compiled(q, k, v)
+    assert output.dtype == torch.bfloat16
+    assert torch.equal(output, attend(q, k, v))
+    output.sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and v.grad.dtype == torch.bfloat16
+
+
+def test_mixed_dtypes_are_refused():
+    q, k, v = half_inputs()
+    message = r"key: expected the dtype of query \(float16\), got float32"
+    with pytest.raises(TypeError, match=message):
+        attn.scaled_dot_product_attention(q, k.astype(np.float32), v)
+    message = r"value: expected the dtype of query \(float32\), got float16"
+    with pytest.raises(TypeError, match=message):
+        attn.scaled_dot_product_attention(q.astype(np.float32), k.astype(np.float32), v)
+    tq = torch.randn(N, H, L, E, dtype=torch.bfloat16)
+    tk = torch.randn(N, HKV, S, E)
+    tv = torch.randn(N, HKV, S, EV, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"key: expected the dtype of query \(bfloat16\)"):
+        attn.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+    with pytest.raises(TypeError, match=r"key: expected the dtype of query \(torch.bfloat16\)"):
+        attn_torch.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+    with pytest.raises(TypeError, match=r"value: expected the dtype of query \(torch.bfloat16\)"):
+        attn_torch.scaled_dot_product_attention(tq, tk.bfloat16(), tv.half(), enable_gqa=True)
+
+
+def test_nan_in_a_bfloat16_key_is_a_value_error():
+    q = torch.randn(N, H, L, E, dtype=torch.bfloat16)
+    k = torch.randn(N, HKV, S, E, dtype=torch.bfloat16)
+    v = torch.randn(N, HKV, S, EV, dtype=torch.bfloat16)
+    k[1, 0, 2, 3] = float("nan")
+    flat = ((1 * HKV + 0) * S + 2) * E + 3
+    message = f"key: expected finite values, got NaN at flat index {flat}"
+    with pytest.raises(ValueError, match=message):
+        attn.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match=message):
+        attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True)
