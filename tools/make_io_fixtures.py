@@ -22,7 +22,9 @@ given NumPy / safetensors version. The files, each a few hundred bytes:
     f4_rank5.npy          float32 (1, 1, 1, 1, 2) (attn reads ranks up to 8)
     params.safetensors    {'W_q.weight': (2, 3) float32, 'bias': (2,) float32,
                            'scale': () float64 0.1} with metadata {'format': 'pt'}
-    f16.safetensors       {'half': (2,) float16} (attn must refuse it)
+    f16.safetensors       {'half': (2,) float16 [1, 2]} (attn widens it to float32)
+    bf16.safetensors      {'half': (3,) bfloat16 [1.5, -2, 3.140625]} (widened too)
+    f2_3.npy              float16 (3,): [0.5, -1.25, 65504]
 """
 
 import io
@@ -65,6 +67,10 @@ def main():
                                 metadata={"format": "pt"})
     safetensors.torch.save_file({"half": torch.tensor([1.0, 2.0], dtype=torch.float16)},
                                 str(OUT / "f16.safetensors"))
+    safetensors.torch.save_file(
+        {"half": torch.tensor([1.5, -2.0, 3.140625], dtype=torch.bfloat16)},
+        str(OUT / "bf16.safetensors"))
+    save_npy("f2_3.npy", np.array([0.5, -1.25, 65504], dtype=np.float16))
 
 
 if __name__ == "__main__":

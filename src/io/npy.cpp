@@ -12,6 +12,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
 #include "io/limits.hpp"
@@ -39,8 +40,9 @@ struct DTypeInfo {
 };
 
 // NumPy writes bool as '|b1': one byte, so no byte order ('|'), holding 0 or 1.
-constexpr std::array<DTypeInfo, 5> kDTypes = {{
+constexpr std::array<DTypeInfo, 6> kDTypes = {{
     {NpyDType::kFloat32, "<f4", 4},
+    {NpyDType::kFloat16, "<f2", 2},
     {NpyDType::kFloat64, "<f8", 8},
     {NpyDType::kInt32, "<i4", 4},
     {NpyDType::kInt64, "<i8", 8},
@@ -63,7 +65,8 @@ const DTypeInfo& dtype_from_descr(std::string_view descr, std::string_view sourc
     if (info.descr == descr) return info;
   }
   fail(source, "unsupported dtype '" + io_detail::escaped(descr) +
-                   "': expected little-endian '<f4', '<f8', '<i4' or '<i8', or bool '|b1'");
+                   "': expected little-endian '<f4', '<f8', '<f2', '<i4' or '<i8', or bool "
+                   "'|b1'");
 }
 
 uint64_t read_little_endian(std::span<const std::byte> bytes) {
@@ -380,6 +383,12 @@ NpyArray decode_npy_data(NpyDType dtype, const Shape& shape, std::span<const std
     case NpyDType::kFloat64:
       array.floats = decode<double, float>(data);
       break;
+    case NpyDType::kFloat16:
+      array.halves = decode<uint16_t, uint16_t>(data);
+      array.floats.resize(array.halves.size());
+      for (size_t index = 0; index < array.halves.size(); ++index)
+        array.floats[index] = half_to_float(array.halves[index]);
+      break;
     case NpyDType::kInt32:
       array.integers = decode<int32_t, int64_t>(data);
       break;
@@ -410,7 +419,7 @@ Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name)
   NpyArray array = read_npy(path);
   if (array.is_integer() || array.is_bool()) {
     throw FileError(std::string(name) + " (" + path.string() +
-                    "): expected float32 or float64 data, got " +
+                    "): expected float32, float64 or float16 data, got " +
                     (array.is_bool() ? "bool" : "integer") + " dtype '" +
                     std::string(dtype_info(array.dtype).descr) + "'");
   }
@@ -434,6 +443,14 @@ ValidLengths load_npy_valid_lengths(const std::filesystem::path& path, std::stri
 
 std::vector<std::byte> serialize_npy(ConstTensorView tensor) {
   return build_npy(dtype_info(NpyDType::kFloat32), tensor.shape(), std::as_bytes(tensor.span()));
+}
+
+std::vector<std::byte> serialize_npy_float16(std::span<const uint16_t> bits, const Shape& shape) {
+  if (static_cast<int64_t>(bits.size()) != shape.numel()) {
+    throw ShapeError("serialize_npy_float16: expected " + std::to_string(shape.numel()) +
+                     " values for shape " + shape.str() + ", got " + std::to_string(bits.size()));
+  }
+  return build_npy(dtype_info(NpyDType::kFloat16), shape, std::as_bytes(bits));
 }
 
 std::vector<std::byte> serialize_npy(std::span<const int64_t> values, const Shape& shape) {

@@ -83,6 +83,8 @@ int64_t itemsize(NpyDType dtype) {
     case NpyDType::kFloat64:
     case NpyDType::kInt64:
       return 8;
+    case NpyDType::kFloat16:
+      return 2;
     case NpyDType::kBool:
       return 1;
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
 #include "io/bounded_json.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
@@ -61,6 +62,7 @@ std::string excerpt(const nlohmann::json& value) {
 std::optional<int64_t> itemsize_of(std::string_view dtype) {
   if (dtype == "F32") return 4;
   if (dtype == "F64") return 8;
+  if (dtype == "F16" || dtype == "BF16") return 2;
   return std::nullopt;
 }
 
@@ -138,7 +140,8 @@ TensorEntry read_entry(const std::string& name, const nlohmann::json& info,
   const std::optional<int64_t> itemsize = itemsize_of(entry.dtype);
   if (!itemsize) {
     fail_tensor(source, name,
-                "unsupported dtype '" + io_detail::escaped(entry.dtype) + "': expected F32 or F64");
+                "unsupported dtype '" + io_detail::escaped(entry.dtype) +
+                    "': expected F32, F64, F16 or BF16");
   }
   if (entry.begin > entry.end) {
     fail_tensor(source, name,
@@ -202,6 +205,17 @@ void check_tiling(std::vector<TensorEntry>& entries, uint64_t buffer_size,
   }
 }
 
+// 16-bit floats of `type` widened (exactly) to float32.
+std::vector<float> decode_half(std::span<const std::byte> data, HalfType type) {
+  std::vector<float> values(data.size() / sizeof(uint16_t));
+  for (size_t index = 0; index < values.size(); ++index) {
+    uint16_t bits;
+    std::memcpy(&bits, data.data() + index * sizeof bits, sizeof bits);
+    values[index] = half_bits_to_float(type, bits);
+  }
+  return values;
+}
+
 template <class Stored>
 std::vector<float> decode(std::span<const std::byte> data) {
   std::vector<float> values(data.size() / sizeof(Stored));
@@ -258,7 +272,11 @@ void parse_file(std::span<const std::byte> bytes, std::string_view source, State
 
   for (const TensorEntry& entry : entries) {
     const std::span<const std::byte> data = buffer.subspan(entry.begin, entry.end - entry.begin);
-    std::vector<float> values = entry.dtype == "F32" ? decode<float>(data) : decode<double>(data);
+    std::vector<float> values =
+        entry.dtype == "F32" ? decode<float>(data)
+        : entry.dtype == "F64"
+            ? decode<double>(data)
+            : decode_half(data, entry.dtype == "F16" ? HalfType::kFloat16 : HalfType::kBFloat16);
     tensors->emplace(entry.name, Tensor(entry.shape, std::move(values)));
   }
 }

@@ -270,6 +270,16 @@ TEST(Npy, ReadsFilesNumPyWrote) {
   EXPECT_EQ(f8.dtype, NpyDType::kFloat64);
   EXPECT_EQ(f8.floats, (std::vector<float>{0.1F, -2.5F, std::numeric_limits<float>::infinity()}));
 
+  // float16: widened exactly, and its bits kept; written back byte for byte as NumPy wrote it.
+  const NpyArray f2 = read_npy(fixture("f2_3.npy"));
+  EXPECT_EQ(f2.dtype, NpyDType::kFloat16);
+  EXPECT_EQ(f2.floats, (std::vector<float>{0.5F, -1.25F, 65504.0F}));
+  EXPECT_EQ(f2.halves, (std::vector<uint16_t>{0x3800, 0xbd00, 0x7bff}));
+  EXPECT_EQ(serialize_npy_float16(f2.halves, f2.shape), fixture_bytes("f2_3.npy"));
+  EXPECT_EQ(load_npy_tensor(fixture("f2_3.npy"), "f2").values(), f2.floats);
+  EXPECT_THROW_MESSAGE(serialize_npy_float16(f2.halves, Shape{4}), ShapeError,
+                       "expected 4 values for shape (4,), got 3");
+
   const NpyArray i4 = read_npy(fixture("i4_2x2.npy"));
   EXPECT_EQ(i4.dtype, NpyDType::kInt32);
   EXPECT_EQ(i4.integers, (std::vector<int64_t>{1, -2, 3, 2147483647}));
@@ -361,7 +371,7 @@ TEST(NpyMalformed, ShapesWhoseSizeOverflows) {
 }
 
 TEST(NpyMalformed, UnsupportedDtypes) {
-  for (const std::string descr : {"'>f4'", "'>i8'", "'<f2'", "'|u1'", "'<b1'", "'b1'", "'f4'",
+  for (const std::string descr : {"'>f4'", "'>i8'", "'>f2'", "'|u1'", "'<b1'", "'b1'", "'f4'",
                                   "'=f4'", "'|f4'", "'<c8'", "'|O'", "'<U3'", "'float32'"}) {
     const std::string dict = "{'descr': " + descr + ", 'fortran_order': False, 'shape': (1,), }";
     EXPECT_THROW_MESSAGE(parse_npy(make_npy(dict, std::vector<std::byte>(4)), "dtype.npy"),

@@ -143,8 +143,11 @@ TEST(Safetensors, ReadsAFileSafetensorsTorchWrote) {
   EXPECT_EQ(loaded.at("scale").shape().rank(), 0);
   EXPECT_EQ(loaded.at("scale").values(), std::vector<float>{0.1F});  // F64 rounded to float32
 
-  EXPECT_THROW_MESSAGE(load_safetensors(fixture("f16.safetensors")), FileError,
-                       "tensor 'half': unsupported dtype 'F16': expected F32 or F64");
+  // PyTorch's half-precision state dicts: widened to float32 exactly.
+  EXPECT_EQ(load_safetensors(fixture("f16.safetensors")).at("half").values(),
+            (std::vector<float>{1.0F, 2.0F}));
+  EXPECT_EQ(load_safetensors(fixture("bf16.safetensors")).at("half").values(),
+            (std::vector<float>{1.5F, -2.0F, 3.140625F}));
 }
 
 TEST(Safetensors, ReadsF64AndOffsetsInAnyOrder) {
@@ -291,7 +294,7 @@ TEST(SafetensorsMalformed, RankAndSizes) {
 }
 
 TEST(SafetensorsMalformed, UnsupportedDtypesNameTheTensor) {
-  for (const std::string dtype : {"F16", "BF16", "I64", "I32", "U8", "BOOL", "F8_E4M3", "f32"}) {
+  for (const std::string dtype : {"I64", "I32", "U8", "BOOL", "F8_E4M3", "f32", "bf16"}) {
     EXPECT_THROW_MESSAGE(
         parse_safetensors(make_safetensors("{" + entry("layer.w", "[1]", "[0,4]", dtype) + "}", 4),
                           "dtype.st"),

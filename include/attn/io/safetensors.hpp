@@ -15,7 +15,8 @@
 namespace attn {
 
 // Parses the bytes of a safetensors file; `source` names it in error messages. F32 tensors load
-// as they are and F64 ones are rounded to float32; any other dtype, a rank above 4, a header
+// as they are, F16 and BF16 ones (PyTorch's half-precision state dicts) are widened to float32
+// exactly, and F64 ones are rounded to float32; any other dtype, a rank above 4, a header
 // that is not JSON of the format, offsets that overlap, leave gaps or point past the data, or a
 // shape that disagrees with its byte range throws FileError naming the tensor.
 // The header is JSON read within limits: nesting at most 64 levels deep, at most a million values,
