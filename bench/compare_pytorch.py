@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Puts attn (through `attn bench --json`) side by side with PyTorch on the CPU in one run: the
 # book's code (bmm + masked softmax + bmm, and its additive attention), scaled_dot_product_attention
-# and nn.MultiheadAttention, same shapes, same thread count, one table. Not part of CI.
+# (fp32, and bf16/fp16 against attn's half-precision kernels) and nn.MultiheadAttention, same
+# shapes, same thread count, one table. Not part of CI.
 """Compare attn's attention kernels with PyTorch's on the CPU.
 
 Run with a Python that has torch, e.g.
@@ -149,6 +150,14 @@ def torch_cases(args, n, threads, attn_lengths):
             lambda: F.scaled_dot_product_attention(q4, k4, v4, attn_mask=sdpa_mask,
                                                    is_causal=causal), args.repeats)
         yield row("torch-sdpa", workload, n, threads, ms, flops, extra)
+    # Half precision without mask: PyTorch's SDPA on the same values rounded to bf16 / fp16,
+    # against attn bench's fused-bf16 / fused-fp16 (workloads dot-bf16, dot-fp16).
+    flops = dot_flops(batch, heads, n, n, d, None, False)
+    for workload, dtype in (("dot-bf16", torch.bfloat16), ("dot-fp16", torch.float16)):
+        qh, kh, vh = (x.to(dtype) for x in (q4, k4, v4))
+        ms, extra = time_median_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh),
+                                   args.repeats)
+        yield row("torch-sdpa", workload, n, threads, ms, flops, extra)
     # Backward passes without mask (workload dot-backward), timed alone: one forward pass keeps its
     # graph, then each timed pass is autograd's backward through it (torch.autograd.grad, so
     # nothing accumulates). GFLOP/s count 8·d per pair (dV, dP, dQ, dK), as attn bench does.
@@ -285,8 +294,8 @@ def main():
     header = f"{'workload':<17} {'n':>5} {'thr':>3} {'implementation':<20} {'ms':>10} " \
              f"{'GFLOP/s':>8} {'% peak':>7} {'attn faster by':>14} {'extra memory':>13}"
     print(header)
-    order = ["dot", "dot-padded", "dot-causal", "dot-backward", "mha", "additive",
-             "additive-backward"]
+    order = ["dot", "dot-padded", "dot-causal", "dot-bf16", "dot-fp16", "dot-backward", "mha",
+             "additive", "additive-backward"]
     rows.sort(key=lambda r: (order.index(r["workload"]) if r["workload"] in order else 99,
                              r["n"], r["threads"], r["impl"]))
     for r in rows:
