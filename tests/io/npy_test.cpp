@@ -472,14 +472,14 @@ TEST(NpyFiles, ValidLengthsFromNumPyFiles) {
 TEST(NpyFiles, WrongKindsOfDataNameTheArgument) {
   EXPECT_THROW_MESSAGE(load_npy_tensor(fixture("i8_2.npy"), "queries"), FileError,
                        "queries (" + fixture("i8_2.npy").string() +
-                           "): expected float32 or float64 data, got integer dtype '<i8'");
+                           "): expected float32, float64 or float16 data, got integer dtype '<i8'");
   EXPECT_THROW_MESSAGE(load_npy_valid_lengths(fixture("f4_2x3.npy"), "valid_lens"), FileError,
                        "valid_lens (" + fixture("f4_2x3.npy").string() +
                            "): expected int32 or int64 valid lengths, got dtype '<f4'");
   const TempDirectory bools;
   save_npy_bool(bools.path() / "mask.npy", std::vector<uint8_t>{1, 0}, Shape{2});
   EXPECT_THROW_MESSAGE(load_npy_tensor(bools.path() / "mask.npy", "queries"), FileError,
-                       "): expected float32 or float64 data, got bool dtype '|b1'");
+                       "): expected float32, float64 or float16 data, got bool dtype '|b1'");
   EXPECT_THROW_MESSAGE(load_npy_valid_lengths(bools.path() / "mask.npy", "valid_lens"), FileError,
                        "expected int32 or int64 valid lengths, got dtype '|b1'");
   EXPECT_EQ(read_npy(bools.path() / "mask.npy").bools, (std::vector<uint8_t>{1, 0}));
