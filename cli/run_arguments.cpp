@@ -137,11 +137,49 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
   });
 }
 
+namespace {
+
+// A floating input file as float32 (float16 and float64 converted), its float16 bits kept in
+// `halves` and `float16` set when the file is float16; load_npy_tensor's errors otherwise.
+Tensor load_input(const std::string& path, std::string_view name, std::vector<uint16_t>& halves,
+                  bool& float16) {
+  NpyArray array = read_npy(path);
+  if (array.is_integer() || array.is_bool()) return load_npy_tensor(path, name);
+  float16 = array.dtype == NpyDType::kFloat16;
+  halves = std::move(array.halves);
+  return Tensor(array.shape, std::move(array.floats));
+}
+
+}  // namespace
+
 void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily family) {
-  queries_ =
-      with_context("--queries", [&] { return load_npy_tensor(arguments.queries, "queries"); });
-  keys_ = with_context("--keys", [&] { return load_npy_tensor(arguments.keys, "keys"); });
-  values_ = with_context("--values", [&] { return load_npy_tensor(arguments.values, "values"); });
+  bool float16[3] = {false, false, false};
+  queries_ = with_context("--queries", [&] {
+    return load_input(arguments.queries, "queries", query_halves_, float16[0]);
+  });
+  keys_ = with_context("--keys",
+                       [&] { return load_input(arguments.keys, "keys", key_halves_, float16[1]); });
+  values_ = with_context("--values", [&] {
+    return load_input(arguments.values, "values", value_halves_, float16[2]);
+  });
+  // Dot-product attention runs in float16 when its inputs are, as PyTorch's does, and then all
+  // three must be (PyTorch refuses a mix); additive attention computes in float32 on any floats.
+  if (family == ScoreFamily::kDotProduct && (float16[0] || float16[1] || float16[2])) {
+    const char* names[] = {"queries", "keys", "values"};
+    for (int index = 0; index < 3; ++index) {
+      if (!float16[index]) {
+        throw ValueError(std::string(names[index]) +
+                         ": expected float16 data like the other inputs (a float16 run reads "
+                         "queries, keys and values all in float16), got float32 or float64");
+      }
+    }
+    float16_ = true;
+  }
+  if (!float16_) {
+    query_halves_ = {};
+    key_halves_ = {};
+    value_halves_ = {};
+  }
   const int rank = queries_.rank();
   if (rank != 3 && rank != 4) {
     throw ShapeError("queries: expected (B, n, d) or (N, H, L, E) (rank 3 or 4), got shape " +

@@ -99,6 +99,26 @@ class FunctionalInputs {
   ConstStridedView like_query(const Tensor& tensor) const { return as_heads(tensor, query_heads_); }
   MutableStridedView like_key(Tensor& tensor) const { return as_heads(tensor, kv_heads_); }
 
+  // Whether the dot-product inputs are float16 files: then the call runs in half precision on
+  // these views of their bits (the float tensors above hold the same values widened).
+  bool float16() const { return float16_; }
+  StridedView<const uint16_t> query16() const {
+    return as_heads(query_halves_, queries_.shape(), query_heads_);
+  }
+  StridedView<const uint16_t> key16() const {
+    return as_heads(key_halves_, keys_.shape(), kv_heads_);
+  }
+  StridedView<const uint16_t> value16() const {
+    return as_heads(value_halves_, values_.shape(), kv_heads_);
+  }
+  // Bits laid out as the output / as the keys and values, viewed as the functional API writes them.
+  StridedView<uint16_t> like_query16(std::vector<uint16_t>& bits, const Shape& shape) const {
+    return as_heads(bits, shape, query_heads_);
+  }
+  StridedView<uint16_t> like_key16(std::vector<uint16_t>& bits, const Shape& shape) const {
+    return as_heads(bits, shape, kv_heads_);
+  }
+
   int64_t query_heads() const { return query_heads_; }
   bool has_float_mask() const { return options_.attn_mask.kind() == MaskKind::kFloat; }
   bool has_sinks() const { return !sinks_.empty(); }
@@ -114,12 +134,24 @@ class FunctionalInputs {
     return split_heads_ ? split_heads(tensor.data(), tensor.shape(), heads)
                         : MutableStridedView(tensor);
   }
+  StridedView<uint16_t> as_heads(std::vector<uint16_t>& bits, const Shape& shape,
+                                 int64_t heads) const {
+    return split_heads_ ? split_heads(bits.data(), shape, heads)
+                        : StridedView<uint16_t>(bits.data(), shape);
+  }
+  StridedView<const uint16_t> as_heads(const std::vector<uint16_t>& bits, const Shape& shape,
+                                       int64_t heads) const {
+    return split_heads_ ? split_heads(bits.data(), shape, heads)
+                        : StridedView<const uint16_t>(bits.data(), shape);
+  }
   void read_inputs(const RunArguments& arguments, ScoreFamily family);
   void read_mask(const RunArguments& arguments);
   std::vector<float> read_per_head(const std::string& path, const std::string& flag,
                                    const std::string& name, const std::string& what) const;
 
   Tensor queries_, keys_, values_;
+  bool float16_ = false;
+  std::vector<uint16_t> query_halves_, key_halves_, value_halves_;  // float16 runs only
   bool split_heads_ = false;
   int64_t query_heads_ = 1;
   int64_t kv_heads_ = 1;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
 #include "attn/functional/additive_attention.hpp"
@@ -222,10 +223,12 @@ LayerInputs load_layer_inputs(const RunOptions& options) {
 struct NamedGradient {
   std::string name;
   Tensor gradient;
+  bool float16 = false;  // written as float16 (its values are float16's, widened)
 };
 
 struct Result {
   Tensor output;
+  bool float16 = false;  // the output is float16's values (widened), written as float16
   // Empty unless --weights-out or --heatmap asked for them: (B, n, m) scores' worth of memory.
   Tensor weights;
   // Multi-head layer weights are (B·heads, n, m); the heatmap shows them as a B × heads grid
@@ -270,9 +273,71 @@ std::vector<NamedGradient> layer_gradients(Layer& layer, const Tensor& grad_outp
 
 // Dot-product attention through attn::scaled_dot_product_attention on the files' tensors in place:
 // the output, and the gradients, are written straight into tensors of the files' layouts.
+// Bits of `type` widened into a float tensor of `shape`.
+Tensor widened(const std::vector<uint16_t>& bits, const Shape& shape) {
+  Tensor tensor(shape);
+  for (size_t index = 0; index < bits.size(); ++index)
+    tensor.data()[index] = half_to_float(bits[index]);
+  return tensor;
+}
+
+// run_dot_product on float16 files: PyTorch's float16 attention (fp32 sums, the output and the
+// gradients of queries, keys and values rounded once to float16), through the half overloads.
+Result run_dot_product_float16(const RunArguments& arguments, const FunctionalInputs& inputs,
+                               const RunOptions& options, const Tensor* grad_output,
+                               bool need_weights) {
+  constexpr HalfType kType = HalfType::kFloat16;
+  Result result;
+  result.float16 = true;
+  const Shape output_shape = inputs.output_shape();
+  std::vector<uint16_t> output(static_cast<size_t>(output_shape.numel()));
+  std::vector<float> log_sum_exp(static_cast<size_t>(log_sum_exp_size(inputs.query().shape())));
+  name_sources(arguments, [&] {
+    scaled_dot_product_attention(kType, inputs.query16(), inputs.key16(), inputs.value16(),
+                                 inputs.options(), inputs.like_query16(output, output_shape),
+                                 log_sum_exp);
+  });
+  result.output = widened(output, output_shape);
+  if (need_weights) {
+    result.weights =
+        attention_weights(kType, inputs.query16(), inputs.key16(), log_sum_exp, inputs.options());
+  }
+  if (grad_output == nullptr) return result;
+  check_grad_output(options, *grad_output, output_shape);
+  // G in the output's precision, as PyTorch's autograd hands a float16 output its gradient.
+  std::vector<uint16_t> grad(static_cast<size_t>(output_shape.numel()));
+  for (size_t index = 0; index < grad.size(); ++index)
+    grad[index] = float_to_half(grad_output->data()[index]);
+  std::vector<uint16_t> queries(static_cast<size_t>(inputs.queries().numel()));
+  std::vector<uint16_t> keys(static_cast<size_t>(inputs.keys().numel()));
+  std::vector<uint16_t> values(static_cast<size_t>(inputs.values().numel()));
+  Tensor mask = inputs.has_float_mask() ? Tensor(inputs.options().attn_mask.shape()) : Tensor();
+  Tensor sinks = inputs.has_sinks() ? Tensor(Shape{inputs.query_heads()}) : Tensor();
+  name_sources(arguments, [&] {
+    scaled_dot_product_attention_backward(
+        kType, inputs.query16(), inputs.key16(), inputs.value16(),
+        inputs.like_query16(output, output_shape), inputs.like_query16(grad, output_shape),
+        log_sum_exp, inputs.options(), inputs.like_query16(queries, inputs.queries().shape()),
+        inputs.like_key16(keys, inputs.keys().shape()),
+        inputs.like_key16(values, inputs.values().shape()),
+        inputs.has_float_mask() ? MutableStridedView(mask) : MutableStridedView(),
+        inputs.has_sinks() ? sinks.span() : std::span<float>());
+  });
+  result.gradients = input_gradients(widened(queries, inputs.queries().shape()),
+                                     widened(keys, inputs.keys().shape()),
+                                     widened(values, inputs.values().shape()));
+  for (NamedGradient& gradient : result.gradients) gradient.float16 = true;
+  if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
+  if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
+  return result;
+}
+
 Result run_dot_product(const RunOptions& options, const Tensor* grad_output, bool need_weights) {
   const RunArguments arguments = run_arguments(options);
   const FunctionalInputs inputs(arguments, ScoreFamily::kDotProduct);
+  if (inputs.float16()) {
+    return run_dot_product_float16(arguments, inputs, options, grad_output, need_weights);
+  }
   Result result;
   result.output = Tensor(inputs.output_shape());
   std::vector<float> log_sum_exp(static_cast<size_t>(log_sum_exp_size(inputs.query().shape())));
@@ -440,10 +505,20 @@ std::filesystem::path gradient_path(const RunOptions& options, const std::string
   return std::filesystem::path(options.grads_out) / (name + ".npy");
 }
 
+// float32, or float16 for a tensor that holds float16's values (exact: they are widened halves).
+void save_tensor(const std::filesystem::path& path, const Tensor& tensor, bool float16) {
+  if (!float16) return save_npy(path, tensor);
+  std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
+  for (size_t index = 0; index < bits.size(); ++index)
+    bits[index] = float_to_half(tensor.data()[index]);
+  save_npy_float16(path, bits, tensor.shape());
+}
+
 void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
   for (const NamedGradient& gradient : gradients) {
-    with_context("--grads-out",
-                 [&] { save_npy(gradient_path(options, gradient.name), gradient.gradient); });
+    with_context("--grads-out", [&] {
+      save_tensor(gradient_path(options, gradient.name), gradient.gradient, gradient.float16);
+    });
   }
 }
 
@@ -566,7 +641,7 @@ void run(const RunOptions& options) {
     with_context("--weights-out", [&] { save_npy(options.weights_out, result.weights); });
   }
   if (grad_output) save_gradients(options, result.gradients);
-  with_context("--out", [&] { save_npy(options.out, result.output); });
+  with_context("--out", [&] { save_tensor(options.out, result.output, result.float16); });
   std::string summary = "attn run: " + options.layer + " attention, output " +
                         result.output.shape().str() + " -> " + options.out;
   if (options.weights_out_option->count() > 0) {
@@ -617,15 +692,18 @@ void add_run_command(CLI::App& app) {
           ->default_str("--heads");
   options->params_option = command
                                ->add_option("--params", options->params,
-                                            "Parameters as safetensors (required for additive, "
-                                            "multi-head and general; none for dot-product)")
+                                            "Parameters as safetensors, F32, F64, F16 or BF16 "
+                                            "(required for additive, multi-head and general; "
+                                            "none for dot-product)")
                                ->type_name("FILE");
   options->scale_option =
       command->add_option("--scale", options->scale, "Score scale for dot-product")
           ->default_str("1/sqrt(query size)");
   command
       ->add_option("--queries", options->queries,
-                   "Queries (B, n, query_size) or (N, H, L, E), float .npy")
+                   "Queries (B, n, query_size) or (N, H, L, E), float .npy (float32 or float64; "
+                   "float16 queries, keys and values run dot-product attention in float16 and "
+                   "write float16 output and gradients, as PyTorch)")
       ->type_name("FILE")
       ->required();
   command->add_option("--keys", options->keys, "Keys (B, m, key_size) or (N, G, S, E), float .npy")

@@ -484,6 +484,11 @@ void save_npy(const std::filesystem::path& path, std::span<const int64_t> values
   io_detail::write_file_bytes(path, serialize_npy(values, shape));
 }
 
+void save_npy_float16(const std::filesystem::path& path, std::span<const uint16_t> bits,
+                      const Shape& shape) {
+  io_detail::write_file_bytes(path, serialize_npy_float16(bits, shape));
+}
+
 void save_npy_bool(const std::filesystem::path& path, std::span<const uint8_t> values,
                    const Shape& shape) {
   io_detail::write_file_bytes(path, serialize_npy_bool(values, shape));

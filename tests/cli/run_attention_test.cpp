@@ -10,8 +10,11 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "attn/core/half.hpp"
 #include "attn/core/random.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
@@ -320,6 +323,89 @@ TEST_F(RunAttentionTest, GradientsIncludeTheFloatMaskAndTheSinks) {
             0);
   EXPECT_EQ(file_names(path("bool_grads")),
             (std::set<std::string>{"queries.npy", "keys.npy", "values.npy"}));
+}
+
+// --- float16 ---
+
+// float16 files run PyTorch's float16 attention: the half overloads on the files' bits (fp32 sums,
+// output and input gradients rounded once to float16, written as '<f2'), compared bit for bit with
+// the library called on the same bits; a float16 file beside float32 ones is refused.
+TEST_F(RunAttentionTest, Float16FilesRunInHalfPrecisionAndWriteFloat16) {
+  Rng rng(41);
+  const auto half_file = [&](const std::string& name, const Shape& shape) {
+    std::vector<uint16_t> bits(static_cast<size_t>(shape.numel()));
+    for (uint16_t& element : bits) element = float_to_half(rng.normal());
+    save_npy_float16(path(name), bits, shape);
+    return bits;
+  };
+  // H = 2 query heads of d = 4 over one key/value head, dv = 3.
+  std::vector<uint16_t> q = half_file("q.npy", Shape{2, 3, 8});
+  std::vector<uint16_t> k = half_file("k.npy", Shape{2, 5, 4});
+  std::vector<uint16_t> v = half_file("v.npy", Shape{2, 5, 3});
+  std::vector<uint16_t> g = half_file("g.npy", Shape{2, 3, 6});
+  const CommandResult result =
+      attn("run " + kDot +
+           " --heads 2 --kv-heads 1 --causal bottom-right --out o.npy --out-grad g.npy "
+           "--grads-out grads --weights-out w.npy");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+
+  const auto heads = [](auto* data, const Shape& shape, int64_t count) {
+    const int64_t rows = shape[1], width = shape[2];
+    const int64_t strides[] = {rows * width, width / count, width, 1};
+    return StridedView<std::remove_pointer_t<decltype(data)>>(
+        data, Shape{shape[0], count, rows, width / count}, strides);
+  };
+  AttentionOptions options;
+  options.enable_gqa = true;
+  options.causal = true;
+  options.alignment = DiagonalAlignment::kBottomRight;
+  const Shape out_shape{2, 3, 6};
+  std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
+  std::vector<float> lse(2 * 2 * 3);
+  constexpr HalfType kType = HalfType::kFloat16;
+  const uint16_t* qc = q.data();
+  const uint16_t* kc = k.data();
+  const uint16_t* vc = v.data();
+  const uint16_t* gc = g.data();
+  scaled_dot_product_attention(kType, heads(qc, Shape{2, 3, 8}, 2), heads(kc, Shape{2, 5, 4}, 1),
+                               heads(vc, Shape{2, 5, 3}, 1), options,
+                               heads(out.data(), out_shape, 2), lse);
+  const HalfAttentionBackward expected = scaled_dot_product_attention_backward(
+      kType, heads(qc, Shape{2, 3, 8}, 2), heads(kc, Shape{2, 5, 4}, 1),
+      heads(vc, Shape{2, 5, 3}, 1), heads(static_cast<const uint16_t*>(out.data()), out_shape, 2),
+      heads(gc, out_shape, 2), lse, options);
+
+  const NpyArray written = read_npy(path("o.npy"));
+  EXPECT_EQ(written.dtype, NpyDType::kFloat16);
+  EXPECT_EQ(written.shape, out_shape);
+  EXPECT_EQ(written.halves, out);
+  // The gradients come back (B, H, L, d) from the library; the files keep the inputs' layouts.
+  const auto regrouped = [](const HalfTensor& gradient) {
+    const int64_t batch = gradient.shape[0], count = gradient.shape[1], rows = gradient.shape[2],
+                  size = gradient.shape[3];
+    std::vector<uint16_t> bits(gradient.bits.size());
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < count; ++h)
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t c = 0; c < size; ++c)
+            bits[static_cast<size_t>(((b * rows + i) * count + h) * size + c)] =
+                gradient.bits[static_cast<size_t>(((b * count + h) * rows + i) * size + c)];
+    return bits;
+  };
+  for (const auto& [name, gradient] :
+       {std::pair{"queries", &expected.query}, std::pair{"keys", &expected.key},
+        std::pair{"values", &expected.value}}) {
+    const NpyArray file = read_npy(path(std::string("grads/") + name + ".npy"));
+    EXPECT_EQ(file.dtype, NpyDType::kFloat16) << name;
+    EXPECT_EQ(file.halves, regrouped(*gradient)) << name;
+  }
+  // The weights stay float32.
+  EXPECT_EQ(read_npy(path("w.npy")).dtype, NpyDType::kFloat32);
+
+  // float16 queries with float32 keys: refused, naming the odd one out.
+  save("k.npy", random_tensor(Shape{2, 5, 4}, rng));
+  expect_error("run " + kDot + " --heads 2 --kv-heads 1 --out o.npy",
+               "keys: expected float16 data like the other inputs");
 }
 
 // --- additive and general ---

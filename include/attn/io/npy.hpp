@@ -58,6 +58,8 @@ std::vector<std::byte> serialize_npy_bool(std::span<const uint8_t> values, const
 void save_npy(const std::filesystem::path& path, ConstTensorView tensor);
 void save_npy(const std::filesystem::path& path, std::span<const int64_t> values,
               const Shape& shape);
+void save_npy_float16(const std::filesystem::path& path, std::span<const uint16_t> bits,
+                      const Shape& shape);
 void save_npy_bool(const std::filesystem::path& path, std::span<const uint8_t> values,
                    const Shape& shape);
 
