@@ -116,9 +116,12 @@ def dot_flops(batch, heads, n, m, d, padding, causal):
     return 4.0 * heads * d * visible
 
 
-def torch_cases(args, n, threads, attn_lengths):
-    """Yields result rows for every PyTorch case at length n with `threads` threads."""
+def torch_cases(args, n, threads, attn_lengths, attn_module=None):
+    """Yields result rows for every PyTorch case at length n with `threads` threads, and attn's
+    Python calls when `attn_module` is given."""
     torch.set_num_threads(threads)
+    if attn_module is not None:
+        attn_module.set_num_threads(threads)
     batch, heads, d = args.batch, args.heads, args.head_dim
     generator = torch.Generator().manual_seed(1)
     rand = lambda *shape: torch.rand(*shape, generator=generator) * 2 - 1  # noqa: E731
@@ -158,6 +161,15 @@ def torch_cases(args, n, threads, attn_lengths):
         ms, extra = time_median_ms(lambda: F.scaled_dot_product_attention(qh, kh, vh),
                                    args.repeats)
         yield row("torch-sdpa", workload, n, threads, ms, flops, extra)
+    # attn called from Python on the same tensors (attn.scaled_dot_product_attention: what a
+    # PyTorch user runs), when the module is installed: fp32, bf16 and fp16 without mask.
+    if attn_module is not None:
+        for workload, dtype in (("dot", torch.float32), ("dot-bf16", torch.bfloat16),
+                                ("dot-fp16", torch.float16)):
+            qh, kh, vh = (x.to(dtype) for x in (q4, k4, v4))
+            ms, extra = time_median_ms(
+                lambda: attn_module.scaled_dot_product_attention(qh, kh, vh), args.repeats)
+            yield row("attn-python", workload, n, threads, ms, flops, extra)
     # Backward passes without mask (workload dot-backward), timed alone: one forward pass keeps its
     # graph, then each timed pass is autograd's backward through it (torch.autograd.grad, so
     # nothing accumulates). GFLOP/s count 8·d per pair (dV, dP, dQ, dK), as attn bench does.
@@ -263,6 +275,11 @@ def main():
         args.sizes = [s for s in args.sizes if s <= 512] or [128]
         args.repeats = min(args.repeats, 2)
 
+    try:
+        import attn as attn_module  # the Python module, when installed (pip install .)
+    except ImportError:
+        attn_module = None
+        print("attn's Python module is not installed: no attn-python rows", file=sys.stderr)
     load_before = load_average()
     attn = run_attn(args)
     attn_lengths = {case["n"]: case["padding_lengths"] for case in attn["cases"]
@@ -275,7 +292,7 @@ def main():
     for n in args.sizes:
         for threads in args.threads:
             print(f"torch n={n}, {threads} thread(s)", file=sys.stderr)
-            rows.extend(torch_cases(args, n, threads, attn_lengths))
+            rows.extend(torch_cases(args, n, threads, attn_lengths, attn_module))
     load_after = load_average()
 
     # attn's fused case of the same workload, length and thread count is every ratio's base; the
