@@ -59,14 +59,37 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
     } else {
       EXPECT_TRUE(row["speedup_vs_sdpa"].is_null()) << name;
     }
+    // The half-precision cases compare with fused, the same work in fp32.
+    if (workload == "dot-bf16" || workload == "dot-fp16") {
+      EXPECT_GT(row["speedup_vs_fp32"].get<double>(), 0.0) << name;
+    } else {
+      EXPECT_TRUE(row["speedup_vs_fp32"].is_null()) << name;
+    }
   }
-  for (const char* name :
-       {"fused", "plain", "fused-padded", "plain-padded", "fused-causal", "plain-causal",
-        "fused-backward", "plain-backward", "fused-mha", "fused-sdpa", "fused-window",
-        "fused-mask-bool", "fused-mask-causal", "fused-mask-float", "fused-gqa", "fused-additive",
-        "plain-additive", "fused-add-backward", "plain-add-backward"})
+  for (const char* name : {"fused",
+                           "plain",
+                           "fused-padded",
+                           "plain-padded",
+                           "fused-causal",
+                           "plain-causal",
+                           "fused-backward",
+                           "plain-backward",
+                           "fused-bf16",
+                           "fused-fp16",
+                           "fused-mha",
+                           "fused-sdpa",
+                           "fused-window",
+                           "fused-mask-bool",
+                           "fused-mask-causal",
+                           "fused-mask-float",
+                           "fused-gqa",
+                           "fused-additive",
+                           "plain-additive",
+                           "fused-add-backward",
+                           "plain-add-backward"})
     EXPECT_TRUE(cases.contains(name)) << name;
   EXPECT_NE(result.out.find("functional API: fused-sdpa's time"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("half precision: fused's fp32 time"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("FMA peak, 1 thread(s):"), std::string::npos) << result.out;
   // Every decode case ran, by default, after the attention cases.
   EXPECT_EQ(report["decode"].size(), 8U);  // 4 dtypes × n = 1, 3
