@@ -1,10 +1,13 @@
-"""attn.MultiHeadAttention against torch.nn.MultiheadAttention from Python, in one run.
+"""attn.MultiHeadAttention against torch.nn.MultiheadAttention (and ONNX Runtime) from Python.
 
 Both layers in evaluation mode with biases, self-attention on x of shape (B, n, D), D = heads * d,
 as a user calls them: attn on a NumPy array, PyTorch under inference_mode with need_weights=False.
-Each library's passes run as a block (attn's, a pause, PyTorch's, a pause): the two OpenMP runtimes
-would otherwise spin against each other on the same cores. Prints the median times and the ratio;
---json-out writes them too.
+When onnxruntime and onnx are installed (`pip install onnxruntime onnx`), the same layer (PyTorch's
+weights) also runs as an ONNX graph in ONNX Runtime on the CPU: three projections (MatMul), the
+com.microsoft MultiHeadAttention operator with the projections' biases, and the output projection,
+in one run. Each library's passes run as a block (attn's, a pause, PyTorch's, a pause, ...): the
+OpenMP and thread-pool runtimes would otherwise spin against each other on the same cores. Prints
+the median times and the ratios; --json-out writes them too.
 
     python bench/compare_mha.py --sizes 1024,4096 --threads 1,2 --repeats 7
 """
@@ -32,6 +35,47 @@ def median_ms(action, repeats):
     return statistics.median(seconds) * 1e3
 
 
+def onnx_runtime_layer(torch_layer, heads, threads):
+    """A callable running torch_layer's computation in ONNX Runtime with `threads` intra-op
+    threads, or None when onnxruntime or onnx is not installed."""
+    try:
+        import onnx
+        import onnxruntime
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    width = torch_layer.embed_dim
+    weight = torch_layer.in_proj_weight.detach().numpy()
+    bias = torch_layer.in_proj_bias.detach().numpy()
+    initializers = [
+        numpy_helper.from_array(np.ascontiguousarray(weight[i * width:(i + 1) * width].T), name)
+        for i, name in enumerate(("w_q", "w_k", "w_v"))]
+    initializers += [
+        numpy_helper.from_array(bias, "qkv_bias"),
+        numpy_helper.from_array(
+            np.ascontiguousarray(torch_layer.out_proj.weight.detach().numpy().T), "w_o"),
+        numpy_helper.from_array(torch_layer.out_proj.bias.detach().numpy(), "b_o")]
+    nodes = [helper.make_node("MatMul", ["x", w], [out])
+             for w, out in (("w_q", "q"), ("w_k", "k"), ("w_v", "v"))]
+    nodes.append(helper.make_node("MultiHeadAttention", ["q", "k", "v", "qkv_bias"], ["heads"],
+                                  domain="com.microsoft", num_heads=heads))
+    nodes.append(helper.make_node("MatMul", ["heads", "w_o"], ["projected"]))
+    nodes.append(helper.make_node("Add", ["projected", "b_o"], ["y"]))
+    shape = ["batch", "n", width]
+    graph = helper.make_graph(nodes, "mha", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                          shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    return lambda x: session.run(["y"], {"x": x})[0]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,4096", help="sequence lengths n, comma-separated")
@@ -50,7 +94,11 @@ def main():
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs; torch {torch.__version__}")
     print(f"B={args.batch}, {args.heads} heads of {args.head_dim}, D={width}, biases, eval mode; "
           f"median of {args.repeats}")
-    print(f"{'n':>6} {'threads':>7} {'attn ms':>9} {'torch ms':>9} {'torch/attn':>10}")
+    has_ort = onnx_runtime_layer(torch_layer, args.heads, 1) is not None
+    if not has_ort:
+        print("onnxruntime/onnx not installed: no ONNX Runtime column (pip install onnxruntime onnx)")
+    print(f"{'n':>6} {'threads':>7} {'attn ms':>9} {'torch ms':>9} {'torch/attn':>10}"
+          + (f" {'ort ms':>9} {'ort/attn':>9}" if has_ort else ""))
     for n in parse_ints(args.sizes):
         x = np.random.default_rng(0).standard_normal((args.batch, n, width), dtype=np.float32)
         x_torch = torch.from_numpy(x)
@@ -64,13 +112,36 @@ def main():
                     lambda: torch_layer(x_torch, x_torch, x_torch, need_weights=False),
                     args.repeats)
             time.sleep(0.5)
-            rows.append({"n": n, "threads": threads, "attn_ms": attn_ms, "torch_ms": torch_ms})
-            print(f"{n:>6} {threads:>7} {attn_ms:>9.1f} {torch_ms:>9.1f} {torch_ms / attn_ms:>9.2f}x")
+            row = {"n": n, "threads": threads, "attn_ms": attn_ms, "torch_ms": torch_ms}
+            line = f"{n:>6} {threads:>7} {attn_ms:>9.1f} {torch_ms:>9.1f} {torch_ms / attn_ms:>9.2f}x"
+            if has_ort:
+                ort_layer = onnx_runtime_layer(torch_layer, args.heads, threads)
+                with torch.inference_mode():
+                    expected = torch_layer(x_torch, x_torch, x_torch, need_weights=False)[0]
+                # The same layer: its output agrees with PyTorch's to float32 rounding.
+                difference = float(np.max(np.abs(ort_layer(x) - expected.numpy())))
+                row["ort_ms"] = median_ms(lambda: ort_layer(x), args.repeats)
+                row["ort_max_difference"] = difference
+                if difference > 1e-4:
+                    print(f"warning: ONNX Runtime's output differs from PyTorch's by {difference}")
+                time.sleep(0.5)
+                line += f" {row['ort_ms']:>9.1f} {row['ort_ms'] / attn_ms:>8.2f}x"
+            rows.append(row)
+            print(line)
     if args.json_out:
         with open(args.json_out, "w") as out:
-            json.dump({"machine": cpu_name(), "torch": torch.__version__, "batch": args.batch,
+            json.dump({"machine": cpu_name(), "torch": torch.__version__,
+                       "onnxruntime": _onnxruntime_version(), "batch": args.batch,
                        "heads": args.heads, "head_dim": args.head_dim, "repeats": args.repeats,
                        "rows": rows}, out, indent=2)
+
+
+def _onnxruntime_version():
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime.__version__
 
 
 if __name__ == "__main__":
