@@ -170,6 +170,24 @@ def torch_cases(args, n, threads, attn_lengths, attn_module=None):
             ms, extra = time_median_ms(
                 lambda: attn_module.scaled_dot_product_attention(qh, kh, vh), args.repeats)
             yield row("attn-python", workload, n, threads, ms, flops, extra)
+    # bf16 causal and backward, PyTorch beside attn.torch (the autograd-registered operator a
+    # PyTorch model calls), same tensors; the backward timed alone as below.
+    qb, kb, vb = (x.to(torch.bfloat16) for x in (q4, k4, v4))
+    causal_flops = dot_flops(batch, heads, n, n, d, None, True)
+    implementations = [("torch-sdpa", F.scaled_dot_product_attention)]
+    if attn_module is not None:
+        import attn.torch as attn_torch
+        implementations.append(("attn-python", attn_torch.scaled_dot_product_attention))
+    for name, function in implementations:
+        ms, extra = time_median_ms(lambda: function(qb, kb, vb, is_causal=True), args.repeats)
+        yield row(name, "dot-causal-bf16", n, threads, ms, causal_flops, extra)
+        inputs = [x.clone().requires_grad_() for x in (qb, kb, vb)]
+        out = function(*inputs)
+        grad = rand(*out.shape).to(torch.bfloat16)
+        ms, extra = time_median_ms(
+            lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True), args.repeats)
+        yield row(name, "dot-backward-bf16", n, threads, ms, 2 * flops, extra)
+        del out
     # Backward passes without mask (workload dot-backward), timed alone: one forward pass keeps its
     # graph, then each timed pass is autograd's backward through it (torch.autograd.grad, so
     # nothing accumulates). GFLOP/s count 8·d per pair (dV, dP, dQ, dK), as attn bench does.
@@ -299,6 +317,11 @@ def main():
     # serial plain path ran with 1 thread only.
     fused = {(r["workload"], r["n"], r["threads"]): r["ms"] for r in rows
              if r["impl"] == "attn-fused"}
+    # Workloads attn bench has no case for (bf16 causal and backward) compare with attn's Python
+    # call instead.
+    for r in rows:
+        if r["impl"] == "attn-python":
+            fused.setdefault((r["workload"], r["n"], r["threads"]), r["ms"])
     peaks = {p["threads"]: p["gflops"] for p in attn["fma_peak"]}
     print(f"attn vs PyTorch {torch.__version__} on the CPU: B={args.batch}, heads={args.heads}, "
           f"d={args.head_dim}, n=m, additive h={args.additive_hidden}; median of {args.repeats}")
@@ -311,13 +334,14 @@ def main():
     header = f"{'workload':<17} {'n':>5} {'thr':>3} {'implementation':<20} {'ms':>10} " \
              f"{'GFLOP/s':>8} {'% peak':>7} {'attn faster by':>14} {'extra memory':>13}"
     print(header)
-    order = ["dot", "dot-padded", "dot-causal", "dot-bf16", "dot-fp16", "dot-backward", "mha",
-             "additive", "additive-backward"]
+    order = ["dot", "dot-padded", "dot-causal", "dot-bf16", "dot-fp16", "dot-causal-bf16",
+             "dot-backward", "dot-backward-bf16", "mha", "additive", "additive-backward"]
     rows.sort(key=lambda r: (order.index(r["workload"]) if r["workload"] in order else 99,
                              r["n"], r["threads"], r["impl"]))
     for r in rows:
         base = fused.get((r["workload"], r["n"], r["threads"]))
-        ratio = f"{r['ms'] / base:.2f}x" if base and r["impl"] != "attn-fused" else "-"
+        is_base = r["impl"] == "attn-fused" or (r["impl"] == "attn-python" and base == r["ms"])
+        ratio = f"{r['ms'] / base:.2f}x" if base and not is_base else "-"
         peak = peaks.get(r["threads"])
         percent = f"{100 * r['gflops'] / peak:.1f}" if peak else "-"
         print(f"{r['workload']:<17} {r['n']:>5} {r['threads']:>3} {r['impl']:<20} "
