@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "core/magnitude_scan.hpp"
 
 namespace attn::functional_detail {
@@ -234,19 +235,42 @@ std::vector<uint16_t> contiguous_copy(const ConstHalfStridedView& view) {
 
 Tensor widened_copy(HalfType type, const ConstHalfStridedView& view) {
   Tensor copy(view.shape());
-  float* destination = copy.data();
-  const uint16_t* source = view.data();
-  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
-    destination[flat] = half_bits_to_float(type, source[offset]);
+  if (view.numel() == 0) return copy;
+  // Whole contiguous rows at SIMD speed (widen_half): one element at a time through the strided
+  // walk had made the half backward pass 60 ms slower than the float one at n = 1024.
+  if (view.rank() > 0 && view.dim(-1) > 1 && view.stride(-1) != 1) {
+    const std::vector<uint16_t> contiguous = contiguous_copy(view);
+    widen_half(type, contiguous.data(), copy.data(), contiguous.size());
+    return copy;
+  }
+  if (view.is_contiguous()) {
+    widen_half(type, view.data(), copy.data(), static_cast<size_t>(view.numel()));
+    return copy;
+  }
+  const auto cols = static_cast<size_t>(view.rank() == 0 ? 1 : view.dim(-1));
+  for_each_row(view, [&](const uint16_t* row, int64_t flat) {
+    widen_half(type, row, copy.data() + flat, cols);
   });
   return copy;
 }
 
 void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedView& to) {
-  const float* source = from.data();
-  uint16_t* destination = to.data();
-  for_each_element(to.shape(), to.strides(), [&](int64_t offset, int64_t flat) {
-    destination[offset] = float_to_half_bits(type, source[flat]);
+  if (to.numel() == 0) return;
+  if (to.is_contiguous()) {
+    narrow_to_half(type, from.data(), to.data(), static_cast<size_t>(to.numel()));
+    return;
+  }
+  if (to.rank() > 0 && to.dim(-1) > 1 && to.stride(-1) != 1) {
+    const float* source = from.data();
+    uint16_t* destination = to.data();
+    for_each_element(to.shape(), to.strides(), [&](int64_t offset, int64_t flat) {
+      destination[offset] = float_to_half_bits(type, source[flat]);
+    });
+    return;
+  }
+  const auto cols = static_cast<size_t>(to.rank() == 0 ? 1 : to.dim(-1));
+  for_each_row(to, [&](uint16_t* row, int64_t flat) {
+    narrow_to_half(type, from.data() + flat, row, cols);
   });
 }
 

@@ -1,0 +1,80 @@
+// Rows of fp16 / bf16 bits widened to floats and floats rounded to them, per SIMD target (a
+// Highway "-inl.h" header: included once per target from a foreach_target translation unit).
+
+#if defined(ATTN_KERNELS_HALF_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_HALF_ROWS_INL_H_
+#undef ATTN_KERNELS_HALF_ROWS_INL_H_
+#else
+#define ATTN_KERNELS_HALF_ROWS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attn/core/half.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// `count` half-precision elements widened to floats.
+template <class D>
+HWY_INLINE void WidenRow(D d, HalfType type, const uint16_t* HWY_RESTRICT from, size_t count,
+                         float* HWY_RESTRICT to) {
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  if (type == HalfType::kFloat16) {
+    // F16C on AVX2 and AVX-512. Highway's emulation on the older targets widens ±∞ to ±65536: the
+    // scalar conversion below serves them instead.
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    const hn::Rebind<hwy::float16_t, D> dh;
+    const auto* halves = reinterpret_cast<const hwy::float16_t*>(from);
+    for (; i + lanes <= count; i += lanes)
+      hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, halves + i)), d, to + i);
+#endif
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, D> dh;
+    const auto* halves = reinterpret_cast<const hwy::bfloat16_t*>(from);
+    for (; i + lanes <= count; i += lanes)
+      hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, halves + i)), d, to + i);
+  }
+  for (; i < count; ++i) to[i] = half_bits_to_float(type, from[i]);
+}
+
+// `count` floats rounded to nearest even in `type`: bf16 by integer rounding in vectors, fp16 by
+// the CPU's conversion (F16C rounds to nearest even) where the target has it.
+template <class D>
+HWY_INLINE void NarrowRow(D d, HalfType type, const float* HWY_RESTRICT from, size_t count,
+                          uint16_t* HWY_RESTRICT to) {
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  if (type == HalfType::kBFloat16) {
+    const hn::RebindToUnsigned<D> du;
+    const hn::Rebind<uint16_t, D> d16;
+    for (; i + lanes <= count; i += lanes) {
+      // bits + 0x7fff + (bit 16), then the upper half; NaN (never an output here) is not special.
+      const auto bits = hn::BitCast(du, hn::LoadU(d, from + i));
+      const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1U));
+      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffU), odd)));
+      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<D>(), rounded)), d16, to + i);
+    }
+  }
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (type == HalfType::kFloat16) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    auto* halves = reinterpret_cast<hwy::float16_t*>(to);
+    for (; i + lanes <= count; i += lanes)
+      hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, from + i)), dh, halves + i);
+  }
+#endif
+  for (; i < count; ++i) to[i] = float_to_half_bits(type, from[i]);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_HALF_ROWS_INL_H_
