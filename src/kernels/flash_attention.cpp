@@ -402,7 +402,9 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
 // The bf16 dot-product path: AVX-512 with AVX512-BF16 (checked at run time). vdpbf16ps multiplies
 // pairs of bf16 (exact products) and adds both to an fp32 lane, twice the work of an fp32 FMA per
 // instruction at the same throughput.
-#define ATTN_BF16_TARGET __attribute__((target("avx512bf16")))
+// The target's own features plus AVX512-BF16: clang's target attribute replaces the one Highway's
+// pragma gives every function here rather than adding to it.
+#define ATTN_BF16_TARGET __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 constexpr bool kBFloat16Path = true;
 
 // C[r, v·16 …] (= or +=) Σ_p A(r, p) · B[p, v·16 …] over bf16 pairs: A(r, p) is the pair
