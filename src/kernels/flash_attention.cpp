@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
@@ -548,9 +549,8 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
   // Two adjacent bf16 of a key row already are its pair in memory (little-endian): a copy. Two
-  // value rows interleave 32 columns at a time (vpermt2w).
-  // Index i < 32 picks word i of the first row, 32 + i word i of the second: columns t + i (low)
-  // and t + 16 + i (high) of both rows, interleaved.
+  // value rows interleave 32 columns at a time (vpermt2w: index i < 32 picks word i of the first
+  // row, 32 + i word i of the second; columns t + i, then t + 16 + i, of both rows).
   const __m512i low_half = _mm512_load_si512(kRowInterleave);
   const __m512i high_half = _mm512_add_epi16(low_half, _mm512_set1_epi16(16));
   for (int64_t j = s.packed_end; j < end; j += 2) {
@@ -577,19 +577,24 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   s.packed_end = std::max(s.packed_end, end + end % 2);  // whole pairs
 }
 
-// Pᵀ (bc × Br floats, bc ≤ Bc) as bf16 pairs of adjacent keys per query (Bc/2 × Br), rounded to
-// nearest even; a key past bc is 0.
+// Probabilities of an even key and the next (16 queries each) as their bf16 pairs (rounded to
+// nearest even), one 32-bit lane per query, stored at `pairs`.
+ATTN_BF16_TARGET HWY_INLINE void StoreProbabilityPairs(__m512 even, __m512 odd, uint32_t* pairs) {
+  // Words 0–15 the even key's, 16–31 the odd key's; interleaved into one pair per query.
+  const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+  _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kPairInterleave), both));
+}
+
+// Pᵀ (bc × Br floats, bc ≤ Bc) as bf16 pairs of adjacent keys per query (Bc/2 × Br); a key past
+// bc is 0.
 ATTN_BF16_TARGET HWY_INLINE void PackProbabilityPairs(const float* probabilities, size_t bc,
                                                       size_t br, uint32_t* pairs) {
-  const __m512i interleave = _mm512_load_si512(kPairInterleave);
   for (size_t j = 0; j < bc; j += 2) {
     for (size_t r = 0; r < br; r += 16) {
-      const __m512 even = _mm512_loadu_ps(probabilities + j * br + r);
       const __m512 odd =
           j + 1 < bc ? _mm512_loadu_ps(probabilities + (j + 1) * br + r) : _mm512_setzero_ps();
-      // Words 0–15 the even key's, 16–31 the odd key's; interleaved into one pair per query.
-      const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
-      _mm512_storeu_si512(pairs + j / 2 * br + r, _mm512_permutexvar_epi16(interleave, both));
+      StoreProbabilityPairs(_mm512_loadu_ps(probabilities + j * br + r), odd,
+                            pairs + j / 2 * br + r);
     }
   }
 }
@@ -603,7 +608,6 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
   V shift[kVectors], sum[kVectors];
   OnlineSoftmaxMax(d, bc, br, s, shift);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
-  const __m512i interleave = _mm512_load_si512(kPairInterleave);
   for (size_t j = 0; j < bc; j += 2) {
     for (size_t g = 0; g < kVectors; ++g) {
       const V even = SoftmaxExp(d, hn::Sub(hn::Load(d, s.scores + j * br + g * 16), shift[g]));
@@ -612,9 +616,7 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
               ? SoftmaxExp(d, hn::Sub(hn::Load(d, s.scores + (j + 1) * br + g * 16), shift[g]))
               : hn::Zero(d);
       sum[g] = hn::Add(sum[g], hn::Add(even, odd));
-      const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd.raw, even.raw));
-      _mm512_storeu_si512(s.probability_pairs + j / 2 * br + g * 16,
-                          _mm512_permutexvar_epi16(interleave, both));
+      StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
     }
   }
   AddToRowSums(d, sum, s);
@@ -719,11 +721,13 @@ bool flash_attention_bfloat16_native() {
 }
 
 namespace {
-// The shapes and strides of a half-precision view, as the float views the checks take (their
-// data is never read).
-ConstHeadsView shape_only(const ConstHalfHeadsView& view) {
-  return {nullptr,   view.batch,        view.heads,       view.rows,
-          view.cols, view.batch_stride, view.head_stride, view.row_stride};
+// The shapes and strides of a half-precision view, as the float views the checks and the kernel's
+// arguments take (their data is never read).
+template <class Half>
+auto shape_only(const BasicHeadsView<Half>& view) {
+  using Float = std::conditional_t<std::is_const_v<Half>, const float, float>;
+  return BasicHeadsView<Float>{nullptr,   view.batch,        view.heads,       view.rows,
+                               view.cols, view.batch_stride, view.head_stride, view.row_stride};
 }
 }  // namespace
 
@@ -732,11 +736,9 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
                              const FlashAttentionOptions& options, HalfHeadsView out,
                              float* log_sum_exp) {
   const ConstHeadsView q_shape = shape_only(q), k_shape = shape_only(k), v_shape = shape_only(v);
-  if (!check_attention_arguments(q_shape, k_shape, v_shape, shape_only(out), valid_lens, options))
-    return;
-  const HeadsView out_shape_only{nullptr,  out.batch,        out.heads,       out.rows,
-                                 out.cols, out.batch_stride, out.head_stride, out.row_stride};
-  flash_detail::ForwardArgs args{q_shape,     k_shape,     v_shape, out_shape_only,
+  const HeadsView out_shape = shape_only(out);
+  if (!check_attention_arguments(q_shape, k_shape, v_shape, out_shape, valid_lens, options)) return;
+  flash_detail::ForwardArgs args{q_shape,     k_shape,     v_shape, out_shape,
                                  log_sum_exp, &valid_lens, options};
   args.half = true;
   args.half_type = type;
