@@ -122,6 +122,24 @@ void for_each_row(const StridedView<T>& view, const Visit& visit) {
                    [&](int64_t offset, int64_t row) { visit(view.data() + offset, row * cols); });
 }
 
+// The largest of row_largest(row, cols) over the rows of a view whose last axis is contiguous,
+// on the OpenMP threads where the scan is long enough to pay for them (inputs of a few MB and
+// more). `rows` receives the rows' starts, in order, for a second reading.
+template <class Bits, class T, class RowLargest>
+Bits largest_over_rows(const StridedView<const T>& view, std::vector<const T*>& rows,
+                       const RowLargest& row_largest) {
+  const int64_t cols = view.rank() == 0 ? 1 : view.dim(-1);
+  rows.reserve(static_cast<size_t>(cols > 0 ? view.numel() / cols : 0));
+  for_each_row(view, [&](const T* row, int64_t) { rows.push_back(row); });
+  const auto row_count = static_cast<int64_t>(rows.size());
+  Bits largest = 0;
+#pragma omp parallel for reduction(max : largest) if (row_count * cols > (int64_t{1} << 20))
+  for (int64_t r = 0; r < row_count; ++r) {
+    largest = std::max(largest, row_largest(rows[static_cast<size_t>(r)], cols));
+  }
+  return largest;
+}
+
 float require_finite(std::string_view name, const ConstStridedView& view) {
   // An empty tensor has nothing to check, however many rows a zero-width last axis gives it.
   if (view.numel() == 0) return 0.0F;
@@ -132,21 +150,11 @@ float require_finite(std::string_view name, const ConstStridedView& view) {
   // The largest |x| as the bits of the float, NaN and ±∞ above every finite value
   // (core_detail::largest_magnitude_bits, row by row): one scan finds the magnitude and detects
   // them.
-  using core_detail::kFirstNonFinite;
   std::vector<const float*> rows;
-  rows.reserve(static_cast<size_t>(cols > 0 ? view.numel() / cols : 0));
-  for_each_row(view, [&](const float* row, int64_t) { rows.push_back(row); });
-  const auto row_count = static_cast<int64_t>(rows.size());
-  uint32_t largest = 0;
-  // Threads only where the scan is long enough to pay for them (inputs of a few MB and more).
-#pragma omp parallel for reduction(max : largest) if (row_count * cols > (int64_t{1} << 20))
-  for (int64_t r = 0; r < row_count; ++r) {
-    const float* row = rows[static_cast<size_t>(r)];
-    largest = std::max(largest, core_detail::largest_magnitude_bits(row, cols));
-  }
-  if (largest >= kFirstNonFinite) {
+  const auto largest = largest_over_rows<uint32_t>(view, rows, core_detail::largest_magnitude_bits);
+  if (largest >= core_detail::kFirstNonFinite) {
     // Rare: read the rows again, in order, to name the first culprit.
-    for (int64_t r = 0; r < row_count; ++r) {
+    for (int64_t r = 0; r < static_cast<int64_t>(rows.size()); ++r) {
       const float* row = rows[static_cast<size_t>(r)];
       for (int64_t j = 0; j < cols; ++j) {
         if (std::isfinite(row[j])) continue;
@@ -173,12 +181,17 @@ void require_mask_values(std::string_view name, const ConstStridedView& view) {
   });
 }
 
-Tensor contiguous_copy(const ConstStridedView& view) {
-  Tensor copy(view.shape());
-  float* destination = copy.data();
-  const float* source = view.data();
+// The elements of a view, in C order, into `destination`.
+template <class T>
+void copy_elements(const StridedView<const T>& view, T* destination) {
+  const T* source = view.data();
   for_each_element(view.shape(), view.strides(),
                    [&](int64_t offset, int64_t flat) { destination[flat] = source[offset]; });
+}
+
+Tensor contiguous_copy(const ConstStridedView& view) {
+  Tensor copy(view.shape());
+  copy_elements(view, copy.data());
   return copy;
 }
 
@@ -194,20 +207,14 @@ float require_finite(std::string_view name, HalfType type, const ConstHalfStride
     return require_finite(name, type, ConstHalfStridedView(copy.data(), view.shape()));
   }
   const uint16_t exponent = type == HalfType::kFloat16 ? 0x7c00U : 0x7f80U;
-  const int64_t cols = view.rank() == 0 ? 1 : view.dim(-1);
   std::vector<const uint16_t*> rows;
-  rows.reserve(static_cast<size_t>(cols > 0 ? view.numel() / cols : 0));
-  for_each_row(view, [&](const uint16_t* row, int64_t) { rows.push_back(row); });
-  const auto row_count = static_cast<int64_t>(rows.size());
-  uint16_t largest = 0;
-#pragma omp parallel for reduction(max : largest) if (row_count * cols > (int64_t{1} << 20))
-  for (int64_t r = 0; r < row_count; ++r) {
-    const uint16_t* row = rows[static_cast<size_t>(r)];
-    uint16_t row_largest = 0;
-    for (int64_t j = 0; j < cols; ++j)
-      row_largest = std::max(row_largest, static_cast<uint16_t>(row[j] & 0x7fffU));
-    largest = std::max(largest, row_largest);
-  }
+  const auto largest =
+      largest_over_rows<uint16_t>(view, rows, [](const uint16_t* row, int64_t cols) {
+        uint16_t row_largest = 0;
+        for (int64_t j = 0; j < cols; ++j)
+          row_largest = std::max(row_largest, static_cast<uint16_t>(row[j] & 0x7fffU));
+        return row_largest;
+      });
   if ((largest & exponent) == exponent) {
     // Rare: read the elements again, in order, to name the first culprit.
     const uint16_t* data = view.data();
@@ -226,10 +233,7 @@ float require_finite(std::string_view name, HalfType type, const ConstHalfStride
 
 std::vector<uint16_t> contiguous_copy(const ConstHalfStridedView& view) {
   std::vector<uint16_t> copy(static_cast<size_t>(view.numel()));
-  const uint16_t* source = view.data();
-  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
-    copy[static_cast<size_t>(flat)] = source[offset];
-  });
+  copy_elements(view, copy.data());
   return copy;
 }
 
