@@ -559,45 +559,47 @@ ValidLengths to_valid_lengths(nb::handle object, std::string_view name) {
                                  static_cast<int64_t>(array.shape(1)));
 }
 
-nb::object to_python(Tensor tensor, Framework framework) {
-  auto owned = std::make_unique<Tensor>(std::move(tensor));
-  std::array<size_t, Shape::kMaxRank> dims{};
-  const auto rank = static_cast<size_t>(owned->rank());
-  for (size_t axis = 0; axis < rank; ++axis) {
-    dims[axis] = static_cast<size_t>(owned->shape()[static_cast<int>(axis)]);
-  }
-  float* data = owned->data();
-  // The capsule owns the Tensor from here on and frees it when the array is collected.
-  nb::capsule owner(owned.get(), [](void* pointer) noexcept {
-    std::unique_ptr<Tensor>(static_cast<Tensor*>(pointer)).reset();
-  });
-  owned.release();
-  if (framework == Framework::kTorch) {
-    return nb::ndarray<nb::pytorch, float>(data, rank, dims.data(), owner).cast();
-  }
-  return nb::ndarray<nb::numpy, float>(data, rank, dims.data(), owner).cast();
-}
+namespace {
 
-nb::object to_python(std::vector<uint16_t> bits, const Shape& shape, HalfType type,
-                     Framework framework) {
-  auto owned = std::make_unique<std::vector<uint16_t>>(std::move(bits));
+// An array over `data` (of `shape`) whose capsule owns `storage`, freeing it when the array is
+// collected: a PyTorch tensor for kTorch (or when `numpy` is false), else a NumPy array.
+template <class Storage>
+nb::object owned_array(std::unique_ptr<Storage> storage, void* data, const Shape& shape,
+                       nb::dlpack::dtype dtype, Framework framework, bool numpy = true) {
   std::array<size_t, Shape::kMaxRank> dims{};
   const auto rank = static_cast<size_t>(shape.rank());
   for (size_t axis = 0; axis < rank; ++axis) {
     dims[axis] = static_cast<size_t>(shape[static_cast<int>(axis)]);
   }
-  uint16_t* data = owned->data();
-  nb::capsule owner(owned.get(), [](void* pointer) noexcept {
-    std::unique_ptr<std::vector<uint16_t>>(static_cast<std::vector<uint16_t>*>(pointer)).reset();
+  nb::capsule owner(storage.get(), [](void* pointer) noexcept {
+    std::unique_ptr<Storage>(static_cast<Storage*>(pointer)).reset();
   });
-  owned.release();
-  using Code = nb::dlpack::dtype_code;
-  const nb::dlpack::dtype dtype{
-      static_cast<uint8_t>(type == HalfType::kFloat16 ? Code::Float : Code::Bfloat), 16, 1};
-  if (framework == Framework::kTorch || type == HalfType::kBFloat16) {
+  storage.release();
+  if (framework == Framework::kTorch || !numpy) {
     return nb::ndarray<nb::pytorch>(data, rank, dims.data(), owner, nullptr, dtype).cast();
   }
   return nb::ndarray<nb::numpy>(data, rank, dims.data(), owner, nullptr, dtype).cast();
+}
+
+}  // namespace
+
+nb::object to_python(Tensor tensor, Framework framework) {
+  auto owned = std::make_unique<Tensor>(std::move(tensor));
+  float* data = owned->data();
+  const Shape shape = owned->shape();
+  return owned_array(std::move(owned), data, shape, nb::dtype<float>(), framework);
+}
+
+nb::object to_python(HalfTensor tensor, Framework framework) {
+  using Code = nb::dlpack::dtype_code;
+  const nb::dlpack::dtype dtype{
+      static_cast<uint8_t>(tensor.type == HalfType::kFloat16 ? Code::Float : Code::Bfloat), 16, 1};
+  // NumPy has no bfloat16: those are always torch tensors.
+  const bool numpy = tensor.type == HalfType::kFloat16;
+  auto owned = std::make_unique<HalfTensor>(std::move(tensor));
+  uint16_t* data = owned->bits.data();
+  const Shape shape = owned->shape;
+  return owned_array(std::move(owned), data, shape, dtype, framework, numpy);
 }
 
 nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank) {

@@ -16,6 +16,7 @@
 #include "attn/core/tensor.hpp"
 #include "attn/core/valid_lengths.hpp"
 #include "attn/functional/attention_options.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
 #include "attn/nn/state_dict.hpp"
 
 namespace attn::python {
@@ -131,10 +132,9 @@ ValidLengths to_valid_lengths(nb::handle object, std::string_view name);
 
 // Moves `tensor` into a new NumPy array, or a PyTorch tensor for kTorch, without copying.
 nb::object to_python(Tensor tensor, Framework framework);
-// Moves half-precision `bits` of `shape` into a new array of `type` without copying: a NumPy
-// float16 array, or a PyTorch tensor for kTorch — and for bfloat16 always, NumPy having none.
-nb::object to_python(std::vector<uint16_t> bits, const Shape& shape, HalfType type,
-                     Framework framework);
+// Moves a half-precision tensor into a new array of its type without copying: a NumPy float16
+// array, or a PyTorch tensor for kTorch — and for bfloat16 always, NumPy having none.
+nb::object to_python(HalfTensor tensor, Framework framework);
 // A copy of `tensor` as a NumPy array / PyTorch tensor, or None when `tensor` holds no result yet
 // (its rank differs from `rank`).
 nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank);

@@ -18,6 +18,7 @@
 #include "arrays.hpp"
 #include "attn/functional/attention_options.hpp"
 #include "attn/functional/scaled_dot_product_attention.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "bindings.hpp"
 #include "kv_cache.hpp"
 
@@ -159,38 +160,11 @@ std::optional<HalfType> common_half_type(const QueryKeyValue& inputs) {
   return inputs.query.half_type();
 }
 
-// The output's shape: the query's with the value's last axis.
-Shape output_shape(const Shape& query, const Shape& value) {
-  std::array<int64_t, Shape::kMaxRank> dims{};
-  for (int axis = 0; axis < query.rank(); ++axis) dims[static_cast<size_t>(axis)] = query[axis];
-  dims[static_cast<size_t>(query.rank() - 1)] = value[value.rank() - 1];
-  return Shape::from_dims(dims.data(), query.rank());
-}
-
-// A half-precision forward pass: the output's bits and the log-sum-exp. Call without the GIL.
-struct HalfForward {
-  Shape shape;
-  std::vector<uint16_t> output;
-  std::vector<float> log_sum_exp;
-};
-HalfForward half_forward(HalfType type, const QueryKeyValue& inputs,
-                         const AttentionOptions& options) {
-  HalfForward forward;
-  forward.shape = output_shape(inputs.query.shape(), inputs.value.shape());
-  forward.output.resize(static_cast<size_t>(forward.shape.numel()));
-  forward.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(inputs.query.shape())));
-  scaled_dot_product_attention(
-      type, inputs.query.half_view(), inputs.key.half_view(), inputs.value.half_view(), options,
-      StridedView<uint16_t>(forward.output.data(), forward.shape), forward.log_sum_exp);
-  return forward;
-}
-
-// Float values rounded to `type` (the attention weights of a half call, returned in its dtype as
-// torch.nn.MultiheadAttention returns its weights).
-std::vector<uint16_t> rounded(HalfType type, const Tensor& values) {
-  std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
-  for (size_t e = 0; e < bits.size(); ++e) bits[e] = float_to_half_bits(type, values.span()[e]);
-  return bits;
+// A half-precision forward pass on the inputs' bits. Call without the GIL.
+HalfAttentionForward half_forward(HalfType type, const QueryKeyValue& inputs,
+                                  const AttentionOptions& options) {
+  return scaled_dot_product_attention(type, inputs.query.half_view(), inputs.key.half_view(),
+                                      inputs.value.half_view(), options);
 }
 
 // The log-sum-exp as an array shaped as the query's rows, query.shape[:-1].
@@ -264,9 +238,9 @@ void bind_functional(nb::module_& module) {
                                        : 0);
         const Framework framework = inputs.query.framework();
         if (const std::optional<HalfType> half = common_half_type(inputs)) {
-          HalfForward forward;
-          std::vector<uint16_t> weights;
-          Shape weights_shape;
+          HalfAttentionForward forward;
+          // The weights in the inputs' dtype, as torch.nn.MultiheadAttention returns its weights.
+          HalfTensor weights{*half, Shape{0}, {}};
           {
             nb::gil_scoped_release release;
             use_thread_setting();
@@ -275,14 +249,14 @@ void bind_functional(nb::module_& module) {
               const Tensor wide =
                   attention_weights(*half, inputs.query.half_view(), inputs.key.half_view(),
                                     forward.log_sum_exp, call.options());
-              weights_shape = wide.shape();
-              weights = rounded(*half, wide);
+              weights.shape = wide.shape();
+              weights.bits.resize(static_cast<size_t>(wide.numel()));
+              narrow_to_half(*half, wide.data(), weights.bits.data(), weights.bits.size());
             }
           }
-          nb::object output = to_python(std::move(forward.output), forward.shape, *half, framework);
+          nb::object output = to_python(std::move(forward.output), framework);
           if (!need_weights) return output;
-          return nb::object(nb::make_tuple(
-              output, to_python(std::move(weights), weights_shape, *half, framework)));
+          return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
         }
         AttentionForward forward;
         Tensor weights;
@@ -348,16 +322,15 @@ void bind_functional(nb::module_& module) {
                                std::nullopt, seed);
         const Framework framework = inputs.query.framework();
         if (const std::optional<HalfType> half = common_half_type(inputs)) {
-          HalfForward forward;
+          HalfAttentionForward forward;
           {
             nb::gil_scoped_release release;
             use_thread_setting();
             forward = half_forward(*half, inputs, call.options());
           }
-          return nb::make_tuple(
-              to_python(std::move(forward.output), forward.shape, *half, framework),
-              log_sum_exp_to_python(std::move(forward.log_sum_exp), inputs.query.shape(),
-                                    framework));
+          return nb::make_tuple(to_python(std::move(forward.output), framework),
+                                log_sum_exp_to_python(std::move(forward.log_sum_exp),
+                                                      inputs.query.shape(), framework));
         }
         AttentionForward forward;
         {
@@ -419,13 +392,12 @@ void bind_functional(nb::module_& module) {
                 output.half_view(), grad_output.half_view(), lse_values, call.options(),
                 mask_gradient, sinks_gradient);
           }
-          const auto to_array = [&](HalfTensor& tensor) {
-            return to_python(std::move(tensor.bits), tensor.shape, *half, framework);
-          };
           auto [mask_grad, sinks_grad] =
               option_gradients(std::move(gradients.attn_mask), std::move(gradients.sinks));
-          return nb::make_tuple(to_array(gradients.query), to_array(gradients.key),
-                                to_array(gradients.value), mask_grad, sinks_grad);
+          return nb::make_tuple(to_python(std::move(gradients.query), framework),
+                                to_python(std::move(gradients.key), framework),
+                                to_python(std::move(gradients.value), framework), mask_grad,
+                                sinks_grad);
         }
         AttentionBackward gradients;
         {

@@ -93,6 +93,20 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
   }
 }
 
+HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
+                                                  StridedView<const uint16_t> key,
+                                                  StridedView<const uint16_t> value,
+                                                  const AttentionOptions& options) {
+  HalfAttentionForward result;
+  const Shape shape = functional_detail::output_shape(query.shape(), value.shape());
+  result.output = {type, shape, std::vector<uint16_t>(static_cast<size_t>(shape.numel()))};
+  result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(query.shape())));
+  scaled_dot_product_attention(type, query, key, value, options,
+                               StridedView<uint16_t>(result.output.bits.data(), shape),
+                               result.log_sum_exp);
+  return result;
+}
+
 void scaled_dot_product_attention_backward(
     HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
     StridedView<const uint16_t> value, StridedView<const uint16_t> output,

@@ -37,8 +37,8 @@ void require_same_rank(std::string_view name, const ConstStridedView& view, int 
 
 }  // namespace
 
-Shape output_shape(const ConstStridedView& query, const ConstStridedView& value) {
-  return with_last(query.shape(), value.dim(-1));
+Shape output_shape(const Shape& query, const Shape& value) {
+  return with_last(query, value.dim(-1));
 }
 
 OptionGradients new_option_gradients(const AttentionOptions& options, bool mask_gradient,

@@ -19,7 +19,10 @@
 namespace attn::functional_detail {
 
 // The output's shape: the query's with the value's last axis.
-Shape output_shape(const ConstStridedView& query, const ConstStridedView& value);
+Shape output_shape(const Shape& query, const Shape& value);
+inline Shape output_shape(const ConstStridedView& query, const ConstStridedView& value) {
+  return output_shape(query.shape(), value.shape());
+}
 
 // New tensors for the float attn_mask's gradient (its shape) and the sinks' (H_q values) when
 // asked for, empty otherwise; ValueError naming mask_gradient / sinks_gradient when there is no

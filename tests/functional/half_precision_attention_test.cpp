@@ -98,6 +98,16 @@ void expect_forward_matches(HalfType type, HalfView q, HalfView k, HalfView v,
   std::vector<float> lse(static_cast<size_t>(log_sum_exp_size(q.shape())), NAN);
   scaled_dot_product_attention(type, q, k, v, options, StridedView<uint16_t>(out.data(), out_shape),
                                lse);
+  // The overload into new storage: the same bits and log-sum-exp, shaped and typed as asked.
+  const HalfAttentionForward fresh = scaled_dot_product_attention(type, q, k, v, options);
+  EXPECT_EQ(fresh.output.type, type);
+  EXPECT_EQ(fresh.output.shape, out_shape);
+  EXPECT_EQ(fresh.output.bits, out);
+  ASSERT_EQ(fresh.log_sum_exp.size(), lse.size());
+  for (size_t r = 0; r < lse.size(); ++r) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(fresh.log_sum_exp[r]), std::bit_cast<uint32_t>(lse[r]))
+        << "log_sum_exp " << r;
+  }
   const AttentionForward expected = scaled_dot_product_attention(wide_q, wide_k, wide_v, options);
   ASSERT_EQ(expected.output.numel(), out_shape.numel());
   if (widened_kernel(type)) {

@@ -94,6 +94,23 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
                                   std::span<float> log_sum_exp = {});
+// A half-precision tensor: `type`'s bits, contiguous, of `shape`.
+struct HalfTensor {
+  HalfType type = HalfType::kBFloat16;
+  Shape shape;
+  std::vector<uint16_t> bits;
+};
+// A half-precision forward pass's output (in `type`) and log-sum-exp (float, as the float
+// overload's).
+struct HalfAttentionForward {
+  HalfTensor output;
+  std::vector<float> log_sum_exp;
+};
+// The same into new storage.
+HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
+                                                  StridedView<const uint16_t> key,
+                                                  StridedView<const uint16_t> value,
+                                                  const AttentionOptions& options = {});
 // The backward pass in half precision: the float overload on the widened inputs, each gradient of
 // query, key and value rounded once to `type` (grad_query, grad_key and grad_value shaped as their
 // inputs, any strides); grad_mask and grad_sinks as the float overload's.
@@ -105,12 +122,6 @@ void scaled_dot_product_attention_backward(
     StridedView<uint16_t> grad_key, StridedView<uint16_t> grad_value,
     MutableStridedView grad_mask = {}, std::span<float> grad_sinks = {});
 
-// A half-precision tensor: `type`'s bits, contiguous, of `shape`.
-struct HalfTensor {
-  HalfType type = HalfType::kBFloat16;
-  Shape shape;
-  std::vector<uint16_t> bits;
-};
 // The half-precision pass's gradients: query, key and value in `type`, the float attn_mask's and
 // the sinks' in float (empty unless asked for).
 struct HalfAttentionBackward {
