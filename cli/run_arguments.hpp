@@ -103,20 +103,20 @@ class FunctionalInputs {
   // these views of their bits (the float tensors above hold the same values widened).
   bool float16() const { return float16_; }
   StridedView<const uint16_t> query16() const {
-    return as_heads(query_halves_, queries_.shape(), query_heads_);
+    return as_heads(query_halves_.data(), queries_.shape(), query_heads_);
   }
   StridedView<const uint16_t> key16() const {
-    return as_heads(key_halves_, keys_.shape(), kv_heads_);
+    return as_heads(key_halves_.data(), keys_.shape(), kv_heads_);
   }
   StridedView<const uint16_t> value16() const {
-    return as_heads(value_halves_, values_.shape(), kv_heads_);
+    return as_heads(value_halves_.data(), values_.shape(), kv_heads_);
   }
   // Bits laid out as the output / as the keys and values, viewed as the functional API writes them.
   StridedView<uint16_t> like_query16(std::vector<uint16_t>& bits, const Shape& shape) const {
-    return as_heads(bits, shape, query_heads_);
+    return as_heads(bits.data(), shape, query_heads_);
   }
   StridedView<uint16_t> like_key16(std::vector<uint16_t>& bits, const Shape& shape) const {
-    return as_heads(bits, shape, kv_heads_);
+    return as_heads(bits.data(), shape, kv_heads_);
   }
 
   int64_t query_heads() const { return query_heads_; }
@@ -124,25 +124,17 @@ class FunctionalInputs {
   bool has_sinks() const { return !sinks_.empty(); }
 
  private:
-  // A tensor of the files' layout as the functional API reads it: (B, heads, L, d) when the last
-  // axis holds the heads, else as it is.
+  // Elements of `shape` at `data` (float or float16 bits) as the functional API reads them:
+  // (B, heads, L, d) when the last axis holds the heads, else as they are.
+  template <class T>
+  StridedView<T> as_heads(T* data, const Shape& shape, int64_t heads) const {
+    return split_heads_ ? split_heads(data, shape, heads) : StridedView<T>(data, shape);
+  }
   ConstStridedView as_heads(const Tensor& tensor, int64_t heads) const {
-    return split_heads_ ? split_heads(tensor.data(), tensor.shape(), heads)
-                        : ConstStridedView(tensor);
+    return as_heads(tensor.data(), tensor.shape(), heads);
   }
   MutableStridedView as_heads(Tensor& tensor, int64_t heads) const {
-    return split_heads_ ? split_heads(tensor.data(), tensor.shape(), heads)
-                        : MutableStridedView(tensor);
-  }
-  StridedView<uint16_t> as_heads(std::vector<uint16_t>& bits, const Shape& shape,
-                                 int64_t heads) const {
-    return split_heads_ ? split_heads(bits.data(), shape, heads)
-                        : StridedView<uint16_t>(bits.data(), shape);
-  }
-  StridedView<const uint16_t> as_heads(const std::vector<uint16_t>& bits, const Shape& shape,
-                                       int64_t heads) const {
-    return split_heads_ ? split_heads(bits.data(), shape, heads)
-                        : StridedView<const uint16_t>(bits.data(), shape);
+    return as_heads(tensor.data(), tensor.shape(), heads);
   }
   void read_inputs(const RunArguments& arguments, ScoreFamily family);
   void read_mask(const RunArguments& arguments);

@@ -28,6 +28,7 @@
 #include "attn/functional/scaled_dot_product_attention.hpp"
 #include "attn/io/npy.hpp"
 #include "attn/io/safetensors.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "attn/nn/general_attention.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "attn/nn/state_dict.hpp"
@@ -271,14 +272,18 @@ std::vector<NamedGradient> layer_gradients(Layer& layer, const Tensor& grad_outp
   return named;
 }
 
-// Dot-product attention through attn::scaled_dot_product_attention on the files' tensors in place:
-// the output, and the gradients, are written straight into tensors of the files' layouts.
-// Bits of `type` widened into a float tensor of `shape`.
+// float16 bits widened into a float tensor of `shape`.
 Tensor widened(const std::vector<uint16_t>& bits, const Shape& shape) {
   Tensor tensor(shape);
-  for (size_t index = 0; index < bits.size(); ++index)
-    tensor.data()[index] = half_to_float(bits[index]);
+  widen_half(HalfType::kFloat16, bits.data(), tensor.data(), bits.size());
   return tensor;
+}
+
+// A float tensor's values as float16 bits (exact where they are float16's, widened).
+std::vector<uint16_t> narrowed(const Tensor& tensor) {
+  std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
+  narrow_to_half(HalfType::kFloat16, tensor.data(), bits.data(), bits.size());
+  return bits;
 }
 
 // run_dot_product on float16 files: PyTorch's float16 attention (fp32 sums, the output and the
@@ -305,9 +310,7 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
   if (grad_output == nullptr) return result;
   check_grad_output(options, *grad_output, output_shape);
   // G in the output's precision, as PyTorch's autograd hands a float16 output its gradient.
-  std::vector<uint16_t> grad(static_cast<size_t>(output_shape.numel()));
-  for (size_t index = 0; index < grad.size(); ++index)
-    grad[index] = float_to_half(grad_output->data()[index]);
+  std::vector<uint16_t> grad = narrowed(*grad_output);
   std::vector<uint16_t> queries(static_cast<size_t>(inputs.queries().numel()));
   std::vector<uint16_t> keys(static_cast<size_t>(inputs.keys().numel()));
   std::vector<uint16_t> values(static_cast<size_t>(inputs.values().numel()));
@@ -332,6 +335,8 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
   return result;
 }
 
+// Dot-product attention through attn::scaled_dot_product_attention on the files' tensors in place:
+// the output, and the gradients, are written straight into tensors of the files' layouts.
 Result run_dot_product(const RunOptions& options, const Tensor* grad_output, bool need_weights) {
   const RunArguments arguments = run_arguments(options);
   const FunctionalInputs inputs(arguments, ScoreFamily::kDotProduct);
@@ -508,10 +513,7 @@ std::filesystem::path gradient_path(const RunOptions& options, const std::string
 // float32, or float16 for a tensor that holds float16's values (exact: they are widened halves).
 void save_tensor(const std::filesystem::path& path, const Tensor& tensor, bool float16) {
   if (!float16) return save_npy(path, tensor);
-  std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
-  for (size_t index = 0; index < bits.size(); ++index)
-    bits[index] = float_to_half(tensor.data()[index]);
-  save_npy_float16(path, bits, tensor.shape());
+  save_npy_float16(path, narrowed(tensor), tensor.shape());
 }
 
 void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
