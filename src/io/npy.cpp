@@ -371,6 +371,10 @@ void check_npy_data_size(const NpyLayout& layout, uint64_t size, std::string_vie
                    "', got " + std::to_string(size) + " bytes");
 }
 
+int64_t npy_itemsize(NpyDType dtype) {
+  return dtype_info(dtype).itemsize;
+}
+
 NpyArray decode_npy_data(NpyDType dtype, const Shape& shape, std::span<const std::byte> data,
                          std::string_view source) {
   NpyArray array;

@@ -32,6 +32,8 @@ struct NpyLayout {
 NpyLayout parse_npy_header(std::span<const std::byte> bytes, std::string_view source);
 // FileError unless `size` bytes of data are what the header declares.
 void check_npy_data_size(const NpyLayout& layout, uint64_t size, std::string_view source);
+// Bytes per element of `dtype`, from the same table the header parser reads descriptors with.
+int64_t npy_itemsize(NpyDType dtype);
 // Data of `dtype` and `shape` decoded as parse_npy decodes it (bool bytes checked).
 NpyArray decode_npy_data(NpyDType dtype, const Shape& shape, std::span<const std::byte> data,
                          std::string_view source);

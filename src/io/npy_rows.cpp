@@ -75,22 +75,6 @@ class NpyFile {
   io_detail::NpyLayout layout_;
 };
 
-int64_t itemsize(NpyDType dtype) {
-  switch (dtype) {
-    case NpyDType::kFloat32:
-    case NpyDType::kInt32:
-      return 4;
-    case NpyDType::kFloat64:
-    case NpyDType::kInt64:
-      return 8;
-    case NpyDType::kFloat16:
-      return 2;
-    case NpyDType::kBool:
-      return 1;
-  }
-  return 1;
-}
-
 }  // namespace
 
 NpyHeader read_npy_header(const std::filesystem::path& path) {
@@ -119,7 +103,7 @@ NpyArray read_npy_rows(const std::filesystem::path& path, int axis,
   }
   // The array is (outer, shape[a], inner) in C order: each range of each outer index is one
   // contiguous run of bytes.
-  int64_t outer = 1, inner = itemsize(file.layout().dtype);
+  int64_t outer = 1, inner = io_detail::npy_itemsize(file.layout().dtype);
   for (int d = 0; d < a; ++d) outer *= shape[d];
   for (int d = a + 1; d < rank; ++d) inner *= shape[d];
   int64_t dims[Shape::kMaxRank];
