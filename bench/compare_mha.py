@@ -96,7 +96,8 @@ def main():
           f"median of {args.repeats}")
     has_ort = onnx_runtime_layer(torch_layer, args.heads, 1) is not None
     if not has_ort:
-        print("onnxruntime/onnx not installed: no ONNX Runtime column (pip install onnxruntime onnx)")
+        print("onnxruntime/onnx not installed: no ONNX Runtime column "
+              "(pip install onnxruntime onnx)")
     print(f"{'n':>6} {'threads':>7} {'attn ms':>9} {'torch ms':>9} {'torch/attn':>10}"
           + (f" {'ort ms':>9} {'ort/attn':>9}" if has_ort else ""))
     for n in parse_ints(args.sizes):
@@ -113,7 +114,8 @@ def main():
                     args.repeats)
             time.sleep(0.5)
             row = {"n": n, "threads": threads, "attn_ms": attn_ms, "torch_ms": torch_ms}
-            line = f"{n:>6} {threads:>7} {attn_ms:>9.1f} {torch_ms:>9.1f} {torch_ms / attn_ms:>9.2f}x"
+            line = (f"{n:>6} {threads:>7} {attn_ms:>9.1f} {torch_ms:>9.1f} "
+                    f"{torch_ms / attn_ms:>9.2f}x")
             if has_ort:
                 ort_layer = onnx_runtime_layer(torch_layer, args.heads, threads)
                 with torch.inference_mode():

@@ -485,8 +485,9 @@ def scaled_dot_product_attention(
     gradients too; other floating dtypes are converted to float32, the output returned in the
     query's dtype. A float attn_mask, alibi_slopes and sinks are used in float32 whatever the
     inputs' dtype. Gradients reach query, key, value, a float attn_mask that requires grad
-    (summed over its broadcast axes) and sinks; alibi_slopes get none. Dropout (whenever dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator,
-    so ``torch.manual_seed`` makes it reproducible.
+    (summed over its broadcast axes) and sinks; alibi_slopes get none. Dropout (whenever
+    dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator, so ``torch.manual_seed``
+    makes it reproducible.
 
     With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
     ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
