@@ -27,6 +27,7 @@
 #include "attn/core/error.hpp"
 #include "attn/core/threads.hpp"
 #include "attn/io/files.hpp"
+#include "attn/kernels/simd_target.hpp"
 #include "bench/attention_cases.hpp"
 #include "bench/ceilings.hpp"
 #include "bench/decode_cases.hpp"
@@ -70,6 +71,7 @@ struct BenchOptions {
   int64_t window = 256;  // fused-window's left size
   double max_working_set_mib = 600.0;
   uint64_t seed = 1;
+  std::string simd_target = "best";  // cap on the kernels' Highway target (limit_simd_target)
   DecodeBenchOptions decode;
 };
 
@@ -102,6 +104,7 @@ struct SgemmRow {
 
 struct BenchReport {
   std::string cpu;
+  std::string simd_target;  // the kernels' Highway target in this run
   std::string load_before;
   std::string load_after;
   std::string sgemm_library;
@@ -223,6 +226,7 @@ CaseRow measure_case(const AttentionCase& entry, const AttentionShape& shape, in
 BenchReport run_benchmarks(const BenchOptions& options) {
   BenchReport report;
   report.cpu = cpu_description();
+  report.simd_target = simd_target();
   report.load_before = load_average();
   report.sgemm_library = bench::sgemm_library();
   const bool verbose = !options.json;
@@ -373,7 +377,8 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
             << "no heads; fused-window: keys i-" << options.window << "..i; fused-gqa: "
             << "heads/4 key/value heads); median of " << options.repeats
             << " passes after one warm-up\n"
-            << "machine: " << report.cpu << "\n"
+            << "machine: " << report.cpu << "; kernels on Highway target " << report.simd_target
+            << "\n"
             << "load average (1, 5, 15 min): " << report.load_before << " before, "
             << report.load_after << " after\n";
   for (const auto& [threads, peak] : report.peaks) {
@@ -462,6 +467,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
                        {"window", options.window}};
   document["repeats"] = options.repeats;
   document["machine"] = report.cpu;
+  document["simd_target"] = report.simd_target;
   document["load_average_before"] = report.load_before;
   document["load_average_after"] = report.load_after;
   document["sgemm_library"] = report.sgemm_library;
@@ -508,6 +514,7 @@ void run(BenchOptions options) {
   // Checked first, so that a bad path fails before minutes of measuring; written through a
   // temporary file renamed over it, so that a failed write keeps an earlier report whole.
   if (!options.json_out.empty()) check_outputs({{"--json-out", options.json_out}}, {});
+  with_context("--simd-target", [&] { limit_simd_target(options.simd_target); });
   const BenchReport report = run_benchmarks(options);
   if (!options.json_out.empty()) {
     std::ostringstream text;
@@ -589,6 +596,12 @@ void add_bench_command(CLI::App& app) {
                    "path's B*H*n*m scores)")
       ->check(CLI::PositiveNumber);
   command->add_option("--seed", options->seed, "Seed of the inputs and valid lengths");
+  command
+      ->add_option("--simd-target", options->simd_target,
+                   "Run the kernels, the FMA peak and oneDNN no better than this instruction set "
+                   "(Highway's names: AVX3, AVX2, SSE4, ...; best = this CPU's), to measure here "
+                   "what an older CPU runs")
+      ->capture_default_str();
   add_decode_options(*command, options->decode);
   command->callback([options] { run(*options); });
 }

@@ -208,6 +208,20 @@ TEST_F(CliTest, BenchRejectsUnknownCasesAndBadSizes) {
   // 17 queries × 4 query heads per key/value head are more rows than the decode kernel takes.
   expect_error("bench --cases decode-int8 --decode-queries 17", "--decode-queries");
   expect_error("bench --cases decode-int8 --decode-lengths 0", "--decode-lengths");
+  expect_error("bench --simd-target avx9", "--simd-target: simd target name: expected one of");
+}
+
+// SSE4 is on every x86-64 CPU attn supports: the kernels and the FMA peak both run it when asked.
+TEST_F(CliTest, BenchRunsTheKernelsOnTheSimdTargetItIsGiven) {
+  const CommandResult result = attn(
+      "bench --cases fused --sizes 40 --threads 1 --batch 1 --heads 1 --head-dim 8 --repeats 1 "
+      "--simd-target sse4 --json-out s.json");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json report = nlohmann::json::parse(read_text(path("s.json")));
+  EXPECT_EQ(report["simd_target"], "SSE4");
+  ASSERT_EQ(report["fma_peak"].size(), 1U);
+  EXPECT_EQ(report["fma_peak"][0]["simd_target"], "SSE4");
+  EXPECT_NE(result.out.find("kernels on Highway target SSE4"), std::string::npos) << result.out;
 }
 
 }  // namespace
