@@ -21,9 +21,15 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Register tile for this target: MR rows of broadcast scalars × NR vectors of columns.
-constexpr size_t kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 2;
+// Register tile for this target: MR rows of broadcast scalars × NR vectors of columns. AVX-512 has
+// 32 vector registers: 6 × 4 accumulators, the 4 B vectors of a step and a broadcast. AVX2 has 16:
+// 3 × 4 accumulators, the 3 broadcasts of a step and one B vector at a time (kBroadcastFirst),
+// where loading all 4 B vectors would spill (1.18-1.26x the 2 × 4 tile on Zen 5 capped at AVX2).
+// SSE4 has no FMA: each multiply-add needs a temporary register, so it keeps 2 × 4 (3 × 4 was 15%
+// slower).
+constexpr size_t kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : HWY_MAX_BYTES == 32 ? 3 : 2;
 constexpr size_t kMaxVectors = 4;
+constexpr bool kBroadcastFirst = HWY_MAX_BYTES == 32;
 
 // C[r, v·N …] (= or +=) Σ_k A(r, k) · B[k, v·N …] for r < MR, v < NR, where A(r, k) is the scalar
 // a[r·a_row + k·a_col] (broadcast) and B's rows are ldb apart; C's rows are ldc apart. When
@@ -48,15 +54,39 @@ HWY_INLINE void MicroKernel(D d, const float* HWY_RESTRICT a, size_t a_row, size
   }
   for (size_t k = 0; k < depth; ++k) {
     const float* HWY_RESTRICT b_row = b + k * ldb;
-    V b_vectors[NR];
-    for (size_t v = 0; v < NR; ++v) b_vectors[v] = hn::LoadU(d, b_row + v * lanes);
-    for (size_t r = 0; r < MR; ++r) {
-      const V a_scalar = hn::Set(d, a[r * a_row + k * a_col]);
-      for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::MulAdd(a_scalar, b_vectors[v], acc[r][v]);
+    if constexpr (kBroadcastFirst) {
+      V a_scalars[MR];
+      for (size_t r = 0; r < MR; ++r) a_scalars[r] = hn::Set(d, a[r * a_row + k * a_col]);
+      for (size_t v = 0; v < NR; ++v) {
+        const V b_vector = hn::LoadU(d, b_row + v * lanes);
+        for (size_t r = 0; r < MR; ++r) acc[r][v] = hn::MulAdd(a_scalars[r], b_vector, acc[r][v]);
+      }
+    } else {
+      V b_vectors[NR];
+      for (size_t v = 0; v < NR; ++v) b_vectors[v] = hn::LoadU(d, b_row + v * lanes);
+      for (size_t r = 0; r < MR; ++r) {
+        const V a_scalar = hn::Set(d, a[r * a_row + k * a_col]);
+        for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::MulAdd(a_scalar, b_vectors[v], acc[r][v]);
+      }
     }
   }
   for (size_t r = 0; r < MR; ++r) {
     for (size_t v = 0; v < NR; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
+  }
+}
+
+// MicroKernel for the `rows` < kMaxRows rows a block of kMaxRows leaves, rows ≥ kRows.
+template <size_t kRows, size_t NR, bool kAccumulate, class D>
+HWY_INLINE void RemainderRows(D d, size_t rows, const float* a, size_t a_row, size_t a_col,
+                              const float* b, size_t ldb, size_t depth, float* c, size_t ldc,
+                              const float* c_scale) {
+  if constexpr (kRows < kMaxRows) {
+    if (rows == kRows) {
+      MicroKernel<kRows, NR, kAccumulate>(d, a, a_row, a_col, b, ldb, depth, c, ldc, c_scale);
+    } else {
+      RemainderRows<kRows + 1, NR, kAccumulate>(d, rows, a, a_row, a_col, b, ldb, depth, c, ldc,
+                                                c_scale);
+    }
   }
 }
 
@@ -74,25 +104,9 @@ HWY_INLINE void RowBlocks(D d, size_t rows, const float* a, size_t a_row, size_t
   const float* a_left = a + r * a_row;
   float* c_left = c + r * ldc;
   const float* scale_left = c_scale ? c_scale + r : nullptr;
-  if constexpr (kMaxRows > 1) {
-    if (left == 1)
-      MicroKernel<1, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
+  if (left > 0)
+    RemainderRows<1, NR, kAccumulate>(d, left, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
                                       scale_left);
-  }
-  if constexpr (kMaxRows > 2) {
-    if (left == 2)
-      MicroKernel<2, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
-                                      scale_left);
-    if (left == 3)
-      MicroKernel<3, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
-                                      scale_left);
-    if (left == 4)
-      MicroKernel<4, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
-                                      scale_left);
-    if (left == 5)
-      MicroKernel<5, NR, kAccumulate>(d, a_left, a_row, a_col, b, ldb, depth, c_left, ldc,
-                                      scale_left);
-  }
 }
 
 // C (rows × vectors·N) (= or +=) A · B for any vector count, in column blocks of kMaxVectors;
