@@ -43,6 +43,8 @@ struct AdditiveBackwardArgs {
   FlashAttentionOptions options;
   HeadsView grad_queries, grad_keys, grad_values;
   float* grad_weights;  // queries.cols values
+  // Scores and u in the exponential form (additive_scores-inl.h), as the forward pass chose.
+  bool exponential = false;
 };
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes, as the forward kernel
@@ -80,6 +82,7 @@ struct AdditiveBackwardScratch : BackwardTileBuffers {
   float* grad_keys;                // Bc × h
   float* grad_values;              // Bc × dv_padded
   float* grad_weight_lanes;        // h × lanes: dw, lane-wise partial sums
+  float* key_exponentials;         // Bc × h: e^{2b} of the key tile (the exponential form)
 
   AdditiveBackwardScratch(size_t n, size_t hidden, size_t dv, size_t lanes) {
     const size_t br = kQueryVectors * lanes, bc = kKeyTile;
@@ -92,6 +95,7 @@ struct AdditiveBackwardScratch : BackwardTileBuffers {
       grad_keys = take(bc * hidden);
       grad_values = take(bc * dv_padded);
       grad_weight_lanes = take(hidden * lanes);
+      key_exponentials = take(bc * hidden);
     });
   }
 };
@@ -100,7 +104,7 @@ struct AdditiveBackwardScratch : BackwardTileBuffers {
 // accumulates daᵀ[t] += Σ_j g_j, grad_keys[j, t] += Σ_i g_ij (lanes summed) and the lane-wise
 // dw[t] += Σ_j dSᵀ[j] u, with g = dS · w_t · (1 − u²). One t at a time keeps aᵀ[t], daᵀ[t] and
 // dw[t] in registers while the bc rows of dSᵀ stream from L1.
-template <class D>
+template <bool kExponential, class D>
 HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT keys,
                                     size_t key_stride, const float* HWY_RESTRICT q_transposed,
                                     size_t br, size_t depth, const float* HWY_RESTRICT weights,
@@ -112,7 +116,7 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
   constexpr size_t NR = kQueryVectors;
   const size_t lanes = hn::Lanes(d);
   for (size_t t = 0; t < depth; ++t) {
-    const V weight = hn::Set(d, weights[t]);
+    const V weight = hn::Set(d, kExponential ? 4.0F * weights[t] : weights[t]);
     V queries[NR], grad_queries[NR];
     for (size_t v = 0; v < NR; ++v) {
       queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
@@ -124,10 +128,18 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
       V grad_key = hn::Zero(d);
       for (size_t v = 0; v < NR; ++v) {
         const V grad_score = hn::Load(d, grad_scores + j * br + v * lanes);
-        const V u = AdditiveTanh(d, hn::Add(queries[v], key));
-        grad_weight = hn::MulAdd(grad_score, u, grad_weight);
         const V weighted = hn::Mul(grad_score, weight);
-        const V g = hn::NegMulAdd(hn::Mul(weighted, u), u, weighted);  // dS w (1 − u²)
+        V u, g;
+        if constexpr (kExponential) {
+          // u = 1 − 2R with R = 1/(e^{2a}e^{2b} + 1), so 1 − u² = 4R(1 − R); `weight` is 4w here.
+          const V reciprocal = ReciprocalOfProductPlusOne(d, queries[v], key);
+          u = hn::NegMulAdd(hn::Set(d, 2.0F), reciprocal, hn::Set(d, 1.0F));
+          g = hn::Mul(weighted, hn::NegMulAdd(reciprocal, reciprocal, reciprocal));
+        } else {
+          u = AdditiveTanh(d, hn::Add(queries[v], key));
+          g = hn::NegMulAdd(hn::Mul(weighted, u), u, weighted);  // dS w (1 − u²)
+        }
+        grad_weight = hn::MulAdd(grad_score, u, grad_weight);
         grad_queries[v] = hn::Add(grad_queries[v], g);
         grad_key = hn::Add(grad_key, g);
       }
@@ -176,6 +188,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       const float* a_row = a + static_cast<int64_t>(i < n ? i : 0) * args.queries.row_stride;
       for (size_t t = 0; t < hidden; ++t) at[t * br + r] = i < n ? a_row[t] : 0.0F;
     }
+    if (args.exponential) DoubledExponentialsInPlace(d, at, hidden * br);
   }
 
   const bool dropout = args.options.dropout > 0.0F;
@@ -187,6 +200,16 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
     const size_t bc = std::min(kKeyTile, m - key0);
     std::fill(s.grad_keys, s.grad_keys + bc * hidden, 0.0F);
     std::fill(s.grad_values, s.grad_values + bc * dv_padded, 0.0F);
+    // The key tile's rows as the scores read them: b, or e^{2b} in the exponential form.
+    const float* key_rows = keys + key0 * key_stride;
+    size_t key_rows_stride = key_stride;
+    if (args.exponential) {
+      for (size_t j = 0; j < bc; ++j)
+        std::copy_n(key_rows + j * key_stride, hidden, s.key_exponentials + j * hidden);
+      DoubledExponentialsInPlace(d, s.key_exponentials, bc * hidden);
+      key_rows = s.key_exponentials;
+      key_rows_stride = hidden;
+    }
     for (size_t tile = 0; tile < tiles; ++tile) {
       const TileKeyRanges ranges = s.tile_ranges(tile);
       const auto key_begin = static_cast<int64_t>(key0);
@@ -202,10 +225,14 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       // Keys past every query of this tile contribute nothing: skip their tanh work.
       const size_t active = std::min(bc, static_cast<size_t>(ranges.end - key_begin));
       const float* at = s.queries_transposed + tile * hidden * br;
-      const float* key_rows = keys + key0 * key_stride;
       // Sᵀ as the forward pass computed it, masked, then Pᵀ = exp(Sᵀ − lse).
-      AdditiveScores<kQueryVectors>(d, active, key_rows, key_stride, at, br, hidden, args.weights,
-                                    s.probabilities);
+      if (args.exponential) {
+        AdditiveScoresExponential<kQueryVectors>(d, active, key_rows, key_rows_stride, at, br,
+                                                 hidden, args.weights, s.probabilities);
+      } else {
+        AdditiveScores<kQueryVectors>(d, active, key_rows, key_rows_stride, at, br, hidden,
+                                      args.weights, s.probabilities);
+      }
       const QueryTile query_tile{b,
                                  h,
                                  static_cast<int64_t>(first),
@@ -235,9 +262,15 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
                   s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
       GradScoresFromGradProbabilities(d, active, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
-      AdditiveGradients(d, active, key_rows, key_stride, at, br, hidden, args.weights,
-                        s.grad_scores, s.grad_queries_transposed + tile * hidden * br, s.grad_keys,
-                        s.grad_weight_lanes);
+      float* grad_q_transposed = s.grad_queries_transposed + tile * hidden * br;
+      if (args.exponential) {
+        AdditiveGradients<true>(d, active, key_rows, key_rows_stride, at, br, hidden, args.weights,
+                                s.grad_scores, grad_q_transposed, s.grad_keys, s.grad_weight_lanes);
+      } else {
+        AdditiveGradients<false>(d, active, key_rows, key_rows_stride, at, br, hidden,
+                                 args.weights, s.grad_scores, grad_q_transposed, s.grad_keys,
+                                 s.grad_weight_lanes);
+      }
     }
     for (size_t j = 0; j < bc; ++j) {
       const auto key = static_cast<int64_t>(key0 + j);
@@ -369,7 +402,7 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
     std::fill(grad_w_v.begin(), grad_w_v.end(), 0.0F);
     return;
   }
-  const additive_backward_detail::AdditiveBackwardArgs args{a,
+  additive_backward_detail::AdditiveBackwardArgs args{a,
                                                             projected_keys,
                                                             values,
                                                             out,
@@ -382,6 +415,7 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
                                                             grad_projected_keys,
                                                             grad_v,
                                                             grad_w_v.data()};
+  args.exponential = additive_exponential_form(a, projected_keys);
   HWY_DYNAMIC_DISPATCH(AdditiveBackward)(args);
 }
 

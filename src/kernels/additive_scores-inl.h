@@ -1,5 +1,16 @@
 // Additive (Bahdanau) score tiles for the fused kernels, per SIMD target (a Highway "-inl.h"
 // header, included once per target from a foreach_target translation unit): forward and backward.
+//
+// Two forms of the same scores. The direct one evaluates tanh(q + k) per (query, key, hidden
+// unit). The exponential one uses tanh(q + k) = 1 − 2 / (e^{2q}·e^{2k} + 1): with E = e^{2q} and
+// F = e^{2k} computed once per query and key (O((n + m)·h) exponentials), each of the n·m·h terms
+// is one multiply-add, a reciprocal estimate and its Newton step — about a third of the tanh's
+// instructions — and the score is Σ_t w_t − 2 Σ_t w_t / (E_t F_t + 1). It needs e^{2(q + k)} far
+// from float's overflow and subnormals, so the kernels take it only when every projected query and
+// key lies within ±kAdditiveExponentialLimit (kernel_arguments.hpp); past that, the direct form.
+// Error: a relative error δ of E·F moves tanh by at most δ/2 (its derivative in log(E·F) is
+// 2EF/(EF + 1)² ≤ 1/2); E and F are within 1 ulp, the product and the reciprocal after its
+// Newton step within a few more, so each term is within ~3e−7 of tanh, as AdditiveTanh is.
 
 #if defined(ATTN_KERNELS_ADDITIVE_SCORES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_ADDITIVE_SCORES_INL_H_
@@ -9,6 +20,8 @@
 #endif
 
 #include <hwy/highway.h>
+
+#include <algorithm>
 
 #include "kernels/fast_math-inl.h"
 
@@ -45,6 +58,62 @@ HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t ke
     for (size_t v = 0; v < NR; ++v) hn::Store(acc[r][v], d, scores + r * br + v * lanes);
 }
 
+// data[i] = e^{2·data[i]} for `count` floats, each lane on its own (a tail through a padded
+// vector), so that an element's result never depends on where it sits: the forward, backward and
+// weights kernels lay the same inputs out differently and must compute the same scores.
+template <class D>
+HWY_INLINE void DoubledExponentialsInPlace(D d, float* data, size_t count) {
+  const size_t lanes = hn::Lanes(d);
+  const auto two = hn::Set(d, 2.0F);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes)
+    hn::StoreU(SoftmaxExp(d, hn::Mul(two, hn::LoadU(d, data + i))), d, data + i);
+  if (i < count) {
+    HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)] = {};
+    std::copy(data + i, data + count, tail);
+    hn::Store(SoftmaxExp(d, hn::Mul(two, hn::Load(d, tail))), d, tail);
+    std::copy(tail, tail + (count - i), data + i);
+  }
+}
+
+// 1 / (e·f + 1) for the exponential form: the hardware's reciprocal estimate and one Newton step.
+// e·f + 1 ≥ 1 and ≤ e^84 + 1, so neither the estimate nor the step meets a subnormal or ∞.
+template <class D>
+HWY_INLINE hn::Vec<D> ReciprocalOfProductPlusOne(D d, hn::Vec<D> e, hn::Vec<D> f) {
+  const auto denominator = hn::MulAdd(e, f, hn::Set(d, 1.0F));
+  const auto estimate = hn::ApproximateReciprocal(denominator);
+  return hn::Mul(estimate, hn::NegMulAdd(denominator, estimate, hn::Set(d, 2.0F)));
+}
+
+// AdditiveScoreRows in the exponential form: `keys` hold e^{2k} and `q_transposed` e^{2q};
+// `weight_sum` is Σ_t w_t.
+template <size_t MR, size_t NR, class D>
+HWY_INLINE void AdditiveScoreRowsExponential(D d, const float* HWY_RESTRICT keys, size_t key_stride,
+                                             const float* HWY_RESTRICT q_transposed, size_t br,
+                                             size_t depth, const float* HWY_RESTRICT weights,
+                                             float weight_sum, float* HWY_RESTRICT scores) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  V acc[MR][NR];
+  for (size_t r = 0; r < MR; ++r)
+    for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::Zero(d);
+  for (size_t t = 0; t < depth; ++t) {
+    const V weight = hn::Set(d, weights[t]);
+    V queries[NR];
+    for (size_t v = 0; v < NR; ++v) queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
+    for (size_t r = 0; r < MR; ++r) {
+      const V key = hn::Set(d, keys[r * key_stride + t]);
+      for (size_t v = 0; v < NR; ++v) {
+        acc[r][v] = hn::MulAdd(weight, ReciprocalOfProductPlusOne(d, queries[v], key), acc[r][v]);
+      }
+    }
+  }
+  const V sum = hn::Set(d, weight_sum), two = hn::Set(d, 2.0F);
+  for (size_t r = 0; r < MR; ++r)
+    for (size_t v = 0; v < NR; ++v)
+      hn::Store(hn::NegMulAdd(two, acc[r][v], sum), d, scores + r * br + v * lanes);
+}
+
 // Sᵀ (bc × Br, Br = NR vectors of queries, rows br floats apart) for one key tile. The forward and
 // backward kernels both call this, so the backward pass recomputes the forward pass's scores with
 // the same arithmetic, and its probabilities agree with the forward pass's log-sum-exp.
@@ -60,6 +129,26 @@ void AdditiveScores(D d, size_t bc, const float* keys, size_t key_stride, const 
   if (j < bc)
     AdditiveScoreRows<1, NR>(d, keys + j * key_stride, key_stride, q_transposed, br, depth, weights,
                              scores + j * br);
+}
+
+// The same in the exponential form: `keys` hold e^{2k}, `q_transposed` e^{2q}.
+template <size_t NR, class D>
+void AdditiveScoresExponential(D d, size_t bc, const float* keys, size_t key_stride,
+                               const float* q_transposed, size_t br, size_t depth,
+                               const float* weights, float* scores) {
+  // 32 registers take 4 × 4 accumulators beside the step's vectors; 16 take 2 × 4.
+  constexpr size_t kRows = HWY_MAX_BYTES >= 64 ? 4 : 2;
+  float weight_sum = 0.0F;
+  for (size_t t = 0; t < depth; ++t) weight_sum += weights[t];
+  size_t j = 0;
+  for (; j + kRows <= bc; j += kRows) {
+    AdditiveScoreRowsExponential<kRows, NR>(d, keys + j * key_stride, key_stride, q_transposed, br,
+                                            depth, weights, weight_sum, scores + j * br);
+  }
+  for (; j < bc; ++j) {
+    AdditiveScoreRowsExponential<1, NR>(d, keys + j * key_stride, key_stride, q_transposed, br,
+                                        depth, weights, weight_sum, scores + j * br);
+  }
 }
 
 }  // namespace HWY_NAMESPACE

@@ -24,6 +24,7 @@ struct WeightsArgs {
   FlashAttentionOptions options;
   HeadsView weights;
   const float* additive_weights;  // w_v for additive scores; null for dot products
+  bool additive_exponential = false;  // additive scores in the exponential form, as the forward
 };
 
 constexpr size_t kQueryVectors = 4;
@@ -56,6 +57,7 @@ struct WeightsScratch {
   hwy::AlignedFreeUniquePtr<float[]> memory;
   float* q_transposed;  // d × Br, scaled
   float* scores;        // Bc × Br
+  float* key_rows;      // Bc × d: e^{2k} of a key tile (additive scores' exponential form)
   float* lse;           // Br
   int32_t* first;       // Br
   int32_t* last;        // Br
@@ -64,6 +66,7 @@ struct WeightsScratch {
     memory = carve_scratch(lanes, [&](const auto& take) {
       q_transposed = take(depth * br);
       scores = take(kKeyTile * br);
+      key_rows = take(kKeyTile * depth);
       lse = take(br);
       first = as_int32(take(br));
       last = as_int32(take(br));
@@ -97,6 +100,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
                    : 0.0F;
     }
   }
+  if (args.additive_exponential) DoubledExponentialsInPlace(d, s.q_transposed, depth * br);
   float* out = args.weights.matrix(b, h) + first_query * args.weights.row_stride;
   for (size_t r = 0; r < rows; ++r)
     std::fill_n(out + static_cast<int64_t>(r) * args.weights.row_stride, m, 0.0F);
@@ -112,7 +116,13 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       if (coverage == MaskCoverage::kNone) continue;
     }
     const float* key_rows = keys + key0 * args.k.row_stride;
-    if (args.additive_weights != nullptr) {
+    if (args.additive_exponential) {
+      for (size_t j = 0; j < bc; ++j)
+        std::copy_n(key_rows + j * key_stride, depth, s.key_rows + j * depth);
+      DoubledExponentialsInPlace(d, s.key_rows, bc * depth);
+      AdditiveScoresExponential<kQueryVectors>(d, bc, s.key_rows, depth, s.q_transposed, br, depth,
+                                               args.additive_weights, s.scores);
+    } else if (args.additive_weights != nullptr) {
       AdditiveScores<kQueryVectors>(d, bc, key_rows, key_stride, s.q_transposed, br, depth,
                                     args.additive_weights, s.scores);
     } else {
@@ -182,8 +192,8 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
   require_additive_arguments(w_v, options, projected_queries, projected_keys);
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;
-  compute_weights(
-      {projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights, w_v.data()});
+  compute_weights({projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights,
+                   w_v.data(), additive_exponential_form(projected_queries, projected_keys)});
 }
 
 }  // namespace attn

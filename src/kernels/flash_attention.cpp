@@ -38,6 +38,9 @@ struct ForwardArgs {
   // Null for dot-product scores; otherwise w_v (q.cols values) and additive scores
   // S_ij = Σ_t w_t tanh(q_it + k_jt), with q and k the projected queries and keys.
   const float* additive_weights = nullptr;
+  // Additive scores in the exponential form (additive_scores-inl.h): the packed keys and Qᵀ hold
+  // e^{2k} and e^{2q}.
+  bool additive_exponential = false;
   // Half-precision inputs and output: q, k, v and out above then give shapes and strides only,
   // and the elements are these (flash_attention.hpp's half-precision overload).
   bool half = false;
@@ -162,6 +165,7 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
     } else {
       std::copy_n(args.k.matrix(b, h) + j * args.k.row_stride, depth, key_row);
       std::copy_n(args.v.matrix(b, h) + j * args.v.row_stride, dv, value_row);
+      if (args.additive_exponential) DoubledExponentialsInPlace(d, key_row, depth);
     }
     std::fill(value_row + dv, value_row + dv_padded, 0.0F);
   }
@@ -243,6 +247,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
                 : 0.0F;
       }
     }
+    if (args.additive_exponential)
+      DoubledExponentialsInPlace(hn::ScalableTag<float>(), s.q_transposed, depth * br);
   }
   const bool sink = args.options.sinks != nullptr;
   const float start_max = sink ? args.options.sinks[h] : -std::numeric_limits<float>::infinity();
@@ -392,7 +398,10 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
     }
     // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
     const float* key_rows = k + static_cast<size_t>(key0) * depth;
-    if (args.additive_weights != nullptr) {
+    if (args.additive_exponential) {
+      AdditiveScoresExponential<flash_detail::kQueryVectors>(
+          d, bc, key_rows, depth, s.q_transposed, br, depth, args.additive_weights, s.scores);
+    } else if (args.additive_weights != nullptr) {
       AdditiveScores<flash_detail::kQueryVectors>(d, bc, key_rows, depth, s.q_transposed, br, depth,
                                                   args.additive_weights, s.scores);
     } else {
@@ -786,8 +795,9 @@ void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView
                                  additive)) {
     return;
   }
-  const flash_detail::ForwardArgs args{projected_queries, projected_keys, values,   out,
-                                       log_sum_exp,       &valid_lens,    additive, w_v.data()};
+  flash_detail::ForwardArgs args{projected_queries, projected_keys, values,   out,
+                                 log_sum_exp,       &valid_lens,    additive, w_v.data()};
+  args.additive_exponential = additive_exponential_form(projected_queries, projected_keys);
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);
 }
 

@@ -2,10 +2,12 @@
 #include "kernels/kernel_arguments.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "core/magnitude_scan.hpp"
 
 namespace attn {
 
@@ -91,6 +93,31 @@ void require_additive_arguments(std::span<const float> w_v, const FlashAttention
 void require_log_sum_exp(const float* log_sum_exp) {
   if (log_sum_exp == nullptr)
     throw ValueError("log_sum_exp: expected the forward pass's values, got a null pointer");
+}
+
+namespace {
+// Whether every element of `view` lies within ±limit (NaN and ±∞ do not).
+bool within(const ConstHeadsView& view, float limit) {
+  uint32_t limit_bits = 0;
+  std::memcpy(&limit_bits, &limit, sizeof limit_bits);
+  for (int64_t b = 0; b < view.batch; ++b) {
+    for (int64_t h = 0; h < view.heads; ++h) {
+      const float* matrix = view.matrix(b, h);
+      for (int64_t r = 0; r < view.rows; ++r) {
+        if (core_detail::largest_magnitude_bits(matrix + r * view.row_stride, view.cols) >
+            limit_bits)
+          return false;
+      }
+    }
+  }
+  return true;
+}
+}  // namespace
+
+bool additive_exponential_form(const ConstHeadsView& projected_queries,
+                               const ConstHeadsView& projected_keys) {
+  return within(projected_queries, kAdditiveExponentialLimit) &&
+         within(projected_keys, kAdditiveExponentialLimit);
 }
 
 }  // namespace attn

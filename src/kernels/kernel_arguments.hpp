@@ -31,6 +31,16 @@ void require_additive_arguments(std::span<const float> w_v, const FlashAttention
                                 const ConstHeadsView& projected_queries,
                                 const ConstHeadsView& projected_keys);
 
+// The largest |q| and |k| for which additive scores take the exponential form (additive_scores-inl.h):
+// e^{2(q + k)} then stays within [e^-84, e^84], far from float's overflow and subnormals.
+inline constexpr float kAdditiveExponentialLimit = 21.0F;
+
+// Whether every element of the projected queries and keys lies within ±kAdditiveExponentialLimit
+// (NaN and ±∞ do not). The forward, backward and weights kernels ask it of the same inputs, so they
+// all compute the same scores.
+bool additive_exponential_form(const ConstHeadsView& projected_queries,
+                               const ConstHeadsView& projected_keys);
+
 // Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's).
 void require_log_sum_exp(const float* log_sum_exp);
 
