@@ -1,6 +1,8 @@
 // The extension module attn._attn: attn's exceptions as Python ones, the thread-count and
 // strict-input settings, and the registration of the functions, layers and file readers.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include "arrays.hpp"
 #include "attn/core/error.hpp"
 #include "attn/core/threads.hpp"
+#include "attn/kernels/simd_target.hpp"
 #include "bindings.hpp"
 
 namespace nb = nanobind;
@@ -87,6 +90,20 @@ NB_MODULE(_attn, module) {
       "get_num_threads", [] { return num_threads_setting.load(); },
       "The thread count set by set_num_threads() (by default OMP_NUM_THREADS, else the number\n"
       "of hardware threads).");
+
+  module.def(
+      "simd_target", [] { return attn::simd_target(); },
+      "The SIMD instruction set attn's kernels run on now, by Highway's name (AVX3 = AVX-512,\n"
+      "AVX2, SSE4, ...).");
+  module.def(
+      "available_simd_targets", [] { return attn::available_simd_targets(); },
+      "The instruction sets attn has kernels for and this CPU runs, best first.");
+  module.def(
+      "limit_simd_target", [](const std::string& name) { attn::limit_simd_target(name); }, "name"_a,
+      "Runs attn's kernels, and its GEMM library where it has not run yet, no better than `name`\n"
+      "(one of available_simd_targets(), any case; 'best' lifts the cap): to measure or test on\n"
+      "this machine the kernels an older CPU runs. Process-wide; not while kernels run on other\n"
+      "threads. ValueError for any other name.");
 
   module.def("set_strict_inputs", &attn::python::set_strict_inputs, "strict"_a,
              "When strict, arrays that would need a copy (not float32, or not C-contiguous) are\n"

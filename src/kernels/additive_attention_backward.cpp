@@ -267,8 +267,8 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
         AdditiveGradients<true>(d, active, key_rows, key_rows_stride, at, br, hidden, args.weights,
                                 s.grad_scores, grad_q_transposed, s.grad_keys, s.grad_weight_lanes);
       } else {
-        AdditiveGradients<false>(d, active, key_rows, key_rows_stride, at, br, hidden,
-                                 args.weights, s.grad_scores, grad_q_transposed, s.grad_keys,
+        AdditiveGradients<false>(d, active, key_rows, key_rows_stride, at, br, hidden, args.weights,
+                                 s.grad_scores, grad_q_transposed, s.grad_keys,
                                  s.grad_weight_lanes);
       }
     }
@@ -403,18 +403,18 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
     return;
   }
   additive_backward_detail::AdditiveBackwardArgs args{a,
-                                                            projected_keys,
-                                                            values,
-                                                            out,
-                                                            grad_out,
-                                                            w_v.data(),
-                                                            log_sum_exp,
-                                                            &valid_lens,
-                                                            options,
-                                                            grad_projected_queries,
-                                                            grad_projected_keys,
-                                                            grad_v,
-                                                            grad_w_v.data()};
+                                                      projected_keys,
+                                                      values,
+                                                      out,
+                                                      grad_out,
+                                                      w_v.data(),
+                                                      log_sum_exp,
+                                                      &valid_lens,
+                                                      options,
+                                                      grad_projected_queries,
+                                                      grad_projected_keys,
+                                                      grad_v,
+                                                      grad_w_v.data()};
   args.exponential = additive_exponential_form(a, projected_keys);
   HWY_DYNAMIC_DISPATCH(AdditiveBackward)(args);
 }

@@ -23,7 +23,7 @@ struct WeightsArgs {
   const ValidLengths* valid_lens;
   FlashAttentionOptions options;
   HeadsView weights;
-  const float* additive_weights;  // w_v for additive scores; null for dot products
+  const float* additive_weights;      // w_v for additive scores; null for dot products
   bool additive_exponential = false;  // additive scores in the exponential form, as the forward
 };
 

@@ -31,8 +31,9 @@ void require_additive_arguments(std::span<const float> w_v, const FlashAttention
                                 const ConstHeadsView& projected_queries,
                                 const ConstHeadsView& projected_keys);
 
-// The largest |q| and |k| for which additive scores take the exponential form (additive_scores-inl.h):
-// e^{2(q + k)} then stays within [e^-84, e^84], far from float's overflow and subnormals.
+// The largest |q| and |k| for which additive scores take the exponential form
+// (additive_scores-inl.h): e^{2(q + k)} then stays within [e^-84, e^84], far from float's overflow
+// and subnormals.
 inline constexpr float kAdditiveExponentialLimit = 21.0F;
 
 // Whether every element of the projected queries and keys lies within ±kAdditiveExponentialLimit

@@ -240,8 +240,9 @@ TEST_P(AdditiveAttentionBackwardKernel, RejectsInconsistentArguments) {
                        "got 1 × 1 of 2 × 4");
   EXPECT_THROW_MESSAGE(call(w.span(), b, v, nullptr, {}, db, dw), ValueError,
                        "log_sum_exp: expected the forward pass's values, got a null pointer");
-  EXPECT_THROW_MESSAGE(call(w.span(), b, v, lse.data(), testing::kernel_options(1.0F, false, 1.0F), db, dw), ValueError,
-                       "dropout: expected a probability in [0, 1)");
+  EXPECT_THROW_MESSAGE(
+      call(w.span(), b, v, lse.data(), testing::kernel_options(1.0F, false, 1.0F), db, dw),
+      ValueError, "dropout: expected a probability in [0, 1)");
   EXPECT_THROW_MESSAGE(
       additive_attention_backward(
           single_head(a, "a"), single_head(b, "b"), w.span(), single_head(v, "v"),

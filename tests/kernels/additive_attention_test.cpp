@@ -39,14 +39,17 @@ struct Case {
 
 TEST_P(AdditiveAttentionKernel, MatchesReference) {
   Rng rng(17);
-  const Case cases[] = {
-      {1, 1, 1, 1, 1, 0, false, 1.0F, 0.0F},     {2, 1, 5, 3, 2, 1, false, 1.0F, 0.0F},
-      {1, 7, 1, 8, 4, 2, false, 1.0F, 0.0F},     {3, 37, 45, 16, 5, 1, false, 1.0F, 0.0F},
-      {2, 70, 150, 40, 8, 2, false, 3.0F, 0.0F}, {2, 20, 90, 8, 8, 2, true, 1.0F, 0.0F},
-      {2, 33, 140, 12, 6, 1, false, 1.0F, 0.3F},
-      // Inputs up to 20.9: the exponential form near its limit (e^{2(a+b)} near e^{±84}); 30:
-      // past kAdditiveExponentialLimit, the direct tanh form.
-      {2, 37, 131, 19, 7, 2, false, 20.9F, 0.0F}, {2, 20, 90, 8, 5, 2, true, 30.0F, 0.0F}};
+  const Case cases[] = {{1, 1, 1, 1, 1, 0, false, 1.0F, 0.0F},
+                        {2, 1, 5, 3, 2, 1, false, 1.0F, 0.0F},
+                        {1, 7, 1, 8, 4, 2, false, 1.0F, 0.0F},
+                        {3, 37, 45, 16, 5, 1, false, 1.0F, 0.0F},
+                        {2, 70, 150, 40, 8, 2, false, 3.0F, 0.0F},
+                        {2, 20, 90, 8, 8, 2, true, 1.0F, 0.0F},
+                        {2, 33, 140, 12, 6, 1, false, 1.0F, 0.3F},
+                        // Inputs up to 20.9: the exponential form near its limit (e^{2(a+b)} near
+                        // e^{±84}); 30: past kAdditiveExponentialLimit, the direct tanh form.
+                        {2, 37, 131, 19, 7, 2, false, 20.9F, 0.0F},
+                        {2, 20, 90, 8, 5, 2, true, 30.0F, 0.0F}};
   for (const Case& c : cases) {
     const Tensor a = random_tensor(Shape{c.batch, c.queries, c.hidden}, rng, c.magnitude);
     const Tensor b = random_tensor(Shape{c.batch, c.keys, c.hidden}, rng, c.magnitude);

@@ -163,3 +163,22 @@ def test_num_threads_setting_is_stored():
         assert attn.get_num_threads() == 3
     finally:
         attn.set_num_threads(before)
+
+
+def test_simd_target_can_be_capped_and_restored():
+    available = attn.available_simd_targets()
+    assert available and attn.simd_target() == available[0]
+    q = np.random.default_rng(0).standard_normal((1, 2, 37, 16)).astype(np.float32)
+    best = attn.scaled_dot_product_attention(q, q, q)
+    try:
+        for name in available:
+            attn.limit_simd_target(name.lower())
+            assert attn.simd_target() == name
+            # Every target computes the same attention within float32 rounding.
+            np.testing.assert_allclose(attn.scaled_dot_product_attention(q, q, q), best,
+                                       rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match=r"simd target name: expected one of .*got 'avx9'"):
+            attn.limit_simd_target("avx9")
+    finally:
+        attn.limit_simd_target("best")
+    assert attn.simd_target() == available[0]

@@ -24,13 +24,16 @@ from ._attn import (
     additive_attention,
     gaussian_kernel_pooling,
     get_num_threads,
+    available_simd_targets,
     get_strict_inputs,
+    limit_simd_target,
     load_safetensors,
     masked_softmax,
     save_safetensors,
     scaled_dot_product_attention,
     set_num_threads,
     set_strict_inputs,
+    simd_target,
     _data_pointer,
     _load_safetensors_metadata,
 )
@@ -50,9 +53,11 @@ __all__ = [
     "MultiHeadAttention",
     "ShapeError",
     "additive_attention",
+    "available_simd_targets",
     "gaussian_kernel_pooling",
     "get_num_threads",
     "get_strict_inputs",
+    "limit_simd_target",
     "load",
     "load_safetensors",
     "masked_softmax",
@@ -60,6 +65,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "set_num_threads",
     "set_strict_inputs",
+    "simd_target",
 ]
 
 _LAYERS = {

@@ -103,6 +103,14 @@ def set_num_threads(n: int) -> None:
     not parallelised yet run on the calling thread, with the GIL released."""
 
 def get_num_threads() -> int: ...
+def simd_target() -> str:
+    """The instruction set attn's kernels run on now, by Highway's name: AVX3 (AVX-512), AVX2, ..."""
+
+def available_simd_targets() -> list[str]:
+    """The instruction sets attn has kernels for and this CPU runs, best first."""
+
+def limit_simd_target(name: str) -> None:
+    """Run the kernels no better than `name` (one of available_simd_targets(), or 'best')."""
 def set_strict_inputs(strict: bool) -> None:
     """When strict, inputs that would need a copy (not float32 or not C-contiguous) are refused."""
 
