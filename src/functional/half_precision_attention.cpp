@@ -1,6 +1,7 @@
 // attn::scaled_dot_product_attention and its backward pass on fp16 and bf16 tensors: the float
-// overloads' checks through PreparedAttention, then the half kernel per slice (forward), or the
-// float overloads on widened copies, rounded once (backward, and forward values out of its range).
+// overloads' checks through PreparedAttention, then the half kernels per slice, or, for values
+// whose sums could pass float's range, the float overloads on widened copies, rounded once.
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,21 +118,62 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
-  // Widening is exact, so the float backward on the copies is PyTorch's fp32-accumulating
-  // backward on these inputs; it checks everything else (shapes, options, finiteness) with the
-  // float overload's messages. Speed is not the point here: the copies cost O(size of the inputs).
-  const Tensor wide_query = functional_detail::widened_copy(type, query);
-  const Tensor wide_key = functional_detail::widened_copy(type, key);
-  const Tensor wide_value = functional_detail::widened_copy(type, value);
-  const Tensor wide_output = functional_detail::widened_copy(type, output);
-  const Tensor wide_grad_output = functional_detail::widened_copy(type, grad_output);
-  Tensor wide_grad_query(query.shape()), wide_grad_key(key.shape()), wide_grad_value(value.shape());
-  scaled_dot_product_attention_backward(wide_query, wide_key, wide_value, wide_output,
-                                        wide_grad_output, log_sum_exp, options, wide_grad_query,
-                                        wide_grad_key, wide_grad_value, grad_mask, grad_sinks);
-  functional_detail::store_rounded(type, wide_grad_query, grad_query);
-  functional_detail::store_rounded(type, wide_grad_key, grad_key);
-  functional_detail::store_rounded(type, wide_grad_value, grad_value);
+  // The float overload's checks, in its order, on shapes only; the data is scanned here.
+  const HalfInput q(query), k(key), v(value);
+  PreparedAttention prepared(q.shape_only(), k.shape_only(), v.shape_only(), options,
+                             PreparedAttention::kShapesOnly);
+  const float query_max = functional_detail::require_finite("query", type, q.view());
+  const float key_max = functional_detail::require_finite("key", type, k.view());
+  const float value_max = functional_detail::require_finite("value", type, v.view());
+  prepared.check_scanned_values(query_max, key_max, value_max);
+  functional_detail::start_option_gradients(options, grad_mask, grad_sinks);
+  const auto out = prepared.output_layout("output", output);
+  const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  const auto shape_of = [](const MutableHalfStridedView& gradient) {
+    return MutableStridedView(nullptr, gradient.shape(), gradient.strides());
+  };
+  const auto grad_q = prepared.input_layout("grad_query", shape_of(grad_query), query.shape());
+  const auto grad_k = prepared.input_layout("grad_key", shape_of(grad_key), key.shape());
+  const auto grad_v = prepared.input_layout("grad_value", shape_of(grad_value), value.shape());
+  const double scale = std::fabs(static_cast<double>(prepared.scale()));
+  const bool summed_gradients = grad_mask.data() != nullptr || !grad_sinks.empty();
+  const auto shifts =
+      prepared.gradient_shifts(functional_detail::require_finite("grad_output", type, grad_output),
+                               functional_detail::require_finite("output", type, output),
+                               scale * key_max, scale * query_max, summed_gradients);
+  if (shifts.grad_output > 0 || shifts.value > 0) {
+    // Sums that could pass float's range (finite_range.hpp): the float overload scales its copies
+    // by powers of two, which the half kernel, reading the bits in place, cannot. Rare enough to
+    // pay for widened copies; the gradients are the float path's, rounded once.
+    const Tensor wide_query = functional_detail::widened_copy(type, query);
+    const Tensor wide_key = functional_detail::widened_copy(type, key);
+    const Tensor wide_value = functional_detail::widened_copy(type, value);
+    const Tensor wide_output = functional_detail::widened_copy(type, output);
+    const Tensor wide_grad_output = functional_detail::widened_copy(type, grad_output);
+    Tensor wide_grad_query(query.shape()), wide_grad_key(key.shape()),
+        wide_grad_value(value.shape());
+    scaled_dot_product_attention_backward(wide_query, wide_key, wide_value, wide_output,
+                                          wide_grad_output, log_sum_exp, options, wide_grad_query,
+                                          wide_grad_key, wide_grad_value, grad_mask, grad_sinks);
+    functional_detail::store_rounded(type, wide_grad_query, grad_query);
+    functional_detail::store_rounded(type, wide_grad_key, grad_key);
+    functional_detail::store_rounded(type, wide_grad_value, grad_value);
+    return;
+  }
+  // The kernel widens each row as it packs it and rounds each gradient once: the float pass on
+  // the widened inputs, without copies of them.
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_backward(
+        type, prepared.query_layout().slice(q.data(), s), prepared.key_layout().slice(k.data(), s),
+        prepared.value_layout().slice(v.data(), s), out.slice(output.data(), s),
+        grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
+        prepared.valid_lens(), prepared.kernel_options(s), grad_q.slice(grad_query.data(), s),
+        grad_k.slice(grad_key.data(), s), grad_v.slice(grad_value.data(), s),
+        grad_mask.data() != nullptr ? prepared.mask_gradient(grad_mask.data(), s)
+                                    : ScoreMaskGradient{},
+        grad_sinks.empty() ? nullptr : grad_sinks.data());
+  }
 }
 
 HalfAttentionBackward scaled_dot_product_attention_backward(

@@ -41,8 +41,10 @@ Shape output_shape(const Shape& query, const Shape& value) {
   return with_last(query, value.dim(-1));
 }
 
-OptionGradients new_option_gradients(const AttentionOptions& options, bool mask_gradient,
-                                     bool sinks_gradient) {
+namespace {
+// ValueError unless the options have what mask_gradient / sinks_gradient ask to differentiate.
+void require_differentiable_options(const AttentionOptions& options, bool mask_gradient,
+                                    bool sinks_gradient) {
   if (mask_gradient && options.attn_mask.kind() != MaskKind::kFloat) {
     throw ValueError(
         std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
@@ -51,10 +53,36 @@ OptionGradients new_option_gradients(const AttentionOptions& options, bool mask_
   if (sinks_gradient && options.sinks.empty()) {
     throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
   }
+}
+}  // namespace
+
+OptionGradients new_option_gradients(const AttentionOptions& options, bool mask_gradient,
+                                     bool sinks_gradient) {
+  require_differentiable_options(options, mask_gradient, sinks_gradient);
   OptionGradients gradients;
   if (mask_gradient) gradients.attn_mask = Tensor(options.attn_mask.shape());
   if (sinks_gradient) gradients.sinks = Tensor(Shape{static_cast<int64_t>(options.sinks.size())});
   return gradients;
+}
+
+void start_option_gradients(const AttentionOptions& options, const MutableStridedView& grad_mask,
+                            std::span<float> grad_sinks) {
+  const bool mask_gradient = grad_mask.data() != nullptr;
+  require_differentiable_options(options, mask_gradient, !grad_sinks.empty());
+  if (mask_gradient) {
+    if (grad_mask.shape() != options.attn_mask.shape() || !grad_mask.is_contiguous()) {
+      throw ShapeError("grad_mask: expected a contiguous tensor of the attn_mask's shape " +
+                       options.attn_mask.shape().str() + ", got shape " + grad_mask.shape().str());
+    }
+    std::fill_n(grad_mask.data(), grad_mask.numel(), 0.0F);
+  }
+  if (!grad_sinks.empty()) {
+    if (grad_sinks.size() != options.sinks.size()) {
+      throw ShapeError("grad_sinks: expected " + std::to_string(options.sinks.size()) +
+                       " values (one per query head), got " + std::to_string(grad_sinks.size()));
+    }
+    std::fill(grad_sinks.begin(), grad_sinks.end(), 0.0F);
+  }
 }
 
 PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView key,

@@ -34,6 +34,13 @@ struct OptionGradients {
 OptionGradients new_option_gradients(const AttentionOptions& options, bool mask_gradient,
                                      bool sinks_gradient);
 
+// A backward pass's caller-given gradients of the float attn_mask (`grad_mask`, data null when not
+// wanted) and the sinks (empty when not wanted), checked against the options (ValueError naming
+// mask_gradient / sinks_gradient when there is nothing to differentiate, ShapeError naming
+// grad_mask / grad_sinks for a wrong shape) and zeroed, as the kernels add into them.
+void start_option_gradients(const AttentionOptions& options, const MutableStridedView& grad_mask,
+                            std::span<float> grad_sinks);
+
 class PreparedAttention {
  public:
   enum Family {

@@ -74,27 +74,7 @@ void scaled_dot_product_attention_backward(
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const bool mask_gradient = grad_mask.data() != nullptr;
   const bool sinks_gradient = !grad_sinks.empty();
-  if (mask_gradient) {
-    if (options.attn_mask.kind() != MaskKind::kFloat) {
-      throw ValueError(
-          std::string("mask_gradient: expected a float attn_mask to differentiate, got ") +
-          (options.attn_mask.kind() == MaskKind::kBool ? "a bool attn_mask" : "no attn_mask"));
-    }
-    if (grad_mask.shape() != options.attn_mask.shape() || !grad_mask.is_contiguous()) {
-      throw ShapeError("grad_mask: expected a contiguous tensor of the attn_mask's shape " +
-                       options.attn_mask.shape().str() + ", got shape " + grad_mask.shape().str());
-    }
-    std::fill_n(grad_mask.data(), grad_mask.numel(), 0.0F);
-  }
-  if (sinks_gradient) {
-    if (options.sinks.empty())
-      throw ValueError("sinks_gradient: expected sinks to differentiate, got none");
-    if (grad_sinks.size() != options.sinks.size()) {
-      throw ShapeError("grad_sinks: expected " + std::to_string(options.sinks.size()) +
-                       " values (one per query head), got " + std::to_string(grad_sinks.size()));
-    }
-    std::fill(grad_sinks.begin(), grad_sinks.end(), 0.0F);
-  }
+  functional_detail::start_option_gradients(options, grad_mask, grad_sinks);
   prepared.output_layout("output", output);
   prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);

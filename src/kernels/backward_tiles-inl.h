@@ -15,11 +15,13 @@
 #include <algorithm>
 #include <limits>
 
+#include "attn/core/half.hpp"
 #include "attn/core/valid_lengths.hpp"
 #include "attn/kernels/fused_options.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/fast_math-inl.h"
+#include "kernels/half_rows-inl.h"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 #include "kernels/tile_gemm-inl.h"
@@ -90,6 +92,14 @@ inline float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, si
   return total;
 }
 
+// A backward pass's output and its gradient in half precision: PrepareQueryTiles widens their rows
+// as it reads them (the float views then give shapes and strides only).
+struct HalfQuerySide {
+  HalfType type;
+  ConstHalfHeadsView out, grad_out;
+  float* out_row;  // dv floats of scratch: one widened output row
+};
+
 // The query side of head (b, h), once per head: dO rows padded to dv_padded (grad_out_rows), dOᵀ
 // per query tile of br (grad_out_transposed, tiles × dv × br), D_i = dO_i · O_i (delta), the
 // log-sum-exp (lse; rows that saw nothing get 0 instead of −∞: all their scores are −∞, so any
@@ -99,13 +109,19 @@ inline float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, si
 inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
                                  const float* head_lse, const ValidLengths& valid_lens,
                                  const FlashAttentionOptions& options, int64_t keys, int64_t b,
-                                 int64_t h, size_t br, size_t dv_padded, BackwardTileBuffers& s) {
+                                 int64_t h, size_t br, size_t dv_padded, BackwardTileBuffers& s,
+                                 const HalfQuerySide* half = nullptr) {
   const auto n = static_cast<size_t>(out.rows), dv = static_cast<size_t>(out.cols);
-  const float* grad_out_head = grad_out.matrix(b, h);
-  const float* out_head = out.matrix(b, h);
+  const hn::ScalableTag<float> d;
   for (size_t i = 0; i < n; ++i) {
     float* row = s.grad_out_rows + i * dv_padded;
-    std::copy_n(grad_out_head + static_cast<int64_t>(i) * grad_out.row_stride, dv, row);
+    const auto i_rows = static_cast<int64_t>(i);
+    if (half != nullptr) {
+      WidenRow(d, half->type, half->grad_out.matrix(b, h) + i_rows * half->grad_out.row_stride, dv,
+               row);
+    } else {
+      std::copy_n(grad_out.matrix(b, h) + i_rows * grad_out.row_stride, dv, row);
+    }
     std::fill(row + dv, row + dv_padded, 0.0F);
   }
   int64_t extent = 0;
@@ -127,9 +143,16 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
       const float* grad_out_row = s.grad_out_rows + i * dv_padded;
       for (size_t t = 0; t < dv; ++t)
         grad_out_transposed[t * br + r] = real ? grad_out_row[t] : 0.0F;
-      s.delta[i] =
-          real ? RowDot(out_head + static_cast<int64_t>(i) * out.row_stride, grad_out_row, dv)
-               : 0.0F;
+      const float* out_row = nullptr;
+      if (real && half != nullptr) {
+        WidenRow(d, half->type,
+                 half->out.matrix(b, h) + static_cast<int64_t>(i) * half->out.row_stride, dv,
+                 half->out_row);
+        out_row = half->out_row;
+      } else if (real) {
+        out_row = out.matrix(b, h) + static_cast<int64_t>(i) * out.row_stride;
+      }
+      s.delta[i] = real ? RowDot(out_row, grad_out_row, dv) : 0.0F;
       s.lse[i] = real && head_lse[i] > -std::numeric_limits<float>::infinity() ? head_lse[i] : 0.0F;
       s.row_keys[i] =
           dropout_hash::row_key(options.seed, b * out.heads + h, static_cast<int64_t>(i));

@@ -729,17 +729,6 @@ bool flash_attention_bfloat16_native() {
   return HWY_DYNAMIC_DISPATCH(NativeBFloat16)();
 }
 
-namespace {
-// The shapes and strides of a half-precision view, as the float views the checks and the kernel's
-// arguments take (their data is never read).
-template <class Half>
-auto shape_only(const BasicHeadsView<Half>& view) {
-  using Float = std::conditional_t<std::is_const_v<Half>, const float, float>;
-  return BasicHeadsView<Float>{nullptr,   view.batch,        view.heads,       view.rows,
-                               view.cols, view.batch_stride, view.head_stride, view.row_stride};
-}
-}  // namespace
-
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                              ConstHalfHeadsView v, const ValidLengths& valid_lens,
                              const FlashAttentionOptions& options, HalfHeadsView out,

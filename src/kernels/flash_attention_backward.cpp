@@ -35,6 +35,13 @@ struct BackwardArgs {
   HeadsView grad_q, grad_k, grad_v;
   ScoreMaskGradient grad_mask;  // data null: not wanted
   float* grad_sinks;            // null: not wanted
+  // Half-precision inputs and gradients (the half overload): the float views above then give
+  // shapes and strides only, and rows are widened as the kernel packs them, gradients rounded as
+  // it writes them.
+  bool half = false;
+  HalfType half_type = HalfType::kBFloat16;
+  ConstHalfHeadsView q16{}, k16{}, v16{}, out16{}, grad_out16{};
+  HalfHeadsView grad_q16{}, grad_k16{}, grad_v16{};
 };
 
 constexpr size_t kQueryVectors = 4;
@@ -52,6 +59,7 @@ constexpr size_t kKeyTile = 64;
 
 #include "kernels/backward_tiles-inl.h"
 #include "kernels/fast_math-inl.h"
+#include "kernels/half_rows-inl.h"
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
 
@@ -67,6 +75,8 @@ struct BackwardScratch : BackwardTileBuffers {
   float* q_rows;        // n × d_padded: Q, unscaled
   float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile
   float* k_rows;        // m × d_padded
+  float* v_rows;        // m × dv_padded
+  float* row;           // max(d_padded, dv_padded): one row widened or rounded
   float* grad_q;        // n × d_padded
   float* grad_k;        // m × d_padded: dK of the key/value head, summed over its query heads
   float* grad_v;        // m × dv_padded
@@ -81,6 +91,8 @@ struct BackwardScratch : BackwardTileBuffers {
       q_rows = take(n * d_padded);
       q_transposed = take(n_padded * d);
       k_rows = take(m * d_padded);
+      v_rows = take(m * dv_padded);
+      row = take(std::max(d_padded, dv_padded));
       grad_q = take(n * d_padded);
       grad_k = take(m * d_padded);
       grad_v = take(m * dv_padded);
@@ -88,20 +100,44 @@ struct BackwardScratch : BackwardTileBuffers {
   }
 };
 
-// Copies `rows` rows of `cols` floats (row stride `stride`) into a row-major buffer of `padded`
-// columns, zero-filling the padding.
-void PadRows(const float* source, int64_t stride, size_t rows, size_t cols, size_t padded,
-             float* destination) {
+// Copies matrix (b, h) of `view` — or of `half`, widened, when the pass has half-precision inputs
+// — into a row-major buffer of `padded` columns, zero-filling the padding.
+void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHalfHeadsView& half,
+             int64_t b, int64_t h, size_t padded, float* destination) {
+  const hn::ScalableTag<float> d;
+  const auto rows = static_cast<size_t>(view.rows), cols = static_cast<size_t>(view.cols);
   for (size_t r = 0; r < rows; ++r) {
-    std::copy_n(source + static_cast<int64_t>(r) * stride, cols, destination + r * padded);
-    std::fill(destination + r * padded + cols, destination + (r + 1) * padded, 0.0F);
+    float* row = destination + r * padded;
+    if (args.half) {
+      WidenRow(d, args.half_type, half.matrix(b, h) + static_cast<int64_t>(r) * half.row_stride,
+               cols, row);
+    } else {
+      std::copy_n(view.matrix(b, h) + static_cast<int64_t>(r) * view.row_stride, cols, row);
+    }
+    std::fill(row + cols, row + padded, 0.0F);
   }
 }
 
-// One query head h (reading key/value head kv_head) of batch element b: accumulates its share of
-// dK and dV into s.grad_k and s.grad_v, writes its dQ, and returns its sink gradient
-// −Σ_i exp(sink − lse_i)·D_i (0 without sinks).
-float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int64_t kv_head,
+// Row i of a gradient matrix: `count` floats times `scale`, stored as floats or rounded to the
+// pass's half type.
+void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const HalfHeadsView& half,
+                      int64_t b, int64_t h, size_t i, const float* values, size_t count,
+                      float scale, float* scratch_row) {
+  const auto offset = static_cast<int64_t>(i);
+  if (!args.half) {
+    float* row = view.matrix(b, h) + offset * view.row_stride;
+    for (size_t t = 0; t < count; ++t) row[t] = values[t] * scale;
+    return;
+  }
+  for (size_t t = 0; t < count; ++t) scratch_row[t] = values[t] * scale;
+  NarrowRow(hn::ScalableTag<float>(), args.half_type, scratch_row, count,
+            half.matrix(b, h) + offset * half.row_stride);
+}
+
+// One query head h of batch element b, against the key/value head packed in s.k_rows and s.v_rows:
+// accumulates its share of dK and dV into s.grad_k and s.grad_v, writes its dQ, and returns its
+// sink gradient −Σ_i exp(sink − lse_i)·D_i (0 without sinks).
+float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
                              const ScoreMaskGradient& grad_mask, BackwardScratch& s) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
@@ -112,15 +148,15 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int
   const size_t tiles = (n + br - 1) / br;
   const FlashAttentionOptions& options = args.options;
   const float scale = options.scale;
-  const float* k = args.k.matrix(b, kv_head);
-  const float* v = args.v.matrix(b, kv_head);
   const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
 
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
-  PadRows(args.q.matrix(b, h), args.q.row_stride, n, depth, d_padded, s.q_rows);
+  PadRows(args, args.q, args.q16, b, h, d_padded, s.q_rows);
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
-  const int64_t extent = PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens,
-                                           options, args.k.rows, b, h, br, dv_padded, s);
+  const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row};
+  const int64_t extent =
+      PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
+                        b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr);
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* qt = s.q_transposed + tile * depth * br;
     for (size_t r = 0; r < br; ++r) {
@@ -156,9 +192,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int
                                  s.last + first,
                                  ranges};
       // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
-      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, k + key_begin * args.k.row_stride,
-                  static_cast<size_t>(args.k.row_stride), 1, s.q_transposed + tile * depth * br, br,
-                  depth, s.probabilities, br);
+      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.k_rows + key0 * d_padded, d_padded,
+                  1, s.q_transposed + tile * depth * br, br, depth, s.probabilities, br);
       ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
                           coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
       ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
@@ -173,9 +208,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int
       Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
                  dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
       // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
-      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, v + key_begin * args.v.row_stride,
-                  static_cast<size_t>(args.v.row_stride), 1, s.grad_out_transposed + tile * dv * br,
-                  br, dv, s.grad_scores, br);
+      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.v_rows + key0 * dv_padded,
+                  dv_padded, 1, s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
       GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
       // A float mask is added to the final scores: its gradient is dS itself.
@@ -192,10 +226,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, int
                  d_padded, bc, s.grad_q + first * d_padded, d_padded);
     }
   }
-  float* grad_q_head = args.grad_q.matrix(b, h);
   for (size_t i = 0; i < n; ++i) {
-    float* grad_q_row = grad_q_head + static_cast<int64_t>(i) * args.grad_q.row_stride;
-    for (size_t t = 0; t < depth; ++t) grad_q_row[t] = s.grad_q[i * d_padded + t] * scale;
+    WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, s.grad_q + i * d_padded, depth,
+                     scale, s.row);
   }
   if (options.sinks == nullptr) return 0.0F;
   // The sink's weight in row i is exp(sink − lse_i); d lse_i / d sink is that weight, and
@@ -218,22 +251,20 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
   const size_t m = static_cast<size_t>(args.k.rows);
   const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
-  PadRows(args.k.matrix(b, kv_head), args.k.row_stride, m, depth, d_padded, s.k_rows);
+  PadRows(args, args.k, args.k16, b, kv_head, d_padded, s.k_rows);
+  PadRows(args, args.v, args.v16, b, kv_head, dv_padded, s.v_rows);
   std::fill(s.grad_k, s.grad_k + m * d_padded, 0.0F);
   std::fill(s.grad_v, s.grad_v + m * dv_padded, 0.0F);
   const int64_t group = args.q.heads / args.k.heads;
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-    grad_sinks_by_head[b * args.q.heads + h] =
-        FlashBackwardQueryHead(args, b, h, kv_head, grad_mask, s);
+    grad_sinks_by_head[b * args.q.heads + h] = FlashBackwardQueryHead(args, b, h, grad_mask, s);
   }
-  float* grad_k_head = args.grad_k.matrix(b, kv_head);
-  float* grad_v_head = args.grad_v.matrix(b, kv_head);
   const float scale = args.options.scale;
   for (size_t j = 0; j < m; ++j) {
-    float* grad_k_row = grad_k_head + static_cast<int64_t>(j) * args.grad_k.row_stride;
-    for (size_t t = 0; t < depth; ++t) grad_k_row[t] = s.grad_k[j * d_padded + t] * scale;
-    std::copy_n(s.grad_v + j * dv_padded, dv,
-                grad_v_head + static_cast<int64_t>(j) * args.grad_v.row_stride);
+    WriteGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j, s.grad_k + j * d_padded,
+                     depth, scale, s.row);
+    WriteGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j, s.grad_v + j * dv_padded, dv,
+                     1.0F, s.row);
   }
 }
 
@@ -280,32 +311,82 @@ namespace attn {
 
 HWY_EXPORT(FlashBackward);
 
+namespace {
+
+// The checks both overloads share, on float views (shapes only, for half-precision data). False
+// when nothing flows back: the input gradients are then zero, the mask's and sinks' unchanged.
+bool check_backward_arguments(const flash_backward_detail::BackwardArgs& args) {
+  const bool work =
+      check_attention_arguments(args.q, args.k, args.v, args.out, *args.valid_lens, args.options);
+  require_matrices(args.grad_out, "grad_out", args.out.batch, args.out.heads, args.out.rows,
+                   args.out.cols, "as out");
+  require_matrices(args.grad_q, "grad_q", args.q.batch, args.q.heads, args.q.rows, args.q.cols,
+                   "as queries");
+  require_matrices(args.grad_k, "grad_k", args.k.batch, args.k.heads, args.k.rows, args.k.cols,
+                   "as keys");
+  require_matrices(args.grad_v, "grad_v", args.v.batch, args.v.heads, args.v.rows, args.v.cols,
+                   "as values");
+  require_log_sum_exp(args.log_sum_exp);
+  if (args.grad_mask.data != nullptr && args.options.mask.kind != MaskKind::kFloat) {
+    throw ValueError(
+        "grad_mask: expected a float attention mask to differentiate, got " +
+        std::string(args.options.mask.kind == MaskKind::kBool ? "a bool mask" : "none"));
+  }
+  if (args.grad_sinks != nullptr && args.options.sinks == nullptr) {
+    throw ValueError("grad_sinks: expected sinks to differentiate, got none");
+  }
+  return work && args.k.heads != 0;
+}
+
+// Every element of a half-precision view set to +0 (the bits 0 in fp16 and bf16).
+void zero_half_heads(const HalfHeadsView& view) {
+  for (int64_t b = 0; b < view.batch; ++b)
+    for (int64_t h = 0; h < view.heads; ++h)
+      for (int64_t r = 0; r < view.rows; ++r)
+        std::fill_n(view.matrix(b, h) + r * view.row_stride, view.cols, uint16_t{0});
+}
+
+}  // namespace
+
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HeadsView grad_q, HeadsView grad_k, HeadsView grad_v,
                               ScoreMaskGradient grad_mask, float* grad_sinks) {
-  const bool work = check_attention_arguments(q, k, v, out, valid_lens, options);
-  require_matrices(grad_out, "grad_out", out.batch, out.heads, out.rows, out.cols, "as out");
-  require_matrices(grad_q, "grad_q", q.batch, q.heads, q.rows, q.cols, "as queries");
-  require_matrices(grad_k, "grad_k", k.batch, k.heads, k.rows, k.cols, "as keys");
-  require_matrices(grad_v, "grad_v", v.batch, v.heads, v.rows, v.cols, "as values");
-  require_log_sum_exp(log_sum_exp);
-  if (grad_mask.data != nullptr && options.mask.kind != MaskKind::kFloat) {
-    throw ValueError("grad_mask: expected a float attention mask to differentiate, got " +
-                     std::string(options.mask.kind == MaskKind::kBool ? "a bool mask" : "none"));
-  }
-  if (grad_sinks != nullptr && options.sinks == nullptr) {
-    throw ValueError("grad_sinks: expected sinks to differentiate, got none");
-  }
-  if (!work || k.heads == 0) {
-    // Nothing flows back: the input gradients are zero, the mask's and sinks' unchanged.
-    for (const HeadsView& g : {grad_q, grad_k, grad_v}) fill_heads(g, 0.0F);
-    return;
-  }
   const flash_backward_detail::BackwardArgs args{
       q,       k,      v,      out,    grad_out,  log_sum_exp, &valid_lens,
       options, grad_q, grad_k, grad_v, grad_mask, grad_sinks};
+  if (!check_backward_arguments(args)) {
+    for (const HeadsView& g : {grad_q, grad_k, grad_v}) fill_heads(g, 0.0F);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
+}
+
+void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
+                              ConstHalfHeadsView v, ConstHalfHeadsView out,
+                              ConstHalfHeadsView grad_out, const float* log_sum_exp,
+                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                              HalfHeadsView grad_q, HalfHeadsView grad_k, HalfHeadsView grad_v,
+                              ScoreMaskGradient grad_mask, float* grad_sinks) {
+  flash_backward_detail::BackwardArgs args{
+      shape_only(q),      shape_only(k), shape_only(v), shape_only(out),    shape_only(grad_out),
+      log_sum_exp,        &valid_lens,   options,       shape_only(grad_q), shape_only(grad_k),
+      shape_only(grad_v), grad_mask,     grad_sinks};
+  if (!check_backward_arguments(args)) {
+    for (const HalfHeadsView& g : {grad_q, grad_k, grad_v}) zero_half_heads(g);
+    return;
+  }
+  args.half = true;
+  args.half_type = type;
+  args.q16 = q;
+  args.k16 = k;
+  args.v16 = v;
+  args.out16 = out;
+  args.grad_out16 = grad_out;
+  args.grad_q16 = grad_q;
+  args.grad_k16 = grad_k;
+  args.grad_v16 = grad_v;
   HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
 }
 

@@ -383,6 +383,38 @@ TEST_P(HalfPrecisionSdpa, BackwardIsTheFloatBackwardRoundedOnce) {
   }
 }
 
+// bf16 values of 2¹²⁰ make the backward's dS pass finite_range's bound: the half overload then
+// widens and calls the float backward, which scales its copies for its sums; the gradients are its
+// gradients rounded once (the half kernel, reading the bits in place, is not used).
+TEST_P(HalfPrecisionSdpa, Bf16BackwardNearFloatsMaximumTakesTheFloatPath) {
+  const HalfType type = HalfType::kBFloat16;
+  const Shape q_shape{1, 2, 11, 8}, k_shape{1, 2, 40, 8}, out_shape{1, 2, 11, 8};
+  Inputs in(type, q_shape, k_shape, k_shape, 81, 0x1p120F);
+  std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
+  std::vector<float> lse(22);
+  scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), {},
+                               StridedView<uint16_t>(out.data(), out_shape), lse);
+  const HalfArray grad_out(type, testing::random_tensor(out_shape, in.rng));
+  const HalfAttentionBackward got = scaled_dot_product_attention_backward(
+      type, in.q.view(), in.k.view(), in.v.view(), HalfView(out.data(), out_shape), grad_out.view(),
+      lse, {}, false, false);
+  Tensor wide_out(out_shape);
+  for (int64_t e = 0; e < out_shape.numel(); ++e)
+    wide_out.data()[e] = half_bits_to_float(type, out[static_cast<size_t>(e)]);
+  const AttentionBackward expected = scaled_dot_product_attention_backward(
+      in.q.widened, in.k.widened, in.v.widened, wide_out, grad_out.widened, lse, {}, false, false);
+  const std::pair<const HalfTensor*, const Tensor*> pairs[] = {
+      {&got.query, &expected.query}, {&got.key, &expected.key}, {&got.value, &expected.value}};
+  for (const auto& [half, want] : pairs) {
+    for (int64_t e = 0; e < want->numel(); ++e) {
+      ASSERT_TRUE(std::isfinite(want->data()[e])) << e;
+      ASSERT_EQ(half->bits[static_cast<size_t>(e)], float_to_half_bits(type, want->data()[e])) << e;
+    }
+  }
+  EXPECT_TRUE(std::any_of(got.query.bits.begin(), got.query.bits.end(),
+                          [](uint16_t bits) { return bits != 0; }));
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(HalfPrecisionSdpa);
 
 TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrong) {

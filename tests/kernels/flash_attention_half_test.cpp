@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -193,6 +195,43 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
               << " dv=" << c.value_depth << " at (" << b << ", " << h << ", " << i << ", " << t
               << ")";
         }
+
+  // The backward pass on half-precision inputs widens every row exactly as it packs it and rounds
+  // each gradient once: bit-equal to the fp32 backward on the widened values (itself checked
+  // against the double reference by flash_attention_backward_test), rounded to `type`.
+  std::vector<float> grad_out;
+  const HalfHeads grad_out16 =
+      random_heads(type, c.batch, c.q_heads, c.queries, c.value_depth, 1.0F, rng, grad_out);
+  std::vector<float> out(out16.bits.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = half_bits_to_float(type, out16.bits[i]);
+  HalfHeads grad_q16(c.batch, c.q_heads, c.queries, c.depth);
+  HalfHeads grad_k16(c.batch, c.kv_heads, c.keys, c.depth);
+  HalfHeads grad_v16(c.batch, c.kv_heads, c.keys, c.value_depth);
+  std::vector<float> sink_grads16(sinks.size(), 0.0F), sink_grads32(sinks.size(), 0.0F);
+  flash_attention_backward(type, q16.view(), k16.view(), v16.view(), out16.view(),
+                           grad_out16.view(), lse.data(), lengths, options, grad_q16.view(),
+                           grad_k16.view(), grad_v16.view(), {},
+                           c.sinks ? sink_grads16.data() : nullptr);
+  std::vector<float> grad_q(grad_q16.bits.size()), grad_k(grad_k16.bits.size()),
+      grad_v(grad_v16.bits.size());
+  flash_attention_backward(q16.float_view(q), k16.float_view(k), v16.float_view(v),
+                           out16.float_view(out), grad_out16.float_view(grad_out), lse.data(),
+                           lengths, options, grad_q16.float_view(grad_q),
+                           grad_k16.float_view(grad_k), grad_v16.float_view(grad_v), {},
+                           c.sinks ? sink_grads32.data() : nullptr);
+  const std::pair<const HalfHeads*, const std::vector<float>*> gradients[] = {
+      {&grad_q16, &grad_q}, {&grad_k16, &grad_k}, {&grad_v16, &grad_v}};
+  for (const auto& [half, wide] : gradients) {
+    for (size_t i = 0; i < wide->size(); ++i) {
+      ASSERT_EQ(half->bits[i], float_to_half_bits(type, (*wide)[i]))
+          << "gradient "
+          << (half == &grad_q16   ? "q"
+              : half == &grad_k16 ? "k"
+                                  : "v")
+          << ", element " << i << ", n=" << c.queries << " m=" << c.keys << " d=" << c.depth;
+    }
+  }
+  EXPECT_EQ(sink_grads16, sink_grads32);
 }
 
 const HalfCase kCases[] = {
@@ -228,6 +267,39 @@ TEST_P(FlashAttentionHalf, RejectsInconsistentShapes) {
   EXPECT_THROW(flash_attention_forward(HalfType::kBFloat16, q.view(), k.view(), k.view(), {},
                                        testing::kernel_options(1.0F), out.view()),
                ShapeError);
+  // The backward pass names the gradient whose shape is off.
+  const HalfHeads k8 = random_heads(HalfType::kBFloat16, 1, 2, 5, 8, 1.0F, rng, unused);
+  HalfHeads grad_q(1, 2, 4, 8), grad_k(1, 2, 5, 8), grad_v(1, 2, 5, 8), wrong(1, 2, 5, 7);
+  const std::vector<float> lse(8, 0.0F);
+  EXPECT_THROW_MESSAGE(
+      flash_attention_backward(HalfType::kBFloat16, q.view(), k8.view(), k8.view(), out.view(),
+                               out.view(), lse.data(), {}, testing::kernel_options(1.0F),
+                               grad_q.view(), grad_k.view(), wrong.view()),
+      ShapeError, "grad_v: expected 1 × 2 heads of 5 × 8");
+  EXPECT_THROW_MESSAGE(
+      flash_attention_backward(HalfType::kBFloat16, q.view(), k8.view(), k8.view(), out.view(),
+                               out.view(), nullptr, {}, testing::kernel_options(1.0F),
+                               grad_q.view(), grad_k.view(), grad_v.view()),
+      ValueError, "log_sum_exp");
+}
+
+// With no queries to back-propagate from (every length 0 leaves the keys unseen, and an empty
+// value axis leaves no work), the half gradients are zero, as the float pass's are.
+TEST_P(FlashAttentionHalf, BackwardWithoutWorkGivesZeroGradients) {
+  std::vector<float> unused;
+  Rng rng(4);
+  const HalfHeads q = random_heads(HalfType::kFloat16, 1, 1, 3, 4, 1.0F, rng, unused);
+  const HalfHeads k = random_heads(HalfType::kFloat16, 1, 1, 5, 4, 1.0F, rng, unused);
+  const HalfHeads v(1, 1, 5, 0), out(1, 1, 3, 0);
+  HalfHeads grad_q(1, 1, 3, 4), grad_k(1, 1, 5, 4), grad_v(1, 1, 5, 0);
+  std::fill(grad_q.bits.begin(), grad_q.bits.end(), uint16_t{0x3c00});  // 1.0 in fp16
+  std::fill(grad_k.bits.begin(), grad_k.bits.end(), uint16_t{0x3c00});
+  const std::vector<float> lse(3, 0.0F);
+  flash_attention_backward(HalfType::kFloat16, q.view(), k.view(), v.view(), out.view(), out.view(),
+                           lse.data(), {}, testing::kernel_options(0.5F), grad_q.view(),
+                           grad_k.view(), grad_v.view());
+  EXPECT_EQ(grad_q.bits, std::vector<uint16_t>(12, 0));
+  EXPECT_EQ(grad_k.bits, std::vector<uint16_t>(20, 0));
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionHalf);

@@ -33,10 +33,6 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                              HeadsView out, float* log_sum_exp = nullptr);
 
-// Half-precision heads: fp16 or bf16 bits, addressed as HeadsView's floats are.
-using ConstHalfHeadsView = BasicHeadsView<const uint16_t>;
-using HalfHeadsView = BasicHeadsView<uint16_t>;
-
 // The same pass over half-precision q, k, v (all of `type`), written to `out` in `type`, as
 // PyTorch's bf16/fp16 attention: scores, softmax and the output accumulate in fp32, and the output
 // is rounded once (to nearest even). bf16 inputs run on the CPU's bf16 dot products (vdpbf16ps)
@@ -69,6 +65,17 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HeadsView grad_q, HeadsView grad_k, HeadsView grad_v,
+                              ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr);
+
+// The same backward pass over half-precision q, k, v, out and grad_out (all of `type`), with the
+// gradients grad_q, grad_k, grad_v rounded once to `type`, as PyTorch's bf16/fp16 backward:
+// every sum accumulates in fp32 on the inputs widened exactly as the kernel packs each row, so the
+// gradients are the float pass's on the widened inputs, rounded to nearest even.
+void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
+                              ConstHalfHeadsView v, ConstHalfHeadsView out,
+                              ConstHalfHeadsView grad_out, const float* log_sum_exp,
+                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                              HalfHeadsView grad_q, HalfHeadsView grad_k, HalfHeadsView grad_v,
                               ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr);
 
 // The attention weights of a forward pass, P_ij = exp(S_ij − log_sum_exp_i) (before dropout),

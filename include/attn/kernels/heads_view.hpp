@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 
 #include "attn/core/tensor.hpp"
@@ -32,6 +33,19 @@ struct BasicHeadsView {
 
 using HeadsView = BasicHeadsView<float>;
 using ConstHeadsView = BasicHeadsView<const float>;
+
+// Half-precision heads: fp16 or bf16 bits, addressed as HeadsView's floats are.
+using ConstHalfHeadsView = BasicHeadsView<const uint16_t>;
+using HalfHeadsView = BasicHeadsView<uint16_t>;
+
+// The shapes and strides of a half-precision view as a float view without data: what the argument
+// checks and the kernels' float arguments read of a half-precision pass.
+template <class Half>
+auto shape_only(const BasicHeadsView<Half>& view) {
+  using Float = std::conditional_t<std::is_const_v<Half>, const float, float>;
+  return BasicHeadsView<Float>{nullptr,   view.batch,        view.heads,       view.rows,
+                               view.cols, view.batch_stride, view.head_stride, view.row_stride};
+}
 
 // A (B, n, d) tensor as B single-head matrices. ShapeError unless rank 3.
 ConstHeadsView single_head(ConstTensorView tensor, std::string_view name);
