@@ -374,14 +374,17 @@ double score_bytes(const AttentionShape& shape) {
          static_cast<double>(shape.keys);
 }
 
-// The fused forward pass on fp16 or bf16 inputs rounded from the same normal draws as the fp32
-// case, (B, n, H·d) heads read in place, the output in the inputs' type.
-PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t seed) {
+// The fused forward pass (or, with `backward`, the backward pass after one untimed forward) on fp16
+// or bf16 inputs rounded from the same normal draws as the fp32 case, (B, n, H·d) heads read in
+// place, the output and gradients in the inputs' type.
+PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t seed,
+                          bool backward) {
   struct State {
-    std::vector<uint16_t> q, k, v, out;
+    std::vector<uint16_t> q, k, v, out, grad_out, grad_q, grad_k, grad_v;
+    std::vector<float> log_sum_exp;
     FlashAttentionOptions options;
-    ConstHalfHeadsView q_view, k_view, v_view;
-    HalfHeadsView out_view;
+    ConstHalfHeadsView q_view, k_view, v_view, grad_out_view;
+    HalfHeadsView out_view, grad_q_view, grad_k_view, grad_v_view;
   };
   auto state = std::make_shared<State>();
   Rng rng(seed);
@@ -405,22 +408,43 @@ PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t s
   state->v_view = heads(static_cast<const uint16_t*>(state->v.data()), shape.keys);
   state->out_view = heads(state->out.data(), shape.queries);
   PreparedCase prepared;
-  prepared.useful_flops = useful_flops(Mask::kNone, shape, {}, dot_forward_flops(shape));
+  prepared.useful_flops =
+      useful_flops(Mask::kNone, shape, {}, (backward ? 2 : 1) * dot_forward_flops(shape));
+  if (!backward) {
+    prepared.run = [state, type] {
+      flash_attention_forward(type, state->q_view, state->k_view, state->v_view, {}, state->options,
+                              state->out_view);
+    };
+    return prepared;
+  }
+  state->grad_out = rounded(shape.queries);
+  state->grad_q.resize(state->q.size());
+  state->grad_k.resize(state->k.size());
+  state->grad_v.resize(state->v.size());
+  state->log_sum_exp.resize(static_cast<size_t>(shape.batch * shape.heads * shape.queries));
+  state->grad_out_view = heads(static_cast<const uint16_t*>(state->grad_out.data()), shape.queries);
+  state->grad_q_view = heads(state->grad_q.data(), shape.queries);
+  state->grad_k_view = heads(state->grad_k.data(), shape.keys);
+  state->grad_v_view = heads(state->grad_v.data(), shape.keys);
+  flash_attention_forward(type, state->q_view, state->k_view, state->v_view, {}, state->options,
+                          state->out_view, state->log_sum_exp.data());
   prepared.run = [state, type] {
-    flash_attention_forward(type, state->q_view, state->k_view, state->v_view, {}, state->options,
-                            state->out_view);
+    flash_attention_backward(type, state->q_view, state->k_view, state->v_view, state->out_view,
+                             state->grad_out_view, state->log_sum_exp.data(), {}, state->options,
+                             state->grad_q_view, state->grad_k_view, state->grad_v_view);
   };
   return prepared;
 }
 
-AttentionCase half_case(std::string name, HalfType type) {
+AttentionCase half_case(std::string name, HalfType type, bool backward = false) {
   AttentionCase entry;
   entry.name = std::move(name);
-  entry.workload = type == HalfType::kBFloat16 ? "dot-bf16" : "dot-fp16";
+  entry.workload = std::string(backward ? "dot-backward-" : "dot-") +
+                   (type == HalfType::kBFloat16 ? "bf16" : "fp16");
   entry.path = "fused";
   entry.working_set_bytes = [](const AttentionShape&) { return 0.0; };
-  entry.prepare = [type](const AttentionShape& shape, uint64_t seed) {
-    return prepare_half(type, shape, seed);
+  entry.prepare = [type, backward](const AttentionShape& shape, uint64_t seed) {
+    return prepare_half(type, shape, seed, backward);
   };
   return entry;
 }
@@ -505,6 +529,8 @@ const std::vector<AttentionCase>& attention_cases() {
       dot_case("plain", "dot", Mask::kNone, false),
       half_case("fused-bf16", HalfType::kBFloat16),
       half_case("fused-fp16", HalfType::kFloat16),
+      half_case("fused-bf16-backward", HalfType::kBFloat16, true),
+      half_case("fused-fp16-backward", HalfType::kFloat16, true),
       dot_case("fused-padded", "dot-padded", Mask::kPadded, true),
       dot_case("plain-padded", "dot-padded", Mask::kPadded, false),
       dot_case("fused-causal", "dot-causal", Mask::kCausal, true),

@@ -89,7 +89,8 @@ struct CaseRow {
   std::optional<double> speedup_vs_plain;  // plain time / this time, same workload
   // The functional cases but fused-sdpa: fused-sdpa's time / this time, same n and threads.
   std::optional<double> speedup_vs_sdpa;
-  // The half-precision cases (fused-bf16, fused-fp16): fused's fp32 time / this time.
+  // The half-precision cases (fused-bf16, fused-fp16, and their -backward): the fp32 case's time
+  // (fused, fused-backward) / this time.
   std::optional<double> speedup_vs_fp32;
   // Time at the run's first thread count (1 by default) / this time, same case and n.
   std::optional<double> thread_scaling;
@@ -300,8 +301,13 @@ BenchReport run_benchmarks(const BenchOptions& options) {
           base.length == row.length && base.threads == row.threads) {
         row.speedup_vs_sdpa = base.milliseconds / row.milliseconds;
       }
-      if (base.name == "fused" && (row.workload == "dot-bf16" || row.workload == "dot-fp16") &&
-          base.length == row.length && base.threads == row.threads) {
+      // The half-precision cases against their fp32 case: fused, or fused-backward.
+      const bool half_forward = row.workload == "dot-bf16" || row.workload == "dot-fp16";
+      const bool half_backward =
+          row.workload == "dot-backward-bf16" || row.workload == "dot-backward-fp16";
+      if (base.name == (half_backward ? "fused-backward" : "fused") &&
+          (half_forward || half_backward) && base.length == row.length &&
+          base.threads == row.threads) {
         row.speedup_vs_fp32 = base.milliseconds / row.milliseconds;
       }
       if (base.name == row.name && base.length == row.length &&
@@ -337,7 +343,7 @@ void print_thread_scaling(const BenchReport& report, const BenchOptions& options
   std::ostringstream header;
   header << "\nthread scaling: time at " << options.threads.front()
          << " thread(s) / time at T threads\n"
-         << std::left << std::setw(18) << "case" << std::right << std::setw(7) << "n";
+         << std::left << std::setw(20) << "case" << std::right << std::setw(7) << "n";
   for (size_t t = 1; t < options.threads.size(); ++t)
     header << std::setw(9) << ("T=" + std::to_string(options.threads[t]));
   // One line per (case, n) in the run's order, with the case's scaling per thread count.
@@ -353,7 +359,7 @@ void print_thread_scaling(const BenchReport& report, const BenchOptions& options
   if (lines.empty()) return;
   std::cout << header.str() << "\n";
   for (const auto& [first, scaling] : lines) {
-    std::cout << std::left << std::setw(18) << first->name << std::right << std::setw(7)
+    std::cout << std::left << std::setw(20) << first->name << std::right << std::setw(7)
               << first->length;
     for (size_t t = 1; t < options.threads.size(); ++t) {
       const auto cell = scaling.find(options.threads[t]);
@@ -397,7 +403,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
                "on the attention shapes (n x d)(d x m) + (n x m)(m x d); vs plain: plain time / "
                "this time (the plain path is serial and is measured with 1 thread)\n\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%-18s %6s %7s %10s %9s %7s %8s %9s %12s\n", "case", "n",
+  std::snprintf(line, sizeof line, "%-20s %6s %7s %10s %9s %7s %8s %9s %12s\n", "case", "n",
                 "threads", "ms", "GFLOP/s", "% peak", "x sgemm", "vs plain", "extra memory");
   std::cout << line;
   const auto optional_text = [](const std::optional<double>& value, double scale, int decimals,
@@ -412,7 +418,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
           peak == report.peaks.end()
               ? std::nullopt
               : std::optional<double>(sgemm.ceiling.gflops / peak->second.gflops);
-      std::snprintf(line, sizeof line, "%-18s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n", "sgemm",
+      std::snprintf(line, sizeof line, "%-20s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n", "sgemm",
                     static_cast<long long>(length), sgemm.threads, sgemm.ceiling.milliseconds,
                     sgemm.ceiling.gflops, optional_text(fraction, 100, 1, "").c_str(), "1.00", "-",
                     "-");
@@ -420,7 +426,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
     }
     for (const CaseRow& row : report.rows) {
       if (row.length != length) continue;
-      std::snprintf(line, sizeof line, "%-18s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n",
+      std::snprintf(line, sizeof line, "%-20s %6lld %7d %10.2f %9.1f %7s %8s %9s %12s\n",
                     row.name.c_str(), static_cast<long long>(row.length), row.threads,
                     row.milliseconds, row.gflops,
                     optional_text(row.peak_fraction, 100, 1, "").c_str(),
@@ -438,7 +444,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
                    "time\n";
       heading = true;
     }
-    std::snprintf(line, sizeof line, "%-18s %6lld %7d %9.2fx\n", row.name.c_str(),
+    std::snprintf(line, sizeof line, "%-20s %6lld %7d %9.2fx\n", row.name.c_str(),
                   static_cast<long long>(row.length), row.threads, *row.speedup_vs_sdpa);
     std::cout << line;
   }
@@ -446,10 +452,11 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
   for (const CaseRow& row : report.rows) {
     if (!row.speedup_vs_fp32) continue;
     if (!heading) {
-      std::cout << "\nhalf precision: fused's fp32 time (same n and threads) / this time\n";
+      std::cout << "\nhalf precision: the fp32 case's time (fused, or fused-backward for the "
+                   "backward cases; same n and threads) / this time\n";
       heading = true;
     }
-    std::snprintf(line, sizeof line, "%-18s %6lld %7d %9.2fx\n", row.name.c_str(),
+    std::snprintf(line, sizeof line, "%-20s %6lld %7d %9.2fx\n", row.name.c_str(),
                   static_cast<long long>(row.length), row.threads, *row.speedup_vs_fp32);
     std::cout << line;
   }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -62,6 +63,7 @@ constexpr size_t kKeyTile = 64;
 #include "kernels/half_rows-inl.h"
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
+#include "kernels/tile_gemm_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -80,8 +82,15 @@ struct BackwardScratch : BackwardTileBuffers {
   float* grad_q;        // n × d_padded
   float* grad_k;        // m × d_padded: dK of the key/value head, summed over its query heads
   float* grad_v;        // m × dv_padded
+  // The bf16 dot-product path (BFloat16Products) also keeps bf16 pairs of adjacent dimensions, as
+  // the forward pass's: Qᵀ and dOᵀ per query tile (tiles × d/2 × Br, dv/2 × Br), the key and value
+  // rows (m × d/2, m × dv/2), an odd size's last pair padded with 0.
+  uint32_t* query_pairs = nullptr;
+  uint32_t* grad_out_pairs = nullptr;
+  uint32_t* key_pairs = nullptr;
+  uint32_t* value_pairs = nullptr;
 
-  BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes) {
+  BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, bool bf16_pairs) {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
@@ -96,6 +105,13 @@ struct BackwardScratch : BackwardTileBuffers {
       grad_q = take(n * d_padded);
       grad_k = take(m * d_padded);
       grad_v = take(m * dv_padded);
+      if (bf16_pairs) {
+        const size_t d_pairs = (d + 1) / 2, dv_pairs = (dv + 1) / 2;
+        query_pairs = as_uint32(take(n_padded * d_pairs));
+        grad_out_pairs = as_uint32(take(n_padded * dv_pairs));
+        key_pairs = as_uint32(take(m * d_pairs));
+        value_pairs = as_uint32(take(m * dv_pairs));
+      }
     });
   }
 };
@@ -134,6 +150,44 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
             half.matrix(b, h) + offset * half.row_stride);
 }
 
+// Whether bf16 inputs run the score and dP products on vdpbf16ps (tile_gemm_bf16-inl.h): under the
+// AVX-512 targets, on CPUs with AVX512-BF16.
+bool BFloat16Products(const BackwardArgs& args) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  static const bool cpu_has_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
+  return args.half && args.half_type == HalfType::kBFloat16 && cpu_has_bf16;
+#else
+  (void)args;
+  return false;
+#endif
+}
+
+// Rows of matrix (b, h) of bf16 `half` as pairs of adjacent elements, (cols + 1) / 2 per row (an
+// odd count's last pair padded with 0): a row's adjacent bf16 already are its pairs in memory.
+void RowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, uint32_t* destination) {
+  const auto cols = static_cast<size_t>(half.cols), pairs = (cols + 1) / 2;
+  for (int64_t r = 0; r < half.rows; ++r) {
+    uint32_t* row = destination + static_cast<size_t>(r) * pairs;
+    row[pairs - 1] = 0U;
+    std::memcpy(row, half.matrix(b, h) + r * half.row_stride, cols * sizeof(uint16_t));
+  }
+}
+
+// The same rows transposed per tile of br rows: tile t holds pairs × br words, word p·br + r the
+// pair p of row t·br + r (0 past the last row), the layout of Qᵀ and dOᵀ in pairs.
+void TransposedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, size_t br,
+                        uint32_t* destination) {
+  const auto rows = static_cast<size_t>(half.rows), cols = static_cast<size_t>(half.cols);
+  const size_t pairs = (cols + 1) / 2, tiles = (rows + br - 1) / br;
+  std::fill_n(destination, tiles * pairs * br, 0U);
+  for (size_t i = 0; i < rows; ++i) {
+    const uint16_t* row = half.matrix(b, h) + static_cast<int64_t>(i) * half.row_stride;
+    uint32_t* tile = destination + i / br * pairs * br + i % br;
+    for (size_t p = 0; p < cols / 2; ++p) std::memcpy(tile + p * br, row + 2 * p, sizeof(uint32_t));
+    if (cols % 2 != 0) tile[(pairs - 1) * br] = row[cols - 1];
+  }
+}
+
 // One query head h of batch element b, against the key/value head packed in s.k_rows and s.v_rows:
 // accumulates its share of dK and dV into s.grad_k and s.grad_v, writes its dQ, and returns its
 // sink gradient −Σ_i exp(sink − lse_i)·D_i (0 without sinks).
@@ -153,6 +207,12 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
   PadRows(args, args.q, args.q16, b, h, d_padded, s.q_rows);
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
+  const bool bf16_products = s.query_pairs != nullptr;
+  [[maybe_unused]] const size_t depth_pairs = (depth + 1) / 2, dv_pairs = (dv + 1) / 2;
+  if (bf16_products) {
+    TransposedRowPairs(args.q16, b, h, br, s.query_pairs);
+    TransposedRowPairs(args.grad_out16, b, h, br, s.grad_out_pairs);
+  }
   const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row};
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
@@ -192,8 +252,20 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
                                  s.last + first,
                                  ranges};
       // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
-      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.k_rows + key0 * d_padded, d_padded,
-                  1, s.q_transposed + tile * depth * br, br, depth, s.probabilities, br);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      if (bf16_products) {
+        // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
+        // them: the same scores, so P agrees with its log-sum-exp.
+        GemmBF16<false>(bc, flash_backward_detail::kQueryVectors, s.key_pairs + key0 * depth_pairs,
+                        depth_pairs, 1, s.query_pairs + tile * depth_pairs * br, br, depth_pairs,
+                        s.probabilities, br, nullptr, scale);
+      } else
+#endif
+      {
+        Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.k_rows + key0 * d_padded,
+                    d_padded, 1, s.q_transposed + tile * depth * br, br, depth, s.probabilities,
+                    br);
+      }
       ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
                           coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
       ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
@@ -208,8 +280,18 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
       Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
                  dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
       // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
-      Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.v_rows + key0 * dv_padded,
-                  dv_padded, 1, s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      if (bf16_products) {
+        GemmBF16<false>(bc, flash_backward_detail::kQueryVectors, s.value_pairs + key0 * dv_pairs,
+                        dv_pairs, 1, s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs,
+                        s.grad_scores, br, nullptr);
+      } else
+#endif
+      {
+        Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.v_rows + key0 * dv_padded,
+                    dv_padded, 1, s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores,
+                    br);
+      }
       GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
       // A float mask is added to the final scores: its gradient is dS itself.
@@ -253,6 +335,10 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
   const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
   PadRows(args, args.k, args.k16, b, kv_head, d_padded, s.k_rows);
   PadRows(args, args.v, args.v16, b, kv_head, dv_padded, s.v_rows);
+  if (s.key_pairs != nullptr) {
+    RowPairs(args.k16, b, kv_head, s.key_pairs);
+    RowPairs(args.v16, b, kv_head, s.value_pairs);
+  }
   std::fill(s.grad_k, s.grad_k + m * d_padded, 0.0F);
   std::fill(s.grad_v, s.grad_v + m * dv_padded, 0.0F);
   const int64_t group = args.q.heads / args.k.heads;
@@ -278,6 +364,7 @@ void FlashBackward(const BackwardArgs& args) {
   MaskGradientAccumulator target(args.grad_mask, args.q.batch, args.q.heads, args.k.heads,
                                  args.q.rows, args.k.rows, threads);
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
+  const bool bf16_products = BFloat16Products(args);
   float* grad_sinks = grad_sinks_by_head.data();
   run_parallel_tasks(
       tasks, "flash_attention_backward",
@@ -285,7 +372,7 @@ void FlashBackward(const BackwardArgs& args) {
       [&] {
         return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
                                static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
-                               hn::Lanes(d));
+                               hn::Lanes(d), bf16_products);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {
         FlashBackwardTask(args, task / args.k.heads, task % args.k.heads,

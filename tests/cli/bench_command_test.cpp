@@ -59,8 +59,9 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
     } else {
       EXPECT_TRUE(row["speedup_vs_sdpa"].is_null()) << name;
     }
-    // The half-precision cases compare with fused, the same work in fp32.
-    if (workload == "dot-bf16" || workload == "dot-fp16") {
+    // The half-precision cases compare with fused or fused-backward, the same work in fp32.
+    if (workload == "dot-bf16" || workload == "dot-fp16" || workload == "dot-backward-bf16" ||
+        workload == "dot-backward-fp16") {
       EXPECT_GT(row["speedup_vs_fp32"].get<double>(), 0.0) << name;
     } else {
       EXPECT_TRUE(row["speedup_vs_fp32"].is_null()) << name;
@@ -76,6 +77,8 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
                            "plain-backward",
                            "fused-bf16",
                            "fused-fp16",
+                           "fused-bf16-backward",
+                           "fused-fp16-backward",
                            "fused-mha",
                            "fused-sdpa",
                            "fused-window",
@@ -89,7 +92,8 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
                            "plain-add-backward"})
     EXPECT_TRUE(cases.contains(name)) << name;
   EXPECT_NE(result.out.find("functional API: fused-sdpa's time"), std::string::npos) << result.out;
-  EXPECT_NE(result.out.find("half precision: fused's fp32 time"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("half precision: the fp32 case's time"), std::string::npos)
+      << result.out;
   EXPECT_NE(result.out.find("FMA peak, 1 thread(s):"), std::string::npos) << result.out;
   // Every decode case ran, by default, after the attention cases.
   EXPECT_EQ(report["decode"].size(), 8U);  // 4 dtypes × n = 1, 3
