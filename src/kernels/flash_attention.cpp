@@ -425,16 +425,6 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
 // The bf16 dot-product path (tile_gemm_bf16-inl.h): AVX-512 with AVX512-BF16, checked at run time.
 constexpr bool kBFloat16Path = true;
 
-// Words 0–15 of a vector from the even key, 16–31 from the odd one, in the order that makes each
-// 32-bit lane one query's (even, odd) pair.
-alignas(64) constexpr uint16_t kPairInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-
-alignas(64) constexpr uint16_t kRowInterleave[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
-                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-
 // Rows [begin, end) of key/value head (b, h), begin even, as bf16 pairs in s.key_pairs (d/2 per
 // key row, an odd d's last pair padded with 0) and s.value_pairs (rows 2p and 2p + 1 of a column
 // in pair p; a key past m reads as 0). The packed range grows as PackKeysAndValues's does.
@@ -451,54 +441,18 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
   // Two adjacent bf16 of a key row already are its pair in memory (little-endian): a copy. Two
-  // value rows interleave 32 columns at a time (vpermt2w: index i < 32 picks word i of the first
-  // row, 32 + i word i of the second; columns t + i, then t + 16 + i, of both rows).
-  const __m512i low_half = _mm512_load_si512(kRowInterleave);
-  const __m512i high_half = _mm512_add_epi16(low_half, _mm512_set1_epi16(16));
+  // value rows interleave (InterleaveRowPairs).
   for (int64_t j = s.packed_end; j < end; j += 2) {
     for (int64_t row = j; row < j + 2; ++row) {
       uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * depth_pairs;
       pairs[depth_pairs - 1] = 0U;  // an odd depth's padding
       if (row < keys) std::memcpy(pairs, k + row * args.k16.row_stride, depth * sizeof(uint16_t));
     }
-    uint32_t* pairs = s.value_pairs + static_cast<size_t>(j / 2) * dv_padded;
     const uint16_t* first = v + j * args.v16.row_stride;
-    const uint16_t* second = j + 1 < keys ? first + args.v16.row_stride : nullptr;
-    size_t t = 0;
-    for (; t + 32 <= dv; t += 32) {
-      const __m512i a = _mm512_loadu_si512(first + t);
-      const __m512i b2 =
-          second != nullptr ? _mm512_loadu_si512(second + t) : _mm512_setzero_si512();
-      _mm512_storeu_si512(pairs + t, _mm512_permutex2var_epi16(a, low_half, b2));
-      _mm512_storeu_si512(pairs + t + 16, _mm512_permutex2var_epi16(a, high_half, b2));
-    }
-    for (; t < dv; ++t)
-      pairs[t] = first[t] | (second != nullptr ? static_cast<uint32_t>(second[t]) << 16 : 0U);
-    std::fill(pairs + dv, pairs + dv_padded, 0U);
+    InterleaveRowPairs(first, j + 1 < keys ? first + args.v16.row_stride : nullptr, dv, dv_padded,
+                       s.value_pairs + static_cast<size_t>(j / 2) * dv_padded);
   }
   s.packed_end = std::max(s.packed_end, end + end % 2);  // whole pairs
-}
-
-// Probabilities of an even key and the next (16 queries each) as their bf16 pairs (rounded to
-// nearest even), one 32-bit lane per query, stored at `pairs`.
-ATTN_BF16_TARGET HWY_INLINE void StoreProbabilityPairs(__m512 even, __m512 odd, uint32_t* pairs) {
-  // Words 0–15 the even key's, 16–31 the odd key's; interleaved into one pair per query.
-  const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
-  _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kPairInterleave), both));
-}
-
-// Pᵀ (bc × Br floats, bc ≤ Bc) as bf16 pairs of adjacent keys per query (Bc/2 × Br); a key past
-// bc is 0.
-ATTN_BF16_TARGET HWY_INLINE void PackProbabilityPairs(const float* probabilities, size_t bc,
-                                                      size_t br, uint32_t* pairs) {
-  for (size_t j = 0; j < bc; j += 2) {
-    for (size_t r = 0; r < br; r += 16) {
-      const __m512 odd =
-          j + 1 < bc ? _mm512_loadu_ps(probabilities + (j + 1) * br + r) : _mm512_setzero_ps();
-      StoreProbabilityPairs(_mm512_loadu_ps(probabilities + j * br + r), odd,
-                            pairs + j / 2 * br + r);
-    }
-  }
 }
 
 // OnlineSoftmaxStep for the bf16 path without dropout: P goes straight from the exponential into

@@ -131,6 +131,66 @@ ATTN_BF16_TARGET HWY_NOINLINE void GemmBF16(size_t rows, size_t vectors, const u
     }
   }
 }
+// Words 0–15 of a vector from the even key, 16–31 from the odd one, in the order that makes each
+// 32-bit lane one query's (even, odd) pair.
+alignas(64) constexpr uint16_t kPairInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+alignas(64) constexpr uint16_t kRowInterleave[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+
+// Two rows of `cols` bf16 as one row of pairs (first[t], second[t]) in 32-bit words, `padded` words
+// long (0 past cols); a null `second` reads as zeros. 32 columns at a time by vpermt2w: index i < 32
+// picks word i of the first row, 32 + i word i of the second; columns t + i, then t + 16 + i.
+ATTN_BF16_TARGET HWY_INLINE void InterleaveRowPairs(const uint16_t* first, const uint16_t* second,
+                                                    size_t cols, size_t padded, uint32_t* pairs) {
+  const __m512i low_half = _mm512_load_si512(kRowInterleave);
+  const __m512i high_half = _mm512_add_epi16(low_half, _mm512_set1_epi16(16));
+  size_t t = 0;
+  for (; t + 32 <= cols; t += 32) {
+    const __m512i a = _mm512_loadu_si512(first + t);
+    const __m512i b = second != nullptr ? _mm512_loadu_si512(second + t) : _mm512_setzero_si512();
+    _mm512_storeu_si512(pairs + t, _mm512_permutex2var_epi16(a, low_half, b));
+    _mm512_storeu_si512(pairs + t + 16, _mm512_permutex2var_epi16(a, high_half, b));
+  }
+  for (; t < cols; ++t)
+    pairs[t] = first[t] | (second != nullptr ? static_cast<uint32_t>(second[t]) << 16 : 0U);
+  std::fill(pairs + cols, pairs + padded, 0U);
+}
+
+// Probabilities of an even key and the next (16 queries each) as their bf16 pairs (rounded to
+// nearest even), one 32-bit lane per query, stored at `pairs`.
+ATTN_BF16_TARGET HWY_INLINE void StoreProbabilityPairs(__m512 even, __m512 odd, uint32_t* pairs) {
+  // Words 0–15 the even key's, 16–31 the odd key's; interleaved into one pair per query.
+  const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+  _mm512_storeu_si512(pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kPairInterleave), both));
+}
+
+// Pᵀ (bc × Br floats, bc ≤ Bc) as bf16 pairs of adjacent keys per query (Bc/2 × Br); a key past
+// bc is 0.
+ATTN_BF16_TARGET HWY_INLINE void PackProbabilityPairs(const float* probabilities, size_t bc,
+                                                      size_t br, uint32_t* pairs) {
+  for (size_t j = 0; j < bc; j += 2) {
+    for (size_t r = 0; r < br; r += 16) {
+      const __m512 odd =
+          j + 1 < bc ? _mm512_loadu_ps(probabilities + (j + 1) * br + r) : _mm512_setzero_ps();
+      StoreProbabilityPairs(_mm512_loadu_ps(probabilities + j * br + r), odd,
+                            pairs + j / 2 * br + r);
+    }
+  }
+}
+
+// A row of `count` floats (a multiple of 32) rounded to bf16 (nearest even) in place order: word
+// pair p holds elements 2p and 2p + 1, the pairs of adjacent lanes a transposed tile's row gives.
+ATTN_BF16_TARGET HWY_INLINE void RowToPairs(const float* row, size_t count, uint32_t* pairs) {
+  for (size_t r = 0; r < count; r += 32) {
+    const auto both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + r + 16), _mm512_loadu_ps(row + r));
+    _mm512_storeu_si512(pairs + r / 2, reinterpret_cast<__m512i>(both));
+  }
+}
+
 #endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 
 }  // namespace HWY_NAMESPACE
