@@ -89,6 +89,16 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* grad_out_pairs = nullptr;
   uint32_t* key_pairs = nullptr;
   uint32_t* value_pairs = nullptr;
+  // ... and, for the products that reduce over queries or keys (dV, dK, dQ), pairs of adjacent
+  // rows: Q and dO rows 2p and 2p + 1 interleaved (n/2 × d_padded, n/2 × dv_padded, 0 past n), K
+  // rows likewise (m/2 × d_padded), and a tile's P ⊙ Z and dS rounded to bf16 as pairs of adjacent
+  // queries (Bc × Br/2) and dS as pairs of adjacent keys (Bc/2 × Br).
+  uint32_t* query_row_pairs = nullptr;
+  uint32_t* grad_out_row_pairs = nullptr;
+  uint32_t* key_row_pairs = nullptr;
+  uint32_t* used_query_pairs = nullptr;
+  uint32_t* grad_score_query_pairs = nullptr;
+  uint32_t* grad_score_key_pairs = nullptr;
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, bool bf16_pairs) {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
@@ -111,6 +121,12 @@ struct BackwardScratch : BackwardTileBuffers {
         grad_out_pairs = as_uint32(take(n_padded * dv_pairs));
         key_pairs = as_uint32(take(m * d_pairs));
         value_pairs = as_uint32(take(m * dv_pairs));
+        query_row_pairs = as_uint32(take(n_padded / 2 * d_padded));
+        grad_out_row_pairs = as_uint32(take(n_padded / 2 * dv_padded));
+        key_row_pairs = as_uint32(take((m + 1) / 2 * d_padded));
+        used_query_pairs = as_uint32(take(bc * br / 2));
+        grad_score_query_pairs = as_uint32(take(bc * br / 2));
+        grad_score_key_pairs = as_uint32(take((bc + 1) / 2 * br));
       }
     });
   }
@@ -188,6 +204,39 @@ void TransposedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, si
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Rows 2p and 2p + 1 of matrix (b, h) of bf16 `half` interleaved into pairs, `pair_rows` rows of
+// `padded` words (rows past the matrix read as zeros).
+ATTN_BF16_TARGET void InterleavedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h,
+                                          size_t pair_rows, size_t padded, uint32_t* destination) {
+  const auto cols = static_cast<size_t>(half.cols);
+  for (size_t p = 0; p < pair_rows; ++p) {
+    const auto row = static_cast<int64_t>(2 * p);
+    uint32_t* pairs = destination + p * padded;
+    if (row >= half.rows) {
+      std::fill_n(pairs, padded, 0U);
+      continue;
+    }
+    const uint16_t* first = half.matrix(b, h) + row * half.row_stride;
+    InterleaveRowPairs(first, row + 1 < half.rows ? first + half.row_stride : nullptr, cols, padded,
+                       pairs);
+  }
+}
+
+// Each of `rows` rows of a transposed tile (br floats) rounded to bf16 pairs of adjacent lanes.
+ATTN_BF16_TARGET void TileRowsToPairs(const float* tile, size_t rows, size_t br, uint32_t* pairs) {
+  for (size_t j = 0; j < rows; ++j) RowToPairs(tile + j * br, br, pairs + j * br / 2);
+}
+
+// dSᵀ (bc × br) rounded to bf16 twice over: pairs of adjacent queries (dK's operand) and pairs of
+// adjacent keys (dQ's).
+ATTN_BF16_TARGET void GradScorePairs(const float* grad_scores, size_t bc, size_t br,
+                                     uint32_t* query_pairs, uint32_t* key_pairs) {
+  TileRowsToPairs(grad_scores, bc, br, query_pairs);
+  PackProbabilityPairs(grad_scores, bc, br, key_pairs);
+}
+#endif
+
 // One query head h of batch element b, against the key/value head packed in s.k_rows and s.v_rows:
 // accumulates its share of dK and dV into s.grad_k and s.grad_v, writes its dQ, and returns its
 // sink gradient −Σ_i exp(sink − lse_i)·D_i (0 without sinks).
@@ -209,15 +258,19 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
   const bool bf16_products = s.query_pairs != nullptr;
   [[maybe_unused]] const size_t depth_pairs = (depth + 1) / 2, dv_pairs = (dv + 1) / 2;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (bf16_products) {
     TransposedRowPairs(args.q16, b, h, br, s.query_pairs);
     TransposedRowPairs(args.grad_out16, b, h, br, s.grad_out_pairs);
+    InterleavedRowPairs(args.q16, b, h, tiles * br / 2, d_padded, s.query_row_pairs);
+    InterleavedRowPairs(args.grad_out16, b, h, tiles * br / 2, dv_padded, s.grad_out_row_pairs);
   }
+#endif
   const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row};
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr);
-  for (size_t tile = 0; tile < tiles; ++tile) {
+  for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
     float* qt = s.q_transposed + tile * depth * br;
     for (size_t r = 0; r < br; ++r) {
       const size_t i = tile * br + r;
@@ -276,9 +329,20 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
                      s.dropped);
         used = s.dropped;
       }
-      // dV += (P ⊙ Z)ᵀ dO.
-      Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
-                 dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
+      // dV += (P ⊙ Z)ᵀ dO: on the bf16 path with P ⊙ Z rounded to bf16, as the forward pass
+      // rounds P for P·V (and FlashAttention's bf16 kernels round P and dS).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      if (bf16_products) {
+        TileRowsToPairs(used, bc, br, s.used_query_pairs);
+        GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
+                       s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
+                       s.grad_v + key0 * dv_padded, dv_padded, nullptr);
+      } else
+#endif
+      {
+        Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
+                   dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
+      }
       // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
       if (bf16_products) {
@@ -301,7 +365,19 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
       }
       // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
       if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
-      // dK += dSᵀ Q (scaled at the end); dQ += dS K.
+        // dK += dSᵀ Q (scaled at the end); dQ += dS K.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      if (bf16_products) {
+        GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
+        GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
+                       s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
+                       s.grad_k + key0 * d_padded, d_padded, nullptr);
+        GemmBF16<true>(rows, d_padded / lanes, s.grad_score_key_pairs, 1, br,
+                       s.key_row_pairs + key0 / 2 * d_padded, d_padded, (bc + 1) / 2,
+                       s.grad_q + first * d_padded, d_padded, nullptr);
+        continue;
+      }
+#endif
       Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.q_rows + first * d_padded,
                  d_padded, rows, s.grad_k + key0 * d_padded, d_padded);
       Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.k_rows + key0 * d_padded,
@@ -335,10 +411,13 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
   const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
   PadRows(args, args.k, args.k16, b, kv_head, d_padded, s.k_rows);
   PadRows(args, args.v, args.v16, b, kv_head, dv_padded, s.v_rows);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.key_pairs != nullptr) {
     RowPairs(args.k16, b, kv_head, s.key_pairs);
     RowPairs(args.v16, b, kv_head, s.value_pairs);
+    InterleavedRowPairs(args.k16, b, kv_head, (m + 1) / 2, d_padded, s.key_row_pairs);
   }
+#endif
   std::fill(s.grad_k, s.grad_k + m * d_padded, 0.0F);
   std::fill(s.grad_v, s.grad_v + m * dv_padded, 0.0F);
   const int64_t group = args.q.heads / args.k.heads;

@@ -198,10 +198,13 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
 
   // The backward pass on half-precision inputs widens every row exactly as it packs it and rounds
   // each gradient once: bit-equal to the fp32 backward on the widened values (itself checked
-  // against the double reference by flash_attention_backward_test), rounded to `type`. On the bf16
-  // dot-product path the scores and dP are the same exact products summed in another order
-  // (vdpbf16ps adds pairs): within 1e-5 of the gradient's largest entry (the fp32 kernels' bound)
-  // plus the rounding to bf16 (2⁻⁸ relative: half an ulp each side of a rounding boundary).
+  // against the double reference by flash_attention_backward_test), rounded to `type`. The bf16
+  // dot-product path computes the scores and dP from the same exact products summed in another
+  // order, and rounds P ⊙ Z and dS to bf16 for the three products that reduce over queries or
+  // keys, as its forward pass rounds P: each gradient element may then move by 2⁻⁸ times the sum
+  // of its terms' magnitudes (dV_jt: Σ_i P_ij Z_ij |dO_it|; dK_jt: c Σ_i |dS_ij| |q_it|; dQ_it:
+  // c Σ_j |dS_ij| |k_jt|, with |dS_ij| ≤ P_ij (Z_ij |dP_ij| + |D_i|) from the double reference),
+  // plus the fp32 kernels' 1e-5 of the largest entry and the gradient's own rounding (2⁻⁸).
   std::vector<float> grad_out;
   const HalfHeads grad_out16 =
       random_heads(type, c.batch, c.q_heads, c.queries, c.value_depth, 1.0F, rng, grad_out);
@@ -224,8 +227,50 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
                            c.sinks ? sink_grads32.data() : nullptr);
   const std::pair<const HalfHeads*, const std::vector<float>*> gradients[] = {
       {&grad_q16, &grad_q}, {&grad_k16, &grad_k}, {&grad_v16, &grad_v}};
+  std::vector<double> bound_q(grad_q.size()), bound_k(grad_k.size()), bound_v(grad_v.size());
+  if (native) {
+    const auto at = [](int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64_t r,
+                       int64_t t) {
+      return static_cast<size_t>(((b * heads + h) * rows + r) * cols + t);
+    };
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t h = 0; h < c.q_heads; ++h)
+        for (int64_t i = 0; i < c.queries; ++i) {
+          double delta = 0.0;
+          for (int64_t t = 0; t < c.value_depth; ++t) {
+            const size_t e = at(c.q_heads, c.queries, c.value_depth, b, h, i, t);
+            delta += static_cast<double>(grad_out[e]) * out[e];
+          }
+          for (int64_t j = 0; j < c.keys; ++j) {
+            const size_t score = problem.score_index(b, h, i, j);
+            const double p = expected.weights[score];
+            if (p == 0.0) continue;
+            const double z = problem.dropout.empty() ? 1.0 : problem.dropout[score];
+            const int64_t kv = h / group;
+            double grad_p = 0.0;
+            for (int64_t t = 0; t < c.value_depth; ++t) {
+              grad_p += static_cast<double>(
+                            grad_out[at(c.q_heads, c.queries, c.value_depth, b, h, i, t)]) *
+                        v[at(c.kv_heads, c.keys, c.value_depth, b, kv, j, t)];
+            }
+            const double grad_s = p * (z * std::abs(grad_p) + std::abs(delta));
+            for (int64_t t = 0; t < c.depth; ++t) {
+              bound_q[at(c.q_heads, c.queries, c.depth, b, h, i, t)] +=
+                  scale * grad_s * std::abs(k[at(c.kv_heads, c.keys, c.depth, b, kv, j, t)]);
+              bound_k[at(c.kv_heads, c.keys, c.depth, b, kv, j, t)] +=
+                  scale * grad_s * std::abs(q[at(c.q_heads, c.queries, c.depth, b, h, i, t)]);
+            }
+            for (int64_t t = 0; t < c.value_depth; ++t) {
+              bound_v[at(c.kv_heads, c.keys, c.value_depth, b, kv, j, t)] +=
+                  p * z * std::abs(grad_out[at(c.q_heads, c.queries, c.value_depth, b, h, i, t)]);
+            }
+          }
+        }
+  }
+  const std::vector<double>* bounds[] = {&bound_q, &bound_k, &bound_v};
   for (const auto& [half, wide] : gradients) {
     const char* name = half == &grad_q16 ? "q" : half == &grad_k16 ? "k" : "v";
+    const std::vector<double>& bound = *bounds[half == &grad_q16 ? 0 : half == &grad_k16 ? 1 : 2];
     double largest_gradient = 0.0;
     for (const float value : *wide)
       largest_gradient = std::max<double>(largest_gradient, std::abs(value));
@@ -233,7 +278,7 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
       if (native) {
         const double want = (*wide)[i];
         ASSERT_NEAR(half_bits_to_float(type, half->bits[i]), want,
-                    0x1p-8 * std::abs(want) + 1e-5 * largest_gradient)
+                    0x1p-8 * (std::abs(want) + bound[i]) + 1e-5 * largest_gradient)
             << "gradient " << name << ", element " << i << ", n=" << c.queries << " m=" << c.keys
             << " d=" << c.depth;
       } else {
