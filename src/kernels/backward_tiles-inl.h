@@ -104,13 +104,14 @@ struct HalfQuerySide {
 // per query tile of br (grad_out_transposed, tiles × dv × br), D_i = dO_i · O_i (delta), the
 // log-sum-exp (lse; rows that saw nothing get 0 instead of −∞: all their scores are −∞, so any
 // finite stand-in gives P = 0), each query's key range, dropout row keys and each tile's key
-// ranges (tile_bounds) in `s`, padding rows zero. `head_lse` holds the head's n forward values.
-// Returns one past the last key any query of the head sees.
+// ranges (tile_bounds) in `s`, padding rows zero. `head_lse` holds the head's n forward values;
+// `half` gives half-precision out and grad_out; without `transposed`, dOᵀ is left out (a caller
+// whose dP product reads dO otherwise). Returns one past the last key any query of the head sees.
 inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
                                  const float* head_lse, const ValidLengths& valid_lens,
                                  const FlashAttentionOptions& options, int64_t keys, int64_t b,
                                  int64_t h, size_t br, size_t dv_padded, BackwardTileBuffers& s,
-                                 const HalfQuerySide* half = nullptr) {
+                                 const HalfQuerySide* half = nullptr, bool transposed = true) {
   const auto n = static_cast<size_t>(out.rows), dv = static_cast<size_t>(out.cols);
   const hn::ScalableTag<float> d;
   for (size_t i = 0; i < n; ++i) {
@@ -141,7 +142,7 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
       const size_t i = first_row + r;
       const bool real = r < rows;
       const float* grad_out_row = s.grad_out_rows + i * dv_padded;
-      for (size_t t = 0; t < dv; ++t)
+      for (size_t t = 0; t < dv && transposed; ++t)
         grad_out_transposed[t * br + r] = real ? grad_out_row[t] : 0.0F;
       const float* out_row = nullptr;
       if (real && half != nullptr) {

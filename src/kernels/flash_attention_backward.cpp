@@ -254,9 +254,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
   const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
 
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
-  PadRows(args, args.q, args.q16, b, h, d_padded, s.q_rows);
-  std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
   const bool bf16_products = s.query_pairs != nullptr;
+  // The fp32 products' operands (the bf16 path has its pairs instead).
+  if (!bf16_products) PadRows(args, args.q, args.q16, b, h, d_padded, s.q_rows);
+  std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
   [[maybe_unused]] const size_t depth_pairs = (depth + 1) / 2, dv_pairs = (dv + 1) / 2;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (bf16_products) {
@@ -269,7 +270,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
   const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row};
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
-                        b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr);
+                        b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
+                        /*transposed=*/!bf16_products);
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
     float* qt = s.q_transposed + tile * depth * br;
     for (size_t r = 0; r < br; ++r) {
@@ -409,8 +411,10 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
   const size_t m = static_cast<size_t>(args.k.rows);
   const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
-  PadRows(args, args.k, args.k16, b, kv_head, d_padded, s.k_rows);
-  PadRows(args, args.v, args.v16, b, kv_head, dv_padded, s.v_rows);
+  if (s.key_pairs == nullptr) {  // the fp32 products' operands (the bf16 path has its pairs)
+    PadRows(args, args.k, args.k16, b, kv_head, d_padded, s.k_rows);
+    PadRows(args, args.v, args.v16, b, kv_head, dv_padded, s.v_rows);
+  }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.key_pairs != nullptr) {
     RowPairs(args.k16, b, kv_head, s.key_pairs);
