@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issues 13 and 14's side-by-side on a server CPU (the device tool's 16-core Xeon), in phases that
+# each fit one 10-minute device command; every figure goes to files under OUT with the CPU's name.
+#
+#   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case, AVX-512 and AVX2
+#   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json)
+#   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention and decoding from Python
+#
+# Carry a Release build (build/release: the CLI and its shared libraries) and, for the layers
+# phase, attn's Python module built for the machine's Python. Overrides: ATTN (the CLI), PYTHON,
+# SIZES (default 1024,4096), THREADS (default 1,4 and the machine's cores), REPEATS, LENGTHS (the
+# decode cases' cached tokens, default 4096,32768,65536). On the device tool, keep OUT outside the
+# call's $OUT (e.g. the default /tmp/attn-server, which lasts while the machine stays warm, so the
+# pytorch phase finds bench.json) and copy each phase's files to $OUT: at most 8 files come back.
+set -euo pipefail
+
+phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers [OUT]}
+out=${2:-${OUT:-/tmp/attn-server}}
+attn=${ATTN:-build/release/cli/attn}
+python=${PYTHON:-python3}
+cores=$(nproc)
+sizes=${SIZES:-1024,4096}
+threads=${THREADS:-$(printf '%s\n' 1 4 "$cores" | awk '$1 <= '"$cores" | sort -un | paste -sd,)}
+repeats=${REPEATS:-5}
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$attn")/../src/kernels"
+mkdir -p "$out"
+lscpu >"$out/cpu.txt"
+
+case $phase in
+kernels)
+  "$attn" bench --cases fused,fused-causal,fused-backward,fused-bf16,fused-fp16,fused-bf16-backward,fused-additive,fused-mha \
+    --sizes "$sizes" --threads "$threads" --repeats "$repeats" --json-out "$out/bench.json" >"$out/bench.txt"
+  # The AVX2 kernels on the same cores, for the AVX2 rows of issue 14's targets.
+  "$attn" bench --simd-target avx2 --cases fused,fused-backward,fused-additive \
+    --sizes "$sizes" --threads "1,$cores" --repeats "$repeats" >"$out/bench_avx2.txt"
+  ;;
+pytorch)
+  test -f "$out/bench.json" || { echo "run the kernels phase first: $out/bench.json" >&2; exit 2; }
+  "$python" bench/compare_pytorch.py --attn-json "$out/bench.json" --sizes "$sizes" \
+    --threads "$threads" --repeats "$repeats" --additive-sizes 0 --json-out "$out/pytorch.json" \
+    >"$out/pytorch.txt"
+  ;;
+layers)
+  "$python" -c "import attn" || { echo "attn's Python module is not importable" >&2; exit 2; }
+  "$python" bench/compare_mha.py --sizes "$sizes" --threads "$threads" --repeats "$repeats" \
+    --json-out "$out/mha.json" >"$out/mha.txt"
+  "$python" bench/compare_decode.py --lengths "${LENGTHS:-4096,32768,65536}" --threads "1,$cores" \
+    --attn-cli "$attn" --json-out "$out/decode.json" --plot-out "$out/decode.png" >"$out/decode.txt"
+  ;;
+*)
+  echo "unknown phase '$phase': expected kernels, pytorch or layers" >&2
+  exit 2
+  ;;
+esac
+echo "wrote $out:" && ls "$out"
