@@ -2,7 +2,8 @@
 # config objects (nothing downloaded) run with attn_implementation="attn" and "eager" on the same
 # weights; logits (padded batches included) and one training step's parameter gradients must
 # agree. Llama with grouped-query heads, Mistral with a sliding window shorter than the sequence,
-# Gemma 2 with logit soft-capping and its sliding layers, gpt-oss with attention sinks.
+# Gemma 2 with logit soft-capping and its sliding layers, gpt-oss with attention sinks; and a
+# bf16 Llama, whose attn forward and backward must be as accurate as eager bf16 attention.
 import copy
 
 import pytest
@@ -201,3 +202,52 @@ def test_register_names_the_implementation():
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     assert "attn" in ALL_MASK_ATTENTION_FUNCTIONS
+
+
+def test_bfloat16_model_is_as_accurate_as_eager_in_bfloat16():
+    # A bf16 model: attn's bf16 kernels (forward and backward, vdpbf16ps where the CPU has it)
+    # against eager attention in bf16, both measured against the same model in float32. Each
+    # layer rounds its activations to bf16 (2⁻⁸ relative), so neither matches float32 closely;
+    # attn must be no less accurate than eager: within twice eager's error, logits and every
+    # parameter's gradient (relative to its largest entry).
+    reference, _ = model_pair("llama")
+    eager, mine = model_pair("llama")
+    eager, mine = eager.to(torch.bfloat16), mine.to(torch.bfloat16)
+    torch.manual_seed(3)
+    input_ids = torch.randint(0, COMMON["vocab_size"], (BATCH, LENGTH))
+    dtypes = []
+    original = attn.transformers.attention_forward
+
+    def spy(module, query, key, value, *args, **kwargs):
+        dtypes.append((query.dtype, key.dtype, value.dtype))
+        return original(module, query, key, value, *args, **kwargs)
+
+    transformers.AttentionInterface.register("attn", spy)
+    try:
+        output = mine(input_ids=input_ids, labels=input_ids)
+    finally:
+        transformers.AttentionInterface.register("attn", original)
+    # Every layer's attention ran through attn, on the model's bf16 tensors.
+    assert dtypes == [(torch.bfloat16,) * 3] * COMMON["num_hidden_layers"]
+    expected = eager(input_ids=input_ids, labels=input_ids)
+    truth = reference(input_ids=input_ids, labels=input_ids)
+    assert output.logits.dtype == torch.bfloat16
+
+    def error(actual, wanted):
+        actual, wanted = actual.detach().double(), wanted.detach().double()
+        return (actual - wanted).abs().max().item() / max(wanted.abs().max().item(), 1e-6)
+
+    ours, theirs = error(output.logits, truth.logits), error(expected.logits, truth.logits)
+    assert ours <= 2 * theirs + 1e-3, f"logits: attn {ours:.3g}, eager {theirs:.3g}"
+    output.loss.backward()
+    expected.loss.backward()
+    truth.loss.backward()
+    eager_parameters = dict(eager.named_parameters())
+    reference_parameters = dict(reference.named_parameters())
+    for parameter_name, parameter in mine.named_parameters():
+        wanted = reference_parameters[parameter_name].grad
+        if wanted is None:
+            continue
+        ours = error(parameter.grad, wanted)
+        theirs = error(eager_parameters[parameter_name].grad, wanted)
+        assert ours <= 2 * theirs + 1e-3, f"d {parameter_name}: attn {ours:.3g}, eager {theirs:.3g}"
