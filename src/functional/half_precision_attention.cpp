@@ -46,6 +46,27 @@ class HalfInput {
   std::vector<uint16_t> copy_;
 };
 
+// Half-precision q, k, v checked as the float overloads check theirs, in their order: shapes and
+// options (PreparedAttention's kShapesOnly, which never reads the data), each input's finiteness
+// scanned here, then the mask's values and the scores' bound from the magnitudes found.
+struct CheckedHalfInputs {
+  CheckedHalfInputs(HalfType type, const ConstHalfStridedView& query,
+                    const ConstHalfStridedView& key, const ConstHalfStridedView& value,
+                    const AttentionOptions& options)
+      : q(query),
+        k(key),
+        v(value),
+        prepared(q.shape_only(), k.shape_only(), v.shape_only(), options,
+                 PreparedAttention::kShapesOnly) {
+    const float query_max = functional_detail::require_finite("query", type, q.view());
+    const float key_max = functional_detail::require_finite("key", type, k.view());
+    const float value_max = functional_detail::require_finite("value", type, v.view());
+    prepared.check_scanned_values(query_max, key_max, value_max);
+  }
+  const HalfInput q, k, v;
+  PreparedAttention prepared;
+};
+
 // ShapeError unless a half gradient has the shape of its input.
 void require_gradient_shape(std::string_view name, const MutableHalfStridedView& gradient,
                             const ConstHalfStridedView& input) {
@@ -62,14 +83,9 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
                                   std::span<float> log_sum_exp) {
-  const HalfInput q(query), k(key), v(value);
-  PreparedAttention prepared(q.shape_only(), k.shape_only(), v.shape_only(), options,
-                             PreparedAttention::kShapesOnly);
-  // In the float path's order: query, key, value, then the mask and the scores' bound.
-  const float query_max = functional_detail::require_finite("query", type, q.view());
-  const float key_max = functional_detail::require_finite("key", type, k.view());
-  const float value_max = functional_detail::require_finite("value", type, v.view());
-  prepared.check_scanned_values(query_max, key_max, value_max);
+  CheckedHalfInputs inputs(type, query, key, value, options);
+  const HalfInput &q = inputs.q, &k = inputs.k, &v = inputs.v;
+  PreparedAttention& prepared = inputs.prepared;
   const auto out = prepared.output_layout("output", output);
   prepared.require_log_sum_exp(log_sum_exp, true);
   if (functional_detail::shift_for(prepared.value_sum_bound()) > 0) {
@@ -118,14 +134,10 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
-  // The float overload's checks, in its order, on shapes only; the data is scanned here.
-  const HalfInput q(query), k(key), v(value);
-  PreparedAttention prepared(q.shape_only(), k.shape_only(), v.shape_only(), options,
-                             PreparedAttention::kShapesOnly);
-  const float query_max = functional_detail::require_finite("query", type, q.view());
-  const float key_max = functional_detail::require_finite("key", type, k.view());
-  const float value_max = functional_detail::require_finite("value", type, v.view());
-  prepared.check_scanned_values(query_max, key_max, value_max);
+  // The float overload's checks, in its order.
+  CheckedHalfInputs inputs(type, query, key, value, options);
+  const HalfInput &q = inputs.q, &k = inputs.k, &v = inputs.v;
+  PreparedAttention& prepared = inputs.prepared;
   functional_detail::start_option_gradients(options, grad_mask, grad_sinks);
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
@@ -138,10 +150,10 @@ void scaled_dot_product_attention_backward(
   const auto grad_v = prepared.input_layout("grad_value", shape_of(grad_value), value.shape());
   const double scale = std::fabs(static_cast<double>(prepared.scale()));
   const bool summed_gradients = grad_mask.data() != nullptr || !grad_sinks.empty();
-  const auto shifts =
-      prepared.gradient_shifts(functional_detail::require_finite("grad_output", type, grad_output),
-                               functional_detail::require_finite("output", type, output),
-                               scale * key_max, scale * query_max, summed_gradients);
+  const auto shifts = prepared.gradient_shifts(
+      functional_detail::require_finite("grad_output", type, grad_output),
+      functional_detail::require_finite("output", type, output), scale * prepared.key_max(),
+      scale * prepared.query_max(), summed_gradients);
   if (shifts.grad_output > 0 || shifts.value > 0) {
     // Sums that could pass float's range (finite_range.hpp): the float overload scales its copies
     // by powers of two, which the half kernel, reading the bits in place, cannot. Rare enough to

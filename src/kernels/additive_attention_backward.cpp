@@ -227,11 +227,11 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       const float* at = s.queries_transposed + tile * hidden * br;
       // Sᵀ as the forward pass computed it, masked, then Pᵀ = exp(Sᵀ − lse).
       if (args.exponential) {
-        AdditiveScoresExponential<kQueryVectors>(d, active, key_rows, key_rows_stride, at, br,
-                                                 hidden, args.weights, s.probabilities);
+        AdditiveScores<kQueryVectors, true>(d, active, key_rows, key_rows_stride, at, br, hidden,
+                                            args.weights, s.probabilities);
       } else {
-        AdditiveScores<kQueryVectors>(d, active, key_rows, key_rows_stride, at, br, hidden,
-                                      args.weights, s.probabilities);
+        AdditiveScores<kQueryVectors, false>(d, active, key_rows, key_rows_stride, at, br, hidden,
+                                             args.weights, s.probabilities);
       }
       const QueryTile query_tile{b,
                                  h,

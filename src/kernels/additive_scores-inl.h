@@ -30,34 +30,6 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Sᵀ (MR keys × NR query vectors) of additive attention: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j,
-// t]), with the projected queries transposed (queries along the lanes) and the projected keys'
-// elements broadcast. Each loaded query vector and broadcast key element is shared by the whole
-// tile. The tanh dominates: h evaluations per score, never stored.
-template <size_t MR, size_t NR, class D>
-HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t key_stride,
-                                  const float* HWY_RESTRICT q_transposed, size_t br, size_t depth,
-                                  const float* HWY_RESTRICT weights, float* HWY_RESTRICT scores) {
-  using V = hn::Vec<D>;
-  const size_t lanes = hn::Lanes(d);
-  V acc[MR][NR];
-  for (size_t r = 0; r < MR; ++r)
-    for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::Zero(d);
-  for (size_t t = 0; t < depth; ++t) {
-    const V weight = hn::Set(d, weights[t]);
-    V queries[NR];
-    for (size_t v = 0; v < NR; ++v) queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
-    for (size_t r = 0; r < MR; ++r) {
-      const V key = hn::Set(d, keys[r * key_stride + t]);
-      for (size_t v = 0; v < NR; ++v) {
-        acc[r][v] = hn::MulAdd(weight, AdditiveTanh(d, hn::Add(queries[v], key)), acc[r][v]);
-      }
-    }
-  }
-  for (size_t r = 0; r < MR; ++r)
-    for (size_t v = 0; v < NR; ++v) hn::Store(acc[r][v], d, scores + r * br + v * lanes);
-}
-
 // data[i] = e^{2·data[i]} for `count` floats, each lane on its own (a tail through a padded
 // vector), so that an element's result never depends on where it sits: the forward, backward and
 // weights kernels lay the same inputs out differently and must compute the same scores.
@@ -85,13 +57,16 @@ HWY_INLINE hn::Vec<D> ReciprocalOfProductPlusOne(D d, hn::Vec<D> e, hn::Vec<D> f
   return hn::Mul(estimate, hn::NegMulAdd(denominator, estimate, hn::Set(d, 2.0F)));
 }
 
-// AdditiveScoreRows in the exponential form: `keys` hold e^{2k} and `q_transposed` e^{2q};
-// `weight_sum` is Σ_t w_t.
-template <size_t MR, size_t NR, class D>
-HWY_INLINE void AdditiveScoreRowsExponential(D d, const float* HWY_RESTRICT keys, size_t key_stride,
-                                             const float* HWY_RESTRICT q_transposed, size_t br,
-                                             size_t depth, const float* HWY_RESTRICT weights,
-                                             float weight_sum, float* HWY_RESTRICT scores) {
+// Sᵀ (MR keys × NR query vectors) of additive attention: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j,
+// t]), with the projected queries transposed (queries along the lanes) and the projected keys'
+// elements broadcast. Each loaded query vector and broadcast key element is shared by the whole
+// tile; u is evaluated h times per score, never stored. In the exponential form `keys` hold e^{2k},
+// `q_transposed` e^{2q}, and the sums are Σ_t w_t − 2 Σ_t w_t R_t (`weight_sum` = Σ_t w_t).
+template <size_t MR, size_t NR, bool kExponential, class D>
+HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t key_stride,
+                                  const float* HWY_RESTRICT q_transposed, size_t br, size_t depth,
+                                  const float* HWY_RESTRICT weights, float weight_sum,
+                                  float* HWY_RESTRICT scores) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   V acc[MR][NR];
@@ -104,50 +79,43 @@ HWY_INLINE void AdditiveScoreRowsExponential(D d, const float* HWY_RESTRICT keys
     for (size_t r = 0; r < MR; ++r) {
       const V key = hn::Set(d, keys[r * key_stride + t]);
       for (size_t v = 0; v < NR; ++v) {
-        acc[r][v] = hn::MulAdd(weight, ReciprocalOfProductPlusOne(d, queries[v], key), acc[r][v]);
+        const V term = kExponential ? ReciprocalOfProductPlusOne(d, queries[v], key)
+                                    : AdditiveTanh(d, hn::Add(queries[v], key));
+        acc[r][v] = hn::MulAdd(weight, term, acc[r][v]);
       }
     }
   }
   const V sum = hn::Set(d, weight_sum), two = hn::Set(d, 2.0F);
-  for (size_t r = 0; r < MR; ++r)
-    for (size_t v = 0; v < NR; ++v)
-      hn::Store(hn::NegMulAdd(two, acc[r][v], sum), d, scores + r * br + v * lanes);
+  for (size_t r = 0; r < MR; ++r) {
+    for (size_t v = 0; v < NR; ++v) {
+      hn::Store(kExponential ? hn::NegMulAdd(two, acc[r][v], sum) : acc[r][v], d,
+                scores + r * br + v * lanes);
+    }
+  }
 }
 
 // Sᵀ (bc × Br, Br = NR vectors of queries, rows br floats apart) for one key tile. The forward and
 // backward kernels both call this, so the backward pass recomputes the forward pass's scores with
 // the same arithmetic, and its probabilities agree with the forward pass's log-sum-exp.
-template <size_t NR, class D>
+// In the exponential form (kExponential) `keys` hold e^{2k} and `q_transposed` e^{2q}.
+template <size_t NR, bool kExponential, class D>
 void AdditiveScores(D d, size_t bc, const float* keys, size_t key_stride, const float* q_transposed,
                     size_t br, size_t depth, const float* weights, float* scores) {
-  constexpr size_t kRows = 2;  // tanh needs registers of its own: fewer rows than the GEMM tile
-  size_t j = 0;
-  for (; j + kRows <= bc; j += kRows) {
-    AdditiveScoreRows<kRows, NR>(d, keys + j * key_stride, key_stride, q_transposed, br, depth,
-                                 weights, scores + j * br);
-  }
-  if (j < bc)
-    AdditiveScoreRows<1, NR>(d, keys + j * key_stride, key_stride, q_transposed, br, depth, weights,
-                             scores + j * br);
-}
-
-// The same in the exponential form: `keys` hold e^{2k}, `q_transposed` e^{2q}.
-template <size_t NR, class D>
-void AdditiveScoresExponential(D d, size_t bc, const float* keys, size_t key_stride,
-                               const float* q_transposed, size_t br, size_t depth,
-                               const float* weights, float* scores) {
-  // 32 registers take 4 × 4 accumulators beside the step's vectors; 16 take 2 × 4.
-  constexpr size_t kRows = HWY_MAX_BYTES >= 64 ? 4 : 2;
+  // The tanh needs registers of its own: 2 rows of 4 accumulators. The exponential form's term
+  // needs fewer: 32 registers take 4 × 4 accumulators beside the step's vectors, 16 take 2 × 4.
+  constexpr size_t kRows = kExponential && HWY_MAX_BYTES >= 64 ? 4 : 2;
   float weight_sum = 0.0F;
-  for (size_t t = 0; t < depth; ++t) weight_sum += weights[t];
+  if constexpr (kExponential) {
+    for (size_t t = 0; t < depth; ++t) weight_sum += weights[t];
+  }
   size_t j = 0;
   for (; j + kRows <= bc; j += kRows) {
-    AdditiveScoreRowsExponential<kRows, NR>(d, keys + j * key_stride, key_stride, q_transposed, br,
-                                            depth, weights, weight_sum, scores + j * br);
+    AdditiveScoreRows<kRows, NR, kExponential>(d, keys + j * key_stride, key_stride, q_transposed,
+                                               br, depth, weights, weight_sum, scores + j * br);
   }
   for (; j < bc; ++j) {
-    AdditiveScoreRowsExponential<1, NR>(d, keys + j * key_stride, key_stride, q_transposed, br,
-                                        depth, weights, weight_sum, scores + j * br);
+    AdditiveScoreRows<1, NR, kExponential>(d, keys + j * key_stride, key_stride, q_transposed, br,
+                                           depth, weights, weight_sum, scores + j * br);
   }
 }
 

@@ -120,11 +120,11 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       for (size_t j = 0; j < bc; ++j)
         std::copy_n(key_rows + j * key_stride, depth, s.key_rows + j * depth);
       DoubledExponentialsInPlace(d, s.key_rows, bc * depth);
-      AdditiveScoresExponential<kQueryVectors>(d, bc, s.key_rows, depth, s.q_transposed, br, depth,
-                                               args.additive_weights, s.scores);
+      AdditiveScores<kQueryVectors, true>(d, bc, s.key_rows, depth, s.q_transposed, br, depth,
+                                          args.additive_weights, s.scores);
     } else if (args.additive_weights != nullptr) {
-      AdditiveScores<kQueryVectors>(d, bc, key_rows, key_stride, s.q_transposed, br, depth,
-                                    args.additive_weights, s.scores);
+      AdditiveScores<kQueryVectors, false>(d, bc, key_rows, key_stride, s.q_transposed, br, depth,
+                                           args.additive_weights, s.scores);
     } else {
       Gemm<false>(d, bc, kQueryVectors, key_rows, key_stride, 1, s.q_transposed, br, depth,
                   s.scores, br);

@@ -400,11 +400,11 @@ void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t fir
     // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
     const float* key_rows = k + static_cast<size_t>(key0) * depth;
     if (args.additive_exponential) {
-      AdditiveScoresExponential<flash_detail::kQueryVectors>(
-          d, bc, key_rows, depth, s.q_transposed, br, depth, args.additive_weights, s.scores);
+      AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, depth, s.q_transposed, br,
+                                                        depth, args.additive_weights, s.scores);
     } else if (args.additive_weights != nullptr) {
-      AdditiveScores<flash_detail::kQueryVectors>(d, bc, key_rows, depth, s.q_transposed, br, depth,
-                                                  args.additive_weights, s.scores);
+      AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, depth, s.q_transposed, br,
+                                                         depth, args.additive_weights, s.scores);
     } else {
       Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, depth, 1, s.q_transposed, br, depth,
                   s.scores, br);
