@@ -64,6 +64,17 @@ std::vector<float> additive_tanh(std::vector<float> inputs) {
 
 class FastMath : public testing::EverySimdTarget {};
 
+// The largest relative error of SoftmaxExp against double exp over `inputs`.
+double worst_exp_error(const std::vector<float>& inputs) {
+  const std::vector<float> outputs = softmax_exp(inputs);
+  double worst = 0.0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const double truth = std::exp(static_cast<double>(inputs[i]));
+    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
+  }
+  return worst;
+}
+
 // The fitted polynomial after a two-part ln 2 reduction is within about 1 ulp (2^−24 ≈ 6e−8
 // relative) of the true value on normal results; 2e−7 allows the few ulps that the reduction and
 // the final product add, and fails for a wrong coefficient or constant by orders of magnitude.
@@ -72,13 +83,7 @@ TEST_P(FastMath, SoftmaxExpWithinAFewUlpsOfDoubleExpDownToMinus87) {
   for (double x = -87.0; x <= 0.0; x += 0.000731) inputs.push_back(static_cast<float>(x));
   for (float x = -1e-3F; x < 0.0F; x *= 0.5F) inputs.push_back(x);  // tiny arguments
   inputs.push_back(1e-6F);  // the backward passes' recomputed scores may exceed the max by an ulp
-  const std::vector<float> outputs = softmax_exp(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  EXPECT_LT(worst, 2e-7) << "target " << hwy::TargetName(GetParam());
+  EXPECT_LT(worst_exp_error(inputs), 2e-7) << "target " << hwy::TargetName(GetParam());
 }
 
 // Additive scores' exponential form takes e^{2x} for |x| ≤ 21 (kAdditiveExponentialLimit): the same
@@ -86,13 +91,7 @@ TEST_P(FastMath, SoftmaxExpWithinAFewUlpsOfDoubleExpDownToMinus87) {
 TEST_P(FastMath, SoftmaxExpWithinAFewUlpsOfDoubleExpUpTo42) {
   std::vector<float> inputs;
   for (double x = 0.0; x <= 42.0; x += 0.000371) inputs.push_back(static_cast<float>(x));
-  const std::vector<float> outputs = softmax_exp(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  EXPECT_LT(worst, 2e-7) << "target " << hwy::TargetName(GetParam());
+  EXPECT_LT(worst_exp_error(inputs), 2e-7) << "target " << hwy::TargetName(GetParam());
 }
 
 // Below −87 the result leaves float's normal range: exactly 0 on targets that build 2ⁿ in the
