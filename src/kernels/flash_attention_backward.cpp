@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -237,11 +238,22 @@ ATTN_BF16_TARGET void GradScorePairs(const float* grad_scores, size_t bc, size_t
 }
 #endif
 
-// One query head h of batch element b, against the key/value head packed in s.k_rows and s.v_rows:
-// accumulates its share of dK and dV into s.grad_k and s.grad_v, writes its dQ, and returns its
-// sink gradient −Σ_i exp(sink − lse_i)·D_i (0 without sinks).
-float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
-                             const ScoreMaskGradient& grad_mask, BackwardScratch& s) {
+// The keys a task covers, in key tiles [first_tile, last_tile), and where its dQ goes: written to
+// the gradient when the task covers all the keys, else its partial sums, unscaled, into
+// `partial_grad_q` (the group's query heads, n × d each) for FlashBackward to add up.
+struct KeyChunk {
+  size_t first_tile = 0, last_tile = 0;
+  float* partial_grad_q = nullptr;
+};
+
+// One query head h of batch element b, against the key/value head packed in s.k_rows and s.v_rows
+// and the keys of `chunk`: accumulates its share of dK and dV into s.grad_k and s.grad_v, writes
+// its dQ (or partial dQ at `partial_grad_q`), and returns its sink gradient
+// −Σ_i exp(sink − lse_i)·D_i (0 without sinks, and for every chunk but the first: it depends on
+// no key).
+float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, const KeyChunk& chunk,
+                             float* partial_grad_q, const ScoreMaskGradient& grad_mask,
+                             BackwardScratch& s) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_backward_detail::kQueryVectors * lanes;
@@ -283,7 +295,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
 
   const bool dropout = options.dropout > 0.0F;
   const DropoutApplier<decltype(d)> dropout_applier(d, options.dropout);
-  for (size_t key0 = 0; static_cast<int64_t>(key0) < extent;
+  const size_t keys_end =
+      std::min(static_cast<size_t>(extent), chunk.last_tile * flash_backward_detail::kKeyTile);
+  for (size_t key0 = chunk.first_tile * flash_backward_detail::kKeyTile; key0 < keys_end;
        key0 += flash_backward_detail::kKeyTile) {
     const size_t bc = std::min(flash_backward_detail::kKeyTile, m - key0);
     const auto key_begin = static_cast<int64_t>(key0), key_end = static_cast<int64_t>(key0 + bc);
@@ -387,10 +401,14 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, s.grad_q + i * d_padded, depth,
-                     scale, s.row);
+    if (partial_grad_q != nullptr) {
+      std::copy_n(s.grad_q + i * d_padded, depth, partial_grad_q + i * depth);
+    } else {
+      WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, s.grad_q + i * d_padded, depth,
+                       scale, s.row);
+    }
   }
-  if (options.sinks == nullptr) return 0.0F;
+  if (options.sinks == nullptr || chunk.first_tile != 0) return 0.0F;
   // The sink's weight in row i is exp(sink − lse_i); d lse_i / d sink is that weight, and
   // dL/d sink = −Σ_i weight_i · D_i (D_i = dO_i·O_i = Σ_j P_ij dP_ij).
   double grad_sink = 0.0;
@@ -401,9 +419,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h,
   return static_cast<float>(grad_sink);
 }
 
-// One (batch b, key/value head kv_head) task: the query heads that share it in turn, then dK and
-// dV written once. Sink gradients go to grad_sinks_by_head (B·H values, one per query head).
-void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
+// One (batch b, key/value head kv_head, key chunk) task: the query heads that share the key/value
+// head in turn, then the chunk's rows of dK and dV written once. Sink gradients go to
+// grad_sinks_by_head (B·H values, one per query head) from the first chunk.
+void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, const KeyChunk& chunk,
                        const ScoreMaskGradient& grad_mask, float* grad_sinks_by_head,
                        BackwardScratch& s) {
   const hn::ScalableTag<float> d;
@@ -425,11 +444,18 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
   std::fill(s.grad_k, s.grad_k + m * d_padded, 0.0F);
   std::fill(s.grad_v, s.grad_v + m * dv_padded, 0.0F);
   const int64_t group = args.q.heads / args.k.heads;
+  const auto n = static_cast<size_t>(args.q.rows);
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-    grad_sinks_by_head[b * args.q.heads + h] = FlashBackwardQueryHead(args, b, h, grad_mask, s);
+    float* partial =
+        chunk.partial_grad_q == nullptr
+            ? nullptr
+            : chunk.partial_grad_q + static_cast<size_t>(h - kv_head * group) * n * depth;
+    const float grad_sink = FlashBackwardQueryHead(args, b, h, chunk, partial, grad_mask, s);
+    if (chunk.first_tile == 0) grad_sinks_by_head[b * args.q.heads + h] = grad_sink;
   }
   const float scale = args.options.scale;
-  for (size_t j = 0; j < m; ++j) {
+  const size_t rows_end = std::min(m, chunk.last_tile * flash_backward_detail::kKeyTile);
+  for (size_t j = chunk.first_tile * flash_backward_detail::kKeyTile; j < rows_end; ++j) {
     WriteGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j, s.grad_k + j * d_padded,
                      depth, scale, s.row);
     WriteGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j, s.grad_v + j * dv_padded, dv,
@@ -437,10 +463,64 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head,
   }
 }
 
+// Sums the key chunks' partial dQ of every (batch, query head), in chunk order, into the gradient:
+// `partial` holds, per (batch, key/value head) and chunk, the group's query heads, n × d each.
+void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<float>& partial) {
+  const int64_t group = args.q.heads / args.k.heads;
+  const auto n = static_cast<size_t>(args.q.rows), depth = static_cast<size_t>(args.q.cols);
+  const size_t head_size = n * depth, task_size = static_cast<size_t>(group) * head_size;
+  const int64_t heads = args.q.batch * args.q.heads;
+#pragma omp parallel
+  {
+    std::vector<float> sum(depth), row(depth);
+#pragma omp for schedule(static)
+    for (int64_t head = 0; head < heads; ++head) {
+      const int64_t b = head / args.q.heads, h = head % args.q.heads;
+      const int64_t kv_head = h / group;
+      const size_t first = static_cast<size_t>(b * args.k.heads + kv_head) * chunks * task_size +
+                           static_cast<size_t>(h - kv_head * group) * head_size;
+      for (size_t i = 0; i < n; ++i) {
+        std::fill(sum.begin(), sum.end(), 0.0F);
+        for (size_t chunk = 0; chunk < chunks; ++chunk) {
+          const float* part = partial.data() + first + chunk * task_size + i * depth;
+          for (size_t t = 0; t < depth; ++t) sum[t] += part[t];
+        }
+        WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, sum.data(), depth,
+                         args.options.scale, row.data());
+      }
+    }
+  }
+}
+
 void FlashBackward(const BackwardArgs& args) {
   const hn::ScalableTag<float> d;
-  const int64_t tasks = args.q.batch * args.k.heads;
+  const int64_t head_tasks = args.q.batch * args.k.heads;
   const auto threads = static_cast<size_t>(omp_get_max_threads());
+  // Fewer (batch, key/value head) pairs than threads: each pair's keys split into chunks of key
+  // tiles (FlashAttention-2's split over keys), so every thread has work. A chunk writes its rows
+  // of dK and dV and a partial dQ over its keys, summed in chunk order after the parallel region:
+  // results depend on the thread count only through the chunking. Memory for the partial sums:
+  // B·H_kv·chunks ≈ threads × (query heads per key/value head) × n × d floats; if it cannot be
+  // had, the pairs run whole.
+  const size_t key_tiles =
+      (static_cast<size_t>(args.k.rows) + flash_backward_detail::kKeyTile - 1) /
+      flash_backward_detail::kKeyTile;
+  size_t chunks = 1;
+  if (static_cast<size_t>(head_tasks) < threads && key_tiles > 1) {
+    chunks = std::min(key_tiles, (threads + static_cast<size_t>(head_tasks) - 1) /
+                                     static_cast<size_t>(head_tasks));
+  }
+  std::vector<float> partial_grad_q;
+  const size_t task_size = static_cast<size_t>(args.q.heads / args.k.heads) *
+                           static_cast<size_t>(args.q.rows) * static_cast<size_t>(args.q.cols);
+  if (chunks > 1) {
+    try {
+      partial_grad_q.resize(static_cast<size_t>(head_tasks) * chunks * task_size);
+    } catch (const std::bad_alloc&) {
+      chunks = 1;
+    }
+  }
+  const auto tasks = head_tasks * static_cast<int64_t>(chunks);
   // A float mask's gradient that broadcasts over batch elements or key/value heads gets written
   // by several tasks: each thread then sums into a private copy (static schedule, summed in
   // thread order, so reproducible for a fixed thread count).
@@ -458,10 +538,18 @@ void FlashBackward(const BackwardArgs& args) {
                                hn::Lanes(d), bf16_products);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {
-        FlashBackwardTask(args, task / args.k.heads, task % args.k.heads,
+        const int64_t head_task = task / static_cast<int64_t>(chunks);
+        const auto index = static_cast<size_t>(task % static_cast<int64_t>(chunks));
+        KeyChunk chunk{index * key_tiles / chunks, (index + 1) * key_tiles / chunks};
+        if (chunks > 1) {
+          chunk.partial_grad_q =
+              partial_grad_q.data() + (static_cast<size_t>(head_task) * chunks + index) * task_size;
+        }
+        FlashBackwardTask(args, head_task / args.k.heads, head_task % args.k.heads, chunk,
                           target.for_thread(static_cast<size_t>(thread)), grad_sinks, scratch);
       });
   target.sum_private_copies();
+  if (chunks > 1) SumPartialGradQ(args, chunks, partial_grad_q);
   if (args.grad_sinks != nullptr) {
     for (int64_t h = 0; h < args.q.heads; ++h) {
       double sum = 0.0;

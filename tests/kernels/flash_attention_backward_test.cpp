@@ -4,8 +4,11 @@
 // n > m.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
+#include <omp.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
@@ -109,6 +112,58 @@ TEST_P(FlashAttentionBackward, RejectsMismatchedGradients) {
                                single_head(out, "out"), single_head(out, "g"), nullptr, {}, {},
                                single_head(dq, "dq"), single_head(dk, "dk"), single_head(dv, "dv")),
       ValueError, "log_sum_exp: expected the forward pass's values");
+}
+
+// Fewer (batch, key/value head) pairs than threads split each pair's keys into chunks whose partial
+// dQ are summed after the parallel region: the same gradients (within rounding) as one thread,
+// dK and dV bit-identical (each key row belongs to one chunk, its sums in the same order), and
+// bit-identical results from repeated calls with the same thread count. One pair of grouped heads
+// (4 query heads over 1), causal with per-query lengths, sinks: 3 threads make 3 chunks of 5 tiles.
+TEST_P(FlashAttentionBackward, SplitsKeysOverThreadsWhenPairsAreFew) {
+  Rng rng(17);
+  const int64_t heads = 4, n = 70, m = 300, depth = 16;
+  const Tensor q = random_tensor(Shape{1, n, heads * depth}, rng);
+  const Tensor k = random_tensor(Shape{1, m, depth}, rng),
+               v = random_tensor(Shape{1, m, depth}, rng);
+  const Tensor g = random_tensor(Shape{1, n, heads * depth}, rng);
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < n; ++i) lengths.push_back(i == 3 ? 0 : 90 + 3 * i);
+  const ValidLengths mask = ValidLengths::per_query(lengths, 1, n);
+  FlashAttentionOptions options = testing::kernel_options(0.25F, true);
+  const std::vector<float> sinks = {0.5F, -1.0F, 0.0F, 2.0F};
+  options.sinks = sinks.data();
+  Tensor out(Shape{1, n, heads * depth});
+  std::vector<float> lse(static_cast<size_t>(heads * n));
+  flash_attention_forward(split_heads(q, heads, "q"), split_heads(k, 1, "k"),
+                          split_heads(v, 1, "v"), mask, options, split_heads(out, heads, "out"),
+                          lse.data());
+  struct Gradients {
+    Tensor dq, dk, dv;
+    std::vector<float> sinks;
+  };
+  const auto backward = [&] {
+    Gradients grads{Tensor(q.shape()), Tensor(k.shape()), Tensor(v.shape()),
+                    std::vector<float>(sinks.size(), 0.0F)};
+    flash_attention_backward(split_heads(q, heads, "q"), split_heads(k, 1, "k"),
+                             split_heads(v, 1, "v"), split_heads(out, heads, "out"),
+                             split_heads(g, heads, "g"), lse.data(), mask, options,
+                             split_heads(grads.dq, heads, "dq"), split_heads(grads.dk, 1, "dk"),
+                             split_heads(grads.dv, 1, "dv"), {}, grads.sinks.data());
+    return grads;
+  };
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Gradients single = backward();
+  omp_set_num_threads(3);
+  const Gradients split = backward(), again = backward();
+  omp_set_num_threads(saved_threads);
+  const std::string where = "target " + std::string(hwy::TargetName(GetParam()));
+  EXPECT_TRUE(close_to(split.dq, to_doubles(single.dq), kTolerance)) << where;
+  EXPECT_NE(split.dq.values(), std::vector<float>(split.dq.values().size(), 0.0F)) << where;
+  EXPECT_EQ(split.dk.values(), single.dk.values()) << where;
+  EXPECT_EQ(split.dv.values(), single.dv.values()) << where;
+  EXPECT_EQ(split.sinks, single.sinks) << where;
+  EXPECT_EQ(split.dq.values(), again.dq.values()) << where;
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionBackward);
