@@ -543,7 +543,12 @@ void FlashForward(const ForwardArgs& args) {
   const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
   const bool bf16_pairs = args.half && args.half_type == HalfType::kBFloat16 && NativeBFloat16();
-  // Dynamic scheduling: causal, windowed and padded tiles differ widely in cost.
+  // Dynamic scheduling: causal, windowed and padded tiles differ widely in cost. A causal head's
+  // later query tiles see more keys: they are handed out first (heaviest first), so the tasks left
+  // for the end are light and no thread idles behind a heavy last one. A thread's packed keys and
+  // values then already cover each next, shorter, range of the head. Windows keep the ascending
+  // order, whose ranges move forward and extend the packed rows instead of restarting them.
+  const bool heaviest_first = args.options.causal && args.options.window_left < 0;
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
@@ -553,7 +558,9 @@ void FlashForward(const ForwardArgs& args) {
       [&](int64_t task, Scratch& scratch, int) {
         const int64_t head_index = task / tiles_per_head;
         const int64_t b = head_index / args.q.heads, h = head_index % args.q.heads;
-        const int64_t first_query = task % tiles_per_head * static_cast<int64_t>(br);
+        const int64_t tile =
+            heaviest_first ? tiles_per_head - 1 - task % tiles_per_head : task % tiles_per_head;
+        const int64_t first_query = tile * static_cast<int64_t>(br);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_pairs) return FlashForwardTileBF16(args, b, h, first_query, scratch);
 #endif
