@@ -478,6 +478,51 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
   AddToRowSums(d, sum, s);
 }
 
+// How far a key tile's scores may rise above a row's running maximum before the bf16 path's lazy
+// step gives way to the full one: P ≤ e⁸ ≈ 2981 stays far from float's range, and bf16's
+// rounding of P is relative.
+constexpr float kLazyMaxMargin = 8.0F;
+
+// The bf16 path's step once every row has a finite running maximum: P = exp(S − max) with the
+// maximum kept (the rescale factors 1), the tile's own maximum tracked in the same pass instead of
+// a pass of its own over Sᵀ (OnlineSoftmaxMax). Returns false, leaving nothing that the full step
+// would not overwrite, when a row has no finite maximum yet or its scores rose above it by more
+// than kLazyMaxMargin; the scores are intact then, and the caller takes the full step.
+ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  constexpr size_t kVectors = flash_detail::kQueryVectors;
+  const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
+  V shift[kVectors], sum[kVectors], tile_max[kVectors];
+  for (size_t g = 0; g < kVectors; ++g) {
+    shift[g] = hn::Load(d, s.row_max + g * 16);
+    if (!hn::AllFalse(d, hn::Eq(shift[g], minus_infinity))) return false;
+    sum[g] = hn::Zero(d);
+    tile_max[g] = minus_infinity;
+  }
+  for (size_t j = 0; j < bc; j += 2) {
+    for (size_t g = 0; g < kVectors; ++g) {
+      const V even_score = hn::Load(d, s.scores + j * br + g * 16);
+      const V odd_score =
+          j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
+      tile_max[g] = hn::Max(tile_max[g], hn::Max(even_score, odd_score));
+      const V even = SoftmaxExp(d, hn::Sub(even_score, shift[g]));
+      const V odd = SoftmaxExp(d, hn::Sub(odd_score, shift[g]));
+      sum[g] = hn::Add(sum[g], hn::Add(even, odd));
+      StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
+    }
+  }
+  const V margin = hn::Set(d, kLazyMaxMargin);
+  for (size_t g = 0; g < kVectors; ++g) {
+    if (!hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], margin)))) return false;
+  }
+  for (size_t g = 0; g < kVectors; ++g) {
+    hn::Store(hn::Set(d, 1.0F), d, s.row_rescale + g * 16);
+    hn::Store(hn::Add(hn::Load(d, s.row_sum + g * 16), sum[g]), d, s.row_sum + g * 16);
+  }
+  return true;
+}
+
 // FlashForwardTile on bf16 inputs with vdpbf16ps: Sᵀ = K Qᵀ over pairs of dimensions, the score
 // modifiers, softmax and dropout on fp32 Sᵀ as there, then P rounded to bf16 pairs for O += P V.
 // Key tiles start at even keys (pairs never straddle two tiles): a tile that would start at an odd
@@ -516,7 +561,7 @@ ATTN_BF16_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, i
       OnlineSoftmaxStep(d, bc, br, s);
       DropWeights(d, dropout_applier, key0, bc, br, s);
       PackProbabilityPairs(s.scores, bc, br, s.probability_pairs);
-    } else {
+    } else if (!LazySoftmaxStepToPairs(bc, br, s)) {
       OnlineSoftmaxStepToPairs(bc, br, s);
     }
     GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
