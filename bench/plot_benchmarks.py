@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-# Draws GFLOP/s against sequence length for attn (fused, plain) and its PyTorch peers on one
-# workload, with the FMA peak and sgemm ceilings, from the JSON compare_pytorch.py --json-out writes.
+# Draws GFLOP/s against sequence length (or, with --against threads, against the thread count at one
+# length) for attn (fused, plain, from Python) and its PyTorch peers on one workload, with the FMA
+# peak and sgemm ceilings, from the JSON compare_pytorch.py --json-out writes.
 """Plot one workload of the attention benchmark (PNG) from compare_pytorch.py's JSON."""
 import argparse
 import json
@@ -13,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 SERIES = [  # (implementation, label, style)
     ("attn-fused", "attn fused", "o-"),
     ("attn-plain", "attn plain (book's algorithm, serial)", "s--"),
+    ("attn-python", "attn from Python (attn.scaled_dot_product_attention, attn.torch)", "D-"),
     ("torch-sdpa", "PyTorch scaled_dot_product_attention", "^-"),
     ("torch-book", "PyTorch, the book's code (bmm + masked softmax + bmm)", "v--"),
     ("torch-book-additive", "PyTorch, the book's AdditiveAttention", "d--"),
@@ -28,10 +30,16 @@ def main():
     parser.add_argument("--workload", default="dot",
                         help="dot, dot-padded, dot-causal, dot-backward, mha, additive or "
                              "additive-backward")
+    parser.add_argument("--against", choices=["length", "threads"], default="length",
+                        help="the x axis: sequence length (at --threads) or thread count (at --size)")
+    parser.add_argument("--size", type=int, default=1024, help="n for --against threads")
     args = parser.parse_args()
     with open(args.results) as source:
         results = json.load(source)
     rows = results["rows"]
+    if args.against == "threads":
+        plot_against_threads(results, rows, args)
+        return
     threads = args.threads or max(r["threads"] for r in rows)
     figure, axes = plt.subplots(figsize=(8, 6))
     sizes = []
@@ -62,6 +70,34 @@ def main():
     axes.set_title(f"Attention, workload {args.workload}, {shape}, "
                    f"{threads} thread(s)\nPyTorch run started at load average "
                    f"{results['load_average_before']}")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    figure.tight_layout()
+    figure.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+def plot_against_threads(results, rows, args):
+    """GFLOP/s against the thread count at n = args.size, with the FMA peak at each count."""
+    figure, axes = plt.subplots(figsize=(8, 6))
+    counts = set()
+    for impl, label, style in SERIES:
+        points = sorted((r["threads"], r["gflops"]) for r in rows if r["impl"] == impl
+                        and r["workload"] == args.workload and r["n"] == args.size)
+        if impl == "attn-plain" or len(points) < 1:
+            continue  # the plain path is serial
+        axes.plot(*zip(*points), style, label=label)
+        counts.update(t for t, _ in points)
+    if args.workload.startswith("dot"):
+        peaks = sorted((p["threads"], p["gflops"]) for p in results["attn"]["fma_peak"])
+        if peaks:
+            axes.plot(*zip(*peaks), "k-.", label="FMA peak")
+    axes.set_xticks(sorted(counts), [str(t) for t in sorted(counts)])
+    axes.set_xlabel("threads")
+    axes.set_ylabel("GFLOP/s (unmasked work)")
+    axes.set_ylim(bottom=0)
+    axes.set_title(f"Attention, workload {args.workload}, n = {args.size}, B=4, 8 heads, d=64\n"
+                   f"PyTorch run started at load average {results['load_average_before']}")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     figure.tight_layout()
