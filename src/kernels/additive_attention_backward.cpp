@@ -204,9 +204,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
     const float* key_rows = keys + key0 * key_stride;
     size_t key_rows_stride = key_stride;
     if (args.exponential) {
-      for (size_t j = 0; j < bc; ++j)
-        std::copy_n(key_rows + j * key_stride, hidden, s.key_exponentials + j * hidden);
-      DoubledExponentialsInPlace(d, s.key_exponentials, bc * hidden);
+      DoubledExponentialRows(d, key_rows, key_stride, bc, hidden, s.key_exponentials);
       key_rows = s.key_exponentials;
       key_rows_stride = hidden;
     }

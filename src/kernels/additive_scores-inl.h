@@ -48,6 +48,15 @@ HWY_INLINE void DoubledExponentialsInPlace(D d, float* data, size_t count) {
   }
 }
 
+// e^{2x} of `count` rows of `cols` floats (row stride `stride`) into `destination`, rows packed
+// `cols` apart: a key tile as the exponential form's scores read it.
+template <class D>
+HWY_INLINE void DoubledExponentialRows(D d, const float* rows, size_t stride, size_t count,
+                                       size_t cols, float* destination) {
+  for (size_t j = 0; j < count; ++j) std::copy_n(rows + j * stride, cols, destination + j * cols);
+  DoubledExponentialsInPlace(d, destination, count * cols);
+}
+
 // 1 / (e·f + 1) for the exponential form: the hardware's reciprocal estimate and one Newton step.
 // e·f + 1 ≥ 1 and ≤ e^84 + 1, so neither the estimate nor the step meets a subnormal or ∞.
 template <class D>

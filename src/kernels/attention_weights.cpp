@@ -117,9 +117,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
     }
     const float* key_rows = keys + key0 * args.k.row_stride;
     if (args.additive_exponential) {
-      for (size_t j = 0; j < bc; ++j)
-        std::copy_n(key_rows + j * key_stride, depth, s.key_rows + j * depth);
-      DoubledExponentialsInPlace(d, s.key_rows, bc * depth);
+      DoubledExponentialRows(d, key_rows, key_stride, bc, depth, s.key_rows);
       AdditiveScores<kQueryVectors, true>(d, bc, s.key_rows, depth, s.q_transposed, br, depth,
                                           args.additive_weights, s.scores);
     } else if (args.additive_weights != nullptr) {

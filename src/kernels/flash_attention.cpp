@@ -15,7 +15,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <type_traits>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
@@ -455,26 +454,39 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   s.packed_end = std::max(s.packed_end, end + end % 2);  // whole pairs
 }
 
-// OnlineSoftmaxStep for the bf16 path without dropout: P goes straight from the exponential into
-// bf16 pairs of adjacent keys (s.probability_pairs), two keys at a time, never stored as floats.
-ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
+using FloatVector = hn::Vec<hn::ScalableTag<float>>;
+
+// P = exp(S − shift) for a key tile's Sᵀ (bc × Br), two keys at a time straight into bf16 pairs of
+// adjacent keys (s.probability_pairs; a key past bc is 0), never stored as floats; P's column sums
+// added to `sum` and, with kTrackMax, the scores' maximum per query to `tile_max`.
+template <bool kTrackMax>
+ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Scratch& s,
+                                                     const FloatVector* shift, FloatVector* sum,
+                                                     FloatVector* tile_max) {
   const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
-  constexpr size_t kVectors = flash_detail::kQueryVectors;
-  V shift[kVectors], sum[kVectors];
-  OnlineSoftmaxMax(d, bc, br, s, shift);
-  for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
+  const FloatVector minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
   for (size_t j = 0; j < bc; j += 2) {
-    for (size_t g = 0; g < kVectors; ++g) {
-      const V even = SoftmaxExp(d, hn::Sub(hn::Load(d, s.scores + j * br + g * 16), shift[g]));
-      const V odd =
-          j + 1 < bc
-              ? SoftmaxExp(d, hn::Sub(hn::Load(d, s.scores + (j + 1) * br + g * 16), shift[g]))
-              : hn::Zero(d);
+    for (size_t g = 0; g < flash_detail::kQueryVectors; ++g) {
+      const FloatVector even_score = hn::Load(d, s.scores + j * br + g * 16);
+      const FloatVector odd_score =
+          j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
+      if constexpr (kTrackMax) tile_max[g] = hn::Max(tile_max[g], hn::Max(even_score, odd_score));
+      const FloatVector even = SoftmaxExp(d, hn::Sub(even_score, shift[g]));
+      const FloatVector odd = SoftmaxExp(d, hn::Sub(odd_score, shift[g]));
       sum[g] = hn::Add(sum[g], hn::Add(even, odd));
       StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
     }
   }
+}
+
+// OnlineSoftmaxStep for the bf16 path without dropout, P into bf16 pairs (ExponentialsToPairs).
+ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
+  const hn::ScalableTag<float> d;
+  constexpr size_t kVectors = flash_detail::kQueryVectors;
+  FloatVector shift[kVectors], sum[kVectors];
+  OnlineSoftmaxMax(d, bc, br, s, shift);
+  for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
+  ExponentialsToPairs<false>(bc, br, s, shift, sum, nullptr);
   AddToRowSums(d, sum, s);
 }
 
@@ -490,29 +502,17 @@ constexpr float kLazyMaxMargin = 8.0F;
 // than kLazyMaxMargin; the scores are intact then, and the caller takes the full step.
 ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
   const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
   constexpr size_t kVectors = flash_detail::kQueryVectors;
-  const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
-  V shift[kVectors], sum[kVectors], tile_max[kVectors];
+  const FloatVector minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
+  FloatVector shift[kVectors], sum[kVectors], tile_max[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
     shift[g] = hn::Load(d, s.row_max + g * 16);
     if (!hn::AllFalse(d, hn::Eq(shift[g], minus_infinity))) return false;
     sum[g] = hn::Zero(d);
     tile_max[g] = minus_infinity;
   }
-  for (size_t j = 0; j < bc; j += 2) {
-    for (size_t g = 0; g < kVectors; ++g) {
-      const V even_score = hn::Load(d, s.scores + j * br + g * 16);
-      const V odd_score =
-          j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
-      tile_max[g] = hn::Max(tile_max[g], hn::Max(even_score, odd_score));
-      const V even = SoftmaxExp(d, hn::Sub(even_score, shift[g]));
-      const V odd = SoftmaxExp(d, hn::Sub(odd_score, shift[g]));
-      sum[g] = hn::Add(sum[g], hn::Add(even, odd));
-      StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
-    }
-  }
-  const V margin = hn::Set(d, kLazyMaxMargin);
+  ExponentialsToPairs<true>(bc, br, s, shift, sum, tile_max);
+  const FloatVector margin = hn::Set(d, kLazyMaxMargin);
   for (size_t g = 0; g < kVectors; ++g) {
     if (!hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], margin)))) return false;
   }

@@ -108,10 +108,12 @@ struct BackwardScratch : BackwardTileBuffers {
     const size_t d_padded = hwy::RoundUpTo(d, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
     memory = carve_scratch(lanes, [&](const auto& take) {
       take_tile_buffers(take, n, br, bc, dv, dv_padded);
-      q_rows = take(n * d_padded);
-      q_transposed = take(n_padded * d);
-      k_rows = take(m * d_padded);
-      v_rows = take(m * dv_padded);
+      // The fp32 products' operands; the bf16 path reads its pairs instead.
+      const size_t fp32 = bf16_pairs ? 0 : 1;
+      q_rows = take(fp32 * n * d_padded);
+      q_transposed = take(fp32 * n_padded * d);
+      k_rows = take(fp32 * m * d_padded);
+      v_rows = take(fp32 * m * dv_padded);
       row = take(std::max(d_padded, dv_padded));
       grad_q = take(n * d_padded);
       grad_k = take(m * d_padded);
@@ -167,14 +169,13 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
             half.matrix(b, h) + offset * half.row_stride);
 }
 
-// Whether bf16 inputs run the score and dP products on vdpbf16ps (tile_gemm_bf16-inl.h): under the
-// AVX-512 targets, on CPUs with AVX512-BF16.
+// Whether bf16 inputs run the products on vdpbf16ps (tile_gemm_bf16-inl.h): where the forward
+// pass's bf16 path runs (flash_attention_bfloat16_native), whose scores the backward must repeat.
 bool BFloat16Products(const BackwardArgs& args) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  static const bool cpu_has_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
-  return args.half && args.half_type == HalfType::kBFloat16 && cpu_has_bf16;
+  return args.half && args.half_type == HalfType::kBFloat16 && flash_attention_bfloat16_native();
 #else
-  (void)args;
+  (void)args;  // the bf16 products exist only in the AVX-512 targets
   return false;
 #endif
 }
@@ -381,9 +382,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
       }
       // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
       if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
-        // dK += dSᵀ Q (scaled at the end); dQ += dS K.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if (bf16_products) {
+      if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
         GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
         GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
                        s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
@@ -394,6 +394,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         continue;
       }
 #endif
+      // dK += dSᵀ Q (scaled at the end); dQ += dS K.
       Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.q_rows + first * d_padded,
                  d_padded, rows, s.grad_k + key0 * d_padded, d_padded);
       Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.k_rows + key0 * d_padded,
@@ -596,14 +597,6 @@ bool check_backward_arguments(const flash_backward_detail::BackwardArgs& args) {
   return work && args.k.heads != 0;
 }
 
-// Every element of a half-precision view set to +0 (the bits 0 in fp16 and bf16).
-void zero_half_heads(const HalfHeadsView& view) {
-  for (int64_t b = 0; b < view.batch; ++b)
-    for (int64_t h = 0; h < view.heads; ++h)
-      for (int64_t r = 0; r < view.rows; ++r)
-        std::fill_n(view.matrix(b, h) + r * view.row_stride, view.cols, uint16_t{0});
-}
-
 }  // namespace
 
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
@@ -632,7 +625,7 @@ void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHead
       log_sum_exp,        &valid_lens,   options,       shape_only(grad_q), shape_only(grad_k),
       shape_only(grad_v), grad_mask,     grad_sinks};
   if (!check_backward_arguments(args)) {
-    for (const HalfHeadsView& g : {grad_q, grad_k, grad_v}) zero_half_heads(g);
+    for (const HalfHeadsView& g : {grad_q, grad_k, grad_v}) fill_heads(g, uint16_t{0});  // +0
     return;
   }
   args.half = true;

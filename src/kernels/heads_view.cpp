@@ -29,11 +29,21 @@ BasicHeadsView<T> make_heads(T* data, const Shape& shape, int64_t heads, std::st
 }
 }  // namespace
 
-void fill_heads(const HeadsView& view, float value) {
+namespace {
+template <class T>
+void fill_matrices(const BasicHeadsView<T>& view, T value) {
   for (int64_t b = 0; b < view.batch; ++b)
     for (int64_t h = 0; h < view.heads; ++h)
       for (int64_t i = 0; i < view.rows; ++i)
         std::fill_n(view.matrix(b, h) + i * view.row_stride, view.cols, value);
+}
+}  // namespace
+
+void fill_heads(const HeadsView& view, float value) {
+  fill_matrices(view, value);
+}
+void fill_heads(const HalfHeadsView& view, uint16_t bits) {
+  fill_matrices(view, bits);
 }
 
 ConstHeadsView single_head(ConstTensorView tensor, std::string_view name) {

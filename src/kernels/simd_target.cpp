@@ -1,5 +1,5 @@
-// The kernels' SIMD target and its cap: Highway's dispatch (DisableTargets) and oneDNN's
-// (dnnl_set_max_cpu_isa) lowered together.
+// The kernels' SIMD target and its cap: Highway's dispatch (SetSupportedTargetsForTest) and
+// oneDNN's (dnnl_set_max_cpu_isa) lowered together.
 #include "attn/kernels/simd_target.hpp"
 
 #include <hwy/targets.h>
@@ -15,9 +15,8 @@
 namespace attn {
 namespace {
 
-// The cap limit_simd_target set, in Highway's bits (a lower bit is a better target): the targets
-// it disabled, and the set it left (0: no cap).
-std::atomic<int64_t> disabled_targets{0};
+// The targets limit_simd_target left, in Highway's bits (a lower bit is a better target); 0: no
+// cap.
 std::atomic<int64_t> allowed_targets{0};
 
 std::string upper(std::string_view text) {
@@ -30,19 +29,16 @@ std::string upper(std::string_view text) {
 // Compiled and supported by this CPU, best first, ignoring the cap.
 std::vector<int64_t> runnable_targets() {
   hwy::SetSupportedTargetsForTest(0);
-  hwy::DisableTargets(0);
   std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  hwy::DisableTargets(disabled_targets.load());
   hwy::SetSupportedTargetsForTest(allowed_targets.load());
   return targets;
 }
 
-// oneDNN's instruction-set cap for a Highway target: AVX-512 targets leave oneDNN's own choice.
+// oneDNN's instruction-set cap for a Highway target: AVX-512 targets leave oneDNN's own choice,
+// the targets below AVX2 (SSE4, SSSE3, EMU128, SCALAR) get oneDNN's lowest.
 dnnl_cpu_isa_t dnnl_isa_for(int64_t target) {
   if (target == HWY_AVX2) return dnnl_cpu_isa_avx2;
-  if (target == HWY_SSE4 || target == HWY_SSSE3) return dnnl_cpu_isa_sse41;
-  if (target > HWY_SSSE3) return dnnl_cpu_isa_sse41;  // EMU128 / SCALAR: oneDNN's lowest
-  return dnnl_cpu_isa_all;
+  return target > HWY_AVX2 ? dnnl_cpu_isa_sse41 : dnnl_cpu_isa_all;
 }
 
 }  // namespace
@@ -75,11 +71,9 @@ void limit_simd_target(std::string_view name) {
     throw ValueError("simd target name: expected one of " + list + "or best (any case), got '" +
                      std::string(name) + "'");
   }
-  // Every better target has a lower bit than the chosen one.
-  disabled_targets.store(chosen - 1);
-  hwy::DisableTargets(chosen - 1);
-  // Highway 1.0.3's DisableTargets leaves a dispatch already made in place (the chosen target is
-  // cached at the first HWY_DYNAMIC_DISPATCH); SetSupportedTargetsForTest resets that cache.
+  // The chosen target and every worse one (a higher bit). Highway 1.0.3's DisableTargets would
+  // leave a dispatch already made in place (the chosen target is cached at the first
+  // HWY_DYNAMIC_DISPATCH); SetSupportedTargetsForTest resets that cache.
   int64_t allowed = 0;
   for (const int64_t target : targets) allowed |= target >= chosen ? target : 0;
   allowed_targets.store(wanted == "BEST" ? 0 : allowed);

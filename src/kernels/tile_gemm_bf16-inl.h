@@ -142,8 +142,9 @@ alignas(64) constexpr uint16_t kRowInterleave[32] = {0,  32, 1,  33, 2,  34, 3, 
                                                      11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
 
 // Two rows of `cols` bf16 as one row of pairs (first[t], second[t]) in 32-bit words, `padded` words
-// long (0 past cols); a null `second` reads as zeros. 32 columns at a time by vpermt2w: index i < 32
-// picks word i of the first row, 32 + i word i of the second; columns t + i, then t + 16 + i.
+// long (0 past cols); a null `second` reads as zeros. 32 columns at a time by vpermt2w: an index
+// below 32 picks that word of the first row, 32 + i word i of the second; columns t + i, then
+// t + 16 + i.
 ATTN_BF16_TARGET HWY_INLINE void InterleaveRowPairs(const uint16_t* first, const uint16_t* second,
                                                     size_t cols, size_t padded, uint32_t* pairs) {
   const __m512i low_half = _mm512_load_si512(kRowInterleave);

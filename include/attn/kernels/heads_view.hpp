@@ -54,8 +54,9 @@ HeadsView single_head(TensorView tensor, std::string_view name);
 // layout of multi-head projections. ShapeError unless rank 3 with the last axis divisible by heads.
 ConstHeadsView split_heads(ConstTensorView tensor, int64_t heads, std::string_view name);
 HeadsView split_heads(TensorView tensor, int64_t heads, std::string_view name);
-// Sets every element of every matrix of `view` to `value`.
+// Sets every element of every matrix of `view` to `value` (for half-precision views, its bits).
 void fill_heads(const HeadsView& view, float value);
+void fill_heads(const HalfHeadsView& view, uint16_t bits);
 
 // Tensors convert to both view kinds; these pick by constness.
 inline ConstHeadsView single_head(const Tensor& tensor, std::string_view name) {
