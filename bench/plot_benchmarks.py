@@ -64,12 +64,16 @@ def main():
     axes.set_xscale("log", base=2)
     axes.set_xticks(sorted(set(sizes)), [str(n) for n in sorted(set(sizes))])
     axes.set_xlabel("sequence length n = m")
+    shape = "B=4, h=d=64" if args.workload.startswith("additive") else "B=4, 8 heads, d=64"
+    finish(figure, axes, results, args, f"{shape}, {threads} thread(s)")
+
+
+def finish(figure, axes, results, args, what):
+    """The axes' labels, title (workload, `what`, the run's load) and legend; writes args.out."""
     axes.set_ylabel("GFLOP/s (unmasked work)")
     axes.set_ylim(bottom=0)
-    shape = "B=4, h=d=64" if args.workload.startswith("additive") else "B=4, 8 heads, d=64"
-    axes.set_title(f"Attention, workload {args.workload}, {shape}, "
-                   f"{threads} thread(s)\nPyTorch run started at load average "
-                   f"{results['load_average_before']}")
+    axes.set_title(f"Attention, workload {args.workload}, {what}\nPyTorch run started at load "
+                   f"average {results['load_average_before']}")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     figure.tight_layout()
@@ -84,7 +88,7 @@ def plot_against_threads(results, rows, args):
     for impl, label, style in SERIES:
         points = sorted((r["threads"], r["gflops"]) for r in rows if r["impl"] == impl
                         and r["workload"] == args.workload and r["n"] == args.size)
-        if impl == "attn-plain" or len(points) < 1:
+        if impl == "attn-plain" or not points:
             continue  # the plain path is serial
         axes.plot(*zip(*points), style, label=label)
         counts.update(t for t, _ in points)
@@ -94,15 +98,7 @@ def plot_against_threads(results, rows, args):
             axes.plot(*zip(*peaks), "k-.", label="FMA peak")
     axes.set_xticks(sorted(counts), [str(t) for t in sorted(counts)])
     axes.set_xlabel("threads")
-    axes.set_ylabel("GFLOP/s (unmasked work)")
-    axes.set_ylim(bottom=0)
-    axes.set_title(f"Attention, workload {args.workload}, n = {args.size}, B=4, 8 heads, d=64\n"
-                   f"PyTorch run started at load average {results['load_average_before']}")
-    axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
-    figure.tight_layout()
-    figure.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    finish(figure, axes, results, args, f"n = {args.size}, B=4, 8 heads, d=64")
 
 
 if __name__ == "__main__":

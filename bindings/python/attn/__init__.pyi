@@ -111,6 +111,7 @@ def available_simd_targets() -> list[str]:
 
 def limit_simd_target(name: str) -> None:
     """Run the kernels no better than `name` (one of available_simd_targets(), or 'best')."""
+
 def set_strict_inputs(strict: bool) -> None:
     """When strict, inputs that would need a copy (not float32 or not C-contiguous) are refused."""
 

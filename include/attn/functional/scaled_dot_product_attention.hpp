@@ -111,9 +111,15 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
                                                   StridedView<const uint16_t> key,
                                                   StridedView<const uint16_t> value,
                                                   const AttentionOptions& options = {});
-// The backward pass in half precision: the float overload on the widened inputs, each gradient of
-// query, key and value rounded once to `type` (grad_query, grad_key and grad_value shaped as their
-// inputs, any strides); grad_mask and grad_sinks as the float overload's.
+// The backward pass in half precision, read in place, each gradient of query, key and value
+// rounded once to `type` (grad_query, grad_key and grad_value shaped as their inputs, any
+// strides); grad_mask and grad_sinks as the float overload's. fp16, and bf16 on CPUs without bf16
+// dot products, give exactly the float overload's gradients on the widened inputs, rounded once;
+// with them (flash_attention_bfloat16_native()), every product runs on bf16 pairs and the
+// probabilities and score gradients enter dV, dK and dQ rounded to bf16, as FlashAttention's bf16
+// kernels round them: each gradient element may move by 2⁻⁸ times the sum of its terms'
+// magnitudes. Values so large that the float path scales them take the float overload on widened
+// copies, as the forward pass does.
 void scaled_dot_product_attention_backward(
     HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
     StridedView<const uint16_t> value, StridedView<const uint16_t> output,

@@ -68,9 +68,13 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
                               ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr);
 
 // The same backward pass over half-precision q, k, v, out and grad_out (all of `type`), with the
-// gradients grad_q, grad_k, grad_v rounded once to `type`, as PyTorch's bf16/fp16 backward:
-// every sum accumulates in fp32 on the inputs widened exactly as the kernel packs each row, so the
-// gradients are the float pass's on the widened inputs, rounded to nearest even.
+// gradients grad_q, grad_k, grad_v rounded once to `type` (nearest even); every sum accumulates
+// in fp32. fp16, and bf16 where flash_attention_bfloat16_native() is false: the inputs are widened
+// exactly as each row is packed, so the gradients are the float pass's on the widened inputs,
+// rounded. bf16 where it is true: all five products run on vdpbf16ps, the scores and dP from
+// exact products of the inputs (the scores equal the bf16 forward's), dV, dK and dQ with P ⊙ Z
+// and dS rounded to bf16, as FlashAttention's bf16 kernels round them, so each gradient element
+// may move by 2⁻⁸ times the sum of its terms' magnitudes.
 void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                               ConstHalfHeadsView v, ConstHalfHeadsView out,
                               ConstHalfHeadsView grad_out, const float* log_sum_exp,
