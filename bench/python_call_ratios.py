@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Same-run ratios through the Python calls users make (Zen 5): additive attention in its two score
+# Same-run ratios through the Python calls users make: additive attention in its two score
 # forms, and the dot-product backward (attn.torch autograd) with one (batch, head) on 1 and 2 threads.
 # Usage: python bench/python_call_ratios.py (prints one line per ratio).
 import statistics, time, numpy as np, torch, attn, attn.torch as at
