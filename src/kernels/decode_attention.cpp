@@ -208,10 +208,10 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumFour(D d, hn::Vec<D> a, hn::Vec<D
 }
 #endif
 
-// Sᵀ[j, r] = q_r · k_j (times the key row's int8 scale) for the tile's bc keys, read from the
-// cache in its own dtype and converted in registers: each key row is loaded once for four query
-// rows at a time, two keys at once (eight FMA chains), and four sums leave in one vector. Query
-// rows rows … rows rounded up to 4 must be zero (their scores are masked anyway).
+// Sᵀ[j, r] = q_r · k_j (times the key row's int8 scale) for kKeys keys, read from the cache in
+// its own dtype and converted in registers: each key vector is loaded once for four query rows,
+// each query vector once for the kKeys keys (4·kKeys FMA chains), and four sums leave in one
+// vector. Query rows rows … rows rounded up to 4 must be zero (their scores are masked anyway).
 template <CacheDType kType, size_t kKeys, class D>
 HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const float* scales,
                           const float* HWY_RESTRICT q_rows, size_t row_groups, size_t depth,
@@ -231,31 +231,48 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
   using V = hn::Vec<D>;
   const hn::CappedTag<float, 4> d4;
   const size_t lanes = hn::Lanes(d), vectors_end = depth / lanes * lanes;
-  static_assert(kKeys == 1 || kKeys == 2);
+  static_assert(kKeys == 1 || kKeys == 2 || kKeys == 4);
   for (size_t group = 0; group < row_groups; ++group) {
     const float* q = q_rows + group * 4 * depth;
     // Named accumulators, not an array: GCC 12 kept a V[2][4] array on the stack and stored all
     // eight vectors back in every iteration, which halved this loop's speed.
     V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
     V b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
+    V c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
+    V e0 = hn::Zero(d), e1 = hn::Zero(d), e2 = hn::Zero(d), e3 = hn::Zero(d);
     for (size_t t = 0; t < vectors_end; t += lanes) {
-      const V key0 = LoadCacheVector<kType>(d, key_row, t);
       const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + depth + t),
               q2 = hn::LoadU(d, q + 2 * depth + t), q3 = hn::LoadU(d, q + 3 * depth + t);
+      const V key0 = LoadCacheVector<kType>(d, key_row, t);
       a0 = hn::MulAdd(q0, key0, a0);
       a1 = hn::MulAdd(q1, key0, a1);
       a2 = hn::MulAdd(q2, key0, a2);
       a3 = hn::MulAdd(q3, key0, a3);
-      if constexpr (kKeys == 2) {
+      if constexpr (kKeys >= 2) {
         const V key1 = LoadCacheVector<kType>(d, key_row + key_stride, t);
         b0 = hn::MulAdd(q0, key1, b0);
         b1 = hn::MulAdd(q1, key1, b1);
         b2 = hn::MulAdd(q2, key1, b2);
         b3 = hn::MulAdd(q3, key1, b3);
       }
+      if constexpr (kKeys == 4) {
+        const V key2 = LoadCacheVector<kType>(d, key_row + 2 * key_stride, t);
+        c0 = hn::MulAdd(q0, key2, c0);
+        c1 = hn::MulAdd(q1, key2, c1);
+        c2 = hn::MulAdd(q2, key2, c2);
+        c3 = hn::MulAdd(q3, key2, c3);
+        const V key3 = LoadCacheVector<kType>(d, key_row + 3 * key_stride, t);
+        e0 = hn::MulAdd(q0, key3, e0);
+        e1 = hn::MulAdd(q1, key3, e1);
+        e2 = hn::MulAdd(q2, key3, e2);
+        e3 = hn::MulAdd(q3, key3, e3);
+      }
     }
     for (size_t k = 0; k < kKeys; ++k) {
-      auto sums = k == 0 ? SumFour(d, a0, a1, a2, a3) : SumFour(d, b0, b1, b2, b3);
+      auto sums = k == 0   ? SumFour(d, a0, a1, a2, a3)
+                  : k == 1 ? SumFour(d, b0, b1, b2, b3)
+                  : k == 2 ? SumFour(d, c0, c1, c2, c3)
+                           : SumFour(d, e0, e1, e2, e3);
       if (vectors_end < depth) {
         HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
         for (size_t i = 0; i < 4; ++i)
@@ -281,49 +298,172 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HW
   // Only int8 rows have scales (null otherwise: no offset may be applied to it).
   const auto scales_from = [&](size_t j) { return scales != nullptr ? scales + j : nullptr; };
   size_t j = 0;
-  for (; j + 2 <= bc; j += 2) {
-    prefetch.Row(j);
-    prefetch.Row(j + 1);
-    ScoreKeys<kType, 2>(d, key_rows + j * key_stride, key_stride, scales_from(j), q_rows,
-                        row_groups, depth, scores + j * row_lanes, row_lanes);
+  // Four keys per step where 32 registers hold their 16 accumulators (fp32 and int8 rows: with
+  // fp16/bf16 rows two measured faster from memory), two otherwise.
+  constexpr size_t kStep = HWY_MAX_BYTES >= 64 && kType == CacheDType::kInt8 ? 4 : 2;
+  for (; j + kStep <= bc; j += kStep) {
+    for (size_t k = 0; k < kStep; ++k) prefetch.Row(j + k);
+    ScoreKeys<kType, kStep>(d, key_rows + j * key_stride, key_stride, scales_from(j), q_rows,
+                            row_groups, depth, scores + j * row_lanes, row_lanes);
   }
-  if (j < bc) {
+  for (; j < bc; ++j) {
     prefetch.Row(j);
     ScoreKeys<kType, 1>(d, key_rows + j * key_stride, key_stride, scales_from(j), q_rows,
                         row_groups, depth, scores + j * row_lanes, row_lanes);
   }
 }
 
-// Columns [c0, c0 + kVectors·lanes) of four output rows r0 … r0 + 3: O[r] = O[r] · rescale[r] +
-// Σ_j P[j, r] · v_j, the accumulators in registers while the tile's value rows stream past,
-// converted in registers. The rescale is applied as the accumulators load (no pass of its own).
+// The value loops below keep their accumulators and converted rows in named vectors: GCC 12 put
+// arrays of vectors (V acc[4][4], V value[4]) on the stack in some instantiations and read every
+// FMA's operand back from it (measured: fp16 decode 1.5× slower).
+
+// Columns [c0, c0 + kVectors·lanes) of four output rows r0 … r0 + 3 (kVectors ≤ 4): O[r] =
+// O[r] · rescale[r] + Σ_j P[j, r] · v_j, the accumulators in registers while the tile's value
+// rows stream past, converted in registers. The rescale is applied as the accumulators load.
 template <CacheDType kType, size_t kVectors, class D>
 HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t value_stride,
                                   const float* HWY_RESTRICT p, size_t row_lanes, size_t r0,
                                   size_t c0, float* HWY_RESTRICT output, size_t dv_padded,
                                   const float* HWY_RESTRICT rescale) {
+  static_assert(kVectors >= 1 && kVectors <= 4);
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
-  V acc[4][kVectors];
-  for (size_t i = 0; i < 4; ++i) {
-    const V factor = hn::Set(d, rescale[r0 + i]);
-    for (size_t v = 0; v < kVectors; ++v)
-      acc[i][v] = hn::Mul(hn::Load(d, output + (r0 + i) * dv_padded + c0 + v * lanes), factor);
-  }
+  float* out0 = output + r0 * dv_padded + c0;
+  float* out1 = out0 + dv_padded;
+  float* out2 = out1 + dv_padded;
+  float* out3 = out2 + dv_padded;
+  const V f0 = hn::Set(d, rescale[r0]), f1 = hn::Set(d, rescale[r0 + 1]),
+          f2 = hn::Set(d, rescale[r0 + 2]), f3 = hn::Set(d, rescale[r0 + 3]);
+  // Accumulator (row i, vector v) is named by row letter and vector digit; unused ones vanish.
+  const auto start = [&](float* out, size_t v, V factor) {
+    return v < kVectors ? hn::Mul(hn::Load(d, out + v * lanes), factor) : hn::Zero(d);
+  };
+  V a0 = start(out0, 0, f0), a1 = start(out0, 1, f0), a2 = start(out0, 2, f0),
+    a3 = start(out0, 3, f0);
+  V b0 = start(out1, 0, f1), b1 = start(out1, 1, f1), b2 = start(out1, 2, f1),
+    b3 = start(out1, 3, f1);
+  V c0v = start(out2, 0, f2), c1 = start(out2, 1, f2), c2 = start(out2, 2, f2),
+    c3 = start(out2, 3, f2);
+  V e0 = start(out3, 0, f3), e1 = start(out3, 1, f3), e2 = start(out3, 2, f3),
+    e3 = start(out3, 3, f3);
   for (size_t j = 0; j < bc; ++j) {
     const char* row = value_rows + j * value_stride;
-    V value[kVectors];
-    for (size_t v = 0; v < kVectors; ++v) value[v] = LoadCacheVector<kType>(d, row, c0 + v * lanes);
     const float* pj = p + j * row_lanes + r0;
-    for (size_t i = 0; i < 4; ++i) {
-      const V weight = hn::Set(d, pj[i]);
-      for (size_t v = 0; v < kVectors; ++v) acc[i][v] = hn::MulAdd(weight, value[v], acc[i][v]);
+    const V w0 = hn::Set(d, pj[0]), w1 = hn::Set(d, pj[1]), w2 = hn::Set(d, pj[2]),
+            w3 = hn::Set(d, pj[3]);
+    const V v0 = LoadCacheVector<kType>(d, row, c0);
+    a0 = hn::MulAdd(w0, v0, a0);
+    b0 = hn::MulAdd(w1, v0, b0);
+    c0v = hn::MulAdd(w2, v0, c0v);
+    e0 = hn::MulAdd(w3, v0, e0);
+    if constexpr (kVectors >= 2) {
+      const V v1 = LoadCacheVector<kType>(d, row, c0 + lanes);
+      a1 = hn::MulAdd(w0, v1, a1);
+      b1 = hn::MulAdd(w1, v1, b1);
+      c1 = hn::MulAdd(w2, v1, c1);
+      e1 = hn::MulAdd(w3, v1, e1);
+    }
+    if constexpr (kVectors >= 3) {
+      const V v2 = LoadCacheVector<kType>(d, row, c0 + 2 * lanes);
+      a2 = hn::MulAdd(w0, v2, a2);
+      b2 = hn::MulAdd(w1, v2, b2);
+      c2 = hn::MulAdd(w2, v2, c2);
+      e2 = hn::MulAdd(w3, v2, e2);
+    }
+    if constexpr (kVectors >= 4) {
+      const V v3 = LoadCacheVector<kType>(d, row, c0 + 3 * lanes);
+      a3 = hn::MulAdd(w0, v3, a3);
+      b3 = hn::MulAdd(w1, v3, b3);
+      c3 = hn::MulAdd(w2, v3, c3);
+      e3 = hn::MulAdd(w3, v3, e3);
     }
   }
-  for (size_t i = 0; i < 4; ++i)
-    for (size_t v = 0; v < kVectors; ++v)
-      hn::Store(acc[i][v], d, output + (r0 + i) * dv_padded + c0 + v * lanes);
+  const auto finish = [&](float* out, V x0, V x1, V x2, V x3) {
+    hn::Store(x0, d, out);
+    if constexpr (kVectors >= 2) hn::Store(x1, d, out + lanes);
+    if constexpr (kVectors >= 3) hn::Store(x2, d, out + 2 * lanes);
+    if constexpr (kVectors >= 4) hn::Store(x3, d, out + 3 * lanes);
+  };
+  finish(out0, a0, a1, a2, a3);
+  finish(out1, b0, b1, b2, b3);
+  finish(out2, c0v, c1, c2, c3);
+  finish(out3, e0, e1, e2, e3);
 }
+
+#if HWY_TARGET != HWY_SCALAR
+// Two output rows r0, r0 + 1 over whole value rows of eight vectors (AVX-512, dv = 128): the
+// tile's value rows are read in order, each whole, as memory streams best — four rows × half a
+// row made two strided passes over the tile (measured on one core: 21 against 32 GB/s). The
+// second pair's pass finds the tile in the cache.
+template <CacheDType kType, class D>
+HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t value_stride,
+                                  const float* HWY_RESTRICT p, size_t row_lanes, size_t r0,
+                                  float* HWY_RESTRICT output, size_t dv_padded,
+                                  const float* HWY_RESTRICT rescale) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  float* out0 = output + r0 * dv_padded;
+  float* out1 = out0 + dv_padded;
+  const V f0 = hn::Set(d, rescale[r0]), f1 = hn::Set(d, rescale[r0 + 1]);
+  V a0 = hn::Mul(hn::Load(d, out0), f0), a1 = hn::Mul(hn::Load(d, out0 + lanes), f0),
+    a2 = hn::Mul(hn::Load(d, out0 + 2 * lanes), f0),
+    a3 = hn::Mul(hn::Load(d, out0 + 3 * lanes), f0),
+    a4 = hn::Mul(hn::Load(d, out0 + 4 * lanes), f0),
+    a5 = hn::Mul(hn::Load(d, out0 + 5 * lanes), f0),
+    a6 = hn::Mul(hn::Load(d, out0 + 6 * lanes), f0),
+    a7 = hn::Mul(hn::Load(d, out0 + 7 * lanes), f0);
+  V b0 = hn::Mul(hn::Load(d, out1), f1), b1 = hn::Mul(hn::Load(d, out1 + lanes), f1),
+    b2 = hn::Mul(hn::Load(d, out1 + 2 * lanes), f1),
+    b3 = hn::Mul(hn::Load(d, out1 + 3 * lanes), f1),
+    b4 = hn::Mul(hn::Load(d, out1 + 4 * lanes), f1),
+    b5 = hn::Mul(hn::Load(d, out1 + 5 * lanes), f1),
+    b6 = hn::Mul(hn::Load(d, out1 + 6 * lanes), f1),
+    b7 = hn::Mul(hn::Load(d, out1 + 7 * lanes), f1);
+  for (size_t j = 0; j < bc; ++j) {
+    const char* row = value_rows + j * value_stride;
+    const V w0 = hn::Set(d, p[j * row_lanes + r0]), w1 = hn::Set(d, p[j * row_lanes + r0 + 1]);
+    const V v0 = LoadCacheVector<kType>(d, row, 0), v1 = LoadCacheVector<kType>(d, row, lanes),
+            v2 = LoadCacheVector<kType>(d, row, 2 * lanes),
+            v3 = LoadCacheVector<kType>(d, row, 3 * lanes);
+    a0 = hn::MulAdd(w0, v0, a0);
+    b0 = hn::MulAdd(w1, v0, b0);
+    a1 = hn::MulAdd(w0, v1, a1);
+    b1 = hn::MulAdd(w1, v1, b1);
+    a2 = hn::MulAdd(w0, v2, a2);
+    b2 = hn::MulAdd(w1, v2, b2);
+    a3 = hn::MulAdd(w0, v3, a3);
+    b3 = hn::MulAdd(w1, v3, b3);
+    const V v4 = LoadCacheVector<kType>(d, row, 4 * lanes),
+            v5 = LoadCacheVector<kType>(d, row, 5 * lanes),
+            v6 = LoadCacheVector<kType>(d, row, 6 * lanes),
+            v7 = LoadCacheVector<kType>(d, row, 7 * lanes);
+    a4 = hn::MulAdd(w0, v4, a4);
+    b4 = hn::MulAdd(w1, v4, b4);
+    a5 = hn::MulAdd(w0, v5, a5);
+    b5 = hn::MulAdd(w1, v5, b5);
+    a6 = hn::MulAdd(w0, v6, a6);
+    b6 = hn::MulAdd(w1, v6, b6);
+    a7 = hn::MulAdd(w0, v7, a7);
+    b7 = hn::MulAdd(w1, v7, b7);
+  }
+  hn::Store(a0, d, out0);
+  hn::Store(a1, d, out0 + lanes);
+  hn::Store(a2, d, out0 + 2 * lanes);
+  hn::Store(a3, d, out0 + 3 * lanes);
+  hn::Store(a4, d, out0 + 4 * lanes);
+  hn::Store(a5, d, out0 + 5 * lanes);
+  hn::Store(a6, d, out0 + 6 * lanes);
+  hn::Store(a7, d, out0 + 7 * lanes);
+  hn::Store(b0, d, out1);
+  hn::Store(b1, d, out1 + lanes);
+  hn::Store(b2, d, out1 + 2 * lanes);
+  hn::Store(b3, d, out1 + 3 * lanes);
+  hn::Store(b4, d, out1 + 4 * lanes);
+  hn::Store(b5, d, out1 + 5 * lanes);
+  hn::Store(b6, d, out1 + 6 * lanes);
+  hn::Store(b7, d, out1 + 7 * lanes);
+}
+#endif
 
 // O[r] = O[r] · rescale[r] + Σ_j P[j, r] · v_j over the tile's bc value rows (P: Pᵀ, rows
 // row_lanes apart, a multiple of 4; int8 rows' scales folded into P first), for the rows rounded
@@ -347,6 +487,18 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float*
   }
   for (size_t r0 = 0; r0 < padded_rows; r0 += 4) {
     size_t v0 = 0;
+#if HWY_TARGET != HWY_SCALAR
+    // Memory-bound fp32 tiles (one group of four rows) stream whole value rows; more rows make the
+    // tile compute-bound, where four rows per loaded vector need fewer loads per FMA.
+    if constexpr (HWY_MAX_BYTES >= 64 && kType == CacheDType::kFloat32) {
+      if (full_vectors == 8 && padded_rows == 4) {
+        for (size_t r = r0; r < r0 + 4; r += 2)
+          AccumulateRowPair<kType>(d, bc, value_rows, value_stride, p, row_lanes, r, output,
+                                   dv_padded, rescale);
+        v0 = full_vectors;
+      }
+    }
+#endif
     for (; v0 + kColumnVectors <= full_vectors; v0 += kColumnVectors)
       AccumulateColumns<kType, kColumnVectors>(d, bc, value_rows, value_stride, p, row_lanes, r0,
                                                v0 * lanes, output, dv_padded, rescale);

@@ -170,12 +170,14 @@ void check(const Case& c, CacheDType dtype, uint64_t seed) {
 
 TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
   const Case cases[] = {
-      {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false},   // one token, GQA 4
-      {3, 8, 8, 2, 129, 32, 16, true, -1, -1, 0.0F, true},    // MHA, two tokens, sinks
-      {2, 8, 1, 4, 200, 16, 24, true, 40, 0, 0.0F, false},    // MQA 8, four tokens, window
-      {2, 4, 2, 3, 70, 8, 8, false, -1, -1, 2.0F, false},     // not causal, softcap
-      {1, 4, 4, 1, 2000, 64, 64, true, -1, -1, 0.0F, false},  // many splits of one head
-      {2, 2, 1, 1, 1, 5, 3, true, -1, -1, 0.0F, true},        // one cached key, odd sizes
+      {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false},    // one token, GQA 4
+      {3, 8, 8, 2, 129, 32, 16, true, -1, -1, 0.0F, true},     // MHA, two tokens, sinks
+      {2, 8, 1, 4, 200, 16, 24, true, 40, 0, 0.0F, false},     // MQA 8, four tokens, window
+      {2, 4, 2, 3, 70, 8, 8, false, -1, -1, 2.0F, false},      // not causal, softcap
+      {1, 4, 4, 1, 2000, 64, 64, true, -1, -1, 0.0F, false},   // many splits of one head
+      {2, 2, 1, 1, 1, 5, 3, true, -1, -1, 0.0F, true},         // one cached key, odd sizes
+      {2, 8, 2, 1, 333, 128, 128, true, -1, -1, 0.0F, false},  // d = 128: whole value rows
+      {1, 4, 1, 2, 150, 128, 128, false, -1, -1, 0.0F, true},  // d = 128, two groups of 4 rows
   };
   uint64_t seed = 1;
   for (const Case& c : cases) {
