@@ -9,7 +9,8 @@
 // 4-lane vectors instead of wasting three quarters of an AVX-512 register. K and V rows in fp16,
 // bf16 or int8 are converted to fp32 in registers as they are loaded (ScoreKeys,
 // AccumulateColumns), each load shared by four rows; the rows of the tile four ahead are prefetched
-// while one runs.
+// while one runs, line by line as each pass reads its own stream when the tile is memory-bound
+// (TilePrefetch).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -107,24 +108,45 @@ struct DecodeScratch {
   }
 };
 
-// Software prefetch of a later tile's K and V rows into L1 (prefetcht0: 5–6% faster than into L2
-// on one Zen 5 core once the score loop kept its accumulators in registers), a row of each per key
-// of the current tile's first pass, so that requests reach memory evenly while the core computes on
-// cached data (the hardware prefetchers, which stop at page boundaries, let a single core's decode
-// stall on every tile). Rows outside the split are not requested.
+// Software prefetch into L1 (prefetcht0) of the rows kPrefetchTiles tiles ahead. Memory-bound
+// tiles (one group of four rows) request them line by line as each pass reads the same line of the
+// current tile: the score pass K's lines, the value pass V's, so that each stream's requests go out
+// at the rate it is read. Measured on one Zen 5 core (a model loop, 4 FMAs per line): 35 GB/s thus,
+// 30 GB/s with both streams requested from the score pass, 28 GB/s with each row's lines requested
+// at once (the decode kernel: fp16 caches 4.8 → 4.1 ms at m = 32768); every line must be requested
+// (every other line: 1.5× slower) — the hardware prefetchers, which stop at page boundaries, leave
+// a single core stalling on memory. Compute-bound tiles (more rows) request whole K and V rows from
+// the score pass, outside its inner loop. Rows outside the split are not requested.
 struct TilePrefetch {
-  CacheRows keys{}, values{};             // from row 0 of the tile to fetch
-  size_t key_bytes = 0, value_bytes = 0;  // bytes per row
-  size_t rows = 0;                        // 0: nothing to fetch
+  const char* keys = nullptr;    // row 0 of the tile to request
+  const char* values = nullptr;  // likewise
+  size_t key_stride = 0, value_stride = 0, key_bytes = 0, value_bytes = 0;
+  size_t rows = 0;       // rows of this tile whose later row is in the split
+  bool by_line = false;  // each pass requests its own stream's lines
 
-  HWY_INLINE void Row(size_t j) const {
+  HWY_INLINE const char* KeyRow(size_t j) const {
+    return j < rows ? keys + j * key_stride : nullptr;
+  }
+  HWY_INLINE const char* ValueRow(size_t j) const {
+    return j < rows ? values + j * value_stride : nullptr;
+  }
+  // Row j of K and of V, whole.
+  HWY_INLINE void BothRows(size_t j) const {
     if (j >= rows) return;
-    const char* k = keys.data + j * keys.stride;
+    const char* k = keys + j * key_stride;
     for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 3);
-    const char* v = values.data + j * values.stride;
+    const char* v = values + j * value_stride;
     for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 3);
   }
 };
+
+// Requests the line at byte `offset` of `row` (null: nothing) when a pass reading vectors of
+// kElement-byte entries starts a new line there.
+template <size_t kElement>
+HWY_INLINE void PrefetchLine(const char* row, size_t element_index) {
+  const size_t offset = element_index * kElement;
+  if (row != nullptr && offset % 64 == 0) __builtin_prefetch(row + offset, 0, 3);
+}
 
 // Calls f(std::integral_constant<CacheDType, dtype>()), so that one call site instantiates a
 // routine per cache dtype and picks the one `dtype` names at run time.
@@ -212,12 +234,16 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumFour(D d, hn::Vec<D> a, hn::Vec<D
 // its own dtype and converted in registers: each key vector is loaded once for four query rows,
 // each query vector once for the kKeys keys (4·kKeys FMA chains), and four sums leave in one
 // vector. Query rows rows … rows rounded up to 4 must be zero (their scores are masked anyway).
-template <CacheDType kType, size_t kKeys, class D>
+template <CacheDType kType, size_t kKeys, bool kByLine, class D>
 HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const float* scales,
                           const float* HWY_RESTRICT q_rows, size_t row_groups, size_t depth,
-                          float* HWY_RESTRICT scores, size_t row_lanes) {
+                          float* HWY_RESTRICT scores, size_t row_lanes,
+                          const char* const* prefetch_rows) {
 #if HWY_TARGET == HWY_SCALAR  // plain dot products
   (void)d;
+  for (size_t k = 0; k < kKeys && kByLine; ++k) {
+    for (size_t t = 0; t < depth; ++t) PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+  }
   for (size_t k = 0; k < kKeys; ++k) {
     for (size_t r = 0; r < row_groups * 4; ++r) {
       float dot = 0.0F;
@@ -241,6 +267,10 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
     V c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
     V e0 = hn::Zero(d), e1 = hn::Zero(d), e2 = hn::Zero(d), e3 = hn::Zero(d);
     for (size_t t = 0; t < vectors_end; t += lanes) {
+      if constexpr (kByLine) {  // one group of rows
+        for (size_t k = 0; k < kKeys; ++k)
+          PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+      }
       const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + depth + t),
               q2 = hn::LoadU(d, q + 2 * depth + t), q3 = hn::LoadU(d, q + 3 * depth + t);
       const V key0 = LoadCacheVector<kType>(d, key_row, t);
@@ -297,20 +327,40 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HW
   const size_t row_groups = (rows + 3) / 4;
   // Only int8 rows have scales (null otherwise: no offset may be applied to it).
   const auto scales_from = [&](size_t j) { return scales != nullptr ? scales + j : nullptr; };
-  size_t j = 0;
-  // Four keys per step where 32 registers hold their 16 accumulators (fp32 and int8 rows: with
-  // fp16/bf16 rows two measured faster from memory), two otherwise.
+  // Four keys per step for int8 rows where 32 registers hold the 16 accumulators (fp32 rows
+  // measured slower so, fp16/bf16 no faster), two otherwise.
   constexpr size_t kStep = HWY_MAX_BYTES >= 64 && kType == CacheDType::kInt8 ? 4 : 2;
-  for (; j + kStep <= bc; j += kStep) {
-    for (size_t k = 0; k < kStep; ++k) prefetch.Row(j + k);
-    ScoreKeys<kType, kStep>(d, key_rows + j * key_stride, key_stride, scales_from(j), q_rows,
-                            row_groups, depth, scores + j * row_lanes, row_lanes);
-  }
-  for (; j < bc; ++j) {
-    prefetch.Row(j);
-    ScoreKeys<kType, 1>(d, key_rows + j * key_stride, key_stride, scales_from(j), q_rows,
-                        row_groups, depth, scores + j * row_lanes, row_lanes);
-  }
+  const auto score_keys = [&](auto keys_per_step, size_t j) {
+    constexpr size_t kKeys = decltype(keys_per_step)::value;
+    const char* first = key_rows + j * key_stride;
+    const float* step_scales = scales_from(j);
+    float* step_scores = scores + j * row_lanes;
+    if (prefetch.by_line) {
+      const char* later[kKeys];
+      for (size_t k = 0; k < kKeys; ++k) later[k] = prefetch.KeyRow(j + k);
+      ScoreKeys<kType, kKeys, true>(d, first, key_stride, step_scales, q_rows, row_groups, depth,
+                                    step_scores, row_lanes, later);
+    } else {
+      for (size_t k = 0; k < kKeys; ++k) prefetch.BothRows(j + k);
+      ScoreKeys<kType, kKeys, false>(d, first, key_stride, step_scales, q_rows, row_groups, depth,
+                                     step_scores, row_lanes, nullptr);
+    }
+  };
+  size_t j = 0;
+  for (; j + kStep <= bc; j += kStep) score_keys(std::integral_constant<size_t, kStep>(), j);
+  for (; j < bc; ++j) score_keys(std::integral_constant<size_t, 1>(), j);
+}
+
+// ScoreTile as a function of its own. Measured interleaved on Zen 5 (m = 32768, one thread): fp16
+// and bf16 caches decode 8–9% faster with the score pass out of line, int8 5%, fp32 11% slower,
+// reproducibly over rebuilds (-falign-loops=64 applies either way); what code placement changes
+// in the memory-bound loop is not known. The fp32 pass stays inline.
+template <CacheDType kType, class D>
+HWY_NOINLINE void ScoreTileOutOfLine(D d, size_t bc, const CacheRows& keys,
+                                     const float* HWY_RESTRICT q_rows, size_t rows, size_t depth,
+                                     float* HWY_RESTRICT scores, size_t row_lanes,
+                                     const TilePrefetch& prefetch) {
+  ScoreTile<kType>(d, bc, keys, q_rows, rows, depth, scores, row_lanes, prefetch);
 }
 
 // The value loops below keep their accumulators and converted rows in named vectors: GCC 12 put
@@ -320,12 +370,13 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HW
 // Columns [c0, c0 + kVectors·lanes) of four output rows r0 … r0 + 3 (kVectors ≤ 4): O[r] =
 // O[r] · rescale[r] + Σ_j P[j, r] · v_j, the accumulators in registers while the tile's value
 // rows stream past, converted in registers. The rescale is applied as the accumulators load.
-template <CacheDType kType, size_t kVectors, class D>
+template <CacheDType kType, size_t kVectors, bool kByLine, class D>
 HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t value_stride,
                                   const float* HWY_RESTRICT p, size_t row_lanes, size_t r0,
                                   size_t c0, float* HWY_RESTRICT output, size_t dv_padded,
-                                  const float* HWY_RESTRICT rescale) {
+                                  const float* HWY_RESTRICT rescale, const TilePrefetch* prefetch) {
   static_assert(kVectors >= 1 && kVectors <= 4);
+  constexpr size_t kElement = cache_dtype_size(kType);
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   float* out0 = output + r0 * dv_padded + c0;
@@ -351,6 +402,10 @@ HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t
     const float* pj = p + j * row_lanes + r0;
     const V w0 = hn::Set(d, pj[0]), w1 = hn::Set(d, pj[1]), w2 = hn::Set(d, pj[2]),
             w3 = hn::Set(d, pj[3]);
+    if constexpr (kByLine) {
+      const char* later = prefetch->ValueRow(j);
+      for (size_t v = 0; v < kVectors; ++v) PrefetchLine<kElement>(later, c0 + v * lanes);
+    }
     const V v0 = LoadCacheVector<kType>(d, row, c0);
     a0 = hn::MulAdd(w0, v0, a0);
     b0 = hn::MulAdd(w1, v0, b0);
@@ -395,12 +450,13 @@ HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t
 // tile's value rows are read in order, each whole, as memory streams best — four rows × half a
 // row made two strided passes over the tile (measured on one core: 21 against 32 GB/s). The
 // second pair's pass finds the tile in the cache.
-template <CacheDType kType, class D>
+template <CacheDType kType, bool kByLine, class D>
 HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t value_stride,
                                   const float* HWY_RESTRICT p, size_t row_lanes, size_t r0,
                                   float* HWY_RESTRICT output, size_t dv_padded,
-                                  const float* HWY_RESTRICT rescale) {
+                                  const float* HWY_RESTRICT rescale, const TilePrefetch* prefetch) {
   using V = hn::Vec<D>;
+  constexpr size_t kElement = cache_dtype_size(kType);
   const size_t lanes = hn::Lanes(d);
   float* out0 = output + r0 * dv_padded;
   float* out1 = out0 + dv_padded;
@@ -421,7 +477,14 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
     b7 = hn::Mul(hn::Load(d, out1 + 7 * lanes), f1);
   for (size_t j = 0; j < bc; ++j) {
     const char* row = value_rows + j * value_stride;
+    const char* later = kByLine ? prefetch->ValueRow(j) : nullptr;
     const V w0 = hn::Set(d, p[j * row_lanes + r0]), w1 = hn::Set(d, p[j * row_lanes + r0 + 1]);
+    if constexpr (kByLine) {
+      PrefetchLine<kElement>(later, 0);
+      PrefetchLine<kElement>(later, lanes);
+      PrefetchLine<kElement>(later, 2 * lanes);
+      PrefetchLine<kElement>(later, 3 * lanes);
+    }
     const V v0 = LoadCacheVector<kType>(d, row, 0), v1 = LoadCacheVector<kType>(d, row, lanes),
             v2 = LoadCacheVector<kType>(d, row, 2 * lanes),
             v3 = LoadCacheVector<kType>(d, row, 3 * lanes);
@@ -433,6 +496,12 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
     b2 = hn::MulAdd(w1, v2, b2);
     a3 = hn::MulAdd(w0, v3, a3);
     b3 = hn::MulAdd(w1, v3, b3);
+    if constexpr (kByLine) {
+      PrefetchLine<kElement>(later, 4 * lanes);
+      PrefetchLine<kElement>(later, 5 * lanes);
+      PrefetchLine<kElement>(later, 6 * lanes);
+      PrefetchLine<kElement>(later, 7 * lanes);
+    }
     const V v4 = LoadCacheVector<kType>(d, row, 4 * lanes),
             v5 = LoadCacheVector<kType>(d, row, 5 * lanes),
             v6 = LoadCacheVector<kType>(d, row, 6 * lanes),
@@ -473,7 +542,7 @@ template <CacheDType kType, class D>
 HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float* HWY_RESTRICT p,
                                  size_t row_lanes, size_t rows, size_t dv,
                                  float* HWY_RESTRICT output, size_t dv_padded,
-                                 const float* HWY_RESTRICT rescale) {
+                                 const float* HWY_RESTRICT rescale, const TilePrefetch& prefetch) {
   using V = hn::Vec<D>;
   const char* value_rows = values.data;
   const size_t value_stride = values.stride;
@@ -486,32 +555,48 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float*
       for (size_t r = 0; r < padded_rows; ++r) p[j * row_lanes + r] *= scales[j];
   }
   for (size_t r0 = 0; r0 < padded_rows; r0 += 4) {
+    // The first pass over the tile's value rows requests the later tile's; the others find the
+    // tile in the cache.
+    const bool first_pass = prefetch.by_line && r0 == 0;
+    const auto columns = [&](auto vectors, size_t v) {
+      constexpr size_t kVectors = decltype(vectors)::value;
+      if (first_pass) {
+        AccumulateColumns<kType, kVectors, true>(d, bc, value_rows, value_stride, p, row_lanes, r0,
+                                                 v * lanes, output, dv_padded, rescale, &prefetch);
+      } else {
+        AccumulateColumns<kType, kVectors, false>(d, bc, value_rows, value_stride, p, row_lanes, r0,
+                                                  v * lanes, output, dv_padded, rescale, nullptr);
+      }
+    };
     size_t v0 = 0;
 #if HWY_TARGET != HWY_SCALAR
     // Memory-bound fp32 tiles (one group of four rows) stream whole value rows; more rows make the
     // tile compute-bound, where four rows per loaded vector need fewer loads per FMA.
     if constexpr (HWY_MAX_BYTES >= 64 && kType == CacheDType::kFloat32) {
       if (full_vectors == 8 && padded_rows == 4) {
-        for (size_t r = r0; r < r0 + 4; r += 2)
-          AccumulateRowPair<kType>(d, bc, value_rows, value_stride, p, row_lanes, r, output,
-                                   dv_padded, rescale);
+        if (first_pass) {
+          AccumulateRowPair<kType, true>(d, bc, value_rows, value_stride, p, row_lanes, 0, output,
+                                         dv_padded, rescale, &prefetch);
+        } else {
+          AccumulateRowPair<kType, false>(d, bc, value_rows, value_stride, p, row_lanes, 0, output,
+                                          dv_padded, rescale, nullptr);
+        }
+        AccumulateRowPair<kType, false>(d, bc, value_rows, value_stride, p, row_lanes, 2, output,
+                                        dv_padded, rescale, nullptr);
         v0 = full_vectors;
       }
     }
 #endif
     for (; v0 + kColumnVectors <= full_vectors; v0 += kColumnVectors)
-      AccumulateColumns<kType, kColumnVectors>(d, bc, value_rows, value_stride, p, row_lanes, r0,
-                                               v0 * lanes, output, dv_padded, rescale);
-    for (; v0 < full_vectors; ++v0)
-      AccumulateColumns<kType, 1>(d, bc, value_rows, value_stride, p, row_lanes, r0, v0 * lanes,
-                                  output, dv_padded, rescale);
+      columns(std::integral_constant<size_t, kColumnVectors>(), v0);
+    for (; v0 < full_vectors; ++v0) columns(std::integral_constant<size_t, 1>(), v0);
     if (full_vectors * lanes < dv) {  // the last columns, fewer than a vector
       const size_t c0 = full_vectors * lanes;
       for (size_t i = 0; i < 4; ++i) {  // rescaled once, before the tile's rows add to them
         float* out = output + (r0 + i) * dv_padded + c0;
         hn::Store(hn::Mul(hn::Load(d, out), hn::Set(d, rescale[r0 + i])), d, out);
       }
-      HWY_ALIGN float tail[hn::MaxLanes(D())];
+      HWY_ALIGN float tail[hn::MaxLanes(D())] = {};
       for (size_t j = 0; j < bc; ++j) {
         const char* row = value_rows + j * value_stride;
         for (size_t c = 0; c < lanes; ++c)
@@ -653,18 +738,27 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     TilePrefetch prefetch;
     const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);
     if (ahead < split_end) {
-      const int64_t element = cache_dtype_size(args.keys.dtype);
-      prefetch = TilePrefetch{decode_detail::rows_of(args.keys, b, kv_head, ahead),
-                              decode_detail::rows_of(args.values, b, kv_head, ahead),
-                              static_cast<size_t>(args.keys.cols * element),
-                              static_cast<size_t>(args.values.cols * element),
-                              static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile),
-                                                                    split_end - ahead))};
+      const CacheRows later_keys = decode_detail::rows_of(args.keys, b, kv_head, ahead);
+      const CacheRows later_values = decode_detail::rows_of(args.values, b, kv_head, ahead);
+      prefetch = TilePrefetch{
+          later_keys.data,
+          later_values.data,
+          later_keys.stride,
+          later_values.stride,
+          static_cast<size_t>(args.keys.cols * cache_dtype_size(args.keys.dtype)),
+          static_cast<size_t>(args.values.cols * cache_dtype_size(args.values.dtype)),
+          static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - ahead)),
+          row_lanes == 4};
     }
     const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
     WithCacheType(args.keys.dtype, [&](auto type) {
-      ScoreTile<decltype(type)::value>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes,
-                                       prefetch);
+      constexpr CacheDType kType = decltype(type)::value;
+      if (kType == CacheDType::kFloat32 && row_lanes == 4) {
+        ScoreTile<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes, prefetch);
+      } else {
+        ScoreTileOutOfLine<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes,
+                                  prefetch);
+      }
     });
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
 #if HWY_TARGET != HWY_SCALAR
@@ -680,7 +774,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     const CacheRows value_rows = decode_detail::rows_of(args.values, b, kv_head, key0);
     WithCacheType(args.values.dtype, [&](auto type) {
       AccumulateValues<decltype(type)::value>(df, bc, value_rows, s.scores, row_lanes, rows, dv,
-                                              s.output, dv_padded, s.row_rescale);
+                                              s.output, dv_padded, s.row_rescale, prefetch);
     });
   }
 
