@@ -742,14 +742,12 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       const CacheRows later_keys = decode_detail::rows_of(args.keys, b, kv_head, ahead);
       const CacheRows later_values = decode_detail::rows_of(args.values, b, kv_head, ahead);
       prefetch = TilePrefetch{
-          later_keys.data,
-          later_values.data,
-          later_keys.stride,
-          later_values.stride,
+          later_keys.data, later_values.data, later_keys.stride, later_values.stride,
           static_cast<size_t>(args.keys.cols * cache_dtype_size(args.keys.dtype)),
           static_cast<size_t>(args.values.cols * cache_dtype_size(args.values.dtype)),
           static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - ahead)),
-          row_lanes == 4};
+          // int8 tiles are compute-bound: whole rows from the score pass, outside its loop.
+          row_lanes == 4 && args.keys.dtype != CacheDType::kInt8};
     }
     const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
     WithCacheType(args.keys.dtype, [&](auto type) {
