@@ -25,6 +25,7 @@
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 #include "kernels/tile_gemm-inl.h"
+#include "kernels/transpose_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -137,13 +138,14 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
     bounds[2] = static_cast<int32_t>(ranges.common_begin);
     bounds[3] = static_cast<int32_t>(ranges.common_end);
     extent = std::max(extent, ranges.end);
-    float* grad_out_transposed = s.grad_out_transposed + tile * dv * br;
+    if (transposed) {
+      TransposeScaledTile(s.grad_out_rows + first_row * dv_padded, dv_padded, rows, dv, 1.0F, br,
+                          s.grad_out_transposed + tile * dv * br);
+    }
     for (size_t r = 0; r < br; ++r) {
       const size_t i = first_row + r;
       const bool real = r < rows;
       const float* grad_out_row = s.grad_out_rows + i * dv_padded;
-      for (size_t t = 0; t < dv && transposed; ++t)
-        grad_out_transposed[t * br + r] = real ? grad_out_row[t] : 0.0F;
       const float* out_row = nullptr;
       if (real && half != nullptr) {
         WidenRow(d, half->type,

@@ -65,6 +65,7 @@ constexpr size_t kKeyTile = 64;
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
 #include "kernels/tile_gemm_bf16-inl.h"
+#include "kernels/transpose_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -286,12 +287,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
                         /*transposed=*/!bf16_products);
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
-    float* qt = s.q_transposed + tile * depth * br;
-    for (size_t r = 0; r < br; ++r) {
-      const size_t i = tile * br + r;
-      for (size_t t = 0; t < depth; ++t)
-        qt[t * br + r] = i < n ? s.q_rows[i * d_padded + t] * scale : 0.0F;
-    }
+    TransposeScaledTile(s.q_rows + tile * br * d_padded, d_padded, std::min(br, n - tile * br),
+                        depth, scale, br, s.q_transposed + tile * depth * br);
   }
 
   const bool dropout = options.dropout > 0.0F;
