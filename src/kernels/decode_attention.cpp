@@ -317,10 +317,45 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
 #endif
 }
 
+// Keys j … j + kKeys − 1 of a tile (ScoreKeys) with their prefetch requests. A function, not a
+// lambda: GCC 12 compiled the lambda out of line and called it per step (the fp32 step at d = 64
+// took 10.4 instead of 8.5 ns per key in the cache).
+template <CacheDType kType, size_t kKeys, class D>
+HWY_INLINE void ScoreStep(D d, const char* key_rows, size_t key_stride, const float* scales,
+                          const float* HWY_RESTRICT q_rows, size_t row_groups, size_t depth,
+                          float* HWY_RESTRICT scores, size_t row_lanes,
+                          const TilePrefetch& prefetch, size_t j) {
+  const char* first = key_rows + j * key_stride;
+  float* step_scores = scores + j * row_lanes;
+  if (prefetch.by_line) {
+    const char* later[kKeys];
+    for (size_t k = 0; k < kKeys; ++k) later[k] = prefetch.KeyRow(j + k);
+    ScoreKeys<kType, kKeys, true>(d, first, key_stride, scales, q_rows, row_groups, depth,
+                                  step_scores, row_lanes, later);
+  } else {
+    for (size_t k = 0; k < kKeys; ++k) prefetch.BothRows(j + k);
+    ScoreKeys<kType, kKeys, false>(d, first, key_stride, scales, q_rows, row_groups, depth,
+                                   step_scores, row_lanes, nullptr);
+  }
+}
+
+// ScoreStep as a function of its own, called per step: the memory-bound fp32 tile with whole value
+// rows (AVX-512, dv = 128) decodes 8% faster so (m = 32768, one thread: 7.9 against 8.6 ms,
+// interleaved on Zen 5), though its step computes slower in the cache; fp32 rows of 64 were 20%
+// slower so. Why the call helps is not known (code placement; see ScoreTileOutOfLine).
+template <CacheDType kType, size_t kKeys, class D>
+HWY_NOINLINE void ScoreStepOutOfLine(D d, const char* key_rows, size_t key_stride,
+                                     const float* scales, const float* HWY_RESTRICT q_rows,
+                                     size_t row_groups, size_t depth, float* HWY_RESTRICT scores,
+                                     size_t row_lanes, const TilePrefetch& prefetch, size_t j) {
+  ScoreStep<kType, kKeys>(d, key_rows, key_stride, scales, q_rows, row_groups, depth, scores,
+                          row_lanes, prefetch, j);
+}
+
 template <CacheDType kType, class D>
 HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HWY_RESTRICT q_rows,
                           size_t rows, size_t depth, float* HWY_RESTRICT scores, size_t row_lanes,
-                          const TilePrefetch& prefetch) {
+                          const TilePrefetch& prefetch, bool steps_out_of_line = false) {
   const char* key_rows = keys.data;
   const size_t key_stride = keys.stride;
   const float* scales = keys.scales;
@@ -331,25 +366,21 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HW
   // keys: int8 8%, fp16/bf16 2–8% faster, measured), except fp32 rows (measured 8% slower from
   // memory); two otherwise.
   constexpr size_t kStep = HWY_MAX_BYTES >= 64 && kType != CacheDType::kFloat32 ? 4 : 2;
-  const auto score_keys = [&](auto keys_per_step, size_t j) {
-    constexpr size_t kKeys = decltype(keys_per_step)::value;
-    const char* first = key_rows + j * key_stride;
-    const float* step_scales = scales_from(j);
-    float* step_scores = scores + j * row_lanes;
-    if (prefetch.by_line) {
-      const char* later[kKeys];
-      for (size_t k = 0; k < kKeys; ++k) later[k] = prefetch.KeyRow(j + k);
-      ScoreKeys<kType, kKeys, true>(d, first, key_stride, step_scales, q_rows, row_groups, depth,
-                                    step_scores, row_lanes, later);
-    } else {
-      for (size_t k = 0; k < kKeys; ++k) prefetch.BothRows(j + k);
-      ScoreKeys<kType, kKeys, false>(d, first, key_stride, step_scales, q_rows, row_groups, depth,
-                                     step_scores, row_lanes, nullptr);
-    }
-  };
   size_t j = 0;
-  for (; j + kStep <= bc; j += kStep) score_keys(std::integral_constant<size_t, kStep>(), j);
-  for (; j < bc; ++j) score_keys(std::integral_constant<size_t, 1>(), j);
+  if (steps_out_of_line) {
+    for (; j + kStep <= bc; j += kStep) {
+      ScoreStepOutOfLine<kType, kStep>(d, key_rows, key_stride, scales_from(j), q_rows, row_groups,
+                                       depth, scores, row_lanes, prefetch, j);
+    }
+  }
+  for (; j + kStep <= bc; j += kStep) {
+    ScoreStep<kType, kStep>(d, key_rows, key_stride, scales_from(j), q_rows, row_groups, depth,
+                            scores, row_lanes, prefetch, j);
+  }
+  for (; j < bc; ++j) {
+    ScoreStep<kType, 1>(d, key_rows, key_stride, scales_from(j), q_rows, row_groups, depth, scores,
+                        row_lanes, prefetch, j);
+  }
 }
 
 // ScoreTile as a function of its own. Measured interleaved on Zen 5 (m = 32768, one thread): fp16
@@ -535,6 +566,23 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
 }
 #endif
 
+// AccumulateColumns with or without the first pass's prefetch requests (a function, not a lambda,
+// as ScoreStep).
+template <CacheDType kType, size_t kVectors, class D>
+HWY_INLINE void ValueColumns(D d, size_t bc, const char* value_rows, size_t value_stride,
+                             const float* HWY_RESTRICT p, size_t row_lanes, size_t r0, size_t c0,
+                             float* HWY_RESTRICT output, size_t dv_padded,
+                             const float* HWY_RESTRICT rescale, bool first_pass,
+                             const TilePrefetch& prefetch) {
+  if (first_pass) {
+    AccumulateColumns<kType, kVectors, true>(d, bc, value_rows, value_stride, p, row_lanes, r0, c0,
+                                             output, dv_padded, rescale, &prefetch);
+  } else {
+    AccumulateColumns<kType, kVectors, false>(d, bc, value_rows, value_stride, p, row_lanes, r0, c0,
+                                              output, dv_padded, rescale, nullptr);
+  }
+}
+
 // O[r] = O[r] · rescale[r] + Σ_j P[j, r] · v_j over the tile's bc value rows (P: Pᵀ, rows
 // row_lanes apart, a multiple of 4; int8 rows' scales folded into P first), for the rows rounded
 // up to 4 (the padding rows, zero queries, are computed and discarded). A last partial vector of
@@ -559,16 +607,6 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float*
     // The first pass over the tile's value rows requests the later tile's; the others find the
     // tile in the cache.
     const bool first_pass = prefetch.by_line && r0 == 0;
-    const auto columns = [&](auto vectors, size_t v) {
-      constexpr size_t kVectors = decltype(vectors)::value;
-      if (first_pass) {
-        AccumulateColumns<kType, kVectors, true>(d, bc, value_rows, value_stride, p, row_lanes, r0,
-                                                 v * lanes, output, dv_padded, rescale, &prefetch);
-      } else {
-        AccumulateColumns<kType, kVectors, false>(d, bc, value_rows, value_stride, p, row_lanes, r0,
-                                                  v * lanes, output, dv_padded, rescale, nullptr);
-      }
-    };
     size_t v0 = 0;
 #if HWY_TARGET != HWY_SCALAR
     // Memory-bound fp32 tiles (one group of four rows) stream whole value rows; more rows make the
@@ -588,9 +626,15 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float*
       }
     }
 #endif
-    for (; v0 + kColumnVectors <= full_vectors; v0 += kColumnVectors)
-      columns(std::integral_constant<size_t, kColumnVectors>(), v0);
-    for (; v0 < full_vectors; ++v0) columns(std::integral_constant<size_t, 1>(), v0);
+    for (; v0 + kColumnVectors <= full_vectors; v0 += kColumnVectors) {
+      ValueColumns<kType, kColumnVectors>(d, bc, value_rows, value_stride, p, row_lanes, r0,
+                                          v0 * lanes, output, dv_padded, rescale, first_pass,
+                                          prefetch);
+    }
+    for (; v0 < full_vectors; ++v0) {
+      ValueColumns<kType, 1>(d, bc, value_rows, value_stride, p, row_lanes, r0, v0 * lanes, output,
+                             dv_padded, rescale, first_pass, prefetch);
+    }
     if (full_vectors * lanes < dv) {  // the last columns, fewer than a vector
       const size_t c0 = full_vectors * lanes;
       for (size_t i = 0; i < 4; ++i) {  // rescaled once, before the tile's rows add to them
@@ -753,7 +797,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     WithCacheType(args.keys.dtype, [&](auto type) {
       constexpr CacheDType kType = decltype(type)::value;
       if (kType == CacheDType::kFloat32 && row_lanes == 4) {
-        ScoreTile<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes, prefetch);
+        ScoreTile<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes, prefetch,
+                         HWY_MAX_BYTES >= 64 && dv / full_lanes == 8);
       } else {
         ScoreTileOutOfLine<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes,
                                   prefetch);
