@@ -477,6 +477,14 @@ HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t
   finish(out3, e0, e1, e2, e3);
 }
 
+// Whether a tile's value pass reads whole value rows (AccumulateRowPair): memory-bound fp32 tiles
+// (one group of four rows) whose value rows are eight full-width vectors (AVX-512, dv = 128). More
+// rows make the tile compute-bound, where four rows per loaded vector need fewer loads per FMA.
+template <CacheDType kType>
+constexpr bool ReadsWholeValueRows(size_t rows, size_t dv, size_t full_lanes) {
+  return HWY_MAX_BYTES >= 64 && kType == CacheDType::kFloat32 && rows <= 4 && dv / full_lanes == 8;
+}
+
 #if HWY_TARGET != HWY_SCALAR
 // Two output rows r0, r0 + 1 over whole value rows of eight vectors (AVX-512, dv = 128): the
 // tile's value rows are read in order, each whole, as memory streams best — four rows × half a
@@ -609,10 +617,8 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float*
     const bool first_pass = prefetch.by_line && r0 == 0;
     size_t v0 = 0;
 #if HWY_TARGET != HWY_SCALAR
-    // Memory-bound fp32 tiles (one group of four rows) stream whole value rows; more rows make the
-    // tile compute-bound, where four rows per loaded vector need fewer loads per FMA.
     if constexpr (HWY_MAX_BYTES >= 64 && kType == CacheDType::kFloat32) {
-      if (full_vectors == 8 && padded_rows == 4) {
+      if (ReadsWholeValueRows<kType>(rows, dv, lanes)) {
         if (first_pass) {
           AccumulateRowPair<kType, true>(d, bc, value_rows, value_stride, p, row_lanes, 0, output,
                                          dv_padded, rescale, &prefetch);
@@ -798,7 +804,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       constexpr CacheDType kType = decltype(type)::value;
       if (kType == CacheDType::kFloat32 && row_lanes == 4) {
         ScoreTile<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes, prefetch,
-                         HWY_MAX_BYTES >= 64 && dv / full_lanes == 8);
+                         ReadsWholeValueRows<kType>(rows, dv, full_lanes));
       } else {
         ScoreTileOutOfLine<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes,
                                   prefetch);
