@@ -15,9 +15,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
+#include "attn/kernels/amx.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
@@ -71,6 +73,7 @@ constexpr size_t kKeyTileBF16 = 128;
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
+#include "kernels/amx_tiles-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/half_rows-inl.h"
 #include "kernels/score_modifiers-inl.h"
@@ -115,9 +118,19 @@ struct Scratch {
   uint32_t* probability_pairs = nullptr;
   uint32_t* key_pairs = nullptr;
   uint32_t* value_pairs = nullptr;
+  // The same path on AMX tiles (amx_tiles-inl.h) keeps the values transposed, Vᵀ: each of the
+  // dv_tiles (dv rounded up to 32) rows holds one column's pairs of adjacent keys, value_stride
+  // pairs apart, and accumulates Oᵀ (dv_tiles × Br); value_pairs stages 16 pairs of value rows.
+  // Keys are packed in blocks of 32, zeros past m; the key and value buffers start zeroed.
+  uint32_t* values_transposed = nullptr;
+  float* output_transposed = nullptr;
+  size_t value_stride = 0;
 
-  Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes, bool bf16_pairs) {
+  Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes, bool bf16_pairs,
+          bool amx_tiles = false) {
     const size_t bc = bf16_pairs ? flash_detail::kKeyTileBF16 : flash_detail::kKeyTile;
+    const size_t key_blocks = hwy::RoundUpTo(keys, 32), dv_tiles = hwy::RoundUpTo(dv_padded, 32);
+    value_stride = key_blocks / 2;
     memory = carve_scratch(lanes, [&](const auto& take) {
       q_transposed = take(depth * br);
       scores = take(bc * br);
@@ -133,13 +146,25 @@ struct Scratch {
         const size_t depth_pairs = (depth + 1) / 2, key_pairs_count = (keys + 1) / 2;
         query_pairs = as_uint32(take(depth_pairs * br));
         probability_pairs = as_uint32(take(bc / 2 * br));
-        key_pairs = as_uint32(take(2 * key_pairs_count * depth_pairs));
-        value_pairs = as_uint32(take(key_pairs_count * dv_padded));
+        if (amx_tiles) {
+          key_pairs = as_uint32(take(key_blocks * depth_pairs));
+          value_pairs = as_uint32(take(16 * dv_tiles));
+          values_transposed = as_uint32(take(dv_tiles * value_stride));
+          output_transposed = take(dv_tiles * br);
+        } else {
+          key_pairs = as_uint32(take(2 * key_pairs_count * depth_pairs));
+          value_pairs = as_uint32(take(key_pairs_count * dv_padded));
+        }
       } else {
         packed_keys = take(keys * depth);
         packed_values = take(keys * dv_padded);
       }
     });
+    if (amx_tiles && memory != nullptr) {
+      const size_t depth_pairs = (depth + 1) / 2;
+      std::fill_n(key_pairs, key_blocks * depth_pairs, 0U);
+      std::fill_n(values_transposed, dv_tiles * value_stride, 0U);
+    }
   }
 };
 
@@ -448,6 +473,52 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   s.packed_end = std::max(s.packed_end, end + end % 2);  // whole pairs
 }
 
+// PackKeyValuePairs for the AMX tiles: rows [begin, end) of key/value head (b, h) in whole blocks
+// of 32 keys (zeros past m), keys as there (s.key_pairs) and values as Vᵀ (s.values_transposed):
+// 16 pairs of value rows interleaved into s.value_pairs, then turned in 16 × 16 blocks of pairs.
+ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int64_t h,
+                                        int64_t begin, int64_t end, Scratch& s) {
+  constexpr int64_t kBlock = 32;
+  begin -= begin % kBlock;
+  const int64_t head = b * args.k.heads + h;
+  if (s.packed_head != head || begin < s.packed_begin || begin > s.packed_end) {
+    s.packed_head = head;
+    s.packed_begin = s.packed_end = begin;
+  }
+  const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
+  const size_t depth_pairs = (depth + 1) / 2;
+  const size_t dv_tiles = hwy::RoundUpTo(dv, 32);
+  const uint16_t* k = args.k16.matrix(b, h);
+  const uint16_t* v = args.v16.matrix(b, h);
+  const int64_t keys = args.k.rows;
+  for (int64_t j = s.packed_end; j < end; j += kBlock) {
+    for (int64_t row = j; row < j + kBlock; ++row) {
+      uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * depth_pairs;
+      if (row < keys) {
+        std::memcpy(pairs, k + row * args.k16.row_stride, depth * sizeof(uint16_t));
+      } else {
+        std::fill_n(pairs, depth_pairs, 0U);
+      }
+    }
+    for (int64_t pair = 0; pair < kBlock / 2; ++pair) {
+      const int64_t row = j + 2 * pair;
+      uint32_t* staged = s.value_pairs + static_cast<size_t>(pair) * dv_tiles;
+      if (row < keys) {
+        const uint16_t* first = v + row * args.v16.row_stride;
+        InterleaveRowPairs(first, row + 1 < keys ? first + args.v16.row_stride : nullptr, dv,
+                           dv_tiles, staged);
+      } else {
+        std::fill_n(staged, dv_tiles, 0U);
+      }
+    }
+    for (size_t column = 0; column < dv_tiles; column += 16) {
+      amx::TransposeWords16(s.value_pairs + column, dv_tiles,
+                            s.values_transposed + column * s.value_stride + j / 2, s.value_stride);
+    }
+  }
+  s.packed_end = std::max(s.packed_end, (end + kBlock - 1) / kBlock * kBlock);
+}
+
 using FloatVector = hn::Vec<hn::ScalableTag<float>>;
 
 // P = exp(S − shift) for a key tile's Sᵀ (bc × Br), two keys at a time straight into bf16 pairs of
@@ -517,26 +588,82 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Sc
   return true;
 }
 
-// FlashForwardTile on bf16 inputs with vdpbf16ps: Sᵀ = K Qᵀ over pairs of dimensions, the score
-// modifiers, softmax and dropout on fp32 Sᵀ as there, then P rounded to bf16 pairs for O += P V.
-// Key tiles start at even keys (pairs never straddle two tiles): a tile that would start at an odd
-// key starts one key earlier, which no row sees and the modifiers mask.
-ATTN_BF16_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
-                                           int64_t first_query, Scratch& s) {
+// The vdpbf16ps products of FlashForwardTileBF16 (its Tiles when AMX is not used).
+struct VectorProducts {};
+
+// Sᵀ (bc × Br) times the scale, on AMX tiles: the tiles give unscaled sums, multiplied here as the
+// vdpbf16ps path multiplies them on storing.
+template <class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void ScaledScoresOnTiles(Tiles& tiles, const uint32_t* key_pairs,
+                                                    size_t depth_pairs, size_t bc, size_t br,
+                                                    float scale, Scratch& s) {
+  amx::ScoresOnTiles(tiles, key_pairs, depth_pairs, hwy::RoundUpTo(bc, 32), s.query_pairs, br,
+                     s.scores);
+  const hn::ScalableTag<float> d;
+  const FloatVector scale_vector = hn::Set(d, scale);
+  for (size_t j = 0; j < bc * br; j += 16)
+    hn::Store(hn::Mul(hn::Load(d, s.scores + j), scale_vector), d, s.scores + j);
+}
+
+// Oᵀ = Oᵀ · rescale (unless every factor is 1) + Vᵀ P on AMX tiles, for the key tile at key0
+// (even: its pairs start at pair key0 / 2).
+template <class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t key0, size_t bc,
+                                                        size_t br, size_t dv_tiles, bool rescale,
+                                                        Scratch& s) {
+  const hn::ScalableTag<float> d;
+  if (rescale) {
+    for (size_t row = 0; row < dv_tiles; ++row) {
+      for (size_t r = 0; r < br; r += 16) {
+        float* out = s.output_transposed + row * br + r;
+        hn::Store(hn::Mul(hn::Load(d, out), hn::Load(d, s.row_rescale + r)), d, out);
+      }
+    }
+  }
+  // P's pairs past the tile's last key are 0, to whole tiles of 16 pairs.
+  const size_t pairs = (bc + 1) / 2, tile_pairs = hwy::RoundUpTo(pairs, amx::kPairs);
+  std::fill(s.probability_pairs + pairs * br, s.probability_pairs + tile_pairs * br, 0U);
+  amx::ValuesOnTiles(tiles, s.values_transposed + key0 / 2, s.value_stride, dv_tiles, tile_pairs,
+                     s.probability_pairs, br, s.output_transposed);
+}
+
+// FlashForwardTile on bf16 inputs with bf16 products: Sᵀ = K Qᵀ over pairs of dimensions, the
+// score modifiers, softmax and dropout on fp32 Sᵀ as there, then P rounded to bf16 pairs for
+// O += P V. The products run on vdpbf16ps (Tiles = VectorProducts) or on AMX tiles (hardware or
+// model, amx_tiles-inl.h), which accumulate Oᵀ instead of O so that P's pairs, already laid out
+// as their B operand, need no turning. Key tiles start at even keys (pairs never straddle two
+// tiles; on AMX tiles, at multiples of 32, whole blocks of tiles): a tile that would start
+// elsewhere starts that many keys earlier, which no row sees and the modifiers mask.
+template <class Tiles>
+ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
+                                          int64_t first_query, Scratch& s, Tiles& tiles) {
+  constexpr bool kOnTiles = !std::is_same_v<Tiles, VectorProducts>;
   const hn::ScalableTag<float> d;
   constexpr size_t kLanes = 16;
   const size_t br = flash_detail::kQueryVectors * kLanes;
   const size_t depth_pairs = (static_cast<size_t>(args.q.cols) + 1) / 2;
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), kLanes);
+  const size_t dv_tiles = hwy::RoundUpTo(dv_padded, 32);
   const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
-  std::fill(s.output, s.output + br * dv_padded, 0.0F);
+  if constexpr (kOnTiles) {
+    std::fill(s.output_transposed, s.output_transposed + dv_tiles * br, 0.0F);
+    tiles.Configure(amx::FullTiles());
+  } else {
+    std::fill(s.output, s.output + br * dv_padded, 0.0F);
+  }
   const bool dropout = args.options.dropout > 0.0F;
   const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
   const bool bool_mask = args.options.mask.kind == MaskKind::kBool;
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
-  const int64_t begin = tile.ranges.begin - tile.ranges.begin % 2;
-  if (tile.ranges.begin < tile.ranges.end)
-    PackKeyValuePairs(args, b, kv_head, begin, tile.ranges.end, dv_padded, s);
+  const int64_t alignment = kOnTiles ? 32 : 2;
+  const int64_t begin = tile.ranges.begin - tile.ranges.begin % alignment;
+  if (tile.ranges.begin < tile.ranges.end) {
+    if constexpr (kOnTiles) {
+      PackKeyValueBlocks(args, b, kv_head, begin, tile.ranges.end, s);
+    } else {
+      PackKeyValuePairs(args, b, kv_head, begin, tile.ranges.end, dv_padded, s);
+    }
+  }
   for (int64_t key0 = begin; key0 < tile.ranges.end;
        key0 += static_cast<int64_t>(flash_detail::kKeyTileBF16)) {
     const size_t bc = static_cast<size_t>(std::min<int64_t>(
@@ -546,23 +673,74 @@ ATTN_BF16_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, i
       coverage = bool_mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
       if (coverage == MaskCoverage::kNone) continue;
     }
-    GemmBF16<false>(bc, flash_detail::kQueryVectors,
-                    s.key_pairs + static_cast<size_t>(key0) * depth_pairs, depth_pairs, 1,
-                    s.query_pairs, br, depth_pairs, s.scores, br, nullptr, args.options.scale);
+    const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
+    if constexpr (kOnTiles) {
+      ScaledScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, args.options.scale, s);
+    } else {
+      GemmBF16<false>(bc, flash_detail::kQueryVectors, key_pairs, depth_pairs, 1, s.query_pairs, br,
+                      depth_pairs, s.scores, br, nullptr, args.options.scale);
+    }
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
                         s.scores);
+    bool rescale = true;
     if (dropout) {
       OnlineSoftmaxStep(d, bc, br, s);
       DropWeights(d, dropout_applier, key0, bc, br, s);
       PackProbabilityPairs(s.scores, bc, br, s.probability_pairs);
-    } else if (!LazySoftmaxStepToPairs(bc, br, s)) {
+    } else if (LazySoftmaxStepToPairs(bc, br, s)) {
+      rescale = false;  // every factor is 1
+    } else {
       OnlineSoftmaxStepToPairs(bc, br, s);
     }
-    GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
-                   s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
-                   (bc + 1) / 2, s.output, dv_padded, s.row_rescale);
+    if constexpr (kOnTiles) {
+      AccumulateValuesOnTiles(tiles, key0, bc, br, dv_tiles, rescale, s);
+    } else {
+      GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
+                     s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
+                     (bc + 1) / 2, s.output, dv_padded, s.row_rescale);
+    }
+  }
+  if constexpr (kOnTiles) {
+    tiles.Release();
+    for (size_t column = 0; column < dv_padded; column += 16) {
+      for (size_t r = 0; r < br; r += 16) {
+        amx::TransposeWords16(
+            reinterpret_cast<const uint32_t*>(s.output_transposed) + column * br + r, br,
+            reinterpret_cast<uint32_t*>(s.output) + r * dv_padded + column, dv_padded);
+      }
+    }
   }
   WriteOutputRows(args, tile, dv_padded, s);
+}
+
+// Which products the bf16 forward uses: AMX tiles (hardware or model) as amx_use() says, for depths
+// that fill whole tiles of 16 pairs.
+enum class TileProducts { kVector, kAmx, kAmxModel };
+TileProducts ChooseTileProducts(const ForwardArgs& args) {
+  if (args.q.cols % 32 != 0) return TileProducts::kVector;
+  switch (amx_use()) {
+    case AmxUse::kModel:
+      return TileProducts::kAmxModel;
+    case AmxUse::kWhereAvailable:
+      return amx_available() ? TileProducts::kAmx : TileProducts::kVector;
+    case AmxUse::kNever:
+      break;
+  }
+  return TileProducts::kVector;
+}
+
+ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
+                                          int64_t first_query, Scratch& s, TileProducts products) {
+  if (products == TileProducts::kAmx) {
+    amx::AmxHardwareTiles tiles;
+    return FlashForwardTileBF16(args, b, h, first_query, s, tiles);
+  }
+  if (products == TileProducts::kAmxModel) {
+    amx::AmxTileModel tiles;
+    return FlashForwardTileBF16(args, b, h, first_query, s, tiles);
+  }
+  VectorProducts vector;
+  FlashForwardTileBF16(args, b, h, first_query, s, vector);
 }
 #else
 constexpr bool kBFloat16Path = false;
@@ -582,6 +760,12 @@ void FlashForward(const ForwardArgs& args) {
   const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
   const bool bf16_pairs = args.half && args.half_type == HalfType::kBFloat16 && NativeBFloat16();
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const TileProducts products = bf16_pairs ? ChooseTileProducts(args) : TileProducts::kVector;
+  const bool amx_tiles = products != TileProducts::kVector;
+#else
+  const bool amx_tiles = false;
+#endif
   // Dynamic scheduling: causal, windowed and padded tiles differ widely in cost. A causal head's
   // later query tiles see more keys: they are handed out first (heaviest first), so the tasks left
   // for the end are light and no thread idles behind a heavy last one. A thread's packed keys and
@@ -592,7 +776,7 @@ void FlashForward(const ForwardArgs& args) {
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
         return Scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
-                       static_cast<size_t>(args.k.rows), lanes, bf16_pairs);
+                       static_cast<size_t>(args.k.rows), lanes, bf16_pairs, amx_tiles);
       },
       [&](int64_t task, Scratch& scratch, int) {
         const int64_t head_index = task / tiles_per_head;
@@ -601,7 +785,7 @@ void FlashForward(const ForwardArgs& args) {
             heaviest_first ? tiles_per_head - 1 - task % tiles_per_head : task % tiles_per_head;
         const int64_t first_query = tile * static_cast<int64_t>(br);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        if (bf16_pairs) return FlashForwardTileBF16(args, b, h, first_query, scratch);
+        if (bf16_pairs) return FlashForwardTileBF16(args, b, h, first_query, scratch, products);
 #endif
         FlashForwardTile(args, b, h, first_query, scratch);
       });

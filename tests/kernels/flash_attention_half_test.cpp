@@ -15,6 +15,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "attn/kernels/amx.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "every_simd_target.hpp"
 #include "sdpa_reference.hpp"
@@ -317,6 +318,54 @@ const HalfCase kCases[] = {
 
 TEST_P(FlashAttentionHalf, BFloat16MatchesReferenceOnRoundedInputs) {
   Rng rng(81);
+  for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
+}
+
+// Shapes for the AMX path (depths a multiple of 32): value depths off the 32-column tiles, key
+// tiles and windows that start off the 32-key blocks, one query, one key, several key tiles.
+const HalfCase kAmxCases[] = {
+    {1, 1, 1, 1, 1, 32, 16},
+    {1, 4, 2, 70, 131, 64, 64, true},
+    {2, 2, 2, 65, 300, 64, 17, false, -1, -1, true},
+    {1, 2, 2, 90, 211, 32, 33, false, 21, 6},
+    {1, 2, 2, 50, 20, 96, 80, true, -1, -1, false, true},
+    {1, 8, 1, 33, 129, 128, 128, false, -1, -1, false, false, true},
+    {2, 3, 3, 20, 77, 64, 48, false, -1, -1, false, false, false, 5.0F},
+    {1, 2, 2, 33, 300, 32, 32, false, -1, -1, false, false, false, 0.0F, 8.0F},
+    {2, 2, 1, 40, 150, 32, 32, true, -1, -1, true, false, false, 0.0F, 1.0F, 0.3F},
+    {1, 1, 1, 1, 1000, 64, 64},
+};
+
+// Sets amx_use() for a test's lifetime.
+class ScopedAmxUse {
+ public:
+  explicit ScopedAmxUse(AmxUse use) : before_(amx_use()) { set_amx_use(use); }
+  ~ScopedAmxUse() { set_amx_use(before_); }
+  ScopedAmxUse(const ScopedAmxUse&) = delete;
+  ScopedAmxUse& operator=(const ScopedAmxUse&) = delete;
+
+ private:
+  AmxUse before_;
+};
+
+// The tolerance is the vdpbf16ps path's: the tiles' products are the same bf16 pairs, summed in
+// fp32 in another order.
+TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
+  if (!flash_attention_bfloat16_native())
+    GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
+  const ScopedAmxUse model(AmxUse::kModel);
+  Rng rng(83);
+  for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
+}
+
+TEST_P(FlashAttentionHalf, BFloat16OnAmxMatchesReference) {
+  if (!amx_available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU, or Linux refused this process the tile state";
+  if (!flash_attention_bfloat16_native())
+    GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
+  const ScopedAmxUse hardware(AmxUse::kWhereAvailable);
+  Rng rng(84);
+  for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
 }
 

@@ -1,0 +1,31 @@
+// Intel AMX (the tile matrix unit of Sapphire Rapids and later Xeons) for the bf16 forward's tile
+// products: whether this CPU and OS offer it, and whether the kernels use it.
+#pragma once
+
+#include <string>
+
+namespace attn {
+
+// Where the bf16 fused forward (AVX-512 targets with AVX512-BF16) computes Sᵀ = K·Qᵀ and P·V:
+// - kNever: vdpbf16ps in vector registers (the default until the AMX path has run on AMX hardware);
+// - kWhereAvailable: AMX tiles where amx_available(), vdpbf16ps elsewhere;
+// - kModel: the AMX path's own code with each tile instruction carried out by a C++ model of it
+//   (slow; for tests on CPUs without AMX: it checks the layouts, tile shapes and padding).
+// Depths that are not a multiple of 32 stay on vdpbf16ps in every mode.
+enum class AmxUse { kNever, kWhereAvailable, kModel };
+
+// Whether this CPU has AMX-TILE and AMX-BF16 and Linux granted this process the tile state
+// (arch_prctl(ARCH_REQ_XCOMP_PERM)); asked once, the first time.
+bool amx_available();
+
+// The current choice; at start-up kWhereAvailable when the environment variable ATTN_AMX is "1",
+// kNever otherwise. Process-wide, from the next kernel call on; not for use while kernels run on
+// other threads.
+AmxUse amx_use();
+void set_amx_use(AmxUse use);
+
+// One line for benchmark headers: "AMX-BF16 in use", "AMX-BF16 available, not used (ATTN_AMX=1
+// uses it)", "no AMX" and the like.
+std::string amx_status();
+
+}  // namespace attn

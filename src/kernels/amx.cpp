@@ -1,0 +1,90 @@
+// AMX availability (CPUID, XCR0 and Linux's per-process permission for the tile state) and the
+// process-wide choice of whether the bf16 forward uses it (include/attn/kernels/amx.hpp).
+#include "attn/kernels/amx.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace attn {
+namespace {
+
+#if defined(__x86_64__)
+// CPUID leaf 7 EDX: AMX-BF16 is bit 22, AMX-TILE bit 24. XCR0: bits 17 (XTILECFG) and 18
+// (XTILEDATA) say the OS saves the tile state.
+bool cpu_and_os_offer_amx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(0));
+  if (eax < 7) return false;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+  const bool tile = (edx >> 24 & 1U) != 0, bf16 = (edx >> 22 & 1U) != 0;
+  if (!tile || !bf16) return false;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1));
+  if ((ecx >> 27 & 1U) == 0) return false;  // OSXSAVE: xgetbv may run
+  unsigned xcr0_low = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  constexpr unsigned kTileState = (1U << 17) | (1U << 18);
+  return (xcr0_low & kTileState) == kTileState;
+}
+
+// Linux (5.16 on) hands the 8 KiB tile data state to a process only after it asks; a thread that
+// runs a tile instruction without it is killed (SIGILL). The permission covers the whole process.
+bool linux_grants_tile_state() {
+#if defined(__linux__)
+  constexpr long kArchRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+  constexpr long kTileDataFeature = 18;            // XFEATURE_XTILEDATA
+  return syscall(SYS_arch_prctl, kArchRequestPermission, kTileDataFeature) == 0;
+#else
+  return false;
+#endif
+}
+#endif
+
+AmxUse use_from_environment() {
+  const char* value = std::getenv("ATTN_AMX");
+  return value != nullptr && std::strcmp(value, "1") == 0 ? AmxUse::kWhereAvailable
+                                                          : AmxUse::kNever;
+}
+
+std::atomic<AmxUse>& current_use() {
+  static std::atomic<AmxUse> use{use_from_environment()};
+  return use;
+}
+
+}  // namespace
+
+bool amx_available() {
+#if defined(__x86_64__)
+  static const bool available = cpu_and_os_offer_amx() && linux_grants_tile_state();
+  return available;
+#else
+  return false;
+#endif
+}
+
+AmxUse amx_use() {
+  return current_use().load();
+}
+
+void set_amx_use(AmxUse use) {
+  current_use().store(use);
+}
+
+std::string amx_status() {
+  switch (amx_use()) {
+    case AmxUse::kModel:
+      return "AMX-BF16 modelled in C++ (tests only)";
+    case AmxUse::kWhereAvailable:
+      return amx_available() ? "AMX-BF16 in use (bf16 forward, depth a multiple of 32)" : "no AMX";
+    case AmxUse::kNever:
+      break;
+  }
+  return amx_available() ? "AMX-BF16 available, not used (ATTN_AMX=1 uses it)" : "no AMX";
+}
+
+}  // namespace attn

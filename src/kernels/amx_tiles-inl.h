@@ -1,0 +1,335 @@
+// The bf16 forward's two tile products on AMX tiles (Sᵀ = K·Qᵀ and Oᵀ += Vᵀ·P), for the AVX-512
+// targets (a Highway "-inl.h" header); the tile instructions either run (AmxHardwareTiles) or are
+// carried out by a C++ model of each (AmxTileModel), which tests use on CPUs without AMX.
+//
+// Every tile is 16 rows of 64 bytes: 16 × 16 fp32, or 16 rows of 16 bf16 pairs. TDPBF16PS adds to
+// C (16 × 16 fp32) the products of A (16 rows of 16 bf16 pairs) and B (16 rows of 16 pairs, row p
+// holding pair p of each of the 16 columns): C[i][j] += Σ_p A[i][p]·B[p][j] over both halves of
+// each pair — the pair layouts the vdpbf16ps path already packs (tile_gemm_bf16-inl.h).
+
+#if defined(ATTN_KERNELS_AMX_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_AMX_TILES_INL_H_
+#undef ATTN_KERNELS_AMX_TILES_INL_H_
+#else
+#define ATTN_KERNELS_AMX_TILES_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#ifndef ATTN_AMX_TARGET
+#define ATTN_AMX_TARGET __attribute__((target(HWY_TARGET_STR ",avx512bf16,amx-tile,amx-bf16")))
+#endif
+
+namespace amx {
+
+constexpr size_t kRows = 16;      // rows of every tile
+constexpr size_t kRowBytes = 64;  // bytes of every tile row
+constexpr size_t kPairs = 16;     // bf16 pairs (or floats) per tile row
+constexpr size_t kTileCount = 8;
+
+// LDTILECFG's 64-byte operand (palette 1): each tile's rows and bytes per row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// The one shape the products here use: tiles 0–7 all 16 × 64 bytes.
+inline TileConfig FullTiles() {
+  TileConfig config;
+  for (size_t t = 0; t < kTileCount; ++t) {
+    config.bytes_per_row[t] = kRowBytes;
+    config.rows[t] = kRows;
+  }
+  return config;
+}
+
+// The tile registers as the products below name them: four accumulators C (tiles 0–3), two A
+// operands (4, 5) and two B operands (6, 7); C(2i + j) += A(4 + i) · B(6 + j).
+enum Tile : int { kC00 = 0, kC01 = 1, kC10 = 2, kC11 = 3, kA0 = 4, kA1 = 5, kB0 = 6, kB1 = 7 };
+
+// The instructions themselves. GCC's tile intrinsics name the register by pasting the argument's
+// text into the assembly (so it must be a literal) and tell the compiler nothing of the memory
+// they read or write: each load, store and configuration is fenced for the compiler.
+class AmxHardwareTiles {
+ public:
+  ATTN_AMX_TARGET HWY_INLINE void Configure(const TileConfig& config) {
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&config);
+  }
+  ATTN_AMX_TARGET HWY_INLINE void Release() { _tile_release(); }
+
+  template <int kTile>
+  ATTN_AMX_TARGET HWY_INLINE void Load(const void* source, size_t stride_bytes) {
+    __asm__ volatile("" ::: "memory");
+    const auto stride = static_cast<long>(stride_bytes);  // NOLINT(google-runtime-int)
+    if constexpr (kTile == 0) _tile_loadd(0, source, stride);
+    if constexpr (kTile == 1) _tile_loadd(1, source, stride);
+    if constexpr (kTile == 2) _tile_loadd(2, source, stride);
+    if constexpr (kTile == 3) _tile_loadd(3, source, stride);
+    if constexpr (kTile == 4) _tile_loadd(4, source, stride);
+    if constexpr (kTile == 5) _tile_loadd(5, source, stride);
+    if constexpr (kTile == 6) _tile_loadd(6, source, stride);
+    if constexpr (kTile == 7) _tile_loadd(7, source, stride);
+  }
+  template <int kTile>
+  ATTN_AMX_TARGET HWY_INLINE void Store(void* destination, size_t stride_bytes) {
+    const auto stride = static_cast<long>(stride_bytes);  // NOLINT(google-runtime-int)
+    if constexpr (kTile == 0) _tile_stored(0, destination, stride);
+    if constexpr (kTile == 1) _tile_stored(1, destination, stride);
+    if constexpr (kTile == 2) _tile_stored(2, destination, stride);
+    if constexpr (kTile == 3) _tile_stored(3, destination, stride);
+    static_assert(kTile <= 3, "only the accumulators are stored");
+    __asm__ volatile("" ::: "memory");
+  }
+  template <int kTile>
+  ATTN_AMX_TARGET HWY_INLINE void Zero() {
+    if constexpr (kTile == 0) _tile_zero(0);
+    if constexpr (kTile == 1) _tile_zero(1);
+    if constexpr (kTile == 2) _tile_zero(2);
+    if constexpr (kTile == 3) _tile_zero(3);
+    static_assert(kTile <= 3, "only the accumulators are zeroed");
+  }
+  // C += A · B on bf16 pairs.
+  template <int kC, int kA, int kB>
+  ATTN_AMX_TARGET HWY_INLINE void DotBF16() {
+    if constexpr (kC == kC00 && kA == kA0 && kB == kB0) _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kC == kC01 && kA == kA0 && kB == kB1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kC == kC10 && kA == kA1 && kB == kB0) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kC == kC11 && kA == kA1 && kB == kB1) _tile_dpbf16ps(3, 5, 7);
+    static_assert(kC == 2 * (kA - kA0) + (kB - kB0), "C(2i + j) += A(4 + i) · B(6 + j) only");
+  }
+};
+
+// What each instruction does, written out (Intel's pseudocode for LDTILECFG, TILELOADD,
+// TILESTORED, TILEZERO and TDPBF16PS), with the checks by which the CPU would fault: a tile used
+// before a configuration, or a product whose shapes disagree, throws std::logic_error.
+class AmxTileModel {
+ public:
+  void Configure(const TileConfig& config) {
+    if (config.palette != 1) throw std::logic_error("AMX model: palette must be 1");
+    for (size_t t = 0; t < kTileCount; ++t) {
+      if (config.rows[t] > kRows || config.bytes_per_row[t] > kRowBytes ||
+          config.bytes_per_row[t] % 4 != 0) {
+        throw std::logic_error("AMX model: tile " + std::to_string(t) +
+                               " configured beyond 16 × 64");
+      }
+    }
+    config_ = config;
+    configured_ = true;
+    std::memset(tiles_, 0, sizeof tiles_);
+  }
+  void Release() { configured_ = false; }
+
+  template <int kTile>
+  void Load(const void* source, size_t stride_bytes) {
+    Require(kTile);
+    for (size_t r = 0; r < config_.rows[kTile]; ++r) {
+      std::memcpy(tiles_[kTile][r], static_cast<const char*>(source) + r * stride_bytes,
+                  config_.bytes_per_row[kTile]);
+    }
+  }
+  template <int kTile>
+  void Store(void* destination, size_t stride_bytes) {
+    Require(kTile);
+    for (size_t r = 0; r < config_.rows[kTile]; ++r) {
+      std::memcpy(static_cast<char*>(destination) + r * stride_bytes, tiles_[kTile][r],
+                  config_.bytes_per_row[kTile]);
+    }
+  }
+  template <int kTile>
+  void Zero() {
+    Require(kTile);
+    std::memset(tiles_[kTile], 0, sizeof tiles_[kTile]);
+  }
+  // C[m][n] += A.bf16[m][2k]·B.bf16[k][2n] + A.bf16[m][2k + 1]·B.bf16[k][2n + 1], in that order,
+  // for k over A's pairs; each product is exact in fp32.
+  template <int kC, int kA, int kB>
+  void DotBF16() {
+    Require(kC);
+    Require(kA);
+    Require(kB);
+    const size_t rows = config_.rows[kC], columns = config_.bytes_per_row[kC] / 4;
+    const size_t pairs = config_.bytes_per_row[kA] / 4;
+    if (config_.rows[kA] != rows || config_.rows[kB] != pairs ||
+        config_.bytes_per_row[kB] != config_.bytes_per_row[kC]) {
+      throw std::logic_error("AMX model: TDPBF16PS operand shapes disagree");
+    }
+    for (size_t m = 0; m < rows; ++m) {
+      for (size_t n = 0; n < columns; ++n) {
+        float sum = Float(kC, m, n);
+        for (size_t k = 0; k < pairs; ++k) {
+          sum += Half(kA, m, 2 * k) * Half(kB, k, 2 * n);
+          sum += Half(kA, m, 2 * k + 1) * Half(kB, k, 2 * n + 1);
+        }
+        std::memcpy(tiles_[kC][m] + 4 * n, &sum, sizeof sum);
+      }
+    }
+  }
+
+ private:
+  void Require(int tile) const {
+    if (!configured_ || config_.rows[tile] == 0)
+      throw std::logic_error("AMX model: tile " + std::to_string(tile) + " used unconfigured");
+  }
+  float Float(int tile, size_t row, size_t column) const {
+    float value;
+    std::memcpy(&value, tiles_[tile][row] + 4 * column, sizeof value);
+    return value;
+  }
+  float Half(int tile, size_t row, size_t index) const {
+    uint16_t bits;
+    std::memcpy(&bits, tiles_[tile][row] + 2 * index, sizeof bits);
+    const uint32_t widened = static_cast<uint32_t>(bits) << 16;
+    float value;
+    std::memcpy(&value, &widened, sizeof value);
+    return value;
+  }
+
+  TileConfig config_;
+  bool configured_ = false;
+  unsigned char tiles_[kTileCount][kRows][kRowBytes];
+};
+
+// The 2 × 2 block of accumulators over `steps` pairs of A and B tiles: A(i) at a_rows[i] + step ·
+// a_step, B(j) at b_rows[j] + step · b_step (bytes), rows a_stride / b_stride bytes apart.
+template <class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void DotBlock(Tiles& tiles, const char* a0, const char* a1,
+                                         size_t a_step, size_t a_stride, const char* b0,
+                                         const char* b1, size_t b_step, size_t b_stride,
+                                         size_t steps) {
+  for (size_t step = 0; step < steps; ++step) {
+    tiles.template Load<kA0>(a0 + step * a_step, a_stride);
+    tiles.template Load<kB0>(b0 + step * b_step, b_stride);
+    tiles.template Load<kB1>(b1 + step * b_step, b_stride);
+    tiles.template DotBF16<kC00, kA0, kB0>();
+    tiles.template Load<kA1>(a1 + step * a_step, a_stride);
+    tiles.template DotBF16<kC01, kA0, kB1>();
+    tiles.template DotBF16<kC10, kA1, kB0>();
+    tiles.template DotBF16<kC11, kA1, kB1>();
+  }
+}
+
+// The 2 × 2 accumulators to or from a float matrix (32 × 32 at `c`, rows `stride` floats apart).
+template <class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void StoreBlock(Tiles& tiles, float* c, size_t stride) {
+  const size_t bytes = stride * sizeof(float);
+  tiles.template Store<kC00>(c, bytes);
+  tiles.template Store<kC01>(c + kPairs, bytes);
+  tiles.template Store<kC10>(c + kRows * stride, bytes);
+  tiles.template Store<kC11>(c + kRows * stride + kPairs, bytes);
+}
+template <class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void LoadBlock(Tiles& tiles, const float* c, size_t stride) {
+  const size_t bytes = stride * sizeof(float);
+  tiles.template Load<kC00>(c, bytes);
+  tiles.template Load<kC01>(c + kPairs, bytes);
+  tiles.template Load<kC10>(c + kRows * stride, bytes);
+  tiles.template Load<kC11>(c + kRows * stride + kPairs, bytes);
+}
+
+// Sᵀ (key_rows × br floats, rows br apart) = K·Qᵀ, unscaled: K's rows as bf16 pairs (depth_pairs
+// per row, a multiple of 16), Qᵀ as depth_pairs rows of br pairs. key_rows and br are multiples of
+// 32; every row read must be readable (the caller pads).
+template <class Tiles>
+ATTN_AMX_TARGET HWY_NOINLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_pairs,
+                                                size_t depth_pairs, size_t key_rows,
+                                                const uint32_t* query_pairs, size_t br,
+                                                float* scores) {
+  const size_t key_stride = depth_pairs * sizeof(uint32_t), query_stride = br * sizeof(uint32_t);
+  for (size_t key = 0; key < key_rows; key += 2 * kRows) {
+    const auto* a0 = reinterpret_cast<const char*>(key_pairs + key * depth_pairs);
+    const char* a1 = a0 + kRows * key_stride;
+    for (size_t query = 0; query < br; query += 2 * kPairs) {
+      tiles.template Zero<kC00>();
+      tiles.template Zero<kC01>();
+      tiles.template Zero<kC10>();
+      tiles.template Zero<kC11>();
+      const auto* b0 = reinterpret_cast<const char*>(query_pairs + query);
+      DotBlock(tiles, a0, a1, kPairs * sizeof(uint32_t), key_stride, b0,
+               b0 + kPairs * sizeof(uint32_t), kPairs * query_stride, query_stride,
+               depth_pairs / kPairs);
+      StoreBlock(tiles, scores + key * br + query, br);
+    }
+  }
+}
+
+// Oᵀ (value_rows × br floats, rows br apart) += Vᵀ·P over `pairs` key pairs (a multiple of 16): Vᵀ
+// as value_rows rows of bf16 pairs of adjacent keys, `value_stride` pairs apart, P as `pairs` rows
+// of br pairs. value_rows and br are multiples of 32.
+template <class Tiles>
+ATTN_AMX_TARGET HWY_NOINLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* value_pairs,
+                                                size_t value_stride, size_t value_rows,
+                                                size_t pairs, const uint32_t* probability_pairs,
+                                                size_t br, float* out_transposed) {
+  const size_t a_stride = value_stride * sizeof(uint32_t), b_stride = br * sizeof(uint32_t);
+  for (size_t row = 0; row < value_rows; row += 2 * kRows) {
+    const auto* a0 = reinterpret_cast<const char*>(value_pairs + row * value_stride);
+    const char* a1 = a0 + kRows * a_stride;
+    for (size_t query = 0; query < br; query += 2 * kPairs) {
+      float* c = out_transposed + row * br + query;
+      LoadBlock(tiles, c, br);
+      const auto* b0 = reinterpret_cast<const char*>(probability_pairs + query);
+      DotBlock(tiles, a0, a1, kPairs * sizeof(uint32_t), a_stride, b0,
+               b0 + kPairs * sizeof(uint32_t), kPairs * b_stride, b_stride, pairs / kPairs);
+      StoreBlock(tiles, c, br);
+    }
+  }
+}
+
+// A 16 × 16 block of 32-bit words transposed: out[c · out_stride + r] = in[r · in_stride + c]
+// (strides in words), by the unpack and lane-shuffle steps of a 16 × 16 transpose.
+HWY_INLINE void TransposeWords16(const uint32_t* in, size_t in_stride, uint32_t* out,
+                                 size_t out_stride) {
+  __m512i row[16], step[16];
+  for (size_t r = 0; r < 16; ++r) row[r] = _mm512_loadu_si512(in + r * in_stride);
+  // Pairs of rows: 2 × 2 blocks of words.
+  for (size_t r = 0; r < 16; r += 2) {
+    step[r] = _mm512_unpacklo_epi32(row[r], row[r + 1]);
+    step[r + 1] = _mm512_unpackhi_epi32(row[r], row[r + 1]);
+  }
+  // Quads of rows: 4 × 4 blocks within each 128-bit lane.
+  for (size_t r = 0; r < 16; r += 4) {
+    row[r] = _mm512_unpacklo_epi64(step[r], step[r + 2]);
+    row[r + 1] = _mm512_unpackhi_epi64(step[r], step[r + 2]);
+    row[r + 2] = _mm512_unpacklo_epi64(step[r + 1], step[r + 3]);
+    row[r + 3] = _mm512_unpackhi_epi64(step[r + 1], step[r + 3]);
+  }
+  // 128-bit lanes across groups of four rows, then of eight.
+  for (size_t r = 0; r < 4; ++r) {
+    step[r] = _mm512_shuffle_i32x4(row[r], row[r + 4], 0x88);
+    step[r + 4] = _mm512_shuffle_i32x4(row[r], row[r + 4], 0xDD);
+    step[r + 8] = _mm512_shuffle_i32x4(row[r + 8], row[r + 12], 0x88);
+    step[r + 12] = _mm512_shuffle_i32x4(row[r + 8], row[r + 12], 0xDD);
+  }
+  for (size_t r = 0; r < 4; ++r) {
+    row[r] = _mm512_shuffle_i32x4(step[r], step[r + 8], 0x88);
+    row[r + 8] = _mm512_shuffle_i32x4(step[r], step[r + 8], 0xDD);
+    row[r + 4] = _mm512_shuffle_i32x4(step[r + 4], step[r + 12], 0x88);
+    row[r + 12] = _mm512_shuffle_i32x4(step[r + 4], step[r + 12], 0xDD);
+  }
+  for (size_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + r * out_stride, row[r]);
+}
+
+}  // namespace amx
+#endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard

@@ -1,0 +1,218 @@
+// The AMX tile products of the bf16 forward (src/kernels/amx_tiles-inl.h) against their
+// definition in double: on the C++ model of the tile instructions wherever the CPU has AVX512-BF16,
+// and on the instructions themselves where it has AMX (skipped, saying so, elsewhere); the 16 × 16
+// word transpose that turns Vᵀ and Oᵀ; and the model's faults for tiles it was not configured for.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "tests/kernels/amx_tiles_test.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway's headers must follow foreach_target.h.
+#include <hwy/highway.h>
+
+#include "kernels/amx_tiles-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+template <class Tiles>
+ATTN_AMX_TARGET void RunTileProducts(Tiles& tiles, const uint32_t* key_pairs, size_t depth_pairs,
+                                     size_t key_rows, const uint32_t* query_pairs, size_t br,
+                                     float* scores, const uint32_t* value_pairs,
+                                     size_t value_stride, size_t value_rows, size_t pairs,
+                                     const uint32_t* probability_pairs, float* out_transposed) {
+  tiles.Configure(amx::FullTiles());
+  amx::ScoresOnTiles(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores);
+  amx::ValuesOnTiles(tiles, value_pairs, value_stride, value_rows, pairs, probability_pairs, br,
+                     out_transposed);
+  tiles.Release();
+}
+#endif
+
+// Both products, on the hardware's tiles or the model's; false where this target has no AMX path.
+bool EvaluateTileProducts(bool hardware, const uint32_t* key_pairs, size_t depth_pairs,
+                          size_t key_rows, const uint32_t* query_pairs, size_t br, float* scores,
+                          const uint32_t* value_pairs, size_t value_stride, size_t value_rows,
+                          size_t pairs, const uint32_t* probability_pairs, float* out_transposed) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (hardware) {
+    amx::AmxHardwareTiles tiles;
+    RunTileProducts(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores, value_pairs,
+                    value_stride, value_rows, pairs, probability_pairs, out_transposed);
+  } else {
+    amx::AmxTileModel tiles;
+    RunTileProducts(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores, value_pairs,
+                    value_stride, value_rows, pairs, probability_pairs, out_transposed);
+  }
+  return true;
+#else
+  (void)hardware, (void)key_pairs, (void)depth_pairs, (void)key_rows, (void)query_pairs, (void)br;
+  (void)scores, (void)value_pairs, (void)value_stride, (void)value_rows, (void)pairs;
+  (void)probability_pairs, (void)out_transposed;
+  return false;
+#endif
+}
+
+bool EvaluateTransposeWords16(const uint32_t* in, size_t in_stride, uint32_t* out,
+                              size_t out_stride) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  amx::TransposeWords16(in, in_stride, out, out_stride);
+  return true;
+#else
+  (void)in, (void)in_stride, (void)out, (void)out_stride;
+  return false;
+#endif
+}
+
+// A product on a model tile that Configure never set up; false where this target has no model.
+bool UseUnconfiguredModelTile() {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  amx::AmxTileModel tiles;
+  tiles.DotBF16<amx::kC00, amx::kA0, amx::kB0>();
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/core/half.hpp"
+#include "attn/kernels/amx.hpp"
+#include "every_simd_target.hpp"
+#include "test_support.hpp"
+
+namespace attn {
+HWY_EXPORT(EvaluateTileProducts);
+HWY_EXPORT(EvaluateTransposeWords16);
+HWY_EXPORT(UseUnconfiguredModelTile);
+namespace {
+
+class AmxTiles : public testing::EverySimdTarget {};
+
+bool cpu_has_avx512_bf16() {
+  return __builtin_cpu_supports("avx512bf16") != 0;
+}
+
+// A pair of random normal bf16 values in one word (low half first), and its two values.
+uint32_t random_pair(Rng& rng, float magnitude) {
+  const auto low = float_to_half_bits(HalfType::kBFloat16, rng.normal() * magnitude);
+  const auto high = float_to_half_bits(HalfType::kBFloat16, rng.normal() * magnitude);
+  return low | static_cast<uint32_t>(high) << 16;
+}
+double half_of(uint32_t pair, int which) {
+  return half_bits_to_float(HalfType::kBFloat16, static_cast<uint16_t>(pair >> (16 * which)));
+}
+
+// Σ_p a(p)·b(p) over both halves of each pair against the fp32 result: fp32 accumulation of `terms`
+// exact products errs by at most terms·2⁻²⁴ times the sum of their magnitudes (plus the start
+// value's magnitude).
+void expect_dot(float got, double start, const std::vector<uint32_t>& a, size_t a_first,
+                size_t a_step, const std::vector<uint32_t>& b, size_t b_first, size_t b_step,
+                size_t pairs, const std::string& where) {
+  double want = start, magnitude = std::abs(start);
+  for (size_t p = 0; p < pairs; ++p) {
+    for (int half = 0; half < 2; ++half) {
+      const double product =
+          half_of(a[a_first + p * a_step], half) * half_of(b[b_first + p * b_step], half);
+      want += product;
+      magnitude += std::abs(product);
+    }
+  }
+  const double bound = static_cast<double>(2 * pairs + 1) * 0x1p-24 * magnitude;
+  ASSERT_NEAR(got, want, bound) << where;
+}
+
+void check_tile_products(bool hardware, const std::string& which) {
+  Rng rng(hardware ? 41 : 40);
+  for (const size_t depth_pairs : {size_t{16}, size_t{32}, size_t{64}}) {
+    const size_t key_rows = 64, br = 64, value_rows = 32, pairs = 48, value_stride = pairs + 16;
+    std::vector<uint32_t> keys(key_rows * depth_pairs), queries(depth_pairs * br);
+    std::vector<uint32_t> values(value_rows * value_stride), probabilities(pairs * br);
+    for (uint32_t& pair : keys) pair = random_pair(rng, 1.0F);
+    for (uint32_t& pair : queries) pair = random_pair(rng, 1.0F);
+    for (uint32_t& pair : values) pair = random_pair(rng, 1.0F);
+    for (uint32_t& pair : probabilities) pair = random_pair(rng, 0.25F);
+    std::vector<float> scores(key_rows * br, -1.0F), out(value_rows * br);
+    for (float& value : out) value = rng.normal();
+    const std::vector<float> out_before = out;
+    // The values' first 16 pairs are skipped: the product starts at an offset as the kernel's does.
+    ASSERT_TRUE(HWY_DYNAMIC_DISPATCH(EvaluateTileProducts)(
+        hardware, keys.data(), depth_pairs, key_rows, queries.data(), br, scores.data(),
+        values.data() + 16, value_stride, value_rows, pairs, probabilities.data(), out.data()));
+    for (size_t j = 0; j < key_rows; ++j) {
+      for (size_t r = 0; r < br; ++r) {
+        expect_dot(scores[j * br + r], 0.0, keys, j * depth_pairs, 1, queries, r, br, depth_pairs,
+                   which + " scores (" + std::to_string(j) + ", " + std::to_string(r) +
+                       "), depth pairs " + std::to_string(depth_pairs));
+      }
+    }
+    for (size_t c = 0; c < value_rows; ++c) {
+      for (size_t r = 0; r < br; ++r) {
+        expect_dot(out[c * br + r], out_before[c * br + r], values, c * value_stride + 16, 1,
+                   probabilities, r, br, pairs,
+                   which + " output (" + std::to_string(c) + ", " + std::to_string(r) + ")");
+      }
+    }
+  }
+}
+
+TEST_P(AmxTiles, ModelProductsMatchTheirDefinition) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "the AMX path's code needs AVX512-BF16";
+  if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
+    GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
+  check_tile_products(false, "model");
+}
+
+TEST_P(AmxTiles, HardwareProductsMatchTheirDefinition) {
+  if (!amx_available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU, or Linux refused this process the tile state";
+  if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
+    GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
+  check_tile_products(true, "hardware");
+}
+
+TEST_P(AmxTiles, TransposeWords16MatchesTheDefinition) {
+  std::vector<uint32_t> in(16 * 21), out(16 * 19, 7U);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint32_t>(i * 2654435761U);
+  if (!HWY_DYNAMIC_DISPATCH(EvaluateTransposeWords16)(in.data(), 21, out.data(), 19))
+    GTEST_SKIP() << "the transpose is compiled for the AVX-512 targets only";
+  for (size_t r = 0; r < 16; ++r) {
+    for (size_t c = 0; c < 16; ++c) ASSERT_EQ(out[c * 19 + r], in[r * 21 + c]) << r << ", " << c;
+    for (size_t c = 16; c < 19; ++c) ASSERT_EQ(out[r * 19 + c], 7U) << "past the block: " << c;
+  }
+}
+
+TEST_P(AmxTiles, ModelFaultsOnUnconfiguredTiles) {
+  if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
+    GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
+  EXPECT_THROW(HWY_DYNAMIC_DISPATCH(UseUnconfiguredModelTile)(), std::logic_error);
+}
+
+ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(AmxTiles);
+
+TEST(AmxUse, SetAndStatusAgree) {
+  const AmxUse before = amx_use();
+  set_amx_use(AmxUse::kModel);
+  EXPECT_EQ(amx_use(), AmxUse::kModel);
+  EXPECT_NE(amx_status().find("modelled"), std::string::npos) << amx_status();
+  set_amx_use(AmxUse::kNever);
+  EXPECT_EQ(amx_status().find("in use"), std::string::npos) << amx_status();
+  set_amx_use(before);
+}
+
+}  // namespace
+}  // namespace attn
+#endif  // HWY_ONCE
