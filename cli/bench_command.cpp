@@ -27,6 +27,7 @@
 #include "attn/core/error.hpp"
 #include "attn/core/threads.hpp"
 #include "attn/io/files.hpp"
+#include "attn/kernels/amx.hpp"
 #include "attn/kernels/simd_target.hpp"
 #include "bench/attention_cases.hpp"
 #include "bench/ceilings.hpp"
@@ -106,6 +107,7 @@ struct SgemmRow {
 struct BenchReport {
   std::string cpu;
   std::string simd_target;  // the kernels' Highway target in this run
+  std::string amx;          // amx_status(): whether the bf16 forward runs on AMX tiles
   std::string load_before;
   std::string load_after;
   std::string sgemm_library;
@@ -228,6 +230,7 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   BenchReport report;
   report.cpu = cpu_description();
   report.simd_target = simd_target();
+  report.amx = amx_status();
   report.load_before = load_average();
   report.sgemm_library = bench::sgemm_library();
   const bool verbose = !options.json;
@@ -384,7 +387,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
             << "heads/4 key/value heads); median of " << options.repeats
             << " passes after one warm-up\n"
             << "machine: " << report.cpu << "; kernels on Highway target " << report.simd_target
-            << "\n"
+            << "; " << report.amx << "\n"
             << "load average (1, 5, 15 min): " << report.load_before << " before, "
             << report.load_after << " after\n";
   for (const auto& [threads, peak] : report.peaks) {
@@ -475,6 +478,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
   document["repeats"] = options.repeats;
   document["machine"] = report.cpu;
   document["simd_target"] = report.simd_target;
+  document["amx"] = report.amx;
   document["load_average_before"] = report.load_before;
   document["load_average_after"] = report.load_after;
   document["sgemm_library"] = report.sgemm_library;

@@ -14,6 +14,7 @@
 #include "arrays.hpp"
 #include "attn/core/error.hpp"
 #include "attn/core/threads.hpp"
+#include "attn/kernels/amx.hpp"
 #include "attn/kernels/simd_target.hpp"
 #include "bindings.hpp"
 
@@ -104,6 +105,12 @@ NB_MODULE(_attn, module) {
       "(one of available_simd_targets(), any case; 'best' lifts the cap): to measure or test on\n"
       "this machine the kernels an older CPU runs. Process-wide; not while kernels run on other\n"
       "threads. ValueError for any other name.");
+
+  module.def(
+      "amx_status", [] { return attn::amx_status(); },
+      "Whether bf16 attention runs on the CPU's AMX tiles: 'no AMX', 'AMX-BF16 available, not\n"
+      "used (ATTN_AMX=1 uses it)' or 'AMX-BF16 in use ...'. Set ATTN_AMX=1 in the environment\n"
+      "before importing attn to use AMX where the CPU and Linux offer it.");
 
   module.def("set_strict_inputs", &attn::python::set_strict_inputs, "strict"_a,
              "When strict, arrays that would need a copy (not float32, or not C-contiguous) are\n"

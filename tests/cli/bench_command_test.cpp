@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "attn/kernels/amx.hpp"
 #include "cli_fixture.hpp"
 
 namespace attn {
@@ -226,6 +227,9 @@ TEST_F(CliTest, BenchRunsTheKernelsOnTheSimdTargetItIsGiven) {
   ASSERT_EQ(report["fma_peak"].size(), 1U);
   EXPECT_EQ(report["fma_peak"][0]["simd_target"], "SSE4");
   EXPECT_NE(result.out.find("kernels on Highway target SSE4"), std::string::npos) << result.out;
+  // Whether the bf16 forward runs on AMX tiles: this machine's answer, in the text and the JSON.
+  EXPECT_EQ(report["amx"], amx_status());
+  EXPECT_NE(result.out.find("; " + amx_status()), std::string::npos) << result.out;
 }
 
 }  // namespace

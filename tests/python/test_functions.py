@@ -1,6 +1,8 @@
 # attn's functions (masked_softmax, scaled_dot_product_attention, additive_attention,
 # gaussian_kernel_pooling) against the NumPy reference, the PyTorch fixtures and the book's toy
 # example.
+import os
+
 import numpy as np
 import pytest
 
@@ -163,6 +165,14 @@ def test_num_threads_setting_is_stored():
         assert attn.get_num_threads() == 3
     finally:
         attn.set_num_threads(before)
+
+
+def test_amx_status_says_whether_bf16_runs_on_tiles():
+    status = attn.amx_status()
+    assert status == "no AMX" or status.startswith("AMX-BF16"), status
+    # Without ATTN_AMX=1 the tiles are never used, available or not.
+    if os.environ.get("ATTN_AMX") != "1":
+        assert "in use" not in status
 
 
 def test_simd_target_can_be_capped_and_restored():
