@@ -5,6 +5,8 @@
 #   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case, AVX-512 and AVX2
 #   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json)
 #   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention and decoding from Python
+#   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
+#                                                vdpbf16ps (ATTN_AMX=1 against unset), one run
 #
 # Carry a Release build (build/release: the CLI and its shared libraries) and, for the layers
 # phase, attn's Python module built for the machine's Python. Overrides: ATTN (the CLI), PYTHON,
@@ -14,7 +16,7 @@
 # pytorch phase finds bench.json) and copy each phase's files to $OUT: at most 8 files come back.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers|amx [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 attn=${ATTN:-build/release/cli/attn}
 python=${PYTHON:-python3}
@@ -47,8 +49,19 @@ layers)
   "$python" bench/compare_decode.py --lengths "${LENGTHS:-4096,32768,65536}" --threads "1,$cores" \
     --attn-cli "$attn" --json-out "$out/decode.json" --plot-out "$out/decode.png" >"$out/decode.txt"
   ;;
+amx)
+  # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
+  tests=$(dirname "$attn")/../tests/kernels/kernels_test
+  "$tests" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1 || true
+  for round in 1 2; do
+    for use in 0 1; do
+      ATTN_AMX=$use "$attn" bench --cases fused,fused-bf16 --sizes "$sizes" --threads "$threads" \
+        --repeats "$repeats" --no-ceilings >"$out/bench_amx${use}_round$round.txt"
+    done
+  done
+  ;;
 *)
-  echo "unknown phase '$phase': expected kernels, pytorch or layers" >&2
+  echo "unknown phase '$phase': expected kernels, pytorch, layers or amx" >&2
   exit 2
   ;;
 esac
