@@ -48,8 +48,9 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-// The one shape the products here use: tiles 0–7 all 16 × 64 bytes.
-inline TileConfig FullTiles() {
+// The one shape the products here use: tiles 0–7 all 16 × 64 bytes. A constant in memory, so that
+// LDTILECFG reads all 64 bytes from there (GCC's intrinsic tells the compiler of 8 of them).
+constexpr TileConfig FullTileConfig() {
   TileConfig config;
   for (size_t t = 0; t < kTileCount; ++t) {
     config.bytes_per_row[t] = kRowBytes;
@@ -57,6 +58,7 @@ inline TileConfig FullTiles() {
   }
   return config;
 }
+inline constexpr TileConfig kFullTiles = FullTileConfig();
 
 // The tile registers as the products below name them: four accumulators C (tiles 0–3), two A
 // operands (4, 5) and two B operands (6, 7); C(2i + j) += A(4 + i) · B(6 + j).

@@ -647,7 +647,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
   if constexpr (kOnTiles) {
     std::fill(s.output_transposed, s.output_transposed + dv_tiles * br, 0.0F);
-    tiles.Configure(amx::FullTiles());
+    tiles.Configure(amx::kFullTiles);
   } else {
     std::fill(s.output, s.output + br * dv_padded, 0.0F);
   }

@@ -21,7 +21,7 @@ ATTN_AMX_TARGET void RunTileProducts(Tiles& tiles, const uint32_t* key_pairs, si
                                      float* scores, const uint32_t* value_pairs,
                                      size_t value_stride, size_t value_rows, size_t pairs,
                                      const uint32_t* probability_pairs, float* out_transposed) {
-  tiles.Configure(amx::FullTiles());
+  tiles.Configure(amx::kFullTiles);
   amx::ScoresOnTiles(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores);
   amx::ValuesOnTiles(tiles, value_pairs, value_stride, value_rows, pairs, probability_pairs, br,
                      out_transposed);
