@@ -126,6 +126,15 @@ struct Scratch {
   float* output_transposed = nullptr;
   size_t value_stride = 0;
 
+  // Keeps the packed rows of `head` when a range starting at `begin` extends them (ranges that move
+  // forward or stay); otherwise the packed range restarts, empty, at `begin`.
+  void ContinuePacking(int64_t head, int64_t begin) {
+    if (packed_head != head || begin < packed_begin || begin > packed_end) {
+      packed_head = head;
+      packed_begin = packed_end = begin;
+    }
+  }
+
   Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes, bool bf16_pairs,
           bool amx_tiles = false) {
     const size_t bc = bf16_pairs ? flash_detail::kKeyTileBF16 : flash_detail::kKeyTile;
@@ -176,10 +185,7 @@ struct Scratch {
 void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t begin, int64_t end,
                        size_t dv_padded, Scratch& s) {
   const int64_t head = b * args.k.heads + h;
-  if (s.packed_head != head || begin < s.packed_begin || begin > s.packed_end) {
-    s.packed_head = head;
-    s.packed_begin = s.packed_end = begin;
-  }
+  s.ContinuePacking(head, begin);
   const hn::ScalableTag<float> d;
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
   for (int64_t j = s.packed_end; j < end; ++j) {
@@ -449,10 +455,7 @@ constexpr bool kBFloat16Path = true;
 ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int64_t h,
                                         int64_t begin, int64_t end, size_t dv_padded, Scratch& s) {
   const int64_t head = b * args.k.heads + h;
-  if (s.packed_head != head || begin < s.packed_begin || begin > s.packed_end) {
-    s.packed_head = head;
-    s.packed_begin = s.packed_end = begin;
-  }
+  s.ContinuePacking(head, begin);
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t depth_pairs = (depth + 1) / 2;
   const uint16_t* k = args.k16.matrix(b, h);
@@ -481,10 +484,7 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
   constexpr int64_t kBlock = 32;
   begin -= begin % kBlock;
   const int64_t head = b * args.k.heads + h;
-  if (s.packed_head != head || begin < s.packed_begin || begin > s.packed_end) {
-    s.packed_head = head;
-    s.packed_begin = s.packed_end = begin;
-  }
+  s.ContinuePacking(head, begin);
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t depth_pairs = (depth + 1) / 2;
   const size_t dv_tiles = hwy::RoundUpTo(dv, 32);
