@@ -121,7 +121,7 @@ struct Scratch {
   // The same path on AMX tiles (amx_tiles-inl.h) keeps the values transposed, Vᵀ: each of the
   // dv_tiles (dv rounded up to 32) rows holds one column's pairs of adjacent keys, value_stride
   // pairs apart, and accumulates Oᵀ (dv_tiles × Br); value_pairs stages 16 pairs of value rows.
-  // Keys are packed in blocks of 32, zeros past m; the key and value buffers start zeroed.
+  // Keys are packed in blocks of 32, zeros past m, and the tiles read only packed blocks.
   uint32_t* values_transposed = nullptr;
   float* output_transposed = nullptr;
   size_t value_stride = 0;
@@ -169,11 +169,6 @@ struct Scratch {
         packed_values = take(keys * dv_padded);
       }
     });
-    if (amx_tiles && memory != nullptr) {
-      const size_t depth_pairs = (depth + 1) / 2;
-      std::fill_n(key_pairs, key_blocks * depth_pairs, 0U);
-      std::fill_n(values_transposed, dv_tiles * value_stride, 0U);
-    }
   }
 };
 
