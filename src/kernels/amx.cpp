@@ -75,7 +75,9 @@ void set_amx_use(AmxUse use) {
   current_use().store(use);
 }
 
-std::string amx_status() {
+namespace {
+// amx_status() for the current choice.
+std::string status_of_use() {
   switch (amx_use()) {
     case AmxUse::kModel:
       return "AMX-BF16 modelled in C++ (tests only)";
@@ -85,6 +87,17 @@ std::string amx_status() {
       break;
   }
   return amx_available() ? "AMX-BF16 available, not used (ATTN_AMX=1 uses it)" : "no AMX";
+}
+}  // namespace
+
+std::string amx_status() {
+  // A value of ATTN_AMX that use_from_environment read as "not used" without being "0" is said.
+  const char* setting = std::getenv("ATTN_AMX");
+  if (setting != nullptr && std::strcmp(setting, "0") != 0 && std::strcmp(setting, "1") != 0) {
+    return "ATTN_AMX='" + std::string(setting) + "' not understood (expected 0 or 1); " +
+           status_of_use();
+  }
+  return status_of_use();
 }
 
 }  // namespace attn

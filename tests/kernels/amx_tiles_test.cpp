@@ -85,6 +85,7 @@ HWY_AFTER_NAMESPACE();
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -211,6 +212,22 @@ TEST(AmxUse, SetAndStatusAgree) {
   set_amx_use(AmxUse::kNever);
   EXPECT_EQ(amx_status().find("in use"), std::string::npos) << amx_status();
   set_amx_use(before);
+}
+
+// ATTN_AMX is read as "1" (use) or anything else (do not); a value other than 0 or 1 is named.
+TEST(AmxUse, StatusNamesAnEnvironmentValueItDoesNotUnderstand) {
+  const char* before = std::getenv("ATTN_AMX");
+  const std::string saved = before != nullptr ? before : "";
+  ASSERT_EQ(setenv("ATTN_AMX", "on", 1), 0);
+  EXPECT_EQ(amx_status().rfind("ATTN_AMX='on' not understood (expected 0 or 1); ", 0), 0U)
+      << amx_status();
+  ASSERT_EQ(setenv("ATTN_AMX", "0", 1), 0);
+  EXPECT_EQ(amx_status().find("not understood"), std::string::npos) << amx_status();
+  if (before != nullptr) {
+    setenv("ATTN_AMX", saved.c_str(), 1);
+  } else {
+    unsetenv("ATTN_AMX");
+  }
 }
 
 }  // namespace

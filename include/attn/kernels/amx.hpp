@@ -25,7 +25,7 @@ AmxUse amx_use();
 void set_amx_use(AmxUse use);
 
 // One line for benchmark headers: "AMX-BF16 in use", "AMX-BF16 available, not used (ATTN_AMX=1
-// uses it)", "no AMX" and the like.
+// uses it)", "no AMX" and the like, after a note naming an ATTN_AMX value other than 0 or 1.
 std::string amx_status();
 
 }  // namespace attn
