@@ -125,6 +125,7 @@ struct Scratch {
   uint32_t* values_transposed = nullptr;
   float* output_transposed = nullptr;
   size_t value_stride = 0;
+  size_t dv_tiles = 0;
 
   // Keeps the packed rows of `head` when a range starting at `begin` extends them (ranges that move
   // forward or stay); otherwise the packed range restarts, empty, at `begin`.
@@ -138,8 +139,9 @@ struct Scratch {
   Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes, bool bf16_pairs,
           bool amx_tiles = false) {
     const size_t bc = bf16_pairs ? flash_detail::kKeyTileBF16 : flash_detail::kKeyTile;
-    const size_t key_blocks = hwy::RoundUpTo(keys, 32), dv_tiles = hwy::RoundUpTo(dv_padded, 32);
+    const size_t key_blocks = hwy::RoundUpTo(keys, 32);
     value_stride = key_blocks / 2;
+    dv_tiles = hwy::RoundUpTo(dv_padded, 32);
     memory = carve_scratch(lanes, [&](const auto& take) {
       q_transposed = take(depth * br);
       scores = take(bc * br);
@@ -481,8 +483,7 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
   const int64_t head = b * args.k.heads + h;
   s.ContinuePacking(head, begin);
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
-  const size_t depth_pairs = (depth + 1) / 2;
-  const size_t dv_tiles = hwy::RoundUpTo(dv, 32);
+  const size_t depth_pairs = (depth + 1) / 2, dv_tiles = s.dv_tiles;
   const uint16_t* k = args.k16.matrix(b, h);
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
@@ -556,8 +557,9 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
 constexpr float kLazyMaxMargin = 8.0F;
 
 // The bf16 path's step once every row has a finite running maximum: P = exp(S − max) with the
-// maximum kept (the rescale factors 1), the tile's own maximum tracked in the same pass instead of
-// a pass of its own over Sᵀ (OnlineSoftmaxMax). Returns false, leaving nothing that the full step
+// maximum kept (every rescale factor 1: the caller skips O's rescale, and s.row_rescale is not
+// written), the tile's own maximum tracked in the same pass instead of a pass of its own over Sᵀ
+// (OnlineSoftmaxMax). Returns false, leaving nothing that the full step
 // would not overwrite, when a row has no finite maximum yet or its scores rose above it by more
 // than kLazyMaxMargin; the scores are intact then, and the caller takes the full step.
 ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
@@ -576,10 +578,8 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Sc
   for (size_t g = 0; g < kVectors; ++g) {
     if (!hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], margin)))) return false;
   }
-  for (size_t g = 0; g < kVectors; ++g) {
-    hn::Store(hn::Set(d, 1.0F), d, s.row_rescale + g * 16);
+  for (size_t g = 0; g < kVectors; ++g)
     hn::Store(hn::Add(hn::Load(d, s.row_sum + g * 16), sum[g]), d, s.row_sum + g * 16);
-  }
   return true;
 }
 
@@ -604,11 +604,10 @@ ATTN_AMX_TARGET HWY_INLINE void ScaledScoresOnTiles(Tiles& tiles, const uint32_t
 // (even: its pairs start at pair key0 / 2).
 template <class Tiles>
 ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t key0, size_t bc,
-                                                        size_t br, size_t dv_tiles, bool rescale,
-                                                        Scratch& s) {
+                                                        size_t br, bool rescale, Scratch& s) {
   const hn::ScalableTag<float> d;
   if (rescale) {
-    for (size_t row = 0; row < dv_tiles; ++row) {
+    for (size_t row = 0; row < s.dv_tiles; ++row) {
       for (size_t r = 0; r < br; r += 16) {
         float* out = s.output_transposed + row * br + r;
         hn::Store(hn::Mul(hn::Load(d, out), hn::Load(d, s.row_rescale + r)), d, out);
@@ -618,7 +617,7 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
   // P's pairs past the tile's last key are 0, to whole tiles of 16 pairs.
   const size_t pairs = (bc + 1) / 2, tile_pairs = hwy::RoundUpTo(pairs, amx::kPairs);
   std::fill(s.probability_pairs + pairs * br, s.probability_pairs + tile_pairs * br, 0U);
-  amx::ValuesOnTiles(tiles, s.values_transposed + key0 / 2, s.value_stride, dv_tiles, tile_pairs,
+  amx::ValuesOnTiles(tiles, s.values_transposed + key0 / 2, s.value_stride, s.dv_tiles, tile_pairs,
                      s.probability_pairs, br, s.output_transposed);
 }
 
@@ -638,10 +637,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const size_t br = flash_detail::kQueryVectors * kLanes;
   const size_t depth_pairs = (static_cast<size_t>(args.q.cols) + 1) / 2;
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), kLanes);
-  const size_t dv_tiles = hwy::RoundUpTo(dv_padded, 32);
   const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
   if constexpr (kOnTiles) {
-    std::fill(s.output_transposed, s.output_transposed + dv_tiles * br, 0.0F);
+    std::fill(s.output_transposed, s.output_transposed + s.dv_tiles * br, 0.0F);
     tiles.Configure(amx::kFullTiles);
   } else {
     std::fill(s.output, s.output + br * dv_padded, 0.0F);
@@ -688,11 +686,11 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
       OnlineSoftmaxStepToPairs(bc, br, s);
     }
     if constexpr (kOnTiles) {
-      AccumulateValuesOnTiles(tiles, key0, bc, br, dv_tiles, rescale, s);
+      AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, s);
     } else {
       GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
                      s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
-                     (bc + 1) / 2, s.output, dv_padded, s.row_rescale);
+                     (bc + 1) / 2, s.output, dv_padded, rescale ? s.row_rescale : nullptr);
     }
   }
   if constexpr (kOnTiles) {
