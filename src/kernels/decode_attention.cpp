@@ -399,6 +399,19 @@ HWY_NOINLINE void ScoreTileOutOfLine(D d, size_t bc, const CacheRows& keys,
 // arrays of vectors (V acc[4][4], V value[4]) on the stack in some instantiations and read every
 // FMA's operand back from it (measured: fp16 decode 1.5× slower).
 
+// acc_i += w_i · value for the accumulators of two or four output rows (named vectors, by
+// reference: inlined, they stay in registers).
+template <class V>
+HWY_INLINE void MulAddRows(V value, V w0, V w1, V& acc0, V& acc1) {
+  acc0 = hn::MulAdd(w0, value, acc0);
+  acc1 = hn::MulAdd(w1, value, acc1);
+}
+template <class V>
+HWY_INLINE void MulAddRows(V value, V w0, V w1, V w2, V w3, V& acc0, V& acc1, V& acc2, V& acc3) {
+  MulAddRows(value, w0, w1, acc0, acc1);
+  MulAddRows(value, w2, w3, acc2, acc3);
+}
+
 // Columns [c0, c0 + kVectors·lanes) of four output rows r0 … r0 + 3 (kVectors ≤ 4): O[r] =
 // O[r] · rescale[r] + Σ_j P[j, r] · v_j, the accumulators in registers while the tile's value
 // rows stream past, converted in registers. The rescale is applied as the accumulators load.
@@ -438,32 +451,13 @@ HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t
       const char* later = prefetch->ValueRow(j);
       for (size_t v = 0; v < kVectors; ++v) PrefetchLine<kElement>(later, c0 + v * lanes);
     }
-    const V v0 = LoadCacheVector<kType>(d, row, c0);
-    a0 = hn::MulAdd(w0, v0, a0);
-    b0 = hn::MulAdd(w1, v0, b0);
-    c0v = hn::MulAdd(w2, v0, c0v);
-    e0 = hn::MulAdd(w3, v0, e0);
-    if constexpr (kVectors >= 2) {
-      const V v1 = LoadCacheVector<kType>(d, row, c0 + lanes);
-      a1 = hn::MulAdd(w0, v1, a1);
-      b1 = hn::MulAdd(w1, v1, b1);
-      c1 = hn::MulAdd(w2, v1, c1);
-      e1 = hn::MulAdd(w3, v1, e1);
-    }
-    if constexpr (kVectors >= 3) {
-      const V v2 = LoadCacheVector<kType>(d, row, c0 + 2 * lanes);
-      a2 = hn::MulAdd(w0, v2, a2);
-      b2 = hn::MulAdd(w1, v2, b2);
-      c2 = hn::MulAdd(w2, v2, c2);
-      e2 = hn::MulAdd(w3, v2, e2);
-    }
-    if constexpr (kVectors >= 4) {
-      const V v3 = LoadCacheVector<kType>(d, row, c0 + 3 * lanes);
-      a3 = hn::MulAdd(w0, v3, a3);
-      b3 = hn::MulAdd(w1, v3, b3);
-      c3 = hn::MulAdd(w2, v3, c3);
-      e3 = hn::MulAdd(w3, v3, e3);
-    }
+    MulAddRows(LoadCacheVector<kType>(d, row, c0), w0, w1, w2, w3, a0, b0, c0v, e0);
+    if constexpr (kVectors >= 2)
+      MulAddRows(LoadCacheVector<kType>(d, row, c0 + lanes), w0, w1, w2, w3, a1, b1, c1, e1);
+    if constexpr (kVectors >= 3)
+      MulAddRows(LoadCacheVector<kType>(d, row, c0 + 2 * lanes), w0, w1, w2, w3, a2, b2, c2, e2);
+    if constexpr (kVectors >= 4)
+      MulAddRows(LoadCacheVector<kType>(d, row, c0 + 3 * lanes), w0, w1, w2, w3, a3, b3, c3, e3);
   }
   const auto finish = [&](float* out, V x0, V x1, V x2, V x3) {
     hn::Store(x0, d, out);
@@ -501,20 +495,16 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
   float* out0 = output + r0 * dv_padded;
   float* out1 = out0 + dv_padded;
   const V f0 = hn::Set(d, rescale[r0]), f1 = hn::Set(d, rescale[r0 + 1]);
-  V a0 = hn::Mul(hn::Load(d, out0), f0), a1 = hn::Mul(hn::Load(d, out0 + lanes), f0),
-    a2 = hn::Mul(hn::Load(d, out0 + 2 * lanes), f0),
-    a3 = hn::Mul(hn::Load(d, out0 + 3 * lanes), f0),
-    a4 = hn::Mul(hn::Load(d, out0 + 4 * lanes), f0),
-    a5 = hn::Mul(hn::Load(d, out0 + 5 * lanes), f0),
-    a6 = hn::Mul(hn::Load(d, out0 + 6 * lanes), f0),
-    a7 = hn::Mul(hn::Load(d, out0 + 7 * lanes), f0);
-  V b0 = hn::Mul(hn::Load(d, out1), f1), b1 = hn::Mul(hn::Load(d, out1 + lanes), f1),
-    b2 = hn::Mul(hn::Load(d, out1 + 2 * lanes), f1),
-    b3 = hn::Mul(hn::Load(d, out1 + 3 * lanes), f1),
-    b4 = hn::Mul(hn::Load(d, out1 + 4 * lanes), f1),
-    b5 = hn::Mul(hn::Load(d, out1 + 5 * lanes), f1),
-    b6 = hn::Mul(hn::Load(d, out1 + 6 * lanes), f1),
-    b7 = hn::Mul(hn::Load(d, out1 + 7 * lanes), f1);
+  // Vector v of a row's accumulator, rescaled as it loads.
+  const auto start = [&](const float* out, size_t v, V factor) {
+    return hn::Mul(hn::Load(d, out + v * lanes), factor);
+  };
+  V a0 = start(out0, 0, f0), a1 = start(out0, 1, f0), a2 = start(out0, 2, f0),
+    a3 = start(out0, 3, f0), a4 = start(out0, 4, f0), a5 = start(out0, 5, f0),
+    a6 = start(out0, 6, f0), a7 = start(out0, 7, f0);
+  V b0 = start(out1, 0, f1), b1 = start(out1, 1, f1), b2 = start(out1, 2, f1),
+    b3 = start(out1, 3, f1), b4 = start(out1, 4, f1), b5 = start(out1, 5, f1),
+    b6 = start(out1, 6, f1), b7 = start(out1, 7, f1);
   for (size_t j = 0; j < bc; ++j) {
     const char* row = value_rows + j * value_stride;
     const char* later = kByLine ? prefetch->ValueRow(j) : nullptr;
@@ -528,14 +518,10 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
     const V v0 = LoadCacheVector<kType>(d, row, 0), v1 = LoadCacheVector<kType>(d, row, lanes),
             v2 = LoadCacheVector<kType>(d, row, 2 * lanes),
             v3 = LoadCacheVector<kType>(d, row, 3 * lanes);
-    a0 = hn::MulAdd(w0, v0, a0);
-    b0 = hn::MulAdd(w1, v0, b0);
-    a1 = hn::MulAdd(w0, v1, a1);
-    b1 = hn::MulAdd(w1, v1, b1);
-    a2 = hn::MulAdd(w0, v2, a2);
-    b2 = hn::MulAdd(w1, v2, b2);
-    a3 = hn::MulAdd(w0, v3, a3);
-    b3 = hn::MulAdd(w1, v3, b3);
+    MulAddRows(v0, w0, w1, a0, b0);
+    MulAddRows(v1, w0, w1, a1, b1);
+    MulAddRows(v2, w0, w1, a2, b2);
+    MulAddRows(v3, w0, w1, a3, b3);
     if constexpr (kByLine) {
       PrefetchLine<kElement>(later, 4 * lanes);
       PrefetchLine<kElement>(later, 5 * lanes);
@@ -546,31 +532,23 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
             v5 = LoadCacheVector<kType>(d, row, 5 * lanes),
             v6 = LoadCacheVector<kType>(d, row, 6 * lanes),
             v7 = LoadCacheVector<kType>(d, row, 7 * lanes);
-    a4 = hn::MulAdd(w0, v4, a4);
-    b4 = hn::MulAdd(w1, v4, b4);
-    a5 = hn::MulAdd(w0, v5, a5);
-    b5 = hn::MulAdd(w1, v5, b5);
-    a6 = hn::MulAdd(w0, v6, a6);
-    b6 = hn::MulAdd(w1, v6, b6);
-    a7 = hn::MulAdd(w0, v7, a7);
-    b7 = hn::MulAdd(w1, v7, b7);
+    MulAddRows(v4, w0, w1, a4, b4);
+    MulAddRows(v5, w0, w1, a5, b5);
+    MulAddRows(v6, w0, w1, a6, b6);
+    MulAddRows(v7, w0, w1, a7, b7);
   }
-  hn::Store(a0, d, out0);
-  hn::Store(a1, d, out0 + lanes);
-  hn::Store(a2, d, out0 + 2 * lanes);
-  hn::Store(a3, d, out0 + 3 * lanes);
-  hn::Store(a4, d, out0 + 4 * lanes);
-  hn::Store(a5, d, out0 + 5 * lanes);
-  hn::Store(a6, d, out0 + 6 * lanes);
-  hn::Store(a7, d, out0 + 7 * lanes);
-  hn::Store(b0, d, out1);
-  hn::Store(b1, d, out1 + lanes);
-  hn::Store(b2, d, out1 + 2 * lanes);
-  hn::Store(b3, d, out1 + 3 * lanes);
-  hn::Store(b4, d, out1 + 4 * lanes);
-  hn::Store(b5, d, out1 + 5 * lanes);
-  hn::Store(b6, d, out1 + 6 * lanes);
-  hn::Store(b7, d, out1 + 7 * lanes);
+  const auto finish = [&](float* out, V x0, V x1, V x2, V x3, V x4, V x5, V x6, V x7) {
+    hn::Store(x0, d, out);
+    hn::Store(x1, d, out + lanes);
+    hn::Store(x2, d, out + 2 * lanes);
+    hn::Store(x3, d, out + 3 * lanes);
+    hn::Store(x4, d, out + 4 * lanes);
+    hn::Store(x5, d, out + 5 * lanes);
+    hn::Store(x6, d, out + 6 * lanes);
+    hn::Store(x7, d, out + 7 * lanes);
+  };
+  finish(out0, a0, a1, a2, a3, a4, a5, a6, a7);
+  finish(out1, b0, b1, b2, b3, b4, b5, b6, b7);
 }
 #endif
 
