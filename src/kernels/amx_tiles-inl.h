@@ -293,40 +293,6 @@ ATTN_AMX_TARGET HWY_NOINLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* va
   }
 }
 
-// A 16 × 16 block of 32-bit words transposed: out[c · out_stride + r] = in[r · in_stride + c]
-// (strides in words), by the unpack and lane-shuffle steps of a 16 × 16 transpose.
-HWY_INLINE void TransposeWords16(const uint32_t* in, size_t in_stride, uint32_t* out,
-                                 size_t out_stride) {
-  __m512i row[16], step[16];
-  for (size_t r = 0; r < 16; ++r) row[r] = _mm512_loadu_si512(in + r * in_stride);
-  // Pairs of rows: 2 × 2 blocks of words.
-  for (size_t r = 0; r < 16; r += 2) {
-    step[r] = _mm512_unpacklo_epi32(row[r], row[r + 1]);
-    step[r + 1] = _mm512_unpackhi_epi32(row[r], row[r + 1]);
-  }
-  // Quads of rows: 4 × 4 blocks within each 128-bit lane.
-  for (size_t r = 0; r < 16; r += 4) {
-    row[r] = _mm512_unpacklo_epi64(step[r], step[r + 2]);
-    row[r + 1] = _mm512_unpackhi_epi64(step[r], step[r + 2]);
-    row[r + 2] = _mm512_unpacklo_epi64(step[r + 1], step[r + 3]);
-    row[r + 3] = _mm512_unpackhi_epi64(step[r + 1], step[r + 3]);
-  }
-  // 128-bit lanes across groups of four rows, then of eight.
-  for (size_t r = 0; r < 4; ++r) {
-    step[r] = _mm512_shuffle_i32x4(row[r], row[r + 4], 0x88);
-    step[r + 4] = _mm512_shuffle_i32x4(row[r], row[r + 4], 0xDD);
-    step[r + 8] = _mm512_shuffle_i32x4(row[r + 8], row[r + 12], 0x88);
-    step[r + 12] = _mm512_shuffle_i32x4(row[r + 8], row[r + 12], 0xDD);
-  }
-  for (size_t r = 0; r < 4; ++r) {
-    row[r] = _mm512_shuffle_i32x4(step[r], step[r + 8], 0x88);
-    row[r + 8] = _mm512_shuffle_i32x4(step[r], step[r + 8], 0xDD);
-    row[r + 4] = _mm512_shuffle_i32x4(step[r + 4], step[r + 12], 0x88);
-    row[r + 12] = _mm512_shuffle_i32x4(step[r + 4], step[r + 12], 0xDD);
-  }
-  for (size_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + r * out_stride, row[r]);
-}
-
 }  // namespace amx
 #endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 

@@ -242,9 +242,25 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     const uint16_t* q = args.q16.matrix(b, h) + first_query * args.q16.row_stride;
     const size_t depth_pairs = (depth + 1) / 2, full_pairs = depth / 2;
     if (tile.rows < br || depth % 2 != 0) std::fill_n(s.query_pairs, depth_pairs * br, 0U);
+    // Blocks of 16 rows × 16 pairs in registers where the rows hold whole aligned pairs; element
+    // by element the transpose took 2% of the bf16 forward at n = 1024, d = 64 (perf, Zen 5).
+    size_t block_rows = 0;
+    const size_t block_pairs = full_pairs / 16 * 16;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (args.q16.row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0) {
+      block_rows = tile.rows / 16 * 16;
+      const auto* pairs = reinterpret_cast<const uint32_t*>(q);
+      const auto pair_stride = static_cast<size_t>(args.q16.row_stride / 2);
+      for (size_t r = 0; r < block_rows; r += 16) {
+        for (size_t t = 0; t < block_pairs; t += 16)
+          TransposeWords16(pairs + r * pair_stride + t, pair_stride, s.query_pairs + t * br + r,
+                           br);
+      }
+    }
+#endif
     for (size_t r = 0; r < tile.rows; ++r) {
       const uint16_t* row = q + static_cast<int64_t>(r) * args.q16.row_stride;
-      for (size_t t = 0; t < full_pairs; ++t) {
+      for (size_t t = r < block_rows ? block_pairs : 0; t < full_pairs; ++t) {
         uint32_t pair;
         std::memcpy(&pair, row + 2 * t, sizeof pair);
         s.query_pairs[t * br + r] = pair;
@@ -508,8 +524,8 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
       }
     }
     for (size_t column = 0; column < dv_tiles; column += 16) {
-      amx::TransposeWords16(s.value_pairs + column, dv_tiles,
-                            s.values_transposed + column * s.value_stride + j / 2, s.value_stride);
+      TransposeWords16(s.value_pairs + column, dv_tiles,
+                       s.values_transposed + column * s.value_stride + j / 2, s.value_stride);
     }
   }
   s.packed_end = std::max(s.packed_end, (end + kBlock - 1) / kBlock * kBlock);
@@ -697,9 +713,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     tiles.Release();
     for (size_t column = 0; column < dv_padded; column += 16) {
       for (size_t r = 0; r < br; r += 16) {
-        amx::TransposeWords16(
-            reinterpret_cast<const uint32_t*>(s.output_transposed) + column * br + r, br,
-            reinterpret_cast<uint32_t*>(s.output) + r * dv_padded + column, dv_padded);
+        TransposeWords16(reinterpret_cast<const uint32_t*>(s.output_transposed) + column * br + r,
+                         br, reinterpret_cast<uint32_t*>(s.output) + r * dv_padded + column,
+                         dv_padded);
       }
     }
   }

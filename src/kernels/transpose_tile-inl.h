@@ -1,5 +1,6 @@
-// A tile of rows transposed and scaled for the kernels whose tiles keep queries along the lanes
-// (Qᵀ, dOᵀ), per SIMD target (a Highway "-inl.h" header): 4 × 4 blocks in registers.
+// Tiles transposed for the kernels whose tiles keep queries along the lanes (Qᵀ, dOᵀ), per SIMD
+// target (a Highway "-inl.h" header): fp32 rows scaled in 4 × 4 register blocks, and 16 × 16
+// blocks of 32-bit words (bf16 pairs) on AVX-512.
 
 #if defined(ATTN_KERNELS_TRANSPOSE_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_TRANSPOSE_TILE_INL_H_
@@ -11,6 +12,7 @@
 #include <hwy/highway.h>
 
 #include <cstddef>
+#include <cstdint>
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -56,6 +58,43 @@ HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t cou
     for (size_t i = r; i < br; ++i) column[i] = i < count ? rows[i * stride + t] * scale : 0.0F;
   }
 }
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// A 16 × 16 block of 32-bit words transposed: out[c · out_stride + r] = in[r · in_stride + c]
+// (strides in words), by the unpack and lane-shuffle steps of a 16 × 16 transpose: bf16 pairs
+// (Qᵀ's for the bf16 forward; Vᵀ and Oᵀ on AMX tiles). AVX-512 only.
+HWY_INLINE void TransposeWords16(const uint32_t* in, size_t in_stride, uint32_t* out,
+                                 size_t out_stride) {
+  __m512i row[16], step[16];
+  for (size_t r = 0; r < 16; ++r) row[r] = _mm512_loadu_si512(in + r * in_stride);
+  // Pairs of rows: 2 × 2 blocks of words.
+  for (size_t r = 0; r < 16; r += 2) {
+    step[r] = _mm512_unpacklo_epi32(row[r], row[r + 1]);
+    step[r + 1] = _mm512_unpackhi_epi32(row[r], row[r + 1]);
+  }
+  // Quads of rows: 4 × 4 blocks within each 128-bit lane.
+  for (size_t r = 0; r < 16; r += 4) {
+    row[r] = _mm512_unpacklo_epi64(step[r], step[r + 2]);
+    row[r + 1] = _mm512_unpackhi_epi64(step[r], step[r + 2]);
+    row[r + 2] = _mm512_unpacklo_epi64(step[r + 1], step[r + 3]);
+    row[r + 3] = _mm512_unpackhi_epi64(step[r + 1], step[r + 3]);
+  }
+  // 128-bit lanes across groups of four rows, then of eight.
+  for (size_t r = 0; r < 4; ++r) {
+    step[r] = _mm512_shuffle_i32x4(row[r], row[r + 4], 0x88);
+    step[r + 4] = _mm512_shuffle_i32x4(row[r], row[r + 4], 0xDD);
+    step[r + 8] = _mm512_shuffle_i32x4(row[r + 8], row[r + 12], 0x88);
+    step[r + 12] = _mm512_shuffle_i32x4(row[r + 8], row[r + 12], 0xDD);
+  }
+  for (size_t r = 0; r < 4; ++r) {
+    row[r] = _mm512_shuffle_i32x4(step[r], step[r + 8], 0x88);
+    row[r + 8] = _mm512_shuffle_i32x4(step[r], step[r + 8], 0xDD);
+    row[r + 4] = _mm512_shuffle_i32x4(step[r + 4], step[r + 12], 0x88);
+    row[r + 12] = _mm512_shuffle_i32x4(step[r + 4], step[r + 12], 0xDD);
+  }
+  for (size_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + r * out_stride, row[r]);
+}
+#endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attn

@@ -1,7 +1,7 @@
 // The AMX tile products of the bf16 forward (src/kernels/amx_tiles-inl.h) against their
 // definition in double: on the C++ model of the tile instructions wherever the CPU has AVX512-BF16,
-// and on the instructions themselves where it has AMX (skipped, saying so, elsewhere); the 16 × 16
-// word transpose that turns Vᵀ and Oᵀ; and the model's faults for tiles it was not configured for.
+// and on the instructions themselves where it has AMX (skipped, saying so, elsewhere), and the
+// model's faults for tiles it was not configured for.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tests/kernels/amx_tiles_test.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -53,17 +53,6 @@ bool EvaluateTileProducts(bool hardware, const uint32_t* key_pairs, size_t depth
 #endif
 }
 
-bool EvaluateTransposeWords16(const uint32_t* in, size_t in_stride, uint32_t* out,
-                              size_t out_stride) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  amx::TransposeWords16(in, in_stride, out, out_stride);
-  return true;
-#else
-  (void)in, (void)in_stride, (void)out, (void)out_stride;
-  return false;
-#endif
-}
-
 // A product on a model tile that Configure never set up; false where this target has no model.
 bool UseUnconfiguredModelTile() {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -97,7 +86,6 @@ HWY_AFTER_NAMESPACE();
 
 namespace attn {
 HWY_EXPORT(EvaluateTileProducts);
-HWY_EXPORT(EvaluateTransposeWords16);
 HWY_EXPORT(UseUnconfiguredModelTile);
 namespace {
 
@@ -183,17 +171,6 @@ TEST_P(AmxTiles, HardwareProductsMatchTheirDefinition) {
   if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
     GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
   check_tile_products(true, "hardware");
-}
-
-TEST_P(AmxTiles, TransposeWords16MatchesTheDefinition) {
-  std::vector<uint32_t> in(16 * 21), out(16 * 19, 7U);
-  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint32_t>(i * 2654435761U);
-  if (!HWY_DYNAMIC_DISPATCH(EvaluateTransposeWords16)(in.data(), 21, out.data(), 19))
-    GTEST_SKIP() << "the transpose is compiled for the AVX-512 targets only";
-  for (size_t r = 0; r < 16; ++r) {
-    for (size_t c = 0; c < 16; ++c) ASSERT_EQ(out[c * 19 + r], in[r * 21 + c]) << r << ", " << c;
-    for (size_t c = 16; c < 19; ++c) ASSERT_EQ(out[r * 19 + c], 7U) << "past the block: " << c;
-  }
 }
 
 TEST_P(AmxTiles, ModelFaultsOnUnconfiguredTiles) {

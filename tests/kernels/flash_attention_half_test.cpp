@@ -304,6 +304,7 @@ const HalfCase kCases[] = {
     {2, 1, 1, 1, 5, 3, 2},
     {2, 2, 1, 37, 45, 16, 16},
     {1, 4, 2, 70, 131, 64, 64, true},
+    {1, 2, 1, 70, 90, 40, 40},  // 16-pair blocks of Qᵀ and a tail of 4 pairs, 64 + 6 queries
     {2, 2, 2, 65, 300, 63, 17, false, -1, -1, true},
     {1, 2, 2, 90, 211, 32, 33, false, 21, 6},  // windows: tiles start at odd keys
     {1, 2, 2, 50, 20, 8, 8, true, -1, -1, false, true},

@@ -1,6 +1,7 @@
 // The kernels' tile transpose (src/kernels/transpose_tile-inl.h) against the plain definition
 // out[t·br + r] = scale·rows[r·stride + t], zeros in the padding lanes, on every SIMD target this
-// machine runs: row counts and column counts that are and are not multiples of the 4 × 4 blocks.
+// machine runs: row counts and column counts that are and are not multiples of the 4 × 4 blocks;
+// and the 16 × 16 word transpose on the AVX-512 targets.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tests/kernels/transpose_tile_test.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -18,6 +19,18 @@ void EvaluateTransposeScaledTile(const float* rows, size_t stride, size_t count,
   TransposeScaledTile(rows, stride, count, cols, scale, br, out);
 }
 
+// False where TransposeWords16 is not compiled (below AVX-512).
+bool EvaluateTransposeWords16(const uint32_t* in, size_t in_stride, uint32_t* out,
+                              size_t out_stride) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  TransposeWords16(in, in_stride, out, out_stride);
+  return true;
+#else
+  (void)in, (void)in_stride, (void)out, (void)out_stride;
+  return false;
+#endif
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attn
 HWY_AFTER_NAMESPACE();
@@ -26,12 +39,14 @@ HWY_AFTER_NAMESPACE();
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "every_simd_target.hpp"
 
 namespace attn {
 HWY_EXPORT(EvaluateTransposeScaledTile);
+HWY_EXPORT(EvaluateTransposeWords16);
 namespace {
 
 class TransposeTile : public testing::EverySimdTarget {};
@@ -57,6 +72,18 @@ TEST_P(TransposeTile, MatchesTheDefinitionForEveryShape) {
         }
       }
     }
+  }
+}
+
+// Exact: a 16 × 16 block of words moved, strides longer than the block, nothing written past it.
+TEST_P(TransposeTile, WordsBlockMatchesTheDefinition) {
+  std::vector<uint32_t> in(16 * 21), out(16 * 19, 7U);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint32_t>(i * 2654435761U);
+  if (!HWY_DYNAMIC_DISPATCH(EvaluateTransposeWords16)(in.data(), 21, out.data(), 19))
+    GTEST_SKIP() << "the word transpose is compiled for the AVX-512 targets only";
+  for (size_t r = 0; r < 16; ++r) {
+    for (size_t c = 0; c < 16; ++c) ASSERT_EQ(out[c * 19 + r], in[r * 21 + c]) << r << ", " << c;
+    for (size_t c = 16; c < 19; ++c) ASSERT_EQ(out[r * 19 + c], 7U) << "past the block: " << c;
   }
 }
 

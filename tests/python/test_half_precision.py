@@ -144,9 +144,10 @@ def test_torch_half_matches_pytorch_in_float32_rounded(dtype, options):
 
 def test_torch_half_inputs_are_read_in_place_by_the_operator():
     # attn.torch hands half tensors to the extension unconverted: a transposed bf16 query (heads
-    # inside rows) gives the result of its contiguous copy, bit for bit.
-    q = torch.randn(N, L, H, E, dtype=torch.bfloat16).transpose(1, 2)
-    k = torch.randn(N, HKV, S, E, dtype=torch.bfloat16)
+    # inside rows) gives the result of its contiguous copy, bit for bit. 40 queries of depth 80:
+    # the kernel's 16 x 16 blocks of query pairs (rows H * 80 elements apart) and their tails.
+    q = torch.randn(N, 40, H, 80, dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(N, HKV, S, 80, dtype=torch.bfloat16)
     v = torch.randn(N, HKV, S, EV, dtype=torch.bfloat16)
     output = attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     expected = attn.scaled_dot_product_attention(q.contiguous(), k, v, enable_gqa=True)
