@@ -3,7 +3,10 @@
 # |r| ≤ ln2/2, the range left after the Cody–Waite reduction x = n·ln2 + r, with C of degree
 # DEGREE − 2 fitted for the smallest maximum relative error by iteratively reweighted least
 # squares, then checked in float32 Horner arithmetic, reduction included, as the kernel evaluates it.
-"""Fit and check the fused kernels' exponential polynomial. Needs numpy."""
+# --degree 4 gives RoundedProbabilityExp's quartic (the bf16 forward's P, rounded to bf16 next).
+"""Fit and check the fused kernels' exponential polynomials. Needs numpy."""
+import argparse
+
 import numpy as np
 
 DEGREE = 6  # degree 7 (Cephes's expf) is no more accurate in float32; 5 is 2.3x less accurate
@@ -37,7 +40,10 @@ def float32_exp(c, x):
 
 
 if __name__ == "__main__":
-    coefficients, fitted = fit()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--degree", type=int, default=DEGREE, help="degree of the polynomial")
+    DEGREE = parser.parse_args().degree
+    coefficients, fitted = fit(DEGREE)
     x = np.arange(-87.0, 0.0, 0.000731).astype(np.float32)
     truth = np.exp(x.astype(np.float64))
     worst = np.max(np.abs(float32_exp(coefficients, x) - truth) / truth)

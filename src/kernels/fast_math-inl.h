@@ -7,7 +7,7 @@
 // against double exp in tests/kernels/fast_math_test.cpp), then 2^n built in the exponent field.
 // Every x below −87 (−∞ included: masked keys) gives exactly 0, so 2^n stays a normal number;
 // exp(−87) ≈ 1.6e−38 is far below a float32 weight's resolution next to the row's maximum, whose
-// weight is 1.
+// weight is 1. RoundedProbabilityExp: the same with degree 4, for probabilities rounded to bf16.
 
 #if defined(ATTN_KERNELS_FAST_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_FAST_MATH_INL_H_
@@ -23,17 +23,15 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// exp(x) for x ≤ 0 or −∞: callers subtract the row's maximum (or log-sum-exp) first. It stays as
-// accurate above 0 up to 88 (the backward passes' recomputed scores can exceed the forward pass's
-// maximum by an ulp; additive scores' exponential form takes e^{2x} for |x| ≤ 21); any other input
-// (+∞ or NaN, which the backward passes mask out afterwards) gives an unspecified value but never
-// undefined behaviour. Cody–Waite reduction x = n·ln 2 + r, a polynomial for e^r (tools/fit_exp.py:
-// degree 6, as accurate in float32 as Cephes's degree 7), then 2ⁿ: on AVX-512 by vscalefps, which
+// exp(x) by Cody–Waite reduction x = n·ln 2 + r (|r| ≤ ln2 / 2), a polynomial of degree kDegree
+// for e^r (tools/fit_exp.py --degree kDegree; 6 or 4), then 2ⁿ: on AVX-512 by vscalefps, which
 // rounds a result below float's normal range to a subnormal or 0 (exactly 0 from about −104 down,
-// −∞ included) and needs neither exponent-field arithmetic nor a mask — four instructions fewer in
-// the softmax's hottest loop; elsewhere through the exponent field, exactly 0 below −87.
-template <class D>
-HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
+// −∞ included) and needs neither exponent-field arithmetic nor a mask; elsewhere through the
+// exponent field, exactly 0 below −87. Accurate for x ≤ 88; +∞ or NaN give an unspecified value
+// but never undefined behaviour.
+template <int kDegree, class D>
+HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
+  static_assert(kDegree == 6 || kDegree == 4, "fitted degrees: 6 and 4");
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   x = hn::Max(x, hn::Set(d, -120.0F));  // −∞ would make r NaN; e^−120 scales to exactly 0
   const auto n_float = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341F)));
@@ -46,15 +44,24 @@ HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
   // ln 2 in two parts, the first exact in few bits, so n·ln2_high is exact.
   auto r = hn::NegMulAdd(n_float, hn::Set(d, 0.693359375F), x);
   r = hn::NegMulAdd(n_float, hn::Set(d, -2.12194440e-4F), r);
-  // e^r ≈ 1 + r + r²·C(r), C of degree 4 fitted by tools/fit_exp.py: as accurate in float32 as
-  // Cephes's degree-7 polynomial (7.6e−8 relative on [−87, 0]) with one multiply-add fewer.
-  const auto r2 = hn::Mul(r, r);
-  auto p = hn::Set(d, 1.3814597623e-03F);
-  p = hn::MulAdd(p, r, hn::Set(d, 8.3687072620e-03F));
-  p = hn::MulAdd(p, r, hn::Set(d, 4.1668388993e-02F));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.6666521132e-01F));
-  p = hn::MulAdd(p, r, hn::Set(d, 4.9999994040e-01F));
-  p = hn::Add(hn::MulAdd(p, r2, r), hn::Set(d, 1.0F));
+  hn::Vec<D> p;
+  if constexpr (kDegree == 6) {
+    // e^r ≈ 1 + r + r²·C(r), C of degree 4: as accurate in float32 as Cephes's degree-7
+    // polynomial (7.6e−8 relative on [−87, 0]) with one multiply-add fewer.
+    const auto r2 = hn::Mul(r, r);
+    p = hn::Set(d, 1.3814597623e-03F);
+    p = hn::MulAdd(p, r, hn::Set(d, 8.3687072620e-03F));
+    p = hn::MulAdd(p, r, hn::Set(d, 4.1668388993e-02F));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.6666521132e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 4.9999994040e-01F));
+    p = hn::Add(hn::MulAdd(p, r2, r), hn::Set(d, 1.0F));
+  } else {
+    // e^r ≈ 1 + r·(1 + r·(c2 + r·(c3 + r·c4))): 5.4e−6 relative, four multiply-adds.
+    p = hn::MulAdd(hn::Set(d, 4.1277617216e-02F), r, hn::Set(d, 1.6753490269e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 5.0005114079e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0F));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0F));
+  }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if constexpr (hn::MaxLanes(d) == 16) {
     return hn::Vec<D>{_mm512_scalef_ps(p.raw, n_float.raw)};
@@ -68,6 +75,25 @@ HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
   const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, int32_t{127}))));
   return hn::IfThenZeroElse(underflows, hn::Mul(p, two_to_n));
 #endif
+}
+
+// exp(x) for x ≤ 0 or −∞: callers subtract the row's maximum (or log-sum-exp) first. It stays as
+// accurate above 0 up to 88 (the backward passes' recomputed scores can exceed the forward pass's
+// maximum by an ulp; additive scores' exponential form takes e^{2x} for |x| ≤ 21). Within about
+// 1 ulp; vscalefps saves four instructions in the softmax's hottest loop on AVX-512.
+template <class D>
+HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
+  return ReducedExp<6>(d, x);
+}
+
+// exp(x) for probabilities that are rounded to bf16 next (the bf16 forward's P, 8 significant
+// bits): degree 4, within 5.4e−6 relative — far below P's rounding (2⁻⁹), and the row sums and
+// log-sum-exp built from it stay within 1e−5 — three instructions fewer than SoftmaxExp in the
+// bf16 softmax's hottest loop (5–9% of the bf16 forward, Zen 5). A cubic (1.2e−4) saved one more
+// but put that error into the log-sum-exp.
+template <class D>
+HWY_INLINE hn::Vec<D> RoundedProbabilityExp(D d, hn::Vec<D> x) {
+  return ReducedExp<4>(d, x);
 }
 
 // tanh(x) for additive attention's features, about twice as fast as hwy::Tanh (an expm1 and a

@@ -548,8 +548,8 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Scrat
       const FloatVector odd_score =
           j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
       if constexpr (kTrackMax) tile_max[g] = hn::Max(tile_max[g], hn::Max(even_score, odd_score));
-      const FloatVector even = SoftmaxExp(d, hn::Sub(even_score, shift[g]));
-      const FloatVector odd = SoftmaxExp(d, hn::Sub(odd_score, shift[g]));
+      const FloatVector even = RoundedProbabilityExp(d, hn::Sub(even_score, shift[g]));
+      const FloatVector odd = RoundedProbabilityExp(d, hn::Sub(odd_score, shift[g]));
       sum[g] = hn::Add(sum[g], hn::Add(even, odd));
       StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
     }

@@ -1,6 +1,6 @@
-// The online softmax's exponential (src/kernels/fast_math-inl.h) against double-precision exp,
-// on every SIMD target this machine runs: relative error over a dense sweep of [−87, 0], exact
-// values at 0, far below −87 and at −∞.
+// The fused kernels' exponentials and tanh (src/kernels/fast_math-inl.h) against double precision,
+// on every SIMD target this machine runs: relative error over dense sweeps, exact values at 0, far
+// below −87 and at −∞.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tests/kernels/fast_math_test.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -20,6 +20,13 @@ void EvaluateSoftmaxExp(const float* in, float* out, size_t count) {
   const hn::ScalableTag<float> d;
   for (size_t i = 0; i < count; i += hn::Lanes(d))
     hn::StoreU(SoftmaxExp(d, hn::LoadU(d, in + i)), d, out + i);
+}
+
+// The same for RoundedProbabilityExp.
+void EvaluateRoundedProbabilityExp(const float* in, float* out, size_t count) {
+  const hn::ScalableTag<float> d;
+  for (size_t i = 0; i < count; i += hn::Lanes(d))
+    hn::StoreU(RoundedProbabilityExp(d, hn::LoadU(d, in + i)), d, out + i);
 }
 
 // The same for AdditiveTanh.
@@ -46,12 +53,20 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 HWY_EXPORT(EvaluateSoftmaxExp);
 HWY_EXPORT(EvaluateAdditiveTanh);
+HWY_EXPORT(EvaluateRoundedProbabilityExp);
 namespace {
 
 std::vector<float> softmax_exp(std::vector<float> inputs) {
   inputs.resize((inputs.size() + 15) / 16 * 16, 0.0F);
   std::vector<float> outputs(inputs.size());
   HWY_DYNAMIC_DISPATCH(EvaluateSoftmaxExp)(inputs.data(), outputs.data(), inputs.size());
+  return outputs;
+}
+
+std::vector<float> rounded_probability_exp(std::vector<float> inputs) {
+  inputs.resize((inputs.size() + 15) / 16 * 16, 0.0F);
+  std::vector<float> outputs(inputs.size());
+  HWY_DYNAMIC_DISPATCH(EvaluateRoundedProbabilityExp)(inputs.data(), outputs.data(), inputs.size());
   return outputs;
 }
 
@@ -110,6 +125,32 @@ TEST_P(FastMath, SoftmaxExpExactAtZeroAndZeroFarBelowAndAtMinusInfinity) {
   EXPECT_GE(outputs[2], 0.0F);
   EXPECT_GE(outputs[3], 0.0F);
   for (size_t i = 4; i < 8; ++i) EXPECT_EQ(outputs[i], 0.0F) << i;
+}
+
+// tools/fit_exp.py --degree 4: within 5.38e−6 relative in float32; 6e−6 leaves room for the
+// reduction's rounding only (a wrong coefficient fails by far). Arguments up to 8: the bf16 path's
+// lazy step exponentiates scores up to kLazyMaxMargin above the running maximum.
+TEST_P(FastMath, RoundedProbabilityExpWithinSixMillionths) {
+  std::vector<float> inputs;
+  for (double x = -87.0; x <= 8.0; x += 0.000731) inputs.push_back(static_cast<float>(x));
+  for (float x = -1e-3F; x < 0.0F; x *= 0.5F) inputs.push_back(x);
+  const std::vector<float> outputs = rounded_probability_exp(inputs);
+  double worst = 0.0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const double truth = std::exp(static_cast<double>(inputs[i]));
+    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
+  }
+  EXPECT_LT(worst, 6e-6) << "target " << hwy::TargetName(GetParam());
+}
+
+// 1 at 0 (the row's maximum), and masked keys (−∞, far below) give exactly 0.
+TEST_P(FastMath, RoundedProbabilityExpExactAtZeroAndMinusInfinity) {
+  const float infinity = std::numeric_limits<float>::infinity();
+  const std::vector<float> outputs = rounded_probability_exp({0.0F, -0.0F, -150.0F, -infinity});
+  EXPECT_EQ(outputs[0], 1.0F);
+  EXPECT_EQ(outputs[1], 1.0F);
+  EXPECT_EQ(outputs[2], 0.0F);
+  EXPECT_EQ(outputs[3], 0.0F);
 }
 
 // tools/fit_tanh.py's fit is within 3.5e−7 relative in float32 Horner arithmetic; the reciprocal
