@@ -36,10 +36,14 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
   x = hn::Max(x, hn::Set(d, -120.0F));  // −∞ would make r NaN; e^−120 scales to exactly 0
   const auto n_float = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341F)));
 #else
-  const hn::RebindToSigned<D> di;
+  // n = nearest(x·log2 e) by adding 1.5·2²³ + 127: the sum's float has unit steps, so rounding it
+  // rounds n, its low bits hold n + 127 (2ⁿ's biased exponent, shifted into place below) and
+  // subtracting the constant back gives n exactly — two instructions fewer than converting.
+  const hn::RebindToUnsigned<D> du;
   const auto underflows = hn::Lt(x, hn::Set(d, -87.0F));
-  const auto n = hn::NearestInt(hn::Mul(x, hn::Set(d, 1.44269504088896341F)));
-  const auto n_float = hn::ConvertTo(d, n);
+  const auto magic = hn::Set(d, 12583039.0F);  // 1.5·2²³ + 127
+  const auto n_biased = hn::MulAdd(x, hn::Set(d, 1.44269504088896341F), magic);
+  const auto n_float = hn::Sub(n_biased, magic);
 #endif
   // ln 2 in two parts, the first exact in few bits, so n·ln2_high is exact.
   auto r = hn::NegMulAdd(n_float, hn::Set(d, 0.693359375F), x);
@@ -71,8 +75,9 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
     return hn::Vec<D>{_mm_scalef_ps(p.raw, n_float.raw)};
   }
 #else
-  // 2^n with n ≥ −126 wherever the result is kept.
-  const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, int32_t{127}))));
+  // 2ⁿ with n ≥ −126 wherever the result is kept: n + 127 into the exponent field (the shift
+  // drops the constant's own bits).
+  const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, n_biased)));
   return hn::IfThenZeroElse(underflows, hn::Mul(p, two_to_n));
 #endif
 }
