@@ -165,14 +165,20 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
 }
 
 // Pᵀ = exp(Sᵀ − lse) in place for `keys` key rows, from scores the score modifiers already masked
-// (−∞ gives 0); `lse` holds the tile's Br queries.
-template <class D>
+// (−∞ gives 0); `lse` holds the tile's Br queries. kRoundedToBFloat16: P and dS = P ⊙ (dP − D)
+// enter bf16 products next, so RoundedProbabilityExp's 5.4e−6 is far below their rounding.
+template <bool kRoundedToBFloat16 = false, class D>
 HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, const float* lse,
                                         float* probabilities) {
   for (size_t j = 0; j < keys; ++j) {
     for (size_t r = 0; r < br; r += hn::Lanes(d)) {
       float* p = probabilities + j * br + r;
-      hn::Store(SoftmaxExp(d, hn::Sub(hn::Load(d, p), hn::Load(d, lse + r))), d, p);
+      const auto x = hn::Sub(hn::Load(d, p), hn::Load(d, lse + r));
+      if constexpr (kRoundedToBFloat16) {
+        hn::Store(RoundedProbabilityExp(d, x), d, p);
+      } else {
+        hn::Store(SoftmaxExp(d, x), d, p);
+      }
     }
   }
 }

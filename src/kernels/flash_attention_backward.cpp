@@ -335,7 +335,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
       }
       ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
                           coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
-      ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
+      if (bf16_products) {
+        ProbabilitiesFromScores<true>(d, bc, br, s.lse + first, s.probabilities);
+      } else {
+        ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
+      }
       // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
       const float* used = s.probabilities;
       if (dropout) {
