@@ -7,16 +7,22 @@
 #   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention and decoding from Python
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
 #                                                vdpbf16ps (ATTN_AMX=1 against unset), one run
+#   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
+#                                                F32 and F16 caches, interleaved rounds (issue 13)
 #
-# Carry a Release build (build/release: the CLI and its shared libraries) and, for the layers
-# phase, attn's Python module built for the machine's Python. Overrides: ATTN (the CLI), PYTHON,
+# Carry a Release build (build/release: the CLI and its shared libraries), for the layers phase
+# attn's Python module built for the machine's Python, and for the ggml phase build/ggml too: its
+# ggml_decode_bench (scripts/build-ggml.sh, portable AVX-512 flags) is the one file needed, ggml
+# being linked into it statically (ldd: glibc and libgomp only). Overrides: ATTN (the CLI), PYTHON,
 # SIZES (default 1024,4096), THREADS (default 1,4 and the machine's cores), REPEATS, LENGTHS (the
-# decode cases' cached tokens, default 4096,32768,65536). On the device tool, keep OUT outside the
-# call's $OUT (e.g. the default /tmp/attn-server, which lasts while the machine stays warm, so the
-# pytorch phase finds bench.json) and copy each phase's files to $OUT: at most 8 files come back.
+# decode cases' cached tokens, default 4096,32768,65536), GGML (default
+# build/ggml/ggml_decode_bench), ROUNDS (the ggml phase's interleaved rounds, default 2). On the
+# device tool, keep OUT outside the call's $OUT (e.g. the default /tmp/attn-server, which lasts
+# while the machine stays warm, so the pytorch phase finds bench.json) and copy each phase's files
+# to $OUT: at most 8 files come back.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers|amx [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers|amx|ggml [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 attn=${ATTN:-build/release/cli/attn}
 python=${PYTHON:-python3}
@@ -60,8 +66,18 @@ amx)
     done
   done
   ;;
+ggml)
+  # attn bench's decode cases and ggml's flash_attn_ext in turn, B = 1, n = 1, 32 heads over 8 of
+  # 128: issue 13's target is attn >= 3x ggml at m = 65536. Python's standard library only.
+  ggml=${GGML:-build/ggml/ggml_decode_bench}
+  test -x "$ggml" ||
+    { echo "no ggml benchmark at $ggml: run scripts/build-ggml.sh and carry it" >&2; exit 2; }
+  "$python" bench/compare_ggml_decode.py --attn-cli "$attn" --ggml-bench "$ggml" \
+    --lengths "${LENGTHS:-4096,32768,65536}" --threads "$threads" --rounds "${ROUNDS:-2}" \
+    --json-out "$out/ggml.json" >"$out/ggml.txt"
+  ;;
 *)
-  echo "unknown phase '$phase': expected kernels, pytorch, layers or amx" >&2
+  echo "unknown phase '$phase': expected kernels, pytorch, layers, amx or ggml" >&2
   exit 2
   ;;
 esac
