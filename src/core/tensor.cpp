@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "attn/core/error.hpp"
@@ -59,6 +60,32 @@ void Tensor::reshape(const Shape& shape) {
                      shape_.str() + " as shape " + shape.str());
   }
   shape_ = shape;
+}
+
+void Tensor::assign(ConstTensorView view) {
+  const float* from = view.data();
+  const auto count = static_cast<size_t>(view.numel());
+  const std::less<const float*> before;  // a total order, also between unrelated buffers
+  if (count > 0 && !before(from, values_.data()) && before(from, values_.data() + values_.size())) {
+    *this = Tensor::from(view);  // a view of this tensor itself: copied out before resizing
+    return;
+  }
+  values_.resize(count);
+  float* to = values_.data();
+  // Chunks on the OpenMP threads where the copy is long enough to pay for them: the layers'
+  // copies would otherwise stay serial beside parallel GEMMs and kernels.
+  constexpr size_t kChunk = size_t{1} << 16;
+  if (count <= 16 * kChunk) {
+    std::copy_n(from, count, to);
+  } else {
+    const auto chunks = static_cast<int64_t>((count + kChunk - 1) / kChunk);
+#pragma omp parallel for
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const size_t begin = static_cast<size_t>(chunk) * kChunk;
+      std::copy_n(from + begin, std::min(kChunk, count - begin), to + begin);
+    }
+  }
+  shape_ = view.shape();
 }
 
 namespace {

@@ -38,8 +38,8 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
   }
   projected_queries_ = W_q_.forward(queries, "queries");
   projected_keys_ = W_k_.forward(keys, "keys");
-  queries_ = Tensor::from(queries);
-  keys_ = Tensor::from(keys);
+  queries_.assign(queries);
+  keys_.assign(keys);
   return pool(compute_scores(), valid_lens, values);
 }
 

@@ -42,8 +42,8 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
     fused_pass_recorded();
     return output;
   }
-  queries_ = Tensor::from(queries);
-  keys_ = Tensor::from(keys);
+  queries_.assign(queries);
+  keys_.assign(keys);
   Tensor scores(Shape{queries.dim(0), queries.dim(1), keys.dim(1)});
   batched_matmul_transposed(queries, keys, scores);
   for (float& score : scores.span()) score *= scale;

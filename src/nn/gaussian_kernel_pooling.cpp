@@ -21,8 +21,8 @@ Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView k
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
   Tensor scores = gaussian_kernel_scores(queries, keys, width());
-  queries_ = Tensor::from(queries);
-  keys_ = Tensor::from(keys);
+  queries_.assign(queries);
+  keys_.assign(keys);
   return pool(std::move(scores), valid_lens, values);
 }
 

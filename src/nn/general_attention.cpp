@@ -18,7 +18,7 @@ Tensor GeneralAttention::forward(ConstTensorView queries, ConstTensorView keys,
   check_attention_inputs(queries, keys, values);
   require_dim("keys", keys.shape(), -1, key_size(), "the layer's key size");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  queries_ = Tensor::from(queries);
+  queries_.assign(queries);
   Tensor projected = W_.forward(queries, "queries");
   keys_ = projected_queries_ = Tensor();
   const float applied_dropout = is_training() ? dropout() : 0.0F;
@@ -33,7 +33,7 @@ Tensor GeneralAttention::forward(ConstTensorView queries, ConstTensorView keys,
     return output;
   }
   projected_queries_ = std::move(projected);
-  keys_ = Tensor::from(keys);
+  keys_.assign(keys);
   Tensor scores(Shape{queries.dim(0), queries.dim(1), keys.dim(1)});
   batched_matmul_transposed(projected_queries_, keys, scores);
   return pool(std::move(scores), valid_lens, values);

@@ -89,9 +89,9 @@ Tensor MultiHeadAttention::forward(ConstTensorView queries, ConstTensorView keys
                                    ConstTensorView values, const ValidLengths& valid_lens) {
   check_attention_inputs(queries, keys, values);
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  queries_ = Tensor::from(queries);
-  keys_ = Tensor::from(keys);
-  values_ = Tensor::from(values);
+  queries_.assign(queries);
+  keys_.assign(keys);
+  values_.assign(values);
   fused_.clear();
   fused_weights_ = Tensor();
   fused_mask_ = Tensor();

@@ -62,6 +62,35 @@ TEST(Tensor, CopiesAreDeep) {
   EXPECT_EQ(from_view.values(), original.values());
 }
 
+// assign copies any view: into the storage it has when the element count allows (no allocation at
+// a layer's next call), across the OpenMP chunks from 2^20 elements on (a count off the chunks),
+// and from a view of the tensor itself (a slice, which it must read before it shrinks).
+TEST(Tensor, AssignCopiesIntoTheStorageItHas) {
+  Tensor target;
+  for (const int64_t count : {int64_t{0}, int64_t{5}, (int64_t{1} << 20) + 4097}) {
+    std::vector<float> values(static_cast<size_t>(count));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1009) - 504.5F;
+    const Tensor source(Shape{count}, values);
+    target.assign(source.view());
+    EXPECT_EQ(target.shape(), source.shape());
+    ASSERT_EQ(target.values(), source.values()) << count << " elements";
+    if (count > 0) {
+      EXPECT_NE(target.data(), source.data());
+    }
+  }
+  const float* storage = target.data();
+  Tensor same_count = Tensor::full(Shape{2, 4, (int64_t{1} << 20) / 8 + 512}, 3.0F);
+  target.assign(same_count.view());
+  EXPECT_EQ(target.data(), storage) << "the storage it had is reused";
+  EXPECT_EQ(target.shape(), same_count.shape());
+  EXPECT_EQ(target.values(), same_count.values());
+
+  Tensor rows(Shape{3, 2}, {1, 2, 3, 4, 5, 6});
+  rows.assign(rows.view()[1]);
+  EXPECT_EQ(rows.shape(), (Shape{2}));
+  EXPECT_EQ(rows.values(), (std::vector<float>{3, 4}));
+}
+
 TEST(TensorChecks, NameTheArgument) {
   EXPECT_THROW_MESSAGE(require_rank("queries", Shape{2, 3}, 3), ShapeError,
                        "queries: expected a tensor of rank 3, got shape (2, 3) (rank 2)");

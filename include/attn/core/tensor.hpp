@@ -83,6 +83,10 @@ class Tensor {
 
   // Changes the shape in place, keeping the elements; throws ShapeError if the count differs.
   void reshape(const Shape& shape);
+  // Becomes a copy of `view`, in the storage it already has when that holds enough elements (a
+  // layer keeping its inputs for the backward pass allocates once, not at every call), copied on
+  // the OpenMP threads from a few MB on.
+  void assign(ConstTensorView view);
 
   template <class... Index>
   float& operator()(Index... index) {
