@@ -320,6 +320,33 @@ TEST(MultiHeadAttention, FusedAndReferencePathsAgreeForwardAndBackward) {
   }
 }
 
+// A layer's second pass keeps its inputs for the backward in the storage of the first
+// (Tensor::assign): over shapes of the same size and a batch element whose queries see no key, it
+// must equal a fresh layer's, forward and backward (the projections' gradients read the kept
+// inputs), bit for bit.
+TEST(MultiHeadAttention, ASecondPassEqualsAFreshLayers) {
+  Rng rng(17);
+  const Tensor q1 = random_tensor(Shape{2, 40, 12}, rng), k1 = random_tensor(Shape{2, 70, 10}, rng);
+  const Tensor v1 = random_tensor(Shape{2, 70, 6}, rng);
+  const Tensor q = random_tensor(Shape{2, 40, 12}, rng), k = random_tensor(Shape{2, 70, 10}, rng);
+  const Tensor v = random_tensor(Shape{2, 70, 6}, rng), g = random_tensor(Shape{2, 40, 16}, rng);
+  const ValidLengths lengths = ValidLengths::per_batch({0, 33});
+  MultiHeadAttention reused(10, 12, 6, 16, 4, 0.0F, /*bias=*/true, 5),
+      fresh(10, 12, 6, 16, 4, 0.0F, true, 5);
+  (void)reused(q1, k1, v1, ValidLengths());
+  const Tensor first = reused(q, k, v, lengths), second = fresh(q, k, v, lengths);
+  EXPECT_EQ(first.values(), second.values());
+  const AttentionGradients reused_grads = reused.backward(g), fresh_grads = fresh.backward(g);
+  EXPECT_EQ(reused_grads.queries.values(), fresh_grads.queries.values());
+  EXPECT_EQ(reused_grads.keys.values(), fresh_grads.keys.values());
+  EXPECT_EQ(reused_grads.values.values(), fresh_grads.values.values());
+  const auto reused_parameters = reused.parameters(), fresh_parameters = fresh.parameters();
+  for (size_t index = 0; index < reused_parameters.size(); ++index) {
+    EXPECT_EQ(reused_parameters[index].grad->values(), fresh_parameters[index].grad->values())
+        << reused_parameters[index].name;
+  }
+}
+
 TEST(MultiHeadAttention, BookShapeAndErrors) {
   // The book: num_hiddens 100, 5 heads, batch 2, 4 queries, 6 key-value pairs, valid lens [3, 2].
   MultiHeadAttention attention(100, 100, 100, 100, 5, 0.5F);
