@@ -36,6 +36,8 @@ struct StreamRead {
   std::string simd_target;
 };
 StreamRead measure_stream_read(int threads, int64_t bytes, int repeats);
+// "MemAvailable:" of /proc/meminfo in bytes; 0 when unknown.
+int64_t available_memory();
 // The L3 size in bytes (sysfs, else sysconf); 0 when unknown.
 int64_t l3_cache_bytes();
 // The buffer measure_stream_read should read: 4× the L3 (32 MiB assumed when unknown) for a quick

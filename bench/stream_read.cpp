@@ -71,7 +71,11 @@ HWY_EXPORT(StreamSum);
 
 namespace {
 
-// "MemAvailable:" of /proc/meminfo in bytes; 0 when unknown.
+// Slices of every thread start on a 4 KiB boundary and hold whole groups of 8 AVX-512 vectors.
+constexpr int64_t kSliceAlignment = 4096;
+
+}  // namespace
+
 int64_t available_memory() {
   std::ifstream meminfo("/proc/meminfo");
   std::string field;
@@ -85,11 +89,6 @@ int64_t available_memory() {
   }
   return 0;
 }
-
-// Slices of every thread start on a 4 KiB boundary and hold whole groups of 8 AVX-512 vectors.
-constexpr int64_t kSliceAlignment = 4096;
-
-}  // namespace
 
 int64_t l3_cache_bytes() {
   // sysfs is the kernel's view of this machine (a VM's share); sysconf reads CPUID, which a

@@ -8,30 +8,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <utility>
 
 #include "attn/core/error.hpp"
 
 namespace attn::cli {
-
-namespace {
-
-int64_t available_memory() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string field;
-  int64_t kib = 0;
-  while (meminfo >> field) {
-    if (field == "MemAvailable:") {
-      meminfo >> kib;
-      return kib * 1024;
-    }
-    meminfo.ignore(256, '\n');
-  }
-  return 0;
-}
-
-}  // namespace
 
 void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
   command
@@ -113,7 +94,7 @@ DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
     evictor.emplace();
     report.evicted_bytes = evictor->bytes();
   }
-  const int64_t available = available_memory();
+  const int64_t available = bench::available_memory();
   for (const int64_t batch : options.batches) {
     for (const int64_t length : options.lengths) {
       for (const bench::DecodeCase* entry : cases) {
