@@ -575,9 +575,9 @@ constexpr float kLazyMaxMargin = 8.0F;
 // The bf16 path's step once every row has a finite running maximum: P = exp(S − max) with the
 // maximum kept (every rescale factor 1: the caller skips O's rescale, and s.row_rescale is not
 // written), the tile's own maximum tracked in the same pass instead of a pass of its own over Sᵀ
-// (OnlineSoftmaxMax). Returns false, leaving nothing that the full step
-// would not overwrite, when a row has no finite maximum yet or its scores rose above it by more
-// than kLazyMaxMargin; the scores are intact then, and the caller takes the full step.
+// (OnlineSoftmaxMax). Returns false, leaving nothing that the full step would not overwrite, when
+// a row has no finite maximum yet or its scores rose above it by more than kLazyMaxMargin; the
+// scores are intact then, and the caller takes the full step.
 ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
   const hn::ScalableTag<float> d;
   constexpr size_t kVectors = flash_detail::kQueryVectors;
