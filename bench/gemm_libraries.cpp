@@ -6,9 +6,10 @@
 //
 // --avx2 1 caps oneDNN and the FMA-peak loop at AVX2 (dnnl_set_max_cpu_isa, Highway's target
 // mask): an AVX2-only CPU's view from an AVX-512 one (OpenBLAS runs its AVX2 kernels here anyway).
-// Compared: attn::gemm (oneDNN, what attn links), the system OpenBLAS's cblas_sgemm (Debian's
-// libopenblas-dev), and optionally the OpenBLAS that SciPy ships on PyPI (scipy-openblas32, loaded
-// with dlopen: its symbols carry a scipy_ prefix). Each library runs alone on its own threads.
+// Compared: attn::gemm (oneDNN's sgemm, what attn links), attn::linear_product (a Linear layer's
+// product), the system OpenBLAS's cblas_sgemm (Debian's libopenblas-dev), and optionally the
+// OpenBLAS that SciPy ships on PyPI (scipy-openblas32, loaded with dlopen: its symbols carry a
+// scipy_ prefix). Each library runs alone on its own threads.
 #include <cblas.h>
 #include <dlfcn.h>
 #include <hwy/targets.h>
@@ -37,11 +38,15 @@ struct GemmShape {
   const char* what;
 };
 
-// B·n = 4 · 1024 rows through a 512 × 512 projection (nn.MultiheadAttention, D = 8 heads · 64), the
-// two products of one head of the book's attention at n = 1024, d = 64, a larger projection, and a
-// decode step's projection (8 sequences through a 4096 × 4096 weight: memory-bound).
+// B·n = 4 · 1024 rows through a 512 × 512 projection (nn.MultiheadAttention, D = 8 heads · 64), and
+// 4 · 256 and 16 rows, 64 rows through a 4096 × 4096 weight, the two products of one head of the
+// book's attention at n = 1024, d = 64, a larger projection, and a decode step's projection (8
+// sequences through a 4096 × 4096 weight: memory-bound).
 const GemmShape kShapes[] = {
     {4096, 512, 512, true, "projection 4096x512 . (512x512)^T"},
+    {1024, 512, 512, true, "projection 1024x512 . (512x512)^T"},
+    {16, 512, 512, true, "projection 16x512 . (512x512)^T"},
+    {64, 4096, 4096, true, "projection 64x4096 . (4096x4096)^T"},
     {1024, 1024, 64, true, "scores 1024x64 . (1024x64)^T"},
     {1024, 64, 1024, false, "output 1024x1024 . 1024x64"},
     {16384, 512, 512, true, "projection 16384x512 . (512x512)^T"},
@@ -78,6 +83,21 @@ Library onednn() {
                        s.transpose_b ? attn::Transpose::kYes : attn::Transpose::kNo, s.rows, s.cols,
                        s.depth, 1.0F, a, s.depth, b, s.transpose_b ? s.depth : s.cols, 0.0F, c,
                        s.cols);
+          }};
+}
+
+// What Linear layers run: attn::linear_product on the x·Wᵀ shapes (oneDNN's matmul from 16 rows
+// of a 256 × 256 weight up, sgemm below), attn::gemm on the others.
+Library linear() {
+  return {"attn::linear_product (x.W^T shapes; attn::gemm on the others)",
+          [](int threads) { omp_set_num_threads(threads); },
+          [](const GemmShape& s, const float* a, const float* b, float* c) {
+            if (s.transpose_b) {
+              attn::linear_product(s.rows, s.depth, s.cols, a, b, nullptr, c);
+            } else {
+              attn::gemm(attn::Transpose::kNo, attn::Transpose::kNo, s.rows, s.cols, s.depth, 1.0F,
+                         a, s.depth, b, s.cols, 0.0F, c, s.cols);
+            }
           }};
 }
 
@@ -160,7 +180,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::vector<Library> libraries = {onednn(), system_openblas()};
+  std::vector<Library> libraries = {onednn(), linear(), system_openblas()};
   for (Library& library : scipy_openblas(scipy_path)) libraries.push_back(std::move(library));
   for (size_t l = 0; l < libraries.size(); ++l)
     std::printf("library %zu: %s\n", l, libraries[l].name.c_str());

@@ -67,8 +67,7 @@ Tensor project(const ConstStridedView& x, const ConstStridedView& weight) {
   dims[x.rank() - 1] = hidden;
   Tensor y(Shape::from_dims(dims, x.rank()));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
-  gemm(Transpose::kNo, Transpose::kYes, rows, hidden, in, 1.0F, data, in, w, in, 0.0F, y.data(),
-       hidden);
+  linear_product(rows, in, hidden, data, w, nullptr, y.data());
   return y;
 }
 

@@ -39,14 +39,9 @@ Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
   dims[x.rank() - 1] = out;
   Tensor y(Shape::from_dims(dims, x.rank()));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
-  // y = x Wᵀ (+ b): one GEMM over all leading positions.
-  if (has_bias_) {
-    gemm_plus_bias(Transpose::kNo, Transpose::kYes, rows, out, in, x.data(), in, weight_.data(), in,
-                   bias_.data(), y.data(), out);
-  } else {
-    gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0F, x.data(), in, weight_.data(), in,
-         0.0F, y.data(), out);
-  }
+  // y = x Wᵀ (+ b): one product over all leading positions.
+  linear_product(rows, in, out, x.data(), weight_.data(), has_bias_ ? bias_.data() : nullptr,
+                 y.data());
   return y;
 }
 
