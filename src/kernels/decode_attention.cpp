@@ -59,6 +59,7 @@ inline CacheRows rows_of(const CacheTensorView& t, int64_t b, int64_t h, int64_t
 
 constexpr size_t kKeyTile = 64;
 constexpr int64_t kPrefetchTiles = 4;  // how far ahead TilePrefetch requests rows
+constexpr int kPrefetchLocality = 2;   // __builtin_prefetch's hint: 2 = prefetcht1, into L2
 
 }  // namespace attn::decode_detail
 #endif
@@ -80,6 +81,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using decode_detail::CacheRows;
 using decode_detail::DecodeArgs;
 using decode_detail::kKeyTile;
+using decode_detail::kPrefetchLocality;
 using decode_detail::kPrefetchTiles;
 
 // Per-thread buffers, sized for the widest vectors this target has.
@@ -108,7 +110,12 @@ struct DecodeScratch {
   }
 };
 
-// Software prefetch into L1 (prefetcht0) of the rows kPrefetchTiles tiles ahead. Memory-bound
+// Software prefetch into L2 (prefetcht1, kPrefetchLocality) of the rows kPrefetchTiles tiles
+// ahead: at d = 128, 4 tiles of K and V rows are 64–256 KiB, more than an L1 holds (32 KiB on Zen
+// 4, 48 on Zen 5 and recent Xeons) and within every L2. Into L1 (prefetcht0) the requested lines
+// were evicted before use on Zen 4: L2 made its decode 1.5× (fp32) and 1.96× (fp16/bf16) faster on
+// one thread at m = 32768 and 1.2–1.8× on two, int8 1.0–1.2× (interleaved, docs/benchmarks.md).
+// The Zen 5 figures below were measured with prefetcht0 and are yet to be re-taken. Memory-bound
 // tiles (one group of four rows) request them line by line as each pass reads the same line of the
 // current tile: the score pass K's lines, the value pass V's, so that each stream's requests go out
 // at the rate it is read. Measured on one Zen 5 core (a model loop, 4 FMAs per line): 35 GB/s thus,
@@ -134,9 +141,9 @@ struct TilePrefetch {
   HWY_INLINE void BothRows(size_t j) const {
     if (j >= rows) return;
     const char* k = keys + j * key_stride;
-    for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, 3);
+    for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, kPrefetchLocality);
     const char* v = values + j * value_stride;
-    for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, 3);
+    for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, kPrefetchLocality);
   }
 };
 
@@ -145,7 +152,7 @@ struct TilePrefetch {
 template <size_t kElement>
 HWY_INLINE void PrefetchLine(const char* row, size_t element_index) {
   const size_t offset = element_index * kElement;
-  if (row != nullptr && offset % 64 == 0) __builtin_prefetch(row + offset, 0, 3);
+  if (row != nullptr && offset % 64 == 0) __builtin_prefetch(row + offset, 0, kPrefetchLocality);
 }
 
 // Calls f(std::integral_constant<CacheDType, dtype>()), so that one call site instantiates a
