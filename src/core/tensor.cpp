@@ -62,6 +62,20 @@ void Tensor::reshape(const Shape& shape) {
   shape_ = shape;
 }
 
+namespace {
+
+// Long passes over a tensor's values (copies, scans) run on the OpenMP threads in chunks of 2^16
+// floats from 16 chunks (4 MiB) on, where they pay for the threads: the layers' copies and checks
+// would otherwise stay serial beside parallel GEMMs and kernels.
+constexpr int64_t kParallelChunk = int64_t{1} << 16;
+constexpr int64_t kParallelFrom = 16 * kParallelChunk;
+
+int64_t parallel_chunks(int64_t count) {
+  return (count + kParallelChunk - 1) / kParallelChunk;
+}
+
+}  // namespace
+
 void Tensor::assign(ConstTensorView view) {
   const float* from = view.data();
   const auto count = static_cast<size_t>(view.numel());
@@ -72,17 +86,15 @@ void Tensor::assign(ConstTensorView view) {
   }
   values_.resize(count);
   float* to = values_.data();
-  // Chunks on the OpenMP threads where the copy is long enough to pay for them: the layers'
-  // copies would otherwise stay serial beside parallel GEMMs and kernels.
-  constexpr size_t kChunk = size_t{1} << 16;
-  if (count <= 16 * kChunk) {
-    std::copy_n(from, count, to);
+  const auto total = static_cast<int64_t>(count);
+  if (total <= kParallelFrom) {
+    std::copy_n(from, total, to);
   } else {
-    const auto chunks = static_cast<int64_t>((count + kChunk - 1) / kChunk);
+    const int64_t chunks = parallel_chunks(total);
 #pragma omp parallel for
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const size_t begin = static_cast<size_t>(chunk) * kChunk;
-      std::copy_n(from + begin, std::min(kChunk, count - begin), to + begin);
+      const int64_t begin = chunk * kParallelChunk;
+      std::copy_n(from + begin, std::min(kParallelChunk, total - begin), to + begin);
     }
   }
   shape_ = view.shape();
@@ -92,19 +104,16 @@ namespace {
 
 using core_detail::kFirstNonFinite;
 
-// core_detail::largest_magnitude_bits over the whole run, in chunks on the OpenMP threads where
-// the scan is long enough to pay for them (a few MB and more): the layers' checks would otherwise
-// stay serial beside parallel GEMMs and kernels.
+// core_detail::largest_magnitude_bits over the whole run, in parallel chunks from kParallelFrom on.
 uint32_t largest_magnitude_bits(const float* values, int64_t count) {
-  constexpr int64_t kChunk = int64_t{1} << 16;
-  if (count <= 16 * kChunk) return core_detail::largest_magnitude_bits(values, count);
-  const int64_t chunks = (count + kChunk - 1) / kChunk;
+  if (count <= kParallelFrom) return core_detail::largest_magnitude_bits(values, count);
+  const int64_t chunks = parallel_chunks(count);
   uint32_t largest = 0;
 #pragma omp parallel for reduction(max : largest)
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int64_t begin = chunk * kChunk;
+    const int64_t begin = chunk * kParallelChunk;
     largest = std::max(largest, core_detail::largest_magnitude_bits(
-                                    values + begin, std::min(kChunk, count - begin)));
+                                    values + begin, std::min(kParallelChunk, count - begin)));
   }
   return largest;
 }
