@@ -12,8 +12,10 @@
 #include <utility>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/decode_attention.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "functional/attention_layout.hpp"
+#include "functional/decode_route.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
 #include "kernels/dropout_hash.hpp"
@@ -39,6 +41,19 @@ void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
   // The kernel's unnormalised sum reaches S·max|v| (times dropout's 1/(1−p)): values near float's
   // maximum are scaled down by a power of two first and the output back up after.
   const int shift = functional_detail::shift_for(prepared.value_sum_bound());
+  if (shift == 0) {
+    if (const auto route = functional_detail::decode_route(prepared)) {
+      for (size_t s = 0; s < prepared.slices(); ++s) {
+        decode_attention_forward(
+            prepared.query(s),
+            functional_detail::cache_tensor(CacheDType::kFloat32, prepared.key(s)),
+            functional_detail::cache_tensor(CacheDType::kFloat32, prepared.value(s)),
+            route->lengths.data(), route->options, out.slice(output.data(), s),
+            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
+      }
+      return;
+    }
+  }
   prepared.scale_value(shift);
   for (size_t s = 0; s < prepared.slices(); ++s) {
     flash_attention_forward(

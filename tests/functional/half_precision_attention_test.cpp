@@ -239,6 +239,31 @@ TEST_P(HalfPrecisionSdpa, ForwardMatchesTheFloatPathOnWidenedInputs) {
   }
 }
 
+// Decoding shapes (a few queries against many keys) run on the decode kernel, which reads the
+// half keys and values in place: the float path on the widened inputs runs on it too.
+TEST_P(HalfPrecisionSdpa, DecodingShapesMatchTheFloatPath) {
+  uint64_t seed = 30;
+  for (const HalfType type : kTypes) {
+    for (const int64_t n : {1, 4}) {
+      Inputs in(type, Shape{2, 8, n, 64}, Shape{2, 2, 300, 64}, Shape{2, 2, 300, 40}, seed++);
+      AttentionOptions options;
+      options.enable_gqa = true;
+      in.expect_matches(type, options, "decoding, n = " + std::to_string(n));
+      options.causal = true;
+      options.alignment = DiagonalAlignment::kBottomRight;
+      options.softcap = 4.0F;
+      std::vector<float> sinks = {0.5F, -1.0F, 2.0F, 0.0F, 1.0F, -2.0F, 0.25F, 3.0F};
+      options.sinks = sinks;
+      in.expect_matches(type, options,
+                        "decoding, causal, softcap, sinks, n = " + std::to_string(n));
+      AttentionOptions lengths;
+      lengths.enable_gqa = true;
+      lengths.valid_lens = ValidLengths::per_batch({0, 157});
+      in.expect_matches(type, lengths, "decoding, valid lengths, n = " + std::to_string(n));
+    }
+  }
+}
+
 TEST_P(HalfPrecisionSdpa, Fp16DropoutIsTheFloatPathsDropout) {
   // Exact for fp16 on every target: the same seeds drop the same weights.
   Inputs in(HalfType::kFloat16, Shape{2, 2, 21, 8}, Shape{2, 2, 33, 8}, Shape{2, 2, 33, 8}, 50);

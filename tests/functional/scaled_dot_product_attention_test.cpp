@@ -9,8 +9,10 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/decode_attention.hpp"
 #include "every_simd_target.hpp"
 #include "sdpa_test_case.hpp"
 
@@ -112,14 +114,14 @@ SdpaTestCase make_case(const Config& config, uint64_t seed) {
 }
 
 // Forward, weights and backward (every gradient the options allow) against the reference.
-void check(const Config& config, uint64_t seed) {
+void check(const Config& config, uint64_t seed, double weights_tolerance = kForwardTolerance) {
   SCOPED_TRACE(config.describe());
   SdpaTestCase c = make_case(config, seed);
   const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
   const reference::SdpaForward expected = c.expected_forward();
   EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance)) << "output";
   const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
-  EXPECT_TRUE(close_to(weights, expected.weights, kForwardTolerance)) << "weights";
+  EXPECT_TRUE(close_to(weights, expected.weights, weights_tolerance)) << "weights";
 
   const bool mask_gradient = config.mask == MaskKind::kFloat;
   const AttentionBackward grads = scaled_dot_product_attention_backward(
@@ -286,6 +288,104 @@ TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
     config.dropout = pick(4) == 0 ? 0.25F : 0.0F;
     config.magnitude = pick(4) == 0 ? 3.0F : 1.0F;
     check(config, 1000 + static_cast<uint64_t>(trial));
+  }
+}
+
+// Decoding shapes — up to 16 queries against more keys, without a mask, ALiBi or dropout — run on
+// the decode kernel (next test): against the reference, forward and the backward from the decode
+// kernel's log-sum-exp, for every option that kernel takes, key counts that divide no tile or
+// split, group sizes 1–8, and valid lengths per batch element (0 and m among them) or, for one
+// query, per query.
+TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
+  // attention_weights recomputes each score and subtracts the forward's log-sum-exp: the prefill
+  // kernels sum a score in the weights kernel's order, so their float roundings cancel; the decode
+  // kernel sums in its own. With entries ~N(0, 9), scale 0.3 and E = 32, scores reach ~60, whose
+  // float ulp is 3.8e-6: weights then differ from double by a few such ulps (1.8e-5 measured), the
+  // output and gradients stay within their usual tolerances.
+  constexpr double kDecodeWeightsTolerance = 4e-5;
+  uint64_t seed = 500;
+  for (const int64_t n : {1, 4, 16}) {
+    for (const int64_t group : {1, 4, 8}) {
+      if (group * n > kMaxDecodeRows) continue;
+      for (const int64_t m : {n, int64_t{77}, int64_t{700}}) {
+        const SdpaShape shape{2, 2 * group, 2, n, m, 32, 24};
+        check({shape}, seed++);
+        check({.shape = shape, .causal = Causal::kBottomRight, .softcap = 2.0F, .sinks = true},
+              seed++);
+        check({.shape = shape, .window_left = 40, .window_right = 0, .bottom_right = true}, seed++);
+        check({.shape = shape, .lengths = n == 1, .scale = 0.3F, .magnitude = 3.0F}, seed++,
+              kDecodeWeightsTolerance);
+        for (const bool causal : {false, true}) {
+          // Per-batch lengths: with causal, not decoding-shaped (the diagonal is the last key's,
+          // not the sequence's), so the prefill kernel answers; the same test either way.
+          SCOPED_TRACE("batch lengths, causal " + std::to_string(causal) + ", m " +
+                       std::to_string(m) + ", n " + std::to_string(n));
+          SdpaTestCase c(shape, seed++);
+          if (causal) c.set_causal(true);
+          c.set_batch_lengths({0, m / 2 + 1});
+          const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+          const reference::SdpaForward expected = c.expected_forward();
+          EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance));
+          const AttentionBackward grads = scaled_dot_product_attention_backward(
+              c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
+          const reference::SdpaGradients expected_grads = c.expected_backward();
+          EXPECT_TRUE(close_to(grads.query, expected_grads.q, kBackwardTolerance));
+          EXPECT_TRUE(close_to(grads.key, expected_grads.k, kBackwardTolerance));
+          EXPECT_TRUE(close_to(grads.value, expected_grads.v, kBackwardTolerance));
+        }
+      }
+    }
+  }
+}
+
+// The calls above do run on the decode kernel: their outputs and log-sum-exps equal, bit for bit,
+// the decode kernel's called directly on the same tensors (the prefill kernel sums in another
+// order, so it would differ in the last bits), for plain, causal, windowed and capped calls.
+TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
+  const SdpaShape shape{3, 8, 2, 2, 300, 64, 40};
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE(which);
+    SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
+    DecodeOptions decode;
+    decode.scale = 1.0F / std::sqrt(64.0F);
+    decode.causal = false;
+    if (which == 1) {
+      c.set_causal(true);
+      c.set_softcap(3.0F);
+      decode.causal = true;
+      decode.softcap = 3.0F;
+    }
+    if (which == 2) {
+      c.set_alignment(true);
+      c.set_window(50, -1);
+      c.set_sinks();
+      decode.window_left = 50;
+      decode.sinks = c.sinks.data();
+    }
+    const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+    const auto cache = [](const Tensor& t) {
+      CacheTensorView view;
+      view.data = t.data();
+      view.batch = t.dim(0);
+      view.heads = t.dim(1);
+      view.capacity = t.dim(2);
+      view.cols = t.dim(3);
+      view.row_stride = t.dim(3);
+      view.head_stride = t.dim(2) * t.dim(3);
+      view.batch_stride = t.dim(1) * view.head_stride;
+      return view;
+    };
+    Tensor direct(forward.output.shape());
+    std::vector<float> direct_lse(forward.log_sum_exp.size());
+    const std::vector<int64_t> lengths(3, shape.keys);
+    const int64_t n = shape.queries;
+    decode_attention_forward(
+        {c.q.data(), 3, 8, n, 64, 8 * n * 64, n * 64, 64}, cache(c.k), cache(c.v), lengths.data(),
+        decode, {direct.data(), 3, 8, n, 40, 8 * n * 40, n * 40, 40}, direct_lse.data());
+    for (int64_t e = 0; e < direct.numel(); ++e)
+      ASSERT_EQ(forward.output.data()[e], direct.data()[e]) << "output element " << e;
+    for (size_t r = 0; r < direct_lse.size(); ++r)
+      ASSERT_EQ(forward.log_sum_exp[r], direct_lse[r]) << "log-sum-exp row " << r;
   }
 }
 

@@ -86,6 +86,12 @@ class SdpaTestCase {
     problem.lengths = per_query;
     options.valid_lens = ValidLengths::per_query(per_query, shape_.batch, shape_.queries);
   }
+  void set_batch_lengths(const std::vector<int64_t>& per_batch) {  // (N)
+    problem.lengths.clear();
+    for (const int64_t length : per_batch)
+      problem.lengths.insert(problem.lengths.end(), shape_.queries, length);
+    options.valid_lens = ValidLengths::per_batch(per_batch);
+  }
   void set_causal(bool bottom_right) {
     options.causal = problem.causal = true;
     set_alignment(bottom_right);
