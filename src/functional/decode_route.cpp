@@ -2,6 +2,9 @@
 #include "functional/decode_route.hpp"
 
 #include <algorithm>
+#include <cmath>
+
+#include "functional/attention_layout.hpp"
 
 namespace attn::functional_detail {
 
@@ -41,6 +44,9 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
                                        [m](int64_t length) { return length == m; });
     if (!every_key || diagonal_key(options, 0, n, m) != m - n) return std::nullopt;
   }
+  route.reads_every_row = options.window_left < 0 && options.window_right < 0 &&
+                          std::all_of(route.lengths.begin(), route.lengths.end(),
+                                      [m](int64_t length) { return length == m; });
   route.options.scale = options.scale;
   route.options.causal = options.causal;
   route.options.window_left = options.window_left;
@@ -48,6 +54,119 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   route.options.softcap = options.softcap;
   route.options.sinks = options.sinks;
   return route;
+}
+
+namespace {
+
+// What decode_without_scans can take, told from the shapes and options alone (before the
+// argument checks, which the calls it declines run once, on the scanned path).
+bool may_decode_without_scans(const Shape& query, const Shape& key,
+                              const AttentionOptions& options) {
+  if (query.rank() < 2 || key.rank() != query.rank()) return false;
+  const int64_t n = query[query.rank() - 2], m = key[key.rank() - 2];
+  return n >= 1 && n <= kMaxDecodeQueries && n <= m && !options.attn_mask.has_value() &&
+         options.dropout == 0.0F && options.alibi_slopes.empty() && options.valid_lens.is_all() &&
+         !options.window;
+}
+
+template <class T>
+bool rows_contiguous(const StridedView<T>& view) {
+  return view.dim(-1) <= 1 || view.stride(-1) == 1;
+}
+
+// Whether every element of the output's heads and every log-sum-exp is finite.
+bool all_finite(const HeadsLayout& layout, const float* data, size_t slices,
+                std::span<const float> log_sum_exp) {
+  for (size_t s = 0; s < slices; ++s) {
+    const ConstHeadsView view = layout.slice(data, s);
+    for (int64_t b = 0; b < view.batch; ++b)
+      for (int64_t h = 0; h < view.heads; ++h)
+        for (int64_t i = 0; i < view.rows; ++i) {
+          const float* row = view.matrix(b, h) + i * view.row_stride;
+          if (!std::all_of(row, row + view.cols, [](float x) { return std::isfinite(x); }))
+            return false;
+        }
+  }
+  return std::all_of(log_sum_exp.begin(), log_sum_exp.end(),
+                     [](float x) { return std::isfinite(x); });
+}
+
+// The route of a call that decode_without_scans takes, from its shapes (a kShapesOnly
+// preparation), or nullopt.
+std::optional<DecodeRoute> unscanned_route(const PreparedAttention& shapes) {
+  auto route = decode_route(shapes);
+  if (route && !route->reads_every_row) route.reset();
+  return route;
+}
+
+}  // namespace
+
+bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
+                          const AttentionOptions& options, MutableStridedView output,
+                          std::span<float> log_sum_exp) {
+  if (!may_decode_without_scans(query.shape(), key.shape(), options) || !rows_contiguous(query) ||
+      !rows_contiguous(key) || !rows_contiguous(value)) {
+    return false;
+  }
+  const PreparedAttention shapes(query, key, value, options, PreparedAttention::kShapesOnly);
+  const auto out = shapes.output_layout("output", output);
+  shapes.require_log_sum_exp(log_sum_exp, true);
+  const auto route = unscanned_route(shapes);
+  if (!route) return false;
+  require_finite("query", query);
+  bool finite = true;
+  for (size_t s = 0; s < shapes.slices(); ++s) {
+    finite &= decode_attention_forward(
+        shapes.query(s), cache_tensor(CacheDType::kFloat32, shapes.key(s)),
+        cache_tensor(CacheDType::kFloat32, shapes.value(s)), route->lengths.data(), route->options,
+        out.slice(output.data(), s),
+        log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
+  }
+  if (finite && all_finite(out, output.data(), shapes.slices(), log_sum_exp)) return true;
+  for (size_t s = 0; s < shapes.slices(); ++s) fill_heads(out.slice(output.data(), s), 0.0F);
+  return false;
+}
+
+bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
+                          StridedView<const uint16_t> key, StridedView<const uint16_t> value,
+                          const AttentionOptions& options, StridedView<uint16_t> output,
+                          std::span<float> log_sum_exp) {
+  if (!may_decode_without_scans(query.shape(), key.shape(), options) || !rows_contiguous(query) ||
+      !rows_contiguous(key) || !rows_contiguous(value)) {
+    return false;
+  }
+  // The shapes as float views without data (kShapesOnly reads none): the layouts, in elements,
+  // address the half bits.
+  const auto shape_only = [](const auto& view) {
+    return ConstStridedView(nullptr, view.shape(), view.strides());
+  };
+  const PreparedAttention shapes(shape_only(query), shape_only(key), shape_only(value), options,
+                                 PreparedAttention::kShapesOnly);
+  shapes.output_layout("output", MutableStridedView(nullptr, output.shape(), output.strides()));
+  shapes.require_log_sum_exp(log_sum_exp, true);
+  const auto route = unscanned_route(shapes);
+  if (!route) return false;
+  require_finite("query", type, query);
+  // The few query rows widened (exactly), the output rounded once, as the half kernels round.
+  const Tensor wide_query = widened_copy(type, query);
+  Tensor wide_output(output_shape(wide_query.shape(), value.shape()));
+  const auto query_layout = shapes.layout_like_query(wide_query);
+  const auto output_layout = shapes.layout_like_query(wide_output);
+  const CacheDType stored =
+      type == HalfType::kFloat16 ? CacheDType::kFloat16 : CacheDType::kBFloat16;
+  bool finite = true;
+  for (size_t s = 0; s < shapes.slices(); ++s) {
+    finite &= decode_attention_forward(
+        query_layout.slice(wide_query.data(), s),
+        cache_tensor(stored, shapes.key_layout().slice(key.data(), s)),
+        cache_tensor(stored, shapes.value_layout().slice(value.data(), s)), route->lengths.data(),
+        route->options, output_layout.slice(wide_output.data(), s),
+        log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
+  }
+  if (!finite || !all_finite(output_layout, wide_output.data(), shapes.slices(), log_sum_exp))
+    return false;
+  store_rounded(type, wide_output, output);
+  return true;
 }
 
 }  // namespace attn::functional_detail

@@ -7,8 +7,12 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
+#include "attn/core/half.hpp"
+#include "attn/core/strided_view.hpp"
+#include "attn/functional/attention_options.hpp"
 #include "attn/kernels/decode_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "functional/prepared_attention.hpp"
@@ -23,6 +27,9 @@ inline constexpr int64_t kMaxDecodeQueries = 16;
 struct DecodeRoute {
   DecodeOptions options;
   std::vector<int64_t> lengths;
+  // Whether the kernel reads every key and value row (all m keys per sequence, no window): a NaN
+  // or ±∞ anywhere in them then shows in its scores or its output.
+  bool reads_every_row = false;
 };
 
 // The decode kernel's arguments for a prepared dot-product call, or nullopt when the call is not
@@ -33,6 +40,22 @@ struct DecodeRoute {
 // key, so per-batch valid lengths combine with no diagonal). Either kernel gives the same result
 // within float rounding; this one reads each key/value row once per group of query heads.
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared);
+
+// The float and half-precision calls (scaled_dot_product_attention's overloads) on the decode
+// kernel without first scanning the keys and values for NaN and ±∞ — a read of the whole cache as
+// long as the kernel's own — when the route reads every row: the kernel reports non-finite scores
+// (a key that is not finite), and a value that is not finite makes the output so (p·∞ is ±∞ or,
+// for p = 0, NaN). The query, a few rows, is scanned as the prefill path scans it. Returns true
+// when the call is done; false, with nothing written but zeros, when it is not such a call or
+// something non-finite came out: the caller then takes the scanned path, whose checks name the
+// input (or whose scaling keeps the sums of huge finite values in range).
+bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
+                          const AttentionOptions& options, MutableStridedView output,
+                          std::span<float> log_sum_exp);
+bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
+                          StridedView<const uint16_t> key, StridedView<const uint16_t> value,
+                          const AttentionOptions& options, StridedView<uint16_t> output,
+                          std::span<float> log_sum_exp);
 
 // Slice `view` of keys or values as the decode kernel's cache tensor: every row stored, in `dtype`.
 template <class T>

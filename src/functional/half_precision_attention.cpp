@@ -85,6 +85,10 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
                                   std::span<float> log_sum_exp) {
+  if (functional_detail::decode_without_scans(type, query, key, value, options, output,
+                                              log_sum_exp)) {
+    return;
+  }
   CheckedHalfInputs inputs(type, query, key, value, options);
   const HalfInput &q = inputs.q, &k = inputs.k, &v = inputs.v;
   PreparedAttention& prepared = inputs.prepared;

@@ -35,6 +35,8 @@ int64_t log_sum_exp_size(const Shape& query) {
 void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
                                   ConstStridedView value, const AttentionOptions& options,
                                   MutableStridedView output, std::span<float> log_sum_exp) {
+  if (functional_detail::decode_without_scans(query, key, value, options, output, log_sum_exp))
+    return;
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const auto out = prepared.output_layout("output", output);
   prepared.require_log_sum_exp(log_sum_exp, true);

@@ -12,6 +12,7 @@
 // while one runs, line by line as each pass reads its own stream when the tile is memory-bound
 // (TilePrefetch).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -39,6 +40,8 @@ struct DecodeArgs {
   // Per task (b, g, split) and row: max, sum, then dv unnormalised output floats.
   float* partial;
   int64_t partial_row;  // floats per row: 2 + dv
+  // Set when a task computed a score that is NaN or ±∞ (before the modifiers and masks).
+  std::atomic<bool>* non_finite_scores;
 };
 
 // Row `row` of matrix (b, h) of a cache tensor on: its address, the bytes between rows, and its
@@ -767,6 +770,10 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                        rows,    n,      length,
                        s.first, s.last, TileKeyRanges{begin, end, common_begin, common_end}};
   const int64_t kv_head = g;
+  // NaN while any score of the split is NaN or ±∞ (a key that is not finite, or a product past
+  // float's range): x·0 is 0 for finite x only. The scores are probed before the modifiers, whose
+  // masks write −∞.
+  auto score_probe = hn::Zero(d);
   for (int64_t key0 = split_begin; key0 < split_end; key0 += static_cast<int64_t>(kKeyTile)) {
     const auto bc =
         static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - key0));
@@ -796,6 +803,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                                   prefetch);
       }
     });
+    for (size_t i = 0; i < bc * row_lanes; i += lanes)
+      score_probe = hn::MulAdd(hn::Load(d, s.scores + i), hn::Zero(d), score_probe);
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
 #if HWY_TARGET != HWY_SCALAR
     if (row_lanes == 4) {
@@ -814,6 +823,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     });
   }
 
+  if (!hn::AllTrue(d, hn::Eq(score_probe, score_probe)))
+    args.non_finite_scores->store(true, std::memory_order_relaxed);
   // The split's partial results: max, sum, unnormalised output per row.
   const int64_t task = (b * args.keys.heads + g) * args.splits + split;
   float* partial = args.partial + task * static_cast<int64_t>(rows) * args.partial_row;
@@ -878,7 +889,7 @@ void require_cache_tensor(const CacheTensorView& t, std::string_view name, const
 
 }  // namespace
 
-void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
+bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                               const CacheTensorView& values, const int64_t* lengths,
                               const DecodeOptions& options, HeadsView out, float* log_sum_exp) {
   require_cache_tensor(keys, "keys", q, q.cols);
@@ -915,7 +926,7 @@ void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
     }
     longest = std::max(longest, lengths[b]);
   }
-  if (q.batch == 0 || q.heads == 0 || q.rows == 0 || values.cols == 0) return;
+  if (q.batch == 0 || q.heads == 0 || q.rows == 0 || values.cols == 0) return true;
 
   // Splits: enough tasks to keep every thread busy several times over, each split at least a few
   // key tiles long (partials and their merge cost per split).
@@ -927,8 +938,9 @@ void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
   const int64_t split_len = (key_tiles + splits - 1) / splits * tile;
   const int64_t rows = group * q.rows, dv = values.cols;
   std::vector<float> partial(static_cast<size_t>(q.batch * keys.heads * splits * rows * (dv + 2)));
+  std::atomic<bool> non_finite_scores{false};
   decode_detail::DecodeArgs args{q,      keys,      values,         lengths, options,
-                                 splits, split_len, partial.data(), dv + 2};
+                                 splits, split_len, partial.data(), dv + 2,  &non_finite_scores};
   HWY_DYNAMIC_DISPATCH(DecodeForward)(args);
 
   // Merge the splits' partials per row by log-sum-exp (the sink joins once, with no value).
@@ -967,6 +979,7 @@ void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
       }
     }
   }
+  return !non_finite_scores.load(std::memory_order_relaxed);
 }
 
 }  // namespace attn

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -325,12 +326,12 @@ TEST_P(HalfPrecisionSdpa, StridedOutputIsWrittenInPlace) {
 TEST_P(HalfPrecisionSdpa, Bf16ValuesNearFloatsMaximumTakeTheFloatPath) {
   // max|v|·S = 2¹²⁰·40 passes finite_range's 2¹²⁰: the overload widens and calls the float path,
   // which scales the values down for its sums; the result is its result rounded once, on every
-  // target.
+  // target. 17 queries: a prefill (decoding shapes, next test, take the decode kernel first).
   const HalfType type = HalfType::kBFloat16;
-  Inputs in(type, Shape{1, 2, 11, 8}, Shape{1, 2, 40, 8}, Shape{1, 2, 40, 8}, 80, 0x1p120F);
-  const Shape out_shape{1, 2, 11, 8};
+  Inputs in(type, Shape{1, 2, 17, 8}, Shape{1, 2, 40, 8}, Shape{1, 2, 40, 8}, 80, 0x1p120F);
+  const Shape out_shape{1, 2, 17, 8};
   std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
-  std::vector<float> lse(22);
+  std::vector<float> lse(34);
   scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), {},
                                StridedView<uint16_t>(out.data(), out_shape), lse);
   const AttentionForward expected =
@@ -341,6 +342,39 @@ TEST_P(HalfPrecisionSdpa, Bf16ValuesNearFloatsMaximumTakeTheFloatPath) {
         << e;
   }
   for (size_t r = 0; r < lse.size(); ++r) EXPECT_EQ(lse[r], expected.log_sum_exp[r]) << r;
+}
+
+// Decoding shapes with values near float's maximum: the decode kernel reads the bf16 values
+// without scanning them, so it cannot scale them first; its sums either stay finite (the result
+// is then the float path's within float rounding) or overflow, which its check of the output
+// sees, and the call goes the float path's way as above. Both happen here: normal values of scale
+// 2¹²⁰ over 40 keys stay finite; values all 2¹²⁴ over 400 keys sum past 2¹²⁸ (Σ_j exp(s_j − max)
+// > 16), where the float path's scaled sums give exactly 2¹²⁴.
+TEST_P(HalfPrecisionSdpa, Bf16DecodingNearFloatsMaximumIsTheFloatPathsResult) {
+  const HalfType type = HalfType::kBFloat16;
+  {
+    Inputs in(type, Shape{1, 2, 1, 8}, Shape{1, 2, 40, 8}, Shape{1, 2, 40, 8}, 81, 0x1p120F);
+    const HalfAttentionForward got =
+        scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), {});
+    const AttentionForward expected =
+        scaled_dot_product_attention(in.q.widened, in.k.widened, in.v.widened);
+    for (size_t e = 0; e < got.output.bits.size(); ++e) {
+      const double want = expected.output.data()[e];
+      ASSERT_TRUE(std::isfinite(want));
+      // The float path's result rounded to bf16, within one bf16 ulp (the two kernels' fp32 sums
+      // differ in their last bits, which can move the rounding).
+      EXPECT_NEAR(half_bits_to_float(type, got.output.bits[e]), want, 0x1p-7 * std::fabs(want))
+          << e;
+    }
+    for (size_t r = 0; r < got.log_sum_exp.size(); ++r)
+      EXPECT_NEAR(got.log_sum_exp[r], expected.log_sum_exp[r], 1e-5) << r;
+  }
+  Inputs in(type, Shape{1, 2, 1, 8}, Shape{1, 2, 400, 8}, Shape{1, 2, 400, 8}, 82);
+  for (uint16_t& bits : in.v.bits) bits = float_to_half_bits(type, 0x1p124F);
+  const HalfAttentionForward got =
+      scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), {});
+  for (size_t e = 0; e < got.output.bits.size(); ++e)
+    EXPECT_EQ(half_bits_to_float(type, got.output.bits[e]), 0x1p124F) << e;
 }
 
 TEST_P(HalfPrecisionSdpa, BackwardIsTheFloatBackwardRoundedOnce) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -389,6 +390,46 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
   }
 }
 
+// Decoding shapes skip the prefill path's scan of the keys and values (decode_route.hpp): a NaN
+// or ±∞ anywhere in them must still be named, as the scan names it. A key entry of −∞ under a
+// positive query entry gives a score of −∞ — a weight of 0, an output that looks fine — which the
+// kernel's check of its scores sees; soft-capping would turn ±∞ scores into ±softcap.
+TEST_P(FunctionalSdpa, DecodingShapesNameNonFiniteKeysAndValues) {
+  const SdpaShape shape{2, 8, 2, 1, 300, 64, 40};
+  const float bad_values[] = {NAN, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+  const char* bad_names[] = {"NaN", "inf", "-inf"};
+  uint64_t seed = 700;
+  for (const bool key : {true, false}) {
+    const int64_t columns = key ? shape.depth : shape.value_depth;
+    const int64_t elements = shape.batch * shape.kv_heads * shape.keys * columns;
+    for (const int64_t flat : {int64_t{0}, 157 * columns + 5, elements - 1}) {
+      for (int which = 0; which < 3; ++which) {
+        for (const bool capped : {false, true}) {
+          SdpaTestCase c(shape, seed++);
+          if (capped) c.set_softcap(3.0F);
+          Tensor& tensor = key ? c.k : c.v;
+          tensor.data()[flat] = bad_values[which];
+          if (key) {
+            // Every query head of that key's group: a positive entry, so that −∞ scores −∞.
+            const int64_t b = flat / (shape.kv_heads * shape.keys * columns);
+            const int64_t g = flat / (shape.keys * columns) % shape.kv_heads;
+            const int64_t group = shape.q_heads / shape.kv_heads;
+            for (int64_t h = g * group; h < (g + 1) * group; ++h)
+              c.q(b, h, 0, flat % columns) = 1.0F;
+          }
+          const std::string expected = std::string(key ? "key" : "value") +
+                                       ": expected finite values, got " + bad_names[which] +
+                                       " at flat index " + std::to_string(flat);
+          SCOPED_TRACE(expected + (capped ? ", soft-capped" : ""));
+          EXPECT_THROW_MESSAGE(scaled_dot_product_attention(c.q, c.k, c.v, c.options), ValueError,
+                               expected);
+        }
+      }
+    }
+  }
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalSdpa);
 
 // Rank 3 (B, L, E) is B batch elements of one head; rank 5 (N, A, H, L, E) runs each of the A
@@ -562,10 +603,18 @@ TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
   nan_query.data()[5] = NAN;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(nan_query, k4, v4), ValueError,
                        "query: expected finite values, got NaN at flat index 5");
-  const Tensor huge_q = Tensor::full(Shape{2, 4, 3, 8}, 1e19F),
-               huge_k = Tensor::full(Shape{2, 4, 5, 8}, 1e19F);
+  // Scores of 2.8e40: past float's range. (At 1e19 they would be 2.8e38, which the prefill path
+  // refuses by its bound |scale|·E·max|q|·max|k| ≥ 1e37 while the decode kernel, which checks the
+  // scores it computes, answers this decoding-shaped call.)
+  const Tensor huge_q = Tensor::full(Shape{2, 4, 3, 8}, 1e20F),
+               huge_k = Tensor::full(Shape{2, 4, 5, 8}, 1e20F);
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(huge_q, huge_k, v4), ValueError,
                        "query, key: scores could overflow float32");
+  const Tensor huge_prefill_q = Tensor::full(Shape{2, 4, 20, 8}, 1e19F),
+               huge_prefill_k = Tensor::full(Shape{2, 4, 20, 8}, 1e19F);
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention(huge_prefill_q, huge_prefill_k, Tensor(Shape{2, 4, 20, 6})),
+      ValueError, "query, key: scores could overflow float32");
   const AttentionForward forward = scaled_dot_product_attention(q, k4, v4);
   std::vector<float> short_lse(forward.log_sum_exp.size() - 1);
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention_backward(q, k4, v4, forward.output,

@@ -48,8 +48,11 @@ struct DecodeOptions {
 // H (query head h reads key/value head h / (H / H_kv)). `log_sum_exp` (B·H·n values, may be null)
 // as flash_attention_forward's. n ≤ 64 / (H / H_kv) (the group's queries share one tile: at most
 // 64 rows); ShapeError/ValueError otherwise. Extra memory: per task a few tiles, plus B·H·n·(dv +
-// 2) floats per split for the partial results.
-void decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
+// 2) floats per split for the partial results. Returns whether every score it computed (every
+// query row against every key row it read, before soft-capping and masking) was finite: false
+// when a key row it read holds NaN or ±∞, or a product overflowed; the caller that skipped
+// scanning the cache for them learns so here (a value that is not finite makes the output so).
+bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                               const CacheTensorView& values, const int64_t* lengths,
                               const DecodeOptions& options, HeadsView out,
                               float* log_sum_exp = nullptr);
