@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-# Decoding side by side in one run: attn.scaled_dot_product_attention(query, attn.KVCache) against
+# Decoding side by side in one run: attn.scaled_dot_product_attention(query, attn.KVCache) and
+# attn.torch.scaled_dot_product_attention on plain tensors (the call transformers makes) against
 # PyTorch's scaled_dot_product_attention(enable_gqa=True) on the same cache, each dtype, every
 # length and thread count, in GB/s of keys and values read and % of a stream read of the same run.
 """Compare attn's decode call with PyTorch's SDPA on a KV cache (CPU), and plot it.
@@ -11,6 +12,9 @@ Run with the Python that scripts/test.sh builds (attn, torch; matplotlib for --p
 Both calls take a float32 query (B, 32, n, 128) against 8 key/value heads of 128 cached tokens
 (the decode shape of a Llama-3-8B layer); PyTorch's cache is a tensor of the dtype (its query too:
 PyTorch SDPA wants one dtype), attn's an attn.KVCache of that dtype. PyTorch has no int8 SDPA.
+The "attn-torch" rows call attn.torch.scaled_dot_product_attention on PyTorch's own tensors
+(query of the cache's dtype, causal bottom-right for n > 1): attn's decode kernel behind the
+PyTorch-shaped call, as a transformers model with attn_implementation="attn" decodes.
 Each timed pass follows a read of twice the L3, so the cache comes from memory as it does between
 two layers of a model. Not part of CI: timings need a quiet machine.
 """
@@ -27,8 +31,10 @@ import torch
 import torch.nn.functional as F
 
 import attn
+import attn.torch as attn_torch
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+LABELS = {"attn": "attn KVCache", "attn-torch": "attn.torch SDPA", "torch": "PyTorch SDPA"}
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -144,6 +150,11 @@ def main():
                             lambda: F.scaled_dot_product_attention(
                                 torch_q, torch_k, torch_v, attn_mask=mask, enable_gqa=True),
                             evict, args.repeats)
+                        seconds["attn-torch"] = timed(
+                            lambda: attn_torch.scaled_dot_product_attention(
+                                torch_q, torch_k, torch_v, is_causal=n > 1,
+                                alignment="bottom-right", enable_gqa=True),
+                            evict, args.repeats)
                 for implementation, value in seconds.items():
                     rate = kv_bytes / value / 1e9
                     rows.append({"implementation": implementation, "dtype": dtype, "batch": B,
@@ -159,7 +170,8 @@ def main():
     for threads, rate in ceilings.items():
         print(f"stream read ({ceiling_source}), {threads} thread(s): {rate:.1f} GB/s")
     print(f"{'dtype':10} {'m':>7} {'thr':>3} {'attn ms':>9} {'GB/s':>6} {'%read':>6} "
-          f"{'torch ms':>9} {'GB/s':>6} {'%read':>6} {'attn/torch':>10} {'vs fp32':>8}")
+          f"{'torch ms':>9} {'GB/s':>6} {'%read':>6} {'attn/torch':>10} {'vs fp32':>8} "
+          f"{'attn-torch ms':>13} {'torch/it':>8}")
     index = {(r["implementation"], r["dtype"], r["length"], r["threads"]): r for r in rows}
     for m in args.lengths:
         for dtype in dtypes:
@@ -171,8 +183,11 @@ def main():
                               f" {t['ms'] / a['ms']:9.2f}x" if t else f"{'-':>9} {'-':>6} {'-':>6} "
                               f"{'-':>10}")
                 ratio = f"{fp32['ms'] / a['ms']:7.2f}x" if fp32 else "-"
+                plain = index.get(("attn-torch", dtype, m, threads))
+                plain_text = (f"{plain['ms']:13.3f} {t['ms'] / plain['ms']:7.2f}x" if plain
+                              else f"{'-':>13} {'-':>8}")
                 print(f"{dtype:10} {m:7d} {threads:3d} {a['ms']:9.3f} {a['gb_per_s']:6.1f} "
-                      f"{a['percent_of_stream_read']:6.1f} {torch_text} {ratio:>8}")
+                      f"{a['percent_of_stream_read']:6.1f} {torch_text} {ratio:>8} {plain_text}")
     document = {"machine": {"cpu": cpu_name(), "logical_cpus": os.cpu_count(),
                             "python": platform.python_version(), "torch": torch.__version__},
                 "stream_read_gb_per_s": {str(k): v for k, v in ceilings.items()},
@@ -197,15 +212,14 @@ def plot(document, path, dtypes):
                                 squeeze=False)
     colours = dict(zip(dtypes, ["C0", "C1", "C2", "C3"]))
     for axis, threads in zip(axes[0], thread_counts):
-        for implementation, style in (("attn", "o-"), ("torch", "^--")):
+        for implementation, style in (("attn", "o-"), ("attn-torch", "s:"), ("torch", "^--")):
             for dtype in dtypes:
                 points = sorted((r["length"], r["gb_per_s"]) for r in rows
                                 if r["implementation"] == implementation and r["dtype"] == dtype
                                 and r["threads"] == threads)
                 if points:
                     axis.plot(*zip(*points), style, color=colours[dtype],
-                              label=f"{'attn' if implementation == 'attn' else 'PyTorch SDPA'} "
-                                    f"{dtype}")
+                              label=f"{LABELS[implementation]} {dtype}")
         ceiling = document["stream_read_gb_per_s"][str(threads)]
         axis.axhline(ceiling, color="grey", linestyle=":", label="stream read")
         axis.set_xscale("log", base=2)
