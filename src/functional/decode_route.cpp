@@ -32,8 +32,15 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
       route.lengths = valid.values();
       break;
     case ValidLengths::Kind::kPerQuery:
-      if (n != 1) return std::nullopt;
-      route.lengths = valid.values();  // (B, 1): one per sequence
+      // (B, n) lengths equal along each sequence's queries are per-sequence lengths: the same
+      // kernel, the same bits, whichever way the caller wrote them.
+      for (int64_t b = 0; b < q.batch; ++b) {
+        const int64_t length = valid.length(b, 0, m);
+        for (int64_t i = 1; i < n; ++i) {
+          if (valid.length(b, i, m) != length) return std::nullopt;
+        }
+        route.lengths.push_back(length);
+      }
       break;
   }
   const bool diagonal = options.causal || options.window_left >= 0 || options.window_right >= 0;

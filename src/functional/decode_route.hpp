@@ -35,10 +35,10 @@ struct DecodeRoute {
 // The decode kernel's arguments for a prepared dot-product call, or nullopt when the call is not
 // decoding-shaped (more than kMaxDecodeQueries queries, more queries than keys, more than
 // kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: an
-// attn_mask, ALiBi, dropout, per-query valid lengths (but for one query), or a causal or window
-// diagonal other than the last key's (the decode kernel's queries end at their sequence's last
-// key, so per-batch valid lengths combine with no diagonal). Either kernel gives the same result
-// within float rounding; this one reads each key/value row once per group of query heads.
+// attn_mask, ALiBi, dropout, valid lengths that differ between a sequence's queries, or a causal or
+// window diagonal other than the last key's (the decode kernel's queries end at their sequence's
+// last key, so per-batch valid lengths combine with no diagonal). Either kernel gives the same
+// result within float rounding; this one reads each key/value row once per group of query heads.
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared);
 
 // The float and half-precision calls (scaled_dot_product_attention's overloads) on the decode
