@@ -4,7 +4,8 @@
 #
 #   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case, AVX-512 and AVX2
 #   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json)
-#   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention and decoding from Python
+#   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention, decoding and a transformers
+#                                                model from Python
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
 #                                                vdpbf16ps (ATTN_AMX=1 against unset), one run
 #   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
@@ -54,6 +55,9 @@ layers)
     --json-out "$out/mha.json" >"$out/mha.txt"
   "$python" bench/compare_decode.py --lengths "${LENGTHS:-4096,32768,65536}" --threads "1,$cores" \
     --attn-cli "$attn" --json-out "$out/decode.json" --plot-out "$out/decode.png" >"$out/decode.txt"
+  # A transformers model end to end (prefill, then decode steps), attn beside SDPA.
+  "$python" bench/compare_transformers.py --contexts 4096,32768 --threads "1,$cores" \
+    --json-out "$out/transformers.json" >"$out/transformers.txt"
   ;;
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
