@@ -13,8 +13,9 @@ query heads over 4 key/value heads of 64, MLP 2816, vocabulary 32000 — small w
 the attention over a long context is a large part of a decode step, as it is for long contexts of
 larger models. For each dtype and thread count: one forward pass over a random prompt of
 `--prefill` tokens (use_cache=True, the last position's logits, as generate() asks), then for each
-context `--new-tokens` greedy steps of one token against transformers' DynamicCache filled with
-`context` tokens of random keys and values (a step's cost does not depend on them; a prefill of
+context `--new-tokens` greedy steps of one token against transformers' DynamicCache (appends by
+concatenation) and StaticCache (room for the steps; read through a mask over its empty slots)
+filled with `context` tokens of random keys and values (a step's cost does not depend on them; a prefill of
 32768 tokens would take minutes here); the median step is reported. Both implementations run the
 same weights, one after the other. Not part of CI: timings need a quiet machine.
 """
@@ -55,17 +56,20 @@ def prefill(model, implementation, prompt):
         return time.perf_counter() - start
 
 
-def decode(model, implementation, context, new_tokens):
-    """(median seconds of a greedy decode step, token ids) against a DynamicCache holding
-    `context` tokens of random keys and values in every layer (what a prefill would leave; the
-    cost of a step does not depend on the values)."""
-    from transformers import DynamicCache
+def decode(model, implementation, context, new_tokens, cache_kind="dynamic"):
+    """(median seconds of a greedy decode step, token ids) against a cache ("dynamic": a
+    DynamicCache, which appends by concatenation; "static": a StaticCache of room for the steps,
+    which transformers reads through a mask over its empty slots) holding `context` tokens of
+    random keys and values in every layer (what a prefill would leave; the cost of a step does not
+    depend on the values)."""
+    from transformers import DynamicCache, StaticCache
 
     model.set_attn_implementation(implementation)
     config = model.config
     generator = torch.Generator().manual_seed(context)
     dtype = next(model.parameters()).dtype
-    cache = DynamicCache(config=config)
+    cache = (DynamicCache(config=config) if cache_kind == "dynamic"
+             else StaticCache(config=config, max_cache_len=context + new_tokens + 1))
     shape = (1, config.num_key_value_heads, context, config.head_dim)
     for layer in range(config.num_hidden_layers):
         cache.update(torch.randn(shape, generator=generator).to(dtype),
@@ -91,6 +95,8 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=16, help="greedy decode steps")
     parser.add_argument("--threads", type=parse_ints, default=[1, os.cpu_count() or 1])
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--caches", default="dynamic,static",
+                        help="transformers cache classes for the decode steps: dynamic, static")
     parser.add_argument("--json-out", help="write the rows as JSON here")
     args = parser.parse_args()
     attn.transformers.register()
@@ -104,17 +110,21 @@ def main():
             attn.set_num_threads(threads)
             for name in IMPLEMENTATIONS:  # warm-up: thread pools, first-call allocations
                 prefill(model, name, prompt[:, :64])
-                decode(model, name, 64, 2)
+                for kind in args.caches.split(","):
+                    if kind:
+                        decode(model, name, 64, 2, kind)
             for name in IMPLEMENTATIONS:
                 rows.append({"implementation": name, "dtype": dtype, "threads": threads,
                              "phase": "prefill", "context": args.prefill,
                              "seconds": prefill(model, name, prompt)})
-            for context in args.contexts:
-                results = {name: decode(model, name, context, args.new_tokens)
+            for context, cache_kind in [(c, k) for c in args.contexts
+                                        for k in args.caches.split(",") if k]:
+                results = {name: decode(model, name, context, args.new_tokens, cache_kind)
                            for name in IMPLEMENTATIONS}
                 for name, (step, tokens) in results.items():
                     rows.append({"implementation": name, "dtype": dtype, "threads": threads,
-                                 "phase": "decode", "context": context, "seconds": step,
+                                 "phase": f"decode-{cache_kind}", "context": context,
+                                 "seconds": step,
                                  "tokens_equal_to_sdpa": sum(
                                      a == b for a, b in zip(tokens, results["sdpa"][1])),
                                  "tokens": len(tokens)})
@@ -125,7 +135,7 @@ def main():
           f"torch {torch.__version__}, transformers {transformers.__version__}; random Llama, 4 "
           f"layers, 16 heads over 4 of 64; prefill: one pass over the prompt; decode: the median "
           f"of {args.new_tokens} greedy steps against a cache of `context` tokens")
-    print(f"{'dtype':9} {'phase':8} {'context':>7} {'thr':>3} {'attn ms':>9} {'sdpa ms':>9} "
+    print(f"{'dtype':9} {'phase':14} {'context':>7} {'thr':>3} {'attn ms':>9} {'sdpa ms':>9} "
           f"{'sdpa/attn':>9} {'attn tok/s':>10} {'same tokens':>11}")
     index = {(r["implementation"], r["dtype"], r["phase"], r["context"], r["threads"]): r
              for r in rows}
@@ -133,10 +143,10 @@ def main():
         if r["implementation"] != "attn":
             continue
         s = index[("sdpa", r["dtype"], r["phase"], r["context"], r["threads"])]
-        rate = f"{1.0 / r['seconds']:10.1f}" if r["phase"] == "decode" else f"{'-':>10}"
-        same = (f"{r['tokens_equal_to_sdpa']:7d}/{r['tokens']}" if r["phase"] == "decode"
-                else f"{'-':>11}")
-        print(f"{r['dtype']:9} {r['phase']:8} {r['context']:7d} {r['threads']:3d} "
+        decoding = r["phase"].startswith("decode")
+        rate = f"{1.0 / r['seconds']:10.1f}" if decoding else f"{'-':>10}"
+        same = f"{r['tokens_equal_to_sdpa']:7d}/{r['tokens']}" if decoding else f"{'-':>11}"
+        print(f"{r['dtype']:9} {r['phase']:14} {r['context']:7d} {r['threads']:3d} "
               f"{r['seconds'] * 1e3:9.1f} {s['seconds'] * 1e3:9.1f} "
               f"{s['seconds'] / r['seconds']:8.2f}x {rate} {same:>11}")
     if args.json_out:

@@ -3,10 +3,64 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "functional/attention_layout.hpp"
 
 namespace attn::functional_detail {
+
+namespace {
+
+// Each query row's visible keys as [first, last) when every row of a bool mask (or of a float
+// mask of 0 and −∞ only) is one interval of visible keys — padding, a static cache's empty slots,
+// causal and sliding-window patterns, which transformers passes as masks; false otherwise.
+// `ranges` gets 2 values per (b, h, i), heads of a mask broadcast over them computed once.
+bool mask_intervals(const ScoreMask& mask, int64_t batch, int64_t heads, int64_t n, int64_t m,
+                    std::vector<int64_t>& ranges) {
+  ranges.assign(static_cast<size_t>(2 * batch * heads * n), 0);
+  // 1: the key takes part, 0: hidden, −1: a float entry other than 0 and −∞ (a bias: no route).
+  const auto visible = [&](int64_t offset) {
+    if (mask.kind == MaskKind::kBool)
+      return static_cast<const uint8_t*>(mask.data)[offset] != 0 ? 1 : 0;
+    const float value = static_cast<const float*>(mask.data)[offset];
+    return value == 0.0F ? 1 : value == -std::numeric_limits<float>::infinity() ? 0 : -1;
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t* range = ranges.data() + 2 * ((b * heads + h) * n + i);
+        if (h > 0 && mask.head_stride == 0) {
+          const int64_t* first_head = ranges.data() + 2 * (b * heads * n + i);
+          range[0] = first_head[0];
+          range[1] = first_head[1];
+          continue;
+        }
+        const int64_t row = b * mask.batch_stride + h * mask.head_stride + i * mask.row_stride;
+        int64_t j = 0;
+        int state = 0;
+        while (j < m && (state = visible(row + j * mask.col_stride)) == 0) ++j;
+        if (state < 0) return false;
+        range[0] = range[1] = j;
+        while (j < m && (state = visible(row + j * mask.col_stride)) == 1) ++j;
+        if (state < 0) return false;
+        range[1] = j;
+        for (; j < m; ++j) {
+          if (visible(row + j * mask.col_stride) != 0) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+DecodeOptions DecodeRoute::kernel_options() const {
+  DecodeOptions kernel = options;
+  kernel.key_ranges = key_ranges.empty() ? nullptr : key_ranges.data();
+  return kernel;
+}
 
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   const HeadsLayout& q = prepared.query_layout();
@@ -18,11 +72,17 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   if ((q.heads / k.heads) * n > kMaxDecodeRows) return std::nullopt;
   // Every slice has the same options but for its mask and dropout seed, neither of which may be.
   const FlashAttentionOptions options = prepared.kernel_options(0);
-  if (options.mask.kind != MaskKind::kNone || options.dropout > 0.0F ||
-      options.alibi_slopes != nullptr) {
-    return std::nullopt;
-  }
+  if (options.dropout > 0.0F || options.alibi_slopes != nullptr) return std::nullopt;
   DecodeRoute route;
+  if (options.mask.kind != MaskKind::kNone) {
+    // A mask of intervals, alone: its rows' ranges are the keys (one slice: the ranges are per
+    // call).
+    if (prepared.slices() != 1 || options.causal || options.window_left >= 0 ||
+        options.window_right >= 0 || !prepared.valid_lens().is_all() ||
+        !mask_intervals(options.mask, q.batch, q.heads, n, m, route.key_ranges)) {
+      return std::nullopt;
+    }
+  }
   const ValidLengths& valid = prepared.valid_lens();
   switch (valid.kind()) {
     case ValidLengths::Kind::kAll:
@@ -51,9 +111,6 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
                                        [m](int64_t length) { return length == m; });
     if (!every_key || diagonal_key(options, 0, n, m) != m - n) return std::nullopt;
   }
-  route.reads_every_row = options.window_left < 0 && options.window_right < 0 &&
-                          std::all_of(route.lengths.begin(), route.lengths.end(),
-                                      [m](int64_t length) { return length == m; });
   route.options.scale = options.scale;
   route.options.causal = options.causal;
   route.options.window_left = options.window_left;
@@ -71,9 +128,8 @@ bool may_decode_without_scans(const Shape& query, const Shape& key,
                               const AttentionOptions& options) {
   if (query.rank() < 2 || key.rank() != query.rank()) return false;
   const int64_t n = query[query.rank() - 2], m = key[key.rank() - 2];
-  return n >= 1 && n <= kMaxDecodeQueries && n <= m && !options.attn_mask.has_value() &&
-         options.dropout == 0.0F && options.alibi_slopes.empty() && options.valid_lens.is_all() &&
-         !options.window;
+  return n >= 1 && n <= kMaxDecodeQueries && n <= m && options.dropout == 0.0F &&
+         options.alibi_slopes.empty();
 }
 
 template <class T>
@@ -98,14 +154,6 @@ bool all_finite(const HeadsLayout& layout, const float* data, size_t slices,
                      [](float x) { return std::isfinite(x); });
 }
 
-// The route of a call that decode_without_scans takes, from its shapes (a kShapesOnly
-// preparation), or nullopt.
-std::optional<DecodeRoute> unscanned_route(const PreparedAttention& shapes) {
-  auto route = decode_route(shapes);
-  if (route && !route->reads_every_row) route.reset();
-  return route;
-}
-
 }  // namespace
 
 bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
@@ -118,15 +166,15 @@ bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStr
   const PreparedAttention shapes(query, key, value, options, PreparedAttention::kShapesOnly);
   const auto out = shapes.output_layout("output", output);
   shapes.require_log_sum_exp(log_sum_exp, true);
-  const auto route = unscanned_route(shapes);
+  const auto route = decode_route(shapes);
   if (!route) return false;
   require_finite("query", query);
   bool finite = true;
   for (size_t s = 0; s < shapes.slices(); ++s) {
     finite &= decode_attention_forward(
         shapes.query(s), cache_tensor(CacheDType::kFloat32, shapes.key(s)),
-        cache_tensor(CacheDType::kFloat32, shapes.value(s)), route->lengths.data(), route->options,
-        out.slice(output.data(), s),
+        cache_tensor(CacheDType::kFloat32, shapes.value(s)), route->lengths.data(),
+        route->kernel_options(), out.slice(output.data(), s),
         log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
   }
   if (finite && all_finite(out, output.data(), shapes.slices(), log_sum_exp)) return true;
@@ -151,7 +199,7 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
                                  PreparedAttention::kShapesOnly);
   shapes.output_layout("output", MutableStridedView(nullptr, output.shape(), output.strides()));
   shapes.require_log_sum_exp(log_sum_exp, true);
-  const auto route = unscanned_route(shapes);
+  const auto route = decode_route(shapes);
   if (!route) return false;
   require_finite("query", type, query);
   // The few query rows widened (exactly), the output rounded once, as the half kernels round.
@@ -167,7 +215,7 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
         query_layout.slice(wide_query.data(), s),
         cache_tensor(stored, shapes.key_layout().slice(key.data(), s)),
         cache_tensor(stored, shapes.value_layout().slice(value.data(), s)), route->lengths.data(),
-        route->options, output_layout.slice(wide_output.data(), s),
+        route->kernel_options(), output_layout.slice(wide_output.data(), s),
         log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
   }
   if (!finite || !all_finite(output_layout, wide_output.data(), shapes.slices(), log_sum_exp))

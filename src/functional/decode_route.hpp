@@ -27,28 +27,35 @@ inline constexpr int64_t kMaxDecodeQueries = 16;
 struct DecodeRoute {
   DecodeOptions options;
   std::vector<int64_t> lengths;
-  // Whether the kernel reads every key and value row (all m keys per sequence, no window): a NaN
-  // or ±∞ anywhere in them then shows in its scores or its output.
-  bool reads_every_row = false;
+  // Each query row's keys [first, last) from an attn_mask of intervals (empty without a mask).
+  std::vector<int64_t> key_ranges;
+  // `options` with key_ranges pointing into this route.
+  DecodeOptions kernel_options() const;
 };
 
 // The decode kernel's arguments for a prepared dot-product call, or nullopt when the call is not
 // decoding-shaped (more than kMaxDecodeQueries queries, more queries than keys, more than
-// kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: an
-// attn_mask, ALiBi, dropout, valid lengths that differ between a sequence's queries, or a causal or
-// window diagonal other than the last key's (the decode kernel's queries end at their sequence's
-// last key, so per-batch valid lengths combine with no diagonal). Either kernel gives the same
-// result within float rounding; this one reads each key/value row once per group of query heads.
+// kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: ALiBi,
+// dropout, valid lengths that differ between a sequence's queries, a causal or window diagonal
+// other than the last key's (the decode kernel's queries end at their sequence's last key, so
+// per-batch valid lengths combine with no diagonal), or an attn_mask some row of which is not one
+// interval of keys (a gap, a float bias) or which comes with causal, a window or valid lengths.
+// A mask of intervals (bool, or float of 0 and −∞: key padding on either side, a static cache's
+// empty slots, causal and window patterns, as transformers passes them) becomes the kernel's
+// per-row key ranges, found by one read of the mask. Either kernel gives the same result within
+// float rounding; this one reads each key/value row once per group of query heads.
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared);
 
 // The float and half-precision calls (scaled_dot_product_attention's overloads) on the decode
 // kernel without first scanning the keys and values for NaN and ±∞ — a read of the whole cache as
-// long as the kernel's own — when the route reads every row: the kernel reports non-finite scores
-// (a key that is not finite), and a value that is not finite makes the output so (p·∞ is ±∞ or,
-// for p = 0, NaN). The query, a few rows, is scanned as the prefill path scans it. Returns true
-// when the call is done; false, with nothing written but zeros, when it is not such a call or
-// something non-finite came out: the caller then takes the scanned path, whose checks name the
-// input (or whose scaling keeps the sums of huge finite values in range).
+// long as the kernel's own. The kernel checks the rows it reads instead: it reports non-finite
+// scores (a key that is not finite), and a value that is not finite makes the output so (p·∞ is ±∞
+// or, for p = 0, NaN). Rows it never reads (hidden from every query by lengths, a window or the
+// mask, beyond every tile it reads) are not checked. The query, a few rows, is scanned as the
+// prefill path scans it. Returns true when the call is done; false, with nothing written but
+// zeros, when it is not such a call or something non-finite came out: the caller then takes the
+// scanned path, whose checks name the input (or whose scaling keeps the sums of huge finite
+// values in range).
 bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
                           const AttentionOptions& options, MutableStridedView output,
                           std::span<float> log_sum_exp);

@@ -121,7 +121,8 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
           query_layout.slice(wide_query.data(), s),
           functional_detail::cache_tensor(stored, prepared.key_layout().slice(k.data(), s)),
           functional_detail::cache_tensor(stored, prepared.value_layout().slice(v.data(), s)),
-          route->lengths.data(), route->options, output_layout.slice(wide_output.data(), s),
+          route->lengths.data(), route->kernel_options(),
+          output_layout.slice(wide_output.data(), s),
           log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
     }
     functional_detail::store_rounded(type, wide_output, output);

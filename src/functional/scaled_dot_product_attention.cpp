@@ -50,7 +50,7 @@ void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
             prepared.query(s),
             functional_detail::cache_tensor(CacheDType::kFloat32, prepared.key(s)),
             functional_detail::cache_tensor(CacheDType::kFloat32, prepared.value(s)),
-            route->lengths.data(), route->options, out.slice(output.data(), s),
+            route->lengths.data(), route->kernel_options(), out.slice(output.data(), s),
             log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
       }
       return;

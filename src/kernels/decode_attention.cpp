@@ -739,10 +739,16 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
       const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
       for (size_t t = 0; t < depth; ++t) s.q_rows[r * depth + t] = q[t] * options.scale;
-      const int64_t position = length - n + i;
-      last = options.causal ? std::min(length, position + 1) : length;
-      if (options.window_left >= 0) first = std::max<int64_t>(0, position - options.window_left);
-      if (options.window_right >= 0) last = std::min(last, position + options.window_right + 1);
+      if (options.key_ranges != nullptr) {
+        const int64_t* range = options.key_ranges + 2 * ((b * args.q.heads + h) * n + i);
+        first = range[0];
+        last = range[1];
+      } else {
+        const int64_t position = length - n + i;
+        last = options.causal ? std::min(length, position + 1) : length;
+        if (options.window_left >= 0) first = std::max<int64_t>(0, position - options.window_left);
+        if (options.window_right >= 0) last = std::min(last, position + options.window_right + 1);
+      }
       last = std::max<int64_t>(last, 0);
       first = std::min(first, last);
       if (first < last) {
@@ -925,6 +931,26 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                        std::to_string(keys.capacity) + "], got " + std::to_string(lengths[b]));
     }
     longest = std::max(longest, lengths[b]);
+  }
+  if (options.key_ranges != nullptr) {
+    if (options.causal || options.window_left >= 0 || options.window_right >= 0) {
+      throw ValueError(
+          "key_ranges: expected no causal mask or window beside them (the ranges are "
+          "each row's keys), got causal " +
+          std::to_string(options.causal) + ", window (" + std::to_string(options.window_left) +
+          ", " + std::to_string(options.window_right) + ")");
+    }
+    for (int64_t b = 0; b < q.batch; ++b) {
+      for (int64_t r = 0; r < q.heads * q.rows; ++r) {
+        const int64_t* range = options.key_ranges + 2 * (b * q.heads * q.rows + r);
+        if (range[0] < 0 || range[0] > range[1] || range[1] > lengths[b]) {
+          throw ValueError("key_ranges[" + std::to_string(b * q.heads * q.rows + r) +
+                           "]: expected 0 ≤ first ≤ last ≤ the sequence's length " +
+                           std::to_string(lengths[b]) + ", got [" + std::to_string(range[0]) +
+                           ", " + std::to_string(range[1]) + ")");
+        }
+      }
+    }
   }
   if (q.batch == 0 || q.heads == 0 || q.rows == 0 || values.cols == 0) return true;
 

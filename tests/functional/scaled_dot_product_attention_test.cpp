@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -341,15 +343,30 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
 
 // The calls above do run on the decode kernel: their outputs and log-sum-exps equal, bit for bit,
 // the decode kernel's called directly on the same tensors (the prefill kernel sums in another
-// order, so it would differ in the last bits), for plain, causal, windowed and capped calls.
+// order, so it would differ in the last bits), for plain, causal, windowed and capped calls, and
+// a key-padding mask (the kernel's key ranges).
 TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
   const SdpaShape shape{3, 8, 2, 2, 300, 64, 40};
-  for (int which = 0; which < 3; ++which) {
+  for (int which = 0; which < 4; ++which) {
     SCOPED_TRACE(which);
     SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
     DecodeOptions decode;
     decode.scale = 1.0F / std::sqrt(64.0F);
     decode.causal = false;
+    std::vector<int64_t> ranges;
+    if (which == 3) {
+      // Key padding of batch element b: keys [40·b, 300 − 30·b) — as key ranges per row.
+      c.set_mask(Shape{3, 1, 1, 300}, true, 1.0);
+      c.hide_if(
+          [](int64_t b, int64_t, int64_t, int64_t j) { return j < 40 * b || j >= 300 - 30 * b; });
+      for (int64_t b = 0; b < 3; ++b) {
+        for (int64_t row = 0; row < 8 * 2; ++row) {
+          ranges.push_back(40 * b);
+          ranges.push_back(300 - 30 * b);
+        }
+      }
+      decode.key_ranges = ranges.data();
+    }
     if (which == 1) {
       c.set_causal(true);
       c.set_softcap(3.0F);
@@ -387,6 +404,77 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
       ASSERT_EQ(forward.output.data()[e], direct.data()[e]) << "output element " << e;
     for (size_t r = 0; r < direct_lse.size(); ++r)
       ASSERT_EQ(forward.log_sum_exp[r], direct_lse[r]) << "log-sum-exp row " << r;
+  }
+}
+
+// Forward, weights and backward of a prepared case against the reference (the float mask's
+// gradient too when it has one).
+void check_case(SdpaTestCase& c, bool float_mask) {
+  const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+  const reference::SdpaForward expected = c.expected_forward();
+  EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance)) << "output";
+  const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
+  EXPECT_TRUE(close_to(weights, expected.weights, kForwardTolerance)) << "weights";
+  const AttentionBackward grads = scaled_dot_product_attention_backward(
+      c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options, float_mask);
+  const reference::SdpaGradients expected_grads = c.expected_backward();
+  EXPECT_TRUE(close_to(grads.query, expected_grads.q, kBackwardTolerance)) << "grad query";
+  EXPECT_TRUE(close_to(grads.key, expected_grads.k, kBackwardTolerance)) << "grad key";
+  EXPECT_TRUE(close_to(grads.value, expected_grads.v, kBackwardTolerance)) << "grad value";
+  if (float_mask) {
+    EXPECT_TRUE(
+        close_to(grads.attn_mask, c.reduce_to_mask(expected_grads.mask), kBackwardTolerance))
+        << "grad attn_mask";
+  }
+}
+
+// The masks transformers passes while decoding — key padding on either side, a static cache's
+// empty slots under a causal pattern, a sliding window over left padding — and any mask whose
+// rows are intervals of keys (per head, empty rows), bool or float of 0 and −∞: the decode
+// kernel's per-row key ranges, against the reference; a mask with a gap in a row, or a float
+// bias, takes the prefill path, also right.
+TEST_P(FunctionalSdpa, DecodingShapesWithIntervalMasksMatchTheReference) {
+  const int64_t m = 300;
+  uint64_t seed = 800;
+  for (const int64_t n : {1, 4}) {
+    const SdpaShape shape{2, 8, 2, n, m, 64, 40};
+    using Hidden = std::function<bool(int64_t, int64_t, int64_t, int64_t)>;
+    const struct {
+      const char* name;
+      Shape mask_shape;
+      Hidden hidden;
+    } cases[] = {
+        {"key padding, right and left", Shape{2, 1, 1, m},
+         [](int64_t b, int64_t, int64_t, int64_t j) { return b == 0 ? j >= 200 : j < 50; }},
+        {"static cache, causal", Shape{2, 1, n, m},
+         [](int64_t, int64_t, int64_t i, int64_t j) { return j > 150 + i; }},
+        {"window over left padding", Shape{2, 1, n, m},
+         [n](int64_t b, int64_t, int64_t i, int64_t j) {
+           const int64_t position = m - n + i;
+           return j > position || j <= position - 64 || j < (b == 0 ? 0 : 251);
+         }},
+        {"per head, an empty row", Shape{2, 8, n, m},
+         [](int64_t b, int64_t h, int64_t i, int64_t j) {
+           return (b == 1 && h == 3) || j < 10 * h + i || j >= 290 - 20 * h;
+         }},
+        {"a gap in each row (prefill)", Shape{2, 1, n, m},
+         [](int64_t, int64_t, int64_t, int64_t j) { return j >= 100 && j < 120; }},
+    };
+    for (const auto& mask_case : cases) {
+      for (const bool boolean : {true, false}) {
+        SCOPED_TRACE(std::string(mask_case.name) + (boolean ? ", bool" : ", float") +
+                     ", n = " + std::to_string(n));
+        SdpaTestCase c(shape, seed++);
+        c.set_mask(mask_case.mask_shape, boolean, 1.0);
+        if (!boolean) std::fill_n(c.mask_floats.data(), c.mask_floats.numel(), 0.0F);
+        c.hide_if(mask_case.hidden);
+        check_case(c, !boolean);
+      }
+    }
+    // A float mask with a bias besides 0 and −∞ is no interval: the prefill path.
+    SdpaTestCase biased(shape, seed++);
+    biased.set_mask(Shape{2, 1, 1, m}, false, 0.9);
+    check_case(biased, true);
   }
 }
 
@@ -428,6 +516,21 @@ TEST_P(FunctionalSdpa, DecodingShapesNameNonFiniteKeysAndValues) {
       }
     }
   }
+}
+
+// What the decode kernel never reads it does not check: a NaN value row and an infinite key row
+// that a key-padding mask hides from every query, beyond every tile read, leave the output as it
+// was (the prefill path, which scans every input first, refuses such a call).
+TEST_P(FunctionalSdpa, DecodingShapesReadOnlyTheKeysTheySee) {
+  SdpaTestCase c({1, 4, 1, 1, 1000, 32, 16}, 900);
+  c.set_mask(Shape{1, 1, 1, 1000}, true, 1.0);
+  c.hide_if([](int64_t, int64_t, int64_t, int64_t j) { return j >= 200; });
+  const AttentionForward clean = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+  c.v.data()[900 * 16 + 3] = NAN;
+  c.k.data()[950 * 32] = std::numeric_limits<float>::infinity();
+  const AttentionForward dirty = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+  for (int64_t e = 0; e < clean.output.numel(); ++e)
+    ASSERT_EQ(dirty.output.data()[e], clean.output.data()[e]) << e;
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalSdpa);

@@ -68,9 +68,16 @@ class SdpaTestCase {
   // Hides every key from query row i (of every head and batch element) through the mask; with a
   // mask broadcast over the queries, from every row.
   void hide_row(int64_t i) {
+    hide_if([i](int64_t, int64_t, int64_t row, int64_t) { return row == i; });
+  }
+  // Hides key j from query row `row` of head h, batch element b, through the mask (set_mask
+  // first), wherever hidden(b, h, row, j) holds; a mask broadcast over an axis takes the entry
+  // its first index decides last.
+  template <class Hidden>
+  void hide_if(const Hidden& hidden) {
     const Shape& shape = mask_floats.shape();
     for_each_score([&](int64_t b, int64_t h, int64_t row, int64_t j, size_t) {
-      if (row != i) return;
+      if (!hidden(b, h, row, j)) return;
       const int64_t e = mask_offset(shape, b, h, row, j);
       mask_bytes[static_cast<size_t>(e)] = 0;
       mask_floats.data()[e] = -std::numeric_limits<float>::infinity();

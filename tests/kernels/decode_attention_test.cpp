@@ -211,6 +211,21 @@ TEST_P(DecodeAttention, RejectsBadArguments) {
   EXPECT_THROW_MESSAGE(
       decode_attention_forward(q_view, three_heads, three_heads, ten.data(), {}, out_view),
       ShapeError, "keys: expected a cache of 1 sequences, a number of heads dividing");
+  // Key ranges: within the sequence's length, first ≤ last, and alone (no causal, no window).
+  std::vector<int64_t> ranges(8, 0);
+  ranges[2 * 3 + 1] = 11;
+  DecodeOptions ranged;
+  ranged.causal = false;
+  ranged.key_ranges = ranges.data();
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, keys.view, keys.view, ten.data(), ranged, out_view),
+      ValueError,
+      "key_ranges[3]: expected 0 ≤ first ≤ last ≤ the sequence's length 10, got [0, 11)");
+  ranges[2 * 3 + 1] = 4;
+  ranged.causal = true;
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, keys.view, keys.view, ten.data(), ranged, out_view),
+      ValueError, "key_ranges: expected no causal mask or window beside them");
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(DecodeAttention);

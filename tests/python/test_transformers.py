@@ -177,9 +177,11 @@ def test_logits_and_gradients_match_eager(name, padding):
         assert_relative(parameter.grad, reference, GRADIENT_RTOL, f"d {parameter_name}")
 
 
-def test_generation_with_a_cache_matches_eager():
-    # Decoding: the padded prompt, then one query at a time against the cached keys.
-    eager, mine = model_pair("mistral")
+@pytest.mark.parametrize("name, cache", [("mistral", None), ("llama", "static")])
+def test_generation_with_a_cache_matches_eager(name, cache):
+    # Decoding: the padded prompt, then one query at a time against the cached keys, whose mask
+    # (left padding, Mistral's window, a static cache's empty slots) attn reads as key ranges.
+    eager, mine = model_pair(name)
     torch.manual_seed(2)
     input_ids = torch.randint(1, COMMON["vocab_size"], (2, 6))
     attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
@@ -190,6 +192,8 @@ def test_generation_with_a_cache_matches_eager():
         output_scores=True,
         return_dict_in_generate=True,
     )
+    if cache is not None:
+        settings["cache_implementation"] = cache
     ours = mine.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
     theirs = eager.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
     assert torch.equal(ours.sequences, theirs.sequences)

@@ -28,16 +28,18 @@ namespace attn {
 // of an invalid combination.
 //
 // Kernels, picked by shape: decoding shapes — at most 16 queries per sequence against at least as
-// many keys, no attn_mask, ALiBi or dropout, valid lengths the same for a sequence's queries, and
-// causal or window diagonals (if any) on the last key with every key valid — run on the decode
-// kernel (kernels/decode_attention.hpp: keys split across threads, each key/value row read once
-// per group of query heads); everything else on the prefill kernels. Both give the result within
-// float rounding of exact, their log-sum-exp too. Where the decode kernel reads every key and
-// value row it checks its own scores and output for NaN and ±∞ instead of scanning the inputs
-// first (one read of the cache instead of two); when it finds one, the call is redone on the
-// scanned path, which names the input, so the errors are the same — but for one: the prefill
-// path refuses inputs whose score bound |scale|·E·max|q|·max|k| reaches 1e37, where the decode
-// kernel, checking the scores themselves, answers when every one of them is finite.
+// many keys, no ALiBi or dropout, valid lengths the same for a sequence's queries, causal or
+// window diagonals (if any) on the last key with every key valid, and an attn_mask (if any) whose
+// every row is one interval of keys (padding, a static cache's empty slots, causal and window
+// patterns) — run on the decode kernel (kernels/decode_attention.hpp: keys split across threads,
+// each key/value row read once per group of query heads); everything else on the prefill
+// kernels. Both give the result within float rounding of exact, their log-sum-exp too. The decode
+// kernel checks the key and value rows it reads for NaN and ±∞ (its scores and output) instead of
+// scanning the inputs first (one read of the cache instead of two); when it finds one, the call
+// is redone on the scanned path, which names the input. Two differences remain: rows the decode
+// kernel never reads (hidden from every query) are not checked, and the prefill path refuses
+// inputs whose score bound |scale|·E·max|q|·max|k| reaches 1e37, where the decode kernel,
+// checking the scores themselves, answers when every one of them is finite.
 
 // What a forward pass leaves for its backward pass besides the inputs: the output and one
 // log-sum-exp per query row (natural log of its softmax denominator, sinks included; −∞ for a

@@ -41,6 +41,10 @@ struct DecodeOptions {
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.0F;          // 0: none
   const float* sinks = nullptr;  // one per query head, or null
+  // Each query row's keys as [first, last), for an attention mask whose rows are intervals:
+  // key_ranges[2·((b·H + h)·n + i)] and the next, within [0, lengths[b]]; causal and the window
+  // must then be off (ValueError otherwise). Null: the keys follow from lengths, causal, window.
+  const int64_t* key_ranges = nullptr;
 };
 
 // out[b, h] = softmax(S) V for the n new queries (B·H: n × d) against sequence b's first
