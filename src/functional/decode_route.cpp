@@ -5,12 +5,43 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <vector>
 
+#include "attn/kernels/decode_attention.hpp"
+#include "attn/kernels/heads_view.hpp"
 #include "functional/attention_layout.hpp"
+#include "functional/prepared_attention.hpp"
 
 namespace attn::functional_detail {
 
 namespace {
+
+// What the decode kernel needs beyond the tensors: its options and one key count per sequence.
+struct DecodeRoute {
+  DecodeOptions options;
+  std::vector<int64_t> lengths;
+  // Each query row's keys [first, last) from an attn_mask of intervals (empty without a mask).
+  std::vector<int64_t> key_ranges;
+  // `options` with key_ranges pointing into this route.
+  DecodeOptions kernel_options() const;
+};
+
+// Slice `view` of keys or values as the decode kernel's cache tensor: every row stored, in `dtype`.
+template <class T>
+CacheTensorView cache_tensor(CacheDType dtype, const BasicHeadsView<const T>& view) {
+  CacheTensorView tensor;
+  tensor.dtype = dtype;
+  tensor.data = view.data;
+  tensor.batch = view.batch;
+  tensor.heads = view.heads;
+  tensor.capacity = view.rows;
+  tensor.cols = view.cols;
+  tensor.batch_stride = view.batch_stride;
+  tensor.head_stride = view.head_stride;
+  tensor.row_stride = view.row_stride;
+  return tensor;
+}
 
 // Each query row's visible keys as [first, last) when every row of a bool mask (or of a float
 // mask of 0 and −∞ only) is one interval of visible keys — padding, a static cache's empty slots,
@@ -54,14 +85,23 @@ bool mask_intervals(const ScoreMask& mask, int64_t batch, int64_t heads, int64_t
   return true;
 }
 
-}  // namespace
-
 DecodeOptions DecodeRoute::kernel_options() const {
   DecodeOptions kernel = options;
   kernel.key_ranges = key_ranges.empty() ? nullptr : key_ranges.data();
   return kernel;
 }
 
+// The decode kernel's arguments for a prepared dot-product call, or nullopt when the call is not
+// decoding-shaped (more than kMaxDecodeQueries queries, more queries than keys, more than
+// kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: ALiBi,
+// dropout, valid lengths that differ between a sequence's queries, a causal or window diagonal
+// other than the last key's (the decode kernel's queries end at their sequence's last key, so
+// per-batch valid lengths combine with no diagonal), or an attn_mask some row of which is not one
+// interval of keys (a gap, a float bias) or which comes with causal, a window or valid lengths.
+// A mask of intervals (bool, or float of 0 and −∞: key padding on either side, a static cache's
+// empty slots, causal and window patterns, as transformers passes them) becomes the kernel's
+// per-row key ranges, found by one read of the mask. Either kernel gives the same result within
+// float rounding; this one reads each key/value row once per group of query heads.
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   const HeadsLayout& q = prepared.query_layout();
   const HeadsLayout& k = prepared.key_layout();
@@ -119,8 +159,6 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   route.options.sinks = options.sinks;
   return route;
 }
-
-namespace {
 
 // What decode_without_scans can take, told from the shapes and options alone (before the
 // argument checks, which the calls it declines run once, on the scanned path).

@@ -8,7 +8,6 @@
 
 #include "attn/core/error.hpp"
 #include "attn/functional/scaled_dot_product_attention.hpp"
-#include "attn/kernels/decode_attention.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/decode_route.hpp"
@@ -85,6 +84,7 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
                                   std::span<float> log_sum_exp) {
+  // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp).
   if (functional_detail::decode_without_scans(type, query, key, value, options, output,
                                               log_sum_exp)) {
     return;
@@ -104,27 +104,6 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
     Tensor wide_output(functional_detail::output_shape(wide_query, wide_value));
     scaled_dot_product_attention(wide_query, wide_key, wide_value, options, wide_output,
                                  log_sum_exp);
-    functional_detail::store_rounded(type, wide_output, output);
-    return;
-  }
-  if (const auto route = functional_detail::decode_route(prepared)) {
-    // The decode kernel reads the half keys and values in place; its few query rows are widened
-    // (exactly) and its output rounded once, as the half prefill kernel rounds its own.
-    const Tensor wide_query = functional_detail::widened_copy(type, q.view());
-    Tensor wide_output(functional_detail::output_shape(wide_query.shape(), v.view().shape()));
-    const auto query_layout = prepared.layout_like_query(wide_query);
-    const auto output_layout = prepared.layout_like_query(wide_output);
-    const CacheDType stored =
-        type == HalfType::kFloat16 ? CacheDType::kFloat16 : CacheDType::kBFloat16;
-    for (size_t s = 0; s < prepared.slices(); ++s) {
-      decode_attention_forward(
-          query_layout.slice(wide_query.data(), s),
-          functional_detail::cache_tensor(stored, prepared.key_layout().slice(k.data(), s)),
-          functional_detail::cache_tensor(stored, prepared.value_layout().slice(v.data(), s)),
-          route->lengths.data(), route->kernel_options(),
-          output_layout.slice(wide_output.data(), s),
-          log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
-    }
     functional_detail::store_rounded(type, wide_output, output);
     return;
   }

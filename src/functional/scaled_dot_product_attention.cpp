@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "attn/core/error.hpp"
-#include "attn/kernels/decode_attention.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/decode_route.hpp"
@@ -35,6 +34,8 @@ int64_t log_sum_exp_size(const Shape& query) {
 void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
                                   ConstStridedView value, const AttentionOptions& options,
                                   MutableStridedView output, std::span<float> log_sum_exp) {
+  // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp); the
+  // prefill path below when it declines or finds something non-finite.
   if (functional_detail::decode_without_scans(query, key, value, options, output, log_sum_exp))
     return;
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
@@ -43,19 +44,6 @@ void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
   // The kernel's unnormalised sum reaches S·max|v| (times dropout's 1/(1−p)): values near float's
   // maximum are scaled down by a power of two first and the output back up after.
   const int shift = functional_detail::shift_for(prepared.value_sum_bound());
-  if (shift == 0) {
-    if (const auto route = functional_detail::decode_route(prepared)) {
-      for (size_t s = 0; s < prepared.slices(); ++s) {
-        decode_attention_forward(
-            prepared.query(s),
-            functional_detail::cache_tensor(CacheDType::kFloat32, prepared.key(s)),
-            functional_detail::cache_tensor(CacheDType::kFloat32, prepared.value(s)),
-            route->lengths.data(), route->kernel_options(), out.slice(output.data(), s),
-            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
-      }
-      return;
-    }
-  }
   prepared.scale_value(shift);
   for (size_t s = 0; s < prepared.slices(); ++s) {
     flash_attention_forward(

@@ -778,8 +778,11 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const int64_t kv_head = g;
   // NaN while any score of the split is NaN or ±∞ (a key that is not finite, or a product past
   // float's range): x·0 is 0 for finite x only. The scores are probed before the modifiers, whose
-  // masks write −∞.
-  auto score_probe = hn::Zero(d);
+  // masks write −∞, and only where ScoreTile wrote them: the rows rounded up to 4 of each key (the
+  // lanes past them hold whatever an earlier tile left).
+  const hn::CappedTag<float, 4> d4;
+  const size_t scored_rows = hwy::RoundUpTo(rows, 4);
+  auto score_probe = hn::Zero(d4);
   for (int64_t key0 = split_begin; key0 < split_end; key0 += static_cast<int64_t>(kKeyTile)) {
     const auto bc =
         static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - key0));
@@ -809,8 +812,12 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                                   prefetch);
       }
     });
-    for (size_t i = 0; i < bc * row_lanes; i += lanes)
-      score_probe = hn::MulAdd(hn::Load(d, s.scores + i), hn::Zero(d), score_probe);
+    for (size_t j = 0; j < bc; ++j) {
+      for (size_t r = 0; r < scored_rows; r += hn::Lanes(d4)) {
+        score_probe =
+            hn::MulAdd(hn::Load(d4, s.scores + j * row_lanes + r), hn::Zero(d4), score_probe);
+      }
+    }
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
 #if HWY_TARGET != HWY_SCALAR
     if (row_lanes == 4) {
@@ -829,7 +836,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     });
   }
 
-  if (!hn::AllTrue(d, hn::Eq(score_probe, score_probe)))
+  if (!hn::AllTrue(d4, hn::Eq(score_probe, score_probe)))
     args.non_finite_scores->store(true, std::memory_order_relaxed);
   // The split's partial results: max, sum, unnormalised output per row.
   const int64_t task = (b * args.keys.heads + g) * args.splits + split;

@@ -343,68 +343,75 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
 
 // The calls above do run on the decode kernel: their outputs and log-sum-exps equal, bit for bit,
 // the decode kernel's called directly on the same tensors (the prefill kernel sums in another
-// order, so it would differ in the last bits), for plain, causal, windowed and capped calls, and
-// a key-padding mask (the kernel's key ranges).
+// order, so it would differ in the last bits), for plain, causal, windowed and capped calls, a
+// key-padding mask (the kernel's key ranges) and per-sequence lengths.
 TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
-  const SdpaShape shape{3, 8, 2, 2, 300, 64, 40};
-  for (int which = 0; which < 4; ++which) {
-    SCOPED_TRACE(which);
-    SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
-    DecodeOptions decode;
-    decode.scale = 1.0F / std::sqrt(64.0F);
-    decode.causal = false;
-    std::vector<int64_t> ranges;
-    if (which == 3) {
-      // Key padding of batch element b: keys [40·b, 300 − 30·b) — as key ranges per row.
-      c.set_mask(Shape{3, 1, 1, 300}, true, 1.0);
-      c.hide_if(
-          [](int64_t b, int64_t, int64_t, int64_t j) { return j < 40 * b || j >= 300 - 30 * b; });
-      for (int64_t b = 0; b < 3; ++b) {
-        for (int64_t row = 0; row < 8 * 2; ++row) {
-          ranges.push_back(40 * b);
-          ranges.push_back(300 - 30 * b);
+  // Groups of 4 heads × 2 queries; 7 queries of one head each (rows that fill no vector: the
+  // kernel's lanes past them must not count as scores).
+  for (const SdpaShape& shape :
+       {SdpaShape{3, 8, 2, 2, 300, 64, 40}, SdpaShape{3, 2, 2, 7, 300, 64, 40}})
+    for (int which = 0; which < 5; ++which) {
+      SCOPED_TRACE(std::to_string(which) + ", n = " + std::to_string(shape.queries));
+      SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
+      DecodeOptions decode;
+      decode.scale = 1.0F / std::sqrt(64.0F);
+      decode.causal = false;
+      std::vector<int64_t> ranges;
+      if (which == 3) {
+        // Key padding of batch element b: keys [40·b, 300 − 30·b) — as key ranges per row.
+        c.set_mask(Shape{3, 1, 1, 300}, true, 1.0);
+        c.hide_if(
+            [](int64_t b, int64_t, int64_t, int64_t j) { return j < 40 * b || j >= 300 - 30 * b; });
+        for (int64_t b = 0; b < 3; ++b) {
+          for (int64_t row = 0; row < shape.q_heads * shape.queries; ++row) {
+            ranges.push_back(40 * b);
+            ranges.push_back(300 - 30 * b);
+          }
         }
+        decode.key_ranges = ranges.data();
       }
-      decode.key_ranges = ranges.data();
+      if (which == 1) {
+        c.set_causal(true);
+        c.set_softcap(3.0F);
+        decode.causal = true;
+        decode.softcap = 3.0F;
+      }
+      if (which == 2) {
+        c.set_alignment(true);
+        c.set_window(50, -1);
+        c.set_sinks();
+        decode.window_left = 50;
+        decode.sinks = c.sinks.data();
+      }
+      std::vector<int64_t> lengths(3, shape.keys);
+      if (which == 4) {  // per-sequence lengths: tiles of the shorter ones are masked
+        lengths = {300, 120, 7};
+        c.set_batch_lengths(lengths);
+      }
+      const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+      const auto cache = [](const Tensor& t) {
+        CacheTensorView view;
+        view.data = t.data();
+        view.batch = t.dim(0);
+        view.heads = t.dim(1);
+        view.capacity = t.dim(2);
+        view.cols = t.dim(3);
+        view.row_stride = t.dim(3);
+        view.head_stride = t.dim(2) * t.dim(3);
+        view.batch_stride = t.dim(1) * view.head_stride;
+        return view;
+      };
+      Tensor direct(forward.output.shape());
+      std::vector<float> direct_lse(forward.log_sum_exp.size());
+      const int64_t n = shape.queries, h = shape.q_heads;
+      decode_attention_forward(
+          {c.q.data(), 3, h, n, 64, h * n * 64, n * 64, 64}, cache(c.k), cache(c.v), lengths.data(),
+          decode, {direct.data(), 3, h, n, 40, h * n * 40, n * 40, 40}, direct_lse.data());
+      for (int64_t e = 0; e < direct.numel(); ++e)
+        ASSERT_EQ(forward.output.data()[e], direct.data()[e]) << "output element " << e;
+      for (size_t r = 0; r < direct_lse.size(); ++r)
+        ASSERT_EQ(forward.log_sum_exp[r], direct_lse[r]) << "log-sum-exp row " << r;
     }
-    if (which == 1) {
-      c.set_causal(true);
-      c.set_softcap(3.0F);
-      decode.causal = true;
-      decode.softcap = 3.0F;
-    }
-    if (which == 2) {
-      c.set_alignment(true);
-      c.set_window(50, -1);
-      c.set_sinks();
-      decode.window_left = 50;
-      decode.sinks = c.sinks.data();
-    }
-    const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
-    const auto cache = [](const Tensor& t) {
-      CacheTensorView view;
-      view.data = t.data();
-      view.batch = t.dim(0);
-      view.heads = t.dim(1);
-      view.capacity = t.dim(2);
-      view.cols = t.dim(3);
-      view.row_stride = t.dim(3);
-      view.head_stride = t.dim(2) * t.dim(3);
-      view.batch_stride = t.dim(1) * view.head_stride;
-      return view;
-    };
-    Tensor direct(forward.output.shape());
-    std::vector<float> direct_lse(forward.log_sum_exp.size());
-    const std::vector<int64_t> lengths(3, shape.keys);
-    const int64_t n = shape.queries;
-    decode_attention_forward(
-        {c.q.data(), 3, 8, n, 64, 8 * n * 64, n * 64, 64}, cache(c.k), cache(c.v), lengths.data(),
-        decode, {direct.data(), 3, 8, n, 40, 8 * n * 40, n * 40, 40}, direct_lse.data());
-    for (int64_t e = 0; e < direct.numel(); ++e)
-      ASSERT_EQ(forward.output.data()[e], direct.data()[e]) << "output element " << e;
-    for (size_t r = 0; r < direct_lse.size(); ++r)
-      ASSERT_EQ(forward.log_sum_exp[r], direct_lse[r]) << "log-sum-exp row " << r;
-  }
 }
 
 // Forward, weights and backward of a prepared case against the reference (the float mask's
