@@ -116,20 +116,19 @@ SdpaTestCase make_case(const Config& config, uint64_t seed) {
   return c;
 }
 
-// Forward, weights and backward (every gradient the options allow) against the reference.
-void check(const Config& config, uint64_t seed, double weights_tolerance = kForwardTolerance) {
-  SCOPED_TRACE(config.describe());
-  SdpaTestCase c = make_case(config, seed);
+// Forward, weights and backward of a prepared case against the reference: the float mask's
+// gradient with `mask_gradient`, the sinks' with `sinks_gradient`.
+void check_case(SdpaTestCase& c, bool mask_gradient, bool sinks_gradient,
+                double weights_tolerance = kForwardTolerance) {
   const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
   const reference::SdpaForward expected = c.expected_forward();
   EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance)) << "output";
   const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
   EXPECT_TRUE(close_to(weights, expected.weights, weights_tolerance)) << "weights";
 
-  const bool mask_gradient = config.mask == MaskKind::kFloat;
   const AttentionBackward grads = scaled_dot_product_attention_backward(
       c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options, mask_gradient,
-      config.sinks);
+      sinks_gradient);
   const reference::SdpaGradients expected_grads = c.expected_backward();
   EXPECT_TRUE(close_to(grads.query, expected_grads.q, kBackwardTolerance)) << "grad query";
   EXPECT_TRUE(close_to(grads.key, expected_grads.k, kBackwardTolerance)) << "grad key";
@@ -140,9 +139,16 @@ void check(const Config& config, uint64_t seed, double weights_tolerance = kForw
         close_to(grads.attn_mask, c.reduce_to_mask(expected_grads.mask), kBackwardTolerance))
         << "grad attn_mask";
   }
-  if (config.sinks) {
+  if (sinks_gradient) {
     EXPECT_TRUE(close_to(grads.sinks, expected_grads.sinks, kBackwardTolerance)) << "grad sinks";
   }
+}
+
+// Forward, weights and backward (every gradient the options allow) against the reference.
+void check(const Config& config, uint64_t seed, double weights_tolerance = kForwardTolerance) {
+  SCOPED_TRACE(config.describe());
+  SdpaTestCase c = make_case(config, seed);
+  check_case(c, config.mask == MaskKind::kFloat, config.sinks, weights_tolerance);
 }
 
 class FunctionalSdpa : public testing::EverySimdTarget {};
@@ -326,15 +332,7 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
           SdpaTestCase c(shape, seed++);
           if (causal) c.set_causal(true);
           c.set_batch_lengths({0, m / 2 + 1});
-          const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
-          const reference::SdpaForward expected = c.expected_forward();
-          EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance));
-          const AttentionBackward grads = scaled_dot_product_attention_backward(
-              c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
-          const reference::SdpaGradients expected_grads = c.expected_backward();
-          EXPECT_TRUE(close_to(grads.query, expected_grads.q, kBackwardTolerance));
-          EXPECT_TRUE(close_to(grads.key, expected_grads.k, kBackwardTolerance));
-          EXPECT_TRUE(close_to(grads.value, expected_grads.v, kBackwardTolerance));
+          check_case(c, false, false);
         }
       }
     }
@@ -414,27 +412,6 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
     }
 }
 
-// Forward, weights and backward of a prepared case against the reference (the float mask's
-// gradient too when it has one).
-void check_case(SdpaTestCase& c, bool float_mask) {
-  const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
-  const reference::SdpaForward expected = c.expected_forward();
-  EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance)) << "output";
-  const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
-  EXPECT_TRUE(close_to(weights, expected.weights, kForwardTolerance)) << "weights";
-  const AttentionBackward grads = scaled_dot_product_attention_backward(
-      c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options, float_mask);
-  const reference::SdpaGradients expected_grads = c.expected_backward();
-  EXPECT_TRUE(close_to(grads.query, expected_grads.q, kBackwardTolerance)) << "grad query";
-  EXPECT_TRUE(close_to(grads.key, expected_grads.k, kBackwardTolerance)) << "grad key";
-  EXPECT_TRUE(close_to(grads.value, expected_grads.v, kBackwardTolerance)) << "grad value";
-  if (float_mask) {
-    EXPECT_TRUE(
-        close_to(grads.attn_mask, c.reduce_to_mask(expected_grads.mask), kBackwardTolerance))
-        << "grad attn_mask";
-  }
-}
-
 // The masks transformers passes while decoding — key padding on either side, a static cache's
 // empty slots under a causal pattern, a sliding window over left padding — and any mask whose
 // rows are intervals of keys (per head, empty rows), bool or float of 0 and −∞: the decode
@@ -475,13 +452,13 @@ TEST_P(FunctionalSdpa, DecodingShapesWithIntervalMasksMatchTheReference) {
         c.set_mask(mask_case.mask_shape, boolean, 1.0);
         if (!boolean) std::fill_n(c.mask_floats.data(), c.mask_floats.numel(), 0.0F);
         c.hide_if(mask_case.hidden);
-        check_case(c, !boolean);
+        check_case(c, !boolean, false);
       }
     }
     // A float mask with a bias besides 0 and −∞ is no interval: the prefill path.
     SdpaTestCase biased(shape, seed++);
     biased.set_mask(Shape{2, 1, 1, m}, false, 0.9);
-    check_case(biased, true);
+    check_case(biased, true, false);
   }
 }
 
