@@ -10,28 +10,50 @@
 #                                                vdpbf16ps (ATTN_AMX=1 against unset), one run
 #   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
 #                                                F32 and F16 caches, interleaved rounds (issue 13)
+#   bench/server_side_by_side.sh module  [OUT]   builds attn's Python module there (before layers)
 #
-# Carry a Release build (build/release: the CLI and its shared libraries), for the layers phase
-# attn's Python module built for the machine's Python, and for the ggml phase build/ggml too: its
-# ggml_decode_bench (scripts/build-ggml.sh, portable AVX-512 flags) is the one file needed, ggml
-# being linked into it statically (ldd: glibc and libgomp only). Overrides: ATTN (the CLI), PYTHON,
-# SIZES (default 1024,4096), THREADS (default 1,4 and the machine's cores), REPEATS, LENGTHS (the
-# decode cases' cached tokens, default 4096,32768,65536), GGML (default
-# build/ggml/ggml_decode_bench), ROUNDS (the ggml phase's interleaved rounds, default 2). On the
-# device tool, keep OUT outside the call's $OUT (e.g. the default /tmp/attn-server, which lasts
-# while the machine stays warm, so the pytorch phase finds bench.json) and copy each phase's files
-# to $OUT: at most 8 files come back.
+# The server needs none of attn's dependencies: carry build/server.tar.xz, the bundle that
+# scripts/pack-server.sh makes here (the CLI, the kernel tests, ggml_decode_bench when
+# scripts/build-ggml.sh made it, and every shared library they load but the C/C++ runtimes; 12 MB),
+# which this script unpacks and uses when ATTN is unset. The module phase builds attn's Python module
+# there against it for the server's own Python (bench/server/CMakeLists.txt: a compiler, Python's
+# headers, CMake and nanobind are needed) and the layers phase imports it from OUT/python.
+# Overrides: ATTN (the CLI; its libattn_*.so are looked for in ../src/kernels as in a build tree),
+# PYTHON, SIZES (default 1024,4096), THREADS (default 1,4 and the machine's cores), REPEATS, LENGTHS
+# (the decode cases' cached tokens, default 4096,32768,65536), GGML, ROUNDS (the ggml phase's
+# interleaved rounds, default 2), CONTEXTS (the transformers model's cached tokens, default
+# 4096,32768). On the device tool, keep OUT outside the call's $OUT (e.g. the default
+# /tmp/attn-server, which lasts while the machine stays warm, so the pytorch phase finds bench.json)
+# and pack OUT into the call's $OUT: at most 8 files come back.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers|amx|ggml [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
-attn=${ATTN:-build/release/cli/attn}
 python=${PYTHON:-python3}
 cores=$(nproc)
 sizes=${SIZES:-1024,4096}
 threads=${THREADS:-$(printf '%s\n' 1 4 "$cores" | awk '$1 <= '"$cores" | sort -un | paste -sd,)}
 repeats=${REPEATS:-5}
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$attn")/../src/kernels"
+bundle=build/server
+if [[ -z ${ATTN:-} && ! -d $bundle && -f $bundle.tar.xz ]]; then
+  tar -xJf "$bundle.tar.xz" -C "$(dirname "$bundle")"
+fi
+if [[ -z ${ATTN:-} && -x $bundle/bin/attn ]]; then
+  attn=$bundle/bin/attn
+  kernels_test=$bundle/bin/kernels_test
+  ggml=${GGML:-$bundle/bin/ggml_decode_bench}
+  libraries=$PWD/$bundle/lib
+  # The bundle's OpenMP runtime only where the server has none of its own.
+  ldconfig -p 2>/dev/null | grep -q 'libgomp\.so\.1 ' || libraries+=:$PWD/$bundle/lib-fallback
+else
+  attn=${ATTN:-build/release/cli/attn}
+  kernels_test=$(dirname "$attn")/../tests/kernels/kernels_test
+  ggml=${GGML:-build/ggml/ggml_decode_bench}
+  libraries=$(cd "$(dirname "$attn")/../src/kernels" 2>/dev/null && pwd || true)
+fi
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$libraries"
+# attn's module built by the module phase, ahead of any installed one.
+[[ -d $out/python/attn ]] && export PYTHONPATH="$out/python${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out"
 lscpu >"$out/cpu.txt"
 
@@ -56,13 +78,12 @@ layers)
   "$python" bench/compare_decode.py --lengths "${LENGTHS:-4096,32768,65536}" --threads "1,$cores" \
     --attn-cli "$attn" --json-out "$out/decode.json" --plot-out "$out/decode.png" >"$out/decode.txt"
   # A transformers model end to end (prefill, then decode steps), attn beside SDPA.
-  "$python" bench/compare_transformers.py --contexts 4096,32768 --threads "1,$cores" \
+  "$python" bench/compare_transformers.py --contexts "${CONTEXTS:-4096,32768}" --threads "1,$cores" \
     --json-out "$out/transformers.json" >"$out/transformers.txt"
   ;;
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
-  tests=$(dirname "$attn")/../tests/kernels/kernels_test
-  "$tests" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1 || true
+  "$kernels_test" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1 || true
   for round in 1 2; do
     for use in 0 1; do
       ATTN_AMX=$use "$attn" bench --cases fused,fused-bf16 --sizes "$sizes" --threads "$threads" \
@@ -73,15 +94,25 @@ amx)
 ggml)
   # attn bench's decode cases and ggml's flash_attn_ext in turn, B = 1, n = 1, 32 heads over 8 of
   # 128: issue 13's target is attn >= 3x ggml at m = 65536. Python's standard library only.
-  ggml=${GGML:-build/ggml/ggml_decode_bench}
   test -x "$ggml" ||
     { echo "no ggml benchmark at $ggml: run scripts/build-ggml.sh and carry it" >&2; exit 2; }
   "$python" bench/compare_ggml_decode.py --attn-cli "$attn" --ggml-bench "$ggml" \
     --lengths "${LENGTHS:-4096,32768,65536}" --threads "$threads" --rounds "${ROUNDS:-2}" \
     --json-out "$out/ggml.json" >"$out/ggml.txt"
   ;;
+module)
+  # attn's Python module for this machine's Python, linked to the bundle's libraries.
+  [[ -d ${libraries%%:*} ]] || { echo "no bundle: carry build/server.tar.xz (scripts/pack-server.sh)" >&2; exit 2; }
+  cmake -S bench/server -B "$out/module-build" -DCMAKE_BUILD_TYPE=Release \
+    -DPython_EXECUTABLE="$(command -v "$python")" -DATTN_LIB_DIR="${libraries%%:*}" >"$out/module.txt"
+  cmake --build "$out/module-build" -j "$cores" >>"$out/module.txt"
+  mkdir -p "$out/python/attn"
+  cp bindings/python/attn/*.py bindings/python/attn/*.pyi bindings/python/attn/py.typed "$out/python/attn/"
+  cp "$out"/module-build/_attn*.so "$out/python/attn/"
+  PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
+  ;;
 *)
-  echo "unknown phase '$phase': expected kernels, pytorch, layers, amx or ggml" >&2
+  echo "unknown phase '$phase': expected kernels, pytorch, layers, amx, ggml or module" >&2
   exit 2
   ;;
 esac
