@@ -68,6 +68,9 @@ def onnx_runtime_layer(torch_layer, heads, threads):
                               initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
+    # onnx writes its own newest IR version, which an older ONNX Runtime refuses (onnx 1.23 writes
+    # 14, ONNX Runtime 1.30 reads up to 13); the graph uses nothing past IR 8 (opset 17's).
+    model.ir_version = min(model.ir_version, 8)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

@@ -132,6 +132,8 @@ def torch_cases(args, n, threads, attn_lengths, attn_module=None):
     q4, k4, v4 = (rand(batch, heads, n, d) for _ in range(3))
     q3, k3, v3 = (x.reshape(batch * heads, n, d) for x in (q4, k4, v4))
     for workload, (padding, causal) in masks.items():
+        if args.half_only:
+            break
         if workload == "dot-padded" and padding is None:
             continue  # attn did not run its padded case: no lengths to share
         flops = dot_flops(batch, heads, n, n, d, padding, causal)
@@ -166,6 +168,8 @@ def torch_cases(args, n, threads, attn_lengths, attn_module=None):
     if attn_module is not None:
         for workload, dtype in (("dot", torch.float32), ("dot-bf16", torch.bfloat16),
                                 ("dot-fp16", torch.float16)):
+            if args.half_only and dtype == torch.float32:
+                continue
             qh, kh, vh = (x.to(dtype) for x in (q4, k4, v4))
             ms, extra = time_median_ms(
                 lambda: attn_module.scaled_dot_product_attention(qh, kh, vh), args.repeats)
@@ -188,6 +192,8 @@ def torch_cases(args, n, threads, attn_lengths, attn_module=None):
             lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True), args.repeats)
         yield row(name, "dot-backward-bf16", n, threads, ms, 2 * flops, extra)
         del out
+    if args.half_only:
+        return
     # Backward passes without mask (workload dot-backward), timed alone: one forward pass keeps its
     # graph, then each timed pass is autograd's backward through it (torch.autograd.grad, so
     # nothing accumulates). GFLOP/s count 8·d per pair (dV, dP, dQ, dK), as attn bench does.
@@ -254,6 +260,8 @@ def run_attn(args):
                "--head-dim", str(args.head_dim)]
     if args.quick:
         command.append("--quick")
+    if args.half_only:
+        command += ["--cases", "fused-bf16,fused-fp16,fused-bf16-backward"]
     print("running:", " ".join(command), file=sys.stderr)
     result = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
     return json.loads(result.stdout)
@@ -288,6 +296,8 @@ def main():
                         help="skip PyTorch cases that would materialise more than this")
     parser.add_argument("--quick", action="store_true", help="sizes 128,512, 2 repeats")
     parser.add_argument("--json-out", help="also write every figure to this JSON file")
+    parser.add_argument("--half-only", action="store_true",
+                        help="bf16/fp16 workloads only (forward, bf16 causal and backward)")
     args = parser.parse_args()
     if args.quick:
         args.sizes = [s for s in args.sizes if s <= 512] or [128]

@@ -7,7 +7,7 @@
 #   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention, decoding and a transformers
 #                                                model from Python
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
-#                                                vdpbf16ps (ATTN_AMX=1 against unset), one run
+#                                                vdpbf16ps (ATTN_AMX=1 against 0), one run
 #   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
 #                                                F32 and F16 caches, interleaved rounds (issue 13)
 #   bench/server_side_by_side.sh module  [OUT]   builds attn's Python module there (before layers)

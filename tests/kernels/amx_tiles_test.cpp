@@ -75,6 +75,7 @@ HWY_AFTER_NAMESPACE();
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -191,7 +192,18 @@ TEST(AmxUse, SetAndStatusAgree) {
   set_amx_use(before);
 }
 
-// ATTN_AMX is read as "1" (use) or anything else (do not); a value other than 0 or 1 is named.
+// Without ATTN_AMX the tiles are used where the CPU offers them; ATTN_AMX=0 turns them off.
+TEST(AmxUse, TilesAreUsedByDefault) {
+  const char* setting = std::getenv("ATTN_AMX");
+  if (setting != nullptr && std::strcmp(setting, "0") == 0) {
+    EXPECT_EQ(amx_use(), AmxUse::kNever);
+  } else {
+    EXPECT_EQ(amx_use(), AmxUse::kWhereAvailable);
+    EXPECT_EQ(amx_status().find("in use") != std::string::npos, amx_available()) << amx_status();
+  }
+}
+
+// ATTN_AMX is read as "0" (do not use) or anything else (use); a value other than 0 or 1 is named.
 TEST(AmxUse, StatusNamesAnEnvironmentValueItDoesNotUnderstand) {
   const char* before = std::getenv("ATTN_AMX");
   const std::string saved = before != nullptr ? before : "";

@@ -7,8 +7,8 @@
 namespace attn {
 
 // Where the bf16 fused forward (AVX-512 targets with AVX512-BF16) computes Sᵀ = K·Qᵀ and P·V:
-// - kNever: vdpbf16ps in vector registers (the default until the AMX path has run on AMX hardware);
-// - kWhereAvailable: AMX tiles where amx_available(), vdpbf16ps elsewhere;
+// - kNever: vdpbf16ps in vector registers;
+// - kWhereAvailable (the default): AMX tiles where amx_available(), vdpbf16ps elsewhere;
 // - kModel: the AMX path's own code with each tile instruction carried out by a C++ model of it
 //   (slow; for tests on CPUs without AMX: it checks the layouts, tile shapes and padding).
 // Depths that are not a multiple of 32 stay on vdpbf16ps in every mode.
@@ -18,14 +18,14 @@ enum class AmxUse { kNever, kWhereAvailable, kModel };
 // (arch_prctl(ARCH_REQ_XCOMP_PERM)); asked once, the first time.
 bool amx_available();
 
-// The current choice; at start-up kWhereAvailable when the environment variable ATTN_AMX is "1",
-// kNever otherwise. Process-wide, from the next kernel call on; not for use while kernels run on
+// The current choice; at start-up kNever when the environment variable ATTN_AMX is "0",
+// kWhereAvailable otherwise. Process-wide, from the next kernel call on; not for use while kernels run on
 // other threads.
 AmxUse amx_use();
 void set_amx_use(AmxUse use);
 
-// One line for benchmark headers: "AMX-BF16 in use", "AMX-BF16 available, not used (ATTN_AMX=1
-// uses it)", "no AMX" and the like, after a note naming an ATTN_AMX value other than 0 or 1.
+// One line for benchmark headers: "AMX-BF16 in use", "AMX-BF16 available, turned off (ATTN_AMX=0
+// or set_amx_use)", "no AMX" and the like, after a note naming an ATTN_AMX value other than 0 or 1.
 std::string amx_status();
 
 }  // namespace attn
