@@ -2,7 +2,8 @@
 # Issues 13 and 14's side-by-side on a server CPU (the device tool's 16-core Xeon), in phases that
 # each fit one 10-minute device command; every figure goes to files under OUT with the CPU's name.
 #
-#   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case, AVX-512 and AVX2
+#   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case (AVX-512)
+#   bench/server_side_by_side.sh avx2    [OUT]   the AVX2 kernels on the same cores
 #   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json)
 #   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention, decoding and a transformers
 #                                                model from Python
@@ -25,15 +26,22 @@
 # 4096,32768). On the device tool, keep OUT outside the call's $OUT (e.g. the default
 # /tmp/attn-server, which lasts while the machine stays warm, so the pytorch phase finds bench.json)
 # and pack OUT into the call's $OUT: at most 8 files come back.
+#
+# Durations on the Xeon (2026-11-24, REPEATS=3 unless said; docs/benchmarks.md "The Xeon side by
+# side"): module 13 s; kernels 220 s at REPEATS=5; pytorch 212 s; amx more than 90 s (two rounds of
+# four runs); layers: compare_mha 78 s, compare_decode 60 s (its --repeats 9), compare_transformers
+# 83 s (--new-tokens 8); ggml 95 s. A machine is given back 30 s after a call and a new one starts
+# in about 30 s, bare: three calls of module + kernels + pytorch, module + amx + layers, ggml + avx2
+# fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|pytorch|layers|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 cores=$(nproc)
 sizes=${SIZES:-1024,4096}
 threads=${THREADS:-$(printf '%s\n' 1 4 "$cores" | awk '$1 <= '"$cores" | sort -un | paste -sd,)}
-repeats=${REPEATS:-5}
+repeats=${REPEATS:-3}
 bundle=build/server
 if [[ -z ${ATTN:-} && ! -d $bundle && -f $bundle.tar.xz ]]; then
   tar -xJf "$bundle.tar.xz" -C "$(dirname "$bundle")"
@@ -61,6 +69,8 @@ case $phase in
 kernels)
   "$attn" bench --cases fused,fused-causal,fused-backward,fused-bf16,fused-fp16,fused-bf16-backward,fused-additive,fused-mha \
     --sizes "$sizes" --threads "$threads" --repeats "$repeats" --json-out "$out/bench.json" >"$out/bench.txt"
+  ;;
+avx2)
   # The AVX2 kernels on the same cores, for the AVX2 rows of issue 14's targets.
   "$attn" bench --simd-target avx2 --cases fused,fused-backward,fused-additive \
     --sizes "$sizes" --threads "1,$cores" --repeats "$repeats" >"$out/bench_avx2.txt"
@@ -76,10 +86,11 @@ layers)
   "$python" bench/compare_mha.py --sizes "$sizes" --threads "$threads" --repeats "$repeats" \
     --json-out "$out/mha.json" >"$out/mha.txt"
   "$python" bench/compare_decode.py --lengths "${LENGTHS:-4096,32768,65536}" --threads "1,$cores" \
-    --attn-cli "$attn" --json-out "$out/decode.json" --plot-out "$out/decode.png" >"$out/decode.txt"
+    --repeats 9 --attn-cli "$attn" --json-out "$out/decode.json" --plot-out "$out/decode.png" \
+    >"$out/decode.txt"
   # A transformers model end to end (prefill, then decode steps), attn beside SDPA.
   "$python" bench/compare_transformers.py --contexts "${CONTEXTS:-4096,32768}" --threads "1,$cores" \
-    --json-out "$out/transformers.json" >"$out/transformers.txt"
+    --new-tokens 8 --json-out "$out/transformers.json" >"$out/transformers.txt"
   ;;
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
@@ -112,7 +123,7 @@ module)
   PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
   ;;
 *)
-  echo "unknown phase '$phase': expected kernels, pytorch, layers, amx, ggml or module" >&2
+  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, amx, ggml or module" >&2
   exit 2
   ;;
 esac

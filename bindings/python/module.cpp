@@ -108,9 +108,9 @@ NB_MODULE(_attn, module) {
 
   module.def(
       "amx_status", [] { return attn::amx_status(); },
-      "Whether bf16 attention runs on the CPU's AMX tiles: 'no AMX', 'AMX-BF16 available, not\n"
-      "used (ATTN_AMX=1 uses it)' or 'AMX-BF16 in use ...'. Set ATTN_AMX=1 in the environment\n"
-      "before importing attn to use AMX where the CPU and Linux offer it.");
+      "Whether bf16 attention runs on the CPU's AMX tiles: 'no AMX', 'AMX-BF16 in use ...' (the\n"
+      "default where the CPU and Linux offer them) or 'AMX-BF16 available, turned off ...'. Set\n"
+      "ATTN_AMX=0 in the environment before importing attn to keep bf16 off the tiles.");
 
   module.def("set_strict_inputs", &attn::python::set_strict_inputs, "strict"_a,
              "When strict, arrays that would need a copy (not float32, or not C-contiguous) are\n"

@@ -113,8 +113,8 @@ def limit_simd_target(name: str) -> None:
     """Run the kernels no better than `name` (one of available_simd_targets(), or 'best')."""
 
 def amx_status() -> str:
-    """Whether bf16 attention runs on AMX tiles ('no AMX', 'AMX-BF16 available, not used ...',
-    'AMX-BF16 in use ...'); ATTN_AMX=1 in the environment uses them where the CPU has them."""
+    """Whether bf16 attention runs on AMX tiles ('no AMX', 'AMX-BF16 in use ...', the default
+    where the CPU has them, or 'AMX-BF16 available, turned off ...' under ATTN_AMX=0)."""
 
 def set_strict_inputs(strict: bool) -> None:
     """When strict, inputs that would need a copy (not float32 or not C-contiguous) are refused."""
