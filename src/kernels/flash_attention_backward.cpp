@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/amx.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
@@ -171,10 +172,12 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
 }
 
 // Whether bf16 inputs run the products on vdpbf16ps (tile_gemm_bf16-inl.h): where the forward
-// pass's bf16 path runs (flash_attention_bfloat16_native), whose scores the backward must repeat.
+// pass's bf16 path runs on them too (flash_attention_bfloat16_backward_native), so that the scores
+// the backward repeats are summed as the forward summed them.
 bool BFloat16Products(const BackwardArgs& args) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  return args.half && args.half_type == HalfType::kBFloat16 && flash_attention_bfloat16_native();
+  return args.half && args.half_type == HalfType::kBFloat16 &&
+         flash_attention_bfloat16_backward_native();
 #else
   (void)args;  // the bf16 products exist only in the AVX-512 targets
   return false;
@@ -599,6 +602,19 @@ bool check_backward_arguments(const flash_backward_detail::BackwardArgs& args) {
 }
 
 }  // namespace
+
+bool flash_attention_bfloat16_backward_native() {
+  if (!flash_attention_bfloat16_native()) return false;
+  switch (amx_use()) {
+    case AmxUse::kModel:
+      return false;
+    case AmxUse::kWhereAvailable:
+      return !amx_available();
+    case AmxUse::kNever:
+      break;
+  }
+  return true;
+}
 
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,

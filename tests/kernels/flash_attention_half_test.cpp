@@ -206,6 +206,9 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
   // of its terms' magnitudes (dV_jt: Σ_i P_ij Z_ij |dO_it|; dK_jt: c Σ_i |dS_ij| |q_it|; dQ_it:
   // c Σ_j |dS_ij| |k_jt|, with |dS_ij| ≤ P_ij (Z_ij |dP_ij| + |D_i|) from the double reference),
   // plus the fp32 kernels' 1e-5 of the largest entry and the gradient's own rounding (2⁻⁸).
+  // The backward's own path: on AMX tiles' CPUs (and their model) bf16 widens (bit-equal below).
+  const bool backward_native =
+      type == HalfType::kBFloat16 && flash_attention_bfloat16_backward_native();
   std::vector<float> grad_out;
   const HalfHeads grad_out16 =
       random_heads(type, c.batch, c.q_heads, c.queries, c.value_depth, 1.0F, rng, grad_out);
@@ -229,7 +232,7 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
   const std::pair<const HalfHeads*, const std::vector<float>*> gradients[] = {
       {&grad_q16, &grad_q}, {&grad_k16, &grad_k}, {&grad_v16, &grad_v}};
   std::vector<double> bound_q(grad_q.size()), bound_k(grad_k.size()), bound_v(grad_v.size());
-  if (native) {
+  if (backward_native) {
     const auto at = [](int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64_t r,
                        int64_t t) {
       return static_cast<size_t>(((b * heads + h) * rows + r) * cols + t);
@@ -276,7 +279,7 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
     for (const float value : *wide)
       largest_gradient = std::max<double>(largest_gradient, std::abs(value));
     for (size_t i = 0; i < wide->size(); ++i) {
-      if (native) {
+      if (backward_native) {
         const double want = (*wide)[i];
         ASSERT_NEAR(half_bits_to_float(type, half->bits[i]), want,
                     0x1p-8 * (std::abs(want) + bound[i]) + 1e-5 * largest_gradient)
@@ -290,7 +293,7 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
     }
   }
   for (size_t h = 0; h < sinks.size(); ++h) {
-    if (native) {
+    if (backward_native) {
       EXPECT_NEAR(sink_grads16[h], sink_grads32[h],
                   1e-5 * std::max(1.0F, std::abs(sink_grads32[h])));
     } else {
@@ -355,8 +358,17 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
   if (!flash_attention_bfloat16_native())
     GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
   const ScopedAmxUse model(AmxUse::kModel);
+  // As on AMX hardware, the backward leaves vdpbf16ps for the widened fp32 pass (check_case then
+  // asserts its gradients bit-equal to the float pass's, rounded).
+  EXPECT_FALSE(flash_attention_bfloat16_backward_native());
   Rng rng(83);
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
+}
+
+// Without tiles the backward's products follow the forward's: vdpbf16ps wherever it has them.
+TEST_P(FlashAttentionHalf, BFloat16BackwardOnVectorsWhereTheForwardIs) {
+  const ScopedAmxUse vectors(AmxUse::kNever);
+  EXPECT_EQ(flash_attention_bfloat16_backward_native(), flash_attention_bfloat16_native());
 }
 
 TEST_P(FlashAttentionHalf, BFloat16OnAmxMatchesReference) {
