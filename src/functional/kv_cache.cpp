@@ -10,6 +10,8 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "attn/kernels/half_conversion.hpp"
+#include "attn/kernels/int8_quantization.hpp"
 #include "functional/attention_layout.hpp"
 
 namespace attn {
@@ -84,41 +86,45 @@ void KVCache::clear() {
 
 void KVCache::store_rows(Storage& data, std::vector<float>& scales, int64_t cols,
                          const ConstStridedView& source, std::span<const int64_t> counts) {
+  // A sequence's new rows of one head are consecutive in the cache, so each (sequence, head) is one
+  // conversion call over all its rows (on the OpenMP threads from a million values on: a prompt's
+  // keys); the source's rows are `row_stride` apart (cols when they are packed).
   const int64_t element = cache_dtype_size(dtype_);
+  const int64_t row_stride = source.stride(2);
+  const auto width = static_cast<size_t>(cols);
   for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t count = counts[static_cast<size_t>(b)];
+    if (count == 0) continue;
     for (int64_t h = 0; h < kv_heads_; ++h) {
-      for (int64_t t = 0; t < counts[static_cast<size_t>(b)]; ++t) {
-        const float* row =
-            source.data() + b * source.stride(0) + h * source.stride(1) + t * source.stride(2);
-        const int64_t index =
-            row_index(b, h, lengths_[static_cast<size_t>(b)] + t, kv_heads_, capacity_);
-        std::byte* destination = data.data() + index * cols * element;
-        switch (dtype_) {
-          case CacheDType::kFloat32:
-            std::memcpy(destination, row, static_cast<size_t>(cols) * sizeof(float));
-            break;
-          case CacheDType::kFloat16:
-          case CacheDType::kBFloat16:
-            for (int64_t c = 0; c < cols; ++c) {
-              const uint16_t bits = dtype_ == CacheDType::kFloat16 ? float_to_half(row[c])
-                                                                   : float_to_bfloat16(row[c]);
-              std::memcpy(destination + c * 2, &bits, 2);
-            }
-            break;
-          case CacheDType::kInt8: {
-            // q8: one scale per row, max|x| / 127, entries rounded to [−127, 127].
-            float largest = 0.0F;
-            for (int64_t c = 0; c < cols; ++c) largest = std::max(largest, std::fabs(row[c]));
-            const float scale = largest > 0.0F ? largest / 127.0F : 1.0F;
-            scales[static_cast<size_t>(index)] = scale;
-            for (int64_t c = 0; c < cols; ++c) {
-              const auto quantised =
-                  static_cast<int8_t>(std::clamp<long>(std::lround(row[c] / scale), -127, 127));
-              std::memcpy(destination + c, &quantised, 1);
-            }
-            break;
+      const float* first = source.data() + b * source.stride(0) + h * source.stride(1);
+      const int64_t index = row_index(b, h, lengths_[static_cast<size_t>(b)], kv_heads_, capacity_);
+      std::byte* destination = data.data() + index * cols * element;
+      const bool packed = row_stride == cols || count == 1;
+      switch (dtype_) {
+        case CacheDType::kFloat32:
+          for (int64_t t = 0; t < (packed ? 1 : count); ++t) {
+            std::memcpy(destination + t * cols * element, first + t * row_stride,
+                        static_cast<size_t>((packed ? count : 1) * cols) * sizeof(float));
           }
+          break;
+        case CacheDType::kFloat16:
+        case CacheDType::kBFloat16: {
+          const HalfType type =
+              dtype_ == CacheDType::kFloat16 ? HalfType::kFloat16 : HalfType::kBFloat16;
+          auto* halves = reinterpret_cast<uint16_t*>(destination);
+          if (packed) {
+            narrow_to_half(type, first, halves, static_cast<size_t>(count) * width);
+          } else {
+            for (int64_t t = 0; t < count; ++t)
+              narrow_to_half(type, first + t * row_stride, halves + t * cols, width);
+          }
+          break;
         }
+        case CacheDType::kInt8:
+          // q8: one scale per row, max|x| / 127, entries rounded to [−127, 127].
+          quantize_rows_int8(first, static_cast<size_t>(row_stride), static_cast<size_t>(count),
+                             width, reinterpret_cast<int8_t*>(destination), scales.data() + index);
+          break;
       }
     }
   }
