@@ -75,6 +75,36 @@ TEST(KVCache, StoresWhatItIsGivenInItsOwnPrecisionAndGrows) {
   }
 }
 
+// Keys and values read through strides (a tokens-major (B, T, H, d) buffer seen as (B, H, T, d), as
+// a model's projections leave them) are stored exactly as their contiguous copies are: row by row
+// rather than one call per head, the same bytes and scales.
+TEST(KVCache, StoresStridedRowsAsTheirContiguousCopies) {
+  Rng rng(5);
+  const int64_t batch = 2, heads = 3, tokens = 6, d = 20, dv = 9;
+  const Tensor k_tokens = random_tensor(Shape{batch, tokens, heads, d}, rng),
+               v_tokens = random_tensor(Shape{batch, tokens, heads, dv}, rng);
+  const std::vector<int64_t> k_strides{tokens * heads * d, d, heads * d, 1},
+      v_strides{tokens * heads * dv, dv, heads * dv, 1};
+  const ConstStridedView k_view(k_tokens.data(), Shape{batch, heads, tokens, d}, k_strides),
+      v_view(v_tokens.data(), Shape{batch, heads, tokens, dv}, v_strides);
+  Tensor k_packed(Shape{batch, heads, tokens, d}), v_packed(Shape{batch, heads, tokens, dv});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t c = 0; c < d; ++c) k_packed(b, h, t, c) = k_tokens(b, t, h, c);
+        for (int64_t c = 0; c < dv; ++c) v_packed(b, h, t, c) = v_tokens(b, t, h, c);
+      }
+  const std::vector<int64_t> counts{tokens, 4};
+  for (const CacheDType dtype : kDTypes) {
+    KVCache strided(batch, heads, d, 8, dtype, dv), packed(batch, heads, d, 8, dtype, dv);
+    strided.append(k_view, v_view, counts);
+    packed.append(k_packed, v_packed, counts);
+    EXPECT_EQ(strided.keys().values(), packed.keys().values()) << static_cast<int>(dtype);
+    EXPECT_EQ(strided.values().values(), packed.values().values()) << static_cast<int>(dtype);
+    EXPECT_EQ(strided.lengths(), packed.lengths());
+  }
+}
+
 // Attention through the cache: n new queries at the end of sequences of different lengths.
 void check_attention(CacheDType dtype, int64_t n, int64_t q_heads, int64_t kv_heads, bool causal,
                      std::optional<SlidingWindow> window, bool sinks, uint64_t seed) {
