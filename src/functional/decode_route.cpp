@@ -93,15 +93,16 @@ DecodeOptions DecodeRoute::kernel_options() const {
 
 // The decode kernel's arguments for a prepared dot-product call, or nullopt when the call is not
 // decoding-shaped (more than kMaxDecodeQueries queries, more queries than keys, more than
-// kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: ALiBi,
-// dropout, valid lengths that differ between a sequence's queries, a causal or window diagonal
-// other than the last key's (the decode kernel's queries end at their sequence's last key, so
-// per-batch valid lengths combine with no diagonal), or an attn_mask some row of which is not one
-// interval of keys (a gap, a float bias) or which comes with causal, a window or valid lengths.
-// A mask of intervals (bool, or float of 0 and −∞: key padding on either side, a static cache's
-// empty slots, causal and window patterns, as transformers passes them) becomes the kernel's
-// per-row key ranges, found by one read of the mask. Either kernel gives the same result within
-// float rounding; this one reads each key/value row once per group of query heads.
+// kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: dropout,
+// valid lengths that differ between a sequence's queries, a causal, window or ALiBi diagonal
+// other than the last key's (ALiBi beside a mask, or past 2^24 keys, too) (the decode kernel's
+// queries end at their sequence's last key, so per-batch valid lengths combine with no diagonal),
+// or an attn_mask some row of which is not one interval of keys (a gap, a float bias) or which
+// comes with causal, a window or valid lengths. A mask of intervals (bool, or float of 0 and −∞:
+// key padding on either side, a static cache's empty slots, causal and window patterns, as
+// transformers passes them) becomes the kernel's per-row key ranges, found by one read of the mask.
+// Either kernel gives the same result within float rounding; this one reads each key/value row once
+// per group of query heads.
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   const HeadsLayout& q = prepared.query_layout();
   const HeadsLayout& k = prepared.key_layout();
@@ -112,7 +113,12 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   if ((q.heads / k.heads) * n > kMaxDecodeRows) return std::nullopt;
   // Every slice has the same options but for its mask and dropout seed, neither of which may be.
   const FlashAttentionOptions options = prepared.kernel_options(0);
-  if (options.dropout > 0.0F || options.alibi_slopes != nullptr) return std::nullopt;
+  if (options.dropout > 0.0F) return std::nullopt;
+  // ALiBi measures from each query's diagonal, which a mask's rows do not give the kernel; its
+  // positions count exactly in float up to 2^24.
+  const bool alibi = options.alibi_slopes != nullptr;
+  if (alibi && (options.mask.kind != MaskKind::kNone || m > (int64_t{1} << 24)))
+    return std::nullopt;
   DecodeRoute route;
   if (options.mask.kind != MaskKind::kNone) {
     // A mask of intervals, alone: its rows' ranges are the keys (one slice: the ranges are per
@@ -143,7 +149,8 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
       }
       break;
   }
-  const bool diagonal = options.causal || options.window_left >= 0 || options.window_right >= 0;
+  const bool diagonal =
+      options.causal || options.window_left >= 0 || options.window_right >= 0 || alibi;
   if (diagonal) {
     // The decode kernel puts query i at key lengths[b] − n + i: the prefill's diagonal only when
     // every sequence has all m keys and the diagonal ends on the last one.
@@ -157,6 +164,7 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   route.options.window_right = options.window_right;
   route.options.softcap = options.softcap;
   route.options.sinks = options.sinks;
+  route.options.alibi_slopes = options.alibi_slopes;
   return route;
 }
 
@@ -166,8 +174,7 @@ bool may_decode_without_scans(const Shape& query, const Shape& key,
                               const AttentionOptions& options) {
   if (query.rank() < 2 || key.rank() != query.rank()) return false;
   const int64_t n = query[query.rank() - 2], m = key[key.rank() - 2];
-  return n >= 1 && n <= kMaxDecodeQueries && n <= m && options.dropout == 0.0F &&
-         options.alibi_slopes.empty();
+  return n >= 1 && n <= kMaxDecodeQueries && n <= m && options.dropout == 0.0F;
 }
 
 template <class T>

@@ -234,15 +234,14 @@ namespace {
 
 // The options a cache call refuses, and the checks of the rest that the kernels need.
 void check_cache_options(const AttentionOptions& options, int64_t query_heads) {
-  const char* refused = options.attn_mask.has_value()   ? "attn_mask"
-                        : !options.alibi_slopes.empty() ? "alibi_slopes"
-                        : !options.valid_lens.is_all()  ? "valid_lens"
-                        : options.dropout != 0.0F       ? "dropout"
-                                                        : nullptr;
+  const char* refused = options.attn_mask.has_value()  ? "attn_mask"
+                        : !options.valid_lens.is_all() ? "valid_lens"
+                        : options.dropout != 0.0F      ? "dropout"
+                                                       : nullptr;
   if (refused != nullptr) {
     throw ValueError(std::string(refused) +
                      ": not taken with a KV cache (the cache's lengths are the valid lengths; "
-                     "masks, ALiBi and dropout are for the prefill call without a cache)");
+                     "masks and dropout are for the prefill call without a cache)");
   }
   if (options.scale && !std::isfinite(*options.scale))
     throw ValueError("scale: expected a finite number, got " + std::to_string(*options.scale));
@@ -262,6 +261,16 @@ void check_cache_options(const AttentionOptions& options, int64_t query_heads) {
   for (const float sink : options.sinks) {
     if (!std::isfinite(sink))
       throw ValueError("sinks: expected finite values, got " + std::to_string(sink));
+  }
+  if (!options.alibi_slopes.empty() &&
+      static_cast<int64_t>(options.alibi_slopes.size()) != query_heads) {
+    throw ShapeError("alibi_slopes: expected one slope per query head (" +
+                     std::to_string(query_heads) + "), got " +
+                     std::to_string(options.alibi_slopes.size()));
+  }
+  for (const float slope : options.alibi_slopes) {
+    if (!std::isfinite(slope))
+      throw ValueError("alibi_slopes: expected finite values, got " + std::to_string(slope));
   }
 }
 
@@ -319,6 +328,7 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
     }
     decode.softcap = options.softcap.value_or(0.0F);
     decode.sinks = options.sinks.empty() ? nullptr : options.sinks.data();
+    decode.alibi_slopes = options.alibi_slopes.empty() ? nullptr : options.alibi_slopes.data();
     decode_attention_forward(q, cache.keys_view(), cache.values_view(), cache.lengths().data(),
                              decode, out, result.log_sum_exp.data());
     return result;
@@ -336,6 +346,7 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
     prefill.scale = scale;
     prefill.softcap = options.softcap;
     prefill.sinks = options.sinks;
+    prefill.alibi_slopes = options.alibi_slopes;
     prefill.enable_gqa = options.enable_gqa;
     const auto sequence = [&](const Tensor& t, int64_t rows) {
       const int64_t strides[4] = {0, t.dim(2) * t.dim(3), t.dim(3), 1};

@@ -90,14 +90,16 @@ using decode_detail::kPrefetchTiles;
 // Per-thread buffers, sized for the widest vectors this target has.
 struct DecodeScratch {
   hwy::AlignedFreeUniquePtr<float[]> memory;
-  float* q_rows;       // R × d: the rows' queries, scaled
-  float* scores;       // Bc × R: Sᵀ, then Pᵀ
-  float* output;       // rows × dv_padded
-  float* row_max;      // R
-  float* row_sum;      // R
-  float* row_rescale;  // R
-  int32_t* first;      // R: each row's first visible key
-  int32_t* last;       // R: one past its last
+  float* q_rows;          // R × d: the rows' queries, scaled
+  float* scores;          // Bc × R: Sᵀ, then Pᵀ
+  float* output;          // rows × dv_padded
+  float* row_max;         // R
+  float* row_sum;         // R
+  float* row_rescale;     // R
+  int32_t* first;         // R: each row's first visible key
+  int32_t* last;          // R: one past its last
+  float* alibi_slope;     // R: each row's ALiBi slope (0 on the rows past the real ones)
+  float* alibi_position;  // R: each row's query position, as a float
 
   DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes) {
     memory = carve_scratch(lanes, [&](const auto& take) {
@@ -109,6 +111,8 @@ struct DecodeScratch {
       row_rescale = take(max_rows);
       first = as_int32(take(max_rows));
       last = as_int32(take(max_rows));
+      alibi_slope = take(max_rows);
+      alibi_position = take(max_rows);
     });
   }
 };
@@ -735,8 +739,14 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   int64_t begin = length, end = 0, common_begin = 0, common_end = length;
   for (size_t r = 0; r < row_lanes; ++r) {
     int64_t first = 0, last = 0;
+    s.alibi_slope[r] = 0.0F;
+    s.alibi_position[r] = 0.0F;
     if (r < rows) {
       const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+      if (options.alibi_slopes != nullptr) {
+        s.alibi_slope[r] = options.alibi_slopes[h];
+        s.alibi_position[r] = static_cast<float>(length - n + i);
+      }
       const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
       for (size_t t = 0; t < depth; ++t) s.q_rows[r * depth + t] = q[t] * options.scale;
       if (options.key_ranges != nullptr) {
@@ -819,6 +829,18 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       }
     }
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
+    // ALiBi after the key ranges' −∞, which it keeps: −slope·|position − j| per row.
+    if (options.alibi_slopes != nullptr) {
+      for (size_t j = 0; j < bc; ++j) {
+        const auto key = hn::Set(d, static_cast<float>(key0 + static_cast<int64_t>(j)));
+        for (size_t r = 0; r < row_lanes; r += hn::Lanes(d)) {
+          float* score = s.scores + j * row_lanes + r;
+          const auto distance = hn::Abs(hn::Sub(hn::Load(d, s.alibi_position + r), key));
+          hn::Store(hn::NegMulAdd(hn::Load(d, s.alibi_slope + r), distance, hn::Load(d, score)), d,
+                    score);
+        }
+      }
+    }
 #if HWY_TARGET != HWY_SCALAR
     if (row_lanes == 4) {
       DecodeSoftmaxStepFourRows(df, bc, s);
@@ -938,6 +960,25 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                        std::to_string(keys.capacity) + "], got " + std::to_string(lengths[b]));
     }
     longest = std::max(longest, lengths[b]);
+  }
+  if (options.alibi_slopes != nullptr) {
+    if (options.key_ranges != nullptr) {
+      throw ValueError(
+          "alibi_slopes: expected no key_ranges beside them (ALiBi needs each query's position, "
+          "which ranges do not give), got both");
+    }
+    for (int64_t h = 0; h < q.heads; ++h) {
+      if (!std::isfinite(options.alibi_slopes[h])) {
+        throw ValueError("alibi_slopes[" + std::to_string(h) + "]: expected a finite slope, got " +
+                         std::to_string(options.alibi_slopes[h]));
+      }
+    }
+    if (longest > (int64_t{1} << 24)) {
+      throw ValueError(
+          "alibi_slopes: expected sequences of at most 2^24 keys (positions counted "
+          "exactly in float), got " +
+          std::to_string(longest));
+    }
   }
   if (options.key_ranges != nullptr) {
     if (options.causal || options.window_left >= 0 || options.window_right >= 0) {

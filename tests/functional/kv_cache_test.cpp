@@ -107,7 +107,8 @@ TEST(KVCache, StoresStridedRowsAsTheirContiguousCopies) {
 
 // Attention through the cache: n new queries at the end of sequences of different lengths.
 void check_attention(CacheDType dtype, int64_t n, int64_t q_heads, int64_t kv_heads, bool causal,
-                     std::optional<SlidingWindow> window, bool sinks, uint64_t seed) {
+                     std::optional<SlidingWindow> window, bool sinks, uint64_t seed,
+                     bool alibi = false) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) + " n=" + std::to_string(n) +
                " Hq=" + std::to_string(q_heads) + " Hkv=" + std::to_string(kv_heads));
   Rng rng(seed);
@@ -119,7 +120,11 @@ void check_attention(CacheDType dtype, int64_t n, int64_t q_heads, int64_t kv_he
   const Tensor q = random_tensor(Shape{batch, q_heads, n, d}, rng);
   std::vector<float> sink_values;
   for (int64_t h = 0; h < q_heads && sinks; ++h) sink_values.push_back(rng.normal());
+  std::vector<float> slopes;  // ALiBi's 2^−(h+1)
+  for (int64_t h = 0; h < q_heads && alibi; ++h)
+    slopes.push_back(std::ldexp(1.0F, -static_cast<int>(h) - 1));
   AttentionOptions options;
+  options.alibi_slopes = slopes;
   options.causal = causal;
   options.window = window;
   options.enable_gqa = q_heads != kv_heads;
@@ -142,6 +147,7 @@ void check_attention(CacheDType dtype, int64_t n, int64_t q_heads, int64_t kv_he
     problem.window_right = window->right;
   }
   problem.sinks.assign(sink_values.begin(), sink_values.end());
+  problem.alibi.assign(slopes.begin(), slopes.end());
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t length = cache.lengths()[static_cast<size_t>(b)];
     problem.batch_offsets.push_back(length - n);
@@ -159,6 +165,10 @@ TEST(KVCacheAttention, DecodeAndPrefillMatchTheReference) {
     check_attention(dtype, 4, 4, 4, true, SlidingWindow{30, 0}, true, seed++);   // window, sinks
     check_attention(dtype, 2, 2, 1, false, std::nullopt, false, seed++);         // not causal
     check_attention(dtype, 70, 4, 2, true, SlidingWindow{25, 0}, true, seed++);  // prefill path
+    // ALiBi from each query's position: decode (GQA; not causal with sinks), prefill path
+    check_attention(dtype, 1, 8, 2, true, std::nullopt, false, seed++, true);
+    check_attention(dtype, 3, 4, 4, false, std::nullopt, true, seed++, true);
+    check_attention(dtype, 70, 4, 2, true, SlidingWindow{25, 0}, false, seed++, true);
   }
 }
 
@@ -231,6 +241,14 @@ TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
   lengths.valid_lens = ValidLengths::per_batch({2});
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, lengths), ValueError,
                        "valid_lens: not taken with a KV cache");
+  AttentionOptions slopes = gqa;
+  const std::vector<float> three{0.5F, 0.25F, 0.125F}, not_finite{0.5F, 0.25F, INFINITY, 1.0F};
+  slopes.alibi_slopes = three;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, slopes), ShapeError,
+                       "alibi_slopes: expected one slope per query head (4), got 3");
+  slopes.alibi_slopes = not_finite;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, slopes), ValueError,
+                       "alibi_slopes: expected finite values, got inf");
   AttentionOptions dropout = gqa;
   dropout.dropout = 0.5F;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, dropout), ValueError,

@@ -300,7 +300,7 @@ TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
   }
 }
 
-// Decoding shapes — up to 16 queries against more keys, without a mask, ALiBi or dropout — run on
+// Decoding shapes — up to 16 queries against more keys, without a mask or dropout — run on
 // the decode kernel (next test): against the reference, forward and the backward from the decode
 // kernel's log-sum-exp, for every option that kernel takes, key counts that divide no tile or
 // split, group sizes 1–8, and valid lengths per batch element (0 and m among them) or, for one
@@ -322,6 +322,12 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
         check({.shape = shape, .causal = Causal::kBottomRight, .softcap = 2.0F, .sinks = true},
               seed++);
         check({.shape = shape, .window_left = 40, .window_right = 0, .bottom_right = true}, seed++);
+        // ALiBi from the last key's diagonal (the decode kernel's positions), and from the
+        // top-left one (not the kernel's: the prefill path), both right.
+        check({.shape = shape, .bottom_right = true, .softcap = 2.0F, .alibi = true}, seed++);
+        check({.shape = shape, .causal = Causal::kBottomRight, .alibi = true, .sinks = true},
+              seed++);
+        check({.shape = shape, .alibi = true}, seed++);
         check({.shape = shape, .lengths = n == 1, .scale = 0.3F, .magnitude = 3.0F}, seed++,
               kDecodeWeightsTolerance);
         for (const bool causal : {false, true}) {
@@ -342,13 +348,13 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
 // The calls above do run on the decode kernel: their outputs and log-sum-exps equal, bit for bit,
 // the decode kernel's called directly on the same tensors (the prefill kernel sums in another
 // order, so it would differ in the last bits), for plain, causal, windowed and capped calls, a
-// key-padding mask (the kernel's key ranges) and per-sequence lengths.
+// key-padding mask (the kernel's key ranges), per-sequence lengths and ALiBi.
 TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
   // Groups of 4 heads × 2 queries; 7 queries of one head each (rows that fill no vector: the
   // kernel's lanes past them must not count as scores).
   for (const SdpaShape& shape :
        {SdpaShape{3, 8, 2, 2, 300, 64, 40}, SdpaShape{3, 2, 2, 7, 300, 64, 40}})
-    for (int which = 0; which < 5; ++which) {
+    for (int which = 0; which < 6; ++which) {
       SCOPED_TRACE(std::to_string(which) + ", n = " + std::to_string(shape.queries));
       SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
       DecodeOptions decode;
@@ -380,6 +386,13 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
         c.set_sinks();
         decode.window_left = 50;
         decode.sinks = c.sinks.data();
+      }
+      if (which == 5) {  // ALiBi from each query's position (the last key's diagonal), causal
+        c.set_causal(true);
+        c.set_alignment(true);
+        c.set_alibi();
+        decode.causal = true;
+        decode.alibi_slopes = c.alibi.data();
       }
       std::vector<int64_t> lengths(3, shape.keys);
       if (which == 4) {  // per-sequence lengths: tiles of the shorter ones are masked

@@ -94,6 +94,7 @@ struct Case {
   int64_t window_left, window_right;
   float softcap;
   bool sinks;
+  bool alibi = false;  // slopes 2^−(h+1) (h mod 8), as ALiBi's geometric series
 };
 
 class DecodeAttention : public testing::EverySimdTarget {};
@@ -122,6 +123,10 @@ void check(const Case& c, CacheDType dtype, uint64_t seed) {
   options.window_right = c.window_right;
   options.softcap = c.softcap;
   options.sinks = c.sinks ? sinks.data() : nullptr;
+  std::vector<float> slopes;
+  for (int64_t h = 0; h < c.q_heads && c.alibi; ++h)
+    slopes.push_back(std::ldexp(1.0F, -static_cast<int>(h % 8) - 1));
+  options.alibi_slopes = c.alibi ? slopes.data() : nullptr;
 
   Tensor out = Tensor::full(Shape{c.batch, c.q_heads, c.queries, c.value_depth}, NAN);
   const auto heads = [](const Tensor& t) {
@@ -158,6 +163,7 @@ void check(const Case& c, CacheDType dtype, uint64_t seed) {
   problem.window_right = c.window_right;
   problem.softcap = c.softcap;
   problem.sinks.assign(sinks.begin(), sinks.end());
+  problem.alibi.assign(slopes.begin(), slopes.end());
   for (int64_t b = 0; b < c.batch; ++b) {
     problem.batch_offsets.push_back(lengths[static_cast<size_t>(b)] - c.queries);
     for (int64_t i = 0; i < c.queries; ++i)
@@ -178,6 +184,12 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       {2, 2, 1, 1, 1, 5, 3, true, -1, -1, 0.0F, true},         // one cached key, odd sizes
       {2, 8, 2, 1, 333, 128, 128, true, -1, -1, 0.0F, false},  // d = 128: whole value rows
       {1, 4, 1, 2, 150, 128, 128, false, -1, -1, 0.0F, true},  // d = 128, two groups of 4 rows
+      // ALiBi: one token of GQA 4; window, softcap and sinks with four tokens of MQA 8; not
+      // causal over many splits; d = 128 over two groups of 4 rows
+      {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false, true},
+      {2, 8, 1, 4, 200, 16, 24, true, 40, 0, 2.0F, true, true},
+      {1, 4, 4, 1, 2000, 64, 64, false, -1, -1, 0.0F, false, true},
+      {1, 4, 1, 2, 150, 128, 128, false, -1, -1, 0.0F, true, true},
   };
   uint64_t seed = 1;
   for (const Case& c : cases) {
@@ -226,6 +238,18 @@ TEST_P(DecodeAttention, RejectsBadArguments) {
   EXPECT_THROW_MESSAGE(
       decode_attention_forward(q_view, keys.view, keys.view, ten.data(), ranged, out_view),
       ValueError, "key_ranges: expected no causal mask or window beside them");
+  // ALiBi: finite slopes, and not beside key ranges (whose rows have no position).
+  const std::vector<float> slopes{0.5F, 0.25F, NAN, 0.125F};
+  DecodeOptions alibi;
+  alibi.alibi_slopes = slopes.data();
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, keys.view, keys.view, ten.data(), alibi, out_view),
+      ValueError, "alibi_slopes[2]: expected a finite slope, got nan");
+  ranged.causal = false;
+  ranged.alibi_slopes = slopes.data();
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, keys.view, keys.view, ten.data(), ranged, out_view),
+      ValueError, "alibi_slopes: expected no key_ranges beside them");
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(DecodeAttention);

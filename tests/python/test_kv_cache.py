@@ -218,6 +218,32 @@ def test_softcap_and_sinks_match_the_reference(dtype, n):
     assert_relative(output, expected, OUTPUT_RTOL, f"{dtype} n={n}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", [1, 20], ids=lambda n: f"n{n}")
+def test_alibi_counts_from_each_querys_position(dtype, n):
+    """ALiBi's −slope·|position − j| with each query at its sequence's position lengths[b] − n + i:
+    the float64 reference per sequence, aligned bottom-right on its own keys (n = 1 runs the
+    decode kernel, n = 20 × 4 heads per group its prefill path)."""
+    cache, _, _ = filled_cache(dtype, n=n)
+    query = torch.randn(B, HQ, n, D)
+    slopes = [2.0 ** -(h + 1) for h in range(HQ)]
+    output = attn.scaled_dot_product_attention(
+        query, cache, None, is_causal=True, enable_gqa=True, alibi_slopes=slopes
+    )
+    keys, values = torch.from_numpy(cache.keys()), torch.from_numpy(cache.values())
+    for b, length in enumerate(cache.lengths.tolist()):
+        expected = reference_sdpa(
+            query[b : b + 1].double(),
+            keys[b : b + 1, :, :length].double(),
+            values[b : b + 1, :, :length].double(),
+            is_causal=True,
+            enable_gqa=True,
+            alibi_slopes=torch.tensor(slopes, dtype=torch.float64),
+            alignment="bottom-right",
+        )
+        assert_relative(output[b : b + 1], expected, OUTPUT_RTOL, f"{dtype} n={n} b={b}")
+
+
 def test_a_query_that_sees_no_key_gets_zeros():
     """An empty sequence (and, causal, a query before its sequence's first token) attends to
     nothing: a zero output, as attn's other calls give, where PyTorch would give NaN."""
@@ -331,7 +357,6 @@ def test_attention_errors_name_the_argument():
     query = torch.randn(B, HQ, 1, D)
     refused = {
         "attn_mask": dict(attn_mask=torch.ones(B, 1, 1, 41, dtype=torch.bool)),
-        "alibi_slopes": dict(alibi_slopes=[0.5] * HQ),
         "valid_lens": dict(valid_lens=[1, 2, 3]),
         "dropout": dict(dropout_p=0.1),
     }

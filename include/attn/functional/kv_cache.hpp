@@ -76,7 +76,8 @@ class KVCache {
 // to `cache` — against everything the cache holds: query i of sequence b sits at position
 // lengths[b] − n + i, and `options.causal` and `options.window` refer to that position (bottom-
 // right per sequence, whatever options.alignment says). Options taken: scale, causal, window,
-// softcap, sinks, enable_gqa (needed when H_q ≠ H_kv, as PyTorch's); attn_mask, alibi_slopes,
+// softcap, sinks, alibi_slopes (−slope·|position − j|, from that position; sequences of at most
+// 2^24 keys on the decode kernel), enable_gqa (needed when H_q ≠ H_kv, as PyTorch's); attn_mask,
 // valid_lens (the cache's lengths are the valid lengths) and dropout are refused, naming them.
 // Up to 64 / (H_q / H_kv) new queries per sequence run the decode kernel, reading the cache in its
 // own precision once; more (prefill against a cache) run the prefill kernel on fp32 copies of each

@@ -45,6 +45,10 @@ struct DecodeOptions {
   // key_ranges[2·((b·H + h)·n + i)] and the next, within [0, lengths[b]]; causal and the window
   // must then be off (ValueError otherwise). Null: the keys follow from lengths, causal, window.
   const int64_t* key_ranges = nullptr;
+  // ALiBi: one finite slope per query head, or null; the score of query i against key j gets
+  // −slope·|position − j| (the position above), after soft-capping. Not with key_ranges (whose
+  // rows have no position); sequences of at most 2^24 keys, which floats count exactly.
+  const float* alibi_slopes = nullptr;
 };
 
 // out[b, h] = softmax(S) V for the n new queries (B·H: n × d) against sequence b's first
