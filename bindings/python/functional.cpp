@@ -179,7 +179,7 @@ nb::object log_sum_exp_to_python(std::vector<float> log_sum_exp, const Shape& qu
 // scaled_dot_product_attention(query, cache, None, ...): the decode call. value must be None or
 // the cache itself (PyTorch-style code passes key and value alike); the options go through the
 // same conversions as for arrays, and attn::scaled_dot_product_attention refuses those a cache
-// does not take (attn_mask, alibi_slopes, valid_lens, dropout), naming them.
+// does not take (attn_mask, valid_lens, dropout), naming them.
 nb::object attend_to_cache_call(nb::handle q, BoundCache& cache, nb::handle v, nb::handle attn_mask,
                                 float dropout_p, bool is_causal, std::optional<float> scale,
                                 bool enable_gqa, nb::handle window, nb::handle alibi_slopes,
@@ -305,8 +305,8 @@ void bind_functional(nb::module_& module) {
       "H_q, L, S) before dropout, computed only then.\n\n"
       "Decoding: key may be an attn.KVCache (value None or the same cache) and query (B, H_q, n,\n"
       "E) the last n tokens of each sequence, already appended: query i of sequence b sits at\n"
-      "position lengths[b] - n + i, which is_causal/causal and window refer to (alignment is\n"
-      "ignored). scale, enable_gqa, softcap and sinks are taken; attn_mask, alibi_slopes,\n"
+      "position lengths[b] - n + i, which is_causal/causal, window and ALiBi refer to (alignment\n"
+      "is ignored). scale, enable_gqa, softcap, sinks and alibi_slopes are taken; attn_mask,\n"
       "valid_lens, dropout and need_weights are refused (the cache's lengths are the valid\n"
       "lengths).");
 

@@ -71,8 +71,9 @@ def scaled_dot_product_attention(
 
     With a KVCache as key (value None or the same cache): query (B, H_q, n, E) holds the last n
     tokens of each sequence, already appended; query i of sequence b sits at position
-    lengths[b] − n + i, which is_causal and window refer to. scale, enable_gqa, softcap and sinks
-    are taken; attn_mask, alibi_slopes, valid_lens, dropout and need_weights raise ValueError."""
+    lengths[b] − n + i, which is_causal, window and ALiBi refer to. scale, enable_gqa, softcap,
+    sinks and alibi_slopes are taken; attn_mask, valid_lens, dropout and need_weights raise
+    ValueError."""
 
 def additive_attention(
     queries: ArrayLike,

@@ -28,8 +28,9 @@ namespace attn {
 // of an invalid combination.
 //
 // Kernels, picked by shape: decoding shapes — at most 16 queries per sequence against at least as
-// many keys, no ALiBi or dropout, valid lengths the same for a sequence's queries, causal or
-// window diagonals (if any) on the last key with every key valid, and an attn_mask (if any) whose
+// many keys, no dropout, valid lengths the same for a sequence's queries, causal, window or ALiBi
+// diagonals (if any) on the last key with every key valid (ALiBi without a mask), and an
+// attn_mask (if any) whose
 // every row is one interval of keys (padding, a static cache's empty slots, causal and window
 // patterns) — run on the decode kernel (kernels/decode_attention.hpp: keys split across threads,
 // each key/value row read once per group of query heads); everything else on the prefill
