@@ -8,23 +8,12 @@ same call aligned top-left, which the decode kernel cannot take: the prefill ker
 ALiBi call ran before), attn-kvcache (attn.KVCache), torch-sdpa (attn_mask = −slope·|position − j|
 as a (1, H, 1, m) float tensor, how PyTorch models pass ALiBi). Median of --repeats warm passes."""
 import argparse
-import statistics
-import time
 
 import torch
 
 import attn
 from compare_decode import cpu_name, parse_ints  # this folder's decode comparison
-
-
-def median_ms(action, repeats):
-    action()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+from compare_mha import median_ms  # warm-up, then the median of the timed passes
 
 
 def main():
