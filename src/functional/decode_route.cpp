@@ -95,8 +95,8 @@ DecodeOptions DecodeRoute::kernel_options() const {
 // decoding-shaped (more than kMaxDecodeQueries queries, more queries than keys, more than
 // kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: dropout,
 // valid lengths that differ between a sequence's queries, a causal, window or ALiBi diagonal
-// other than the last key's (ALiBi beside a mask, or past 2^24 keys, too) (the decode kernel's
-// queries end at their sequence's last key, so per-batch valid lengths combine with no diagonal),
+// other than the last key's (the decode kernel's queries end at their sequence's last key, so
+// per-batch valid lengths combine with no diagonal), ALiBi beside a mask or past 2^24 keys,
 // or an attn_mask some row of which is not one interval of keys (a gap, a float bias) or which
 // comes with causal, a window or valid lengths. A mask of intervals (bool, or float of 0 and −∞:
 // key padding on either side, a static cache's empty slots, causal and window patterns, as

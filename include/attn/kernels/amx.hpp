@@ -19,8 +19,8 @@ enum class AmxUse { kNever, kWhereAvailable, kModel };
 bool amx_available();
 
 // The current choice; at start-up kNever when the environment variable ATTN_AMX is "0",
-// kWhereAvailable otherwise. Process-wide, from the next kernel call on; not for use while kernels run on
-// other threads.
+// kWhereAvailable otherwise. Process-wide, from the next kernel call on; not for use while kernels
+// run on other threads.
 AmxUse amx_use();
 void set_amx_use(AmxUse use);
 
