@@ -140,6 +140,20 @@ Bits largest_over_rows(const StridedView<const T>& view, std::vector<const T*>& 
   return largest;
 }
 
+void require_per_head(std::string_view name, std::span<const float> values, int64_t heads) {
+  if (values.empty()) return;
+  if (static_cast<int64_t>(values.size()) != heads) {
+    throw ShapeError(std::string(name) + ": expected one value per query head (" +
+                     std::to_string(heads) + "), got " + std::to_string(values.size()));
+  }
+  for (size_t h = 0; h < values.size(); ++h) {
+    if (!std::isfinite(values[h])) {
+      throw ValueError(std::string(name) + ": expected finite values, got " +
+                       std::to_string(values[h]) + " at index " + std::to_string(h));
+    }
+  }
+}
+
 float require_finite(std::string_view name, const ConstStridedView& view) {
   // An empty tensor has nothing to check, however many rows a zero-width last axis gives it.
   if (view.numel() == 0) return 0.0F;

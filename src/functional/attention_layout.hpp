@@ -55,6 +55,10 @@ std::vector<int64_t> broadcast_strides(std::string_view name, const Shape& shape
 // ValueError naming `name` and the index of the first NaN or ±∞; returns the largest magnitude.
 float require_finite(std::string_view name, const ConstStridedView& view);
 
+// ShapeError unless `values` is empty or holds one value per query head (`heads`); ValueError
+// naming `name` and the index of the first NaN or ±∞ (ALiBi slopes, sinks).
+void require_per_head(std::string_view name, std::span<const float> values, int64_t heads);
+
 // ValueError naming `name` and the index of the first NaN or +∞ (an additive mask may hold −∞).
 void require_mask_values(std::string_view name, const ConstStridedView& view);
 

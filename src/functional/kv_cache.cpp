@@ -101,12 +101,16 @@ void KVCache::store_rows(Storage& data, std::vector<float>& scales, int64_t cols
       std::byte* destination = data.data() + index * cols * element;
       const bool packed = row_stride == cols || count == 1;
       switch (dtype_) {
-        case CacheDType::kFloat32:
-          for (int64_t t = 0; t < (packed ? 1 : count); ++t) {
-            std::memcpy(destination + t * cols * element, first + t * row_stride,
-                        static_cast<size_t>((packed ? count : 1) * cols) * sizeof(float));
+        case CacheDType::kFloat32: {
+          auto* floats = reinterpret_cast<float*>(destination);
+          if (packed) {
+            std::copy_n(first, count * cols, floats);
+          } else {
+            for (int64_t t = 0; t < count; ++t)
+              std::copy_n(first + t * row_stride, cols, floats + t * cols);
           }
           break;
+        }
         case CacheDType::kFloat16:
         case CacheDType::kBFloat16: {
           const HalfType type =
@@ -254,24 +258,8 @@ void check_cache_options(const AttentionOptions& options, int64_t query_heads) {
                      std::to_string(options.window->left) + ", " +
                      std::to_string(options.window->right) + ")");
   }
-  if (!options.sinks.empty() && static_cast<int64_t>(options.sinks.size()) != query_heads) {
-    throw ShapeError("sinks: expected one value per query head (" + std::to_string(query_heads) +
-                     "), got " + std::to_string(options.sinks.size()));
-  }
-  for (const float sink : options.sinks) {
-    if (!std::isfinite(sink))
-      throw ValueError("sinks: expected finite values, got " + std::to_string(sink));
-  }
-  if (!options.alibi_slopes.empty() &&
-      static_cast<int64_t>(options.alibi_slopes.size()) != query_heads) {
-    throw ShapeError("alibi_slopes: expected one slope per query head (" +
-                     std::to_string(query_heads) + "), got " +
-                     std::to_string(options.alibi_slopes.size()));
-  }
-  for (const float slope : options.alibi_slopes) {
-    if (!std::isfinite(slope))
-      throw ValueError("alibi_slopes: expected finite values, got " + std::to_string(slope));
-  }
+  functional_detail::require_per_head("sinks", options.sinks, query_heads);
+  functional_detail::require_per_head("alibi_slopes", options.alibi_slopes, query_heads);
 }
 
 }  // namespace

@@ -182,21 +182,8 @@ void PreparedAttention::check_options(Family family) const {
     throw ValueError("softcap: expected a positive finite number, got " +
                      std::to_string(*options_.softcap));
   }
-  const auto require_per_head = [heads](std::string_view name, std::span<const float> values) {
-    if (values.empty()) return;
-    if (static_cast<int64_t>(values.size()) != heads) {
-      throw ShapeError(std::string(name) + ": expected one value per query head (" +
-                       std::to_string(heads) + "), got " + std::to_string(values.size()));
-    }
-    for (size_t h = 0; h < values.size(); ++h) {
-      if (!std::isfinite(values[h])) {
-        throw ValueError(std::string(name) + ": expected finite values, got " +
-                         std::to_string(values[h]) + " at index " + std::to_string(h));
-      }
-    }
-  };
-  require_per_head("alibi_slopes", options_.alibi_slopes);
-  require_per_head("sinks", options_.sinks);
+  functional_detail::require_per_head("alibi_slopes", options_.alibi_slopes, heads);
+  functional_detail::require_per_head("sinks", options_.sinks, heads);
   if (!options_.valid_lens.is_all()) {
     if (roles_.batch < 0) {
       throw ValueError(

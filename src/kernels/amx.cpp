@@ -78,6 +78,11 @@ void set_amx_use(AmxUse use) {
   current_use().store(use);
 }
 
+bool amx_tiles_in_use() {
+  const AmxUse use = amx_use();
+  return use == AmxUse::kModel || (use == AmxUse::kWhereAvailable && amx_available());
+}
+
 namespace {
 // amx_status() for the current choice.
 std::string status_of_use() {

@@ -604,16 +604,7 @@ bool check_backward_arguments(const flash_backward_detail::BackwardArgs& args) {
 }  // namespace
 
 bool flash_attention_bfloat16_backward_native() {
-  if (!flash_attention_bfloat16_native()) return false;
-  switch (amx_use()) {
-    case AmxUse::kModel:
-      return false;
-    case AmxUse::kWhereAvailable:
-      return !amx_available();
-    case AmxUse::kNever:
-      break;
-  }
-  return true;
+  return flash_attention_bfloat16_native() && !amx_tiles_in_use();
 }
 
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,

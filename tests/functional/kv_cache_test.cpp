@@ -245,10 +245,10 @@ TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
   const std::vector<float> three{0.5F, 0.25F, 0.125F}, not_finite{0.5F, 0.25F, INFINITY, 1.0F};
   slopes.alibi_slopes = three;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, slopes), ShapeError,
-                       "alibi_slopes: expected one slope per query head (4), got 3");
+                       "alibi_slopes: expected one value per query head (4), got 3");
   slopes.alibi_slopes = not_finite;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, slopes), ValueError,
-                       "alibi_slopes: expected finite values, got inf");
+                       "alibi_slopes: expected finite values, got inf at index 2");
   AttentionOptions dropout = gqa;
   dropout.dropout = 0.5F;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, dropout), ValueError,

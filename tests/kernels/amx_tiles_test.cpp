@@ -187,8 +187,12 @@ TEST(AmxUse, SetAndStatusAgree) {
   set_amx_use(AmxUse::kModel);
   EXPECT_EQ(amx_use(), AmxUse::kModel);
   EXPECT_NE(amx_status().find("modelled"), std::string::npos) << amx_status();
+  EXPECT_TRUE(amx_tiles_in_use());
   set_amx_use(AmxUse::kNever);
   EXPECT_EQ(amx_status().find("in use"), std::string::npos) << amx_status();
+  EXPECT_FALSE(amx_tiles_in_use());
+  set_amx_use(AmxUse::kWhereAvailable);
+  EXPECT_EQ(amx_tiles_in_use(), amx_available());
   set_amx_use(before);
 }
 

@@ -24,6 +24,10 @@ bool amx_available();
 AmxUse amx_use();
 void set_amx_use(AmxUse use);
 
+// Whether the bf16 forward's products go to AMX tiles under the current choice: kModel, or
+// kWhereAvailable where amx_available() (depths that fill whole tiles; others stay on vdpbf16ps).
+bool amx_tiles_in_use();
+
 // One line for benchmark headers: "AMX-BF16 in use", "AMX-BF16 available, turned off (ATTN_AMX=0
 // or set_amx_use)", "no AMX" and the like, after a note naming an ATTN_AMX value other than 0 or 1.
 std::string amx_status();
