@@ -176,7 +176,7 @@ class RingInputs {
           throw ShapeError("alibi_slopes: expected one slope per query head, shape (" +
                            std::to_string(query_heads_) + ",), got shape " + slopes.shape().str());
         }
-        alibi_ = slopes.values();
+        alibi_ = slopes.to_vector();
         options_.alibi_slopes = alibi_;
       }
       options_.enable_gqa = kv_heads_ != query_heads_;

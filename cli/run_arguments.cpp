@@ -295,7 +295,7 @@ std::vector<float> FunctionalInputs::read_per_head(const std::string& path, cons
                      std::to_string(query_heads_) + ",) (" + heads_source_ + "), got shape " +
                      tensor.shape().str());
   }
-  return tensor.values();
+  return tensor.to_vector();
 }
 
 Shape FunctionalInputs::output_shape() const {

@@ -35,23 +35,82 @@ BasicTensorView<T> BasicTensorView<T>::operator[](int64_t index) const {
 template class BasicTensorView<float>;
 template class BasicTensorView<const float>;
 
-Tensor::Tensor(const Shape& shape)
-    : values_(static_cast<size_t>(shape.numel()), 0.0F), shape_(shape) {}
+namespace {
 
-Tensor::Tensor(const Shape& shape, std::vector<float> values)
-    : values_(std::move(values)), shape_(shape) {
-  if (static_cast<int64_t>(values_.size()) != shape.numel()) {
-    throw ShapeError("tensor: shape " + shape.str() + " needs " + std::to_string(shape.numel()) +
-                     " values, got " + std::to_string(values_.size()));
+// Long passes over a tensor's values (fills, copies, scans) run on the OpenMP threads in chunks of
+// 2^16 floats from 16 chunks (4 MiB) on, where they pay for the threads: the layers' copies and
+// checks would otherwise stay serial beside parallel GEMMs and kernels, and a fresh tensor's first
+// touch (the page faults and the kernel's zeroing of its pages) would stay on one thread.
+constexpr int64_t kParallelChunk = int64_t{1} << 16;
+constexpr int64_t kParallelFrom = 16 * kParallelChunk;
+
+int64_t parallel_chunks(int64_t count) {
+  return (count + kParallelChunk - 1) / kParallelChunk;
+}
+
+// pass(begin, count) over [0, total): one call below kParallelFrom, chunks on the threads above.
+template <class Pass>
+void in_chunks(int64_t total, const Pass& pass) {
+  if (total <= kParallelFrom) {
+    pass(int64_t{0}, total);
+    return;
+  }
+  const int64_t chunks = parallel_chunks(total);
+#pragma omp parallel for
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t begin = chunk * kParallelChunk;
+    pass(begin, std::min(kParallelChunk, total - begin));
   }
 }
 
+void require_value_count(const Shape& shape, size_t count) {
+  if (static_cast<int64_t>(count) != shape.numel()) {
+    throw ShapeError("tensor: shape " + shape.str() + " needs " + std::to_string(shape.numel()) +
+                     " values, got " + std::to_string(count));
+  }
+}
+
+}  // namespace
+
+Tensor::Tensor(const Shape& shape) : values_(static_cast<size_t>(shape.numel())), shape_(shape) {
+  float* to = values_.data();
+  in_chunks(shape.numel(),
+            [to](int64_t begin, int64_t count) { std::fill_n(to + begin, count, 0.0F); });
+}
+
+Tensor::Tensor(const Shape& shape, Storage values) : values_(std::move(values)), shape_(shape) {
+  require_value_count(shape, values_.size());
+}
+
+Tensor::Tensor(const Shape& shape, const std::vector<float>& values) : shape_(shape) {
+  require_value_count(shape, values.size());
+  values_.resize(values.size());
+  const float* from = values.data();
+  float* to = values_.data();
+  in_chunks(shape.numel(), [from, to](int64_t begin, int64_t count) {
+    std::copy_n(from + begin, count, to + begin);
+  });
+}
+
+Tensor::Tensor(const Shape& shape, std::initializer_list<float> values)
+    : values_(values), shape_(shape) {
+  require_value_count(shape, values_.size());
+}
+
 Tensor Tensor::full(const Shape& shape, float value) {
-  return Tensor(shape, std::vector<float>(static_cast<size_t>(shape.numel()), value));
+  Tensor tensor;
+  tensor.values_.resize(static_cast<size_t>(shape.numel()));
+  tensor.shape_ = shape;
+  float* to = tensor.values_.data();
+  in_chunks(shape.numel(),
+            [to, value](int64_t begin, int64_t count) { std::fill_n(to + begin, count, value); });
+  return tensor;
 }
 
 Tensor Tensor::from(ConstTensorView view) {
-  return Tensor(view.shape(), std::vector<float>(view.data(), view.data() + view.numel()));
+  Tensor tensor;
+  tensor.assign(view);  // a fresh tensor never overlaps the view
+  return tensor;
 }
 
 void Tensor::reshape(const Shape& shape) {
@@ -61,20 +120,6 @@ void Tensor::reshape(const Shape& shape) {
   }
   shape_ = shape;
 }
-
-namespace {
-
-// Long passes over a tensor's values (copies, scans) run on the OpenMP threads in chunks of 2^16
-// floats from 16 chunks (4 MiB) on, where they pay for the threads: the layers' copies and checks
-// would otherwise stay serial beside parallel GEMMs and kernels.
-constexpr int64_t kParallelChunk = int64_t{1} << 16;
-constexpr int64_t kParallelFrom = 16 * kParallelChunk;
-
-int64_t parallel_chunks(int64_t count) {
-  return (count + kParallelChunk - 1) / kParallelChunk;
-}
-
-}  // namespace
 
 void Tensor::assign(ConstTensorView view) {
   const float* from = view.data();
@@ -86,17 +131,8 @@ void Tensor::assign(ConstTensorView view) {
   }
   values_.resize(count);
   float* to = values_.data();
-  const auto total = static_cast<int64_t>(count);
-  if (total <= kParallelFrom) {
-    std::copy_n(from, total, to);
-  } else {
-    const int64_t chunks = parallel_chunks(total);
-#pragma omp parallel for
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const int64_t begin = chunk * kParallelChunk;
-      std::copy_n(from + begin, std::min(kParallelChunk, total - begin), to + begin);
-    }
-  }
+  in_chunks(static_cast<int64_t>(count),
+            [from, to](int64_t begin, int64_t n) { std::copy_n(from + begin, n, to + begin); });
   shape_ = view.shape();
 }
 

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "test_support.hpp"
@@ -88,7 +90,33 @@ TEST(Tensor, AssignCopiesIntoTheStorageItHas) {
   Tensor rows(Shape{3, 2}, {1, 2, 3, 4, 5, 6});
   rows.assign(rows.view()[1]);
   EXPECT_EQ(rows.shape(), (Shape{2}));
-  EXPECT_EQ(rows.values(), (std::vector<float>{3, 4}));
+  EXPECT_EQ(rows.to_vector(), (std::vector<float>{3, 4}));
+}
+
+// Tensor's storage leaves new elements unwritten (TensorAllocator) and the constructors fill them,
+// on the OpenMP threads from 2^20 elements on: every length around that threshold and its chunks
+// (2^16), in storage that last held other values (freed just before, so the allocator is likely to
+// hand it back unzeroed), comes out as asked, 64-byte aligned.
+TEST(Tensor, FreshTensorsHoldWhatTheyWereGivenAtEveryLength) {
+  constexpr int64_t kThreshold = int64_t{1} << 20, kChunk = int64_t{1} << 16;
+  for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{17}, kThreshold - 1, kThreshold,
+                              kThreshold + 1, kThreshold + kChunk + 3, 3 * kThreshold + 5}) {
+    const Shape shape{count};
+    { const Tensor garbage = Tensor::full(shape, 7.0F); }
+    const Tensor zeros(shape);
+    ASSERT_EQ(zeros.numel(), count);
+    EXPECT_EQ(max_magnitude(zeros), 0.0F) << count << " elements";
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(zeros.data()) % 64, 0U) << count << " elements";
+
+    const Tensor sevens = Tensor::full(shape, 7.0F);
+    EXPECT_EQ(std::count(sevens.values().begin(), sevens.values().end(), 7.0F), count);
+
+    std::vector<float> ramp(static_cast<size_t>(count));
+    for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = static_cast<float>(i % 1000) - 500.0F;
+    const Tensor copied(shape, ramp);
+    EXPECT_EQ(copied.to_vector(), ramp) << count << " elements";
+    EXPECT_EQ(Tensor::from(copied.view()).values(), copied.values()) << count << " elements";
+  }
 }
 
 TEST(TensorChecks, NameTheArgument) {

@@ -94,7 +94,7 @@ Tensor shard_of(const Tensor& whole, std::span<const SequenceChunk> chunks) {
 }
 
 std::vector<float> values_of(const Tensor& tensor) {
-  return tensor.values();
+  return tensor.to_vector();
 }
 
 enum class Lengths { kNone, kPerBatch, kPerQuery };

@@ -94,7 +94,7 @@ TEST(Npy, Float32RoundTripsAtEveryRank) {
     EXPECT_EQ(array.shape, shape);
     EXPECT_EQ(array.dtype, NpyDType::kFloat32);
     EXPECT_FALSE(array.is_integer());
-    EXPECT_EQ(array.floats, tensor.values()) << "shape " << shape.str();
+    EXPECT_EQ(array.floats, tensor.to_vector()) << "shape " << shape.str();
     EXPECT_TRUE(array.integers.empty());
   }
 }
@@ -276,7 +276,7 @@ TEST(Npy, ReadsFilesNumPyWrote) {
   EXPECT_EQ(f2.floats, (std::vector<float>{0.5F, -1.25F, 65504.0F}));
   EXPECT_EQ(f2.halves, (std::vector<uint16_t>{0x3800, 0xbd00, 0x7bff}));
   EXPECT_EQ(serialize_npy_float16(f2.halves, f2.shape), fixture_bytes("f2_3.npy"));
-  EXPECT_EQ(load_npy_tensor(fixture("f2_3.npy"), "f2").values(), f2.floats);
+  EXPECT_EQ(load_npy_tensor(fixture("f2_3.npy"), "f2").to_vector(), f2.floats);
   EXPECT_THROW_MESSAGE(serialize_npy_float16(f2.halves, Shape{4}), ShapeError,
                        "expected 4 values for shape (4,), got 3");
 

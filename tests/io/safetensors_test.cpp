@@ -137,16 +137,16 @@ TEST(Safetensors, ReadsAFileSafetensorsTorchWrote) {
   const StateDict loaded = load_safetensors(fixture("params.safetensors"));
   ASSERT_EQ(loaded.size(), 3U);
   EXPECT_EQ(loaded.at("W_q.weight").shape(), (Shape{2, 3}));
-  EXPECT_EQ(loaded.at("W_q.weight").values(),
+  EXPECT_EQ(loaded.at("W_q.weight").to_vector(),
             (std::vector<float>{-2.5F, -1.5F, -0.5F, 0.5F, 1.5F, 2.5F}));
-  EXPECT_EQ(loaded.at("bias").values(), (std::vector<float>{0.25F, -4.0F}));
+  EXPECT_EQ(loaded.at("bias").to_vector(), (std::vector<float>{0.25F, -4.0F}));
   EXPECT_EQ(loaded.at("scale").shape().rank(), 0);
-  EXPECT_EQ(loaded.at("scale").values(), std::vector<float>{0.1F});  // F64 rounded to float32
+  EXPECT_EQ(loaded.at("scale").to_vector(), std::vector<float>{0.1F});  // F64 rounded to float32
 
   // PyTorch's half-precision state dicts: widened to float32 exactly.
-  EXPECT_EQ(load_safetensors(fixture("f16.safetensors")).at("half").values(),
+  EXPECT_EQ(load_safetensors(fixture("f16.safetensors")).at("half").to_vector(),
             (std::vector<float>{1.0F, 2.0F}));
-  EXPECT_EQ(load_safetensors(fixture("bf16.safetensors")).at("half").values(),
+  EXPECT_EQ(load_safetensors(fixture("bf16.safetensors")).at("half").to_vector(),
             (std::vector<float>{1.5F, -2.0F, 3.140625F}));
 }
 
@@ -161,8 +161,8 @@ TEST(Safetensors, ReadsF64AndOffsetsInAnyOrder) {
   bytes.insert(bytes.end(), double_bytes, double_bytes + 16);
   bytes.insert(bytes.end(), float_bytes, float_bytes + 4);
   const StateDict loaded = parse_safetensors(bytes, "mixed");
-  EXPECT_EQ(loaded.at("z").values(), (std::vector<float>{0.1F, -3.0F}));
-  EXPECT_EQ(loaded.at("a").values(), std::vector<float>{7.5F});
+  EXPECT_EQ(loaded.at("z").to_vector(), (std::vector<float>{0.1F, -3.0F}));
+  EXPECT_EQ(loaded.at("a").to_vector(), std::vector<float>{7.5F});
 }
 
 TEST(Safetensors, WritingRejectsNamesItCannotStore) {
@@ -361,7 +361,7 @@ TEST(SafetensorsFiles, SaveThenLoad) {
   save_safetensors(directory.path() / "p.safetensors", tensors, {{"format", "pt"}});
   const StateDict loaded = load_safetensors(directory.path() / "p.safetensors");
   ASSERT_EQ(loaded.count("w"), 1U);
-  EXPECT_EQ(loaded.at("w").values(), (std::vector<float>{1.0F, -1.0F}));
+  EXPECT_EQ(loaded.at("w").to_vector(), (std::vector<float>{1.0F, -1.0F}));
 }
 
 TEST(SafetensorsFiles, MissingOrUnwritableFilesNameThePath) {

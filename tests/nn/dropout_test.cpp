@@ -67,9 +67,9 @@ TEST(Dropout, SameSeedSameMask) {
 TEST(Dropout, EdgeProbabilities) {
   Tensor ones = Tensor::full(Shape{10}, 1.0F);
   Dropout(0.0F).apply(ones);
-  EXPECT_EQ(ones.values(), std::vector<float>(10, 1.0F));
+  EXPECT_EQ(ones.to_vector(), std::vector<float>(10, 1.0F));
   Dropout(1.0F).apply(ones);
-  EXPECT_EQ(ones.values(), std::vector<float>(10, 0.0F));
+  EXPECT_EQ(ones.to_vector(), std::vector<float>(10, 0.0F));
   EXPECT_THROW_MESSAGE(Dropout(-0.1F), ValueError,
                        "dropout: expected a probability in [0, 1], got -0.1");
   EXPECT_THROW_MESSAGE(Dropout(std::nanf("")), ValueError,

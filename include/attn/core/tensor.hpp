@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "attn/core/shape.hpp"
+#include "attn/core/tensor_allocator.hpp"
 
 namespace attn {
 
@@ -57,11 +59,17 @@ using ConstTensorView = BasicTensorView<const float>;
 // Owns its elements; copying copies them, moving is cheap.
 class Tensor {
  public:
+  // The elements, 64-byte aligned (TensorAllocator).
+  using Storage = std::vector<float, TensorAllocator<float>>;
+
   Tensor() = default;
-  // Zero-filled.
+  // Zero-filled (on the OpenMP threads from a few MB on, as `assign` copies).
   explicit Tensor(const Shape& shape);
   // Takes `values`, which must hold exactly shape.numel() elements (ShapeError otherwise).
-  Tensor(const Shape& shape, std::vector<float> values);
+  Tensor(const Shape& shape, Storage values);
+  // The same from a std::vector, copied into the tensor's storage.
+  Tensor(const Shape& shape, const std::vector<float>& values);
+  Tensor(const Shape& shape, std::initializer_list<float> values);
   static Tensor full(const Shape& shape, float value);
   // A copy of any view.
   static Tensor from(ConstTensorView view);
@@ -74,7 +82,10 @@ class Tensor {
   int64_t numel() const { return shape_.numel(); }
   std::span<float> span() { return values_; }
   std::span<const float> span() const { return values_; }
-  const std::vector<float>& values() const { return values_; }
+  const Storage& values() const { return values_; }
+  // A copy of the elements as a std::vector (to compare with one, or to hand to an API that
+  // takes one).
+  std::vector<float> to_vector() const { return {values_.begin(), values_.end()}; }
 
   TensorView view() { return {values_.data(), shape_}; }
   ConstTensorView view() const { return {values_.data(), shape_}; }
@@ -98,7 +109,7 @@ class Tensor {
   }
 
  private:
-  std::vector<float> values_;
+  Storage values_;
   Shape shape_ = Shape{0};  // default: empty, zero elements
 };
 
