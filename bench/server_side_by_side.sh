@@ -12,6 +12,8 @@
 #   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
 #                                                F32 and F16 caches, interleaved rounds (issue 13)
 #   bench/server_side_by_side.sh module  [OUT]   builds attn's Python module there (before layers)
+#   bench/server_side_by_side.sh calls   [OUT]   attn bench's fused kernel and attn's Python call in
+#                                                interleaved rounds (after module)
 #
 # The server needs none of attn's dependencies: carry build/server.tar.xz, the bundle that
 # scripts/pack-server.sh makes here (the CLI, the kernel tests, ggml_decode_bench when
@@ -30,12 +32,13 @@
 # Durations on the Xeon (2026-11-24, REPEATS=3 unless said; docs/benchmarks.md "The Xeon side by
 # side"): module 13 s; kernels 220 s at REPEATS=5; pytorch 212 s; amx more than 90 s (two rounds of
 # four runs); layers: compare_mha 78 s, compare_decode 60 s (its --repeats 9), compare_transformers
-# 83 s (--new-tokens 8); ggml 95 s. A machine is given back 30 s after a call and a new one starts
-# in about 30 s, bare: three calls of module + kernels + pytorch, module + amx + layers, ggml + avx2
-# fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
+# 83 s (--new-tokens 8); ggml 95 s; calls not yet run there (its 1-thread n = 4096 rows alone are
+# about 3 rounds x 16 passes x 1.3-1.6 s: 70 s). A machine is given back 30 s after a call and a new
+# one starts in about 30 s, bare: three calls of module + kernels + pytorch, module + amx + layers +
+# calls, ggml + avx2 fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 cores=$(nproc)
@@ -92,6 +95,13 @@ layers)
   "$python" bench/compare_transformers.py --contexts "${CONTEXTS:-4096,32768}" --threads "1,$cores" \
     --new-tokens 8 --json-out "$out/transformers.json" >"$out/transformers.txt"
   ;;
+calls)
+  # Whether the Python call's 1.09-1.45x over attn bench (two phases apart, 2026-11-24) holds when
+  # the two take turns; contiguous and transposed torch tensors, and the functional call in C++.
+  "$python" -c "import attn" || { echo "attn's Python module is not importable" >&2; exit 2; }
+  "$python" bench/python_call_overhead.py --attn "$attn" --sizes "$sizes" --threads "$threads" \
+    --rounds 3 --repeats "$repeats" >"$out/calls.txt"
+  ;;
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
   "$kernels_test" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1 || true
@@ -123,7 +133,7 @@ module)
   PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
   ;;
 *)
-  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, amx, ggml or module" >&2
+  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, amx, ggml or module" >&2
   exit 2
   ;;
 esac
