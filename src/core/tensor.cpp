@@ -121,6 +121,14 @@ void Tensor::reshape(const Shape& shape) {
   shape_ = shape;
 }
 
+void Tensor::assign_zeros(const Shape& shape) {
+  values_.resize(static_cast<size_t>(shape.numel()));
+  shape_ = shape;
+  float* to = values_.data();
+  in_chunks(shape.numel(),
+            [to](int64_t begin, int64_t count) { std::fill_n(to + begin, count, 0.0F); });
+}
+
 void Tensor::assign(ConstTensorView view) {
   const float* from = view.data();
   const auto count = static_cast<size_t>(view.numel());

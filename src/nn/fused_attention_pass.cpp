@@ -19,15 +19,26 @@ StridedView<T> FusedAttentionPass::heads_of(T* data, const Shape& shape) const {
   return StridedView<T>(data, Shape{batch, heads_, rows, width}, strides);
 }
 
-Tensor FusedAttentionPass::dot_product(Tensor queries, Tensor keys, Tensor values, int64_t heads,
-                                       AttentionOptions options) {
+void FusedAttentionPass::release_inputs(Tensor& queries, Tensor& keys, Tensor& values) {
+  queries = std::move(queries_);
+  keys = std::move(keys_);
+  values = std::move(values_);
+  Tensor output = std::move(output_);  // kept for the next pass's output
+  clear();
+  output_ = std::move(output);
+}
+
+const Tensor& FusedAttentionPass::dot_product(Tensor queries, Tensor keys, Tensor values,
+                                              int64_t heads, AttentionOptions options) {
+  Tensor output = std::move(output_);  // its storage, reused below
   clear();
   heads_ = heads;
   queries_ = std::move(queries);
   keys_ = std::move(keys);
   values_ = std::move(values);
   options_ = std::move(options);
-  output_ = Tensor(Shape{queries_.dim(0), queries_.dim(1), values_.dim(2)});
+  output_ = std::move(output);
+  output_.assign_zeros(Shape{queries_.dim(0), queries_.dim(1), values_.dim(2)});
   const ConstStridedView q = heads_of(queries_.data(), queries_.shape());
   log_sum_exp_.resize(static_cast<size_t>(log_sum_exp_size(q.shape())));
   scaled_dot_product_attention(q, heads_of(keys_.data(), keys_.shape()),

@@ -30,6 +30,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Rng& rng)
 }
 
 Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
+  Tensor y;
+  forward_into(x, y, name);
+  return y;
+}
+
+void Linear::forward_into(ConstTensorView x, Tensor& y, std::string_view name) const {
   if (x.rank() < 1)
     throw ShapeError(std::string(name) + ": expected a tensor of rank 1 to 4, got rank 0");
   const int64_t in = in_features(), out = out_features();
@@ -37,12 +43,11 @@ Tensor Linear::forward(ConstTensorView x, std::string_view name) const {
   int64_t dims[Shape::kMaxRank];
   for (int axis = 0; axis < x.rank(); ++axis) dims[axis] = x.shape()[axis];
   dims[x.rank() - 1] = out;
-  Tensor y(Shape::from_dims(dims, x.rank()));
+  y.assign_zeros(Shape::from_dims(dims, x.rank()));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   // y = x Wᵀ (+ b): one product over all leading positions.
   linear_product(rows, in, out, x.data(), weight_.data(), has_bias_ ? bias_.data() : nullptr,
                  y.data());
-  return y;
 }
 
 Tensor Linear::backward(ConstTensorView x, ConstTensorView grad_y) {

@@ -320,12 +320,16 @@ TEST(MultiHeadAttention, FusedAndReferencePathsAgreeForwardAndBackward) {
   }
 }
 
-// A layer's second pass keeps its inputs for the backward in the storage of the first
-// (Tensor::assign): over shapes of the same size and a batch element whose queries see no key, it
-// must equal a fresh layer's, forward and backward (the projections' gradients read the kept
-// inputs), bit for bit.
+// A layer's later passes keep their inputs for the backward in the storage of the earlier ones
+// (Tensor::assign), and write their projections and the fused pass's output into the storage of
+// the last pass's (Tensor::assign_zeros): after a longer pass, a reference-path pass and one of
+// the same size, over a batch element whose queries see no key, the layer must equal a fresh
+// layer's, forward and backward (the projections' gradients read the kept inputs), bit for bit.
 TEST(MultiHeadAttention, ASecondPassEqualsAFreshLayers) {
   Rng rng(17);
+  const Tensor q0 = random_tensor(Shape{2, 90, 12}, rng),
+               k0 = random_tensor(Shape{2, 130, 10}, rng);
+  const Tensor v0 = random_tensor(Shape{2, 130, 6}, rng);
   const Tensor q1 = random_tensor(Shape{2, 40, 12}, rng), k1 = random_tensor(Shape{2, 70, 10}, rng);
   const Tensor v1 = random_tensor(Shape{2, 70, 6}, rng);
   const Tensor q = random_tensor(Shape{2, 40, 12}, rng), k = random_tensor(Shape{2, 70, 10}, rng);
@@ -333,6 +337,11 @@ TEST(MultiHeadAttention, ASecondPassEqualsAFreshLayers) {
   const ValidLengths lengths = ValidLengths::per_batch({0, 33});
   MultiHeadAttention reused(10, 12, 6, 16, 4, 0.0F, /*bias=*/true, 5),
       fresh(10, 12, 6, 16, 4, 0.0F, true, 5);
+  (void)reused(q0, k0, v0, ValidLengths());
+  reused.set_path(AttentionPath::kReference);
+  (void)reused(q1, k1, v1, ValidLengths());
+  reused.set_path(AttentionPath::kFused);
+  (void)reused(q0, k0, v0, ValidLengths());
   (void)reused(q1, k1, v1, ValidLengths());
   const Tensor first = reused(q, k, v, lengths), second = fresh(q, k, v, lengths);
   EXPECT_EQ(first.values(), second.values());

@@ -98,6 +98,10 @@ class Tensor {
   // layer keeping its inputs for the backward pass allocates once, not at every call), copied on
   // the OpenMP threads from a few MB on.
   void assign(ConstTensorView view);
+  // Becomes a zero-filled tensor of `shape`, in the storage it already has when that holds enough
+  // elements (filled on the OpenMP threads from a few MB on): a layer's per-call outputs reuse
+  // their pages instead of faulting in fresh ones at every call.
+  void assign_zeros(const Shape& shape);
 
   template <class... Index>
   float& operator()(Index... index) {

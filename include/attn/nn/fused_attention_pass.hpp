@@ -23,9 +23,13 @@ class FusedAttentionPass {
   // Dot-product attention over (B, n, heads·d) queries, (B, m, heads·d) keys and (B, m, heads·dv)
   // values, each read as `heads` heads in place (columns [h·d, (h+1)·d)); returns (B, n, heads·dv)
   // with the heads side by side. `options` must hold no views (masks, ALiBi, sinks): the book's
-  // layers use valid lengths, causal, scale and dropout. Keeps the tensors for backward().
-  Tensor dot_product(Tensor queries, Tensor keys, Tensor values, int64_t heads,
-                     AttentionOptions options);
+  // layers use valid lengths, causal, scale and dropout. Keeps the tensors for backward(); the
+  // output is written into the storage of the previous pass's output when that holds enough.
+  const Tensor& dot_product(Tensor queries, Tensor keys, Tensor values, int64_t heads,
+                            AttentionOptions options);
+  // Forgets the recorded pass (as clear()) but hands its queries, keys and values over, so that
+  // a layer's next projections reuse their storage (and keeps its output's for the next pass).
+  void release_inputs(Tensor& queries, Tensor& keys, Tensor& values);
   // Additive attention with the parameters as they are now (copies are kept for the weights).
   Tensor additive(Tensor queries, Tensor keys, Tensor values, Tensor W_q, Tensor W_k, Tensor w_v,
                   AttentionOptions options);

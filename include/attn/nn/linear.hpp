@@ -24,6 +24,9 @@ class Linear {
   // x (..., in_features) → (..., out_features); ShapeError names `name` when the last axis is
   // wrong.
   Tensor forward(ConstTensorView x, std::string_view name = "input") const;
+  // The same into `y`, in the storage it already has when that holds enough elements; y must not
+  // be x.
+  void forward_into(ConstTensorView x, Tensor& y, std::string_view name = "input") const;
   // Given the forward input x (..., in) and grad_y (..., out): accumulates dW += Σ grad_yᵀ x and
   // db += Σ grad_y over all leading positions, and returns grad_x = grad_y W (..., in).
   Tensor backward(ConstTensorView x, ConstTensorView grad_y);

@@ -79,7 +79,7 @@ class MultiHeadAttention {
   Tensor queries_;
   Tensor keys_;
   Tensor values_;
-  Tensor concatenated_heads_;
+  Tensor concatenated_heads_;  // the reference path's; a fused pass keeps its own (its output)
   // A fused forward pass: the projections (B, n, h) it ran on, its output and log-sum-exp.
   FusedAttentionPass fused_;
   mutable Tensor fused_weights_;  // computed on request
