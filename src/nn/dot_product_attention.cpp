@@ -37,8 +37,14 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
       dot_scores_stay_finite(queries, keys, values, queries.dim(2), scale)) {
     AttentionOptions options = fused_options(valid_lens);
     options.scale = scale;
-    Tensor output = fused_.dot_product(Tensor::from(queries), Tensor::from(keys),
-                                       Tensor::from(values), 1, std::move(options));
+    // Copies kept for the backward pass, in the storage of the last pass's (no fresh pages).
+    Tensor kept_queries, kept_keys, kept_values;
+    fused_.release_inputs(kept_queries, kept_keys, kept_values);
+    kept_queries.assign(queries);
+    kept_keys.assign(keys);
+    kept_values.assign(values);
+    Tensor output = fused_.dot_product(std::move(kept_queries), std::move(kept_keys),
+                                       std::move(kept_values), 1, std::move(options));
     fused_pass_recorded();
     return output;
   }

@@ -19,7 +19,10 @@ Tensor GeneralAttention::forward(ConstTensorView queries, ConstTensorView keys,
   require_dim("keys", keys.shape(), -1, key_size(), "the layer's key size");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
   queries_.assign(queries);
-  Tensor projected = W_.forward(queries, "queries");
+  // The last fused pass's projection, keys and values lend their storage to this call's.
+  Tensor projected, kept_keys, kept_values;
+  fused_.release_inputs(projected, kept_keys, kept_values);
+  W_.forward_into(queries, projected, "queries");
   keys_ = projected_queries_ = Tensor();
   const float applied_dropout = is_training() ? dropout() : 0.0F;
   // As DotProductAttention: p = 1 and scores that could overflow take the reference path.
@@ -27,8 +30,10 @@ Tensor GeneralAttention::forward(ConstTensorView queries, ConstTensorView keys,
       dot_scores_stay_finite(projected, keys, values, key_size(), 1.0F, "projected ")) {
     AttentionOptions options = fused_options(valid_lens);
     options.scale = 1.0F;  // Luong's general score is unscaled
-    Tensor output = fused_.dot_product(std::move(projected), Tensor::from(keys),
-                                       Tensor::from(values), 1, std::move(options));
+    kept_keys.assign(keys);
+    kept_values.assign(values);
+    Tensor output = fused_.dot_product(std::move(projected), std::move(kept_keys),
+                                       std::move(kept_values), 1, std::move(options));
     fused_pass_recorded();
     return output;
   }

@@ -2,6 +2,8 @@
 // m = 1, valid lengths 0 and m, per-query lengths, large magnitudes), plus their input checks.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <cmath>
 
 #include "attn/core/error.hpp"
@@ -224,6 +226,50 @@ TEST(GeneralAttention, FusedAndReferencePathsMatchTheDoubleReference) {
             fused.state_dict().at("W.weight").values());
   EXPECT_THROW_MESSAGE(loaded.load_state_dict({{"W.weight", Tensor(Shape{5, 9})}}), ShapeError,
                        "W.weight");
+}
+
+// The dot-product and general layers' fused passes keep their inputs (general: its projection)
+// in the storage of the last pass's (FusedAttentionPass::release_inputs): after a longer pass, a
+// reference-path pass and another, a pass must equal a fresh layer's forward, weights and
+// backward bit for bit.
+TEST(DotProductAttention, LaterPassesEqualAFreshLayers) {
+  Rng rng(23);
+  const auto inputs = [&rng](int64_t n, int64_t m) {
+    return std::array<Tensor, 3>{random_tensor(Shape{2, n, 9}, rng),
+                                 random_tensor(Shape{2, m, 9}, rng),
+                                 random_tensor(Shape{2, m, 5}, rng)};
+  };
+  const std::array<Tensor, 3> longer = inputs(60, 140), other = inputs(30, 50),
+                              last = inputs(30, 50);
+  const Tensor g = random_tensor(Shape{2, 30, 5}, rng);
+  const ValidLengths lengths = ValidLengths::per_batch({0, 41});
+  DotProductAttention reused, fresh;
+  GeneralAttention general_reused(9, 9, 0.0F, 4), general_fresh(9, 9, 0.0F, 4);
+  const auto earlier_passes = [&](auto& layer) {
+    (void)layer(longer[0], longer[1], longer[2], ValidLengths());
+    layer.set_path(AttentionPath::kReference);
+    (void)layer(other[0], other[1], other[2], ValidLengths());
+    layer.set_path(AttentionPath::kFused);
+    (void)layer(longer[0], longer[1], longer[2], ValidLengths());
+    (void)layer(other[0], other[1], other[2], ValidLengths());
+  };
+  earlier_passes(reused);
+  earlier_passes(general_reused);
+  EXPECT_EQ(reused(last[0], last[1], last[2], lengths).values(),
+            fresh(last[0], last[1], last[2], lengths).values());
+  EXPECT_EQ(reused.attention_weights().values(), fresh.attention_weights().values());
+  const AttentionGradients reused_grads = reused.backward(g), fresh_grads = fresh.backward(g);
+  EXPECT_EQ(reused_grads.queries.values(), fresh_grads.queries.values());
+  EXPECT_EQ(reused_grads.keys.values(), fresh_grads.keys.values());
+  EXPECT_EQ(reused_grads.values.values(), fresh_grads.values.values());
+
+  EXPECT_EQ(general_reused(last[0], last[1], last[2], lengths).values(),
+            general_fresh(last[0], last[1], last[2], lengths).values());
+  const AttentionGradients general_reused_grads = general_reused.backward(g),
+                           general_fresh_grads = general_fresh.backward(g);
+  EXPECT_EQ(general_reused_grads.queries.values(), general_fresh_grads.queries.values());
+  EXPECT_EQ(general_reused_grads.keys.values(), general_fresh_grads.keys.values());
+  EXPECT_EQ(general_reused_grads.values.values(), general_fresh_grads.values.values());
 }
 
 TEST(GaussianKernelPooling, MatchesReference) {
