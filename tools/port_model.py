@@ -17,7 +17,7 @@ and V, Q's transpose, the output's write) and every memory stall: a kernel measu
 bound is limited by what the model leaves out, not by the instruction mix.
 
 Usage: python3 tools/port_model.py [--library build/release/src/kernels/libattn_kernels.so]
-                                    [--cpus icelake-server] [--loops]
+                                    [--cpus icelake-server] [--loops] [--check]
 icelake-server (the default) has the port layout of the Xeons we serve from for 512-bit code
 (Sapphire and Emerald Rapids: 512-bit multiply-adds, shuffles and most vector ALU work only on
 ports 0 and 5). LLVM 14 (Debian 12's llvm-mca, from scripts/install-deps.sh) has no Zen 4 or Zen 5
@@ -137,7 +137,11 @@ def main():
     parser.add_argument("--library", default="build/release/src/kernels/libattn_kernels.so")
     parser.add_argument("--cpus", default="icelake-server")
     parser.add_argument("--loops", action="store_true", help="print each loop's instructions")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 unless every loop is found and each bound lies in (0, 100]%%: "
+                             "the test that keeps docs/benchmarks.md's figures reproducible")
     args = parser.parse_args()
+    failures = []
     table = symbols(args.library)
     print(f"static bound of the fused forward at d = dv = h = {HEAD} "
           f"(llvm-mca steady state, per score vector)")
@@ -145,15 +149,15 @@ def main():
         found, per_iteration = target_loops(args.library, table, target)
         missing = [k for k, v in found.items() if v is None]
         if missing:
-            print(f"{target}: loops not found: {', '.join(missing)} (compiler output changed?)",
-                  file=sys.stderr)
+            failures.append(f"{target}: loops not found: {', '.join(missing)} "
+                            "(compiler output changed?)")
             continue
         for cpu in args.cpus.split(","):
             if target == "AVX3" and cpu.startswith("znver"):
                 continue  # LLVM 14's Zen models predate AVX-512
             cycles = {k: mca_cycles(body, cpu) for k, body in found.items()}
             if any(c is None for c in cycles.values()):
-                print(f"{target} on {cpu}: llvm-mca failed", file=sys.stderr)
+                failures.append(f"{target} on {cpu}: llvm-mca failed")
                 continue
             unit = {k: cycles[k] / per_iteration[k] for k in cycles}
             softmax = unit["exp"] + unit["max"]
@@ -164,14 +168,21 @@ def main():
             print(f"{target} on {cpu}: cycles per score vector: QK {HEAD * unit['qk']:.1f}, "
                   f"PV {HEAD * unit['pv']:.1f}, softmax {softmax:.1f} (exp {unit['exp']:.2f}, "
                   f"max {unit['max']:.2f}), additive terms {HEAD * unit['additive']:.1f}")
-            print(f"  fp32 forward bound {100 * ideal_dot / dot:.1f}% of the FMA peak; "
-                  f"additive (exponential form) {100 * ideal_additive / additive:.1f}%")
+            bounds = (100 * ideal_dot / dot, 100 * ideal_additive / additive)
+            print(f"  fp32 forward bound {bounds[0]:.1f}% of the FMA peak; "
+                  f"additive (exponential form) {bounds[1]:.1f}%")
+            if not all(0 < bound <= 100 for bound in bounds):
+                failures.append(f"{target} on {cpu}: bounds {bounds} outside (0, 100]%")
             if args.loops:
                 for k, body in found.items():
                     print(f"  -- {k}: {cycles[k]:.2f} cycles / iteration; "
                           f"{dict(mix(body).most_common(8))}")
                     for line in body:
                         print(f"     {line}")
+    for failure in failures:
+        print(f"port_model.py: {failure}", file=sys.stderr)
+    if args.check and failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
