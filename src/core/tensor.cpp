@@ -72,10 +72,8 @@ void require_value_count(const Shape& shape, size_t count) {
 
 }  // namespace
 
-Tensor::Tensor(const Shape& shape) : values_(static_cast<size_t>(shape.numel())), shape_(shape) {
-  float* to = values_.data();
-  in_chunks(shape.numel(),
-            [to](int64_t begin, int64_t count) { std::fill_n(to + begin, count, 0.0F); });
+Tensor::Tensor(const Shape& shape) {
+  assign_zeros(shape);
 }
 
 Tensor::Tensor(const Shape& shape, Storage values) : values_(std::move(values)), shape_(shape) {
