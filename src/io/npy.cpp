@@ -246,9 +246,9 @@ std::optional<int64_t> data_size(const std::vector<int64_t>& dims, int64_t items
   return has_zero ? 0 : total;
 }
 
-template <class Stored, class Decoded>
-std::vector<Decoded> decode(std::span<const std::byte> data) {
-  std::vector<Decoded> values(data.size() / sizeof(Stored));
+template <class Stored, class Decoded, class Values = std::vector<Decoded>>
+Values decode(std::span<const std::byte> data) {
+  Values values(data.size() / sizeof(Stored));
   for (size_t index = 0; index < values.size(); ++index) {
     Stored value;
     std::memcpy(&value, data.data() + index * sizeof(Stored), sizeof(Stored));
@@ -419,15 +419,37 @@ NpyArray read_npy(const std::filesystem::path& path) {
   return parse_npy(io_detail::read_file_bytes(path), path.string());
 }
 
+// Decoded straight into the tensor's storage: one copy of the data beside the file's bytes while
+// loading, as parse_npy makes for its own arrays.
 Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name) {
-  NpyArray array = read_npy(path);
-  if (array.is_integer() || array.is_bool()) {
-    throw FileError(std::string(name) + " (" + path.string() +
-                    "): expected float32, float64 or float16 data, got " +
-                    (array.is_bool() ? "bool" : "integer") + " dtype '" +
-                    std::string(dtype_info(array.dtype).descr) + "'");
+  const std::vector<std::byte> bytes = io_detail::read_file_bytes(path);
+  const std::string source = path.string();
+  const io_detail::NpyLayout layout = io_detail::parse_npy_header(bytes, source);
+  const std::span<const std::byte> data = std::span(bytes).subspan(layout.data_offset);
+  io_detail::check_npy_data_size(layout, data.size(), source);
+  switch (layout.dtype) {
+    case NpyDType::kFloat32:
+      return Tensor(layout.shape, decode<float, float, Tensor::Storage>(data));
+    case NpyDType::kFloat64:
+      return Tensor(layout.shape, decode<double, float, Tensor::Storage>(data));
+    case NpyDType::kFloat16: {
+      Tensor::Storage values(data.size() / sizeof(uint16_t));
+      for (size_t index = 0; index < values.size(); ++index) {
+        uint16_t bits;
+        std::memcpy(&bits, data.data() + index * sizeof bits, sizeof bits);
+        values[index] = half_to_float(bits);
+      }
+      return Tensor(layout.shape, std::move(values));
+    }
+    case NpyDType::kInt32:
+    case NpyDType::kInt64:
+    case NpyDType::kBool:
+      break;
   }
-  return Tensor(array.shape, std::move(array.floats));
+  throw FileError(std::string(name) + " (" + source +
+                  "): expected float32, float64 or float16 data, got " +
+                  (layout.dtype == NpyDType::kBool ? "bool" : "integer") + " dtype '" +
+                  std::string(dtype_info(layout.dtype).descr) + "'");
 }
 
 ValidLengths load_npy_valid_lengths(const std::filesystem::path& path, std::string_view name) {

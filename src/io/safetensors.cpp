@@ -206,8 +206,9 @@ void check_tiling(std::vector<TensorEntry>& entries, uint64_t buffer_size,
 }
 
 // 16-bit floats of `type` widened (exactly) to float32.
-std::vector<float> decode_half(std::span<const std::byte> data, HalfType type) {
-  std::vector<float> values(data.size() / sizeof(uint16_t));
+// Decoded straight into a tensor's storage (no second copy of a large tensor while loading).
+Tensor::Storage decode_half(std::span<const std::byte> data, HalfType type) {
+  Tensor::Storage values(data.size() / sizeof(uint16_t));
   for (size_t index = 0; index < values.size(); ++index) {
     uint16_t bits;
     std::memcpy(&bits, data.data() + index * sizeof bits, sizeof bits);
@@ -217,8 +218,8 @@ std::vector<float> decode_half(std::span<const std::byte> data, HalfType type) {
 }
 
 template <class Stored>
-std::vector<float> decode(std::span<const std::byte> data) {
-  std::vector<float> values(data.size() / sizeof(Stored));
+Tensor::Storage decode(std::span<const std::byte> data) {
+  Tensor::Storage values(data.size() / sizeof(Stored));
   for (size_t index = 0; index < values.size(); ++index) {
     Stored value;
     std::memcpy(&value, data.data() + index * sizeof(Stored), sizeof(Stored));
@@ -272,7 +273,7 @@ void parse_file(std::span<const std::byte> bytes, std::string_view source, State
 
   for (const TensorEntry& entry : entries) {
     const std::span<const std::byte> data = buffer.subspan(entry.begin, entry.end - entry.begin);
-    std::vector<float> values =
+    Tensor::Storage values =
         entry.dtype == "F32" ? decode<float>(data)
         : entry.dtype == "F64"
             ? decode<double>(data)

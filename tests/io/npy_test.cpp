@@ -269,6 +269,11 @@ TEST(Npy, ReadsFilesNumPyWrote) {
   const NpyArray f8 = read_npy(fixture("f8_3.npy"));
   EXPECT_EQ(f8.dtype, NpyDType::kFloat64);
   EXPECT_EQ(f8.floats, (std::vector<float>{0.1F, -2.5F, std::numeric_limits<float>::infinity()}));
+  // load_npy_tensor decodes into the tensor's storage itself: the same values and shapes.
+  EXPECT_EQ(load_npy_tensor(fixture("f8_3.npy"), "f8").to_vector(), f8.floats);
+  const Tensor f4_tensor = load_npy_tensor(fixture("f4_2x3.npy"), "f4");
+  EXPECT_EQ(f4_tensor.shape(), f4.shape);
+  EXPECT_EQ(f4_tensor.to_vector(), f4.floats);
 
   // float16: widened exactly, and its bits kept; written back byte for byte as NumPy wrote it.
   const NpyArray f2 = read_npy(fixture("f2_3.npy"));
