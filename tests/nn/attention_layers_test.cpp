@@ -228,10 +228,10 @@ TEST(GeneralAttention, FusedAndReferencePathsMatchTheDoubleReference) {
                        "W.weight");
 }
 
-// The dot-product and general layers' fused passes keep their inputs (general: its projection)
-// in the storage of the last pass's (FusedAttentionPass::release_inputs): after a longer pass, a
-// reference-path pass and another, a pass must equal a fresh layer's forward, weights and
-// backward bit for bit.
+// The dot-product, general and additive layers' fused passes keep their inputs (general: its
+// projection) in the storage of the last pass's (FusedAttentionPass::release_inputs): after a
+// longer pass, a reference-path pass and another, a pass must equal a fresh layer's forward,
+// weights and backward bit for bit.
 TEST(DotProductAttention, LaterPassesEqualAFreshLayers) {
   Rng rng(23);
   const auto inputs = [&rng](int64_t n, int64_t m) {
@@ -245,6 +245,7 @@ TEST(DotProductAttention, LaterPassesEqualAFreshLayers) {
   const ValidLengths lengths = ValidLengths::per_batch({0, 41});
   DotProductAttention reused, fresh;
   GeneralAttention general_reused(9, 9, 0.0F, 4), general_fresh(9, 9, 0.0F, 4);
+  AdditiveAttention additive_reused(9, 9, 6, 0.0F, 4), additive_fresh(9, 9, 6, 0.0F, 4);
   const auto earlier_passes = [&](auto& layer) {
     (void)layer(longer[0], longer[1], longer[2], ValidLengths());
     layer.set_path(AttentionPath::kReference);
@@ -255,6 +256,7 @@ TEST(DotProductAttention, LaterPassesEqualAFreshLayers) {
   };
   earlier_passes(reused);
   earlier_passes(general_reused);
+  earlier_passes(additive_reused);
   EXPECT_EQ(reused(last[0], last[1], last[2], lengths).values(),
             fresh(last[0], last[1], last[2], lengths).values());
   EXPECT_EQ(reused.attention_weights().values(), fresh.attention_weights().values());
@@ -270,6 +272,14 @@ TEST(DotProductAttention, LaterPassesEqualAFreshLayers) {
   EXPECT_EQ(general_reused_grads.queries.values(), general_fresh_grads.queries.values());
   EXPECT_EQ(general_reused_grads.keys.values(), general_fresh_grads.keys.values());
   EXPECT_EQ(general_reused_grads.values.values(), general_fresh_grads.values.values());
+
+  EXPECT_EQ(additive_reused(last[0], last[1], last[2], lengths).values(),
+            additive_fresh(last[0], last[1], last[2], lengths).values());
+  const AttentionGradients additive_reused_grads = additive_reused.backward(g),
+                           additive_fresh_grads = additive_fresh.backward(g);
+  EXPECT_EQ(additive_reused_grads.queries.values(), additive_fresh_grads.queries.values());
+  EXPECT_EQ(additive_reused_grads.keys.values(), additive_fresh_grads.keys.values());
+  EXPECT_EQ(additive_reused_grads.values.values(), additive_fresh_grads.values.values());
 }
 
 TEST(GaussianKernelPooling, MatchesReference) {
