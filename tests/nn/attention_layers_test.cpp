@@ -232,7 +232,7 @@ TEST(GeneralAttention, FusedAndReferencePathsMatchTheDoubleReference) {
 // projection) in the storage of the last pass's (FusedAttentionPass::release_inputs): after a
 // longer pass, a reference-path pass and another, a pass must equal a fresh layer's forward,
 // weights and backward bit for bit.
-TEST(DotProductAttention, LaterPassesEqualAFreshLayers) {
+TEST(AttentionLayers, LaterPassesEqualFreshLayers) {
   Rng rng(23);
   const auto inputs = [&rng](int64_t n, int64_t m) {
     return std::array<Tensor, 3>{random_tensor(Shape{2, n, 9}, rng),
