@@ -10,9 +10,11 @@ transposed (B, n, H, d) storage (the bench's layout, and what transformers passe
 of 64, fp32, no mask.
 
 Usage: python bench/python_call_overhead.py [--attn build/release/cli/attn] [--sizes 1024,4096]
-           [--threads 1,2] [--rounds 3] [--repeats 3]
+           [--threads 1,2] [--rounds 3] [--repeats 3] [--per-call]
 Prints one line per (n, threads): the medians over rounds of each round's median, in ms, and
-python / fused.
+python / fused. --per-call instead times a decode-sized call (1 query, 8 heads of 64, 16 keys,
+1 thread, no grad; best of 3 interleaved rounds of 5 loops of 2000 calls) through attn.torch, attn's module function and
+PyTorch's SDPA: what a call costs beside its arithmetic.
 """
 import argparse
 import json
@@ -43,6 +45,40 @@ def bench_ms(cli, n, threads, repeats):
     return {row["case"]: row["ms"] for row in rows}
 
 
+def per_call():
+    import attn.torch as attn_torch
+
+    attn.set_num_threads(1)
+    torch.set_num_threads(1)
+    q, k, v = torch.rand(1, 8, 1, 64), torch.rand(1, 8, 16, 64), torch.rand(1, 8, 16, 64)
+
+    def microseconds(fn, calls=2000):
+        for _ in range(200):
+            fn()
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        return best
+
+    calls = {
+        "attn.torch.scaled_dot_product_attention":
+            lambda: attn_torch.scaled_dot_product_attention(q, k, v),
+        "attn.scaled_dot_product_attention": lambda: attn.scaled_dot_product_attention(q, k, v),
+        "torch.nn.functional.scaled_dot_product_attention":
+            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+    }
+    best = {name: float("inf") for name in calls}
+    with torch.no_grad():
+        for _ in range(3):  # interleaved rounds: the VM's slow spells fall on every call alike
+            for name, fn in calls.items():
+                best[name] = min(best[name], microseconds(fn))
+    for name, us in best.items():
+        print(f"{name}: {us:.1f} us per call (best of 3 rounds)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--attn", default="build/release/cli/attn")
@@ -50,7 +86,11 @@ def main():
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-call", action="store_true")
     args = parser.parse_args()
+    if args.per_call:
+        per_call()
+        return
     print(f"B = 4, 8 heads of 64, fp32; {args.rounds} interleaved rounds, medians of "
           f"{args.repeats} passes; torch {torch.__version__}")
     for n in (int(s) for s in args.sizes.split(",")):

@@ -436,3 +436,41 @@ def test_operators_pass_opcheck():
         "top-left",
     )
     torch.library.opcheck(torch.ops.attn.sdpa.default, arguments)
+
+
+# --- inference without the operator's dispatch -------------------------------------------------
+
+
+def test_inference_calls_skip_the_operator_and_match_it(monkeypatch):
+    # Where autograd records nothing and nothing traces, attn.torch calls the operator's
+    # implementation directly (its dispatch cost a decode step ~12 µs a layer): the same result,
+    # bit for bit, in every such case; the operator itself runs whenever autograd, a dispatch mode
+    # (FakeTensor here) or torch.compile is involved.
+    q, k, v = (torch.randn(N, HQ, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV))
+    mask, sinks = torch.randn(N, 1, L, S), torch.randn(HQ)
+    options = dict(enable_gqa=True, sinks=sinks, window=(3, 0), softcap=4.0)
+    through_operator = torch.ops.attn.sdpa.default(
+        q, k, v, mask, None, None, sinks, None, 0.0, False, None, True, 3, 0, 4.0, "top-left"
+    )[0]
+    calls = []
+    original = attn_torch._sdpa
+    monkeypatch.setattr(attn_torch, "_sdpa", lambda *a: calls.append(1) or original(*a))
+    with torch.no_grad():
+        assert torch.equal(attn_torch.scaled_dot_product_attention(q, k, v, mask, **options),
+                           through_operator)
+    assert torch.equal(attn_torch.scaled_dot_product_attention(q, k, v, mask, **options),
+                       through_operator)  # grad mode on, nothing requires grad
+    assert calls == [], "inference went through the operator"
+
+    q_leaf = q.clone().requires_grad_()
+    out = attn_torch.scaled_dot_product_attention(q_leaf, k, v, mask, **options)
+    assert calls == [1] and out.grad_fn is not None
+    assert torch.equal(out.detach(), through_operator)
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = attn_torch.scaled_dot_product_attention(
+            mode.from_tensor(q), mode.from_tensor(k), mode.from_tensor(v), enable_gqa=True
+        )
+    assert calls == [1, 1] and fake.shape == (N, HQ, L, EV)
