@@ -246,12 +246,23 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
         return forward(query, key, value, *args, **kwargs)
 
     monkeypatch.setattr(attn_torch._extension, "_sdpa_forward", spy)
-    views = [t.detach().transpose(1, 2) for t in (q, k, v)]
+    views = [t.transpose(1, 2) for t in (q, k, v)]  # requiring grad: through the operator
     attn_torch.scaled_dot_product_attention(*views, is_causal=True)
     assert len(seen) == 3
     for view, (passed, address) in zip(views, seen):
         assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
         assert address == view.data_ptr()
+    # In inference the call exports the same views as DLPack capsules, no copies.
+    exported = []
+    to_dlpack = attn_torch._to_dlpack
+    monkeypatch.setattr(attn_torch, "_to_dlpack", lambda t: exported.append(t) or to_dlpack(t))
+    seen.clear()
+    monkeypatch.setattr(attn_torch._extension, "_sdpa_forward", forward)
+    with torch.no_grad():
+        attn_torch.scaled_dot_product_attention(*views, is_causal=True)
+    assert len(exported) == 3
+    for view, passed in zip(views, exported):
+        assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
 
 
 def test_float64_inputs_give_float64_results():
@@ -461,6 +472,25 @@ def test_inference_calls_skip_the_operator_and_match_it(monkeypatch):
     assert torch.equal(attn_torch.scaled_dot_product_attention(q, k, v, mask, **options),
                        through_operator)  # grad mode on, nothing requires grad
     assert calls == [], "inference went through the operator"
+
+    # Every dtype the call takes (bf16 comes back from attn as a tensor, fp16 and fp32 as NumPy
+    # arrays), and inputs transposed as transformers passes them: the operator's result exactly.
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        args = (q.to(dtype), k.to(dtype), v.to(dtype))
+        with torch.no_grad():
+            fast = attn_torch.scaled_dot_product_attention(*args, enable_gqa=True)
+        computed = [a.float() if dtype == torch.float64 else a for a in args]
+        slow = torch.ops.attn.sdpa.default(
+            *computed, None, None, None, None, None, 0.0, False, None, True, -1, -1, None,
+            "top-left"
+        )[0].to(dtype)
+        assert fast.dtype == dtype and torch.equal(fast, slow), dtype
+    transposed = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    with torch.no_grad():
+        assert torch.equal(
+            attn_torch.scaled_dot_product_attention(*transposed, mask, **options), through_operator
+        )
+    assert calls == []
 
     q_leaf = q.clone().requires_grad_()
     out = attn_torch.scaled_dot_product_attention(q_leaf, k, v, mask, **options)
