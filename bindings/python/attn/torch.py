@@ -472,7 +472,13 @@ def _cache_attention(query, cache, value, *args, **kwargs):
             "query: requires grad, but attention against a KVCache has no backward pass "
             "(decode under torch.no_grad() or torch.inference_mode())"
         )
-    output = _attn.scaled_dot_product_attention(_as_float32(query), cache, value, *args, **kwargs)
+    computed = _as_float32(query)
+    if type(computed) is torch.Tensor:
+        # As a DLPack capsule (a tenth of __dlpack__'s cost); the result comes back as NumPy.
+        computed = _to_dlpack(computed.detach() if computed.requires_grad else computed)
+    output = _attn.scaled_dot_product_attention(computed, cache, value, *args, **kwargs)
+    if isinstance(output, _np.ndarray):
+        output = torch.from_numpy(output)
     return output if output.dtype == query.dtype else output.to(query.dtype)
 
 
