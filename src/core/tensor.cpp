@@ -97,11 +97,7 @@ Tensor::Tensor(const Shape& shape, std::initializer_list<float> values)
 
 Tensor Tensor::full(const Shape& shape, float value) {
   Tensor tensor;
-  tensor.values_.resize(static_cast<size_t>(shape.numel()));
-  tensor.shape_ = shape;
-  float* to = tensor.values_.data();
-  in_chunks(shape.numel(),
-            [to, value](int64_t begin, int64_t count) { std::fill_n(to + begin, count, value); });
+  tensor.assign_filled(shape, value);
   return tensor;
 }
 
@@ -119,12 +115,20 @@ void Tensor::reshape(const Shape& shape) {
   shape_ = shape;
 }
 
-void Tensor::assign_zeros(const Shape& shape) {
+void Tensor::assign_uninitialized(const Shape& shape) {
   values_.resize(static_cast<size_t>(shape.numel()));
   shape_ = shape;
+}
+
+void Tensor::assign_filled(const Shape& shape, float value) {
+  assign_uninitialized(shape);
   float* to = values_.data();
   in_chunks(shape.numel(),
-            [to](int64_t begin, int64_t count) { std::fill_n(to + begin, count, 0.0F); });
+            [to, value](int64_t begin, int64_t count) { std::fill_n(to + begin, count, value); });
+}
+
+void Tensor::assign_zeros(const Shape& shape) {
+  assign_filled(shape, 0.0F);
 }
 
 void Tensor::assign(ConstTensorView view) {

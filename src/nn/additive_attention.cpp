@@ -30,13 +30,9 @@ Tensor AdditiveAttention::forward(ConstTensorView queries, ConstTensorView keys,
     // does; tanh keeps finite inputs' scores bounded by Σ|w_v|, so checking these suffices.
     require_finite("w_v.weight", w_v_.weight());
     // Copies kept for the backward pass, in the storage of the last pass's (no fresh pages).
-    Tensor kept_queries, kept_keys, kept_values;
-    fused_.release_inputs(kept_queries, kept_keys, kept_values);
-    kept_queries.assign(queries);
-    kept_keys.assign(keys);
-    kept_values.assign(values);
+    FusedAttentionPass::Inputs kept = fused_.copy_inputs(queries, keys, values);
     Tensor output = fused_.additive(
-        std::move(kept_queries), std::move(kept_keys), std::move(kept_values), W_q_.weight(),
+        std::move(kept.queries), std::move(kept.keys), std::move(kept.values), W_q_.weight(),
         W_k_.weight(), Tensor::from(w_v_.weight().view().reshaped(Shape{num_hiddens()})),
         fused_options(valid_lens));
     fused_pass_recorded();

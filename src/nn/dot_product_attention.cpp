@@ -38,13 +38,9 @@ Tensor DotProductAttention::forward(ConstTensorView queries, ConstTensorView key
     AttentionOptions options = fused_options(valid_lens);
     options.scale = scale;
     // Copies kept for the backward pass, in the storage of the last pass's (no fresh pages).
-    Tensor kept_queries, kept_keys, kept_values;
-    fused_.release_inputs(kept_queries, kept_keys, kept_values);
-    kept_queries.assign(queries);
-    kept_keys.assign(keys);
-    kept_values.assign(values);
-    Tensor output = fused_.dot_product(std::move(kept_queries), std::move(kept_keys),
-                                       std::move(kept_values), 1, std::move(options));
+    FusedAttentionPass::Inputs kept = fused_.copy_inputs(queries, keys, values);
+    Tensor output = fused_.dot_product(std::move(kept.queries), std::move(kept.keys),
+                                       std::move(kept.values), 1, std::move(options));
     fused_pass_recorded();
     return output;
   }

@@ -19,25 +19,36 @@ StridedView<T> FusedAttentionPass::heads_of(T* data, const Shape& shape) const {
   return StridedView<T>(data, Shape{batch, heads_, rows, width}, strides);
 }
 
-void FusedAttentionPass::release_inputs(Tensor& queries, Tensor& keys, Tensor& values) {
-  queries = std::move(queries_);
-  keys = std::move(keys_);
-  values = std::move(values_);
-  Tensor output = std::move(output_);  // kept for the next pass's output
+void FusedAttentionPass::clear_keeping_output() {
+  Tensor output = std::move(output_);
   clear();
   output_ = std::move(output);
 }
 
+FusedAttentionPass::Inputs FusedAttentionPass::release_inputs() {
+  Inputs inputs{std::move(queries_), std::move(keys_), std::move(values_)};
+  clear_keeping_output();
+  return inputs;
+}
+
+FusedAttentionPass::Inputs FusedAttentionPass::copy_inputs(ConstTensorView queries,
+                                                           ConstTensorView keys,
+                                                           ConstTensorView values) {
+  Inputs inputs = release_inputs();
+  inputs.queries.assign(queries);
+  inputs.keys.assign(keys);
+  inputs.values.assign(values);
+  return inputs;
+}
+
 const Tensor& FusedAttentionPass::dot_product(Tensor queries, Tensor keys, Tensor values,
                                               int64_t heads, AttentionOptions options) {
-  Tensor output = std::move(output_);  // its storage, reused below
-  clear();
+  clear_keeping_output();  // its storage, reused below
   heads_ = heads;
   queries_ = std::move(queries);
   keys_ = std::move(keys);
   values_ = std::move(values);
   options_ = std::move(options);
-  output_ = std::move(output);
   output_.assign_zeros(Shape{queries_.dim(0), queries_.dim(1), values_.dim(2)});
   const ConstStridedView q = heads_of(queries_.data(), queries_.shape());
   log_sum_exp_.resize(static_cast<size_t>(log_sum_exp_size(q.shape())));

@@ -20,8 +20,8 @@ Tensor GeneralAttention::forward(ConstTensorView queries, ConstTensorView keys,
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
   queries_.assign(queries);
   // The last fused pass's projection, keys and values lend their storage to this call's.
-  Tensor projected, kept_keys, kept_values;
-  fused_.release_inputs(projected, kept_keys, kept_values);
+  FusedAttentionPass::Inputs kept = fused_.release_inputs();
+  Tensor projected = std::move(kept.queries);
   W_.forward_into(queries, projected, "queries");
   keys_ = projected_queries_ = Tensor();
   const float applied_dropout = is_training() ? dropout() : 0.0F;
@@ -30,10 +30,10 @@ Tensor GeneralAttention::forward(ConstTensorView queries, ConstTensorView keys,
       dot_scores_stay_finite(projected, keys, values, key_size(), 1.0F, "projected ")) {
     AttentionOptions options = fused_options(valid_lens);
     options.scale = 1.0F;  // Luong's general score is unscaled
-    kept_keys.assign(keys);
-    kept_values.assign(values);
-    Tensor output = fused_.dot_product(std::move(projected), std::move(kept_keys),
-                                       std::move(kept_values), 1, std::move(options));
+    kept.keys.assign(keys);
+    kept.values.assign(values);
+    Tensor output = fused_.dot_product(std::move(projected), std::move(kept.keys),
+                                       std::move(kept.values), 1, std::move(options));
     fused_pass_recorded();
     return output;
   }

@@ -43,7 +43,8 @@ void Linear::forward_into(ConstTensorView x, Tensor& y, std::string_view name) c
   int64_t dims[Shape::kMaxRank];
   for (int axis = 0; axis < x.rank(); ++axis) dims[axis] = x.shape()[axis];
   dims[x.rank() - 1] = out;
-  y.assign_zeros(Shape::from_dims(dims, x.rank()));
+  // linear_product writes every element of y.
+  y.assign_uninitialized(Shape::from_dims(dims, x.rank()));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   // y = x Wᵀ (+ b): one product over all leading positions.
   linear_product(rows, in, out, x.data(), weight_.data(), has_bias_ ? bias_.data() : nullptr,

@@ -102,6 +102,10 @@ class Tensor {
   // elements (filled on the OpenMP threads from a few MB on): a layer's per-call outputs reuse
   // their pages instead of faulting in fresh ones at every call.
   void assign_zeros(const Shape& shape);
+  // The same without the fill, for a caller that writes every element before any is read (a
+  // product's output, whose threads then make the first touch): elements kept from the storage
+  // are stale, new ones unspecified.
+  void assign_uninitialized(const Shape& shape);
 
   template <class... Index>
   float& operator()(Index... index) {
@@ -113,6 +117,9 @@ class Tensor {
   }
 
  private:
+  // assign_zeros with `value`.
+  void assign_filled(const Shape& shape, float value);
+
   Storage values_;
   Shape shape_ = Shape{0};  // default: empty, zero elements
 };

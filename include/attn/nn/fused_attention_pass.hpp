@@ -27,9 +27,15 @@ class FusedAttentionPass {
   // output is written into the storage of the previous pass's output when that holds enough.
   const Tensor& dot_product(Tensor queries, Tensor keys, Tensor values, int64_t heads,
                             AttentionOptions options);
-  // Forgets the recorded pass (as clear()) but hands its queries, keys and values over, so that
-  // a layer's next projections reuse their storage (and keeps its output's for the next pass).
-  void release_inputs(Tensor& queries, Tensor& keys, Tensor& values);
+  // A pass's queries, keys and values.
+  struct Inputs {
+    Tensor queries, keys, values;
+  };
+  // Forgets the recorded pass (as clear()) but hands its inputs over, so that a layer's next
+  // projections or copies reuse their storage (and keeps its output's for the next pass).
+  Inputs release_inputs();
+  // release_inputs() with the views copied into them (Tensor::assign).
+  Inputs copy_inputs(ConstTensorView queries, ConstTensorView keys, ConstTensorView values);
   // Additive attention with the parameters as they are now (copies are kept for the weights).
   Tensor additive(Tensor queries, Tensor keys, Tensor values, Tensor W_q, Tensor W_k, Tensor w_v,
                   AttentionOptions options);
@@ -55,6 +61,8 @@ class FusedAttentionPass {
   template <class T>
   StridedView<T> heads_of(T* data, const Shape& shape) const;
   void check_grad_output(ConstTensorView grad_output, Family family) const;
+  // clear(), the output's storage kept for the next pass's output.
+  void clear_keeping_output();
   Tensor to_batch_heads(Tensor scores) const;
 
   Family family_ = Family::kNone;
