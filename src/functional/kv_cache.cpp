@@ -99,16 +99,21 @@ void KVCache::store_rows(Storage& data, std::vector<float>& scales, int64_t cols
       const float* first = source.data() + b * source.stride(0) + h * source.stride(1);
       const int64_t index = row_index(b, h, lengths_[static_cast<size_t>(b)], kv_heads_, capacity_);
       std::byte* destination = data.data() + index * cols * element;
-      const bool packed = row_stride == cols || count == 1;
+      // store(source, offset in the destination, values): once over all rows when they are
+      // packed, else row by row.
+      const auto in_runs = [&](const auto& store) {
+        if (row_stride == cols || count == 1) {
+          store(first, int64_t{0}, count * cols);
+        } else {
+          for (int64_t t = 0; t < count; ++t) store(first + t * row_stride, t * cols, cols);
+        }
+      };
       switch (dtype_) {
         case CacheDType::kFloat32: {
           auto* floats = reinterpret_cast<float*>(destination);
-          if (packed) {
-            std::copy_n(first, count * cols, floats);
-          } else {
-            for (int64_t t = 0; t < count; ++t)
-              std::copy_n(first + t * row_stride, cols, floats + t * cols);
-          }
+          in_runs([floats](const float* from, int64_t at, int64_t values) {
+            std::copy_n(from, values, floats + at);
+          });
           break;
         }
         case CacheDType::kFloat16:
@@ -116,12 +121,9 @@ void KVCache::store_rows(Storage& data, std::vector<float>& scales, int64_t cols
           const HalfType type =
               dtype_ == CacheDType::kFloat16 ? HalfType::kFloat16 : HalfType::kBFloat16;
           auto* halves = reinterpret_cast<uint16_t*>(destination);
-          if (packed) {
-            narrow_to_half(type, first, halves, static_cast<size_t>(count) * width);
-          } else {
-            for (int64_t t = 0; t < count; ++t)
-              narrow_to_half(type, first + t * row_stride, halves + t * cols, width);
-          }
+          in_runs([type, halves](const float* from, int64_t at, int64_t values) {
+            narrow_to_half(type, from, halves + at, static_cast<size_t>(values));
+          });
           break;
         }
         case CacheDType::kInt8:

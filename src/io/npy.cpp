@@ -257,6 +257,18 @@ Values decode(std::span<const std::byte> data) {
   return values;
 }
 
+// float16 bits widened to floats (exactly).
+template <class Values = std::vector<float>>
+Values decode_float16(std::span<const std::byte> data) {
+  Values values(data.size() / sizeof(uint16_t));
+  for (size_t index = 0; index < values.size(); ++index) {
+    uint16_t bits;
+    std::memcpy(&bits, data.data() + index * sizeof bits, sizeof bits);
+    values[index] = half_to_float(bits);
+  }
+  return values;
+}
+
 // Bool bytes as stored: each must be 0 or 1, the only values NumPy writes for bool.
 std::vector<uint8_t> decode_bools(std::span<const std::byte> data, std::string_view source) {
   std::vector<uint8_t> values(data.size());
@@ -389,9 +401,7 @@ NpyArray decode_npy_data(NpyDType dtype, const Shape& shape, std::span<const std
       break;
     case NpyDType::kFloat16:
       array.halves = decode<uint16_t, uint16_t>(data);
-      array.floats.resize(array.halves.size());
-      for (size_t index = 0; index < array.halves.size(); ++index)
-        array.floats[index] = half_to_float(array.halves[index]);
+      array.floats = decode_float16(data);
       break;
     case NpyDType::kInt32:
       array.integers = decode<int32_t, int64_t>(data);
@@ -432,15 +442,8 @@ Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name)
       return Tensor(layout.shape, decode<float, float, Tensor::Storage>(data));
     case NpyDType::kFloat64:
       return Tensor(layout.shape, decode<double, float, Tensor::Storage>(data));
-    case NpyDType::kFloat16: {
-      Tensor::Storage values(data.size() / sizeof(uint16_t));
-      for (size_t index = 0; index < values.size(); ++index) {
-        uint16_t bits;
-        std::memcpy(&bits, data.data() + index * sizeof bits, sizeof bits);
-        values[index] = half_to_float(bits);
-      }
-      return Tensor(layout.shape, std::move(values));
-    }
+    case NpyDType::kFloat16:
+      return Tensor(layout.shape, decode_float16<Tensor::Storage>(data));
     case NpyDType::kInt32:
     case NpyDType::kInt64:
     case NpyDType::kBool:

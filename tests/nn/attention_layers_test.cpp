@@ -254,32 +254,24 @@ TEST(AttentionLayers, LaterPassesEqualFreshLayers) {
     (void)layer(longer[0], longer[1], longer[2], ValidLengths());
     (void)layer(other[0], other[1], other[2], ValidLengths());
   };
-  earlier_passes(reused);
-  earlier_passes(general_reused);
-  earlier_passes(additive_reused);
-  EXPECT_EQ(reused(last[0], last[1], last[2], lengths).values(),
-            fresh(last[0], last[1], last[2], lengths).values());
-  EXPECT_EQ(reused.attention_weights().values(), fresh.attention_weights().values());
-  const AttentionGradients reused_grads = reused.backward(g), fresh_grads = fresh.backward(g);
-  EXPECT_EQ(reused_grads.queries.values(), fresh_grads.queries.values());
-  EXPECT_EQ(reused_grads.keys.values(), fresh_grads.keys.values());
-  EXPECT_EQ(reused_grads.values.values(), fresh_grads.values.values());
-
-  EXPECT_EQ(general_reused(last[0], last[1], last[2], lengths).values(),
-            general_fresh(last[0], last[1], last[2], lengths).values());
-  const AttentionGradients general_reused_grads = general_reused.backward(g),
-                           general_fresh_grads = general_fresh.backward(g);
-  EXPECT_EQ(general_reused_grads.queries.values(), general_fresh_grads.queries.values());
-  EXPECT_EQ(general_reused_grads.keys.values(), general_fresh_grads.keys.values());
-  EXPECT_EQ(general_reused_grads.values.values(), general_fresh_grads.values.values());
-
-  EXPECT_EQ(additive_reused(last[0], last[1], last[2], lengths).values(),
-            additive_fresh(last[0], last[1], last[2], lengths).values());
-  const AttentionGradients additive_reused_grads = additive_reused.backward(g),
-                           additive_fresh_grads = additive_fresh.backward(g);
-  EXPECT_EQ(additive_reused_grads.queries.values(), additive_fresh_grads.queries.values());
-  EXPECT_EQ(additive_reused_grads.keys.values(), additive_fresh_grads.keys.values());
-  EXPECT_EQ(additive_reused_grads.values.values(), additive_fresh_grads.values.values());
+  // The last pass of `reused` (after the earlier ones) against `fresh`'s only pass, bit for bit:
+  // output, weights, gradients.
+  const auto expect_fresh = [&](auto& reused_layer, auto& fresh_layer, const char* layer) {
+    earlier_passes(reused_layer);
+    EXPECT_EQ(reused_layer(last[0], last[1], last[2], lengths).values(),
+              fresh_layer(last[0], last[1], last[2], lengths).values())
+        << layer;
+    EXPECT_EQ(reused_layer.attention_weights().values(), fresh_layer.attention_weights().values())
+        << layer;
+    const AttentionGradients reused_grads = reused_layer.backward(g),
+                             fresh_grads = fresh_layer.backward(g);
+    EXPECT_EQ(reused_grads.queries.values(), fresh_grads.queries.values()) << layer;
+    EXPECT_EQ(reused_grads.keys.values(), fresh_grads.keys.values()) << layer;
+    EXPECT_EQ(reused_grads.values.values(), fresh_grads.values.values()) << layer;
+  };
+  expect_fresh(reused, fresh, "DotProductAttention");
+  expect_fresh(general_reused, general_fresh, "GeneralAttention");
+  expect_fresh(additive_reused, additive_fresh, "AdditiveAttention");
 }
 
 TEST(GaussianKernelPooling, MatchesReference) {

@@ -233,6 +233,46 @@ def _sdpa(
     alignment: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L))."""
+    return _forward(
+        query,
+        key,
+        value,
+        attn_mask,
+        valid_lens,
+        alibi_slopes,
+        sinks,
+        seed,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        window_left,
+        window_right,
+        softcap,
+        alignment,
+    )
+
+
+def _forward(
+    query,
+    key,
+    value,
+    attn_mask,
+    valid_lens,
+    alibi_slopes,
+    sinks,
+    seed,
+    dropout_p,
+    is_causal,
+    scale,
+    enable_gqa,
+    window_left,
+    window_right,
+    softcap,
+    alignment,
+):
+    """The attn::sdpa operator's body, on its arguments; query, key and value may also be DLPack
+    capsules (the result is then a NumPy array, or a tensor for bf16)."""
     return _extension._sdpa_forward(
         query,
         key,
@@ -461,6 +501,12 @@ def _eager_inference(*tensors):
 _to_dlpack = torch.utils.dlpack.to_dlpack
 
 
+def _as_torch(array):
+    """attn's result for DLPack capsule inputs (a NumPy array, or a tensor for bf16) as a tensor
+    over the same memory."""
+    return torch.from_numpy(array) if isinstance(array, _np.ndarray) else array
+
+
 def _cache_attention(query, cache, value, *args, **kwargs):
     """scaled_dot_product_attention with a KVCache: attn's decode call on a float32 query, the
     output in the query's dtype."""
@@ -476,9 +522,7 @@ def _cache_attention(query, cache, value, *args, **kwargs):
     if type(computed) is torch.Tensor:
         # As a DLPack capsule (a tenth of __dlpack__'s cost); the result comes back as NumPy.
         computed = _to_dlpack(computed.detach() if computed.requires_grad else computed)
-    output = _attn.scaled_dot_product_attention(computed, cache, value, *args, **kwargs)
-    if isinstance(output, _np.ndarray):
-        output = torch.from_numpy(output)
+    output = _as_torch(_attn.scaled_dot_product_attention(computed, cache, value, *args, **kwargs))
     return output if output.dtype == query.dtype else output.to(query.dtype)
 
 
@@ -577,35 +621,7 @@ def scaled_dot_product_attention(
     window_left, window_right = _window_arguments(window)
     seed = torch.randint(0, _SEED_BOUND, ()) if dropout_p > 0.0 else None
     computed_query, computed_key, computed_value = _computed_dtypes(query, key, value)
-    if _eager_inference(computed_query, computed_key, computed_value, attn_mask, valid_lens,
-                        alibi_slopes, sinks):
-        # What the operator runs, called directly. Query, key and value go over as DLPack
-        # capsules: importing a tensor through its __dlpack__ method cost ~3 µs each, the capsule
-        # a tenth of that; the result then comes back as a NumPy array (bf16: a tensor), shared.
-        output, _ = _extension._sdpa_forward(
-            _to_dlpack(computed_query),
-            _to_dlpack(computed_key),
-            _to_dlpack(computed_value),
-            attn_mask,
-            float(dropout_p),
-            bool(is_causal),
-            None if scale is None else float(scale),
-            bool(enable_gqa),
-            window=_window(window_left, window_right),
-            alibi_slopes=alibi_slopes,
-            softcap=None if softcap is None else float(softcap),
-            sinks=sinks,
-            valid_lens=valid_lens,
-            alignment=alignment,
-            seed=0 if seed is None else int(seed),
-        )
-        if isinstance(output, _np.ndarray):
-            output = torch.from_numpy(output)
-        return output if output.dtype == query.dtype else output.to(query.dtype)
-    output, _ = _sdpa(
-        computed_query,
-        computed_key,
-        computed_value,
+    options = (
         attn_mask,
         valid_lens,
         alibi_slopes,
@@ -620,4 +636,16 @@ def scaled_dot_product_attention(
         None if softcap is None else float(softcap),
         alignment,
     )
+    if _eager_inference(computed_query, computed_key, computed_value, attn_mask, valid_lens,
+                        alibi_slopes, sinks):
+        # The operator's body, called directly. Query, key and value go over as DLPack capsules:
+        # importing a tensor through its __dlpack__ method cost ~3 µs each, the capsule a tenth of
+        # that.
+        output, _ = _forward(
+            _to_dlpack(computed_query), _to_dlpack(computed_key), _to_dlpack(computed_value),
+            *options
+        )
+        output = _as_torch(output)
+    else:
+        output, _ = _sdpa(computed_query, computed_key, computed_value, *options)
     return output if output.dtype == query.dtype else output.to(query.dtype)
