@@ -233,44 +233,12 @@ def _sdpa(
     alignment: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L))."""
-    return _forward(
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
-        alibi_slopes,
-        sinks,
-        seed,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        window_left,
-        window_right,
-        softcap,
-        alignment,
-    )
+    return _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, dropout_p,
+                    is_causal, scale, enable_gqa, window_left, window_right, softcap, alignment)
 
 
-def _forward(
-    query,
-    key,
-    value,
-    attn_mask,
-    valid_lens,
-    alibi_slopes,
-    sinks,
-    seed,
-    dropout_p,
-    is_causal,
-    scale,
-    enable_gqa,
-    window_left,
-    window_right,
-    softcap,
-    alignment,
-):
+def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, dropout_p,
+             is_causal, scale, enable_gqa, window_left, window_right, softcap, alignment):
     """The attn::sdpa operator's body, on its arguments; query, key and value may also be DLPack
     capsules (the result is then a NumPy array, or a tensor for bf16)."""
     return _extension._sdpa_forward(
