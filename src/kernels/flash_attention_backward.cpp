@@ -20,6 +20,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/flash_attention.hpp"
+#include "kernels/cache_sizes.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
@@ -49,6 +50,7 @@ struct BackwardArgs {
 
 constexpr size_t kQueryVectors = 4;
 constexpr size_t kKeyTile = 64;
+constexpr size_t kMaxKeyBlockTiles = 16;  // 1024 keys: beyond it a block saves no more reads
 
 }  // namespace attn::flash_backward_detail
 #endif
@@ -102,12 +104,18 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* used_query_pairs = nullptr;
   uint32_t* grad_score_query_pairs = nullptr;
   uint32_t* grad_score_key_pairs = nullptr;
+  // Key tiles per block of the loop over keys (FlashBackwardQueryHead): as many as fill half of
+  // the L2 with their K, V, dK and dV rows, the other half left to a query tile's rows.
+  size_t key_block_tiles = 1;
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, bool bf16_pairs) {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
     const size_t d_padded = hwy::RoundUpTo(d, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
+    const size_t key_tile_bytes = bc * (2 * d_padded + 2 * dv_padded) * sizeof(float);
+    key_block_tiles = std::clamp<size_t>(l2_cache_bytes() / 2 / key_tile_bytes, 1,
+                                         flash_backward_detail::kMaxKeyBlockTiles);
     memory = carve_scratch(lanes, [&](const auto& take) {
       take_tile_buffers(take, n, br, bc, dv, dv_padded);
       // The fp32 products' operands; the bf16 path reads its pairs instead.
@@ -298,111 +306,122 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const DropoutApplier<decltype(d)> dropout_applier(d, options.dropout);
   const size_t keys_end =
       std::min(static_cast<size_t>(extent), chunk.last_tile * flash_backward_detail::kKeyTile);
-  for (size_t key0 = chunk.first_tile * flash_backward_detail::kKeyTile; key0 < keys_end;
-       key0 += flash_backward_detail::kKeyTile) {
-    const size_t bc = std::min(flash_backward_detail::kKeyTile, m - key0);
-    const auto key_begin = static_cast<int64_t>(key0), key_end = static_cast<int64_t>(key0 + bc);
+  // Key tiles in blocks of key_block_tiles, query tiles inside a block, the block's key tiles
+  // inside a query tile: a query tile's rows (Qᵀ, dOᵀ, dO, dQ) are read from L2 once per block
+  // rather than once per key tile, while the block's K, V, dK and dV stay in L2. Every sum still
+  // runs in the order of one key tile at a time (dK, dV over query tiles; dQ over key tiles), so
+  // the block size changes no bit of the result.
+  const size_t block_keys = s.key_block_tiles * flash_backward_detail::kKeyTile;
+  for (size_t block0 = chunk.first_tile * flash_backward_detail::kKeyTile; block0 < keys_end;
+       block0 += block_keys) {
+    const size_t block_end = std::min(keys_end, block0 + block_keys);
     for (size_t tile = 0; tile < tiles; ++tile) {
       const TileKeyRanges ranges = s.tile_ranges(tile);
-      if (ranges.end <= key_begin || ranges.begin >= key_end) continue;  // sees none of these keys
       const size_t first = tile * br, rows = std::min(br, n - first);
-      MaskCoverage coverage = MaskCoverage::kAll;
-      if (options.mask.kind == MaskKind::kBool) {
-        coverage = bool_mask_coverage(options.mask, b, h, static_cast<int64_t>(first), rows,
-                                      key_begin, bc);
-        if (coverage == MaskCoverage::kNone) continue;
-      }
-      const QueryTile query_tile{b,
-                                 h,
-                                 static_cast<int64_t>(first),
-                                 rows,
-                                 args.q.rows,
-                                 args.k.rows,
-                                 s.first + first,
-                                 s.last + first,
-                                 ranges};
-      // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
+      for (size_t key0 = block0; key0 < block_end; key0 += flash_backward_detail::kKeyTile) {
+        const size_t bc = std::min(flash_backward_detail::kKeyTile, m - key0);
+        const auto key_begin = static_cast<int64_t>(key0),
+                   key_end = static_cast<int64_t>(key0 + bc);
+        if (ranges.end <= key_begin || ranges.begin >= key_end) continue;  // sees none of these
+        MaskCoverage coverage = MaskCoverage::kAll;
+        if (options.mask.kind == MaskKind::kBool) {
+          coverage = bool_mask_coverage(options.mask, b, h, static_cast<int64_t>(first), rows,
+                                        key_begin, bc);
+          if (coverage == MaskCoverage::kNone) continue;
+        }
+        const QueryTile query_tile{b,
+                                   h,
+                                   static_cast<int64_t>(first),
+                                   rows,
+                                   args.q.rows,
+                                   args.k.rows,
+                                   s.first + first,
+                                   s.last + first,
+                                   ranges};
+        // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if (bf16_products) {
-        // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
-        // them: the same scores, so P agrees with its log-sum-exp.
-        GemmBF16<false>(bc, flash_backward_detail::kQueryVectors, s.key_pairs + key0 * depth_pairs,
-                        depth_pairs, 1, s.query_pairs + tile * depth_pairs * br, br, depth_pairs,
-                        s.probabilities, br, nullptr, scale);
-      } else
+        if (bf16_products) {
+          // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
+          // them: the same scores, so P agrees with its log-sum-exp.
+          GemmBF16<false>(bc, flash_backward_detail::kQueryVectors,
+                          s.key_pairs + key0 * depth_pairs, depth_pairs, 1,
+                          s.query_pairs + tile * depth_pairs * br, br, depth_pairs, s.probabilities,
+                          br, nullptr, scale);
+        } else
 #endif
-      {
-        Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.k_rows + key0 * d_padded,
-                    d_padded, 1, s.q_transposed + tile * depth * br, br, depth, s.probabilities,
-                    br);
-      }
-      ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
-                          coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
-      if (bf16_products) {
-        ProbabilitiesFromScores<true>(d, bc, br, s.lse + first, s.probabilities);
-      } else {
-        ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
-      }
-      // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
-      const float* used = s.probabilities;
-      if (dropout) {
-        ApplyDropout(d, dropout_applier, bc, key0, br, s.row_keys + first, s.probabilities,
-                     s.dropped);
-        used = s.dropped;
-      }
-      // dV += (P ⊙ Z)ᵀ dO: on the bf16 path with P ⊙ Z rounded to bf16, as the forward pass
-      // rounds P for P·V (and FlashAttention's bf16 kernels round P and dS).
+        {
+          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.k_rows + key0 * d_padded,
+                      d_padded, 1, s.q_transposed + tile * depth * br, br, depth, s.probabilities,
+                      br);
+        }
+        ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
+                            coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
+        if (bf16_products) {
+          ProbabilitiesFromScores<true>(d, bc, br, s.lse + first, s.probabilities);
+        } else {
+          ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
+        }
+        // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
+        const float* used = s.probabilities;
+        if (dropout) {
+          ApplyDropout(d, dropout_applier, bc, key0, br, s.row_keys + first, s.probabilities,
+                       s.dropped);
+          used = s.dropped;
+        }
+        // dV += (P ⊙ Z)ᵀ dO: on the bf16 path with P ⊙ Z rounded to bf16, as the forward pass
+        // rounds P for P·V (and FlashAttention's bf16 kernels round P and dS).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if (bf16_products) {
-        TileRowsToPairs(used, bc, br, s.used_query_pairs);
-        GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
-                       s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
-                       s.grad_v + key0 * dv_padded, dv_padded, nullptr);
-      } else
+        if (bf16_products) {
+          TileRowsToPairs(used, bc, br, s.used_query_pairs);
+          GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
+                         s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
+                         s.grad_v + key0 * dv_padded, dv_padded, nullptr);
+        } else
 #endif
-      {
-        Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
-                   dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
-      }
-      // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
+        {
+          Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
+                     dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
+        }
+        // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if (bf16_products) {
-        GemmBF16<false>(bc, flash_backward_detail::kQueryVectors, s.value_pairs + key0 * dv_pairs,
-                        dv_pairs, 1, s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs,
-                        s.grad_scores, br, nullptr);
-      } else
+        if (bf16_products) {
+          GemmBF16<false>(bc, flash_backward_detail::kQueryVectors, s.value_pairs + key0 * dv_pairs,
+                          dv_pairs, 1, s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs,
+                          s.grad_scores, br, nullptr);
+        } else
 #endif
-      {
-        Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.v_rows + key0 * dv_padded,
-                    dv_padded, 1, s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores,
-                    br);
-      }
-      GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
-                                      s.grad_scores);
-      // A float mask is added to the final scores: its gradient is dS itself.
-      if (grad_mask.data != nullptr) {
-        accumulate_mask_gradient(grad_mask, b, h, static_cast<int64_t>(first), rows, key_begin, bc,
-                                 br, s.grad_scores);
-      }
-      // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
-      if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
+        {
+          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.v_rows + key0 * dv_padded,
+                      dv_padded, 1, s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores,
+                      br);
+        }
+        GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
+                                        s.grad_scores);
+        // A float mask is added to the final scores: its gradient is dS itself.
+        if (grad_mask.data != nullptr) {
+          accumulate_mask_gradient(grad_mask, b, h, static_cast<int64_t>(first), rows, key_begin,
+                                   bc, br, s.grad_scores);
+        }
+        // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
+        if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
-        GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
-        GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
-                       s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
-                       s.grad_k + key0 * d_padded, d_padded, nullptr);
-        GemmBF16<true>(rows, d_padded / lanes, s.grad_score_key_pairs, 1, br,
-                       s.key_row_pairs + key0 / 2 * d_padded, d_padded, (bc + 1) / 2,
-                       s.grad_q + first * d_padded, d_padded, nullptr);
-        continue;
-      }
+        if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
+          GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
+          GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
+                         s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
+                         s.grad_k + key0 * d_padded, d_padded, nullptr);
+          GemmBF16<true>(rows, d_padded / lanes, s.grad_score_key_pairs, 1, br,
+                         s.key_row_pairs + key0 / 2 * d_padded, d_padded, (bc + 1) / 2,
+                         s.grad_q + first * d_padded, d_padded, nullptr);
+          continue;
+        }
 #endif
-      // dK += dSᵀ Q (scaled at the end); dQ += dS K.
-      Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.q_rows + first * d_padded,
-                 d_padded, rows, s.grad_k + key0 * d_padded, d_padded);
-      Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.k_rows + key0 * d_padded,
-                 d_padded, bc, s.grad_q + first * d_padded, d_padded);
+        // dK += dSᵀ Q (scaled at the end); dQ += dS K.
+        Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.q_rows + first * d_padded,
+                   d_padded, rows, s.grad_k + key0 * d_padded, d_padded);
+        Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.k_rows + key0 * d_padded,
+                   d_padded, bc, s.grad_q + first * d_padded, d_padded);
+      }
     }
   }
   for (size_t i = 0; i < n; ++i) {

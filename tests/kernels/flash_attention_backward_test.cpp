@@ -1,7 +1,7 @@
 // The fused flash-attention backward kernel against the reference layer's backward pass (itself
 // checked against double finite differences in tests/nn/gradients_test.cpp), on every SIMD target:
 // strided multi-head views, tails, masks with lengths 0 and m, per-query lengths, causal n < m and
-// n > m.
+// n > m, keys in several blocks.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 #include <omp.h>
@@ -39,10 +39,18 @@ struct Case {
 
 TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
   Rng rng(91);
-  const Case cases[] = {{1, 1, 1, 1, 1, 1, 0, false},      {2, 1, 3, 5, 3, 2, 1, false},
-                        {1, 2, 7, 1, 4, 4, 2, false},      {2, 2, 70, 130, 8, 5, 2, false},
-                        {2, 3, 65, 150, 16, 16, 1, false}, {1, 2, 129, 77, 32, 17, 0, true},
-                        {2, 1, 50, 20, 8, 8, 1, true},     {2, 2, 20, 90, 8, 8, 2, true}};
+  const Case cases[] = {{1, 1, 1, 1, 1, 1, 0, false},
+                        {2, 1, 3, 5, 3, 2, 1, false},
+                        {1, 2, 7, 1, 4, 4, 2, false},
+                        {2, 2, 70, 130, 8, 5, 2, false},
+                        {2, 3, 65, 150, 16, 16, 1, false},
+                        {1, 2, 129, 77, 32, 17, 0, true},
+                        {2, 1, 50, 20, 8, 8, 1, true},
+                        {2, 2, 20, 90, 8, 8, 2, true},
+                        // Keys in blocks of up to 16 tiles of 64 (BackwardScratch::key_block_tiles,
+                        // from the L2's size): 2085 keys make two or more blocks and a tail.
+                        {1, 2, 70, 2085, 8, 8, 2, false},
+                        {1, 1, 1100, 2085, 8, 5, 0, true}};
   for (const Case& c : cases) {
     const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng);
     const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng);
