@@ -9,7 +9,8 @@ vector (one vector of queries against one key) as the kernel runs them at head s
   QK product   d multiply-adds        (Gemm<false>'s register tile)
   P·V product  dv multiply-adds       (Gemm<true>'s register tile)
   softmax      one max, one exp       (FlashForwardTile's loops over a key tile, 4 vectors each)
-  additive     h terms e·f → 1/(e·f+1) (AdditiveScoreRows, exponential form; replaces QK)
+  additive     h terms w/(e·f+1), two per reciprocal (AdditiveScoreRows, exponential form;
+               replaces QK)
 
 The bound is the counted flops over the modelled cycles, against 2 FMA pipes of the target's
 width — the FMA peak `attn bench` measures. It leaves out what happens once per tile (packing K
@@ -121,14 +122,14 @@ def target_loops(library, table, target):
         "max": find_loop(library, table, rf"attn::{namespace}::FlashForwardTile\(",
                          lambda b: count(b, ("vmaxps",)) == 4 and len(b) <= 12),
         "additive": find_loop(
-            library, table, rf"attn::{namespace}::FlashForwardTile\(",
+            library, table, rf"attn::{namespace}::AdditiveScores<",
             lambda b: count(b, ("vrcp14ps", "vrcpps")) == (16 if target == "AVX3" else 8)
             and count(b, ("vminps",)) == 0),
     }
     # per iteration: multiply-adds of the tile (qk, pv), score vectors (exp, max), term vectors
-    # of the additive tile (4 x 4 on AVX-512, 2 x 4 on AVX2)
+    # of the additive tile (4 x 4 on AVX-512, 2 x 4 on AVX2), two terms per reciprocal
     per_iteration = {"qk": tile, "pv": tile, "exp": 4, "max": 4,
-                     "additive": 16 if target == "AVX3" else 8}
+                     "additive": 2 * (16 if target == "AVX3" else 8)}
     return found, per_iteration
 
 

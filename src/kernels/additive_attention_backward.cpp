@@ -413,7 +413,7 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
                                                       grad_projected_keys,
                                                       grad_v,
                                                       grad_w_v.data()};
-  args.exponential = additive_exponential_form(a, projected_keys);
+  args.exponential = additive_exponential_form(a, projected_keys, w_v);
   HWY_DYNAMIC_DISPATCH(AdditiveBackward)(args);
 }
 

@@ -3,13 +3,17 @@
 //
 // Two forms of the same scores. The direct one evaluates tanh(q + k) per (query, key, hidden
 // unit). The exponential one uses tanh(q + k) = 1 − 2 / (e^{2q}·e^{2k} + 1): with E = e^{2q} and
-// F = e^{2k} computed once per query and key (O((n + m)·h) exponentials), each of the n·m·h terms
-// is one multiply-add, a reciprocal estimate and its Newton step — about a third of the tanh's
-// instructions — and the score is Σ_t w_t − 2 Σ_t w_t / (E_t F_t + 1). It needs e^{2(q + k)} far
-// from float's overflow and subnormals, so the kernels take it only when every projected query and
-// key lies within ±kAdditiveExponentialLimit (kernel_arguments.hpp); past that, the direct form.
+// F = e^{2k} computed once per query and key (O((n + m)·h) exponentials), the score is
+// Σ_t w_t − 2 Σ_t w_t / (E_t F_t + 1), and two terms share one reciprocal estimate and its Newton
+// step (AccumulateReciprocalPair): about a quarter of the tanh's instructions per term. On the
+// Xeons' ports the reciprocal estimate is 3 micro-ops, 2 on the port every multiply-add shares;
+// sharing it raised the static bound (tools/port_model.py) from 26.6% to 33.4% of the FMA peak.
+// It needs e^{2(q + k)}, and the product of two terms' denominators, far from float's overflow and
+// subnormals, so the kernels take it only when every projected query and key lies within
+// ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit
+// (kernel_arguments.hpp); past that, the direct form.
 // Error: a relative error δ of E·F moves tanh by at most δ/2 (its derivative in log(E·F) is
-// 2EF/(EF + 1)² ≤ 1/2); E and F are within 1 ulp, the product and the reciprocal after its
+// 2EF/(EF + 1)² ≤ 1/2); E and F are within 1 ulp, the products and the reciprocal after its
 // Newton step within a few more, so each term is within ~3e−7 of tanh, as AdditiveTanh is.
 
 #if defined(ATTN_KERNELS_ADDITIVE_SCORES_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -58,12 +62,30 @@ HWY_INLINE void DoubledExponentialRows(D d, const float* rows, size_t stride, si
 }
 
 // 1 / (e·f + 1) for the exponential form: the hardware's reciprocal estimate and one Newton step.
-// e·f + 1 ≥ 1 and ≤ e^84 + 1, so neither the estimate nor the step meets a subnormal or ∞.
+// e·f + 1 ≥ 1 and ≤ e^42 + 1, so neither the estimate nor the step meets a subnormal or ∞.
 template <class D>
 HWY_INLINE hn::Vec<D> ReciprocalOfProductPlusOne(D d, hn::Vec<D> e, hn::Vec<D> f) {
   const auto denominator = hn::MulAdd(e, f, hn::Set(d, 1.0F));
   const auto estimate = hn::ApproximateReciprocal(denominator);
   return hn::Mul(estimate, hn::NegMulAdd(denominator, estimate, hn::Set(d, 2.0F)));
+}
+
+// acc + w0 / (e0·f0 + 1) + w1 / (e1·f1 + 1), the two terms as one quotient (w0·a1 + w1·a0) /
+// (a0·a1) with a = e·f + 1: one reciprocal (estimate and Newton step) for two terms. a0·a1 ≤
+// (e^42 + 1)² stays normal (kAdditiveExponentialLimit), the numerator below 2^126
+// (kAdditiveExponentialWeightLimit), and the numerator's rounding error over a0·a1 is within an
+// ulp of |w0|/a0 + |w1|/a1, as the two terms' own roundings are.
+template <class D>
+HWY_INLINE hn::Vec<D> AccumulateReciprocalPair(D d, hn::Vec<D> e0, hn::Vec<D> f0, hn::Vec<D> e1,
+                                               hn::Vec<D> f1, hn::Vec<D> w0, hn::Vec<D> w1,
+                                               hn::Vec<D> acc) {
+  const auto one = hn::Set(d, 1.0F);
+  const auto a0 = hn::MulAdd(e0, f0, one), a1 = hn::MulAdd(e1, f1, one);
+  const auto denominator = hn::Mul(a0, a1);
+  const auto numerator = hn::MulAdd(w1, a0, hn::Mul(w0, a1));
+  const auto estimate = hn::ApproximateReciprocal(denominator);
+  const auto reciprocal = hn::Mul(estimate, hn::NegMulAdd(denominator, estimate, hn::Set(d, 2.0F)));
+  return hn::MulAdd(numerator, reciprocal, acc);
 }
 
 // Sᵀ (MR keys × NR query vectors) of additive attention: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j,
@@ -81,7 +103,24 @@ HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t ke
   V acc[MR][NR];
   for (size_t r = 0; r < MR; ++r)
     for (size_t v = 0; v < NR; ++v) acc[r][v] = hn::Zero(d);
-  for (size_t t = 0; t < depth; ++t) {
+  size_t t = 0;
+  if constexpr (kExponential) {
+    for (; t + 2 <= depth; t += 2) {
+      const V w0 = hn::Set(d, weights[t]), w1 = hn::Set(d, weights[t + 1]);
+      V q0[NR], q1[NR];
+      for (size_t v = 0; v < NR; ++v) {
+        q0[v] = hn::Load(d, q_transposed + t * br + v * lanes);
+        q1[v] = hn::Load(d, q_transposed + (t + 1) * br + v * lanes);
+      }
+      for (size_t r = 0; r < MR; ++r) {
+        const V k0 = hn::Set(d, keys[r * key_stride + t]);
+        const V k1 = hn::Set(d, keys[r * key_stride + t + 1]);
+        for (size_t v = 0; v < NR; ++v)
+          acc[r][v] = AccumulateReciprocalPair(d, q0[v], k0, q1[v], k1, w0, w1, acc[r][v]);
+      }
+    }
+  }
+  for (; t < depth; ++t) {
     const V weight = hn::Set(d, weights[t]);
     V queries[NR];
     for (size_t v = 0; v < NR; ++v) queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
@@ -107,9 +146,12 @@ HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t ke
 // backward kernels both call this, so the backward pass recomputes the forward pass's scores with
 // the same arithmetic, and its probabilities agree with the forward pass's log-sum-exp.
 // In the exponential form (kExponential) `keys` hold e^{2k} and `q_transposed` e^{2q}.
+// Out of line (HWY_NOINLINE): inlined into FlashForwardTile, its register demands changed how the
+// compiler laid out the dot-product path beside it, 2% slower on Zen 4 for code it never runs.
 template <size_t NR, bool kExponential, class D>
-void AdditiveScores(D d, size_t bc, const float* keys, size_t key_stride, const float* q_transposed,
-                    size_t br, size_t depth, const float* weights, float* scores) {
+HWY_NOINLINE void AdditiveScores(D d, size_t bc, const float* keys, size_t key_stride,
+                                 const float* q_transposed, size_t br, size_t depth,
+                                 const float* weights, float* scores) {
   // The tanh needs registers of its own: 2 rows of 4 accumulators. The exponential form's term
   // needs fewer: 32 registers take 4 × 4 accumulators beside the step's vectors, 16 take 2 × 4.
   constexpr size_t kRows = kExponential && HWY_MAX_BYTES >= 64 ? 4 : 2;

@@ -191,7 +191,7 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;
   compute_weights({projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights,
-                   w_v.data(), additive_exponential_form(projected_queries, projected_keys)});
+                   w_v.data(), additive_exponential_form(projected_queries, projected_keys, w_v)});
 }
 
 }  // namespace attn

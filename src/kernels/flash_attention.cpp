@@ -871,7 +871,7 @@ void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView
   }
   flash_detail::ForwardArgs args{projected_queries, projected_keys, values,   out,
                                  log_sum_exp,       &valid_lens,    additive, w_v.data()};
-  args.additive_exponential = additive_exponential_form(projected_queries, projected_keys);
+  args.additive_exponential = additive_exponential_form(projected_queries, projected_keys, w_v);
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);
 }
 

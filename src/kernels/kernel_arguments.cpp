@@ -115,9 +115,13 @@ bool within(const ConstHeadsView& view, float limit) {
 }  // namespace
 
 bool additive_exponential_form(const ConstHeadsView& projected_queries,
-                               const ConstHeadsView& projected_keys) {
+                               const ConstHeadsView& projected_keys, std::span<const float> w_v) {
+  uint32_t weight_limit_bits = 0;
+  std::memcpy(&weight_limit_bits, &kAdditiveExponentialWeightLimit, sizeof weight_limit_bits);
   return within(projected_queries, kAdditiveExponentialLimit) &&
-         within(projected_keys, kAdditiveExponentialLimit);
+         within(projected_keys, kAdditiveExponentialLimit) &&
+         core_detail::largest_magnitude_bits(w_v.data(), static_cast<int64_t>(w_v.size())) <=
+             weight_limit_bits;
 }
 
 }  // namespace attn

@@ -32,15 +32,19 @@ void require_additive_arguments(std::span<const float> w_v, const FlashAttention
                                 const ConstHeadsView& projected_keys);
 
 // The largest |q| and |k| for which additive scores take the exponential form
-// (additive_scores-inl.h): e^{2(q + k)} then stays within [e^-84, e^84], far from float's overflow
-// and subnormals.
-inline constexpr float kAdditiveExponentialLimit = 21.0F;
+// (additive_scores-inl.h): e^{2(q + k)} then stays within [e^-42, e^42], and the product of two
+// terms' denominators (e^{2(q + k)} + 1 each: one reciprocal for two terms) within e^84, far from
+// float's overflow and subnormals.
+inline constexpr float kAdditiveExponentialLimit = 10.5F;
+// The largest |w_v| element for the exponential form: a pair's numerator w0·a1 + w1·a0 then stays
+// below 2^64 · 2 e^42 < 2^126.
+inline constexpr float kAdditiveExponentialWeightLimit = 0x1p64F;
 
 // Whether every element of the projected queries and keys lies within ±kAdditiveExponentialLimit
-// (NaN and ±∞ do not). The forward, backward and weights kernels ask it of the same inputs, so they
-// all compute the same scores.
+// and every weight within ±kAdditiveExponentialWeightLimit (NaN and ±∞ do not). The forward,
+// backward and weights kernels ask it of the same inputs, so they all compute the same scores.
 bool additive_exponential_form(const ConstHeadsView& projected_queries,
-                               const ConstHeadsView& projected_keys);
+                               const ConstHeadsView& projected_keys, std::span<const float> w_v);
 
 // Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's).
 void require_log_sum_exp(const float* log_sum_exp);

@@ -64,8 +64,7 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
     // |c_i − j| with c_i = diagonal of lane r's query: (first diagonal − j) + r, exact in float
     // below 2^24.
     const V slope = hn::Set(d, options.alibi_slopes[tile.head]);
-    const int64_t first_diagonal =
-        diagonal_key(options, tile.first_query, tile.queries, tile.keys);
+    const int64_t first_diagonal = diagonal_key(options, tile.first_query, tile.queries, tile.keys);
     const V lane_index = hn::Iota(d, 0.0F);
     for (size_t j = 0; j < bc; ++j) {
       const auto offset = static_cast<float>(first_diagonal - key0 - static_cast<int64_t>(j));

@@ -46,9 +46,11 @@ TEST_P(AdditiveAttentionKernel, MatchesReference) {
                         {2, 70, 150, 40, 8, 2, false, 3.0F, 0.0F},
                         {2, 20, 90, 8, 8, 2, true, 1.0F, 0.0F},
                         {2, 33, 140, 12, 6, 1, false, 1.0F, 0.3F},
-                        // Inputs up to 20.9: the exponential form near its limit (e^{2(a+b)} near
-                        // e^{±84}); 30: past kAdditiveExponentialLimit, the direct tanh form.
-                        {2, 37, 131, 19, 7, 2, false, 20.9F, 0.0F},
+                        // Inputs up to 10.4: the exponential form near its limit (e^{2(a+b)} near
+                        // e^{±42}, a pair's denominators' product near e^84); 20 and 30: past
+                        // kAdditiveExponentialLimit, the direct tanh form.
+                        {2, 37, 131, 19, 7, 2, false, 10.4F, 0.0F},
+                        {2, 37, 131, 19, 7, 2, false, 20.0F, 0.0F},
                         {2, 20, 90, 8, 5, 2, true, 30.0F, 0.0F}};
   for (const Case& c : cases) {
     const Tensor a = random_tensor(Shape{c.batch, c.queries, c.hidden}, rng, c.magnitude);
@@ -84,6 +86,42 @@ TEST_P(AdditiveAttentionKernel, MatchesReference) {
     EXPECT_TRUE(close_to(out, expected.output.values, kTolerance))
         << hwy::TargetName(GetParam()) << " B=" << c.batch << " n=" << c.queries << " m=" << c.keys
         << " h=" << c.hidden << " causal=" << c.causal << " dropout=" << c.dropout;
+  }
+}
+
+// The exponential form shares a reciprocal between two terms: (w0·a1 + w1·a0) / (a0·a1) with
+// a = e^{2(q + k)} + 1. Hidden unit 0 sits at `fixed` for every query and key (the same a0 for
+// every pair, so the softmax ignores it), the others within ±`spread`. Inputs up to 10.4 and
+// weights up to 2^64 keep the form (1e19: numerators near 1e37); weights of 1e30 would overflow
+// the numerator, and inputs of 20.9 the denominator (a0 ≈ e^83.6 times a1 > e^5), so both take the
+// direct form. Weights of 1e19 and 1e30 make one-hot softmax weights (each output the value row of
+// its query's best key); weights within ±1, smooth ones.
+TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheExponentialFormsLimits) {
+  Rng rng(23);
+  const int64_t n = 40, m = 70, hidden = 9;
+  struct Limits {
+    float fixed, spread, weight_scale;
+  };
+  for (const Limits& c :
+       {Limits{10.4F, 1.0F, 1e19F}, Limits{10.4F, 1.0F, 1e30F}, Limits{20.9F, 2.0F, 1.0F}}) {
+    Tensor a = random_tensor(Shape{1, n, hidden}, rng, c.spread);
+    Tensor b = random_tensor(Shape{1, m, hidden}, rng, c.spread);
+    for (Tensor* input : {&a, &b}) {
+      for (int64_t row = 0; row < input->dim(1); ++row)
+        input->span()[static_cast<size_t>(row * hidden)] = c.fixed;
+    }
+    Tensor w = random_tensor(Shape{hidden}, rng);
+    for (float& x : w.span()) x *= c.weight_scale;
+    const Tensor v = random_tensor(Shape{1, m, 3}, rng);
+    Tensor out(Shape{1, n, 3});
+    additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
+                               single_head(v, "v"), {}, {}, single_head(out, "out"));
+    const auto expected = reference::additive_attention(
+        testing::to_reference(a), testing::to_reference(b), testing::to_reference(v),
+        testing::expand(ValidLengths{}, 1, n, m), identity(hidden), identity(hidden), to_doubles(w),
+        {});
+    EXPECT_TRUE(close_to(out, expected.output.values, kTolerance))
+        << hwy::TargetName(GetParam()) << " inputs " << c.fixed << " weights x" << c.weight_scale;
   }
 }
 

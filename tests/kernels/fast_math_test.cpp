@@ -101,8 +101,8 @@ TEST_P(FastMath, SoftmaxExpWithinAFewUlpsOfDoubleExpDownToMinus87) {
   EXPECT_LT(worst_exp_error(inputs), 2e-7) << "target " << hwy::TargetName(GetParam());
 }
 
-// Additive scores' exponential form takes e^{2x} for |x| ≤ 21 (kAdditiveExponentialLimit): the same
-// accuracy on (0, 42], where 2ⁿ grows to 2⁶¹.
+// Additive scores' exponential form takes e^{2x} for |x| ≤ 10.5 (kAdditiveExponentialLimit; 21
+// before two terms shared a reciprocal): the same accuracy on (0, 42], where 2ⁿ grows to 2⁶¹.
 TEST_P(FastMath, SoftmaxExpWithinAFewUlpsOfDoubleExpUpTo42) {
   std::vector<float> inputs;
   for (double x = 0.0; x <= 42.0; x += 0.000371) inputs.push_back(static_cast<float>(x));

@@ -63,9 +63,9 @@ void check_case(const Case& c, Rng& rng, int64_t target) {
   Tensor out = Tensor::full(Shape{c.batch, c.queries, c.heads * c.value_depth}, std::nanf(""));
   std::vector<float> lse(static_cast<size_t>(c.batch * c.heads * c.queries));
   const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
-  flash_attention_forward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
-                          split_heads(v, c.heads, "v"), mask, testing::kernel_options(scale, c.causal),
-                          split_heads(out, c.heads, "out"), lse.data());
+  flash_attention_forward(
+      split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"), split_heads(v, c.heads, "v"),
+      mask, testing::kernel_options(scale, c.causal), split_heads(out, c.heads, "out"), lse.data());
 
   const ValidLengths effective =
       c.causal ? mask.with_causal_mask(c.batch, c.queries, c.keys) : mask;
