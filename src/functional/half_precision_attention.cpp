@@ -122,7 +122,8 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
                                                   const AttentionOptions& options) {
   HalfAttentionForward result;
   const Shape shape = functional_detail::output_shape(query.shape(), value.shape());
-  result.output = {type, shape, std::vector<uint16_t>(static_cast<size_t>(shape.numel()))};
+  // Unwritten until the kernel's threads write every element (no serial zero-fill first).
+  result.output = {type, shape, HalfTensor::Storage(static_cast<size_t>(shape.numel()))};
   result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(query.shape())));
   scaled_dot_product_attention(type, query, key, value, options,
                                StridedView<uint16_t>(result.output.bits.data(), shape),
@@ -202,7 +203,8 @@ HalfAttentionBackward scaled_dot_product_attention_backward(
   functional_detail::OptionGradients option_gradients =
       functional_detail::new_option_gradients(options, mask_gradient, sinks_gradient);
   const auto new_half = [type](const Shape& shape) {
-    return HalfTensor{type, shape, std::vector<uint16_t>(static_cast<size_t>(shape.numel()))};
+    return HalfTensor{type, shape,
+                      HalfTensor::Storage(static_cast<size_t>(shape.numel()), uint16_t{0})};
   };
   HalfAttentionBackward grads{new_half(query.shape()), new_half(key.shape()),
                               new_half(value.shape()), std::move(option_gradients.attn_mask),

@@ -65,7 +65,8 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStrid
                                               ConstStridedView value,
                                               const AttentionOptions& options) {
   AttentionForward result;
-  result.output = Tensor(functional_detail::output_shape(query, value));
+  // Unwritten until the kernel's threads write every element (no zero-fill pass first).
+  result.output.assign_uninitialized(functional_detail::output_shape(query, value));
   result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(query.shape())));
   scaled_dot_product_attention(query, key, value, options, result.output, result.log_sum_exp);
   return result;

@@ -104,7 +104,7 @@ void expect_forward_matches(HalfType type, HalfView q, HalfView k, HalfView v,
   const HalfAttentionForward fresh = scaled_dot_product_attention(type, q, k, v, options);
   EXPECT_EQ(fresh.output.type, type);
   EXPECT_EQ(fresh.output.shape, out_shape);
-  EXPECT_EQ(fresh.output.bits, out);
+  EXPECT_EQ(std::vector<uint16_t>(fresh.output.bits.begin(), fresh.output.bits.end()), out);
   ASSERT_EQ(fresh.log_sum_exp.size(), lse.size());
   for (size_t r = 0; r < lse.size(); ++r) {
     EXPECT_EQ(std::bit_cast<uint32_t>(fresh.log_sum_exp[r]), std::bit_cast<uint32_t>(lse[r]))
@@ -488,9 +488,9 @@ TEST_P(HalfPrecisionSdpa, BackwardIsTheFloatBackwardRoundedOnce) {
     const HalfAttentionBackward fresh = scaled_dot_product_attention_backward(
         type, in.q.view(), in.k.view(), in.v.view(), HalfView(out.data(), out_shape),
         grad_out.view(), lse, options, true, true);
-    EXPECT_EQ(fresh.query.bits, gq);
-    EXPECT_EQ(fresh.key.bits, gk);
-    EXPECT_EQ(fresh.value.bits, gv);
+    EXPECT_EQ(std::vector<uint16_t>(fresh.query.bits.begin(), fresh.query.bits.end()), gq);
+    EXPECT_EQ(std::vector<uint16_t>(fresh.key.bits.begin(), fresh.key.bits.end()), gk);
+    EXPECT_EQ(std::vector<uint16_t>(fresh.value.bits.begin(), fresh.value.bits.end()), gv);
     EXPECT_EQ(fresh.value.shape, v_shape);
     EXPECT_TRUE(std::equal(grad_mask.span().begin(), grad_mask.span().end(),
                            fresh.attn_mask.span().begin()));

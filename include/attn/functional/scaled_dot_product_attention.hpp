@@ -109,11 +109,14 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
                                   std::span<float> log_sum_exp = {});
-// A half-precision tensor: `type`'s bits, contiguous, of `shape`.
+// A half-precision tensor: `type`'s bits, contiguous, of `shape`. Its storage, as Tensor's, is
+// 64-byte aligned and leaves new elements unwritten (TensorAllocator): a forward pass's output is
+// first touched by the kernel's threads that write it.
 struct HalfTensor {
+  using Storage = std::vector<uint16_t, TensorAllocator<uint16_t>>;
   HalfType type = HalfType::kBFloat16;
   Shape shape;
-  std::vector<uint16_t> bits;
+  Storage bits;
 };
 // A half-precision forward pass's output (in `type`) and log-sum-exp (float, as the float
 // overload's).
