@@ -8,7 +8,7 @@ vector (one vector of queries against one key) as the kernel runs them at head s
 
   QK product   d multiply-adds        (Gemm<false>'s register tile)
   P·V product  dv multiply-adds       (Gemm<true>'s register tile)
-  softmax      one max, one exp       (FlashForwardTile's loops over a key tile, 4 vectors each)
+  softmax      one max, one exp       (ForwardKeyTile's loops over a key tile, 4 vectors each)
   additive     h terms w/(e·f+1), two per reciprocal (AdditiveScoreRows, exponential form;
                replaces QK)
 
@@ -117,9 +117,9 @@ def target_loops(library, table, target):
                         lambda b: fmas(b, register) == tile and small(b)),
         "pv": find_loop(library, table, rf"attn::{namespace}::Gemm<true, {re.escape(simd)}",
                         lambda b: fmas(b, register) == tile and small(b)),
-        "exp": find_loop(library, table, rf"attn::{namespace}::FlashForwardTile\(",
+        "exp": find_loop(library, table, rf"attn::{namespace}::FlashForwardTiles\(",
                          lambda b: count(b, (exp_marker,)) == 4 and len(b) < 120),
-        "max": find_loop(library, table, rf"attn::{namespace}::FlashForwardTile\(",
+        "max": find_loop(library, table, rf"attn::{namespace}::FlashForwardTiles\(",
                          lambda b: count(b, ("vmaxps",)) == 4 and len(b) <= 12),
         "additive": find_loop(
             library, table, rf"attn::{namespace}::AdditiveScores<",

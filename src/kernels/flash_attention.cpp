@@ -10,6 +10,8 @@
 // tiles outside every row's key range, or hidden whole by a bool mask, are never computed.
 #include "attn/kernels/flash_attention.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,6 +22,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/amx.hpp"
+#include "kernels/cache_sizes.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
@@ -58,6 +61,10 @@ inline bool cpu_has_avx512_bf16() {
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
 constexpr size_t kKeyTile = 64;      // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
+// Query tiles of one head that a task may take together, each key tile then serving them all
+// while it is in L1/L2 (FlashForwardTiles): K and V are read from L3 or memory once per block.
+// Zen 4, 2 threads, B = 1, 2 heads: n = 32768 from 73% to 79% of the FMA peak with 2, 81% with 4.
+constexpr size_t kMaxQueryBlock = 4;
 // Bc of the bf16 path: twice the keys per tile halves P·V's per-tile load, rescale and store of O,
 // which the halved product time made count (1.70x fp32 against 1.64x at 64 keys on Zen 5).
 constexpr size_t kKeyTileBF16 = 128;
@@ -90,6 +97,9 @@ using flash_detail::ForwardArgs;
 // Per-thread working memory, sized once per call.
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> memory;
+  // The query tile's own buffers, one set per tile of a block (kMaxQueryBlock slots, UseSlot picks
+  // the one these point at); Sᵀ and the rescale factors live within one key tile's step and are
+  // shared.
   float* q_transposed;  // d × Br
   float* scores;        // Bc × Br: Sᵀ, then Pᵀ
   float* output;        // Br × dv_padded
@@ -99,7 +109,23 @@ struct Scratch {
   int32_t* first;       // Br: each query's first visible key
   int32_t* last;        // Br: one past each query's last visible key
   uint32_t* row_keys;   // Br: dropout_hash::row_key of each query
-  float* widened_row;   // max(d, dv_padded): a half-precision row in or out
+  struct Slot {
+    float *q_transposed, *output, *row_max, *row_sum;
+    int32_t *first, *last;
+    uint32_t* row_keys;
+  };
+  Slot slots[flash_detail::kMaxQueryBlock];
+  void UseSlot(size_t slot) {
+    const Slot& chosen = slots[slot];
+    q_transposed = chosen.q_transposed;
+    output = chosen.output;
+    row_max = chosen.row_max;
+    row_sum = chosen.row_sum;
+    first = chosen.first;
+    last = chosen.last;
+    row_keys = chosen.row_keys;
+  }
+  float* widened_row;  // max(d, dv_padded): a half-precision row in or out
   // The current head's keys (m × d) and values (m × dv_padded, zero-padded columns), packed
   // contiguously: heads addressed by stride put a head's rows kilobytes apart, and at long
   // sequences the pages they span outgrow the TLB (n = 16384 with 32 heads ran at 38% of peak
@@ -143,15 +169,17 @@ struct Scratch {
     value_stride = key_blocks / 2;
     dv_tiles = hwy::RoundUpTo(dv_padded, 32);
     memory = carve_scratch(lanes, [&](const auto& take) {
-      q_transposed = take(depth * br);
+      for (Slot& slot : slots) {
+        slot.q_transposed = take(depth * br);
+        slot.output = take(br * dv_padded);
+        slot.row_max = take(br);
+        slot.row_sum = take(br);
+        slot.first = as_int32(take(br));
+        slot.last = as_int32(take(br));
+        slot.row_keys = as_uint32(take(br));
+      }
       scores = take(bc * br);
-      output = take(br * dv_padded);
-      row_max = take(br);
-      row_sum = take(br);
       row_rescale = take(br);
-      first = as_int32(take(br));
-      last = as_int32(take(br));
-      row_keys = as_uint32(take(br));
       widened_row = take(std::max(depth, dv_padded));
       if (bf16_pairs) {
         const size_t depth_pairs = (depth + 1) / 2, key_pairs_count = (keys + 1) / 2;
@@ -171,6 +199,7 @@ struct Scratch {
         packed_values = take(keys * dv_padded);
       }
     });
+    UseSlot(0);
   }
 };
 
@@ -405,57 +434,93 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
   }
 }
 
-// One query tile of query head (b, h): for each key tile some row sees, Sᵀ = K Qᵀ (or additive
+// One key tile's step for the query tile whose buffers `s` points at: Sᵀ = K Qᵀ (or additive
 // scores), the score modifiers and masks, the online softmax step, dropout, O = O·rescale + P V.
-void FlashForwardTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
-                      Scratch& s) {
-  const hn::ScalableTag<float> d;
+template <class D, class Applier>
+HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& tile, int64_t key0,
+                               const float* k, const float* v, size_t dv_padded,
+                               const Applier& dropout_applier, Scratch& s) {
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
   const size_t depth = static_cast<size_t>(args.q.cols);
-  const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
-  const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
-  std::fill(s.output, s.output + br * dv_padded, 0.0F);
-  const bool dropout = args.options.dropout > 0.0F;
-  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
-  const bool bool_mask = args.options.mask.kind == MaskKind::kBool;
+  const size_t bc = static_cast<size_t>(
+      std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), tile.ranges.end - key0));
+  MaskCoverage coverage = MaskCoverage::kAll;
+  if (args.options.mask.kind == MaskKind::kBool) {
+    coverage = bool_mask_coverage(args.options.mask, tile.batch, tile.head, tile.first_query,
+                                  tile.rows, key0, bc);
+    if (coverage == MaskCoverage::kNone) return;  // the mask hides this whole tile
+  }
+  // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
+  const float* key_rows = k + static_cast<size_t>(key0) * depth;
+  if (args.additive_exponential) {
+    AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, depth, s.q_transposed, br,
+                                                      depth, args.additive_weights, s.scores);
+  } else if (args.additive_weights != nullptr) {
+    AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, depth, s.q_transposed, br,
+                                                       depth, args.additive_weights, s.scores);
+  } else {
+    Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, depth, 1, s.q_transposed, br, depth,
+                s.scores, br);
+  }
+  ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
+                      s.scores);
+  OnlineSoftmaxStep(d, bc, br, s);
+  if (args.options.dropout > 0.0F) DropWeights(d, dropout_applier, key0, bc, br, s);
+  // O = O · rescale + P V.
+  Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br,
+             v + static_cast<size_t>(key0) * dv_padded, dv_padded, bc, s.output, dv_padded,
+             s.row_rescale);
+}
 
+// `count` (≤ kMaxQueryBlock) consecutive query tiles of query head (b, h), from `first_query`:
+// for each key tile some row sees, ForwardKeyTile. Tiles that see the same keys (full attention,
+// lengths per batch element) take each key tile in turn while it is in L1/L2, so K and V stream
+// from L3 or memory once per block instead of once per tile; each tile's sums run in the same
+// order as alone, so the block changes no bit of the result. Other tiles run one after another.
+void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
+                       size_t count, Scratch& s) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t br = flash_detail::kQueryVectors * lanes;
+  const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
+  const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
+  const auto key_step = static_cast<int64_t>(flash_detail::kKeyTile);
   // Grouped-query attention: this query head reads key/value head h / group.
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
-  PackKeysAndValues(args, b, kv_head, tile.ranges.begin, tile.ranges.end, dv_padded, s);
-  const float* k = s.packed_keys;
-  const float* v = s.packed_values;
-  for (int64_t key0 = tile.ranges.begin; key0 < tile.ranges.end;
-       key0 += static_cast<int64_t>(flash_detail::kKeyTile)) {
-    const size_t bc = static_cast<size_t>(
-        std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), tile.ranges.end - key0));
-    MaskCoverage coverage = MaskCoverage::kAll;
-    if (bool_mask) {
-      coverage = bool_mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
-      if (coverage == MaskCoverage::kNone) continue;  // the mask hides this whole tile
-    }
-    // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
-    const float* key_rows = k + static_cast<size_t>(key0) * depth;
-    if (args.additive_exponential) {
-      AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, depth, s.q_transposed, br,
-                                                        depth, args.additive_weights, s.scores);
-    } else if (args.additive_weights != nullptr) {
-      AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, depth, s.q_transposed, br,
-                                                         depth, args.additive_weights, s.scores);
-    } else {
-      Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, depth, 1, s.q_transposed, br, depth,
-                  s.scores, br);
-    }
-    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
-                        s.scores);
-    OnlineSoftmaxStep(d, bc, br, s);
-    if (dropout) DropWeights(d, dropout_applier, key0, bc, br, s);
-    // O = O · rescale + P V.
-    Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br,
-               v + static_cast<size_t>(key0) * dv_padded, dv_padded, bc, s.output, dv_padded,
-               s.row_rescale);
+  QueryTile tiles[flash_detail::kMaxQueryBlock];
+  bool same_keys = true;
+  for (size_t t = 0; t < count; ++t) {
+    s.UseSlot(t);
+    tiles[t] = PrepareQueryTile(args, b, h, first_query + static_cast<int64_t>(t * br), br, s);
+    std::fill(s.output, s.output + br * dv_padded, 0.0F);
+    same_keys = same_keys && tiles[t].ranges.begin == tiles[0].ranges.begin &&
+                tiles[t].ranges.end == tiles[0].ranges.end;
   }
-  WriteOutputRows(args, tile, dv_padded, s);
+  if (same_keys) {
+    PackKeysAndValues(args, b, kv_head, tiles[0].ranges.begin, tiles[0].ranges.end, dv_padded, s);
+    for (int64_t key0 = tiles[0].ranges.begin; key0 < tiles[0].ranges.end; key0 += key_step) {
+      for (size_t t = 0; t < count; ++t) {
+        s.UseSlot(t);
+        ForwardKeyTile(d, args, tiles[t], key0, s.packed_keys, s.packed_values, dv_padded,
+                       dropout_applier, s);
+      }
+    }
+  } else {
+    for (size_t t = 0; t < count; ++t) {
+      s.UseSlot(t);
+      PackKeysAndValues(args, b, kv_head, tiles[t].ranges.begin, tiles[t].ranges.end, dv_padded, s);
+      for (int64_t key0 = tiles[t].ranges.begin; key0 < tiles[t].ranges.end; key0 += key_step) {
+        ForwardKeyTile(d, args, tiles[t], key0, s.packed_keys, s.packed_values, dv_padded,
+                       dropout_applier, s);
+      }
+    }
+  }
+  for (size_t t = 0; t < count; ++t) {
+    s.UseSlot(t);
+    WriteOutputRows(args, tiles[t], dv_padded, s);
+  }
+  s.UseSlot(0);
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -766,9 +831,27 @@ void FlashForward(const ForwardArgs& args) {
   const size_t br = flash_detail::kQueryVectors * lanes;
   const int64_t tiles_per_head =
       (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
-  const int64_t tasks = args.q.batch * args.q.heads * tiles_per_head;
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
   const bool bf16_pairs = args.half && args.half_type == HalfType::kBFloat16 && NativeBFloat16();
+  // Query tiles in blocks (FlashForwardTiles) where a head's packed K and V outgrow half the L2,
+  // for the fp32 dot-product path (the additive scores are bound by their arithmetic), where the
+  // tiles of a head see the same keys (no causal mask or window) and enough tasks remain to keep
+  // every thread busy (4 per thread).
+  const size_t head_bytes =
+      static_cast<size_t>(args.k.rows) * (static_cast<size_t>(args.q.cols) + dv_padded) * 4;
+  const auto threads = static_cast<int64_t>(omp_get_max_threads());
+  int64_t query_block = 1;
+  if (!bf16_pairs && args.additive_weights == nullptr && !args.options.causal &&
+      args.options.window_left < 0 && args.options.window_right < 0 &&
+      head_bytes > l2_cache_bytes() / 2) {
+    query_block = static_cast<int64_t>(flash_detail::kMaxQueryBlock);
+    while (query_block > 1 &&
+           args.q.batch * args.q.heads * (tiles_per_head / query_block) < 4 * threads) {
+      query_block /= 2;
+    }
+  }
+  const int64_t tasks_per_head = (tiles_per_head + query_block - 1) / query_block;
+  const int64_t tasks = args.q.batch * args.q.heads * tasks_per_head;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const TileProducts products = bf16_pairs ? ChooseTileProducts(args) : TileProducts::kVector;
   const bool amx_tiles = products != TileProducts::kVector;
@@ -788,15 +871,18 @@ void FlashForward(const ForwardArgs& args) {
                        static_cast<size_t>(args.k.rows), lanes, bf16_pairs, amx_tiles);
       },
       [&](int64_t task, Scratch& scratch, int) {
-        const int64_t head_index = task / tiles_per_head;
+        const int64_t head_index = task / tasks_per_head;
         const int64_t b = head_index / args.q.heads, h = head_index % args.q.heads;
-        const int64_t tile =
-            heaviest_first ? tiles_per_head - 1 - task % tiles_per_head : task % tiles_per_head;
-        const int64_t first_query = tile * static_cast<int64_t>(br);
+        const int64_t block =
+            heaviest_first ? tasks_per_head - 1 - task % tasks_per_head : task % tasks_per_head;
+        const int64_t first_tile = block * query_block;
+        const int64_t first_query = first_tile * static_cast<int64_t>(br);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_pairs) return FlashForwardTileBF16(args, b, h, first_query, scratch, products);
 #endif
-        FlashForwardTile(args, b, h, first_query, scratch);
+        FlashForwardTiles(args, b, h, first_query,
+                          static_cast<size_t>(std::min(query_block, tiles_per_head - first_tile)),
+                          scratch);
       });
 }
 

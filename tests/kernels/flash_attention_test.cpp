@@ -1,11 +1,12 @@
 // The fused flash-attention forward kernel against the double reference, on every SIMD target this
 // machine runs: random shapes with tails that do not divide the tiles, n = 1, m = 1, n ≠ m, valid
 // lengths 0 and m, per-query lengths, causal masks with n < m and n > m, multi-head strided views,
-// large score magnitudes.
+// large score magnitudes, query tiles in blocks.
 #include "attn/kernels/flash_attention.hpp"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -131,6 +132,22 @@ TEST_P(FlashAttention, MatchesReferenceOnRandomShapes) {
       {2, 1, 17, 19, 5, 3, 2, false, 30.0F},
   };
   for (const Case& c : cases) check_case(c, rng, GetParam());
+}
+
+// Keys whose packed rows outgrow half of any L2 here (2500 × (64 + 64) floats, 1.3 MB) send the
+// tiles of a head through FlashForwardTiles in blocks of up to kMaxQueryBlock; on one thread every
+// target's tile count (5, 10, 19 tiles of 300 queries) makes full and partial blocks. Lengths per
+// batch element keep a block's tiles on the same keys; per-query lengths run them one by one.
+TEST_P(FlashAttention, MatchesReferenceInQueryBlocks) {
+  Rng rng(78);
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (const Case& c : {Case{1, 2, 300, 2500, 64, 64, 0, false, 1.0F},
+                        Case{3, 2, 300, 2500, 64, 64, 1, false, 1.0F},
+                        Case{2, 2, 300, 2500, 64, 64, 2, false, 1.0F}}) {
+    check_case(c, rng, GetParam());
+  }
+  omp_set_num_threads(saved_threads);
 }
 
 TEST_P(FlashAttention, RejectsInconsistentShapes) {
