@@ -14,6 +14,10 @@
 #   bench/server_side_by_side.sh module  [OUT]   builds attn's Python module there (before layers)
 #   bench/server_side_by_side.sh calls   [OUT]   attn bench's fused kernel and attn's Python call in
 #                                                interleaved rounds (after module)
+#   bench/server_side_by_side.sh lengths [OUT]   n = 1024 ... LONG (default 16384) at B = 1, 8 heads,
+#                                                1 thread and all cores, PyTorch beside it: where
+#                                                K and V leave the L2 (the 1-thread forward read
+#                                                66% at n = 1024, 60% at 4096), and the length plot
 #
 # The server needs none of attn's dependencies: carry build/server.tar.xz, the bundle that
 # scripts/pack-server.sh makes here (the CLI, the kernel tests, ggml_decode_bench when
@@ -38,7 +42,7 @@
 # calls, ggml + avx2 fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|lengths|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 cores=$(nproc)
@@ -102,6 +106,16 @@ calls)
   "$python" bench/python_call_overhead.py --attn "$attn" --sizes "$sizes" --threads "$threads" \
     --rounds 3 --repeats "$repeats" >"$out/calls.txt"
   ;;
+lengths)
+  # The query and key blocks sized by the L2 (2026-11-25) were measured on Zen 4 only; this phase
+  # shows whether the Xeon's forward still loses efficiency as n grows.
+  lengths=$(printf '%s\n' 1024 2048 4096 8192 16384 | awk '$1 <= '"${LONG:-16384}" | paste -sd,)
+  "$attn" bench --cases fused,fused-backward --batch 1 --heads 8 --sizes "$lengths" \
+    --threads "1,$cores" --repeats 2 --json-out "$out/lengths.json" >"$out/lengths.txt"
+  "$python" bench/compare_pytorch.py --attn-json "$out/lengths.json" --batch 1 --heads 8 \
+    --sizes "$lengths" --threads "1,$cores" --repeats 2 --additive-sizes 0 \
+    --json-out "$out/lengths_pytorch.json" >"$out/lengths_pytorch.txt"
+  ;;
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
   "$kernels_test" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1 || true
@@ -133,7 +147,7 @@ module)
   PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
   ;;
 *)
-  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, amx, ggml or module" >&2
+  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, lengths, amx, ggml or module" >&2
   exit 2
   ;;
 esac

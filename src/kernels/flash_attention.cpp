@@ -474,10 +474,11 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
 }
 
 // `count` (≤ kMaxQueryBlock) consecutive query tiles of query head (b, h), from `first_query`:
-// for each key tile some row sees, ForwardKeyTile. Tiles that see the same keys (full attention,
-// lengths per batch element) take each key tile in turn while it is in L1/L2, so K and V stream
-// from L3 or memory once per block instead of once per tile; each tile's sums run in the same
-// order as alone, so the block changes no bit of the result. Other tiles run one after another.
+// for each key tile some row sees, ForwardKeyTile. Tiles whose keys start at the same key (full
+// attention, lengths, causal masks) take each key tile in turn while it is in L1/L2, each until
+// its own last key, so K and V stream from L3 or memory once per block instead of once per tile;
+// each tile meets the same key tiles in the same order as alone, so the block changes no bit of
+// the result. Other tiles (sliding windows) run one after another.
 void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
                        size_t count, Scratch& s) {
   const hn::ScalableTag<float> d;
@@ -489,18 +490,20 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
   // Grouped-query attention: this query head reads key/value head h / group.
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
   QueryTile tiles[flash_detail::kMaxQueryBlock];
-  bool same_keys = true;
+  bool same_begin = true;
+  int64_t keys_end = 0;
   for (size_t t = 0; t < count; ++t) {
     s.UseSlot(t);
     tiles[t] = PrepareQueryTile(args, b, h, first_query + static_cast<int64_t>(t * br), br, s);
     std::fill(s.output, s.output + br * dv_padded, 0.0F);
-    same_keys = same_keys && tiles[t].ranges.begin == tiles[0].ranges.begin &&
-                tiles[t].ranges.end == tiles[0].ranges.end;
+    same_begin = same_begin && tiles[t].ranges.begin == tiles[0].ranges.begin;
+    keys_end = std::max(keys_end, tiles[t].ranges.end);
   }
-  if (same_keys) {
-    PackKeysAndValues(args, b, kv_head, tiles[0].ranges.begin, tiles[0].ranges.end, dv_padded, s);
-    for (int64_t key0 = tiles[0].ranges.begin; key0 < tiles[0].ranges.end; key0 += key_step) {
+  if (same_begin) {
+    PackKeysAndValues(args, b, kv_head, tiles[0].ranges.begin, keys_end, dv_padded, s);
+    for (int64_t key0 = tiles[0].ranges.begin; key0 < keys_end; key0 += key_step) {
       for (size_t t = 0; t < count; ++t) {
+        if (key0 >= tiles[t].ranges.end) continue;  // past this tile's last key
         s.UseSlot(t);
         ForwardKeyTile(d, args, tiles[t], key0, s.packed_keys, s.packed_values, dv_padded,
                        dropout_applier, s);
@@ -835,14 +838,13 @@ void FlashForward(const ForwardArgs& args) {
   const bool bf16_pairs = args.half && args.half_type == HalfType::kBFloat16 && NativeBFloat16();
   // Query tiles in blocks (FlashForwardTiles) where a head's packed K and V outgrow half the L2,
   // for the fp32 dot-product path (the additive scores are bound by their arithmetic), where the
-  // tiles of a head see the same keys (no causal mask or window) and enough tasks remain to keep
-  // every thread busy (4 per thread).
+  // tiles of a head see keys from the same first one (no sliding window) and enough tasks remain
+  // to keep every thread busy (4 per thread).
   const size_t head_bytes =
       static_cast<size_t>(args.k.rows) * (static_cast<size_t>(args.q.cols) + dv_padded) * 4;
   const auto threads = static_cast<int64_t>(omp_get_max_threads());
   int64_t query_block = 1;
-  if (!bf16_pairs && args.additive_weights == nullptr && !args.options.causal &&
-      args.options.window_left < 0 && args.options.window_right < 0 &&
+  if (!bf16_pairs && args.additive_weights == nullptr && args.options.window_left < 0 &&
       head_bytes > l2_cache_bytes() / 2) {
     query_block = static_cast<int64_t>(flash_detail::kMaxQueryBlock);
     while (query_block > 1 &&

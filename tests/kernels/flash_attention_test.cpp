@@ -137,14 +137,16 @@ TEST_P(FlashAttention, MatchesReferenceOnRandomShapes) {
 // Keys whose packed rows outgrow half of any L2 here (2500 × (64 + 64) floats, 1.3 MB) send the
 // tiles of a head through FlashForwardTiles in blocks of up to kMaxQueryBlock; on one thread every
 // target's tile count (5, 10, 19 tiles of 300 queries) makes full and partial blocks. Lengths per
-// batch element keep a block's tiles on the same keys; per-query lengths run them one by one.
+// query and causal masks end a block's tiles at different keys.
 TEST_P(FlashAttention, MatchesReferenceInQueryBlocks) {
   Rng rng(78);
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  for (const Case& c : {Case{1, 2, 300, 2500, 64, 64, 0, false, 1.0F},
-                        Case{3, 2, 300, 2500, 64, 64, 1, false, 1.0F},
-                        Case{2, 2, 300, 2500, 64, 64, 2, false, 1.0F}}) {
+  for (const Case& c :
+       {Case{1, 2, 300, 2500, 64, 64, 0, false, 1.0F},
+        Case{3, 2, 300, 2500, 64, 64, 1, false, 1.0F},
+        Case{2, 2, 300, 2500, 64, 64, 2, false, 1.0F}, Case{1, 2, 300, 2500, 64, 64, 0, true, 1.0F},
+        Case{2, 1, 300, 2500, 64, 64, 2, true, 1.0F}}) {
     check_case(c, rng, GetParam());
   }
   omp_set_num_threads(saved_threads);
