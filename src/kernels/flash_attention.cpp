@@ -837,9 +837,9 @@ void FlashForward(const ForwardArgs& args) {
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
   const bool bf16_pairs = args.half && args.half_type == HalfType::kBFloat16 && NativeBFloat16();
   // Query tiles in blocks (FlashForwardTiles) where a head's packed K and V outgrow half the L2,
-  // for the fp32 dot-product path (the additive scores are bound by their arithmetic), where the
-  // tiles of a head see keys from the same first one (no sliding window) and enough tasks remain
-  // to keep every thread busy (4 per thread).
+  // for dot-product scores on fp32 products (fp32 and fp16 inputs, bf16 without bf16 dot products;
+  // the additive scores are bound by their arithmetic), unless a sliding window moves each tile's
+  // first key, and while enough tasks remain to keep every thread busy (4 per thread).
   const size_t head_bytes =
       static_cast<size_t>(args.k.rows) * (static_cast<size_t>(args.q.cols) + dv_padded) * 4;
   const auto threads = static_cast<int64_t>(omp_get_max_threads());
