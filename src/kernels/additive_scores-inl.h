@@ -146,7 +146,7 @@ HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t ke
 // backward kernels both call this, so the backward pass recomputes the forward pass's scores with
 // the same arithmetic, and its probabilities agree with the forward pass's log-sum-exp.
 // In the exponential form (kExponential) `keys` hold e^{2k} and `q_transposed` e^{2q}.
-// Out of line (HWY_NOINLINE): inlined into FlashForwardTile, its register demands changed how the
+// Out of line (HWY_NOINLINE): inlined into the forward kernel, its register demands changed how the
 // compiler laid out the dot-product path beside it, 2% slower on Zen 4 for code it never runs.
 template <size_t NR, bool kExponential, class D>
 HWY_NOINLINE void AdditiveScores(D d, size_t bc, const float* keys, size_t key_stride,
