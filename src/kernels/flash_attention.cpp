@@ -230,6 +230,27 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
   s.packed_end = std::max(s.packed_end, end);
 }
 
+// Where a tile reads key j's row (keys + j·key_stride) and value j's (values + j·value_stride,
+// dv_padded floats): the inputs themselves or the thread's packed copy.
+struct KeyValueRows {
+  const float* keys;
+  size_t key_stride;
+  const float* values;
+  size_t value_stride;
+};
+
+// Rows [begin, end) of key/value head (b, h): read in place when `in_place` (FlashForward decides),
+// else packed (PackKeysAndValues).
+KeyValueRows KeysAndValuesFor(const ForwardArgs& args, int64_t b, int64_t h, int64_t begin,
+                              int64_t end, size_t dv_padded, bool in_place, Scratch& s) {
+  if (in_place) {
+    return {args.k.matrix(b, h), static_cast<size_t>(args.k.row_stride), args.v.matrix(b, h),
+            static_cast<size_t>(args.v.row_stride)};
+  }
+  PackKeysAndValues(args, b, h, begin, end, dv_padded, s);
+  return {s.packed_keys, static_cast<size_t>(args.k.cols), s.packed_values, dv_padded};
+}
+
 // The rows' key ranges and dropout keys, Qᵀ with the scale folded in (zero in padding lanes), and
 // the online softmax's starting state: running max −∞ and sum 0, or the head's sink logit with
 // sum exp(0) = 1, so the sink joins every row's denominator.
@@ -438,7 +459,7 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
 // scores), the score modifiers and masks, the online softmax step, dropout, O = O·rescale + P V.
 template <class D, class Applier>
 HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& tile, int64_t key0,
-                               const float* k, const float* v, size_t dv_padded,
+                               const KeyValueRows& rows, size_t dv_padded,
                                const Applier& dropout_applier, Scratch& s) {
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
@@ -452,16 +473,18 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
     if (coverage == MaskCoverage::kNone) return;  // the mask hides this whole tile
   }
   // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
-  const float* key_rows = k + static_cast<size_t>(key0) * depth;
+  const float* key_rows = rows.keys + static_cast<size_t>(key0) * rows.key_stride;
   if (args.additive_exponential) {
-    AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, depth, s.q_transposed, br,
-                                                      depth, args.additive_weights, s.scores);
+    AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, rows.key_stride,
+                                                      s.q_transposed, br, depth,
+                                                      args.additive_weights, s.scores);
   } else if (args.additive_weights != nullptr) {
-    AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, depth, s.q_transposed, br,
-                                                       depth, args.additive_weights, s.scores);
+    AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, rows.key_stride,
+                                                       s.q_transposed, br, depth,
+                                                       args.additive_weights, s.scores);
   } else {
-    Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, depth, 1, s.q_transposed, br, depth,
-                s.scores, br);
+    Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, rows.key_stride, 1, s.q_transposed,
+                br, depth, s.scores, br);
   }
   ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
                       s.scores);
@@ -469,8 +492,8 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   if (args.options.dropout > 0.0F) DropWeights(d, dropout_applier, key0, bc, br, s);
   // O = O · rescale + P V.
   Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br,
-             v + static_cast<size_t>(key0) * dv_padded, dv_padded, bc, s.output, dv_padded,
-             s.row_rescale);
+             rows.values + static_cast<size_t>(key0) * rows.value_stride, rows.value_stride, bc,
+             s.output, dv_padded, s.row_rescale);
 }
 
 // `count` (≤ kMaxQueryBlock) consecutive query tiles of query head (b, h), from `first_query`:
@@ -480,7 +503,7 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
 // each tile meets the same key tiles in the same order as alone, so the block changes no bit of
 // the result. Other tiles (sliding windows) run one after another.
 void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
-                       size_t count, Scratch& s) {
+                       size_t count, bool rows_in_place, Scratch& s) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
@@ -500,22 +523,22 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
     keys_end = std::max(keys_end, tiles[t].ranges.end);
   }
   if (same_begin) {
-    PackKeysAndValues(args, b, kv_head, tiles[0].ranges.begin, keys_end, dv_padded, s);
+    const KeyValueRows rows = KeysAndValuesFor(args, b, kv_head, tiles[0].ranges.begin, keys_end,
+                                               dv_padded, rows_in_place, s);
     for (int64_t key0 = tiles[0].ranges.begin; key0 < keys_end; key0 += key_step) {
       for (size_t t = 0; t < count; ++t) {
         if (key0 >= tiles[t].ranges.end) continue;  // past this tile's last key
         s.UseSlot(t);
-        ForwardKeyTile(d, args, tiles[t], key0, s.packed_keys, s.packed_values, dv_padded,
-                       dropout_applier, s);
+        ForwardKeyTile(d, args, tiles[t], key0, rows, dv_padded, dropout_applier, s);
       }
     }
   } else {
     for (size_t t = 0; t < count; ++t) {
       s.UseSlot(t);
-      PackKeysAndValues(args, b, kv_head, tiles[t].ranges.begin, tiles[t].ranges.end, dv_padded, s);
+      const KeyValueRows rows = KeysAndValuesFor(args, b, kv_head, tiles[t].ranges.begin,
+                                                 tiles[t].ranges.end, dv_padded, rows_in_place, s);
       for (int64_t key0 = tiles[t].ranges.begin; key0 < tiles[t].ranges.end; key0 += key_step) {
-        ForwardKeyTile(d, args, tiles[t], key0, s.packed_keys, s.packed_values, dv_padded,
-                       dropout_applier, s);
+        ForwardKeyTile(d, args, tiles[t], key0, rows, dv_padded, dropout_applier, s);
       }
     }
   }
@@ -853,6 +876,14 @@ void FlashForward(const ForwardArgs& args) {
     }
   }
   const int64_t tasks_per_head = (tiles_per_head + query_block - 1) / query_block;
+  // Keys and values read in place rather than packed per thread: fp32 rows (not the exponential
+  // form's e^{2k}) whose values need no zero padding (dv a multiple of the lanes), laid out
+  // densely, a head's rows back to back (PyTorch's contiguous (B, H, n, d)): the packed copy would
+  // be the same memory again. Rows a stride apart stay packed: at long sequences they span more
+  // pages than the TLB maps, and rows 2 KiB apart (8 heads of 64) fall into a few L1 sets.
+  const bool rows_in_place = !args.half && !args.additive_exponential &&
+                             static_cast<size_t>(args.v.cols) % lanes == 0 &&
+                             args.k.row_stride == args.k.cols && args.v.row_stride == args.v.cols;
   const int64_t tasks = args.q.batch * args.q.heads * tasks_per_head;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const TileProducts products = bf16_pairs ? ChooseTileProducts(args) : TileProducts::kVector;
@@ -884,7 +915,7 @@ void FlashForward(const ForwardArgs& args) {
 #endif
         FlashForwardTiles(args, b, h, first_query,
                           static_cast<size_t>(std::min(query_block, tiles_per_head - first_tile)),
-                          scratch);
+                          rows_in_place, scratch);
       });
 }
 

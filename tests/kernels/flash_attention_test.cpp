@@ -146,7 +146,11 @@ TEST_P(FlashAttention, MatchesReferenceInQueryBlocks) {
        {Case{1, 2, 300, 2500, 64, 64, 0, false, 1.0F},
         Case{3, 2, 300, 2500, 64, 64, 1, false, 1.0F},
         Case{2, 2, 300, 2500, 64, 64, 2, false, 1.0F}, Case{1, 2, 300, 2500, 64, 64, 0, true, 1.0F},
-        Case{2, 1, 300, 2500, 64, 64, 2, true, 1.0F}}) {
+        Case{2, 1, 300, 2500, 64, 64, 2, true, 1.0F},
+        // One head: rows back to back, read in place (values of 64) or packed (60: padded to
+        // the lanes on AVX2 and AVX-512).
+        Case{2, 1, 300, 2500, 64, 64, 0, false, 1.0F},
+        Case{1, 1, 300, 2500, 64, 60, 0, false, 1.0F}}) {
     check_case(c, rng, GetParam());
   }
   omp_set_num_threads(saved_threads);
