@@ -61,13 +61,19 @@ HWY_INLINE void DoubledExponentialRows(D d, const float* rows, size_t stride, si
   DoubledExponentialsInPlace(d, destination, count * cols);
 }
 
-// 1 / (e·f + 1) for the exponential form: the hardware's reciprocal estimate and one Newton step.
-// e·f + 1 ≥ 1 and ≤ e^42 + 1, so neither the estimate nor the step meets a subnormal or ∞.
+// 1 / x for the exponential form's denominators (normal, positive, far from overflow): the
+// hardware's reciprocal estimate and one Newton step.
+template <class D>
+HWY_INLINE hn::Vec<D> NewtonReciprocal(D d, hn::Vec<D> x) {
+  const auto estimate = hn::ApproximateReciprocal(x);
+  return hn::Mul(estimate, hn::NegMulAdd(x, estimate, hn::Set(d, 2.0F)));
+}
+
+// 1 / (e·f + 1) for the exponential form. e·f + 1 ≥ 1 and ≤ e^42 + 1, so neither the estimate nor
+// the step meets a subnormal or ∞.
 template <class D>
 HWY_INLINE hn::Vec<D> ReciprocalOfProductPlusOne(D d, hn::Vec<D> e, hn::Vec<D> f) {
-  const auto denominator = hn::MulAdd(e, f, hn::Set(d, 1.0F));
-  const auto estimate = hn::ApproximateReciprocal(denominator);
-  return hn::Mul(estimate, hn::NegMulAdd(denominator, estimate, hn::Set(d, 2.0F)));
+  return NewtonReciprocal(d, hn::MulAdd(e, f, hn::Set(d, 1.0F)));
 }
 
 // acc + w0 / (e0·f0 + 1) + w1 / (e1·f1 + 1), the two terms as one quotient (w0·a1 + w1·a0) /
@@ -81,11 +87,8 @@ HWY_INLINE hn::Vec<D> AccumulateReciprocalPair(D d, hn::Vec<D> e0, hn::Vec<D> f0
                                                hn::Vec<D> acc) {
   const auto one = hn::Set(d, 1.0F);
   const auto a0 = hn::MulAdd(e0, f0, one), a1 = hn::MulAdd(e1, f1, one);
-  const auto denominator = hn::Mul(a0, a1);
   const auto numerator = hn::MulAdd(w1, a0, hn::Mul(w0, a1));
-  const auto estimate = hn::ApproximateReciprocal(denominator);
-  const auto reciprocal = hn::Mul(estimate, hn::NegMulAdd(denominator, estimate, hn::Set(d, 2.0F)));
-  return hn::MulAdd(numerator, reciprocal, acc);
+  return hn::MulAdd(numerator, NewtonReciprocal(d, hn::Mul(a0, a1)), acc);
 }
 
 // Sᵀ (MR keys × NR query vectors) of additive attention: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j,

@@ -522,25 +522,23 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
     same_begin = same_begin && tiles[t].ranges.begin == tiles[0].ranges.begin;
     keys_end = std::max(keys_end, tiles[t].ranges.end);
   }
-  if (same_begin) {
-    const KeyValueRows rows = KeysAndValuesFor(args, b, kv_head, tiles[0].ranges.begin, keys_end,
-                                               dv_padded, rows_in_place, s);
-    for (int64_t key0 = tiles[0].ranges.begin; key0 < keys_end; key0 += key_step) {
-      for (size_t t = 0; t < count; ++t) {
+  // Tiles [first, last), whose keys start at tiles[first]'s first key, up to `end`.
+  const auto run_tiles = [&](size_t first, size_t last, int64_t end) {
+    const int64_t begin = tiles[first].ranges.begin;
+    const KeyValueRows rows =
+        KeysAndValuesFor(args, b, kv_head, begin, end, dv_padded, rows_in_place, s);
+    for (int64_t key0 = begin; key0 < end; key0 += key_step) {
+      for (size_t t = first; t < last; ++t) {
         if (key0 >= tiles[t].ranges.end) continue;  // past this tile's last key
         s.UseSlot(t);
         ForwardKeyTile(d, args, tiles[t], key0, rows, dv_padded, dropout_applier, s);
       }
     }
+  };
+  if (same_begin) {
+    run_tiles(0, count, keys_end);
   } else {
-    for (size_t t = 0; t < count; ++t) {
-      s.UseSlot(t);
-      const KeyValueRows rows = KeysAndValuesFor(args, b, kv_head, tiles[t].ranges.begin,
-                                                 tiles[t].ranges.end, dv_padded, rows_in_place, s);
-      for (int64_t key0 = tiles[t].ranges.begin; key0 < tiles[t].ranges.end; key0 += key_step) {
-        ForwardKeyTile(d, args, tiles[t], key0, rows, dv_padded, dropout_applier, s);
-      }
-    }
+    for (size_t t = 0; t < count; ++t) run_tiles(t, t + 1, tiles[t].ranges.end);
   }
   for (size_t t = 0; t < count; ++t) {
     s.UseSlot(t);

@@ -116,12 +116,11 @@ bool within(const ConstHeadsView& view, float limit) {
 
 bool additive_exponential_form(const ConstHeadsView& projected_queries,
                                const ConstHeadsView& projected_keys, std::span<const float> w_v) {
-  uint32_t weight_limit_bits = 0;
-  std::memcpy(&weight_limit_bits, &kAdditiveExponentialWeightLimit, sizeof weight_limit_bits);
+  const auto count = static_cast<int64_t>(w_v.size());
+  const ConstHeadsView weights{w_v.data(), 1, 1, 1, count, count, count, count};
   return within(projected_queries, kAdditiveExponentialLimit) &&
          within(projected_keys, kAdditiveExponentialLimit) &&
-         core_detail::largest_magnitude_bits(w_v.data(), static_cast<int64_t>(w_v.size())) <=
-             weight_limit_bits;
+         within(weights, kAdditiveExponentialWeightLimit);
 }
 
 }  // namespace attn
