@@ -251,8 +251,8 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
         used = s.dropped;
       }
       // dV += (P ⊙ Z)ᵀ dO.
-      Gemm<true>(d, active, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
-                 dv_padded, rows, s.grad_values, dv_padded);
+      Gemm<true>(d, active, dv_padded / lanes, used, br, 1, s.grad_out.row(first),
+                 s.grad_out.stride, rows, s.grad_values, dv_padded);
       // dPᵀ = V dOᵀ, then dSᵀ = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
       Gemm<false>(d, active, kQueryVectors,
                   values + static_cast<int64_t>(key0) * args.values.row_stride,

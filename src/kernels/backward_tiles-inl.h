@@ -32,10 +32,18 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Where a product reads a matrix's rows: row i at data + i·stride, the caller's rows in place or
+// a thread's padded copy.
+struct RowsView {
+  const float* data = nullptr;
+  size_t stride = 0;
+  const float* row(size_t i) const { return data + i * stride; }
+};
+
 // The buffers every backward pass keeps per thread: a head's query side (PrepareQueryTiles) and
 // one key tile's softmax steps. Each kernel's scratch derives from it and adds its own buffers.
 struct BackwardTileBuffers {
-  float* grad_out_rows;        // n × dv_padded
+  float* grad_out_rows;        // n × dv_padded: dO's rows padded, unless read in place
   float* grad_out_transposed;  // tiles × dv × Br
   float* probabilities;        // Bc × Br: Sᵀ, then Pᵀ
   float* grad_scores;          // Bc × Br: dPᵀ, then dSᵀ
@@ -47,6 +55,8 @@ struct BackwardTileBuffers {
   int32_t* last;               // tiles × Br: one past its last
   int32_t* tile_bounds;        // tiles × 4: the query tile's TileKeyRanges
   uint32_t* row_keys;          // tiles × Br: dropout_hash::row_key of each query
+  RowsView
+      grad_out;  // dO's rows for the head PrepareQueryTiles prepared: in place or grad_out_rows
 
   // Takes these buffers from carve_scratch's `take`: n queries in tiles of br, key tiles of bc,
   // values of size dv (rows padded to dv_padded).
@@ -93,6 +103,16 @@ inline float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, si
   return total;
 }
 
+// Whether the products can read a matrix's rows where the caller keeps them instead of a padded
+// copy: float rows that lie back to back (PyTorch's contiguous (B, H, n, d)) and fill whole
+// vectors, as the packed rows do. Rows further apart (the layers' (B, n, H·d) heads, 2 KiB apart
+// at H·d = 512) stay packed: read in place, the forward pass's were no faster, a tile's rows
+// falling into few L1 sets.
+template <class View>
+bool DenseRows(const View& view, size_t lanes) {
+  return view.row_stride == view.cols && static_cast<size_t>(view.cols) % lanes == 0;
+}
+
 // A backward pass's output and its gradient in half precision: PrepareQueryTiles widens their rows
 // as it reads them (the float views then give shapes and strides only).
 struct HalfQuerySide {
@@ -101,13 +121,14 @@ struct HalfQuerySide {
   float* out_row;  // dv floats of scratch: one widened output row
 };
 
-// The query side of head (b, h), once per head: dO rows padded to dv_padded (grad_out_rows), dOᵀ
-// per query tile of br (grad_out_transposed, tiles × dv × br), D_i = dO_i · O_i (delta), the
-// log-sum-exp (lse; rows that saw nothing get 0 instead of −∞: all their scores are −∞, so any
-// finite stand-in gives P = 0), each query's key range, dropout row keys and each tile's key
-// ranges (tile_bounds) in `s`, padding rows zero. `head_lse` holds the head's n forward values;
-// `half` gives half-precision out and grad_out; without `transposed`, dOᵀ is left out (a caller
-// whose dP product reads dO otherwise). Returns one past the last key any query of the head sees.
+// The query side of head (b, h), once per head: dO's rows in place (DenseRows) or padded to
+// dv_padded (grad_out_rows; s.grad_out says which), dOᵀ per query tile of br (grad_out_transposed,
+// tiles × dv × br), D_i = dO_i · O_i (delta), the log-sum-exp (lse; rows that saw nothing get 0
+// instead of −∞: all their scores are −∞, so any finite stand-in gives P = 0), each query's key
+// range, dropout row keys and each tile's key ranges (tile_bounds) in `s`, padding rows zero.
+// `head_lse` holds the head's n forward values; `half` gives half-precision out and grad_out;
+// without `transposed`, dOᵀ is left out (a caller whose dP product reads dO otherwise). Returns
+// one past the last key any query of the head sees.
 inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
                                  const float* head_lse, const ValidLengths& valid_lens,
                                  const FlashAttentionOptions& options, int64_t keys, int64_t b,
@@ -115,16 +136,21 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
                                  const HalfQuerySide* half = nullptr, bool transposed = true) {
   const auto n = static_cast<size_t>(out.rows), dv = static_cast<size_t>(out.cols);
   const hn::ScalableTag<float> d;
-  for (size_t i = 0; i < n; ++i) {
-    float* row = s.grad_out_rows + i * dv_padded;
-    const auto i_rows = static_cast<int64_t>(i);
-    if (half != nullptr) {
-      WidenRow(d, half->type, half->grad_out.matrix(b, h) + i_rows * half->grad_out.row_stride, dv,
-               row);
-    } else {
-      std::copy_n(grad_out.matrix(b, h) + i_rows * grad_out.row_stride, dv, row);
+  if (half == nullptr && DenseRows(grad_out, hn::Lanes(d))) {
+    s.grad_out = {grad_out.matrix(b, h), static_cast<size_t>(grad_out.row_stride)};
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      float* row = s.grad_out_rows + i * dv_padded;
+      const auto i_rows = static_cast<int64_t>(i);
+      if (half != nullptr) {
+        WidenRow(d, half->type, half->grad_out.matrix(b, h) + i_rows * half->grad_out.row_stride,
+                 dv, row);
+      } else {
+        std::copy_n(grad_out.matrix(b, h) + i_rows * grad_out.row_stride, dv, row);
+      }
+      std::fill(row + dv, row + dv_padded, 0.0F);
     }
-    std::fill(row + dv, row + dv_padded, 0.0F);
+    s.grad_out = {s.grad_out_rows, dv_padded};
   }
   int64_t extent = 0;
   for (size_t tile = 0; tile * br < n; ++tile) {
@@ -139,13 +165,12 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
     bounds[3] = static_cast<int32_t>(ranges.common_end);
     extent = std::max(extent, ranges.end);
     if (transposed) {
-      TransposeScaledTile(s.grad_out_rows + first_row * dv_padded, dv_padded, rows, dv, 1.0F, br,
+      TransposeScaledTile(s.grad_out.row(first_row), s.grad_out.stride, rows, dv, 1.0F, br,
                           s.grad_out_transposed + tile * dv * br);
     }
     for (size_t r = 0; r < br; ++r) {
       const size_t i = first_row + r;
       const bool real = r < rows;
-      const float* grad_out_row = s.grad_out_rows + i * dv_padded;
       const float* out_row = nullptr;
       if (real && half != nullptr) {
         WidenRow(d, half->type,
@@ -155,7 +180,7 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
       } else if (real) {
         out_row = out.matrix(b, h) + static_cast<int64_t>(i) * out.row_stride;
       }
-      s.delta[i] = real ? RowDot(out_row, grad_out_row, dv) : 0.0F;
+      s.delta[i] = real ? RowDot(out_row, s.grad_out.row(i), dv) : 0.0F;
       s.lse[i] = real && head_lse[i] > -std::numeric_limits<float>::infinity() ? head_lse[i] : 0.0F;
       s.row_keys[i] =
           dropout_hash::row_key(options.seed, b * out.heads + h, static_cast<int64_t>(i));

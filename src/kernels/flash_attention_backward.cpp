@@ -79,10 +79,10 @@ using flash_backward_detail::BackwardArgs;
 // Per-thread scratch for one (batch, key/value head) task at a time; sized once per call.
 struct BackwardScratch : BackwardTileBuffers {
   hwy::AlignedFreeUniquePtr<float[]> memory;
-  float* q_rows;        // n × d_padded: Q, unscaled
+  float* q_rows;        // n × d_padded: Q, unscaled (unless read in place)
   float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile
-  float* k_rows;        // m × d_padded
-  float* v_rows;        // m × dv_padded
+  float* k_rows;        // m × d_padded (unless read in place)
+  float* v_rows;        // m × dv_padded (unless read in place)
   float* row;           // max(d_padded, dv_padded): one row widened or rounded
   float* grad_q;        // n × d_padded
   float* grad_k;        // m × d_padded: dK of the key/value head, summed over its query heads
@@ -107,8 +107,14 @@ struct BackwardScratch : BackwardTileBuffers {
   // Key tiles per block of the loop over keys (FlashBackwardQueryHead): as many as fill half of
   // the L2 with their K, V, dK and dV rows, the other half left to a query tile's rows.
   size_t key_block_tiles = 1;
+  // Q, K and V as the fp32 products read them: the caller's rows when `rows_in_place` (all three
+  // DenseRows), else q_rows, k_rows and v_rows; set per head (Q) and per task (K, V).
+  bool rows_in_place = false;
+  RowsView queries, keys, values;
 
-  BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, bool bf16_pairs) {
+  BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, bool bf16_pairs,
+                  bool in_place)
+      : rows_in_place(in_place) {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
@@ -119,11 +125,11 @@ struct BackwardScratch : BackwardTileBuffers {
     memory = carve_scratch(lanes, [&](const auto& take) {
       take_tile_buffers(take, n, br, bc, dv, dv_padded);
       // The fp32 products' operands; the bf16 path reads its pairs instead.
-      const size_t fp32 = bf16_pairs ? 0 : 1;
-      q_rows = take(fp32 * n * d_padded);
+      const size_t fp32 = bf16_pairs ? 0 : 1, copies = bf16_pairs || in_place ? 0 : 1;
+      q_rows = take(copies * n * d_padded);
       q_transposed = take(fp32 * n_padded * d);
-      k_rows = take(fp32 * m * d_padded);
-      v_rows = take(fp32 * m * dv_padded);
+      k_rows = take(copies * m * d_padded);
+      v_rows = take(copies * m * dv_padded);
       row = take(std::max(d_padded, dv_padded));
       grad_q = take(n * d_padded);
       grad_k = take(m * d_padded);
@@ -281,7 +287,12 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
   const bool bf16_products = s.query_pairs != nullptr;
   // The fp32 products' operands (the bf16 path has its pairs instead).
-  if (!bf16_products) PadRows(args, args.q, args.q16, b, h, d_padded, s.q_rows);
+  if (!bf16_products && s.rows_in_place) {
+    s.queries = {args.q.matrix(b, h), static_cast<size_t>(args.q.row_stride)};
+  } else if (!bf16_products) {
+    PadRows(args, args.q, args.q16, b, h, d_padded, s.q_rows);
+    s.queries = {s.q_rows, d_padded};
+  }
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
   [[maybe_unused]] const size_t depth_pairs = (depth + 1) / 2, dv_pairs = (dv + 1) / 2;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -298,7 +309,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
                         /*transposed=*/!bf16_products);
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
-    TransposeScaledTile(s.q_rows + tile * br * d_padded, d_padded, std::min(br, n - tile * br),
+    TransposeScaledTile(s.queries.row(tile * br), s.queries.stride, std::min(br, n - tile * br),
                         depth, scale, br, s.q_transposed + tile * depth * br);
   }
 
@@ -350,9 +361,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.k_rows + key0 * d_padded,
-                      d_padded, 1, s.q_transposed + tile * depth * br, br, depth, s.probabilities,
-                      br);
+          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.keys.row(key0), s.keys.stride,
+                      1, s.q_transposed + tile * depth * br, br, depth, s.probabilities, br);
         }
         ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
                             coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
@@ -379,8 +389,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out_rows + first * dv_padded,
-                     dv_padded, rows, s.grad_v + key0 * dv_padded, dv_padded);
+          Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out.row(first),
+                     s.grad_out.stride, rows, s.grad_v + key0 * dv_padded, dv_padded);
         }
         // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -391,9 +401,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.v_rows + key0 * dv_padded,
-                      dv_padded, 1, s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores,
-                      br);
+          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.values.row(key0),
+                      s.values.stride, 1, s.grad_out_transposed + tile * dv * br, br, dv,
+                      s.grad_scores, br);
         }
         GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
                                         s.grad_scores);
@@ -417,10 +427,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         }
 #endif
         // dK += dSᵀ Q (scaled at the end); dQ += dS K.
-        Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.q_rows + first * d_padded,
-                   d_padded, rows, s.grad_k + key0 * d_padded, d_padded);
-        Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.k_rows + key0 * d_padded,
-                   d_padded, bc, s.grad_q + first * d_padded, d_padded);
+        Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.queries.row(first),
+                   s.queries.stride, rows, s.grad_k + key0 * d_padded, d_padded);
+        Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.keys.row(key0), s.keys.stride,
+                   bc, s.grad_q + first * d_padded, d_padded);
       }
     }
   }
@@ -454,9 +464,14 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
   const size_t m = static_cast<size_t>(args.k.rows);
   const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
-  if (s.key_pairs == nullptr) {  // the fp32 products' operands (the bf16 path has its pairs)
+  if (s.rows_in_place) {
+    s.keys = {args.k.matrix(b, kv_head), static_cast<size_t>(args.k.row_stride)};
+    s.values = {args.v.matrix(b, kv_head), static_cast<size_t>(args.v.row_stride)};
+  } else if (s.key_pairs == nullptr) {  // the fp32 products' operands (the bf16 path: pairs)
     PadRows(args, args.k, args.k16, b, kv_head, d_padded, s.k_rows);
     PadRows(args, args.v, args.v16, b, kv_head, dv_padded, s.v_rows);
+    s.keys = {s.k_rows, d_padded};
+    s.values = {s.v_rows, dv_padded};
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.key_pairs != nullptr) {
@@ -552,6 +567,9 @@ void FlashBackward(const BackwardArgs& args) {
                                  args.q.rows, args.k.rows, threads);
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
   const bool bf16_products = BFloat16Products(args);
+  const size_t lanes = hn::Lanes(d);
+  const bool rows_in_place = !args.half && DenseRows(args.q, lanes) && DenseRows(args.k, lanes) &&
+                             DenseRows(args.v, lanes);
   float* grad_sinks = grad_sinks_by_head.data();
   run_parallel_tasks(
       tasks, "flash_attention_backward",
@@ -559,7 +577,7 @@ void FlashBackward(const BackwardArgs& args) {
       [&] {
         return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
                                static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
-                               hn::Lanes(d), bf16_products);
+                               lanes, bf16_products, rows_in_place);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {
         const int64_t head_task = task / static_cast<int64_t>(chunks);

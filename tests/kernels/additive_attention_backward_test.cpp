@@ -159,6 +159,7 @@ TEST_P(AdditiveAttentionBackwardKernel, MatchesReference) {
       {1, 1, 45, 160, 10, 3, 2, true, 1.0F, 0.5F},   // dropout, causal, one head split by keys
       {2, 1, 30, 70, 16, 4, 0, false, 6.0F, 0.0F},   // scores of magnitude ~50: near one-hot P
       {1, 1, 150, 200, 9, 5, 0, false, 1.0F, 0.0F},  // several query tiles at every width
+      {2, 1, 70, 90, 8, 32, 1, true, 1.0F, 0.0F},    // one head, dv = 32: dO read in place
   };
   for (const Case& c : cases) {
     const FusedRun run(c, rng);

@@ -50,7 +50,11 @@ TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
                         // Keys in blocks of up to 16 tiles of 64 (BackwardScratch::key_block_tiles,
                         // from the L2's size): 2085 keys make two or more blocks and a tail.
                         {1, 2, 70, 2085, 8, 8, 2, false},
-                        {1, 1, 1100, 2085, 8, 5, 0, true}};
+                        {1, 1, 1100, 2085, 8, 5, 0, true},
+                        // One head: rows back to back, which the products read in place where d
+                        // and dv fill whole vectors (DenseRows: 16 and 32 on every target).
+                        {2, 1, 130, 200, 32, 16, 1, true},
+                        {1, 1, 100, 1500, 16, 16, 2, false}};
   for (const Case& c : cases) {
     const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng);
     const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng);
