@@ -202,9 +202,10 @@ HalfAttentionBackward scaled_dot_product_attention_backward(
     const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
   functional_detail::OptionGradients option_gradients =
       functional_detail::new_option_gradients(options, mask_gradient, sinks_gradient);
+  // Unwritten until the kernel's threads write every element (TensorAllocator leaves new ones
+  // unwritten): no serial zero-fill first.
   const auto new_half = [type](const Shape& shape) {
-    return HalfTensor{type, shape,
-                      HalfTensor::Storage(static_cast<size_t>(shape.numel()), uint16_t{0})};
+    return HalfTensor{type, shape, HalfTensor::Storage(static_cast<size_t>(shape.numel()))};
   };
   HalfAttentionBackward grads{new_half(query.shape()), new_half(key.shape()),
                               new_half(value.shape()), std::move(option_gradients.attn_mask),

@@ -148,8 +148,13 @@ AttentionBackward scaled_dot_product_attention_backward(
     const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
   functional_detail::OptionGradients option_gradients =
       functional_detail::new_option_gradients(options, mask_gradient, sinks_gradient);
-  AttentionBackward grads{Tensor(query.shape()), Tensor(key.shape()), Tensor(value.shape()),
-                          std::move(option_gradients.attn_mask), std::move(option_gradients.sinks)};
+  AttentionBackward grads{Tensor(), Tensor(), Tensor(), std::move(option_gradients.attn_mask),
+                          std::move(option_gradients.sinks)};
+  // Unwritten until the kernel's threads write every element (or fill them with 0 where nothing
+  // flows back): no zero-fill pass first.
+  grads.query.assign_uninitialized(query.shape());
+  grads.key.assign_uninitialized(key.shape());
+  grads.value.assign_uninitialized(value.shape());
   scaled_dot_product_attention_backward(
       query, key, value, output, grad_output, log_sum_exp, options, grads.query, grads.key,
       grads.value, mask_gradient ? MutableStridedView(grads.attn_mask) : MutableStridedView(),

@@ -484,7 +484,12 @@ TEST_P(HalfPrecisionSdpa, BackwardIsTheFloatBackwardRoundedOnce) {
     }
     expect_close(grad_mask.data(), expected.attn_mask.data(), grad_mask.numel());
     expect_close(grad_sinks.data(), expected.sinks.data(), expected.sinks.numel());
-    // The overload into new storage: the same gradients.
+    // The overload into new storage, which leaves it unwritten for the kernel: the same gradients,
+    // with blocks of all-ones bits (NaN) of the gradients' sizes just freed for malloc to reuse.
+    {
+      const HalfTensor::Storage recycled_q(gq.size(), uint16_t{0xFFFF}),
+          recycled_k(gk.size(), uint16_t{0xFFFF}), recycled_v(gv.size(), uint16_t{0xFFFF});
+    }
     const HalfAttentionBackward fresh = scaled_dot_product_attention_backward(
         type, in.q.view(), in.k.view(), in.v.view(), HalfView(out.data(), out_shape),
         grad_out.view(), lse, options, true, true);

@@ -205,17 +205,27 @@ TEST_P(FunctionalSdpa, FullyMaskedRowsGiveZeroOutputAndGradients) {
   check({.shape = {1, 2, 1, 40, 9, 8, 4}, .causal = Causal::kBottomRight}, seed++);
 }
 
-// The overload into new storage leaves the output unwritten for the kernel to write every element
-// (assign_uninitialized): with a NaN-filled block of the output's size just freed (which malloc
-// hands back for the same size) it equals, bit for bit, the overload into an output filled with 7
-// — fully masked rows, rows of length 0, sinks, decoding shapes included.
+// Bit for bit, as FreshOutputsAreWrittenWhole wants: `fresh` against `into`.
+void expect_same_bits(const Tensor& fresh, const Tensor& into, const char* what) {
+  ASSERT_EQ(fresh.shape(), into.shape()) << what;
+  for (int64_t e = 0; e < into.numel(); ++e) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(fresh.data()[e]), std::bit_cast<uint32_t>(into.data()[e]))
+        << what << " " << e;
+  }
+}
+
+// The overloads into new storage leave the output and the gradients unwritten for the kernels to
+// write every element (assign_uninitialized): with NaN-filled blocks of their sizes just freed
+// (which malloc hands back for the same sizes) they equal, bit for bit, the overloads into
+// tensors filled with 7 — fully masked rows, rows of length 0, sinks, decoding shapes (grouped
+// heads) and keys of length 0 (nothing flows back: zero gradients) included.
 TEST_P(FunctionalSdpa, FreshOutputsAreWrittenWhole) {
   const SdpaShape shape{2, 2, 2, 19, 33, 8, 8}, decoding{2, 4, 2, 1, 40, 16, 16};
   uint64_t seed = 300;
   for (const Config& config :
        {Config{.shape = shape}, Config{.shape = shape, .mask = MaskKind::kBool, .hide_row = true},
         Config{.shape = shape, .sinks = true, .lengths = true},
-        Config{.shape = decoding, .lengths = true}}) {
+        Config{.shape = decoding, .lengths = true}, Config{.shape = {1, 2, 2, 5, 0, 8, 8}}}) {
     SCOPED_TRACE(config.describe());
     const SdpaTestCase c = make_case(config, seed++);
     int64_t dims[Shape::kMaxRank];
@@ -227,12 +237,22 @@ TEST_P(FunctionalSdpa, FreshOutputsAreWrittenWhole) {
     scaled_dot_product_attention(c.q, c.k, c.v, c.options, into, lse);
     { const Tensor recycled = Tensor::full(out_shape, std::nanf("")); }
     const AttentionForward fresh = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
-    ASSERT_EQ(fresh.output.shape(), out_shape);
-    for (int64_t e = 0; e < into.numel(); ++e) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(fresh.output.data()[e]),
-                std::bit_cast<uint32_t>(into.data()[e]))
-          << e;
+    expect_same_bits(fresh.output, into, "output");
+
+    Tensor grad_q = Tensor::full(c.q.shape(), 7.0F), grad_k = Tensor::full(c.k.shape(), 7.0F),
+           grad_v = Tensor::full(c.v.shape(), 7.0F);
+    scaled_dot_product_attention_backward(c.q, c.k, c.v, into, c.grad_out, lse, c.options, grad_q,
+                                          grad_k, grad_v, MutableStridedView(), {});
+    {
+      const Tensor recycled_q = Tensor::full(c.q.shape(), std::nanf("")),
+                   recycled_k = Tensor::full(c.k.shape(), std::nanf("")),
+                   recycled_v = Tensor::full(c.v.shape(), std::nanf(""));
     }
+    const AttentionBackward grads =
+        scaled_dot_product_attention_backward(c.q, c.k, c.v, into, c.grad_out, lse, c.options);
+    expect_same_bits(grads.query, grad_q, "grad query");
+    expect_same_bits(grads.key, grad_k, "grad key");
+    expect_same_bits(grads.value, grad_v, "grad value");
   }
 }
 
