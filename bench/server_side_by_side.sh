@@ -74,6 +74,12 @@ lscpu >"$out/cpu.txt"
 
 case $phase in
 kernels)
+  # The FMA peak at every thread count first (a small case; the table after it gives the peak per
+  # count): if 8 threads reach what 16 do, the 16 vCPUs are 8 cores' hyperthreads, and issue 14's
+  # "16 threads >= 13x one thread" cannot hold there (the peak scaled 7.9x on 2026-11-24).
+  "$attn" bench --cases fused --sizes 256 --repeats 1 \
+    --threads "$(printf '%s\n' 1 2 4 8 12 "$cores" | awk '$1 <= '"$cores" | sort -un | paste -sd,)" \
+    >"$out/peak_by_threads.txt"
   "$attn" bench --cases fused,fused-causal,fused-backward,fused-bf16,fused-fp16,fused-bf16-backward,fused-additive,fused-mha \
     --sizes "$sizes" --threads "$threads" --repeats "$repeats" --json-out "$out/bench.json" >"$out/bench.txt"
   ;;
