@@ -13,6 +13,7 @@
 
 #include "arrays.hpp"
 #include "attn/core/error.hpp"
+#include "attn/core/tensor_allocator.hpp"
 #include "attn/core/threads.hpp"
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/simd_target.hpp"
@@ -111,6 +112,15 @@ NB_MODULE(_attn, module) {
       "Whether bf16 attention runs on the CPU's AMX tiles: 'no AMX', 'AMX-BF16 in use ...' (the\n"
       "default where the CPU and Linux offer them) or 'AMX-BF16 available, turned off ...'. Set\n"
       "ATTN_AMX=0 in the environment before importing attn to keep bf16 off the tiles.");
+
+  module.def(
+      "empty_cache", [] { attn::release_cached_tensor_storage(); },
+      "Frees the blocks of 1 MiB or more that attn keeps from freed outputs and gradients for\n"
+      "the next of the same size (at most 256 MiB: reused, their pages fault no more), as\n"
+      "torch.cuda.empty_cache frees PyTorch's cached GPU memory.");
+  module.def(
+      "cached_bytes", [] { return attn::cached_tensor_storage_bytes(); },
+      "Bytes attn keeps now for reuse (see empty_cache).");
 
   module.def("set_strict_inputs", &attn::python::set_strict_inputs, "strict"_a,
              "When strict, arrays that would need a copy (not float32, or not C-contiguous) are\n"

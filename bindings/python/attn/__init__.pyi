@@ -113,6 +113,13 @@ def available_simd_targets() -> list[str]:
 def limit_simd_target(name: str) -> None:
     """Run the kernels no better than `name` (one of available_simd_targets(), or 'best')."""
 
+def empty_cache() -> None:
+    """Free the blocks of 1 MiB or more (256 MiB at most) that attn keeps from freed outputs and
+    gradients for the next of the same size, as torch.cuda.empty_cache does for PyTorch's."""
+
+def cached_bytes() -> int:
+    """Bytes attn keeps now for reuse (see empty_cache)."""
+
 def amx_status() -> str:
     """Whether bf16 attention runs on AMX tiles ('no AMX', 'AMX-BF16 in use ...', the default
     where the CPU has them, or 'AMX-BF16 available, turned off ...' under ATTN_AMX=0)."""

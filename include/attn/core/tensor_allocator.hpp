@@ -3,7 +3,12 @@
 // is the costly part). No huge-page advice, unlike the KV cache's HugePageAllocator: a tensor lives
 // for a call or two, and with that advice the MultiHeadAttention layer from Python ran 1.4-2.4x
 // slower at n = 1024 on Zen 4 (transparent_hugepage/defrag "madvise": a fault in advised memory
-// may compact memory before it returns).
+// may compact memory before it returns). Freed blocks of 1 MiB or more are kept, up to 256 MiB,
+// for the next tensor of the same size (a call's output, a backward pass's gradients): fresh pages
+// from the kernel fault at their first touch, 2048 faults for the 8 MiB output of B = 4, 8 heads,
+// n = 1024, d = 64 — glibc hands blocks over 32 MiB straight back to the kernel, and programs that
+// lower that threshold (compare_pytorch.py, to see peak memory) hand back every block. Like
+// malloc's own free lists, the kept blocks are the process's, not a tensor's.
 #pragma once
 
 #include <cstddef>
@@ -17,8 +22,15 @@ namespace core_detail {
 // `bytes` 64-byte aligned (a cache line, an AVX-512 vector); std::bad_alloc when the memory is
 // not there.
 void* allocate_tensor_storage(std::size_t bytes);
-void free_tensor_storage(void* pointer) noexcept;
+// Frees, or keeps for reuse, a block allocate_tensor_storage gave for `bytes`.
+void free_tensor_storage(void* pointer, std::size_t bytes) noexcept;
 }  // namespace core_detail
+
+// Frees the blocks kept for reuse (what torch.cuda.empty_cache is to PyTorch's GPU tensors);
+// later tensors allocate afresh and are kept again when freed.
+void release_cached_tensor_storage() noexcept;
+// Bytes kept for reuse now.
+std::size_t cached_tensor_storage_bytes() noexcept;
 
 template <class T>
 struct TensorAllocator {
@@ -32,7 +44,9 @@ struct TensorAllocator {
     if (count > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_alloc();
     return static_cast<T*>(core_detail::allocate_tensor_storage(count * sizeof(T)));
   }
-  void deallocate(T* pointer, std::size_t) noexcept { core_detail::free_tensor_storage(pointer); }
+  void deallocate(T* pointer, std::size_t count) noexcept {
+    core_detail::free_tensor_storage(pointer, count * sizeof(T));
+  }
 
   // Default-initialisation (no write) where std::allocator value-initialises: resize(n) and a
   // vector(n) leave the elements for their owner to fill.

@@ -1,0 +1,85 @@
+// TensorAllocator's kept blocks: a freed block of 1 MiB or more goes to the next tensor of its
+// size, smaller ones and sizes over the limit go back to the system, the kept bytes stay within
+// 256 MiB and 16 blocks, and release_cached_tensor_storage frees them.
+#include "attn/core/tensor_allocator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "attn/core/tensor.hpp"
+
+namespace attn {
+namespace {
+
+using Floats = std::vector<float, TensorAllocator<float>>;
+constexpr size_t kMiB = size_t{1} << 20;
+
+size_t floats(size_t bytes) {
+  return bytes / sizeof(float);
+}
+
+TEST(TensorAllocator, AFreedLargeBlockGoesToTheNextTensorOfItsSize) {
+  release_cached_tensor_storage();
+  const float* first = nullptr;
+  {
+    const Tensor output(Shape{4, 8, 1024, 64});  // 8 MiB, filled with zeros
+    first = output.data();
+  }
+  EXPECT_EQ(cached_tensor_storage_bytes(), 8 * kMiB);
+  Tensor again;
+  again.assign_uninitialized(Shape{4, 8, 1024, 64});
+  EXPECT_EQ(again.data(), first);
+  EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
+  // Another size does not take it; the block itself is usable (written and read back whole).
+  {
+    Floats other(floats(8 * kMiB) + 16, 1.0F);
+    EXPECT_NE(other.data(), first);
+  }
+  for (int64_t e = 0; e < again.numel(); e += 4099) again.data()[e] = static_cast<float>(e);
+  for (int64_t e = 0; e < again.numel(); e += 4099)
+    EXPECT_EQ(again.data()[e], static_cast<float>(e));
+  release_cached_tensor_storage();
+  EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
+}
+
+TEST(TensorAllocator, SmallBlocksAndBlocksOverTheLimitAreNotKept) {
+  release_cached_tensor_storage();
+  { const Floats small(floats(kMiB) - 1); }
+  EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
+  { const Floats one_mib(floats(kMiB)); }
+  EXPECT_EQ(cached_tensor_storage_bytes(), kMiB);
+  { const Floats huge(floats(257 * kMiB)); }
+  EXPECT_EQ(cached_tensor_storage_bytes(), kMiB);
+  release_cached_tensor_storage();
+}
+
+TEST(TensorAllocator, KeptBlocksStayWithinTheLimitsOldestFreedFirst) {
+  release_cached_tensor_storage();
+  {
+    std::vector<Floats> blocks;
+    for (size_t b = 0; b < 20; ++b) blocks.emplace_back(floats((b + 1) * kMiB));
+    const float* newest = blocks.back().data();
+    blocks.clear();  // freed in order: 1 MiB first, 20 MiB last
+    // 16 blocks at most: 5 … 20 MiB (200 MiB) are kept.
+    EXPECT_EQ(cached_tensor_storage_bytes(), 200 * kMiB);
+    Floats again(floats(20 * kMiB));
+    EXPECT_EQ(again.data(), newest);
+  }
+  // 200 MiB kept; two 100 MiB blocks freed: the second pushes the total past 256 MiB, so the
+  // oldest go first until it fits.
+  {
+    std::vector<Floats> blocks;
+    blocks.emplace_back(floats(100 * kMiB));
+    blocks.emplace_back(floats(100 * kMiB));
+    blocks.clear();
+  }
+  EXPECT_LE(cached_tensor_storage_bytes(), 256 * kMiB);
+  EXPECT_GE(cached_tensor_storage_bytes(), 200 * kMiB);
+  release_cached_tensor_storage();
+  EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
+}
+
+}  // namespace
+}  // namespace attn
