@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include "attn/core/tensor_allocator.hpp"
+
 namespace attn::bench {
 
 namespace {
@@ -35,6 +37,9 @@ bool reset_peak() {
 }  // namespace
 
 std::optional<int64_t> peak_extra_bytes(const std::function<void()>& action) {
+  // Blocks kept for reuse (TensorAllocator) would serve the pass's allocations from pages already
+  // resident and hide them: freed first, as malloc_trim hands back malloc's.
+  release_cached_tensor_storage();
   malloc_trim(0);
   if (!reset_peak()) {
     action();
