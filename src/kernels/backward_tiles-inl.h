@@ -22,6 +22,7 @@
 #include "kernels/dropout_hash.hpp"
 #include "kernels/fast_math-inl.h"
 #include "kernels/half_rows-inl.h"
+#include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 #include "kernels/tile_gemm-inl.h"
@@ -31,14 +32,6 @@ HWY_BEFORE_NAMESPACE();
 namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// Where a product reads a matrix's rows: row i at data + i·stride, the caller's rows in place or
-// a thread's padded copy.
-struct RowsView {
-  const float* data = nullptr;
-  size_t stride = 0;
-  const float* row(size_t i) const { return data + i * stride; }
-};
 
 // The buffers every backward pass keeps per thread: a head's query side (PrepareQueryTiles) and
 // one key tile's softmax steps. Each kernel's scratch derives from it and adds its own buffers.
@@ -55,8 +48,8 @@ struct BackwardTileBuffers {
   int32_t* last;               // tiles × Br: one past its last
   int32_t* tile_bounds;        // tiles × 4: the query tile's TileKeyRanges
   uint32_t* row_keys;          // tiles × Br: dropout_hash::row_key of each query
-  RowsView
-      grad_out;  // dO's rows for the head PrepareQueryTiles prepared: in place or grad_out_rows
+  // dO's rows for the head PrepareQueryTiles prepared: in place (DenseRows) or grad_out_rows.
+  RowsView grad_out;
 
   // Takes these buffers from carve_scratch's `take`: n queries in tiles of br, key tiles of bc,
   // values of size dv (rows padded to dv_padded).
@@ -101,16 +94,6 @@ inline float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, si
   float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
   for (; t < count; ++t) total += a[t] * b[t];
   return total;
-}
-
-// Whether the products can read a matrix's rows where the caller keeps them instead of a padded
-// copy: float rows that lie back to back (PyTorch's contiguous (B, H, n, d)) and fill whole
-// vectors, as the packed rows do. Rows further apart (the layers' (B, n, H·d) heads, 2 KiB apart
-// at H·d = 512) stay packed: read in place, the forward pass's were no faster, a tile's rows
-// falling into few L1 sets.
-template <class View>
-bool DenseRows(const View& view, size_t lanes) {
-  return view.row_stride == view.cols && static_cast<size_t>(view.cols) % lanes == 0;
 }
 
 // A backward pass's output and its gradient in half precision: PrepareQueryTiles widens their rows

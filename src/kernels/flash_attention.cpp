@@ -26,6 +26,7 @@
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
+#include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
@@ -230,13 +231,10 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
   s.packed_end = std::max(s.packed_end, end);
 }
 
-// Where a tile reads key j's row (keys + j·key_stride) and value j's (values + j·value_stride,
-// dv_padded floats): the inputs themselves or the thread's packed copy.
+// Where a tile reads key j's row and value j's (dv_padded floats): the inputs themselves or the
+// thread's packed copy.
 struct KeyValueRows {
-  const float* keys;
-  size_t key_stride;
-  const float* values;
-  size_t value_stride;
+  RowsView keys, values;
 };
 
 // Rows [begin, end) of key/value head (b, h): read in place when `in_place` (FlashForward decides),
@@ -244,11 +242,11 @@ struct KeyValueRows {
 KeyValueRows KeysAndValuesFor(const ForwardArgs& args, int64_t b, int64_t h, int64_t begin,
                               int64_t end, size_t dv_padded, bool in_place, Scratch& s) {
   if (in_place) {
-    return {args.k.matrix(b, h), static_cast<size_t>(args.k.row_stride), args.v.matrix(b, h),
-            static_cast<size_t>(args.v.row_stride)};
+    return {{args.k.matrix(b, h), static_cast<size_t>(args.k.row_stride)},
+            {args.v.matrix(b, h), static_cast<size_t>(args.v.row_stride)}};
   }
   PackKeysAndValues(args, b, h, begin, end, dv_padded, s);
-  return {s.packed_keys, static_cast<size_t>(args.k.cols), s.packed_values, dv_padded};
+  return {{s.packed_keys, static_cast<size_t>(args.k.cols)}, {s.packed_values, dv_padded}};
 }
 
 // The rows' key ranges and dropout keys, Qᵀ with the scale folded in (zero in padding lanes), and
@@ -473,17 +471,17 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
     if (coverage == MaskCoverage::kNone) return;  // the mask hides this whole tile
   }
   // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
-  const float* key_rows = rows.keys + static_cast<size_t>(key0) * rows.key_stride;
+  const float* key_rows = rows.keys.row(static_cast<size_t>(key0));
   if (args.additive_exponential) {
-    AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, rows.key_stride,
+    AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, rows.keys.stride,
                                                       s.q_transposed, br, depth,
                                                       args.additive_weights, s.scores);
   } else if (args.additive_weights != nullptr) {
-    AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, rows.key_stride,
+    AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, rows.keys.stride,
                                                        s.q_transposed, br, depth,
                                                        args.additive_weights, s.scores);
   } else {
-    Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, rows.key_stride, 1, s.q_transposed,
+    Gemm<false>(d, bc, flash_detail::kQueryVectors, key_rows, rows.keys.stride, 1, s.q_transposed,
                 br, depth, s.scores, br);
   }
   ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
@@ -492,8 +490,8 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   if (args.options.dropout > 0.0F) DropWeights(d, dropout_applier, key0, bc, br, s);
   // O = O · rescale + P V.
   Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br,
-             rows.values + static_cast<size_t>(key0) * rows.value_stride, rows.value_stride, bc,
-             s.output, dv_padded, s.row_rescale);
+             rows.values.row(static_cast<size_t>(key0)), rows.values.stride, bc, s.output,
+             dv_padded, s.row_rescale);
 }
 
 // `count` (≤ kMaxQueryBlock) consecutive query tiles of query head (b, h), from `first_query`:
@@ -874,14 +872,11 @@ void FlashForward(const ForwardArgs& args) {
     }
   }
   const int64_t tasks_per_head = (tiles_per_head + query_block - 1) / query_block;
-  // Keys and values read in place rather than packed per thread: fp32 rows (not the exponential
-  // form's e^{2k}) whose values need no zero padding (dv a multiple of the lanes), laid out
-  // densely, a head's rows back to back (PyTorch's contiguous (B, H, n, d)): the packed copy would
-  // be the same memory again. Rows a stride apart stay packed: at long sequences they span more
-  // pages than the TLB maps, and rows 2 KiB apart (8 heads of 64) fall into a few L1 sets.
-  const bool rows_in_place = !args.half && !args.additive_exponential &&
-                             static_cast<size_t>(args.v.cols) % lanes == 0 &&
-                             args.k.row_stride == args.k.cols && args.v.row_stride == args.v.cols;
+  // Keys and values read in place rather than packed per thread (the packed copy would be the
+  // same memory again): fp32 rows (not the exponential form's e^{2k}), values DenseRows, keys back
+  // to back too (their elements are broadcast one at a time: no whole vectors needed).
+  const bool rows_in_place = !args.half && !args.additive_exponential && DenseRows(args.v, lanes) &&
+                             args.k.row_stride == args.k.cols;
   const int64_t tasks = args.q.batch * args.q.heads * tasks_per_head;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const TileProducts products = bf16_pairs ? ChooseTileProducts(args) : TileProducts::kVector;
