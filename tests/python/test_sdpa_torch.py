@@ -3,6 +3,8 @@
 # L ≠ S, fully masked rows), a float64 eager reference for what PyTorch lacks (windows, ALiBi,
 # soft-capping, sinks, valid lengths, bottom-right alignment), forward and gradients through
 # autograd, and torch.compile(fullgraph=True).
+import warnings
+
 import numpy as np
 import pytest
 
@@ -237,7 +239,20 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
         [q, k, v],
         ["query", "key", "value"],
     )
-    # The operator hands attn the views themselves, whose memory attn reads in place.
+    # Every route hands attn the views themselves, whose memory attn reads in place: eager calls,
+    # with grad or without, export them as DLPack capsules, no copies...
+    views = [t.transpose(1, 2) for t in (q, k, v)]
+    to_dlpack = attn_torch._to_dlpack
+    for records in (True, False):
+        exported = []
+        monkeypatch.setattr(attn_torch, "_to_dlpack", lambda t: exported.append(t) or to_dlpack(t))
+        with torch.set_grad_enabled(records):
+            attn_torch.scaled_dot_product_attention(*views, is_causal=True)
+        assert len(exported) == 3, records
+        for view, passed in zip(views, exported):
+            assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
+    monkeypatch.setattr(attn_torch, "_to_dlpack", to_dlpack)
+    # ...and the operator (torch.compile's route, forced here) passes the tensors.
     seen = []
     forward = attn_torch._extension._sdpa_forward
 
@@ -246,23 +261,12 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
         return forward(query, key, value, *args, **kwargs)
 
     monkeypatch.setattr(attn_torch._extension, "_sdpa_forward", spy)
-    views = [t.transpose(1, 2) for t in (q, k, v)]  # requiring grad: through the operator
+    monkeypatch.setattr(attn_torch, "_eager", lambda *tensors: None)
     attn_torch.scaled_dot_product_attention(*views, is_causal=True)
     assert len(seen) == 3
     for view, (passed, address) in zip(views, seen):
         assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
         assert address == view.data_ptr()
-    # In inference the call exports the same views as DLPack capsules, no copies.
-    exported = []
-    to_dlpack = attn_torch._to_dlpack
-    monkeypatch.setattr(attn_torch, "_to_dlpack", lambda t: exported.append(t) or to_dlpack(t))
-    seen.clear()
-    monkeypatch.setattr(attn_torch._extension, "_sdpa_forward", forward)
-    with torch.no_grad():
-        attn_torch.scaled_dot_product_attention(*views, is_causal=True)
-    assert len(exported) == 3
-    for view, passed in zip(views, exported):
-        assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
 
 
 def test_float64_inputs_give_float64_results():
@@ -492,15 +496,58 @@ def test_inference_calls_skip_the_operator_and_match_it(monkeypatch):
         )
     assert calls == []
 
-    q_leaf = q.clone().requires_grad_()
-    out = attn_torch.scaled_dot_product_attention(q_leaf, k, v, mask, **options)
-    assert calls == [1] and out.grad_fn is not None
-    assert torch.equal(out.detach(), through_operator)
-
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
         fake = attn_torch.scaled_dot_product_attention(
             mode.from_tensor(q), mode.from_tensor(k), mode.from_tensor(v), enable_gqa=True
         )
-    assert calls == [1, 1] and fake.shape == (N, HQ, L, EV)
+    assert calls == [1] and fake.shape == (N, HQ, L, EV)
+    # A torch.func transform: the operator, whose vmap fallback computes sample by sample (the
+    # direct call cannot export vmap's batched tensors).
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
+        mapped = torch.vmap(lambda q, k, v: attn_torch.scaled_dot_product_attention(
+            q, k, v, enable_gqa=True))(q, k, v)
+    assert calls == [1, 1]
+    expected = attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert_relative(mapped, expected, OUTPUT_RTOL, "vmap output")
+
+
+def test_eager_autograd_skips_the_operators_and_matches_them(monkeypatch):
+    # Where autograd records and nothing traces, attn.torch runs _EagerSdpa (the operators'
+    # bodies without their dispatch, whose autograd cost ~100 µs a pass): the output and every
+    # gradient (query, key, value, a float mask, sinks) are the operators', bit for bit, with
+    # grouped heads, window, soft cap, dropout and half-precision inputs.
+    calls = []
+    for name in ("_sdpa", "_sdpa_backward"):
+        original = getattr(attn_torch, name)
+        monkeypatch.setattr(attn_torch, name,
+                            lambda *a, _op=original, _name=name: calls.append(_name) or _op(*a))
+    eager = attn_torch._eager
+
+    def run(dtype, dropout_p, through_operator):
+        monkeypatch.setattr(attn_torch, "_eager",
+                            (lambda *tensors: None) if through_operator else eager)
+        torch.manual_seed(7)
+        q, k, v = leaf(N, HQ, L, E), leaf(N, HKV, S, E), leaf(N, HKV, S, EV)
+        mask, sinks = leaf(N, 1, L, S), leaf(HQ)
+        inputs = [q, k, v, mask, sinks]
+        output = attn_torch.scaled_dot_product_attention(
+            q.to(dtype), k.to(dtype), v.to(dtype), mask, dropout_p, enable_gqa=True, sinks=sinks,
+            window=(3, 0), softcap=4.0)
+        gradients = torch.autograd.grad(output, inputs, torch.randn_like(output))
+        return output, gradients
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for dropout_p in (0.0, 0.3):
+            calls.clear()
+            output, gradients = run(dtype, dropout_p, through_operator=False)
+            assert calls == [], f"{dtype}, dropout {dropout_p}: the eager call used {calls}"
+            expected, expected_gradients = run(dtype, dropout_p, through_operator=True)
+            assert calls == ["_sdpa", "_sdpa_backward"]
+            assert output.dtype == dtype and torch.equal(output, expected), (dtype, dropout_p)
+            for name, mine, theirs in zip(["q", "k", "v", "mask", "sinks"], gradients,
+                                          expected_gradients):
+                assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), (
+                    f"d {name}, {dtype}, dropout {dropout_p}")

@@ -267,6 +267,36 @@ def _sdpa_fake(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, se
     return output, query.new_empty(query.shape[:-1], dtype=torch.float32)
 
 
+def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens,
+              alibi_slopes, sinks, seed, dropout_p, is_causal, scale, enable_gqa, window_left,
+              window_right, softcap, alignment, mask_gradient, sinks_gradient):
+    """The attn::sdpa_backward operator's body, on its arguments: (d query, d key, d value,
+    d attn_mask or None, d sinks or None). The first six may also be DLPack capsules (the
+    gradients are then NumPy arrays, or tensors for bf16)."""
+    return _extension._sdpa_backward(
+        query,
+        key,
+        value,
+        output,
+        grad_output,
+        log_sum_exp,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        window=_window(window_left, window_right),
+        alibi_slopes=alibi_slopes,
+        softcap=softcap,
+        sinks=sinks,
+        valid_lens=valid_lens,
+        alignment=alignment,
+        seed=0 if seed is None else int(seed),
+        mask_gradient=mask_gradient,
+        sinks_gradient=sinks_gradient,
+    )
+
+
 @torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
 def _sdpa_backward(
     grad_output: torch.Tensor,
@@ -293,28 +323,10 @@ def _sdpa_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """attn's backward pass: gradients of query, key, value, and of the float attn_mask and the
     sinks when asked for (empty tensors otherwise)."""
-    d_query, d_key, d_value, d_mask, d_sinks = _extension._sdpa_backward(
-        query,
-        key,
-        value,
-        output,
-        grad_output,
-        log_sum_exp,
-        attn_mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        window=_window(window_left, window_right),
-        alibi_slopes=alibi_slopes,
-        softcap=softcap,
-        sinks=sinks,
-        valid_lens=valid_lens,
-        alignment=alignment,
-        seed=0 if seed is None else int(seed),
-        mask_gradient=mask_gradient,
-        sinks_gradient=sinks_gradient,
-    )
+    d_query, d_key, d_value, d_mask, d_sinks = _backward(
+        grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens, alibi_slopes,
+        sinks, seed, dropout_p, is_causal, scale, enable_gqa, window_left, window_right, softcap,
+        alignment, mask_gradient, sinks_gradient)
     # The mask's and the sinks' gradients are float32 whatever the inputs' dtype.
     return (
         d_query,
@@ -364,7 +376,9 @@ def _sdpa_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(log_sum_exp)
 
 
-def _sdpa_backward_rule(ctx, grad_output, _grad_log_sum_exp):
+def _gradients(ctx, grad_output, backward):
+    """The gradients of the inputs saved by _sdpa_setup_context, from ``backward``: the
+    attn::sdpa_backward operator, or the eager path's direct call of its body."""
     query, key, value, result, log_sum_exp, attn_mask, valid_lens, alibi_slopes, sinks, seed = (
         ctx.saved_tensors
     )
@@ -374,7 +388,7 @@ def _sdpa_backward_rule(ctx, grad_output, _grad_log_sum_exp):
     sinks_gradient = sinks is not None and ctx.needs_input_grad[_SINKS]
     if grad_output.stride(-1) != 1:
         grad_output = grad_output.contiguous()
-    d_query, d_key, d_value, d_mask, d_sinks = _sdpa_backward(
+    d_query, d_key, d_value, d_mask, d_sinks = backward(
         grad_output,
         query,
         key,
@@ -403,7 +417,53 @@ def _sdpa_backward_rule(ctx, grad_output, _grad_log_sum_exp):
     )
 
 
+def _sdpa_backward_rule(ctx, grad_output, _grad_log_sum_exp):
+    return _gradients(ctx, grad_output, _sdpa_backward)
+
+
 _sdpa.register_autograd(_sdpa_backward_rule, setup_context=_sdpa_setup_context)
+
+
+_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
+def _capsules(*tensors):
+    """Tensors as DLPack capsules for attn's extension: importing a tensor through its __dlpack__
+    method costs ~3 µs, a capsule a tenth of that."""
+    return tuple(_to_dlpack(tensor) for tensor in tensors)
+
+
+def _as_torch(array):
+    """attn's result for DLPack capsule inputs (a NumPy array, or a tensor for bf16) as a tensor
+    over the same memory."""
+    return torch.from_numpy(array) if isinstance(array, _np.ndarray) else array
+
+
+class _EagerSdpa(torch.autograd.Function):
+    """attn::sdpa's autograd for eager calls, without the operators' dispatch: PyTorch's
+    custom-operator autograd costs ~100 µs a call in the forward and as much in the backward,
+    more than attn's whole fused pass on a (1, 8, 64, 64) head set. The same bodies, saved
+    tensors and gradient rule as the operators; torch.compile, tracing and dispatch modes take the
+    operators."""
+
+    # forward(ctx, ...) rather than a separate setup_context: that form's apply cost ~30 µs more.
+    @staticmethod
+    def forward(ctx, *inputs):
+        query, key, value, *options = inputs
+        output, log_sum_exp = _forward(*_capsules(query, key, value), *options)
+        result = (_as_torch(output), _as_torch(log_sum_exp))
+        _sdpa_setup_context(ctx, inputs, result)
+        return result
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output, _grad_log_sum_exp):
+        def backward_body(grad_output, query, key, value, output, log_sum_exp, *rest):
+            gradients = _backward(*_capsules(grad_output, query, key, value, output, log_sum_exp),
+                                  *rest)
+            return tuple(None if g is None else _as_torch(g) for g in gradients)
+
+        return _gradients(ctx, grad_output, backward_body)
 
 
 def _is_lengths(attn_mask):
@@ -446,33 +506,30 @@ def _as_tensor(values, dtype):
     return torch.as_tensor(values, dtype=dtype)
 
 
-def _eager_inference(*tensors):
-    """True where the attn::sdpa operator would add nothing but its dispatch (about 12 µs a call,
-    a decode step's whole attention at short contexts): no autograd to record (grad mode off or no
-    input requiring grad), no torch.compile, tracing or dispatch mode (FakeTensor, profilers'
-    modes), and plain tensors (no subclass)."""
+def _eager(*tensors):
+    """None where the attn::sdpa operator must run: under torch.compile, tracing, a dispatch mode
+    (FakeTensor, profilers' modes), a torch.func transform (vmap's fallback runs the operator per
+    sample) or on a tensor subclass. Otherwise "inference" where no autograd is to be recorded
+    (grad mode off or no input requiring grad): the operator's body is called directly, as the
+    dispatch costs ~12 µs a call, a decode step's whole attention at short contexts; "training"
+    where autograd records: _EagerSdpa, without the operators' autograd."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
-        return False
+        return None
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
-        return False
+        return None
     if torch.utils._python_dispatch._get_current_dispatch_mode() is not None:
-        return False
+        return None
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return None
     grad = torch.is_grad_enabled()
+    records = False
     for tensor in tensors:
         if tensor is None:
             continue
-        if type(tensor) is not torch.Tensor or (grad and tensor.requires_grad):
-            return False
-    return True
-
-
-_to_dlpack = torch.utils.dlpack.to_dlpack
-
-
-def _as_torch(array):
-    """attn's result for DLPack capsule inputs (a NumPy array, or a tensor for bf16) as a tensor
-    over the same memory."""
-    return torch.from_numpy(array) if isinstance(array, _np.ndarray) else array
+        if type(tensor) is not torch.Tensor:
+            return None
+        records = records or (grad and tensor.requires_grad)
+    return "training" if records else "inference"
 
 
 def _cache_attention(query, cache, value, *args, **kwargs):
@@ -604,16 +661,13 @@ def scaled_dot_product_attention(
         None if softcap is None else float(softcap),
         alignment,
     )
-    if _eager_inference(computed_query, computed_key, computed_value, attn_mask, valid_lens,
-                        alibi_slopes, sinks):
-        # The operator's body, called directly. Query, key and value go over as DLPack capsules:
-        # importing a tensor through its __dlpack__ method cost ~3 µs each, the capsule a tenth of
-        # that.
-        output, _ = _forward(
-            _to_dlpack(computed_query), _to_dlpack(computed_key), _to_dlpack(computed_value),
-            *options
-        )
+    eager = _eager(computed_query, computed_key, computed_value, attn_mask, valid_lens,
+                   alibi_slopes, sinks)
+    if eager == "inference":
+        output, _ = _forward(*_capsules(computed_query, computed_key, computed_value), *options)
         output = _as_torch(output)
+    elif eager == "training":
+        output, _ = _EagerSdpa.apply(computed_query, computed_key, computed_value, *options)
     else:
         output, _ = _sdpa(computed_query, computed_key, computed_value, *options)
     return output if output.dtype == query.dtype else output.to(query.dtype)
