@@ -11,6 +11,7 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -55,7 +56,10 @@ HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t cou
 #endif
   for (size_t t = 0; t < cols; ++t) {  // the rows left, and zeros in the padding lanes
     float* column = out + t * br;
-    for (size_t i = r; i < br; ++i) column[i] = i < count ? rows[i * stride + t] * scale : 0.0F;
+    for (size_t i = r; i < count; ++i) column[i] = rows[i * stride + t] * scale;
+    // A fill, not one conditional store per lane: at n = 16 (48 padding lanes of a 64-lane tile)
+    // the lane loop took a third of the forward pass.
+    std::fill(column + count, column + br, 0.0F);
   }
 }
 
