@@ -200,8 +200,6 @@ struct Scratch {
         packed_values = take(keys * dv_padded);
       }
     });
-    // Defined lanes for the score vectors a narrow tile leaves uncomputed (ScoreVectors).
-    if (memory != nullptr) std::fill_n(scores, bc * br, 0.0F);
     UseSlot(0);
   }
 };
@@ -455,15 +453,6 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
   }
 }
 
-// The query vectors of Sᵀ that the fp32 dot-product step computes for a tile of `rows` real
-// queries: whole vectors only, so a tile of n ≤ 16 queries, or the last tile of a ragged n, skips
-// the padding vectors' products (n = 16: 21 → 15 µs for 8 heads of 64, Zen 4). The lanes past them
-// keep what an earlier tile left (zeros from the start, Scratch): the softmax and the modifiers
-// carry them lane by lane, none of its steps decides across lanes, and P V reads only real rows.
-inline size_t ScoreVectors(size_t rows, size_t lanes) {
-  return std::min(flash_detail::kQueryVectors, (rows + lanes - 1) / lanes);
-}
-
 // One key tile's step for the query tile whose buffers `s` points at: Sᵀ = K Qᵀ (or additive
 // scores), the score modifiers and masks, the online softmax step, dropout, O = O·rescale + P V.
 template <class D, class Applier>
@@ -492,8 +481,8 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
                                                        s.q_transposed, br, depth,
                                                        args.additive_weights, s.scores);
   } else {
-    Gemm<false>(d, bc, ScoreVectors(tile.rows, lanes), key_rows, rows.keys.stride, 1,
-                s.q_transposed, br, depth, s.scores, br);
+    GemmZeroPaddedColumns(d, bc, flash_detail::kQueryVectors, tile.rows, key_rows, rows.keys.stride,
+                          1, s.q_transposed, br, depth, s.scores, br);
   }
   ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
                       s.scores);

@@ -361,8 +361,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.keys.row(key0), s.keys.stride,
-                      1, s.q_transposed + tile * depth * br, br, depth, s.probabilities, br);
+          GemmZeroPaddedColumns(d, bc, flash_backward_detail::kQueryVectors, rows, s.keys.row(key0),
+                                s.keys.stride, 1, s.q_transposed + tile * depth * br, br, depth,
+                                s.probabilities, br);
         }
         ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
                             coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
@@ -401,9 +402,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          Gemm<false>(d, bc, flash_backward_detail::kQueryVectors, s.values.row(key0),
-                      s.values.stride, 1, s.grad_out_transposed + tile * dv * br, br, dv,
-                      s.grad_scores, br);
+          GemmZeroPaddedColumns(d, bc, flash_backward_detail::kQueryVectors, rows,
+                                s.values.row(key0), s.values.stride, 1,
+                                s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
         }
         GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
                                         s.grad_scores);

@@ -14,6 +14,8 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
+
 #include "kernels/dropout_hash.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -130,6 +132,23 @@ HWY_NOINLINE void Gemm(D d, size_t rows, size_t vectors, const float* a, size_t 
     RowBlocks<2, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc, c_scale);
   if (left == 3)
     RowBlocks<3, kAccumulate>(d, rows, a, a_row, a_col, b_left, ldb, depth, c_left, ldc, c_scale);
+}
+
+// Gemm<false> for a B whose columns from `columns` on are zero (the padding lanes of a query
+// tile's Qᵀ or dOᵀ): only the vectors holding one of the first `columns` are multiplied, and C's
+// other vectors get the zeros they would have summed. A tile of n ≤ 16 queries, or the last tile of
+// a ragged n, skips up to 3/4 of its score products (n = 16, 8 heads of 64: the forward 21 → 15 µs,
+// Zen 4).
+template <class D>
+HWY_INLINE void GemmZeroPaddedColumns(D d, size_t rows, size_t vectors, size_t columns,
+                                      const float* a, size_t a_row, size_t a_col, const float* b,
+                                      size_t ldb, size_t depth, float* c, size_t ldc) {
+  const size_t lanes = hn::Lanes(d);
+  const size_t used = std::min(vectors, (columns + lanes - 1) / lanes);
+  Gemm<false>(d, rows, used, a, a_row, a_col, b, ldb, depth, c, ldc);
+  if (used == vectors) return;
+  for (size_t r = 0; r < rows; ++r)
+    std::fill(c + r * ldc + used * lanes, c + r * ldc + vectors * lanes, 0.0F);
 }
 
 // dropout_hash::bits for one key and the queries in the lanes of `row_keys` (see dropout_hash.hpp).
