@@ -11,7 +11,6 @@
 
 #include <hwy/highway.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -21,10 +20,22 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // out[t · br + r] = scale · rows[r · stride + t] for r < count and t < cols, and 0 for the padding
-// lanes count ≤ r < br. Blocks of 4 rows × 4 columns go through registers (two interleaving steps);
-// element by element the transpose cost 4% of the forward at n = 1024, d = 64 (perf, Zen 5).
+// lanes count ≤ r < br (br a multiple of the target's vector lanes). Blocks of 4 rows × 4 columns
+// go through registers (two interleaving steps); element by element the transpose cost 4% of the
+// forward at n = 1024, d = 64 (perf, Zen 5).
 HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t count, size_t cols,
                                     float scale, size_t br, float* HWY_RESTRICT out) {
+  if (count < br) {
+    // Zeros in the padding lanes, stored first in whole vectors (the one holding lane `count` too:
+    // the rows below overwrite its real lanes); a fill per column (rep stos) or a store per lane
+    // cost more than the products of a tile of n = 16 queries.
+    const hn::ScalableTag<float> d;
+    const size_t lanes = hn::Lanes(d);
+    for (size_t t = 0; t < cols; ++t) {
+      for (size_t i = count / lanes * lanes; i < br; i += lanes)
+        hn::StoreU(hn::Zero(d), d, out + t * br + i);
+    }
+  }
   size_t r = 0;
 #if HWY_TARGET != HWY_SCALAR
   const hn::CappedTag<float, 4> d4;
@@ -54,12 +65,9 @@ HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t cou
     }
   }
 #endif
-  for (size_t t = 0; t < cols; ++t) {  // the rows left, and zeros in the padding lanes
+  for (size_t t = 0; t < cols; ++t) {  // the rows left
     float* column = out + t * br;
     for (size_t i = r; i < count; ++i) column[i] = rows[i * stride + t] * scale;
-    // A fill, not one conditional store per lane: at n = 16 (48 padding lanes of a 64-lane tile)
-    // the lane loop took a third of the forward pass.
-    std::fill(column + count, column + br, 0.0F);
   }
 }
 
