@@ -12,7 +12,8 @@ PyTorch's generator, so ``torch.manual_seed`` makes a run reproducible.
 ``scaled_dot_product_attention`` replaces ``torch.nn.functional.scaled_dot_product_attention``
 (with attn's windows, ALiBi, soft-capping, sinks and valid lengths besides): the operators
 ``attn::sdpa`` and ``attn::sdpa_backward`` (``torch.ops.attn``) have fake implementations and
-registered autograd, so ``torch.compile(fullgraph=True)`` traces through them.
+registered autograd, so ``torch.compile(fullgraph=True)`` traces through them; eager calls skip
+their dispatch (see the function).
 
 CPU tensors only (attn runs on the CPU); float32 inputs are read without a copy, and so are
 ``scaled_dot_product_attention``'s float16 and bfloat16 ones, which attn's half kernels compute.
@@ -587,8 +588,10 @@ def scaled_dot_product_attention(
     dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator, so ``torch.manual_seed``
     makes it reproducible.
 
-    In inference (no input requiring grad, or grad mode off; not compiling, tracing or under a
-    dispatch mode) the operator's implementation is called directly, without its dispatch.
+    Eager calls (not compiling, tracing, under a dispatch mode or a torch.func transform; plain
+    tensors) run the operators' implementations directly, without their dispatch: in inference
+    (no input requiring grad, or grad mode off) as a plain call, under autograd through a
+    ``torch.autograd.Function`` with the operators' gradients.
 
     With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
     ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
