@@ -183,12 +183,12 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
   std::fill(s.grad_weight_lanes, s.grad_weight_lanes + hidden * lanes, 0.0F);
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* at = s.queries_transposed + tile * hidden * br;
-    for (size_t r = 0; r < br; ++r) {
-      const size_t i = tile * br + r;
-      const float* a_row = a + static_cast<int64_t>(i < n ? i : 0) * args.queries.row_stride;
-      for (size_t t = 0; t < hidden; ++t) at[t * br + r] = i < n ? a_row[t] : 0.0F;
+    const size_t first = tile * br, rows = std::min(br, n - first);
+    TransposeScaledTile(a + static_cast<int64_t>(first) * args.queries.row_stride,
+                        static_cast<size_t>(args.queries.row_stride), rows, hidden, 1.0F, br, at);
+    if (args.exponential) {
+      DoubledExponentialsOfVectors(d, at, hidden, br, AdditiveScoreVectors<kQueryVectors>(d, rows));
     }
-    if (args.exponential) DoubledExponentialsInPlace(d, at, hidden * br);
   }
 
   const bool dropout = args.options.dropout > 0.0F;
@@ -225,11 +225,12 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       const float* at = s.queries_transposed + tile * hidden * br;
       // Sᵀ as the forward pass computed it, masked, then Pᵀ = exp(Sᵀ − lse).
       if (args.exponential) {
-        AdditiveScores<kQueryVectors, true>(d, active, key_rows, key_rows_stride, at, br, hidden,
-                                            args.weights, s.probabilities);
+        AdditiveScoresOfQueries<kQueryVectors, true>(d, rows, active, key_rows, key_rows_stride, at,
+                                                     br, hidden, args.weights, s.probabilities);
       } else {
-        AdditiveScores<kQueryVectors, false>(d, active, key_rows, key_rows_stride, at, br, hidden,
-                                             args.weights, s.probabilities);
+        AdditiveScoresOfQueries<kQueryVectors, false>(d, rows, active, key_rows, key_rows_stride,
+                                                      at, br, hidden, args.weights,
+                                                      s.probabilities);
       }
       const QueryTile query_tile{b,
                                  h,

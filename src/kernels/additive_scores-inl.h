@@ -173,6 +173,52 @@ HWY_NOINLINE void AdditiveScores(D d, size_t bc, const float* keys, size_t key_s
   }
 }
 
+// The query vectors of a tile with `queries` real queries (of kVectors) that hold one of them: 1,
+// 2 or all kVectors (3 take 4, to keep the instantiations few).
+template <size_t kVectors, class D>
+HWY_INLINE size_t AdditiveScoreVectors(D d, size_t queries) {
+  const size_t needed = (queries + hn::Lanes(d) - 1) / hn::Lanes(d);
+  return needed <= 1 ? 1 : needed <= 2 && kVectors > 2 ? 2 : kVectors;
+}
+
+// Qᵀ's rows (depth of them, br floats apart) turned into e^{2q} for the exponential form, over the
+// first `vectors` query vectors of each row: those AdditiveScoresOfQueries reads.
+template <class D>
+HWY_INLINE void DoubledExponentialsOfVectors(D d, float* q_transposed, size_t depth, size_t br,
+                                             size_t vectors) {
+  const size_t width = vectors * hn::Lanes(d);
+  if (width == br) {
+    DoubledExponentialsInPlace(d, q_transposed, depth * br);
+    return;
+  }
+  for (size_t t = 0; t < depth; ++t) DoubledExponentialsInPlace(d, q_transposed + t * br, width);
+}
+
+// AdditiveScores<kVectors> for a tile of `queries` real queries: the products of the query vectors
+// that hold one (AdditiveScoreVectors), zeros in the others. A padding lane's score is never read,
+// so this changes no result; a tile of one query (the book's Bahdanau decoder, a query per step)
+// costs a quarter of the tile on AVX-512.
+template <size_t kVectors, bool kExponential, class D>
+HWY_INLINE void AdditiveScoresOfQueries(D d, size_t queries, size_t bc, const float* keys,
+                                        size_t key_stride, const float* q_transposed, size_t br,
+                                        size_t depth, const float* weights, float* scores) {
+  const size_t vectors = AdditiveScoreVectors<kVectors>(d, queries);
+  if (vectors == 1) {
+    AdditiveScores<1, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                    scores);
+  } else if (vectors == 2) {
+    AdditiveScores<2, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                    scores);
+  } else {
+    AdditiveScores<kVectors, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth,
+                                           weights, scores);
+    return;
+  }
+  const size_t lanes = hn::Lanes(d);
+  for (size_t j = 0; j < bc; ++j)
+    std::fill(scores + j * br + vectors * lanes, scores + (j + 1) * br, 0.0F);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attn
 HWY_AFTER_NAMESPACE();

@@ -92,15 +92,12 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   for (size_t r = 0; r < br; ++r) {
     s.lse[r] = r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? lse[r] : 0.0F;
   }
-  for (size_t t = 0; t < depth; ++t) {
-    for (size_t r = 0; r < br; ++r) {
-      s.q_transposed[t * br + r] =
-          r < rows ? q[static_cast<int64_t>(r) * args.q.row_stride + static_cast<int64_t>(t)] *
-                         args.options.scale
-                   : 0.0F;
-    }
+  TransposeScaledTile(q, static_cast<size_t>(args.q.row_stride), rows, depth, args.options.scale,
+                      br, s.q_transposed);
+  if (args.additive_exponential) {
+    DoubledExponentialsOfVectors(d, s.q_transposed, depth, br,
+                                 AdditiveScoreVectors<kQueryVectors>(d, rows));
   }
-  if (args.additive_exponential) DoubledExponentialsInPlace(d, s.q_transposed, depth * br);
   float* out = args.weights.matrix(b, h) + first_query * args.weights.row_stride;
   for (size_t r = 0; r < rows; ++r)
     std::fill_n(out + static_cast<int64_t>(r) * args.weights.row_stride, m, 0.0F);
@@ -118,14 +115,15 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
     const float* key_rows = keys + key0 * args.k.row_stride;
     if (args.additive_exponential) {
       DoubledExponentialRows(d, key_rows, key_stride, bc, depth, s.key_rows);
-      AdditiveScores<kQueryVectors, true>(d, bc, s.key_rows, depth, s.q_transposed, br, depth,
-                                          args.additive_weights, s.scores);
+      AdditiveScoresOfQueries<kQueryVectors, true>(d, rows, bc, s.key_rows, depth, s.q_transposed,
+                                                   br, depth, args.additive_weights, s.scores);
     } else if (args.additive_weights != nullptr) {
-      AdditiveScores<kQueryVectors, false>(d, bc, key_rows, key_stride, s.q_transposed, br, depth,
-                                           args.additive_weights, s.scores);
+      AdditiveScoresOfQueries<kQueryVectors, false>(d, rows, bc, key_rows, key_stride,
+                                                    s.q_transposed, br, depth,
+                                                    args.additive_weights, s.scores);
     } else {
-      Gemm<false>(d, bc, kQueryVectors, key_rows, key_stride, 1, s.q_transposed, br, depth,
-                  s.scores, br);
+      GemmZeroPaddedColumns(d, bc, kQueryVectors, rows, key_rows, key_stride, 1, s.q_transposed, br,
+                            depth, s.scores, br);
     }
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
                         s.scores);

@@ -333,8 +333,11 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     TransposeScaledTile(args.q.matrix(b, h) + first_query * args.q.row_stride,
                         static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
                         s.q_transposed);
-    if (args.additive_exponential)
-      DoubledExponentialsInPlace(hn::ScalableTag<float>(), s.q_transposed, depth * br);
+    if (args.additive_exponential) {
+      const hn::ScalableTag<float> d;
+      DoubledExponentialsOfVectors(d, s.q_transposed, depth, br,
+                                   AdditiveScoreVectors<flash_detail::kQueryVectors>(d, tile.rows));
+    }
   }
   const bool sink = args.options.sinks != nullptr;
   const float start_max = sink ? args.options.sinks[h] : -std::numeric_limits<float>::infinity();
@@ -473,13 +476,13 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
   const float* key_rows = rows.keys.row(static_cast<size_t>(key0));
   if (args.additive_exponential) {
-    AdditiveScores<flash_detail::kQueryVectors, true>(d, bc, key_rows, rows.keys.stride,
-                                                      s.q_transposed, br, depth,
-                                                      args.additive_weights, s.scores);
+    AdditiveScoresOfQueries<flash_detail::kQueryVectors, true>(
+        d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
+        args.additive_weights, s.scores);
   } else if (args.additive_weights != nullptr) {
-    AdditiveScores<flash_detail::kQueryVectors, false>(d, bc, key_rows, rows.keys.stride,
-                                                       s.q_transposed, br, depth,
-                                                       args.additive_weights, s.scores);
+    AdditiveScoresOfQueries<flash_detail::kQueryVectors, false>(
+        d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
+        args.additive_weights, s.scores);
   } else {
     GemmZeroPaddedColumns(d, bc, flash_detail::kQueryVectors, tile.rows, key_rows, rows.keys.stride,
                           1, s.q_transposed, br, depth, s.scores, br);
