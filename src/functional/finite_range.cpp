@@ -5,6 +5,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "core/magnitude_scan.hpp"
 #include "functional/attention_layout.hpp"
 
 namespace attn::functional_detail {
@@ -49,14 +50,18 @@ namespace {
 
 }  // namespace
 
+// Row by row through the vectorised magnitude scan (core/magnitude_scan.hpp): an isfinite test
+// per element with an exit on the first failure does not vectorise, and took 6% of the additive
+// layer's step at the book's decoder shape.
 void require_finite_result(const ConstHeadsView& view, std::string_view name,
                            std::string_view inputs) {
   for (int64_t b = 0; b < view.batch; ++b) {
     for (int64_t h = 0; h < view.heads; ++h) {
       const float* matrix = view.matrix(b, h);
       for (int64_t i = 0; i < view.rows; ++i) {
-        for (int64_t j = 0; j < view.cols; ++j) {
-          if (!std::isfinite(matrix[i * view.row_stride + j])) overflow(name, inputs);
+        if (core_detail::largest_magnitude_bits(matrix + i * view.row_stride, view.cols) >=
+            core_detail::kFirstNonFinite) {
+          overflow(name, inputs);
         }
       }
     }
@@ -65,9 +70,8 @@ void require_finite_result(const ConstHeadsView& view, std::string_view name,
 
 void require_finite_result(const float* data, int64_t count, std::string_view name,
                            std::string_view inputs) {
-  for (int64_t index = 0; index < count; ++index) {
-    if (!std::isfinite(data[index])) overflow(name, inputs);
-  }
+  if (core_detail::largest_magnitude_bits(data, count) >= core_detail::kFirstNonFinite)
+    overflow(name, inputs);
 }
 
 }  // namespace attn::functional_detail
