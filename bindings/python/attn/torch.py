@@ -21,6 +21,7 @@ Second-order gradients are not supported.
 """
 
 import copy as _copy
+import sys as _sys
 from typing import Optional
 
 import numpy as _np
@@ -100,12 +101,30 @@ class _AttnModule(nn.Module):
         self._parameter_names = list(state)
         for name, value in state.items():
             _register_parameter(self, name, torch.from_numpy(value))
-        self.attention_weights = None
+        # The last call's layer, until its weights are read (attention_weights), and the weights.
+        self._weights_layer = None
+        self._attention_weights = None
+        # Layers of earlier calls, each run again once no autograd graph holds it (_call_layer).
+        self._spare_layers = []
+
+    @property
+    def attention_weights(self):
+        """The last call's attention weights, as the book's modules keep them; None before the
+        first call. Computed on the first read after a call: the fused pass never forms them, and
+        computing them at every call doubled a Bahdanau decoder step (B = 64, one query, 10 keys,
+        256 hidden). Until then the module keeps the call's layer, with its copies of the inputs."""
+        if self._weights_layer is not None:
+            self._attention_weights = self._weights_layer.attention_weights
+            self._weights_layer = None
+        return self._attention_weights
 
     def to_attn(self):
         """An attn layer (``attn.AdditiveAttention``, ...) holding this module's current
         parameters, in the same training/evaluation mode."""
         layer = _copy.copy(self._template)
+        return self._load(layer)
+
+    def _load(self, layer):
         if self._parameter_names:
             layer.load_state_dict(
                 {name: self.get_parameter(name).detach() for name in self._parameter_names}
@@ -115,15 +134,35 @@ class _AttnModule(nn.Module):
     def forward(self, queries, keys, values, valid_lens=None, *, causal=False):
         """queries (B, n, ·), keys (B, m, ·), values (B, m, ·) → (B, n, ·); valid_lens None, (B,)
         or (B, n) integers; causal=True hides keys j > i + m − n from query i."""
-        layer = self.to_attn()
+        layer = self._call_layer()
         if self.training:
             layer.seed_dropout(int(torch.randint(0, _SEED_BOUND, (1,)).item()))
         parameters = [self.get_parameter(name) for name in self._parameter_names]
         output = _LayerFunction.apply(
             layer, self._parameter_names, valid_lens, causal, queries, keys, values, *parameters
         )
-        self.attention_weights = layer.attention_weights
+        self._weights_layer, self._attention_weights = layer, None
         return output
+
+    # At most this many layers are kept for reuse: a decoder's steps in one graph each hold one.
+    _MAX_SPARE_LAYERS = 16
+
+    def _call_layer(self):
+        """to_attn() for a call: an earlier call's layer where only this module still holds it
+        (no autograd graph: inference, or its backward has run), else a copy of the template,
+        kept for later calls. A copy cost 0.3–1 ms at 256 hidden units (its parameters and
+        buffers, fresh pages), more than a Bahdanau decoder step's attention; a reused layer
+        keeps its buffers."""
+        self._weights_layer = None  # this call replaces the last call's weights
+        for layer in self._spare_layers:
+            # References: the list, the loop variable and getrefcount's argument; any more is a
+            # graph's (ctx.layer) or the caller's (to_attn's result is never kept here).
+            if _sys.getrefcount(layer) == 3:
+                return self._load(layer)
+        layer = self.to_attn()
+        if len(self._spare_layers) < self._MAX_SPARE_LAYERS:
+            self._spare_layers.append(layer)
+        return layer
 
     def extra_repr(self):
         return repr(self._template).split("(", 1)[1][:-1]
