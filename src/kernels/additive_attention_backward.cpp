@@ -103,8 +103,9 @@ struct AdditiveBackwardScratch : BackwardTileBuffers {
 // For one key tile × query tile, given dSᵀ (bc × Br): recomputes u = tanh(aᵀ[t] + b[j, t]) and
 // accumulates daᵀ[t] += Σ_j g_j, grad_keys[j, t] += Σ_i g_ij (lanes summed) and the lane-wise
 // dw[t] += Σ_j dSᵀ[j] u, with g = dS · w_t · (1 − u²). One t at a time keeps aᵀ[t], daᵀ[t] and
-// dw[t] in registers while the bc rows of dSᵀ stream from L1.
-template <bool kExponential, class D>
+// dw[t] in registers while the bc rows of dSᵀ stream from L1. Over the first NR query vectors:
+// the others' dS is zero (AdditiveGradientsOfQueries).
+template <size_t NR, bool kExponential, class D>
 HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT keys,
                                     size_t key_stride, const float* HWY_RESTRICT q_transposed,
                                     size_t br, size_t depth, const float* HWY_RESTRICT weights,
@@ -113,7 +114,6 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
                                     float* HWY_RESTRICT grad_keys,
                                     float* HWY_RESTRICT grad_weight_lanes) {
   using V = hn::Vec<D>;
-  constexpr size_t NR = kQueryVectors;
   const size_t lanes = hn::Lanes(d);
   for (size_t t = 0; t < depth; ++t) {
     const V weight = hn::Set(d, kExponential ? 4.0F * weights[t] : weights[t]);
@@ -148,6 +148,33 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
     for (size_t v = 0; v < NR; ++v)
       hn::Store(grad_queries[v], d, grad_q_transposed + t * br + v * lanes);
     hn::Store(grad_weight, d, grad_weight_lanes + t * lanes);
+  }
+}
+
+// AdditiveGradients for a query tile of `queries` real queries, over the query vectors that hold
+// one (AdditiveScoreVectors): a padding lane's dS is zero, so the others add nothing. A tile of
+// one query (a Bahdanau decoder step) skips three quarters of the tanh work on AVX-512.
+template <bool kExponential, class D>
+void AdditiveGradientsOfQueries(D d, size_t queries, size_t bc, const float* keys,
+                                size_t key_stride, const float* q_transposed, size_t br,
+                                size_t depth, const float* weights, const float* grad_scores,
+                                float* grad_q_transposed, float* grad_keys,
+                                float* grad_weight_lanes) {
+  switch (AdditiveScoreVectors<kQueryVectors>(d, queries)) {
+    case 1:
+      AdditiveGradients<1, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                         grad_scores, grad_q_transposed, grad_keys,
+                                         grad_weight_lanes);
+      break;
+    case 2:
+      AdditiveGradients<2, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                         grad_scores, grad_q_transposed, grad_keys,
+                                         grad_weight_lanes);
+      break;
+    default:
+      AdditiveGradients<kQueryVectors, kExponential>(d, bc, keys, key_stride, q_transposed, br,
+                                                     depth, weights, grad_scores, grad_q_transposed,
+                                                     grad_keys, grad_weight_lanes);
   }
 }
 
@@ -255,20 +282,21 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       Gemm<true>(d, active, dv_padded / lanes, used, br, 1, s.grad_out.row(first),
                  s.grad_out.stride, rows, s.grad_values, dv_padded);
       // dPᵀ = V dOᵀ, then dSᵀ = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
-      Gemm<false>(d, active, kQueryVectors,
-                  values + static_cast<int64_t>(key0) * args.values.row_stride,
-                  static_cast<size_t>(args.values.row_stride), 1,
-                  s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
+      GemmZeroPaddedColumns(d, active, kQueryVectors, rows,
+                            values + static_cast<int64_t>(key0) * args.values.row_stride,
+                            static_cast<size_t>(args.values.row_stride), 1,
+                            s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
       GradScoresFromGradProbabilities(d, active, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
       float* grad_q_transposed = s.grad_queries_transposed + tile * hidden * br;
       if (args.exponential) {
-        AdditiveGradients<true>(d, active, key_rows, key_rows_stride, at, br, hidden, args.weights,
-                                s.grad_scores, grad_q_transposed, s.grad_keys, s.grad_weight_lanes);
+        AdditiveGradientsOfQueries<true>(d, rows, active, key_rows, key_rows_stride, at, br, hidden,
+                                         args.weights, s.grad_scores, grad_q_transposed,
+                                         s.grad_keys, s.grad_weight_lanes);
       } else {
-        AdditiveGradients<false>(d, active, key_rows, key_rows_stride, at, br, hidden, args.weights,
-                                 s.grad_scores, grad_q_transposed, s.grad_keys,
-                                 s.grad_weight_lanes);
+        AdditiveGradientsOfQueries<false>(d, rows, active, key_rows, key_rows_stride, at, br,
+                                          hidden, args.weights, s.grad_scores, grad_q_transposed,
+                                          s.grad_keys, s.grad_weight_lanes);
       }
     }
     for (size_t j = 0; j < bc; ++j) {
