@@ -115,8 +115,8 @@ NB_MODULE(_attn, module) {
 
   module.def(
       "empty_cache", [] { attn::release_cached_tensor_storage(); },
-      "Frees the blocks of 1 MiB or more that attn keeps from freed outputs and gradients for\n"
-      "the next of the same size (at most 256 MiB: reused, their pages fault no more), as\n"
+      "Frees the blocks of 64 KiB or more that attn keeps from freed outputs and gradients for\n"
+      "the next of the same size (at most 256 + 16 MiB: reused, their pages fault no more), as\n"
       "torch.cuda.empty_cache frees PyTorch's cached GPU memory.");
   module.def(
       "cached_bytes", [] { return attn::cached_tensor_storage_bytes(); },

@@ -23,9 +23,15 @@ namespace attn {
 namespace {
 
 constexpr std::size_t kAlignment = 64;
-constexpr std::size_t kSmallestKept = std::size_t{1} << 20;
-constexpr std::size_t kKeptBytesLimit = std::size_t{256} << 20;
-constexpr std::size_t kKeptBlocksLimit = 16;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// Two sets of kept blocks, each within its own limits, so that a call's many mid-sized tensors (a
+// Bahdanau decoder step's projections and gradients, 0.1-1 MiB) never push out the large ones:
+struct KeptLimits {
+  std::size_t smallest, bytes, blocks;
+};
+constexpr KeptLimits kLargeBlocks{kMiB, 256 * kMiB, 16};      // ≥ 1 MiB
+constexpr KeptLimits kMediumBlocks{64 << 10, 16 * kMiB, 32};  // 64 KiB … 1 MiB
 
 void free_block(void* pointer) noexcept {
   ::operator delete(pointer, std::align_val_t(kAlignment));
@@ -36,7 +42,9 @@ void free_block(void* pointer) noexcept {
 // through a freed tensor is still reported.
 class KeptBlocks {
  public:
-  KeptBlocks() { blocks_.reserve(kKeptBlocksLimit); }
+  explicit KeptBlocks(const KeptLimits& limits) : limits_(limits) {
+    blocks_.reserve(limits.blocks);
+  }
 
   void* take(std::size_t bytes) noexcept {
     const std::lock_guard lock(mutex_);
@@ -55,10 +63,10 @@ class KeptBlocks {
 
   // Keeps the block, freeing the oldest ones over the limits; false when it is too large to keep.
   bool keep(void* pointer, std::size_t bytes) noexcept {
-    if (bytes > kKeptBytesLimit) return false;
+    if (bytes > limits_.bytes) return false;
     const std::lock_guard lock(mutex_);
     std::size_t evicted = 0;
-    while (kept_bytes_ + bytes > kKeptBytesLimit || blocks_.size() - evicted >= kKeptBlocksLimit) {
+    while (kept_bytes_ + bytes > limits_.bytes || blocks_.size() - evicted >= limits_.blocks) {
       release_block(blocks_[evicted].first, blocks_[evicted].second);
       kept_bytes_ -= blocks_[evicted].second;
       ++evicted;
@@ -94,16 +102,28 @@ class KeptBlocks {
     free_block(pointer);
   }
 
+  const KeptLimits limits_;
   std::mutex mutex_;
   std::vector<std::pair<void*, std::size_t>> blocks_;
   std::size_t kept_bytes_ = 0;
 };
 
-// Never destroyed: a tensor freed during static destruction (a static layer's) still finds it.
-// First made by an allocation of kSmallestKept or more, before any such block can be freed.
-KeptBlocks& kept_blocks() {
-  static auto* blocks = new KeptBlocks;
+// Never destroyed: a tensor freed during static destruction (a static layer's) still finds them.
+// First made by an allocation of a kept size, before any such block can be freed.
+KeptBlocks& large_blocks() {
+  static auto* blocks = new KeptBlocks(kLargeBlocks);
   return *blocks;
+}
+KeptBlocks& medium_blocks() {
+  static auto* blocks = new KeptBlocks(kMediumBlocks);
+  return *blocks;
+}
+
+// The kept blocks a block of `bytes` goes to, or null for a size never kept.
+KeptBlocks* kept_blocks_for(std::size_t bytes) {
+  if (bytes >= kLargeBlocks.smallest) return &large_blocks();
+  if (bytes >= kMediumBlocks.smallest) return &medium_blocks();
+  return nullptr;
 }
 
 }  // namespace
@@ -111,26 +131,28 @@ KeptBlocks& kept_blocks() {
 namespace core_detail {
 
 void* allocate_tensor_storage(std::size_t bytes) {
-  if (bytes >= kSmallestKept) {
-    if (void* pointer = kept_blocks().take(bytes)) return pointer;
+  if (KeptBlocks* kept = kept_blocks_for(bytes)) {
+    if (void* pointer = kept->take(bytes)) return pointer;
   }
   return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kAlignment));
 }
 
 void free_tensor_storage(void* pointer, std::size_t bytes) noexcept {
   if (pointer == nullptr) return;
-  if (bytes >= kSmallestKept && kept_blocks().keep(pointer, bytes)) return;
+  KeptBlocks* kept = kept_blocks_for(bytes);
+  if (kept != nullptr && kept->keep(pointer, bytes)) return;
   free_block(pointer);
 }
 
 }  // namespace core_detail
 
 void release_cached_tensor_storage() noexcept {
-  kept_blocks().release();
+  large_blocks().release();
+  medium_blocks().release();
 }
 
 std::size_t cached_tensor_storage_bytes() noexcept {
-  return kept_blocks().bytes();
+  return large_blocks().bytes() + medium_blocks().bytes();
 }
 
 }  // namespace attn

@@ -1,6 +1,7 @@
-// TensorAllocator's kept blocks: a freed block of 1 MiB or more goes to the next tensor of its
+// TensorAllocator's kept blocks: a freed block of 64 KiB or more goes to the next tensor of its
 // size, smaller ones and sizes over the limit go back to the system, the kept bytes stay within
-// 256 MiB and 16 blocks, and release_cached_tensor_storage frees them.
+// 256 MiB and 16 blocks for blocks of 1 MiB or more, 16 MiB and 32 blocks for those of 64 KiB to
+// 1 MiB, neither set evicting the other's, and release_cached_tensor_storage frees them.
 #include "attn/core/tensor_allocator.hpp"
 
 #include <gtest/gtest.h>
@@ -44,15 +45,53 @@ TEST(TensorAllocator, AFreedLargeBlockGoesToTheNextTensorOfItsSize) {
   EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
 }
 
+constexpr size_t kKiB = size_t{1} << 10;
+
 TEST(TensorAllocator, SmallBlocksAndBlocksOverTheLimitAreNotKept) {
   release_cached_tensor_storage();
-  { const Floats small(floats(kMiB) - 1); }
+  { const Floats small(floats(64 * kKiB) - 1); }
   EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
+  { const Floats medium(floats(64 * kKiB)); }
+  EXPECT_EQ(cached_tensor_storage_bytes(), 64 * kKiB);
   { const Floats one_mib(floats(kMiB)); }
-  EXPECT_EQ(cached_tensor_storage_bytes(), kMiB);
+  EXPECT_EQ(cached_tensor_storage_bytes(), 64 * kKiB + kMiB);
   { const Floats huge(floats(257 * kMiB)); }
-  EXPECT_EQ(cached_tensor_storage_bytes(), kMiB);
+  EXPECT_EQ(cached_tensor_storage_bytes(), 64 * kKiB + kMiB);
   release_cached_tensor_storage();
+  EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
+}
+
+TEST(TensorAllocator, MediumBlocksAreKeptApartWithinTheirOwnLimits) {
+  release_cached_tensor_storage();
+  const float* large = nullptr;
+  {
+    const Floats eight_mib(floats(8 * kMiB));
+    large = eight_mib.data();
+  }
+  {
+    // 40 blocks of 100 KiB … 490 KiB freed in order: the 32 newest are kept (the set's block
+    // limit), the 8 MiB block with them.
+    std::vector<Floats> blocks;
+    for (size_t b = 0; b < 40; ++b) blocks.emplace_back(floats((100 + 10 * b) * kKiB));
+    const float* newest = blocks.back().data();
+    blocks.clear();
+    size_t medium = 0;
+    for (size_t b = 8; b < 40; ++b) medium += (100 + 10 * b) * kKiB;
+    EXPECT_EQ(cached_tensor_storage_bytes(), 8 * kMiB + medium);
+    const Floats again(floats(490 * kKiB));
+    EXPECT_EQ(again.data(), newest);
+  }
+  Floats eight_mib(floats(8 * kMiB));
+  EXPECT_EQ(eight_mib.data(), large) << "medium blocks evicted a large one";
+  {
+    // 17 blocks of 1000 KiB: at most 16 MiB of medium blocks (the oldest go first).
+    std::vector<Floats> blocks;
+    for (size_t b = 0; b < 17; ++b) blocks.emplace_back(floats(1000 * kKiB));
+    blocks.clear();
+  }
+  EXPECT_LE(cached_tensor_storage_bytes(), 16 * kMiB);
+  release_cached_tensor_storage();
+  EXPECT_EQ(cached_tensor_storage_bytes(), 0U);
 }
 
 TEST(TensorAllocator, KeptBlocksStayWithinTheLimitsOldestFreedFirst) {

@@ -3,12 +3,15 @@
 // is the costly part). No huge-page advice, unlike the KV cache's HugePageAllocator: a tensor lives
 // for a call or two, and with that advice the MultiHeadAttention layer from Python ran 1.4-2.4x
 // slower at n = 1024 on Zen 4 (transparent_hugepage/defrag "madvise": a fault in advised memory
-// may compact memory before it returns). Freed blocks of 1 MiB or more are kept, up to 256 MiB,
-// for the next tensor of the same size (a call's output, a backward pass's gradients): fresh pages
+// may compact memory before it returns). Freed blocks of 1 MiB or more are kept, up to 256 MiB
+// and 16 blocks, and blocks of 64 KiB to 1 MiB apart, up to 16 MiB and 32 blocks, each for the
+// next tensor of the same size (a call's output, a backward pass's gradients): fresh pages
 // from the kernel fault at their first touch, 2048 faults for the 8 MiB output of B = 4, 8 heads,
 // n = 1024, d = 64 — glibc hands blocks over 32 MiB straight back to the kernel, and programs that
-// lower that threshold (compare_pytorch.py, to see peak memory) hand back every block. Like
-// malloc's own free lists, the kept blocks are the process's, not a tensor's.
+// lower that threshold (compare_pytorch.py, to see peak memory) hand back every block; below it,
+// glibc trims freed memory at the heap's top back to the kernel too, so the projections and
+// gradients of a Bahdanau decoder step (0.1-0.7 MiB) faulted afresh at every call, 17% of its
+// backward pass. Like malloc's own free lists, the kept blocks are the process's, not a tensor's.
 #pragma once
 
 #include <cstddef>
