@@ -81,8 +81,12 @@ void Linear::accumulate_weight_grad(ConstTensorView grad) {
     throw ShapeError("grad: expected shape " + weight_.shape().str() +
                      " (that of the weight), got shape " + grad.shape().str());
   }
-  for (int64_t index = 0; index < grad.numel(); ++index)
-    weight_grad_.data()[index] += grad.data()[index];
+  // Pointers and count read once: with numel() and data() called per element the loop neither
+  // vectorised nor hoisted them (14% of a Bahdanau decoder step's training at B = 4).
+  const float* from = grad.data();
+  float* to = weight_grad_.data();
+  const int64_t count = grad.numel();
+  for (int64_t index = 0; index < count; ++index) to[index] += from[index];
 }
 
 void Linear::append_parameters(const std::string& prefix, std::vector<NamedParameter>& parameters) {
