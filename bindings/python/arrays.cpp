@@ -629,10 +629,12 @@ StateDict to_state_dict(nb::handle mapping, std::string_view argument) {
 }
 
 nb::dict to_python(const StateDict& state, Framework framework) {
+  return to_python(StateDict(state), framework);
+}
+
+nb::dict to_python(StateDict&& state, Framework framework) {
   nb::dict result;
-  for (const auto& [name, tensor] : state) {
-    result[name.c_str()] = to_python(Tensor(tensor), framework);
-  }
+  for (auto& [name, tensor] : state) result[name.c_str()] = to_python(std::move(tensor), framework);
   return result;
 }
 

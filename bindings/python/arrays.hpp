@@ -142,8 +142,10 @@ nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank);
 // A StateDict from a mapping of names to arrays (NumPy, PyTorch, ...); `argument` names it in
 // errors.
 StateDict to_state_dict(nb::handle mapping, std::string_view argument);
-// A dict of name → NumPy array (or PyTorch tensor).
+// A dict of name → NumPy array (or PyTorch tensor): copies of the tensors, or the tensors
+// themselves when the state dict is handed over (a layer's grads() or state_dict(), made for it).
 nb::dict to_python(const StateDict& state, Framework framework);
+nb::dict to_python(StateDict&& state, Framework framework);
 
 // Strict inputs: refuse, instead of copying, any array that is not float32, C-contiguous.
 bool strict_inputs();
