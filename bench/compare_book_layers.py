@@ -5,7 +5,7 @@ The "Dive into Deep Learning" attention chapters train a Bahdanau decoder that c
 AdditiveAttention once per step with one query (batch 64, 10 source steps, 256 hidden units) and a
 Transformer whose MultiHeadAttention sees short sequences. Each line: the module in evaluation mode
 under torch.no_grad() (inference) and a training step (forward, then backward of the output's sum
-into the queries and the parameters), best of several loops, attn.torch's module and the book's
+into the queries, keys, values and parameters), best of several loops, attn.torch's module and the book's
 (tests/python/book_torch.py) alternating in one process, with the same parameters.
 
 Usage: python bench/compare_book_layers.py [--threads 1,2]
@@ -67,8 +67,10 @@ def main():
         for layer, batch, n, m, hidden, heads in CASES:
             mine, reference = modules(layer, hidden, heads)
             mine.load_state_dict(reference.state_dict())
+            # Keys and values require grad as the decoder's encoder outputs do.
             queries = torch.randn(batch, n, hidden, requires_grad=True)
-            keys, values = torch.randn(batch, m, hidden), torch.randn(batch, m, hidden)
+            keys = torch.randn(batch, m, hidden, requires_grad=True)
+            values = torch.randn(batch, m, hidden, requires_grad=True)
             lengths = torch.randint(1, m + 1, (batch,))
             work = batch * n * m * hidden + batch * (n + m) * hidden * hidden
             calls = max(3, int(2e8 / work))
