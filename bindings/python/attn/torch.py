@@ -312,7 +312,8 @@ def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, va
               window_right, softcap, alignment, mask_gradient, sinks_gradient):
     """The attn::sdpa_backward operator's body, on its arguments: (d query, d key, d value,
     d attn_mask or None, d sinks or None). The first six may also be DLPack capsules (the
-    gradients are then NumPy arrays, or tensors for bf16)."""
+    gradients are then NumPy arrays, or tensors for bf16). The keywords are spelled out here and
+    in _forward: a shared dict of them cost ~1 µs a call, 7% of a decode-sized call."""
     return _extension._sdpa_backward(
         query,
         key,
