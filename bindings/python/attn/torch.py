@@ -21,7 +21,7 @@ Second-order gradients are not supported.
 """
 
 import copy as _copy
-import sys as _sys
+import weakref as _weakref
 from typing import Optional
 
 import numpy as _np
@@ -44,6 +44,13 @@ __all__ = [
 _SEED_BOUND = 2**62
 
 
+class _Lease:
+    """Held by a call's autograd node (its ctx) until the node has run the call's layer backward
+    or is freed; the module's weak reference to it says when the layer may serve another call."""
+
+    __slots__ = ("__weakref__",)
+
+
 class _LayerFunction(torch.autograd.Function):
     """forward: ``layer(queries, keys, values, valid_lens)``; backward: ``layer.backward`` for
     the inputs and ``layer.grads()`` for the parameters (passed after the inputs, in
@@ -51,9 +58,10 @@ class _LayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, layer, parameter_names, valid_lens, causal, queries, keys, values, *parameters
+        ctx, layer, lease, parameter_names, valid_lens, causal, queries, keys, values, *parameters
     ):
         ctx.layer = layer
+        ctx.lease = lease
         ctx.parameter_names = parameter_names
         ctx.input_dtypes = (queries.dtype, keys.dtype, values.dtype)
         ctx.parameter_dtypes = [parameter.dtype for parameter in parameters]
@@ -74,8 +82,10 @@ class _LayerFunction(torch.autograd.Function):
             torch.from_numpy(parameter_grads[name]).to(dtype)
             for name, dtype in zip(ctx.parameter_names, ctx.parameter_dtypes)
         ]
-        ctx.layer = None  # the layer holds copies of the inputs: free them with the graph
-        return (None, None, None, None, *input_grads, *parameter_grads)
+        # The layer holds copies of the inputs: free them with the graph, or let the module run the
+        # layer again.
+        ctx.layer = ctx.lease = None
+        return (None, None, None, None, None, *input_grads, *parameter_grads)
 
 
 def _register_parameter(module, name, value):
@@ -104,7 +114,8 @@ class _AttnModule(nn.Module):
         # The last call's layer, until its weights are read (attention_weights), and the weights.
         self._weights_layer = None
         self._attention_weights = None
-        # Layers of earlier calls, each run again once no autograd graph holds it (_call_layer).
+        # Layers of earlier calls, each [layer, weak reference to its call's _Lease], run again
+        # once no autograd graph holds the lease (_call_layer).
         self._spare_layers = []
 
     @property
@@ -134,12 +145,13 @@ class _AttnModule(nn.Module):
     def forward(self, queries, keys, values, valid_lens=None, *, causal=False):
         """queries (B, n, ·), keys (B, m, ·), values (B, m, ·) → (B, n, ·); valid_lens None, (B,)
         or (B, n) integers; causal=True hides keys j > i + m − n from query i."""
-        layer = self._call_layer()
+        layer, lease = self._call_layer()
         if self.training:
             layer.seed_dropout(int(torch.randint(0, _SEED_BOUND, (1,)).item()))
         parameters = [self.get_parameter(name) for name in self._parameter_names]
         output = _LayerFunction.apply(
-            layer, self._parameter_names, valid_lens, causal, queries, keys, values, *parameters
+            layer, lease, self._parameter_names, valid_lens, causal, queries, keys, values,
+            *parameters
         )
         self._weights_layer, self._attention_weights = layer, None
         return output
@@ -148,21 +160,21 @@ class _AttnModule(nn.Module):
     _MAX_SPARE_LAYERS = 16
 
     def _call_layer(self):
-        """to_attn() for a call: an earlier call's layer where only this module still holds it
-        (no autograd graph: inference, or its backward has run), else a copy of the template,
-        kept for later calls. A copy cost 0.3–1 ms at 256 hidden units (its parameters and
+        """(layer, lease) for a call: an earlier call's layer whose lease no autograd graph holds
+        (inference, or its backward has run), else a copy of the template, kept for later calls
+        while there is room. A copy cost 0.3–1 ms at 256 hidden units (its parameters and
         buffers, fresh pages), more than a Bahdanau decoder step's attention; a reused layer
         keeps its buffers."""
         self._weights_layer = None  # this call replaces the last call's weights
-        for layer in self._spare_layers:
-            # References: the list, the loop variable and getrefcount's argument; any more is a
-            # graph's (ctx.layer) or the caller's (to_attn's result is never kept here).
-            if _sys.getrefcount(layer) == 3:
-                return self._load(layer)
+        lease = _Lease()
+        for spare in self._spare_layers:
+            if spare[1]() is None:
+                spare[1] = _weakref.ref(lease)
+                return self._load(spare[0]), lease
         layer = self.to_attn()
         if len(self._spare_layers) < self._MAX_SPARE_LAYERS:
-            self._spare_layers.append(layer)
-        return layer
+            self._spare_layers.append([layer, _weakref.ref(lease)])
+        return layer, lease
 
     def extra_repr(self):
         return repr(self._template).split("(", 1)[1][:-1]
