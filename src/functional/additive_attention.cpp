@@ -107,12 +107,43 @@ std::pair<Tensor, Tensor> project_inputs(const ConstStridedView& queries,
   return projected;
 }
 
+// ShapeError unless a kept projection of `input` (…, D) has the shape W x has: (…, hidden).
+void require_projection(std::string_view name, const Tensor& projection,
+                        const ConstStridedView& input, int64_t hidden) {
+  int64_t dims[Shape::kMaxRank];
+  for (int axis = 0; axis < input.rank(); ++axis) dims[axis] = input.dim(axis);
+  dims[input.rank() - 1] = hidden;
+  const Shape expected = Shape::from_dims(dims, input.rank());
+  if (projection.shape() != expected) {
+    throw ShapeError(std::string(name) + ": expected shape " + expected.str() +
+                     " (the forward pass's projection), got " + projection.shape().str());
+  }
+}
+
+// W_q q and W_k k for a pass after the forward: the caller's kept projections (checked against the
+// shapes projecting gives), or computed again into `computed`.
+std::pair<ConstStridedView, ConstStridedView> projections_for(const ConstStridedView& queries,
+                                                              const ConstStridedView& keys,
+                                                              const AdditiveParameters& parameters,
+                                                              const AdditiveProjections* kept,
+                                                              std::pair<Tensor, Tensor>& computed) {
+  if (kept == nullptr) {
+    computed = project_inputs(queries, keys, parameters);
+    return {computed.first, computed.second};
+  }
+  check_parameters(queries, keys, parameters);
+  require_projection("projections.queries", kept->queries, queries, parameters.W_q.dim(0));
+  require_projection("projections.keys", kept->keys, keys, parameters.W_q.dim(0));
+  return {kept->queries, kept->keys};
+}
+
 }  // namespace
 
 AttentionForward additive_attention(ConstStridedView queries, ConstStridedView keys,
                                     ConstStridedView values, const AdditiveParameters& parameters,
-                                    const AttentionOptions& options) {
-  const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
+                                    const AttentionOptions& options,
+                                    AdditiveProjections* projections) {
+  auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
   PreparedAttention prepared(projected_queries, projected_keys, values, options,
                              PreparedAttention::kAdditive);
   AttentionForward result;
@@ -133,6 +164,8 @@ AttentionForward additive_attention(ConstStridedView queries, ConstStridedView k
     functional_detail::require_finite_result(result.output.data(), result.output.numel(), "output",
                                              "values and dropout");
   }
+  if (projections != nullptr)
+    *projections = {std::move(projected_queries), std::move(projected_keys)};
   return result;
 }
 
@@ -141,8 +174,11 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
                                               const AdditiveParameters& parameters,
                                               ConstStridedView output, ConstStridedView grad_output,
                                               std::span<const float> log_sum_exp,
-                                              const AttentionOptions& options) {
-  const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
+                                              const AttentionOptions& options,
+                                              const AdditiveProjections* projections) {
+  std::pair<Tensor, Tensor> computed;
+  const auto [projected_queries, projected_keys] =
+      projections_for(queries, keys, parameters, projections, computed);
   PreparedAttention prepared(projected_queries, projected_keys, values, options,
                              PreparedAttention::kAdditive);
   prepared.output_layout("output", output);
@@ -214,8 +250,11 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
 Tensor additive_attention_weights(ConstStridedView queries, ConstStridedView keys,
                                   const AdditiveParameters& parameters,
                                   std::span<const float> log_sum_exp,
-                                  const AttentionOptions& options) {
-  const auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
+                                  const AttentionOptions& options,
+                                  const AdditiveProjections* projections) {
+  std::pair<Tensor, Tensor> computed;
+  const auto [projected_queries, projected_keys] =
+      projections_for(queries, keys, parameters, projections, computed);
   const PreparedAttention prepared(projected_queries, projected_keys, std::nullopt, options,
                                    PreparedAttention::kAdditive);
   prepared.require_log_sum_exp(log_sum_exp, false);

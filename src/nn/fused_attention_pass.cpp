@@ -69,8 +69,8 @@ Tensor FusedAttentionPass::additive(Tensor queries, Tensor keys, Tensor values, 
   W_k_ = std::move(W_k);
   w_v_ = std::move(w_v);
   options_ = std::move(options);
-  AttentionForward forward =
-      additive_attention(queries_, keys_, values_, {W_q_, W_k_, w_v_.span()}, options_);
+  AttentionForward forward = additive_attention(queries_, keys_, values_, {W_q_, W_k_, w_v_.span()},
+                                                options_, &projections_);
   output_ = std::move(forward.output);
   log_sum_exp_ = std::move(forward.log_sum_exp);
   family_ = Family::kAdditive;
@@ -105,7 +105,7 @@ AttentionBackward FusedAttentionPass::dot_product_backward(ConstTensorView grad_
 AdditiveGradients FusedAttentionPass::additive_backward(ConstTensorView grad_output) const {
   check_grad_output(grad_output, Family::kAdditive);
   return additive_attention_backward(queries_, keys_, values_, {W_q_, W_k_, w_v_.span()}, output_,
-                                     grad_output, log_sum_exp_, options_);
+                                     grad_output, log_sum_exp_, options_, &projections_);
 }
 
 // (B, heads, n, m) → (B·heads, n, m), the book's layout (heads of a batch element adjacent).
@@ -118,7 +118,7 @@ Tensor FusedAttentionPass::to_batch_heads(Tensor scores) const {
 Tensor FusedAttentionPass::weights() const {
   if (family_ == Family::kAdditive) {
     return additive_attention_weights(queries_, keys_, {W_q_, W_k_, w_v_.span()}, log_sum_exp_,
-                                      options_);
+                                      options_, &projections_);
   }
   if (family_ != Family::kDotProduct) return {};
   return to_batch_heads(attention_weights(heads_of(queries_.data(), queries_.shape()),

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "every_simd_target.hpp"
@@ -166,6 +168,36 @@ TEST_P(FunctionalAdditive, MasksWindowsAndRanksAgreeWithTheirEquivalents) {
   EXPECT_TRUE(close_to(rank4, to_doubles(expected), 0.0));
 }
 
+// The forward pass's projections handed back: the same gradients and weights, bit for bit, as
+// projecting again (the tests above check those against the reference).
+TEST_P(FunctionalAdditive, KeptProjectionsGiveTheSameGradientsAndWeights) {
+  Rng rng(11);
+  const Tensor q = random_tensor(Shape{3, 5, 4}, rng), k = random_tensor(Shape{3, 19, 6}, rng);
+  const Tensor v = random_tensor(Shape{3, 19, 2}, rng), g = random_tensor(Shape{3, 5, 2}, rng);
+  const Parameters p = random_parameters(8, 4, 6, rng);
+  AttentionOptions options;
+  options.valid_lens = ValidLengths::per_batch({19, 7, 1});
+  AdditiveProjections kept;
+  const AttentionForward forward = additive_attention(q, k, v, p.view(), options, &kept);
+  ASSERT_EQ(kept.queries.shape(), (Shape{3, 5, 8}));
+  ASSERT_EQ(kept.keys.shape(), (Shape{3, 19, 8}));
+  const AdditiveGradients again = additive_attention_backward(q, k, v, p.view(), forward.output, g,
+                                                              forward.log_sum_exp, options);
+  const AdditiveGradients reused = additive_attention_backward(q, k, v, p.view(), forward.output, g,
+                                                               forward.log_sum_exp, options, &kept);
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && std::equal(a.data(), a.data() + a.numel(), b.data());
+  };
+  EXPECT_TRUE(same(reused.queries, again.queries));
+  EXPECT_TRUE(same(reused.keys, again.keys));
+  EXPECT_TRUE(same(reused.values, again.values));
+  EXPECT_TRUE(same(reused.W_q, again.W_q));
+  EXPECT_TRUE(same(reused.W_k, again.W_k));
+  EXPECT_TRUE(same(reused.w_v, again.w_v));
+  EXPECT_TRUE(same(additive_attention_weights(q, k, p.view(), forward.log_sum_exp, options, &kept),
+                   additive_attention_weights(q, k, p.view(), forward.log_sum_exp, options)));
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalAdditive);
 
 TEST(FunctionalAdditiveArguments, NamesWhatIsWrong) {
@@ -186,6 +218,11 @@ TEST(FunctionalAdditiveArguments, NamesWhatIsWrong) {
   scale.scale = 2.0F;
   EXPECT_THROW_MESSAGE(additive_attention(q, k, v, p, scale), ValueError,
                        "scale: additive attention");
+  const AdditiveProjections wrong{Tensor(Shape{1, 2, 6}), Tensor(Shape{1, 3, 6})};
+  const std::vector<float> lse(2);
+  EXPECT_THROW_MESSAGE(additive_attention_weights(q, k, p, lse, {}, &wrong), ShapeError,
+                       "projections.keys: expected shape (1, 4, 6) (the forward pass's "
+                       "projection), got (1, 3, 6)");
 }
 
 }  // namespace

@@ -69,6 +69,8 @@ class FusedAttentionPass {
   int64_t heads_ = 1;
   Tensor queries_, keys_, values_, output_;
   Tensor W_q_, W_k_, w_v_;
+  // The additive pass's W_q q and W_k k, for its backward pass and weights.
+  AdditiveProjections projections_;
   std::vector<float> log_sum_exp_;
   AttentionOptions options_;
 };
