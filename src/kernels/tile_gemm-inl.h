@@ -147,6 +147,8 @@ HWY_INLINE void GemmZeroPaddedColumns(D d, size_t rows, size_t vectors, size_t c
   const size_t used = std::min(vectors, (columns + lanes - 1) / lanes);
   Gemm<false>(d, rows, used, a, a_row, a_col, b, ldb, depth, c, ldc);
   if (used == vectors) return;
+  // A fill per row: whole zero vectors per row (as TransposeScaledTile stores its padding) measured
+  // slower here (n = 16, 8 heads: forward 13.6 → 14.8 µs, backward 31.5 → 33.6 µs, Zen 4).
   for (size_t r = 0; r < rows; ++r)
     std::fill(c + r * ldc + used * lanes, c + r * ldc + vectors * lanes, 0.0F);
 }
