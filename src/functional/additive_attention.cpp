@@ -56,16 +56,21 @@ const float* contiguous_data(const ConstStridedView& view, Tensor& copy) {
   return copy.data();
 }
 
+// The shape of x Wᵀ for x (..., D) and a W of `hidden` rows: (..., hidden).
+Shape projected_shape(const ConstStridedView& x, int64_t hidden) {
+  int64_t dims[Shape::kMaxRank];
+  for (int axis = 0; axis < x.rank(); ++axis) dims[axis] = x.dim(axis);
+  dims[x.rank() - 1] = hidden;
+  return Shape::from_dims(dims, x.rank());
+}
+
 // x W ᵀ over the last axis: (..., D) → (..., hidden).
 Tensor project(const ConstStridedView& x, const ConstStridedView& weight) {
   Tensor copy, weight_copy;
   const float* data = contiguous_data(x, copy);
   const float* w = contiguous_data(weight, weight_copy);
-  int64_t dims[Shape::kMaxRank];
-  for (int axis = 0; axis < x.rank(); ++axis) dims[axis] = x.dim(axis);
   const int64_t in = x.dim(-1), hidden = weight.dim(0);
-  dims[x.rank() - 1] = hidden;
-  Tensor y(Shape::from_dims(dims, x.rank()));
+  Tensor y(projected_shape(x, hidden));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   linear_product(rows, in, hidden, data, w, nullptr, y.data());
   return y;
@@ -110,10 +115,7 @@ std::pair<Tensor, Tensor> project_inputs(const ConstStridedView& queries,
 // ShapeError unless a kept projection of `input` (…, D) has the shape W x has: (…, hidden).
 void require_projection(std::string_view name, const Tensor& projection,
                         const ConstStridedView& input, int64_t hidden) {
-  int64_t dims[Shape::kMaxRank];
-  for (int axis = 0; axis < input.rank(); ++axis) dims[axis] = input.dim(axis);
-  dims[input.rank() - 1] = hidden;
-  const Shape expected = Shape::from_dims(dims, input.rank());
+  const Shape expected = projected_shape(input, hidden);
   if (projection.shape() != expected) {
     throw ShapeError(std::string(name) + ": expected shape " + expected.str() +
                      " (the forward pass's projection), got " + projection.shape().str());
