@@ -5,9 +5,10 @@
 // half the instructions of hwy::Exp. Cody–Waite reduction x = n·ln 2 + r with n = nearest(x·log2 e)
 // and |r| ≤ ln2 / 2, a degree-6 polynomial for e^r (tools/fit_exp.py; within about 1 ulp, measured
 // against double exp in tests/kernels/fast_math_test.cpp), then 2^n built in the exponent field.
-// Every x below −87 (−∞ included: masked keys) gives exactly 0, so 2^n stays a normal number;
-// exp(−87) ≈ 1.6e−38 is far below a float32 weight's resolution next to the row's maximum, whose
-// weight is 1. RoundedProbabilityExp: the same with degree 4, for probabilities rounded to bf16.
+// Every x below about −87.7 (−∞ included: masked keys) gives exactly 0 (2ⁿ built as +0), above it
+// 2ⁿ is a normal number; exp(−87) ≈ 1.6e−38 is far below a float32 weight's resolution next to
+// the row's maximum, whose weight is 1. RoundedProbabilityExp: the same with degree 4, for
+// probabilities rounded to bf16.
 
 #if defined(ATTN_KERNELS_FAST_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_FAST_MATH_INL_H_
@@ -27,8 +28,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // for e^r (tools/fit_exp.py --degree kDegree; 6 or 4), then 2ⁿ: on AVX-512 by vscalefps, which
 // rounds a result below float's normal range to a subnormal or 0 (exactly 0 from about −104 down,
 // −∞ included) and needs neither exponent-field arithmetic nor a mask; elsewhere through the
-// exponent field, exactly 0 below −87. Accurate for x ≤ 88; +∞ or NaN give an unspecified value
-// but never undefined behaviour.
+// exponent field, exactly 0 below about −87.7. Accurate for x ≤ 88; +∞ or NaN give an unspecified
+// value but never undefined behaviour.
 template <int kDegree, class D>
 HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
   static_assert(kDegree == 6 || kDegree == 4, "fitted degrees: 6 and 4");
@@ -39,8 +40,11 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
   // n = nearest(x·log2 e) by adding 1.5·2²³ + 127: the sum's float has unit steps, so rounding it
   // rounds n, its low bits hold n + 127 (2ⁿ's biased exponent, shifted into place below) and
   // subtracting the constant back gives n exactly — two instructions fewer than converting.
+  // x clamped at −88 gives n = −127, whose biased exponent 0 builds 2ⁿ as +0: every x below
+  // about −87.7 (−∞ included) gives exactly 0 with no compare and mask (the constant first: x86's
+  // max returns its second operand when one is NaN, so a NaN stays NaN).
   const hn::RebindToUnsigned<D> du;
-  const auto underflows = hn::Lt(x, hn::Set(d, -87.0F));
+  x = hn::Max(hn::Set(d, -88.0F), x);
   const auto magic = hn::Set(d, 12583039.0F);  // 1.5·2²³ + 127
   const auto n_biased = hn::MulAdd(x, hn::Set(d, 1.44269504088896341F), magic);
   const auto n_float = hn::Sub(n_biased, magic);
@@ -48,25 +52,29 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
   // ln 2 in two parts, the first exact in few bits, so n·ln2_high is exact.
   auto r = hn::NegMulAdd(n_float, hn::Set(d, 0.693359375F), x);
   r = hn::NegMulAdd(n_float, hn::Set(d, -2.12194440e-4F), r);
-  hn::Vec<D> p;
+  // q = e^r − 1 (the exponent-field path's 2ⁿ·(1 + q) then costs one multiply-add, one rounding,
+  // instead of an add and a multiply), or e^r itself for vscalefps where that saves an add.
+  hn::Vec<D> q;
+  constexpr bool kScale = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
   if constexpr (kDegree == 6) {
     // e^r ≈ 1 + r + r²·C(r), C of degree 4: as accurate in float32 as Cephes's degree-7
-    // polynomial (7.6e−8 relative on [−87, 0]) with one multiply-add fewer.
+    // polynomial (7.6e−8 relative on [−87, 0]) with one multiply-add fewer. C by Estrin's scheme
+    // (c0 + c1·r) + r²·((c2 + c3·r) + r²·c4): the multiply-adds of Horner's, 3 deep instead of 4,
+    // so more exponentials overlap in the out-of-order window.
     const auto r2 = hn::Mul(r, r);
-    p = hn::Set(d, 1.3814597623e-03F);
-    p = hn::MulAdd(p, r, hn::Set(d, 8.3687072620e-03F));
-    p = hn::MulAdd(p, r, hn::Set(d, 4.1668388993e-02F));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.6666521132e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 4.9999994040e-01F));
-    p = hn::Add(hn::MulAdd(p, r2, r), hn::Set(d, 1.0F));
+    const auto low = hn::MulAdd(hn::Set(d, 1.6666521132e-01F), r, hn::Set(d, 4.9999994040e-01F));
+    const auto middle = hn::MulAdd(hn::Set(d, 8.3687072620e-03F), r, hn::Set(d, 4.1668388993e-02F));
+    const auto high = hn::MulAdd(hn::Set(d, 1.3814597623e-03F), r2, middle);
+    q = hn::MulAdd(hn::MulAdd(high, r2, low), r2, r);
   } else {
     // e^r ≈ 1 + r·(1 + r·(c2 + r·(c3 + r·c4))): 5.4e−6 relative, four multiply-adds.
-    p = hn::MulAdd(hn::Set(d, 4.1277617216e-02F), r, hn::Set(d, 1.6753490269e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 5.0005114079e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.0F));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.0F));
+    q = hn::MulAdd(hn::Set(d, 4.1277617216e-02F), r, hn::Set(d, 1.6753490269e-01F));
+    q = hn::MulAdd(q, r, hn::Set(d, 5.0005114079e-01F));
+    q = hn::MulAdd(q, r, hn::Set(d, 1.0F));
+    q = kScale ? hn::MulAdd(q, r, hn::Set(d, 1.0F)) : hn::Mul(q, r);
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const auto p = kDegree == 6 ? hn::Add(q, hn::Set(d, 1.0F)) : q;
   if constexpr (hn::MaxLanes(d) == 16) {
     return hn::Vec<D>{_mm512_scalef_ps(p.raw, n_float.raw)};
   } else if constexpr (hn::MaxLanes(d) == 8) {
@@ -75,10 +83,10 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
     return hn::Vec<D>{_mm_scalef_ps(p.raw, n_float.raw)};
   }
 #else
-  // 2ⁿ with n ≥ −126 wherever the result is kept: n + 127 into the exponent field (the shift
-  // drops the constant's own bits).
+  // 2ⁿ for n ≥ −127: n + 127 into the exponent field (the shift drops the constant's own bits); n
+  // = −127 leaves the field 0, so 2ⁿ reads as +0 and so does the result.
   const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, n_biased)));
-  return hn::IfThenZeroElse(underflows, hn::Mul(p, two_to_n));
+  return hn::MulAdd(q, two_to_n, two_to_n);
 #endif
 }
 
