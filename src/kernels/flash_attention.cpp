@@ -215,7 +215,19 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
   s.ContinuePacking(head, begin);
   const hn::ScalableTag<float> d;
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
+  constexpr int64_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
+  const auto* k_bytes = reinterpret_cast<const char*>(
+      args.half ? static_cast<const void*>(args.k16.matrix(b, h)) : args.k.matrix(b, h));
+  const auto* v_bytes = reinterpret_cast<const char*>(
+      args.half ? static_cast<const void*>(args.v16.matrix(b, h)) : args.v.matrix(b, h));
+  const int64_t element = args.half ? 2 : 4;
+  const int64_t k_stride = (args.half ? args.k16.row_stride : args.k.row_stride) * element;
+  const int64_t v_stride = (args.half ? args.v16.row_stride : args.v.row_stride) * element;
   for (int64_t j = s.packed_end; j < end; ++j) {
+    if (j + kPrefetchRows < end) {
+      PrefetchLines(k_bytes + (j + kPrefetchRows) * k_stride, args.k.cols * element);
+      PrefetchLines(v_bytes + (j + kPrefetchRows) * v_stride, args.v.cols * element);
+    }
     float* key_row = s.packed_keys + static_cast<size_t>(j) * depth;
     float* value_row = s.packed_values + static_cast<size_t>(j) * dv_padded;
     if (args.half) {
@@ -271,10 +283,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
                                  : reinterpret_cast<const char*>(args.q.matrix(b, h));
     const int64_t element = args.half ? 2 : 4;
     const int64_t row_bytes = args.q.cols * element, stride = args.q.row_stride * element;
-    for (size_t r = 0; r < tile.rows; ++r) {
-      const char* row = rows + (first_query + static_cast<int64_t>(r)) * stride;
-      for (int64_t byte = 0; byte < row_bytes; byte += 64) __builtin_prefetch(row + byte, 0, 3);
-    }
+    for (size_t r = 0; r < tile.rows; ++r)
+      PrefetchLines(rows + (first_query + static_cast<int64_t>(r)) * stride, row_bytes);
   }
   tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, first_query, tile.rows, br,
                                 args.q.rows, args.k.rows, s.first, s.last);

@@ -24,6 +24,7 @@
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
+#include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 
@@ -157,7 +158,16 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
              int64_t b, int64_t h, size_t padded, float* destination) {
   const hn::ScalableTag<float> d;
   const auto rows = static_cast<size_t>(view.rows), cols = static_cast<size_t>(view.cols);
+  constexpr size_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
   for (size_t r = 0; r < rows; ++r) {
+    if (r + kPrefetchRows < rows) {
+      const auto ahead = static_cast<int64_t>(r + kPrefetchRows);
+      if (args.half) {
+        PrefetchLines(half.matrix(b, h) + ahead * half.row_stride, view.cols * 2);
+      } else {
+        PrefetchLines(view.matrix(b, h) + ahead * view.row_stride, view.cols * 4);
+      }
+    }
     float* row = destination + r * padded;
     if (args.half) {
       WidenRow(d, args.half_type, half.matrix(b, h) + static_cast<int64_t>(r) * half.row_stride,

@@ -1,8 +1,10 @@
-// Where the fused kernels' products read a matrix's rows (RowsView), and when they can read the
-// caller's rows in place instead of a per-thread padded copy (DenseRows).
+// Where the fused kernels' products read a matrix's rows (RowsView), when they can read the
+// caller's rows in place instead of a per-thread padded copy (DenseRows), and the prefetch that
+// copying strided rows needs (PrefetchLines).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace attn {
 
@@ -20,6 +22,15 @@ struct RowsView {
 template <class View>
 bool DenseRows(const View& view, std::size_t lanes) {
   return view.row_stride == view.cols && static_cast<std::size_t>(view.cols) % lanes == 0;
+}
+
+// Requests the cache lines of the `bytes` bytes from `first` on (an input's row), for reading.
+// Copying strided rows a few lines each, one row at a time, waited on every row's misses (2.5% of
+// the AVX2 forward on the layers' layout at n = 1024, Zen 4); rows requested some rows ahead
+// overlap them.
+inline void PrefetchLines(const void* first, std::int64_t bytes) {
+  const auto* line = static_cast<const char*>(first);
+  for (std::int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(line + byte, 0, 3);
 }
 
 }  // namespace attn
