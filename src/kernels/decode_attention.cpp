@@ -331,6 +331,129 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
 #endif
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// ScoreKeys for one query row (G·n = 1: multi-head attention's one new token) and four keys: the
+// four-row form multiplies three zero rows too, which made that decode compute-bound at 30 GB/s
+// in the cache on Zen 4 for any G ≤ 4. Each key's dot product in two sums (even and odd vectors:
+// 8 multiply-add chains, as the FMA units' latency needs), Sᵀ[k, 0] = q · k_k and Sᵀ[k, 1 … 3] = 0
+// (the padding rows' scores, as the four-row form leaves them).
+template <CacheDType kType, bool kByLine, class D>
+HWY_INLINE void ScoreFourKeysOneRow(D d, const char* key_row, size_t key_stride,
+                                    const float* scales, const float* HWY_RESTRICT q, size_t depth,
+                                    float* HWY_RESTRICT scores, const char* const* prefetch_rows) {
+  using V = hn::Vec<D>;
+  const hn::CappedTag<float, 4> d4;
+  const size_t lanes = hn::Lanes(d), vectors_end = depth / lanes * lanes;
+  const char* row1 = key_row + key_stride;
+  const char* row2 = row1 + key_stride;
+  const char* row3 = row2 + key_stride;
+  V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  V b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
+  size_t t = 0;
+  for (; t + 2 * lanes <= vectors_end; t += 2 * lanes) {
+    if constexpr (kByLine) {
+      for (size_t k = 0; k < 4; ++k) {
+        PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+        PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t + lanes);
+      }
+    }
+    const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + t + lanes);
+    a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, key_row, t), a0);
+    a1 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row1, t), a1);
+    a2 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row2, t), a2);
+    a3 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row3, t), a3);
+    b0 = hn::MulAdd(q1, LoadCacheVector<kType>(d, key_row, t + lanes), b0);
+    b1 = hn::MulAdd(q1, LoadCacheVector<kType>(d, row1, t + lanes), b1);
+    b2 = hn::MulAdd(q1, LoadCacheVector<kType>(d, row2, t + lanes), b2);
+    b3 = hn::MulAdd(q1, LoadCacheVector<kType>(d, row3, t + lanes), b3);
+  }
+  if (t < vectors_end) {  // an odd number of whole vectors
+    if constexpr (kByLine) {
+      for (size_t k = 0; k < 4; ++k) PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+    }
+    const V q0 = hn::LoadU(d, q + t);
+    a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, key_row, t), a0);
+    a1 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row1, t), a1);
+    a2 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row2, t), a2);
+    a3 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row3, t), a3);
+  }
+  auto sums = SumFour(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3));
+  if (vectors_end < depth) {
+    HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+    for (size_t k = 0; k < 4; ++k)
+      for (size_t e = vectors_end; e < depth; ++e)
+        tail[k] += q[e] * CacheElement<kType>(key_row + k * key_stride, e);
+    sums = hn::Add(sums, hn::Load(d4, tail));
+  }
+  if constexpr (kType == CacheDType::kInt8) sums = hn::Mul(sums, hn::LoadU(d4, scales));
+  HWY_ALIGN float key_sums[4];
+  hn::Store(sums, d4, key_sums);
+  for (size_t k = 0; k < 4; ++k) {
+    hn::Store(hn::Zero(d4), d4, scores + 4 * k);
+    scores[4 * k] = key_sums[k];
+  }
+}
+#endif
+
+#if HWY_TARGET != HWY_SCALAR
+// ScoreFourKeysOneRow for two keys, each dot product in four sums (vectors t mod 4): fp32 rows
+// from memory read two at a time, as ScoreTile's four-row steps (four at a time measured 8–10%
+// slower there, Zen 4).
+template <CacheDType kType, bool kByLine, class D>
+HWY_INLINE void ScoreTwoKeysOneRow(D d, const char* key_row, size_t key_stride, const float* scales,
+                                   const float* HWY_RESTRICT q, size_t depth,
+                                   float* HWY_RESTRICT scores, const char* const* prefetch_rows) {
+  using V = hn::Vec<D>;
+  const hn::CappedTag<float, 4> d4;
+  const size_t lanes = hn::Lanes(d), vectors_end = depth / lanes * lanes;
+  const char* row1 = key_row + key_stride;
+  V a0 = hn::Zero(d), a1 = hn::Zero(d), b0 = hn::Zero(d), b1 = hn::Zero(d);
+  V c0 = hn::Zero(d), c1 = hn::Zero(d), e0 = hn::Zero(d), e1 = hn::Zero(d);
+  size_t t = 0;
+  for (; t + 4 * lanes <= vectors_end; t += 4 * lanes) {
+    if constexpr (kByLine) {
+      for (size_t k = 0; k < 2; ++k) {
+        for (size_t v = 0; v < 4; ++v)
+          PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t + v * lanes);
+      }
+    }
+    const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + t + lanes),
+            q2 = hn::LoadU(d, q + t + 2 * lanes), q3 = hn::LoadU(d, q + t + 3 * lanes);
+    a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, key_row, t), a0);
+    b0 = hn::MulAdd(q1, LoadCacheVector<kType>(d, key_row, t + lanes), b0);
+    c0 = hn::MulAdd(q2, LoadCacheVector<kType>(d, key_row, t + 2 * lanes), c0);
+    e0 = hn::MulAdd(q3, LoadCacheVector<kType>(d, key_row, t + 3 * lanes), e0);
+    a1 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row1, t), a1);
+    b1 = hn::MulAdd(q1, LoadCacheVector<kType>(d, row1, t + lanes), b1);
+    c1 = hn::MulAdd(q2, LoadCacheVector<kType>(d, row1, t + 2 * lanes), c1);
+    e1 = hn::MulAdd(q3, LoadCacheVector<kType>(d, row1, t + 3 * lanes), e1);
+  }
+  for (; t < vectors_end; t += lanes) {  // 1 to 3 whole vectors left
+    if constexpr (kByLine) {
+      for (size_t k = 0; k < 2; ++k) PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+    }
+    const V q0 = hn::LoadU(d, q + t);
+    a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, key_row, t), a0);
+    a1 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row1, t), a1);
+  }
+  auto sums = SumFour(d, hn::Add(hn::Add(a0, b0), hn::Add(c0, e0)),
+                      hn::Add(hn::Add(a1, b1), hn::Add(c1, e1)), hn::Zero(d), hn::Zero(d));
+  if (vectors_end < depth) {
+    HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+    for (size_t k = 0; k < 2; ++k)
+      for (size_t e = vectors_end; e < depth; ++e)
+        tail[k] += q[e] * CacheElement<kType>(key_row + k * key_stride, e);
+    sums = hn::Add(sums, hn::Load(d4, tail));
+  }
+  HWY_ALIGN float key_sums[4];
+  hn::Store(sums, d4, key_sums);
+  for (size_t k = 0; k < 2; ++k) {
+    hn::Store(hn::Zero(d4), d4, scores + 4 * k);
+    scores[4 * k] = kType == CacheDType::kInt8 ? key_sums[k] * scales[k] : key_sums[k];
+  }
+}
+#endif
+
 // Keys j … j + kKeys − 1 of a tile (ScoreKeys) with their prefetch requests. A function, not a
 // lambda: GCC 12 compiled the lambda out of line and called it per step (the fp32 step at d = 64
 // took 10.4 instead of 8.5 ns per key in the cache).
@@ -381,6 +504,37 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HW
   // memory); two otherwise.
   constexpr size_t kStep = HWY_MAX_BYTES >= 64 && kType != CacheDType::kFloat32 ? 4 : 2;
   size_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if (rows == 1 && kType == CacheDType::kFloat32) {  // row_lanes is 4
+    for (; j + 2 <= bc; j += 2) {
+      const char* first = key_rows + j * key_stride;
+      if (prefetch.by_line) {
+        const char* later[2] = {prefetch.KeyRow(j), prefetch.KeyRow(j + 1)};
+        ScoreTwoKeysOneRow<kType, true>(d, first, key_stride, scales_from(j), q_rows, depth,
+                                        scores + j * row_lanes, later);
+      } else {
+        prefetch.BothRows(j);
+        prefetch.BothRows(j + 1);
+        ScoreTwoKeysOneRow<kType, false>(d, first, key_stride, scales_from(j), q_rows, depth,
+                                         scores + j * row_lanes, nullptr);
+      }
+    }
+  } else if (rows == 1) {
+    for (; j + 4 <= bc; j += 4) {
+      const char* first = key_rows + j * key_stride;
+      if (prefetch.by_line) {
+        const char* later[4] = {prefetch.KeyRow(j), prefetch.KeyRow(j + 1), prefetch.KeyRow(j + 2),
+                                prefetch.KeyRow(j + 3)};
+        ScoreFourKeysOneRow<kType, true>(d, first, key_stride, scales_from(j), q_rows, depth,
+                                         scores + j * row_lanes, later);
+      } else {
+        for (size_t k = 0; k < 4; ++k) prefetch.BothRows(j + k);
+        ScoreFourKeysOneRow<kType, false>(d, first, key_stride, scales_from(j), q_rows, depth,
+                                          scores + j * row_lanes, nullptr);
+      }
+    }
+  }
+#endif
   if (steps_out_of_line) {
     for (; j + kStep <= bc; j += kStep) {
       ScoreStepOutOfLine<kType, kStep>(d, key_rows, key_stride, scales_from(j), q_rows, row_groups,
@@ -566,6 +720,109 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
 }
 #endif
 
+#if HWY_TARGET != HWY_SCALAR
+// Columns [c0, c0 + kVectors·lanes) of one output row (G·n = 1; kVectors ≤ 8): O = O · rescale +
+// Σ_j P[j, 0] · v_j, each value row's vectors read once, in order. With kVectors ≤ 4 the even and
+// odd keys sum apart (added at the end), so 8 multiply-add chains run as the FMA units' latency
+// needs. The four-row form computed three padding rows besides (4× the multiply-adds).
+template <CacheDType kType, size_t kVectors, bool kByLine, class D>
+HWY_INLINE void AccumulateColumnsOneRow(D d, size_t bc, const char* value_rows, size_t value_stride,
+                                        const float* HWY_RESTRICT p, size_t row_lanes, size_t c0,
+                                        float* HWY_RESTRICT out, float rescale,
+                                        const TilePrefetch* prefetch) {
+  static_assert(kVectors >= 1 && kVectors <= 8);
+  constexpr size_t kElement = cache_dtype_size(kType);
+  constexpr bool kTwoSums = kVectors <= 4;
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  out += c0;
+  const V factor = hn::Set(d, rescale);
+  const auto start = [&](size_t v) {
+    return v < kVectors ? hn::Mul(hn::Load(d, out + v * lanes), factor) : hn::Zero(d);
+  };
+  V a0 = start(0), a1 = start(1), a2 = start(2), a3 = start(3), a4 = start(4), a5 = start(5),
+    a6 = start(6), a7 = start(7);
+  V b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
+  // acc_v += w · vector v of `row`, for the accumulators a (or b) of the row's vectors.
+  const auto add_row = [&](size_t j, V& x0, V& x1, V& x2, V& x3) HWY_ATTR {
+    const char* row = value_rows + j * value_stride;
+    if constexpr (kByLine) {
+      const char* later = prefetch->ValueRow(j);
+      for (size_t v = 0; v < kVectors; ++v) PrefetchLine<kElement>(later, c0 + v * lanes);
+    }
+    const V w = hn::Set(d, p[j * row_lanes]);
+    x0 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0), x0);
+    if constexpr (kVectors >= 2) x1 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0 + lanes), x1);
+    if constexpr (kVectors >= 3)
+      x2 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0 + 2 * lanes), x2);
+    if constexpr (kVectors >= 4)
+      x3 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0 + 3 * lanes), x3);
+    if constexpr (kVectors >= 5)
+      a4 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0 + 4 * lanes), a4);
+    if constexpr (kVectors >= 6)
+      a5 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0 + 5 * lanes), a5);
+    if constexpr (kVectors >= 7)
+      a6 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0 + 6 * lanes), a6);
+    if constexpr (kVectors >= 8)
+      a7 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0 + 7 * lanes), a7);
+  };
+  size_t j = 0;
+  if constexpr (kTwoSums) {
+    for (; j + 2 <= bc; j += 2) {
+      add_row(j, a0, a1, a2, a3);
+      add_row(j + 1, b0, b1, b2, b3);
+    }
+  }
+  for (; j < bc; ++j) add_row(j, a0, a1, a2, a3);
+  const V sums[8] = {
+      hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), a4, a5, a6, a7};
+  for (size_t v = 0; v < kVectors; ++v) hn::Store(sums[v], d, out + v * lanes);
+}
+
+// Every whole vector of columns of the one output row: AccumulateColumnsOneRow over up to 8
+// vectors at a time (the value rows of dv = 128 whole on AVX-512, 64 on AVX2).
+template <CacheDType kType, bool kByLine, class D>
+HWY_INLINE void AccumulateOneRow(D d, size_t bc, const char* value_rows, size_t value_stride,
+                                 const float* HWY_RESTRICT p, size_t row_lanes, size_t full_vectors,
+                                 float* HWY_RESTRICT out, float rescale,
+                                 const TilePrefetch* prefetch) {
+  const size_t lanes = hn::Lanes(d);
+  for (size_t v0 = 0; v0 < full_vectors; v0 += 8) {
+    const size_t c0 = v0 * lanes;
+    const auto run = [&](auto vectors) HWY_ATTR {
+      AccumulateColumnsOneRow<kType, decltype(vectors)::value, kByLine>(
+          d, bc, value_rows, value_stride, p, row_lanes, c0, out, rescale, prefetch);
+    };
+    switch (std::min<size_t>(8, full_vectors - v0)) {
+      case 1:
+        run(std::integral_constant<size_t, 1>());
+        break;
+      case 2:
+        run(std::integral_constant<size_t, 2>());
+        break;
+      case 3:
+        run(std::integral_constant<size_t, 3>());
+        break;
+      case 4:
+        run(std::integral_constant<size_t, 4>());
+        break;
+      case 5:
+        run(std::integral_constant<size_t, 5>());
+        break;
+      case 6:
+        run(std::integral_constant<size_t, 6>());
+        break;
+      case 7:
+        run(std::integral_constant<size_t, 7>());
+        break;
+      default:
+        run(std::integral_constant<size_t, 8>());
+        break;
+    }
+  }
+}
+#endif
+
 // AccumulateColumns with or without the first pass's prefetch requests (a function, not a lambda,
 // as ScoreStep).
 template <CacheDType kType, size_t kVectors, class D>
@@ -609,8 +866,18 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float*
     const bool first_pass = prefetch.by_line && r0 == 0;
     size_t v0 = 0;
 #if HWY_TARGET != HWY_SCALAR
+    if (rows == 1) {
+      if (first_pass) {
+        AccumulateOneRow<kType, true>(d, bc, value_rows, value_stride, p, row_lanes, full_vectors,
+                                      output, rescale[0], &prefetch);
+      } else {
+        AccumulateOneRow<kType, false>(d, bc, value_rows, value_stride, p, row_lanes, full_vectors,
+                                       output, rescale[0], nullptr);
+      }
+      v0 = full_vectors;
+    }
     if constexpr (HWY_MAX_BYTES >= 64 && kType == CacheDType::kFloat32) {
-      if (ReadsWholeValueRows<kType>(rows, dv, lanes)) {
+      if (rows > 1 && ReadsWholeValueRows<kType>(rows, dv, lanes)) {
         if (first_pass) {
           AccumulateRowPair<kType, true>(d, bc, value_rows, value_stride, p, row_lanes, 0, output,
                                          dv_padded, rescale, &prefetch);

@@ -1,8 +1,9 @@
 // The decode kernel against the double reference on every SIMD target: fp32, fp16, bf16 and int8
 // caches (the reference reads the same stored values, widened in double), sequences of different
 // cached lengths (0 and the full capacity included), 1 to 8 query heads per key/value head, one or
-// several new queries (causal among them, aligned to each sequence's end), windows, soft-capping,
-// sinks, and splits of the keys across threads.
+// several new queries (causal among them, aligned to each sequence's end; one query of one head
+// per key/value head takes the one-row passes), windows, soft-capping, sinks, and splits of the
+// keys across threads.
 #include "attn/kernels/decode_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -190,6 +191,14 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       {2, 8, 1, 4, 200, 16, 24, true, 40, 0, 2.0F, true, true},
       {1, 4, 4, 1, 2000, 64, 64, false, -1, -1, 0.0F, false, true},
       {1, 4, 1, 2, 150, 128, 128, false, -1, -1, 0.0F, true, true},
+      // One row per key/value head (MHA, one token: the one-row score and value passes): d =
+      // 128, whole value rows; odd sizes (a last partial vector, an odd count of whole ones) with
+      // a window, soft-capping, sinks and ALiBi; value rows of more than 8 vectors on every
+      // target; many splits, keys not a multiple of the 2 or 4 per step
+      {2, 4, 4, 1, 300, 128, 128, true, -1, -1, 0.0F, false},
+      {3, 3, 3, 1, 90, 20, 36, true, 30, 0, 2.0F, true, true},
+      {2, 2, 2, 1, 77, 48, 200, false, -1, -1, 0.0F, false},
+      {1, 2, 2, 1, 3001, 64, 64, true, -1, -1, 0.0F, true},
   };
   uint64_t seed = 1;
   for (const Case& c : cases) {
