@@ -194,11 +194,13 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       // One row per key/value head (MHA, one token: the one-row score and value passes): d =
       // 128, whole value rows; odd sizes (a last partial vector, an odd count of whole ones) with
       // a window, soft-capping, sinks and ALiBi; value rows of more than 8 vectors on every
-      // target; many splits, keys not a multiple of the 2 or 4 per step
+      // target; many splits, keys not a multiple of the 2 or 4 per step; fp32 keys past the L2
+      // (5 MB) take the four-row score steps
       {2, 4, 4, 1, 300, 128, 128, true, -1, -1, 0.0F, false},
       {3, 3, 3, 1, 90, 20, 36, true, 30, 0, 2.0F, true, true},
       {2, 2, 2, 1, 77, 48, 200, false, -1, -1, 0.0F, false},
       {1, 2, 2, 1, 3001, 64, 64, true, -1, -1, 0.0F, true},
+      {1, 1, 1, 1, 20000, 64, 64, true, -1, -1, 0.0F, false},
   };
   uint64_t seed = 1;
   for (const Case& c : cases) {
