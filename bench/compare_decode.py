@@ -10,13 +10,15 @@ Run with the Python that scripts/test.sh builds (attn, torch; matplotlib for --p
         --attn-cli build/release/cli/attn --json-out docs/decode.json --plot-out docs/decode.png
 
 Both calls take a float32 query (B, 32, n, 128) against 8 key/value heads of 128 cached tokens
-(the decode shape of a Llama-3-8B layer); PyTorch's cache is a tensor of the dtype (its query too:
+(the decode shape of a Llama-3-8B layer; --heads, --kv-heads and --head-dim change it: 8, 8, 64
+or 128 for a multi-head model of one query row per key/value head); PyTorch's cache is a tensor of the dtype (its query too:
 PyTorch SDPA wants one dtype), attn's an attn.KVCache of that dtype. PyTorch has no int8 SDPA.
 The "attn-torch" rows call attn.torch.scaled_dot_product_attention on PyTorch's own tensors
 (query of the cache's dtype, causal bottom-right for n > 1): attn's decode kernel behind the
 PyTorch-shaped call, as a transformers model with attn_implementation="attn" decodes.
 Each timed pass follows a read of twice the L3, so the cache comes from memory as it does between
-two layers of a model. Not part of CI: timings need a quiet machine.
+two layers of a model (--warm leaves it out: a cache small enough stays in L2 or L3, as a small
+model's at short contexts). Not part of CI: timings need a quiet machine.
 """
 import argparse
 import json
@@ -33,7 +35,6 @@ import torch.nn.functional as F
 import attn
 import attn.torch as attn_torch
 
-HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 LABELS = {"attn": "attn KVCache", "attn-torch": "attn.torch SDPA", "torch": "PyTorch SDPA"}
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -77,7 +78,8 @@ def timed(call, evict, repeats):
     call()  # warm-up
     times = []
     for _ in range(repeats):
-        evict.sum()
+        if evict is not None:
+            evict.sum()
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
@@ -93,6 +95,11 @@ def main():
     parser.add_argument("--queries", type=int, default=1, help="new queries n per sequence")
     parser.add_argument("--threads", type=parse_ints, default=[1, os.cpu_count() or 1])
     parser.add_argument("--dtypes", default="float32,float16,bfloat16,int8")
+    parser.add_argument("--heads", type=int, default=32, help="query heads H_q")
+    parser.add_argument("--kv-heads", type=int, default=8, help="key/value heads H_kv")
+    parser.add_argument("--head-dim", type=int, default=128, help="head size d")
+    parser.add_argument("--warm", action="store_true",
+                        help="no eviction read between passes (the cache stays in L2/L3 if it fits)")
     parser.add_argument("--repeats", type=int, default=15, help="timed passes (median kept)")
     parser.add_argument("--json-out", help="write the rows as JSON here")
     parser.add_argument("--plot-out", help="draw GB/s against m per dtype here (PNG, matplotlib)")
@@ -100,9 +107,10 @@ def main():
                         "bench` (Highway, every thread summing its slice) instead of torch.sum")
     args = parser.parse_args()
     dtypes = [name for name in args.dtypes.split(",") if name]
+    heads, kv_heads, head_dim = args.heads, args.kv_heads, args.head_dim
 
     rng = np.random.default_rng(1)
-    evict = torch.ones(2 * l3_bytes() // 4, dtype=torch.float32)
+    evict = None if args.warm else torch.ones(2 * l3_bytes() // 4, dtype=torch.float32)
     if args.attn_cli:
         report = json.loads(subprocess.run(
             [args.attn_cli, "bench", "--cases", "decode-float32", "--quick", "--threads",
@@ -118,15 +126,15 @@ def main():
     B, n = args.batch, args.queries
     rows = []
     for m in args.lengths:
-        keys = rng.standard_normal((B, KV_HEADS, m, HEAD_DIM), dtype=np.float32)
-        values = rng.standard_normal((B, KV_HEADS, m, HEAD_DIM), dtype=np.float32)
-        query = rng.standard_normal((B, HEADS, n, HEAD_DIM), dtype=np.float32)
+        keys = rng.standard_normal((B, kv_heads, m, head_dim), dtype=np.float32)
+        values = rng.standard_normal((B, kv_heads, m, head_dim), dtype=np.float32)
+        query = rng.standard_normal((B, heads, n, head_dim), dtype=np.float32)
         for dtype in dtypes:
-            cache = attn.KVCache(B, KV_HEADS, HEAD_DIM, m, dtype)
+            cache = attn.KVCache(B, kv_heads, head_dim, m, dtype)
             cache.append(keys, values)
             element = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}[dtype]
             scales = 2 * 4 if dtype == "int8" else 0
-            kv_bytes = B * m * KV_HEADS * (2 * HEAD_DIM * element + scales)
+            kv_bytes = B * m * kv_heads * (2 * head_dim * element + scales)
             torch_k = torch_v = torch_q = None
             if dtype in TORCH_DTYPES:
                 torch_k = torch.from_numpy(keys).to(TORCH_DTYPES[dtype])
@@ -164,9 +172,10 @@ def main():
             del cache, torch_k, torch_v, torch_q
 
     print(f"decode: {cpu_name()}, {os.cpu_count()} logical CPUs; attn {attn.__version__}, "
-          f"torch {torch.__version__}; B={B}, n={n}, {HEADS} query heads over {KV_HEADS} of "
-          f"{HEAD_DIM}; median of {args.repeats} passes, each after a {2 * l3_bytes() >> 20} MiB "
-          "eviction read")
+          f"torch {torch.__version__}; B={B}, n={n}, {heads} query heads over {kv_heads} of "
+          f"{head_dim}; median of {args.repeats} passes, "
+          + ("warm (no eviction read)" if args.warm
+             else f"each after a {2 * l3_bytes() >> 20} MiB eviction read"))
     for threads, rate in ceilings.items():
         print(f"stream read ({ceiling_source}), {threads} thread(s): {rate:.1f} GB/s")
     print(f"{'dtype':10} {'m':>7} {'thr':>3} {'attn ms':>9} {'GB/s':>6} {'%read':>6} "
