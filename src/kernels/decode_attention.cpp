@@ -8,9 +8,10 @@
 // R rows), so each row's running max and sum are lane-wise. Few rows (one query, G ≤ 4) use
 // 4-lane vectors instead of wasting three quarters of an AVX-512 register. K and V rows in fp16,
 // bf16 or int8 are converted to fp32 in registers as they are loaded (ScoreKeys,
-// AccumulateColumns), each load shared by four rows; the rows of the tile four ahead are prefetched
-// while one runs, line by line as each pass reads its own stream when the tile is memory-bound
-// (TilePrefetch).
+// AccumulateColumns), each load shared by four rows (a key/value head with one row alone,
+// multi-head attention's one new token, has steps of its own: ScoreFourKeysOneRow,
+// AccumulateOneRow); the rows of the tile four ahead are prefetched while one runs, line by line
+// as each pass reads its own stream when the tile is memory-bound (TilePrefetch).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -844,7 +845,8 @@ HWY_INLINE void ValueColumns(D d, size_t bc, const char* value_rows, size_t valu
 
 // O[r] = O[r] · rescale[r] + Σ_j P[j, r] · v_j over the tile's bc value rows (P: Pᵀ, rows
 // row_lanes apart, a multiple of 4; int8 rows' scales folded into P first), for the rows rounded
-// up to 4 (the padding rows, zero queries, are computed and discarded). A last partial vector of
+// up to 4 (the padding rows, zero queries, are computed and discarded; one row alone has its own
+// loops, AccumulateOneRow, for its whole vectors of columns). A last partial vector of
 // columns goes through a small buffer, so no row is read past its end.
 template <CacheDType kType, class D>
 HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float* HWY_RESTRICT p,
