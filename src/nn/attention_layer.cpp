@@ -74,19 +74,12 @@ AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad
                            pooled_values_.dim(2)};
   check_grad_output(grad_output, output_shape);
   Tensor dropped = attention_weights_;
-  if (mask.numel() > 0) {
-    for (int64_t index = 0; index < dropped.numel(); ++index)
-      dropped.data()[index] *= mask.data()[index];
-  }
+  if (mask.numel() > 0) Dropout::apply_mask(dropped, mask);
   PoolGradients grads{Tensor(attention_weights_.shape()), Tensor(pooled_values_.shape())};
   batched_transposed_matmul(dropped, grad_output, grads.values);
   Tensor grad_weights(attention_weights_.shape());
   batched_matmul_transposed(grad_output, pooled_values_, grad_weights);
-  if (mask.numel() > 0) {
-    for (int64_t index = 0; index < grad_weights.numel(); ++index) {
-      grad_weights.data()[index] *= mask.data()[index];
-    }
-  }
+  if (mask.numel() > 0) Dropout::apply_mask(grad_weights, mask);
   masked_softmax_backward(attention_weights_, grad_weights, grads.scores);
   return grads;
 }

@@ -1,4 +1,4 @@
-// Dropout: range check and the in-place masked scaling.
+// Dropout: range check, the in-place masked scaling and a drawn mask applied again.
 #include "attn/nn/dropout.hpp"
 
 #include <cmath>
@@ -18,6 +18,17 @@ void Dropout::apply(TensorView values) {
   if (p_ == 0.0F) return;
   const float keep_scale = p_ == 1.0F ? 0.0F : 1.0F / (1.0F - p_);
   for (float& value : values.span()) value = rng_.uniform() < p_ ? 0.0F : value * keep_scale;
+}
+
+void Dropout::apply_mask(TensorView values, ConstTensorView mask) {
+  if (values.shape() != mask.shape()) {
+    throw ShapeError("dropout mask: expected shape " + values.shape().str() + ", got " +
+                     mask.shape().str());
+  }
+  float* value = values.data();
+  const float* keep = mask.data();
+  const int64_t count = values.numel();
+  for (int64_t index = 0; index < count; ++index) value[index] *= keep[index];
 }
 
 Tensor Dropout::draw_mask(const Shape& shape) {

@@ -16,14 +16,6 @@ float sigmoid(float x) {
   return 1.0F / (1.0F + std::exp(-x));
 }
 
-// values ⊙= mask, elementwise (same shape): inverted dropout between layers, forward and backward.
-void apply_mask(Tensor& values, const Tensor& mask) {
-  float* value = values.data();
-  const float* keep = mask.data();
-  const int64_t count = values.numel();
-  for (int64_t index = 0; index < count; ++index) value[index] *= keep[index];
-}
-
 // The default view (shape (0)) means "start from zeros".
 bool is_absent(ConstTensorView view) {
   return view.rank() == 1 && view.numel() == 0;
@@ -83,7 +75,7 @@ GruOutput Gru::forward(ConstTensorView inputs, ConstTensorView initial_state, Tr
     const int64_t in = layer_input.dim(2);
     if (layer > 0 && training_ && dropout_.p() > 0.0F) {
       record.dropout_mask = dropout_.draw_mask(layer_input.shape());
-      apply_mask(layer_input, record.dropout_mask);
+      Dropout::apply_mask(layer_input, record.dropout_mask);
     }
     record.inputs = std::move(layer_input);
     record.states = Tensor(Shape{steps + 1, batch, hidden});
@@ -214,7 +206,7 @@ GruGradients Gru::backward(const Trace& trace, ConstTensorView grad_outputs,
     Tensor grad_inputs(Shape{steps, batch, in});
     detail::add_product(grad_gates_x.data(), parameters.weight_ih.data(), grad_inputs.data(),
                         steps * batch, gates, in);
-    if (record.dropout_mask.numel() > 0) apply_mask(grad_inputs, record.dropout_mask);
+    if (record.dropout_mask.numel() > 0) Dropout::apply_mask(grad_inputs, record.dropout_mask);
     grad_layer_outputs = std::move(grad_inputs);
   }
   result.inputs = std::move(grad_layer_outputs);

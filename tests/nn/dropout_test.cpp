@@ -76,5 +76,20 @@ TEST(Dropout, EdgeProbabilities) {
                        "dropout: expected a probability in [0, 1]");
 }
 
+// A drawn mask applied again reproduces apply()'s result (the same generator state), and a mask of
+// another shape is refused.
+TEST(Dropout, ApplyMaskReproducesTheDrawnDropout) {
+  Rng rng(5);
+  const Tensor values = testing::random_tensor(Shape{3, 7}, rng);
+  Tensor dropped = values;
+  Dropout(0.4F, 21).apply(dropped);
+  const Tensor mask = Dropout(0.4F, 21).draw_mask(values.shape());
+  Tensor masked = values;
+  Dropout::apply_mask(masked, mask);
+  EXPECT_EQ(masked.values(), dropped.values());
+  EXPECT_THROW_MESSAGE(Dropout::apply_mask(masked, Tensor(Shape{7, 3})), ShapeError,
+                       "dropout mask: expected shape (3, 7), got (7, 3)");
+}
+
 }  // namespace
 }  // namespace attn

@@ -23,6 +23,9 @@ class Dropout {
   // The multipliers apply() would use — 0 for a dropped element, 1/(1−p) for a kept one — so a
   // backward pass can reuse the forward pass's mask.
   Tensor draw_mask(const Shape& shape);
+  // values ⊙= mask, elementwise: a mask from draw_mask applied again (forward values, or the
+  // gradients of a backward pass). ShapeError unless the shapes agree.
+  static void apply_mask(TensorView values, ConstTensorView mask);
 
  private:
   float p_;
