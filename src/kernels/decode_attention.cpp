@@ -334,11 +334,35 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
 }
 
 #if HWY_TARGET != HWY_SCALAR
+// The one-row score steps' last part: kKeys dot products in the first lanes of `sums` (whole
+// vectors of depth), each plus its key's depth tail past vectors_end and times its int8 scale,
+// stored as Sᵀ[k, 0], with Sᵀ[k, 1 … 3] = 0 (the padding rows' scores, as the four-row form
+// leaves them).
+template <CacheDType kType, size_t kKeys, class D4>
+HWY_INLINE void StoreOneRowScores(D4 d4, hn::Vec<D4> sums, const char* key_row, size_t key_stride,
+                                  const float* scales, const float* HWY_RESTRICT q,
+                                  size_t vectors_end, size_t depth, float* HWY_RESTRICT scores) {
+  static_assert(kKeys == 4 || kType != CacheDType::kInt8, "int8 scales are read four at a time");
+  if (vectors_end < depth) {
+    HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+    for (size_t k = 0; k < kKeys; ++k)
+      for (size_t e = vectors_end; e < depth; ++e)
+        tail[k] += q[e] * CacheElement<kType>(key_row + k * key_stride, e);
+    sums = hn::Add(sums, hn::Load(d4, tail));
+  }
+  if constexpr (kType == CacheDType::kInt8) sums = hn::Mul(sums, hn::LoadU(d4, scales));
+  HWY_ALIGN float key_sums[4];
+  hn::Store(sums, d4, key_sums);
+  for (size_t k = 0; k < kKeys; ++k) {
+    hn::Store(hn::Zero(d4), d4, scores + 4 * k);
+    scores[4 * k] = key_sums[k];
+  }
+}
+
 // ScoreKeys for one query row (G·n = 1: multi-head attention's one new token) and four keys: the
 // four-row form multiplies three zero rows too, which made that decode compute-bound at 30 GB/s
 // in the cache on Zen 4 for any G ≤ 4. Each key's dot product in two sums (even and odd vectors:
-// 8 multiply-add chains, as the FMA units' latency needs), Sᵀ[k, 0] = q · k_k and Sᵀ[k, 1 … 3] = 0
-// (the padding rows' scores, as the four-row form leaves them).
+// 8 multiply-add chains, as the FMA units' latency needs), then StoreOneRowScores.
 template <CacheDType kType, bool kByLine, class D>
 HWY_INLINE void ScoreFourKeysOneRow(D d, const char* key_row, size_t key_stride,
                                     const float* scales, const float* HWY_RESTRICT q, size_t depth,
@@ -379,32 +403,21 @@ HWY_INLINE void ScoreFourKeysOneRow(D d, const char* key_row, size_t key_stride,
     a2 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row2, t), a2);
     a3 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row3, t), a3);
   }
-  auto sums = SumFour(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3));
-  if (vectors_end < depth) {
-    HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
-    for (size_t k = 0; k < 4; ++k)
-      for (size_t e = vectors_end; e < depth; ++e)
-        tail[k] += q[e] * CacheElement<kType>(key_row + k * key_stride, e);
-    sums = hn::Add(sums, hn::Load(d4, tail));
-  }
-  if constexpr (kType == CacheDType::kInt8) sums = hn::Mul(sums, hn::LoadU(d4, scales));
-  HWY_ALIGN float key_sums[4];
-  hn::Store(sums, d4, key_sums);
-  for (size_t k = 0; k < 4; ++k) {
-    hn::Store(hn::Zero(d4), d4, scores + 4 * k);
-    scores[4 * k] = key_sums[k];
-  }
+  StoreOneRowScores<kType, 4>(
+      d4, SumFour(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3)), key_row,
+      key_stride, scales, q, vectors_end, depth, scores);
 }
 #endif
 
 #if HWY_TARGET != HWY_SCALAR
-// ScoreFourKeysOneRow for two keys, each dot product in four sums (vectors t mod 4), for fp32 rows:
-// as fast from the cache, and from memory four keys at a time were 4–15% slower (Zen 4, d = 64 and
-// 128), as ScoreTile's four-row steps found.
-template <CacheDType kType, bool kByLine, class D>
-HWY_INLINE void ScoreTwoKeysOneRow(D d, const char* key_row, size_t key_stride, const float* scales,
+// ScoreFourKeysOneRow for fp32 rows, two keys at a time, each dot product in four sums (vectors t
+// mod 4): as fast from the cache, and from memory four keys at a time were 4–15% slower (Zen 4, d =
+// 64 and 128), as ScoreTile's four-row steps found.
+template <bool kByLine, class D>
+HWY_INLINE void ScoreTwoKeysOneRow(D d, const char* key_row, size_t key_stride,
                                    const float* HWY_RESTRICT q, size_t depth,
                                    float* HWY_RESTRICT scores, const char* const* prefetch_rows) {
+  constexpr CacheDType kType = CacheDType::kFloat32;
   using V = hn::Vec<D>;
   const hn::CappedTag<float, 4> d4;
   const size_t lanes = hn::Lanes(d), vectors_end = depth / lanes * lanes;
@@ -438,21 +451,11 @@ HWY_INLINE void ScoreTwoKeysOneRow(D d, const char* key_row, size_t key_stride, 
     a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, key_row, t), a0);
     a1 = hn::MulAdd(q0, LoadCacheVector<kType>(d, row1, t), a1);
   }
-  auto sums = SumFour(d, hn::Add(hn::Add(a0, b0), hn::Add(c0, e0)),
-                      hn::Add(hn::Add(a1, b1), hn::Add(c1, e1)), hn::Zero(d), hn::Zero(d));
-  if (vectors_end < depth) {
-    HWY_ALIGN float tail[4] = {0.0F, 0.0F, 0.0F, 0.0F};
-    for (size_t k = 0; k < 2; ++k)
-      for (size_t e = vectors_end; e < depth; ++e)
-        tail[k] += q[e] * CacheElement<kType>(key_row + k * key_stride, e);
-    sums = hn::Add(sums, hn::Load(d4, tail));
-  }
-  HWY_ALIGN float key_sums[4];
-  hn::Store(sums, d4, key_sums);
-  for (size_t k = 0; k < 2; ++k) {
-    hn::Store(hn::Zero(d4), d4, scores + 4 * k);
-    scores[4 * k] = kType == CacheDType::kInt8 ? key_sums[k] * scales[k] : key_sums[k];
-  }
+  StoreOneRowScores<kType, 2>(
+      d4,
+      SumFour(d, hn::Add(hn::Add(a0, b0), hn::Add(c0, e0)),
+              hn::Add(hn::Add(a1, b1), hn::Add(c1, e1)), hn::Zero(d), hn::Zero(d)),
+      key_row, key_stride, nullptr, q, vectors_end, depth, scores);
 }
 #endif
 
@@ -508,32 +511,34 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HW
   constexpr size_t kStep = HWY_MAX_BYTES >= 64 && kType != CacheDType::kFloat32 ? 4 : 2;
   size_t j = 0;
 #if HWY_TARGET != HWY_SCALAR
-  if (one_row_steps && kType == CacheDType::kFloat32) {  // rows is 1, row_lanes 4
-    for (; j + 2 <= bc; j += 2) {
-      const char* first = key_rows + j * key_stride;
-      if (prefetch.by_line) {
-        const char* later[2] = {prefetch.KeyRow(j), prefetch.KeyRow(j + 1)};
-        ScoreTwoKeysOneRow<kType, true>(d, first, key_stride, scales_from(j), q_rows, depth,
-                                        scores + j * row_lanes, later);
-      } else {
-        prefetch.BothRows(j);
-        prefetch.BothRows(j + 1);
-        ScoreTwoKeysOneRow<kType, false>(d, first, key_stride, scales_from(j), q_rows, depth,
-                                         scores + j * row_lanes, nullptr);
+  if (one_row_steps) {  // rows is 1, row_lanes 4
+    if constexpr (kType == CacheDType::kFloat32) {
+      for (; j + 2 <= bc; j += 2) {
+        const char* first = key_rows + j * key_stride;
+        if (prefetch.by_line) {
+          const char* later[2] = {prefetch.KeyRow(j), prefetch.KeyRow(j + 1)};
+          ScoreTwoKeysOneRow<true>(d, first, key_stride, q_rows, depth, scores + j * row_lanes,
+                                   later);
+        } else {
+          prefetch.BothRows(j);
+          prefetch.BothRows(j + 1);
+          ScoreTwoKeysOneRow<false>(d, first, key_stride, q_rows, depth, scores + j * row_lanes,
+                                    nullptr);
+        }
       }
-    }
-  } else if (one_row_steps) {
-    for (; j + 4 <= bc; j += 4) {
-      const char* first = key_rows + j * key_stride;
-      if (prefetch.by_line) {
-        const char* later[4] = {prefetch.KeyRow(j), prefetch.KeyRow(j + 1), prefetch.KeyRow(j + 2),
-                                prefetch.KeyRow(j + 3)};
-        ScoreFourKeysOneRow<kType, true>(d, first, key_stride, scales_from(j), q_rows, depth,
-                                         scores + j * row_lanes, later);
-      } else {
-        for (size_t k = 0; k < 4; ++k) prefetch.BothRows(j + k);
-        ScoreFourKeysOneRow<kType, false>(d, first, key_stride, scales_from(j), q_rows, depth,
-                                          scores + j * row_lanes, nullptr);
+    } else {
+      for (; j + 4 <= bc; j += 4) {
+        const char* first = key_rows + j * key_stride;
+        if (prefetch.by_line) {
+          const char* later[4] = {prefetch.KeyRow(j), prefetch.KeyRow(j + 1),
+                                  prefetch.KeyRow(j + 2), prefetch.KeyRow(j + 3)};
+          ScoreFourKeysOneRow<kType, true>(d, first, key_stride, scales_from(j), q_rows, depth,
+                                           scores + j * row_lanes, later);
+        } else {
+          for (size_t k = 0; k < 4; ++k) prefetch.BothRows(j + k);
+          ScoreFourKeysOneRow<kType, false>(d, first, key_stride, scales_from(j), q_rows, depth,
+                                            scores + j * row_lanes, nullptr);
+        }
       }
     }
   }
@@ -782,6 +787,16 @@ HWY_INLINE void AccumulateColumnsOneRow(D d, size_t bc, const char* value_rows, 
   for (size_t v = 0; v < kVectors; ++v) hn::Store(sums[v], d, out + v * lanes);
 }
 
+// f(std::integral_constant<size_t, count>()) for a run-time count in [1, kCount]: one call site
+// instantiates a routine per count.
+template <size_t kCount, class F>
+HWY_INLINE void WithVectorCount(size_t count, const F& f) {
+  if constexpr (kCount > 1) {
+    if (count < kCount) return WithVectorCount<kCount - 1>(count, f);
+  }
+  f(std::integral_constant<size_t, kCount>());
+}
+
 // Every whole vector of columns of the one output row: AccumulateColumnsOneRow over up to 8
 // vectors at a time (the value rows of dv = 128 whole on AVX-512, 64 on AVX2).
 template <CacheDType kType, bool kByLine, class D>
@@ -796,32 +811,7 @@ HWY_INLINE void AccumulateOneRow(D d, size_t bc, const char* value_rows, size_t 
       AccumulateColumnsOneRow<kType, decltype(vectors)::value, kByLine>(
           d, bc, value_rows, value_stride, p, row_lanes, c0, out, rescale, prefetch);
     };
-    switch (std::min<size_t>(8, full_vectors - v0)) {
-      case 1:
-        run(std::integral_constant<size_t, 1>());
-        break;
-      case 2:
-        run(std::integral_constant<size_t, 2>());
-        break;
-      case 3:
-        run(std::integral_constant<size_t, 3>());
-        break;
-      case 4:
-        run(std::integral_constant<size_t, 4>());
-        break;
-      case 5:
-        run(std::integral_constant<size_t, 5>());
-        break;
-      case 6:
-        run(std::integral_constant<size_t, 6>());
-        break;
-      case 7:
-        run(std::integral_constant<size_t, 7>());
-        break;
-      default:
-        run(std::integral_constant<size_t, 8>());
-        break;
-    }
+    WithVectorCount<8>(std::min<size_t>(8, full_vectors - v0), run);
   }
 }
 #endif

@@ -216,17 +216,10 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
   const hn::ScalableTag<float> d;
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
   constexpr int64_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
-  const auto* k_bytes = reinterpret_cast<const char*>(
-      args.half ? static_cast<const void*>(args.k16.matrix(b, h)) : args.k.matrix(b, h));
-  const auto* v_bytes = reinterpret_cast<const char*>(
-      args.half ? static_cast<const void*>(args.v16.matrix(b, h)) : args.v.matrix(b, h));
-  const int64_t element = args.half ? 2 : 4;
-  const int64_t k_stride = (args.half ? args.k16.row_stride : args.k.row_stride) * element;
-  const int64_t v_stride = (args.half ? args.v16.row_stride : args.v.row_stride) * element;
   for (int64_t j = s.packed_end; j < end; ++j) {
     if (j + kPrefetchRows < end) {
-      PrefetchLines(k_bytes + (j + kPrefetchRows) * k_stride, args.k.cols * element);
-      PrefetchLines(v_bytes + (j + kPrefetchRows) * v_stride, args.v.cols * element);
+      PrefetchMatrixRow(args.half, args.k, args.k16, b, h, j + kPrefetchRows);
+      PrefetchMatrixRow(args.half, args.v, args.v16, b, h, j + kPrefetchRows);
     }
     float* key_row = s.packed_keys + static_cast<size_t>(j) * depth;
     float* value_row = s.packed_values + static_cast<size_t>(j) * dv_padded;
@@ -276,16 +269,10 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   tile.keys = args.k.rows;
   tile.first = s.first;
   tile.last = s.last;
-  {
-    // Every line of the tile's query rows requested at once, before the transpose below reads
-    // them a row (and, for fp32, a column) at a time.
-    const auto* rows = args.half ? reinterpret_cast<const char*>(args.q16.matrix(b, h))
-                                 : reinterpret_cast<const char*>(args.q.matrix(b, h));
-    const int64_t element = args.half ? 2 : 4;
-    const int64_t row_bytes = args.q.cols * element, stride = args.q.row_stride * element;
-    for (size_t r = 0; r < tile.rows; ++r)
-      PrefetchLines(rows + (first_query + static_cast<int64_t>(r)) * stride, row_bytes);
-  }
+  // Every line of the tile's query rows requested at once, before the transpose below reads them a
+  // row (and, for fp32, a column) at a time.
+  for (size_t r = 0; r < tile.rows; ++r)
+    PrefetchMatrixRow(args.half, args.q, args.q16, b, h, first_query + static_cast<int64_t>(r));
   tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, first_query, tile.rows, br,
                                 args.q.rows, args.k.rows, s.first, s.last);
   for (size_t r = 0; r < br; ++r) {

@@ -160,14 +160,8 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
   const auto rows = static_cast<size_t>(view.rows), cols = static_cast<size_t>(view.cols);
   constexpr size_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
   for (size_t r = 0; r < rows; ++r) {
-    if (r + kPrefetchRows < rows) {
-      const auto ahead = static_cast<int64_t>(r + kPrefetchRows);
-      if (args.half) {
-        PrefetchLines(half.matrix(b, h) + ahead * half.row_stride, view.cols * 2);
-      } else {
-        PrefetchLines(view.matrix(b, h) + ahead * view.row_stride, view.cols * 4);
-      }
-    }
+    if (r + kPrefetchRows < rows)
+      PrefetchMatrixRow(args.half, view, half, b, h, static_cast<int64_t>(r + kPrefetchRows));
     float* row = destination + r * padded;
     if (args.half) {
       WidenRow(d, args.half_type, half.matrix(b, h) + static_cast<int64_t>(r) * half.row_stride,

@@ -1,6 +1,6 @@
 // Where the fused kernels' products read a matrix's rows (RowsView), when they can read the
 // caller's rows in place instead of a per-thread padded copy (DenseRows), and the prefetch that
-// copying strided rows needs (PrefetchLines).
+// copying strided rows needs (PrefetchLines, PrefetchMatrixRow).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +31,24 @@ bool DenseRows(const View& view, std::size_t lanes) {
 inline void PrefetchLines(const void* first, std::int64_t bytes) {
   const auto* line = static_cast<const char*>(first);
   for (std::int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(line + byte, 0, 3);
+}
+
+// PrefetchLines of row `row` of matrix (b, h) of a heads view (attn/kernels/heads_view.hpp).
+template <class View>
+void PrefetchMatrixRow(const View& view, std::int64_t b, std::int64_t h, std::int64_t row) {
+  const auto* first = view.matrix(b, h) + row * view.row_stride;
+  PrefetchLines(first, view.cols * static_cast<std::int64_t>(sizeof(*first)));
+}
+
+// The same of `half_view` when `half` (a pass on fp16/bf16 data), else of `view`.
+template <class View, class HalfView>
+void PrefetchMatrixRow(bool half, const View& view, const HalfView& half_view, std::int64_t b,
+                       std::int64_t h, std::int64_t row) {
+  if (half) {
+    PrefetchMatrixRow(half_view, b, h, row);
+  } else {
+    PrefetchMatrixRow(view, b, h, row);
+  }
 }
 
 }  // namespace attn
