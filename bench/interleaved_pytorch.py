@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""attn.torch beside PyTorch's SDPA through the calls users make, in interleaved rounds.
+
+Issue 14's targets are ratios to PyTorch "measured side by side in one run". compare_pytorch.py
+times attn through its CLI first and PyTorch minutes later; on a noisy machine (the device tool's
+Xeon moved 1.3-1.5x between phases) that ratio carries the machine's drift. Here each point's two
+calls take turns, round after round, in one process on the same tensors: per round the median of
+`--repeats` passes of each (their order alternating between rounds), and the reported ratio is
+the median over rounds of PyTorch / attn, with its range. B = 4, 8 heads of 64 unless set; q, k, v
+contiguous (B, H, n, d); the backward rows time torch.autograd.grad of the output alone.
+
+Usage: python bench/interleaved_pytorch.py [--sizes 1024,4096] [--threads 1,4,16]
+           [--workloads forward,causal,backward,bf16-forward,bf16-causal,bf16-backward]
+           [--rounds 3] [--repeats 3] [--json-out FILE]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import attn
+import attn.torch as attn_torch
+
+WORKLOADS = {  # name: (dtype, causal, backward)
+    "forward": (torch.float32, False, False),
+    "causal": (torch.float32, True, False),
+    "backward": (torch.float32, False, True),
+    "bf16-forward": (torch.bfloat16, False, False),
+    "bf16-causal": (torch.bfloat16, True, False),
+    "bf16-backward": (torch.bfloat16, False, True),
+}
+
+
+def median_ms(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def make_calls(workload, q, k, v):
+    """The two callables of one point: attn.torch's and PyTorch's, forward or backward."""
+    _, causal, backward = WORKLOADS[workload]
+    sdpa = {"attn": attn_torch.scaled_dot_product_attention, "torch": F.scaled_dot_product_attention}
+    if not backward:
+        def forward(fn):
+            def call():
+                with torch.no_grad():
+                    fn(q, k, v, is_causal=causal)
+            return call
+        return {name: forward(fn) for name, fn in sdpa.items()}
+    calls = {}
+    for name, fn in sdpa.items():
+        inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+        out = fn(*inputs, is_causal=causal)
+        grad = torch.ones_like(out) / out.numel() ** 0.5
+
+        def call(out=out, inputs=inputs, grad=grad):
+            torch.autograd.grad(out, inputs, grad, retain_graph=True)
+        calls[name] = call
+    return calls
+
+
+def flops(workload, batch, heads, n, d):
+    _, causal, backward = WORKLOADS[workload]
+    pairs = n * (n + 1) / 2 if causal else n * n
+    return batch * heads * pairs * (8 if backward else 4) * d
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1024,4096")
+    parser.add_argument("--threads", default=f"1,4,{os.cpu_count()}")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    thread_counts = sorted({int(t) for t in args.threads.split(",")})
+    workloads = args.workloads.split(",")
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {unknown}; expected some of {list(WORKLOADS)}")
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error("--rounds and --repeats must be at least 1")
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"attn.torch vs PyTorch {torch.__version__} SDPA, interleaved: B={args.batch}, "
+          f"heads={args.heads}, d={args.head_dim}; {args.rounds} rounds of the median of "
+          f"{args.repeats} passes each; {cpu}, {os.cpu_count()} logical CPUs")
+    print("ratio = PyTorch ms / attn ms per round: the median over rounds [lowest, highest]; "
+          "GFLOP/s count visible pairs, 4d (forward) or 8d (backward) per pair\n")
+    print(f"{'workload':<14}{'n':>6}{'thr':>4}{'attn ms':>10}{'torch ms':>10}{'attn GF/s':>10}"
+          f"{'ratio':>7}  range")
+    rows = []
+    for n in sizes:
+        generator = torch.Generator().manual_seed(n)
+        shape = (args.batch, args.heads, n, args.head_dim)
+        base = [torch.rand(shape, generator=generator) * 2 - 1 for _ in range(3)]
+        for workload in workloads:
+            dtype = WORKLOADS[workload][0]
+            q, k, v = (x.to(dtype) for x in base)
+            for threads in thread_counts:
+                attn.set_num_threads(threads)
+                torch.set_num_threads(threads)
+                calls = make_calls(workload, q, k, v)
+                for call in calls.values():
+                    call()  # warm-up: first-touch pages, thread pools
+                per_round = {"attn": [], "torch": []}
+                for r in range(args.rounds):
+                    order = ("attn", "torch") if r % 2 == 0 else ("torch", "attn")
+                    for name in order:
+                        per_round[name].append(median_ms(calls[name], args.repeats))
+                ratios = [t / a for a, t in zip(per_round["attn"], per_round["torch"])]
+                attn_ms = statistics.median(per_round["attn"])
+                torch_ms = statistics.median(per_round["torch"])
+                gflops = flops(workload, args.batch, args.heads, n, args.head_dim) / attn_ms / 1e6
+                row = {"workload": workload, "n": n, "threads": threads, "attn_ms": attn_ms,
+                       "torch_ms": torch_ms, "attn_gflops": gflops,
+                       "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+                       "ratio_max": max(ratios), "attn_rounds": per_round["attn"],
+                       "torch_rounds": per_round["torch"]}
+                rows.append(row)
+                print(f"{workload:<14}{n:>6}{threads:>4}{attn_ms:>10.2f}{torch_ms:>10.2f}"
+                      f"{gflops:>10.1f}{row['ratio']:>7.2f}  [{min(ratios):.2f}, {max(ratios):.2f}]",
+                      flush=True)
+                del calls
+    scaling = [(r["workload"], r["n"], r["threads"], s["attn_ms"] / r["attn_ms"])
+               for r in rows for s in rows
+               if s["workload"] == r["workload"] and s["n"] == r["n"] and s["threads"] == 1
+               and r["threads"] > 1]
+    if scaling:
+        print("\nattn's thread scaling (1-thread ms / T-thread ms, same run):")
+        for workload, n, threads, factor in scaling:
+            print(f"  {workload:<14} n={n:<6} T={threads:<3} {factor:.2f}x")
+    if args.json_out:
+        with open(args.json_out, "w") as out:
+            json.dump({"torch": torch.__version__, "cpu": cpu, "batch": args.batch,
+                       "heads": args.heads, "head_dim": args.head_dim, "rounds": args.rounds,
+                       "repeats": args.repeats, "rows": rows}, out, indent=1)
+        print(f"wrote {args.json_out}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
