@@ -7,7 +7,7 @@ change and rebuild, then compare, e.g.
     python3 bench/ab_kernels.py --rounds 3 --lib before=/tmp/a --lib after= -- \\
         --cases decode-float32 --decode-batch 1 --decode-queries 1 --decode-lengths 32768 --threads 1
 
-Each round runs every build once, in turn (LD_LIBRARY_PATH points the CLI at the build's folder; an
+Each round runs every build once, in turn (the build's folder goes first on LD_LIBRARY_PATH; an
 empty folder means the CLI's own), so drifts of the machine fall on all builds alike; a row's
 median over the rounds is printed per build, with its range, and the ratio first / last build's
 median. Code placement alone moved the decode kernel by up to 10% between builds: compare builds
@@ -70,8 +70,9 @@ def main():
     for round_index in range(args.rounds):
         for name, folder in builds:
             environment = dict(os.environ)
-            if folder:
-                environment["LD_LIBRARY_PATH"] = os.path.abspath(folder)
+            if folder:  # first on the path, ahead of the other libraries' folders (a bundle's)
+                environment["LD_LIBRARY_PATH"] = os.pathsep.join(
+                    filter(None, [os.path.abspath(folder), environment.get("LD_LIBRARY_PATH")]))
             print(f"round {round_index + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             result = subprocess.run([args.cli, "bench", *bench_args, "--no-ceilings"],
                                     env=environment, capture_output=True, text=True)
