@@ -64,8 +64,16 @@ def main():
     axes.set_xscale("log", base=2)
     axes.set_xticks(sorted(set(sizes)), [str(n) for n in sorted(set(sizes))])
     axes.set_xlabel("sequence length n = m")
-    shape = "B=4, h=d=64" if args.workload.startswith("additive") else "B=4, 8 heads, d=64"
-    finish(figure, axes, results, args, f"{shape}, {threads} thread(s)")
+    finish(figure, axes, results, args, f"{run_shape(results, args)}, {threads} thread(s)")
+
+
+def run_shape(results, args):
+    """B, heads and d as the run recorded them (attn bench's "shape"; older files: B=4, 8 of 64)."""
+    shape = results["attn"].get("shape", {})
+    batch, heads, depth = shape.get("batch", 4), shape.get("heads", 8), shape.get("head_dim", 64)
+    if args.workload.startswith("additive"):
+        return f"B={batch}, h=d={depth}"
+    return f"B={batch}, {heads} heads, d={depth}"
 
 
 def finish(figure, axes, results, args, what):
@@ -98,7 +106,7 @@ def plot_against_threads(results, rows, args):
             axes.plot(*zip(*peaks), "k-.", label="FMA peak")
     axes.set_xticks(sorted(counts), [str(t) for t in sorted(counts)])
     axes.set_xlabel("threads")
-    finish(figure, axes, results, args, f"n = {args.size}, B=4, 8 heads, d=64")
+    finish(figure, axes, results, args, f"n = {args.size}, {run_shape(results, args)}")
 
 
 if __name__ == "__main__":
