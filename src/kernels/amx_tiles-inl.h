@@ -293,6 +293,37 @@ ATTN_AMX_TARGET HWY_NOINLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* va
   }
 }
 
+// C (rows × cols floats, rows c_stride floats apart) = A·B, or += with kAccumulate, over `pairs`
+// bf16 pairs (a multiple of 16): A as rows of pairs (a_stride words apart), B as `pairs` rows of
+// cols pairs (b_stride words apart), one pair per column. rows and cols are multiples of 32. The
+// backward pass's five products take this form (flash_attention_backward.cpp).
+template <bool kAccumulate, class Tiles>
+ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a, size_t a_stride,
+                                                 const uint32_t* b, size_t b_stride, size_t pairs,
+                                                 float* c, size_t c_stride, size_t rows,
+                                                 size_t cols) {
+  const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = b_stride * sizeof(uint32_t);
+  for (size_t row = 0; row < rows; row += 2 * kRows) {
+    const auto* a0 = reinterpret_cast<const char*>(a + row * a_stride);
+    const char* a1 = a0 + kRows * a_bytes;
+    for (size_t col = 0; col < cols; col += 2 * kPairs) {
+      float* block = c + row * c_stride + col;
+      if constexpr (kAccumulate) {
+        LoadBlock(tiles, block, c_stride);
+      } else {
+        tiles.template Zero<kC00>();
+        tiles.template Zero<kC01>();
+        tiles.template Zero<kC10>();
+        tiles.template Zero<kC11>();
+      }
+      const auto* b0 = reinterpret_cast<const char*>(b + col);
+      DotBlock(tiles, a0, a1, kPairs * sizeof(uint32_t), a_bytes, b0,
+               b0 + kPairs * sizeof(uint32_t), kPairs * b_bytes, b_bytes, pairs / kPairs);
+      StoreBlock(tiles, block, c_stride);
+    }
+  }
+}
+
 }  // namespace amx
 #endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -63,6 +64,7 @@ constexpr size_t kMaxKeyBlockTiles = 16;  // 1024 keys: beyond it a block saves 
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
+#include "kernels/amx_tiles-inl.h"
 #include "kernels/backward_tiles-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/half_rows-inl.h"
@@ -76,6 +78,25 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using flash_backward_detail::BackwardArgs;
+
+// Where the backward's products run: fp32 FMAs (fp32 and fp16 inputs, and bf16 widened where
+// flash_attention_bfloat16_backward_native(d, dv) is false), vdpbf16ps on bf16 pairs, or those on
+// AMX tiles for the tiles they fill (hardware, or its C++ model in tests).
+enum class BackwardProducts { kFloat, kVector, kAmx, kAmxModel };
+
+BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (!args.half || args.half_type != HalfType::kBFloat16 ||
+      !flash_attention_bfloat16_backward_native(args.q.cols, args.v.cols)) {
+    return BackwardProducts::kFloat;
+  }
+  if (!amx_tiles_in_use()) return BackwardProducts::kVector;
+  return amx_use() == AmxUse::kModel ? BackwardProducts::kAmxModel : BackwardProducts::kAmx;
+#else
+  (void)args;  // the bf16 products exist only in the AVX-512 targets
+  return BackwardProducts::kFloat;
+#endif
+}
 
 // Per-thread scratch for one (batch, key/value head) task at a time; sized once per call.
 struct BackwardScratch : BackwardTileBuffers {
@@ -105,6 +126,14 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* used_query_pairs = nullptr;
   uint32_t* grad_score_query_pairs = nullptr;
   uint32_t* grad_score_key_pairs = nullptr;
+  // On AMX tiles, dS also as Br rows of Bc/2 pairs of adjacent keys: dQ's A operand.
+  uint32_t* grad_score_row_pairs = nullptr;
+  // Whether whole tiles' products run on AMX tiles (ChooseBackwardProducts), and the C++ model
+  // of the tiles that stands in for them in tests (null on hardware).
+  bool amx_products = false;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  std::unique_ptr<amx::AmxTileModel> amx_model;
+#endif
   // Key tiles per block of the loop over keys (FlashBackwardQueryHead): as many as fill half of
   // the L2 with their K, V, dK and dV rows, the other half left to a query tile's rows.
   size_t key_block_tiles = 1;
@@ -113,9 +142,14 @@ struct BackwardScratch : BackwardTileBuffers {
   bool rows_in_place = false;
   RowsView queries, keys, values;
 
-  BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, bool bf16_pairs,
+  BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, BackwardProducts products,
                   bool in_place)
-      : rows_in_place(in_place) {
+      : amx_products(products == BackwardProducts::kAmx || products == BackwardProducts::kAmxModel),
+        rows_in_place(in_place) {
+    const bool bf16_pairs = products != BackwardProducts::kFloat;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (products == BackwardProducts::kAmxModel) amx_model = std::make_unique<amx::AmxTileModel>();
+#endif
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
@@ -147,6 +181,7 @@ struct BackwardScratch : BackwardTileBuffers {
         used_query_pairs = as_uint32(take(bc * br / 2));
         grad_score_query_pairs = as_uint32(take(bc * br / 2));
         grad_score_key_pairs = as_uint32(take((bc + 1) / 2 * br));
+        grad_score_row_pairs = as_uint32(take(amx_products ? br * bc / 2 : 0));
       }
     });
   }
@@ -187,19 +222,6 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
   for (size_t t = 0; t < count; ++t) scratch_row[t] = values[t] * scale;
   NarrowRow(hn::ScalableTag<float>(), args.half_type, scratch_row, count,
             half.matrix(b, h) + offset * half.row_stride);
-}
-
-// Whether bf16 inputs run the products on vdpbf16ps (tile_gemm_bf16-inl.h): where the forward
-// pass's bf16 path runs on them too (flash_attention_bfloat16_backward_native), so that the scores
-// the backward repeats are summed as the forward summed them.
-bool BFloat16Products(const BackwardArgs& args) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  return args.half && args.half_type == HalfType::kBFloat16 &&
-         flash_attention_bfloat16_backward_native();
-#else
-  (void)args;  // the bf16 products exist only in the AVX-512 targets
-  return false;
-#endif
 }
 
 // Rows of matrix (b, h) of bf16 `half` as pairs of adjacent elements, (cols + 1) / 2 per row (an
@@ -258,6 +280,42 @@ ATTN_BF16_TARGET void GradScorePairs(const float* grad_scores, size_t bc, size_t
                                      uint32_t* query_pairs, uint32_t* key_pairs) {
   TileRowsToPairs(grad_scores, bc, br, query_pairs);
   PackProbabilityPairs(grad_scores, bc, br, key_pairs);
+}
+
+// The AMX tiles of the thread: configured for the products of a query head, released after them.
+ATTN_AMX_TARGET void ConfigureTiles(BackwardScratch& s) {
+  if (s.amx_model != nullptr) return s.amx_model->Configure(amx::kFullTiles);
+  amx::AmxHardwareTiles tiles;
+  tiles.Configure(amx::kFullTiles);
+}
+ATTN_AMX_TARGET void ReleaseTiles(BackwardScratch& s) {
+  if (s.amx_model != nullptr) return s.amx_model->Release();
+  amx::AmxHardwareTiles tiles;
+  tiles.Release();
+}
+
+// amx::ProductOnTiles on the thread's tiles (hardware, or the model in tests).
+template <bool kAccumulate>
+ATTN_AMX_TARGET void TileProduct(BackwardScratch& s, const uint32_t* a, size_t a_stride,
+                                 const uint32_t* b, size_t b_stride, size_t pairs, float* c,
+                                 size_t c_stride, size_t rows, size_t cols) {
+  if (s.amx_model != nullptr) {
+    return amx::ProductOnTiles<kAccumulate>(*s.amx_model, a, a_stride, b, b_stride, pairs, c,
+                                            c_stride, rows, cols);
+  }
+  amx::AmxHardwareTiles tiles;
+  amx::ProductOnTiles<kAccumulate>(tiles, a, a_stride, b, b_stride, pairs, c, c_stride, rows, cols);
+}
+
+// dS as rows of pairs of adjacent keys (Br × Bc/2 words), dQ's A operand on the tiles, turned
+// from its pairs of adjacent keys laid out as B (Bc/2 × Br words) in 16 × 16 blocks.
+HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t br,
+                                  uint32_t* row_pairs) {
+  const size_t pairs = bc / 2;
+  for (size_t p = 0; p < pairs; p += 16) {
+    for (size_t i = 0; i < br; i += 16)
+      TransposeWords16(key_pairs + p * br + i, br, row_pairs + i * pairs + p, pairs);
+  }
 }
 #endif
 
@@ -327,6 +385,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // runs in the order of one key tile at a time (dK, dV over query tiles; dQ over key tiles), so
   // the block size changes no bit of the result.
   const size_t block_keys = s.key_block_tiles * flash_backward_detail::kKeyTile;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (s.amx_products) ConfigureTiles(s);
+#endif
   for (size_t block0 = chunk.first_tile * flash_backward_detail::kKeyTile; block0 < keys_end;
        block0 += block_keys) {
     const size_t block_end = std::min(keys_end, block0 + block_keys);
@@ -355,7 +416,19 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                                    ranges};
         // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        if (bf16_products) {
+        // A whole tile (Bc keys, Br queries) on AMX tiles where they are in use: the same pairs,
+        // laid out as vdpbf16ps reads them, summed in fp32 in the tiles' order.
+        const bool on_tiles = s.amx_products && bc == flash_backward_detail::kKeyTile && rows == br;
+        if (on_tiles) {
+          TileProduct<false>(s, s.key_pairs + key0 * depth_pairs, depth_pairs,
+                             s.query_pairs + tile * depth_pairs * br, br, depth_pairs,
+                             s.probabilities, br, bc, br);
+          const auto scale_vector = hn::Set(d, scale);
+          for (size_t e = 0; e < bc * br; e += lanes) {
+            hn::Store(hn::Mul(hn::Load(d, s.probabilities + e), scale_vector), d,
+                      s.probabilities + e);
+          }
+        } else if (bf16_products) {
           // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
           // them: the same scores, so P agrees with its log-sum-exp.
           GemmBF16<false>(bc, flash_backward_detail::kQueryVectors,
@@ -388,6 +461,12 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_products) {
           TileRowsToPairs(used, bc, br, s.used_query_pairs);
+        }
+        if (on_tiles) {
+          TileProduct<true>(s, s.used_query_pairs, br / 2,
+                            s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, br / 2,
+                            s.grad_v + key0 * dv_padded, dv_padded, bc, dv_padded);
+        } else if (bf16_products) {
           GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
                          s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
                          s.grad_v + key0 * dv_padded, dv_padded, nullptr);
@@ -399,7 +478,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         }
         // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        if (bf16_products) {
+        if (on_tiles) {
+          TileProduct<false>(s, s.value_pairs + key0 * dv_pairs, dv_pairs,
+                             s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs, s.grad_scores,
+                             br, bc, br);
+        } else if (bf16_products) {
           GemmBF16<false>(bc, flash_backward_detail::kQueryVectors, s.value_pairs + key0 * dv_pairs,
                           dv_pairs, 1, s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs,
                           s.grad_scores, br, nullptr);
@@ -420,6 +503,17 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
         if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        if (on_tiles) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
+          GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
+          GradScoreRowPairs(s.grad_score_key_pairs, bc, br, s.grad_score_row_pairs);
+          TileProduct<true>(s, s.grad_score_query_pairs, br / 2,
+                            s.query_row_pairs + first / 2 * d_padded, d_padded, br / 2,
+                            s.grad_k + key0 * d_padded, d_padded, bc, d_padded);
+          TileProduct<true>(s, s.grad_score_row_pairs, bc / 2,
+                            s.key_row_pairs + key0 / 2 * d_padded, d_padded, bc / 2,
+                            s.grad_q + first * d_padded, d_padded, br, d_padded);
+          continue;
+        }
         if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
           GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
           GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
@@ -439,6 +533,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
       }
     }
   }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (s.amx_products) ReleaseTiles(s);
+#endif
   for (size_t i = 0; i < n; ++i) {
     if (partial_grad_q != nullptr) {
       std::copy_n(s.grad_q + i * d_padded, depth, partial_grad_q + i * depth);
@@ -571,7 +668,7 @@ void FlashBackward(const BackwardArgs& args) {
   MaskGradientAccumulator target(args.grad_mask, args.q.batch, args.q.heads, args.k.heads,
                                  args.q.rows, args.k.rows, threads);
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
-  const bool bf16_products = BFloat16Products(args);
+  const BackwardProducts products = ChooseBackwardProducts(args);
   const size_t lanes = hn::Lanes(d);
   const bool rows_in_place = !args.half && DenseRows(args.q, lanes) && DenseRows(args.k, lanes) &&
                              DenseRows(args.v, lanes);
@@ -582,7 +679,7 @@ void FlashBackward(const BackwardArgs& args) {
       [&] {
         return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
                                static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
-                               lanes, bf16_products, rows_in_place);
+                               lanes, products, rows_in_place);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {
         const int64_t head_task = task / static_cast<int64_t>(chunks);
@@ -645,8 +742,9 @@ bool check_backward_arguments(const flash_backward_detail::BackwardArgs& args) {
 
 }  // namespace
 
-bool flash_attention_bfloat16_backward_native() {
-  return flash_attention_bfloat16_native() && !amx_tiles_in_use();
+bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth) {
+  if (!flash_attention_bfloat16_native()) return false;
+  return !amx_tiles_in_use() || (depth % 32 == 0 && value_depth % 32 == 0);
 }
 
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,

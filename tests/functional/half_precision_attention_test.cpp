@@ -416,7 +416,8 @@ TEST_P(HalfPrecisionSdpa, BackwardIsTheFloatBackwardRoundedOnce) {
     // the fp32 kernels' 1e-5 of the largest entry) and rounds P and dS to bf16 for dV, dK and dQ:
     // each element may move by 2⁻⁸ times the sum of its terms' magnitudes, computed here from the
     // float pass's weights (flash_attention_half_test derives the bound).
-    const bool native = type == HalfType::kBFloat16 && flash_attention_bfloat16_backward_native();
+    const bool native =
+        type == HalfType::kBFloat16 && flash_attention_bfloat16_backward_native(16, 12);
     const auto expect_close = [native](const float* got, const float* want, int64_t count) {
       double largest = 0.0;
       for (int64_t e = 0; e < count; ++e) largest = std::max<double>(largest, std::abs(want[e]));

@@ -206,9 +206,11 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
   // of its terms' magnitudes (dV_jt: Σ_i P_ij Z_ij |dO_it|; dK_jt: c Σ_i |dS_ij| |q_it|; dQ_it:
   // c Σ_j |dS_ij| |k_jt|, with |dS_ij| ≤ P_ij (Z_ij |dP_ij| + |D_i|) from the double reference),
   // plus the fp32 kernels' 1e-5 of the largest entry and the gradient's own rounding (2⁻⁸).
-  // The backward's own path: on AMX tiles' CPUs (and their model) bf16 widens (bit-equal below).
-  const bool backward_native =
-      type == HalfType::kBFloat16 && flash_attention_bfloat16_backward_native();
+  // The backward's own path: on AMX tiles' CPUs (and their model) bf16 widens (bit-equal below)
+  // unless both depths fill whole tiles; whole 64 × 64 tiles' products then run on the tiles, the
+  // rest on vdpbf16ps: the same pairs summed in another order, within the same bound.
+  const bool backward_native = type == HalfType::kBFloat16 &&
+                               flash_attention_bfloat16_backward_native(c.depth, c.value_depth);
   std::vector<float> grad_out;
   const HalfHeads grad_out16 =
       random_heads(type, c.batch, c.q_heads, c.queries, c.value_depth, 1.0F, rng, grad_out);
@@ -338,6 +340,12 @@ const HalfCase kAmxCases[] = {
     {1, 2, 2, 33, 300, 32, 32, false, -1, -1, false, false, false, 0.0F, 8.0F},
     {2, 2, 1, 40, 150, 32, 32, true, -1, -1, true, false, false, 0.0F, 1.0F, 0.3F},
     {1, 1, 1, 1, 1000, 64, 64},
+    // Whole 64 × 64 tiles for the backward's products on the tiles, beside partial ones: grouped
+    // heads; causal; lengths, sinks and dropout; a window with a bool mask and a soft cap.
+    {1, 2, 1, 200, 260, 32, 64},
+    {1, 1, 1, 128, 192, 128, 32, true},
+    {1, 2, 2, 130, 200, 64, 64, false, -1, -1, true, true, false, 0.0F, 1.0F, 0.2F},
+    {1, 1, 1, 192, 256, 64, 96, false, 40, 10, false, false, true, 6.0F},
 };
 
 // Sets amx_use() for a test's lifetime.
@@ -358,9 +366,12 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
   if (!flash_attention_bfloat16_native())
     GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
   const ScopedAmxUse model(AmxUse::kModel);
-  // As on AMX hardware, the backward leaves vdpbf16ps for the widened fp32 pass (check_case then
-  // asserts its gradients bit-equal to the float pass's, rounded).
-  EXPECT_FALSE(flash_attention_bfloat16_backward_native());
+  // As on AMX hardware, the backward's products go on the tiles where both depths fill them, and
+  // otherwise leave vdpbf16ps for the widened fp32 pass (check_case then asserts its gradients
+  // bit-equal to the float pass's, rounded).
+  EXPECT_TRUE(flash_attention_bfloat16_backward_native(64, 32));
+  EXPECT_FALSE(flash_attention_bfloat16_backward_native(64, 17));
+  EXPECT_FALSE(flash_attention_bfloat16_backward_native(48, 64));
   Rng rng(83);
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
 }
@@ -368,7 +379,8 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
 // Without tiles the backward's products follow the forward's: vdpbf16ps wherever it has them.
 TEST_P(FlashAttentionHalf, BFloat16BackwardOnVectorsWhereTheForwardIs) {
   const ScopedAmxUse vectors(AmxUse::kNever);
-  EXPECT_EQ(flash_attention_bfloat16_backward_native(), flash_attention_bfloat16_native());
+  EXPECT_EQ(flash_attention_bfloat16_backward_native(64, 64), flash_attention_bfloat16_native());
+  EXPECT_EQ(flash_attention_bfloat16_backward_native(20, 36), flash_attention_bfloat16_native());
 }
 
 TEST_P(FlashAttentionHalf, BFloat16OnAmxMatchesReference) {

@@ -132,9 +132,10 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
 // The backward pass in half precision, read in place, each gradient of query, key and value
 // rounded once to `type` (grad_query, grad_key and grad_value shaped as their inputs, any
 // strides); grad_mask and grad_sinks as the float overload's. fp16, and bf16 on CPUs without bf16
-// dot products or with AMX tiles (where vdpbf16ps is no faster than fp32), give exactly the float
-// overload's gradients on the widened inputs, rounded once; elsewhere
-// (flash_attention_bfloat16_backward_native()), every product runs on bf16 pairs and the
+// dot products or with AMX tiles and head sizes that are not multiples of 32 (where vdpbf16ps is
+// no faster than fp32), give exactly the float overload's gradients on the widened inputs,
+// rounded once; elsewhere (flash_attention_bfloat16_backward_native(d, dv): vdpbf16ps, or AMX
+// tiles for whole 64 × 64 tiles), every product runs on bf16 pairs and the
 // probabilities and score gradients enter dV, dK and dQ rounded to bf16, as FlashAttention's bf16
 // kernels round them: each gradient element may move by 2⁻⁸ times the sum of its terms'
 // magnitudes. Values so large that the float path scales them take the float overload on widened

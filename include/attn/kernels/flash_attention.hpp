@@ -50,13 +50,16 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
 // picks.
 bool flash_attention_bfloat16_native();
 
-// True when the bf16 backward pass runs its products on vdpbf16ps: where
-// flash_attention_bfloat16_native() and the forward's products are not on AMX tiles (amx_use():
-// hardware where amx_available(), or the tile model). On AMX CPUs (Intel's Sapphire Rapids and
-// later) vdpbf16ps makes no more products per cycle than fp32 FMAs, and the bf16 backward ran at
-// 0.55–0.73× the fp32 backward's speed on the Xeon of docs/benchmarks.md: there it widens to fp32
-// as fp16 does (its gradients then the float pass's on the widened inputs, rounded once).
-bool flash_attention_bfloat16_backward_native();
+// True when the bf16 backward pass on heads of `depth` (q, k) and `value_depth` (v) runs its
+// products on bf16 pairs: where flash_attention_bfloat16_native(), on vdpbf16ps, or — where the
+// forward's products are on AMX tiles (amx_tiles_in_use(): hardware where amx_available(), or the
+// tile model) — on AMX tiles for every whole tile of 64 keys and 64 queries (vdpbf16ps for the
+// rest), which needs both depths multiples of 32. On AMX CPUs (Intel's Sapphire Rapids and later)
+// vdpbf16ps makes no more products per cycle than fp32 FMAs (the bf16 backward on it ran at
+// 0.55–0.73× the fp32 backward's speed on the Xeon of docs/benchmarks.md), so other depths widen
+// to fp32 there as fp16 does (the gradients then the float pass's on the widened inputs, rounded
+// once).
+bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth);
 
 // FlashAttention-2's backward pass: gradients of sum(out ⊙ grad_out) with respect to q, k, v,
 // recomputing the probabilities tile by tile from the forward pass's `log_sum_exp` instead of
@@ -77,12 +80,12 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
 
 // The same backward pass over half-precision q, k, v, out and grad_out (all of `type`), with the
 // gradients grad_q, grad_k, grad_v rounded once to `type` (nearest even); every sum accumulates
-// in fp32. fp16, and bf16 where flash_attention_bfloat16_backward_native() is false: the inputs are
-// widened exactly as each row is packed, so the gradients are the float pass's on the widened
-// inputs, rounded. bf16 where it is true: all five products run on vdpbf16ps, the scores and dP
-// from exact products of the inputs (the scores equal the bf16 forward's), dV, dK and dQ with P ⊙ Z
-// and dS rounded to bf16, as FlashAttention's bf16 kernels round them, so each gradient element
-// may move by 2⁻⁸ times the sum of its terms' magnitudes.
+// in fp32. fp16, and bf16 where flash_attention_bfloat16_backward_native(d, dv) is false: the
+// inputs are widened exactly as each row is packed, so the gradients are the float pass's on the
+// widened inputs, rounded. bf16 where it is true: all five products run on vdpbf16ps, the scores
+// and dP from exact products of the inputs (the scores equal the bf16 forward's), dV, dK and dQ
+// with P ⊙ Z and dS rounded to bf16, as FlashAttention's bf16 kernels round them, so each gradient
+// element may move by 2⁻⁸ times the sum of its terms' magnitudes.
 void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                               ConstHalfHeadsView v, ConstHalfHeadsView out,
                               ConstHalfHeadsView grad_out, const float* log_sum_exp,
