@@ -1,5 +1,5 @@
 // AMX availability (CPUID, XCR0 and Linux's per-process permission for the tile state) and the
-// process-wide choice of whether the bf16 forward uses it (include/attn/kernels/amx.hpp).
+// process-wide choice of whether the bf16 kernels use it (include/attn/kernels/amx.hpp).
 #include "attn/kernels/amx.hpp"
 
 #include <atomic>
@@ -90,7 +90,8 @@ std::string status_of_use() {
     case AmxUse::kModel:
       return "AMX-BF16 modelled in C++ (tests only)";
     case AmxUse::kWhereAvailable:
-      return amx_available() ? "AMX-BF16 in use (bf16 forward, depth a multiple of 32)" : "no AMX";
+      return amx_available() ? "AMX-BF16 in use (bf16 forward and backward, depths multiples of 32)"
+                             : "no AMX";
     case AmxUse::kNever:
       break;
   }

@@ -1,17 +1,19 @@
-// Intel AMX (the tile matrix unit of Sapphire Rapids and later Xeons) for the bf16 forward's tile
-// products: whether this CPU and OS offer it, and whether the kernels use it.
+// Intel AMX (the tile matrix unit of Sapphire Rapids and later Xeons) for the bf16 forward's and
+// backward's tile products: whether this CPU and OS offer it, and whether the kernels use it.
 #pragma once
 
 #include <string>
 
 namespace attn {
 
-// Where the bf16 fused forward (AVX-512 targets with AVX512-BF16) computes Sᵀ = K·Qᵀ and P·V:
+// Where the bf16 fused forward (AVX-512 targets with AVX512-BF16) computes Sᵀ = K·Qᵀ and P·V, and
+// the bf16 backward its five products:
 // - kNever: vdpbf16ps in vector registers;
 // - kWhereAvailable (the default): AMX tiles where amx_available(), vdpbf16ps elsewhere;
 // - kModel: the AMX path's own code with each tile instruction carried out by a C++ model of it
 //   (slow; for tests on CPUs without AMX: it checks the layouts, tile shapes and padding).
-// Depths that are not a multiple of 32 stay on vdpbf16ps in every mode.
+// Depths that are not a multiple of 32 stay on vdpbf16ps in the forward, and widen to fp32 in the
+// backward where tiles are in use (flash_attention_bfloat16_backward_native).
 enum class AmxUse { kNever, kWhereAvailable, kModel };
 
 // Whether this CPU has AMX-TILE and AMX-BF16 and Linux granted this process the tile state
@@ -24,7 +26,7 @@ bool amx_available();
 AmxUse amx_use();
 void set_amx_use(AmxUse use);
 
-// Whether the bf16 forward's products go to AMX tiles under the current choice: kModel, or
+// Whether the bf16 kernels' products go to AMX tiles under the current choice: kModel, or
 // kWhereAvailable where amx_available() (depths that fill whole tiles; others stay on vdpbf16ps).
 bool amx_tiles_in_use();
 
