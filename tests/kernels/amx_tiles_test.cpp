@@ -1,7 +1,7 @@
-// The AMX tile products of the bf16 forward (src/kernels/amx_tiles-inl.h) against their
-// definition in double: on the C++ model of the tile instructions wherever the CPU has AVX512-BF16,
-// and on the instructions themselves where it has AMX (skipped, saying so, elsewhere), and the
-// model's faults for tiles it was not configured for.
+// The AMX tile products of the bf16 forward and backward (src/kernels/amx_tiles-inl.h) against
+// their definition in double: on the C++ model of the tile instructions wherever the CPU has
+// AVX512-BF16, and on the instructions themselves where it has AMX (skipped, saying so, elsewhere),
+// and the model's faults for tiles it was not configured for.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tests/kernels/amx_tiles_test.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -27,7 +27,42 @@ ATTN_AMX_TARGET void RunTileProducts(Tiles& tiles, const uint32_t* key_pairs, si
                      out_transposed);
   tiles.Release();
 }
+
+template <class Tiles>
+ATTN_AMX_TARGET void RunGeneralProduct(Tiles& tiles, bool accumulate, const uint32_t* a,
+                                       size_t a_stride, const uint32_t* b, size_t b_stride,
+                                       size_t pairs, float* c, size_t c_stride, size_t rows,
+                                       size_t cols) {
+  tiles.Configure(amx::kFullTiles);
+  if (accumulate) {
+    amx::ProductOnTiles<true>(tiles, a, a_stride, b, b_stride, pairs, c, c_stride, rows, cols);
+  } else {
+    amx::ProductOnTiles<false>(tiles, a, a_stride, b, b_stride, pairs, c, c_stride, rows, cols);
+  }
+  tiles.Release();
+}
 #endif
+
+// amx::ProductOnTiles (the backward's products), on the hardware's tiles or the model's; false
+// where this target has no AMX path.
+bool EvaluateGeneralProduct(bool hardware, bool accumulate, const uint32_t* a, size_t a_stride,
+                            const uint32_t* b, size_t b_stride, size_t pairs, float* c,
+                            size_t c_stride, size_t rows, size_t cols) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (hardware) {
+    amx::AmxHardwareTiles tiles;
+    RunGeneralProduct(tiles, accumulate, a, a_stride, b, b_stride, pairs, c, c_stride, rows, cols);
+  } else {
+    amx::AmxTileModel tiles;
+    RunGeneralProduct(tiles, accumulate, a, a_stride, b, b_stride, pairs, c, c_stride, rows, cols);
+  }
+  return true;
+#else
+  (void)hardware, (void)accumulate, (void)a, (void)a_stride, (void)b, (void)b_stride, (void)pairs;
+  (void)c, (void)c_stride, (void)rows, (void)cols;
+  return false;
+#endif
+}
 
 // Both products, on the hardware's tiles or the model's; false where this target has no AMX path.
 bool EvaluateTileProducts(bool hardware, const uint32_t* key_pairs, size_t depth_pairs,
@@ -87,6 +122,7 @@ HWY_AFTER_NAMESPACE();
 
 namespace attn {
 HWY_EXPORT(EvaluateTileProducts);
+HWY_EXPORT(EvaluateGeneralProduct);
 HWY_EXPORT(UseUnconfiguredModelTile);
 namespace {
 
@@ -159,11 +195,43 @@ void check_tile_products(bool hardware, const std::string& which) {
   }
 }
 
+// C = A·B and C += A·B (amx::ProductOnTiles) over 2 × 2 blocks of tiles in both directions, with
+// strides wider than the data (rows of A, B and C padded by 16 words) as the backward's operands.
+void check_general_products(bool hardware, const std::string& which) {
+  Rng rng(hardware ? 43 : 42);
+  const size_t rows = 64, cols = 64, pairs = 48;
+  const size_t a_stride = pairs + 16, b_stride = cols + 16, c_stride = cols + 16;
+  std::vector<uint32_t> a(rows * a_stride), b(pairs * b_stride);
+  for (uint32_t& pair : a) pair = random_pair(rng, 1.0F);
+  for (uint32_t& pair : b) pair = random_pair(rng, 1.0F);
+  for (const bool accumulate : {false, true}) {
+    std::vector<float> c(rows * c_stride);
+    for (float& value : c) value = rng.normal();
+    const std::vector<float> before = c;
+    ASSERT_TRUE(HWY_DYNAMIC_DISPATCH(EvaluateGeneralProduct)(hardware, accumulate, a.data(),
+                                                             a_stride, b.data(), b_stride, pairs,
+                                                             c.data(), c_stride, rows, cols));
+    for (size_t i = 0; i < rows; ++i) {
+      for (size_t j = 0; j < c_stride; ++j) {
+        const std::string where = which + (accumulate ? " C += A·B (" : " C = A·B (") +
+                                  std::to_string(i) + ", " + std::to_string(j) + ")";
+        if (j >= cols) {  // the padding columns are not written
+          ASSERT_EQ(c[i * c_stride + j], before[i * c_stride + j]) << where;
+          continue;
+        }
+        expect_dot(c[i * c_stride + j], accumulate ? before[i * c_stride + j] : 0.0, a,
+                   i * a_stride, 1, b, j, b_stride, pairs, where);
+      }
+    }
+  }
+}
+
 TEST_P(AmxTiles, ModelProductsMatchTheirDefinition) {
   if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "the AMX path's code needs AVX512-BF16";
   if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
     GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
   check_tile_products(false, "model");
+  check_general_products(false, "model");
 }
 
 TEST_P(AmxTiles, HardwareProductsMatchTheirDefinition) {
@@ -172,6 +240,7 @@ TEST_P(AmxTiles, HardwareProductsMatchTheirDefinition) {
   if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
     GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
   check_tile_products(true, "hardware");
+  check_general_products(true, "hardware");
 }
 
 TEST_P(AmxTiles, ModelFaultsOnUnconfiguredTiles) {
