@@ -25,16 +25,12 @@ import time
 import torch
 
 import attn
+from interleaved_pytorch import median_ms  # this folder's attn-beside-PyTorch rounds
 
 
 def python_ms(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    fn()  # warm-up
+    return median_ms(fn, repeats)
 
 
 def bench_ms(cli, n, threads, repeats):

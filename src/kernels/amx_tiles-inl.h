@@ -244,59 +244,11 @@ ATTN_AMX_TARGET HWY_INLINE void LoadBlock(Tiles& tiles, const float* c, size_t s
   tiles.template Load<kC11>(c + kRows * stride + kPairs, bytes);
 }
 
-// Sᵀ (key_rows × br floats, rows br apart) = K·Qᵀ, unscaled: K's rows as bf16 pairs (depth_pairs
-// per row, a multiple of 16), Qᵀ as depth_pairs rows of br pairs. key_rows and br are multiples of
-// 32; every row read must be readable (the caller pads).
-template <class Tiles>
-ATTN_AMX_TARGET HWY_NOINLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_pairs,
-                                                size_t depth_pairs, size_t key_rows,
-                                                const uint32_t* query_pairs, size_t br,
-                                                float* scores) {
-  const size_t key_stride = depth_pairs * sizeof(uint32_t), query_stride = br * sizeof(uint32_t);
-  for (size_t key = 0; key < key_rows; key += 2 * kRows) {
-    const auto* a0 = reinterpret_cast<const char*>(key_pairs + key * depth_pairs);
-    const char* a1 = a0 + kRows * key_stride;
-    for (size_t query = 0; query < br; query += 2 * kPairs) {
-      tiles.template Zero<kC00>();
-      tiles.template Zero<kC01>();
-      tiles.template Zero<kC10>();
-      tiles.template Zero<kC11>();
-      const auto* b0 = reinterpret_cast<const char*>(query_pairs + query);
-      DotBlock(tiles, a0, a1, kPairs * sizeof(uint32_t), key_stride, b0,
-               b0 + kPairs * sizeof(uint32_t), kPairs * query_stride, query_stride,
-               depth_pairs / kPairs);
-      StoreBlock(tiles, scores + key * br + query, br);
-    }
-  }
-}
-
-// Oᵀ (value_rows × br floats, rows br apart) += Vᵀ·P over `pairs` key pairs (a multiple of 16): Vᵀ
-// as value_rows rows of bf16 pairs of adjacent keys, `value_stride` pairs apart, P as `pairs` rows
-// of br pairs. value_rows and br are multiples of 32.
-template <class Tiles>
-ATTN_AMX_TARGET HWY_NOINLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* value_pairs,
-                                                size_t value_stride, size_t value_rows,
-                                                size_t pairs, const uint32_t* probability_pairs,
-                                                size_t br, float* out_transposed) {
-  const size_t a_stride = value_stride * sizeof(uint32_t), b_stride = br * sizeof(uint32_t);
-  for (size_t row = 0; row < value_rows; row += 2 * kRows) {
-    const auto* a0 = reinterpret_cast<const char*>(value_pairs + row * value_stride);
-    const char* a1 = a0 + kRows * a_stride;
-    for (size_t query = 0; query < br; query += 2 * kPairs) {
-      float* c = out_transposed + row * br + query;
-      LoadBlock(tiles, c, br);
-      const auto* b0 = reinterpret_cast<const char*>(probability_pairs + query);
-      DotBlock(tiles, a0, a1, kPairs * sizeof(uint32_t), a_stride, b0,
-               b0 + kPairs * sizeof(uint32_t), kPairs * b_stride, b_stride, pairs / kPairs);
-      StoreBlock(tiles, c, br);
-    }
-  }
-}
-
 // C (rows × cols floats, rows c_stride floats apart) = A·B, or += with kAccumulate, over `pairs`
 // bf16 pairs (a multiple of 16): A as rows of pairs (a_stride words apart), B as `pairs` rows of
 // cols pairs (b_stride words apart), one pair per column. rows and cols are multiples of 32. The
-// backward pass's five products take this form (flash_attention_backward.cpp).
+// forward's two products (below) and the backward's five (flash_attention_backward.cpp) take
+// this form.
 template <bool kAccumulate, class Tiles>
 ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a, size_t a_stride,
                                                  const uint32_t* b, size_t b_stride, size_t pairs,
@@ -322,6 +274,30 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
       StoreBlock(tiles, block, c_stride);
     }
   }
+}
+
+// Sᵀ (key_rows × br floats, rows br apart) = K·Qᵀ, unscaled: K's rows as bf16 pairs (depth_pairs
+// per row, a multiple of 16), Qᵀ as depth_pairs rows of br pairs. key_rows and br are multiples of
+// 32; every row read must be readable (the caller pads).
+template <class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_pairs,
+                                              size_t depth_pairs, size_t key_rows,
+                                              const uint32_t* query_pairs, size_t br,
+                                              float* scores) {
+  ProductOnTiles<false>(tiles, key_pairs, depth_pairs, query_pairs, br, depth_pairs, scores, br,
+                        key_rows, br);
+}
+
+// Oᵀ (value_rows × br floats, rows br apart) += Vᵀ·P over `pairs` key pairs (a multiple of 16): Vᵀ
+// as value_rows rows of bf16 pairs of adjacent keys, `value_stride` pairs apart, P as `pairs` rows
+// of br pairs. value_rows and br are multiples of 32.
+template <class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* value_pairs,
+                                              size_t value_stride, size_t value_rows, size_t pairs,
+                                              const uint32_t* probability_pairs, size_t br,
+                                              float* out_transposed) {
+  ProductOnTiles<true>(tiles, value_pairs, value_stride, probability_pairs, br, pairs,
+                       out_transposed, br, value_rows, br);
 }
 
 }  // namespace amx
