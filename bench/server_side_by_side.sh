@@ -14,6 +14,10 @@
 #   bench/server_side_by_side.sh module  [OUT]   builds attn's Python module there (before layers)
 #   bench/server_side_by_side.sh calls   [OUT]   attn bench's fused kernel and attn's Python call in
 #                                                interleaved rounds (after module)
+#   bench/server_side_by_side.sh interleaved [OUT]  issue 14's PyTorch targets through attn.torch:
+#                                                attn and PyTorch's SDPA in turn, round after round
+#                                                (after module; the ratios to report on this noisy
+#                                                machine: rows of the other phases run minutes apart)
 #   bench/server_side_by_side.sh lengths [OUT]   n = 1024 ... LONG (default 16384) at B = 1, 8 heads,
 #                                                1 thread and all cores, PyTorch beside it: where
 #                                                K and V leave the L2 (the 1-thread forward read
@@ -36,13 +40,13 @@
 # Durations on the Xeon (2026-11-24, REPEATS=3 unless said; docs/benchmarks.md "The Xeon side by
 # side"): module 13 s; kernels 220 s at REPEATS=5; pytorch 212 s; amx more than 90 s (two rounds of
 # four runs); layers: compare_mha 78 s, compare_decode 60 s (its --repeats 9), compare_transformers
-# 83 s (--new-tokens 8); ggml 95 s; calls not yet run there (its 1-thread n = 4096 rows alone are
-# about 3 rounds x 16 passes x 1.3-1.6 s: 70 s). A machine is given back 30 s after a call and a new
+# 83 s (--new-tokens 8); ggml 95 s; calls about 100 s, interleaved about 330 s (2026-11-25:
+# REPEATS=3, 3 rounds, six workloads). A machine is given back 30 s after a call and a new
 # one starts in about 30 s, bare: three calls of module + kernels + pytorch, module + amx + layers +
 # calls, ggml + avx2 fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|lengths|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|interleaved|lengths|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 cores=$(nproc)
@@ -112,6 +116,11 @@ calls)
   "$python" bench/python_call_overhead.py --attn "$attn" --sizes "$sizes" --threads "$threads" \
     --rounds 3 --repeats "$repeats" >"$out/calls.txt"
   ;;
+interleaved)
+  "$python" -c "import attn" || { echo "attn's Python module is not importable" >&2; exit 2; }
+  "$python" bench/interleaved_pytorch.py --sizes "$sizes" --threads "$threads" --rounds 3 \
+    --repeats "$repeats" --json-out "$out/interleaved.json" >"$out/interleaved.txt"
+  ;;
 lengths)
   # The query and key blocks sized by the L2 (2026-11-25) were measured on Zen 4 only; this phase
   # shows whether the Xeon's forward still loses efficiency as n grows.
@@ -153,7 +162,7 @@ module)
   PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
   ;;
 *)
-  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, lengths, amx, ggml or module" >&2
+  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, interleaved, lengths, amx, ggml or module" >&2
   exit 2
   ;;
 esac
