@@ -95,16 +95,44 @@ std::string strides_string(const nb::ndarray<nb::ro>& array) {
   return text + (array.ndim() == 1 ? ",)" : ")");
 }
 
+// A torch tensor as a DLPack capsule by torch._C._to_dlpack (what torch.utils.dlpack.to_dlpack
+// calls): 0.3 µs, where the tensor's __dlpack__ method, which nanobind calls, takes 2 µs of Python
+// checks. None where torch has no such function or it refuses the tensor (the caller then takes
+// the __dlpack__ path, with its error messages).
+nb::object torch_capsule(nb::handle tensor) {
+  // Looked up once, while torch is imported (a tensor exists), and kept for the process's life.
+  static PyObject* const to_dlpack = [] {
+    PyObject* module = PyImport_ImportModule("torch._C");
+    PyObject* function = module == nullptr ? nullptr : PyObject_GetAttrString(module, "_to_dlpack");
+    Py_XDECREF(module);
+    if (function == nullptr) PyErr_Clear();
+    return function;
+  }();
+  if (to_dlpack == nullptr) return nb::none();
+  PyObject* capsule = PyObject_CallOneArg(to_dlpack, tensor.ptr());
+  if (capsule == nullptr) {
+    PyErr_Clear();
+    return nb::none();
+  }
+  return nb::steal(capsule);
+}
+
 // Imports any DLPack / buffer-protocol object as a read-only array without converting it; torch
 // tensors that require grad are detached first (same storage), as DLPack refuses to export them.
 nb::ndarray<nb::ro> import_array(nb::handle object, std::string_view name,
                                  std::string_view expected) {
   nb::object source = nb::borrow(object);
-  if (framework_of(object) == Framework::kTorch && nb::hasattr(object, "requires_grad") &&
-      nb::cast<bool>(object.attr("requires_grad"))) {
-    source = object.attr("detach")();
-  }
   nb::ndarray<nb::ro> array;
+  if (framework_of(object) == Framework::kTorch) {
+    if (nb::hasattr(object, "requires_grad") && nb::cast<bool>(object.attr("requires_grad"))) {
+      source = object.attr("detach")();
+    }
+    const nb::object capsule = torch_capsule(source);
+    if (!capsule.is_none() && nb::try_cast(capsule, array, /*convert=*/false) &&
+        array.device_type() == nb::device::cpu::value) {
+      return array;
+    }
+  }
   if (!nb::try_cast(source, array, /*convert=*/false)) {
     throw nb::type_error((std::string(name) + ": expected " + std::string(expected) + ", got " +
                           python_type_name(object))

@@ -115,6 +115,12 @@ def test_torch_tensors_are_not_copied():
         attn.masked_softmax(transposed).numpy(),
         attn.masked_softmax(transposed.contiguous()).numpy(),
     )
+    # A view that starts inside its storage (torch tensors arrive as torch._C._to_dlpack capsules).
+    offset = torch.randn(3, 3, 4)[1:]
+    assert attn._data_pointer(offset) == offset.data_ptr()
+    np.testing.assert_array_equal(
+        attn.masked_softmax(offset).numpy(), attn.masked_softmax(offset.clone()).numpy()
+    )
 
 
 def test_results_follow_the_input_framework():
