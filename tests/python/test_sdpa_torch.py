@@ -239,19 +239,34 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
         [q, k, v],
         ["query", "key", "value"],
     )
-    # Every route hands attn the views themselves, whose memory attn reads in place: eager calls,
-    # with grad or without, export them as DLPack capsules, no copies...
+    # Every route hands attn the views themselves, whose memory attn reads in place: eager calls
+    # with grad export them as DLPack capsules, no copies...
     views = [t.transpose(1, 2) for t in (q, k, v)]
     to_dlpack = attn_torch._to_dlpack
-    for records in (True, False):
-        exported = []
-        monkeypatch.setattr(attn_torch, "_to_dlpack", lambda t: exported.append(t) or to_dlpack(t))
-        with torch.set_grad_enabled(records):
-            attn_torch.scaled_dot_product_attention(*views, is_causal=True)
-        assert len(exported) == 3, records
-        for view, passed in zip(views, exported):
-            assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
+    exported = []
+    monkeypatch.setattr(attn_torch, "_to_dlpack", lambda t: exported.append(t) or to_dlpack(t))
+    with torch.enable_grad():
+        attn_torch.scaled_dot_product_attention(*views, is_causal=True)
+    assert len(exported) == 3
+    for view, passed in zip(views, exported):
+        assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
     monkeypatch.setattr(attn_torch, "_to_dlpack", to_dlpack)
+    # ...plain inference calls pass them to attn's own function (which reads them in place)...
+    function = attn_torch._attn.scaled_dot_product_attention
+    received = []
+    monkeypatch.setattr(
+        attn_torch._attn,
+        "scaled_dot_product_attention",
+        lambda *args, **kwargs: received.append(args[:3]) or function(*args, **kwargs),
+    )
+    with torch.no_grad():
+        direct = attn_torch.scaled_dot_product_attention(*views, is_causal=True)
+    monkeypatch.setattr(attn_torch._attn, "scaled_dot_product_attention", function)
+    assert len(received) == 1 and all(a is b for a, b in zip(received[0], views))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            direct, F.scaled_dot_product_attention(*views, is_causal=True), rtol=1e-5, atol=1e-6
+        )
     # ...and the operator (torch.compile's route, forced here) passes the tensors.
     seen = []
     forward = attn_torch._extension._sdpa_forward
