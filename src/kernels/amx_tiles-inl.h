@@ -276,6 +276,17 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
   }
 }
 
+// data[0, count) ⊙= scale, count a multiple of 16: the tiles' sums of products scaled as the
+// vdpbf16ps path scales them on storing (the forward's and the backward's scores).
+HWY_INLINE void ScaleInPlace(float* data, size_t count, float scale) {
+  const hwy::HWY_NAMESPACE::FixedTag<float, 16> d;
+  const auto factor = hwy::HWY_NAMESPACE::Set(d, scale);
+  for (size_t e = 0; e < count; e += 16) {
+    hwy::HWY_NAMESPACE::Store(
+        hwy::HWY_NAMESPACE::Mul(hwy::HWY_NAMESPACE::Load(d, data + e), factor), d, data + e);
+  }
+}
+
 // Sᵀ (key_rows × br floats, rows br apart) = K·Qᵀ, unscaled: K's rows as bf16 pairs (depth_pairs
 // per row, a multiple of 16), Qᵀ as depth_pairs rows of br pairs. key_rows and br are multiples of
 // 32; every row read must be readable (the caller pads).

@@ -697,10 +697,7 @@ ATTN_AMX_TARGET HWY_INLINE void ScaledScoresOnTiles(Tiles& tiles, const uint32_t
                                                     float scale, Scratch& s) {
   amx::ScoresOnTiles(tiles, key_pairs, depth_pairs, hwy::RoundUpTo(bc, 32), s.query_pairs, br,
                      s.scores);
-  const hn::ScalableTag<float> d;
-  const FloatVector scale_vector = hn::Set(d, scale);
-  for (size_t j = 0; j < bc * br; j += 16)
-    hn::Store(hn::Mul(hn::Load(d, s.scores + j), scale_vector), d, s.scores + j);
+  amx::ScaleInPlace(s.scores, bc * br, scale);
 }
 
 // Oᵀ = Oᵀ · rescale (unless every factor is 1) + Vᵀ P on AMX tiles, for the key tile at key0

@@ -423,11 +423,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           TileProduct<false>(s, s.key_pairs + key0 * depth_pairs, depth_pairs,
                              s.query_pairs + tile * depth_pairs * br, br, depth_pairs,
                              s.probabilities, br, bc, br);
-          const auto scale_vector = hn::Set(d, scale);
-          for (size_t e = 0; e < bc * br; e += lanes) {
-            hn::Store(hn::Mul(hn::Load(d, s.probabilities + e), scale_vector), d,
-                      s.probabilities + e);
-          }
+          amx::ScaleInPlace(s.probabilities, bc * br, scale);  // as GemmBF16 scales on storing
         } else if (bf16_products) {
           // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
           // them: the same scores, so P agrees with its log-sum-exp.
@@ -503,25 +499,24 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
         if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        if (on_tiles) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
-          GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
-          GradScoreRowPairs(s.grad_score_key_pairs, bc, br, s.grad_score_row_pairs);
-          TileProduct<true>(s, s.grad_score_query_pairs, br / 2,
-                            s.query_row_pairs + first / 2 * d_padded, d_padded, br / 2,
-                            s.grad_k + key0 * d_padded, d_padded, bc, d_padded);
-          TileProduct<true>(s, s.grad_score_row_pairs, bc / 2,
-                            s.key_row_pairs + key0 / 2 * d_padded, d_padded, bc / 2,
-                            s.grad_q + first * d_padded, d_padded, br, d_padded);
-          continue;
-        }
         if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
           GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
-          GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
-                         s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
-                         s.grad_k + key0 * d_padded, d_padded, nullptr);
-          GemmBF16<true>(rows, d_padded / lanes, s.grad_score_key_pairs, 1, br,
-                         s.key_row_pairs + key0 / 2 * d_padded, d_padded, (bc + 1) / 2,
-                         s.grad_q + first * d_padded, d_padded, nullptr);
+          if (on_tiles) {
+            GradScoreRowPairs(s.grad_score_key_pairs, bc, br, s.grad_score_row_pairs);
+            TileProduct<true>(s, s.grad_score_query_pairs, br / 2,
+                              s.query_row_pairs + first / 2 * d_padded, d_padded, br / 2,
+                              s.grad_k + key0 * d_padded, d_padded, bc, d_padded);
+            TileProduct<true>(s, s.grad_score_row_pairs, bc / 2,
+                              s.key_row_pairs + key0 / 2 * d_padded, d_padded, bc / 2,
+                              s.grad_q + first * d_padded, d_padded, br, d_padded);
+          } else {
+            GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
+                           s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
+                           s.grad_k + key0 * d_padded, d_padded, nullptr);
+            GemmBF16<true>(rows, d_padded / lanes, s.grad_score_key_pairs, 1, br,
+                           s.key_row_pairs + key0 / 2 * d_padded, d_padded, (bc + 1) / 2,
+                           s.grad_q + first * d_padded, d_padded, nullptr);
+          }
           continue;
         }
 #endif

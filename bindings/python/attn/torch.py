@@ -481,8 +481,9 @@ _to_dlpack = torch.utils.dlpack.to_dlpack
 
 
 def _capsules(*tensors):
-    """Tensors as DLPack capsules for attn's extension: importing a tensor through its __dlpack__
-    method costs ~3 µs, a capsule a tenth of that."""
+    """Tensors as DLPack capsules for attn's extension (torch.utils.dlpack.to_dlpack, ~0.3 µs; the
+    extension takes a torch tensor the same way, but returns a capsule input's result as NumPy,
+    which _as_torch turns back without a copy)."""
     return tuple(_to_dlpack(tensor) for tensor in tensors)
 
 
