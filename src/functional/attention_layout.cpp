@@ -133,7 +133,13 @@ Bits largest_over_rows(const StridedView<const T>& view, std::vector<const T*>& 
   for_each_row(view, [&](const T* row, int64_t) { rows.push_back(row); });
   const auto row_count = static_cast<int64_t>(rows.size());
   Bits largest = 0;
-#pragma omp parallel for reduction(max : largest) if (row_count * cols > (int64_t{1} << 20))
+  // A branch rather than an OpenMP `if` clause: a region kept serial by one still costs a futex
+  // system call (parallel_tasks.hpp).
+  if (row_count * cols <= (int64_t{1} << 20)) {
+    for (const T* row : rows) largest = std::max(largest, row_largest(row, cols));
+    return largest;
+  }
+#pragma omp parallel for reduction(max : largest)
   for (int64_t r = 0; r < row_count; ++r) {
     largest = std::max(largest, row_largest(rows[static_cast<size_t>(r)], cols));
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "kernels/parallel_tasks.hpp"
 
 namespace attn {
 
@@ -120,8 +121,8 @@ void linear_product(int64_t rows, int64_t in, int64_t out, const float* x, const
   // gains from 16 rows of a 256 × 256 weight on (Zen 4, docs/gemm.md).
   if (rows < 16 || in * out < 256 * 256) {
     if (bias != nullptr) {  // the product accumulates onto the bias rows, copied in parallel
-#pragma omp parallel for if (rows * out > (int64_t{1} << 16))
-      for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, out, y + r * out);
+      for_each_index(rows, rows * out > (int64_t{1} << 16),
+                     [&](int64_t r) { std::copy_n(bias, out, y + r * out); });
     }
     gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0F, x, in, weight, in,
          bias != nullptr ? 1.0F : 0.0F, y, out);

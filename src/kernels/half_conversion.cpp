@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kernels/parallel_tasks.hpp"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/half_conversion.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -40,11 +42,10 @@ template <class Convert>
 void in_chunks(size_t count, const Convert& convert) {
   constexpr size_t kChunk = size_t{1} << 16;
   const auto chunks = static_cast<int64_t>((count + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static) if (count >= (size_t{1} << 20))
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+  for_each_index(chunks, count >= (size_t{1} << 20), [&](int64_t chunk) {
     const size_t begin = static_cast<size_t>(chunk) * kChunk;
     convert(begin, std::min(kChunk, count - begin));
-  }
+  });
 }
 
 }  // namespace

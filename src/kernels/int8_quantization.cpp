@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/parallel_tasks.hpp"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/int8_quantization.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -72,13 +74,12 @@ void quantize_rows_int8(const float* from, size_t from_stride, size_t rows, size
   // keys appended to a cache), in the calling thread below (a decode step's few rows).
   constexpr size_t kRowsPerBlock = 64;
   const auto blocks = static_cast<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-#pragma omp parallel for schedule(static) if (rows * cols >= (size_t{1} << 20))
-  for (int64_t block = 0; block < blocks; ++block) {
+  for_each_index(blocks, rows * cols >= (size_t{1} << 20), [&](int64_t block) {
     const size_t first = static_cast<size_t>(block) * kRowsPerBlock;
     HWY_DYNAMIC_DISPATCH(QuantiseRows)
     (from + first * from_stride, from_stride, std::min(kRowsPerBlock, rows - first), cols,
      to + first * cols, scales + first);
-  }
+  });
 }
 
 }  // namespace attn
