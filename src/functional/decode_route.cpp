@@ -10,6 +10,7 @@
 
 #include "attn/kernels/decode_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
+#include "core/magnitude_scan.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/prepared_attention.hpp"
 
@@ -182,21 +183,31 @@ bool rows_contiguous(const StridedView<T>& view) {
   return view.dim(-1) <= 1 || view.stride(-1) == 1;
 }
 
-// Whether every element of the output's heads and every log-sum-exp is finite.
+// Whether every element of the output's heads and every log-sum-exp is finite: the vectorised
+// magnitude scan over each head's rows, in one run where they are back to back (an element at a
+// time, this check was 15% of a 1 × 8 × 16 × 64 call, Zen 4).
 bool all_finite(const HeadsLayout& layout, const float* data, size_t slices,
                 std::span<const float> log_sum_exp) {
+  using core_detail::kFirstNonFinite, core_detail::largest_magnitude_bits;
   for (size_t s = 0; s < slices; ++s) {
     const ConstHeadsView view = layout.slice(data, s);
+    const bool dense = view.row_stride == view.cols;
     for (int64_t b = 0; b < view.batch; ++b)
-      for (int64_t h = 0; h < view.heads; ++h)
+      for (int64_t h = 0; h < view.heads; ++h) {
+        const float* matrix = view.matrix(b, h);
+        if (dense) {
+          if (largest_magnitude_bits(matrix, view.rows * view.cols) >= kFirstNonFinite)
+            return false;
+          continue;
+        }
         for (int64_t i = 0; i < view.rows; ++i) {
-          const float* row = view.matrix(b, h) + i * view.row_stride;
-          if (!std::all_of(row, row + view.cols, [](float x) { return std::isfinite(x); }))
+          if (largest_magnitude_bits(matrix + i * view.row_stride, view.cols) >= kFirstNonFinite)
             return false;
         }
+      }
   }
-  return std::all_of(log_sum_exp.begin(), log_sum_exp.end(),
-                     [](float x) { return std::isfinite(x); });
+  return largest_magnitude_bits(log_sum_exp.data(), static_cast<int64_t>(log_sum_exp.size())) <
+         kFirstNonFinite;
 }
 
 }  // namespace

@@ -691,6 +691,37 @@ TEST(FunctionalSdpaLayout, StridedViewsGiveTheContiguousResult) {
       testing::to_doubles(scaled_dot_product_attention(q_copy, k, v, options).output), 0.0));
 }
 
+// A non-finite element of a strided view is named by its flat index in the view's own C order,
+// whether its rows lie apart (a transposed view: scanned row by row) or back to back within each
+// head with gaps between heads (scanned a head's rows at a time).
+TEST(FunctionalSdpaLayout, StridedViewsNameNonFiniteElementsByTheirFlatIndex) {
+  Rng rng(10);
+  const int64_t N = 2, L = 20, S = 24, H = 3, E = 8;
+  Tensor q_nlhe = testing::random_tensor(Shape{N, L, H, E}, rng);
+  const int64_t transposed_strides[4] = {L * H * E, E, H * E, 1};
+  const ConstStridedView q(q_nlhe.data(), Shape{N, H, L, E}, transposed_strides);
+  // Keys of each head back to back, heads S + 5 rows apart.
+  const int64_t gap = 5;
+  Tensor k_padded = testing::random_tensor(Shape{N, H, S + gap, E}, rng);
+  const int64_t padded_strides[4] = {H * (S + gap) * E, (S + gap) * E, E, 1};
+  const ConstStridedView k(k_padded.data(), Shape{N, H, S, E}, padded_strides);
+  const Tensor v = testing::random_tensor(Shape{N, H, S, E}, rng);
+  // The padding rows hold a magnitude past the score bound (1e37) that no view element reaches: it
+  // may not refuse the call.
+  k_padded.data()[S * E + 1] = 3e38F;
+  EXPECT_NO_THROW(scaled_dot_product_attention(q, k, v));
+
+  q_nlhe.data()[((1 * L + 7) * H + 2) * E + 3] = NAN;  // (n 1, l 7, h 2, e 3)
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, v), ValueError,
+                       "query: expected finite values, got NaN at flat index " +
+                           std::to_string(((1 * H + 2) * L + 7) * E + 3));
+  q_nlhe.data()[((1 * L + 7) * H + 2) * E + 3] = 0.5F;
+  k_padded.data()[((1 * H + 1) * (S + gap) + 11) * E + 6] = -INFINITY;  // (n 1, h 1, s 11, e 6)
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, v), ValueError,
+                       "key: expected finite values, got -inf at flat index " +
+                           std::to_string(((1 * H + 1) * S + 11) * E + 6));
+}
+
 TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
   const Tensor q(Shape{2, 4, 3, 8}), k(Shape{2, 2, 5, 8}), v(Shape{2, 2, 5, 6});
   const Tensor k4(Shape{2, 4, 5, 8}), v4(Shape{2, 4, 5, 6});
