@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -1279,10 +1280,12 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
   const int64_t splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, key_tiles / 4));
   const int64_t split_len = (key_tiles + splits - 1) / splits * tile;
   const int64_t rows = group * q.rows, dv = values.cols;
-  std::vector<float> partial(static_cast<size_t>(q.batch * keys.heads * splits * rows * (dv + 2)));
+  // Every task writes all its rows' partials: no zero fill (5% of a 1 × 8 × 16 × 64 call).
+  const auto partial = std::make_unique_for_overwrite<float[]>(
+      static_cast<size_t>(q.batch * keys.heads * splits * rows * (dv + 2)));
   std::atomic<bool> non_finite_scores{false};
-  decode_detail::DecodeArgs args{q,      keys,      values,         lengths, options,
-                                 splits, split_len, partial.data(), dv + 2,  &non_finite_scores};
+  decode_detail::DecodeArgs args{q,      keys,      values,        lengths, options,
+                                 splits, split_len, partial.get(), dv + 2,  &non_finite_scores};
   HWY_DYNAMIC_DISPATCH(DecodeForward)(args);
 
   // Merge the splits' partials per row by log-sum-exp (the sink joins once, with no value).
@@ -1291,30 +1294,44 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t h = g * group + r / q.rows, i = r % q.rows;
         const auto row_of = [&](int64_t split) {
-          return partial.data() + (((b * keys.heads + g) * splits + split) * rows + r) * (dv + 2);
+          return partial.get() + (((b * keys.heads + g) * splits + split) * rows + r) * (dv + 2);
         };
         float top =
             options.sinks != nullptr ? options.sinks[h] : -std::numeric_limits<float>::infinity();
         for (int64_t split = 0; split < splits; ++split) top = std::max(top, row_of(split)[0]);
         float* destination = out.matrix(b, h) + i * out.row_stride;
-        std::fill_n(destination, dv, 0.0F);
         float* lse =
             log_sum_exp != nullptr ? log_sum_exp + (b * q.heads + h) * q.rows + i : nullptr;
         if (top == -std::numeric_limits<float>::infinity()) {
+          std::fill_n(destination, dv, 0.0F);
           if (lse != nullptr) *lse = top;
           continue;
         }
         double sum =
             options.sinks != nullptr ? std::exp(static_cast<double>(options.sinks[h]) - top) : 0.0;
         for (int64_t split = 0; split < splits; ++split) {
-          const float* row = row_of(split);
+          float* row = row_of(split);
           if (row[1] == 0.0F) continue;
-          const float weight = std::exp(row[0] - top);
-          sum += static_cast<double>(row[1]) * weight;
-          for (int64_t t = 0; t < dv; ++t) destination[t] += weight * row[2 + t];
+          // The split that holds the maximum (the only one, unsplit) weighs exactly e⁰ = 1; the
+          // weight replaces the split's maximum, read no more.
+          row[0] = row[0] == top ? 1.0F : std::exp(row[0] - top);
+          sum += static_cast<double>(row[1]) * row[0];
         }
         const float inverse = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0F;
-        for (int64_t t = 0; t < dv; ++t) destination[t] *= inverse;
+        // O = Σ (weight / sum) · O_split in one pass over the row: unsplit, O_split · (1 / sum).
+        bool written = false;
+        for (int64_t split = 0; split < splits; ++split) {
+          const float* row = row_of(split);
+          if (row[1] == 0.0F) continue;
+          const float factor = row[0] * inverse;
+          if (written) {
+            for (int64_t t = 0; t < dv; ++t) destination[t] += factor * row[2 + t];
+          } else {
+            for (int64_t t = 0; t < dv; ++t) destination[t] = factor * row[2 + t];
+          }
+          written = true;
+        }
+        if (!written) std::fill_n(destination, dv, 0.0F);
         if (lse != nullptr)
           *lse = sum > 0.0 ? top + static_cast<float>(std::log(sum))
                            : -std::numeric_limits<float>::infinity();
