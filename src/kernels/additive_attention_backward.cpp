@@ -57,7 +57,6 @@ constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay
 #define HWY_TARGET_INCLUDE "kernels/additive_attention_backward.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
-#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
@@ -76,7 +75,7 @@ using additive_backward_detail::kQueryVectors;
 
 // Per-thread scratch for one task at a time; sized once per call.
 struct AdditiveBackwardScratch : BackwardTileBuffers {
-  hwy::AlignedFreeUniquePtr<float[]> memory;
+  ScratchMemory memory;
   float* queries_transposed;       // tiles × h × Br: aᵀ per query tile
   float* grad_queries_transposed;  // tiles × h × Br: daᵀ
   float* grad_keys;                // Bc × h

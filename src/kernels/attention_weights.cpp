@@ -37,7 +37,6 @@ constexpr size_t kKeyTile = 64;
 #define HWY_TARGET_INCLUDE "kernels/attention_weights.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
-#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
@@ -54,7 +53,7 @@ using weights_detail::kQueryVectors;
 using weights_detail::WeightsArgs;
 
 struct WeightsScratch {
-  hwy::AlignedFreeUniquePtr<float[]> memory;
+  ScratchMemory memory;
   float* q_transposed;  // d × Br, scaled
   float* scores;        // Bc × Br
   float* key_rows;      // Bc × d: e^{2k} of a key tile (additive scores' exponential form)

@@ -74,7 +74,6 @@ constexpr int kPrefetchLocality = 2;   // __builtin_prefetch's hint: 2 = prefetc
 #define HWY_TARGET_INCLUDE "kernels/decode_attention.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
-#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 #include "kernels/fast_math-inl.h"
@@ -92,7 +91,7 @@ using decode_detail::kPrefetchTiles;
 
 // Per-thread buffers, sized for the widest vectors this target has.
 struct DecodeScratch {
-  hwy::AlignedFreeUniquePtr<float[]> memory;
+  ScratchMemory memory;
   float* q_rows;          // R × d: the rows' queries, scaled
   float* scores;          // Bc × R: Sᵀ, then Pᵀ
   float* output;          // rows × dv_padded

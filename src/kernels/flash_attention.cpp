@@ -77,7 +77,6 @@ constexpr size_t kKeyTileBF16 = 128;
 #define HWY_TARGET_INCLUDE "kernels/flash_attention.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
-#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 #include "kernels/additive_scores-inl.h"
@@ -97,7 +96,7 @@ using flash_detail::ForwardArgs;
 
 // Per-thread working memory, sized once per call.
 struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> memory;
+  ScratchMemory memory;
   // The query tile's own buffers, one set per tile of a block (kMaxQueryBlock slots, UseSlot picks
   // the one these point at); Sᵀ and the rescale factors live within one key tile's step and are
   // shared.

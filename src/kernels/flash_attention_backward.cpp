@@ -61,7 +61,6 @@ constexpr size_t kMaxKeyBlockTiles = 16;  // 1024 keys: beyond it a block saves 
 #define HWY_TARGET_INCLUDE "kernels/flash_attention_backward.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
-#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 #include "kernels/amx_tiles-inl.h"
@@ -100,7 +99,7 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 
 // Per-thread scratch for one (batch, key/value head) task at a time; sized once per call.
 struct BackwardScratch : BackwardTileBuffers {
-  hwy::AlignedFreeUniquePtr<float[]> memory;
+  ScratchMemory memory;
   float* q_rows;        // n × d_padded: Q, unscaled (unless read in place)
   float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile
   float* k_rows;        // m × d_padded (unless read in place)
