@@ -35,8 +35,9 @@ ScratchMemory carve_scratch(size_t lanes, const Layout& layout) {
     total += hwy::RoundUpTo(count, lanes);
     return nullptr;
   });
-  const size_t bytes = (total > 0 ? total : 1) * sizeof(float);
   ScratchMemory memory;
+  if (total > SIZE_MAX / sizeof(float)) return memory;  // null: more than memory can hold
+  const size_t bytes = (total > 0 ? total : 1) * sizeof(float);
   try {
     memory = ScratchMemory(static_cast<float*>(core_detail::allocate_tensor_storage(bytes)),
                            ScratchFree{bytes});

@@ -11,7 +11,8 @@
 // lower that threshold (compare_pytorch.py, to see peak memory) hand back every block; below it,
 // glibc trims freed memory at the heap's top back to the kernel too, so the projections and
 // gradients of a Bahdanau decoder step (0.1-0.7 MiB) faulted afresh at every call, 17% of its
-// backward pass. Like malloc's own free lists, the kept blocks are the process's, not a tensor's.
+// backward pass. Like malloc's own free lists, the kept blocks are the process's, not a tensor's;
+// the kernels' per-thread scratch takes and returns them too (src/kernels/scratch_memory.hpp).
 #pragma once
 
 #include <cstddef>
