@@ -1,6 +1,8 @@
 // Google Benchmark targets for attn's attention kernels: every case of attention_cases() at
 // B = 4, 8 heads, d = 64 over n = m ∈ {128 … 4096} with 1 and 2 threads, and the two ceilings (the
-// FMA peak and oneDNN sgemm on the attention shapes), each with a GFLOP/s counter.
+// FMA peak and oneDNN sgemm on the attention shapes), each with a GFLOP/s counter; and small calls
+// of the functional API (small_call/...), where a call's fixed costs rather than its arithmetic
+// decide: B = 1, 8 heads of 64, a decode step (1 query, 16 keys) and n = m ∈ {8, 16, 32}.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -8,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "attn/core/random.hpp"
+#include "attn/core/tensor.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
 #include "bench/attention_cases.hpp"
 #include "bench/ceilings.hpp"
 
@@ -88,12 +93,54 @@ void register_benchmarks() {
   }
 }
 
+// One call of attn::scaled_dot_product_attention on (1, 8, n, 64) queries against m keys: the
+// forward into a preallocated output, or forward and backward (gradients into new storage).
+void run_small_call(benchmark::State& state, int64_t n, int64_t m, bool backward, int threads) {
+  omp_set_num_threads(threads);
+  attn::Rng rng(1);
+  const auto random = [&rng](const attn::Shape& shape) {
+    attn::Tensor tensor(shape);
+    for (int64_t i = 0; i < tensor.numel(); ++i) tensor.data()[i] = rng.uniform(-1.0F, 1.0F);
+    return tensor;
+  };
+  const attn::Tensor q = random({1, 8, n, 64}), k = random({1, 8, m, 64}),
+                     v = random({1, 8, m, 64}), grad = random({1, 8, n, 64});
+  attn::Tensor out({1, 8, n, 64});
+  std::vector<float> log_sum_exp(static_cast<size_t>(attn::log_sum_exp_size(q.shape())));
+  const attn::AttentionOptions options;
+  for (auto _ : state) {
+    attn::scaled_dot_product_attention(q, k, v, options, out, log_sum_exp);
+    if (backward) {
+      benchmark::DoNotOptimize(
+          attn::scaled_dot_product_attention_backward(q, k, v, out, grad, log_sum_exp, options));
+    }
+  }
+}
+
+void register_small_call_benchmarks() {
+  const int64_t sizes[][2] = {{1, 16}, {8, 8}, {16, 16}, {32, 32}};
+  for (const auto& [n, m] : sizes) {
+    for (const bool backward : {false, true}) {
+      for (const int threads : kThreads) {
+        const std::string name = std::string("small_call/") +
+                                 (backward ? "forward_backward" : "forward") +
+                                 "/n:" + std::to_string(n) + "/m:" + std::to_string(m) +
+                                 "/threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), run_small_call, n, m, backward, threads)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   register_benchmarks();
+  register_small_call_benchmarks();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
