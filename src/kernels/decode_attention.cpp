@@ -45,6 +45,7 @@ struct DecodeArgs {
   int64_t partial_row;  // floats per row: 2 + dv
   // Set when a task computed a score that is NaN or ±∞ (before the modifiers and masks).
   std::atomic<bool>* non_finite_scores;
+  int threads;  // at most, for the tasks (useful_threads)
 };
 
 // Row `row` of matrix (b, h) of a cache tensor on: its address, the bytes between rows, and its
@@ -1162,7 +1163,8 @@ void DecodeForward(const DecodeArgs& args) {
         } else {
           DecodeTask(df, args, b, g, split, scratch);
         }
-      });
+      },
+      args.threads);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -1272,7 +1274,12 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
 
   // Splits: enough tasks to keep every thread busy several times over, each split at least a few
   // key tiles long (partials and their merge cost per split).
-  const auto threads = static_cast<int64_t>(omp_get_max_threads());
+  // Threads as the keys and values read are worth (useful_threads).
+  const int threads = useful_threads(
+      static_cast<double>(q.batch * keys.heads) * static_cast<double>(longest) *
+          (static_cast<double>(keys.cols) * static_cast<double>(cache_dtype_size(keys.dtype)) +
+           static_cast<double>(values.cols) * static_cast<double>(cache_dtype_size(values.dtype))),
+      kDecodeBytesPerThread);
   const int64_t tile = static_cast<int64_t>(decode_detail::kKeyTile);
   const int64_t key_tiles = std::max<int64_t>(1, (longest + tile - 1) / tile);
   const int64_t wanted = (4 * threads + q.batch * keys.heads - 1) / (q.batch * keys.heads);
@@ -1284,7 +1291,8 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
       static_cast<size_t>(q.batch * keys.heads * splits * rows * (dv + 2)));
   std::atomic<bool> non_finite_scores{false};
   decode_detail::DecodeArgs args{q,      keys,      values,        lengths, options,
-                                 splits, split_len, partial.get(), dv + 2,  &non_finite_scores};
+                                 splits, split_len, partial.get(), dv + 2,  &non_finite_scores,
+                                 threads};
   HWY_DYNAMIC_DISPATCH(DecodeForward)(args);
 
   // Merge the splits' partials per row by log-sum-exp (the sink joins once, with no value).

@@ -858,7 +858,11 @@ void FlashForward(const ForwardArgs& args) {
   // first key, and while enough tasks remain to keep every thread busy (4 per thread).
   const size_t head_bytes =
       static_cast<size_t>(args.k.rows) * (static_cast<size_t>(args.q.cols) + dv_padded) * 4;
-  const auto threads = static_cast<int64_t>(omp_get_max_threads());
+  // Threads as the call's work is worth (useful_threads): B·H·n·m pairs of 2·(d + dv) flops.
+  const int threads = useful_threads(
+      static_cast<double>(args.q.batch * args.q.heads) * static_cast<double>(args.q.rows) *
+          static_cast<double>(args.k.rows) * 2.0 * static_cast<double>(args.q.cols + args.v.cols),
+      kFlopsPerThread);
   int64_t query_block = 1;
   if (!bf16_pairs && args.additive_weights == nullptr && args.options.window_left < 0 &&
       head_bytes > l2_cache_bytes() / 2) {
@@ -906,7 +910,8 @@ void FlashForward(const ForwardArgs& args) {
         FlashForwardTiles(args, b, h, first_query,
                           static_cast<size_t>(std::min(query_block, tiles_per_head - first_tile)),
                           rows_in_place, scratch);
-      });
+      },
+      threads);
 }
 
 }  // namespace HWY_NAMESPACE

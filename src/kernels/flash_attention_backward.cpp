@@ -630,7 +630,11 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
 void FlashBackward(const BackwardArgs& args) {
   const hn::ScalableTag<float> d;
   const int64_t head_tasks = args.q.batch * args.k.heads;
-  const auto threads = static_cast<size_t>(omp_get_max_threads());
+  // Threads as the call's work is worth (useful_threads): B·H·n·m pairs of 6·d + 4·dv flops.
+  const auto threads = static_cast<size_t>(useful_threads(
+      static_cast<double>(args.q.batch * args.q.heads) * static_cast<double>(args.q.rows) *
+          static_cast<double>(args.k.rows) * static_cast<double>(6 * args.q.cols + 4 * args.v.cols),
+      kFlopsPerThread));
   // Fewer (batch, key/value head) pairs than threads: each pair's keys split into chunks of key
   // tiles (FlashAttention-2's split over keys), so every thread has work. A chunk writes its rows
   // of dK and dV and a partial dQ over its keys, summed in chunk order after the parallel region:
@@ -685,7 +689,8 @@ void FlashBackward(const BackwardArgs& args) {
         }
         FlashBackwardTask(args, head_task / args.k.heads, head_task % args.k.heads, chunk,
                           target.for_thread(static_cast<size_t>(thread)), grad_sinks, scratch);
-      });
+      },
+      static_cast<int>(threads));
   target.sum_private_copies();
   if (chunks > 1) SumPartialGradQ(args, chunks, partial_grad_q);
   if (args.grad_sinks != nullptr) {

@@ -1,7 +1,8 @@
 // The kernels' ways of running work on OpenMP threads: run_parallel_tasks, where each thread builds
 // its own scratch once per call, tasks are handed out one at a time, and a thread whose scratch
-// could not be allocated makes the call fail with an error instead of crashing; and
-// for_each_index, a loop that enters an OpenMP region only when asked to.
+// could not be allocated makes the call fail with an error instead of crashing; useful_threads,
+// how many threads a call's work is worth; and for_each_index, a loop that enters an OpenMP region
+// only when asked to.
 #pragma once
 
 #include <omp.h>
@@ -18,16 +19,35 @@ enum class TaskSchedule {
   kStatic,   // thread t takes tasks t, t + T, …: reproducible per-thread partial sums
 };
 
+// The threads worth waking for `work` (flops, bytes: the caller's unit) when each should get at
+// least `per_thread` of it, from 1 to omp_get_max_threads(): an OpenMP fork and join costs about
+// a microsecond on two threads (Zen 4) and more on more, so a call of a few microseconds of work
+// runs on fewer threads, down to the caller's alone.
+// The kernels' units: flops for the fused passes (2·10⁵, about 2 µs on one core: n = m = 8 with 8
+// heads of 64 ran slower on two threads than on one, n = m = 16 faster, Zen 4), bytes of keys and
+// values read for decoding (64 KiB, about 1.5 µs: 16 keys of 8 heads of 64 ran slower on two
+// threads, 64 keys faster).
+inline constexpr double kFlopsPerThread = 2e5;
+inline constexpr double kDecodeBytesPerThread = 64.0 * 1024;
+inline int useful_threads(double work, double per_thread) {
+  const double wanted = work / per_thread;
+  const int most = omp_get_max_threads();
+  return wanted >= most ? most : wanted < 2.0 ? 1 : static_cast<int>(wanted);
+}
+
 // Runs body(task, scratch, thread) for every task in [0, tasks), where scratch =
-// make_scratch() is built once per thread and must expose `memory` (null when allocation failed).
-// Throws Error naming `kernel` when a thread's scratch could not be allocated.
+// make_scratch() is built once per thread and must expose `memory` (null when allocation failed),
+// on at most `max_threads` threads (0: omp_get_max_threads()). Throws Error naming `kernel` when a
+// thread's scratch could not be allocated.
 template <class MakeScratch, class Body>
 void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule,
-                        const MakeScratch& make_scratch, const Body& body) {
+                        const MakeScratch& make_scratch, const Body& body, int max_threads = 0) {
+  int threads = omp_get_max_threads();
+  if (max_threads > 0 && max_threads < threads) threads = max_threads;
   // One thread to run on, or one task: the calling thread runs them, outside any OpenMP region.
   // Entering one costs libgomp 0.35 µs and a futex system call even for a team of one
   // (for_each_index); a decode-sized call (1 query, 8 heads of 64, 16 keys) entered three.
-  if (tasks <= 1 || omp_get_max_threads() == 1) {
+  if (tasks <= 1 || threads == 1) {
     auto scratch = make_scratch();
     if (scratch.memory == nullptr)
       throw Error(std::string(kernel) + ": could not allocate per-thread scratch memory");
@@ -35,7 +55,7 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
     return;
   }
   bool out_of_memory = false;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     auto scratch = make_scratch();
     if (scratch.memory == nullptr) {
