@@ -115,9 +115,9 @@ NB_MODULE(_attn, module) {
 
   module.def(
       "empty_cache", [] { attn::release_cached_tensor_storage(); },
-      "Frees the blocks of 64 KiB or more that attn keeps from freed outputs and gradients for\n"
-      "the next of the same size (at most 256 + 16 MiB: reused, their pages fault no more), as\n"
-      "torch.cuda.empty_cache frees PyTorch's cached GPU memory.");
+      "Frees the blocks of 64 KiB or more that attn keeps from freed outputs, gradients and its\n"
+      "kernels' scratch for the next of the same size (at most 256 + 16 MiB: reused, their pages\n"
+      "fault no more), as torch.cuda.empty_cache frees PyTorch's cached GPU memory.");
   module.def(
       "cached_bytes", [] { return attn::cached_tensor_storage_bytes(); },
       "Bytes attn keeps now for reuse (see empty_cache).");

@@ -114,8 +114,9 @@ def limit_simd_target(name: str) -> None:
     """Run the kernels no better than `name` (one of available_simd_targets(), or 'best')."""
 
 def empty_cache() -> None:
-    """Free the blocks of 64 KiB or more (256 + 16 MiB at most) that attn keeps from freed outputs
-    and gradients for the next of the same size, as torch.cuda.empty_cache does for PyTorch's."""
+    """Free the blocks of 64 KiB or more (256 + 16 MiB at most) that attn keeps from freed outputs,
+    gradients and its kernels' scratch for the next of the same size, as torch.cuda.empty_cache
+    does for PyTorch's."""
 
 def cached_bytes() -> int:
     """Bytes attn keeps now for reuse (see empty_cache)."""
