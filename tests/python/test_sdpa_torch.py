@@ -566,3 +566,52 @@ def test_eager_autograd_skips_the_operators_and_matches_them(monkeypatch):
                                           expected_gradients):
                 assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), (
                     f"d {name}, {dtype}, dropout {dropout_p}")
+
+
+def test_plain_training_calls_take_the_lean_function_and_match_the_operators(monkeypatch):
+    # The plain call under autograd (query, key and value of one dtype attn computes as it is;
+    # only is_causal, scale and enable_gqa) runs _PlainSdpa, whose output and gradients are the
+    # operators', bit for bit, for float32, bfloat16 and float16, causal, a scale and grouped
+    # heads, on inputs transposed as transformers passes them too; a second-order gradient is
+    # refused, not silently wrong.
+    applied = []
+    original_apply = attn_torch._PlainSdpa.apply
+    monkeypatch.setattr(attn_torch._PlainSdpa, "apply",
+                        lambda *a: applied.append(1) or original_apply(*a))
+    eager = attn_torch._eager
+
+    def run(dtype, options, transposed, through_operator):
+        monkeypatch.setattr(attn_torch, "_eager",
+                            (lambda *tensors: None) if through_operator else eager)
+        torch.manual_seed(11)
+        if transposed:
+            leaves = [leaf(N, L, HQ, E), leaf(N, S, HKV, E), leaf(N, S, HKV, EV)]
+            q, k, v = (x.to(dtype).transpose(1, 2) for x in leaves)
+        else:
+            leaves = [leaf(N, HQ, L, E), leaf(N, HKV, S, E), leaf(N, HKV, S, EV)]
+            q, k, v = (x.to(dtype) for x in leaves)
+        output = attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True, **options)
+        return output, torch.autograd.grad(output, leaves, torch.randn_like(output))
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for options in ({}, {"is_causal": True}, {"scale": 0.3, "is_causal": True}):
+            for transposed in (False, True):
+                applied.clear()
+                output, gradients = run(dtype, options, transposed, through_operator=False)
+                assert applied == [1], (dtype, options)
+                expected, expected_gradients = run(dtype, options, transposed,
+                                                   through_operator=True)
+                assert applied == [1], "the operator route took the lean function"
+                assert output.dtype == dtype and torch.equal(output, expected), (dtype, options)
+                for name, mine, theirs in zip("qkv", gradients, expected_gradients):
+                    assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), (
+                        f"d {name}, {dtype}, {options}")
+
+    monkeypatch.setattr(attn_torch, "_eager", eager)
+    applied.clear()
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    output = attn_torch.scaled_dot_product_attention(q, k, v)
+    assert applied == [1]
+    (d_query,) = torch.autograd.grad(output.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        d_query.sum().backward()
