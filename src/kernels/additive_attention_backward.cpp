@@ -210,11 +210,11 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* at = s.queries_transposed + tile * hidden * br;
     const size_t first = tile * br, rows = std::min(br, n - first);
+    const size_t vectors = AdditiveScoreVectors<kQueryVectors>(d, rows);
     TransposeScaledTile(a + static_cast<int64_t>(first) * args.queries.row_stride,
-                        static_cast<size_t>(args.queries.row_stride), rows, hidden, 1.0F, br, at);
-    if (args.exponential) {
-      DoubledExponentialsOfVectors(d, at, hidden, br, AdditiveScoreVectors<kQueryVectors>(d, rows));
-    }
+                        static_cast<size_t>(args.queries.row_stride), rows, hidden, 1.0F, br,
+                        vectors * lanes, at);
+    if (args.exponential) DoubledExponentialsOfVectors(d, at, hidden, br, vectors);
   }
 
   const bool dropout = args.options.dropout > 0.0F;
@@ -267,13 +267,13 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
                                  s.first + first,
                                  s.last + first,
                                  ranges};
-      ApplyScoreModifiers(d, args.options, query_tile, key_begin, active, br,
+      ApplyScoreModifiers(d, args.options, query_tile, key_begin, active, br, br,
                           coverage == MaskCoverage::kSome, s.probabilities);
-      ProbabilitiesFromScores(d, active, br, s.lse + first, s.probabilities);
+      ProbabilitiesFromScores(d, active, br, br, s.lse + first, s.probabilities);
       // The forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
       const float* used = s.probabilities;
       if (dropout) {
-        ApplyDropout(d, dropout_applier, active, key0, br, s.row_keys + first, s.probabilities,
+        ApplyDropout(d, dropout_applier, active, key0, br, br, s.row_keys + first, s.probabilities,
                      s.dropped);
         used = s.dropped;
       }
@@ -284,8 +284,9 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       GemmZeroPaddedColumns(d, active, kQueryVectors, rows,
                             values + static_cast<int64_t>(key0) * args.values.row_stride,
                             static_cast<size_t>(args.values.row_stride), 1,
-                            s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
-      GradScoresFromGradProbabilities(d, active, br, s.probabilities, used, s.delta + first,
+                            s.grad_out_transposed + tile * dv * br, TileWidth(d, rows, br), dv,
+                            s.grad_scores, br);
+      GradScoresFromGradProbabilities(d, active, br, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
       float* grad_q_transposed = s.grad_queries_transposed + tile * hidden * br;
       if (args.exponential) {

@@ -91,12 +91,14 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   for (size_t r = 0; r < br; ++r) {
     s.lse[r] = r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? lse[r] : 0.0F;
   }
+  // Zeros only in the query vectors the score products read.
+  const size_t vectors = args.additive_weights != nullptr
+                             ? AdditiveScoreVectors<kQueryVectors>(d, rows)
+                             : VectorsHolding(d, rows, kQueryVectors);
   TransposeScaledTile(q, static_cast<size_t>(args.q.row_stride), rows, depth, args.options.scale,
-                      br, s.q_transposed);
-  if (args.additive_exponential) {
-    DoubledExponentialsOfVectors(d, s.q_transposed, depth, br,
-                                 AdditiveScoreVectors<kQueryVectors>(d, rows));
-  }
+                      br, vectors * hn::Lanes(d), s.q_transposed);
+  if (args.additive_exponential)
+    DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   float* out = args.weights.matrix(b, h) + first_query * args.weights.row_stride;
   for (size_t r = 0; r < rows; ++r)
     std::fill_n(out + static_cast<int64_t>(r) * args.weights.row_stride, m, 0.0F);
@@ -124,9 +126,9 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       GemmZeroPaddedColumns(d, bc, kQueryVectors, rows, key_rows, key_stride, 1, s.q_transposed, br,
                             depth, s.scores, br);
     }
-    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
+    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
                         s.scores);
-    ProbabilitiesFromScores(d, bc, br, s.lse, s.scores);
+    ProbabilitiesFromScores(d, bc, br, br, s.lse, s.scores);
     for (size_t r = 0; r < rows; ++r) {
       float* row = out + static_cast<int64_t>(r) * args.weights.row_stride + key0;
       for (size_t j = 0; j < bc; ++j) row[j] = s.scores[j * br + r];

@@ -37,7 +37,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // one key tile's softmax steps. Each kernel's scratch derives from it and adds its own buffers.
 struct BackwardTileBuffers {
   float* grad_out_rows;        // n × dv_padded: dO's rows padded, unless read in place
-  float* grad_out_transposed;  // tiles × dv × Br
+  float* grad_out_transposed;  // tiles × dv × Br: dOᵀ, rows TileWidth lanes apart
   float* probabilities;        // Bc × Br: Sᵀ, then Pᵀ
   float* grad_scores;          // Bc × Br: dPᵀ, then dSᵀ
   float* dropped;              // Bc × Br: (P ⊙ Z)ᵀ with Z the dropout multipliers
@@ -78,6 +78,15 @@ struct BackwardTileBuffers {
   }
 };
 
+// The lanes of a backward pass's transposed tile of `rows` queries (Br lanes at most), and the
+// lane stride of its rows: the vectors that hold one of them. The steps compute no lane past them
+// (the products read none), and a tile of 8 queries keeps a column of Qᵀ or dOᵀ in one cache line
+// instead of four.
+template <class D>
+HWY_INLINE size_t TileWidth(D d, size_t rows, size_t br) {
+  return VectorsHolding(d, rows, br / hn::Lanes(d)) * hn::Lanes(d);
+}
+
 // dO_i · O_i over dv floats: vectors, then the last columns one by one. (A plain loop summed in
 // order, one horizontal shuffle chain per vector: 3% of the backward pass's time.)
 inline float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, size_t count) {
@@ -105,13 +114,13 @@ struct HalfQuerySide {
 };
 
 // The query side of head (b, h), once per head: dO's rows in place (DenseRows) or padded to
-// dv_padded (grad_out_rows; s.grad_out says which), dOᵀ per query tile of br (grad_out_transposed,
-// tiles × dv × br), D_i = dO_i · O_i (delta), the log-sum-exp (lse; rows that saw nothing get 0
-// instead of −∞: all their scores are −∞, so any finite stand-in gives P = 0), each query's key
-// range, dropout row keys and each tile's key ranges (tile_bounds) in `s`, padding rows zero.
-// `head_lse` holds the head's n forward values; `half` gives half-precision out and grad_out;
-// without `transposed`, dOᵀ is left out (a caller whose dP product reads dO otherwise). Returns
-// one past the last key any query of the head sees.
+// dv_padded (grad_out_rows; s.grad_out says which), dOᵀ per query tile of br (grad_out_transposed:
+// tile t at t × dv × br, its rows TileWidth lanes apart), D_i = dO_i · O_i (delta), the log-sum-exp
+// (lse; rows that saw nothing get 0 instead of −∞: all their scores are −∞, so any finite stand-in
+// gives P = 0), each query's key range, dropout row keys and each tile's key ranges (tile_bounds)
+// in `s`, padding rows zero. `head_lse` holds the head's n forward values; `half` gives
+// half-precision out and grad_out; without `transposed`, dOᵀ is left out (a caller whose dP product
+// reads dO otherwise). Returns one past the last key any query of the head sees.
 inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
                                  const float* head_lse, const ValidLengths& valid_lens,
                                  const FlashAttentionOptions& options, int64_t keys, int64_t b,
@@ -148,8 +157,9 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
     bounds[3] = static_cast<int32_t>(ranges.common_end);
     extent = std::max(extent, ranges.end);
     if (transposed) {
-      TransposeScaledTile(s.grad_out.row(first_row), s.grad_out.stride, rows, dv, 1.0F, br,
-                          s.grad_out_transposed + tile * dv * br);
+      const size_t width = TileWidth(d, rows, br);
+      TransposeScaledTile(s.grad_out.row(first_row), s.grad_out.stride, rows, dv, 1.0F, width,
+                          width, s.grad_out_transposed + tile * dv * br);
     }
     for (size_t r = 0; r < br; ++r) {
       const size_t i = first_row + r;
@@ -174,14 +184,17 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
   return extent;
 }
 
+// The steps below work on the lanes [0, width) of each key's row of a transposed tile (rows br
+// apart; width a multiple of D's lanes): the vectors of the tile's queries that its products read.
+
 // Pᵀ = exp(Sᵀ − lse) in place for `keys` key rows, from scores the score modifiers already masked
 // (−∞ gives 0); `lse` holds the tile's Br queries. kRoundedToBFloat16: P and dS = P ⊙ (dP − D)
 // enter bf16 products next, so RoundedProbabilityExp's 5.4e−6 is far below their rounding.
 template <bool kRoundedToBFloat16 = false, class D>
-HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, const float* lse,
+HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, size_t width, const float* lse,
                                         float* probabilities) {
   for (size_t j = 0; j < keys; ++j) {
-    for (size_t r = 0; r < br; r += hn::Lanes(d)) {
+    for (size_t r = 0; r < width; r += hn::Lanes(d)) {
       float* p = probabilities + j * br + r;
       const auto x = hn::Sub(hn::Load(d, p), hn::Load(d, lse + r));
       if constexpr (kRoundedToBFloat16) {
@@ -197,10 +210,11 @@ HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, const float
 // (`row_keys` of the tile's queries).
 template <class D, class Applier>
 HWY_INLINE void ApplyDropout(D d, const Applier& applier, size_t keys, size_t key0, size_t br,
-                             const uint32_t* row_keys, const float* probabilities, float* dropped) {
+                             size_t width, const uint32_t* row_keys, const float* probabilities,
+                             float* dropped) {
   const hn::RebindToUnsigned<D> du;
   for (size_t j = 0; j < keys; ++j) {
-    for (size_t r = 0; r < br; r += hn::Lanes(d)) {
+    for (size_t r = 0; r < width; r += hn::Lanes(d)) {
       const auto p = hn::Load(d, probabilities + j * br + r);
       hn::Store(applier.Apply(d, hn::Load(du, row_keys + r), static_cast<uint32_t>(key0 + j), p), d,
                 dropped + j * br + r);
@@ -211,11 +225,11 @@ HWY_INLINE void ApplyDropout(D d, const Applier& applier, size_t keys, size_t ke
 // dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D in place of dPᵀ, with `used` = (P ⊙ Z)ᵀ (Pᵀ
 // without dropout) and D the tile's rowsum(dO ⊙ O).
 template <class D>
-HWY_INLINE void GradScoresFromGradProbabilities(D d, size_t keys, size_t br,
+HWY_INLINE void GradScoresFromGradProbabilities(D d, size_t keys, size_t br, size_t width,
                                                 const float* probabilities, const float* used,
                                                 const float* delta, float* grad_scores) {
   for (size_t j = 0; j < keys; ++j) {
-    for (size_t r = 0; r < br; r += hn::Lanes(d)) {
+    for (size_t r = 0; r < width; r += hn::Lanes(d)) {
       float* ds = grad_scores + j * br + r;
       const auto p = hn::Load(d, probabilities + j * br + r);
       const auto p_used = hn::Load(d, used + j * br + r);
@@ -227,10 +241,10 @@ HWY_INLINE void GradScoresFromGradProbabilities(D d, size_t keys, size_t br,
 // dSᵀ ⊙ (1 − t²) in place, t = tanh(s / softcap) of the raw scores: the gradient through the soft
 // cap s → softcap · tanh(s / softcap).
 template <class D>
-HWY_INLINE void SoftcapBackward(D d, size_t keys, size_t br, const float* softcap_tanh,
-                                float* grad_scores) {
+HWY_INLINE void SoftcapBackward(D d, size_t keys, size_t br, size_t width,
+                                const float* softcap_tanh, float* grad_scores) {
   for (size_t j = 0; j < keys; ++j) {
-    for (size_t r = 0; r < br; r += hn::Lanes(d)) {
+    for (size_t r = 0; r < width; r += hn::Lanes(d)) {
       float* ds = grad_scores + j * br + r;
       const auto t = hn::Load(d, softcap_tanh + j * br + r);
       const auto grad = hn::Load(d, ds);

@@ -1097,7 +1097,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
             hn::MulAdd(hn::Load(d4, s.scores + j * row_lanes + r), hn::Zero(d4), score_probe);
       }
     }
-    ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, false, s.scores);
+    ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, row_lanes, false, s.scores);
     // ALiBi after the key ranges' −∞, which it keeps: −slope·|position − j| per row.
     if (options.alibi_slopes != nullptr) {
       for (size_t j = 0; j < bc; ++j) {

@@ -327,14 +327,16 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
         s.q_transposed[t * br + r] = r < tile.rows ? s.widened_row[t] * scale : 0.0F;
     }
   } else {
+    // Zeros only in the query vectors the score products read.
+    const hn::ScalableTag<float> d;
+    const size_t vectors = args.additive_weights != nullptr
+                               ? AdditiveScoreVectors<flash_detail::kQueryVectors>(d, tile.rows)
+                               : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
     TransposeScaledTile(args.q.matrix(b, h) + first_query * args.q.row_stride,
                         static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
-                        s.q_transposed);
-    if (args.additive_exponential) {
-      const hn::ScalableTag<float> d;
-      DoubledExponentialsOfVectors(d, s.q_transposed, depth, br,
-                                   AdditiveScoreVectors<flash_detail::kQueryVectors>(d, tile.rows));
-    }
+                        vectors * hn::Lanes(d), s.q_transposed);
+    if (args.additive_exponential)
+      DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   }
   const bool sink = args.options.sinks != nullptr;
   const float start_max = sink ? args.options.sinks[h] : -std::numeric_limits<float>::infinity();
@@ -484,7 +486,7 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
     GemmZeroPaddedColumns(d, bc, flash_detail::kQueryVectors, tile.rows, key_rows, rows.keys.stride,
                           1, s.q_transposed, br, depth, s.scores, br);
   }
-  ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
+  ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
                       s.scores);
   OnlineSoftmaxStep(d, bc, br, s);
   if (args.options.dropout > 0.0F) DropWeights(d, dropout_applier, key0, bc, br, s);
@@ -773,7 +775,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
       GemmBF16<false>(bc, flash_detail::kQueryVectors, key_pairs, depth_pairs, 1, s.query_pairs, br,
                       depth_pairs, s.scores, br, nullptr, args.options.scale);
     }
-    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, coverage == MaskCoverage::kSome,
+    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
                         s.scores);
     bool rescale = true;
     if (dropout) {

@@ -101,7 +101,7 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 struct BackwardScratch : BackwardTileBuffers {
   ScratchMemory memory;
   float* q_rows;        // n × d_padded: Q, unscaled (unless read in place)
-  float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile
+  float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile, rows TileWidth lanes apart
   float* k_rows;        // m × d_padded (unless read in place)
   float* v_rows;        // m × dv_padded (unless read in place)
   float* row;           // max(d_padded, dv_padded): one row widened or rounded
@@ -370,8 +370,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
                         /*transposed=*/!bf16_products);
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
-    TransposeScaledTile(s.queries.row(tile * br), s.queries.stride, std::min(br, n - tile * br),
-                        depth, scale, br, s.q_transposed + tile * depth * br);
+    const size_t rows = std::min(br, n - tile * br), width = TileWidth(d, rows, br);
+    TransposeScaledTile(s.queries.row(tile * br), s.queries.stride, rows, depth, scale, width,
+                        width, s.q_transposed + tile * depth * br);
   }
 
   const bool dropout = options.dropout > 0.0F;
@@ -404,6 +405,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                                         key_begin, bc);
           if (coverage == MaskCoverage::kNone) continue;
         }
+        // The lanes of the tile's transposed buffers (Qᵀ, dOᵀ, Sᵀ, Pᵀ, dPᵀ, dSᵀ), each the lane
+        // stride of its rows: on the fp32 path the query vectors that hold a query (TileWidth), on
+        // the bf16 path Br (its products and pairs cover whole tiles).
+        const size_t width = bf16_products ? br : TileWidth(d, rows, br);
         const QueryTile query_tile{b,
                                    h,
                                    static_cast<int64_t>(first),
@@ -433,22 +438,21 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          GemmZeroPaddedColumns(d, bc, flash_backward_detail::kQueryVectors, rows, s.keys.row(key0),
-                                s.keys.stride, 1, s.q_transposed + tile * depth * br, br, depth,
-                                s.probabilities, br);
+          Gemm<false>(d, bc, width / lanes, s.keys.row(key0), s.keys.stride, 1,
+                      s.q_transposed + tile * depth * br, width, depth, s.probabilities, width);
         }
-        ApplyScoreModifiers(d, options, query_tile, key_begin, bc, br,
+        ApplyScoreModifiers(d, options, query_tile, key_begin, bc, width, width,
                             coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
         if (bf16_products) {
-          ProbabilitiesFromScores<true>(d, bc, br, s.lse + first, s.probabilities);
+          ProbabilitiesFromScores<true>(d, bc, width, width, s.lse + first, s.probabilities);
         } else {
-          ProbabilitiesFromScores(d, bc, br, s.lse + first, s.probabilities);
+          ProbabilitiesFromScores(d, bc, width, width, s.lse + first, s.probabilities);
         }
         // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
         const float* used = s.probabilities;
         if (dropout) {
-          ApplyDropout(d, dropout_applier, bc, key0, br, s.row_keys + first, s.probabilities,
-                       s.dropped);
+          ApplyDropout(d, dropout_applier, bc, key0, width, width, s.row_keys + first,
+                       s.probabilities, s.dropped);
           used = s.dropped;
         }
         // dV += (P ⊙ Z)ᵀ dO: on the bf16 path with P ⊙ Z rounded to bf16, as the forward pass
@@ -468,7 +472,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          Gemm<true>(d, bc, dv_padded / lanes, used, br, 1, s.grad_out.row(first),
+          Gemm<true>(d, bc, dv_padded / lanes, used, width, 1, s.grad_out.row(first),
                      s.grad_out.stride, rows, s.grad_v + key0 * dv_padded, dv_padded);
         }
         // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
@@ -484,19 +488,19 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          GemmZeroPaddedColumns(d, bc, flash_backward_detail::kQueryVectors, rows,
-                                s.values.row(key0), s.values.stride, 1,
-                                s.grad_out_transposed + tile * dv * br, br, dv, s.grad_scores, br);
+          Gemm<false>(d, bc, width / lanes, s.values.row(key0), s.values.stride, 1,
+                      s.grad_out_transposed + tile * dv * br, width, dv, s.grad_scores, width);
         }
-        GradScoresFromGradProbabilities(d, bc, br, s.probabilities, used, s.delta + first,
+        GradScoresFromGradProbabilities(d, bc, width, width, s.probabilities, used, s.delta + first,
                                         s.grad_scores);
         // A float mask is added to the final scores: its gradient is dS itself.
         if (grad_mask.data != nullptr) {
           accumulate_mask_gradient(grad_mask, b, h, static_cast<int64_t>(first), rows, key_begin,
-                                   bc, br, s.grad_scores);
+                                   bc, width, s.grad_scores);
         }
         // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
-        if (options.softcap > 0.0F) SoftcapBackward(d, bc, br, s.softcap_tanh, s.grad_scores);
+        if (options.softcap > 0.0F)
+          SoftcapBackward(d, bc, width, width, s.softcap_tanh, s.grad_scores);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
           GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
@@ -520,10 +524,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         }
 #endif
         // dK += dSᵀ Q (scaled at the end); dQ += dS K.
-        Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, br, 1, s.queries.row(first),
+        Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, width, 1, s.queries.row(first),
                    s.queries.stride, rows, s.grad_k + key0 * d_padded, d_padded);
-        Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, br, s.keys.row(key0), s.keys.stride,
-                   bc, s.grad_q + first * d_padded, d_padded);
+        Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, width, s.keys.row(key0),
+                   s.keys.stride, bc, s.grad_q + first * d_padded, d_padded);
       }
     }
   }

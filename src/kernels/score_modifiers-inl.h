@@ -40,19 +40,21 @@ struct QueryTile {
 // Sᵀ (keys key0 … key0 + bc − 1 × Br) from raw scores to the scores the softmax takes, in place:
 // s → softcap·tanh(s/softcap), + ALiBi's −slope·|c_i − j|, + a float mask (or −∞ where a bool
 // mask is false, when `apply_bool_mask`: callers skip it for tiles the mask covers entirely),
-// −∞ outside each lane's key range. `softcap_tanh` (bc × Br or null) receives tanh(s/softcap),
-// which the backward pass needs for the derivative 1 − tanh².
+// −∞ outside each lane's key range, in the lanes [0, width) of each key's row (br apart; width a
+// multiple of D's lanes: lanes past it, which no reader of the caller's reads, are left as they
+// are). `softcap_tanh` (bc × Br or null) receives tanh(s/softcap), which the backward pass needs
+// for the derivative 1 − tanh².
 template <class D>
 HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
                                     const QueryTile& tile, int64_t key0, size_t bc, size_t br,
-                                    bool apply_bool_mask, float* scores,
+                                    size_t width, bool apply_bool_mask, float* scores,
                                     float* softcap_tanh = nullptr) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   if (options.softcap > 0.0F) {
     const V cap = hn::Set(d, options.softcap), inverse_cap = hn::Set(d, 1.0F / options.softcap);
     for (size_t j = 0; j < bc; ++j) {
-      for (size_t r = 0; r < br; r += lanes) {
+      for (size_t r = 0; r < width; r += lanes) {
         float* score = scores + j * br + r;
         const V t = AdditiveTanh(d, hn::Mul(hn::Load(d, score), inverse_cap));
         if (softcap_tanh != nullptr) hn::Store(t, d, softcap_tanh + j * br + r);
@@ -68,7 +70,7 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
     const V lane_index = hn::Iota(d, 0.0F);
     for (size_t j = 0; j < bc; ++j) {
       const auto offset = static_cast<float>(first_diagonal - key0 - static_cast<int64_t>(j));
-      for (size_t r = 0; r < br; r += lanes) {
+      for (size_t r = 0; r < width; r += lanes) {
         float* score = scores + j * br + r;
         const V distance = hn::Abs(hn::Add(lane_index, hn::Set(d, offset + static_cast<float>(r))));
         hn::Store(hn::NegMulAdd(slope, distance, hn::Load(d, score)), d, score);
@@ -87,7 +89,7 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
     const int64_t key = key0 + static_cast<int64_t>(j);
     if (key >= tile.ranges.common_begin && key < tile.ranges.common_end) continue;
     const auto key_index = hn::Set(di, static_cast<int32_t>(key));
-    for (size_t r = 0; r < br; r += lanes) {
+    for (size_t r = 0; r < width; r += lanes) {
       const auto visible =
           hn::RebindMask(d, hn::And(hn::Not(hn::Lt(key_index, hn::Load(di, tile.first + r))),
                                     hn::Lt(key_index, hn::Load(di, tile.last + r))));

@@ -4,8 +4,10 @@
 
 #include <hwy/base.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <new>
 
@@ -44,6 +46,11 @@ ScratchMemory carve_scratch(size_t lanes, const Layout& layout) {
   } catch (const std::bad_alloc&) {
     return memory;  // null: the caller reports it
   }
+#ifndef NDEBUG
+  // Debug builds (the sanitizer tests) start every scratch with NaN, so that a kernel step reading
+  // a lane no step wrote shows up in its results rather than reading a kept block's old values.
+  std::fill_n(memory.get(), total, std::numeric_limits<float>::quiet_NaN());
+#endif
   float* next = memory.get();
   layout([&next, lanes](size_t count) {
     float* start = next;

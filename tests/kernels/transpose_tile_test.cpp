@@ -15,8 +15,12 @@ namespace attn {
 namespace HWY_NAMESPACE {
 
 void EvaluateTransposeScaledTile(const float* rows, size_t stride, size_t count, size_t cols,
-                                 float scale, size_t br, float* out) {
-  TransposeScaledTile(rows, stride, count, cols, scale, br, out);
+                                 float scale, size_t br, size_t width, float* out) {
+  TransposeScaledTile(rows, stride, count, cols, scale, br, width, out);
+}
+
+size_t EvaluateLanes() {
+  return hn::Lanes(hn::ScalableTag<float>());
 }
 
 // False where TransposeWords16 is not compiled (below AVX-512).
@@ -39,6 +43,7 @@ HWY_AFTER_NAMESPACE();
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -47,38 +52,47 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 HWY_EXPORT(EvaluateTransposeScaledTile);
 HWY_EXPORT(EvaluateTransposeWords16);
+HWY_EXPORT(EvaluateLanes);
 namespace {
 
 class TransposeTile : public testing::EverySimdTarget {};
 
 // Exact equality: each output is one product of an input by the scale, as in the definition; tiles
 // of one vector and of several (the kernels' 4 vectors: 64 lanes on AVX-512), padding lanes from
-// part of a vector to several whole ones, and nothing written past the tile.
+// part of a vector to several whole ones, zeros up to the given width (the vectors holding a query,
+// or all of them) and nothing written past it.
 TEST_P(TransposeTile, MatchesTheDefinitionForEveryShape) {
   constexpr size_t kGuard = 32;
   constexpr float kUntouched = -7.0F;
+  const size_t lanes = HWY_DYNAMIC_DISPATCH(EvaluateLanes)();
   for (const size_t br : {size_t{16}, size_t{64}}) {
     for (const size_t count : {0, 1, 3, 4, 13, 16, 17, 33, 50, 64}) {
-      if (count > br) continue;
-      for (const size_t cols : {size_t{1}, size_t{4}, size_t{7}, size_t{64}, size_t{65}}) {
-        const size_t stride = cols + 3;  // rows apart by more than their length
-        std::vector<float> rows(count * stride + 1);
-        for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 97) - 48.5F;
-        std::vector<float> out(cols * br + kGuard, kUntouched);
-        const float scale = 0.125F;
-        HWY_DYNAMIC_DISPATCH(EvaluateTransposeScaledTile)
-        (rows.data(), stride, count, cols, scale, br, out.data());
-        for (size_t t = 0; t < cols; ++t) {
-          for (size_t r = 0; r < br; ++r) {
-            const float expected = r < count ? rows[r * stride + t] * scale : 0.0F;
-            ASSERT_EQ(out[t * br + r], expected)
-                << "target " << hwy::TargetName(GetParam()) << ", " << count << " rows × " << cols
-                << " columns in a tile of " << br << " lanes, element (" << r << ", " << t << ")";
+      if (count > br || br % lanes != 0) continue;
+      const size_t holding = std::min(br, (count + lanes - 1) / lanes * lanes);
+      for (const size_t width : {holding, br}) {
+        for (const size_t cols : {size_t{1}, size_t{4}, size_t{7}, size_t{64}, size_t{65}}) {
+          const size_t stride = cols + 3;  // rows apart by more than their length
+          std::vector<float> rows(count * stride + 1);
+          for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 97) - 48.5F;
+          std::vector<float> out(cols * br + kGuard, kUntouched);
+          const float scale = 0.125F;
+          HWY_DYNAMIC_DISPATCH(EvaluateTransposeScaledTile)
+          (rows.data(), stride, count, cols, scale, br, width, out.data());
+          for (size_t t = 0; t < cols; ++t) {
+            for (size_t r = 0; r < br; ++r) {
+              const float expected = r < count   ? rows[r * stride + t] * scale
+                                     : r < width ? 0.0F
+                                                 : kUntouched;
+              ASSERT_EQ(out[t * br + r], expected)
+                  << "target " << hwy::TargetName(GetParam()) << ", " << count << " rows × " << cols
+                  << " columns in a tile of " << br << " lanes, zeros to lane " << width
+                  << ", element (" << r << ", " << t << ")";
+            }
           }
+          for (size_t i = cols * br; i < out.size(); ++i)
+            ASSERT_EQ(out[i], kUntouched) << "written past the tile: " << count << " rows × "
+                                          << cols << " columns, " << br << " lanes";
         }
-        for (size_t i = cols * br; i < out.size(); ++i)
-          ASSERT_EQ(out[i], kUntouched) << "written past the tile: " << count << " rows × " << cols
-                                        << " columns, " << br << " lanes";
       }
     }
   }
