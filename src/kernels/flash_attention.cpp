@@ -347,18 +347,14 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   return tile;
 }
 
-// One key tile's online-softmax step on Sᵀ (bc × Br, masked scores in, Pᵀ out), lane-wise over
-// queries: new running max, rescale factors exp(old max − new max) in s.row_rescale, P = exp(S −
-// max), running sum rescaled plus P's column sums. The kVectors query vectors of each key row are
-// adjacent in memory and give independent dependency chains.
 // The max half of a key tile's online-softmax step on Sᵀ (bc × Br, masked scores), lane-wise over
-// queries: new running max, rescale factors exp(old max − new max) in s.row_rescale; the shifts
-// that P = exp(S − shift) subtracts into `shift` (kQueryVectors vectors).
-template <class D>
+// the queries of its first kVectors query vectors (those holding a query; the lanes past them are
+// left as they are): new running max, rescale factors exp(old max − new max) in s.row_rescale; the
+// shifts that P = exp(S − shift) subtracts into `shift` (kVectors vectors).
+template <size_t kVectors = flash_detail::kQueryVectors, class D>
 HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<D>* shift) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
-  constexpr size_t kVectors = flash_detail::kQueryVectors;
   const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
   V row_max[kVectors];
   for (size_t g = 0; g < kVectors; ++g) row_max[g] = hn::Load(d, s.row_max + g * lanes);
@@ -375,11 +371,11 @@ HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<
   }
 }
 
-// The running sums rescaled plus this tile's column sums of P.
-template <class D>
+// The running sums rescaled plus this tile's column sums of P (kVectors query vectors).
+template <size_t kVectors = flash_detail::kQueryVectors, class D>
 HWY_INLINE void AddToRowSums(D d, const hn::Vec<D>* sum, Scratch& s) {
   const size_t lanes = hn::Lanes(d);
-  for (size_t g = 0; g < flash_detail::kQueryVectors; ++g) {
+  for (size_t g = 0; g < kVectors; ++g) {
     float* row_sum = s.row_sum + g * lanes;
     hn::Store(hn::MulAdd(hn::Load(d, row_sum), hn::Load(d, s.row_rescale + g * lanes), sum[g]), d,
               row_sum);
@@ -387,16 +383,15 @@ HWY_INLINE void AddToRowSums(D d, const hn::Vec<D>* sum, Scratch& s) {
 }
 
 // One key tile's online-softmax step on Sᵀ (bc × Br, masked scores in, Pᵀ out), lane-wise over
-// queries: OnlineSoftmaxMax, P = exp(S − max), running sum rescaled plus P's column sums. The
-// kQueryVectors query vectors of each key row are adjacent in memory and give independent
-// dependency chains.
-template <class D>
+// the queries of its first kVectors query vectors: OnlineSoftmaxMax, P = exp(S − max), running sum
+// rescaled plus P's column sums. The query vectors of each key row are adjacent in memory and give
+// independent dependency chains.
+template <size_t kVectors = flash_detail::kQueryVectors, class D>
 HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
-  constexpr size_t kVectors = flash_detail::kQueryVectors;
   V shift[kVectors], sum[kVectors];
-  OnlineSoftmaxMax(d, bc, br, s, shift);
+  OnlineSoftmaxMax<kVectors>(d, bc, br, s, shift);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
   for (size_t j = 0; j < bc; ++j) {
     for (size_t g = 0; g < kVectors; ++g) {
@@ -406,18 +401,34 @@ HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
       sum[g] = hn::Add(sum[g], p);
     }
   }
-  AddToRowSums(d, sum, s);
+  AddToRowSums<kVectors>(d, sum, s);
 }
 
-// Dropout after the sum: the normaliser counts every weight, the product only the kept ones.
+// OnlineSoftmaxStep over the `vectors` (1 to kQueryVectors) query vectors that hold a query.
+template <class D>
+HWY_INLINE void OnlineSoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br, Scratch& s) {
+  switch (vectors) {
+    case 1:
+      return OnlineSoftmaxStep<1>(d, bc, br, s);
+    case 2:
+      return OnlineSoftmaxStep<2>(d, bc, br, s);
+    case 3:
+      return OnlineSoftmaxStep<3>(d, bc, br, s);
+    default:
+      return OnlineSoftmaxStep(d, bc, br, s);
+  }
+}
+
+// Dropout after the sum: the normaliser counts every weight, the product only the kept ones; over
+// the lanes [0, width) of each key's row (br apart).
 template <class D, class Applier>
 HWY_INLINE void DropWeights(D d, const Applier& applier, int64_t key0, size_t bc, size_t br,
-                            Scratch& s) {
+                            size_t width, Scratch& s) {
   const hn::RebindToUnsigned<D> du;
   const size_t lanes = hn::Lanes(d);
   for (size_t j = 0; j < bc; ++j) {
     const auto key = static_cast<uint32_t>(key0 + static_cast<int64_t>(j));
-    for (size_t r = 0; r < br; r += lanes) {
+    for (size_t r = 0; r < width; r += lanes) {
       float* p = s.scores + j * br + r;
       hn::Store(applier.Apply(d, hn::Load(du, s.row_keys + r), key, hn::Load(d, p)), d, p);
     }
@@ -472,6 +483,9 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
                                   tile.rows, key0, bc);
     if (coverage == MaskCoverage::kNone) return;  // the mask hides this whole tile
   }
+  // The steps below compute the query vectors that hold a query (a tile of n < Br queries, or the
+  // last of a ragged n): the lanes past them are never read (P V reads the tile's rows only).
+  const size_t vectors = VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
   // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
   const float* key_rows = rows.keys.row(static_cast<size_t>(key0));
   if (args.additive_exponential) {
@@ -483,13 +497,14 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
         d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
         args.additive_weights, s.scores);
   } else {
-    GemmZeroPaddedColumns(d, bc, flash_detail::kQueryVectors, tile.rows, key_rows, rows.keys.stride,
-                          1, s.q_transposed, br, depth, s.scores, br);
+    Gemm<false>(d, bc, vectors, key_rows, rows.keys.stride, 1, s.q_transposed, br, depth, s.scores,
+                br);
   }
-  ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
-                      s.scores);
-  OnlineSoftmaxStep(d, bc, br, s);
-  if (args.options.dropout > 0.0F) DropWeights(d, dropout_applier, key0, bc, br, s);
+  ApplyScoreModifiers(d, args.options, tile, key0, bc, br, vectors * lanes,
+                      coverage == MaskCoverage::kSome, s.scores);
+  OnlineSoftmaxStepOver(d, vectors, bc, br, s);
+  if (args.options.dropout > 0.0F)
+    DropWeights(d, dropout_applier, key0, bc, br, vectors * lanes, s);
   // O = O · rescale + P V.
   Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br,
              rows.values.row(static_cast<size_t>(key0)), rows.values.stride, bc, s.output,
@@ -780,7 +795,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     bool rescale = true;
     if (dropout) {
       OnlineSoftmaxStep(d, bc, br, s);
-      DropWeights(d, dropout_applier, key0, bc, br, s);
+      DropWeights(d, dropout_applier, key0, bc, br, br, s);
       PackProbabilityPairs(s.scores, bc, br, s.probability_pairs);
     } else if (LazySoftmaxStepToPairs(bc, br, s)) {
       rescale = false;  // every factor is 1
