@@ -44,6 +44,22 @@ __all__ = [
 _SEED_BOUND = 2**62
 
 
+def _once_differentiable(backward):
+    """torch.autograd.function.once_differentiable, without its cost where it does nothing: in a
+    backward pass that records no graph (grad mode off, create_graph=False: nearly every call)
+    the wrapped function runs as it is; otherwise once_differentiable's wrapper runs, which makes
+    differentiating the gradients again an error. Its no_grad block cost ~2 µs a training step,
+    4% of a (1, 8, 8, 64) step on one Zen 5 core."""
+    guarded = torch.autograd.function.once_differentiable(backward)
+
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            return guarded(ctx, *grads)
+        return backward(ctx, *grads)
+
+    return wrapper
+
+
 class _Lease:
     """Held by a call's autograd node (its ctx) until the node has run the call's layer backward
     or is freed; the module's weak reference to it says when the layer may serve another call."""
@@ -68,7 +84,7 @@ class _LayerFunction(torch.autograd.Function):
         return layer(queries, keys, values, valid_lens, causal=causal)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable
     def backward(ctx, grad_output):
         layer = ctx.layer
         layer.zero_grad()
@@ -510,7 +526,7 @@ class _EagerSdpa(torch.autograd.Function):
         return result
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable
     def backward(ctx, grad_output, _grad_log_sum_exp):
         def backward_body(grad_output, query, key, value, output, log_sum_exp, *rest):
             gradients = _backward(*_capsules(grad_output, query, key, value, output, log_sum_exp),
@@ -537,7 +553,7 @@ class _PlainSdpa(torch.autograd.Function):
         return output
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable
     def backward(ctx, grad_output):
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
