@@ -527,6 +527,9 @@ void save_gradients(const RunOptions& options, const std::vector<NamedGradient>&
 // The last guard of "finite in, finite out": the functions and layers raise their own errors for a
 // result that overflows, and no file holding an infinity or a NaN is ever written with exit 0.
 void require_finite_result(const Tensor& tensor, const std::string& option) {
+  // The vectorised scan first (element by element with numel() per step, this check was 2% of an
+  // n = 4096 run with 32 heads on two threads), the culprit searched for only when there is one.
+  if (all_finite(tensor)) return;
   for (int64_t index = 0; index < tensor.numel(); ++index) {
     if (!std::isfinite(tensor.data()[index])) {
       throw ValueError(option + ": the result holds " + std::to_string(tensor.data()[index]) +
