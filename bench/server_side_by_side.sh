@@ -18,6 +18,9 @@
 #                                                attn and PyTorch's SDPA in turn, round after round
 #                                                (after module; the ratios to report on this noisy
 #                                                machine: rows of the other phases run minutes apart)
+#   bench/server_side_by_side.sh short   [OUT]   short sequences through attn.torch beside PyTorch
+#                                                (after module): training steps and inference at
+#                                                n = 8 ... 200, fp32 and bf16, 1, 4 and all threads
 #   bench/server_side_by_side.sh lengths [OUT]   n = 1024 ... LONG (default 16384) at B = 1, 8 heads,
 #                                                1 thread and all cores, PyTorch beside it: where
 #                                                K and V leave the L2 (the 1-thread forward read
@@ -46,7 +49,7 @@
 # calls, ggml + avx2 fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|interleaved|lengths|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 cores=$(nproc)
@@ -121,6 +124,14 @@ interleaved)
   "$python" bench/interleaved_pytorch.py --sizes "$sizes" --threads "$threads" --rounds 3 \
     --repeats "$repeats" --json-out "$out/interleaved.json" >"$out/interleaved.txt"
   ;;
+short)
+  # Where a call's fixed costs decide (issue 14's small calls, measured on Zen 4 and Zen 5 only):
+  # each thread count's OpenMP wake-up and the Python call beside PyTorch's, on this machine.
+  "$python" -c "import attn" || { echo "attn's Python module is not importable" >&2; exit 2; }
+  "$python" bench/compare_short_sequences.py --threads "$threads" >"$out/short.txt"
+  "$python" bench/compare_short_sequences.py --threads "$threads" --sizes 8,16,32,77 \
+    --heads 32 --kv-heads 8 --head-dim 128 --dtype bfloat16 >>"$out/short.txt"
+  ;;
 lengths)
   # The query and key blocks sized by the L2 (2026-11-25) were measured on Zen 4 only; this phase
   # shows whether the Xeon's forward still loses efficiency as n grows.
@@ -162,7 +173,7 @@ module)
   PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
   ;;
 *)
-  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, interleaved, lengths, amx, ggml or module" >&2
+  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, interleaved, short, lengths, amx, ggml or module" >&2
   exit 2
   ;;
 esac
