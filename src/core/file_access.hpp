@@ -151,10 +151,11 @@ inline void write_atomically(const std::filesystem::path& target,
   }
 }
 
-// write_atomically for bytes in memory, with every write checked: the reason of a short write
-// (ENOSPC, EFBIG, EIO) is in the message.
-inline void write_bytes_atomically(const std::filesystem::path& target,
-                                   std::span<const std::byte> bytes) {
+// write_atomically for bytes in memory given as pieces written one after another (a file's header,
+// then its data where it lies: no copy joins them), with every write checked: the reason of a short
+// write (ENOSPC, EFBIG, EIO) is in the message.
+inline void write_pieces_atomically(const std::filesystem::path& target,
+                                    std::span<const std::span<const std::byte>> pieces) {
   write_atomically(target, [&](const std::filesystem::path& temporary) {
     const auto fail = [&target](int error_number) -> void {
       throw FileError(target.string() + ": cannot write the file (" + system_reason(error_number) +
@@ -162,15 +163,24 @@ inline void write_bytes_atomically(const std::filesystem::path& target,
     };
     Descriptor file(::open(temporary.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC));
     if (file.get() < 0) fail(errno);
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t wrote = ::write(file.get(), bytes.data() + done, bytes.size() - done);
-      if (wrote < 0 && errno == EINTR) continue;
-      if (wrote <= 0) fail(wrote < 0 ? errno : EIO);
-      done += static_cast<size_t>(wrote);
+    for (const std::span<const std::byte> bytes : pieces) {
+      size_t done = 0;
+      while (done < bytes.size()) {
+        const ssize_t wrote = ::write(file.get(), bytes.data() + done, bytes.size() - done);
+        if (wrote < 0 && errno == EINTR) continue;
+        if (wrote <= 0) fail(wrote < 0 ? errno : EIO);
+        done += static_cast<size_t>(wrote);
+      }
     }
     if (file.close() != 0) fail(errno);
   });
+}
+
+// write_pieces_atomically for one piece.
+inline void write_bytes_atomically(const std::filesystem::path& target,
+                                   std::span<const std::byte> bytes) {
+  const std::span<const std::byte> pieces[] = {bytes};
+  write_pieces_atomically(target, pieces);
 }
 
 }  // namespace attn::file_access

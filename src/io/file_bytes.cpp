@@ -17,6 +17,11 @@ void write_file_bytes(const std::filesystem::path& path, std::span<const std::by
   file_access::write_bytes_atomically(path, bytes);
 }
 
+void write_file_pieces(const std::filesystem::path& path,
+                       std::span<const std::span<const std::byte>> pieces) {
+  file_access::write_pieces_atomically(path, pieces);
+}
+
 }  // namespace io_detail
 
 std::vector<std::byte> read_file(const std::filesystem::path& path, uint64_t max_size) {

@@ -18,5 +18,8 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path,
 // Writes through a temporary file in the same folder, flushed and renamed over `path`, so that a
 // failed write leaves any previous file intact; FileError naming the path and the reason.
 void write_file_bytes(const std::filesystem::path& path, std::span<const std::byte> bytes);
+// The same for a file made of `pieces` one after another (a header, then data where it lies).
+void write_file_pieces(const std::filesystem::path& path,
+                       std::span<const std::span<const std::byte>> pieces);
 
 }  // namespace attn::io_detail

@@ -283,8 +283,15 @@ std::vector<uint8_t> decode_bools(std::span<const std::byte> data, std::string_v
   return values;
 }
 
-std::vector<std::byte> build_npy(const DTypeInfo& dtype, const Shape& shape,
-                                 std::span<const std::byte> data) {
+// ShapeError unless `count` values fill `shape`; `function` names the caller.
+void require_values(size_t count, const Shape& shape, std::string_view function) {
+  if (static_cast<int64_t>(count) == shape.numel()) return;
+  throw ShapeError(std::string(function) + ": shape " + shape.str() + " needs " +
+                   std::to_string(shape.numel()) + " values, got " + std::to_string(count));
+}
+
+// A .npy file's bytes before its data: magic, version 1.0, the header's length and the header.
+std::vector<std::byte> npy_preamble(const DTypeInfo& dtype, const Shape& shape) {
   std::string header = "{'descr': '" + std::string(dtype.descr) +
                        "', 'fortran_order': False, 'shape': " + shape.str() + ", }";
   if (shape.rank() > 0) {
@@ -298,15 +305,31 @@ std::vector<std::byte> build_npy(const DTypeInfo& dtype, const Shape& shape,
   header += '\n';
 
   std::vector<std::byte> bytes;
-  bytes.reserve(kMagic.size() + 4 + header.size() + data.size());
+  bytes.reserve(kMagic.size() + 4 + header.size());
   for (const char c : kMagic) bytes.push_back(static_cast<std::byte>(c));
   bytes.push_back(std::byte{1});
   bytes.push_back(std::byte{0});
   bytes.push_back(static_cast<std::byte>(header.size() & 0xFF));
   bytes.push_back(static_cast<std::byte>(header.size() >> 8));
   for (const char c : header) bytes.push_back(static_cast<std::byte>(c));
+  return bytes;
+}
+
+// The whole file in memory: the preamble, then the data.
+std::vector<std::byte> build_npy(const DTypeInfo& dtype, const Shape& shape,
+                                 std::span<const std::byte> data) {
+  std::vector<std::byte> bytes = npy_preamble(dtype, shape);
   bytes.insert(bytes.end(), data.begin(), data.end());
   return bytes;
+}
+
+// Writes the file as its preamble, then `data` from where it lies: no copy of the data in memory
+// (a copy of attn run's 32 MiB output used to raise its peak memory by as much).
+void write_npy(const std::filesystem::path& path, const DTypeInfo& dtype, const Shape& shape,
+               std::span<const std::byte> data) {
+  const std::vector<std::byte> preamble = npy_preamble(dtype, shape);
+  const std::span<const std::byte> pieces[] = {preamble, data};
+  io_detail::write_file_pieces(path, pieces);
 }
 
 }  // namespace
@@ -475,28 +498,17 @@ std::vector<std::byte> serialize_npy(ConstTensorView tensor) {
 }
 
 std::vector<std::byte> serialize_npy_float16(std::span<const uint16_t> bits, const Shape& shape) {
-  if (static_cast<int64_t>(bits.size()) != shape.numel()) {
-    throw ShapeError("serialize_npy_float16: expected " + std::to_string(shape.numel()) +
-                     " values for shape " + shape.str() + ", got " + std::to_string(bits.size()));
-  }
+  require_values(bits.size(), shape, "serialize_npy_float16");
   return build_npy(dtype_info(NpyDType::kFloat16), shape, std::as_bytes(bits));
 }
 
 std::vector<std::byte> serialize_npy(std::span<const int64_t> values, const Shape& shape) {
-  if (static_cast<int64_t>(values.size()) != shape.numel()) {
-    throw ShapeError("serialize_npy: shape " + shape.str() + " needs " +
-                     std::to_string(shape.numel()) + " values, got " +
-                     std::to_string(values.size()));
-  }
+  require_values(values.size(), shape, "serialize_npy");
   return build_npy(dtype_info(NpyDType::kInt64), shape, std::as_bytes(values));
 }
 
 std::vector<std::byte> serialize_npy_bool(std::span<const uint8_t> values, const Shape& shape) {
-  if (static_cast<int64_t>(values.size()) != shape.numel()) {
-    throw ShapeError("serialize_npy_bool: shape " + shape.str() + " needs " +
-                     std::to_string(shape.numel()) + " values, got " +
-                     std::to_string(values.size()));
-  }
+  require_values(values.size(), shape, "serialize_npy_bool");
   std::vector<std::byte> data(values.size());
   for (size_t index = 0; index < values.size(); ++index) {
     data[index] = std::byte{values[index] != 0 ? uint8_t{1} : uint8_t{0}};
@@ -505,17 +517,19 @@ std::vector<std::byte> serialize_npy_bool(std::span<const uint8_t> values, const
 }
 
 void save_npy(const std::filesystem::path& path, ConstTensorView tensor) {
-  io_detail::write_file_bytes(path, serialize_npy(tensor));
+  write_npy(path, dtype_info(NpyDType::kFloat32), tensor.shape(), std::as_bytes(tensor.span()));
 }
 
 void save_npy(const std::filesystem::path& path, std::span<const int64_t> values,
               const Shape& shape) {
-  io_detail::write_file_bytes(path, serialize_npy(values, shape));
+  require_values(values.size(), shape, "save_npy");
+  write_npy(path, dtype_info(NpyDType::kInt64), shape, std::as_bytes(values));
 }
 
 void save_npy_float16(const std::filesystem::path& path, std::span<const uint16_t> bits,
                       const Shape& shape) {
-  io_detail::write_file_bytes(path, serialize_npy_float16(bits, shape));
+  require_values(bits.size(), shape, "save_npy_float16");
+  write_npy(path, dtype_info(NpyDType::kFloat16), shape, std::as_bytes(bits));
 }
 
 void save_npy_bool(const std::filesystem::path& path, std::span<const uint8_t> values,

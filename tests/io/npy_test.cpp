@@ -13,6 +13,7 @@
 #include <string>
 
 #include "attn/core/error.hpp"
+#include "attn/io/files.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -283,7 +284,7 @@ TEST(Npy, ReadsFilesNumPyWrote) {
   EXPECT_EQ(serialize_npy_float16(f2.halves, f2.shape), fixture_bytes("f2_3.npy"));
   EXPECT_EQ(load_npy_tensor(fixture("f2_3.npy"), "f2").to_vector(), f2.floats);
   EXPECT_THROW_MESSAGE(serialize_npy_float16(f2.halves, Shape{4}), ShapeError,
-                       "expected 4 values for shape (4,), got 3");
+                       "shape (4,) needs 4 values, got 3");
 
   const NpyArray i4 = read_npy(fixture("i4_2x2.npy"));
   EXPECT_EQ(i4.dtype, NpyDType::kInt32);
@@ -461,6 +462,33 @@ TEST(NpyFiles, SaveThenLoad) {
   const ValidLengths valid = load_npy_valid_lengths(directory.path() / "lens.npy", "valid_lens");
   EXPECT_EQ(valid.kind(), ValidLengths::Kind::kPerBatch);
   EXPECT_EQ(valid.values(), lengths);
+}
+
+// The save functions write their header, then the data from where it lies (no joined copy): the
+// same bytes as the serialize functions, byte for byte, for each dtype, empty data included; a
+// count that does not fill the shape writes nothing.
+TEST(NpyFiles, SavedFilesHoldTheSerializedBytes) {
+  const TempDirectory directory;
+  const auto saved = [&directory](const char* name) {
+    return read_file(directory.path() / name);
+  };
+  const Tensor tensor(Shape{3, 1, 2}, {1.0F, -2.0F, 3.5F, 0.0F, 1e-30F, -7.25F});
+  save_npy(directory.path() / "f4.npy", tensor);
+  EXPECT_EQ(saved("f4.npy"), serialize_npy(tensor));
+  const Tensor empty(Shape{0, 4});
+  save_npy(directory.path() / "empty.npy", empty);
+  EXPECT_EQ(saved("empty.npy"), serialize_npy(empty));
+  const std::vector<int64_t> lengths = {2, -3, 1LL << 40};
+  save_npy(directory.path() / "i8.npy", lengths, Shape{3, 1});
+  EXPECT_EQ(saved("i8.npy"), serialize_npy(lengths, Shape{3, 1}));
+  const std::vector<uint16_t> halves = {0x3800, 0xbd00, 0x7bff, 0x0001};
+  save_npy_float16(directory.path() / "f2.npy", halves, Shape{2, 2});
+  EXPECT_EQ(saved("f2.npy"), serialize_npy_float16(halves, Shape{2, 2}));
+  EXPECT_THROW_MESSAGE(save_npy(directory.path() / "bad.npy", lengths, Shape{4}), ShapeError,
+                       "save_npy: shape (4,) needs 4 values, got 3");
+  EXPECT_THROW_MESSAGE(save_npy_float16(directory.path() / "bad.npy", halves, Shape{5}),
+                       ShapeError, "save_npy_float16: shape (5,) needs 5 values, got 4");
+  EXPECT_FALSE(std::filesystem::exists(directory.path() / "bad.npy"));
 }
 
 TEST(NpyFiles, ValidLengthsFromNumPyFiles) {
