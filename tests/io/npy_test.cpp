@@ -469,9 +469,7 @@ TEST(NpyFiles, SaveThenLoad) {
 // count that does not fill the shape writes nothing.
 TEST(NpyFiles, SavedFilesHoldTheSerializedBytes) {
   const TempDirectory directory;
-  const auto saved = [&directory](const char* name) {
-    return read_file(directory.path() / name);
-  };
+  const auto saved = [&directory](const char* name) { return read_file(directory.path() / name); };
   const Tensor tensor(Shape{3, 1, 2}, {1.0F, -2.0F, 3.5F, 0.0F, 1e-30F, -7.25F});
   save_npy(directory.path() / "f4.npy", tensor);
   EXPECT_EQ(saved("f4.npy"), serialize_npy(tensor));
@@ -486,8 +484,8 @@ TEST(NpyFiles, SavedFilesHoldTheSerializedBytes) {
   EXPECT_EQ(saved("f2.npy"), serialize_npy_float16(halves, Shape{2, 2}));
   EXPECT_THROW_MESSAGE(save_npy(directory.path() / "bad.npy", lengths, Shape{4}), ShapeError,
                        "save_npy: shape (4,) needs 4 values, got 3");
-  EXPECT_THROW_MESSAGE(save_npy_float16(directory.path() / "bad.npy", halves, Shape{5}),
-                       ShapeError, "save_npy_float16: shape (5,) needs 5 values, got 4");
+  EXPECT_THROW_MESSAGE(save_npy_float16(directory.path() / "bad.npy", halves, Shape{5}), ShapeError,
+                       "save_npy_float16: shape (5,) needs 5 values, got 4");
   EXPECT_FALSE(std::filesystem::exists(directory.path() / "bad.npy"));
 }
 
