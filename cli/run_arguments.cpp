@@ -9,6 +9,7 @@
 
 #include "attn/core/valid_lengths.hpp"
 #include "attn/io/npy.hpp"
+#include "attn/io/npy_rows.hpp"
 #include "command_support.hpp"
 
 namespace attn::cli {
@@ -140,12 +141,15 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
 namespace {
 
 // A floating input file as float32 (float16 and float64 converted), its float16 bits kept in
-// `halves` and `float16` set when the file is float16; load_npy_tensor's errors otherwise.
+// `halves` and `float16` set when the file is float16; load_npy_tensor's errors otherwise. Other
+// than float16 files go through load_npy_tensor, which reads float32 data straight into the
+// tensor: through read_npy's arrays an input was held twice at once (a 512 MiB key file made the
+// run's peak 1.5 GiB where its inputs are 1 GiB).
 Tensor load_input(const std::string& path, std::string_view name, std::vector<uint16_t>& halves,
                   bool& float16) {
+  if (read_npy_header(path).dtype != NpyDType::kFloat16) return load_npy_tensor(path, name);
   NpyArray array = read_npy(path);
-  if (array.is_integer() || array.is_bool()) return load_npy_tensor(path, name);
-  float16 = array.dtype == NpyDType::kFloat16;
+  float16 = true;
   halves = std::move(array.halves);
   return Tensor(array.shape, std::move(array.floats));
 }

@@ -15,6 +15,7 @@
 #include "attn/core/half.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
+#include "io/npy_file.hpp"
 #include "io/limits.hpp"
 #include "io/npy_layout.hpp"
 
@@ -455,18 +456,25 @@ NpyArray read_npy(const std::filesystem::path& path) {
 // Decoded straight into the tensor's storage: one copy of the data beside the file's bytes while
 // loading, as parse_npy makes for its own arrays.
 Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name) {
-  const std::vector<std::byte> bytes = io_detail::read_file_bytes(path);
-  const std::string source = path.string();
-  const io_detail::NpyLayout layout = io_detail::parse_npy_header(bytes, source);
-  const std::span<const std::byte> data = std::span(bytes).subspan(layout.data_offset);
-  io_detail::check_npy_data_size(layout, data.size(), source);
+  // The header first, then the data: float32 straight into the tensor (reading the whole file and
+  // decoding it held every input twice, for a moment, in attn run), the others through their
+  // bytes.
+  const io_detail::NpyFile file(path);
+  const io_detail::NpyLayout& layout = file.layout();
+  const std::string& source = file.source();
   switch (layout.dtype) {
-    case NpyDType::kFloat32:
-      return Tensor(layout.shape, decode<float, float, Tensor::Storage>(data));
+    case NpyDType::kFloat32: {
+      Tensor tensor;
+      tensor.assign_uninitialized(layout.shape);
+      file.read_into(layout.data_offset, std::as_writable_bytes(tensor.span()));
+      return tensor;
+    }
     case NpyDType::kFloat64:
-      return Tensor(layout.shape, decode<double, float, Tensor::Storage>(data));
+      return Tensor(layout.shape, decode<double, float, Tensor::Storage>(
+                                      file.read_at(layout.data_offset, layout.data_size)));
     case NpyDType::kFloat16:
-      return Tensor(layout.shape, decode_float16<Tensor::Storage>(data));
+      return Tensor(layout.shape, decode_float16<Tensor::Storage>(
+                                      file.read_at(layout.data_offset, layout.data_size)));
     case NpyDType::kInt32:
     case NpyDType::kInt64:
     case NpyDType::kBool:
