@@ -15,8 +15,8 @@
 #include "attn/core/half.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
-#include "io/npy_file.hpp"
 #include "io/limits.hpp"
+#include "io/npy_file.hpp"
 #include "io/npy_layout.hpp"
 
 namespace attn {

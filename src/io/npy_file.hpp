@@ -78,5 +78,4 @@ class NpyFile {
   NpyLayout layout_;
 };
 
-
 }  // namespace attn::io_detail
