@@ -28,6 +28,7 @@
 #include "kernels/parallel_tasks.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
+#include "kernels/static_count.hpp"
 
 #ifndef ATTN_DECODE_ATTENTION_SHARED
 #define ATTN_DECODE_ATTENTION_SHARED
@@ -788,16 +789,6 @@ HWY_INLINE void AccumulateColumnsOneRow(D d, size_t bc, const char* value_rows, 
   for (size_t v = 0; v < kVectors; ++v) hn::Store(sums[v], d, out + v * lanes);
 }
 
-// f(std::integral_constant<size_t, count>()) for a run-time count in [1, kCount]: one call site
-// instantiates a routine per count.
-template <size_t kCount, class F>
-HWY_INLINE void WithVectorCount(size_t count, const F& f) {
-  if constexpr (kCount > 1) {
-    if (count < kCount) return WithVectorCount<kCount - 1>(count, f);
-  }
-  f(std::integral_constant<size_t, kCount>());
-}
-
 // Every whole vector of columns of the one output row: AccumulateColumnsOneRow over up to 8
 // vectors at a time (the value rows of dv = 128 whole on AVX-512, 64 on AVX2).
 template <CacheDType kType, bool kByLine, class D>
@@ -812,7 +803,7 @@ HWY_INLINE void AccumulateOneRow(D d, size_t bc, const char* value_rows, size_t 
       AccumulateColumnsOneRow<kType, decltype(vectors)::value, kByLine>(
           d, bc, value_rows, value_stride, p, row_lanes, c0, out, rescale, prefetch);
     };
-    WithVectorCount<8>(std::min<size_t>(8, full_vectors - v0), run);
+    WithStaticCount<8>(std::min<size_t>(8, full_vectors - v0), run);
   }
 }
 #endif

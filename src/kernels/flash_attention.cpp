@@ -29,6 +29,7 @@
 #include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
+#include "kernels/static_count.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_SHARED
 #define ATTN_FLASH_ATTENTION_SHARED
@@ -404,7 +405,9 @@ HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   AddToRowSums<kVectors>(d, sum, s);
 }
 
-// OnlineSoftmaxStep over the `vectors` (1 to kQueryVectors) query vectors that hold a query.
+// OnlineSoftmaxStep over the `vectors` (1 to kQueryVectors) query vectors that hold a query. A
+// switch rather than WithStaticCount's lambda, which GCC compiled out of line: the steps stay in
+// the key loop, where tools/port_model.py finds them.
 template <class D>
 HWY_INLINE void OnlineSoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br, Scratch& s) {
   switch (vectors) {
@@ -639,15 +642,16 @@ using FloatVector = hn::Vec<hn::ScalableTag<float>>;
 
 // P = exp(S − shift) for a key tile's Sᵀ (bc × Br), two keys at a time straight into bf16 pairs of
 // adjacent keys (s.probability_pairs; a key past bc is 0), never stored as floats; P's column sums
-// added to `sum` and, with kTrackMax, the scores' maximum per query to `tile_max`.
-template <bool kTrackMax>
+// added to `sum` and, with kTrackMax, the scores' maximum per query to `tile_max`. Over the first
+// kVectors query vectors (those holding a query), as the steps below.
+template <bool kTrackMax, size_t kVectors>
 ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Scratch& s,
                                                      const FloatVector* shift, FloatVector* sum,
                                                      FloatVector* tile_max) {
   const hn::ScalableTag<float> d;
   const FloatVector minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
   for (size_t j = 0; j < bc; j += 2) {
-    for (size_t g = 0; g < flash_detail::kQueryVectors; ++g) {
+    for (size_t g = 0; g < kVectors; ++g) {
       const FloatVector even_score = hn::Load(d, s.scores + j * br + g * 16);
       const FloatVector odd_score =
           j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
@@ -661,14 +665,14 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Scrat
 }
 
 // OnlineSoftmaxStep for the bf16 path without dropout, P into bf16 pairs (ExponentialsToPairs).
+template <size_t kVectors>
 ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
   const hn::ScalableTag<float> d;
-  constexpr size_t kVectors = flash_detail::kQueryVectors;
   FloatVector shift[kVectors], sum[kVectors];
-  OnlineSoftmaxMax(d, bc, br, s, shift);
+  OnlineSoftmaxMax<kVectors>(d, bc, br, s, shift);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
-  ExponentialsToPairs<false>(bc, br, s, shift, sum, nullptr);
-  AddToRowSums(d, sum, s);
+  ExponentialsToPairs<false, kVectors>(bc, br, s, shift, sum, nullptr);
+  AddToRowSums<kVectors>(d, sum, s);
 }
 
 // How far a key tile's scores may rise above a row's running maximum before the bf16 path's lazy
@@ -682,9 +686,9 @@ constexpr float kLazyMaxMargin = 8.0F;
 // (OnlineSoftmaxMax). Returns false, leaving nothing that the full step would not overwrite, when
 // a row has no finite maximum yet or its scores rose above it by more than kLazyMaxMargin; the
 // scores are intact then, and the caller takes the full step.
+template <size_t kVectors>
 ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
   const hn::ScalableTag<float> d;
-  constexpr size_t kVectors = flash_detail::kQueryVectors;
   const FloatVector minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
   FloatVector shift[kVectors], sum[kVectors], tile_max[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
@@ -693,7 +697,7 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Sc
     sum[g] = hn::Zero(d);
     tile_max[g] = minus_infinity;
   }
-  ExponentialsToPairs<true>(bc, br, s, shift, sum, tile_max);
+  ExponentialsToPairs<true, kVectors>(bc, br, s, shift, sum, tile_max);
   const FloatVector margin = hn::Set(d, kLazyMaxMargin);
   for (size_t g = 0; g < kVectors; ++g) {
     if (!hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], margin)))) return false;
@@ -767,6 +771,12 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
   const int64_t alignment = kOnTiles ? 32 : 2;
   const int64_t begin = tile.ranges.begin - tile.ranges.begin % alignment;
+  // The query vectors the steps compute: on vdpbf16ps those holding a query (a tile of n < Br
+  // queries, or a ragged n's last), whose lanes are all P·V reads; on AMX tiles, whose products
+  // take whole tiles of P, all of them.
+  const size_t vectors = kOnTiles ? flash_detail::kQueryVectors
+                                  : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
+  const size_t width = vectors * kLanes;
   if (tile.ranges.begin < tile.ranges.end) {
     if constexpr (kOnTiles) {
       PackKeyValueBlocks(args, b, kv_head, begin, tile.ranges.end, s);
@@ -787,20 +797,25 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     if constexpr (kOnTiles) {
       ScaledScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, args.options.scale, s);
     } else {
-      GemmBF16<false>(bc, flash_detail::kQueryVectors, key_pairs, depth_pairs, 1, s.query_pairs, br,
-                      depth_pairs, s.scores, br, nullptr, args.options.scale);
+      GemmBF16<false>(bc, vectors, key_pairs, depth_pairs, 1, s.query_pairs, br, depth_pairs,
+                      s.scores, br, nullptr, args.options.scale);
     }
-    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
+    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, width, coverage == MaskCoverage::kSome,
                         s.scores);
     bool rescale = true;
     if (dropout) {
-      OnlineSoftmaxStep(d, bc, br, s);
-      DropWeights(d, dropout_applier, key0, bc, br, br, s);
-      PackProbabilityPairs(s.scores, bc, br, s.probability_pairs);
-    } else if (LazySoftmaxStepToPairs(bc, br, s)) {
-      rescale = false;  // every factor is 1
+      OnlineSoftmaxStepOver(d, vectors, bc, br, s);
+      DropWeights(d, dropout_applier, key0, bc, br, width, s);
+      PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
     } else {
-      OnlineSoftmaxStepToPairs(bc, br, s);
+      WithStaticCount<flash_detail::kQueryVectors>(vectors, [&](auto count) HWY_ATTR {
+        constexpr size_t kVectors = decltype(count)::value;
+        if (LazySoftmaxStepToPairs<kVectors>(bc, br, s)) {
+          rescale = false;  // every factor is 1
+        } else {
+          OnlineSoftmaxStepToPairs<kVectors>(bc, br, s);
+        }
+      });
     }
     if constexpr (kOnTiles) {
       AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, s);

@@ -278,7 +278,7 @@ ATTN_BF16_TARGET void TileRowsToPairs(const float* tile, size_t rows, size_t br,
 ATTN_BF16_TARGET void GradScorePairs(const float* grad_scores, size_t bc, size_t br,
                                      uint32_t* query_pairs, uint32_t* key_pairs) {
   TileRowsToPairs(grad_scores, bc, br, query_pairs);
-  PackProbabilityPairs(grad_scores, bc, br, key_pairs);
+  PackProbabilityPairs(grad_scores, bc, br, br, key_pairs);
 }
 
 // The AMX tiles of the thread: configured for the products of a query head, released after them.

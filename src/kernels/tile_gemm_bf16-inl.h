@@ -170,11 +170,11 @@ ATTN_BF16_TARGET HWY_INLINE void StoreProbabilityPairs(__m512 even, __m512 odd, 
 }
 
 // Pᵀ (bc × Br floats, bc ≤ Bc) as bf16 pairs of adjacent keys per query (Bc/2 × Br); a key past
-// bc is 0.
+// bc is 0. The queries [0, width) of each row (width a multiple of 16).
 ATTN_BF16_TARGET HWY_INLINE void PackProbabilityPairs(const float* probabilities, size_t bc,
-                                                      size_t br, uint32_t* pairs) {
+                                                      size_t br, size_t width, uint32_t* pairs) {
   for (size_t j = 0; j < bc; j += 2) {
-    for (size_t r = 0; r < br; r += 16) {
+    for (size_t r = 0; r < width; r += 16) {
       const __m512 odd =
           j + 1 < bc ? _mm512_loadu_ps(probabilities + (j + 1) * br + r) : _mm512_setzero_ps();
       StoreProbabilityPairs(_mm512_loadu_ps(probabilities + j * br + r), odd,
