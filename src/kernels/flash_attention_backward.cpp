@@ -268,17 +268,20 @@ ATTN_BF16_TARGET void InterleavedRowPairs(const ConstHalfHeadsView& half, int64_
   }
 }
 
-// Each of `rows` rows of a transposed tile (br floats) rounded to bf16 pairs of adjacent lanes.
-ATTN_BF16_TARGET void TileRowsToPairs(const float* tile, size_t rows, size_t br, uint32_t* pairs) {
-  for (size_t j = 0; j < rows; ++j) RowToPairs(tile + j * br, br, pairs + j * br / 2);
+// Each of `rows` rows of a transposed tile (br floats) rounded to bf16 pairs of adjacent lanes,
+// over its lanes [0, width) rounded up to 32 (RowToPairs' step; the lanes past width are not read).
+ATTN_BF16_TARGET void TileRowsToPairs(const float* tile, size_t rows, size_t br, size_t width,
+                                      uint32_t* pairs) {
+  const size_t lanes = hwy::RoundUpTo(width, 32);
+  for (size_t j = 0; j < rows; ++j) RowToPairs(tile + j * br, lanes, pairs + j * br / 2);
 }
 
-// dSᵀ (bc × br) rounded to bf16 twice over: pairs of adjacent queries (dK's operand) and pairs of
-// adjacent keys (dQ's).
-ATTN_BF16_TARGET void GradScorePairs(const float* grad_scores, size_t bc, size_t br,
+// dSᵀ (bc × br) rounded to bf16 twice over, its lanes [0, width): pairs of adjacent queries (dK's
+// operand) and pairs of adjacent keys (dQ's).
+ATTN_BF16_TARGET void GradScorePairs(const float* grad_scores, size_t bc, size_t br, size_t width,
                                      uint32_t* query_pairs, uint32_t* key_pairs) {
-  TileRowsToPairs(grad_scores, bc, br, query_pairs);
-  PackProbabilityPairs(grad_scores, bc, br, br, key_pairs);
+  TileRowsToPairs(grad_scores, bc, br, width, query_pairs);
+  PackProbabilityPairs(grad_scores, bc, br, width, key_pairs);
 }
 
 // The AMX tiles of the thread: configured for the products of a query head, released after them.
@@ -405,10 +408,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                                         key_begin, bc);
           if (coverage == MaskCoverage::kNone) continue;
         }
-        // The lanes of the tile's transposed buffers (Qᵀ, dOᵀ, Sᵀ, Pᵀ, dPᵀ, dSᵀ), each the lane
-        // stride of its rows: on the fp32 path the query vectors that hold a query (TileWidth), on
-        // the bf16 path Br (its products and pairs cover whole tiles).
-        const size_t width = bf16_products ? br : TileWidth(d, rows, br);
+        // The lanes the steps compute: the query vectors that hold a query (TileWidth; all of them
+        // in a whole tile, as the AMX tiles take). On the fp32 path the tile's transposed buffers
+        // (Qᵀ, dOᵀ, Sᵀ, Pᵀ, dPᵀ, dSᵀ) are laid out that narrow too; the bf16 path's pairs keep
+        // rows of Br lanes.
+        const size_t width = TileWidth(d, rows, br), stride = bf16_products ? br : width;
         const QueryTile query_tile{b,
                                    h,
                                    static_cast<int64_t>(first),
@@ -431,8 +435,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else if (bf16_products) {
           // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
           // them: the same scores, so P agrees with its log-sum-exp.
-          GemmBF16<false>(bc, flash_backward_detail::kQueryVectors,
-                          s.key_pairs + key0 * depth_pairs, depth_pairs, 1,
+          GemmBF16<false>(bc, width / lanes, s.key_pairs + key0 * depth_pairs, depth_pairs, 1,
                           s.query_pairs + tile * depth_pairs * br, br, depth_pairs, s.probabilities,
                           br, nullptr, scale);
         } else
@@ -441,17 +444,17 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           Gemm<false>(d, bc, width / lanes, s.keys.row(key0), s.keys.stride, 1,
                       s.q_transposed + tile * depth * br, width, depth, s.probabilities, width);
         }
-        ApplyScoreModifiers(d, options, query_tile, key_begin, bc, width, width,
+        ApplyScoreModifiers(d, options, query_tile, key_begin, bc, stride, width,
                             coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
         if (bf16_products) {
-          ProbabilitiesFromScores<true>(d, bc, width, width, s.lse + first, s.probabilities);
+          ProbabilitiesFromScores<true>(d, bc, stride, width, s.lse + first, s.probabilities);
         } else {
-          ProbabilitiesFromScores(d, bc, width, width, s.lse + first, s.probabilities);
+          ProbabilitiesFromScores(d, bc, stride, width, s.lse + first, s.probabilities);
         }
         // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
         const float* used = s.probabilities;
         if (dropout) {
-          ApplyDropout(d, dropout_applier, bc, key0, width, width, s.row_keys + first,
+          ApplyDropout(d, dropout_applier, bc, key0, stride, width, s.row_keys + first,
                        s.probabilities, s.dropped);
           used = s.dropped;
         }
@@ -459,7 +462,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         // rounds P for P·V (and FlashAttention's bf16 kernels round P and dS).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_products) {
-          TileRowsToPairs(used, bc, br, s.used_query_pairs);
+          TileRowsToPairs(used, bc, br, width, s.used_query_pairs);
         }
         if (on_tiles) {
           TileProduct<true>(s, s.used_query_pairs, br / 2,
@@ -482,28 +485,29 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                              s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs, s.grad_scores,
                              br, bc, br);
         } else if (bf16_products) {
-          GemmBF16<false>(bc, flash_backward_detail::kQueryVectors, s.value_pairs + key0 * dv_pairs,
-                          dv_pairs, 1, s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs,
-                          s.grad_scores, br, nullptr);
+          GemmBF16<false>(bc, width / lanes, s.value_pairs + key0 * dv_pairs, dv_pairs, 1,
+                          s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs, s.grad_scores, br,
+                          nullptr);
         } else
 #endif
         {
           Gemm<false>(d, bc, width / lanes, s.values.row(key0), s.values.stride, 1,
                       s.grad_out_transposed + tile * dv * br, width, dv, s.grad_scores, width);
         }
-        GradScoresFromGradProbabilities(d, bc, width, width, s.probabilities, used, s.delta + first,
-                                        s.grad_scores);
+        GradScoresFromGradProbabilities(d, bc, stride, width, s.probabilities, used,
+                                        s.delta + first, s.grad_scores);
         // A float mask is added to the final scores: its gradient is dS itself.
         if (grad_mask.data != nullptr) {
           accumulate_mask_gradient(grad_mask, b, h, static_cast<int64_t>(first), rows, key_begin,
-                                   bc, width, s.grad_scores);
+                                   bc, stride, s.grad_scores);
         }
         // Through the soft cap: d(c·tanh(s/c))/ds = 1 − tanh².
         if (options.softcap > 0.0F)
-          SoftcapBackward(d, bc, width, width, s.softcap_tanh, s.grad_scores);
+          SoftcapBackward(d, bc, stride, width, s.softcap_tanh, s.grad_scores);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
-          GradScorePairs(s.grad_scores, bc, br, s.grad_score_query_pairs, s.grad_score_key_pairs);
+          GradScorePairs(s.grad_scores, bc, br, width, s.grad_score_query_pairs,
+                         s.grad_score_key_pairs);
           if (on_tiles) {
             GradScoreRowPairs(s.grad_score_key_pairs, bc, br, s.grad_score_row_pairs);
             TileProduct<true>(s, s.grad_score_query_pairs, br / 2,
