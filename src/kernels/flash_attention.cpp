@@ -29,7 +29,6 @@
 #include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
-#include "kernels/static_count.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_SHARED
 #define ATTN_FLASH_ATTENTION_SHARED
@@ -707,6 +706,32 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, Sc
   return true;
 }
 
+// The bf16 path's step without dropout over the first kVectors query vectors: the lazy step, or
+// the full one where it gives way. Returns whether O needs its rescale (false: every factor is 1).
+template <size_t kVectors>
+ATTN_BF16_TARGET HWY_INLINE bool SoftmaxStepToPairs(size_t bc, size_t br, Scratch& s) {
+  if (LazySoftmaxStepToPairs<kVectors>(bc, br, s)) return false;
+  OnlineSoftmaxStepToPairs<kVectors>(bc, br, s);
+  return true;
+}
+
+// SoftmaxStepToPairs over the `vectors` (1 to kQueryVectors) query vectors that hold a query. A
+// switch: a lambda (WithStaticCount) does not take this function's target attributes in Clang,
+// which then refuses to inline the steps into it.
+ATTN_BF16_TARGET HWY_INLINE bool SoftmaxStepToPairsOver(size_t vectors, size_t bc, size_t br,
+                                                        Scratch& s) {
+  switch (vectors) {
+    case 1:
+      return SoftmaxStepToPairs<1>(bc, br, s);
+    case 2:
+      return SoftmaxStepToPairs<2>(bc, br, s);
+    case 3:
+      return SoftmaxStepToPairs<3>(bc, br, s);
+    default:
+      return SoftmaxStepToPairs<flash_detail::kQueryVectors>(bc, br, s);
+  }
+}
+
 // The vdpbf16ps products of FlashForwardTileBF16 (its Tiles when AMX is not used).
 struct VectorProducts {};
 
@@ -808,14 +833,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
       DropWeights(d, dropout_applier, key0, bc, br, width, s);
       PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
     } else {
-      WithStaticCount<flash_detail::kQueryVectors>(vectors, [&](auto count) HWY_ATTR {
-        constexpr size_t kVectors = decltype(count)::value;
-        if (LazySoftmaxStepToPairs<kVectors>(bc, br, s)) {
-          rescale = false;  // every factor is 1
-        } else {
-          OnlineSoftmaxStepToPairs<kVectors>(bc, br, s);
-        }
-      });
+      rescale = SoftmaxStepToPairsOver(vectors, bc, br, s);
     }
     if constexpr (kOnTiles) {
       AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, s);
