@@ -138,62 +138,64 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
   });
 }
 
-namespace {
-
-// A floating input file as float32 (float16 and float64 converted), its float16 bits kept in
-// `halves` and `float16` set when the file is float16; load_npy_tensor's errors otherwise. Other
-// than float16 files go through load_npy_tensor, which reads float32 data straight into the
-// tensor: through read_npy's arrays an input was held twice at once (a 512 MiB key file made the
-// run's peak 1.5 GiB where its inputs are 1 GiB).
-Tensor load_input(const std::string& path, std::string_view name, std::vector<uint16_t>& halves,
-                  bool& float16) {
-  if (read_npy_header(path).dtype != NpyDType::kFloat16) return load_npy_tensor(path, name);
-  NpyArray array = read_npy(path);
-  float16 = true;
-  halves = std::move(array.halves);
-  return Tensor(array.shape, std::move(array.floats));
-}
-
-}  // namespace
-
 void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily family) {
-  bool float16[3] = {false, false, false};
-  queries_ = with_context("--queries", [&] {
-    return load_input(arguments.queries, "queries", query_halves_, float16[0]);
-  });
-  keys_ = with_context("--keys",
-                       [&] { return load_input(arguments.keys, "keys", key_halves_, float16[1]); });
-  values_ = with_context("--values", [&] {
-    return load_input(arguments.values, "values", value_halves_, float16[2]);
-  });
+  const std::string* paths[] = {&arguments.queries, &arguments.keys, &arguments.values};
+  const char* names[] = {"queries", "keys", "values"};
+  const char* flags[] = {"--queries", "--keys", "--values"};
+  NpyDType dtypes[3];
+  for (int index = 0; index < 3; ++index) {
+    dtypes[index] =
+        with_context(flags[index], [&] { return read_npy_header(*paths[index]).dtype; });
+  }
+  // Integer and bool files: load_npy_tensor's error naming the argument.
+  for (int index = 0; index < 3; ++index) {
+    if (dtypes[index] != NpyDType::kFloat32 && dtypes[index] != NpyDType::kFloat64 &&
+        dtypes[index] != NpyDType::kFloat16) {
+      with_context(flags[index], [&] { load_npy_tensor(*paths[index], names[index]); });
+    }
+  }
   // Dot-product attention runs in float16 when its inputs are, as PyTorch's does, and then all
   // three must be (PyTorch refuses a mix); additive attention computes in float32 on any floats.
-  if (family == ScoreFamily::kDotProduct && (float16[0] || float16[1] || float16[2])) {
-    const char* names[] = {"queries", "keys", "values"};
-    for (int index = 0; index < 3; ++index) {
-      if (!float16[index]) {
+  if (family == ScoreFamily::kDotProduct) {
+    for (int index = 0; index < 3; ++index)
+      float16_ = float16_ || dtypes[index] == NpyDType::kFloat16;
+    for (int index = 0; index < 3 && float16_; ++index) {
+      if (dtypes[index] != NpyDType::kFloat16) {
         throw ValueError(std::string(names[index]) +
                          ": expected float16 data like the other inputs (a float16 run reads "
                          "queries, keys and values all in float16), got float32 or float64");
       }
     }
-    float16_ = true;
   }
-  if (!float16_) {
-    query_halves_ = {};
-    key_halves_ = {};
-    value_halves_ = {};
+  // Each input read once, into what the call reads: a float16 run its bits alone (a float copy
+  // beside them held each input three times over), the others float tensors, float32 data read
+  // straight into them (load_npy_tensor; through read_npy's arrays an input was held twice at once:
+  // a 512 MiB key file made the run's peak 1.5 GiB where its inputs are 1 GiB).
+  Tensor* tensors[] = {&queries_, &keys_, &values_};
+  std::vector<uint16_t>* halves[] = {&query_halves_, &key_halves_, &value_halves_};
+  Shape* shapes[] = {&query_shape_, &key_shape_, &value_shape_};
+  for (int index = 0; index < 3; ++index) {
+    with_context(flags[index], [&] {
+      if (float16_) {
+        NpyFloat16 file = load_npy_float16(*paths[index], names[index]);
+        *shapes[index] = file.shape;
+        *halves[index] = std::move(file.bits);
+      } else {
+        *tensors[index] = load_npy_tensor(*paths[index], names[index]);
+        *shapes[index] = tensors[index]->shape();
+      }
+    });
   }
-  const int rank = queries_.rank();
+  const int rank = query_shape_.rank();
   if (rank != 3 && rank != 4) {
     throw ShapeError("queries: expected (B, n, d) or (N, H, L, E) (rank 3 or 4), got shape " +
-                     queries_.shape().str());
+                     query_shape_.str());
   }
-  require_rank("keys", keys_.shape(), rank);
-  require_rank("values", values_.shape(), rank);
-  require_dim("keys", keys_.shape(), 0, queries_.dim(0), "the batch size of queries");
-  require_dim("values", values_.shape(), 0, queries_.dim(0), "the batch size of queries");
-  require_dim("values", values_.shape(), -2, keys_.dim(-2), "the number of keys");
+  require_rank("keys", key_shape_, rank);
+  require_rank("values", value_shape_, rank);
+  require_dim("keys", key_shape_, 0, query_shape_.dim(0), "the batch size of queries");
+  require_dim("values", value_shape_, 0, query_shape_.dim(0), "the batch size of queries");
+  require_dim("values", value_shape_, -2, key_shape_.dim(-2), "the number of keys");
   const bool dot_product = family == ScoreFamily::kDotProduct;
 
   if (rank == 4) {
@@ -206,19 +208,19 @@ void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily fa
                          flag + " splits the last axis of rank-3 inputs)");
       }
     }
-    query_heads_ = queries_.dim(1);
-    kv_heads_ = keys_.dim(1);
+    query_heads_ = query_shape_.dim(1);
+    kv_heads_ = key_shape_.dim(1);
     heads_source_ = "the heads from axis 1 of the queries";
-    require_dim("values", values_.shape(), 1, kv_heads_, "the heads of keys");
+    require_dim("values", value_shape_, 1, kv_heads_, "the heads of keys");
     if (!dot_product) {
-      require_dim("keys", keys_.shape(), 1, query_heads_, "the heads of queries");
+      require_dim("keys", key_shape_, 1, query_heads_, "the heads of queries");
     } else if (kv_heads_ == 0 || query_heads_ % kv_heads_ != 0) {
       throw ShapeError("keys: expected a number of heads (axis 1) dividing the queries' " +
                        std::to_string(query_heads_) + " (grouped-query attention), got shape " +
-                       keys_.shape().str());
+                       key_shape_.str());
     }
     if (dot_product) {
-      require_dim("keys", keys_.shape(), -1, queries_.dim(-1), "the size of each query");
+      require_dim("keys", key_shape_, -1, query_shape_.dim(-1), "the size of each query");
     }
   } else if (arguments.heads) {
     query_heads_ = *arguments.heads;
@@ -235,19 +237,18 @@ void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily fa
     }
     split_heads_ = true;
     heads_source_ = "the heads from --heads " + std::to_string(query_heads_);
-    if (queries_.dim(2) % query_heads_ != 0) {
+    if (query_shape_.dim(2) % query_heads_ != 0) {
       throw ShapeError("queries: expected a last axis that splits into --heads " +
-                       std::to_string(query_heads_) + " heads, got shape " +
-                       queries_.shape().str());
+                       std::to_string(query_heads_) + " heads, got shape " + query_shape_.str());
     }
-    const int64_t size = queries_.dim(2) / query_heads_;
-    require_dim("keys", keys_.shape(), -1, kv_heads_ * size,
+    const int64_t size = query_shape_.dim(2) / query_heads_;
+    require_dim("keys", key_shape_, -1, kv_heads_ * size,
                 kv_flag + " " + std::to_string(kv_heads_) + " × the queries' head size " +
                     std::to_string(size));
-    if (values_.dim(2) % kv_heads_ != 0) {
+    if (value_shape_.dim(2) % kv_heads_ != 0) {
       throw ShapeError("values: expected a last axis that splits into " +
                        std::to_string(kv_heads_) + " heads (" + kv_flag + "), got shape " +
-                       values_.shape().str());
+                       value_shape_.str());
     }
   } else {
     if (arguments.kv_heads) {
@@ -256,7 +257,7 @@ void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily fa
     }
     heads_source_ = "rank-3 inputs without --heads have one head";
     if (dot_product) {
-      require_dim("keys", keys_.shape(), -1, queries_.dim(-1), "the size of each query");
+      require_dim("keys", key_shape_, -1, query_shape_.dim(-1), "the size of each query");
     }
   }
   // Grouped-query attention: query head h reads key/value head h / (H / G), in place.
@@ -271,7 +272,8 @@ void FunctionalInputs::read_mask(const RunArguments& arguments) {
         "attn_mask: expected a bool or float32/float64 mask, got an integer array "
         "(valid lengths go to --valid-lens)");
   }
-  const Shape scores = with_last(query().shape(), key().dim(-2));
+  const Shape scores =
+      with_last(call_shape(query_shape_, query_heads_), call_shape(key_shape_, kv_heads_).dim(-2));
   if (!broadcasts(mask.shape, scores)) {
     throw ShapeError("attn_mask: expected a shape that broadcasts to the scores " + scores.str() +
                      " " + scores_description(scores.rank()) +
@@ -303,8 +305,9 @@ std::vector<float> FunctionalInputs::read_per_head(const std::string& path, cons
 }
 
 Shape FunctionalInputs::output_shape() const {
-  if (!split_heads_) return with_last(queries_.shape(), values_.dim(-1));
-  return Shape{queries_.dim(0), queries_.dim(1), query_heads_ * (values_.dim(2) / kv_heads_)};
+  if (!split_heads_) return with_last(query_shape_, value_shape_.dim(-1));
+  return Shape{query_shape_.dim(0), query_shape_.dim(1),
+               query_heads_ * (value_shape_.dim(2) / kv_heads_)};
 }
 
 }  // namespace attn::cli

@@ -82,10 +82,11 @@ class FunctionalInputs {
   FunctionalInputs(const FunctionalInputs&) = delete;
   FunctionalInputs& operator=(const FunctionalInputs&) = delete;
 
-  const Tensor& queries() const { return queries_; }
-  const Tensor& keys() const { return keys_; }
-  const Tensor& values() const { return values_; }
-  // The files' tensors as the functional API reads them.
+  // The files' shapes.
+  const Shape& query_shape() const { return query_shape_; }
+  const Shape& key_shape() const { return key_shape_; }
+  const Shape& value_shape() const { return value_shape_; }
+  // The files' tensors as the functional API reads them (float runs).
   ConstStridedView query() const { return as_heads(queries_, query_heads_); }
   ConstStridedView key() const { return as_heads(keys_, kv_heads_); }
   ConstStridedView value() const { return as_heads(values_, kv_heads_); }
@@ -100,16 +101,16 @@ class FunctionalInputs {
   MutableStridedView like_key(Tensor& tensor) const { return as_heads(tensor, kv_heads_); }
 
   // Whether the dot-product inputs are float16 files: then the call runs in half precision on
-  // these views of their bits (the float tensors above hold the same values widened).
+  // these views of their bits, which are all that is read of them (no float tensors).
   bool float16() const { return float16_; }
   StridedView<const uint16_t> query16() const {
-    return as_heads(query_halves_.data(), queries_.shape(), query_heads_);
+    return as_heads(query_halves_.data(), query_shape_, query_heads_);
   }
   StridedView<const uint16_t> key16() const {
-    return as_heads(key_halves_.data(), keys_.shape(), kv_heads_);
+    return as_heads(key_halves_.data(), key_shape_, kv_heads_);
   }
   StridedView<const uint16_t> value16() const {
-    return as_heads(value_halves_.data(), values_.shape(), kv_heads_);
+    return as_heads(value_halves_.data(), value_shape_, kv_heads_);
   }
   // Bits laid out as the output / as the keys and values, viewed as the functional API writes them.
   StridedView<uint16_t> like_query16(std::vector<uint16_t>& bits, const Shape& shape) const {
@@ -136,12 +137,17 @@ class FunctionalInputs {
   MutableStridedView as_heads(Tensor& tensor, int64_t heads) const {
     return as_heads(tensor.data(), tensor.shape(), heads);
   }
+  // The shape the functional API sees for a file of `shape`, whatever its dtype.
+  Shape call_shape(const Shape& shape, int64_t heads) const {
+    return as_heads(static_cast<const float*>(nullptr), shape, heads).shape();
+  }
   void read_inputs(const RunArguments& arguments, ScoreFamily family);
   void read_mask(const RunArguments& arguments);
   std::vector<float> read_per_head(const std::string& path, const std::string& flag,
                                    const std::string& name, const std::string& what) const;
 
-  Tensor queries_, keys_, values_;
+  Shape query_shape_, key_shape_, value_shape_;
+  Tensor queries_, keys_, values_;  // float runs only
   bool float16_ = false;
   std::vector<uint16_t> query_halves_, key_halves_, value_halves_;  // float16 runs only
   bool split_heads_ = false;

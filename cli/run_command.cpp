@@ -296,7 +296,7 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
   result.float16 = true;
   const Shape output_shape = inputs.output_shape();
   std::vector<uint16_t> output(static_cast<size_t>(output_shape.numel()));
-  std::vector<float> log_sum_exp(static_cast<size_t>(log_sum_exp_size(inputs.query().shape())));
+  std::vector<float> log_sum_exp(static_cast<size_t>(log_sum_exp_size(inputs.query16().shape())));
   name_sources(arguments, [&] {
     scaled_dot_product_attention(kType, inputs.query16(), inputs.key16(), inputs.value16(),
                                  inputs.options(), inputs.like_query16(output, output_shape),
@@ -311,24 +311,24 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
   check_grad_output(options, *grad_output, output_shape);
   // G in the output's precision, as PyTorch's autograd hands a float16 output its gradient.
   std::vector<uint16_t> grad = narrowed(*grad_output);
-  std::vector<uint16_t> queries(static_cast<size_t>(inputs.queries().numel()));
-  std::vector<uint16_t> keys(static_cast<size_t>(inputs.keys().numel()));
-  std::vector<uint16_t> values(static_cast<size_t>(inputs.values().numel()));
+  std::vector<uint16_t> queries(static_cast<size_t>(inputs.query_shape().numel()));
+  std::vector<uint16_t> keys(static_cast<size_t>(inputs.key_shape().numel()));
+  std::vector<uint16_t> values(static_cast<size_t>(inputs.value_shape().numel()));
   Tensor mask = inputs.has_float_mask() ? Tensor(inputs.options().attn_mask.shape()) : Tensor();
   Tensor sinks = inputs.has_sinks() ? Tensor(Shape{inputs.query_heads()}) : Tensor();
   name_sources(arguments, [&] {
     scaled_dot_product_attention_backward(
         kType, inputs.query16(), inputs.key16(), inputs.value16(),
         inputs.like_query16(output, output_shape), inputs.like_query16(grad, output_shape),
-        log_sum_exp, inputs.options(), inputs.like_query16(queries, inputs.queries().shape()),
-        inputs.like_key16(keys, inputs.keys().shape()),
-        inputs.like_key16(values, inputs.values().shape()),
+        log_sum_exp, inputs.options(), inputs.like_query16(queries, inputs.query_shape()),
+        inputs.like_key16(keys, inputs.key_shape()),
+        inputs.like_key16(values, inputs.value_shape()),
         inputs.has_float_mask() ? MutableStridedView(mask) : MutableStridedView(),
         inputs.has_sinks() ? sinks.span() : std::span<float>());
   });
-  result.gradients = input_gradients(widened(queries, inputs.queries().shape()),
-                                     widened(keys, inputs.keys().shape()),
-                                     widened(values, inputs.values().shape()));
+  result.gradients =
+      input_gradients(widened(queries, inputs.query_shape()), widened(keys, inputs.key_shape()),
+                      widened(values, inputs.value_shape()));
   for (NamedGradient& gradient : result.gradients) gradient.float16 = true;
   if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
   if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
@@ -355,9 +355,9 @@ Result run_dot_product(const RunOptions& options, const Tensor* grad_output, boo
   }
   if (grad_output != nullptr) {
     check_grad_output(options, *grad_output, result.output.shape());
-    Tensor queries(inputs.queries().shape());
-    Tensor keys(inputs.keys().shape());
-    Tensor values(inputs.values().shape());
+    Tensor queries(inputs.query_shape());
+    Tensor keys(inputs.key_shape());
+    Tensor values(inputs.value_shape());
     // A float mask and sinks are differentiable inputs too (the mask's broadcast axes summed).
     Tensor mask = inputs.has_float_mask() ? Tensor(inputs.options().attn_mask.shape()) : Tensor();
     Tensor sinks = inputs.has_sinks() ? Tensor(Shape{inputs.query_heads()}) : Tensor();
@@ -395,9 +395,9 @@ Result run_additive(const RunOptions& options, const StateDict& state, const Ten
   const RunArguments arguments = run_arguments(options);
   const FunctionalInputs inputs(arguments, ScoreFamily::kAdditive);
   name_sources(arguments, [&] {
-    require_dim("queries", inputs.queries().shape(), -1, W_q.dim(1),
+    require_dim("queries", inputs.query_shape(), -1, W_q.dim(1),
                 "the query size of W_q.weight " + W_q.shape().str());
-    require_dim("keys", inputs.keys().shape(), -1, W_k.dim(1),
+    require_dim("keys", inputs.key_shape(), -1, W_k.dim(1),
                 "the key size of W_k.weight " + W_k.shape().str());
   });
   const AdditiveParameters parameters{W_q, W_k, w_v.span()};

@@ -486,6 +486,19 @@ Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name)
                   std::string(dtype_info(layout.dtype).descr) + "'");
 }
 
+NpyFloat16 load_npy_float16(const std::filesystem::path& path, std::string_view name) {
+  const io_detail::NpyFile file(path);
+  const io_detail::NpyLayout& layout = file.layout();
+  if (layout.dtype != NpyDType::kFloat16) {
+    throw FileError(std::string(name) + " (" + file.source() +
+                    "): expected float16 data, got dtype '" +
+                    std::string(dtype_info(layout.dtype).descr) + "'");
+  }
+  NpyFloat16 result{layout.shape, std::vector<uint16_t>(static_cast<size_t>(layout.shape.numel()))};
+  file.read_into(layout.data_offset, std::as_writable_bytes(std::span(result.bits)));
+  return result;
+}
+
 ValidLengths load_npy_valid_lengths(const std::filesystem::path& path, std::string_view name) {
   const NpyArray array = read_npy(path);
   if (!array.is_integer()) {

@@ -402,6 +402,22 @@ TEST_F(RunAttentionTest, Float16FilesRunInHalfPrecisionAndWriteFloat16) {
   // The weights stay float32.
   EXPECT_EQ(read_npy(path("w.npy")).dtype, NpyDType::kFloat32);
 
+  // A bool mask broadcast over the batch and the heads: the scores' shape from the float16 files'
+  // shapes (their bits are all a float16 run keeps of them).
+  const std::vector<uint8_t> bools = {1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 1, 1};
+  save_npy_bool(path("mask.npy"), bools, Shape{3, 5});
+  const CommandResult masked =
+      attn("run " + kDot + " --heads 2 --kv-heads 1 --mask mask.npy --out om.npy");
+  ASSERT_EQ(masked.exit_code, 0) << masked.err;
+  AttentionOptions mask_options;
+  mask_options.enable_gqa = true;
+  mask_options.attn_mask =
+      AttentionMask::boolean(StridedView<const uint8_t>(bools.data(), Shape{3, 5}));
+  scaled_dot_product_attention(kType, heads(qc, Shape{2, 3, 8}, 2), heads(kc, Shape{2, 5, 4}, 1),
+                               heads(vc, Shape{2, 5, 3}, 1), mask_options,
+                               heads(out.data(), out_shape, 2), lse);
+  EXPECT_EQ(read_npy(path("om.npy")).halves, out);
+
   // float16 queries with float32 keys: refused, naming the odd one out.
   save("k.npy", random_tensor(Shape{2, 5, 4}, rng));
   expect_error("run " + kDot + " --heads 2 --kv-heads 1 --out o.npy",

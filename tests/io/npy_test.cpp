@@ -489,6 +489,24 @@ TEST(NpyFiles, SavedFilesHoldTheSerializedBytes) {
   EXPECT_FALSE(std::filesystem::exists(directory.path() / "bad.npy"));
 }
 
+// A float16 file's bits and shape, read as they are; any other dtype is a FileError naming the
+// argument; load_npy_tensor widens the same file to the same values read_npy gives.
+TEST(NpyFiles, Float16BitsAsTheyAre) {
+  const TempDirectory directory;
+  const std::vector<uint16_t> halves = {0x3800, 0xbd00, 0x7bff, 0x0001, 0x8000, 0x3c00};
+  save_npy_float16(directory.path() / "f2.npy", halves, Shape{2, 1, 3});
+  const NpyFloat16 file = load_npy_float16(directory.path() / "f2.npy", "queries");
+  EXPECT_EQ(file.shape, (Shape{2, 1, 3}));
+  EXPECT_EQ(file.bits, halves);
+  EXPECT_EQ(load_npy_tensor(directory.path() / "f2.npy", "queries").to_vector(),
+            read_npy(directory.path() / "f2.npy").floats);
+  save_npy(directory.path() / "f4.npy", Tensor(Shape{2}, {1.0F, 2.0F}));
+  EXPECT_THROW_MESSAGE(load_npy_float16(directory.path() / "f4.npy", "keys"), FileError,
+                       "keys (");
+  EXPECT_THROW_MESSAGE(load_npy_float16(directory.path() / "f4.npy", "keys"), FileError,
+                       "expected float16 data, got dtype '<f4'");
+}
+
 TEST(NpyFiles, ValidLengthsFromNumPyFiles) {
   const ValidLengths per_batch = load_npy_valid_lengths(fixture("i8_2.npy"), "valid_lens");
   EXPECT_EQ(per_batch.kind(), ValidLengths::Kind::kPerBatch);

@@ -45,6 +45,13 @@ NpyArray read_npy(const std::filesystem::path& path);
 // A float tensor from a float32/float64/float16 file; FileError naming `name` for integer or bool
 // data.
 Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name);
+// A float16 file's bits as they are (for the half-precision kernels) and its shape; FileError
+// naming `name` for any other dtype.
+struct NpyFloat16 {
+  Shape shape;
+  std::vector<uint16_t> bits;
+};
+NpyFloat16 load_npy_float16(const std::filesystem::path& path, std::string_view name);
 // Valid lengths from an int32/int64 file of shape (B) or (B, n); FileError/ShapeError otherwise.
 ValidLengths load_npy_valid_lengths(const std::filesystem::path& path, std::string_view name);
 
