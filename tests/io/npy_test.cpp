@@ -501,8 +501,7 @@ TEST(NpyFiles, Float16BitsAsTheyAre) {
   EXPECT_EQ(load_npy_tensor(directory.path() / "f2.npy", "queries").to_vector(),
             read_npy(directory.path() / "f2.npy").floats);
   save_npy(directory.path() / "f4.npy", Tensor(Shape{2}, {1.0F, 2.0F}));
-  EXPECT_THROW_MESSAGE(load_npy_float16(directory.path() / "f4.npy", "keys"), FileError,
-                       "keys (");
+  EXPECT_THROW_MESSAGE(load_npy_float16(directory.path() / "f4.npy", "keys"), FileError, "keys (");
   EXPECT_THROW_MESSAGE(load_npy_float16(directory.path() / "f4.npy", "keys"), FileError,
                        "expected float16 data, got dtype '<f4'");
 }
