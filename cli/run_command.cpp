@@ -18,6 +18,7 @@
 #include <system_error>
 #include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -220,16 +221,23 @@ LayerInputs load_layer_inputs(const RunOptions& options) {
   return inputs;
 }
 
+// A result as it is written: float32 values, or a float16 run's float16 bits as the half kernels
+// wrote them (never widened: a float copy beside them cost an output-sized allocation, two passes).
+using ResultTensor = std::variant<Tensor, NpyFloat16>;
+
+const Shape& shape_of(const ResultTensor& tensor) {
+  if (const auto* half = std::get_if<NpyFloat16>(&tensor)) return half->shape;
+  return std::get<Tensor>(tensor).shape();
+}
+
 // One gradient of sum(output · G), under the name of its file in --grads-out.
 struct NamedGradient {
   std::string name;
-  Tensor gradient;
-  bool float16 = false;  // written as float16 (its values are float16's, widened)
+  ResultTensor gradient;
 };
 
 struct Result {
-  Tensor output;
-  bool float16 = false;  // the output is float16's values (widened), written as float16
+  ResultTensor output;
   // Empty unless --weights-out or --heatmap asked for them: (B, n, m) scores' worth of memory.
   Tensor weights;
   // Multi-head layer weights are (B·heads, n, m); the heatmap shows them as a B × heads grid
@@ -250,7 +258,8 @@ void check_grad_output(const RunOptions& options, const Tensor& grad_output,
   }
 }
 
-std::vector<NamedGradient> input_gradients(Tensor queries, Tensor keys, Tensor values) {
+std::vector<NamedGradient> input_gradients(ResultTensor queries, ResultTensor keys,
+                                           ResultTensor values) {
   std::vector<NamedGradient> named;
   named.push_back({"queries", std::move(queries)});
   named.push_back({"keys", std::move(keys)});
@@ -272,13 +281,6 @@ std::vector<NamedGradient> layer_gradients(Layer& layer, const Tensor& grad_outp
   return named;
 }
 
-// float16 bits widened into a float tensor of `shape`.
-Tensor widened(const std::vector<uint16_t>& bits, const Shape& shape) {
-  Tensor tensor(shape);
-  widen_half(HalfType::kFloat16, bits.data(), tensor.data(), bits.size());
-  return tensor;
-}
-
 // A float tensor's values as float16 bits (exact where they are float16's, widened).
 std::vector<uint16_t> narrowed(const Tensor& tensor) {
   std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
@@ -293,7 +295,6 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
                                bool need_weights) {
   constexpr HalfType kType = HalfType::kFloat16;
   Result result;
-  result.float16 = true;
   const Shape output_shape = inputs.output_shape();
   std::vector<uint16_t> output(static_cast<size_t>(output_shape.numel()));
   std::vector<float> log_sum_exp(static_cast<size_t>(log_sum_exp_size(inputs.query16().shape())));
@@ -302,12 +303,14 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
                                  inputs.options(), inputs.like_query16(output, output_shape),
                                  log_sum_exp);
   });
-  result.output = widened(output, output_shape);
   if (need_weights) {
     result.weights =
         attention_weights(kType, inputs.query16(), inputs.key16(), log_sum_exp, inputs.options());
   }
-  if (grad_output == nullptr) return result;
+  if (grad_output == nullptr) {
+    result.output = NpyFloat16{output_shape, std::move(output)};
+    return result;
+  }
   check_grad_output(options, *grad_output, output_shape);
   // G in the output's precision, as PyTorch's autograd hands a float16 output its gradient.
   std::vector<uint16_t> grad = narrowed(*grad_output);
@@ -326,10 +329,10 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
         inputs.has_float_mask() ? MutableStridedView(mask) : MutableStridedView(),
         inputs.has_sinks() ? sinks.span() : std::span<float>());
   });
-  result.gradients =
-      input_gradients(widened(queries, inputs.query_shape()), widened(keys, inputs.key_shape()),
-                      widened(values, inputs.value_shape()));
-  for (NamedGradient& gradient : result.gradients) gradient.float16 = true;
+  result.output = NpyFloat16{output_shape, std::move(output)};
+  result.gradients = input_gradients(NpyFloat16{inputs.query_shape(), std::move(queries)},
+                                     NpyFloat16{inputs.key_shape(), std::move(keys)},
+                                     NpyFloat16{inputs.value_shape(), std::move(values)});
   if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
   if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
   return result;
@@ -344,17 +347,17 @@ Result run_dot_product(const RunOptions& options, const Tensor* grad_output, boo
     return run_dot_product_float16(arguments, inputs, options, grad_output, need_weights);
   }
   Result result;
-  result.output = Tensor(inputs.output_shape());
+  Tensor output(inputs.output_shape());
   std::vector<float> log_sum_exp(static_cast<size_t>(log_sum_exp_size(inputs.query().shape())));
   name_sources(arguments, [&] {
     scaled_dot_product_attention(inputs.query(), inputs.key(), inputs.value(), inputs.options(),
-                                 inputs.like_query(result.output), log_sum_exp);
+                                 inputs.like_query(output), log_sum_exp);
   });
   if (need_weights) {
     result.weights = attention_weights(inputs.query(), inputs.key(), log_sum_exp, inputs.options());
   }
   if (grad_output != nullptr) {
-    check_grad_output(options, *grad_output, result.output.shape());
+    check_grad_output(options, *grad_output, output.shape());
     Tensor queries(inputs.query_shape());
     Tensor keys(inputs.key_shape());
     Tensor values(inputs.value_shape());
@@ -363,7 +366,7 @@ Result run_dot_product(const RunOptions& options, const Tensor* grad_output, boo
     Tensor sinks = inputs.has_sinks() ? Tensor(Shape{inputs.query_heads()}) : Tensor();
     name_sources(arguments, [&] {
       scaled_dot_product_attention_backward(
-          inputs.query(), inputs.key(), inputs.value(), inputs.like_query(result.output),
+          inputs.query(), inputs.key(), inputs.value(), inputs.like_query(output),
           inputs.like_query(*grad_output), log_sum_exp, inputs.options(),
           inputs.like_query(queries), inputs.like_key(keys), inputs.like_key(values),
           inputs.has_float_mask() ? MutableStridedView(mask) : MutableStridedView(),
@@ -373,6 +376,7 @@ Result run_dot_product(const RunOptions& options, const Tensor* grad_output, boo
     if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
     if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
   }
+  result.output = std::move(output);
   return result;
 }
 
@@ -406,16 +410,15 @@ Result run_additive(const RunOptions& options, const StateDict& state, const Ten
                               inputs.options());
   });
   Result result;
-  result.output = std::move(forward.output);
   if (need_weights) {
     result.weights = additive_attention_weights(inputs.query(), inputs.key(), parameters,
                                                 forward.log_sum_exp, inputs.options());
   }
   if (grad_output != nullptr) {
-    check_grad_output(options, *grad_output, result.output.shape());
+    check_grad_output(options, *grad_output, forward.output.shape());
     AdditiveGradients gradients = name_sources(arguments, [&] {
       return additive_attention_backward(inputs.query(), inputs.key(), inputs.value(), parameters,
-                                         result.output, *grad_output, forward.log_sum_exp,
+                                         forward.output, *grad_output, forward.log_sum_exp,
                                          inputs.options());
     });
     result.gradients = input_gradients(std::move(gradients.queries), std::move(gradients.keys),
@@ -426,6 +429,7 @@ Result run_additive(const RunOptions& options, const StateDict& state, const Ten
     gradients.w_v.reshape(Shape{1, hidden});
     result.gradients.push_back({"w_v.weight", std::move(gradients.w_v)});
   }
+  result.output = std::move(forward.output);
   return result;
 }
 
@@ -437,16 +441,17 @@ Result run_layer(const RunOptions& options, Layer& layer, const Tensor* grad_out
   layer.eval();
   const RunArguments arguments = run_arguments(options);
   Result result;
-  result.output = name_sources(arguments, [&] {
+  Tensor output = name_sources(arguments, [&] {
     return layer(inputs.queries, inputs.keys, inputs.values, inputs.valid_lens);
   });
   result.heads = heads;
   // Computed from the fused pass only on this request.
   if (need_weights) result.weights = layer.attention_weights();
   if (grad_output != nullptr) {
-    check_grad_output(options, *grad_output, result.output.shape());
+    check_grad_output(options, *grad_output, output.shape());
     result.gradients = layer_gradients(layer, *grad_output);
   }
+  result.output = std::move(output);
   return result;
 }
 
@@ -510,18 +515,26 @@ std::filesystem::path gradient_path(const RunOptions& options, const std::string
   return std::filesystem::path(options.grads_out) / (name + ".npy");
 }
 
-// float32, or float16 for a tensor that holds float16's values (exact: they are widened halves).
-void save_tensor(const std::filesystem::path& path, const Tensor& tensor, bool float16) {
-  if (!float16) return save_npy(path, tensor);
-  save_npy_float16(path, narrowed(tensor), tensor.shape());
+// float32 values, or float16 bits, as they are.
+void save_tensor(const std::filesystem::path& path, const ResultTensor& tensor) {
+  if (const auto* half = std::get_if<NpyFloat16>(&tensor)) {
+    return save_npy_float16(path, half->bits, half->shape);
+  }
+  save_npy(path, std::get<Tensor>(tensor));
 }
 
 void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
   for (const NamedGradient& gradient : gradients) {
-    with_context("--grads-out", [&] {
-      save_tensor(gradient_path(options, gradient.name), gradient.gradient, gradient.float16);
-    });
+    with_context("--grads-out",
+                 [&] { save_tensor(gradient_path(options, gradient.name), gradient.gradient); });
   }
+}
+
+[[noreturn]] void throw_overflow(const std::string& option, const std::string& value, int64_t index,
+                                 const std::string& dtype) {
+  throw ValueError(option + ": the result holds " + value + " at flat index " +
+                   std::to_string(index) + " although every input is finite (it overflows " +
+                   dtype + "); scale the inputs down");
 }
 
 // The last guard of "finite in, finite out": the functions and layers raise their own errors for a
@@ -532,12 +545,23 @@ void require_finite_result(const Tensor& tensor, const std::string& option) {
   if (all_finite(tensor)) return;
   for (int64_t index = 0; index < tensor.numel(); ++index) {
     if (!std::isfinite(tensor.data()[index])) {
-      throw ValueError(option + ": the result holds " + std::to_string(tensor.data()[index]) +
-                       " at flat index " + std::to_string(index) +
-                       " although every input is finite (it overflows float32); scale the "
-                       "inputs down");
+      throw_overflow(option, std::to_string(tensor.data()[index]), index, "float32");
     }
   }
+}
+
+void require_finite_result(const NpyFloat16& tensor, const std::string& option) {
+  // float16's infinities and NaNs are the bits whose exponent field is all ones.
+  constexpr uint16_t kExponent = 0x7C00;
+  const auto culprit = std::find_if(tensor.bits.begin(), tensor.bits.end(),
+                                    [](uint16_t bits) { return (bits & kExponent) == kExponent; });
+  if (culprit == tensor.bits.end()) return;
+  const float value = half_to_float(*culprit);
+  throw_overflow(option, std::to_string(value), culprit - tensor.bits.begin(), "float16");
+}
+
+void require_finite_result(const ResultTensor& tensor, const std::string& option) {
+  std::visit([&](const auto& values) { require_finite_result(values, option); }, tensor);
 }
 
 // Every file the run reads, by the option that names it.
@@ -646,9 +670,9 @@ void run(const RunOptions& options) {
     with_context("--weights-out", [&] { save_npy(options.weights_out, result.weights); });
   }
   if (grad_output) save_gradients(options, result.gradients);
-  with_context("--out", [&] { save_tensor(options.out, result.output, result.float16); });
+  with_context("--out", [&] { save_tensor(options.out, result.output); });
   std::string summary = "attn run: " + options.layer + " attention, output " +
-                        result.output.shape().str() + " -> " + options.out;
+                        shape_of(result.output).str() + " -> " + options.out;
   if (options.weights_out_option->count() > 0) {
     summary += ", weights " + result.weights.shape().str() + " -> " + options.weights_out;
   }

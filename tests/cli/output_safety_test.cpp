@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "attn/core/half.hpp"
 #include "attn/io/safetensors.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "cli_fixture.hpp"
@@ -116,6 +117,28 @@ TEST_F(OutputSafetyTest, AMultiHeadProjectionThatOverflowsIsAnError) {
                    " --out old.npy",
                "W_o: the projection of the concatenated heads overflows float32");
   EXPECT_EQ(read_text(path("old.npy")), old_);
+}
+
+// A float16 run writes its gradients as float16 bits; one beyond float16's range (a key every
+// query attends to alone, G near float16's largest) is an error naming the file and the dtype,
+// and nothing is written.
+TEST_F(OutputSafetyTest, AFloat16GradientThatOverflowsIsAnError) {
+  const auto half_file = [&](const std::string& name, const Shape& shape, float value) {
+    const std::vector<uint16_t> bits(static_cast<size_t>(shape.numel()), float_to_half(value));
+    save_npy_float16(path(name), bits, shape);
+  };
+  // 8 queries against one key: P = 1, so dV = Σ_i G_i = 8 · 60000 > 65504.
+  half_file("q16.npy", Shape{1, 8, 4}, 0.5F);
+  half_file("k16.npy", Shape{1, 1, 4}, 0.5F);
+  half_file("v16.npy", Shape{1, 1, 4}, 1.0F);
+  half_file("g16.npy", Shape{1, 8, 4}, 60000.0F);
+  expect_error(
+      "run --layer dot-product --queries q16.npy --keys k16.npy --values v16.npy --out old.npy "
+      "--out-grad g16.npy --grads-out grads",
+      "--grads-out (values): the result holds inf at flat index 0 although every input is finite "
+      "(it overflows float16)");
+  EXPECT_EQ(read_text(path("old.npy")), old_);
+  EXPECT_FALSE(fs::exists(path("grads")));
 }
 
 TEST_F(OutputSafetyTest, HostileInputFilesAreCleanErrors) {
