@@ -240,12 +240,9 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       if (ranges.end <= key_begin || ranges.begin >= key_begin + static_cast<int64_t>(bc))
         continue;  // no query here sees these keys
       const size_t first = tile * br, rows = std::min(br, n - first);
-      MaskCoverage coverage = MaskCoverage::kAll;
-      if (args.options.mask.kind == MaskKind::kBool) {
-        coverage = bool_mask_coverage(args.options.mask, b, h, static_cast<int64_t>(first), rows,
-                                      key_begin, bc);
-        if (coverage == MaskCoverage::kNone) continue;
-      }
+      const MaskCoverage coverage = mask_coverage(args.options.mask, b, h,
+                                                  static_cast<int64_t>(first), rows, key_begin, bc);
+      if (coverage == MaskCoverage::kNone) continue;
       // Keys past every query of this tile contribute nothing: skip their tanh work.
       const size_t active = std::min(bc, static_cast<size_t>(ranges.end - key_begin));
       const float* at = s.queries_transposed + tile * hidden * br;

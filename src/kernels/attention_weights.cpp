@@ -108,11 +108,9 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
        key0 += static_cast<int64_t>(kKeyTile)) {
     const size_t bc = static_cast<size_t>(
         std::min<int64_t>(static_cast<int64_t>(kKeyTile), tile.ranges.end - key0));
-    MaskCoverage coverage = MaskCoverage::kAll;
-    if (args.options.mask.kind == MaskKind::kBool) {
-      coverage = bool_mask_coverage(args.options.mask, b, h, first_query, rows, key0, bc);
-      if (coverage == MaskCoverage::kNone) continue;
-    }
+    const MaskCoverage coverage =
+        mask_coverage(args.options.mask, b, h, first_query, rows, key0, bc);
+    if (coverage == MaskCoverage::kNone) continue;
     const float* key_rows = keys + key0 * args.k.row_stride;
     if (args.additive_exponential) {
       DoubledExponentialRows(d, key_rows, key_stride, bc, depth, s.key_rows);

@@ -479,12 +479,9 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   const size_t depth = static_cast<size_t>(args.q.cols);
   const size_t bc = static_cast<size_t>(
       std::min<int64_t>(static_cast<int64_t>(flash_detail::kKeyTile), tile.ranges.end - key0));
-  MaskCoverage coverage = MaskCoverage::kAll;
-  if (args.options.mask.kind == MaskKind::kBool) {
-    coverage = bool_mask_coverage(args.options.mask, tile.batch, tile.head, tile.first_query,
-                                  tile.rows, key0, bc);
-    if (coverage == MaskCoverage::kNone) return;  // the mask hides this whole tile
-  }
+  const MaskCoverage coverage = mask_coverage(args.options.mask, tile.batch, tile.head,
+                                              tile.first_query, tile.rows, key0, bc);
+  if (coverage == MaskCoverage::kNone) return;  // the mask hides this whole tile
   // The steps below compute the query vectors that hold a query (a tile of n < Br queries, or the
   // last of a ragged n): the lanes past them are never read (P V reads the tile's rows only).
   const size_t vectors = VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
@@ -792,7 +789,6 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   }
   const bool dropout = args.options.dropout > 0.0F;
   const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
-  const bool bool_mask = args.options.mask.kind == MaskKind::kBool;
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
   const int64_t alignment = kOnTiles ? 32 : 2;
   const int64_t begin = tile.ranges.begin - tile.ranges.begin % alignment;
@@ -813,11 +809,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
        key0 += static_cast<int64_t>(flash_detail::kKeyTileBF16)) {
     const size_t bc = static_cast<size_t>(std::min<int64_t>(
         static_cast<int64_t>(flash_detail::kKeyTileBF16), tile.ranges.end - key0));
-    MaskCoverage coverage = MaskCoverage::kAll;
-    if (bool_mask) {
-      coverage = bool_mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
-      if (coverage == MaskCoverage::kNone) continue;
-    }
+    const MaskCoverage coverage =
+        mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
+    if (coverage == MaskCoverage::kNone) continue;
     const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
     if constexpr (kOnTiles) {
       ScaledScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, args.options.scale, s);

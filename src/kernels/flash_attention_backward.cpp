@@ -402,12 +402,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         const auto key_begin = static_cast<int64_t>(key0),
                    key_end = static_cast<int64_t>(key0 + bc);
         if (ranges.end <= key_begin || ranges.begin >= key_end) continue;  // sees none of these
-        MaskCoverage coverage = MaskCoverage::kAll;
-        if (options.mask.kind == MaskKind::kBool) {
-          coverage = bool_mask_coverage(options.mask, b, h, static_cast<int64_t>(first), rows,
-                                        key_begin, bc);
-          if (coverage == MaskCoverage::kNone) continue;
-        }
+        const MaskCoverage coverage =
+            mask_coverage(options.mask, b, h, static_cast<int64_t>(first), rows, key_begin, bc);
+        if (coverage == MaskCoverage::kNone) continue;
         // The lanes the steps compute: the query vectors that hold a query (TileWidth; all of them
         // in a whole tile, as the AMX tiles take). On the fp32 path the tile's transposed buffers
         // (Qᵀ, dOᵀ, Sᵀ, Pᵀ, dPᵀ, dSᵀ) are laid out that narrow too; the bf16 path's pairs keep

@@ -1,6 +1,7 @@
 // Which keys each query of a fused kernel's tile may see — the interval that valid lengths, the
 // causal bound and a sliding window leave — and the attention mask's scalar steps (its coverage
-// of a tile, its entries added or applied to a transposed score tile). Target-independent.
+// of a tile, a bool mask applied to a transposed score tile, a float mask's gradient).
+// Target-independent.
 #pragma once
 
 #include <algorithm>
@@ -71,7 +72,7 @@ inline TileKeyRanges tile_key_ranges(const ValidLengths& valid_lens,
   return tile;
 }
 
-// How much of a tile (rows × keys) a bool mask lets through.
+// How much of a tile (rows × keys) a mask lets through.
 enum class MaskCoverage { kAll, kSome, kNone };
 
 // Scans the tile's rows, each once (a mask broadcast over the queries has one row), with a
@@ -103,23 +104,54 @@ inline MaskCoverage bool_mask_coverage(const ScoreMask& mask, int64_t batch, int
   return all != 0 ? MaskCoverage::kAll : any != 0 ? MaskCoverage::kSome : MaskCoverage::kNone;
 }
 
-// Applies the mask to a transposed score tile Sᵀ (keys × br, the `rows` real queries along the
-// lanes): a float mask's entries are added, a bool mask's false entries become −∞.
-inline void apply_mask_to_tile(const ScoreMask& mask, int64_t batch, int64_t head,
-                               int64_t first_query, size_t rows, int64_t key0, size_t keys,
-                               size_t br, float* scores) {
+// Whether a float mask hides the whole tile: every entry −∞, the form PyTorch's users give a
+// causal, padding or window mask as a float attn_mask. Such a tile adds nothing to any row (exp(−∞)
+// = 0, its dS = 0), as a bool mask's kNone tile; the scan stops at the first entry that is not −∞,
+// the first of a tile that any query sees.
+inline bool float_mask_hides_tile(const ScoreMask& mask, int64_t batch, int64_t head,
+                                  int64_t first_query, size_t rows, int64_t key0, size_t keys) {
+  const size_t distinct_rows = mask.row_stride == 0 ? std::min<size_t>(rows, 1) : rows;
+  constexpr float kHidden = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < distinct_rows; ++r) {
+    const float* row = static_cast<const float*>(mask.data) +
+                       mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
+    for (size_t j = 0; j < keys; ++j) {
+      if (row[static_cast<int64_t>(j) * mask.col_stride] != kHidden) return false;
+    }
+  }
+  return true;
+}
+
+// How much of a tile the attention mask lets through: a bool mask's coverage; for a float mask
+// kNone where it hides the whole tile, else kSome (its entries are added); kAll without a mask.
+// Callers skip kNone tiles.
+inline MaskCoverage mask_coverage(const ScoreMask& mask, int64_t batch, int64_t head,
+                                  int64_t first_query, size_t rows, int64_t key0, size_t keys) {
+  switch (mask.kind) {
+    case MaskKind::kBool:
+      return bool_mask_coverage(mask, batch, head, first_query, rows, key0, keys);
+    case MaskKind::kFloat:
+      return float_mask_hides_tile(mask, batch, head, first_query, rows, key0, keys)
+                 ? MaskCoverage::kNone
+                 : MaskCoverage::kSome;
+    case MaskKind::kNone:
+      break;
+  }
+  return MaskCoverage::kAll;
+}
+
+// Applies a bool mask to a transposed score tile Sᵀ (keys × br, the `rows` real queries along the
+// lanes): its false entries become −∞. (A float mask's entries are added by the kernels'
+// AddFloatMask, score_modifiers-inl.h.)
+inline void apply_bool_mask_to_tile(const ScoreMask& mask, int64_t batch, int64_t head,
+                                    int64_t first_query, size_t rows, int64_t key0, size_t keys,
+                                    size_t br, float* scores) {
   for (size_t r = 0; r < rows; ++r) {
-    const int64_t row = mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
-    if (mask.kind == MaskKind::kFloat) {
-      const float* entries = static_cast<const float*>(mask.data) + row;
-      for (size_t j = 0; j < keys; ++j)
-        scores[j * br + r] += entries[static_cast<int64_t>(j) * mask.col_stride];
-    } else {
-      const uint8_t* entries = static_cast<const uint8_t*>(mask.data) + row;
-      for (size_t j = 0; j < keys; ++j) {
-        if (entries[static_cast<int64_t>(j) * mask.col_stride] == 0)
-          scores[j * br + r] = -std::numeric_limits<float>::infinity();
-      }
+    const uint8_t* entries = static_cast<const uint8_t*>(mask.data) +
+                             mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
+    for (size_t j = 0; j < keys; ++j) {
+      if (entries[static_cast<int64_t>(j) * mask.col_stride] == 0)
+        scores[j * br + r] = -std::numeric_limits<float>::infinity();
     }
   }
 }
