@@ -22,8 +22,9 @@ namespace {
 struct DecodeRoute {
   DecodeOptions options;
   std::vector<int64_t> lengths;
-  // Each query row's keys [first, last) from an attn_mask of intervals (empty without a mask).
-  std::vector<int64_t> key_ranges;
+  // Each query row's keys [first, last) from an attn_mask of intervals (PreparedAttention's
+  // mask_key_ranges; null without a mask).
+  const int64_t* key_ranges = nullptr;
   // `options` with key_ranges pointing into this route.
   DecodeOptions kernel_options() const;
 };
@@ -44,51 +45,9 @@ CacheTensorView cache_tensor(CacheDType dtype, const BasicHeadsView<const T>& vi
   return tensor;
 }
 
-// Each query row's visible keys as [first, last) when every row of a bool mask (or of a float
-// mask of 0 and −∞ only) is one interval of visible keys — padding, a static cache's empty slots,
-// causal and sliding-window patterns, which transformers passes as masks; false otherwise.
-// `ranges` gets 2 values per (b, h, i), heads of a mask broadcast over them computed once.
-bool mask_intervals(const ScoreMask& mask, int64_t batch, int64_t heads, int64_t n, int64_t m,
-                    std::vector<int64_t>& ranges) {
-  ranges.assign(static_cast<size_t>(2 * batch * heads * n), 0);
-  // 1: the key takes part, 0: hidden, −1: a float entry other than 0 and −∞ (a bias: no route).
-  const auto visible = [&](int64_t offset) {
-    if (mask.kind == MaskKind::kBool)
-      return static_cast<const uint8_t*>(mask.data)[offset] != 0 ? 1 : 0;
-    const float value = static_cast<const float*>(mask.data)[offset];
-    return value == 0.0F ? 1 : value == -std::numeric_limits<float>::infinity() ? 0 : -1;
-  };
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t* range = ranges.data() + 2 * ((b * heads + h) * n + i);
-        if (h > 0 && mask.head_stride == 0) {
-          const int64_t* first_head = ranges.data() + 2 * (b * heads * n + i);
-          range[0] = first_head[0];
-          range[1] = first_head[1];
-          continue;
-        }
-        const int64_t row = b * mask.batch_stride + h * mask.head_stride + i * mask.row_stride;
-        int64_t j = 0;
-        int state = 0;
-        while (j < m && (state = visible(row + j * mask.col_stride)) == 0) ++j;
-        if (state < 0) return false;
-        range[0] = range[1] = j;
-        while (j < m && (state = visible(row + j * mask.col_stride)) == 1) ++j;
-        if (state < 0) return false;
-        range[1] = j;
-        for (; j < m; ++j) {
-          if (visible(row + j * mask.col_stride) != 0) return false;
-        }
-      }
-    }
-  }
-  return true;
-}
-
 DecodeOptions DecodeRoute::kernel_options() const {
   DecodeOptions kernel = options;
-  kernel.key_ranges = key_ranges.empty() ? nullptr : key_ranges.data();
+  kernel.key_ranges = key_ranges;
   return kernel;
 }
 
@@ -118,17 +77,18 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   // ALiBi measures from each query's diagonal, which a mask's rows do not give the kernel; its
   // positions count exactly in float up to 2^24.
   const bool alibi = options.alibi_slopes != nullptr;
-  if (alibi && (options.mask.kind != MaskKind::kNone || m > (int64_t{1} << 24)))
-    return std::nullopt;
+  // A mask that is not intervals comes as entries (PreparedAttention::kernel_options).
+  const bool ranges = options.key_ranges != nullptr;
+  if (options.mask.kind != MaskKind::kNone) return std::nullopt;
+  if (alibi && (ranges || m > (int64_t{1} << 24))) return std::nullopt;
   DecodeRoute route;
-  if (options.mask.kind != MaskKind::kNone) {
-    // A mask of intervals, alone: its rows' ranges are the keys (one slice: the ranges are per
-    // call).
-    if (prepared.slices() != 1 || options.causal || options.window_left >= 0 ||
-        options.window_right >= 0 || !prepared.valid_lens().is_all() ||
-        !mask_intervals(options.mask, q.batch, q.heads, n, m, route.key_ranges)) {
+  if (ranges) {
+    // A mask of intervals, alone: its rows' ranges are the keys.
+    if (options.causal || options.window_left >= 0 || options.window_right >= 0 ||
+        !prepared.valid_lens().is_all()) {
       return std::nullopt;
     }
+    route.key_ranges = options.key_ranges;
   }
   const ValidLengths& valid = prepared.valid_lens();
   switch (valid.kind()) {

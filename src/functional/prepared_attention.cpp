@@ -7,6 +7,7 @@
 
 #include "attn/core/error.hpp"
 #include "functional/finite_range.hpp"
+#include "functional/mask_intervals.hpp"
 #include "kernels/dropout_hash.hpp"
 
 namespace attn::functional_detail {
@@ -149,6 +150,12 @@ PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView ke
   check_options(family);
   lay_out_mask();
   if (family != kShapesOnly) check_values(family);
+  // A mask of intervals becomes the kernels' key ranges (one slice: the ranges are per call).
+  if (options_.attn_mask.has_value() && slices() == 1 &&
+      !mask_intervals(slice_mask(0), query_layout_.batch, query_layout_.heads, query_layout_.rows,
+                      key_layout_.rows, mask_key_ranges_)) {
+    mask_key_ranges_.clear();
+  }
 }
 
 void PreparedAttention::check_options(Family family) const {
@@ -280,7 +287,29 @@ void PreparedAttention::lay_out_mask() {
   }
 }
 
+ScoreMask PreparedAttention::slice_mask(size_t s) const {
+  const AttentionMask& mask = options_.attn_mask;
+  const int64_t offset = mask_layout_.slice_offsets[s];
+  return {mask.kind(),
+          mask.kind() == MaskKind::kBool ? static_cast<const void*>(mask.bools().data() + offset)
+                                         : static_cast<const void*>(mask.floats().data() + offset),
+          mask_layout_.batch_stride,
+          mask_layout_.head_stride,
+          mask_layout_.row_stride,
+          mask_layout_.col_stride};
+}
+
 FlashAttentionOptions PreparedAttention::kernel_options(size_t s) const {
+  FlashAttentionOptions kernel = kernel_options_with_mask(s);
+  if (!mask_key_ranges_.empty()) {
+    kernel.mask = {};
+    kernel.key_ranges = mask_key_ranges_.data();
+    kernel.key_range_heads = query_layout_.heads;
+  }
+  return kernel;
+}
+
+FlashAttentionOptions PreparedAttention::kernel_options_with_mask(size_t s) const {
   FlashAttentionOptions kernel;
   kernel.scale = scale_;
   kernel.causal = options_.causal;
@@ -293,18 +322,7 @@ FlashAttentionOptions PreparedAttention::kernel_options(size_t s) const {
   kernel.softcap = options_.softcap.value_or(0.0F);
   kernel.alibi_slopes = options_.alibi_slopes.empty() ? nullptr : options_.alibi_slopes.data();
   kernel.sinks = options_.sinks.empty() ? nullptr : options_.sinks.data();
-  const AttentionMask& mask = options_.attn_mask;
-  if (mask.has_value()) {
-    const int64_t offset = mask_layout_.slice_offsets[s];
-    kernel.mask = {mask.kind(),
-                   mask.kind() == MaskKind::kBool
-                       ? static_cast<const void*>(mask.bools().data() + offset)
-                       : static_cast<const void*>(mask.floats().data() + offset),
-                   mask_layout_.batch_stride,
-                   mask_layout_.head_stride,
-                   mask_layout_.row_stride,
-                   mask_layout_.col_stride};
-  }
+  if (options_.attn_mask.has_value()) kernel.mask = slice_mask(s);
   kernel.dropout = options_.dropout;
   // Each slice is its own kernel call, with heads numbered from 0: give it its own seed.
   kernel.seed =

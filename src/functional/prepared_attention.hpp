@@ -68,8 +68,16 @@ class PreparedAttention {
   const HeadsLayout& key_layout() const { return key_layout_; }
   const HeadsLayout& value_layout() const { return value_layout_; }
   const ValidLengths& valid_lens() const { return options_.valid_lens; }
-  // The kernels' options for slice s (its mask entries and dropout seed).
+  // The kernels' options for slice s (its mask and dropout seed): a mask whose every row is one
+  // interval of keys (bool, or float of 0 and −∞: mask_intervals.hpp) as key ranges, read once
+  // here, so that the kernels read no mask and skip tiles by the ranges; other masks as entries.
   FlashAttentionOptions kernel_options(size_t s) const;
+  // The same with the mask's entries whatever they are: for a backward pass that differentiates
+  // the float mask.
+  FlashAttentionOptions kernel_options_with_mask(size_t s) const;
+  // The mask's rows as key ranges (FlashAttentionOptions::key_ranges over the query heads), or
+  // empty when there is no mask, it is not intervals, or the call has several slices.
+  const std::vector<int64_t>& mask_key_ranges() const { return mask_key_ranges_; }
 
   // The layout of an output-like tensor (the query's shape with the value's last axis), after
   // checking its shape and that its last axis is contiguous.
@@ -143,6 +151,7 @@ class PreparedAttention {
   void check_values(Family family);
   void check_magnitudes(Family family, float query_max, float key_max, float value_max);
   void lay_out_mask();
+  ScoreMask slice_mask(size_t s) const;
 
   const AttentionOptions& options_;
   AxisRoles roles_;
@@ -158,6 +167,7 @@ class PreparedAttention {
   HeadsLayout mask_layout_;
   // The mask's gradient: a contiguous tensor of the mask's own shape, read the same way.
   HeadsLayout mask_gradient_layout_;
+  std::vector<int64_t> mask_key_ranges_;
 };
 
 }  // namespace attn::functional_detail

@@ -84,7 +84,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(br), n - first_query));
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
   QueryTile tile{b, h, first_query, rows, n, m, s.first, s.last, {}};
-  tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, first_query, rows, br, n, m,
+  tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, h, first_query, rows, br, n, m,
                                 s.first, s.last);
   const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
   const float* lse = args.log_sum_exp + (b * args.q.heads + h) * n + first_query;

@@ -148,8 +148,8 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
   for (size_t tile = 0; tile * br < n; ++tile) {
     const size_t first_row = tile * br, rows = std::min(br, n - first_row);
     const TileKeyRanges ranges =
-        tile_key_ranges(valid_lens, options, b, static_cast<int64_t>(first_row), rows, br, out.rows,
-                        keys, s.first + first_row, s.last + first_row);
+        tile_key_ranges(valid_lens, options, b, h, static_cast<int64_t>(first_row), rows, br,
+                        out.rows, keys, s.first + first_row, s.last + first_row);
     int32_t* bounds = s.tile_bounds + tile * 4;
     bounds[0] = static_cast<int32_t>(ranges.begin);
     bounds[1] = static_cast<int32_t>(ranges.end);

@@ -272,7 +272,7 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   // row (and, for fp32, a column) at a time.
   for (size_t r = 0; r < tile.rows; ++r)
     PrefetchMatrixRow(args.half, args.q, args.q16, b, h, first_query + static_cast<int64_t>(r));
-  tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, first_query, tile.rows, br,
+  tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, h, first_query, tile.rows, br,
                                 args.q.rows, args.k.rows, s.first, s.last);
   // The queries' dropout hash keys, only for dropout (a few % of a tile of n = 8 queries).
   for (size_t r = 0; r < br && args.options.dropout > 0.0F; ++r) {

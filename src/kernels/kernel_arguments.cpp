@@ -63,6 +63,10 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
   if (options.mask.kind != MaskKind::kNone && options.mask.data == nullptr) {
     throw ValueError("attn_mask: expected the mask's entries, got a null pointer");
   }
+  if (options.key_ranges != nullptr && options.key_range_heads != q.heads) {
+    throw ValueError("key_ranges: expected rows for the " + std::to_string(q.heads) +
+                     " query heads, got " + std::to_string(options.key_range_heads));
+  }
   valid_lens.check("valid_lens", q.batch, q.rows, k.rows);
   return q.batch > 0 && q.heads > 0 && q.rows > 0 && v.cols > 0;
 }

@@ -21,13 +21,20 @@ struct KeyRange {
   int64_t end = 0;
 };
 
-// The keys query `query` of batch element `batch` sees before the attention mask: its valid
-// length, then the causal bound j ≤ c and the window c − left ≤ j ≤ c + right around its diagonal
-// key c (fused_options.hpp), all intersected.
+// The keys query `query` of head `head`, batch element `batch` sees before the attention mask:
+// its valid length, its own key range (options.key_ranges), then the causal bound j ≤ c and the
+// window c − left ≤ j ≤ c + right around its diagonal key c (fused_options.hpp), all intersected.
 inline KeyRange visible_keys(const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                             int64_t batch, int64_t query, int64_t queries, int64_t keys) {
+                             int64_t batch, int64_t head, int64_t query, int64_t queries,
+                             int64_t keys) {
   int64_t begin = 0;
   int64_t end = valid_lens.length(batch, query, keys);
+  if (options.key_ranges != nullptr) {
+    const int64_t* range =
+        options.key_ranges + 2 * ((batch * options.key_range_heads + head) * queries + query);
+    begin = range[0];
+    end = std::min(end, range[1]);
+  }
   const int64_t diagonal = diagonal_key(options, query, queries, keys);
   if (options.causal) end = std::min(end, diagonal + 1);
   if (options.window_left >= 0) begin = std::max(begin, diagonal - options.window_left);
@@ -50,13 +57,13 @@ struct TileKeyRanges {
 // range for the padding lanes up to `br`.
 inline TileKeyRanges tile_key_ranges(const ValidLengths& valid_lens,
                                      const FlashAttentionOptions& options, int64_t batch,
-                                     int64_t first_query, size_t rows, size_t br, int64_t queries,
-                                     int64_t keys, int32_t* first, int32_t* last) {
+                                     int64_t head, int64_t first_query, size_t rows, size_t br,
+                                     int64_t queries, int64_t keys, int32_t* first, int32_t* last) {
   TileKeyRanges tile{keys, 0, 0, keys};
   for (size_t r = 0; r < br; ++r) {
     KeyRange range;
     if (r < rows) {
-      range = visible_keys(valid_lens, options, batch, first_query + static_cast<int64_t>(r),
+      range = visible_keys(valid_lens, options, batch, head, first_query + static_cast<int64_t>(r),
                            queries, keys);
       tile.common_begin = std::max(tile.common_begin, range.begin);
       tile.common_end = std::min(tile.common_end, range.end);

@@ -527,6 +527,63 @@ TEST_P(FunctionalSdpa, DecodingShapesWithIntervalMasksMatchTheReference) {
   }
 }
 
+// Prefill shapes with a mask whose every row is one interval of keys — as transformers passes
+// causal, padding and window masks — run on key ranges instead of the mask's entries
+// (mask_intervals.hpp): the same results as the reference, with other options beside them, and
+// with the float mask's gradient (which keeps the entries for the backward pass).
+TEST_P(FunctionalSdpa, PrefillShapesWithIntervalMasksMatchTheReference) {
+  const int64_t m = 300;
+  uint64_t seed = 1200;
+  for (const int64_t n : {40, 150}) {
+    const SdpaShape shape{2, 4, 2, n, m, 32, 24};
+    using Hidden = std::function<bool(int64_t, int64_t, int64_t, int64_t)>;
+    const struct {
+      const char* name;
+      Shape mask_shape;
+      Hidden hidden;
+      bool more_options;
+    } cases[] = {
+        {"causal, bottom-right", Shape{n, m},
+         [n](int64_t, int64_t, int64_t i, int64_t j) { return j > m - n + i; }, false},
+        {"causal over left padding", Shape{2, 1, n, m},
+         [n](int64_t b, int64_t, int64_t i, int64_t j) {
+           return j > m - n + i || j < (b == 0 ? 0 : 70);
+         },
+         false},
+        {"key padding", Shape{2, 1, 1, m},
+         [](int64_t b, int64_t, int64_t, int64_t j) { return j >= (b == 0 ? 300 : 130); }, false},
+        {"window, ALiBi, soft cap and sinks", Shape{2, 1, n, m},
+         [n](int64_t, int64_t, int64_t i, int64_t j) {
+           const int64_t position = m - n + i;
+           return j > position || j <= position - 90;
+         },
+         true},
+        {"per head, an empty row", Shape{2, 4, n, m},
+         [](int64_t b, int64_t h, int64_t i, int64_t j) {
+           return (b == 1 && h == 3 && i == 7) || j < 10 * h + i || j >= 290 - 20 * h;
+         },
+         false},
+    };
+    for (const auto& mask_case : cases) {
+      for (const bool boolean : {true, false}) {
+        SCOPED_TRACE(std::string(mask_case.name) + (boolean ? ", bool" : ", float") +
+                     ", n = " + std::to_string(n));
+        SdpaTestCase c(shape, seed++);
+        c.set_mask(mask_case.mask_shape, boolean, 1.0);
+        if (!boolean) std::fill_n(c.mask_floats.data(), c.mask_floats.numel(), 0.0F);
+        c.hide_if(mask_case.hidden);
+        if (mask_case.more_options) {
+          c.set_alibi();
+          c.set_softcap(20.0F);
+          c.set_sinks();
+        }
+        check_case(c, false, mask_case.more_options);
+        if (!boolean) check_case(c, true, false);
+      }
+    }
+  }
+}
+
 // Decoding shapes skip the prefill path's scan of the keys and values (decode_route.hpp): a NaN
 // or ±∞ anywhere in them must still be named, as the scan names it. A key entry of −∞ under a
 // positive query entry gives a score of −∞ — a weight of 0, an output that looks fine — which the

@@ -63,6 +63,13 @@ struct FlashAttentionOptions {
   // storing a mask. p in [0, 1).
   float dropout = 0.0F;
   uint64_t seed = 0;
+  // Each query row's own keys [first, last), intersected with the bounds above: two values per
+  // (batch, head, query) row, for `key_range_heads` heads (the call's query heads) of the call's
+  // n queries each; null = none. The functional API gives a mask whose every row is one interval
+  // of keys (causal, padding and window patterns, as transformers passes them) this way instead
+  // of as `mask`: the kernels then skip tiles by the ranges and read no mask.
+  const int64_t* key_ranges = nullptr;
+  int64_t key_range_heads = 0;
   // Added (kFloat) or applied (kBool) after soft-capping and ALiBi. Last, so that designated
   // initialisers of the fields above may leave it out.
   ScoreMask mask;

@@ -1,0 +1,98 @@
+// mask_intervals: an attention mask's rows read as intervals of visible keys.
+#include "functional/mask_intervals.hpp"
+
+#include <algorithm>
+#include <limits>
+
+namespace attn::functional_detail {
+
+namespace {
+
+constexpr float kHidden = -std::numeric_limits<float>::infinity();
+
+// 1: the key takes part, 0: it is hidden, −1: a float entry other than 0 and −∞ (a bias).
+int entry_state(uint8_t entry) {
+  return entry != 0 ? 1 : 0;
+}
+int entry_state(float entry) {
+  return entry == 0.0F ? 1 : entry == kHidden ? 0 : -1;
+}
+
+// Whether entries [j, m) of the row all hide their key, without a branch per entry (vectorised
+// where the row is contiguous).
+bool hides_rest(const uint8_t* row, int64_t stride, int64_t j, int64_t m) {
+  unsigned any = 0;
+  if (stride == 1) {
+    for (; j < m; ++j) any |= row[j];
+  } else {
+    for (; j < m; ++j) any |= row[j * stride];
+  }
+  return any == 0;
+}
+bool hides_rest(const float* row, int64_t stride, int64_t j, int64_t m) {
+  bool all = true;
+  if (stride == 1) {
+    for (; j < m; ++j) all &= row[j] == kHidden;
+  } else {
+    for (; j < m; ++j) all &= row[j * stride] == kHidden;
+  }
+  return all;
+}
+
+// The row's visible keys [range[0], range[1]), or false when they are not one interval.
+template <class T>
+bool row_interval(const T* row, int64_t stride, int64_t m, int64_t* range) {
+  int64_t j = 0;
+  int state = 0;
+  while (j < m && (state = entry_state(row[j * stride])) == 0) ++j;
+  if (state < 0) return false;
+  range[0] = j;
+  while (j < m && (state = entry_state(row[j * stride])) == 1) ++j;
+  if (state < 0) return false;
+  range[1] = j;
+  return hides_rest(row, stride, j, m);
+}
+
+template <class T>
+bool intervals_of(const ScoreMask& mask, int64_t batch, int64_t heads, int64_t n, int64_t m,
+                  std::vector<int64_t>& ranges) {
+  const auto* entries = static_cast<const T*>(mask.data);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      int64_t* head_ranges = ranges.data() + 2 * (b * heads + h) * n;
+      if (h > 0 && mask.head_stride == 0) {  // the first head's rows, read once
+        std::copy_n(ranges.data() + 2 * b * heads * n, 2 * n, head_ranges);
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t* range = head_ranges + 2 * i;
+        if (i > 0 && mask.row_stride == 0) {  // a mask broadcast over the queries: row 0's
+          range[0] = head_ranges[0];
+          range[1] = head_ranges[1];
+          continue;
+        }
+        if (!row_interval(entries + mask.offset(b, h, i, 0), mask.col_stride, m, range))
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool mask_intervals(const ScoreMask& mask, int64_t batch, int64_t heads, int64_t n, int64_t m,
+                    std::vector<int64_t>& ranges) {
+  ranges.assign(static_cast<size_t>(2 * batch * heads * n), 0);
+  switch (mask.kind) {
+    case MaskKind::kBool:
+      return intervals_of<uint8_t>(mask, batch, heads, n, m, ranges);
+    case MaskKind::kFloat:
+      return intervals_of<float>(mask, batch, heads, n, m, ranges);
+    case MaskKind::kNone:
+      break;
+  }
+  return false;
+}
+
+}  // namespace attn::functional_detail
