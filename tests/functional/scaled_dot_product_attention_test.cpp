@@ -477,6 +477,38 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
     }
 }
 
+// A mask given by which keys it hides: hidden(b, h, i, j) over the entries of `mask_shape`.
+struct IntervalMaskCase {
+  const char* name;
+  Shape mask_shape;
+  std::function<bool(int64_t, int64_t, int64_t, int64_t)> hidden;
+  bool more_options = false;  // ALiBi, a soft cap and sinks beside the mask
+};
+
+// Each case as a bool mask and as a float mask of 0 and −∞, on a fresh problem of `shape`, checked
+// against the reference (check_case): with the float mask's gradient, and, with
+// `without_mask_gradient`, without it too (the backward pass then reads the mask as ranges).
+void check_interval_masks(const SdpaShape& shape, const std::vector<IntervalMaskCase>& cases,
+                          uint64_t& seed, bool without_mask_gradient) {
+  for (const IntervalMaskCase& mask_case : cases) {
+    for (const bool boolean : {true, false}) {
+      SCOPED_TRACE(std::string(mask_case.name) + (boolean ? ", bool" : ", float") +
+                   ", n = " + std::to_string(shape.queries));
+      SdpaTestCase c(shape, seed++);
+      c.set_mask(mask_case.mask_shape, boolean, 1.0);
+      if (!boolean) std::fill_n(c.mask_floats.data(), c.mask_floats.numel(), 0.0F);
+      c.hide_if(mask_case.hidden);
+      if (mask_case.more_options) {
+        c.set_alibi();
+        c.set_softcap(20.0F);
+        c.set_sinks();
+      }
+      if (boolean || without_mask_gradient) check_case(c, false, mask_case.more_options);
+      if (!boolean) check_case(c, true, false);
+    }
+  }
+}
+
 // The masks transformers passes while decoding — key padding on either side, a static cache's
 // empty slots under a causal pattern, a sliding window over left padding — and any mask whose
 // rows are intervals of keys (per head, empty rows), bool or float of 0 and −∞: the decode
@@ -487,39 +519,24 @@ TEST_P(FunctionalSdpa, DecodingShapesWithIntervalMasksMatchTheReference) {
   uint64_t seed = 800;
   for (const int64_t n : {1, 4}) {
     const SdpaShape shape{2, 8, 2, n, m, 64, 40};
-    using Hidden = std::function<bool(int64_t, int64_t, int64_t, int64_t)>;
-    const struct {
-      const char* name;
-      Shape mask_shape;
-      Hidden hidden;
-    } cases[] = {
-        {"key padding, right and left", Shape{2, 1, 1, m},
-         [](int64_t b, int64_t, int64_t, int64_t j) { return b == 0 ? j >= 200 : j < 50; }},
-        {"static cache, causal", Shape{2, 1, n, m},
-         [](int64_t, int64_t, int64_t i, int64_t j) { return j > 150 + i; }},
-        {"window over left padding", Shape{2, 1, n, m},
-         [n](int64_t b, int64_t, int64_t i, int64_t j) {
-           const int64_t position = m - n + i;
-           return j > position || j <= position - 64 || j < (b == 0 ? 0 : 251);
-         }},
-        {"per head, an empty row", Shape{2, 8, n, m},
-         [](int64_t b, int64_t h, int64_t i, int64_t j) {
-           return (b == 1 && h == 3) || j < 10 * h + i || j >= 290 - 20 * h;
-         }},
-        {"a gap in each row (prefill)", Shape{2, 1, n, m},
-         [](int64_t, int64_t, int64_t, int64_t j) { return j >= 100 && j < 120; }},
-    };
-    for (const auto& mask_case : cases) {
-      for (const bool boolean : {true, false}) {
-        SCOPED_TRACE(std::string(mask_case.name) + (boolean ? ", bool" : ", float") +
-                     ", n = " + std::to_string(n));
-        SdpaTestCase c(shape, seed++);
-        c.set_mask(mask_case.mask_shape, boolean, 1.0);
-        if (!boolean) std::fill_n(c.mask_floats.data(), c.mask_floats.numel(), 0.0F);
-        c.hide_if(mask_case.hidden);
-        check_case(c, !boolean, false);
-      }
-    }
+    check_interval_masks(
+        shape,
+        {{"key padding, right and left", Shape{2, 1, 1, m},
+          [](int64_t b, int64_t, int64_t, int64_t j) { return b == 0 ? j >= 200 : j < 50; }},
+         {"static cache, causal", Shape{2, 1, n, m},
+          [](int64_t, int64_t, int64_t i, int64_t j) { return j > 150 + i; }},
+         {"window over left padding", Shape{2, 1, n, m},
+          [n](int64_t b, int64_t, int64_t i, int64_t j) {
+            const int64_t position = m - n + i;
+            return j > position || j <= position - 64 || j < (b == 0 ? 0 : 251);
+          }},
+         {"per head, an empty row", Shape{2, 8, n, m},
+          [](int64_t b, int64_t h, int64_t i, int64_t j) {
+            return (b == 1 && h == 3) || j < 10 * h + i || j >= 290 - 20 * h;
+          }},
+         {"a gap in each row (prefill)", Shape{2, 1, n, m},
+          [](int64_t, int64_t, int64_t, int64_t j) { return j >= 100 && j < 120; }}},
+        seed, false);
     // A float mask with a bias besides 0 and −∞ is no interval: the prefill path.
     SdpaTestCase biased(shape, seed++);
     biased.set_mask(Shape{2, 1, 1, m}, false, 0.9);
@@ -536,51 +553,27 @@ TEST_P(FunctionalSdpa, PrefillShapesWithIntervalMasksMatchTheReference) {
   uint64_t seed = 1200;
   for (const int64_t n : {40, 150}) {
     const SdpaShape shape{2, 4, 2, n, m, 32, 24};
-    using Hidden = std::function<bool(int64_t, int64_t, int64_t, int64_t)>;
-    const struct {
-      const char* name;
-      Shape mask_shape;
-      Hidden hidden;
-      bool more_options;
-    } cases[] = {
-        {"causal, bottom-right", Shape{n, m},
-         [n](int64_t, int64_t, int64_t i, int64_t j) { return j > m - n + i; }, false},
-        {"causal over left padding", Shape{2, 1, n, m},
-         [n](int64_t b, int64_t, int64_t i, int64_t j) {
-           return j > m - n + i || j < (b == 0 ? 0 : 70);
-         },
-         false},
-        {"key padding", Shape{2, 1, 1, m},
-         [](int64_t b, int64_t, int64_t, int64_t j) { return j >= (b == 0 ? 300 : 130); }, false},
-        {"window, ALiBi, soft cap and sinks", Shape{2, 1, n, m},
-         [n](int64_t, int64_t, int64_t i, int64_t j) {
-           const int64_t position = m - n + i;
-           return j > position || j <= position - 90;
-         },
-         true},
-        {"per head, an empty row", Shape{2, 4, n, m},
-         [](int64_t b, int64_t h, int64_t i, int64_t j) {
-           return (b == 1 && h == 3 && i == 7) || j < 10 * h + i || j >= 290 - 20 * h;
-         },
-         false},
-    };
-    for (const auto& mask_case : cases) {
-      for (const bool boolean : {true, false}) {
-        SCOPED_TRACE(std::string(mask_case.name) + (boolean ? ", bool" : ", float") +
-                     ", n = " + std::to_string(n));
-        SdpaTestCase c(shape, seed++);
-        c.set_mask(mask_case.mask_shape, boolean, 1.0);
-        if (!boolean) std::fill_n(c.mask_floats.data(), c.mask_floats.numel(), 0.0F);
-        c.hide_if(mask_case.hidden);
-        if (mask_case.more_options) {
-          c.set_alibi();
-          c.set_softcap(20.0F);
-          c.set_sinks();
-        }
-        check_case(c, false, mask_case.more_options);
-        if (!boolean) check_case(c, true, false);
-      }
-    }
+    check_interval_masks(
+        shape,
+        {{"causal, bottom-right", Shape{n, m},
+          [n](int64_t, int64_t, int64_t i, int64_t j) { return j > m - n + i; }},
+         {"causal over left padding", Shape{2, 1, n, m},
+          [n](int64_t b, int64_t, int64_t i, int64_t j) {
+            return j > m - n + i || j < (b == 0 ? 0 : 70);
+          }},
+         {"key padding", Shape{2, 1, 1, m},
+          [](int64_t b, int64_t, int64_t, int64_t j) { return j >= (b == 0 ? 300 : 130); }},
+         {"window, ALiBi, soft cap and sinks", Shape{2, 1, n, m},
+          [n](int64_t, int64_t, int64_t i, int64_t j) {
+            const int64_t position = m - n + i;
+            return j > position || j <= position - 90;
+          },
+          true},
+         {"per head, an empty row", Shape{2, 4, n, m},
+          [](int64_t b, int64_t h, int64_t i, int64_t j) {
+            return (b == 1 && h == 3 && i == 7) || j < 10 * h + i || j >= 290 - 20 * h;
+          }}},
+        seed, true);
   }
 }
 
