@@ -207,7 +207,27 @@ float require_finite(std::string_view name, const ConstStridedView& view) {
   return std::bit_cast<float>(largest);
 }
 
+namespace {
+
+// 1 when values[0, count) hold a NaN or +∞ (a float mask's −∞ is allowed), branch-free: the
+// comparison is false for exactly those.
+uint32_t holds_nan_or_plus_infinity(const float* values, int64_t count) {
+  constexpr float kInfinity = std::numeric_limits<float>::infinity();
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) bad |= values[i] < kInfinity ? 0U : 1U;
+  return bad;
+}
+
+}  // namespace
+
 void require_mask_values(std::string_view name, const ConstStridedView& view) {
+  // A mask with a contiguous last axis is checked run by run, vectorised and on the OpenMP threads
+  // from a million entries (entry by entry this was 4% of a causal n = 2048 call with the mask as
+  // floats, Zen 5); the entries are walked one by one to name a culprit, or for other strides.
+  const bool rows_contiguous = view.rank() == 0 || view.dim(-1) <= 1 || view.stride(-1) == 1;
+  if (rows_contiguous && largest_over_runs<uint32_t>(view, holds_nan_or_plus_infinity) == 0) {
+    return;
+  }
   const float* data = view.data();
   for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
     const float value = data[offset];

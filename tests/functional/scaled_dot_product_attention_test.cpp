@@ -772,6 +772,52 @@ TEST(FunctionalSdpaLayout, StridedViewsNameNonFiniteElementsByTheirFlatIndex) {
                            std::to_string(((1 * H + 1) * S + 11) * E + 6));
 }
 
+// Masks of a million entries and more are checked and read into key ranges on the OpenMP threads:
+// a NaN deep inside is named by its flat index; a causal mask (float 0 / −∞, or bool) gives the
+// causal option's result bit for bit, and with a gap in its last row (no interval: the entries
+// path) the float and bool forms agree.
+TEST(FunctionalSdpaArguments, LargeMasksAreCheckedAndReadOnTheThreads) {
+  const int64_t n = 1100, m = 1000;  // 1.1 million entries
+  Rng rng(77);
+  const Tensor q = testing::random_tensor(Shape{1, 1, n, 4}, rng),
+               k = testing::random_tensor(Shape{1, 1, m, 4}, rng),
+               v = testing::random_tensor(Shape{1, 1, m, 3}, rng);
+  Tensor floats(Shape{n, m});
+  std::vector<uint8_t> bools(static_cast<size_t>(n * m));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      const bool visible = j <= m - n + i;  // bottom-right causal: the first 100 rows see nothing
+      floats(i, j) = visible ? 0.0F : -std::numeric_limits<float>::infinity();
+      bools[static_cast<size_t>(i * m + j)] = visible ? 1 : 0;
+    }
+  }
+  AttentionOptions causal;
+  causal.causal = true;
+  causal.alignment = DiagonalAlignment::kBottomRight;
+  const Tensor expected = scaled_dot_product_attention(q, k, v, causal).output;
+  AttentionOptions as_floats, as_bools;
+  as_floats.attn_mask = AttentionMask::additive(floats);
+  as_bools.attn_mask =
+      AttentionMask::boolean(StridedView<const uint8_t>(bools.data(), Shape{n, m}));
+  for (const AttentionOptions* options : {&as_floats, &as_bools}) {
+    const Tensor output = scaled_dot_product_attention(q, k, v, *options).output;
+    for (int64_t e = 0; e < output.numel(); ++e)
+      ASSERT_EQ(std::bit_cast<uint32_t>(output.data()[e]),
+                std::bit_cast<uint32_t>(expected.data()[e]))
+          << e;
+  }
+  floats(n - 1, 3) = -std::numeric_limits<float>::infinity();
+  bools[static_cast<size_t>((n - 1) * m + 3)] = 0;
+  const Tensor gap_floats = scaled_dot_product_attention(q, k, v, as_floats).output;
+  const Tensor gap_bools = scaled_dot_product_attention(q, k, v, as_bools).output;
+  for (int64_t e = 0; e < gap_floats.numel(); ++e)
+    ASSERT_EQ(gap_floats.data()[e], gap_bools.data()[e]) << e;
+  EXPECT_NE(gap_floats.data()[(n - 1) * 3], expected.data()[(n - 1) * 3]);
+  floats.data()[987654] = NAN;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, v, as_floats), ValueError,
+                       "attn_mask: expected finite values or -inf, got NaN at flat index 987654");
+}
+
 TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
   const Tensor q(Shape{2, 4, 3, 8}), k(Shape{2, 2, 5, 8}), v(Shape{2, 2, 5, 6});
   const Tensor k4(Shape{2, 4, 5, 8}), v4(Shape{2, 4, 5, 6});
