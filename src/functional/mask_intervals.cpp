@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "kernels/score_masks.hpp"
+
 namespace attn::functional_detail {
 
 namespace {
@@ -18,27 +20,6 @@ int entry_state(float entry) {
   return entry == 0.0F ? 1 : entry == kHidden ? 0 : -1;
 }
 
-// Whether entries [j, m) of the row all hide their key, without a branch per entry (vectorised
-// where the row is contiguous).
-bool hides_rest(const uint8_t* row, int64_t stride, int64_t j, int64_t m) {
-  unsigned any = 0;
-  if (stride == 1) {
-    for (; j < m; ++j) any |= row[j];
-  } else {
-    for (; j < m; ++j) any |= row[j * stride];
-  }
-  return any == 0;
-}
-bool hides_rest(const float* row, int64_t stride, int64_t j, int64_t m) {
-  bool all = true;
-  if (stride == 1) {
-    for (; j < m; ++j) all &= row[j] == kHidden;
-  } else {
-    for (; j < m; ++j) all &= row[j * stride] == kHidden;
-  }
-  return all;
-}
-
 // The row's visible keys [range[0], range[1]), or false when they are not one interval.
 template <class T>
 bool row_interval(const T* row, int64_t stride, int64_t m, int64_t* range) {
@@ -50,7 +31,7 @@ bool row_interval(const T* row, int64_t stride, int64_t m, int64_t* range) {
   while (j < m && (state = entry_state(row[j * stride])) == 1) ++j;
   if (state < 0) return false;
   range[1] = j;
-  return hides_rest(row, stride, j, m);
+  return row_hides_all(row + j * stride, stride, m - j);  // the hidden tail, branch-free
 }
 
 // The rows of one head (b, h): each its own interval, on the OpenMP threads from a million

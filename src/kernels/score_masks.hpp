@@ -111,25 +111,39 @@ inline MaskCoverage bool_mask_coverage(const ScoreMask& mask, int64_t batch, int
   return all != 0 ? MaskCoverage::kAll : any != 0 ? MaskCoverage::kSome : MaskCoverage::kNone;
 }
 
+// Whether entries [0, count) of a mask's row (`stride` apart) all hide their key — a float mask's
+// −∞, a bool mask's false — without a branch per entry (vectorised where the row is contiguous).
+inline bool row_hides_all(const float* row, int64_t stride, int64_t count) {
+  constexpr float kHidden = -std::numeric_limits<float>::infinity();
+  unsigned hidden = 1;
+  if (stride == 1) {
+    for (int64_t j = 0; j < count; ++j) hidden &= row[j] == kHidden ? 1U : 0U;
+  } else {
+    for (int64_t j = 0; j < count; ++j) hidden &= row[j * stride] == kHidden ? 1U : 0U;
+  }
+  return hidden != 0;
+}
+inline bool row_hides_all(const uint8_t* row, int64_t stride, int64_t count) {
+  unsigned any = 0;
+  if (stride == 1) {
+    for (int64_t j = 0; j < count; ++j) any |= row[j];
+  } else {
+    for (int64_t j = 0; j < count; ++j) any |= row[j * stride];
+  }
+  return any == 0;
+}
+
 // Whether a float mask hides the whole tile: every entry −∞, the form PyTorch's users give a
 // causal, padding or window mask as a float attn_mask. Such a tile adds nothing to any row (exp(−∞)
-// = 0, its dS = 0), as a bool mask's kNone tile. Row by row, each with a branch-free inner loop
-// (vectorised where the row is contiguous), stopping at the first row with a visible entry.
+// = 0, its dS = 0), as a bool mask's kNone tile. Row by row (row_hides_all), stopping at the
+// first row with a visible entry.
 inline bool float_mask_hides_tile(const ScoreMask& mask, int64_t batch, int64_t head,
                                   int64_t first_query, size_t rows, int64_t key0, size_t keys) {
   const size_t distinct_rows = mask.row_stride == 0 ? std::min<size_t>(rows, 1) : rows;
-  constexpr float kHidden = -std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < distinct_rows; ++r) {
     const float* row = static_cast<const float*>(mask.data) +
                        mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
-    unsigned hidden = 1;
-    if (mask.col_stride == 1) {
-      for (size_t j = 0; j < keys; ++j) hidden &= row[j] == kHidden ? 1U : 0U;
-    } else {
-      for (size_t j = 0; j < keys; ++j)
-        hidden &= row[static_cast<int64_t>(j) * mask.col_stride] == kHidden ? 1U : 0U;
-    }
-    if (hidden == 0) return false;
+    if (!row_hides_all(row, mask.col_stride, static_cast<int64_t>(keys))) return false;
   }
   return true;
 }

@@ -18,6 +18,7 @@
 #include "attn/kernels/fused_options.hpp"
 #include "kernels/fast_math-inl.h"
 #include "kernels/score_masks.hpp"
+#include "kernels/transpose_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -40,9 +41,9 @@ struct QueryTile {
 // Sᵀ[j · br + r] += the float mask's entry (query first_query + r, key key0 + j), for the `rows`
 // real queries of the tile (and, for a mask broadcast over the queries, every lane to `width`).
 // The mask's rows run along the keys and Sᵀ's along the queries: blocks of 4 queries × 4 keys
-// are turned in registers, as TransposeScaledTile turns Q; element by element (the form a
-// strided mask still takes) the additions cost a float-masked causal forward 1.7× the time of
-// the same mask as bools.
+// are turned in registers (Transpose4x4, as TransposeScaledTile turns Q); element by element (the
+// form a strided mask still takes) the additions cost a float-masked causal forward 1.7× the time
+// of the same mask as bools.
 template <class D>
 HWY_INLINE void AddFloatMask(D d, const ScoreMask& mask, const QueryTile& tile, int64_t key0,
                              size_t bc, size_t br, size_t width, float* HWY_RESTRICT scores) {
@@ -62,7 +63,6 @@ HWY_INLINE void AddFloatMask(D d, const ScoreMask& mask, const QueryTile& tile, 
 #if HWY_TARGET != HWY_SCALAR
   if (mask.col_stride == 1) {
     const hn::CappedTag<float, 4> d4;
-    const hn::Repartition<uint64_t, decltype(d4)> d64;
     const size_t full_keys = bc / 4 * 4;
     for (; r + 4 <= tile.rows; r += 4) {
       const float* row = entries + mask.offset(tile.batch, tile.head,
@@ -73,18 +73,11 @@ HWY_INLINE void AddFloatMask(D d, const ScoreMask& mask, const QueryTile& tile, 
         const auto b = hn::LoadU(d4, row + stride + j);
         const auto c = hn::LoadU(d4, row + 2 * stride + j);
         const auto e = hn::LoadU(d4, row + 3 * stride + j);
-        const auto ab_low = hn::BitCast(d64, hn::InterleaveLower(d4, a, b));
-        const auto ab_high = hn::BitCast(d64, hn::InterleaveUpper(d4, a, b));
-        const auto ce_low = hn::BitCast(d64, hn::InterleaveLower(d4, c, e));
-        const auto ce_high = hn::BitCast(d64, hn::InterleaveUpper(d4, c, e));
         float* column = scores + j * br + r;
-        const auto add = [&](float* at, auto entry) {
-          hn::StoreU(hn::Add(hn::LoadU(d4, at), hn::BitCast(d4, entry)), d4, at);
-        };
-        add(column, hn::InterleaveLower(d64, ab_low, ce_low));
-        add(column + br, hn::InterleaveUpper(d64, ab_low, ce_low));
-        add(column + 2 * br, hn::InterleaveLower(d64, ab_high, ce_high));
-        add(column + 3 * br, hn::InterleaveUpper(d64, ab_high, ce_high));
+        Transpose4x4(d4, a, b, c, e, [&](size_t t, auto entries_of_key) {
+          float* at = column + t * br;
+          hn::StoreU(hn::Add(hn::LoadU(d4, at), entries_of_key), d4, at);
+        });
       }
       for (size_t j = full_keys; j < bc; ++j) {
         for (size_t i = 0; i < 4; ++i) scores[j * br + r + i] += row[i * stride + j];

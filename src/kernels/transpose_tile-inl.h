@@ -19,6 +19,25 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+#if HWY_TARGET != HWY_SCALAR
+// Four 4-float rows a, b, c, e turned into their four columns, by two interleaving steps:
+// (a0 b0 a1 b1), (a2 b2 a3 b3), (c0 e0 c1 e1), (c2 e2 c3 e3), then pairs of those pairs.
+// column(t, vector) receives column t.
+template <class D4, class Column>
+HWY_INLINE void Transpose4x4(D4 d4, hn::Vec<D4> a, hn::Vec<D4> b, hn::Vec<D4> c, hn::Vec<D4> e,
+                             const Column& column) {
+  const hn::Repartition<uint64_t, D4> d64;
+  const auto ab_low = hn::BitCast(d64, hn::InterleaveLower(d4, a, b));
+  const auto ab_high = hn::BitCast(d64, hn::InterleaveUpper(d4, a, b));
+  const auto ce_low = hn::BitCast(d64, hn::InterleaveLower(d4, c, e));
+  const auto ce_high = hn::BitCast(d64, hn::InterleaveUpper(d4, c, e));
+  column(0, hn::BitCast(d4, hn::InterleaveLower(d64, ab_low, ce_low)));
+  column(1, hn::BitCast(d4, hn::InterleaveUpper(d64, ab_low, ce_low)));
+  column(2, hn::BitCast(d4, hn::InterleaveLower(d64, ab_high, ce_high)));
+  column(3, hn::BitCast(d4, hn::InterleaveUpper(d64, ab_high, ce_high)));
+}
+#endif
+
 // out[t · br + r] = scale · rows[r · stride + t] for r < count and t < cols, 0 for the padding
 // lanes count ≤ r < width, and the lanes from width to br left as they are: width (a multiple of
 // the target's vector lanes, count ≤ width ≤ br) spans the vectors the tile's readers multiply,
@@ -43,7 +62,6 @@ HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t cou
   size_t r = 0;
 #if HWY_TARGET != HWY_SCALAR
   const hn::CappedTag<float, 4> d4;
-  const hn::Repartition<uint64_t, decltype(d4)> d64;
   const auto scale4 = hn::Set(d4, scale);
   const size_t full_columns = cols / 4 * 4;
   for (; r + 4 <= count; r += 4) {
@@ -53,16 +71,9 @@ HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t cou
       const auto b = hn::Mul(hn::LoadU(d4, row + stride + t), scale4);
       const auto c = hn::Mul(hn::LoadU(d4, row + 2 * stride + t), scale4);
       const auto e = hn::Mul(hn::LoadU(d4, row + 3 * stride + t), scale4);
-      // (a0 b0 a1 b1), (a2 b2 a3 b3), (c0 e0 c1 e1), (c2 e2 c3 e3), then pairs of those pairs.
-      const auto ab_low = hn::BitCast(d64, hn::InterleaveLower(d4, a, b));
-      const auto ab_high = hn::BitCast(d64, hn::InterleaveUpper(d4, a, b));
-      const auto ce_low = hn::BitCast(d64, hn::InterleaveLower(d4, c, e));
-      const auto ce_high = hn::BitCast(d64, hn::InterleaveUpper(d4, c, e));
       float* column = out + t * br + r;
-      hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d64, ab_low, ce_low)), d4, column);
-      hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d64, ab_low, ce_low)), d4, column + br);
-      hn::StoreU(hn::BitCast(d4, hn::InterleaveLower(d64, ab_high, ce_high)), d4, column + 2 * br);
-      hn::StoreU(hn::BitCast(d4, hn::InterleaveUpper(d64, ab_high, ce_high)), d4, column + 3 * br);
+      Transpose4x4(d4, a, b, c, e,
+                   [&](size_t i, auto values) { hn::StoreU(values, d4, column + i * br); });
     }
     for (size_t t = full_columns; t < cols; ++t) {
       for (size_t i = 0; i < 4; ++i) out[t * br + r + i] = row[i * stride + t] * scale;
