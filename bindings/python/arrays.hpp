@@ -78,8 +78,9 @@ class StridedInput {
   // A half-precision input's type and bits (HalfInputs::kAccept); std::nullopt for a float one.
   std::optional<HalfType> half_type() const { return half_type_; }
   const StridedView<const uint16_t>& half_view() const { return half_view_; }
-  // The array's dtype as errors name it: "float32", "float16", "bfloat16", ...
-  const std::string& dtype() const { return dtype_; }
+  // The array's dtype as errors name it: "float32", "float16", "bfloat16", ... (made on request:
+  // only errors read it).
+  std::string dtype() const;
 
  private:
   nb::ndarray<nb::ro> array_;
@@ -88,7 +89,6 @@ class StridedInput {
   std::vector<uint16_t> half_copy_;
   StridedView<const uint16_t> half_view_;
   std::optional<HalfType> half_type_;
-  std::string dtype_;
   Shape shape_;
 
   // Imports a float16 or bfloat16 array into half_view_; false for float32 and float64 (read as

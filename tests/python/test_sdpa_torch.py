@@ -252,16 +252,17 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
         assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
     monkeypatch.setattr(attn_torch, "_to_dlpack", to_dlpack)
     # ...plain inference calls pass them to attn's own function (which reads them in place)...
-    function = attn_torch._attn.scaled_dot_product_attention
+    function = attn_torch._sdpa_function
+    assert function is attn_torch._attn.scaled_dot_product_attention
     received = []
     monkeypatch.setattr(
-        attn_torch._attn,
-        "scaled_dot_product_attention",
+        attn_torch,
+        "_sdpa_function",
         lambda *args, **kwargs: received.append(args[:3]) or function(*args, **kwargs),
     )
     with torch.no_grad():
         direct = attn_torch.scaled_dot_product_attention(*views, is_causal=True)
-    monkeypatch.setattr(attn_torch._attn, "scaled_dot_product_attention", function)
+    monkeypatch.setattr(attn_torch, "_sdpa_function", function)
     assert len(received) == 1 and all(a is b for a, b in zip(received[0], views))
     with torch.no_grad():
         torch.testing.assert_close(
@@ -277,6 +278,7 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
 
     monkeypatch.setattr(attn_torch._extension, "_sdpa_forward", spy)
     monkeypatch.setattr(attn_torch, "_eager", lambda *tensors: None)
+    monkeypatch.setattr(attn_torch, "_eager_plain", lambda *tensors: None)
     attn_torch.scaled_dot_product_attention(*views, is_causal=True)
     assert len(seen) == 3
     for view, (passed, address) in zip(views, seen):
@@ -471,6 +473,45 @@ def test_operators_pass_opcheck():
 # --- inference without the operator's dispatch -------------------------------------------------
 
 
+def test_the_plain_calls_route_test_agrees_with_the_general_one():
+    # _eager_plain is _eager for three plain tensors, written for its cost: the same answer with
+    # grad on and off, inputs requiring grad or not, under a user's dispatch mode, FakeTensorMode
+    # (entered: its infra slot, not the user's stack), a torch.func transform and jit tracing.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    plain = [torch.randn(N, H, L, E), torch.randn(N, H, S, E), torch.randn(N, H, S, EV)]
+    leaves = [t.clone().requires_grad_() for t in plain]
+    answers = []
+
+    def both(tensors):
+        answers.append((attn_torch._eager_plain(*tensors), attn_torch._eager(*tensors)))
+
+    for tensors in (plain, leaves, [plain[0], leaves[1], plain[2]]):
+        both(tensors)
+        with torch.no_grad():
+            both(tensors)
+        with Passthrough():
+            both(tensors)
+        with FakeTensorMode():
+            both(tensors)
+    torch.vmap(lambda q: both([q, plain[1][0], plain[2][0]]) or q)(plain[0])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated", FutureWarning)
+        torch.jit.trace(lambda q: both([q, plain[1], plain[2]]) or q * 2, (plain[0],),
+                        check_trace=False)
+    assert all(fast == general for fast, general in answers), answers
+    # Per input set: grad on, no_grad, the user's mode, FakeTensorMode; then vmap and tracing.
+    assert [fast for fast, _ in answers] == (
+        ["inference", "inference", None, None] + ["training", "inference", None, None] * 2
+        + [None, None]
+    )
+
+
 def test_inference_calls_skip_the_operator_and_match_it(monkeypatch):
     # Where autograd records nothing and nothing traces, attn.torch calls the operator's
     # implementation directly (its dispatch cost a decode step ~12 µs a layer): the same result,
@@ -578,11 +619,13 @@ def test_plain_training_calls_take_the_lean_function_and_match_the_operators(mon
     original_apply = attn_torch._PlainSdpa.apply
     monkeypatch.setattr(attn_torch._PlainSdpa, "apply",
                         lambda *a: applied.append(1) or original_apply(*a))
-    eager = attn_torch._eager
+    eager, eager_plain = attn_torch._eager, attn_torch._eager_plain
 
     def run(dtype, options, transposed, through_operator):
         monkeypatch.setattr(attn_torch, "_eager",
                             (lambda *tensors: None) if through_operator else eager)
+        monkeypatch.setattr(attn_torch, "_eager_plain",
+                            (lambda *tensors: None) if through_operator else eager_plain)
         torch.manual_seed(11)
         if transposed:
             leaves = [leaf(N, L, HQ, E), leaf(N, S, HKV, E), leaf(N, S, HKV, EV)]
@@ -608,6 +651,7 @@ def test_plain_training_calls_take_the_lean_function_and_match_the_operators(mon
                         f"d {name}, {dtype}, {options}")
 
     monkeypatch.setattr(attn_torch, "_eager", eager)
+    monkeypatch.setattr(attn_torch, "_eager_plain", eager_plain)
     applied.clear()
     q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
     output = attn_torch.scaled_dot_product_attention(q, k, v)
