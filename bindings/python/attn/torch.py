@@ -307,8 +307,9 @@ def _sdpa(
 
 def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, dropout_p,
              is_causal, scale, enable_gqa, window_left, window_right, softcap, alignment):
-    """The attn::sdpa operator's body, on its arguments; query, key and value may also be DLPack
-    capsules (the result is then a NumPy array, or a tensor for bf16)."""
+    """The attn::sdpa operator's body, on its arguments, for the operator and the eager calls
+    alike: the extension reads torch tensors in place (torch._C._to_dlpack) and returns tensors
+    (torch._C._from_dlpack)."""
     return _extension._sdpa_forward(
         query,
         key,
@@ -339,9 +340,8 @@ def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, va
               alibi_slopes, sinks, seed, dropout_p, is_causal, scale, enable_gqa, window_left,
               window_right, softcap, alignment, mask_gradient, sinks_gradient):
     """The attn::sdpa_backward operator's body, on its arguments: (d query, d key, d value,
-    d attn_mask or None, d sinks or None). The first six may also be DLPack capsules (the
-    gradients are then NumPy arrays, or tensors for bf16). The keywords are spelled out here and
-    in _forward: a shared dict of them cost ~1 µs a call, 7% of a decode-sized call."""
+    d attn_mask or None, d sinks or None), tensors as _forward's. The keywords are spelled out
+    here and in _forward: a shared dict of them cost ~1 µs a call, 7% of a decode-sized call."""
     return _extension._sdpa_backward(
         query,
         key,
@@ -493,22 +493,6 @@ def _sdpa_backward_rule(ctx, grad_output, _grad_log_sum_exp):
 _sdpa.register_autograd(_sdpa_backward_rule, setup_context=_sdpa_setup_context)
 
 
-_to_dlpack = torch.utils.dlpack.to_dlpack
-
-
-def _capsules(*tensors):
-    """Tensors as DLPack capsules for attn's extension (torch.utils.dlpack.to_dlpack, ~0.3 µs; the
-    extension takes a torch tensor the same way, but returns a capsule input's result as NumPy,
-    which _as_torch turns back without a copy)."""
-    return tuple(_to_dlpack(tensor) for tensor in tensors)
-
-
-def _as_torch(array):
-    """attn's result for DLPack capsule inputs (a NumPy array, or a tensor for bf16) as a tensor
-    over the same memory."""
-    return torch.from_numpy(array) if isinstance(array, _np.ndarray) else array
-
-
 class _EagerSdpa(torch.autograd.Function):
     """attn::sdpa's autograd for eager calls, without the operators' dispatch: PyTorch's
     custom-operator autograd costs ~100 µs a call in the forward and as much in the backward,
@@ -520,20 +504,14 @@ class _EagerSdpa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):
         query, key, value, *options = inputs
-        output, log_sum_exp = _forward(*_capsules(query, key, value), *options)
-        result = (_as_torch(output), _as_torch(log_sum_exp))
+        result = _forward(query, key, value, *options)
         _sdpa_setup_context(ctx, inputs, result)
         return result
 
     @staticmethod
     @_once_differentiable
     def backward(ctx, grad_output, _grad_log_sum_exp):
-        def backward_body(grad_output, query, key, value, output, log_sum_exp, *rest):
-            gradients = _backward(*_capsules(grad_output, query, key, value, output, log_sum_exp),
-                                  *rest)
-            return tuple(None if g is None else _as_torch(g) for g in gradients)
-
-        return _gradients(ctx, grad_output, backward_body)
+        return _gradients(ctx, grad_output, _backward)
 
 
 class _PlainSdpa(torch.autograd.Function):
@@ -546,8 +524,7 @@ class _PlainSdpa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, is_causal, scale, enable_gqa):
         output, log_sum_exp = _extension._sdpa_forward(
-            *_capsules(query, key, value), None, 0.0, is_causal, scale, enable_gqa)
-        output, log_sum_exp = _as_torch(output), _as_torch(log_sum_exp)
+            query, key, value, None, 0.0, is_causal, scale, enable_gqa)
         ctx.save_for_backward(query, key, value, output, log_sum_exp)
         ctx.options = (is_causal, scale, enable_gqa)
         return output
@@ -559,9 +536,8 @@ class _PlainSdpa(torch.autograd.Function):
             grad_output = grad_output.contiguous()
         query, key, value, output, log_sum_exp = ctx.saved_tensors
         d_query, d_key, d_value, _, _ = _extension._sdpa_backward(
-            *_capsules(query, key, value, output, grad_output, log_sum_exp), None, 0.0,
-            *ctx.options)
-        return _as_torch(d_query), _as_torch(d_key), _as_torch(d_value), None, None, None
+            query, key, value, output, grad_output, log_sum_exp, None, 0.0, *ctx.options)
+        return d_query, d_key, d_value, None, None, None
 
 
 def _is_lengths(attn_mask):
@@ -667,10 +643,7 @@ def _cache_attention(query, cache, value, *args, **kwargs):
             "(decode under torch.no_grad() or torch.inference_mode())"
         )
     computed = _as_float32(query)
-    if type(computed) is torch.Tensor:
-        # As a DLPack capsule (a tenth of __dlpack__'s cost); the result comes back as NumPy.
-        computed = _to_dlpack(computed.detach() if computed.requires_grad else computed)
-    output = _as_torch(_attn.scaled_dot_product_attention(computed, cache, value, *args, **kwargs))
+    output = _attn.scaled_dot_product_attention(computed, cache, value, *args, **kwargs)
     return output if output.dtype == query.dtype else output.to(query.dtype)
 
 
@@ -824,8 +797,7 @@ def scaled_dot_product_attention(
     eager = _eager(computed_query, computed_key, computed_value, attn_mask, valid_lens,
                    alibi_slopes, sinks)
     if eager == "inference":
-        output, _ = _forward(*_capsules(computed_query, computed_key, computed_value), *options)
-        output = _as_torch(output)
+        output, _ = _forward(computed_query, computed_key, computed_value, *options)
     elif eager == "training":
         output, _ = _EagerSdpa.apply(computed_query, computed_key, computed_value, *options)
     else:
