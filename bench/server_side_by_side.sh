@@ -20,7 +20,8 @@
 #                                                machine: rows of the other phases run minutes apart)
 #   bench/server_side_by_side.sh short   [OUT]   short sequences through attn.torch beside PyTorch
 #                                                (after module): training steps and inference at
-#                                                n = 8 ... 200, fp32 and bf16, 1, 4 and all threads
+#                                                n = 8 ... 200, fp32 and bf16, 1, 4 and all threads;
+#                                                a decode-sized call's fixed cost; attention masks
 #   bench/server_side_by_side.sh lengths [OUT]   n = 1024 ... LONG (default 16384) at B = 1, 8 heads,
 #                                                1 thread and all cores, PyTorch beside it: where
 #                                                K and V leave the L2 (the 1-thread forward read
@@ -131,6 +132,10 @@ short)
   "$python" bench/compare_short_sequences.py --threads "$threads" >"$out/short.txt"
   "$python" bench/compare_short_sequences.py --threads "$threads" --sizes 8,16,32,77 \
     --heads 32 --kv-heads 8 --head-dim 128 --dtype bfloat16 >>"$out/short.txt"
+  # A decode-sized call's fixed cost through attn.torch, attn and PyTorch (Zen 5 2026-11-27: 4.4,
+  # 3.7 and 5.0 µs), and the masks transformers passes (bool, float) beside is_causal.
+  "$python" bench/python_call_overhead.py --per-call >>"$out/short.txt"
+  "$python" bench/compare_masks.py --threads "$threads" >"$out/masks.txt"
   ;;
 lengths)
   # The query and key blocks sized by the L2 (2026-11-25) were measured on Zen 4 only; this phase

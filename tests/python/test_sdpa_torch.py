@@ -614,12 +614,43 @@ def test_eager_autograd_skips_the_operators_and_matches_them(monkeypatch):
                     f"d {name}, {dtype}, dropout {dropout_p}")
 
 
+def test_plain_inference_calls_with_a_mask_take_attns_function_and_match_the_operator(
+    monkeypatch,
+):
+    # transformers' padding and static-cache masks (bool) and causal float masks reach attn's
+    # own function directly in inference, with the operator's result bit for bit; a float mask
+    # of another dtype, or one that requires grad, takes the general path.
+    q, k, v = torch.randn(N, HQ, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV)
+    padding = torch.ones(N, 1, 1, S, dtype=torch.bool)
+    padding[1, ..., :2] = False
+    causal = torch.zeros(L, S).masked_fill(
+        ~torch.ones(L, S, dtype=torch.bool).tril(S - L), float("-inf"))
+    function, direct = attn_torch._sdpa_function, []
+    monkeypatch.setattr(attn_torch, "_sdpa_function",
+                        lambda *a: direct.append(1) or function(*a))
+    for mask, taken in ((padding, True), (causal, True), (causal.double(), False),
+                        (causal.clone().requires_grad_(), False)):
+        direct.clear()
+        with torch.no_grad():
+            output = attn_torch.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+            expected = torch.ops.attn.sdpa.default(
+                q, k, v, mask.float() if mask.is_floating_point() else mask, None, None, None,
+                None, 0.0, False, None, True, -1, -1, None, "top-left")[0]
+        assert direct == ([1] if taken else []), (mask.dtype, mask.requires_grad)
+        assert torch.equal(output, expected), mask.dtype
+
+
 def test_plain_training_calls_take_the_lean_function_and_match_the_operators(monkeypatch):
     # The plain call under autograd (query, key and value of one dtype attn computes as it is;
-    # only is_causal, scale and enable_gqa) runs _PlainSdpa, whose output and gradients are the
-    # operators', bit for bit, for float32, bfloat16 and float16, causal, a scale and grouped
-    # heads, on inputs transposed as transformers passes them too; a second-order gradient is
-    # refused, not silently wrong.
+    # only a bool or float32 mask that needs no gradient, is_causal, scale and enable_gqa) runs
+    # _PlainSdpa, whose output and gradients are the operators', bit for bit, for float32,
+    # bfloat16 and float16, causal, a scale, masks (padding as bools, a causal pattern with a bias
+    # as floats) and grouped heads, on inputs transposed as transformers passes them too; a
+    # second-order gradient is refused, not silently wrong.
+    padding = torch.ones(N, 1, 1, S, dtype=torch.bool)
+    padding[0, ..., S - 3:] = False
+    biased = torch.randn(N, HQ, L, S).masked_fill(
+        ~torch.ones(L, S, dtype=torch.bool).tril(S - L), float("-inf"))
     applied = []
     original_apply = attn_torch._PlainSdpa.apply
     monkeypatch.setattr(attn_torch._PlainSdpa, "apply",
@@ -642,7 +673,8 @@ def test_plain_training_calls_take_the_lean_function_and_match_the_operators(mon
         return output, torch.autograd.grad(output, leaves, torch.randn_like(output))
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for options in ({}, {"is_causal": True}, {"scale": 0.3, "is_causal": True}):
+        for options in ({}, {"is_causal": True}, {"scale": 0.3, "is_causal": True},
+                        {"attn_mask": padding}, {"attn_mask": biased, "scale": 0.3}):
             for transposed in (False, True):
                 applied.clear()
                 output, gradients = run(dtype, options, transposed, through_operator=False)

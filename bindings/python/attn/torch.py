@@ -516,16 +516,16 @@ class _EagerSdpa(torch.autograd.Function):
 
 class _PlainSdpa(torch.autograd.Function):
     """_EagerSdpa for the plain call (query, key and value of one dtype attn computes as it is;
-    is_causal, scale and enable_gqa the only options): the same operator bodies' extension
-    calls with those three options alone, saving five tensors and returning the output only.
-    _EagerSdpa's general argument handling cost ~13 µs of a 59 µs training step at
-    (1, 8, 8, 64) on one Zen 5 core, where PyTorch's whole step took 47."""
+    a bool or float32 attn_mask that needs no gradient, is_causal, scale and enable_gqa the only
+    options): the same operator bodies' extension calls with those options alone, saving six
+    tensors and returning the output only. _EagerSdpa's general argument handling cost ~13 µs of
+    a 59 µs training step at (1, 8, 8, 64) on one Zen 5 core, where PyTorch's whole step took 47."""
 
     @staticmethod
-    def forward(ctx, query, key, value, is_causal, scale, enable_gqa):
+    def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
         output, log_sum_exp = _extension._sdpa_forward(
-            query, key, value, None, 0.0, is_causal, scale, enable_gqa)
-        ctx.save_for_backward(query, key, value, output, log_sum_exp)
+            query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+        ctx.save_for_backward(query, key, value, output, log_sum_exp, attn_mask)
         ctx.options = (is_causal, scale, enable_gqa)
         return output
 
@@ -534,10 +534,10 @@ class _PlainSdpa(torch.autograd.Function):
     def backward(ctx, grad_output):
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
-        query, key, value, output, log_sum_exp = ctx.saved_tensors
+        query, key, value, output, log_sum_exp, attn_mask = ctx.saved_tensors
         d_query, d_key, d_value, _, _ = _extension._sdpa_backward(
-            query, key, value, output, grad_output, log_sum_exp, None, 0.0, *ctx.options)
-        return d_query, d_key, d_value, None, None, None
+            query, key, value, output, grad_output, log_sum_exp, attn_mask, 0.0, *ctx.options)
+        return d_query, d_key, d_value, None, None, None, None
 
 
 def _is_lengths(attn_mask):
@@ -560,6 +560,8 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # The dtypes attn's functions compute as they are and return unchanged (others go to float32).
 _DIRECT_DTYPES = (torch.float32, *_HALF_DTYPES)
 _DIRECT_DTYPE_SET = frozenset(_DIRECT_DTYPES)
+# Masks the plain call hands on as they are (the general path converts other float dtypes).
+_PLAIN_MASK_DTYPES = frozenset((torch.bool, torch.float32))
 # Looked up once: the plain call's test and call read them on every call.
 _Tensor = torch.Tensor
 _sdpa_function = _extension.scaled_dot_product_attention
@@ -694,16 +696,23 @@ def scaled_dot_product_attention(
     With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
     ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
     that requires grad is refused while autograd records."""
-    # The plain call (no mask, dropout or attn's extra arguments; plain tensors of one dtype that
-    # attn computes as it is), eager: in inference attn's own function on the tensors, without the
-    # argument handling below — 14 → 10 µs a decode-sized call; under autograd _PlainSdpa. The
-    # test is ordered and written for its cost (0.45 → 0.23 µs): the types first (a KVCache key
-    # fails there), dtypes compared by identity (torch's dtypes are singletons).
+    # The plain call (no dropout or attn's extra arguments; plain tensors of one dtype that attn
+    # computes as it is; no mask, or a bool or float32 one that needs no gradient, as
+    # transformers passes for padding and static caches), eager: in inference attn's own function
+    # on the tensors, without the argument handling below — 14 → 10 µs a decode-sized call, 7.8 →
+    # 4.4 with a mask; under autograd _PlainSdpa. The test is ordered and written for its cost
+    # (0.45 → 0.23 µs): the types first (a KVCache key fails there), dtypes compared by identity
+    # (torch's dtypes are singletons).
     if (
         type(query) is _Tensor
         and type(key) is _Tensor
         and type(value) is _Tensor
-        and attn_mask is None
+        and (
+            attn_mask is None
+            or type(attn_mask) is _Tensor
+            and attn_mask.dtype in _PLAIN_MASK_DTYPES
+            and not attn_mask.requires_grad
+        )
         and dropout_p == 0.0
         and dropout is None
         and not causal
@@ -720,11 +729,11 @@ def scaled_dot_product_attention(
         eager = _eager_plain(query, key, value)
         if eager == "inference":
             return _sdpa_function(
-                query, key, value, None, 0.0, bool(is_causal),
+                query, key, value, attn_mask, 0.0, bool(is_causal),
                 None if scale is None else float(scale), bool(enable_gqa),
             )
         if eager == "training":
-            return _PlainSdpa.apply(query, key, value, bool(is_causal),
+            return _PlainSdpa.apply(query, key, value, attn_mask, bool(is_causal),
                                     None if scale is None else float(scale), bool(enable_gqa))
     if isinstance(key, _attn.KVCache):
         return _cache_attention(
