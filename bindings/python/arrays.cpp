@@ -676,14 +676,13 @@ nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank) {
   return to_python(Tensor(tensor), framework);
 }
 
-StateDict to_state_dict(nb::handle mapping, std::string_view argument) {
+StateInputs::StateInputs(nb::handle mapping, std::string_view argument) {
   if (!nb::hasattr(mapping, "items")) {
     throw nb::type_error((std::string(argument) +
                           ": expected a mapping of parameter names to arrays, got " +
                           python_type_name(mapping))
                              .c_str());
   }
-  StateDict state;
   for (nb::handle item : mapping.attr("items")()) {
     const nb::object key = item[0];
     if (!nb::isinstance<nb::str>(key)) {
@@ -691,9 +690,16 @@ StateDict to_state_dict(nb::handle mapping, std::string_view argument) {
           (std::string(argument) + ": expected str keys, got " + python_type_name(key)).c_str());
     }
     const std::string name = nb::borrow<nb::str>(key).c_str();
-    const InputTensor tensor(item[1], std::string(argument) + "['" + name + "']", -1);
-    state.emplace(name, Tensor::from(tensor.view()));
+    inputs_.push_back(
+        std::make_unique<InputTensor>(item[1], std::string(argument) + "['" + name + "']", -1));
+    views_.insert_or_assign(name, inputs_.back()->view());
   }
+}
+
+StateDict to_state_dict(nb::handle mapping, std::string_view argument) {
+  const StateInputs inputs(mapping, argument);
+  StateDict state;
+  for (const auto& [name, view] : inputs.views()) state.emplace(name, Tensor::from(view));
   return state;
 }
 

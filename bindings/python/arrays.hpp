@@ -6,6 +6,7 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -139,8 +140,20 @@ nb::object to_python(HalfTensor tensor, Framework framework);
 // (its rank differs from `rank`).
 nb::object copy_to_python(const Tensor& tensor, Framework framework, int rank);
 
-// A StateDict from a mapping of names to arrays (NumPy, PyTorch, ...); `argument` names it in
-// errors.
+// The arrays of a mapping of names to arrays (NumPy, PyTorch, ...) as views: float32
+// C-contiguous arrays in place, others copied once (InputTensor); `argument` names the mapping in
+// errors. Holds the arrays while it lives.
+class StateInputs {
+ public:
+  StateInputs(nb::handle mapping, std::string_view argument);
+  const StateViews& views() const { return views_; }
+
+ private:
+  std::vector<std::unique_ptr<InputTensor>> inputs_;  // each stays where it was made
+  StateViews views_;
+};
+
+// A StateDict from a mapping of names to arrays (copies); `argument` names it in errors.
 StateDict to_state_dict(nb::handle mapping, std::string_view argument);
 // A dict of name → NumPy array (or PyTorch tensor): copies of the tensors, or the tensors
 // themselves when the state dict is handed over (a layer's grads() or state_dict(), made for it).

@@ -1,5 +1,6 @@
 // The layers: AdditiveAttention, DotProductAttention, MultiHeadAttention, GeneralAttention and
-// GaussianKernelPooling with the book's constructors, forward/backward, modes, state dicts, gradients and safetensors.
+// GaussianKernelPooling with the book's constructors, forward/backward, modes, state dicts,
+// gradients and safetensors.
 #include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -110,6 +111,19 @@ StateDict grads_of(Layer& layer) {
     }
   }
   return grads;
+}
+
+// Copies the views into the layer's parameters, each once: the modules of attn.torch load theirs
+// at every call.
+template <class Layer>
+void load_state_views_into(Layer& layer, const StateViews& state, std::string_view layer_name) {
+  if constexpr (requires { layer.load_state_views(state); }) {
+    layer.load_state_views(state);
+  } else if constexpr (has_parameters<Layer>) {
+    attn::load_state_views(state, layer.parameters(), layer_name);
+  } else {
+    attn::load_state_views(state, {}, layer_name);
+  }
 }
 
 template <class Layer>
@@ -250,9 +264,10 @@ void bind_common(nb::class_<BoundLayer<Layer>>& cls) {
   cls.def(
       "load_state_dict",
       [](Bound& bound, nb::handle state) {
-        const StateDict parameters = to_state_dict(state, "state_dict");
+        const StateInputs parameters(state, "state_dict");
         const std::string name = bound.class_name();
-        bound.with_layer([&](Layer& layer) { load_state_into(layer, parameters, name); });
+        bound.with_layer(
+            [&](Layer& layer) { load_state_views_into(layer, parameters.views(), name); });
       },
       "state_dict"_a,
       "Copies parameters from {name: array} (NumPy arrays, PyTorch tensors, ...), strictly as\n"

@@ -17,8 +17,12 @@ StateDict collect_state_dict(const std::vector<NamedParameter>& parameters) {
   return state;
 }
 
-void check_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
-                      std::string_view layer_name) {
+namespace {
+
+// check_state_dict for a map of names to anything with a shape(): tensors or views.
+template <class State>
+void check_state(const State& state, const std::vector<NamedParameter>& parameters,
+                 std::string_view layer_name) {
   const std::string layer(layer_name);
   for (const auto& parameter : parameters) {
     const auto found = state.find(parameter.name);
@@ -45,10 +49,23 @@ void check_state_dict(const StateDict& state, const std::vector<NamedParameter>&
   }
 }
 
+}  // namespace
+
+void check_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
+                      std::string_view layer_name) {
+  check_state(state, parameters, layer_name);
+}
+
 void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
                      std::string_view layer_name) {
-  check_state_dict(state, parameters, layer_name);
+  check_state(state, parameters, layer_name);
   for (const auto& parameter : parameters) *parameter.tensor = state.at(parameter.name);
+}
+
+void load_state_views(const StateViews& state, const std::vector<NamedParameter>& parameters,
+                      std::string_view layer_name) {
+  check_state(state, parameters, layer_name);
+  for (const auto& parameter : parameters) parameter.tensor->assign(state.at(parameter.name));
 }
 
 }  // namespace attn

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "attn/core/error.hpp"
 #include "attn/nn/additive_attention.hpp"
 #include "attn/nn/gaussian_kernel_pooling.hpp"
@@ -69,6 +71,52 @@ TEST(StateDict, StrictLoadingNamesTheTensorAndChangesNothing) {
                        "tensor 'W_o.weight' expected shape (6, 6), got shape (6, 5)");
   for (const auto& [name, tensor] : attention.state_dict())
     EXPECT_EQ(tensor.values(), before.at(name).values()) << name;
+}
+
+StateViews views_of(const StateDict& state) {
+  StateViews views;
+  for (const auto& [name, tensor] : state) views.emplace(name, tensor.view());
+  return views;
+}
+
+TEST(StateDict, ViewsLoadIntoTheParametersOwnStorageAndStrictlyAsStateDicts) {
+  MultiHeadAttention source(3, 4, 5, 6, 2, 0.0F, /*bias=*/true, /*seed=*/1);
+  MultiHeadAttention target(3, 4, 5, 6, 2, 0.0F, /*bias=*/true, /*seed=*/2);
+  const StateDict values = source.state_dict();
+  const float* storage = target.parameters().front().tensor->data();
+  load_state_views(views_of(values), target.parameters(), "MultiHeadAttention");
+  for (const auto& [name, tensor] : target.state_dict())
+    EXPECT_EQ(tensor.values(), values.at(name).values()) << name;
+  EXPECT_EQ(target.parameters().front().tensor->data(), storage) << "copied into fresh storage";
+
+  // The same errors as load_state_dict, and nothing changed then.
+  MultiHeadAttention untouched(3, 4, 5, 6, 2, 0.0F, /*bias=*/true, /*seed=*/3);
+  const StateDict before = untouched.state_dict();
+  StateDict misshaped = values;
+  misshaped.at("W_o.weight") = Tensor(Shape{6, 5});
+  EXPECT_THROW_MESSAGE(
+      load_state_views(views_of(misshaped), untouched.parameters(), "MultiHeadAttention"),
+      ShapeError,
+      "MultiHeadAttention.load_state_dict: tensor 'W_o.weight' expected shape (6, 6), got shape "
+      "(6, 5)");
+  StateDict missing = values;
+  missing.erase("W_k.bias");
+  EXPECT_THROW_MESSAGE(
+      load_state_views(views_of(missing), untouched.parameters(), "MultiHeadAttention"), ShapeError,
+      "missing tensor 'W_k.bias' of shape (6,)");
+  StateDict extra = values;
+  extra.emplace("W_x.weight", Tensor(Shape{2}));
+  EXPECT_THROW_MESSAGE(
+      load_state_views(views_of(extra), untouched.parameters(), "MultiHeadAttention"), ShapeError,
+      "unexpected tensor 'W_x.weight' of shape (2,)");
+  for (const auto& [name, tensor] : untouched.state_dict())
+    EXPECT_EQ(tensor.values(), before.at(name).values()) << name;
+
+  // A layer's own checks come along: a width that is not finite is refused.
+  GaussianKernelPooling pooling(2.0F);
+  const Tensor infinite = Tensor::full(Shape{1}, INFINITY);
+  EXPECT_THROW_MESSAGE(pooling.load_state_views({{"w", infinite.view()}}), ValueError,
+                       "expected a finite width");
 }
 
 }  // namespace

@@ -33,9 +33,14 @@ class GaussianKernelPooling : public AttentionLayer {
   // "w", shape (1,), as the book's NWKernelRegression names its parameter.
   std::vector<NamedParameter> parameters();
   StateDict state_dict() const;
+  // Both throw ValueError for a width that is not finite (after loading it, as PyTorch's module
+  // would hold it).
   void load_state_dict(const StateDict& state);
+  void load_state_views(const StateViews& state);
 
  private:
+  void require_finite_width() const;
+
   Tensor width_;
   Tensor width_grad_;
   // Kept by forward() for backward().

@@ -34,4 +34,12 @@ void check_state_dict(const StateDict& state, const std::vector<NamedParameter>&
 void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
                      std::string_view layer_name);
 
+// Views of tensors the caller owns, by state-dict name.
+using StateViews = std::map<std::string, ConstTensorView>;
+// load_state_dict from views, each copied once into its parameter's own storage: the Python
+// modules load their parameters at every call (4 MiB at 512 hidden units), where a StateDict
+// would first copy them into fresh tensors.
+void load_state_views(const StateViews& state, const std::vector<NamedParameter>& parameters,
+                      std::string_view layer_name);
+
 }  // namespace attn
