@@ -113,26 +113,17 @@ StateDict grads_of(Layer& layer) {
   return grads;
 }
 
-// Copies the views into the layer's parameters, each once: the modules of attn.torch load theirs
-// at every call.
+// Copies the views into the layer's parameters, each once into its own storage (the modules of
+// attn.torch load theirs at every call), with the layer's own checks where it has any; for a
+// layer without parameters, what attn::load_state_views says for an unexpected tensor.
 template <class Layer>
-void load_state_views_into(Layer& layer, const StateViews& state, std::string_view layer_name) {
+void load_state_into(Layer& layer, const StateViews& state, std::string_view layer_name) {
   if constexpr (requires { layer.load_state_views(state); }) {
     layer.load_state_views(state);
   } else if constexpr (has_parameters<Layer>) {
     attn::load_state_views(state, layer.parameters(), layer_name);
   } else {
     attn::load_state_views(state, {}, layer_name);
-  }
-}
-
-template <class Layer>
-void load_state_into(Layer& layer, const StateDict& state, std::string_view layer_name) {
-  if constexpr (has_parameters<Layer>) {
-    layer.load_state_dict(state);
-  } else {
-    // What attn::load_state_dict says for an unexpected tensor, for a layer without parameters.
-    attn::load_state_dict(state, {}, layer_name);
   }
 }
 
@@ -266,8 +257,7 @@ void bind_common(nb::class_<BoundLayer<Layer>>& cls) {
       [](Bound& bound, nb::handle state) {
         const StateInputs parameters(state, "state_dict");
         const std::string name = bound.class_name();
-        bound.with_layer(
-            [&](Layer& layer) { load_state_views_into(layer, parameters.views(), name); });
+        bound.with_layer([&](Layer& layer) { load_state_into(layer, parameters.views(), name); });
       },
       "state_dict"_a,
       "Copies parameters from {name: array} (NumPy arrays, PyTorch tensors, ...), strictly as\n"
@@ -309,7 +299,7 @@ void bind_common(nb::class_<BoundLayer<Layer>>& cls) {
           state = load_safetensors(path);
         }
         const std::string name = bound.class_name();
-        bound.with_layer([&](Layer& layer) { load_state_into(layer, state, name); });
+        bound.with_layer([&](Layer& layer) { load_state_into(layer, views_of(state), name); });
       },
       "path"_a,
       "Loads parameters from a safetensors file (attn's save(), or PyTorch's\n"

@@ -18,15 +18,11 @@ namespace attn::functional_detail {
 
 namespace {
 
-// What the decode kernel needs beyond the tensors: its options and one key count per sequence.
+// What the decode kernel needs beyond the tensors: its options (with an attn_mask of intervals'
+// key ranges, which PreparedAttention holds) and one key count per sequence.
 struct DecodeRoute {
   DecodeOptions options;
   std::vector<int64_t> lengths;
-  // Each query row's keys [first, last) from an attn_mask of intervals (PreparedAttention's
-  // mask_key_ranges; null without a mask).
-  const int64_t* key_ranges = nullptr;
-  // `options` with key_ranges pointing into this route.
-  DecodeOptions kernel_options() const;
 };
 
 // Slice `view` of keys or values as the decode kernel's cache tensor: every row stored, in `dtype`.
@@ -43,12 +39,6 @@ CacheTensorView cache_tensor(CacheDType dtype, const BasicHeadsView<const T>& vi
   tensor.head_stride = view.head_stride;
   tensor.row_stride = view.row_stride;
   return tensor;
-}
-
-DecodeOptions DecodeRoute::kernel_options() const {
-  DecodeOptions kernel = options;
-  kernel.key_ranges = key_ranges;
-  return kernel;
 }
 
 // The decode kernel's arguments for a prepared dot-product call, or nullopt when the call is not
@@ -88,7 +78,7 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
         !prepared.valid_lens().is_all()) {
       return std::nullopt;
     }
-    route.key_ranges = options.key_ranges;
+    route.options.key_ranges = options.key_ranges;
   }
   const ValidLengths& valid = prepared.valid_lens();
   switch (valid.kind()) {
@@ -189,8 +179,8 @@ bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStr
   for (size_t s = 0; s < shapes.slices(); ++s) {
     finite &= decode_attention_forward(
         shapes.query(s), cache_tensor(CacheDType::kFloat32, shapes.key(s)),
-        cache_tensor(CacheDType::kFloat32, shapes.value(s)), route->lengths.data(),
-        route->kernel_options(), out.slice(output.data(), s),
+        cache_tensor(CacheDType::kFloat32, shapes.value(s)), route->lengths.data(), route->options,
+        out.slice(output.data(), s),
         log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
   }
   if (finite && all_finite(out, output.data(), shapes.slices(), log_sum_exp)) return true;
@@ -231,7 +221,7 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
         query_layout.slice(wide_query.data(), s),
         cache_tensor(stored, shapes.key_layout().slice(key.data(), s)),
         cache_tensor(stored, shapes.value_layout().slice(value.data(), s)), route->lengths.data(),
-        route->kernel_options(), output_layout.slice(wide_output.data(), s),
+        route->options, output_layout.slice(wide_output.data(), s),
         log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
   }
   if (!finite || !all_finite(output_layout, wide_output.data(), shapes.slices(), log_sum_exp))

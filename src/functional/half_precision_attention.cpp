@@ -187,9 +187,7 @@ void scaled_dot_product_attention_backward(
         type, prepared.query_layout().slice(q.data(), s), prepared.key_layout().slice(k.data(), s),
         prepared.value_layout().slice(v.data(), s), out.slice(output.data(), s),
         grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
-        prepared.valid_lens(),
-        grad_mask.data() != nullptr ? prepared.kernel_options_with_mask(s)
-                                    : prepared.kernel_options(s),
+        prepared.valid_lens(), prepared.kernel_options(s, grad_mask.data() != nullptr),
         grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
         grad_v.slice(grad_value.data(), s),
         grad_mask.data() != nullptr ? prepared.mask_gradient(grad_mask.data(), s)

@@ -299,17 +299,7 @@ ScoreMask PreparedAttention::slice_mask(size_t s) const {
           mask_layout_.col_stride};
 }
 
-FlashAttentionOptions PreparedAttention::kernel_options(size_t s) const {
-  FlashAttentionOptions kernel = kernel_options_with_mask(s);
-  if (!mask_key_ranges_.empty()) {
-    kernel.mask = {};
-    kernel.key_ranges = mask_key_ranges_.data();
-    kernel.key_range_heads = query_layout_.heads;
-  }
-  return kernel;
-}
-
-FlashAttentionOptions PreparedAttention::kernel_options_with_mask(size_t s) const {
+FlashAttentionOptions PreparedAttention::kernel_options(size_t s, bool mask_entries) const {
   FlashAttentionOptions kernel;
   kernel.scale = scale_;
   kernel.causal = options_.causal;
@@ -322,7 +312,12 @@ FlashAttentionOptions PreparedAttention::kernel_options_with_mask(size_t s) cons
   kernel.softcap = options_.softcap.value_or(0.0F);
   kernel.alibi_slopes = options_.alibi_slopes.empty() ? nullptr : options_.alibi_slopes.data();
   kernel.sinks = options_.sinks.empty() ? nullptr : options_.sinks.data();
-  if (options_.attn_mask.has_value()) kernel.mask = slice_mask(s);
+  if (!mask_key_ranges_.empty() && !mask_entries) {
+    kernel.key_ranges = mask_key_ranges_.data();
+    kernel.key_range_heads = query_layout_.heads;
+  } else if (options_.attn_mask.has_value()) {
+    kernel.mask = slice_mask(s);
+  }
   kernel.dropout = options_.dropout;
   // Each slice is its own kernel call, with heads numbered from 0: give it its own seed.
   kernel.seed =

@@ -70,14 +70,9 @@ class PreparedAttention {
   const ValidLengths& valid_lens() const { return options_.valid_lens; }
   // The kernels' options for slice s (its mask and dropout seed): a mask whose every row is one
   // interval of keys (bool, or float of 0 and −∞: mask_intervals.hpp) as key ranges, read once
-  // here, so that the kernels read no mask and skip tiles by the ranges; other masks as entries.
-  FlashAttentionOptions kernel_options(size_t s) const;
-  // The same with the mask's entries whatever they are: for a backward pass that differentiates
-  // the float mask.
-  FlashAttentionOptions kernel_options_with_mask(size_t s) const;
-  // The mask's rows as key ranges (FlashAttentionOptions::key_ranges over the query heads), or
-  // empty when there is no mask, it is not intervals, or the call has several slices.
-  const std::vector<int64_t>& mask_key_ranges() const { return mask_key_ranges_; }
+  // here, so that the kernels read no mask and skip tiles by the ranges; other masks, and every
+  // mask with `mask_entries` (a backward pass that differentiates the float mask), as entries.
+  FlashAttentionOptions kernel_options(size_t s, bool mask_entries = false) const;
 
   // The layout of an output-like tensor (the query's shape with the value's last axis), after
   // checking its shape and that its last axis is contiguous.
@@ -167,6 +162,8 @@ class PreparedAttention {
   HeadsLayout mask_layout_;
   // The mask's gradient: a contiguous tensor of the mask's own shape, read the same way.
   HeadsLayout mask_gradient_layout_;
+  // The mask's rows as key ranges (FlashAttentionOptions::key_ranges over the query heads), or
+  // empty when there is no mask, it is not intervals, or the call has several slices.
   std::vector<int64_t> mask_key_ranges_;
 };
 

@@ -111,8 +111,7 @@ void scaled_dot_product_attention_backward(
     flash_attention_backward(
         prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
         grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
-        prepared.valid_lens(),
-        mask_gradient ? prepared.kernel_options_with_mask(s) : prepared.kernel_options(s),
+        prepared.valid_lens(), prepared.kernel_options(s, mask_gradient),
         grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
         grad_v.slice(grad_value.data(), s),
         mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},

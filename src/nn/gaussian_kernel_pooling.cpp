@@ -65,16 +65,11 @@ StateDict GaussianKernelPooling::state_dict() const {
 }
 
 void GaussianKernelPooling::load_state_dict(const StateDict& state) {
-  attn::load_state_dict(state, parameters(), "GaussianKernelPooling");
-  require_finite_width();
+  load_state_views(views_of(state));
 }
 
 void GaussianKernelPooling::load_state_views(const StateViews& state) {
   attn::load_state_views(state, parameters(), "GaussianKernelPooling");
-  require_finite_width();
-}
-
-void GaussianKernelPooling::require_finite_width() const {
   if (!std::isfinite(width())) {
     throw ValueError(
         "GaussianKernelPooling.load_state_dict: tensor 'w' expected a finite width, got " +

@@ -17,11 +17,15 @@ StateDict collect_state_dict(const std::vector<NamedParameter>& parameters) {
   return state;
 }
 
+StateViews views_of(const StateDict& state) {
+  StateViews views;
+  for (const auto& [name, tensor] : state) views.emplace(name, tensor.view());
+  return views;
+}
+
 namespace {
 
-// check_state_dict for a map of names to anything with a shape(): tensors or views.
-template <class State>
-void check_state(const State& state, const std::vector<NamedParameter>& parameters,
+void check_state(const StateViews& state, const std::vector<NamedParameter>& parameters,
                  std::string_view layer_name) {
   const std::string layer(layer_name);
   for (const auto& parameter : parameters) {
@@ -53,13 +57,12 @@ void check_state(const State& state, const std::vector<NamedParameter>& paramete
 
 void check_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
                       std::string_view layer_name) {
-  check_state(state, parameters, layer_name);
+  check_state(views_of(state), parameters, layer_name);
 }
 
 void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
                      std::string_view layer_name) {
-  check_state(state, parameters, layer_name);
-  for (const auto& parameter : parameters) *parameter.tensor = state.at(parameter.name);
+  load_state_views(views_of(state), parameters, layer_name);
 }
 
 void load_state_views(const StateViews& state, const std::vector<NamedParameter>& parameters,

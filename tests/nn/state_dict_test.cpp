@@ -73,12 +73,6 @@ TEST(StateDict, StrictLoadingNamesTheTensorAndChangesNothing) {
     EXPECT_EQ(tensor.values(), before.at(name).values()) << name;
 }
 
-StateViews views_of(const StateDict& state) {
-  StateViews views;
-  for (const auto& [name, tensor] : state) views.emplace(name, tensor.view());
-  return views;
-}
-
 TEST(StateDict, ViewsLoadIntoTheParametersOwnStorageAndStrictlyAsStateDicts) {
   MultiHeadAttention source(3, 4, 5, 6, 2, 0.0F, /*bias=*/true, /*seed=*/1);
   MultiHeadAttention target(3, 4, 5, 6, 2, 0.0F, /*bias=*/true, /*seed=*/2);

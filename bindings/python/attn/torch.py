@@ -593,17 +593,24 @@ def _as_tensor(values, dtype):
     return torch.as_tensor(values, dtype=dtype)
 
 
-def _eager_plain(query, key, value):
-    """_eager for the plain call's three tensors, whose types the caller has checked, with the
-    same checks at less cost: _eager's loop, and its five checks through their Python wrappers,
-    cost 0.7 µs of a 5 µs decode-sized call. torch._C._len_torch_dispatch_stack counts the infra
-    modes (FakeTensorMode) with the user's."""
-    if (
+def _operator_required():
+    """Whether the attn::sdpa operator must run whatever the tensors: under torch.compile, jit
+    tracing, a dispatch mode (FakeTensor, profilers' modes: torch._C._len_torch_dispatch_stack
+    counts the infra modes with the user's) or a torch.func transform (vmap's fallback runs the
+    operator per sample). At C level: through their Python wrappers these checks cost 0.7 µs of a
+    5 µs decode-sized call."""
+    return (
         torch.compiler.is_compiling()
         or torch._C._is_tracing()
-        or torch._C._len_torch_dispatch_stack()
+        or torch._C._len_torch_dispatch_stack() > 0
         or torch._C._functorch.peek_interpreter_stack() is not None
-    ):
+    )
+
+
+def _eager_plain(query, key, value):
+    """_eager for the plain call's three tensors, whose types the caller has checked, without
+    _eager's loop."""
+    if _operator_required():
         return None
     if torch._C.is_grad_enabled() and (
         query.requires_grad or key.requires_grad or value.requires_grad
@@ -613,19 +620,12 @@ def _eager_plain(query, key, value):
 
 
 def _eager(*tensors):
-    """None where the attn::sdpa operator must run: under torch.compile, tracing, a dispatch mode
-    (FakeTensor, profilers' modes), a torch.func transform (vmap's fallback runs the operator per
-    sample) or on a tensor subclass. Otherwise "inference" where no autograd is to be recorded
-    (grad mode off or no input requiring grad): the operator's body is called directly, as the
-    dispatch costs ~12 µs a call, a decode step's whole attention at short contexts; "training"
-    where autograd records: _EagerSdpa, without the operators' autograd."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
-        return None
-    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
-        return None
-    if torch.utils._python_dispatch._get_current_dispatch_mode() is not None:
-        return None
-    if torch._C._functorch.peek_interpreter_stack() is not None:
+    """None where the attn::sdpa operator must run: _operator_required(), or a tensor subclass.
+    Otherwise "inference" where no autograd is to be recorded (grad mode off or no input
+    requiring grad): the operator's body is called directly, as the dispatch costs ~12 µs a call,
+    a decode step's whole attention at short contexts; "training" where autograd records:
+    _EagerSdpa, without the operators' autograd."""
+    if _operator_required():
         return None
     grad = torch.is_grad_enabled()
     records = False
@@ -732,14 +732,11 @@ def scaled_dot_product_attention(
         and value.dtype is dtype
     ):
         eager = _eager_plain(query, key, value)
-        if eager == "inference":
-            return _sdpa_function(
-                query, key, value, attn_mask, 0.0, bool(is_causal),
-                None if scale is None else float(scale), bool(enable_gqa),
-            )
-        if eager == "training":
-            return _PlainSdpa.apply(query, key, value, attn_mask, bool(is_causal),
-                                    None if scale is None else float(scale), bool(enable_gqa))
+        if eager is not None:
+            options = (bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
+            if eager == "inference":
+                return _sdpa_function(query, key, value, attn_mask, 0.0, *options)
+            return _PlainSdpa.apply(query, key, value, attn_mask, *options)
     if isinstance(key, _attn.KVCache):
         return _cache_attention(
             query,

@@ -39,8 +39,6 @@ class GaussianKernelPooling : public AttentionLayer {
   void load_state_views(const StateViews& state);
 
  private:
-  void require_finite_width() const;
-
   Tensor width_;
   Tensor width_grad_;
   // Kept by forward() for backward().

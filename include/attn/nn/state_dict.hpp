@@ -34,11 +34,11 @@ void check_state_dict(const StateDict& state, const std::vector<NamedParameter>&
 void load_state_dict(const StateDict& state, const std::vector<NamedParameter>& parameters,
                      std::string_view layer_name);
 
-// Views of tensors the caller owns, by state-dict name.
+// Views of tensors the caller owns, by state-dict name; load_state_dict reads a StateDict as these.
 using StateViews = std::map<std::string, ConstTensorView>;
-// load_state_dict from views, each copied once into its parameter's own storage: the Python
-// modules load their parameters at every call (4 MiB at 512 hidden units), where a StateDict
-// would first copy them into fresh tensors.
+StateViews views_of(const StateDict& state);
+// load_state_dict from views, each copied once into its parameter's own storage (the Python
+// modules load their parameters at every call, 4 MiB at 512 hidden units, from their arrays).
 void load_state_views(const StateViews& state, const std::vector<NamedParameter>& parameters,
                       std::string_view layer_name);
 
