@@ -6,24 +6,13 @@
 # time over is_causal's, and PyTorch's time for the same form over attn's.
 # Usage: build/venv/bin/python bench/compare_masks.py [--threads 1,2] [--rounds 3] [--repeats 3]
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import attn
 import attn.torch as at
-
-
-def median_ms(call, repeats):
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+from compare_mha import median_ms  # this folder's timing: a warm-up call, then the median
 
 
 def main():
