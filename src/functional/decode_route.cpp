@@ -19,10 +19,18 @@ namespace attn::functional_detail {
 namespace {
 
 // What the decode kernel needs beyond the tensors: its options (with an attn_mask of intervals'
-// key ranges, which PreparedAttention holds) and one key count per sequence.
+// key ranges, which PreparedAttention holds) and one key count per sequence. Another mask is read
+// as entries, each slice's own (for_slice).
 struct DecodeRoute {
   DecodeOptions options;
   std::vector<int64_t> lengths;
+  bool mask_entries = false;
+
+  DecodeOptions for_slice(const PreparedAttention& prepared, size_t s) const {
+    DecodeOptions slice_options = options;
+    if (mask_entries) slice_options.mask = prepared.kernel_options(s, true).mask;
+    return slice_options;
+  }
 };
 
 // Slice `view` of keys or values as the decode kernel's cache tensor: every row stored, in `dtype`.
@@ -46,13 +54,14 @@ CacheTensorView cache_tensor(CacheDType dtype, const BasicHeadsView<const T>& vi
 // kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: dropout,
 // valid lengths that differ between a sequence's queries, a causal, window or ALiBi diagonal
 // other than the last key's (the decode kernel's queries end at their sequence's last key, so
-// per-batch valid lengths combine with no diagonal), ALiBi beside a mask or past 2^24 keys,
-// or an attn_mask some row of which is not one interval of keys (a gap, a float bias) or which
-// comes with causal, a window or valid lengths. A mask of intervals (bool, or float of 0 and −∞:
-// key padding on either side, a static cache's empty slots, causal and window patterns, as
-// transformers passes them) becomes the kernel's per-row key ranges, found by one read of the mask.
-// Either kernel gives the same result within float rounding; this one reads each key/value row once
-// per group of query heads.
+// per-batch valid lengths combine with no diagonal), ALiBi beside a mask or past 2^24 keys. A
+// mask of intervals (bool, or float of 0 and −∞: key padding on either side, a static cache's
+// empty slots, causal and window patterns, as transformers passes them) alone becomes the
+// kernel's per-row key ranges, found by one read of the mask; any other mask (a gap in a row, a
+// float bias, or intervals beside causal, a window or valid lengths) is read as entries, a float
+// one checked first for NaN and +∞. Either kernel gives the same result within float rounding;
+// this one reads each key/value row once per group of query heads, and computes one lane per
+// query where the prefill kernel's tiles compute 16 or more.
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   const HeadsLayout& q = prepared.query_layout();
   const HeadsLayout& k = prepared.key_layout();
@@ -68,17 +77,16 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   // positions count exactly in float up to 2^24.
   const bool alibi = options.alibi_slopes != nullptr;
   // A mask that is not intervals comes as entries (PreparedAttention::kernel_options).
-  const bool ranges = options.key_ranges != nullptr;
-  if (options.mask.kind != MaskKind::kNone) return std::nullopt;
-  if (alibi && (ranges || m > (int64_t{1} << 24))) return std::nullopt;
+  const bool masked = options.key_ranges != nullptr || options.mask.kind != MaskKind::kNone;
+  if (alibi && (masked || m > (int64_t{1} << 24))) return std::nullopt;
   DecodeRoute route;
-  if (ranges) {
+  if (options.key_ranges != nullptr && !options.causal && options.window_left < 0 &&
+      options.window_right < 0 && prepared.valid_lens().is_all()) {
     // A mask of intervals, alone: its rows' ranges are the keys.
-    if (options.causal || options.window_left >= 0 || options.window_right >= 0 ||
-        !prepared.valid_lens().is_all()) {
-      return std::nullopt;
-    }
     route.options.key_ranges = options.key_ranges;
+  } else if (masked) {
+    prepared.require_mask_values();
+    route.mask_entries = true;
   }
   const ValidLengths& valid = prepared.valid_lens();
   switch (valid.kind()) {
@@ -179,8 +187,8 @@ bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStr
   for (size_t s = 0; s < shapes.slices(); ++s) {
     finite &= decode_attention_forward(
         shapes.query(s), cache_tensor(CacheDType::kFloat32, shapes.key(s)),
-        cache_tensor(CacheDType::kFloat32, shapes.value(s)), route->lengths.data(), route->options,
-        out.slice(output.data(), s),
+        cache_tensor(CacheDType::kFloat32, shapes.value(s)), route->lengths.data(),
+        route->for_slice(shapes, s), out.slice(output.data(), s),
         log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
   }
   if (finite && all_finite(out, output.data(), shapes.slices(), log_sum_exp)) return true;
@@ -221,7 +229,7 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
         query_layout.slice(wide_query.data(), s),
         cache_tensor(stored, shapes.key_layout().slice(key.data(), s)),
         cache_tensor(stored, shapes.value_layout().slice(value.data(), s)), route->lengths.data(),
-        route->options, output_layout.slice(wide_output.data(), s),
+        route->for_slice(shapes, s), output_layout.slice(wide_output.data(), s),
         log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
   }
   if (!finite || !all_finite(output_layout, wide_output.data(), shapes.slices(), log_sum_exp))

@@ -221,8 +221,7 @@ void PreparedAttention::check_magnitudes(Family family, float query_max, float k
   query_max_ = query_max;
   key_max_ = key_max;
   value_max_ = value_max;
-  if (options_.attn_mask.kind() == MaskKind::kFloat)
-    require_mask_values("attn_mask", options_.attn_mask.floats());
+  require_mask_values();
   if (family == kDotProduct) {
     // The kernels never hold a score to check it: bound them all through |s| ≤ |scale|·E·max|q|·
     // max|k| instead, far from float's limit.
@@ -233,6 +232,11 @@ void PreparedAttention::check_magnitudes(Family family, float query_max, float k
                        std::to_string(bound) + "); scale the inputs down");
     }
   }
+}
+
+void PreparedAttention::require_mask_values() const {
+  if (options_.attn_mask.kind() == MaskKind::kFloat)
+    ::attn::functional_detail::require_mask_values("attn_mask", options_.attn_mask.floats());
 }
 
 void PreparedAttention::scale_value(int shift) {

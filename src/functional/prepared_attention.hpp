@@ -74,6 +74,11 @@ class PreparedAttention {
   // mask with `mask_entries` (a backward pass that differentiates the float mask), as entries.
   FlashAttentionOptions kernel_options(size_t s, bool mask_entries = false) const;
 
+  // ValueError naming attn_mask unless a float mask's entries are finite or −∞ (no NaN, no +∞):
+  // what the checked families check on construction, for a kShapesOnly caller that reads the
+  // mask's entries.
+  void require_mask_values() const;
+
   // The layout of an output-like tensor (the query's shape with the value's last axis), after
   // checking its shape and that its last axis is contiguous.
   template <class T>

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -261,6 +262,23 @@ TEST_P(HalfPrecisionSdpa, DecodingShapesMatchTheFloatPath) {
       lengths.enable_gqa = true;
       lengths.valid_lens = ValidLengths::per_batch({0, 157});
       in.expect_matches(type, lengths, "decoding, valid lengths, n = " + std::to_string(n));
+      // Masks the decode kernel reads as entries: bools with gaps, per head; a float bias.
+      std::vector<uint8_t> keep(static_cast<size_t>(2 * 8 * n * 300));
+      Tensor bias(Shape{2, 1, 1, 300});
+      Rng rng(seed++);
+      for (uint8_t& entry : keep) entry = rng.uniform() < 0.5 ? 1 : 0;
+      for (int64_t e = 0; e < bias.numel(); ++e)
+        bias.data()[e] =
+            rng.uniform() < 0.2 ? -std::numeric_limits<float>::infinity() : rng.normal();
+      AttentionOptions bools;
+      bools.enable_gqa = true;
+      bools.attn_mask =
+          AttentionMask::boolean(StridedView<const uint8_t>(keep.data(), Shape{2, 8, n, 300}));
+      in.expect_matches(type, bools, "decoding, bool mask with gaps, n = " + std::to_string(n));
+      AttentionOptions biased;
+      biased.enable_gqa = true;
+      biased.attn_mask = AttentionMask::additive(bias);
+      in.expect_matches(type, biased, "decoding, float bias, n = " + std::to_string(n));
     }
   }
 }

@@ -400,13 +400,14 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
 // The calls above do run on the decode kernel: their outputs and log-sum-exps equal, bit for bit,
 // the decode kernel's called directly on the same tensors (the prefill kernel sums in another
 // order, so it would differ in the last bits), for plain, causal, windowed and capped calls, a
-// key-padding mask (the kernel's key ranges), per-sequence lengths and ALiBi.
+// key-padding mask (the kernel's key ranges), per-sequence lengths, ALiBi, and masks read as
+// entries: a bool mask per head with gaps in its rows, a float bias beside causal and a soft cap.
 TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
   // Groups of 4 heads × 2 queries; 7 queries of one head each (rows that fill no vector: the
   // kernel's lanes past them must not count as scores).
   for (const SdpaShape& shape :
        {SdpaShape{3, 8, 2, 2, 300, 64, 40}, SdpaShape{3, 2, 2, 7, 300, 64, 40}})
-    for (int which = 0; which < 6; ++which) {
+    for (int which = 0; which < 8; ++which) {
       SCOPED_TRACE(std::to_string(which) + ", n = " + std::to_string(shape.queries));
       SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
       DecodeOptions decode;
@@ -445,6 +446,24 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
         c.set_alibi();
         decode.causal = true;
         decode.alibi_slopes = c.alibi.data();
+      }
+      const int64_t heads = shape.q_heads, queries = shape.queries;
+      if (which == 6) {  // a bool mask per head whose rows have gaps: entries
+        c.set_mask(Shape{3, heads, queries, 300}, true, 0.6);
+        decode.mask = ScoreMask{attn::MaskKind::kBool,
+                                c.mask_bytes.data(),
+                                heads * queries * 300,
+                                queries * 300,
+                                300,
+                                1};
+      }
+      if (which == 7) {  // a float bias over the keys, causal and capped: entries
+        c.set_mask(Shape{3, 1, 1, 300}, false, 0.8);
+        c.set_causal(true);
+        c.set_softcap(3.0F);
+        decode.mask = ScoreMask{attn::MaskKind::kFloat, c.mask_floats.data(), 300, 0, 0, 1};
+        decode.causal = true;
+        decode.softcap = 3.0F;
       }
       std::vector<int64_t> lengths(3, shape.keys);
       if (which == 4) {  // per-sequence lengths: tiles of the shorter ones are masked
@@ -513,7 +532,7 @@ void check_interval_masks(const SdpaShape& shape, const std::vector<IntervalMask
 // empty slots under a causal pattern, a sliding window over left padding — and any mask whose
 // rows are intervals of keys (per head, empty rows), bool or float of 0 and −∞: the decode
 // kernel's per-row key ranges, against the reference; a mask with a gap in a row, or a float
-// bias, takes the prefill path, also right.
+// bias, is read as entries by the same kernel, also right.
 TEST_P(FunctionalSdpa, DecodingShapesWithIntervalMasksMatchTheReference) {
   const int64_t m = 300;
   uint64_t seed = 800;
@@ -537,10 +556,75 @@ TEST_P(FunctionalSdpa, DecodingShapesWithIntervalMasksMatchTheReference) {
          {"a gap in each row (prefill)", Shape{2, 1, n, m},
           [](int64_t, int64_t, int64_t, int64_t j) { return j >= 100 && j < 120; }}},
         seed, false);
-    // A float mask with a bias besides 0 and −∞ is no interval: the prefill path.
+    // A float mask with a bias besides 0 and −∞ is no interval: entries.
     SdpaTestCase biased(shape, seed++);
     biased.set_mask(Shape{2, 1, 1, m}, false, 0.9);
     check_case(biased, true, false);
+    // Random masks (tree attention, sparse patterns): per head and query, with grouped heads; as
+    // bools, and as floats with a soft cap and sinks beside them.
+    for (const bool boolean : {true, false}) {
+      SCOPED_TRACE(std::string("random mask, ") + (boolean ? "bool" : "float") +
+                   ", n = " + std::to_string(n));
+      SdpaTestCase c(shape, seed++);
+      c.set_mask(Shape{2, 8, n, m}, boolean, 0.3);
+      if (!boolean) {
+        c.set_softcap(5.0F);
+        c.set_sinks();
+      }
+      check_case(c, !boolean, !boolean);
+    }
+  }
+}
+
+// A decoding call of rank 5 runs each slice on the decode kernel with that slice's part of a mask
+// read as entries: the same bits as each slice called alone.
+TEST_P(FunctionalSdpa, DecodingSlicesReadTheirOwnPartOfAMask) {
+  Rng rng(950);
+  const Tensor q = testing::random_tensor(Shape{2, 3, 4, 2, 32}, rng);
+  const Tensor k = testing::random_tensor(Shape{2, 3, 4, 200, 32}, rng);
+  const Tensor v = testing::random_tensor(Shape{2, 3, 4, 200, 24}, rng);
+  Tensor mask(Shape{3, 1, 2, 200});  // broadcast over N and the heads; one part per slice
+  for (int64_t e = 0; e < mask.numel(); ++e)
+    mask.data()[e] = rng.uniform() < 0.4 ? -std::numeric_limits<float>::infinity() : rng.normal();
+  AttentionOptions options;
+  options.attn_mask = AttentionMask::additive(mask);
+  const AttentionForward whole = scaled_dot_product_attention(q, k, v, options);
+  const int64_t q_slice = 4 * 2 * 32, kv_slice = 4 * 200 * 32, v_slice = 4 * 200 * 24;
+  for (int64_t nn = 0; nn < 2; ++nn) {
+    for (int64_t a = 0; a < 3; ++a) {
+      const int64_t slice = nn * 3 + a;
+      AttentionOptions alone;
+      alone.attn_mask =
+          AttentionMask::additive(ConstStridedView(mask.data() + a * 2 * 200, Shape{1, 1, 2, 200}));
+      const AttentionForward part = scaled_dot_product_attention(
+          ConstStridedView(q.data() + slice * q_slice, Shape{1, 4, 2, 32}),
+          ConstStridedView(k.data() + slice * kv_slice, Shape{1, 4, 200, 32}),
+          ConstStridedView(v.data() + slice * v_slice, Shape{1, 4, 200, 24}), alone);
+      for (int64_t e = 0; e < part.output.numel(); ++e) {
+        ASSERT_EQ(whole.output.data()[slice * 4 * 2 * 24 + e], part.output.data()[e])
+            << "slice " << slice << ", element " << e;
+      }
+    }
+  }
+}
+
+// A float mask read as entries by the decode kernel is checked whole first, as the prefill path
+// checks it: NaN and +∞ are named with their flat index, also where the kernel reads no entry
+// (key 250 of a sequence of 100 valid keys).
+TEST_P(FunctionalSdpa, DecodingShapesNameAMasksNaNAndPlusInfinity) {
+  uint64_t seed = 960;
+  const float bad_values[] = {NAN, std::numeric_limits<float>::infinity()};
+  const char* bad_names[] = {"NaN", "inf"};
+  for (int which = 0; which < 2; ++which) {
+    for (const int64_t flat : {int64_t{377}, int64_t{250}}) {
+      SdpaTestCase c({2, 4, 4, 1, 300, 32, 16}, seed++);
+      c.set_mask(Shape{2, 1, 1, 300}, false, 0.7);
+      c.set_batch_lengths({100, 300});
+      c.mask_floats.data()[flat] = bad_values[which];
+      EXPECT_THROW_MESSAGE(scaled_dot_product_attention(c.q, c.k, c.v, c.options), ValueError,
+                           std::string("attn_mask: expected finite values or -inf, got ") +
+                               bad_names[which] + " at flat index " + std::to_string(flat));
+    }
   }
 }
 

@@ -261,6 +261,20 @@ TEST_P(DecodeAttention, RejectsBadArguments) {
   EXPECT_THROW_MESSAGE(
       decode_attention_forward(q_view, keys.view, keys.view, ten.data(), ranged, out_view),
       ValueError, "alibi_slopes: expected no key_ranges beside them");
+  // A mask's entries: given, and not beside ALiBi.
+  DecodeOptions masked;
+  masked.mask.kind = MaskKind::kBool;
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, keys.view, keys.view, ten.data(), masked, out_view),
+      ValueError, "mask: expected its entries, got a mask kind without data");
+  const std::vector<uint8_t> keep(10, 1);
+  masked.mask.data = keep.data();
+  masked.mask.col_stride = 1;
+  const std::vector<float> finite_slopes{0.5F, 0.25F, 0.125F, 0.0625F};
+  masked.alibi_slopes = finite_slopes.data();
+  EXPECT_THROW_MESSAGE(
+      decode_attention_forward(q_view, keys.view, keys.view, ten.data(), masked, out_view),
+      ValueError, "alibi_slopes: expected no mask beside them");
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(DecodeAttention);

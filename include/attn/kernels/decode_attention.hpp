@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "attn/kernels/fused_options.hpp"
 #include "attn/kernels/heads_view.hpp"
 
 namespace attn {
@@ -49,6 +50,12 @@ struct DecodeOptions {
   // −slope·|position − j| (the position above), after soft-capping. Not with key_ranges (whose
   // rows have no position); sequences of at most 2^24 keys, which floats count exactly.
   const float* alibi_slopes = nullptr;
+  // An attention mask's entries over (b, query head h, new query i, key j), as the fused kernels
+  // read them (MaskKind::kBool: an entry 0 hides the key; kFloat: the entry is added to the score,
+  // after soft-capping, and must be finite or −∞), for masks that are not intervals (a gap in a
+  // row, a float bias); kNone: no mask. Keys beyond a row's other bounds stay hidden. Not with
+  // ALiBi.
+  ScoreMask mask;
 };
 
 // out[b, h] = softmax(S) V for the n new queries (B·H: n × d) against sequence b's first
