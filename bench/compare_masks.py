@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 # Attention masks as PyTorch and transformers users pass them, through attn.torch beside PyTorch's
 # SDPA, interleaved in one process: the causal pattern as is_causal, as a bool mask and as a float
-# mask of 0 and -inf (a mask of intervals: attn reads it once into key ranges), and a float mask
-# with a bias (read entry by entry). Then decoding steps (1 and 4 new queries against 4096 keys)
-# without a mask, with key padding (an interval), with a random bool mask (gaps in every row, as
-# tree attention or sparse patterns give) and with a float bias. Prints, per point, attn's time
-# for each form, each form's time over the first form's, and PyTorch's time for the same form over
-# attn's.
+# mask of 0 and -inf (a mask of intervals: attn reads it once into key ranges), a float mask with
+# a bias and a bool causal mask with random gaps (both read entry by entry). Then decoding steps
+# (1 and 4 new queries against 4096 keys) without a mask, with key padding (an interval), with a
+# random bool mask (gaps in every row, as tree attention or sparse patterns give) and with a
+# float bias. Prints, per point, attn's time for each form, each form's time over the first
+# form's, and PyTorch's time for the same form over attn's.
 # Usage: build/venv/bin/python bench/compare_masks.py [--threads 1,2] [--rounds 3] [--repeats 3]
 import argparse
 
@@ -64,8 +64,10 @@ def main():
             keep = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
             hidden = torch.zeros(1, 1, n, n, dtype=dtype).masked_fill(~keep, float("-inf"))
             biased = hidden + 0.01 * torch.randn(n, n, dtype=dtype)  # a bias: no interval
+            gaps = keep & (torch.rand(n, n) < 0.9)  # causal with gaps: no interval either
             forms = {"is_causal": {"is_causal": True}, "bool": {"attn_mask": keep},
-                     "float 0/-inf": {"attn_mask": hidden}, "float bias": {"attn_mask": biased}}
+                     "float 0/-inf": {"attn_mask": hidden}, "float bias": {"attn_mask": biased},
+                     "bool gaps": {"attn_mask": gaps}}
             name = str(dtype).split(".")[1]
             report(f"threads {threads}, ({heads}/{kv_heads} heads, n = m = {n}, d = {d}, {name}):",
                    forms, best_times(q, k, v, forms, args.rounds, args.repeats))

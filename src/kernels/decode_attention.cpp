@@ -973,28 +973,19 @@ void DecodeSoftmaxStepFourRows(D d, size_t bc, DecodeScratch& s) {
 #endif
 
 // The mask's entries for a tile's Sᵀ (bc keys from key0 × row_lanes rows; row r < rows is query
-// r % n of head first_head + r / n of sequence b): a bool entry 0 hides the key (−∞), a float
-// entry is added. An entry at a time: a decoding tile has few rows, and the key and value rows it
-// reads cost far more (n = 1, m = 4096, d = 64: the prefill kernel, which computed 16 query lanes
-// for the one query, took 2.6× this kernel's time with such a mask).
-inline void ApplyMaskEntries(const ScoreMask& mask, int64_t b, int64_t first_head, int64_t n,
-                             size_t rows, int64_t key0, size_t bc, size_t row_lanes,
-                             float* HWY_RESTRICT scores) {
-  const float minus_infinity = -std::numeric_limits<float>::infinity();
+// r % n of head first_head + r / n of sequence b), added as AddedScore says (a bool entry 0 hides
+// the key). An entry at a time: a decoding tile has few rows, and the key and value rows it reads
+// cost far more (n = 1, m = 4096, d = 64: the prefill kernel, which computed 16 query lanes for the
+// one query, took 2.6× this kernel's time with such a mask).
+template <class Entry>
+void AddMaskEntriesToRows(const ScoreMask& mask, int64_t b, int64_t first_head, int64_t n,
+                          size_t rows, int64_t key0, size_t bc, size_t row_lanes,
+                          float* HWY_RESTRICT scores) {
   for (size_t r = 0; r < rows; ++r) {
     const int64_t h = first_head + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
-    const int64_t offset = mask.offset(b, h, i, key0);
-    float* column = scores + r;
-    if (mask.kind == MaskKind::kBool) {
-      const uint8_t* entries = static_cast<const uint8_t*>(mask.data) + offset;
-      for (size_t j = 0; j < bc; ++j) {
-        if (entries[static_cast<int64_t>(j) * mask.col_stride] == 0)
-          column[j * row_lanes] = minus_infinity;
-      }
-    } else {
-      const float* entries = static_cast<const float*>(mask.data) + offset;
-      for (size_t j = 0; j < bc; ++j)
-        column[j * row_lanes] += entries[static_cast<int64_t>(j) * mask.col_stride];
+    const Entry* entries = static_cast<const Entry*>(mask.data) + mask.offset(b, h, i, key0);
+    for (size_t j = 0; j < bc; ++j) {
+      scores[j * row_lanes + r] += AddedScore(entries[static_cast<int64_t>(j) * mask.col_stride]);
     }
   }
 }
@@ -1116,8 +1107,13 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       }
     }
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, row_lanes, false, s.scores);
-    if (options.mask.kind != MaskKind::kNone)
-      ApplyMaskEntries(options.mask, b, g * group, n, rows, key0, bc, row_lanes, s.scores);
+    if (options.mask.kind == MaskKind::kBool) {
+      AddMaskEntriesToRows<uint8_t>(options.mask, b, g * group, n, rows, key0, bc, row_lanes,
+                                    s.scores);
+    } else if (options.mask.kind == MaskKind::kFloat) {
+      AddMaskEntriesToRows<float>(options.mask, b, g * group, n, rows, key0, bc, row_lanes,
+                                  s.scores);
+    }
     // ALiBi after the key ranges' −∞, which it keeps: −slope·|position − j| per row.
     if (options.alibi_slopes != nullptr) {
       for (size_t j = 0; j < bc; ++j) {

@@ -1,6 +1,6 @@
 // Which keys each query of a fused kernel's tile may see — the interval that valid lengths, the
 // causal bound and a sliding window leave — and the attention mask's scalar steps (its coverage
-// of a tile, a bool mask applied to a transposed score tile, a float mask's gradient).
+// of a tile, a float mask's gradient).
 // Target-independent.
 #pragma once
 
@@ -164,22 +164,6 @@ inline MaskCoverage mask_coverage(const ScoreMask& mask, int64_t batch, int64_t 
       break;
   }
   return MaskCoverage::kAll;
-}
-
-// Applies a bool mask to a transposed score tile Sᵀ (keys × br, the `rows` real queries along the
-// lanes): its false entries become −∞. (A float mask's entries are added by the kernels'
-// AddFloatMask, score_modifiers-inl.h.)
-inline void apply_bool_mask_to_tile(const ScoreMask& mask, int64_t batch, int64_t head,
-                                    int64_t first_query, size_t rows, int64_t key0, size_t keys,
-                                    size_t br, float* scores) {
-  for (size_t r = 0; r < rows; ++r) {
-    const uint8_t* entries = static_cast<const uint8_t*>(mask.data) +
-                             mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
-    for (size_t j = 0; j < keys; ++j) {
-      if (entries[static_cast<int64_t>(j) * mask.col_stride] == 0)
-        scores[j * br + r] = -std::numeric_limits<float>::infinity();
-    }
-  }
 }
 
 // Adds a transposed gradient tile dSᵀ (keys × br) into a float mask's gradient, laid out as the
