@@ -28,6 +28,7 @@
 #include "attn/functional/additive_attention.hpp"
 #include "attn/functional/scaled_dot_product_attention.hpp"
 #include "attn/io/npy.hpp"
+#include "attn/io/npy_rows.hpp"
 #include "attn/io/safetensors.hpp"
 #include "attn/kernels/half_conversion.hpp"
 #include "attn/nn/general_attention.hpp"
@@ -248,8 +249,50 @@ struct Result {
   std::vector<NamedGradient> gradients;
 };
 
+// G of --out-grad as its file holds it: a float16 file's bits alone, which the float16
+// dot-product run reads as they are (loaded as floats and rounded back, G was held three times
+// over: 201 MB peak for a 176 MB float16 run at n = m = 4096, 32 heads), any other float file as
+// float32. Each run takes G once, in the precision it computes in.
+class GradOutput {
+ public:
+  explicit GradOutput(const std::string& path) {
+    half_ = read_npy_header(path).dtype == NpyDType::kFloat16;
+    if (half_) {
+      bits_ = load_npy_float16(path, "G");
+      shape_ = bits_.shape;
+    } else {
+      floats_ = load_npy_tensor(path, "G");
+      shape_ = floats_.shape();
+    }
+  }
+  const Shape& shape() const { return shape_; }
+  // G as float32 (a float16 file's values widened exactly).
+  Tensor take_floats() {
+    if (!half_) return std::move(floats_);
+    Tensor widened(shape_);
+    widen_half(HalfType::kFloat16, bits_.bits.data(), widened.data(), bits_.bits.size());
+    bits_ = {};
+    return widened;
+  }
+  // G as float16 bits (a float32 or float64 file's values rounded once, as autograd hands a
+  // float16 output a float16 gradient).
+  std::vector<uint16_t> take_float16_bits() {
+    if (half_) return std::move(bits_.bits);
+    std::vector<uint16_t> bits(static_cast<size_t>(floats_.numel()));
+    narrow_to_half(HalfType::kFloat16, floats_.data(), bits.data(), bits.size());
+    floats_ = Tensor();
+    return bits;
+  }
+
+ private:
+  bool half_ = false;
+  Shape shape_;
+  Tensor floats_;
+  NpyFloat16 bits_;
+};
+
 // G must be shaped like the output, as sum(output · G) pairs them element by element.
-void check_grad_output(const RunOptions& options, const Tensor& grad_output,
+void check_grad_output(const RunOptions& options, const GradOutput& grad_output,
                        const Shape& output_shape) {
   if (grad_output.shape() != output_shape) {
     throw ShapeError("--out-grad: " + options.out_grad + " has shape " + grad_output.shape().str() +
@@ -281,17 +324,10 @@ std::vector<NamedGradient> layer_gradients(Layer& layer, const Tensor& grad_outp
   return named;
 }
 
-// A float tensor's values as float16 bits (exact where they are float16's, widened).
-std::vector<uint16_t> narrowed(const Tensor& tensor) {
-  std::vector<uint16_t> bits(static_cast<size_t>(tensor.numel()));
-  narrow_to_half(HalfType::kFloat16, tensor.data(), bits.data(), bits.size());
-  return bits;
-}
-
 // run_dot_product on float16 files: PyTorch's float16 attention (fp32 sums, the output and the
 // gradients of queries, keys and values rounded once to float16), through the half overloads.
 Result run_dot_product_float16(const RunArguments& arguments, const FunctionalInputs& inputs,
-                               const RunOptions& options, const Tensor* grad_output,
+                               const RunOptions& options, GradOutput* grad_output,
                                bool need_weights) {
   constexpr HalfType kType = HalfType::kFloat16;
   Result result;
@@ -313,7 +349,7 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
   }
   check_grad_output(options, *grad_output, output_shape);
   // G in the output's precision, as PyTorch's autograd hands a float16 output its gradient.
-  std::vector<uint16_t> grad = narrowed(*grad_output);
+  std::vector<uint16_t> grad = grad_output->take_float16_bits();
   std::vector<uint16_t> queries(static_cast<size_t>(inputs.query_shape().numel()));
   std::vector<uint16_t> keys(static_cast<size_t>(inputs.key_shape().numel()));
   std::vector<uint16_t> values(static_cast<size_t>(inputs.value_shape().numel()));
@@ -340,7 +376,7 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
 
 // Dot-product attention through attn::scaled_dot_product_attention on the files' tensors in place:
 // the output, and the gradients, are written straight into tensors of the files' layouts.
-Result run_dot_product(const RunOptions& options, const Tensor* grad_output, bool need_weights) {
+Result run_dot_product(const RunOptions& options, GradOutput* grad_output, bool need_weights) {
   const RunArguments arguments = run_arguments(options);
   const FunctionalInputs inputs(arguments, ScoreFamily::kDotProduct);
   if (inputs.float16()) {
@@ -358,6 +394,7 @@ Result run_dot_product(const RunOptions& options, const Tensor* grad_output, boo
   }
   if (grad_output != nullptr) {
     check_grad_output(options, *grad_output, output.shape());
+    const Tensor grad = grad_output->take_floats();
     Tensor queries(inputs.query_shape());
     Tensor keys(inputs.key_shape());
     Tensor values(inputs.value_shape());
@@ -367,8 +404,8 @@ Result run_dot_product(const RunOptions& options, const Tensor* grad_output, boo
     name_sources(arguments, [&] {
       scaled_dot_product_attention_backward(
           inputs.query(), inputs.key(), inputs.value(), inputs.like_query(output),
-          inputs.like_query(*grad_output), log_sum_exp, inputs.options(),
-          inputs.like_query(queries), inputs.like_key(keys), inputs.like_key(values),
+          inputs.like_query(grad), log_sum_exp, inputs.options(), inputs.like_query(queries),
+          inputs.like_key(keys), inputs.like_key(values),
           inputs.has_float_mask() ? MutableStridedView(mask) : MutableStridedView(),
           inputs.has_sinks() ? sinks.span() : std::span<float>());
     });
@@ -381,7 +418,7 @@ Result run_dot_product(const RunOptions& options, const Tensor* grad_output, boo
 }
 
 // Additive attention through attn::additive_attention with the parameters read from --params.
-Result run_additive(const RunOptions& options, const StateDict& state, const Tensor* grad_output,
+Result run_additive(const RunOptions& options, const StateDict& state, GradOutput* grad_output,
                     bool need_weights) {
   const Tensor& W_q = required_matrix(state, "W_q.weight", options);
   const Tensor& W_k = required_matrix(state, "W_k.weight", options);
@@ -416,9 +453,10 @@ Result run_additive(const RunOptions& options, const StateDict& state, const Ten
   }
   if (grad_output != nullptr) {
     check_grad_output(options, *grad_output, forward.output.shape());
+    const Tensor grad = grad_output->take_floats();
     AdditiveGradients gradients = name_sources(arguments, [&] {
       return additive_attention_backward(inputs.query(), inputs.key(), inputs.value(), parameters,
-                                         forward.output, *grad_output, forward.log_sum_exp,
+                                         forward.output, grad, forward.log_sum_exp,
                                          inputs.options());
     });
     result.gradients = input_gradients(std::move(gradients.queries), std::move(gradients.keys),
@@ -435,7 +473,7 @@ Result run_additive(const RunOptions& options, const StateDict& state, const Ten
 
 // A layer's forward pass and, on request, its weights and backward pass.
 template <class Layer>
-Result run_layer(const RunOptions& options, Layer& layer, const Tensor* grad_output,
+Result run_layer(const RunOptions& options, Layer& layer, GradOutput* grad_output,
                  bool need_weights, int64_t heads) {
   const LayerInputs inputs = load_layer_inputs(options);
   layer.eval();
@@ -449,13 +487,13 @@ Result run_layer(const RunOptions& options, Layer& layer, const Tensor* grad_out
   if (need_weights) result.weights = layer.attention_weights();
   if (grad_output != nullptr) {
     check_grad_output(options, *grad_output, output.shape());
-    result.gradients = layer_gradients(layer, *grad_output);
+    result.gradients = layer_gradients(layer, grad_output->take_floats());
   }
   result.output = std::move(output);
   return result;
 }
 
-Result run_multi_head(const RunOptions& options, const StateDict& state, const Tensor* grad_output,
+Result run_multi_head(const RunOptions& options, const StateDict& state, GradOutput* grad_output,
                       bool need_weights) {
   const Tensor& W_q = required_matrix(state, "W_q.weight", options);
   const Tensor& W_k = required_matrix(state, "W_k.weight", options);
@@ -471,7 +509,7 @@ Result run_multi_head(const RunOptions& options, const StateDict& state, const T
   return run_layer(options, layer, grad_output, need_weights, options.heads);
 }
 
-Result run_general(const RunOptions& options, const StateDict& state, const Tensor* grad_output,
+Result run_general(const RunOptions& options, const StateDict& state, GradOutput* grad_output,
                    bool need_weights) {
   // W (key_size, query_size): nn.Linear(query_size, key_size, bias=False).
   const Tensor& W = required_matrix(state, "W.weight", options);
@@ -635,12 +673,10 @@ void run(const RunOptions& options) {
   if (options.params_option->count() > 0) {
     state = with_context("--params", [&] { return load_safetensors(options.params); });
   }
-  std::optional<Tensor> grad_output;
-  if (options.out_grad_option->count() > 0) {
-    grad_output =
-        with_context("--out-grad", [&] { return load_npy_tensor(options.out_grad, "G"); });
-  }
-  const Tensor* const grad = grad_output ? &*grad_output : nullptr;
+  std::optional<GradOutput> grad_output;
+  if (options.out_grad_option->count() > 0)
+    with_context("--out-grad", [&] { grad_output.emplace(options.out_grad); });
+  GradOutput* const grad = grad_output ? &*grad_output : nullptr;
   // The weights hold B·H·n·m floats (8.6 GB at n = m = 8192 for B·H = 32): only when asked.
   const bool need_weights =
       options.weights_out_option->count() > 0 || options.heatmap_option->count() > 0;

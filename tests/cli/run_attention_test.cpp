@@ -424,6 +424,53 @@ TEST_F(RunAttentionTest, Float16FilesRunInHalfPrecisionAndWriteFloat16) {
                "keys: expected float16 data like the other inputs");
 }
 
+// G is read in the precision the run computes in: a float32 G for a float16 run is rounded once
+// to float16 (the same gradients as its float16 file), a float16 G for a float32 run widened
+// exactly (the same gradients as its values in a float32 file).
+TEST_F(RunAttentionTest, GradOutputIsReadInTheRunsPrecision) {
+  Rng rng(43);
+  Tensor g32 = random_tensor(Shape{2, 3, 3}, rng);
+  std::vector<uint16_t> g16(static_cast<size_t>(g32.numel()));
+  Tensor widened(g32.shape());
+  for (int64_t e = 0; e < g32.numel(); ++e) {
+    g16[static_cast<size_t>(e)] = float_to_half(g32.data()[e]);
+    widened.data()[e] = half_to_float(g16[static_cast<size_t>(e)]);
+  }
+  save("g32.npy", g32);
+  save_npy_float16(path("g16.npy"), g16, g32.shape());
+  save("gw.npy", widened);
+  const auto grads_of = [&](const std::string& g, const std::string& directory) {
+    const CommandResult result =
+        attn("run " + kDot + " --out o.npy --out-grad " + g + " --grads-out " + directory);
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    std::vector<NpyArray> files;
+    for (const char* name : {"queries", "keys", "values"})
+      files.push_back(read_npy(path(directory + "/" + name + ".npy")));
+    return files;
+  };
+  const auto half_file = [&](const std::string& name, const Shape& shape) {
+    std::vector<uint16_t> bits(static_cast<size_t>(shape.numel()));
+    for (uint16_t& element : bits) element = float_to_half(rng.normal());
+    save_npy_float16(path(name), bits, shape);
+  };
+  half_file("q.npy", Shape{2, 3, 4});
+  half_file("k.npy", Shape{2, 5, 4});
+  half_file("v.npy", Shape{2, 5, 3});
+  const std::vector<NpyArray> from_floats = grads_of("g32.npy", "h32");
+  const std::vector<NpyArray> from_halves = grads_of("g16.npy", "h16");
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(from_floats[i].dtype, NpyDType::kFloat16);
+    EXPECT_EQ(from_floats[i].halves, from_halves[i].halves) << i;
+  }
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 3}, 44);
+  const std::vector<NpyArray> widened_in_file = grads_of("gw.npy", "f32");
+  const std::vector<NpyArray> widened_on_load = grads_of("g16.npy", "f16");
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(widened_on_load[i].dtype, NpyDType::kFloat32);
+    EXPECT_EQ(widened_in_file[i].floats, widened_on_load[i].floats) << i;
+  }
+}
+
 // --- additive and general ---
 
 TEST_F(RunAttentionTest, AdditiveTakesMasksWindowsAndCausal) {
