@@ -4,8 +4,8 @@
 # mask of 0 and -inf (a mask of intervals: attn reads it once into key ranges), a float mask with
 # a bias and a bool causal mask with random gaps (both read entry by entry). Then decoding steps
 # (1 and 4 new queries against 4096 keys) without a mask, with key padding (an interval), with a
-# random bool mask (gaps in every row, as tree attention or sparse patterns give) and with a
-# float bias. Prints, per point, attn's time for each form, each form's time over the first
+# random bool mask (gaps in every row, as tree attention or sparse patterns give), with a float
+# bias and with 4 attention sinks beside a window of 1024 keys. Prints, per point, attn's time for each form, each form's time over the first
 # form's, and PyTorch's time for the same form over attn's.
 # Usage: build/venv/bin/python bench/compare_masks.py [--threads 1,2] [--rounds 3] [--repeats 3]
 import argparse
@@ -79,8 +79,12 @@ def main():
             padding[0, ..., : m // 4] = False  # the first sequence left-padded
             scattered = torch.rand(batch, 1, n, m) < 0.7  # gaps in every row
             bias = torch.randn(batch, 1, n, m).masked_fill(~scattered, float("-inf")).to(dtype)
+            sinks = torch.zeros(batch, 1, n, m, dtype=torch.bool)  # StreamingLLM's pattern
+            sinks[..., :4] = True
+            sinks[..., -1024:] = True
             forms = {"no mask": {}, "padding": {"attn_mask": padding},
-                     "scattered": {"attn_mask": scattered}, "float bias": {"attn_mask": bias}}
+                     "scattered": {"attn_mask": scattered}, "float bias": {"attn_mask": bias},
+                     "sinks+window": {"attn_mask": sinks}}
             name = str(dtype).split(".")[1]
             report(f"threads {threads}, decoding (B = {batch}, 32/8 heads of 128, n = {n}, "
                    f"m = {m}, {name}):", forms,

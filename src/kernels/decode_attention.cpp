@@ -990,6 +990,18 @@ void AddMaskEntriesToRows(const ScoreMask& mask, int64_t b, int64_t first_head, 
   }
 }
 
+// Whether the mask hides keys key0 … key0 + bc − 1 from all n queries of each of `heads` query
+// heads from first_head on (one head where the mask broadcasts over them).
+inline bool MaskHidesTile(const ScoreMask& mask, int64_t b, int64_t first_head, int64_t heads,
+                          int64_t n, int64_t key0, size_t bc) {
+  const int64_t distinct = mask.head_stride == 0 ? 1 : heads;
+  for (int64_t h = first_head; h < first_head + distinct; ++h) {
+    if (mask_coverage(mask, b, h, 0, static_cast<size_t>(n), key0, bc) != MaskCoverage::kNone)
+      return false;
+  }
+  return true;
+}
+
 // Task (b, g, split) with the rows along vectors of `d` (row_lanes = rows rounded up to them);
 // `df` is the full-width tag for the P·V product over the value columns.
 template <class D>
@@ -1074,6 +1086,12 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   for (int64_t key0 = split_begin; key0 < split_end; key0 += static_cast<int64_t>(kKeyTile)) {
     const auto bc =
         static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - key0));
+    // A tile the mask hides from every row is skipped, as the prefill kernels skip one: neither its
+    // keys nor its values are read (attention sinks beside a window read those keys alone).
+    if (options.mask.kind != MaskKind::kNone &&
+        MaskHidesTile(options.mask, b, g * group, group, n, key0, bc)) {
+      continue;
+    }
     // Sᵀ = K Qᵀ, K read in its cache dtype.
     TilePrefetch prefetch;
     const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);

@@ -553,8 +553,13 @@ TEST_P(FunctionalSdpa, DecodingShapesWithIntervalMasksMatchTheReference) {
           [](int64_t b, int64_t h, int64_t i, int64_t j) {
             return (b == 1 && h == 3) || j < 10 * h + i || j >= 290 - 20 * h;
           }},
-         {"a gap in each row (prefill)", Shape{2, 1, n, m},
-          [](int64_t, int64_t, int64_t, int64_t j) { return j >= 100 && j < 120; }}},
+         {"a gap in each row (entries)", Shape{2, 1, n, m},
+          [](int64_t, int64_t, int64_t, int64_t j) { return j >= 100 && j < 120; }},
+         {"sinks beside a window per head (entries; whole tiles hidden from some heads of a group)",
+          Shape{2, 8, n, m},
+          [](int64_t b, int64_t h, int64_t i, int64_t j) {
+            return j >= 4 + b && j < (h % 2 == 0 ? 260 : 100) + i;
+          }}},
         seed, false);
     // A float mask with a bias besides 0 and −∞ is no interval: entries.
     SdpaTestCase biased(shape, seed++);
@@ -703,18 +708,25 @@ TEST_P(FunctionalSdpa, DecodingShapesNameNonFiniteKeysAndValues) {
 }
 
 // What the decode kernel never reads it does not check: a NaN value row and an infinite key row
-// that a key-padding mask hides from every query, beyond every tile read, leave the output as it
-// was (the prefill path, which scans every input first, refuses such a call).
+// that a mask hides from every query, beyond every tile read, leave the output as it was (the
+// prefill path, which scans every input first, refuses such a call) — for key padding (the
+// kernel's key ranges) and for sinks beside a window (entries: whole tiles between them hidden).
 TEST_P(FunctionalSdpa, DecodingShapesReadOnlyTheKeysTheySee) {
-  SdpaTestCase c({1, 4, 1, 1, 1000, 32, 16}, 900);
-  c.set_mask(Shape{1, 1, 1, 1000}, true, 1.0);
-  c.hide_if([](int64_t, int64_t, int64_t, int64_t j) { return j >= 200; });
-  const AttentionForward clean = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
-  c.v.data()[900 * 16 + 3] = NAN;
-  c.k.data()[950 * 32] = std::numeric_limits<float>::infinity();
-  const AttentionForward dirty = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
-  for (int64_t e = 0; e < clean.output.numel(); ++e)
-    ASSERT_EQ(dirty.output.data()[e], clean.output.data()[e]) << e;
+  for (const bool sinks : {false, true}) {
+    SCOPED_TRACE(sinks ? "sinks beside a window" : "key padding");
+    SdpaTestCase c({1, 4, 1, 1, 1000, 32, 16}, 900);
+    c.set_mask(Shape{1, 1, 1, 1000}, true, 1.0);
+    c.hide_if([sinks](int64_t, int64_t, int64_t, int64_t j) {
+      return sinks ? j >= 4 && j < 700 : j >= 200;
+    });
+    const AttentionForward clean = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+    const int64_t hidden_row = sinks ? 500 : 900, hidden_key = sinks ? 300 : 950;
+    c.v.data()[hidden_row * 16 + 3] = NAN;
+    c.k.data()[hidden_key * 32] = std::numeric_limits<float>::infinity();
+    const AttentionForward dirty = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+    for (int64_t e = 0; e < clean.output.numel(); ++e)
+      ASSERT_EQ(dirty.output.data()[e], clean.output.data()[e]) << e;
+  }
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalSdpa);
