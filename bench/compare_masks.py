@@ -5,8 +5,9 @@
 # a bias and a bool causal mask with random gaps (both read entry by entry). Then decoding steps
 # (1 and 4 new queries against 4096 keys) without a mask, with key padding (an interval), with a
 # random bool mask (gaps in every row, as tree attention or sparse patterns give), with a float
-# bias and with 4 attention sinks beside a window of 1024 keys. Prints, per point, attn's time for each form, each form's time over the first
-# form's, and PyTorch's time for the same form over attn's.
+# bias and with 4 attention sinks beside a window of 1024 keys. Prints, per point, attn's time for
+# each form, each form's time over the first form's, and PyTorch's time for the same form over
+# attn's.
 # Usage: build/venv/bin/python bench/compare_masks.py [--threads 1,2] [--rounds 3] [--repeats 3]
 import argparse
 
