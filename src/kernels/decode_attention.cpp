@@ -990,16 +990,21 @@ void AddMaskEntriesToRows(const ScoreMask& mask, int64_t b, int64_t first_head, 
   }
 }
 
-// Whether the mask hides keys key0 … key0 + bc − 1 from all n queries of each of `heads` query
-// heads from first_head on (one head where the mask broadcasts over them).
-inline bool MaskHidesTile(const ScoreMask& mask, int64_t b, int64_t first_head, int64_t heads,
-                          int64_t n, int64_t key0, size_t bc) {
+// The mask's coverage of keys key0 … key0 + bc − 1 for all n queries of each of `heads` query
+// heads from first_head on (one head where the mask broadcasts over them), as mask_coverage
+// gives it for one head: kNone where it hides them from every row, kAll where a bool mask lets
+// every row see them all, kSome otherwise.
+inline MaskCoverage GroupMaskCoverage(const ScoreMask& mask, int64_t b, int64_t first_head,
+                                      int64_t heads, int64_t n, int64_t key0, size_t bc) {
   const int64_t distinct = mask.head_stride == 0 ? 1 : heads;
-  for (int64_t h = first_head; h < first_head + distinct; ++h) {
-    if (mask_coverage(mask, b, h, 0, static_cast<size_t>(n), key0, bc) != MaskCoverage::kNone)
-      return false;
+  const MaskCoverage first =
+      mask_coverage(mask, b, first_head, 0, static_cast<size_t>(n), key0, bc);
+  for (int64_t h = first_head + 1; h < first_head + distinct; ++h) {
+    if (first == MaskCoverage::kSome) break;
+    if (mask_coverage(mask, b, h, 0, static_cast<size_t>(n), key0, bc) != first)
+      return MaskCoverage::kSome;
   }
-  return true;
+  return first;
 }
 
 // Task (b, g, split) with the rows along vectors of `d` (row_lanes = rows rounded up to them);
@@ -1086,12 +1091,14 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   for (int64_t key0 = split_begin; key0 < split_end; key0 += static_cast<int64_t>(kKeyTile)) {
     const auto bc =
         static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kKeyTile), split_end - key0));
-    // A tile the mask hides from every row is skipped, as the prefill kernels skip one: neither its
-    // keys nor its values are read (attention sinks beside a window read those keys alone).
-    if (options.mask.kind != MaskKind::kNone &&
-        MaskHidesTile(options.mask, b, g * group, group, n, key0, bc)) {
-      continue;
-    }
+    // As the prefill kernels: a tile the mask hides from every row is skipped, neither its keys
+    // nor its values read (attention sinks beside a window read those keys alone), and a bool
+    // mask's entries are added only where they differ.
+    const MaskCoverage coverage =
+        options.mask.kind == MaskKind::kNone
+            ? MaskCoverage::kAll
+            : GroupMaskCoverage(options.mask, b, g * group, group, n, key0, bc);
+    if (coverage == MaskCoverage::kNone) continue;
     // Sᵀ = K Qᵀ, K read in its cache dtype.
     TilePrefetch prefetch;
     const int64_t ahead = key0 + kPrefetchTiles * static_cast<int64_t>(kKeyTile);
@@ -1125,7 +1132,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       }
     }
     ApplyScoreModifiers(d, modifiers, tile, key0, bc, row_lanes, row_lanes, false, s.scores);
-    if (options.mask.kind == MaskKind::kBool) {
+    if (options.mask.kind == MaskKind::kBool && coverage == MaskCoverage::kSome) {
       AddMaskEntriesToRows<uint8_t>(options.mask, b, g * group, n, rows, key0, bc, row_lanes,
                                     s.scores);
     } else if (options.mask.kind == MaskKind::kFloat) {
