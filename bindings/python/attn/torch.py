@@ -148,15 +148,17 @@ class _AttnModule(nn.Module):
     def to_attn(self):
         """An attn layer (``attn.AdditiveAttention``, ...) holding this module's current
         parameters, in the same training/evaluation mode."""
-        layer = _copy.copy(self._template)
-        return self._load(layer)
+        return self._load(_copy.copy(self._template), self._current_parameters())
 
-    def _load(self, layer, parameters=None):
-        """Copies the parameters (``parameters``, in ``_parameter_names`` order, when the caller
-        has fetched them) into ``layer``, each once into the layer's own storage."""
+    def _current_parameters(self):
+        """The parameters in ``_parameter_names`` order (get_parameter walks the submodules: ~6 µs
+        for each of 8 parameters, so a call fetches them once)."""
+        return [self.get_parameter(name) for name in self._parameter_names]
+
+    def _load(self, layer, parameters):
+        """Copies ``parameters`` (``_current_parameters()``) into ``layer``, each once into the
+        layer's own storage."""
         if self._parameter_names:
-            if parameters is None:
-                parameters = [self.get_parameter(name) for name in self._parameter_names]
             layer.load_state_dict(
                 {name: p.detach() for name, p in zip(self._parameter_names, parameters)}
             )
@@ -165,8 +167,7 @@ class _AttnModule(nn.Module):
     def forward(self, queries, keys, values, valid_lens=None, *, causal=False):
         """queries (B, n, ·), keys (B, m, ·), values (B, m, ·) → (B, n, ·); valid_lens None, (B,)
         or (B, n) integers; causal=True hides keys j > i + m − n from query i."""
-        # Fetched once (get_parameter walks the submodules: ~6 µs for each of 8 parameters).
-        parameters = [self.get_parameter(name) for name in self._parameter_names]
+        parameters = self._current_parameters()
         layer, lease = self._call_layer(parameters)
         if self.training:
             layer.seed_dropout(int(torch.randint(0, _SEED_BOUND, (1,)).item()))
