@@ -9,6 +9,17 @@ cd "$(dirname "$0")/.."
 jobs=2
 started=$SECONDS
 
+# The suite needs about 8 GB on this disk (four builds, PyTorch in build/venv) and some hundreds of
+# MB under the temporary folder (test files up to 32 MiB each): say so first, not mid-suite.
+for folder in . "${TMPDIR:-/tmp}"; do
+  free_gb=$(df -Pk "$folder" | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
+  echo "test.sh: $free_gb GB free at $folder"
+  if ((free_gb < 8)); then
+    echo "test.sh: warning: less than 8 GB free at $folder; tests that write files may fail with" \
+      "'No space left on device'" >&2
+  fi
+done
+
 bash scripts/install-deps.sh
 
 echo "== Release build and tests"
