@@ -180,12 +180,49 @@ void require_per_head(std::string_view name, std::span<const float> values, int6
   }
 }
 
-float require_finite(std::string_view name, const ConstStridedView& view) {
-  // An empty tensor has nothing to check, however many rows a zero-width last axis gives it.
-  if (view.numel() == 0) return 0.0F;
-  if (view.rank() > 0 && view.dim(-1) > 1 && view.stride(-1) != 1) {
-    return require_finite(name, ConstStridedView(contiguous_copy(view)));
+namespace {
+
+// Rows of a view's axis −2 as a view of their own, with the map from its flat indices back to
+// the whole view's (the index a message names).
+template <class T>
+struct NarrowedRows {
+  StridedView<const T> view;
+  int64_t first_row = 0, kept_rows = 1, all_rows = 1, cols = 1;
+
+  int64_t whole_index(int64_t flat) const {
+    if (kept_rows == all_rows) return flat;
+    const int64_t block = kept_rows * cols;
+    return flat / block * all_rows * cols + first_row * cols + flat % block;
   }
+};
+
+template <class T>
+NarrowedRows<T> narrow_rows(const StridedView<const T>& view, RowRange rows) {
+  const int rank = view.rank();
+  if (rank < 2) return {view};
+  const int64_t all = view.dim(-2);
+  const int64_t begin = std::clamp<int64_t>(rows.begin, 0, all);
+  const int64_t end = rows.end < 0 ? all : std::clamp<int64_t>(rows.end, begin, all);
+  if (begin == 0 && end == all) return {view, 0, all, all, view.dim(-1)};
+  int64_t dims[Shape::kMaxRank];
+  for (int axis = 0; axis < rank; ++axis) dims[axis] = view.dim(axis);
+  dims[rank - 2] = end - begin;
+  return {StridedView<const T>(view.data() + begin * view.stride(-2), Shape::from_dims(dims, rank),
+                               view.strides()),
+          begin, end - begin, all, view.dim(-1)};
+}
+
+}  // namespace
+
+float require_finite(std::string_view name, const ConstStridedView& whole, RowRange rows) {
+  // An empty tensor has nothing to check, however many rows a zero-width last axis gives it.
+  if (whole.numel() == 0) return 0.0F;
+  if (whole.rank() > 0 && whole.dim(-1) > 1 && whole.stride(-1) != 1) {
+    return require_finite(name, ConstStridedView(contiguous_copy(whole)), rows);
+  }
+  const NarrowedRows<float> narrowed = narrow_rows(whole, rows);
+  const ConstStridedView& view = narrowed.view;
+  if (view.numel() == 0) return 0.0F;
   const int64_t cols = view.rank() == 0 ? 1 : view.dim(-1);
   // The largest |x| as the bits of the float, NaN and ±∞ above every finite value
   // (core_detail::largest_magnitude_bits, run by run): one scan finds the magnitude and detects
@@ -200,7 +237,7 @@ float require_finite(std::string_view name, const ConstStridedView& view) {
                          (std::isnan(row[j]) ? "NaN"
                           : row[j] > 0       ? "inf"
                                              : "-inf") +
-                         " at flat index " + std::to_string(flat + j));
+                         " at flat index " + std::to_string(narrowed.whole_index(flat + j)));
       }
     });
   }
@@ -253,17 +290,21 @@ Tensor contiguous_copy(const ConstStridedView& view) {
   return copy;
 }
 
-float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& view) {
+float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& whole,
+                     RowRange rows) {
   // Both formats keep the sign in the top bit and order magnitudes as their other bits do, with an
   // all-ones exponent for ±∞ and NaN: one pass of integer maxima finds the magnitude and detects
   // them, as the float scan does — run by run over contiguous bits (vpmaxuw), on the OpenMP
   // threads from a million elements (one element at a time, through the strided walk, had made
   // a bf16 call from Python half again slower than the kernel at n = 1024).
-  if (view.numel() == 0) return 0.0F;
-  if (view.rank() > 0 && view.dim(-1) > 1 && view.stride(-1) != 1) {
-    const std::vector<uint16_t> copy = contiguous_copy(view);
-    return require_finite(name, type, ConstHalfStridedView(copy.data(), view.shape()));
+  if (whole.numel() == 0) return 0.0F;
+  if (whole.rank() > 0 && whole.dim(-1) > 1 && whole.stride(-1) != 1) {
+    const std::vector<uint16_t> copy = contiguous_copy(whole);
+    return require_finite(name, type, ConstHalfStridedView(copy.data(), whole.shape()), rows);
   }
+  const NarrowedRows<uint16_t> narrowed = narrow_rows(whole, rows);
+  const ConstHalfStridedView& view = narrowed.view;
+  if (view.numel() == 0) return 0.0F;
   const uint16_t exponent = type == HalfType::kFloat16 ? 0x7c00U : 0x7f80U;
   const auto largest = largest_over_runs<uint16_t>(view, [](const uint16_t* run, int64_t count) {
     uint16_t run_largest = 0;
@@ -281,7 +322,7 @@ float require_finite(std::string_view name, HalfType type, const ConstHalfStride
                        ((bits & 0x7fffU) != exponent ? "NaN"
                         : (bits & 0x8000U) == 0      ? "inf"
                                                      : "-inf") +
-                       " at flat index " + std::to_string(flat));
+                       " at flat index " + std::to_string(narrowed.whole_index(flat)));
     });
   }
   return half_bits_to_float(type, largest);

@@ -52,8 +52,16 @@ std::vector<int64_t> broadcast_strides(std::string_view name, const Shape& shape
                                        std::span<const int64_t> strides, const Shape& target,
                                        std::string_view target_description);
 
-// ValueError naming `name` and the index of the first NaN or ±∞; returns the largest magnitude.
-float require_finite(std::string_view name, const ConstStridedView& view);
+// Rows [begin, end) of a view's axis −2 (the keys of key and value): the part of an input the
+// kernels read. The default is every row.
+struct RowRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // −1: through the last row
+};
+
+// ValueError naming `name` and the index of the first NaN or ±∞ among `rows` (indexed in the whole
+// view); returns their largest magnitude.
+float require_finite(std::string_view name, const ConstStridedView& view, RowRange rows = {});
 
 // ShapeError unless `values` is empty or holds one value per query head (`heads`); ValueError
 // naming `name` and the index of the first NaN or ±∞ (ALiBi slopes, sinks).
@@ -69,7 +77,8 @@ Tensor contiguous_copy(const ConstStridedView& view);
 using ConstHalfStridedView = StridedView<const uint16_t>;
 using MutableHalfStridedView = StridedView<uint16_t>;
 // require_finite's scan and message on half-precision data; returns the largest magnitude.
-float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& view);
+float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& view,
+                     RowRange rows = {});
 // A contiguous copy of the bits.
 std::vector<uint16_t> contiguous_copy(const ConstHalfStridedView& view);
 // A contiguous float32 tensor of the values (exact: every fp16 and bf16 value is a float).

@@ -60,8 +60,10 @@ struct CheckedHalfInputs {
         prepared(q.shape_only(), k.shape_only(), v.shape_only(), options,
                  PreparedAttention::kShapesOnly) {
     const float query_max = functional_detail::require_finite("query", type, q.view());
-    const float key_max = functional_detail::require_finite("key", type, k.view());
-    const float value_max = functional_detail::require_finite("value", type, v.view());
+    const float key_max =
+        functional_detail::require_finite("key", type, k.view(), prepared.keys_read());
+    const float value_max =
+        functional_detail::require_finite("value", type, v.view(), prepared.keys_read());
     prepared.check_scanned_values(query_max, key_max, value_max);
   }
   const HalfInput q, k, v;

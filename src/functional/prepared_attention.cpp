@@ -9,6 +9,7 @@
 #include "functional/finite_range.hpp"
 #include "functional/mask_intervals.hpp"
 #include "kernels/dropout_hash.hpp"
+#include "kernels/score_masks.hpp"
 
 namespace attn::functional_detail {
 
@@ -206,10 +207,34 @@ void PreparedAttention::check_options(Family family) const {
 }
 
 void PreparedAttention::check_values(Family family) {
+  const RowRange keys = family == kDotProduct ? keys_read() : RowRange{};
   const float query_max = require_finite("query", query_);
-  const float key_max = require_finite("key", key_);
-  const float value_max = require_finite("value", value_);
+  const float key_max = require_finite("key", key_, keys);
+  const float value_max = require_finite("value", value_, keys);
   check_magnitudes(family, query_max, key_max, value_max);
+}
+
+RowRange PreparedAttention::keys_read() const {
+  const int64_t queries = query_layout_.rows, keys = key_layout_.rows;
+  if (!options_.causal && !options_.window) return {0, keys};
+  FlashAttentionOptions bounds;
+  bounds.causal = options_.causal;
+  bounds.alignment = options_.alignment;
+  bounds.diagonal_offset = options_.diagonal_offset;
+  if (options_.window) {
+    bounds.window_left = options_.window->left;
+    bounds.window_right = options_.window->right;
+  }
+  KeyRange seen{keys, 0};
+  for (int64_t i = 0; i < queries; ++i) {
+    const KeyRange row = visible_keys(ValidLengths(), bounds, 0, 0, i, queries, keys);
+    if (row.begin == row.end) continue;
+    seen.begin = std::min(seen.begin, row.begin);
+    seen.end = std::max(seen.end, row.end);
+  }
+  // The backward pass reads whole key tiles around them.
+  const KeyRange read = keys_read_in_tiles(seen, keys);
+  return {read.begin, read.end};
 }
 
 void PreparedAttention::check_scanned_values(float query_max, float key_max, float value_max) {

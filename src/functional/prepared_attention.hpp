@@ -74,6 +74,13 @@ class PreparedAttention {
   // mask with `mask_entries` (a backward pass that differentiates the float mask), as entries.
   FlashAttentionOptions kernel_options(size_t s, bool mask_entries = false) const;
 
+  // The key rows the dot-product kernels read: those some query may see through is_causal and a
+  // sliding window (every key without them), widened to the backward pass's key tiles
+  // (kernels/score_masks.hpp keys_read_in_tiles). What lies outside enters no sum, so only these
+  // rows are scanned: is_causal's top-left diagonal with L < S reads the first L keys of S,
+  // rounded up to a tile.
+  RowRange keys_read() const;
+
   // ValueError naming attn_mask unless a float mask's entries are finite or −∞ (no NaN, no +∞):
   // what the checked families check on construction, for a kShapesOnly caller that reads the
   // mask's entries.

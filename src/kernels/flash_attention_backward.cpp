@@ -51,8 +51,8 @@ struct BackwardArgs {
 };
 
 constexpr size_t kQueryVectors = 4;
-constexpr size_t kKeyTile = 64;
-constexpr size_t kMaxKeyBlockTiles = 16;  // 1024 keys: beyond it a block saves no more reads
+constexpr size_t kKeyTile = kBackwardKeyTile;  // keys_read_in_tiles tells the callers its reads
+constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block saves no more reads
 
 }  // namespace attn::flash_backward_detail
 #endif
@@ -186,14 +186,16 @@ struct BackwardScratch : BackwardTileBuffers {
   }
 };
 
-// Copies matrix (b, h) of `view` — or of `half`, widened, when the pass has half-precision inputs
-// — into a row-major buffer of `padded` columns, zero-filling the padding.
+// Copies rows [first_row, end_row) of matrix (b, h) of `view` — or of `half`, widened, when the
+// pass has half-precision inputs — into the same rows of a row-major buffer of `padded` columns,
+// zero-filling the padding.
 void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHalfHeadsView& half,
-             int64_t b, int64_t h, size_t padded, float* destination) {
+             int64_t b, int64_t h, size_t first_row, size_t end_row, size_t padded,
+             float* destination) {
   const hn::ScalableTag<float> d;
-  const auto rows = static_cast<size_t>(view.rows), cols = static_cast<size_t>(view.cols);
+  const size_t rows = end_row, cols = static_cast<size_t>(view.cols);
   constexpr size_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
-  for (size_t r = 0; r < rows; ++r) {
+  for (size_t r = first_row; r < rows; ++r) {
     if (r + kPrefetchRows < rows)
       PrefetchMatrixRow(args.half, view, half, b, h, static_cast<int64_t>(r + kPrefetchRows));
     float* row = destination + r * padded;
@@ -223,11 +225,24 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
             half.matrix(b, h) + offset * half.row_stride);
 }
 
-// Rows of matrix (b, h) of bf16 `half` as pairs of adjacent elements, (cols + 1) / 2 per row (an
-// odd count's last pair padded with 0): a row's adjacent bf16 already are its pairs in memory.
-void RowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, uint32_t* destination) {
+// Row i of a gradient matrix set to zero (a key no query sees), in either storage.
+void WriteZeroGradientRow(const BackwardArgs& args, const HeadsView& view,
+                          const HalfHeadsView& half, int64_t b, int64_t h, size_t i) {
+  const auto offset = static_cast<int64_t>(i);
+  if (args.half) {
+    std::fill_n(half.matrix(b, h) + offset * half.row_stride, half.cols, uint16_t{0});
+  } else {
+    std::fill_n(view.matrix(b, h) + offset * view.row_stride, view.cols, 0.0F);
+  }
+}
+
+// Rows [first_row, end_row) of matrix (b, h) of bf16 `half` as pairs of adjacent elements,
+// (cols + 1) / 2 per row (an odd count's last pair padded with 0), into the same rows of
+// `destination`: a row's adjacent bf16 already are its pairs in memory.
+void RowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, int64_t first_row,
+              int64_t end_row, uint32_t* destination) {
   const auto cols = static_cast<size_t>(half.cols), pairs = (cols + 1) / 2;
-  for (int64_t r = 0; r < half.rows; ++r) {
+  for (int64_t r = first_row; r < end_row; ++r) {
     uint32_t* row = destination + static_cast<size_t>(r) * pairs;
     row[pairs - 1] = 0U;
     std::memcpy(row, half.matrix(b, h) + r * half.row_stride, cols * sizeof(uint16_t));
@@ -250,12 +265,13 @@ void TransposedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, si
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// Rows 2p and 2p + 1 of matrix (b, h) of bf16 `half` interleaved into pairs, `pair_rows` rows of
-// `padded` words (rows past the matrix read as zeros).
+// Rows 2p and 2p + 1 of matrix (b, h) of bf16 `half` interleaved into pairs, pair rows
+// [first_pair, end_pair) of `padded` words (rows past the matrix read as zeros).
 ATTN_BF16_TARGET void InterleavedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h,
-                                          size_t pair_rows, size_t padded, uint32_t* destination) {
+                                          size_t first_pair, size_t end_pair, size_t padded,
+                                          uint32_t* destination) {
   const auto cols = static_cast<size_t>(half.cols);
-  for (size_t p = 0; p < pair_rows; ++p) {
+  for (size_t p = first_pair; p < end_pair; ++p) {
     const auto row = static_cast<int64_t>(2 * p);
     uint32_t* pairs = destination + p * padded;
     if (row >= half.rows) {
@@ -354,7 +370,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   if (!bf16_products && s.rows_in_place) {
     s.queries = {args.q.matrix(b, h), static_cast<size_t>(args.q.row_stride)};
   } else if (!bf16_products) {
-    PadRows(args, args.q, args.q16, b, h, d_padded, s.q_rows);
+    PadRows(args, args.q, args.q16, b, h, 0, n, d_padded, s.q_rows);
     s.queries = {s.q_rows, d_padded};
   }
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
@@ -363,8 +379,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   if (bf16_products) {
     TransposedRowPairs(args.q16, b, h, br, s.query_pairs);
     TransposedRowPairs(args.grad_out16, b, h, br, s.grad_out_pairs);
-    InterleavedRowPairs(args.q16, b, h, tiles * br / 2, d_padded, s.query_row_pairs);
-    InterleavedRowPairs(args.grad_out16, b, h, tiles * br / 2, dv_padded, s.grad_out_row_pairs);
+    InterleavedRowPairs(args.q16, b, h, 0, tiles * br / 2, d_padded, s.query_row_pairs);
+    InterleavedRowPairs(args.grad_out16, b, h, 0, tiles * br / 2, dv_padded, s.grad_out_row_pairs);
   }
 #endif
   const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row};
@@ -557,6 +573,29 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
 // One (batch b, key/value head kv_head, key chunk) task: the query heads that share the key/value
 // head in turn, then the chunk's rows of dK and dV written once. Sink gradients go to
 // grad_sinks_by_head (B·H values, one per query head) from the first chunk.
+// The rows of the chunk's keys that some query of the key/value head's group may see (before the
+// attention mask's entries), widened to whole key tiles: the rows the task packs, reads and
+// accumulates into. The chunk's other rows get zero gradients: is_causal's top-left diagonal
+// with L < S, a window, or short valid lengths leave most keys unread.
+KeyRange TaskKeyRows(const BackwardArgs& args, int64_t b, int64_t kv_head, const KeyChunk& chunk) {
+  const int64_t m = args.k.rows, n = args.q.rows, group = args.q.heads / args.k.heads;
+  KeyRange seen{m, 0};
+  for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+    for (int64_t i = 0; i < n; ++i) {
+      const KeyRange row = visible_keys(*args.valid_lens, args.options, b, h, i, n, m);
+      if (row.begin == row.end) continue;
+      seen.begin = std::min(seen.begin, row.begin);
+      seen.end = std::max(seen.end, row.end);
+    }
+  }
+  const KeyRange tiles = keys_read_in_tiles(seen, m);
+  constexpr size_t kTile = flash_backward_detail::kKeyTile;
+  const auto chunk_begin = static_cast<int64_t>(chunk.first_tile * kTile);
+  const int64_t chunk_end = std::min(m, static_cast<int64_t>(chunk.last_tile * kTile));
+  const KeyRange rows{std::max(tiles.begin, chunk_begin), std::min(tiles.end, chunk_end)};
+  return rows.begin < rows.end ? rows : KeyRange{chunk_begin, chunk_begin};
+}
+
 void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, const KeyChunk& chunk,
                        const ScoreMaskGradient& grad_mask, float* grad_sinks_by_head,
                        BackwardScratch& s) {
@@ -565,24 +604,28 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
   const size_t m = static_cast<size_t>(args.k.rows);
   const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
+  const KeyRange read = TaskKeyRows(args, b, kv_head, chunk);
+  const auto first_row = static_cast<size_t>(read.begin), end_row = static_cast<size_t>(read.end);
   if (s.rows_in_place) {
     s.keys = {args.k.matrix(b, kv_head), static_cast<size_t>(args.k.row_stride)};
     s.values = {args.v.matrix(b, kv_head), static_cast<size_t>(args.v.row_stride)};
   } else if (s.key_pairs == nullptr) {  // the fp32 products' operands (the bf16 path: pairs)
-    PadRows(args, args.k, args.k16, b, kv_head, d_padded, s.k_rows);
-    PadRows(args, args.v, args.v16, b, kv_head, dv_padded, s.v_rows);
+    PadRows(args, args.k, args.k16, b, kv_head, first_row, end_row, d_padded, s.k_rows);
+    PadRows(args, args.v, args.v16, b, kv_head, first_row, end_row, dv_padded, s.v_rows);
     s.keys = {s.k_rows, d_padded};
     s.values = {s.v_rows, dv_padded};
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.key_pairs != nullptr) {
-    RowPairs(args.k16, b, kv_head, s.key_pairs);
-    RowPairs(args.v16, b, kv_head, s.value_pairs);
-    InterleavedRowPairs(args.k16, b, kv_head, (m + 1) / 2, d_padded, s.key_row_pairs);
+    RowPairs(args.k16, b, kv_head, read.begin, read.end, s.key_pairs);
+    RowPairs(args.v16, b, kv_head, read.begin, read.end, s.value_pairs);
+    // first_row is a multiple of the key tile, so even: its pair row starts at a row pair.
+    InterleavedRowPairs(args.k16, b, kv_head, first_row / 2, (end_row + 1) / 2, d_padded,
+                        s.key_row_pairs);
   }
 #endif
-  std::fill(s.grad_k, s.grad_k + m * d_padded, 0.0F);
-  std::fill(s.grad_v, s.grad_v + m * dv_padded, 0.0F);
+  std::fill(s.grad_k + first_row * d_padded, s.grad_k + end_row * d_padded, 0.0F);
+  std::fill(s.grad_v + first_row * dv_padded, s.grad_v + end_row * dv_padded, 0.0F);
   const int64_t group = args.q.heads / args.k.heads;
   const auto n = static_cast<size_t>(args.q.rows);
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
@@ -596,6 +639,11 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
   const float scale = args.options.scale;
   const size_t rows_end = std::min(m, chunk.last_tile * flash_backward_detail::kKeyTile);
   for (size_t j = chunk.first_tile * flash_backward_detail::kKeyTile; j < rows_end; ++j) {
+    if (j < first_row || j >= end_row) {
+      WriteZeroGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j);
+      WriteZeroGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j);
+      continue;
+    }
     WriteGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j, s.grad_k + j * d_padded,
                      depth, scale, s.row);
     WriteGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j, s.grad_v + j * dv_padded, dv,

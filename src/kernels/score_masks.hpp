@@ -15,6 +15,12 @@
 
 namespace attn {
 
+// The fused backward pass computes keys in tiles of this many rows, aligned at key 0: a tile's
+// rows that no query sees are read (their scores masked, their gradients 0) — unlike the forward,
+// which reads each query tile's key range alone. The keys a call reads are then those of the
+// tiles that its queries' ranges touch (keys_read_in_tiles).
+inline constexpr int64_t kBackwardKeyTile = 64;
+
 // Keys [begin, end) of one query; empty when begin == end.
 struct KeyRange {
   int64_t begin = 0;
@@ -42,6 +48,14 @@ inline KeyRange visible_keys(const ValidLengths& valid_lens, const FlashAttentio
   end = std::clamp<int64_t>(end, 0, keys);
   begin = std::clamp<int64_t>(begin, 0, end);
   return {begin, end};
+}
+
+// Every key row a fused kernel reads for queries whose ranges together span `seen`: whole tiles
+// of kBackwardKeyTile keys, the last cut at `keys`; nothing when `seen` is empty.
+inline KeyRange keys_read_in_tiles(KeyRange seen, int64_t keys) {
+  if (seen.begin >= seen.end) return {0, 0};
+  return {seen.begin / kBackwardKeyTile * kBackwardKeyTile,
+          std::min(keys, (seen.end + kBackwardKeyTile - 1) / kBackwardKeyTile * kBackwardKeyTile)};
 }
 
 // The key ranges of up to `br` consecutive queries (a tile's lanes), as the SIMD steps read them,

@@ -561,6 +561,49 @@ TEST_P(HalfPrecisionSdpa, Bf16BackwardNearFloatsMaximumTakesTheFloatPath) {
                           [](uint16_t bits) { return bits != 0; }));
 }
 
+// As the float path (FunctionalSdpa.PrefillReadsOnlyTheKeysSomeQuerySees): is_causal top-left
+// with L = 37 < S = 300 reads keys [0, 64) alone, in the forward and backward passes of both
+// types (the bf16 vdpbf16ps and AMX paths at d = 64 included); NaN and ±∞ bits in the other rows
+// change no bit of the output, the log-sum-exp or the gradients.
+TEST_P(HalfPrecisionSdpa, PrefillReadsOnlyTheKeysSomeQuerySees) {
+  uint64_t seed = 960;
+  for (const HalfType type : kTypes) {
+    SCOPED_TRACE(type_name(type));
+    const Shape q_shape{2, 4, 37, 64}, k_shape{2, 2, 300, 64}, v_shape{2, 2, 300, 32};
+    Inputs in(type, q_shape, k_shape, v_shape, seed++);
+    const HalfArray grad_out(type, testing::random_tensor(Shape{2, 4, 37, 32}, in.rng));
+    AttentionOptions options;
+    options.enable_gqa = true;
+    options.causal = true;
+    const auto run = [&] {
+      HalfAttentionForward forward =
+          scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), options);
+      const HalfView output(forward.output.bits.data(), forward.output.shape);
+      HalfAttentionBackward backward =
+          scaled_dot_product_attention_backward(type, in.q.view(), in.k.view(), in.v.view(), output,
+                                                grad_out.view(), forward.log_sum_exp, options);
+      return std::pair{std::move(forward), std::move(backward)};
+    };
+    const auto [clean, clean_grads] = run();
+    const uint16_t exponent = type == HalfType::kFloat16 ? 0x7c00U : 0x7f80U;
+    const uint16_t unread[] = {static_cast<uint16_t>(exponent | 1U), exponent,
+                               static_cast<uint16_t>(exponent | 0x8000U)};  // NaN, +∞, −∞
+    int64_t written = 0;
+    for (HalfArray* input : {&in.k, &in.v}) {
+      const int64_t cols = input->widened.dim(-1);
+      for (size_t e = 0; e < input->bits.size(); ++e) {
+        if (static_cast<int64_t>(e) / cols % 300 >= 64) input->bits[e] = unread[written++ % 3];
+      }
+    }
+    const auto [dirty, dirty_grads] = run();
+    ASSERT_EQ(dirty.output.bits, clean.output.bits);
+    ASSERT_EQ(dirty.log_sum_exp, clean.log_sum_exp);
+    ASSERT_EQ(dirty_grads.query.bits, clean_grads.query.bits);
+    ASSERT_EQ(dirty_grads.key.bits, clean_grads.key.bits);
+    ASSERT_EQ(dirty_grads.value.bits, clean_grads.value.bits);
+  }
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(HalfPrecisionSdpa);
 
 TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrong) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -726,6 +727,86 @@ TEST_P(FunctionalSdpa, DecodingShapesReadOnlyTheKeysTheySee) {
     const AttentionForward dirty = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
     for (int64_t e = 0; e < clean.output.numel(); ++e)
       ASSERT_EQ(dirty.output.data()[e], clean.output.data()[e]) << e;
+  }
+}
+
+// The prefill kernels read key and value rows only where some query may see them through is_causal
+// and a window, widened to the backward pass's tiles of 64 keys aligned at key 0
+// (PreparedAttention::keys_read), and only those rows are scanned: NaN, ±∞ and magnitudes past
+// the score bound in every other row leave the output, the log-sum-exp and the gradients as they
+// were (the gradients of those rows 0), while a NaN in the last row read is still named by its
+// index in the whole tensor.
+TEST_P(FunctionalSdpa, PrefillReadsOnlyTheKeysSomeQuerySees) {
+  struct Bounds {
+    const char* name;
+    int64_t queries, keys, first_read, end_read;
+    std::function<void(SdpaTestCase&)> set;
+  };
+  const Bounds cases[] = {
+      // Keys [0, 37) seen, [0, 64) read.
+      {"is_causal top-left, L < S", 37, 300, 0, 64, [](SdpaTestCase& c) { c.set_causal(false); }},
+      // Keys [240, 300) seen, [192, 300) read.
+      {"a window of 20 keys, bottom-right", 40, 300, 192, 300,
+       [](SdpaTestCase& c) {
+         c.set_causal(true);
+         c.set_window(20, 0);
+       }},
+      // Keys [0, 40) seen, [0, 64) read.
+      {"is_causal 10 keys behind the queries", 50, 200, 0, 64,
+       [](SdpaTestCase& c) {
+         c.options.causal = c.problem.causal = true;
+         c.set_diagonal_offset(-10);
+       }},
+  };
+  const float unread[] = {NAN, std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), 3e38F};
+  for (const Bounds& bounds : cases) {
+    SCOPED_TRACE(bounds.name);
+    SdpaTestCase c({2, 4, 2, bounds.queries, bounds.keys, 64, 40}, 950);
+    bounds.set(c);
+    const auto run = [&c] {
+      AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+      AttentionBackward backward = scaled_dot_product_attention_backward(
+          c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
+      Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
+      return std::tuple{std::move(forward), std::move(backward), std::move(weights)};
+    };
+    const auto [clean, clean_grads, clean_weights] = run();
+    int64_t written = 0;
+    for (Tensor* input : {&c.k, &c.v}) {
+      const int64_t cols = input->dim(-1);
+      for (int64_t e = 0; e < input->numel(); ++e) {
+        const int64_t row = e / cols % bounds.keys;
+        if (row < bounds.first_read || row >= bounds.end_read)
+          input->data()[e] = unread[written++ % 4];
+      }
+    }
+    const auto [dirty, dirty_grads, dirty_weights] = run();
+    for (int64_t e = 0; e < clean.output.numel(); ++e)
+      ASSERT_EQ(dirty.output.data()[e], clean.output.data()[e]) << "output " << e;
+    ASSERT_EQ(dirty_weights.values(), clean_weights.values());
+    ASSERT_EQ(dirty.log_sum_exp, clean.log_sum_exp);
+    const std::pair<const Tensor*, const Tensor*> gradients[] = {
+        {&dirty_grads.query, &clean_grads.query},
+        {&dirty_grads.key, &clean_grads.key},
+        {&dirty_grads.value, &clean_grads.value}};
+    for (const auto& [dirty_gradient, clean_gradient] : gradients) {
+      const int64_t cols = clean_gradient->dim(-1);
+      for (int64_t e = 0; e < clean_gradient->numel(); ++e) {
+        ASSERT_EQ(dirty_gradient->data()[e], clean_gradient->data()[e]) << "gradient " << e;
+        const int64_t row = e / cols % clean_gradient->dim(-2);
+        if (clean_gradient != &clean_grads.query &&
+            (row < bounds.first_read || row >= bounds.end_read)) {
+          ASSERT_EQ(clean_gradient->data()[e], 0.0F) << "unread row's gradient " << e;
+        }
+      }
+    }
+    // Batch 1, key/value head 1, the last row read, column 5.
+    const int64_t flat = ((1 * 2 + 1) * bounds.keys + bounds.end_read - 1) * 64 + 5;
+    c.k.data()[flat] = NAN;
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(c.q, c.k, c.v, c.options), ValueError,
+        "key: expected finite values, got NaN at flat index " + std::to_string(flat));
   }
 }
 

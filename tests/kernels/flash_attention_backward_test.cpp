@@ -178,6 +178,60 @@ TEST_P(FlashAttentionBackward, SplitsKeysOverThreadsWhenPairsAreFew) {
   EXPECT_EQ(split.dq.values(), again.dq.values()) << where;
 }
 
+// A task packs and reads only the key rows some query of its group may see, in whole tiles of 64
+// (kernels/score_masks.hpp keys_read_in_tiles), and writes zero gradients to the others: is_causal
+// top-left with n = 40 < m = 300 reads keys [0, 64). NaN and ±∞ in rows [64, 300) change no bit
+// of dQ, dK or dV on one thread and on three (key chunks of tiles [0, 1), [1, 3), [3, 5), the
+// last two seeing nothing), and dK, dV of those rows are 0.
+TEST_P(FlashAttentionBackward, ReadsOnlyTheKeyTilesItsQueriesSee) {
+  Rng rng(18);
+  const int64_t heads = 4, n = 40, m = 300, depth = 16;
+  const Tensor q = random_tensor(Shape{1, n, heads * depth}, rng);
+  Tensor k = random_tensor(Shape{1, m, depth}, rng), v = random_tensor(Shape{1, m, depth}, rng);
+  const Tensor g = random_tensor(Shape{1, n, heads * depth}, rng);
+  FlashAttentionOptions options = testing::kernel_options(0.25F, true);
+  options.alignment = DiagonalAlignment::kTopLeft;
+  Tensor out(Shape{1, n, heads * depth});
+  std::vector<float> lse(static_cast<size_t>(heads * n));
+  flash_attention_forward(split_heads(q, heads, "q"), split_heads(k, 1, "k"),
+                          split_heads(v, 1, "v"), ValidLengths(), options,
+                          split_heads(out, heads, "out"), lse.data());
+  struct Gradients {
+    Tensor dq, dk, dv;
+  };
+  const auto backward = [&](int threads) {
+    Gradients grads{Tensor::full(q.shape(), 7.0F), Tensor::full(k.shape(), 7.0F),
+                    Tensor::full(v.shape(), 7.0F)};
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    flash_attention_backward(split_heads(q, heads, "q"), split_heads(k, 1, "k"),
+                             split_heads(v, 1, "v"), split_heads(out, heads, "out"),
+                             split_heads(g, heads, "g"), lse.data(), ValidLengths(), options,
+                             split_heads(grads.dq, heads, "dq"), split_heads(grads.dk, 1, "dk"),
+                             split_heads(grads.dv, 1, "dv"), {}, nullptr);
+    omp_set_num_threads(saved_threads);
+    return grads;
+  };
+  const Gradients clean = backward(1), clean_split = backward(3);
+  const float unread[] = {NAN, INFINITY, -INFINITY};
+  for (Tensor* input : {&k, &v}) {
+    for (int64_t e = 64 * depth; e < input->numel(); ++e) input->data()[e] = unread[e % 3];
+  }
+  const std::string where = "target " + std::string(hwy::TargetName(GetParam()));
+  for (const int threads : {1, 3}) {
+    const Gradients dirty = backward(threads);
+    const Gradients& expected = threads == 1 ? clean : clean_split;
+    EXPECT_EQ(dirty.dq.values(), expected.dq.values()) << where << ", " << threads << " threads";
+    EXPECT_EQ(dirty.dk.values(), expected.dk.values()) << where << ", " << threads << " threads";
+    EXPECT_EQ(dirty.dv.values(), expected.dv.values()) << where << ", " << threads << " threads";
+    for (int64_t e = 64 * depth; e < m * depth; ++e) {
+      ASSERT_EQ(dirty.dk.data()[e], 0.0F) << where << ", element " << e;
+      ASSERT_EQ(dirty.dv.data()[e], 0.0F) << where << ", element " << e;
+    }
+  }
+  EXPECT_EQ(clean_split.dk.values(), clean.dk.values()) << where;
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionBackward);
 
 }  // namespace
