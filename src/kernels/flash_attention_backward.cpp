@@ -453,7 +453,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                           br, nullptr, scale);
         } else
 #endif
-        {
+            if (rows <= kFewQueries) {
+          FewQueryProducts(bc, rows, width, s.keys.row(key0), s.keys.stride, s.queries.row(first),
+                           s.queries.stride, depth, scale, s.probabilities);
+        } else {
           Gemm<false>(d, bc, width / lanes, s.keys.row(key0), s.keys.stride, 1,
                       s.q_transposed + tile * depth * br, width, depth, s.probabilities, width);
         }
@@ -503,7 +506,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                           nullptr);
         } else
 #endif
-        {
+            if (rows <= kFewQueries) {
+          FewQueryProducts(bc, rows, width, s.values.row(key0), s.values.stride,
+                           s.grad_out.row(first), s.grad_out.stride, dv, 1.0F, s.grad_scores);
+        } else {
           Gemm<false>(d, bc, width / lanes, s.values.row(key0), s.values.stride, 1,
                       s.grad_out_transposed + tile * dv * br, width, dv, s.grad_scores, width);
         }

@@ -54,7 +54,15 @@ TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
                         // One head: rows back to back, which the products read in place where d
                         // and dv fill whole vectors (DenseRows: 16 and 32 on every target).
                         {2, 1, 130, 200, 32, 16, 1, true},
-                        {1, 1, 100, 1500, 16, 16, 2, false}};
+                        {1, 1, 100, 1500, 16, 16, 2, false},
+                        // Tiles of at most 4 queries take dot products along the head
+                        // (FewQueryProducts): heads that divide no vector, in place (16), a
+                        // ragged last tile of 2 after 64 queries.
+                        {2, 2, 1, 130, 40, 24, 2, false},
+                        {2, 1, 2, 77, 16, 16, 0, true},
+                        {1, 3, 3, 200, 96, 80, 2, false},
+                        {1, 2, 4, 300, 64, 64, 1, true},
+                        {1, 1, 66, 100, 24, 8, 0, false}};
   for (const Case& c : cases) {
     const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng);
     const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng);
