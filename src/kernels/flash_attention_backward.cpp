@@ -387,11 +387,17 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
-                        /*transposed=*/!bf16_products);
+                        /*transposed=*/false);
+  // Qᵀ and dOᵀ for the fp32 products' Gemm; a tile of few queries reads their rows instead
+  // (FewQueryProducts), and transposing them cost more than its products: 16 lanes of stores,
+  // most of them padding, per element of a query row.
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
     const size_t rows = std::min(br, n - tile * br), width = TileWidth(d, rows, br);
+    if (rows <= kFewQueries) continue;
     TransposeScaledTile(s.queries.row(tile * br), s.queries.stride, rows, depth, scale, width,
                         width, s.q_transposed + tile * depth * br);
+    TransposeScaledTile(s.grad_out.row(tile * br), s.grad_out.stride, rows, dv, 1.0F, width, width,
+                        s.grad_out_transposed + tile * dv * br);
   }
 
   const bool dropout = options.dropout > 0.0F;
