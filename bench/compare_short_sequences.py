@@ -8,9 +8,11 @@ by shape in one process.
 
 Usage: python bench/compare_short_sequences.py [--threads 1,2] [--causal]
            [--sizes 8,16,77 --batch 1 --heads 32 --kv-heads 8 --head-dim 128] [--dtype bfloat16]
+           [--keys 4096]
 Prints one line per (threads, shape): microseconds a call and PyTorch / attn. --sizes replaces the
 default shapes by n = m = each size at the given batch, heads and head size (--kv-heads: grouped
-query heads, enable_gqa=True on both sides).
+query heads, enable_gqa=True on both sides); --keys sets m apart from n (one query against 1024
+keys, say; with --causal, PyTorch's top-left diagonal: query i sees keys 0..i).
 """
 import argparse
 import time
@@ -47,6 +49,7 @@ def main():
     parser.add_argument("--kv-heads", type=int, help="key/value heads (default: --heads)")
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--keys", type=int, help="keys m (default: m = n)")
     options = parser.parse_args()
     dtype = getattr(torch, options.dtype)
     kv_heads = options.kv_heads or options.heads
@@ -59,7 +62,8 @@ def main():
         for batch, heads, n, depth in shapes:
             groups = heads if options.sizes is None else kv_heads
             q = torch.randn(batch, heads, n, depth, dtype=dtype, requires_grad=True)
-            k, v = (torch.randn(batch, groups, n, depth, dtype=dtype, requires_grad=True)
+            m = options.keys or n
+            k, v = (torch.randn(batch, groups, m, depth, dtype=dtype, requires_grad=True)
                     for _ in range(2))
             grad_output = torch.randn(batch, heads, n, depth, dtype=dtype)
             gqa = groups != heads
@@ -72,7 +76,7 @@ def main():
                 with torch.no_grad():
                     sdpa(q, k, v, is_causal=options.causal, enable_gqa=gqa)
 
-            calls = max(20, int(200000 / (batch * heads * n * n * depth / 1e3 + 50)))
+            calls = max(20, int(200000 / (batch * heads * n * m * depth / 1e3 + 50)))
             train = [best_us(lambda: step(f), calls)
                      for f in (attn_torch.scaled_dot_product_attention,
                                F.scaled_dot_product_attention)]
@@ -80,7 +84,8 @@ def main():
                          for f in (attn_torch.scaled_dot_product_attention,
                                    F.scaled_dot_product_attention)]
             kv = f"/{groups}" if gqa else ""
-            print(f"threads={threads} B={batch} H={heads}{kv} n={n} d={depth} {options.dtype}: "
+            keys = f" m={m}" if m != n else ""
+            print(f"threads={threads} B={batch} H={heads}{kv} n={n}{keys} d={depth} {options.dtype}: "
                   f"train attn {train[0]:.1f} torch {train[1]:.1f} us ({train[1] / train[0]:.2f}x) | "
                   f"inference attn {inference[0]:.1f} torch {inference[1]:.1f} us "
                   f"({inference[1] / inference[0]:.2f}x)", flush=True)
