@@ -217,14 +217,7 @@ void PreparedAttention::check_values(Family family) {
 RowRange PreparedAttention::keys_read() const {
   const int64_t queries = query_layout_.rows, keys = key_layout_.rows;
   if (!options_.causal && !options_.window) return {0, keys};
-  FlashAttentionOptions bounds;
-  bounds.causal = options_.causal;
-  bounds.alignment = options_.alignment;
-  bounds.diagonal_offset = options_.diagonal_offset;
-  if (options_.window) {
-    bounds.window_left = options_.window->left;
-    bounds.window_right = options_.window->right;
-  }
+  const FlashAttentionOptions bounds = diagonal_bounds();
   KeyRange seen{keys, 0};
   for (int64_t i = 0; i < queries; ++i) {
     const KeyRange row = visible_keys(ValidLengths(), bounds, 0, 0, i, queries, keys);
@@ -328,16 +321,21 @@ ScoreMask PreparedAttention::slice_mask(size_t s) const {
           mask_layout_.col_stride};
 }
 
-FlashAttentionOptions PreparedAttention::kernel_options(size_t s, bool mask_entries) const {
-  FlashAttentionOptions kernel;
-  kernel.scale = scale_;
-  kernel.causal = options_.causal;
-  kernel.alignment = options_.alignment;
-  kernel.diagonal_offset = options_.diagonal_offset;
+FlashAttentionOptions PreparedAttention::diagonal_bounds() const {
+  FlashAttentionOptions bounds;
+  bounds.causal = options_.causal;
+  bounds.alignment = options_.alignment;
+  bounds.diagonal_offset = options_.diagonal_offset;
   if (options_.window) {
-    kernel.window_left = options_.window->left;
-    kernel.window_right = options_.window->right;
+    bounds.window_left = options_.window->left;
+    bounds.window_right = options_.window->right;
   }
+  return bounds;
+}
+
+FlashAttentionOptions PreparedAttention::kernel_options(size_t s, bool mask_entries) const {
+  FlashAttentionOptions kernel = diagonal_bounds();
+  kernel.scale = scale_;
   kernel.softcap = options_.softcap.value_or(0.0F);
   kernel.alibi_slopes = options_.alibi_slopes.empty() ? nullptr : options_.alibi_slopes.data();
   kernel.sinks = options_.sinks.empty() ? nullptr : options_.sinks.data();

@@ -159,6 +159,8 @@ class PreparedAttention {
   void check_magnitudes(Family family, float query_max, float key_max, float value_max);
   void lay_out_mask();
   ScoreMask slice_mask(size_t s) const;
+  // The kernels' options with is_causal, its diagonal and the window alone set.
+  FlashAttentionOptions diagonal_bounds() const;
 
   const AttentionOptions& options_;
   AxisRoles roles_;
