@@ -217,16 +217,9 @@ void PreparedAttention::check_values(Family family) {
 RowRange PreparedAttention::keys_read() const {
   const int64_t queries = query_layout_.rows, keys = key_layout_.rows;
   if (!options_.causal && !options_.window) return {0, keys};
-  const FlashAttentionOptions bounds = diagonal_bounds();
-  KeyRange seen{keys, 0};
-  for (int64_t i = 0; i < queries; ++i) {
-    const KeyRange row = visible_keys(ValidLengths(), bounds, 0, 0, i, queries, keys);
-    if (row.begin == row.end) continue;
-    seen.begin = std::min(seen.begin, row.begin);
-    seen.end = std::max(seen.end, row.end);
-  }
-  // The backward pass reads whole key tiles around them.
-  const KeyRange read = keys_read_in_tiles(seen, keys);
+  // The backward pass reads whole key tiles around the keys seen.
+  const KeyRange read = keys_read_in_tiles(
+      keys_seen(ValidLengths(), diagonal_bounds(), 0, 0, 1, queries, keys), keys);
   return {read.begin, read.end};
 }
 

@@ -193,10 +193,10 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
              int64_t b, int64_t h, size_t first_row, size_t end_row, size_t padded,
              float* destination) {
   const hn::ScalableTag<float> d;
-  const size_t rows = end_row, cols = static_cast<size_t>(view.cols);
+  const auto cols = static_cast<size_t>(view.cols);
   constexpr size_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
-  for (size_t r = first_row; r < rows; ++r) {
-    if (r + kPrefetchRows < rows)
+  for (size_t r = first_row; r < end_row; ++r) {
+    if (r + kPrefetchRows < end_row)
       PrefetchMatrixRow(args.half, view, half, b, h, static_cast<int64_t>(r + kPrefetchRows));
     float* row = destination + r * padded;
     if (args.half) {
@@ -590,17 +590,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
 // accumulates into. The chunk's other rows get zero gradients: is_causal's top-left diagonal
 // with L < S, a window, or short valid lengths leave most keys unread.
 KeyRange TaskKeyRows(const BackwardArgs& args, int64_t b, int64_t kv_head, const KeyChunk& chunk) {
-  const int64_t m = args.k.rows, n = args.q.rows, group = args.q.heads / args.k.heads;
-  KeyRange seen{m, 0};
-  for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-    for (int64_t i = 0; i < n; ++i) {
-      const KeyRange row = visible_keys(*args.valid_lens, args.options, b, h, i, n, m);
-      if (row.begin == row.end) continue;
-      seen.begin = std::min(seen.begin, row.begin);
-      seen.end = std::max(seen.end, row.end);
-    }
-  }
-  const KeyRange tiles = keys_read_in_tiles(seen, m);
+  const int64_t m = args.k.rows, group = args.q.heads / args.k.heads;
+  const KeyRange tiles =
+      keys_read_in_tiles(keys_seen(*args.valid_lens, args.options, b, kv_head * group,
+                                   (kv_head + 1) * group, args.q.rows, m),
+                         m);
   constexpr size_t kTile = flash_backward_detail::kKeyTile;
   const auto chunk_begin = static_cast<int64_t>(chunk.first_tile * kTile);
   const int64_t chunk_end = std::min(m, static_cast<int64_t>(chunk.last_tile * kTile));

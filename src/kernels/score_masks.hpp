@@ -50,6 +50,24 @@ inline KeyRange visible_keys(const ValidLengths& valid_lens, const FlashAttentio
   return {begin, end};
 }
 
+// The union of visible_keys over queries [0, queries) of query heads [first_head, end_head) of
+// batch element `batch`: from the first key any of them sees to one past the last; {keys, 0}
+// (empty) when none sees any.
+inline KeyRange keys_seen(const ValidLengths& valid_lens, const FlashAttentionOptions& options,
+                          int64_t batch, int64_t first_head, int64_t end_head, int64_t queries,
+                          int64_t keys) {
+  KeyRange seen{keys, 0};
+  for (int64_t head = first_head; head < end_head; ++head) {
+    for (int64_t query = 0; query < queries; ++query) {
+      const KeyRange row = visible_keys(valid_lens, options, batch, head, query, queries, keys);
+      if (row.begin == row.end) continue;
+      seen.begin = std::min(seen.begin, row.begin);
+      seen.end = std::max(seen.end, row.end);
+    }
+  }
+  return seen;
+}
+
 // Every key row a fused kernel reads for queries whose ranges together span `seen`: whole tiles
 // of kBackwardKeyTile keys, the last cut at `keys`; nothing when `seen` is empty.
 inline KeyRange keys_read_in_tiles(KeyRange seen, int64_t keys) {
