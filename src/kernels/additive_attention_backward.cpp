@@ -61,6 +61,7 @@ constexpr size_t kKeyTile = 64;      // Bc: the Bc × Br tiles of P, dP, dS stay
 
 #include "kernels/additive_scores-inl.h"
 #include "kernels/backward_tiles-inl.h"
+#include "kernels/dropout-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
@@ -240,8 +241,8 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       if (ranges.end <= key_begin || ranges.begin >= key_begin + static_cast<int64_t>(bc))
         continue;  // no query here sees these keys
       const size_t first = tile * br, rows = std::min(br, n - first);
-      const MaskCoverage coverage = mask_coverage(args.options.mask, b, h,
-                                                  static_cast<int64_t>(first), rows, key_begin, bc);
+      const MaskCoverage coverage =
+          mask_coverage(args.options.mask, b, h, static_cast<int64_t>(first), rows, key_begin, bc);
       if (coverage == MaskCoverage::kNone) continue;
       // Keys past every query of this tile contribute nothing: skip their tanh work.
       const size_t active = std::min(bc, static_cast<size_t>(ranges.end - key_begin));

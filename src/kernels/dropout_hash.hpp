@@ -1,7 +1,7 @@
 // The counter-based generator behind the fused kernels' dropout: a keep/drop decision for every
 // (seed, batch·head, query, key) computed from those numbers alone, so the backward pass
 // regenerates the forward pass's mask instead of storing it. Scalar form here; the SIMD kernels
-// compute the same integers lane-wise (tile_gemm-inl.h's DropoutBits).
+// compute the same integers lane-wise (dropout-inl.h's DropoutBits).
 #pragma once
 
 #include <cstdint>

@@ -81,6 +81,7 @@ constexpr size_t kKeyTileBF16 = 128;
 
 #include "kernels/additive_scores-inl.h"
 #include "kernels/amx_tiles-inl.h"
+#include "kernels/dropout-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/half_rows-inl.h"
 #include "kernels/score_modifiers-inl.h"

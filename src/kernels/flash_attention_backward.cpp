@@ -65,6 +65,7 @@ constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block s
 
 #include "kernels/amx_tiles-inl.h"
 #include "kernels/backward_tiles-inl.h"
+#include "kernels/dropout-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/half_rows-inl.h"
 #include "kernels/score_modifiers-inl.h"
