@@ -29,6 +29,7 @@
 #include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
+#include "kernels/spread_prefetch.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_SHARED
 #define ATTN_FLASH_ATTENTION_SHARED
@@ -518,7 +519,7 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
 // each tile meets the same key tiles in the same order as alone, so the block changes no bit of
 // the result. Other tiles (sliding windows) run one after another.
 void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
-                       size_t count, bool rows_in_place, Scratch& s) {
+                       size_t count, bool rows_in_place, SpreadPrefetch& prefetch, Scratch& s) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
@@ -537,6 +538,13 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
     same_begin = same_begin && tiles[t].ranges.begin == tiles[0].ranges.begin;
     keys_end = std::max(keys_end, tiles[t].ranges.end);
   }
+  // The lines `prefetch` holds, requested evenly over the key tiles' steps below.
+  int64_t steps = 0;
+  for (size_t t = 0; t < count; ++t) {
+    steps += (std::max<int64_t>(tiles[t].ranges.end - tiles[t].ranges.begin, 0) + key_step - 1) /
+             key_step;
+  }
+  const int64_t lines_per_step = prefetch.lines_per_step(steps);
   // Tiles [first, last), whose keys start at tiles[first]'s first key, up to `end`.
   const auto run_tiles = [&](size_t first, size_t last, int64_t end) {
     const int64_t begin = tiles[first].ranges.begin;
@@ -547,6 +555,7 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
         if (key0 >= tiles[t].ranges.end) continue;  // past this tile's last key
         s.UseSlot(t);
         ForwardKeyTile(d, args, tiles[t], key0, rows, dv_padded, dropout_applier, s);
+        prefetch.request(lines_per_step);
       }
     }
   };
@@ -774,7 +783,8 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
 // elsewhere starts that many keys earlier, which no row sees and the modifiers mask.
 template <class Tiles>
 ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
-                                          int64_t first_query, Scratch& s, Tiles& tiles) {
+                                          int64_t first_query, SpreadPrefetch& prefetch, Scratch& s,
+                                          Tiles& tiles) {
   constexpr bool kOnTiles = !std::is_same_v<Tiles, VectorProducts>;
   const hn::ScalableTag<float> d;
   constexpr size_t kLanes = 16;
@@ -806,8 +816,11 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
       PackKeyValuePairs(args, b, kv_head, begin, tile.ranges.end, dv_padded, s);
     }
   }
-  for (int64_t key0 = begin; key0 < tile.ranges.end;
-       key0 += static_cast<int64_t>(flash_detail::kKeyTileBF16)) {
+  const auto key_step = static_cast<int64_t>(flash_detail::kKeyTileBF16);
+  const int64_t steps = std::max<int64_t>((tile.ranges.end - begin + key_step - 1) / key_step, 1);
+  const int64_t lines_per_step = prefetch.lines_per_step(steps);
+  for (int64_t key0 = begin; key0 < tile.ranges.end; key0 += key_step) {
+    prefetch.request(lines_per_step);
     const size_t bc = static_cast<size_t>(std::min<int64_t>(
         static_cast<int64_t>(flash_detail::kKeyTileBF16), tile.ranges.end - key0));
     const MaskCoverage coverage =
@@ -868,17 +881,18 @@ TileProducts ChooseTileProducts(const ForwardArgs& args) {
 }
 
 ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
-                                          int64_t first_query, Scratch& s, TileProducts products) {
+                                          int64_t first_query, SpreadPrefetch& prefetch, Scratch& s,
+                                          TileProducts products) {
   if (products == TileProducts::kAmx) {
     amx::AmxHardwareTiles tiles;
-    return FlashForwardTileBF16(args, b, h, first_query, s, tiles);
+    return FlashForwardTileBF16(args, b, h, first_query, prefetch, s, tiles);
   }
   if (products == TileProducts::kAmxModel) {
     amx::AmxTileModel tiles;
-    return FlashForwardTileBF16(args, b, h, first_query, s, tiles);
+    return FlashForwardTileBF16(args, b, h, first_query, prefetch, s, tiles);
   }
   VectorProducts vector;
-  FlashForwardTileBF16(args, b, h, first_query, s, vector);
+  FlashForwardTileBF16(args, b, h, first_query, prefetch, s, vector);
 }
 #else
 constexpr bool kBFloat16Path = false;
@@ -936,6 +950,32 @@ void FlashForward(const ForwardArgs& args) {
   // values then already cover each next, shorter, range of the head. Windows keep the ascending
   // order, whose ranges move forward and extend the packed rows instead of restarting them.
   const bool heaviest_first = args.options.causal && args.options.window_left < 0;
+  // Task → its query head and first query tile.
+  struct TaskTiles {
+    int64_t b, h, first_query, rows;
+  };
+  const auto task_tiles = [&](int64_t task) {
+    const int64_t head_index = task / tasks_per_head;
+    const int64_t block =
+        heaviest_first ? tasks_per_head - 1 - task % tasks_per_head : task % tasks_per_head;
+    const int64_t first_query = block * query_block * static_cast<int64_t>(br);
+    return TaskTiles{head_index / args.q.heads, head_index % args.q.heads, first_query,
+                     std::min(query_block * static_cast<int64_t>(br), args.q.rows - first_query)};
+  };
+  // A thread's next task is about `team` tasks on (tasks are handed out in order): its query rows
+  // are requested from memory while this task runs, and this task's output rows for writing.
+  const int64_t team = std::max(1, std::min(threads, omp_get_max_threads()));
+  const auto add_rows = [&](SpreadPrefetch& prefetch, const TaskTiles& t, bool output) {
+    if (args.half) {
+      const auto& view = output ? BasicHeadsView<const uint16_t>(args.out16) : args.q16;
+      prefetch.add(view.matrix(t.b, t.h) + t.first_query * view.row_stride, t.rows, view.cols * 2,
+                   view.row_stride * 2, output);
+    } else {
+      const auto& view = output ? ConstHeadsView(args.out) : args.q;
+      prefetch.add(view.matrix(t.b, t.h) + t.first_query * view.row_stride, t.rows, view.cols * 4,
+                   view.row_stride * 4, output);
+    }
+  };
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
@@ -943,18 +983,20 @@ void FlashForward(const ForwardArgs& args) {
                        static_cast<size_t>(args.k.rows), lanes, bf16_pairs, amx_tiles);
       },
       [&](int64_t task, Scratch& scratch, int) {
-        const int64_t head_index = task / tasks_per_head;
-        const int64_t b = head_index / args.q.heads, h = head_index % args.q.heads;
-        const int64_t block =
-            heaviest_first ? tasks_per_head - 1 - task % tasks_per_head : task % tasks_per_head;
-        const int64_t first_tile = block * query_block;
-        const int64_t first_query = first_tile * static_cast<int64_t>(br);
+        const TaskTiles tiles = task_tiles(task);
+        SpreadPrefetch prefetch;
+        if (task + team < tasks) add_rows(prefetch, task_tiles(task + team), false);
+        add_rows(prefetch, tiles, true);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        if (bf16_pairs) return FlashForwardTileBF16(args, b, h, first_query, scratch, products);
+        if (bf16_pairs) {
+          return FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, prefetch, scratch,
+                                      products);
+        }
 #endif
-        FlashForwardTiles(args, b, h, first_query,
-                          static_cast<size_t>(std::min(query_block, tiles_per_head - first_tile)),
-                          rows_in_place, scratch);
+        FlashForwardTiles(args, tiles.b, tiles.h, tiles.first_query,
+                          static_cast<size_t>((tiles.rows + static_cast<int64_t>(br) - 1) /
+                                              static_cast<int64_t>(br)),
+                          rows_in_place, prefetch, scratch);
       },
       threads);
 }

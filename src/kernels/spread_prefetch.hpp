@@ -1,0 +1,74 @@
+// SpreadPrefetch: the lines of rows a kernel will need (or write) later, requested a few at a time
+// over the work that runs before then, so that they wait in L2 instead of stalling their first use.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace attn {
+
+// Requests the lines of some rows a few at a time, spread over work that runs meanwhile (the
+// forward pass: the next query tile's rows while this one's key tiles run, so that they come from
+// L2 rather than memory when the tile starts, and (for writing) the output rows the tile stores at
+// its end). Requested all at once they would fill the core's miss queues and stall the products
+// beside them.
+class SpreadPrefetch {
+ public:
+  SpreadPrefetch() = default;
+  // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`; `write`: the lines
+  // will be written (prefetchw), else read.
+  void add(const void* first, std::int64_t rows, std::int64_t row_bytes, std::int64_t stride,
+           bool write) {
+    if (count_ == kMaxRanges || first == nullptr || rows <= 0 || row_bytes <= 0) return;
+    ranges_[count_++] = {static_cast<const char*>(first), rows, (row_bytes + 63) / 64, stride,
+                         write};
+    lines_left_ += rows * ((row_bytes + 63) / 64);
+  }
+  std::int64_t lines_left() const { return lines_left_; }
+  // The line the next request starts at (null when none is left).
+  const void* next_line() const {
+    if (current_ == count_) return nullptr;
+    const Range& range = ranges_[current_];
+    return range.first + row_ * range.stride + line_ * 64;
+  }
+  // Lines to request per step of `steps` to request them all, at most kMaxLinesPerStep: a short
+  // task (n = 128: two key tiles) requesting its next task's 512 lines in two bursts ran 5% slower
+  // (Zen 5), its rows being in L2 already.
+  std::int64_t lines_per_step(std::int64_t steps) const {
+    return std::min(kMaxLinesPerStep, (lines_left_ + steps - 1) / std::max<std::int64_t>(steps, 1));
+  }
+  // Requests the next `lines` lines (fewer when fewer are left).
+  void request(std::int64_t lines) {
+    for (; lines > 0 && current_ < count_; --lines) {
+      const Range& range = ranges_[current_];
+      const char* line = range.first + row_ * range.stride + line_ * 64;
+      if (range.write) {
+        __builtin_prefetch(line, 1, 2);
+      } else {
+        __builtin_prefetch(line, 0, 2);
+      }
+      --lines_left_;
+      if (++line_ == range.lines_per_row) {
+        line_ = 0;
+        if (++row_ == range.rows) {
+          row_ = 0;
+          ++current_;
+        }
+      }
+    }
+  }
+
+ private:
+  struct Range {
+    const char* first;
+    std::int64_t rows, lines_per_row, stride;
+    bool write;
+  };
+  static constexpr int kMaxRanges = 4;
+  static constexpr std::int64_t kMaxLinesPerStep = 32;
+  Range ranges_[kMaxRanges] = {};
+  int count_ = 0, current_ = 0;
+  std::int64_t row_ = 0, line_ = 0, lines_left_ = 0;
+};
+
+}  // namespace attn
