@@ -668,12 +668,8 @@ TEST_P(FunctionalSdpa, PrefillShapesWithIntervalMasksMatchTheReference) {
   }
 }
 
-// Decoding shapes skip the prefill path's scan of the keys and values (decode_route.hpp): a NaN
-// or ±∞ anywhere in them must still be named, as the scan names it. A key entry of −∞ under a
-// positive query entry gives a score of −∞ — a weight of 0, an output that looks fine — which the
-// kernel's check of its scores sees; soft-capping would turn ±∞ scores into ±softcap.
-TEST_P(FunctionalSdpa, DecodingShapesNameNonFiniteKeysAndValues) {
-  const SdpaShape shape{2, 8, 2, 1, 300, 64, 40};
+// DecodingShapesNameNonFiniteKeysAndValues for one shape.
+void NamesNonFiniteKeysAndValues(const SdpaShape& shape) {
   const float bad_values[] = {NAN, std::numeric_limits<float>::infinity(),
                               -std::numeric_limits<float>::infinity()};
   const char* bad_names[] = {"NaN", "inf", "-inf"};
@@ -705,6 +701,23 @@ TEST_P(FunctionalSdpa, DecodingShapesNameNonFiniteKeysAndValues) {
         }
       }
     }
+  }
+}
+
+// Decoding shapes skip the prefill path's scan of the keys and values (decode_route.hpp): a NaN
+// or ±∞ anywhere in them must still be named, as the scan names it. A key entry of −∞ under a
+// positive query entry gives a score of −∞ — a weight of 0, an output that looks fine — which the
+// kernel's check of its scores sees; soft-capping would turn ±∞ scores into ±softcap.
+// Groups of 4 query heads (the score tile's rows fill whole 4-row steps), 1 (multi-head
+// attention's one row, padded to 4) and 6 (8 rows scored in AVX-512's 16 lanes, so the kernel's
+// probe of the scores skips lanes).
+TEST_P(FunctionalSdpa, DecodingShapesNameNonFiniteKeysAndValues) {
+  for (const SdpaShape& shape :
+       {SdpaShape{2, 8, 2, 1, 300, 64, 40}, SdpaShape{2, 2, 2, 1, 300, 64, 40},
+        SdpaShape{1, 6, 1, 1, 300, 64, 40}}) {
+    SCOPED_TRACE("query heads " + std::to_string(shape.q_heads) + ", key/value heads " +
+                 std::to_string(shape.kv_heads));
+    NamesNonFiniteKeysAndValues(shape);
   }
 }
 
