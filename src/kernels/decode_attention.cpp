@@ -96,6 +96,7 @@ struct DecodeScratch {
   ScratchMemory memory;
   float* q_rows;          // R × d: the rows' queries, scaled
   float* scores;          // Bc × R: Sᵀ, then Pᵀ
+  float* probabilities;   // Bc: one row's P, dense (DecodeSoftmaxStepOneRow)
   float* output;          // rows × dv_padded
   float* row_max;         // R
   float* row_sum;         // R
@@ -109,6 +110,7 @@ struct DecodeScratch {
     memory = carve_scratch(lanes, [&](const auto& take) {
       q_rows = take(depth * max_rows);
       scores = take(kKeyTile * max_rows);
+      probabilities = take(kKeyTile);
       output = take(max_rows * dv_padded);
       row_max = take(max_rows);
       row_sum = take(max_rows);
@@ -826,7 +828,8 @@ HWY_INLINE void ValueColumns(D d, size_t bc, const char* value_rows, size_t valu
 }
 
 // O[r] = O[r] · rescale[r] + Σ_j P[j, r] · v_j over the tile's bc value rows (P: Pᵀ, rows
-// row_lanes apart, a multiple of 4; int8 rows' scales folded into P first), for the rows rounded
+// row_lanes apart, a multiple of 4 — or 1 for one row's dense P, whose value rows are then whole
+// vectors; int8 rows' scales folded into P first), for the rows rounded
 // up to 4 (the padding rows, zero queries, are computed and discarded; one row alone has its own
 // loops, AccumulateOneRow, for its whole vectors of columns). A last partial vector of
 // columns goes through a small buffer, so no row is read past its end.
@@ -843,8 +846,10 @@ HWY_INLINE void AccumulateValues(D d, size_t bc, const CacheRows& values, float*
   const size_t lanes = hn::Lanes(d), full_vectors = dv / lanes;
   const size_t padded_rows = hwy::RoundUpTo(rows, 4);
   if constexpr (kType == CacheDType::kInt8) {
+    // The rows read below: one row's dense P (row_lanes 1) has no padding rows beside it.
+    const size_t scaled_rows = row_lanes == 1 ? 1 : padded_rows;
     for (size_t j = 0; j < bc; ++j)
-      for (size_t r = 0; r < padded_rows; ++r) p[j * row_lanes + r] *= scales[j];
+      for (size_t r = 0; r < scaled_rows; ++r) p[j * row_lanes + r] *= scales[j];
   }
   for (size_t r0 = 0; r0 < padded_rows; r0 += 4) {
     // The first pass over the tile's value rows requests the later tile's; the others find the
@@ -1019,6 +1024,47 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> ProbeScores(D, const float* HWY_REST
 }
 #endif
 
+#if HWY_TARGET != HWY_SCALAR
+// DecodeSoftmaxStepFourRows for one row (multi-head attention's one new token) in the four-row
+// layout's lanes r = 0: its scores gathered from every fourth float of Sᵀ into s.probabilities
+// (two ConcatEven steps per four vectors), so that the exponentials run over full vectors of keys
+// rather than over three padding rows besides (a fifth of a one-row decode step at d = 32, Zen 5).
+// The padding rows' state is left as it was: their output is never read.
+template <class D>
+void DecodeSoftmaxStepOneRow(D d, size_t bc, DecodeScratch& s) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  const size_t padded = hwy::RoundUpTo(bc, lanes);
+  const float minus_infinity = -std::numeric_limits<float>::infinity();
+  // Keys past the tile's take part as −∞: no effect on the max, exp 0 in the sum.
+  std::fill(s.scores + 4 * bc, s.scores + 4 * padded, minus_infinity);
+  V tile_max = hn::Set(d, minus_infinity);
+  for (size_t j = 0; j < padded; j += lanes) {
+    const float* block = s.scores + 4 * j;  // keys j … j + lanes − 1, four rows each
+    const V low = hn::ConcatEven(d, hn::Load(d, block + lanes), hn::Load(d, block));
+    const V high =
+        hn::ConcatEven(d, hn::Load(d, block + 3 * lanes), hn::Load(d, block + 2 * lanes));
+    const V row = hn::ConcatEven(d, high, low);
+    hn::Store(row, d, s.probabilities + j);
+    tile_max = hn::Max(tile_max, row);
+  }
+  const float old_max = s.row_max[0];
+  const float row_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(d, tile_max)));
+  // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
+  const float shift = row_max == minus_infinity ? 0.0F : row_max;
+  const float rescale = hn::GetLane(SoftmaxExp(d, hn::Set(d, old_max - shift)));
+  V sum = hn::Zero(d);
+  for (size_t j = 0; j < padded; j += lanes) {
+    const V p = SoftmaxExp(d, hn::Sub(hn::Load(d, s.probabilities + j), hn::Set(d, shift)));
+    hn::Store(p, d, s.probabilities + j);
+    sum = hn::Add(sum, p);
+  }
+  s.row_max[0] = row_max;
+  s.row_rescale[0] = rescale;
+  s.row_sum[0] = s.row_sum[0] * rescale + hn::GetLane(hn::SumOfLanes(d, sum));
+}
+#endif
+
 // The mask's entries for a tile's Sᵀ (bc keys from key0 × row_lanes rows; row r < rows is query
 // r % n of head first_head + r / n of sequence b), added as AddedScore says (a bool entry 0 hides
 // the key). An entry at a time: a decoding tile has few rows, and the key and value rows it reads
@@ -1122,6 +1168,9 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       static_cast<size_t>(std::max<int64_t>(split_end - split_begin, 0)) * depth * sizeof(float) <=
           l2_cache_bytes();
 
+  // One row whose value rows are whole vectors (AccumulateValues reads its P with any stride
+  // there, and a column tail would read four rows): its softmax on dense keys.
+  [[maybe_unused]] const bool dense_one_row = rows == 1 && row_lanes == 4 && dv % full_lanes == 0;
   FlashAttentionOptions modifiers;  // soft-capping and the key ranges only
   modifiers.softcap = options.softcap;
   const QueryTile tile{b,       g,      0,
@@ -1193,8 +1242,15 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
         }
       }
     }
+    // P in place of Sᵀ, or one row's dense in s.probabilities.
+    float* probabilities = s.scores;
+    size_t probability_stride = row_lanes;
 #if HWY_TARGET != HWY_SCALAR
-    if (row_lanes == 4) {
+    if (dense_one_row) {
+      DecodeSoftmaxStepOneRow(df, bc, s);
+      probabilities = s.probabilities;
+      probability_stride = 1;
+    } else if (row_lanes == 4) {
       DecodeSoftmaxStepFourRows(df, bc, s);
     } else {
       DecodeSoftmaxStep(d, bc, row_lanes, s);
@@ -1205,8 +1261,9 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     // O = O · rescale + P V, V read in its cache dtype.
     const CacheRows value_rows = decode_detail::rows_of(args.values, b, kv_head, key0);
     WithCacheType(args.values.dtype, [&](auto type) {
-      AccumulateValues<decltype(type)::value>(df, bc, value_rows, s.scores, row_lanes, rows, dv,
-                                              s.output, dv_padded, s.row_rescale, prefetch);
+      AccumulateValues<decltype(type)::value>(df, bc, value_rows, probabilities, probability_stride,
+                                              rows, dv, s.output, dv_padded, s.row_rescale,
+                                              prefetch);
     });
   }
 

@@ -195,9 +195,11 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       // 128, whole value rows; odd sizes (a last partial vector, an odd count of whole ones) with
       // a window, soft-capping, sinks and ALiBi; value rows of more than 8 vectors on every
       // target; many splits, keys not a multiple of the 2 or 4 per step; fp32 keys past the L2
-      // (5 MB) take the four-row score steps
+      // (5 MB) take the four-row score steps; value rows of whole vectors on every target (d =
+      // 32, 128) take the one row's dense softmax, with a window, soft-capping, sinks and ALiBi
       {2, 4, 4, 1, 300, 128, 128, true, -1, -1, 0.0F, false},
       {3, 3, 3, 1, 90, 20, 36, true, 30, 0, 2.0F, true, true},
+      {3, 3, 3, 1, 90, 32, 32, true, 30, 0, 2.0F, true, true},
       {2, 2, 2, 1, 77, 48, 200, false, -1, -1, 0.0F, false},
       {1, 2, 2, 1, 3001, 64, 64, true, -1, -1, 0.0F, true},
       {1, 1, 1, 1, 20000, 64, 64, true, -1, -1, 0.0F, false},
