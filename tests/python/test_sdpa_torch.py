@@ -617,9 +617,10 @@ def test_eager_autograd_skips_the_operators_and_matches_them(monkeypatch):
 def test_plain_inference_calls_with_a_mask_take_attns_function_and_match_the_operator(
     monkeypatch,
 ):
-    # transformers' padding and static-cache masks (bool) and causal float masks reach attn's
-    # own function directly in inference, with the operator's result bit for bit; a float mask
-    # of another dtype, or one that requires grad, takes the general path.
+    # transformers' padding and static-cache masks (bool) and causal float masks (float32, or
+    # the model's float16 or bfloat16) reach attn's own function directly in inference, with the
+    # operator's result bit for bit; a float64 mask, or one that requires grad, takes the
+    # general path.
     q, k, v = torch.randn(N, HQ, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV)
     padding = torch.ones(N, 1, 1, S, dtype=torch.bool)
     padding[1, ..., :2] = False
@@ -628,7 +629,8 @@ def test_plain_inference_calls_with_a_mask_take_attns_function_and_match_the_ope
     function, direct = attn_torch._sdpa_function, []
     monkeypatch.setattr(attn_torch, "_sdpa_function",
                         lambda *a: direct.append(1) or function(*a))
-    for mask, taken in ((padding, True), (causal, True), (causal.double(), False),
+    for mask, taken in ((padding, True), (causal, True), (causal.bfloat16(), True),
+                        (causal.half(), True), (causal.double(), False),
                         (causal.clone().requires_grad_(), False)):
         direct.clear()
         with torch.no_grad():
@@ -642,11 +644,11 @@ def test_plain_inference_calls_with_a_mask_take_attns_function_and_match_the_ope
 
 def test_plain_training_calls_take_the_lean_function_and_match_the_operators(monkeypatch):
     # The plain call under autograd (query, key and value of one dtype attn computes as it is;
-    # only a bool or float32 mask that needs no gradient, is_causal, scale and enable_gqa) runs
-    # _PlainSdpa, whose output and gradients are the operators', bit for bit, for float32,
+    # only a bool, float32 or half mask that needs no gradient, is_causal, scale and enable_gqa)
+    # runs _PlainSdpa, whose output and gradients are the operators', bit for bit, for float32,
     # bfloat16 and float16, causal, a scale, masks (padding as bools, a causal pattern with a bias
-    # as floats) and grouped heads, on inputs transposed as transformers passes them too; a
-    # second-order gradient is refused, not silently wrong.
+    # as float32 and in the inputs' dtype) and grouped heads, on inputs transposed as
+    # transformers passes them too; a second-order gradient is refused, not silently wrong.
     padding = torch.ones(N, 1, 1, S, dtype=torch.bool)
     padding[0, ..., S - 3:] = False
     biased = torch.randn(N, HQ, L, S).masked_fill(
@@ -674,7 +676,8 @@ def test_plain_training_calls_take_the_lean_function_and_match_the_operators(mon
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for options in ({}, {"is_causal": True}, {"scale": 0.3, "is_causal": True},
-                        {"attn_mask": padding}, {"attn_mask": biased, "scale": 0.3}):
+                        {"attn_mask": padding}, {"attn_mask": biased, "scale": 0.3},
+                        {"attn_mask": biased.to(dtype)}):
             for transposed in (False, True):
                 applied.clear()
                 output, gradients = run(dtype, options, transposed, through_operator=False)

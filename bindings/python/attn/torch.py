@@ -522,10 +522,11 @@ class _EagerSdpa(torch.autograd.Function):
 
 class _PlainSdpa(torch.autograd.Function):
     """_EagerSdpa for the plain call (query, key and value of one dtype attn computes as it is;
-    a bool or float32 attn_mask that needs no gradient, is_causal, scale and enable_gqa the only
-    options): the same operator bodies' extension calls with those options alone, saving six
-    tensors and returning the output only. _EagerSdpa's general argument handling cost ~13 µs of
-    a 59 µs training step at (1, 8, 8, 64) on one Zen 5 core, where PyTorch's whole step took 47."""
+    a bool or float32 attn_mask (a half one converted) that needs no gradient, is_causal, scale
+    and enable_gqa the only options): the same operator bodies' extension calls with those options
+    alone, saving six tensors and returning the output only. _EagerSdpa's general argument
+    handling cost ~13 µs of a 59 µs training step at (1, 8, 8, 64) on one Zen 5 core, where
+    PyTorch's whole step took 47."""
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
@@ -566,8 +567,10 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # The dtypes attn's functions compute as they are and return unchanged (others go to float32).
 _DIRECT_DTYPES = (torch.float32, *_HALF_DTYPES)
 _DIRECT_DTYPE_SET = frozenset(_DIRECT_DTYPES)
-# Masks the plain call hands on as they are (the general path converts other float dtypes).
-_PLAIN_MASK_DTYPES = frozenset((torch.bool, torch.float32))
+# Masks the plain call takes: bool and float32 as they are, float16 and bfloat16 (transformers
+# builds its causal and padding masks in the model's dtype) converted to float32 exactly, as the
+# general path converts every float mask.
+_PLAIN_MASK_DTYPES = frozenset((torch.bool, torch.float32, *_HALF_DTYPES))
 # Looked up once: the plain call's test and call read them on every call.
 _Tensor = torch.Tensor
 _sdpa_function = _extension.scaled_dot_product_attention
@@ -703,12 +706,12 @@ def scaled_dot_product_attention(
     ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
     that requires grad is refused while autograd records."""
     # The plain call (no dropout or attn's extra arguments; plain tensors of one dtype that attn
-    # computes as it is; no mask, or a bool or float32 one that needs no gradient, as
+    # computes as it is; no mask, or a bool, float32 or half one that needs no gradient, as
     # transformers passes for padding and static caches), eager: in inference attn's own function
     # on the tensors, without the argument handling below — 14 → 10 µs a decode-sized call, 7.8 →
-    # 4.4 with a mask; under autograd _PlainSdpa. The test is ordered and written for its cost
-    # (0.45 → 0.23 µs): the types first (a KVCache key fails there), dtypes compared by identity
-    # (torch's dtypes are singletons).
+    # 4.4 with a mask, 9.5 → 6.5 with a bfloat16 one; under autograd _PlainSdpa. The test is
+    # ordered and written for its cost (0.45 → 0.23 µs): the types first (a KVCache key fails
+    # there), dtypes compared by identity (torch's dtypes are singletons).
     if (
         type(query) is _Tensor
         and type(key) is _Tensor
@@ -734,6 +737,8 @@ def scaled_dot_product_attention(
     ):
         eager = _eager_plain(query, key, value)
         if eager is not None:
+            if attn_mask is not None and attn_mask.dtype in _HALF_DTYPES:
+                attn_mask = attn_mask.float()
             options = (bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
             if eager == "inference":
                 return _sdpa_function(query, key, value, attn_mask, 0.0, *options)
