@@ -16,7 +16,9 @@ class SpreadPrefetch {
  public:
   SpreadPrefetch() = default;
   // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`; `write`: the lines
-  // will be written (prefetchw), else read.
+  // will be written (prefetchw), else read. Each row's lines are counted from its first byte (a
+  // row that starts inside a line leaves its last, partial line to the hardware). At most
+  // kMaxRanges ranges; more are ignored.
   void add(const void* first, std::int64_t rows, std::int64_t row_bytes, std::int64_t stride,
            bool write) {
     if (count_ == kMaxRanges || first == nullptr || rows <= 0 || row_bytes <= 0) return;
