@@ -966,14 +966,11 @@ void FlashForward(const ForwardArgs& args) {
   // are requested from memory while this task runs, and this task's output rows for writing.
   const int64_t team = std::max(1, std::min(threads, omp_get_max_threads()));
   const auto add_rows = [&](SpreadPrefetch& prefetch, const TaskTiles& t, bool output) {
-    if (args.half) {
-      const auto& view = output ? BasicHeadsView<const uint16_t>(args.out16) : args.q16;
-      prefetch.add(view.matrix(t.b, t.h) + t.first_query * view.row_stride, t.rows, view.cols * 2,
-                   view.row_stride * 2, output);
+    if (output) {
+      AddMatrixRows(prefetch, args.half, args.out, args.out16, t.b, t.h, t.first_query, t.rows,
+                    true);
     } else {
-      const auto& view = output ? ConstHeadsView(args.out) : args.q;
-      prefetch.add(view.matrix(t.b, t.h) + t.first_query * view.row_stride, t.rows, view.cols * 4,
-                   view.row_stride * 4, output);
+      AddMatrixRows(prefetch, args.half, args.q, args.q16, t.b, t.h, t.first_query, t.rows, false);
     }
   };
   run_parallel_tasks(

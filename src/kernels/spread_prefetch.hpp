@@ -14,6 +14,9 @@ namespace attn {
 // beside them.
 class SpreadPrefetch {
  public:
+  static constexpr int kMaxRanges = 4;
+  static constexpr std::int64_t kMaxLinesPerStep = 32;
+
   SpreadPrefetch() = default;
   // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`; `write`: the lines
   // will be written (prefetchw), else read. Each row's lines are counted from its first byte (a
@@ -66,11 +69,25 @@ class SpreadPrefetch {
     std::int64_t rows, lines_per_row, stride;
     bool write;
   };
-  static constexpr int kMaxRanges = 4;
-  static constexpr std::int64_t kMaxLinesPerStep = 32;
   Range ranges_[kMaxRanges] = {};
   int count_ = 0, current_ = 0;
   std::int64_t row_ = 0, line_ = 0, lines_left_ = 0;
 };
+
+// Rows [first_row, first_row + rows) of matrix (b, h) of `view`, or of `half_view` on a pass over
+// half-precision data (`half`), added to `prefetch` (the heads views of
+// attn/kernels/heads_view.hpp).
+template <class View, class HalfView>
+void AddMatrixRows(SpreadPrefetch& prefetch, bool half, const View& view, const HalfView& half_view,
+                   std::int64_t b, std::int64_t h, std::int64_t first_row, std::int64_t rows,
+                   bool write) {
+  if (half) {
+    prefetch.add(half_view.matrix(b, h) + first_row * half_view.row_stride, rows,
+                 half_view.cols * 2, half_view.row_stride * 2, write);
+  } else {
+    prefetch.add(view.matrix(b, h) + first_row * view.row_stride, rows, view.cols * 4,
+                 view.row_stride * 4, write);
+  }
+}
 
 }  // namespace attn

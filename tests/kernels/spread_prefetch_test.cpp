@@ -60,11 +60,12 @@ TEST(SpreadPrefetch, SpreadsItsLinesOverTheStepsUpToACap) {
   EXPECT_EQ(prefetch.lines_per_step(0), 32);       // no steps: as one, capped
 }
 
-TEST(SpreadPrefetch, HoldsAtMostFourRanges) {
+TEST(SpreadPrefetch, HoldsAtMostItsRanges) {
   std::vector<char> rows(1024);
   SpreadPrefetch prefetch;
-  for (int range = 0; range < 6; ++range) prefetch.add(rows.data(), 1, 64, 64, false);
-  EXPECT_EQ(prefetch.lines_left(), 4);
+  for (int range = 0; range < SpreadPrefetch::kMaxRanges + 2; ++range)
+    prefetch.add(rows.data(), 1, 64, 64, false);
+  EXPECT_EQ(prefetch.lines_left(), SpreadPrefetch::kMaxRanges);
 }
 
 }  // namespace
