@@ -338,6 +338,70 @@ HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t b
 }
 #endif
 
+// Rows of key or query bands that the reductions of a key tile crossed by key ranges take at a
+// time: four of the register tile's rows (the forward's kVisibleBand).
+inline constexpr size_t kVisibleBand = 4 * kMaxRows;
+
+// The lanes [low, high) of a query tile's `rows` queries (first, last: their key ranges) between
+// the first and the last that sees a key of [begin, end); low ≥ high when none does.
+HWY_INLINE void LanesSeeing(const int32_t* first, const int32_t* last, size_t rows, int64_t begin,
+                            int64_t end, size_t& low, size_t& high) {
+  low = rows;
+  high = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    if (first[r] < end && last[r] > begin) {
+      low = std::min(low, r);
+      high = r + 1;
+    }
+  }
+}
+
+// C[j] += Σ_i A[j, i] · B[i] over a key tile's bc keys j (A: a transposed tile, rows `width`
+// apart: (P ⊙ Z)ᵀ for dV, dSᵀ for dK; B: the tile's query rows, dO or Q) where key ranges cross
+// the tile: each band of kVisibleBand keys sums over the queries from the first to the last that
+// sees one of its keys. Every query left out has P = 0, so dS = 0, for all of the band's keys:
+// the sums lose only terms of zero.
+template <class D>
+HWY_INLINE void KeysOverVisibleQueries(D d, const int32_t* first, const int32_t* last, size_t rows,
+                                       int64_t key0, size_t bc, const float* a, size_t width,
+                                       const float* b, size_t b_stride, size_t vectors, float* c,
+                                       size_t c_stride) {
+  for (size_t j0 = 0; j0 < bc; j0 += kVisibleBand) {
+    const size_t keys = std::min(kVisibleBand, bc - j0);
+    const int64_t begin = key0 + static_cast<int64_t>(j0);
+    size_t low = 0, high = 0;
+    LanesSeeing(first, last, rows, begin, begin + static_cast<int64_t>(keys), low, high);
+    if (low >= high) continue;
+    Gemm<true>(d, keys, vectors, a + j0 * width + low, width, 1, b + low * b_stride, b_stride,
+               high - low, c + j0 * c_stride, c_stride);
+  }
+}
+
+// dQ += dS K over a key tile crossed by key ranges: each band of kVisibleBand queries sums over
+// the keys from the first to the last one of them sees (dS = 0 for the others).
+template <class D>
+HWY_INLINE void QueriesOverVisibleKeys(D d, const int32_t* first, const int32_t* last, size_t rows,
+                                       int64_t key0, size_t bc, const float* grad_scores,
+                                       size_t width, const float* key_rows, size_t key_stride,
+                                       size_t vectors, float* grad_q, size_t grad_q_stride) {
+  const int64_t tile_end = key0 + static_cast<int64_t>(bc);
+  for (size_t r0 = 0; r0 < rows; r0 += kVisibleBand) {
+    const size_t band = std::min(kVisibleBand, rows - r0);
+    int64_t low = tile_end, high = key0;
+    for (size_t r = r0; r < r0 + band; ++r) {
+      low = std::min<int64_t>(low, first[r]);
+      high = std::max<int64_t>(high, last[r]);
+    }
+    low = std::max(low, key0);
+    high = std::min(high, tile_end);
+    if (low >= high) continue;
+    const auto j0 = static_cast<size_t>(low - key0);
+    Gemm<true>(d, band, vectors, grad_scores + j0 * width + r0, 1, width,
+               key_rows + j0 * key_stride, key_stride, static_cast<size_t>(high - low),
+               grad_q + r0 * grad_q_stride, grad_q_stride);
+  }
+}
+
 // The keys a task covers, in key tiles [first_tile, last_tile), and where its dQ goes: written to
 // the gradient when the task covers all the keys, else its partial sums, unscaled, into
 // `partial_grad_q` (the group's query heads, n × d each) for FlashBackward to add up.
@@ -428,6 +492,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         const MaskCoverage coverage =
             mask_coverage(options.mask, b, h, static_cast<int64_t>(first), rows, key_begin, bc);
         if (coverage == MaskCoverage::kNone) continue;
+        // The causal diagonal, a window's edge or a valid length crosses this key tile: the
+        // reductions over queries (dV, dK) and over keys (dQ) skip what no band's row sees.
+        const bool crossed = key_begin < ranges.common_begin || key_end > ranges.common_end;
         // The lanes the steps compute: the query vectors that hold a query (TileWidth; all of them
         // in a whole tile, as the AMX tiles take). On the fp32 path the tile's transposed buffers
         // (Qᵀ, dOᵀ, Sᵀ, Pᵀ, dPᵀ, dSᵀ) are laid out that narrow too; the bf16 path's pairs keep
@@ -498,8 +565,14 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          Gemm<true>(d, bc, dv_padded / lanes, used, width, 1, s.grad_out.row(first),
-                     s.grad_out.stride, rows, s.grad_v + key0 * dv_padded, dv_padded);
+          if (crossed) {
+            KeysOverVisibleQueries(d, s.first + first, s.last + first, rows, key_begin, bc, used,
+                                   width, s.grad_out.row(first), s.grad_out.stride,
+                                   dv_padded / lanes, s.grad_v + key0 * dv_padded, dv_padded);
+          } else {
+            Gemm<true>(d, bc, dv_padded / lanes, used, width, 1, s.grad_out.row(first),
+                       s.grad_out.stride, rows, s.grad_v + key0 * dv_padded, dv_padded);
+          }
         }
         // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -554,10 +627,19 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         }
 #endif
         // dK += dSᵀ Q (scaled at the end); dQ += dS K.
-        Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, width, 1, s.queries.row(first),
-                   s.queries.stride, rows, s.grad_k + key0 * d_padded, d_padded);
-        Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, width, s.keys.row(key0),
-                   s.keys.stride, bc, s.grad_q + first * d_padded, d_padded);
+        if (crossed) {
+          KeysOverVisibleQueries(d, s.first + first, s.last + first, rows, key_begin, bc,
+                                 s.grad_scores, width, s.queries.row(first), s.queries.stride,
+                                 d_padded / lanes, s.grad_k + key0 * d_padded, d_padded);
+          QueriesOverVisibleKeys(d, s.first + first, s.last + first, rows, key_begin, bc,
+                                 s.grad_scores, width, s.keys.row(key0), s.keys.stride,
+                                 d_padded / lanes, s.grad_q + first * d_padded, d_padded);
+        } else {
+          Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, width, 1, s.queries.row(first),
+                     s.queries.stride, rows, s.grad_k + key0 * d_padded, d_padded);
+          Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, width, s.keys.row(key0),
+                     s.keys.stride, bc, s.grad_q + first * d_padded, d_padded);
+        }
       }
     }
   }
