@@ -470,16 +470,10 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
   }
 }
 
-// Whether some real query of `tile` cannot see some key of [key0, key0 + bc): the causal
-// diagonal, a window's edge or a short valid length crosses the key tile.
+// Whether some real query of `tile` cannot see some key of [key0, key0 + bc).
 HWY_INLINE bool CrossesKeyRanges(const QueryTile& tile, int64_t key0, size_t bc) {
-  return key0 < tile.ranges.common_begin ||
-         key0 + static_cast<int64_t>(bc) > tile.ranges.common_end;
+  return crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
 }
-
-// Rows of key or query bands that the products of a key tile crossed by key ranges take at a
-// time: four of the register tile's rows.
-inline constexpr size_t kVisibleBand = 4 * kMaxRows;
 
 // Sᵀ = K Qᵀ of a key tile CrossesKeyRanges says some queries cannot see all of: each band of
 // kVisibleBand keys multiplies only the query vectors between the first and the last that hold a
@@ -497,14 +491,10 @@ HWY_INLINE void ScoresOfVisibleLanes(D d, const QueryTile& tile, int64_t key0, s
     const size_t keys = std::min(kVisibleBand, bc - j0);
     const int64_t band_begin = key0 + static_cast<int64_t>(j0);
     const int64_t band_end = band_begin + static_cast<int64_t>(keys);
-    size_t low = vectors, high = 0;
-    for (size_t r = 0; r < tile.rows; ++r) {
-      if (tile.first[r] < band_end && tile.last[r] > band_begin) {
-        low = std::min(low, r / lanes);
-        high = std::max(high, r / lanes + 1);
-      }
-    }
-    if (low >= high) continue;  // no query sees these keys: all left to the masking
+    const auto [first_lane, end_lane] =
+        lanes_seeing(tile.first, tile.last, tile.rows, band_begin, band_end);
+    if (first_lane >= end_lane) continue;  // no query sees these keys: all left to the masking
+    const size_t low = first_lane / lanes, high = std::min(vectors, (end_lane + lanes - 1) / lanes);
     Gemm<false>(d, keys, high - low, key_rows + j0 * key_stride, key_stride, 1,
                 q_transposed + low * lanes, br, depth, scores + j0 * br + low * lanes, br);
   }
@@ -522,16 +512,10 @@ HWY_INLINE void ValuesOfVisibleKeys(D d, const QueryTile& tile, int64_t key0, si
   const int64_t tile_end = key0 + static_cast<int64_t>(bc);
   for (size_t r0 = 0; r0 < tile.rows; r0 += kVisibleBand) {
     const size_t rows = std::min(kVisibleBand, tile.rows - r0);
-    int64_t first = tile_end, last = key0;
-    for (size_t r = r0; r < r0 + rows; ++r) {
-      first = std::min<int64_t>(first, tile.first[r]);
-      last = std::max<int64_t>(last, tile.last[r]);
-    }
-    first = std::max(first, key0);
-    last = std::min(last, tile_end);
+    const KeyRange seen = keys_seen_by_lanes(tile.first, tile.last, r0, r0 + rows, key0, tile_end);
     // A band that sees none of these keys still takes its rescale (depth 0).
-    const size_t j0 = first < last ? static_cast<size_t>(first - key0) : 0;
-    const size_t keys = first < last ? static_cast<size_t>(last - first) : 0;
+    const size_t j0 = seen.begin < seen.end ? static_cast<size_t>(seen.begin - key0) : 0;
+    const size_t keys = seen.begin < seen.end ? static_cast<size_t>(seen.end - seen.begin) : 0;
     Gemm<true>(d, rows, dv_padded / lanes, s.scores + j0 * br + r0, 1, br,
                value_rows + j0 * value_stride, value_stride, keys, s.output + r0 * dv_padded,
                dv_padded, s.row_rescale + r0);

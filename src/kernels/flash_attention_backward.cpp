@@ -338,24 +338,6 @@ HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t b
 }
 #endif
 
-// Rows of key or query bands that the reductions of a key tile crossed by key ranges take at a
-// time: four of the register tile's rows (the forward's kVisibleBand).
-inline constexpr size_t kVisibleBand = 4 * kMaxRows;
-
-// The lanes [low, high) of a query tile's `rows` queries (first, last: their key ranges) between
-// the first and the last that sees a key of [begin, end); low ≥ high when none does.
-HWY_INLINE void LanesSeeing(const int32_t* first, const int32_t* last, size_t rows, int64_t begin,
-                            int64_t end, size_t& low, size_t& high) {
-  low = rows;
-  high = 0;
-  for (size_t r = 0; r < rows; ++r) {
-    if (first[r] < end && last[r] > begin) {
-      low = std::min(low, r);
-      high = r + 1;
-    }
-  }
-}
-
 // C[j] += Σ_i A[j, i] · B[i] over a key tile's bc keys j (A: a transposed tile, rows `width`
 // apart: (P ⊙ Z)ᵀ for dV, dSᵀ for dK; B: the tile's query rows, dO or Q) where key ranges cross
 // the tile: each band of kVisibleBand keys sums over the queries from the first to the last that
@@ -369,8 +351,8 @@ HWY_INLINE void KeysOverVisibleQueries(D d, const int32_t* first, const int32_t*
   for (size_t j0 = 0; j0 < bc; j0 += kVisibleBand) {
     const size_t keys = std::min(kVisibleBand, bc - j0);
     const int64_t begin = key0 + static_cast<int64_t>(j0);
-    size_t low = 0, high = 0;
-    LanesSeeing(first, last, rows, begin, begin + static_cast<int64_t>(keys), low, high);
+    const auto [low, high] =
+        lanes_seeing(first, last, rows, begin, begin + static_cast<int64_t>(keys));
     if (low >= high) continue;
     Gemm<true>(d, keys, vectors, a + j0 * width + low, width, 1, b + low * b_stride, b_stride,
                high - low, c + j0 * c_stride, c_stride);
@@ -387,17 +369,11 @@ HWY_INLINE void QueriesOverVisibleKeys(D d, const int32_t* first, const int32_t*
   const int64_t tile_end = key0 + static_cast<int64_t>(bc);
   for (size_t r0 = 0; r0 < rows; r0 += kVisibleBand) {
     const size_t band = std::min(kVisibleBand, rows - r0);
-    int64_t low = tile_end, high = key0;
-    for (size_t r = r0; r < r0 + band; ++r) {
-      low = std::min<int64_t>(low, first[r]);
-      high = std::max<int64_t>(high, last[r]);
-    }
-    low = std::max(low, key0);
-    high = std::min(high, tile_end);
-    if (low >= high) continue;
-    const auto j0 = static_cast<size_t>(low - key0);
+    const KeyRange seen = keys_seen_by_lanes(first, last, r0, r0 + band, key0, tile_end);
+    if (seen.begin >= seen.end) continue;
+    const auto j0 = static_cast<size_t>(seen.begin - key0);
     Gemm<true>(d, band, vectors, grad_scores + j0 * width + r0, 1, width,
-               key_rows + j0 * key_stride, key_stride, static_cast<size_t>(high - low),
+               key_rows + j0 * key_stride, key_stride, static_cast<size_t>(seen.end - seen.begin),
                grad_q + r0 * grad_q_stride, grad_q_stride);
   }
 }
@@ -494,7 +470,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         if (coverage == MaskCoverage::kNone) continue;
         // The causal diagonal, a window's edge or a valid length crosses this key tile: the
         // reductions over queries (dV, dK) and over keys (dQ) skip what no band's row sees.
-        const bool crossed = key_begin < ranges.common_begin || key_end > ranges.common_end;
+        const bool crossed = crosses_key_ranges(ranges, key_begin, key_end);
         // The lanes the steps compute: the query vectors that hold a query (TileWidth; all of them
         // in a whole tile, as the AMX tiles take). On the fp32 path the tile's transposed buffers
         // (Qᵀ, dOᵀ, Sᵀ, Pᵀ, dPᵀ, dSᵀ) are laid out that narrow too; the bf16 path's pairs keep

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "attn/core/valid_lengths.hpp"
@@ -109,6 +110,39 @@ inline TileKeyRanges tile_key_ranges(const ValidLengths& valid_lens,
   }
   if (tile.begin >= tile.end) tile.begin = tile.end = 0;
   return tile;
+}
+
+// Whether some real query of a tile with `ranges` cannot see some key of [begin, end): the causal
+// diagonal, a window's edge or a valid length crosses those keys.
+inline bool crosses_key_ranges(const TileKeyRanges& ranges, int64_t begin, int64_t end) {
+  return begin < ranges.common_begin || end > ranges.common_end;
+}
+
+// Lanes [begin, end) of a tile's `rows` queries (first, last: their key ranges, as
+// tile_key_ranges fills them), from the first to the last that sees a key of [key_begin,
+// key_end); begin ≥ end when none does.
+inline std::pair<size_t, size_t> lanes_seeing(const int32_t* first, const int32_t* last,
+                                              size_t rows, int64_t key_begin, int64_t key_end) {
+  size_t begin = rows, end = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    if (first[r] < key_end && last[r] > key_begin) {
+      begin = std::min(begin, r);
+      end = r + 1;
+    }
+  }
+  return {begin, end};
+}
+
+// Keys [begin, end) within [key_begin, key_end), from the first to the last that one of lanes
+// [lane_begin, lane_end) sees; begin ≥ end when they see none.
+inline KeyRange keys_seen_by_lanes(const int32_t* first, const int32_t* last, size_t lane_begin,
+                                   size_t lane_end, int64_t key_begin, int64_t key_end) {
+  int64_t begin = key_end, end = key_begin;
+  for (size_t r = lane_begin; r < lane_end; ++r) {
+    begin = std::min<int64_t>(begin, first[r]);
+    end = std::max<int64_t>(end, last[r]);
+  }
+  return {std::max(begin, key_begin), std::min(end, key_end)};
 }
 
 // How much of a tile (rows × keys) a mask lets through.

@@ -37,6 +37,10 @@ constexpr bool kBroadcastFirst = HWY_MAX_BYTES == 32;
 // score products are one vector wide: 12.2 → 11.6 µs, Zen 5).
 template <size_t NR>
 constexpr size_t kTileRows = NR == 1 ? 2 * kMaxRows : kMaxRows;
+// Rows that the fused kernels' products over a key tile crossed by key ranges (the causal
+// diagonal, a window's edge) take a band at a time, each band multiplying only what its rows see:
+// four register tiles' rows.
+constexpr size_t kVisibleBand = 4 * kMaxRows;
 
 // C[r, v·N …] (= or +=) Σ_k A(r, k) · B[k, v·N …] for r < MR, v < NR, where A(r, k) is the scalar
 // a[r·a_row + k·a_col] (broadcast) and B's rows are ldb apart; C's rows are ldc apart. When

@@ -1,6 +1,7 @@
 // The attention mask's coverage of the fused kernels' tiles (src/kernels/score_masks.hpp), on every
 // SIMD target this machine runs: a float mask's tiles of −∞ only are skipped as a bool mask's
-// hidden tiles are, in the fp32 and bf16 forward, the weights and the backward.
+// hidden tiles are, in the fp32 and bf16 forward, the weights and the backward; and the lanes and
+// keys the products of a tile crossed by key ranges multiply.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -9,11 +10,13 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attn/core/half.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "every_simd_target.hpp"
+#include "kernels/score_masks.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -212,6 +215,37 @@ TEST_P(ScoreMasks, StridedFloatMasksGiveTheContiguousResults) {
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(ScoreMasks);
+
+// The lanes and keys a crossed key tile's bands multiply (crosses_key_ranges, lanes_seeing,
+// keys_seen_by_lanes), on a causal tile of 8 queries from query 8 over 16 keys, lane 5 seeing
+// nothing (a valid length of 0).
+TEST(ScoreMaskRanges, BandsOfACrossedTileSeeTheirLanesAndKeys) {
+  int32_t first[8], last[8];
+  for (int32_t r = 0; r < 8; ++r) {
+    first[r] = 0;
+    last[r] = 8 + r + 1;  // query 8 + r sees keys 0 … 8 + r
+  }
+  first[5] = last[5] = 0;
+  const TileKeyRanges ranges{0, 16, 0, 9};
+  EXPECT_FALSE(crosses_key_ranges(ranges, 0, 9));
+  EXPECT_TRUE(crosses_key_ranges(ranges, 0, 10));
+  EXPECT_TRUE(crosses_key_ranges(ranges, 8, 16));
+
+  // Keys 12 … 13: queries 12 … 15 (lanes 4 … 7), lane 5 inside the hull though it sees none.
+  EXPECT_EQ(lanes_seeing(first, last, 8, 12, 14), (std::pair<size_t, size_t>{4, 8}));
+  // Keys 15 …: lane 7 alone; keys 16 …: none.
+  EXPECT_EQ(lanes_seeing(first, last, 8, 15, 16), (std::pair<size_t, size_t>{7, 8}));
+  const auto none = lanes_seeing(first, last, 8, 16, 20);
+  EXPECT_GE(none.first, none.second);
+
+  // Lanes 0 … 2 see keys 0 … 10 of the tile [4, 16): [4, 11).
+  const KeyRange seen = keys_seen_by_lanes(first, last, 0, 3, 4, 16);
+  EXPECT_EQ(seen.begin, 4);
+  EXPECT_EQ(seen.end, 11);
+  // Lane 5 alone sees nothing.
+  const KeyRange nothing = keys_seen_by_lanes(first, last, 5, 6, 4, 16);
+  EXPECT_GE(nothing.begin, nothing.end);
+}
 
 }  // namespace
 }  // namespace attn
