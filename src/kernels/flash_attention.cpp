@@ -888,6 +888,20 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
     if constexpr (kOnTiles) {
       ScaledScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, args.options.scale, s);
+    } else if (crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc))) {
+      // As ScoresOfVisibleLanes: per band of keys, the query vectors that see one of them.
+      for (size_t j0 = 0; j0 < bc; j0 += kVisibleBand) {
+        const size_t keys = std::min(kVisibleBand, bc - j0);
+        const int64_t band_begin = key0 + static_cast<int64_t>(j0);
+        const auto [first_lane, end_lane] = lanes_seeing(
+            tile.first, tile.last, tile.rows, band_begin, band_begin + static_cast<int64_t>(keys));
+        if (first_lane >= end_lane) continue;
+        const size_t low = first_lane / kLanes,
+                     high = std::min(vectors, (end_lane + kLanes - 1) / kLanes);
+        GemmBF16<false>(keys, high - low, key_pairs + j0 * depth_pairs, depth_pairs, 1,
+                        s.query_pairs + low * kLanes, br, depth_pairs,
+                        s.scores + j0 * br + low * kLanes, br, nullptr, args.options.scale);
+      }
     } else {
       GemmBF16<false>(bc, vectors, key_pairs, depth_pairs, 1, s.query_pairs, br, depth_pairs,
                       s.scores, br, nullptr, args.options.scale);
@@ -904,6 +918,23 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     }
     if constexpr (kOnTiles) {
       AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, s);
+    } else if (crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc))) {
+      // As ValuesOfVisibleKeys, over the pairs of keys that hold a key the band sees (key0 is
+      // even: pair p holds keys key0 + 2p and key0 + 2p + 1).
+      const int64_t tile_end = key0 + static_cast<int64_t>(bc);
+      for (size_t r0 = 0; r0 < tile.rows; r0 += kVisibleBand) {
+        const size_t rows = std::min(kVisibleBand, tile.rows - r0);
+        const KeyRange seen =
+            keys_seen_by_lanes(tile.first, tile.last, r0, r0 + rows, key0, tile_end);
+        const size_t p0 = seen.begin < seen.end ? static_cast<size_t>(seen.begin - key0) / 2 : 0;
+        const size_t p1 =
+            seen.begin < seen.end ? (static_cast<size_t>(seen.end - key0) + 1) / 2 : 0;
+        if (p0 == p1 && !rescale) continue;  // nothing to add, nothing to rescale
+        GemmBF16<true>(rows, dv_padded / kLanes, s.probability_pairs + p0 * br + r0, 1, br,
+                       s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded, dv_padded,
+                       p1 - p0, s.output + r0 * dv_padded, dv_padded,
+                       rescale ? s.row_rescale + r0 : nullptr);
+      }
     } else {
       GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
                      s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
