@@ -470,56 +470,52 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
   }
 }
 
-// Whether some real query of `tile` cannot see some key of [key0, key0 + bc).
-HWY_INLINE bool CrossesKeyRanges(const QueryTile& tile, int64_t key0, size_t bc) {
-  return crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
+// Of a tile's `vectors` query vectors of `lanes`, those holding one of lanes [lane_begin,
+// lane_end): [first, end).
+inline std::pair<size_t, size_t> VectorsOfLanes(size_t lane_begin, size_t lane_end, size_t lanes,
+                                                size_t vectors) {
+  return {lane_begin / lanes, std::min(vectors, (lane_end + lanes - 1) / lanes)};
 }
 
-// Sᵀ = K Qᵀ of a key tile CrossesKeyRanges says some queries cannot see all of: each band of
-// kVisibleBand keys multiplies only the query vectors between the first and the last that hold a
-// query seeing one of its keys. Scores left out are of keys outside their lane's [first, last),
-// which ApplyScoreModifiers then sets to −∞ whatever they held; the others are the whole
-// product's, bit for bit. (The causal diagonal's tile: 28% of its score products skipped at
-// AVX-512's 24-key bands.)
+// Sᵀ = K Qᵀ of a key tile that key ranges cross: each band of kVisibleBand keys multiplies only
+// the query vectors from the first to the last that hold a query seeing one of its keys. Scores
+// left out are of keys outside their lane's [first, last), which ApplyScoreModifiers then sets to
+// −∞ whatever they held; the others are the whole product's, bit for bit. (The causal diagonal's
+// tile: 28% of its score products skipped at AVX-512's 24-key bands.)
 template <class D>
 HWY_INLINE void ScoresOfVisibleLanes(D d, const QueryTile& tile, int64_t key0, size_t bc,
                                      size_t vectors, const float* key_rows, size_t key_stride,
                                      const float* q_transposed, size_t br, size_t depth,
                                      float* scores) {
   const size_t lanes = hn::Lanes(d);
-  for (size_t j0 = 0; j0 < bc; j0 += kVisibleBand) {
-    const size_t keys = std::min(kVisibleBand, bc - j0);
-    const int64_t band_begin = key0 + static_cast<int64_t>(j0);
-    const int64_t band_end = band_begin + static_cast<int64_t>(keys);
-    const auto [first_lane, end_lane] =
-        lanes_seeing(tile.first, tile.last, tile.rows, band_begin, band_end);
-    if (first_lane >= end_lane) continue;  // no query sees these keys: all left to the masking
-    const size_t low = first_lane / lanes, high = std::min(vectors, (end_lane + lanes - 1) / lanes);
-    Gemm<false>(d, keys, high - low, key_rows + j0 * key_stride, key_stride, 1,
-                q_transposed + low * lanes, br, depth, scores + j0 * br + low * lanes, br);
-  }
+  for_each_key_band(tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
+                    [&](size_t j0, size_t keys, size_t lane_begin, size_t lane_end) {
+                      const auto [low, high] = VectorsOfLanes(lane_begin, lane_end, lanes, vectors);
+                      Gemm<false>(d, keys, high - low, key_rows + j0 * key_stride, key_stride, 1,
+                                  q_transposed + low * lanes, br, depth,
+                                  scores + j0 * br + low * lanes, br);
+                    });
 }
 
-// O = O · rescale + P V for a key tile CrossesKeyRanges says some queries cannot see all of: each
-// band of kVisibleBand queries sums over the keys from the first to the last one of them sees.
-// The keys left out have P = 0 exactly in every row of the band (exp of −∞), so each output is the
-// whole product's sum less terms of zero.
+// O = O · rescale + P V for a key tile that key ranges cross: each band of kVisibleBand queries
+// sums over the keys from the first to the last one of them sees. The keys left out have P = 0
+// exactly in every row of the band (exp of −∞), so each output is the whole product's sum less
+// terms of zero.
 template <class D>
 HWY_INLINE void ValuesOfVisibleKeys(D d, const QueryTile& tile, int64_t key0, size_t bc,
                                     const float* value_rows, size_t value_stride, size_t dv_padded,
                                     size_t br, Scratch& s) {
   const size_t lanes = hn::Lanes(d);
-  const int64_t tile_end = key0 + static_cast<int64_t>(bc);
-  for (size_t r0 = 0; r0 < tile.rows; r0 += kVisibleBand) {
-    const size_t rows = std::min(kVisibleBand, tile.rows - r0);
-    const KeyRange seen = keys_seen_by_lanes(tile.first, tile.last, r0, r0 + rows, key0, tile_end);
-    // A band that sees none of these keys still takes its rescale (depth 0).
-    const size_t j0 = seen.begin < seen.end ? static_cast<size_t>(seen.begin - key0) : 0;
-    const size_t keys = seen.begin < seen.end ? static_cast<size_t>(seen.end - seen.begin) : 0;
-    Gemm<true>(d, rows, dv_padded / lanes, s.scores + j0 * br + r0, 1, br,
-               value_rows + j0 * value_stride, value_stride, keys, s.output + r0 * dv_padded,
-               dv_padded, s.row_rescale + r0);
-  }
+  for_each_query_band(
+      tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
+      [&](size_t r0, size_t rows, KeyRange seen) {
+        // A band that sees none of these keys still takes its rescale (depth 0).
+        const size_t j0 = seen.begin < seen.end ? static_cast<size_t>(seen.begin - key0) : 0;
+        const size_t keys = seen.begin < seen.end ? static_cast<size_t>(seen.end - seen.begin) : 0;
+        Gemm<true>(d, rows, dv_padded / lanes, s.scores + j0 * br + r0, 1, br,
+                   value_rows + j0 * value_stride, value_stride, keys, s.output + r0 * dv_padded,
+                   dv_padded, s.row_rescale + r0);
+      });
 }
 
 // One key tile's step for the query tile whose buffers `s` points at: Sᵀ = K Qᵀ (or additive
@@ -539,6 +535,9 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   // The steps below compute the query vectors that hold a query (a tile of n < Br queries, or the
   // last of a ragged n): the lanes past them are never read (P V reads the tile's rows only).
   const size_t vectors = VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
+  // The causal diagonal, a window's edge or a valid length crosses this key tile: its products
+  // take only what each band of rows sees.
+  const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
   // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
   const float* key_rows = rows.keys.row(static_cast<size_t>(key0));
   if (args.additive_exponential) {
@@ -549,7 +548,7 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
     AdditiveScoresOfQueries<flash_detail::kQueryVectors, false>(
         d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
         args.additive_weights, s.scores);
-  } else if (CrossesKeyRanges(tile, key0, bc)) {
+  } else if (crossed) {
     ScoresOfVisibleLanes(d, tile, key0, bc, vectors, key_rows, rows.keys.stride, s.q_transposed, br,
                          depth, s.scores);
   } else {
@@ -563,7 +562,7 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
     DropWeights(d, dropout_applier, key0, bc, br, vectors * lanes, s);
   // O = O · rescale + P V.
   const float* value_rows = rows.values.row(static_cast<size_t>(key0));
-  if (CrossesKeyRanges(tile, key0, bc)) {
+  if (crossed) {
     ValuesOfVisibleKeys(d, tile, key0, bc, value_rows, rows.values.stride, dv_padded, br, s);
   } else {
     Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br, value_rows, rows.values.stride, bc,
@@ -886,22 +885,18 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
         mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
     if (coverage == MaskCoverage::kNone) continue;
     const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
+    const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
     if constexpr (kOnTiles) {
       ScaledScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, args.options.scale, s);
-    } else if (crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc))) {
-      // As ScoresOfVisibleLanes: per band of keys, the query vectors that see one of them.
-      for (size_t j0 = 0; j0 < bc; j0 += kVisibleBand) {
-        const size_t keys = std::min(kVisibleBand, bc - j0);
-        const int64_t band_begin = key0 + static_cast<int64_t>(j0);
-        const auto [first_lane, end_lane] = lanes_seeing(
-            tile.first, tile.last, tile.rows, band_begin, band_begin + static_cast<int64_t>(keys));
-        if (first_lane >= end_lane) continue;
-        const size_t low = first_lane / kLanes,
-                     high = std::min(vectors, (end_lane + kLanes - 1) / kLanes);
-        GemmBF16<false>(keys, high - low, key_pairs + j0 * depth_pairs, depth_pairs, 1,
-                        s.query_pairs + low * kLanes, br, depth_pairs,
-                        s.scores + j0 * br + low * kLanes, br, nullptr, args.options.scale);
-      }
+    } else if (crossed) {  // as ScoresOfVisibleLanes
+      for_each_key_band(
+          tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
+          [&](size_t j0, size_t keys, size_t lane_begin, size_t lane_end) {
+            const auto [low, high] = VectorsOfLanes(lane_begin, lane_end, kLanes, vectors);
+            GemmBF16<false>(keys, high - low, key_pairs + j0 * depth_pairs, depth_pairs, 1,
+                            s.query_pairs + low * kLanes, br, depth_pairs,
+                            s.scores + j0 * br + low * kLanes, br, nullptr, args.options.scale);
+          });
     } else {
       GemmBF16<false>(bc, vectors, key_pairs, depth_pairs, 1, s.query_pairs, br, depth_pairs,
                       s.scores, br, nullptr, args.options.scale);
@@ -918,23 +913,21 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     }
     if constexpr (kOnTiles) {
       AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, s);
-    } else if (crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc))) {
+    } else if (crossed) {
       // As ValuesOfVisibleKeys, over the pairs of keys that hold a key the band sees (key0 is
       // even: pair p holds keys key0 + 2p and key0 + 2p + 1).
-      const int64_t tile_end = key0 + static_cast<int64_t>(bc);
-      for (size_t r0 = 0; r0 < tile.rows; r0 += kVisibleBand) {
-        const size_t rows = std::min(kVisibleBand, tile.rows - r0);
-        const KeyRange seen =
-            keys_seen_by_lanes(tile.first, tile.last, r0, r0 + rows, key0, tile_end);
-        const size_t p0 = seen.begin < seen.end ? static_cast<size_t>(seen.begin - key0) / 2 : 0;
-        const size_t p1 =
-            seen.begin < seen.end ? (static_cast<size_t>(seen.end - key0) + 1) / 2 : 0;
-        if (p0 == p1 && !rescale) continue;  // nothing to add, nothing to rescale
-        GemmBF16<true>(rows, dv_padded / kLanes, s.probability_pairs + p0 * br + r0, 1, br,
-                       s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded, dv_padded,
-                       p1 - p0, s.output + r0 * dv_padded, dv_padded,
-                       rescale ? s.row_rescale + r0 : nullptr);
-      }
+      for_each_query_band(
+          tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
+          [&](size_t r0, size_t rows, KeyRange seen) {
+            const bool any = seen.begin < seen.end;
+            if (!any && !rescale) return;  // nothing to add, nothing to rescale
+            const size_t p0 = any ? static_cast<size_t>(seen.begin - key0) / 2 : 0;
+            const size_t p1 = any ? (static_cast<size_t>(seen.end - key0) + 1) / 2 : 0;
+            GemmBF16<true>(rows, dv_padded / kLanes, s.probability_pairs + p0 * br + r0, 1, br,
+                           s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded,
+                           dv_padded, p1 - p0, s.output + r0 * dv_padded, dv_padded,
+                           rescale ? s.row_rescale + r0 : nullptr);
+          });
     } else {
       GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
                      s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
@@ -1055,14 +1048,6 @@ void FlashForward(const ForwardArgs& args) {
   // A thread's next task is about `team` tasks on (tasks are handed out in order): its query rows
   // are requested from memory while this task runs, and this task's output rows for writing.
   const int64_t team = std::max(1, std::min(threads, omp_get_max_threads()));
-  const auto add_rows = [&](SpreadPrefetch& prefetch, const TaskTiles& t, bool output) {
-    if (output) {
-      AddMatrixRows(prefetch, args.half, args.out, args.out16, t.b, t.h, t.first_query, t.rows,
-                    true);
-    } else {
-      AddMatrixRows(prefetch, args.half, args.q, args.q16, t.b, t.h, t.first_query, t.rows, false);
-    }
-  };
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
@@ -1072,8 +1057,13 @@ void FlashForward(const ForwardArgs& args) {
       [&](int64_t task, Scratch& scratch, int) {
         const TaskTiles tiles = task_tiles(task);
         SpreadPrefetch prefetch;
-        if (task + team < tasks) add_rows(prefetch, task_tiles(task + team), false);
-        add_rows(prefetch, tiles, true);
+        if (task + team < tasks) {
+          const TaskTiles next = task_tiles(task + team);
+          AddMatrixRows(prefetch, args.half, args.q, args.q16, next.b, next.h, next.first_query,
+                        next.rows, false);
+        }
+        AddMatrixRows(prefetch, args.half, args.out, args.out16, tiles.b, tiles.h,
+                      tiles.first_query, tiles.rows, true);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_pairs) {
           return FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, prefetch, scratch,

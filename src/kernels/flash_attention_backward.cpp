@@ -348,15 +348,12 @@ HWY_INLINE void KeysOverVisibleQueries(D d, const int32_t* first, const int32_t*
                                        int64_t key0, size_t bc, const float* a, size_t width,
                                        const float* b, size_t b_stride, size_t vectors, float* c,
                                        size_t c_stride) {
-  for (size_t j0 = 0; j0 < bc; j0 += kVisibleBand) {
-    const size_t keys = std::min(kVisibleBand, bc - j0);
-    const int64_t begin = key0 + static_cast<int64_t>(j0);
-    const auto [low, high] =
-        lanes_seeing(first, last, rows, begin, begin + static_cast<int64_t>(keys));
-    if (low >= high) continue;
-    Gemm<true>(d, keys, vectors, a + j0 * width + low, width, 1, b + low * b_stride, b_stride,
-               high - low, c + j0 * c_stride, c_stride);
-  }
+  for_each_key_band(first, last, rows, key0, bc, kVisibleBand,
+                    [&](size_t j0, size_t keys, size_t low, size_t high) {
+                      Gemm<true>(d, keys, vectors, a + j0 * width + low, width, 1,
+                                 b + low * b_stride, b_stride, high - low, c + j0 * c_stride,
+                                 c_stride);
+                    });
 }
 
 // dQ += dS K over a key tile crossed by key ranges: each band of kVisibleBand queries sums over
@@ -366,16 +363,15 @@ HWY_INLINE void QueriesOverVisibleKeys(D d, const int32_t* first, const int32_t*
                                        int64_t key0, size_t bc, const float* grad_scores,
                                        size_t width, const float* key_rows, size_t key_stride,
                                        size_t vectors, float* grad_q, size_t grad_q_stride) {
-  const int64_t tile_end = key0 + static_cast<int64_t>(bc);
-  for (size_t r0 = 0; r0 < rows; r0 += kVisibleBand) {
-    const size_t band = std::min(kVisibleBand, rows - r0);
-    const KeyRange seen = keys_seen_by_lanes(first, last, r0, r0 + band, key0, tile_end);
-    if (seen.begin >= seen.end) continue;
-    const auto j0 = static_cast<size_t>(seen.begin - key0);
-    Gemm<true>(d, band, vectors, grad_scores + j0 * width + r0, 1, width,
-               key_rows + j0 * key_stride, key_stride, static_cast<size_t>(seen.end - seen.begin),
-               grad_q + r0 * grad_q_stride, grad_q_stride);
-  }
+  for_each_query_band(first, last, rows, key0, bc, kVisibleBand,
+                      [&](size_t r0, size_t band, KeyRange seen) {
+                        if (seen.begin >= seen.end) return;
+                        const auto j0 = static_cast<size_t>(seen.begin - key0);
+                        Gemm<true>(d, band, vectors, grad_scores + j0 * width + r0, 1, width,
+                                   key_rows + j0 * key_stride, key_stride,
+                                   static_cast<size_t>(seen.end - seen.begin),
+                                   grad_q + r0 * grad_q_stride, grad_q_stride);
+                      });
 }
 
 // The keys a task covers, in key tiles [first_tile, last_tile), and where its dQ goes: written to

@@ -145,6 +145,35 @@ inline KeyRange keys_seen_by_lanes(const int32_t* first, const int32_t* last, si
   return {std::max(begin, key_begin), std::min(end, key_end)};
 }
 
+// The key tile [key0, key0 + bc) of a tile crossed by key ranges (crosses_key_ranges), in bands of
+// `band` keys: f(j0, keys, lane_begin, lane_end) for each band [key0 + j0, key0 + j0 + keys) that
+// some of the tile's `rows` queries see, with the lanes from the first to the last that sees one
+// of its keys (lanes_seeing); bands no query sees are left out.
+template <class F>
+void for_each_key_band(const int32_t* first, const int32_t* last, size_t rows, int64_t key0,
+                       size_t bc, size_t band, const F& f) {
+  for (size_t j0 = 0; j0 < bc; j0 += band) {
+    const size_t keys = std::min(band, bc - j0);
+    const int64_t begin = key0 + static_cast<int64_t>(j0);
+    const auto [lane_begin, lane_end] =
+        lanes_seeing(first, last, rows, begin, begin + static_cast<int64_t>(keys));
+    if (lane_begin < lane_end) f(j0, keys, lane_begin, lane_end);
+  }
+}
+
+// The same tile's `rows` queries in bands of `band`: f(r0, queries, seen) for each band [r0, r0 +
+// queries), `seen` the keys of the tile from the first to the last one of them sees
+// (keys_seen_by_lanes; empty when they see none).
+template <class F>
+void for_each_query_band(const int32_t* first, const int32_t* last, size_t rows, int64_t key0,
+                         size_t bc, size_t band, const F& f) {
+  const int64_t tile_end = key0 + static_cast<int64_t>(bc);
+  for (size_t r0 = 0; r0 < rows; r0 += band) {
+    const size_t queries = std::min(band, rows - r0);
+    f(r0, queries, keys_seen_by_lanes(first, last, r0, r0 + queries, key0, tile_end));
+  }
+}
+
 // How much of a tile (rows × keys) a mask lets through.
 enum class MaskCoverage { kAll, kSome, kNone };
 

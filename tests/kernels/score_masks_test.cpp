@@ -217,8 +217,8 @@ TEST_P(ScoreMasks, StridedFloatMasksGiveTheContiguousResults) {
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(ScoreMasks);
 
 // The lanes and keys a crossed key tile's bands multiply (crosses_key_ranges, lanes_seeing,
-// keys_seen_by_lanes), on a causal tile of 8 queries from query 8 over 16 keys, lane 5 seeing
-// nothing (a valid length of 0).
+// keys_seen_by_lanes, for_each_key_band, for_each_query_band), on a causal tile of 8 queries from
+// query 8 over 16 keys, lane 5 seeing nothing (a valid length of 0).
 TEST(ScoreMaskRanges, BandsOfACrossedTileSeeTheirLanesAndKeys) {
   int32_t first[8], last[8];
   for (int32_t r = 0; r < 8; ++r) {
@@ -245,6 +245,23 @@ TEST(ScoreMaskRanges, BandsOfACrossedTileSeeTheirLanesAndKeys) {
   // Lane 5 alone sees nothing.
   const KeyRange nothing = keys_seen_by_lanes(first, last, 5, 6, 4, 16);
   EXPECT_GE(nothing.begin, nothing.end);
+
+  // Keys 8 … 19 in bands of 4: keys 8 … 15 by their lanes, 16 … 19 seen by none (left out).
+  std::vector<std::vector<size_t>> key_bands;
+  for_each_key_band(first, last, 8, 8, 12, 4,
+                    [&](size_t j0, size_t keys, size_t lane_begin, size_t lane_end) {
+                      key_bands.push_back({j0, keys, lane_begin, lane_end});
+                    });
+  EXPECT_EQ(key_bands, (std::vector<std::vector<size_t>>{{0, 4, 0, 8}, {4, 4, 4, 8}}));
+  // Queries in bands of 3 over keys 4 … 15: every band, the last one short; lanes 3 … 5 see up to
+  // key 12 (lane 4), lanes 6 … 7 up to key 15.
+  std::vector<std::vector<int64_t>> query_bands;
+  for_each_query_band(first, last, 8, 4, 12, 3, [&](size_t r0, size_t queries, KeyRange band_keys) {
+    query_bands.push_back(
+        {static_cast<int64_t>(r0), static_cast<int64_t>(queries), band_keys.begin, band_keys.end});
+  });
+  EXPECT_EQ(query_bands,
+            (std::vector<std::vector<int64_t>>{{0, 3, 4, 11}, {3, 3, 4, 13}, {6, 2, 4, 16}}));
 }
 
 }  // namespace
