@@ -981,18 +981,16 @@ void DecodeSoftmaxStepFourRows(D d, size_t bc, DecodeScratch& s) {
 // apart): NaN where any is NaN or ±∞, else 0, folded to 4 lanes. In four independent sums over
 // full vectors where the rows fill each key's lanes: one 4-lane multiply-add per key, each waiting
 // on the last, took a sixth of a one-row decode step at d = 32 (Zen 5).
-#if HWY_TARGET != HWY_SCALAR
 template <class D>
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> ProbeScores(D d, const float* HWY_RESTRICT scores,
-                                                        size_t bc, size_t scored_rows,
-                                                        size_t row_lanes) {
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> ProbeScores([[maybe_unused]] D d,
+                                                        const float* HWY_RESTRICT scores, size_t bc,
+                                                        size_t scored_rows, size_t row_lanes) {
   const hn::CappedTag<float, 4> d4;
-  const size_t lanes = hn::Lanes(d);
-  const auto zero = hn::Zero(d);
-  auto p0 = zero, p1 = zero, p2 = zero, p3 = zero;
-  auto tail = hn::Zero(d4);
+#if HWY_TARGET != HWY_SCALAR
   if (scored_rows == row_lanes) {  // the tile's scores back to back
-    const size_t total = bc * row_lanes;
+    const size_t lanes = hn::Lanes(d), total = bc * row_lanes;
+    const auto zero = hn::Zero(d);
+    auto p0 = zero, p1 = zero, p2 = zero, p3 = zero;
     size_t i = 0;
     for (; i + 4 * lanes <= total; i += 4 * lanes) {
       p0 = hn::MulAdd(hn::LoadU(d, scores + i), zero, p0);
@@ -1000,21 +998,11 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> ProbeScores(D d, const float* HWY_RE
       p2 = hn::MulAdd(hn::LoadU(d, scores + i + 2 * lanes), zero, p2);
       p3 = hn::MulAdd(hn::LoadU(d, scores + i + 3 * lanes), zero, p3);
     }
+    auto tail = FoldBlocks(d, hn::Add(hn::Add(p0, p1), hn::Add(p2, p3)), kVectorSum);
     for (; i < total; i += 4) tail = hn::MulAdd(hn::LoadU(d4, scores + i), hn::Zero(d4), tail);
-  } else {
-    for (size_t j = 0; j < bc; ++j) {
-      for (size_t r = 0; r < scored_rows; r += 4)
-        tail = hn::MulAdd(hn::LoadU(d4, scores + j * row_lanes + r), hn::Zero(d4), tail);
-    }
+    return tail;
   }
-  return hn::Add(tail, FoldBlocks(d, hn::Add(hn::Add(p0, p1), hn::Add(p2, p3)), kVectorSum));
-}
-#else
-template <class D>
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> ProbeScores(D, const float* HWY_RESTRICT scores,
-                                                        size_t bc, size_t scored_rows,
-                                                        size_t row_lanes) {
-  const hn::CappedTag<float, 4> d4;
+#endif
   auto probe = hn::Zero(d4);
   for (size_t j = 0; j < bc; ++j) {
     for (size_t r = 0; r < scored_rows; r += hn::Lanes(d4))
@@ -1022,7 +1010,6 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> ProbeScores(D, const float* HWY_REST
   }
   return probe;
 }
-#endif
 
 #if HWY_TARGET != HWY_SCALAR
 // DecodeSoftmaxStepFourRows for one row (multi-head attention's one new token) in the four-row

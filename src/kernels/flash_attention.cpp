@@ -1047,7 +1047,7 @@ void FlashForward(const ForwardArgs& args) {
   };
   // A thread's next task is about `team` tasks on (tasks are handed out in order): its query rows
   // are requested from memory while this task runs, and this task's output rows for writing.
-  const int64_t team = std::max(1, std::min(threads, omp_get_max_threads()));
+  const int64_t team = team_threads(threads);
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {

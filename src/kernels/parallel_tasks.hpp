@@ -35,6 +35,13 @@ inline int useful_threads(double work, double per_thread) {
   return wanted >= most ? most : wanted < 2.0 ? 1 : static_cast<int>(wanted);
 }
 
+// The threads run_parallel_tasks runs on for `max_threads` (0: no limit beyond OpenMP's): what
+// a kernel's tasks may count on when guessing which task a thread takes next.
+inline int team_threads(int max_threads) {
+  const int threads = omp_get_max_threads();
+  return max_threads > 0 && max_threads < threads ? max_threads : threads;
+}
+
 // Runs body(task, scratch, thread) for every task in [0, tasks), where scratch =
 // make_scratch() is built once per thread and must expose `memory` (null when allocation failed),
 // on at most `max_threads` threads (0: omp_get_max_threads()). Throws Error naming `kernel` when a
@@ -42,8 +49,7 @@ inline int useful_threads(double work, double per_thread) {
 template <class MakeScratch, class Body>
 void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule,
                         const MakeScratch& make_scratch, const Body& body, int max_threads = 0) {
-  int threads = omp_get_max_threads();
-  if (max_threads > 0 && max_threads < threads) threads = max_threads;
+  const int threads = team_threads(max_threads);
   // One thread to run on, or one task: the calling thread runs them, outside any OpenMP region.
   // Entering one costs libgomp 0.35 µs and a futex system call even for a team of one
   // (for_each_index); a decode-sized call (1 query, 8 heads of 64, 16 keys) entered three.
