@@ -62,7 +62,15 @@ TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
                         {2, 1, 2, 77, 16, 16, 0, true},
                         {1, 3, 3, 200, 96, 80, 2, false},
                         {1, 2, 4, 300, 64, 64, 1, true},
-                        {1, 1, 66, 100, 24, 8, 0, false}};
+                        {1, 1, 66, 100, 24, 8, 0, false},
+                        // One query head per key/value head, the queries in one tile, d and dv
+                        // whole vectors on every target: dK and dV stored straight into the
+                        // gradients' rows (KeyValueGradientsStored), each key tile written once,
+                        // zeros where no query sees it (length 0, rows past the lengths).
+                        {2, 2, 12, 300, 16, 16, 2, false},
+                        {2, 1, 16, 260, 16, 32, 1, false},
+                        {1, 2, 9, 200, 32, 32, 0, true},
+                        {1, 1, 14, 70, 64, 16, 2, true}};
   for (const Case& c : cases) {
     const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng);
     const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng);
@@ -238,6 +246,59 @@ TEST_P(FlashAttentionBackward, ReadsOnlyTheKeyTilesItsQueriesSee) {
     }
   }
   EXPECT_EQ(clean_split.dk.values(), clean.dk.values()) << where;
+}
+
+// Stored dK and dV (one query head per key/value head, the queries in one tile) under key chunks:
+// 3 threads (the work of d = 32 is worth them) split the one head's 5 key tiles of a causal
+// top-left pass with n = 12 < m = 300 into chunks [0, 1), [1, 3), [3, 5), the last two seeing no
+// query; dK and dV bit-identical to one thread's, the unseen rows 0 over buffers that held 7.
+TEST_P(FlashAttentionBackward, StoresKeyValueGradientsOfOneQueryTileInChunks) {
+  Rng rng(19);
+  const int64_t n = 12, m = 300, depth = 32;
+  const Tensor q = random_tensor(Shape{1, n, depth}, rng),
+               k = random_tensor(Shape{1, m, depth}, rng),
+               v = random_tensor(Shape{1, m, depth}, rng),
+               g = random_tensor(Shape{1, n, depth}, rng);
+  FlashAttentionOptions options = testing::kernel_options(0.25F, true);
+  options.alignment = DiagonalAlignment::kTopLeft;
+  Tensor out(Shape{1, n, depth});
+  std::vector<float> lse(static_cast<size_t>(n));
+  flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"),
+                          ValidLengths(), options, single_head(out, "out"), lse.data());
+  struct Gradients {
+    Tensor dq, dk, dv;
+  };
+  const auto backward = [&](int threads) {
+    Gradients grads{Tensor::full(q.shape(), 7.0F), Tensor::full(k.shape(), 7.0F),
+                    Tensor::full(v.shape(), 7.0F)};
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    flash_attention_backward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"),
+                             single_head(out, "out"), single_head(g, "g"), lse.data(),
+                             ValidLengths(), options, single_head(grads.dq, "dq"),
+                             single_head(grads.dk, "dk"), single_head(grads.dv, "dv"), {}, nullptr);
+    omp_set_num_threads(saved_threads);
+    return grads;
+  };
+  const Gradients single = backward(1), split = backward(3);
+  const std::string where = "target " + std::string(hwy::TargetName(GetParam()));
+  DotProductAttention reference(0.0F, 0.25F);
+  reference.set_path(AttentionPath::kReference);
+  reference.eval();
+  std::vector<int64_t> top_left;  // query i sees keys [0, i]
+  for (int64_t i = 0; i < n; ++i) top_left.push_back(i + 1);
+  reference(q, k, v, ValidLengths::per_query(top_left, 1, n));
+  const AttentionGradients expected = reference.backward(g);
+  EXPECT_TRUE(close_to(single.dq, to_doubles(expected.queries), kTolerance)) << where;
+  EXPECT_TRUE(close_to(single.dk, to_doubles(expected.keys), kTolerance)) << where;
+  EXPECT_TRUE(close_to(single.dv, to_doubles(expected.values), kTolerance)) << where;
+  EXPECT_TRUE(close_to(split.dq, to_doubles(single.dq), kTolerance)) << where;
+  EXPECT_EQ(split.dk.values(), single.dk.values()) << where;
+  EXPECT_EQ(split.dv.values(), single.dv.values()) << where;
+  for (int64_t e = n * depth; e < m * depth; ++e) {
+    ASSERT_EQ(split.dk.data()[e], 0.0F) << where << ", element " << e;
+    ASSERT_EQ(split.dv.data()[e], 0.0F) << where << ", element " << e;
+  }
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionBackward);
