@@ -93,21 +93,20 @@ inline TileKeyRanges tile_key_ranges(const ValidLengths& valid_lens,
                                      int64_t head, int64_t first_query, size_t rows, size_t br,
                                      int64_t queries, int64_t keys, int32_t* first, int32_t* last) {
   TileKeyRanges tile{keys, 0, 0, keys};
-  for (size_t r = 0; r < br; ++r) {
-    KeyRange range;
-    if (r < rows) {
-      range = visible_keys(valid_lens, options, batch, head, first_query + static_cast<int64_t>(r),
-                           queries, keys);
-      tile.common_begin = std::max(tile.common_begin, range.begin);
-      tile.common_end = std::min(tile.common_end, range.end);
-      if (range.begin < range.end) {
-        tile.begin = std::min(tile.begin, range.begin);
-        tile.end = std::max(tile.end, range.end);
-      }
+  for (size_t r = 0; r < rows; ++r) {
+    const KeyRange range = visible_keys(valid_lens, options, batch, head,
+                                        first_query + static_cast<int64_t>(r), queries, keys);
+    tile.common_begin = std::max(tile.common_begin, range.begin);
+    tile.common_end = std::min(tile.common_end, range.end);
+    if (range.begin < range.end) {
+      tile.begin = std::min(tile.begin, range.begin);
+      tile.end = std::max(tile.end, range.end);
     }
     first[r] = static_cast<int32_t>(range.begin);
     last[r] = static_cast<int32_t>(range.end);
   }
+  std::fill(first + rows, first + br, 0);
+  std::fill(last + rows, last + br, 0);
   if (tile.begin >= tile.end) tile.begin = tile.end = 0;
   return tile;
 }
