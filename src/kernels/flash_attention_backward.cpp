@@ -365,6 +365,43 @@ HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t b
       TransposeWords16(key_pairs + p * br + i, br, row_pairs + i * pairs + p, pairs);
   }
 }
+
+// KeysOverVisibleQueries on bf16 pairs of adjacent queries (dV += (P ⊙ Z)ᵀ dO, dK += dSᵀ Q): A
+// holds each key's Br/2 query pairs (`a_stride` words apart), B the tile's interleaved row pairs
+// (`b_stride` floats apart). Each band of kVisibleBand keys sums over the pairs from the one
+// holding the first query that sees one of its keys to the one holding the last: the queries a
+// band's pairs add beside those have P = dS = 0.
+HWY_INLINE void KeysOverVisibleQueryPairs(const int32_t* first, const int32_t* last, size_t rows,
+                                          int64_t key0, size_t bc, const uint32_t* a,
+                                          size_t a_stride, const uint32_t* b, size_t b_stride,
+                                          size_t vectors, float* c, size_t c_stride) {
+  for_each_key_band(first, last, rows, key0, bc, kVisibleBand,
+                    [&](size_t j0, size_t keys, size_t low, size_t high) {
+                      const size_t pair_begin = low / 2, pair_end = (high + 1) / 2;
+                      GemmBF16<true>(keys, vectors, a + j0 * a_stride + pair_begin, a_stride, 1,
+                                     b + pair_begin * b_stride, b_stride, pair_end - pair_begin,
+                                     c + j0 * c_stride, c_stride, nullptr);
+                    });
+}
+
+// QueriesOverVisibleKeys on bf16 pairs of adjacent keys (dQ += dS K): A holds a pair's Br queries
+// (`br` words), B the key tile's interleaved row pairs. Each band of kVisibleBand queries sums
+// over the pairs holding the keys it sees.
+HWY_INLINE void QueriesOverVisibleKeyPairs(const int32_t* first, const int32_t* last, size_t rows,
+                                           int64_t key0, size_t bc,
+                                           const uint32_t* grad_score_pairs, size_t br,
+                                           const uint32_t* key_row_pairs, size_t key_stride,
+                                           size_t vectors, float* grad_q, size_t grad_q_stride) {
+  for_each_query_band(
+      first, last, rows, key0, bc, kVisibleBand, [&](size_t r0, size_t band, KeyRange seen) {
+        if (seen.begin >= seen.end) return;
+        const auto pair_begin = static_cast<size_t>(seen.begin - key0) / 2,
+                   pair_end = (static_cast<size_t>(seen.end - key0) + 1) / 2;
+        GemmBF16<true>(band, vectors, grad_score_pairs + pair_begin * br + r0, 1, br,
+                       key_row_pairs + pair_begin * key_stride, key_stride, pair_end - pair_begin,
+                       grad_q + r0 * grad_q_stride, grad_q_stride, nullptr);
+      });
+}
 #endif
 
 // C[j] += Σ_i A[j, i] · B[i] over a key tile's bc keys j (A: a transposed tile, rows `width`
@@ -584,6 +621,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           TileProduct<true>(s, s.used_query_pairs, br / 2,
                             s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, br / 2,
                             s.grad_v + key0 * dv_padded, dv_padded, bc, dv_padded);
+        } else if (bf16_products && crossed) {
+          KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
+                                    s.used_query_pairs, br / 2,
+                                    s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded,
+                                    dv_padded / lanes, s.grad_v + key0 * dv_padded, dv_padded);
         } else if (bf16_products) {
           GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
                          s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
@@ -647,6 +689,15 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
             TileProduct<true>(s, s.grad_score_row_pairs, bc / 2,
                               s.key_row_pairs + key0 / 2 * d_padded, d_padded, bc / 2,
                               s.grad_q + first * d_padded, d_padded, br, d_padded);
+          } else if (crossed) {
+            KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
+                                      s.grad_score_query_pairs, br / 2,
+                                      s.query_row_pairs + first / 2 * d_padded, d_padded,
+                                      d_padded / lanes, s.grad_k + key0 * d_padded, d_padded);
+            QueriesOverVisibleKeyPairs(s.first + first, s.last + first, rows, key_begin, bc,
+                                       s.grad_score_key_pairs, br,
+                                       s.key_row_pairs + key0 / 2 * d_padded, d_padded,
+                                       d_padded / lanes, s.grad_q + first * d_padded, d_padded);
           } else {
             GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
                            s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
