@@ -54,14 +54,14 @@ CacheTensorView cache_tensor(CacheDType dtype, const BasicHeadsView<const T>& vi
 // kMaxDecodeRows rows per key/value head) or asks for what that kernel does not compute: dropout,
 // valid lengths that differ between a sequence's queries, a causal, window or ALiBi diagonal
 // other than the last key's (the decode kernel's queries end at their sequence's last key, so
-// per-batch valid lengths combine with no diagonal), ALiBi beside a mask or past 2^24 keys. A
-// mask of intervals (bool, or float of 0 and −∞: key padding on either side, a static cache's
-// empty slots, causal and window patterns, as transformers passes them) alone becomes the
-// kernel's per-row key ranges, found by one read of the mask; any other mask (a gap in a row, a
-// float bias, or intervals beside causal, a window or valid lengths) is read as entries, a float
-// one checked first for NaN and +∞. Either kernel gives the same result within float rounding;
-// this one reads each key/value row once per group of query heads, and computes one lane per
-// query where the prefill kernel's tiles compute 16 or more.
+// per-batch valid lengths combine with no diagonal) unless no query sees past it, ALiBi beside a
+// mask or past 2^24 keys. A mask of intervals (bool, or float of 0 and −∞: key padding on either
+// side, a static cache's empty slots, causal and window patterns, as transformers passes them)
+// alone becomes the kernel's per-row key ranges, found by one read of the mask; any other mask (a
+// gap in a row, a float bias, or intervals beside causal, a window or valid lengths) is read as
+// entries, a float one checked first for NaN and +∞. Either kernel gives the same result within
+// float rounding; this one reads each key/value row once per group of query heads, and computes one
+// lane per query where the prefill kernel's tiles compute 16 or more.
 std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   const HeadsLayout& q = prepared.query_layout();
   const HeadsLayout& k = prepared.key_layout();
@@ -111,11 +111,20 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   const bool diagonal =
       options.causal || options.window_left >= 0 || options.window_right >= 0 || alibi;
   if (diagonal) {
-    // The decode kernel puts query i at key lengths[b] − n + i: the prefill's diagonal only when
-    // every sequence has all m keys and the diagonal ends on the last one.
+    // The decode kernel puts query i at key lengths[b] − n + i: the prefill's diagonal when every
+    // sequence has all m keys and the diagonal ends on the last one. A diagonal that ends on an
+    // earlier key (is_causal's top-left one with n < m) is the kernel's too where no query sees
+    // past its diagonal (causal, or a window with nothing on the right): the keys after the last
+    // query's diagonal are hidden from every query, so lengths that end there change nothing.
     const bool every_key = std::all_of(route.lengths.begin(), route.lengths.end(),
                                        [m](int64_t length) { return length == m; });
-    if (!every_key || diagonal_key(options, 0, n, m) != m - n) return std::nullopt;
+    if (!every_key) return std::nullopt;
+    const int64_t diagonal_end = diagonal_key(options, 0, n, m) + n;
+    if (diagonal_end != m) {
+      const bool sees_past_diagonal = !options.causal && options.window_right != 0;
+      if (sees_past_diagonal || diagonal_end < n || diagonal_end > m) return std::nullopt;
+      route.lengths.assign(route.lengths.size(), diagonal_end);
+    }
   }
   route.options.scale = options.scale;
   route.options.causal = options.causal;
@@ -173,15 +182,21 @@ bool all_finite(const HeadsLayout& layout, const float* data, size_t slices,
 bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
                           const AttentionOptions& options, MutableStridedView output,
                           std::span<float> log_sum_exp) {
-  if (!may_decode_without_scans(query.shape(), key.shape(), options) || !rows_contiguous(query) ||
-      !rows_contiguous(key) || !rows_contiguous(value)) {
-    return false;
-  }
+  if (!may_decode_without_scans(query.shape(), key.shape(), options)) return false;
   const PreparedAttention shapes(query, key, value, options, PreparedAttention::kShapesOnly);
   const auto out = shapes.output_layout("output", output);
   shapes.require_log_sum_exp(log_sum_exp, true);
   const auto route = decode_route(shapes);
   if (!route) return false;
+  if (!rows_contiguous(query) || !rows_contiguous(key) || !rows_contiguous(value)) {
+    // A last axis with a stride, which the prefill path copies before it computes: the same
+    // copies here, so that a strided call gives the contiguous call's numbers.
+    Tensor query_copy, key_copy, value_copy;
+    if (!rows_contiguous(query)) query = query_copy = contiguous_copy(query);
+    if (!rows_contiguous(key)) key = key_copy = contiguous_copy(key);
+    if (!rows_contiguous(value)) value = value_copy = contiguous_copy(value);
+    return decode_without_scans(query, key, value, options, output, log_sum_exp);
+  }
   require_finite("query", query);
   bool finite = true;
   for (size_t s = 0; s < shapes.slices(); ++s) {

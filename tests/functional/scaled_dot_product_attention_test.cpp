@@ -381,6 +381,12 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
         check({.shape = shape, .causal = Causal::kBottomRight, .alibi = true, .sinks = true},
               seed++);
         check({.shape = shape, .alibi = true}, seed++);
+        // Top-left diagonals that end before the last key: the decode kernel's over the keys up
+        // to the last query's diagonal where no query sees past its own (causal, a window with
+        // nothing on the right); a window reaching right of it stays on the prefill path.
+        check({.shape = shape, .causal = Causal::kTopLeft, .alibi = true, .sinks = true}, seed++);
+        check({.shape = shape, .window_left = 10, .window_right = 0}, seed++);
+        check({.shape = shape, .window_left = 10, .window_right = 3}, seed++);
         check({.shape = shape, .lengths = n == 1, .scale = 0.3F, .magnitude = 3.0F}, seed++,
               kDecodeWeightsTolerance);
         for (const bool causal : {false, true}) {
@@ -401,14 +407,16 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
 // The calls above do run on the decode kernel: their outputs and log-sum-exps equal, bit for bit,
 // the decode kernel's called directly on the same tensors (the prefill kernel sums in another
 // order, so it would differ in the last bits), for plain, causal, windowed and capped calls, a
-// key-padding mask (the kernel's key ranges), per-sequence lengths, ALiBi, and masks read as
-// entries: a bool mask per head with gaps in its rows, a float bias beside causal and a soft cap.
+// key-padding mask (the kernel's key ranges), per-sequence lengths, ALiBi, masks read as
+// entries: a bool mask per head with gaps in its rows, a float bias beside causal and a soft cap,
+// and is_causal's top-left diagonal with ALiBi (the kernel's lengths end at the last query's
+// diagonal key).
 TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
   // Groups of 4 heads × 2 queries; 7 queries of one head each (rows that fill no vector: the
   // kernel's lanes past them must not count as scores).
   for (const SdpaShape& shape :
        {SdpaShape{3, 8, 2, 2, 300, 64, 40}, SdpaShape{3, 2, 2, 7, 300, 64, 40}})
-    for (int which = 0; which < 8; ++which) {
+    for (int which = 0; which < 9; ++which) {
       SCOPED_TRACE(std::to_string(which) + ", n = " + std::to_string(shape.queries));
       SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
       DecodeOptions decode;
@@ -467,6 +475,13 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
         decode.softcap = 3.0F;
       }
       std::vector<int64_t> lengths(3, shape.keys);
+      if (which == 8) {  // top-left causal, ALiBi from it: keys [0, n) on the kernel
+        c.set_causal(false);
+        c.set_alibi();
+        decode.causal = true;
+        decode.alibi_slopes = c.alibi.data();
+        lengths.assign(3, shape.queries);
+      }
       if (which == 4) {  // per-sequence lengths: tiles of the shorter ones are masked
         lengths = {300, 120, 7};
         c.set_batch_lengths(lengths);
