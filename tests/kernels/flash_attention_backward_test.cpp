@@ -194,6 +194,56 @@ TEST_P(FlashAttentionBackward, SplitsKeysOverThreadsWhenPairsAreFew) {
   EXPECT_EQ(split.dq.values(), again.dq.values()) << where;
 }
 
+// The kernels' gradients of a top-left causal pass (scale 0.25) of `heads` query heads over one
+// key/value head, (1, n, heads·d) queries against (1, m, d) keys and values.
+struct TopLeftCausalGradients {
+  Tensor dq, dk, dv;
+};
+
+class TopLeftCausalPass {
+ public:
+  TopLeftCausalPass(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                    int64_t heads)
+      : q_(q),
+        k_(k),
+        v_(v),
+        g_(g),
+        heads_(heads),
+        out_(Shape{1, q.dim(1), q.dim(2)}),
+        lse_(static_cast<size_t>(heads * q.dim(1))) {
+    options_ = testing::kernel_options(0.25F, true);
+    options_.alignment = DiagonalAlignment::kTopLeft;
+    flash_attention_forward(split_heads(q_, heads_, "q"), split_heads(k_, 1, "k"),
+                            split_heads(v_, 1, "v"), ValidLengths(), options_,
+                            split_heads(out_, heads_, "out"), lse_.data());
+  }
+
+  // The backward pass on `threads` threads, into gradients that held 7 (every element written).
+  TopLeftCausalGradients backward(int threads) const {
+    TopLeftCausalGradients grads{Tensor::full(q_.shape(), 7.0F), Tensor::full(k_.shape(), 7.0F),
+                                 Tensor::full(v_.shape(), 7.0F)};
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    flash_attention_backward(split_heads(q_, heads_, "q"), split_heads(k_, 1, "k"),
+                             split_heads(v_, 1, "v"), split_heads(out_, heads_, "out"),
+                             split_heads(g_, heads_, "g"), lse_.data(), ValidLengths(), options_,
+                             split_heads(grads.dq, heads_, "dq"), split_heads(grads.dk, 1, "dk"),
+                             split_heads(grads.dv, 1, "dv"), {}, nullptr);
+    omp_set_num_threads(saved_threads);
+    return grads;
+  }
+
+ private:
+  const Tensor& q_;
+  const Tensor& k_;
+  const Tensor& v_;
+  const Tensor& g_;
+  int64_t heads_;
+  FlashAttentionOptions options_;
+  Tensor out_;
+  std::vector<float> lse_;
+};
+
 // A task packs and reads only the key rows some query of its group may see, in whole tiles of 64
 // (kernels/score_masks.hpp keys_read_in_tiles), and writes zero gradients to the others: is_causal
 // top-left with n = 40 < m = 300 reads keys [0, 64). NaN and ±∞ in rows [64, 300) change no bit
@@ -205,38 +255,17 @@ TEST_P(FlashAttentionBackward, ReadsOnlyTheKeyTilesItsQueriesSee) {
   const Tensor q = random_tensor(Shape{1, n, heads * depth}, rng);
   Tensor k = random_tensor(Shape{1, m, depth}, rng), v = random_tensor(Shape{1, m, depth}, rng);
   const Tensor g = random_tensor(Shape{1, n, heads * depth}, rng);
-  FlashAttentionOptions options = testing::kernel_options(0.25F, true);
-  options.alignment = DiagonalAlignment::kTopLeft;
-  Tensor out(Shape{1, n, heads * depth});
-  std::vector<float> lse(static_cast<size_t>(heads * n));
-  flash_attention_forward(split_heads(q, heads, "q"), split_heads(k, 1, "k"),
-                          split_heads(v, 1, "v"), ValidLengths(), options,
-                          split_heads(out, heads, "out"), lse.data());
-  struct Gradients {
-    Tensor dq, dk, dv;
-  };
-  const auto backward = [&](int threads) {
-    Gradients grads{Tensor::full(q.shape(), 7.0F), Tensor::full(k.shape(), 7.0F),
-                    Tensor::full(v.shape(), 7.0F)};
-    const int saved_threads = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    flash_attention_backward(split_heads(q, heads, "q"), split_heads(k, 1, "k"),
-                             split_heads(v, 1, "v"), split_heads(out, heads, "out"),
-                             split_heads(g, heads, "g"), lse.data(), ValidLengths(), options,
-                             split_heads(grads.dq, heads, "dq"), split_heads(grads.dk, 1, "dk"),
-                             split_heads(grads.dv, 1, "dv"), {}, nullptr);
-    omp_set_num_threads(saved_threads);
-    return grads;
-  };
-  const Gradients clean = backward(1), clean_split = backward(3);
+  // The forward pass on the clean rows: the backward's output and log-sum-exp stay theirs.
+  const TopLeftCausalPass pass(q, k, v, g, heads);
+  const TopLeftCausalGradients clean = pass.backward(1), clean_split = pass.backward(3);
   const float unread[] = {NAN, INFINITY, -INFINITY};
   for (Tensor* input : {&k, &v}) {
     for (int64_t e = 64 * depth; e < input->numel(); ++e) input->data()[e] = unread[e % 3];
   }
   const std::string where = "target " + std::string(hwy::TargetName(GetParam()));
   for (const int threads : {1, 3}) {
-    const Gradients dirty = backward(threads);
-    const Gradients& expected = threads == 1 ? clean : clean_split;
+    const TopLeftCausalGradients dirty = pass.backward(threads);
+    const TopLeftCausalGradients& expected = threads == 1 ? clean : clean_split;
     EXPECT_EQ(dirty.dq.values(), expected.dq.values()) << where << ", " << threads << " threads";
     EXPECT_EQ(dirty.dk.values(), expected.dk.values()) << where << ", " << threads << " threads";
     EXPECT_EQ(dirty.dv.values(), expected.dv.values()) << where << ", " << threads << " threads";
@@ -259,28 +288,8 @@ TEST_P(FlashAttentionBackward, StoresKeyValueGradientsOfOneQueryTileInChunks) {
                k = random_tensor(Shape{1, m, depth}, rng),
                v = random_tensor(Shape{1, m, depth}, rng),
                g = random_tensor(Shape{1, n, depth}, rng);
-  FlashAttentionOptions options = testing::kernel_options(0.25F, true);
-  options.alignment = DiagonalAlignment::kTopLeft;
-  Tensor out(Shape{1, n, depth});
-  std::vector<float> lse(static_cast<size_t>(n));
-  flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"),
-                          ValidLengths(), options, single_head(out, "out"), lse.data());
-  struct Gradients {
-    Tensor dq, dk, dv;
-  };
-  const auto backward = [&](int threads) {
-    Gradients grads{Tensor::full(q.shape(), 7.0F), Tensor::full(k.shape(), 7.0F),
-                    Tensor::full(v.shape(), 7.0F)};
-    const int saved_threads = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    flash_attention_backward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"),
-                             single_head(out, "out"), single_head(g, "g"), lse.data(),
-                             ValidLengths(), options, single_head(grads.dq, "dq"),
-                             single_head(grads.dk, "dk"), single_head(grads.dv, "dv"), {}, nullptr);
-    omp_set_num_threads(saved_threads);
-    return grads;
-  };
-  const Gradients single = backward(1), split = backward(3);
+  const TopLeftCausalPass pass(q, k, v, g, 1);
+  const TopLeftCausalGradients single = pass.backward(1), split = pass.backward(3);
   const std::string where = "target " + std::string(hwy::TargetName(GetParam()));
   DotProductAttention reference(0.0F, 0.25F);
   reference.set_path(AttentionPath::kReference);
