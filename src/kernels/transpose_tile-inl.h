@@ -1,6 +1,6 @@
 // Tiles transposed for the kernels whose tiles keep queries along the lanes (Qᵀ, dOᵀ), per SIMD
-// target (a Highway "-inl.h" header): fp32 rows scaled in 4 × 4 register blocks, and 16 × 16
-// blocks of 32-bit words (bf16 pairs) on AVX-512.
+// target (a Highway "-inl.h" header): fp32 rows scaled in 4 × 4 register blocks (16 × 16 on
+// AVX-512), and 16 × 16 blocks of 32-bit words (bf16 pairs, fp32) on AVX-512.
 
 #if defined(ATTN_KERNELS_TRANSPOSE_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_KERNELS_TRANSPOSE_TILE_INL_H_
@@ -11,6 +11,7 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -37,54 +38,6 @@ HWY_INLINE void Transpose4x4(D4 d4, hn::Vec<D4> a, hn::Vec<D4> b, hn::Vec<D4> c,
   column(3, hn::BitCast(d4, hn::InterleaveUpper(d64, ab_high, ce_high)));
 }
 #endif
-
-// out[t · br + r] = scale · rows[r · stride + t] for r < count and t < cols, 0 for the padding
-// lanes count ≤ r < width, and the lanes from width to br left as they are: width (a multiple of
-// the target's vector lanes, count ≤ width ≤ br) spans the vectors the tile's readers multiply,
-// those holding a query (VectorsHolding, or AdditiveScoreVectors), so a tile of 8 queries stores
-// one vector of each column instead of four (zeros to br were a tenth of a (1, 8, 8, 64) backward
-// pass, Zen 5). Blocks of 4 rows × 4 columns go through registers (two interleaving steps);
-// element by element the transpose cost 4% of the forward at n = 1024, d = 64 (perf, Zen 5).
-HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t count, size_t cols,
-                                    float scale, size_t br, size_t width, float* HWY_RESTRICT out) {
-  if (count < width) {
-    // Zeros in the padding lanes, stored first in whole vectors (the one holding lane `count` too:
-    // the rows below overwrite its real lanes); a fill per column (rep stos) or a store per lane
-    // cost more than the products of a tile of n = 16 queries. The columns are the inner loop:
-    // with the lanes inner, GCC made each column's stores a call of memset (a (1, 8, 8, 64)
-    // forward and backward call 13.8 → 12.2 µs without them, Zen 5).
-    const hn::ScalableTag<float> d;
-    const size_t lanes = hn::Lanes(d);
-    for (size_t i = count / lanes * lanes; i < width; i += lanes) {
-      for (size_t t = 0; t < cols; ++t) hn::StoreU(hn::Zero(d), d, out + t * br + i);
-    }
-  }
-  size_t r = 0;
-#if HWY_TARGET != HWY_SCALAR
-  const hn::CappedTag<float, 4> d4;
-  const auto scale4 = hn::Set(d4, scale);
-  const size_t full_columns = cols / 4 * 4;
-  for (; r + 4 <= count; r += 4) {
-    const float* row = rows + r * stride;
-    for (size_t t = 0; t < full_columns; t += 4) {
-      const auto a = hn::Mul(hn::LoadU(d4, row + t), scale4);
-      const auto b = hn::Mul(hn::LoadU(d4, row + stride + t), scale4);
-      const auto c = hn::Mul(hn::LoadU(d4, row + 2 * stride + t), scale4);
-      const auto e = hn::Mul(hn::LoadU(d4, row + 3 * stride + t), scale4);
-      float* column = out + t * br + r;
-      Transpose4x4(d4, a, b, c, e,
-                   [&](size_t i, auto values) { hn::StoreU(values, d4, column + i * br); });
-    }
-    for (size_t t = full_columns; t < cols; ++t) {
-      for (size_t i = 0; i < 4; ++i) out[t * br + r + i] = row[i * stride + t] * scale;
-    }
-  }
-#endif
-  for (size_t t = 0; t < cols; ++t) {  // the rows left
-    float* column = out + t * br;
-    for (size_t i = r; i < count; ++i) column[i] = rows[i * stride + t] * scale;
-  }
-}
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // A 16 × 16 block of 32-bit words transposed: out[c · out_stride + r] = in[r · in_stride + c]
@@ -122,6 +75,80 @@ HWY_INLINE void TransposeWords16(const uint32_t* in, size_t in_stride, uint32_t*
   for (size_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + r * out_stride, row[r]);
 }
 #endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+
+// out[t · br + r] = scale · rows[r · stride + t] for r < count and t < cols, 0 for the padding
+// lanes count ≤ r < width, and the lanes from width to br left as they are: width (a multiple of
+// the target's vector lanes, count ≤ width ≤ br) spans the vectors the tile's readers multiply,
+// those holding a query (VectorsHolding, or AdditiveScoreVectors), so a tile of 8 queries stores
+// one vector of each column instead of four (zeros to br were a tenth of a (1, 8, 8, 64) backward
+// pass, Zen 5). Blocks of 4 rows × 4 columns (16 × 16 on AVX-512) go through registers;
+// element by element the transpose cost 4% of the forward at n = 1024, d = 64 (perf, Zen 5).
+HWY_INLINE void TransposeScaledTile(const float* rows, size_t stride, size_t count, size_t cols,
+                                    float scale, size_t br, size_t width, float* HWY_RESTRICT out) {
+  if (count < width) {
+    // Zeros in the padding lanes, stored first in whole vectors (the one holding lane `count` too:
+    // the rows below overwrite its real lanes); a fill per column (rep stos) or a store per lane
+    // cost more than the products of a tile of n = 16 queries. The columns are the inner loop:
+    // with the lanes inner, GCC made each column's stores a call of memset (a (1, 8, 8, 64)
+    // forward and backward call 13.8 → 12.2 µs without them, Zen 5).
+    const hn::ScalableTag<float> d;
+    const size_t lanes = hn::Lanes(d);
+    for (size_t i = count / lanes * lanes; i < width; i += lanes) {
+      for (size_t t = 0; t < cols; ++t) hn::StoreU(hn::Zero(d), d, out + t * br + i);
+    }
+  }
+#if HWY_TARGET != HWY_SCALAR
+  const hn::CappedTag<float, 4> d4;
+  const auto scale4 = hn::Set(d4, scale);
+  const size_t full_columns = cols / 4 * 4;
+  // Rows [r, r + 4), columns from `first` on: 4 × 4 blocks, the last columns one by one.
+  const auto four_rows = [&](size_t r, size_t first) {
+    const float* row = rows + r * stride;
+    for (size_t t = first; t < full_columns; t += 4) {
+      const auto a = hn::Mul(hn::LoadU(d4, row + t), scale4);
+      const auto b = hn::Mul(hn::LoadU(d4, row + stride + t), scale4);
+      const auto c = hn::Mul(hn::LoadU(d4, row + 2 * stride + t), scale4);
+      const auto e = hn::Mul(hn::LoadU(d4, row + 3 * stride + t), scale4);
+      float* column = out + t * br + r;
+      Transpose4x4(d4, a, b, c, e,
+                   [&](size_t i, auto values) { hn::StoreU(values, d4, column + i * br); });
+    }
+    for (size_t t = std::max(first, full_columns); t < cols; ++t) {
+      for (size_t i = 0; i < 4; ++i) out[t * br + r + i] = row[i * stride + t] * scale;
+    }
+  };
+#endif
+  size_t r = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // Blocks of 16 rows × 16 columns through the word transpose, scaled in the output's vectors
+  // after it: the 4 × 4 blocks' 128-bit steps made the backward's Qᵀ and dOᵀ 1.2% of its time at
+  // n = 1024, d = 64 (perf, Zen 5).
+  const hn::ScalableTag<float> d;  // 16 lanes on these targets
+  const auto scale_vector = hn::Set(d, scale);
+  const size_t wide_columns = cols / 16 * 16;
+  for (; wide_columns > 0 && r + 16 <= count; r += 16) {
+    const float* row = rows + r * stride;
+    for (size_t t = 0; t < wide_columns; t += 16) {
+      float* block = out + t * br + r;
+      TransposeWords16(reinterpret_cast<const uint32_t*>(row + t), stride,
+                       reinterpret_cast<uint32_t*>(block), br);
+      if (scale == 1.0F) continue;
+      for (size_t i = 0; i < 16; ++i) {
+        float* column = block + i * br;
+        hn::StoreU(hn::Mul(hn::LoadU(d, column), scale_vector), d, column);
+      }
+    }
+    for (size_t q = r; q < r + 16; q += 4) four_rows(q, wide_columns);
+  }
+#endif
+#if HWY_TARGET != HWY_SCALAR
+  for (; r + 4 <= count; r += 4) four_rows(r, 0);
+#endif
+  for (size_t t = 0; t < cols; ++t) {  // the rows left
+    float* column = out + t * br;
+    for (size_t i = r; i < count; ++i) column[i] = rows[i * stride + t] * scale;
+  }
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attn
