@@ -182,11 +182,12 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
     }
     const bool dropout = options.dropout > 0.0F;  // only dropout reads row_keys
     for (size_t i = first_row; i < first_row + rows; ++i) {
-      const float* out_row = half == nullptr ? nullptr : half->out_row;
+      const float* out_row = nullptr;
       if (half != nullptr) {
         WidenRow(d, half->type,
                  half->out.matrix(b, h) + static_cast<int64_t>(i) * half->out.row_stride, dv,
                  half->out_row);
+        out_row = half->out_row;
       } else {
         out_row = out.matrix(b, h) + static_cast<int64_t>(i) * out.row_stride;
       }

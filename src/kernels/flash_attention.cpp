@@ -921,8 +921,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
           [&](size_t r0, size_t rows, KeyRange seen) {
             const bool any = seen.begin < seen.end;
             if (!any && !rescale) return;  // nothing to add, nothing to rescale
-            const size_t p0 = any ? static_cast<size_t>(seen.begin - key0) / 2 : 0;
-            const size_t p1 = any ? (static_cast<size_t>(seen.end - key0) + 1) / 2 : 0;
+            const auto [p0, p1] = any ? PairsHolding(static_cast<size_t>(seen.begin - key0),
+                                                     static_cast<size_t>(seen.end - key0))
+                                      : std::pair<size_t, size_t>{0, 0};
             GemmBF16<true>(rows, dv_padded / kLanes, s.probability_pairs + p0 * br + r0, 1, br,
                            s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded,
                            dv_padded, p1 - p0, s.output + r0 * dv_padded, dv_padded,

@@ -377,7 +377,7 @@ HWY_INLINE void KeysOverVisibleQueryPairs(const int32_t* first, const int32_t* l
                                           size_t vectors, float* c, size_t c_stride) {
   for_each_key_band(first, last, rows, key0, bc, kVisibleBand,
                     [&](size_t j0, size_t keys, size_t low, size_t high) {
-                      const size_t pair_begin = low / 2, pair_end = (high + 1) / 2;
+                      const auto [pair_begin, pair_end] = PairsHolding(low, high);
                       GemmBF16<true>(keys, vectors, a + j0 * a_stride + pair_begin, a_stride, 1,
                                      b + pair_begin * b_stride, b_stride, pair_end - pair_begin,
                                      c + j0 * c_stride, c_stride, nullptr);
@@ -395,14 +395,27 @@ HWY_INLINE void QueriesOverVisibleKeyPairs(const int32_t* first, const int32_t* 
   for_each_query_band(
       first, last, rows, key0, bc, kVisibleBand, [&](size_t r0, size_t band, KeyRange seen) {
         if (seen.begin >= seen.end) return;
-        const auto pair_begin = static_cast<size_t>(seen.begin - key0) / 2,
-                   pair_end = (static_cast<size_t>(seen.end - key0) + 1) / 2;
+        const auto [pair_begin, pair_end] = PairsHolding(static_cast<size_t>(seen.begin - key0),
+                                                         static_cast<size_t>(seen.end - key0));
         GemmBF16<true>(band, vectors, grad_score_pairs + pair_begin * br + r0, 1, br,
                        key_row_pairs + pair_begin * key_stride, key_stride, pair_end - pair_begin,
                        grad_q + r0 * grad_q_stride, grad_q_stride, nullptr);
       });
 }
 #endif
+
+// Rows [first, first + count) of `rows`, `cols` floats each, set to zero.
+void ZeroRows(const MutableRows& rows, size_t first, size_t count, size_t cols) {
+  for (size_t j = first; j < first + count; ++j) std::fill_n(rows.row(j), cols, 0.0F);
+}
+
+// The same rows multiplied by `scale`.
+void ScaleRows(const MutableRows& rows, size_t first, size_t count, size_t cols, float scale) {
+  for (size_t j = first; j < first + count; ++j) {
+    float* row = rows.row(j);
+    for (size_t t = 0; t < cols; ++t) row[t] *= scale;
+  }
+}
 
 // C[j] += Σ_i A[j, i] · B[i] over a key tile's bc keys j (A: a transposed tile, rows `width`
 // apart: (P ⊙ Z)ᵀ for dV, dSᵀ for dK; B: the tile's query rows, dO or Q) where key ranges cross
@@ -440,16 +453,23 @@ HWY_INLINE void QueriesOverVisibleKeys(D d, const int32_t* first, const int32_t*
                       });
 }
 
-// Rows [first, first + count) of `rows`, `cols` floats each, set to zero.
-void ZeroRows(const MutableRows& rows, size_t first, size_t count, size_t cols) {
-  for (size_t j = first; j < first + count; ++j) std::fill_n(rows.row(j), cols, 0.0F);
-}
-
-// The same rows multiplied by `scale`.
-void ScaleRows(const MutableRows& rows, size_t first, size_t count, size_t cols, float scale) {
-  for (size_t j = first; j < first + count; ++j) {
-    float* row = rows.row(j);
-    for (size_t t = 0; t < cols; ++t) row[t] *= scale;
+// dV += (P ⊙ Z)ᵀ dO or dK += dSᵀ Q on the fp32 products (C[j] (+)= Σ_i A[j, i] · B[i], as
+// KeysOverVisibleQueries) into the key tile's rows of `c` (`cols` floats each): summed per band
+// where key ranges cross the tile; with `store` (the tile's one contribution, straight into the
+// gradient) stored, a crossed tile's rows zeroed before its band sums; else added.
+template <class D>
+HWY_INLINE void KeysOverQueries(D d, bool crossed, bool store, const int32_t* first,
+                                const int32_t* last, size_t rows, size_t key0, size_t bc,
+                                const float* a, size_t width, const float* b, size_t b_stride,
+                                size_t vectors, size_t cols, const MutableRows& c) {
+  if (crossed) {
+    if (store) ZeroRows(c, key0, bc, cols);
+    KeysOverVisibleQueries(d, first, last, rows, static_cast<int64_t>(key0), bc, a, width, b,
+                           b_stride, vectors, c.row(key0), c.stride);
+  } else if (store) {
+    Gemm<false>(d, bc, vectors, a, width, 1, b, b_stride, rows, c.row(key0), c.stride);
+  } else {
+    Gemm<true>(d, bc, vectors, a, width, 1, b, b_stride, rows, c.row(key0), c.stride);
   }
 }
 
@@ -633,20 +653,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else
 #endif
         {
-          // The band sums below add to the rows: stored gradients start from zero there.
-          if (crossed && store) zero_tile();
-          if (crossed) {
-            KeysOverVisibleQueries(d, s.first + first, s.last + first, rows, key_begin, bc, used,
-                                   width, s.grad_out.row(first), s.grad_out.stride,
-                                   dv_padded / lanes, s.grad_v_rows.row(key0),
-                                   s.grad_v_rows.stride);
-          } else if (store) {
-            Gemm<false>(d, bc, dv_padded / lanes, used, width, 1, s.grad_out.row(first),
-                        s.grad_out.stride, rows, s.grad_v_rows.row(key0), s.grad_v_rows.stride);
-          } else {
-            Gemm<true>(d, bc, dv_padded / lanes, used, width, 1, s.grad_out.row(first),
-                       s.grad_out.stride, rows, s.grad_v_rows.row(key0), s.grad_v_rows.stride);
-          }
+          KeysOverQueries(d, crossed, store, s.first + first, s.last + first, rows, key0, bc, used,
+                          width, s.grad_out.row(first), s.grad_out.stride, dv_padded / lanes, dv,
+                          s.grad_v_rows);
         }
         // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -710,21 +719,14 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         }
 #endif
         // dK += dSᵀ Q (scaled at the end); dQ += dS K.
+        KeysOverQueries(d, crossed, store, s.first + first, s.last + first, rows, key0, bc,
+                        s.grad_scores, width, s.queries.row(first), s.queries.stride,
+                        d_padded / lanes, depth, s.grad_k_rows);
         if (crossed) {
-          KeysOverVisibleQueries(d, s.first + first, s.last + first, rows, key_begin, bc,
-                                 s.grad_scores, width, s.queries.row(first), s.queries.stride,
-                                 d_padded / lanes, s.grad_k_rows.row(key0), s.grad_k_rows.stride);
           QueriesOverVisibleKeys(d, s.first + first, s.last + first, rows, key_begin, bc,
                                  s.grad_scores, width, s.keys.row(key0), s.keys.stride,
                                  d_padded / lanes, s.grad_q + first * d_padded, d_padded);
         } else {
-          if (store) {
-            Gemm<false>(d, bc, d_padded / lanes, s.grad_scores, width, 1, s.queries.row(first),
-                        s.queries.stride, rows, s.grad_k_rows.row(key0), s.grad_k_rows.stride);
-          } else {
-            Gemm<true>(d, bc, d_padded / lanes, s.grad_scores, width, 1, s.queries.row(first),
-                       s.queries.stride, rows, s.grad_k_rows.row(key0), s.grad_k_rows.stride);
-          }
           Gemm<true>(d, rows, d_padded / lanes, s.grad_scores, 1, width, s.keys.row(key0),
                      s.keys.stride, bc, s.grad_q + first * d_padded, d_padded);
         }

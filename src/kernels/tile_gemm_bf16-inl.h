@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/tile_gemm-inl.h"
 
@@ -89,6 +90,12 @@ ATTN_BF16_TARGET HWY_INLINE void RowBlockBF16(size_t vectors, const uint32_t* a,
       return MicroKernelBF16<MR, 4, kAccumulate>(a, a_row, a_col, b, ldb, pairs, c, ldc, c_scale,
                                                  product_scale);
   }
+}
+
+// The pairs [begin / 2, ⌈end / 2⌉) that hold elements [begin, end) of a sequence whose elements
+// 2p and 2p + 1 form pair p (adjacent keys or queries): the banded products' range of pairs.
+inline std::pair<size_t, size_t> PairsHolding(size_t begin, size_t end) {
+  return {begin / 2, (end + 1) / 2};
 }
 
 // MicroKernelBF16 over any rows (blocks of kMaxRows) and vectors (blocks of kMaxVectors).
