@@ -233,16 +233,21 @@ void PreparedAttention::check_magnitudes(Family family, float query_max, float k
   key_max_ = key_max;
   value_max_ = value_max;
   require_mask_values();
-  if (family == kDotProduct) {
-    // The kernels never hold a score to check it: bound them all through |s| ≤ |scale|·E·max|q|·
-    // max|k| instead, far from float's limit.
-    const double bound = std::fabs(static_cast<double>(scale_)) *
-                         static_cast<double>(query_layout_.cols) * query_max * key_max;
-    if (bound >= 1e37) {
-      throw ValueError("query, key: scores could overflow float32 (|scale|·E·max|q|·max|k| = " +
-                       std::to_string(bound) + "); scale the inputs down");
-    }
+  if (family == kDotProduct && !scores_within_range(query_max, key_max)) {
+    throw ValueError("query, key: scores could overflow float32 (|scale|·E·max|q|·max|k| = " +
+                     std::to_string(score_bound(query_max, key_max)) + "); scale the inputs down");
   }
+}
+
+double PreparedAttention::score_bound(float query_max, float key_max) const {
+  return std::fabs(static_cast<double>(scale_)) * static_cast<double>(query_layout_.cols) *
+         query_max * key_max;
+}
+
+bool PreparedAttention::scores_within_range(float query_max, float key_max) const {
+  // The kernels never hold a score to check it: bound them all through |s| ≤ |scale|·E·max|q|·
+  // max|k| instead, far from float's limit.
+  return score_bound(query_max, key_max) < 1e37;
 }
 
 void PreparedAttention::require_mask_values() const {
@@ -257,9 +262,9 @@ void PreparedAttention::scale_value(int shift) {
   value_layout_ = heads_layout(roles_, value_.shape(), value_.strides());
 }
 
-double PreparedAttention::value_sum_bound() const {
+double PreparedAttention::value_sum_bound(float value_max) const {
   const double dropout = 1.0 / (1.0 - static_cast<double>(options_.dropout));
-  return static_cast<double>(value_max_) * static_cast<double>(key_layout_.rows) * dropout;
+  return static_cast<double>(value_max) * static_cast<double>(key_layout_.rows) * dropout;
 }
 
 PreparedAttention::GradientShifts PreparedAttention::gradient_shifts(double grad_output_max,

@@ -134,8 +134,12 @@ class PreparedAttention {
   // The kernels then read value · 2^−shift (a scaled contiguous copy): finite_range.hpp says why.
   void scale_value(int shift);
   // What the forward kernel's unnormalised output sum can reach: S·max|v|, times 1/(1−p) with
-  // dropout.
-  double value_sum_bound() const;
+  // dropout (for the inputs' max|v|, or for `value_max`).
+  double value_sum_bound() const { return value_sum_bound(value_max_); }
+  double value_sum_bound(float value_max) const;
+  // Whether every dot-product score stays far within float's range for inputs of these largest
+  // magnitudes (|scale|·E·max|q|·max|k| < 10³⁷): construction throws ValueError otherwise.
+  bool scores_within_range(float query_max, float key_max) const;
   // The powers of two a backward pass scales grad_output (by 2^−grad_output) and value and output
   // (by 2^−value) with, so that every sum stays below kSafeMagnitude: dV ≤ L·G·max|dO|,
   // dS ≤ 2·Ev·max|dO|·max(|v|, |o|), dQ ≤ S·dS·query_factor, dK ≤ L·G·dS·key_factor, and the
@@ -157,6 +161,7 @@ class PreparedAttention {
   void check_options(Family family) const;
   void check_values(Family family);
   void check_magnitudes(Family family, float query_max, float key_max, float value_max);
+  double score_bound(float query_max, float key_max) const;
   void lay_out_mask();
   ScoreMask slice_mask(size_t s) const;
   // The kernels' options with is_causal, its diagonal and the window alone set.

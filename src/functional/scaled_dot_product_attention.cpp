@@ -16,6 +16,7 @@
 #include "functional/attention_layout.hpp"
 #include "functional/decode_route.hpp"
 #include "functional/finite_range.hpp"
+#include "functional/prefill_without_scans.hpp"
 #include "functional/prepared_attention.hpp"
 #include "kernels/dropout_hash.hpp"
 
@@ -37,6 +38,9 @@ void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
   // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp); the
   // prefill path below when it declines or finds something non-finite.
   if (functional_detail::decode_without_scans(query, key, value, options, output, log_sum_exp))
+    return;
+  // Other calls on plain rows: the fused kernel, which reports what it read, checked after.
+  if (functional_detail::prefill_without_scans(query, key, value, options, output, log_sum_exp))
     return;
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const auto out = prepared.output_layout("output", output);

@@ -13,6 +13,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -53,6 +55,10 @@ struct ForwardArgs {
   HalfType half_type = HalfType::kBFloat16;
   ConstHalfHeadsView q16{}, k16{}, v16{};
   HalfHeadsView out16{};
+  // fp32 dot-product and additive passes: when not null, three running maxima (query, key, value)
+  // of the magnitude bits of the rows the pass reads (flash_attention_forward's `read`), which
+  // each task raises as it ends.
+  std::atomic<uint32_t>* read_magnitude_bits = nullptr;
 };
 
 // Whether this CPU has the bf16 dot-product instructions (the AVX-512 targets ask).
@@ -85,6 +91,7 @@ constexpr size_t kKeyTileBF16 = 128;
 #include "kernels/dropout-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/half_rows-inl.h"
+#include "kernels/magnitude_bits-inl.h"
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
 #include "kernels/tile_gemm_bf16-inl.h"
@@ -138,6 +145,10 @@ struct Scratch {
   int64_t packed_head = -1;
   int64_t packed_begin = 0;  // rows [packed_begin, packed_end) of packed_head are packed
   int64_t packed_end = 0;
+  // With ForwardArgs::read_magnitude_bits: the magnitudes of the query rows this thread has
+  // prepared and of the key and value rows it has packed (or, read in place, checked: the packed
+  // range then counts the rows checked).
+  MagnitudeBits read_query, read_key, read_value;
   // The bf16 dot-product path (FlashForwardTileBF16) instead keeps pairs of bf16 in 32 bits, the
   // operand vdpbf16ps multiplies: Qᵀ as (d/2 × Br) pairs of a query's adjacent dimensions, P as
   // (Bc/2 × Br) pairs of a query's adjacent keys, each key row as d/2 pairs, and the values as
@@ -230,6 +241,10 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
     } else {
       std::copy_n(args.k.matrix(b, h) + j * args.k.row_stride, depth, key_row);
       std::copy_n(args.v.matrix(b, h) + j * args.v.row_stride, dv, value_row);
+      if (args.read_magnitude_bits != nullptr) {  // the copies, while they are in L1
+        s.read_key.Add(key_row, depth);
+        s.read_value.Add(value_row, dv);
+      }
       if (args.additive_exponential) DoubledExponentialsInPlace(d, key_row, depth);
     }
     std::fill(value_row + dv, value_row + dv_padded, 0.0F);
@@ -248,6 +263,20 @@ struct KeyValueRows {
 KeyValueRows KeysAndValuesFor(const ForwardArgs& args, int64_t b, int64_t h, int64_t begin,
                               int64_t end, size_t dv_padded, bool in_place, Scratch& s) {
   if (in_place) {
+    if (args.read_magnitude_bits != nullptr) {
+      // Each row checked once per head and thread, as packing would copy it.
+      s.ContinuePacking(b * args.k.heads + h, begin);
+      if (s.packed_end < end) {
+        const auto rows = static_cast<size_t>(end - s.packed_end);
+        s.read_key.AddRows(args.k.matrix(b, h) + s.packed_end * args.k.row_stride,
+                           static_cast<size_t>(args.k.row_stride), rows,
+                           static_cast<size_t>(args.k.cols));
+        s.read_value.AddRows(args.v.matrix(b, h) + s.packed_end * args.v.row_stride,
+                             static_cast<size_t>(args.v.row_stride), rows,
+                             static_cast<size_t>(args.v.cols));
+        s.packed_end = end;
+      }
+    }
     return {{args.k.matrix(b, h), static_cast<size_t>(args.k.row_stride)},
             {args.v.matrix(b, h), static_cast<size_t>(args.v.row_stride)}};
   }
@@ -334,9 +363,12 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     const size_t vectors = args.additive_weights != nullptr
                                ? AdditiveScoreVectors<flash_detail::kQueryVectors>(d, tile.rows)
                                : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
-    TransposeScaledTile(args.q.matrix(b, h) + first_query * args.q.row_stride,
-                        static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
+    const float* rows = args.q.matrix(b, h) + first_query * args.q.row_stride;
+    TransposeScaledTile(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
                         vectors * hn::Lanes(d), s.q_transposed);
+    // The rows again, from L1.
+    if (args.read_magnitude_bits != nullptr)
+      s.read_query.AddRows(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth);
     if (args.additive_exponential)
       DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   }
@@ -987,6 +1019,19 @@ bool NativeBFloat16() {
   return kBFloat16Path && flash_detail::cpu_has_avx512_bf16();
 }
 
+// Raises the call's maxima (ForwardArgs::read_magnitude_bits) to this thread's, once per task.
+void PublishReadMagnitudes(const Scratch& s, const ForwardArgs& args) {
+  const uint32_t largest[3] = {s.read_query.Largest(), s.read_key.Largest(),
+                               s.read_value.Largest()};
+  for (size_t i = 0; i < 3; ++i) {
+    std::atomic<uint32_t>& shared = args.read_magnitude_bits[i];
+    uint32_t seen = shared.load(std::memory_order_relaxed);
+    while (seen < largest[i] &&
+           !shared.compare_exchange_weak(seen, largest[i], std::memory_order_relaxed)) {
+    }
+  }
+}
+
 void FlashForward(const ForwardArgs& args) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
@@ -1075,6 +1120,7 @@ void FlashForward(const ForwardArgs& args) {
                           static_cast<size_t>((tiles.rows + static_cast<int64_t>(br) - 1) /
                                               static_cast<int64_t>(br)),
                           rows_in_place, prefetch, scratch);
+        if (args.read_magnitude_bits != nullptr) PublishReadMagnitudes(scratch, args);
       },
       threads);
 }
@@ -1130,10 +1176,17 @@ Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_
 
 void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                             HeadsView out, float* log_sum_exp) {
+                             HeadsView out, float* log_sum_exp, ReadMagnitudes* read) {
+  if (read != nullptr) *read = {};
   if (!check_attention_arguments(q, k, v, out, valid_lens, options)) return;
-  const flash_detail::ForwardArgs args{q, k, v, out, log_sum_exp, &valid_lens, options};
+  flash_detail::ForwardArgs args{q, k, v, out, log_sum_exp, &valid_lens, options};
+  std::atomic<uint32_t> read_bits[3] = {0U, 0U, 0U};
+  if (read != nullptr) args.read_magnitude_bits = read_bits;
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);
+  if (read != nullptr) {
+    *read = {std::bit_cast<float>(read_bits[0].load()), std::bit_cast<float>(read_bits[1].load()),
+             std::bit_cast<float>(read_bits[2].load())};
+  }
 }
 
 void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView projected_keys,

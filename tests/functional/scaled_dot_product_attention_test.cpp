@@ -762,25 +762,27 @@ TEST_P(FunctionalSdpa, DecodingShapesReadOnlyTheKeysTheySee) {
 // and a window, widened to the backward pass's tiles of 64 keys aligned at key 0
 // (PreparedAttention::keys_read), and only those rows are scanned: NaN, ±∞ and magnitudes past
 // the score bound in every other row leave the output, the log-sum-exp and the gradients as they
-// were (the gradients of those rows 0), while a NaN in the last row read is still named by its
-// index in the whole tensor.
+// were (the gradients of those rows 0). A NaN in the last row the backward pass reads is named by
+// its index in the whole tensor there, and the forward pass, which checks the rows its kernel
+// reads (prefill_without_scans), names a NaN in the last row some query sees.
 TEST_P(FunctionalSdpa, PrefillReadsOnlyTheKeysSomeQuerySees) {
   struct Bounds {
     const char* name;
-    int64_t queries, keys, first_read, end_read;
+    int64_t queries, keys, first_read, end_read, last_seen;
     std::function<void(SdpaTestCase&)> set;
   };
   const Bounds cases[] = {
       // Keys [0, 37) seen, [0, 64) read.
-      {"is_causal top-left, L < S", 37, 300, 0, 64, [](SdpaTestCase& c) { c.set_causal(false); }},
+      {"is_causal top-left, L < S", 37, 300, 0, 64, 36,
+       [](SdpaTestCase& c) { c.set_causal(false); }},
       // Keys [240, 300) seen, [192, 300) read.
-      {"a window of 20 keys, bottom-right", 40, 300, 192, 300,
+      {"a window of 20 keys, bottom-right", 40, 300, 192, 300, 299,
        [](SdpaTestCase& c) {
          c.set_causal(true);
          c.set_window(20, 0);
        }},
       // Keys [0, 40) seen, [0, 64) read.
-      {"is_causal 10 keys behind the queries", 50, 200, 0, 64,
+      {"is_causal 10 keys behind the queries", 50, 200, 0, 64, 39,
        [](SdpaTestCase& c) {
          c.options.causal = c.problem.causal = true;
          c.set_diagonal_offset(-10);
@@ -831,10 +833,19 @@ TEST_P(FunctionalSdpa, PrefillReadsOnlyTheKeysSomeQuerySees) {
     }
     // Batch 1, key/value head 1, the last row read, column 5.
     const int64_t flat = ((1 * 2 + 1) * bounds.keys + bounds.end_read - 1) * 64 + 5;
+    const float read_value = c.k.data()[flat];
     c.k.data()[flat] = NAN;
     EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention_backward(c.q, c.k, c.v, clean.output, c.grad_out,
+                                              clean.log_sum_exp, c.options),
+        ValueError, "key: expected finite values, got NaN at flat index " + std::to_string(flat));
+    // The last row seen, column 7, in the same head.
+    c.k.data()[flat] = read_value;
+    const int64_t seen = ((1 * 2 + 1) * bounds.keys + bounds.last_seen) * 64 + 7;
+    c.k.data()[seen] = -INFINITY;
+    EXPECT_THROW_MESSAGE(
         scaled_dot_product_attention(c.q, c.k, c.v, c.options), ValueError,
-        "key: expected finite values, got NaN at flat index " + std::to_string(flat));
+        "key: expected finite values, got -inf at flat index " + std::to_string(seen));
   }
 }
 

@@ -175,6 +175,50 @@ TEST_P(FlashAttention, RejectsInconsistentShapes) {
                        "q: expected the last dimension to split into 3 heads");
 }
 
+// `read` reports the largest |x| of every query row and of the key and value rows the pass reads,
+// exactly, both where the rows are packed (heads strided through (B, n, heads·d), d = 17 leaving a
+// tail past the vectors) and where they are read in place (one head, rows back to back, d = dv =
+// 16): top-left causal with n = 70 < m = 300 reads keys [0, 70) only, so a huge key and a NaN value
+// beyond them are not reported (nor do they reach the output), while a NaN or ∞ in a row read is.
+TEST_P(FlashAttention, ReportsTheMagnitudesOfTheRowsItReads) {
+  Rng rng(79);
+  for (const int64_t heads : {2, 1}) {
+    const int64_t depth = heads == 2 ? 17 : 16, value_depth = heads == 2 ? 9 : 16;
+    const int64_t batch = 2, queries = 70, keys = 300;
+    SCOPED_TRACE(heads == 2 ? "packed rows" : "rows in place");
+    // Normal entries of σ = 0.1 stay far below the planted magnitudes.
+    Tensor q = random_tensor(Shape{batch, queries, heads * depth}, rng, 0.1F);
+    Tensor k = random_tensor(Shape{batch, keys, heads * depth}, rng, 0.1F);
+    Tensor v = random_tensor(Shape{batch, keys, heads * value_depth}, rng, 0.1F);
+    q(1, 33, heads * depth - 1) = -7.5F;
+    k(1, 69, 0) = -6.25F;  // the last key a query sees
+    k(0, 200, 3) = 1e30F;  // never read
+    v(0, 10, value_depth - 1) = 5.5F;
+    v(1, 250, 2) = std::nanf("");  // never read
+    Tensor out(Shape{batch, queries, heads * value_depth});
+    FlashAttentionOptions options = testing::kernel_options(0.25F, true);
+    options.alignment = DiagonalAlignment::kTopLeft;
+    const auto run = [&] {
+      ReadMagnitudes read{-1.0F, -1.0F, -1.0F};
+      flash_attention_forward(split_heads(q, heads, "q"), split_heads(k, heads, "k"),
+                              split_heads(v, heads, "v"), {}, options,
+                              split_heads(out, heads, "out"), nullptr, &read);
+      return read;
+    };
+    ReadMagnitudes read = run();
+    EXPECT_EQ(read.query, 7.5F);
+    EXPECT_EQ(read.key, 6.25F);
+    EXPECT_EQ(read.value, 5.5F);
+    for (const float x : out.span()) ASSERT_TRUE(std::isfinite(x));
+    k(0, 3, depth - 1) = std::nanf("");
+    v(1, 0, 0) = -std::numeric_limits<float>::infinity();
+    read = run();
+    EXPECT_EQ(read.query, 7.5F);
+    EXPECT_TRUE(std::isnan(read.key)) << read.key;
+    EXPECT_EQ(read.value, std::numeric_limits<float>::infinity());
+  }
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttention);
 
 }  // namespace

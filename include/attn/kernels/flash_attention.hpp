@@ -29,9 +29,20 @@ namespace attn {
 // Accuracy: within a few float32 ulps of the plain path per accumulated term (tests use 1e-5
 // relative to the output's magnitude). Extra memory: per thread, a packed copy of one head's keys
 // and values, m·(d + dv) floats, plus tiles of a few tens of kilobytes.
+//
+// `read`, when not null, receives the largest magnitude of the query rows and of the key and value
+// rows the pass read — every query row, and the keys of the ranges its query tiles reach (lengths,
+// causal bounds, windows and key ranges narrow them; a key a bool mask hides may still be read) —
+// with NaN or +∞ where one of them is not finite: a caller may check the inputs after the pass
+// from these, instead of scanning every element before it (a second read of the inputs, which
+// costs 5% of a pass at n = 1024 and 12% of a 256-key window at n = 4096).
+struct ReadMagnitudes {
+  float query = 0.0F, key = 0.0F, value = 0.0F;
+};
 void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                             HeadsView out, float* log_sum_exp = nullptr);
+                             HeadsView out, float* log_sum_exp = nullptr,
+                             ReadMagnitudes* read = nullptr);
 
 // The same pass over half-precision q, k, v (all of `type`), written to `out` in `type`, as
 // PyTorch's bf16/fp16 attention: scores, softmax and the output accumulate in fp32, and the output

@@ -1,0 +1,69 @@
+// The largest magnitude of the rows a kernel reads, taken as it reads them, per SIMD target (a
+// Highway "-inl.h" header): for callers that let the kernel check its inputs instead of scanning
+// them first (a second read of everything, as long as the kernel's own for short or windowed work).
+
+#if defined(ATTN_KERNELS_MAGNITUDE_BITS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_KERNELS_MAGNITUDE_BITS_INL_H_
+#undef ATTN_KERNELS_MAGNITUDE_BITS_INL_H_
+#else
+#define ATTN_KERNELS_MAGNITUDE_BITS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/magnitude_scan.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Running maxima of |x| as the bits of the float (core/magnitude_scan.hpp's order: NaN and ±∞
+// above every finite value), lane-wise while rows are added and reduced once by Largest(), so
+// that a row of 64 floats costs four loads and four maxima, not a reduction of its own.
+class MagnitudeBits {
+ public:
+  // Adds the `count` floats from `values` on.
+  HWY_INLINE void Add(const float* values, size_t count) {
+    const hn::ScalableTag<float> d;
+    const hn::RebindToUnsigned<decltype(d)> du;
+    const size_t lanes = hn::Lanes(d);
+    const auto magnitude = hn::Set(du, core_detail::kMagnitudeBits);
+    auto largest = hn::LoadU(du, lanes_);
+    size_t i = 0;
+    for (; i + lanes <= count; i += lanes)
+      largest = hn::Max(largest, hn::And(hn::BitCast(du, hn::LoadU(d, values + i)), magnitude));
+    hn::StoreU(largest, du, lanes_);
+    for (; i < count; ++i)
+      tail_ = std::max(tail_, std::bit_cast<uint32_t>(values[i]) & core_detail::kMagnitudeBits);
+  }
+
+  // Adds `rows` rows of `cols` floats, `stride` floats apart, from `first` on.
+  HWY_INLINE void AddRows(const float* first, size_t stride, size_t rows, size_t cols) {
+    if (stride == cols) return Add(first, rows * cols);
+    for (size_t r = 0; r < rows; ++r) Add(first + r * stride, cols);
+  }
+
+  uint32_t Largest() const {
+    uint32_t largest = tail_;
+    for (const uint32_t lane : lanes_) largest = std::max(largest, lane);
+    return largest;
+  }
+
+ private:
+  // The lane-wise maxima between calls (kept in memory: a class holds no vector on every target),
+  // as wide as the widest target's vector.
+  alignas(64) uint32_t lanes_[16] = {};
+  uint32_t tail_ = 0;
+};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_KERNELS_MAGNITUDE_BITS_INL_H_
