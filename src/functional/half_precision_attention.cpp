@@ -12,6 +12,7 @@
 #include "functional/attention_layout.hpp"
 #include "functional/decode_route.hpp"
 #include "functional/finite_range.hpp"
+#include "functional/prefill_without_scans.hpp"
 #include "functional/prepared_attention.hpp"
 
 namespace attn {
@@ -89,6 +90,11 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
   // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp).
   if (functional_detail::decode_without_scans(type, query, key, value, options, output,
                                               log_sum_exp)) {
+    return;
+  }
+  // Other calls on plain rows: the half kernel, which reports what it read, checked after.
+  if (functional_detail::prefill_without_scans(type, query, key, value, options, output,
+                                               log_sum_exp)) {
     return;
   }
   CheckedHalfInputs inputs(type, query, key, value, options);

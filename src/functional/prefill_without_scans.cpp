@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
@@ -13,8 +14,35 @@ namespace attn::functional_detail {
 
 namespace {
 
-bool rows_contiguous(const ConstStridedView& view) {
+template <class T>
+bool rows_contiguous(const StridedView<T>& view) {
   return view.rank() == 0 || view.dim(-1) <= 1 || view.stride(-1) == 1;
+}
+
+// Runs run_slice(s, &read) over the prepared call's slices and checks what they read: every row
+// finite, the scores' bound, values that need no scaling. Otherwise zero_slice(s) over them all
+// and false.
+template <class RunSlice, class ZeroSlice>
+bool run_checked(const PreparedAttention& prepared, const RunSlice& run_slice,
+                 const ZeroSlice& zero_slice) {
+  prepared.require_mask_values();
+  bool finite = true;
+  float query_max = 0.0F, key_max = 0.0F, value_max = 0.0F;
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    ReadMagnitudes read;
+    run_slice(s, &read);
+    finite =
+        finite && std::isfinite(read.query) && std::isfinite(read.key) && std::isfinite(read.value);
+    query_max = std::max(query_max, read.query);
+    key_max = std::max(key_max, read.key);
+    value_max = std::max(value_max, read.value);
+  }
+  if (finite && prepared.scores_within_range(query_max, key_max) &&
+      shift_for(prepared.value_sum_bound(value_max)) == 0) {
+    return true;
+  }
+  for (size_t s = 0; s < prepared.slices(); ++s) zero_slice(s);
+  return false;
 }
 
 }  // namespace
@@ -27,27 +55,43 @@ bool prefill_without_scans(ConstStridedView query, ConstStridedView key, ConstSt
   const PreparedAttention prepared(query, key, value, options, PreparedAttention::kShapesOnly);
   const auto out = prepared.output_layout("output", output);
   prepared.require_log_sum_exp(log_sum_exp, true);
-  prepared.require_mask_values();
-  bool finite = true;
-  float query_max = 0.0F, key_max = 0.0F, value_max = 0.0F;
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    ReadMagnitudes read;
-    flash_attention_forward(
-        prepared.query(s), prepared.key(s), prepared.value(s), prepared.valid_lens(),
-        prepared.kernel_options(s), out.slice(output.data(), s),
-        log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), &read);
-    finite =
-        finite && std::isfinite(read.query) && std::isfinite(read.key) && std::isfinite(read.value);
-    query_max = std::max(query_max, read.query);
-    key_max = std::max(key_max, read.key);
-    value_max = std::max(value_max, read.value);
-  }
-  if (finite && prepared.scores_within_range(query_max, key_max) &&
-      shift_for(prepared.value_sum_bound(value_max)) == 0) {
-    return true;
-  }
-  for (size_t s = 0; s < prepared.slices(); ++s) fill_heads(out.slice(output.data(), s), 0.0F);
-  return false;
+  return run_checked(
+      prepared,
+      [&](size_t s, ReadMagnitudes* read) {
+        flash_attention_forward(
+            prepared.query(s), prepared.key(s), prepared.value(s), prepared.valid_lens(),
+            prepared.kernel_options(s), out.slice(output.data(), s),
+            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), read);
+      },
+      [&](size_t s) { fill_heads(out.slice(output.data(), s), 0.0F); });
+}
+
+bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
+                           StridedView<const uint16_t> key, StridedView<const uint16_t> value,
+                           const AttentionOptions& options, StridedView<uint16_t> output,
+                           std::span<float> log_sum_exp) {
+  if (!rows_contiguous(query) || !rows_contiguous(key) || !rows_contiguous(value)) return false;
+  // The shapes as float views without data (kShapesOnly reads none): the layouts, in elements,
+  // address the half bits.
+  const auto shape_only = [](const auto& view) {
+    return ConstStridedView(nullptr, view.shape(), view.strides());
+  };
+  const PreparedAttention prepared(shape_only(query), shape_only(key), shape_only(value), options,
+                                   PreparedAttention::kShapesOnly);
+  const auto out = prepared.output_layout(
+      "output", MutableStridedView(nullptr, output.shape(), output.strides()));
+  prepared.require_log_sum_exp(log_sum_exp, true);
+  return run_checked(
+      prepared,
+      [&](size_t s, ReadMagnitudes* read) {
+        flash_attention_forward(
+            type, prepared.query_layout().slice(query.data(), s),
+            prepared.key_layout().slice(key.data(), s),
+            prepared.value_layout().slice(value.data(), s), prepared.valid_lens(),
+            prepared.kernel_options(s), out.slice(output.data(), s),
+            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), read);
+      },
+      [&](size_t s) { fill_heads(out.slice(output.data(), s), uint16_t{0}); });
 }
 
 }  // namespace attn::functional_detail

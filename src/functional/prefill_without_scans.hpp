@@ -3,8 +3,10 @@
 // reads, and the call is checked from those after it.
 #pragma once
 
+#include <cstdint>
 #include <span>
 
+#include "attn/core/half.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/functional/attention_options.hpp"
 
@@ -22,6 +24,12 @@ namespace attn::functional_detail {
 // takes the scanned path, which names the input or scales the values.
 bool prefill_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
                            const AttentionOptions& options, MutableStridedView output,
+                           std::span<float> log_sum_exp);
+// The same for half-precision q, k, v (the half kernel's magnitudes, of the floats they widen to):
+// values that need scaling are left to the scanned path, which widens them.
+bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
+                           StridedView<const uint16_t> key, StridedView<const uint16_t> value,
+                           const AttentionOptions& options, StridedView<uint16_t> output,
                            std::span<float> log_sum_exp);
 
 }  // namespace attn::functional_detail

@@ -55,8 +55,8 @@ struct ForwardArgs {
   HalfType half_type = HalfType::kBFloat16;
   ConstHalfHeadsView q16{}, k16{}, v16{};
   HalfHeadsView out16{};
-  // fp32 dot-product and additive passes: when not null, three running maxima (query, key, value)
-  // of the magnitude bits of the rows the pass reads (flash_attention_forward's `read`), which
+  // When not null, three running maxima (query, key, value) of the magnitude bits of the rows the
+  // pass reads (flash_attention_forward's `read`; half inputs as the floats they widen to), which
   // each task raises as it ends.
   std::atomic<uint32_t>* read_magnitude_bits = nullptr;
 };
@@ -238,6 +238,10 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
     if (args.half) {
       WidenRow(d, args.half_type, args.k16.matrix(b, h) + j * args.k16.row_stride, depth, key_row);
       WidenRow(d, args.half_type, args.v16.matrix(b, h) + j * args.v16.row_stride, dv, value_row);
+      if (args.read_magnitude_bits != nullptr) {  // widening keeps every magnitude, NaN and ∞
+        s.read_key.Add(key_row, depth);
+        s.read_value.Add(value_row, dv);
+      }
     } else {
       std::copy_n(args.k.matrix(b, h) + j * args.k.row_stride, depth, key_row);
       std::copy_n(args.v.matrix(b, h) + j * args.v.row_stride, dv, value_row);
@@ -342,6 +346,7 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
         s.query_pairs[t * br + r] = pair;
       }
       if (depth % 2 != 0) s.query_pairs[full_pairs * br + r] = row[depth - 1];
+      if (args.read_magnitude_bits != nullptr) s.read_query.AddBFloat16(row, depth);
     }
   } else if (args.half) {
     // Each row widened in vectors (a conversion per element would cost a quarter of the tile's
@@ -353,6 +358,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
             d, args.half_type,
             args.q16.matrix(b, h) + (first_query + static_cast<int64_t>(r)) * args.q16.row_stride,
             depth, s.widened_row);
+        // Widening keeps every magnitude, NaN and ∞.
+        if (args.read_magnitude_bits != nullptr) s.read_query.Add(s.widened_row, depth);
       }
       for (size_t t = 0; t < depth; ++t)
         s.q_transposed[t * br + r] = r < tile.rows ? s.widened_row[t] * scale : 0.0F;
@@ -665,6 +672,17 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
 // The bf16 dot-product path (tile_gemm_bf16-inl.h): AVX-512 with AVX512-BF16, checked at run time.
 constexpr bool kBFloat16Path = true;
 
+// The magnitudes of bf16 key and value rows [first, first + count) that a packing step read
+// (those before m), from its head's rows k and v.
+HWY_INLINE void AddPairRows(const ForwardArgs& args, const uint16_t* k, const uint16_t* v,
+                            int64_t first, int64_t count, Scratch& s) {
+  const int64_t end = std::min(first + count, args.k.rows);
+  for (int64_t row = first; row < end; ++row) {
+    s.read_key.AddBFloat16(k + row * args.k16.row_stride, static_cast<size_t>(args.k.cols));
+    s.read_value.AddBFloat16(v + row * args.v16.row_stride, static_cast<size_t>(args.v.cols));
+  }
+}
+
 // Rows [begin, end) of key/value head (b, h), begin even, as bf16 pairs in s.key_pairs (d/2 per
 // key row, an odd d's last pair padded with 0) and s.value_pairs (rows 2p and 2p + 1 of a column
 // in pair p; a key past m reads as 0). The packed range grows as PackKeysAndValues's does.
@@ -688,6 +706,7 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
     const uint16_t* first = v + j * args.v16.row_stride;
     InterleaveRowPairs(first, j + 1 < keys ? first + args.v16.row_stride : nullptr, dv, dv_padded,
                        s.value_pairs + static_cast<size_t>(j / 2) * dv_padded);
+    if (args.read_magnitude_bits != nullptr) AddPairRows(args, k, v, j, 2, s);
   }
   s.packed_end = std::max(s.packed_end, end + end % 2);  // whole pairs
 }
@@ -730,6 +749,7 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
       TransposeWords16(s.value_pairs + column, dv_tiles,
                        s.values_transposed + column * s.value_stride + j / 2, s.value_stride);
     }
+    if (args.read_magnitude_bits != nullptr) AddPairRows(args, k, v, j, kBlock, s);
   }
   s.packed_end = std::max(s.packed_end, (end + kBlock - 1) / kBlock * kBlock);
 }
@@ -1112,8 +1132,10 @@ void FlashForward(const ForwardArgs& args) {
                       tiles.first_query, tiles.rows, true);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_pairs) {
-          return FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, prefetch, scratch,
-                                      products);
+          FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, prefetch, scratch,
+                               products);
+          if (args.read_magnitude_bits != nullptr) PublishReadMagnitudes(scratch, args);
+          return;
         }
 #endif
         FlashForwardTiles(args, tiles.b, tiles.h, tiles.first_query,
@@ -1135,6 +1157,22 @@ namespace attn {
 HWY_EXPORT(FlashForward);
 HWY_EXPORT(NativeBFloat16);
 
+namespace {
+
+// The forward pass on the dispatched target, with the magnitudes of the rows it read into `read`
+// when that is not null.
+void RunForward(flash_detail::ForwardArgs args, ReadMagnitudes* read) {
+  std::atomic<uint32_t> read_bits[3] = {0U, 0U, 0U};
+  if (read != nullptr) args.read_magnitude_bits = read_bits;
+  HWY_DYNAMIC_DISPATCH(FlashForward)(args);
+  if (read != nullptr) {
+    *read = {std::bit_cast<float>(read_bits[0].load()), std::bit_cast<float>(read_bits[1].load()),
+             std::bit_cast<float>(read_bits[2].load())};
+  }
+}
+
+}  // namespace
+
 bool flash_attention_bfloat16_native() {
   return HWY_DYNAMIC_DISPATCH(NativeBFloat16)();
 }
@@ -1142,7 +1180,8 @@ bool flash_attention_bfloat16_native() {
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                              ConstHalfHeadsView v, const ValidLengths& valid_lens,
                              const FlashAttentionOptions& options, HalfHeadsView out,
-                             float* log_sum_exp) {
+                             float* log_sum_exp, ReadMagnitudes* read) {
+  if (read != nullptr) *read = {};
   const ConstHeadsView q_shape = shape_only(q), k_shape = shape_only(k), v_shape = shape_only(v);
   const HeadsView out_shape = shape_only(out);
   if (!check_attention_arguments(q_shape, k_shape, v_shape, out_shape, valid_lens, options)) return;
@@ -1154,7 +1193,7 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
   args.k16 = k;
   args.v16 = v;
   args.out16 = out;
-  HWY_DYNAMIC_DISPATCH(FlashForward)(args);
+  RunForward(args, read);
 }
 
 Tensor flash_attention_dropout_mask(const FlashAttentionOptions& options, int64_t batch_heads,
@@ -1179,14 +1218,7 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
                              HeadsView out, float* log_sum_exp, ReadMagnitudes* read) {
   if (read != nullptr) *read = {};
   if (!check_attention_arguments(q, k, v, out, valid_lens, options)) return;
-  flash_detail::ForwardArgs args{q, k, v, out, log_sum_exp, &valid_lens, options};
-  std::atomic<uint32_t> read_bits[3] = {0U, 0U, 0U};
-  if (read != nullptr) args.read_magnitude_bits = read_bits;
-  HWY_DYNAMIC_DISPATCH(FlashForward)(args);
-  if (read != nullptr) {
-    *read = {std::bit_cast<float>(read_bits[0].load()), std::bit_cast<float>(read_bits[1].load()),
-             std::bit_cast<float>(read_bits[2].load())};
-  }
+  RunForward({q, k, v, out, log_sum_exp, &valid_lens, options}, read);
 }
 
 void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView projected_keys,

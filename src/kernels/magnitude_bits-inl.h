@@ -23,9 +23,10 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Running maxima of |x| as the bits of the float (core/magnitude_scan.hpp's order: NaN and ±∞
-// above every finite value), lane-wise while rows are added and reduced once by Largest(), so
-// that a row of 64 floats costs four loads and four maxima, not a reduction of its own.
+// Running maxima of |x| as the bits of the float (bf16 inputs as the floats they widen to)
+// (core/magnitude_scan.hpp's order: NaN and ±∞ above every finite value), lane-wise while rows are
+// added and reduced once by Largest(), so that a row of 64 floats costs four loads and four maxima,
+// not a reduction of its own.
 class MagnitudeBits {
  public:
   // Adds the `count` floats from `values` on.
@@ -49,9 +50,25 @@ class MagnitudeBits {
     for (size_t r = 0; r < rows; ++r) Add(first + r * stride, cols);
   }
 
+  // Adds the `count` bf16 values from `values` on (their bits): a bf16's magnitude bits are the
+  // top half of its float's, in the same order.
+  HWY_INLINE void AddBFloat16(const uint16_t* values, size_t count) {
+    const hn::ScalableTag<uint16_t> du16;
+    const size_t lanes = hn::Lanes(du16);
+    const auto magnitude = hn::Set(du16, static_cast<uint16_t>(core_detail::kMagnitudeBits >> 16));
+    auto largest = hn::LoadU(du16, half_lanes_);
+    size_t i = 0;
+    for (; i + lanes <= count; i += lanes)
+      largest = hn::Max(largest, hn::And(hn::LoadU(du16, values + i), magnitude));
+    hn::StoreU(largest, du16, half_lanes_);
+    for (; i < count; ++i)
+      tail_ = std::max(tail_, (uint32_t{values[i]} << 16) & core_detail::kMagnitudeBits);
+  }
+
   uint32_t Largest() const {
     uint32_t largest = tail_;
     for (const uint32_t lane : lanes_) largest = std::max(largest, lane);
+    for (const uint16_t lane : half_lanes_) largest = std::max(largest, uint32_t{lane} << 16);
     return largest;
   }
 
@@ -59,6 +76,7 @@ class MagnitudeBits {
   // The lane-wise maxima between calls (kept in memory: a class holds no vector on every target),
   // as wide as the widest target's vector.
   alignas(64) uint32_t lanes_[16] = {};
+  alignas(64) uint16_t half_lanes_[32] = {};
   uint32_t tail_ = 0;
 };
 

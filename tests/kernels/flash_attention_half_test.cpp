@@ -443,6 +443,63 @@ TEST_P(FlashAttentionHalf, BackwardWithoutWorkGivesZeroGradients) {
   EXPECT_EQ(grad_k.bits, std::vector<uint16_t>(20, 0));
 }
 
+// `read` reports the largest magnitude of every query row and of the key and value rows the pass
+// reads, as the floats the inputs widen to, on each path a half input takes here: bf16 on
+// vdpbf16ps pairs, on the AMX tile model (blocks of 32 keys) and widened where the target has
+// neither, fp16 widened. Top-left causal with n = 70 < m = 300 reads keys [0, 96) at most, so an ∞
+// key and a NaN value at rows 200 and 250 are not reported, while NaN and −∞ in rows read are.
+TEST_P(FlashAttentionHalf, ReportsTheMagnitudesOfTheRowsItReads) {
+  struct Path {
+    HalfType type;
+    AmxUse amx;
+  };
+  for (const Path path :
+       {Path{HalfType::kBFloat16, AmxUse::kNever}, Path{HalfType::kBFloat16, AmxUse::kModel},
+        Path{HalfType::kFloat16, AmxUse::kNever}}) {
+    SCOPED_TRACE(path.type == HalfType::kFloat16 ? "fp16"
+                 : path.amx == AmxUse::kModel    ? "bf16, AMX tile model"
+                                                 : "bf16 on vectors");
+    const ScopedAmxUse amx(path.amx);
+    Rng rng(85);
+    std::vector<float> widened;
+    // Normal entries of σ = 0.1 stay far below the planted magnitudes, which both types hold.
+    HalfHeads q = random_heads(path.type, 2, 1, 70, 64, 0.1F, rng, widened);
+    HalfHeads k = random_heads(path.type, 2, 1, 300, 64, 0.1F, rng, widened);
+    HalfHeads v = random_heads(path.type, 2, 1, 300, 32, 0.1F, rng, widened);
+    const auto set = [&](HalfHeads& heads, int64_t b, int64_t row, int64_t col, float value) {
+      heads.bits[static_cast<size_t>((b * heads.rows + row) * heads.cols + col)] =
+          float_to_half_bits(path.type, value);
+    };
+    const float infinity = std::numeric_limits<float>::infinity();
+    set(q, 1, 33, 63, -7.5F);
+    set(k, 1, 69, 0, -6.25F);     // the last key a query sees
+    set(k, 0, 200, 3, infinity);  // never read
+    set(v, 0, 10, 31, 5.5F);
+    set(v, 1, 250, 2, std::nanf(""));  // never read
+    HalfHeads out(2, 1, 70, 32);
+    FlashAttentionOptions options = testing::kernel_options(0.125F, true);
+    options.alignment = DiagonalAlignment::kTopLeft;
+    const auto run = [&] {
+      ReadMagnitudes read{-1.0F, -1.0F, -1.0F};
+      flash_attention_forward(path.type, q.view(), k.view(), v.view(), {}, options, out.view(),
+                              nullptr, &read);
+      return read;
+    };
+    ReadMagnitudes read = run();
+    EXPECT_EQ(read.query, 7.5F);
+    EXPECT_EQ(read.key, 6.25F);
+    EXPECT_EQ(read.value, 5.5F);
+    for (const uint16_t bits : out.bits)
+      ASSERT_TRUE(std::isfinite(half_bits_to_float(path.type, bits)));
+    set(k, 0, 3, 63, std::nanf(""));
+    set(v, 1, 0, 0, -infinity);
+    read = run();
+    EXPECT_EQ(read.query, 7.5F);
+    EXPECT_TRUE(std::isnan(read.key)) << read.key;
+    EXPECT_EQ(read.value, infinity);
+  }
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionHalf);
 
 }  // namespace

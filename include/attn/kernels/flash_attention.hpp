@@ -50,11 +50,12 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
 // where it has them (flash_attention_bfloat16_native()); the probabilities then enter P·V rounded
 // to bf16, as PyTorch's and FlashAttention's bf16 kernels round them, which adds at most 2⁻⁸·Σ_j
 // P_ij·|v_j| to an output. Elsewhere, and for fp16, the kernel widens each row to fp32 as it
-// packs it and computes exactly as the fp32 pass does on the widened values.
+// packs it and computes exactly as the fp32 pass does on the widened values. `read` as the fp32
+// pass's, in the floats the inputs widen to.
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                              ConstHalfHeadsView v, const ValidLengths& valid_lens,
                              const FlashAttentionOptions& options, HalfHeadsView out,
-                             float* log_sum_exp = nullptr);
+                             float* log_sum_exp = nullptr, ReadMagnitudes* read = nullptr);
 
 // True when this CPU runs bf16 attention on its bf16 dot-product instructions (AVX512-BF16:
 // Zen 4 and later, Cooper Lake and Sapphire Rapids and later) under the SIMD target dispatch
