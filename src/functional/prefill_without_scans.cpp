@@ -20,11 +20,11 @@ bool rows_contiguous(const StridedView<T>& view) {
 }
 
 // Runs run_slice(s, &read) over the prepared call's slices and checks what they read: every row
-// finite, the scores' bound, values that need no scaling. Otherwise zero_slice(s) over them all
-// and false.
+// finite, the scores' bound, values that need no scaling. Otherwise zero_slice(s) over them all,
+// zeros in the log-sum-exp, and false.
 template <class RunSlice, class ZeroSlice>
 bool run_checked(const PreparedAttention& prepared, const RunSlice& run_slice,
-                 const ZeroSlice& zero_slice) {
+                 const ZeroSlice& zero_slice, std::span<float> log_sum_exp) {
   prepared.require_mask_values();
   bool finite = true;
   float query_max = 0.0F, key_max = 0.0F, value_max = 0.0F;
@@ -42,6 +42,7 @@ bool run_checked(const PreparedAttention& prepared, const RunSlice& run_slice,
     return true;
   }
   for (size_t s = 0; s < prepared.slices(); ++s) zero_slice(s);
+  std::fill(log_sum_exp.begin(), log_sum_exp.end(), 0.0F);
   return false;
 }
 
@@ -63,7 +64,7 @@ bool prefill_without_scans(ConstStridedView query, ConstStridedView key, ConstSt
             prepared.kernel_options(s), out.slice(output.data(), s),
             log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), read);
       },
-      [&](size_t s) { fill_heads(out.slice(output.data(), s), 0.0F); });
+      [&](size_t s) { fill_heads(out.slice(output.data(), s), 0.0F); }, log_sum_exp);
 }
 
 bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
@@ -91,7 +92,7 @@ bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
             prepared.kernel_options(s), out.slice(output.data(), s),
             log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), read);
       },
-      [&](size_t s) { fill_heads(out.slice(output.data(), s), uint16_t{0}); });
+      [&](size_t s) { fill_heads(out.slice(output.data(), s), uint16_t{0}); }, log_sum_exp);
 }
 
 }  // namespace attn::functional_detail

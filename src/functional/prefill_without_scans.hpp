@@ -19,9 +19,9 @@ namespace attn::functional_detail {
 // reads (keys hidden from every query by lengths, a window or key ranges, beyond every tile it
 // reads) are not checked, as decode_without_scans leaves them. Inputs whose last axis has a
 // stride (which the scanned path copies first) are left to the scanned path. Returns true when
-// the call is done; false, with nothing written but zeros, when it is not such a call, or when an
-// input read is not finite, its scores could overflow or its values need scaling: the caller then
-// takes the scanned path, which names the input or scales the values.
+// the call is done; false, with nothing written but zeros (output and log-sum-exp), when it is not
+// such a call, or when an input read is not finite, its scores could overflow or its values need
+// scaling: the caller then takes the scanned path, which names the input or scales the values.
 bool prefill_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
                            const AttentionOptions& options, MutableStridedView output,
                            std::span<float> log_sum_exp);

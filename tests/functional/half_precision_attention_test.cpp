@@ -604,6 +604,27 @@ TEST_P(HalfPrecisionSdpa, PrefillReadsOnlyTheKeysSomeQuerySees) {
   }
 }
 
+// As the float call: a NaN that the half kernel read, found after the pass, leaves zeros in the
+// caller's output and log-sum-exp, and the scanned path names it.
+TEST_P(HalfPrecisionSdpa, NonFiniteInputFoundAfterThePassLeavesZeros) {
+  uint64_t seed = 961;
+  for (const HalfType type : kTypes) {
+    SCOPED_TRACE(type_name(type));
+    Inputs in(type, Shape{2, 2, 40, 64}, Shape{2, 2, 50, 64}, Shape{2, 2, 50, 32}, seed++);
+    const int64_t flat = ((1 * 2 + 1) * 50 + 49) * 64 + 3;  // batch 1, head 1, the last key
+    in.k.bits[static_cast<size_t>(flat)] = float_to_half_bits(type, -INFINITY);
+    std::vector<uint16_t> out(2 * 2 * 40 * 32, float_to_half_bits(type, 7.0F));
+    std::vector<float> log_sum_exp(2 * 2 * 40, 7.0F);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), {},
+                                     StridedView<uint16_t>(out.data(), Shape{2, 2, 40, 32}),
+                                     log_sum_exp),
+        ValueError, "key: expected finite values, got -inf at flat index " + std::to_string(flat));
+    for (const uint16_t bits : out) ASSERT_EQ(bits, 0U);
+    for (const float x : log_sum_exp) ASSERT_EQ(x, 0.0F);
+  }
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(HalfPrecisionSdpa);
 
 TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrong) {

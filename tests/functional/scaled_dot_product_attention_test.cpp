@@ -849,6 +849,25 @@ TEST_P(FunctionalSdpa, PrefillReadsOnlyTheKeysSomeQuerySees) {
   }
 }
 
+// A prefill call whose kernel read a NaN — found after the pass, from the magnitudes it reports
+// (prefill_without_scans) — leaves zeros in the caller's output and log-sum-exp, not the pass's
+// result, and names the input as the scan does.
+TEST_P(FunctionalSdpa, NonFiniteInputFoundAfterThePassLeavesZeros) {
+  Rng rng(951);
+  const Tensor q = testing::random_tensor(Shape{2, 2, 40, 16}, rng);
+  const Tensor k = testing::random_tensor(Shape{2, 2, 50, 16}, rng);
+  Tensor v = testing::random_tensor(Shape{2, 2, 50, 8}, rng);
+  const int64_t flat = ((1 * 2 + 1) * 50 + 49) * 8 + 3;  // batch 1, head 1, the last key
+  v.data()[flat] = NAN;
+  Tensor out = Tensor::full(Shape{2, 2, 40, 8}, 7.0F);
+  std::vector<float> log_sum_exp(2 * 2 * 40, 7.0F);
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention(q, k, v, {}, out, log_sum_exp), ValueError,
+      "value: expected finite values, got NaN at flat index " + std::to_string(flat));
+  for (const float x : out.span()) ASSERT_EQ(x, 0.0F);
+  for (const float x : log_sum_exp) ASSERT_EQ(x, 0.0F);
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalSdpa);
 
 // Rank 3 (B, L, E) is B batch elements of one head; rank 5 (N, A, H, L, E) runs each of the A
