@@ -40,7 +40,10 @@ namespace attn {
 // is redone on the scanned path, which names the input. Two differences remain: rows the decode
 // kernel never reads (hidden from every query) are not checked, and the prefill path refuses
 // inputs whose score bound |scale|·E·max|q|·max|k| reaches 1e37, where the decode kernel,
-// checking the scores themselves, answers when every one of them is finite.
+// checking the scores themselves, answers when every one of them is finite. The prefill kernels
+// likewise report the largest magnitude of the rows they read, and the call is checked from those
+// after the pass (inputs with a contiguous last axis): rows no query tile reads are not checked
+// there either; a failed check zeroes the output and redoes the call on the scanned path.
 
 // What a forward pass leaves for its backward pass besides the inputs: the output and one
 // log-sum-exp per query row (natural log of its softmax denominator, sinks included; −∞ for a
