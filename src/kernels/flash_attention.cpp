@@ -609,6 +609,31 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   }
 }
 
+// Whether a sliding window's tasks request their next task's key and value rows
+// (AddNextWindowRows): where the call's inputs and output outgrow half the L3, so that those rows
+// come from memory. Smaller calls find them in cache, and the requests only cost: 5–9% of a
+// 256-key window at n = 128–384 (B = 4, 8 heads of 64, Zen 5), against 5–11% saved at 512–4096.
+inline bool PrefetchesNextWindow(const ForwardArgs& args) {
+  if (args.options.window_left < 0) return false;
+  const double element = args.half ? 2.0 : 4.0;
+  const auto rows_of = [](const ConstHeadsView& view) {
+    return static_cast<double>(view.batch * view.heads * view.rows * view.cols);
+  };
+  const double bytes =
+      element *
+      (rows_of(args.q) + rows_of(args.k) + rows_of(args.v) +
+       static_cast<double>(args.out.batch * args.out.heads * args.out.rows * args.out.cols));
+  return bytes > 0.5 * static_cast<double>(l3_cache_bytes());
+}
+
+// Lines a step may request of its SpreadPrefetch: a sliding window's next task's key and value
+// rows (AddNextWindowRows) come from memory, not L2, and each task has few key steps to spread
+// them over.
+inline int64_t MaxPrefetchLines(const ForwardArgs& args) {
+  return PrefetchesNextWindow(args) ? 16 * SpreadPrefetch::kMaxLinesPerStep
+                                    : SpreadPrefetch::kMaxLinesPerStep;
+}
+
 // `count` (≤ kMaxQueryBlock) consecutive query tiles of query head (b, h), from `first_query`:
 // for each key tile some row sees, ForwardKeyTile. Tiles whose keys start at the same key (full
 // attention, lengths, causal masks) take each key tile in turn while it is in L1/L2, each until
@@ -641,7 +666,7 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
     steps += (std::max<int64_t>(tiles[t].ranges.end - tiles[t].ranges.begin, 0) + key_step - 1) /
              key_step;
   }
-  const int64_t lines_per_step = prefetch.lines_per_step(steps);
+  const int64_t lines_per_step = prefetch.lines_per_step(steps, MaxPrefetchLines(args));
   // Tiles [first, last), whose keys start at tiles[first]'s first key, up to `end`.
   const auto run_tiles = [&](size_t first, size_t last, int64_t end) {
     const int64_t begin = tiles[first].ranges.begin;
@@ -928,7 +953,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   }
   const auto key_step = static_cast<int64_t>(flash_detail::kKeyTileBF16);
   const int64_t steps = std::max<int64_t>((tile.ranges.end - begin + key_step - 1) / key_step, 1);
-  const int64_t lines_per_step = prefetch.lines_per_step(steps);
+  const int64_t lines_per_step = prefetch.lines_per_step(steps, MaxPrefetchLines(args));
   for (int64_t key0 = begin; key0 < tile.ranges.end; key0 += key_step) {
     prefetch.request(lines_per_step);
     const size_t bc = static_cast<size_t>(std::min<int64_t>(
@@ -1039,6 +1064,33 @@ bool NativeBFloat16() {
   return kBFloat16Path && flash_detail::cpu_has_avx512_bf16();
 }
 
+// Query rows [first_query, first_query + rows) of query head (b, h): a task's.
+struct TaskTiles {
+  int64_t b, h, first_query, rows;
+};
+
+// The key and value rows that a sliding window's next task (`next`, this thread's) reaches past
+// this task's (`current`), added to `prefetch`: this task's key steps then bring them from memory
+// while they compute, instead of the next task's packing waiting on each row (the packing copy
+// took 15% of a 256-key window's samples at n = 4096 on the layers' layout, Zen 5). Taken from
+// the first and last query of each task, whose ranges bound the others' under a window.
+void AddNextWindowRows(const ForwardArgs& args, const TaskTiles& current, const TaskTiles& next,
+                       SpreadPrefetch& prefetch) {
+  const int64_t group = args.q.heads / args.k.heads;
+  const int64_t queries = args.q.rows, keys = args.k.rows;
+  const auto keys_of = [&](const TaskTiles& task, int64_t query) {
+    return visible_keys(*args.valid_lens, args.options, task.b, task.h, query, queries, keys);
+  };
+  int64_t begin = keys_of(next, next.first_query).begin;
+  const int64_t end = keys_of(next, next.first_query + next.rows - 1).end;
+  if (next.b == current.b && next.h / group == current.h / group)
+    begin = std::max(begin, keys_of(current, current.first_query + current.rows - 1).end);
+  if (begin >= end) return;
+  const int64_t kv_head = next.h / group;
+  AddMatrixRows(prefetch, args.half, args.k, args.k16, next.b, kv_head, begin, end - begin, false);
+  AddMatrixRows(prefetch, args.half, args.v, args.v16, next.b, kv_head, begin, end - begin, false);
+}
+
 // Raises the call's maxima (ForwardArgs::read_magnitude_bits) to this thread's, once per task.
 void PublishReadMagnitudes(const Scratch& s, const ForwardArgs& args) {
   const uint32_t largest[3] = {s.read_query.Largest(), s.read_key.Largest(),
@@ -1100,9 +1152,6 @@ void FlashForward(const ForwardArgs& args) {
   // order, whose ranges move forward and extend the packed rows instead of restarting them.
   const bool heaviest_first = args.options.causal && args.options.window_left < 0;
   // Task → its query head and first query tile.
-  struct TaskTiles {
-    int64_t b, h, first_query, rows;
-  };
   const auto task_tiles = [&](int64_t task) {
     const int64_t head_index = task / tasks_per_head;
     const int64_t block =
@@ -1114,6 +1163,7 @@ void FlashForward(const ForwardArgs& args) {
   // A thread's next task is about `team` tasks on (tasks are handed out in order): its query rows
   // are requested from memory while this task runs, and this task's output rows for writing.
   const int64_t team = team_threads(threads);
+  const bool next_window = PrefetchesNextWindow(args);
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
@@ -1130,6 +1180,8 @@ void FlashForward(const ForwardArgs& args) {
         }
         AddMatrixRows(prefetch, args.half, args.out, args.out16, tiles.b, tiles.h,
                       tiles.first_query, tiles.rows, true);
+        if (next_window && task + team < tasks)
+          AddNextWindowRows(args, tiles, task_tiles(task + team), prefetch);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_pairs) {
           FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, prefetch, scratch,
