@@ -609,12 +609,14 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   }
 }
 
-// Whether a sliding window's tasks request their next task's key and value rows
-// (AddNextWindowRows): where the call's inputs and output outgrow half the L3, so that those rows
+// Whether a sliding window's tasks (a window, or a mask of intervals that may hold one) request
+// their next task's key and value rows (AddNextWindowRows): where the call's inputs and output
+// outgrow half the L3, so that those rows
 // come from memory. Smaller calls find them in cache, and the requests only cost: 5–9% of a
 // 256-key window at n = 128–384 (B = 4, 8 heads of 64, Zen 5), against 5–11% saved at 512–4096.
 inline bool PrefetchesNextWindow(const ForwardArgs& args) {
-  if (args.options.window_left < 0) return false;
+  // A window's bounds, or key ranges (a mask of intervals: transformers' sliding windows).
+  if (args.options.window_left < 0 && args.options.key_ranges == nullptr) return false;
   const double element = args.half ? 2.0 : 4.0;
   const auto rows_of = [](const ConstHeadsView& view) {
     return static_cast<double>(view.batch * view.heads * view.rows * view.cols);
@@ -1086,6 +1088,10 @@ void AddNextWindowRows(const ForwardArgs& args, const TaskTiles& current, const 
   if (next.b == current.b && next.h / group == current.h / group)
     begin = std::max(begin, keys_of(current, current.first_query + current.rows - 1).end);
   if (begin >= end) return;
+  // A range that moves forward adds a tile's rows or two; one that restarts (another head, a
+  // causal mask's) may add the whole head, which would only push this task's rows out of L2.
+  const int64_t row_bytes = (args.half ? 2 : 4) * (args.k.cols + args.v.cols);
+  if (static_cast<size_t>((end - begin) * row_bytes) > l2_cache_bytes() / 4) return;
   const int64_t kv_head = next.h / group;
   AddMatrixRows(prefetch, args.half, args.k, args.k16, next.b, kv_head, begin, end - begin, false);
   AddMatrixRows(prefetch, args.half, args.v, args.v16, next.b, kv_head, begin, end - begin, false);
