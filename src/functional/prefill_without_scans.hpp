@@ -1,6 +1,6 @@
-// Prefill calls of the functional API on plain float tensors, run without first scanning the
-// query, keys and values for NaN and ±∞: the kernel reports the largest magnitude of the rows it
-// reads, and the call is checked from those after it.
+// Prefill calls of the functional API on plain tensors (forward, and the float backward), run
+// without first scanning the inputs for NaN and ±∞: the kernel reports the largest magnitude of
+// the rows it reads, and the call is checked from those after it.
 #pragma once
 
 #include <cstdint>
@@ -31,5 +31,18 @@ bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
                            StridedView<const uint16_t> key, StridedView<const uint16_t> value,
                            const AttentionOptions& options, StridedView<uint16_t> output,
                            std::span<float> log_sum_exp);
+
+// The float backward pass (scaled_dot_product_attention_backward's arguments) on the fused
+// backward kernel, checked after the pass from the magnitudes of the rows it read (q, out and
+// grad_out whole, the keys and values of the 64-key tiles it reads): finiteness, the scores'
+// bound, and sums that need no scaling (PreparedAttention::gradient_shifts zero). Otherwise, or
+// for inputs with a strided last axis, false with zeros in every gradient: the caller takes the
+// scanned path.
+bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
+                            ConstStridedView output, ConstStridedView grad_output,
+                            std::span<const float> log_sum_exp, const AttentionOptions& options,
+                            MutableStridedView grad_query, MutableStridedView grad_key,
+                            MutableStridedView grad_value, MutableStridedView grad_mask,
+                            std::span<float> grad_sinks);
 
 }  // namespace attn::functional_detail

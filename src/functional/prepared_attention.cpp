@@ -272,6 +272,13 @@ PreparedAttention::GradientShifts PreparedAttention::gradient_shifts(double grad
                                                                      double query_factor,
                                                                      double key_factor,
                                                                      bool summed_gradients) const {
+  return gradient_shifts(grad_output_max, output_max, value_max_, query_factor, key_factor,
+                         summed_gradients);
+}
+
+PreparedAttention::GradientShifts PreparedAttention::gradient_shifts(
+    double grad_output_max, double output_max, double value_max, double query_factor,
+    double key_factor, bool summed_gradients) const {
   const double dropout = 1.0 / (1.0 - static_cast<double>(options_.dropout));
   const auto rows = static_cast<double>(query_layout_.rows);
   const auto keys = static_cast<double>(key_layout_.rows);
@@ -279,7 +286,7 @@ PreparedAttention::GradientShifts PreparedAttention::gradient_shifts(double grad
       key_layout_.heads > 0 ? static_cast<double>(query_layout_.heads / key_layout_.heads) : 1.0;
   const double grad_value = rows * group * grad_output_max * dropout;
   const double grad_scores = 2.0 * static_cast<double>(value_layout_.cols) * grad_output_max *
-                             std::max(static_cast<double>(value_max_), output_max) * dropout;
+                             std::max(value_max, output_max) * dropout;
   double others =
       std::max(keys * grad_scores * query_factor, rows * group * grad_scores * key_factor);
   if (summed_gradients) {

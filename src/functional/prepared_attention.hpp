@@ -152,6 +152,10 @@ class PreparedAttention {
   };
   GradientShifts gradient_shifts(double grad_output_max, double output_max, double query_factor,
                                  double key_factor, bool summed_gradients) const;
+  // The same for a value magnitude found otherwise (the kernel's reads, prefill_without_scans).
+  GradientShifts gradient_shifts(double grad_output_max, double output_max, double value_max,
+                                 double query_factor, double key_factor,
+                                 bool summed_gradients) const;
 
  private:
   HeadsLayout checked_layout(std::string_view name, const Shape& shape,

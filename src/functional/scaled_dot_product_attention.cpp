@@ -81,6 +81,12 @@ void scaled_dot_product_attention_backward(
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
     MutableStridedView grad_value, MutableStridedView grad_mask, std::span<float> grad_sinks) {
+  // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
+  if (functional_detail::backward_without_scans(query, key, value, output, grad_output, log_sum_exp,
+                                                options, grad_query, grad_key, grad_value,
+                                                grad_mask, grad_sinks)) {
+    return;
+  }
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const bool mask_gradient = grad_mask.data() != nullptr;
   const bool sinks_gradient = !grad_sinks.empty();

@@ -10,6 +10,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -48,6 +50,9 @@ struct BackwardArgs {
   HalfType half_type = HalfType::kBFloat16;
   ConstHalfHeadsView q16{}, k16{}, v16{}, out16{}, grad_out16{};
   HalfHeadsView grad_q16{}, grad_k16{}, grad_v16{};
+  // fp32 passes: when not null, five running maxima (q, k, v, out, grad_out) of the magnitude bits
+  // of the rows the pass reads (flash_attention_backward's `read`), raised as each task ends.
+  std::atomic<uint32_t>* read_magnitude_bits = nullptr;
 };
 
 constexpr size_t kQueryVectors = 4;
@@ -68,6 +73,7 @@ constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block s
 #include "kernels/dropout-inl.h"
 #include "kernels/fast_math-inl.h"
 #include "kernels/half_rows-inl.h"
+#include "kernels/magnitude_bits-inl.h"
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm-inl.h"
 #include "kernels/tile_gemm_bf16-inl.h"
@@ -120,6 +126,9 @@ struct MutableRows {
 // Per-thread scratch for one (batch, key/value head) task at a time; sized once per call.
 struct BackwardScratch : BackwardTileBuffers {
   ScratchMemory memory;
+  // With BackwardArgs::read_magnitude_bits: the magnitudes of the q, k, v, out and grad_out rows
+  // this thread's tasks have read.
+  MagnitudeBits read[5];
   float* q_rows;        // n × d_padded: Q, unscaled (unless read in place)
   float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile, rows TileWidth lanes apart
   float* k_rows;        // m × d_padded (unless read in place)
@@ -520,6 +529,17 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   }
 #endif
   const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row};
+  if (args.read_magnitude_bits != nullptr) {
+    // The head's query-side rows, just before PrepareQueryTiles and the products read them again
+    // (from cache where a head's rows fit it).
+    const ConstHeadsView* views[] = {&args.q, &args.out, &args.grad_out};
+    const size_t slots[] = {0, 3, 4};
+    for (size_t i = 0; i < 3; ++i) {
+      const ConstHeadsView& view = *views[i];
+      s.read[slots[i]].AddRows(view.matrix(b, h), static_cast<size_t>(view.row_stride), n,
+                               static_cast<size_t>(view.cols));
+    }
+  }
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
@@ -805,6 +825,12 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
                         s.key_row_pairs);
   }
 #endif
+  if (args.read_magnitude_bits != nullptr) {
+    s.read[1].AddRows(args.k.matrix(b, kv_head) + read.begin * args.k.row_stride,
+                      static_cast<size_t>(args.k.row_stride), end_row - first_row, depth);
+    s.read[2].AddRows(args.v.matrix(b, kv_head) + read.begin * args.v.row_stride,
+                      static_cast<size_t>(args.v.row_stride), end_row - first_row, dv);
+  }
   const size_t chunk_begin = chunk.first_tile * flash_backward_detail::kKeyTile;
   if (s.store_key_value) {
     s.grad_k_rows = {args.grad_k.matrix(b, kv_head), static_cast<size_t>(args.grad_k.row_stride)};
@@ -933,6 +959,16 @@ void FlashBackward(const BackwardArgs& args) {
         }
         FlashBackwardTask(args, head_task / args.k.heads, head_task % args.k.heads, chunk,
                           target.for_thread(static_cast<size_t>(thread)), grad_sinks, scratch);
+        if (args.read_magnitude_bits != nullptr) {
+          for (size_t i = 0; i < 5; ++i) {
+            std::atomic<uint32_t>& shared = args.read_magnitude_bits[i];
+            const uint32_t largest = scratch.read[i].Largest();
+            uint32_t seen = shared.load(std::memory_order_relaxed);
+            while (seen < largest &&
+                   !shared.compare_exchange_weak(seen, largest, std::memory_order_relaxed)) {
+            }
+          }
+        }
       },
       static_cast<int>(threads));
   target.sum_private_copies();
@@ -994,15 +1030,23 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HeadsView grad_q, HeadsView grad_k, HeadsView grad_v,
-                              ScoreMaskGradient grad_mask, float* grad_sinks) {
-  const flash_backward_detail::BackwardArgs args{
-      q,       k,      v,      out,    grad_out,  log_sum_exp, &valid_lens,
-      options, grad_q, grad_k, grad_v, grad_mask, grad_sinks};
+                              ScoreMaskGradient grad_mask, float* grad_sinks,
+                              BackwardReadMagnitudes* read) {
+  if (read != nullptr) *read = {};
+  flash_backward_detail::BackwardArgs args{q,           k,           v,         out,    grad_out,
+                                           log_sum_exp, &valid_lens, options,   grad_q, grad_k,
+                                           grad_v,      grad_mask,   grad_sinks};
   if (!check_backward_arguments(args)) {
     for (const HeadsView& g : {grad_q, grad_k, grad_v}) fill_heads(g, 0.0F);
     return;
   }
+  std::atomic<uint32_t> read_bits[5] = {0U, 0U, 0U, 0U, 0U};
+  if (read != nullptr) args.read_magnitude_bits = read_bits;
   HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
+  if (read != nullptr) {
+    const auto as_float = [&](size_t i) { return std::bit_cast<float>(read_bits[i].load()); };
+    *read = {as_float(0), as_float(1), as_float(2), as_float(3), as_float(4)};
+  }
 }
 
 void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,

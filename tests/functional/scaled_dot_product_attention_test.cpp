@@ -868,6 +868,58 @@ TEST_P(FunctionalSdpa, NonFiniteInputFoundAfterThePassLeavesZeros) {
   for (const float x : log_sum_exp) ASSERT_EQ(x, 0.0F);
 }
 
+// The backward pass likewise (backward_without_scans): an ∞ in grad_output that its kernel read
+// leaves zeros in the caller's gradients, the sinks' included, and is named as the scan names it;
+// the clean call's gradients are bit for bit those of the scanned path, which a query with a
+// strided last axis takes.
+TEST_P(FunctionalSdpa, NonFiniteGradOutputFoundAfterThePassLeavesZeros) {
+  Rng rng(952);
+  const Tensor q = testing::random_tensor(Shape{2, 2, 40, 16}, rng);
+  const Tensor k = testing::random_tensor(Shape{2, 2, 50, 16}, rng);
+  const Tensor v = testing::random_tensor(Shape{2, 2, 50, 8}, rng);
+  Tensor g = testing::random_tensor(Shape{2, 2, 40, 8}, rng);
+  AttentionOptions options;
+  const float sinks[] = {0.5F, -1.0F};
+  options.sinks = sinks;
+  const AttentionForward forward = scaled_dot_product_attention(q, k, v, options);
+  // The same query with its last axis strided: the scanned path (which copies it).
+  Tensor wide(Shape{2, 2, 40, 32});
+  for (int64_t e = 0; e < q.numel(); ++e) wide.data()[2 * e] = q.data()[e];
+  const ConstStridedView strided(wide.data(), q.shape(), std::vector<int64_t>{2560, 1280, 32, 2});
+  const AttentionBackward scanned = scaled_dot_product_attention_backward(
+      strided, k, v, forward.output, g, forward.log_sum_exp, options, false, true);
+  const AttentionBackward unscanned = scaled_dot_product_attention_backward(
+      q, k, v, forward.output, g, forward.log_sum_exp, options, false, true);
+  EXPECT_EQ(unscanned.query.values(), scanned.query.values());
+  EXPECT_EQ(unscanned.key.values(), scanned.key.values());
+  EXPECT_EQ(unscanned.value.values(), scanned.value.values());
+  EXPECT_EQ(unscanned.sinks.values(), scanned.sinks.values());
+  const int64_t flat = ((1 * 2 + 1) * 40 + 39) * 8 + 5;  // batch 1, head 1, the last query
+  g.data()[flat] = INFINITY;
+  Tensor grad_q = Tensor::full(q.shape(), 7.0F), grad_k = Tensor::full(k.shape(), 7.0F),
+         grad_v = Tensor::full(v.shape(), 7.0F);
+  std::vector<float> grad_sinks(2, 7.0F);
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention_backward(q, k, v, forward.output, g, forward.log_sum_exp,
+                                            options, grad_q, grad_k, grad_v, {}, grad_sinks),
+      ValueError,
+      "grad_output: expected finite values, got inf at flat index " + std::to_string(flat));
+  for (const Tensor* gradient : {&grad_q, &grad_k, &grad_v}) {
+    for (const float x : gradient->span()) ASSERT_EQ(x, 0.0F);
+  }
+  for (const float x : grad_sinks) ASSERT_EQ(x, 0.0F);
+  // A NaN query: the scanned path names it before it would zero the sinks' gradient itself.
+  g.data()[flat] = 0.5F;
+  Tensor nan_q = q;
+  nan_q.data()[flat] = NAN;
+  std::fill(grad_sinks.begin(), grad_sinks.end(), 7.0F);
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention_backward(nan_q, k, v, forward.output, g, forward.log_sum_exp,
+                                            options, grad_q, grad_k, grad_v, {}, grad_sinks),
+      ValueError, "query: expected finite values, got NaN at flat index " + std::to_string(flat));
+  for (const float x : grad_sinks) ASSERT_EQ(x, 0.0F);
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FunctionalSdpa);
 
 // Rank 3 (B, L, E) is B batch elements of one head; rank 5 (N, A, H, L, E) runs each of the A

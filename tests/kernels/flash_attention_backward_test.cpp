@@ -6,6 +6,7 @@
 #include <hwy/targets.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -218,8 +219,11 @@ class TopLeftCausalPass {
                             split_heads(out_, heads_, "out"), lse_.data());
   }
 
-  // The backward pass on `threads` threads, into gradients that held 7 (every element written).
-  TopLeftCausalGradients backward(int threads) const {
+  // The backward pass on `threads` threads, into gradients that held 7 (every element written);
+  // the magnitudes of the rows it read into `read` when given.
+  const Tensor& out() const { return out_; }
+
+  TopLeftCausalGradients backward(int threads, BackwardReadMagnitudes* read = nullptr) const {
     TopLeftCausalGradients grads{Tensor::full(q_.shape(), 7.0F), Tensor::full(k_.shape(), 7.0F),
                                  Tensor::full(v_.shape(), 7.0F)};
     const int saved_threads = omp_get_max_threads();
@@ -228,7 +232,7 @@ class TopLeftCausalPass {
                              split_heads(v_, 1, "v"), split_heads(out_, heads_, "out"),
                              split_heads(g_, heads_, "g"), lse_.data(), ValidLengths(), options_,
                              split_heads(grads.dq, heads_, "dq"), split_heads(grads.dk, 1, "dk"),
-                             split_heads(grads.dv, 1, "dv"), {}, nullptr);
+                             split_heads(grads.dv, 1, "dv"), {}, nullptr, read);
     omp_set_num_threads(saved_threads);
     return grads;
   }
@@ -275,6 +279,45 @@ TEST_P(FlashAttentionBackward, ReadsOnlyTheKeyTilesItsQueriesSee) {
     }
   }
   EXPECT_EQ(clean_split.dk.values(), clean.dk.values()) << where;
+}
+
+// `read` reports the largest |x| of every row of q, out and grad_out and of the key and value rows
+// of the tiles the pass reads, on one thread and on three (key chunks, the last two reading no
+// key): is_causal top-left with n = 40 < m = 300 reads keys [0, 64), so a huge key and a NaN value
+// beyond them are not reported, while a NaN value and an ∞ in grad_out are.
+TEST_P(FlashAttentionBackward, ReportsTheMagnitudesOfTheRowsItReads) {
+  Rng rng(20);
+  const int64_t heads = 4, n = 40, m = 300, depth = 16;
+  // Normal entries of σ = 0.1 stay far below the planted magnitudes.
+  Tensor q = random_tensor(Shape{1, n, heads * depth}, rng, 0.1F);
+  Tensor k = random_tensor(Shape{1, m, depth}, rng, 0.1F);
+  Tensor v = random_tensor(Shape{1, m, depth}, rng, 0.1F);
+  Tensor g = random_tensor(Shape{1, n, heads * depth}, rng, 0.1F);
+  const TopLeftCausalPass pass(q, k, v, g, heads);
+  float out_max = 0.0F;
+  for (const float x : pass.out().span()) out_max = std::max(out_max, std::abs(x));
+  q(0, 39, heads * depth - 1) = -7.5F;
+  k(0, 63, 0) = 6.25F;   // the last row of the tile read
+  k(0, 100, 3) = 1e30F;  // never read
+  v(0, 5, depth - 1) = -5.5F;
+  v(0, 200, 1) = std::nanf("");  // never read
+  g(0, 0, 0) = 3.25F;
+  const std::string where = "target " + std::string(hwy::TargetName(GetParam()));
+  for (const int threads : {1, 3}) {
+    BackwardReadMagnitudes read{-1.0F, -1.0F, -1.0F, -1.0F, -1.0F};
+    pass.backward(threads, &read);
+    EXPECT_EQ(read.query, 7.5F) << where << ", " << threads << " threads";
+    EXPECT_EQ(read.key, 6.25F) << where << ", " << threads << " threads";
+    EXPECT_EQ(read.value, 5.5F) << where << ", " << threads << " threads";
+    EXPECT_EQ(read.output, out_max) << where << ", " << threads << " threads";
+    EXPECT_EQ(read.grad_output, 3.25F) << where << ", " << threads << " threads";
+  }
+  v(0, 50, 2) = std::nanf("");
+  g(0, 39, 7) = -INFINITY;
+  BackwardReadMagnitudes read;
+  pass.backward(1, &read);
+  EXPECT_TRUE(std::isnan(read.value)) << where << ": " << read.value;
+  EXPECT_EQ(read.grad_output, INFINITY) << where;
 }
 
 // Stored dK and dV (one query head per key/value head, the queries in one tile) under key chunks:

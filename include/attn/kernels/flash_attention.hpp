@@ -84,11 +84,18 @@ bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth
 // Either may be left empty / null. Work is split over (batch, key/value head) pairs. Extra memory:
 // about 6·(n + m)·d floats per thread, plus one copy of the mask per thread when grad_mask
 // broadcasts over batch elements or key/value heads.
+// `read`, when not null, receives the largest magnitudes of the rows the pass read, as the
+// forward's `read` (NaN or +∞ where one is not finite): every row of q, out and grad_out, and the
+// key and value rows of the whole 64-key tiles some query's range reaches.
+struct BackwardReadMagnitudes {
+  float query = 0.0F, key = 0.0F, value = 0.0F, output = 0.0F, grad_output = 0.0F;
+};
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,
                               ConstHeadsView out, ConstHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HeadsView grad_q, HeadsView grad_k, HeadsView grad_v,
-                              ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr);
+                              ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr,
+                              BackwardReadMagnitudes* read = nullptr);
 
 // The same backward pass over half-precision q, k, v, out and grad_out (all of `type`), with the
 // gradients grad_q, grad_k, grad_v rounded once to `type` (nearest even); every sum accumulates
