@@ -43,7 +43,8 @@ namespace attn {
 // checking the scores themselves, answers when every one of them is finite. The prefill kernels
 // likewise report the largest magnitude of the rows they read, and the call is checked from those
 // after the pass (inputs with a contiguous last axis): rows no query tile reads are not checked
-// there either; a failed check zeroes the output and redoes the call on the scanned path.
+// there either; a failed check zeroes the output and redoes the call on the scanned path. The
+// float backward pass checks the rows its kernel reads the same way (the half backward scans).
 
 // What a forward pass leaves for its backward pass besides the inputs: the output and one
 // log-sum-exp per query row (natural log of its softmax denominator, sinks included; −∞ for a
