@@ -261,8 +261,7 @@ void require_mask_values(std::string_view name, const ConstStridedView& view) {
   // A mask with a contiguous last axis is checked run by run, vectorised and on the OpenMP threads
   // from a million entries (entry by entry this was 4% of a causal n = 2048 call with the mask as
   // floats, Zen 5); the entries are walked one by one to name a culprit, or for other strides.
-  const bool rows_contiguous = view.rank() == 0 || view.dim(-1) <= 1 || view.stride(-1) == 1;
-  if (rows_contiguous && largest_over_runs<uint32_t>(view, holds_nan_or_plus_infinity) == 0) {
+  if (rows_contiguous(view) && largest_over_runs<uint32_t>(view, holds_nan_or_plus_infinity) == 0) {
     return;
   }
   const float* data = view.data();

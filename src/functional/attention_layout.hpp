@@ -70,6 +70,13 @@ void require_per_head(std::string_view name, std::span<const float> values, int6
 // ValueError naming `name` and the index of the first NaN or +∞ (an additive mask may hold −∞).
 void require_mask_values(std::string_view name, const ConstStridedView& view);
 
+// Whether a view's rows lie back to back along its last axis (stride 1, or at most one element;
+// a rank-0 view is one element): the kernels read such rows in place, others are copied first.
+template <class T>
+bool rows_contiguous(const StridedView<T>& view) {
+  return view.rank() == 0 || view.dim(-1) <= 1 || view.stride(-1) == 1;
+}
+
 // A contiguous copy of a view (for inputs whose last axis is not contiguous).
 Tensor contiguous_copy(const ConstStridedView& view);
 

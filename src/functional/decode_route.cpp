@@ -145,11 +145,6 @@ bool may_decode_without_scans(const Shape& query, const Shape& key,
   return n >= 1 && n <= kMaxDecodeQueries && n <= m && options.dropout == 0.0F;
 }
 
-template <class T>
-bool rows_contiguous(const StridedView<T>& view) {
-  return view.dim(-1) <= 1 || view.stride(-1) == 1;
-}
-
 // Whether every element of the output's heads and every log-sum-exp is finite: the vectorised
 // magnitude scan over each head's rows, in one run where they are back to back (an element at a
 // time, this check was 15% of a 1 × 8 × 16 × 64 call, Zen 4).

@@ -28,7 +28,7 @@ namespace {
 class HalfInput {
  public:
   explicit HalfInput(const ConstHalfStridedView& given) : view_(given) {
-    if (given.rank() == 0 || given.dim(-1) <= 1 || given.stride(-1) == 1) return;
+    if (functional_detail::rows_contiguous(given)) return;
     copy_ = functional_detail::contiguous_copy(given);
     view_ = ConstHalfStridedView(copy_.data(), given.shape());
   }

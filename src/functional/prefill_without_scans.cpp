@@ -15,11 +15,6 @@ namespace attn::functional_detail {
 
 namespace {
 
-template <class T>
-bool rows_contiguous(const StridedView<T>& view) {
-  return view.rank() == 0 || view.dim(-1) <= 1 || view.stride(-1) == 1;
-}
-
 // Runs run_slice(s, &read) over the prepared call's slices and checks what they read: every row
 // finite, the scores' bound, values that need no scaling. Otherwise zero_slice(s) over them all,
 // zeros in the log-sum-exp, and false.

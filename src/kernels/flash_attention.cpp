@@ -1099,15 +1099,9 @@ void AddNextWindowRows(const ForwardArgs& args, const TaskTiles& current, const 
 
 // Raises the call's maxima (ForwardArgs::read_magnitude_bits) to this thread's, once per task.
 void PublishReadMagnitudes(const Scratch& s, const ForwardArgs& args) {
-  const uint32_t largest[3] = {s.read_query.Largest(), s.read_key.Largest(),
-                               s.read_value.Largest()};
-  for (size_t i = 0; i < 3; ++i) {
-    std::atomic<uint32_t>& shared = args.read_magnitude_bits[i];
-    uint32_t seen = shared.load(std::memory_order_relaxed);
-    while (seen < largest[i] &&
-           !shared.compare_exchange_weak(seen, largest[i], std::memory_order_relaxed)) {
-    }
-  }
+  s.read_query.RaiseTo(args.read_magnitude_bits[0]);
+  s.read_key.RaiseTo(args.read_magnitude_bits[1]);
+  s.read_value.RaiseTo(args.read_magnitude_bits[2]);
 }
 
 void FlashForward(const ForwardArgs& args) {

@@ -960,14 +960,7 @@ void FlashBackward(const BackwardArgs& args) {
         FlashBackwardTask(args, head_task / args.k.heads, head_task % args.k.heads, chunk,
                           target.for_thread(static_cast<size_t>(thread)), grad_sinks, scratch);
         if (args.read_magnitude_bits != nullptr) {
-          for (size_t i = 0; i < 5; ++i) {
-            std::atomic<uint32_t>& shared = args.read_magnitude_bits[i];
-            const uint32_t largest = scratch.read[i].Largest();
-            uint32_t seen = shared.load(std::memory_order_relaxed);
-            while (seen < largest &&
-                   !shared.compare_exchange_weak(seen, largest, std::memory_order_relaxed)) {
-            }
-          }
+          for (size_t i = 0; i < 5; ++i) scratch.read[i].RaiseTo(args.read_magnitude_bits[i]);
         }
       },
       static_cast<int>(threads));

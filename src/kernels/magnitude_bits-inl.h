@@ -12,6 +12,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -63,6 +64,15 @@ class MagnitudeBits {
     hn::StoreU(largest, du16, half_lanes_);
     for (; i < count; ++i)
       tail_ = std::max(tail_, (uint32_t{values[i]} << 16) & core_detail::kMagnitudeBits);
+  }
+
+  // Raises `shared` (a call's maximum, which several threads raise) to Largest().
+  void RaiseTo(std::atomic<uint32_t>& shared) const {
+    const uint32_t largest = Largest();
+    uint32_t seen = shared.load(std::memory_order_relaxed);
+    while (seen < largest &&
+           !shared.compare_exchange_weak(seen, largest, std::memory_order_relaxed)) {
+    }
   }
 
   uint32_t Largest() const {
