@@ -377,8 +377,8 @@ double score_bytes(const AttentionShape& shape) {
 // The fused forward pass (or, with `backward`, the backward pass after one untimed forward) on fp16
 // or bf16 inputs rounded from the same normal draws as the fp32 case, (B, n, H·d) heads read in
 // place, the output and gradients in the inputs' type.
-PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t seed,
-                          bool backward) {
+PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t seed, bool backward,
+                          bool causal) {
   struct State {
     std::vector<uint16_t> q, k, v, out, grad_out, grad_q, grad_k, grad_v;
     std::vector<float> log_sum_exp;
@@ -399,6 +399,7 @@ PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t s
   state->v = rounded(shape.keys);
   state->out.resize(state->q.size());
   state->options.scale = default_scale(shape);
+  state->options.causal = causal;
   const auto heads = [&](auto* data, int64_t rows) {
     return BasicHeadsView<std::remove_pointer_t<decltype(data)>>{
         data, shape.batch, shape.heads, rows, shape.head_dim, rows * width, shape.head_dim, width};
@@ -408,8 +409,8 @@ PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t s
   state->v_view = heads(static_cast<const uint16_t*>(state->v.data()), shape.keys);
   state->out_view = heads(state->out.data(), shape.queries);
   PreparedCase prepared;
-  prepared.useful_flops =
-      useful_flops(Mask::kNone, shape, {}, (backward ? 2 : 1) * dot_forward_flops(shape));
+  prepared.useful_flops = useful_flops(causal ? Mask::kCausal : Mask::kNone, shape, {},
+                                       (backward ? 2 : 1) * dot_forward_flops(shape));
   if (!backward) {
     prepared.run = [state, type] {
       flash_attention_forward(type, state->q_view, state->k_view, state->v_view, {}, state->options,
@@ -436,15 +437,18 @@ PreparedCase prepare_half(HalfType type, const AttentionShape& shape, uint64_t s
   return prepared;
 }
 
-AttentionCase half_case(std::string name, HalfType type, bool backward = false) {
+AttentionCase half_case(std::string name, HalfType type, bool backward = false,
+                        bool causal = false) {
   AttentionCase entry;
   entry.name = std::move(name);
-  entry.workload = std::string(backward ? "dot-backward-" : "dot-") +
+  entry.workload = std::string(backward ? "dot-backward-"
+                               : causal ? "dot-causal-"
+                                        : "dot-") +
                    (type == HalfType::kBFloat16 ? "bf16" : "fp16");
   entry.path = "fused";
   entry.working_set_bytes = [](const AttentionShape&) { return 0.0; };
-  entry.prepare = [type, backward](const AttentionShape& shape, uint64_t seed) {
-    return prepare_half(type, shape, seed, backward);
+  entry.prepare = [type, backward, causal](const AttentionShape& shape, uint64_t seed) {
+    return prepare_half(type, shape, seed, backward, causal);
   };
   return entry;
 }
@@ -529,6 +533,7 @@ const std::vector<AttentionCase>& attention_cases() {
       dot_case("plain", "dot", Mask::kNone, false),
       half_case("fused-bf16", HalfType::kBFloat16),
       half_case("fused-fp16", HalfType::kFloat16),
+      half_case("fused-bf16-causal", HalfType::kBFloat16, false, true),
       half_case("fused-bf16-backward", HalfType::kBFloat16, true),
       half_case("fused-fp16-backward", HalfType::kFloat16, true),
       dot_case("fused-padded", "dot-padded", Mask::kPadded, true),

@@ -90,8 +90,8 @@ struct CaseRow {
   std::optional<double> speedup_vs_plain;  // plain time / this time, same workload
   // The functional cases but fused-sdpa: fused-sdpa's time / this time, same n and threads.
   std::optional<double> speedup_vs_sdpa;
-  // The half-precision cases (fused-bf16, fused-fp16, and their -backward): the fp32 case's time
-  // (fused, fused-backward) / this time.
+  // The half-precision cases (fused-bf16, fused-fp16, fused-bf16-causal, the -backward ones): the
+  // fp32 case's time (fused, fused-causal, fused-backward) / this time.
   std::optional<double> speedup_vs_fp32;
   // Time at the run's first thread count (1 by default) / this time, same case and n.
   std::optional<double> thread_scaling;
@@ -304,13 +304,16 @@ BenchReport run_benchmarks(const BenchOptions& options) {
           base.length == row.length && base.threads == row.threads) {
         row.speedup_vs_sdpa = base.milliseconds / row.milliseconds;
       }
-      // The half-precision cases against their fp32 case: fused, or fused-backward.
+      // The half-precision cases against their fp32 case: fused, fused-causal or fused-backward.
       const bool half_forward = row.workload == "dot-bf16" || row.workload == "dot-fp16";
+      const bool half_causal = row.workload == "dot-causal-bf16";
       const bool half_backward =
           row.workload == "dot-backward-bf16" || row.workload == "dot-backward-fp16";
-      if (base.name == (half_backward ? "fused-backward" : "fused") &&
-          (half_forward || half_backward) && base.length == row.length &&
-          base.threads == row.threads) {
+      const char* fp32_case = half_backward ? "fused-backward"
+                              : half_causal ? "fused-causal"
+                                            : "fused";
+      if (base.name == fp32_case && (half_forward || half_causal || half_backward) &&
+          base.length == row.length && base.threads == row.threads) {
         row.speedup_vs_fp32 = base.milliseconds / row.milliseconds;
       }
       if (base.name == row.name && base.length == row.length &&
@@ -455,8 +458,8 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
   for (const CaseRow& row : report.rows) {
     if (!row.speedup_vs_fp32) continue;
     if (!heading) {
-      std::cout << "\nhalf precision: the fp32 case's time (fused, or fused-backward for the "
-                   "backward cases; same n and threads) / this time\n";
+      std::cout << "\nhalf precision: the fp32 case's time (fused, fused-causal for the causal "
+                   "case, fused-backward for the backward cases; same n and threads) / this time\n";
       heading = true;
     }
     std::snprintf(line, sizeof line, "%-20s %6lld %7d %9.2fx\n", row.name.c_str(),

@@ -60,9 +60,10 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
     } else {
       EXPECT_TRUE(row["speedup_vs_sdpa"].is_null()) << name;
     }
-    // The half-precision cases compare with fused or fused-backward, the same work in fp32.
-    if (workload == "dot-bf16" || workload == "dot-fp16" || workload == "dot-backward-bf16" ||
-        workload == "dot-backward-fp16") {
+    // The half-precision cases compare with fused, fused-causal or fused-backward, the same work
+    // in fp32.
+    if (workload == "dot-bf16" || workload == "dot-fp16" || workload == "dot-causal-bf16" ||
+        workload == "dot-backward-bf16" || workload == "dot-backward-fp16") {
       EXPECT_GT(row["speedup_vs_fp32"].get<double>(), 0.0) << name;
     } else {
       EXPECT_TRUE(row["speedup_vs_fp32"].is_null()) << name;
@@ -78,6 +79,7 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
                            "plain-backward",
                            "fused-bf16",
                            "fused-fp16",
+                           "fused-bf16-causal",
                            "fused-bf16-backward",
                            "fused-fp16-backward",
                            "fused-mha",
