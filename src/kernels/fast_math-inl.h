@@ -28,8 +28,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // for e^r (tools/fit_exp.py --degree kDegree; 6 or 4), then 2ⁿ: on AVX-512 by vscalefps, which
 // needs no exponent-field arithmetic, the lanes whose e^x is below float's normal range zeroed
 // first (exactly 0 below about −87.33, −∞ included); elsewhere through the exponent field, exactly
-// 0 below about −87.7. Accurate for x ≤ 88; +∞ gives an unspecified value, NaN stays NaN on
-// AVX-512, never undefined behaviour.
+// 0 below about −87.7. Accurate for x ≤ 88; +∞ or NaN give an unspecified value but never
+// undefined behaviour.
 template <int kDegree, class D>
 HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
   static_assert(kDegree == 6 || kDegree == 4, "fitted degrees: 6 and 4");
@@ -38,9 +38,13 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
   // of p are zeroed before vscalefps): a subnormal result, or one that underflows, costs a
   // microcode assist of some hundred cycles on Intel's cores (a causal bf16 forward, whose masked
   // keys give e^−∞, ran 1.7x slower on Sapphire Rapids for it; AMD's cores take none). Their r
-  // may be NaN (x = −∞); a NaN x is kept and stays NaN.
-  const auto normal = hn::Not(hn::Lt(x, hn::Set(d, -87.33F)));
-  const auto n_float = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341F)));
+  // may be NaN (x = −∞), and so are NaN's lanes, zeroed too.
+  const auto normal = hn::Ge(x, hn::Set(d, -87.33F));
+  // n = nearest(x·log2 e) by adding 1.5·2²³ (the sum's float has unit steps) and subtracting it
+  // back: exact for |x·log2 e| < 2²², and two instructions that any vector port runs where
+  // vrndscaleps takes two micro-ops of port 0 on Intel's cores, beside vscalefps's one.
+  const auto magic = hn::Set(d, 12582912.0F);  // 1.5·2²³
+  const auto n_float = hn::Sub(hn::MulAdd(x, hn::Set(d, 1.44269504088896341F), magic), magic);
 #else
   // n = nearest(x·log2 e) by adding 1.5·2²³ + 127: the sum's float has unit steps, so rounding it
   // rounds n, its low bits hold n + 127 (2ⁿ's biased exponent, shifted into place below) and
