@@ -210,16 +210,19 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
 // The steps below work on the lanes [0, width) of each key's row of a transposed tile (rows br
 // apart; width a multiple of D's lanes): the vectors of the tile's queries that its products read.
 
-// Pᵀ = exp(Sᵀ − lse) in place for `keys` key rows, from scores the score modifiers already masked
-// (−∞ gives 0); `lse` holds the tile's Br queries. kRoundedToBFloat16: P and dS = P ⊙ (dP − D)
-// enter bf16 products next, so RoundedProbabilityExp's 5.4e−6 is far below their rounding.
+// Pᵀ = exp(c·Sᵀ − lse) in place for `keys` key rows, from scores the score modifiers already
+// masked (−∞ gives 0); `lse` holds the tile's Br queries; c = `scale`, 1 for scores already scaled
+// (c·S − lse in one rounding: with c = 1 exactly S − lse). kRoundedToBFloat16: P and
+// dS = P ⊙ (dP − D) enter bf16 products next, so RoundedProbabilityExp's 5.4e−6 is far below their
+// rounding.
 template <bool kRoundedToBFloat16 = false, class D>
 HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, size_t width, const float* lse,
-                                        float* probabilities) {
+                                        float* probabilities, float scale = 1.0F) {
+  const auto factor = hn::Set(d, scale);
   for (size_t j = 0; j < keys; ++j) {
     for (size_t r = 0; r < width; r += hn::Lanes(d)) {
       float* p = probabilities + j * br + r;
-      const auto x = hn::Sub(hn::Load(d, p), hn::Load(d, lse + r));
+      const auto x = hn::MulSub(factor, hn::Load(d, p), hn::Load(d, lse + r));
       if constexpr (kRoundedToBFloat16) {
         hn::Store(RoundedProbabilityExp(d, x), d, p);
       } else {

@@ -914,13 +914,10 @@ ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_
 
 // Whether the AMX path leaves Sᵀ unscaled and scales it in the softmax's exponent, c·S − max in
 // one multiply-add, instead of in a pass of its own over Sᵀ (5% of the bf16 forward at n = 1024 on
-// a Sapphire Rapids-class core): where nothing between the product and the softmax needs scaled
-// scores — no soft-cap, ALiBi, float mask or dropout (bool masks and key ranges write −∞, the
-// same scaled or not) — and c > 0, so that c times the largest score is the largest scaled one.
+// a Sapphire Rapids-class core): where the modifiers allow it and there is no dropout, whose
+// softmax step works on scaled fp32 scores.
 inline bool ScalesInExponent(const FlashAttentionOptions& options) {
-  return options.scale > 0.0F && std::isfinite(options.scale) && options.softcap == 0.0F &&
-         options.alibi_slopes == nullptr && options.mask.kind != MaskKind::kFloat &&
-         options.dropout == 0.0F;
+  return ModifiersCommuteWithScale(options) && options.dropout == 0.0F;
 }
 
 // Oᵀ = Oᵀ · rescale (unless every factor is 1) + Vᵀ P on AMX tiles, for the key tile at key0

@@ -507,6 +507,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const size_t tiles = (n + br - 1) / br;
   const FlashAttentionOptions& options = args.options;
   const float scale = options.scale;
+  // On AMX tiles Sᵀ is left unscaled and c enters P's exponent where the modifiers allow it.
+  [[maybe_unused]] const bool scale_in_exponent = ModifiersCommuteWithScale(options);
   const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
 
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
@@ -613,6 +615,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                                    s.last + first,
                                    ranges};
         // Sᵀ = K c·Qᵀ, the modifiers and masks, then Pᵀ = exp(Sᵀ − lse).
+        float exponent_scale = 1.0F;  // c where Sᵀ is left unscaled for P's exponent
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         // A whole tile (Bc keys, Br queries) on AMX tiles where they are in use: the same pairs,
         // laid out as vdpbf16ps reads them, summed in fp32 in the tiles' order.
@@ -621,7 +624,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           TileProduct<false>(s, s.key_pairs + key0 * depth_pairs, depth_pairs,
                              s.query_pairs + tile * depth_pairs * br, br, depth_pairs,
                              s.probabilities, br, bc, br);
-          amx::ScaleInPlace(s.probabilities, bc * br, scale);  // as GemmBF16 scales on storing
+          // Scaled as GemmBF16 scales on storing, or in P's exponent (the forward's AMX path).
+          if (!scale_in_exponent) amx::ScaleInPlace(s.probabilities, bc * br, scale);
+          exponent_scale = scale_in_exponent ? scale : 1.0F;
         } else if (bf16_products) {
           // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
           // them: the same scores, so P agrees with its log-sum-exp.
@@ -640,7 +645,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         ApplyScoreModifiers(d, options, query_tile, key_begin, bc, stride, width,
                             coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
         if (bf16_products) {
-          ProbabilitiesFromScores<true>(d, bc, stride, width, s.lse + first, s.probabilities);
+          ProbabilitiesFromScores<true>(d, bc, stride, width, s.lse + first, s.probabilities,
+                                        exponent_scale);
         } else {
           ProbabilitiesFromScores(d, bc, stride, width, s.lse + first, s.probabilities);
         }

@@ -25,6 +25,16 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Whether ApplyScoreModifiers may run on scores not yet multiplied by the scale c, c entering
+// the exponent after (c·S − max in one multiply-add): c > 0, so that the largest score stays the
+// largest, and none of the modifiers that read a score's value — soft-cap, ALiBi, a float mask —
+// is set; bool masks and key ranges write −∞, the same scaled or not.
+inline bool ModifiersCommuteWithScale(const FlashAttentionOptions& options) {
+  return options.scale > 0.0F && options.scale <= std::numeric_limits<float>::max() &&
+         options.softcap == 0.0F && options.alibi_slopes == nullptr &&
+         options.mask.kind != MaskKind::kFloat;
+}
+
 // One query tile of a head: where its lanes' queries are and which keys each sees.
 struct QueryTile {
   int64_t batch = 0;
