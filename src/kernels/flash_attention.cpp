@@ -388,27 +388,32 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   return tile;
 }
 
-// The max half of a key tile's online-softmax step on Sᵀ (bc × Br, masked scores), lane-wise over
-// the queries of its first kVectors query vectors (those holding a query; the lanes past them are
-// left as they are): new running max, rescale factors exp(old max − new max) in s.row_rescale; the
-// shifts that P = exp(S − shift) subtracts into `shift` (kVectors vectors).
+// The max half of a key tile's online-softmax step on Sᵀ (bc × Br, masked scores, times `scale`
+// where the caller left them unscaled: the bf16 path on AMX tiles), lane-wise over the queries of
+// its first kVectors query vectors (those holding a query; the lanes past them are left as they
+// are): new running max = max(old, c·max Sᵀ) (rounding is monotonic and c > 0, so c times the
+// largest score is the largest scaled one), rescale factors exp(old max − new max) in
+// s.row_rescale; the shifts that P = exp(c·S − shift) subtracts into `shift` (kVectors vectors).
 template <size_t kVectors = flash_detail::kQueryVectors, class D>
-HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<D>* shift) {
+HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<D>* shift,
+                                 float scale = 1.0F) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
-  V row_max[kVectors];
-  for (size_t g = 0; g < kVectors; ++g) row_max[g] = hn::Load(d, s.row_max + g * lanes);
+  V tile_max[kVectors];
+  for (size_t g = 0; g < kVectors; ++g) tile_max[g] = minus_infinity;
   for (size_t j = 0; j < bc; ++j) {
     for (size_t g = 0; g < kVectors; ++g)
-      row_max[g] = hn::Max(row_max[g], hn::Load(d, s.scores + j * br + g * lanes));
+      tile_max[g] = hn::Max(tile_max[g], hn::Load(d, s.scores + j * br + g * lanes));
   }
+  const V factor = hn::Set(d, scale);
   for (size_t g = 0; g < kVectors; ++g) {
+    const V old_max = hn::Load(d, s.row_max + g * lanes);
+    const V row_max = hn::Max(old_max, hn::Mul(tile_max[g], factor));
     // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
-    shift[g] = hn::IfThenZeroElse(hn::Eq(row_max[g], minus_infinity), row_max[g]);
-    hn::Store(SoftmaxExp(d, hn::Sub(hn::Load(d, s.row_max + g * lanes), shift[g])), d,
-              s.row_rescale + g * lanes);
-    hn::Store(row_max[g], d, s.row_max + g * lanes);
+    shift[g] = hn::IfThenZeroElse(hn::Eq(row_max, minus_infinity), row_max);
+    hn::Store(SoftmaxExp(d, hn::Sub(old_max, shift[g])), d, s.row_rescale + g * lanes);
+    hn::Store(row_max, d, s.row_max + g * lanes);
   }
 }
 
@@ -810,30 +815,15 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
 }
 
 // OnlineSoftmaxStep for the bf16 path without dropout, P into bf16 pairs (ExponentialsToPairs), on
-// Sᵀ scaled by `scale` > 0 here (1: already scaled). The new running maximum is max(old, c·max Sᵀ):
-// rounding is monotonic, so c times the largest score is the largest scaled score.
+// Sᵀ scaled by `scale` > 0 here (1: already scaled).
 template <size_t kVectors>
 ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, float scale,
                                                           Scratch& s) {
   const hn::ScalableTag<float> d;
-  const FloatVector minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const FloatVector factor = hn::Set(d, scale);
-  FloatVector tile_max[kVectors], shift[kVectors], sum[kVectors];
-  for (size_t g = 0; g < kVectors; ++g) tile_max[g] = minus_infinity;
-  for (size_t j = 0; j < bc; ++j) {
-    for (size_t g = 0; g < kVectors; ++g)
-      tile_max[g] = hn::Max(tile_max[g], hn::Load(d, s.scores + j * br + g * 16));
-  }
-  for (size_t g = 0; g < kVectors; ++g) {
-    const FloatVector old_max = hn::Load(d, s.row_max + g * 16);
-    const FloatVector row_max = hn::Max(old_max, hn::Mul(tile_max[g], factor));
-    // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
-    shift[g] = hn::IfThenZeroElse(hn::Eq(row_max, minus_infinity), row_max);
-    hn::Store(SoftmaxExp(d, hn::Sub(old_max, shift[g])), d, s.row_rescale + g * 16);
-    hn::Store(row_max, d, s.row_max + g * 16);
-    sum[g] = hn::Zero(d);
-  }
-  ExponentialsToPairs<false, kVectors>(bc, br, factor, s, shift, sum, nullptr);
+  FloatVector shift[kVectors], sum[kVectors];
+  OnlineSoftmaxMax<kVectors>(d, bc, br, s, shift, scale);
+  for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
+  ExponentialsToPairs<false, kVectors>(bc, br, hn::Set(d, scale), s, shift, sum, nullptr);
   AddToRowSums<kVectors>(d, sum, s);
 }
 
