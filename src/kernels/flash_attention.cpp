@@ -967,6 +967,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
                                   : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
   const size_t width = vectors * kLanes;
   const bool scale_in_exponent = kOnTiles && ScalesInExponent(args.options);
+  const float exponent_scale = scale_in_exponent ? args.options.scale : 1.0F;  // c of c·S − max
   if (tile.ranges.begin < tile.ranges.end) {
     if constexpr (kOnTiles) {
       PackKeyValueBlocks(args, b, kv_head, begin, tile.ranges.end, s);
@@ -1010,8 +1011,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
       DropWeights(d, dropout_applier, key0, bc, br, width, s);
       PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
     } else {
-      rescale =
-          SoftmaxStepToPairsOver(vectors, bc, br, scale_in_exponent ? args.options.scale : 1.0F, s);
+      rescale = SoftmaxStepToPairsOver(vectors, bc, br, exponent_scale, s);
     }
     if constexpr (kOnTiles) {
       AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, s);
