@@ -10,6 +10,7 @@ namespace attn::bench {
 
 struct FmaPeak {
   double gflops = 0.0;      // best of the repeats: noise only ever lowers a ceiling
+  double lowest = 0.0;      // worst repeat: how much of the cores other work took meanwhile
   std::string simd_target;  // the Highway target the loop ran on, e.g. "AVX3"
   int accumulators = 0;     // independent FMA chains per thread
   int lanes = 0;            // floats per vector

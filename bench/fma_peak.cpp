@@ -102,7 +102,9 @@ FmaPeak measure_fma_peak(int threads, double seconds, int repeats) {
     for (const float checksum : checksums) sink = sink + checksum;
     const double flops =
         2.0 * threads * static_cast<double>(iterations) * peak.accumulators * peak.lanes;
-    peak.gflops = std::max(peak.gflops, flops / elapsed * 1e-9);
+    const double gflops = flops / elapsed * 1e-9;
+    peak.gflops = std::max(peak.gflops, gflops);
+    peak.lowest = repeat == 0 ? gflops : std::min(peak.lowest, gflops);
   }
   return peak;
 }

@@ -112,6 +112,11 @@ struct BenchReport {
   std::string load_after;
   std::string sgemm_library;
   std::map<int, bench::FmaPeak> peaks;  // by thread count
+  // By thread count: the lowest rate of a short FMA probe run after each case. On a virtual
+  // machine whose cores' other hardware threads belong to other guests, the cores' speed drifts
+  // for seconds at a time (a third lower on a Zen 3 guest): the peak, best of its repeats, cannot
+  // show it; this shows the FMA units' part of it.
+  std::map<int, double> probe_lowest;
   std::vector<SgemmRow> sgemm;
   std::vector<CaseRow> rows;
   DecodeReport decode;
@@ -281,6 +286,11 @@ BenchReport run_benchmarks(const BenchOptions& options) {
         progress(name + " n=" + std::to_string(length) + ", " + std::to_string(used) +
                  " thread(s)");
         report.rows.push_back(measure_case(entry, shape, used, options));
+        if (report.peaks.contains(used)) {
+          const double probe = bench::measure_fma_peak(used, options.quick ? 0.01 : 0.05, 1).gflops;
+          const auto [lowest, first] = report.probe_lowest.try_emplace(used, probe);
+          if (!first) lowest->second = std::min(lowest->second, probe);
+        }
       }
     }
   }
@@ -397,6 +407,18 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
     std::cout << "FMA peak, " << threads << " thread(s): " << fixed(peak.gflops, 1)
               << " GFLOP/s (Highway " << peak.simd_target << ", " << peak.accumulators
               << " chains x " << peak.lanes << " lanes per thread, best of the repeats)\n";
+    const auto probe = report.probe_lowest.find(threads);
+    if (probe == report.probe_lowest.end() || peak.gflops <= 0) continue;
+    const double fraction = probe->second / peak.gflops;
+    std::cout << "  FMA probe after each case, " << threads << " thread(s): lowest "
+              << fixed(probe->second, 1) << " GFLOP/s, " << fixed(100 * fraction, 0)
+              << "% of the peak (the FMA units' share only: other work in the shared caches "
+                 "does not show here)"
+              << (fraction < 0.9 ? ": the cores ran slower at times during this run (other work "
+                                   "on them, or on their sibling hardware threads): single figures "
+                                   "may read low; compare rows of one run, or run again"
+                                 : "")
+              << "\n";
   }
   std::cout << "sgemm: " << report.sgemm_library << "\n";
   std::cout << kMemoryMethod << "\n"
@@ -492,7 +514,11 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
                                     {"gflops", peak.gflops},
                                     {"simd_target", peak.simd_target},
                                     {"chains", peak.accumulators},
-                                    {"lanes", peak.lanes}});
+                                    {"lanes", peak.lanes},
+                                    {"lowest_repeat", peak.lowest}});
+    const auto probe = report.probe_lowest.find(threads);
+    document["fma_peak"].back()["probe_lowest"] =
+        probe == report.probe_lowest.end() ? json(nullptr) : json(probe->second);
   }
   document["sgemm"] = json::array();
   for (const SgemmRow& sgemm : report.sgemm) {

@@ -29,7 +29,13 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json report = nlohmann::json::parse(read_text(path("b.json")));
   ASSERT_EQ(report["fma_peak"].size(), 1U);
-  EXPECT_GT(report["fma_peak"][0]["gflops"].get<double>(), 0.0);
+  const nlohmann::json& peak = report["fma_peak"][0];
+  EXPECT_GT(peak["gflops"].get<double>(), 0.0);
+  // The worst repeat of the peak's loop, and the lowest probe of the same loop after the cases:
+  // both measured, the first never above the best repeat.
+  EXPECT_GT(peak["lowest_repeat"].get<double>(), 0.0);
+  EXPECT_LE(peak["lowest_repeat"].get<double>(), peak["gflops"].get<double>());
+  EXPECT_GT(peak["probe_lowest"].get<double>(), 0.0);
   EXPECT_EQ(report["shape"]["batch"], 2);
   EXPECT_EQ(report["shape"]["window"], 256);
   std::set<std::string> cases;
@@ -98,6 +104,8 @@ TEST_F(CliTest, BenchMeasuresEveryCaseAndWritesTheSameFiguresAsJson) {
   EXPECT_NE(result.out.find("half precision: the fp32 case's time"), std::string::npos)
       << result.out;
   EXPECT_NE(result.out.find("FMA peak, 1 thread(s):"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("FMA probe after each case, 1 thread(s): lowest"), std::string::npos)
+      << result.out;
   // Every decode case ran, by default, after the attention cases.
   EXPECT_EQ(report["decode"].size(), 8U);  // 4 dtypes × n = 1, 3
   EXPECT_NE(result.out.find("stream read, 1 thread(s):"), std::string::npos) << result.out;
