@@ -186,7 +186,13 @@ def test_autograd_gives_half_gradients_close_to_float32(dtype):
         difference = float((leaf.grad.double() - reference.grad.double()).abs().max())
         assert difference <= GRADIENT_TOLERANCE * scale, (name, difference, scale)
     assert sinks.grad.dtype == torch.float32
-    assert torch.allclose(sinks.grad, wide_sinks.grad, rtol=GRADIENT_TOLERANCE, atol=1e-3)
+    # A head's sink gradient is a sum of terms of both signs (−Σ_i weight_i·D_i), so its error
+    # follows the terms' size, not the sum's: relative to the largest head's, as for q, k and v
+    # (elementwise, a head whose terms nearly cancel failed on AVX2: 0.0078 off -0.142, 2⁻⁸·³ of
+    # the largest).
+    sink_scale = float(wide_sinks.grad.abs().max())
+    sink_difference = float((sinks.grad - wide_sinks.grad).abs().max())
+    assert sink_difference <= GRADIENT_TOLERANCE * sink_scale, (sink_difference, sink_scale)
 
 
 def test_torch_compile_fullgraph_on_bfloat16():
