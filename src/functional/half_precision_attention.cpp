@@ -149,6 +149,12 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
+  // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
+  if (functional_detail::backward_without_scans(type, query, key, value, output, grad_output,
+                                                log_sum_exp, options, grad_query, grad_key,
+                                                grad_value, grad_mask, grad_sinks)) {
+    return;
+  }
   // The float overload's checks, in its order.
   CheckedHalfInputs inputs(type, query, key, value, options);
   const HalfInput &q = inputs.q, &k = inputs.k, &v = inputs.v;

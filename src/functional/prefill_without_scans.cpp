@@ -152,4 +152,72 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
   return false;
 }
 
+bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
+                            StridedView<const uint16_t> key, StridedView<const uint16_t> value,
+                            StridedView<const uint16_t> output,
+                            StridedView<const uint16_t> grad_output,
+                            std::span<const float> log_sum_exp, const AttentionOptions& options,
+                            StridedView<uint16_t> grad_query, StridedView<uint16_t> grad_key,
+                            StridedView<uint16_t> grad_value, MutableStridedView grad_mask,
+                            std::span<float> grad_sinks) {
+  if (!rows_contiguous(query) || !rows_contiguous(key) || !rows_contiguous(value) ||
+      !rows_contiguous(output) || !rows_contiguous(grad_output)) {
+    return false;
+  }
+  // The scanned path's checks of shapes, layouts and options, in its order, on float views
+  // without data (kShapesOnly reads none): the layouts, in elements, address the half bits.
+  const auto shape_only = [](const auto& view) {
+    return MutableStridedView(nullptr, view.shape(), view.strides());
+  };
+  const PreparedAttention prepared(shape_only(query), shape_only(key), shape_only(value), options,
+                                   PreparedAttention::kShapesOnly);
+  const bool mask_gradient = grad_mask.data() != nullptr;
+  const bool sinks_gradient = !grad_sinks.empty();
+  start_option_gradients(options, grad_mask, grad_sinks);
+  const auto out = prepared.output_layout("output", output);
+  const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  const auto grad_q = prepared.input_layout("grad_query", shape_only(grad_query), query.shape());
+  const auto grad_k = prepared.input_layout("grad_key", shape_only(grad_key), key.shape());
+  const auto grad_v = prepared.input_layout("grad_value", shape_only(grad_value), value.shape());
+  prepared.require_mask_values();
+  bool finite = true;
+  BackwardReadMagnitudes largest;
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    BackwardReadMagnitudes read;
+    flash_attention_backward(
+        type, prepared.query_layout().slice(query.data(), s),
+        prepared.key_layout().slice(key.data(), s), prepared.value_layout().slice(value.data(), s),
+        out.slice(output.data(), s), grad_out.slice(grad_output.data(), s),
+        prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
+        prepared.kernel_options(s, mask_gradient), grad_q.slice(grad_query.data(), s),
+        grad_k.slice(grad_key.data(), s), grad_v.slice(grad_value.data(), s),
+        mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},
+        sinks_gradient ? grad_sinks.data() : nullptr, &read);
+    for (const float magnitude :
+         {read.query, read.key, read.value, read.output, read.grad_output}) {
+      finite = finite && std::isfinite(magnitude);
+    }
+    largest = {std::max(largest.query, read.query), std::max(largest.key, read.key),
+               std::max(largest.value, read.value), std::max(largest.output, read.output),
+               std::max(largest.grad_output, read.grad_output)};
+  }
+  if (finite && prepared.scores_within_range(largest.query, largest.key)) {
+    // Sums that need scaling go to the scanned path, which widens them (as the scanned half
+    // backward does); none needed means its kernel call was this one.
+    const double scale = std::fabs(static_cast<double>(prepared.scale()));
+    const auto shifts = prepared.gradient_shifts(largest.grad_output, largest.output, largest.value,
+                                                 scale * largest.key, scale * largest.query,
+                                                 mask_gradient || sinks_gradient);
+    if (shifts.grad_output == 0 && shifts.value == 0) return true;
+  }
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    fill_heads(grad_q.slice(grad_query.data(), s), uint16_t{0});
+    fill_heads(grad_k.slice(grad_key.data(), s), uint16_t{0});
+    fill_heads(grad_v.slice(grad_value.data(), s), uint16_t{0});
+  }
+  start_option_gradients(options, grad_mask, grad_sinks);  // zeroes them again
+  return false;
+}
+
 }  // namespace attn::functional_detail

@@ -1,4 +1,4 @@
-// Prefill calls of the functional API on plain tensors (forward, and the float backward), run
+// Prefill calls of the functional API on plain tensors (forward and backward), run
 // without first scanning the inputs for NaN and ±∞: the kernel reports the largest magnitude of
 // the rows it reads, and the call is checked from those after it.
 #pragma once
@@ -43,6 +43,16 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
                             std::span<const float> log_sum_exp, const AttentionOptions& options,
                             MutableStridedView grad_query, MutableStridedView grad_key,
                             MutableStridedView grad_value, MutableStridedView grad_mask,
+                            std::span<float> grad_sinks);
+// The same for the half backward pass (the half kernel's magnitudes, of the floats its inputs
+// widen to): sums that need scaling are left to the scanned path, which widens the inputs.
+bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
+                            StridedView<const uint16_t> key, StridedView<const uint16_t> value,
+                            StridedView<const uint16_t> output,
+                            StridedView<const uint16_t> grad_output,
+                            std::span<const float> log_sum_exp, const AttentionOptions& options,
+                            StridedView<uint16_t> grad_query, StridedView<uint16_t> grad_key,
+                            StridedView<uint16_t> grad_value, MutableStridedView grad_mask,
                             std::span<float> grad_sinks);
 
 }  // namespace attn::functional_detail

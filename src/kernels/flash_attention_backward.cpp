@@ -275,6 +275,29 @@ void WriteZeroGradientRow(const BackwardArgs& args, const HeadsView& view,
   }
 }
 
+// Adds `rows` rows of matrix (b, h) from row `first` on to `read`: the floats of `view`, or the
+// rows of `half`, widened where they are fp16 (into `scratch_row`; a bf16's magnitude bits are
+// the top half of its float's, compared as they are).
+void AddReadRows(const BackwardArgs& args, const ConstHeadsView& view,
+                 const ConstHalfHeadsView& half, int64_t b, int64_t h, size_t first, size_t rows,
+                 float* scratch_row, MagnitudeBits& read) {
+  const auto cols = static_cast<size_t>(view.cols);
+  if (!args.half) {
+    read.AddRows(view.matrix(b, h) + static_cast<int64_t>(first) * view.row_stride,
+                 static_cast<size_t>(view.row_stride), rows, cols);
+    return;
+  }
+  for (size_t r = first; r < first + rows; ++r) {
+    const uint16_t* row = half.matrix(b, h) + static_cast<int64_t>(r) * half.row_stride;
+    if (args.half_type == HalfType::kBFloat16) {
+      read.AddBFloat16(row, cols);
+    } else {
+      WidenRow(hn::ScalableTag<float>(), args.half_type, row, cols, scratch_row);
+      read.Add(scratch_row, cols);
+    }
+  }
+}
+
 // Rows [first_row, end_row) of matrix (b, h) of bf16 `half` as pairs of adjacent elements,
 // (cols + 1) / 2 per row (an odd count's last pair padded with 0), into the same rows of
 // `destination`: a row's adjacent bf16 already are its pairs in memory.
@@ -554,13 +577,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   if (args.read_magnitude_bits != nullptr) {
     // The head's query-side rows, just before PrepareQueryTiles and the products read them again
     // (from cache where a head's rows fit it).
-    const ConstHeadsView* views[] = {&args.q, &args.out, &args.grad_out};
-    const size_t slots[] = {0, 3, 4};
-    for (size_t i = 0; i < 3; ++i) {
-      const ConstHeadsView& view = *views[i];
-      s.read[slots[i]].AddRows(view.matrix(b, h), static_cast<size_t>(view.row_stride), n,
-                               static_cast<size_t>(view.cols));
-    }
+    AddReadRows(args, args.q, args.q16, b, h, 0, n, s.row, s.read[0]);
+    AddReadRows(args, args.out, args.out16, b, h, 0, n, s.row, s.read[3]);
+    AddReadRows(args, args.grad_out, args.grad_out16, b, h, 0, n, s.row, s.read[4]);
   }
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
@@ -852,10 +871,10 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
   }
 #endif
   if (args.read_magnitude_bits != nullptr) {
-    s.read[1].AddRows(args.k.matrix(b, kv_head) + read.begin * args.k.row_stride,
-                      static_cast<size_t>(args.k.row_stride), end_row - first_row, depth);
-    s.read[2].AddRows(args.v.matrix(b, kv_head) + read.begin * args.v.row_stride,
-                      static_cast<size_t>(args.v.row_stride), end_row - first_row, dv);
+    AddReadRows(args, args.k, args.k16, b, kv_head, first_row, end_row - first_row, s.row,
+                s.read[1]);
+    AddReadRows(args, args.v, args.v16, b, kv_head, first_row, end_row - first_row, s.row,
+                s.read[2]);
   }
   const size_t chunk_begin = chunk.first_tile * flash_backward_detail::kKeyTile;
   if (s.store_key_value) {
@@ -1073,7 +1092,9 @@ void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHead
                               ConstHalfHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HalfHeadsView grad_q, HalfHeadsView grad_k, HalfHeadsView grad_v,
-                              ScoreMaskGradient grad_mask, float* grad_sinks) {
+                              ScoreMaskGradient grad_mask, float* grad_sinks,
+                              BackwardReadMagnitudes* read) {
+  if (read != nullptr) *read = {};
   flash_backward_detail::BackwardArgs args{
       shape_only(q),      shape_only(k), shape_only(v), shape_only(out),    shape_only(grad_out),
       log_sum_exp,        &valid_lens,   options,       shape_only(grad_q), shape_only(grad_k),
@@ -1092,7 +1113,13 @@ void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHead
   args.grad_q16 = grad_q;
   args.grad_k16 = grad_k;
   args.grad_v16 = grad_v;
+  std::atomic<uint32_t> read_bits[5] = {0U, 0U, 0U, 0U, 0U};
+  if (read != nullptr) args.read_magnitude_bits = read_bits;
   HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
+  if (read != nullptr) {
+    const auto as_float = [&](size_t i) { return std::bit_cast<float>(read_bits[i].load()); };
+    *read = {as_float(0), as_float(1), as_float(2), as_float(3), as_float(4)};
+  }
 }
 
 }  // namespace attn

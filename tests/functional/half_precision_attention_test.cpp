@@ -21,6 +21,7 @@
 #include "attn/functional/scaled_dot_product_attention.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "every_simd_target.hpp"
+#include "functional/prefill_without_scans.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -622,6 +623,90 @@ TEST_P(HalfPrecisionSdpa, NonFiniteInputFoundAfterThePassLeavesZeros) {
         ValueError, "key: expected finite values, got -inf at flat index " + std::to_string(flat));
     for (const uint16_t bits : out) ASSERT_EQ(bits, 0U);
     for (const float x : log_sum_exp) ASSERT_EQ(x, 0.0F);
+  }
+}
+
+// As the float backward (FunctionalSdpa.NonFiniteGradOutputFoundAfterThePassLeavesZeros): on plain
+// rows the half backward runs without scanning its five inputs first, and its gradients are the
+// scanned path's bit for bit (a strided query takes that path); an ∞ in grad_output, found after
+// the pass, leaves zeros in every gradient (the sinks' too) and the scanned path names it, as it
+// names a NaN query.
+TEST_P(HalfPrecisionSdpa, NonFiniteGradOutputFoundAfterThePassLeavesZeros) {
+  uint64_t seed = 962;
+  for (const HalfType type : kTypes) {
+    SCOPED_TRACE(type_name(type));
+    const Shape q_shape{2, 2, 40, 64}, k_shape{2, 2, 50, 64}, v_shape{2, 2, 50, 32},
+        out_shape{2, 2, 40, 32};
+    Inputs in(type, q_shape, k_shape, v_shape, seed++);
+    HalfArray grad_out(type, testing::random_tensor(out_shape, in.rng));
+    AttentionOptions options;
+    const float sinks[] = {0.5F, -1.0F};
+    options.sinks = sinks;
+    const HalfAttentionForward forward =
+        scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view(), options);
+    const HalfView output(forward.output.bits.data(), forward.output.shape);
+    // The same query with its last axis strided: the scanned path (which copies it).
+    std::vector<uint16_t> wide(2 * in.q.bits.size());
+    for (size_t e = 0; e < in.q.bits.size(); ++e) wide[2 * e] = in.q.bits[e];
+    const HalfView strided(wide.data(), q_shape, std::vector<int64_t>{10240, 5120, 128, 2});
+    const HalfAttentionBackward scanned =
+        scaled_dot_product_attention_backward(type, strided, in.k.view(), in.v.view(), output,
+                                              grad_out.view(), forward.log_sum_exp, options, false,
+                                              true);
+    const HalfAttentionBackward unscanned =
+        scaled_dot_product_attention_backward(type, in.q.view(), in.k.view(), in.v.view(), output,
+                                              grad_out.view(), forward.log_sum_exp, options, false,
+                                              true);
+    EXPECT_EQ(unscanned.query.bits, scanned.query.bits);
+    EXPECT_EQ(unscanned.key.bits, scanned.key.bits);
+    EXPECT_EQ(unscanned.value.bits, scanned.value.bits);
+    EXPECT_EQ(unscanned.sinks.values(), scanned.sinks.values());
+    EXPECT_TRUE(std::any_of(unscanned.key.bits.begin(), unscanned.key.bits.end(),
+                            [](uint16_t bits) { return bits != 0; }));
+    // That was the unscanned path: it takes these inputs, and declines the strided query.
+    std::vector<uint16_t> direct_q(in.q.bits.size()), direct_k(in.k.bits.size()),
+        direct_v(in.v.bits.size());
+    std::vector<float> direct_sinks(2, 0.0F);
+    const auto direct = [&](const HalfView& query) {
+      return functional_detail::backward_without_scans(
+          type, query, in.k.view(), in.v.view(), output, grad_out.view(), forward.log_sum_exp,
+          options, StridedView<uint16_t>(direct_q.data(), q_shape),
+          StridedView<uint16_t>(direct_k.data(), k_shape),
+          StridedView<uint16_t>(direct_v.data(), v_shape), {}, direct_sinks);
+    };
+    EXPECT_TRUE(direct(in.q.view()));
+    EXPECT_TRUE(std::equal(direct_k.begin(), direct_k.end(), unscanned.key.bits.begin(),
+                           unscanned.key.bits.end()));
+    EXPECT_FALSE(direct(strided));
+    const int64_t flat = ((1 * 2 + 1) * 40 + 39) * 32 + 5;  // batch 1, head 1, the last query
+    grad_out.bits[static_cast<size_t>(flat)] = float_to_half_bits(type, INFINITY);
+    const uint16_t seven = float_to_half_bits(type, 7.0F);
+    std::vector<uint16_t> grad_q(in.q.bits.size(), seven), grad_k(in.k.bits.size(), seven),
+        grad_v(in.v.bits.size(), seven);
+    std::vector<float> grad_sinks(2, 7.0F);
+    const auto backward = [&](const HalfView& query) {
+      scaled_dot_product_attention_backward(
+          type, query, in.k.view(), in.v.view(), output, grad_out.view(), forward.log_sum_exp,
+          options, StridedView<uint16_t>(grad_q.data(), q_shape),
+          StridedView<uint16_t>(grad_k.data(), k_shape),
+          StridedView<uint16_t>(grad_v.data(), v_shape), {}, grad_sinks);
+    };
+    EXPECT_THROW_MESSAGE(
+        backward(in.q.view()), ValueError,
+        "grad_output: expected finite values, got inf at flat index " + std::to_string(flat));
+    for (const std::vector<uint16_t>* gradient : {&grad_q, &grad_k, &grad_v}) {
+      for (const uint16_t bits : *gradient) ASSERT_EQ(bits, 0U);
+    }
+    for (const float x : grad_sinks) ASSERT_EQ(x, 0.0F);
+    // A NaN query: the scanned path names it before it would zero the sinks' gradient itself.
+    grad_out.bits[static_cast<size_t>(flat)] = float_to_half_bits(type, 0.5F);
+    const int64_t query_flat = ((1 * 2 + 1) * 40 + 39) * 64 + 5;
+    in.q.bits[static_cast<size_t>(query_flat)] = float_to_half_bits(type, NAN);
+    std::fill(grad_sinks.begin(), grad_sinks.end(), 7.0F);
+    EXPECT_THROW_MESSAGE(
+        backward(in.q.view()), ValueError,
+        "query: expected finite values, got NaN at flat index " + std::to_string(query_flat));
+    for (const float x : grad_sinks) ASSERT_EQ(x, 0.0F);
   }
 }
 

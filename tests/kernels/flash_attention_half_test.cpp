@@ -500,6 +500,75 @@ TEST_P(FlashAttentionHalf, ReportsTheMagnitudesOfTheRowsItReads) {
   }
 }
 
+// The backward pass's `read` likewise: every row of q, out and grad_out, and the key and value
+// rows of the 64-key tiles some query reaches (keys [0, 128) for top-left causal with n = 70), as
+// the floats they widen to, on bf16 pairs, the AMX tile model and widened rows (fp16, and bf16
+// where the target has no AVX512-BF16); NaN and ±∞ in rows read are reported, those in rows 200
+// and 250 are not.
+TEST_P(FlashAttentionHalf, BackwardReportsTheMagnitudesOfTheRowsItReads) {
+  struct Path {
+    HalfType type;
+    AmxUse amx;
+  };
+  for (const Path path :
+       {Path{HalfType::kBFloat16, AmxUse::kNever}, Path{HalfType::kBFloat16, AmxUse::kModel},
+        Path{HalfType::kFloat16, AmxUse::kNever}}) {
+    SCOPED_TRACE(path.type == HalfType::kFloat16 ? "fp16"
+                 : path.amx == AmxUse::kModel    ? "bf16, AMX tile model"
+                                                 : "bf16 on vectors");
+    const ScopedAmxUse amx(path.amx);
+    Rng rng(86);
+    std::vector<float> widened;
+    // Normal entries of σ = 0.1 stay far below the planted magnitudes, which both types hold.
+    HalfHeads q = random_heads(path.type, 2, 1, 70, 64, 0.1F, rng, widened);
+    HalfHeads k = random_heads(path.type, 2, 1, 300, 64, 0.1F, rng, widened);
+    HalfHeads v = random_heads(path.type, 2, 1, 300, 32, 0.1F, rng, widened);
+    HalfHeads grad_out = random_heads(path.type, 2, 1, 70, 32, 0.1F, rng, widened);
+    const auto set = [&](HalfHeads& heads, int64_t b, int64_t row, int64_t col, float value) {
+      heads.bits[static_cast<size_t>((b * heads.rows + row) * heads.cols + col)] =
+          float_to_half_bits(path.type, value);
+    };
+    const float infinity = std::numeric_limits<float>::infinity();
+    set(q, 1, 33, 63, -7.5F);
+    set(k, 1, 100, 0, -6.25F);    // no query sees it, but its 64-key tile is read
+    set(k, 0, 200, 3, infinity);  // never read
+    set(v, 0, 10, 31, 5.5F);
+    set(v, 1, 250, 2, std::nanf(""));  // never read
+    set(grad_out, 0, 69, 5, 3.25F);
+    FlashAttentionOptions options = testing::kernel_options(0.125F, true);
+    options.alignment = DiagonalAlignment::kTopLeft;
+    HalfHeads out(2, 1, 70, 32), grad_q(2, 1, 70, 64), grad_k(2, 1, 300, 64), grad_v(2, 1, 300, 32);
+    std::vector<float> lse(2 * 70);
+    flash_attention_forward(path.type, q.view(), k.view(), v.view(), {}, options, out.view(),
+                            lse.data());
+    float out_max = 0.0F;
+    for (const uint16_t bits : out.bits)
+      out_max = std::max(out_max, std::abs(half_bits_to_float(path.type, bits)));
+    const auto run = [&] {
+      BackwardReadMagnitudes read{-1.0F, -1.0F, -1.0F, -1.0F, -1.0F};
+      flash_attention_backward(path.type, q.view(), k.view(), v.view(), out.view(),
+                               grad_out.view(), lse.data(), {}, options, grad_q.view(),
+                               grad_k.view(), grad_v.view(), {}, nullptr, &read);
+      return read;
+    };
+    BackwardReadMagnitudes read = run();
+    EXPECT_EQ(read.query, 7.5F);
+    EXPECT_EQ(read.key, 6.25F);
+    EXPECT_EQ(read.value, 5.5F);
+    EXPECT_EQ(read.output, out_max);
+    EXPECT_EQ(read.grad_output, 3.25F);
+    set(k, 0, 127, 63, std::nanf(""));
+    set(v, 1, 0, 0, -infinity);
+    set(grad_out, 1, 0, 0, infinity);
+    read = run();
+    EXPECT_EQ(read.query, 7.5F);
+    EXPECT_TRUE(std::isnan(read.key)) << read.key;
+    EXPECT_EQ(read.value, infinity);
+    EXPECT_EQ(read.output, out_max);
+    EXPECT_EQ(read.grad_output, infinity);
+  }
+}
+
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(FlashAttentionHalf);
 
 }  // namespace

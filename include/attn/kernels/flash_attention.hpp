@@ -104,13 +104,15 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
 // widened inputs, rounded. bf16 where it is true: all five products run on vdpbf16ps, the scores
 // and dP from exact products of the inputs (the scores equal the bf16 forward's), dV, dK and dQ
 // with P ⊙ Z and dS rounded to bf16, as FlashAttention's bf16 kernels round them, so each gradient
-// element may move by 2⁻⁸ times the sum of its terms' magnitudes.
+// element may move by 2⁻⁸ times the sum of its terms' magnitudes. `read` as the float pass's, of
+// the floats the inputs widen to.
 void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                               ConstHalfHeadsView v, ConstHalfHeadsView out,
                               ConstHalfHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HalfHeadsView grad_q, HalfHeadsView grad_k, HalfHeadsView grad_v,
-                              ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr);
+                              ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr,
+                              BackwardReadMagnitudes* read = nullptr);
 
 // The attention weights of a forward pass, P_ij = exp(S_ij − log_sum_exp_i) (before dropout),
 // recomputed tile by tile exactly as the backward pass does, into `weights` (B·H: n × m,
