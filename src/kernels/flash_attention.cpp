@@ -109,16 +109,16 @@ struct Scratch {
   // The query tile's own buffers, one set per tile of a block (kMaxQueryBlock slots, UseSlot picks
   // the one these point at); Sᵀ and the rescale factors live within one key tile's step and are
   // shared.
-  float* q_transposed;  // d × Br
-  float* scores;        // Bc × Br: Sᵀ, then Pᵀ
+  float* q_transposed;     // d × Br
+  float* scores;           // Bc × Br: Sᵀ, then Pᵀ
   size_t scores_size = 0;  // Bc × Br
-  float* output;        // Br × dv_padded
-  float* row_max;       // Br
-  float* row_sum;       // Br
-  float* row_rescale;   // Br
-  int32_t* first;       // Br: each query's first visible key
-  int32_t* last;        // Br: one past each query's last visible key
-  uint32_t* row_keys;   // Br: dropout_hash::row_key of each query
+  float* output;           // Br × dv_padded
+  float* row_max;          // Br
+  float* row_sum;          // Br
+  float* row_rescale;      // Br
+  int32_t* first;          // Br: each query's first visible key
+  int32_t* last;           // Br: one past each query's last visible key
+  uint32_t* row_keys;      // Br: dropout_hash::row_key of each query
   struct Slot {
     float *q_transposed, *output, *row_max, *row_sum;
     int32_t *first, *last;

@@ -649,14 +649,12 @@ TEST_P(HalfPrecisionSdpa, NonFiniteGradOutputFoundAfterThePassLeavesZeros) {
     std::vector<uint16_t> wide(2 * in.q.bits.size());
     for (size_t e = 0; e < in.q.bits.size(); ++e) wide[2 * e] = in.q.bits[e];
     const HalfView strided(wide.data(), q_shape, std::vector<int64_t>{10240, 5120, 128, 2});
-    const HalfAttentionBackward scanned =
-        scaled_dot_product_attention_backward(type, strided, in.k.view(), in.v.view(), output,
-                                              grad_out.view(), forward.log_sum_exp, options, false,
-                                              true);
-    const HalfAttentionBackward unscanned =
-        scaled_dot_product_attention_backward(type, in.q.view(), in.k.view(), in.v.view(), output,
-                                              grad_out.view(), forward.log_sum_exp, options, false,
-                                              true);
+    const HalfAttentionBackward scanned = scaled_dot_product_attention_backward(
+        type, strided, in.k.view(), in.v.view(), output, grad_out.view(), forward.log_sum_exp,
+        options, false, true);
+    const HalfAttentionBackward unscanned = scaled_dot_product_attention_backward(
+        type, in.q.view(), in.k.view(), in.v.view(), output, grad_out.view(), forward.log_sum_exp,
+        options, false, true);
     EXPECT_EQ(unscanned.query.bits, scanned.query.bits);
     EXPECT_EQ(unscanned.key.bits, scanned.key.bits);
     EXPECT_EQ(unscanned.value.bits, scanned.value.bits);

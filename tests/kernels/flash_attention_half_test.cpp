@@ -546,9 +546,9 @@ TEST_P(FlashAttentionHalf, BackwardReportsTheMagnitudesOfTheRowsItReads) {
       out_max = std::max(out_max, std::abs(half_bits_to_float(path.type, bits)));
     const auto run = [&] {
       BackwardReadMagnitudes read{-1.0F, -1.0F, -1.0F, -1.0F, -1.0F};
-      flash_attention_backward(path.type, q.view(), k.view(), v.view(), out.view(),
-                               grad_out.view(), lse.data(), {}, options, grad_q.view(),
-                               grad_k.view(), grad_v.view(), {}, nullptr, &read);
+      flash_attention_backward(path.type, q.view(), k.view(), v.view(), out.view(), grad_out.view(),
+                               lse.data(), {}, options, grad_q.view(), grad_k.view(), grad_v.view(),
+                               {}, nullptr, &read);
       return read;
     };
     BackwardReadMagnitudes read = run();
