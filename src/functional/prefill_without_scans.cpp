@@ -42,6 +42,66 @@ bool run_checked(const PreparedAttention& prepared, const RunSlice& run_slice,
   return false;
 }
 
+// A backward call's option gradients started (start_option_gradients) and its slices run and
+// checked: run(run_slice, zero_slice) calls run_slice(s, &read) over the slices, then asks of what
+// they read what the scanned path asks of its scan: every row finite, the scores' bound, and sums
+// that need no scaling (PreparedAttention::gradient_shifts zero: the scanned path's kernel call
+// was then this one). Otherwise zero_slice(s) over them all, the option gradients zeroed again,
+// and false.
+class CheckedBackward {
+ public:
+  CheckedBackward(const PreparedAttention& prepared, const AttentionOptions& options,
+                  MutableStridedView grad_mask, std::span<float> grad_sinks)
+      : mask_gradient(grad_mask.data() != nullptr),
+        prepared_(prepared),
+        options_(options),
+        grad_mask_(grad_mask),
+        grad_sinks_(grad_sinks) {
+    start_option_gradients(options_, grad_mask_, grad_sinks_);
+  }
+
+  ScoreMaskGradient mask_gradient_of(size_t s) const {
+    return mask_gradient ? prepared_.mask_gradient(grad_mask_.data(), s) : ScoreMaskGradient{};
+  }
+  float* sinks_gradient() const { return grad_sinks_.empty() ? nullptr : grad_sinks_.data(); }
+
+  template <class RunSlice, class ZeroSlice>
+  bool run(const RunSlice& run_slice, const ZeroSlice& zero_slice) const {
+    prepared_.require_mask_values();
+    bool finite = true;
+    BackwardReadMagnitudes largest;
+    for (size_t s = 0; s < prepared_.slices(); ++s) {
+      BackwardReadMagnitudes read;
+      run_slice(s, &read);
+      for (const float magnitude :
+           {read.query, read.key, read.value, read.output, read.grad_output}) {
+        finite = finite && std::isfinite(magnitude);
+      }
+      largest = {std::max(largest.query, read.query), std::max(largest.key, read.key),
+                 std::max(largest.value, read.value), std::max(largest.output, read.output),
+                 std::max(largest.grad_output, read.grad_output)};
+    }
+    if (finite && prepared_.scores_within_range(largest.query, largest.key)) {
+      const double scale = std::fabs(static_cast<double>(prepared_.scale()));
+      const auto shifts = prepared_.gradient_shifts(
+          largest.grad_output, largest.output, largest.value, scale * largest.key,
+          scale * largest.query, mask_gradient || !grad_sinks_.empty());
+      if (shifts.grad_output == 0 && shifts.value == 0) return true;
+    }
+    for (size_t s = 0; s < prepared_.slices(); ++s) zero_slice(s);
+    start_option_gradients(options_, grad_mask_, grad_sinks_);  // zeroes them again
+    return false;
+  }
+
+  const bool mask_gradient;
+
+ private:
+  const PreparedAttention& prepared_;
+  const AttentionOptions& options_;
+  MutableStridedView grad_mask_;
+  std::span<float> grad_sinks_;
+};
+
 }  // namespace
 
 bool prefill_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
@@ -104,52 +164,28 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
   // The scanned path's checks of shapes, layouts and options, in its order; the data is the
   // caller's.
   const PreparedAttention prepared(query, key, value, options, PreparedAttention::kShapesOnly);
-  const bool mask_gradient = grad_mask.data() != nullptr;
-  const bool sinks_gradient = !grad_sinks.empty();
-  start_option_gradients(options, grad_mask, grad_sinks);
+  const CheckedBackward checked(prepared, options, grad_mask, grad_sinks);
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
   const auto grad_q = prepared.input_layout("grad_query", grad_query, query.shape());
   const auto grad_k = prepared.input_layout("grad_key", grad_key, key.shape());
   const auto grad_v = prepared.input_layout("grad_value", grad_value, value.shape());
-  prepared.require_mask_values();
-  bool finite = true;
-  BackwardReadMagnitudes largest;
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    BackwardReadMagnitudes read;
-    flash_attention_backward(
-        prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
-        grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
-        prepared.valid_lens(), prepared.kernel_options(s, mask_gradient),
-        grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
-        grad_v.slice(grad_value.data(), s),
-        mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},
-        sinks_gradient ? grad_sinks.data() : nullptr, &read);
-    for (const float magnitude :
-         {read.query, read.key, read.value, read.output, read.grad_output}) {
-      finite = finite && std::isfinite(magnitude);
-    }
-    largest = {std::max(largest.query, read.query), std::max(largest.key, read.key),
-               std::max(largest.value, read.value), std::max(largest.output, read.output),
-               std::max(largest.grad_output, read.grad_output)};
-  }
-  if (finite && prepared.scores_within_range(largest.query, largest.key)) {
-    // The scanned path's scaling of near-overflowing sums, from the magnitudes read: none needed
-    // means its kernel call was this one.
-    const double scale = std::fabs(static_cast<double>(prepared.scale()));
-    const auto shifts = prepared.gradient_shifts(largest.grad_output, largest.output, largest.value,
-                                                 scale * largest.key, scale * largest.query,
-                                                 mask_gradient || sinks_gradient);
-    if (shifts.grad_output == 0 && shifts.value == 0) return true;
-  }
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    fill_heads(grad_q.slice(grad_query.data(), s), 0.0F);
-    fill_heads(grad_k.slice(grad_key.data(), s), 0.0F);
-    fill_heads(grad_v.slice(grad_value.data(), s), 0.0F);
-  }
-  start_option_gradients(options, grad_mask, grad_sinks);  // zeroes them again
-  return false;
+  return checked.run(
+      [&](size_t s, BackwardReadMagnitudes* read) {
+        flash_attention_backward(
+            prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
+            grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
+            prepared.valid_lens(), prepared.kernel_options(s, checked.mask_gradient),
+            grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
+            grad_v.slice(grad_value.data(), s), checked.mask_gradient_of(s),
+            checked.sinks_gradient(), read);
+      },
+      [&](size_t s) {
+        fill_heads(grad_q.slice(grad_query.data(), s), 0.0F);
+        fill_heads(grad_k.slice(grad_key.data(), s), 0.0F);
+        fill_heads(grad_v.slice(grad_value.data(), s), 0.0F);
+      });
 }
 
 bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
@@ -171,53 +207,31 @@ bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
   };
   const PreparedAttention prepared(shape_only(query), shape_only(key), shape_only(value), options,
                                    PreparedAttention::kShapesOnly);
-  const bool mask_gradient = grad_mask.data() != nullptr;
-  const bool sinks_gradient = !grad_sinks.empty();
-  start_option_gradients(options, grad_mask, grad_sinks);
+  const CheckedBackward checked(prepared, options, grad_mask, grad_sinks);
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
   const auto grad_q = prepared.input_layout("grad_query", shape_only(grad_query), query.shape());
   const auto grad_k = prepared.input_layout("grad_key", shape_only(grad_key), key.shape());
   const auto grad_v = prepared.input_layout("grad_value", shape_only(grad_value), value.shape());
-  prepared.require_mask_values();
-  bool finite = true;
-  BackwardReadMagnitudes largest;
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    BackwardReadMagnitudes read;
-    flash_attention_backward(
-        type, prepared.query_layout().slice(query.data(), s),
-        prepared.key_layout().slice(key.data(), s), prepared.value_layout().slice(value.data(), s),
-        out.slice(output.data(), s), grad_out.slice(grad_output.data(), s),
-        prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
-        prepared.kernel_options(s, mask_gradient), grad_q.slice(grad_query.data(), s),
-        grad_k.slice(grad_key.data(), s), grad_v.slice(grad_value.data(), s),
-        mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},
-        sinks_gradient ? grad_sinks.data() : nullptr, &read);
-    for (const float magnitude :
-         {read.query, read.key, read.value, read.output, read.grad_output}) {
-      finite = finite && std::isfinite(magnitude);
-    }
-    largest = {std::max(largest.query, read.query), std::max(largest.key, read.key),
-               std::max(largest.value, read.value), std::max(largest.output, read.output),
-               std::max(largest.grad_output, read.grad_output)};
-  }
-  if (finite && prepared.scores_within_range(largest.query, largest.key)) {
-    // Sums that need scaling go to the scanned path, which widens them (as the scanned half
-    // backward does); none needed means its kernel call was this one.
-    const double scale = std::fabs(static_cast<double>(prepared.scale()));
-    const auto shifts = prepared.gradient_shifts(largest.grad_output, largest.output, largest.value,
-                                                 scale * largest.key, scale * largest.query,
-                                                 mask_gradient || sinks_gradient);
-    if (shifts.grad_output == 0 && shifts.value == 0) return true;
-  }
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    fill_heads(grad_q.slice(grad_query.data(), s), uint16_t{0});
-    fill_heads(grad_k.slice(grad_key.data(), s), uint16_t{0});
-    fill_heads(grad_v.slice(grad_value.data(), s), uint16_t{0});
-  }
-  start_option_gradients(options, grad_mask, grad_sinks);  // zeroes them again
-  return false;
+  // Sums that would need scaling fail the check: the scanned path widens the inputs for them.
+  return checked.run(
+      [&](size_t s, BackwardReadMagnitudes* read) {
+        flash_attention_backward(
+            type, prepared.query_layout().slice(query.data(), s),
+            prepared.key_layout().slice(key.data(), s),
+            prepared.value_layout().slice(value.data(), s), out.slice(output.data(), s),
+            grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
+            prepared.valid_lens(), prepared.kernel_options(s, checked.mask_gradient),
+            grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
+            grad_v.slice(grad_value.data(), s), checked.mask_gradient_of(s),
+            checked.sinks_gradient(), read);
+      },
+      [&](size_t s) {
+        fill_heads(grad_q.slice(grad_query.data(), s), uint16_t{0});
+        fill_heads(grad_k.slice(grad_key.data(), s), uint16_t{0});
+        fill_heads(grad_v.slice(grad_value.data(), s), uint16_t{0});
+      });
 }
 
 }  // namespace attn::functional_detail
