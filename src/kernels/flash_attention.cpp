@@ -320,36 +320,14 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   const float scale = args.options.scale;
   if (args.half && s.query_pairs != nullptr) {
     // bf16 pairs of adjacent dimensions, unscaled (the score product scales its sums).
-    // A row's adjacent bf16 already are its pairs in memory: copied into the row's lane.
     const uint16_t* q = args.q16.matrix(b, h) + first_query * args.q16.row_stride;
-    const size_t depth_pairs = (depth + 1) / 2, full_pairs = depth / 2;
+    const size_t depth_pairs = (depth + 1) / 2;
     if (tile.rows < br || depth % 2 != 0) std::fill_n(s.query_pairs, depth_pairs * br, 0U);
-    // Blocks of 16 rows × 16 pairs in registers where the rows hold whole aligned pairs; element
-    // by element the transpose took 2% of the bf16 forward at n = 1024, d = 64 (perf, Zen 5).
-    size_t block_rows = 0;
-    const size_t block_pairs = full_pairs / 16 * 16;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (args.q16.row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0) {
-      block_rows = tile.rows / 16 * 16;
-      const auto* pairs = reinterpret_cast<const uint32_t*>(q);
-      const auto pair_stride = static_cast<size_t>(args.q16.row_stride / 2);
-      for (size_t r = 0; r < block_rows; r += 16) {
-        for (size_t t = 0; t < block_pairs; t += 16)
-          TransposeWords16(pairs + r * pair_stride + t, pair_stride, s.query_pairs + t * br + r,
-                           br);
-      }
-    }
-#endif
-    for (size_t r = 0; r < tile.rows; ++r) {
-      const uint16_t* row = q + static_cast<int64_t>(r) * args.q16.row_stride;
-      for (size_t t = r < block_rows ? block_pairs : 0; t < full_pairs; ++t) {
-        uint32_t pair;
-        std::memcpy(&pair, row + 2 * t, sizeof pair);
-        s.query_pairs[t * br + r] = pair;
-      }
-      if (depth % 2 != 0) s.query_pairs[full_pairs * br + r] = row[depth - 1];
-      if (args.read_magnitude_bits != nullptr) s.read_query.AddBFloat16(row, depth);
-    }
+    TransposeRowPairs(q, static_cast<size_t>(args.q16.row_stride), tile.rows, depth, br,
+                      s.query_pairs);
+    // The rows again, from L1.
+    for (size_t r = 0; r < tile.rows && args.read_magnitude_bits != nullptr; ++r)
+      s.read_query.AddBFloat16(q + static_cast<int64_t>(r) * args.q16.row_stride, depth);
   } else if (args.half) {
     // Rows widened in vectors (a conversion per element would cost a quarter of the tile's time at
     // d = 64) into the score tile, free until the first key step, as many as it holds at a time,

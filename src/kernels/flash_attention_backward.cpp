@@ -312,37 +312,17 @@ void RowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, int64_t firs
 }
 
 // The same rows transposed per tile of br rows: tile t holds pairs × br words, word p·br + r the
-// pair p of row t·br + r (0 past the last row), the layout of Qᵀ and dOᵀ in pairs. Blocks of 16
-// rows × 16 pairs go through registers where the rows hold whole aligned pairs (br is a multiple
-// of 16, so a block never straddles two tiles); word by word, with a store per word 4·br bytes
-// from the last, the transpose took 3.4% of the bf16 backward at n = 1024, d = 64 (perf, Zen 4).
+// pair p of row t·br + r (0 past the last row), the layout of Qᵀ and dOᵀ in pairs.
 void TransposedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, size_t br,
                         uint32_t* destination) {
   const auto rows = static_cast<size_t>(half.rows), cols = static_cast<size_t>(half.cols);
-  const size_t pairs = (cols + 1) / 2, full_pairs = cols / 2, tiles = (rows + br - 1) / br;
-  const uint16_t* matrix = half.matrix(b, h);
+  const size_t pairs = (cols + 1) / 2, tiles = (rows + br - 1) / br;
   // Only the last tile has rows past the matrix, whose words stay 0.
   if (rows % br != 0) std::fill_n(destination + (tiles - 1) * pairs * br, pairs * br, 0U);
-  size_t block_rows = 0, block_pairs = 0;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (half.row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(matrix) % 4 == 0) {
-    block_rows = rows / 16 * 16;
-    block_pairs = full_pairs / 16 * 16;
-    const auto* source = reinterpret_cast<const uint32_t*>(matrix);
-    const auto pair_stride = static_cast<size_t>(half.row_stride / 2);
-    for (size_t i = 0; i < block_rows; i += 16) {
-      uint32_t* tile = destination + i / br * pairs * br + i % br;
-      for (size_t p = 0; p < block_pairs; p += 16)
-        TransposeWords16(source + i * pair_stride + p, pair_stride, tile + p * br, br);
-    }
-  }
-#endif
-  for (size_t i = 0; i < rows; ++i) {
-    const uint16_t* row = matrix + static_cast<int64_t>(i) * half.row_stride;
-    uint32_t* tile = destination + i / br * pairs * br + i % br;
-    for (size_t p = i < block_rows ? block_pairs : 0; p < full_pairs; ++p)
-      std::memcpy(tile + p * br, row + 2 * p, sizeof(uint32_t));
-    if (cols % 2 != 0) tile[(pairs - 1) * br] = row[cols - 1];
+  const auto stride = static_cast<size_t>(half.row_stride);
+  for (size_t t = 0; t < tiles; ++t) {
+    TransposeRowPairs(half.matrix(b, h) + t * br * stride, stride, std::min(br, rows - t * br),
+                      cols, br, destination + t * pairs * br);
   }
 }
 

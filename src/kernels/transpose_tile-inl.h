@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -76,6 +77,37 @@ HWY_INLINE void TransposeWords16(const uint32_t* in, size_t in_stride, uint32_t*
   for (size_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + r * out_stride, row[r]);
 }
 #endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+
+// Pairs of adjacent bf16 of `count` (≤ br) rows of `cols` elements, `stride` apart, transposed:
+// out[p · br + r] = pair p of row r, the layout of Qᵀ and dOᵀ in pairs (an odd count's last pair
+// holds the last element and 0); the lanes from count to br are left as they are. A row's
+// adjacent bf16 already are its pairs in memory (little-endian). Blocks of 16 rows × 16 pairs go
+// through registers on AVX-512 where the rows hold whole aligned pairs; word by word, with a store
+// per word 4·br bytes from the last, the transpose took 2% of the bf16 forward (Zen 5) and 3.4% of
+// the bf16 backward (Zen 4) at n = 1024, d = 64.
+HWY_INLINE void TransposeRowPairs(const uint16_t* rows, size_t stride, size_t count, size_t cols,
+                                  size_t br, uint32_t* out) {
+  const size_t full_pairs = cols / 2;
+  size_t block_rows = 0, block_pairs = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (stride % 2 == 0 && reinterpret_cast<uintptr_t>(rows) % 4 == 0) {
+    block_rows = count / 16 * 16;
+    block_pairs = full_pairs / 16 * 16;
+    const auto* pairs = reinterpret_cast<const uint32_t*>(rows);
+    const size_t pair_stride = stride / 2;
+    for (size_t r = 0; r < block_rows; r += 16) {
+      for (size_t t = 0; t < block_pairs; t += 16)
+        TransposeWords16(pairs + r * pair_stride + t, pair_stride, out + t * br + r, br);
+    }
+  }
+#endif
+  for (size_t r = 0; r < count; ++r) {
+    const uint16_t* row = rows + r * stride;
+    for (size_t t = r < block_rows ? block_pairs : 0; t < full_pairs; ++t)
+      std::memcpy(out + t * br + r, row + 2 * t, sizeof(uint32_t));
+    if (cols % 2 != 0) out[full_pairs * br + r] = row[cols - 1];
+  }
+}
 
 // out[t · br + r] = scale · rows[r · stride + t] for r < count and t < cols, 0 for the padding
 // lanes count ≤ r < width, and the lanes from width to br left as they are: width (a multiple of
