@@ -276,11 +276,10 @@ void WriteZeroGradientRow(const BackwardArgs& args, const HeadsView& view,
 }
 
 // Adds `rows` rows of matrix (b, h) from row `first` on to `read`: the floats of `view`, or the
-// rows of `half`, widened where they are fp16 (into `scratch_row`; a bf16's magnitude bits are
-// the top half of its float's, compared as they are).
+// rows of `half` by their bits.
 void AddReadRows(const BackwardArgs& args, const ConstHeadsView& view,
                  const ConstHalfHeadsView& half, int64_t b, int64_t h, size_t first, size_t rows,
-                 float* scratch_row, MagnitudeBits& read) {
+                 MagnitudeBits& read) {
   const auto cols = static_cast<size_t>(view.cols);
   if (!args.half) {
     read.AddRows(view.matrix(b, h) + static_cast<int64_t>(first) * view.row_stride,
@@ -292,8 +291,7 @@ void AddReadRows(const BackwardArgs& args, const ConstHeadsView& view,
     if (args.half_type == HalfType::kBFloat16) {
       read.AddBFloat16(row, cols);
     } else {
-      WidenRow(hn::ScalableTag<float>(), args.half_type, row, cols, scratch_row);
-      read.Add(scratch_row, cols);
+      read.AddFloat16(row, cols);
     }
   }
 }
@@ -557,9 +555,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   if (args.read_magnitude_bits != nullptr) {
     // The head's query-side rows, just before PrepareQueryTiles and the products read them again
     // (from cache where a head's rows fit it).
-    AddReadRows(args, args.q, args.q16, b, h, 0, n, s.row, s.read[0]);
-    AddReadRows(args, args.out, args.out16, b, h, 0, n, s.row, s.read[3]);
-    AddReadRows(args, args.grad_out, args.grad_out16, b, h, 0, n, s.row, s.read[4]);
+    AddReadRows(args, args.q, args.q16, b, h, 0, n, s.read[0]);
+    AddReadRows(args, args.out, args.out16, b, h, 0, n, s.read[3]);
+    AddReadRows(args, args.grad_out, args.grad_out16, b, h, 0, n, s.read[4]);
   }
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
@@ -851,10 +849,8 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
   }
 #endif
   if (args.read_magnitude_bits != nullptr) {
-    AddReadRows(args, args.k, args.k16, b, kv_head, first_row, end_row - first_row, s.row,
-                s.read[1]);
-    AddReadRows(args, args.v, args.v16, b, kv_head, first_row, end_row - first_row, s.row,
-                s.read[2]);
+    AddReadRows(args, args.k, args.k16, b, kv_head, first_row, end_row - first_row, s.read[1]);
+    AddReadRows(args, args.v, args.v16, b, kv_head, first_row, end_row - first_row, s.read[2]);
   }
   const size_t chunk_begin = chunk.first_tile * flash_backward_detail::kKeyTile;
   if (s.store_key_value) {
