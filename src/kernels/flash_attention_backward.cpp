@@ -1033,6 +1033,18 @@ bool check_backward_arguments(const flash_backward_detail::BackwardArgs& args) {
   return work && args.k.heads != 0;
 }
 
+// The pass on the dispatched target, with the magnitudes of the rows it read in `read` when
+// given.
+void RunBackward(flash_backward_detail::BackwardArgs& args, BackwardReadMagnitudes* read) {
+  std::atomic<uint32_t> read_bits[5] = {0U, 0U, 0U, 0U, 0U};
+  if (read != nullptr) args.read_magnitude_bits = read_bits;
+  HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
+  if (read != nullptr) {
+    const auto as_float = [&](size_t i) { return std::bit_cast<float>(read_bits[i].load()); };
+    *read = {as_float(0), as_float(1), as_float(2), as_float(3), as_float(4)};
+  }
+}
+
 }  // namespace
 
 bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth) {
@@ -1054,13 +1066,7 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
     for (const HeadsView& g : {grad_q, grad_k, grad_v}) fill_heads(g, 0.0F);
     return;
   }
-  std::atomic<uint32_t> read_bits[5] = {0U, 0U, 0U, 0U, 0U};
-  if (read != nullptr) args.read_magnitude_bits = read_bits;
-  HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
-  if (read != nullptr) {
-    const auto as_float = [&](size_t i) { return std::bit_cast<float>(read_bits[i].load()); };
-    *read = {as_float(0), as_float(1), as_float(2), as_float(3), as_float(4)};
-  }
+  RunBackward(args, read);
 }
 
 void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
@@ -1089,13 +1095,7 @@ void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHead
   args.grad_q16 = grad_q;
   args.grad_k16 = grad_k;
   args.grad_v16 = grad_v;
-  std::atomic<uint32_t> read_bits[5] = {0U, 0U, 0U, 0U, 0U};
-  if (read != nullptr) args.read_magnitude_bits = read_bits;
-  HWY_DYNAMIC_DISPATCH(FlashBackward)(args);
-  if (read != nullptr) {
-    const auto as_float = [&](size_t i) { return std::bit_cast<float>(read_bits[i].load()); };
-    *read = {as_float(0), as_float(1), as_float(2), as_float(3), as_float(4)};
-  }
+  RunBackward(args, read);
 }
 
 }  // namespace attn
