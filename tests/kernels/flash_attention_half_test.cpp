@@ -46,6 +46,11 @@ struct HalfHeads {
         bits(static_cast<size_t>(batch * heads * rows * cols)) {}
   int64_t batch, heads, rows, cols;
   std::vector<uint16_t> bits;
+  // Entry (b, head 0, row, col) set to `value` rounded to `type`.
+  void set(HalfType type, int64_t b, int64_t row, int64_t col, float value) {
+    bits[static_cast<size_t>((b * heads * rows + row) * cols + col)] =
+        float_to_half_bits(type, value);
+  }
   ConstHalfHeadsView view() const {
     return {bits.data(), batch, heads, rows, cols, heads * rows * cols, rows * cols, cols};
   }
@@ -443,22 +448,25 @@ TEST_P(FlashAttentionHalf, BackwardWithoutWorkGivesZeroGradients) {
   EXPECT_EQ(grad_k.bits, std::vector<uint16_t>(20, 0));
 }
 
+// The paths a half input takes here: bf16 on vdpbf16ps pairs (widened where the target has no
+// AVX512-BF16), bf16 on the AMX tile model, fp16 widened.
+struct HalfPath {
+  HalfType type;
+  AmxUse amx;
+  const char* name;
+};
+constexpr HalfPath kHalfPaths[] = {{HalfType::kBFloat16, AmxUse::kNever, "bf16 on vectors"},
+                                   {HalfType::kBFloat16, AmxUse::kModel, "bf16, AMX tile model"},
+                                   {HalfType::kFloat16, AmxUse::kNever, "fp16"}};
+
 // `read` reports the largest magnitude of every query row and of the key and value rows the pass
 // reads, as the floats the inputs widen to, on each path a half input takes here: bf16 on
 // vdpbf16ps pairs, on the AMX tile model (blocks of 32 keys) and widened where the target has
 // neither, fp16 widened. Top-left causal with n = 70 < m = 300 reads keys [0, 96) at most, so an ∞
 // key and a NaN value at rows 200 and 250 are not reported, while NaN and −∞ in rows read are.
 TEST_P(FlashAttentionHalf, ReportsTheMagnitudesOfTheRowsItReads) {
-  struct Path {
-    HalfType type;
-    AmxUse amx;
-  };
-  for (const Path path :
-       {Path{HalfType::kBFloat16, AmxUse::kNever}, Path{HalfType::kBFloat16, AmxUse::kModel},
-        Path{HalfType::kFloat16, AmxUse::kNever}}) {
-    SCOPED_TRACE(path.type == HalfType::kFloat16 ? "fp16"
-                 : path.amx == AmxUse::kModel    ? "bf16, AMX tile model"
-                                                 : "bf16 on vectors");
+  for (const HalfPath path : kHalfPaths) {
+    SCOPED_TRACE(path.name);
     const ScopedAmxUse amx(path.amx);
     Rng rng(85);
     std::vector<float> widened;
@@ -467,8 +475,7 @@ TEST_P(FlashAttentionHalf, ReportsTheMagnitudesOfTheRowsItReads) {
     HalfHeads k = random_heads(path.type, 2, 1, 300, 64, 0.1F, rng, widened);
     HalfHeads v = random_heads(path.type, 2, 1, 300, 32, 0.1F, rng, widened);
     const auto set = [&](HalfHeads& heads, int64_t b, int64_t row, int64_t col, float value) {
-      heads.bits[static_cast<size_t>((b * heads.rows + row) * heads.cols + col)] =
-          float_to_half_bits(path.type, value);
+      heads.set(path.type, b, row, col, value);
     };
     const float infinity = std::numeric_limits<float>::infinity();
     set(q, 1, 33, 63, -7.5F);
@@ -506,16 +513,8 @@ TEST_P(FlashAttentionHalf, ReportsTheMagnitudesOfTheRowsItReads) {
 // where the target has no AVX512-BF16); NaN and ±∞ in rows read are reported, those in rows 200
 // and 250 are not.
 TEST_P(FlashAttentionHalf, BackwardReportsTheMagnitudesOfTheRowsItReads) {
-  struct Path {
-    HalfType type;
-    AmxUse amx;
-  };
-  for (const Path path :
-       {Path{HalfType::kBFloat16, AmxUse::kNever}, Path{HalfType::kBFloat16, AmxUse::kModel},
-        Path{HalfType::kFloat16, AmxUse::kNever}}) {
-    SCOPED_TRACE(path.type == HalfType::kFloat16 ? "fp16"
-                 : path.amx == AmxUse::kModel    ? "bf16, AMX tile model"
-                                                 : "bf16 on vectors");
+  for (const HalfPath path : kHalfPaths) {
+    SCOPED_TRACE(path.name);
     const ScopedAmxUse amx(path.amx);
     Rng rng(86);
     std::vector<float> widened;
@@ -525,8 +524,7 @@ TEST_P(FlashAttentionHalf, BackwardReportsTheMagnitudesOfTheRowsItReads) {
     HalfHeads v = random_heads(path.type, 2, 1, 300, 32, 0.1F, rng, widened);
     HalfHeads grad_out = random_heads(path.type, 2, 1, 70, 32, 0.1F, rng, widened);
     const auto set = [&](HalfHeads& heads, int64_t b, int64_t row, int64_t col, float value) {
-      heads.bits[static_cast<size_t>((b * heads.rows + row) * heads.cols + col)] =
-          float_to_half_bits(path.type, value);
+      heads.set(path.type, b, row, col, value);
     };
     const float infinity = std::numeric_limits<float>::infinity();
     set(q, 1, 33, 63, -7.5F);
