@@ -1,7 +1,8 @@
 // The fused flash-attention backward kernel against the reference layer's backward pass (itself
-// checked against double finite differences in tests/nn/gradients_test.cpp), on every SIMD target:
-// strided multi-head views, tails, masks with lengths 0 and m, per-query lengths, causal n < m and
-// n > m, keys in several blocks.
+// checked against double finite differences in tests/nn/gradients_test.cpp) and against the
+// double reference of every option (within 1e-5), on every SIMD target: strided multi-head views,
+// tails, masks with lengths 0 and m, per-query lengths, causal n < m and n > m, keys in several
+// blocks and chunks.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 #include <omp.h>
@@ -15,6 +16,7 @@
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/dot_product_attention.hpp"
 #include "every_simd_target.hpp"
+#include "sdpa_reference.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -29,6 +31,9 @@ using testing::to_doubles;
 // different orders: each side is within ~n·2⁻²⁴ ≈ 2e-5 of exact in the worst case, typically far
 // less; 2e-5 relative to the gradient's magnitude (floor 1) holds with margin on these shapes.
 constexpr double kTolerance = 2e-5;
+// Against the double reference only the kernel's own rounding is left: issue 14's 1e-5 of the
+// gradient's magnitude (floor 1), as the forward kernel's test asserts for its output.
+constexpr double kDoubleTolerance = 1e-5;
 
 class FlashAttentionBackward : public testing::EverySimdTarget {};
 
@@ -122,6 +127,136 @@ TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
           << where << " dK head " << h;
       EXPECT_TRUE(close_to(head_of(dv, h, c.value_depth), to_doubles(expected.values), kTolerance))
           << where << " dV head " << h;
+    }
+  }
+}
+
+// Dense (B, H, rows, cols) float heads beside their values in double, for the reference.
+struct DenseHeads {
+  DenseHeads(int64_t batch_count, int64_t head_count, int64_t row_count, int64_t col_count,
+             Rng* rng, float magnitude = 1.0F)
+      : batch(batch_count),
+        heads(head_count),
+        rows(row_count),
+        cols(col_count),
+        values(static_cast<size_t>(batch * heads * rows * cols), std::nanf("")) {
+    if (rng != nullptr)
+      for (float& value : values) value = rng->normal() * magnitude;
+  }
+  int64_t batch, heads, rows, cols;
+  std::vector<float> values;
+  ConstHeadsView view() const {
+    return {values.data(), batch, heads, rows, cols, heads * rows * cols, rows * cols, cols};
+  }
+  HeadsView view() {
+    return {values.data(), batch, heads, rows, cols, heads * rows * cols, rows * cols, cols};
+  }
+  std::vector<double> doubles() const { return {values.begin(), values.end()}; }
+};
+
+// The fp32 backward (each target's register tiles, key blocks, key chunks over threads, the
+// few-query products, stored dK and dV) against the double reference of every option it takes,
+// within 1e-5 of each gradient's magnitude: grouped heads, causal with n < m and n > m, per-query
+// lengths 0 to m, windows, soft-capping, sinks, scores up to 8² and 2085 keys (several blocks).
+TEST_P(FlashAttentionBackward, MatchesTheDoubleReferenceWithin1e5) {
+  struct DoubleCase {
+    int64_t batch, q_heads, kv_heads, queries, keys, depth, value_depth;
+    bool causal = false, lengths = false, sinks = false;
+    int64_t window_left = -1, window_right = -1;
+    float softcap = 0.0F, magnitude = 1.0F;
+    int threads = 1;
+  };
+  const DoubleCase cases[] = {
+      {1, 1, 1, 1, 1, 1, 1},
+      {2, 2, 1, 37, 45, 16, 16, false, true},
+      {1, 4, 2, 70, 131, 64, 64, true},
+      {1, 2, 2, 129, 77, 32, 17, true, true},
+      {2, 2, 2, 65, 300, 63, 17, false, false, true},
+      {1, 2, 2, 90, 211, 32, 33, false, false, false, 21, 6},
+      {1, 3, 3, 200, 96, 80, 80, false, true},
+      {2, 1, 1, 4, 300, 64, 64, true},          // few queries: products along the head
+      {2, 2, 2, 12, 300, 16, 16, false, true},  // one query tile: dK, dV stored
+      {2, 3, 3, 20, 77, 24, 24, false, false, false, -1, -1, 5.0F},
+      {1, 1, 1, 33, 200, 16, 16, false, false, false, -1, -1, 0.0F, 4.0F},
+      {1, 2, 2, 33, 300, 16, 16, false, false, false, -1, -1, 0.0F, 8.0F},
+      {1, 2, 1, 70, 2085, 8, 8, false, true},
+      {1, 1, 1, 300, 2085, 64, 64, true, false, false, -1, -1, 0.0F, 1.0F, 2},  // key chunks
+  };
+  Rng rng(97);
+  for (const DoubleCase& c : cases) {
+    const DenseHeads q(c.batch, c.q_heads, c.queries, c.depth, &rng, c.magnitude);
+    const DenseHeads k(c.batch, c.kv_heads, c.keys, c.depth, &rng, c.magnitude);
+    const DenseHeads v(c.batch, c.kv_heads, c.keys, c.value_depth, &rng);
+    const DenseHeads grad_out(c.batch, c.q_heads, c.queries, c.value_depth, &rng);
+    reference::SdpaProblem problem;
+    problem.batch = c.batch;
+    problem.q_heads = c.q_heads;
+    problem.kv_heads = c.kv_heads;
+    problem.queries = c.queries;
+    problem.keys = c.keys;
+    problem.depth = c.depth;
+    problem.value_depth = c.value_depth;
+    const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+    problem.scale = scale;
+    problem.causal = c.causal;
+    problem.bottom_right = true;  // the kernel's default alignment
+    problem.window_left = c.window_left;
+    problem.window_right = c.window_right;
+    problem.softcap = c.softcap;
+    FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
+    options.window_left = c.window_left;
+    options.window_right = c.window_right;
+    options.softcap = c.softcap;
+    std::vector<float> sinks;
+    if (c.sinks) {
+      for (int64_t h = 0; h < c.q_heads; ++h) sinks.push_back(static_cast<float>(h % 3) - 1.0F);
+      problem.sinks.assign(sinks.begin(), sinks.end());
+      options.sinks = sinks.data();
+    }
+    ValidLengths lengths;
+    if (c.lengths) {
+      std::vector<int64_t> per_query;
+      for (int64_t index = 0; index < c.batch * c.queries; ++index)
+        per_query.push_back(index == 0 ? 0 : index == 1 ? c.keys : (index * 37) % (c.keys + 1));
+      lengths = ValidLengths::per_query(per_query, c.batch, c.queries);
+      problem.lengths = per_query;
+    }
+    DenseHeads out(c.batch, c.q_heads, c.queries, c.value_depth, nullptr);
+    std::vector<float> lse(static_cast<size_t>(c.batch * c.q_heads * c.queries));
+    flash_attention_forward(q.view(), k.view(), v.view(), lengths, options, out.view(), lse.data());
+    DenseHeads grad_q(c.batch, c.q_heads, c.queries, c.depth, nullptr);
+    DenseHeads grad_k(c.batch, c.kv_heads, c.keys, c.depth, nullptr);
+    DenseHeads grad_v(c.batch, c.kv_heads, c.keys, c.value_depth, nullptr);
+    std::vector<float> grad_sinks(sinks.size(), 0.0F);
+    const int threads_before = omp_get_max_threads();
+    omp_set_num_threads(c.threads);
+    flash_attention_backward(q.view(), k.view(), v.view(), out.view(), grad_out.view(), lse.data(),
+                             lengths, options, grad_q.view(), grad_k.view(), grad_v.view(), {},
+                             c.sinks ? grad_sinks.data() : nullptr);
+    omp_set_num_threads(threads_before);
+    const reference::SdpaGradients expected = reference::sdpa_backward(
+        problem, q.doubles(), k.doubles(), v.doubles(), grad_out.doubles());
+    // The scores' float rounding enters the exponent: scaled by their magnitude, as the forward
+    // kernel's test scales its tolerance.
+    const double tolerance = kDoubleTolerance * std::max(1.0F, c.magnitude * c.magnitude);
+    const std::string where = "target " + std::string(hwy::TargetName(GetParam())) +
+                              " B=" + std::to_string(c.batch) + " Hq=" + std::to_string(c.q_heads) +
+                              " Hkv=" + std::to_string(c.kv_heads) +
+                              " n=" + std::to_string(c.queries) + " m=" + std::to_string(c.keys) +
+                              " d=" + std::to_string(c.depth);
+    const Shape q_shape{c.batch * c.q_heads, c.queries, c.depth},
+        k_shape{c.batch * c.kv_heads, c.keys, c.depth},
+        v_shape{c.batch * c.kv_heads, c.keys, c.value_depth};
+    EXPECT_TRUE(close_to(ConstTensorView(grad_q.values.data(), q_shape), expected.q, tolerance))
+        << where << " dQ";
+    EXPECT_TRUE(close_to(ConstTensorView(grad_k.values.data(), k_shape), expected.k, tolerance))
+        << where << " dK";
+    EXPECT_TRUE(close_to(ConstTensorView(grad_v.values.data(), v_shape), expected.v, tolerance))
+        << where << " dV";
+    for (size_t h = 0; h < sinks.size(); ++h) {
+      EXPECT_NEAR(grad_sinks[h], expected.sinks[h],
+                  tolerance * std::max(1.0, std::abs(expected.sinks[h])))
+          << where << " sink " << h;
     }
   }
 }

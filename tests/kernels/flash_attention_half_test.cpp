@@ -1,12 +1,13 @@
-// The fused forward kernel on fp16 and bf16 inputs, on every SIMD target this machine runs: against
-// the double reference on the same rounded inputs (shapes with tails, odd depths, grouped heads,
-// causal, windows with odd first keys, lengths 0 and m, sinks, soft-capping, bool masks, large
-// scores, dropout), and, where the kernel widens to fp32, bit-equal to the fp32 kernel on widened
-// inputs.
+// The fused forward and backward kernels on fp16 and bf16 inputs, on every SIMD target this
+// machine runs: against the double reference on the same rounded inputs (shapes with tails, odd
+// depths, grouped heads, causal, windows with odd first keys, lengths 0 and m, sinks,
+// soft-capping, bool masks, large scores, dropout), and, where the kernel widens to fp32,
+// bit-equal to the fp32 kernel on widened inputs.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -75,6 +76,79 @@ HalfHeads random_heads(HalfType type, int64_t batch, int64_t heads, int64_t rows
     widened[i] = half_bits_to_float(type, result.bits[i]);
   }
   return result;
+}
+
+// The half backward's gradients against the double reference run on the same rounded inputs.
+// Per element: the fp32 kernels' 1e-5 of the gradient's magnitude (floor 1; times the scores'
+// magnitude², as the forward), plus the gradient's rounding to `type` (half an ulp), plus what the
+// stored output moves: the pass takes D_i = Σ_t dO_it·O_it from the output as rounded to `type`
+// (as PyTorch's half kernels do), off the reference's by δ_i = Σ_t |dO_it|·|Õ_it − O_it|, which
+// dS_ij = P_ij (Z_ij dP_ij − D_i) carries into dQ_it (c·δ_i·Σ_j P_ij |k_jt|), dK_jt
+// (c·Σ_i P_ij δ_i |q_it|) and the sink's gradient (Σ_i p_sink,i δ_i); and, on the bf16 dot-product
+// path, 2⁻⁸ of the rounding bound of P ⊙ Z and dS (`native_bounds`, from check_case).
+void check_gradients_against_reference(
+    HalfType type, const HalfCase& c, const reference::SdpaProblem& problem,
+    const reference::SdpaForward& forward, const std::vector<double>& q,
+    const std::vector<double>& k, const std::vector<double>& v, const std::vector<float>& out,
+    const std::vector<float>& grad_out, bool native,
+    const std::array<const std::vector<double>*, 3>& native_bounds,
+    const std::array<const HalfHeads*, 3>& gradients, const std::vector<float>& sink_grads) {
+  const std::vector<double> grad_out_d(grad_out.begin(), grad_out.end());
+  const reference::SdpaGradients want = reference::sdpa_backward(problem, q, k, v, grad_out_d);
+  const int64_t group = c.q_heads / c.kv_heads;
+  const auto at = [](int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64_t r,
+                     int64_t t) {
+    return static_cast<size_t>(((b * heads + h) * rows + r) * cols + t);
+  };
+  std::vector<double> moved_q(want.q.size()), moved_k(want.k.size()),
+      moved_sinks(want.sinks.size());
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.q_heads; ++h)
+      for (int64_t i = 0; i < c.queries; ++i) {
+        double delta = 0.0;
+        for (int64_t t = 0; t < c.value_depth; ++t) {
+          const size_t e = at(c.q_heads, c.queries, c.value_depth, b, h, i, t);
+          delta += std::abs(static_cast<double>(grad_out[e])) * std::abs(out[e] - forward.out[e]);
+        }
+        const size_t row = static_cast<size_t>((b * c.q_heads + h) * c.queries + i);
+        if (!moved_sinks.empty())
+          moved_sinks[static_cast<size_t>(h)] += forward.sink_weight[row] * delta;
+        for (int64_t j = 0; j < c.keys; ++j) {
+          const double p = forward.weights[problem.score_index(b, h, i, j)];
+          for (int64_t t = 0; t < c.depth; ++t) {
+            moved_q[at(c.q_heads, c.queries, c.depth, b, h, i, t)] +=
+                problem.scale * p * delta *
+                std::abs(k[at(c.kv_heads, c.keys, c.depth, b, h / group, j, t)]);
+            moved_k[at(c.kv_heads, c.keys, c.depth, b, h / group, j, t)] +=
+                problem.scale * p * delta *
+                std::abs(q[at(c.q_heads, c.queries, c.depth, b, h, i, t)]);
+          }
+        }
+      }
+  const double rounding = type == HalfType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double scores = std::max(1.0F, c.magnitude * c.magnitude);
+  const std::vector<double>* wanted[] = {&want.q, &want.k, &want.v};
+  const std::vector<double> no_move(want.v.size());
+  const std::vector<double>* moved[] = {&moved_q, &moved_k, &no_move};
+  const char* names[] = {"q", "k", "v"};
+  for (size_t g = 0; g < 3; ++g) {
+    double largest = 1.0;
+    for (const double value : *wanted[g]) largest = std::max(largest, std::abs(value));
+    for (size_t e = 0; e < wanted[g]->size(); ++e) {
+      const double expected = (*wanted[g])[e];
+      const double tolerance = 1e-5 * scores * largest + rounding * std::abs(expected) +
+                               (*moved[g])[e] + (native ? 0x1p-8 * (*native_bounds[g])[e] : 0.0);
+      ASSERT_NEAR(half_bits_to_float(type, gradients[g]->bits[e]), expected, tolerance)
+          << "gradient " << names[g] << " against the double reference, element " << e
+          << (type == HalfType::kBFloat16 ? " bf16" : " fp16") << " native=" << native
+          << " n=" << c.queries << " m=" << c.keys << " d=" << c.depth;
+    }
+  }
+  for (size_t h = 0; h < sink_grads.size(); ++h) {
+    EXPECT_NEAR(sink_grads[h], want.sinks[h],
+                1e-5 * scores * std::max(1.0, std::abs(want.sinks[h])) + moved_sinks[h])
+        << "sink " << h << " against the double reference";
+  }
 }
 
 void check_case(HalfType type, const HalfCase& c, Rng& rng) {
@@ -307,6 +381,9 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
       EXPECT_EQ(sink_grads16[h], sink_grads32[h]);
     }
   }
+  check_gradients_against_reference(type, c, problem, expected, qd, kd, vd, out, grad_out,
+                                    backward_native, {&bound_q, &bound_k, &bound_v},
+                                    {&grad_q16, &grad_k16, &grad_v16}, sink_grads16);
 }
 
 const HalfCase kCases[] = {
@@ -327,7 +404,22 @@ const HalfCase kCases[] = {
     {2, 2, 1, 40, 150, 32, 32, true, -1, -1, true, false, false, 0.0F, 1.0F, 0.3F},  // dropout
 };
 
+// Sets amx_use() for a test's lifetime.
+class ScopedAmxUse {
+ public:
+  explicit ScopedAmxUse(AmxUse use) : before_(amx_use()) { set_amx_use(use); }
+  ~ScopedAmxUse() { set_amx_use(before_); }
+  ScopedAmxUse(const ScopedAmxUse&) = delete;
+  ScopedAmxUse& operator=(const ScopedAmxUse&) = delete;
+
+ private:
+  AmxUse before_;
+};
+
+// vdpbf16ps where the target has AVX512-BF16 (widened elsewhere), AMX tiles off: on CPUs with
+// AMX the default would put these shapes on the tiles, leaving the vector products unchecked.
 TEST_P(FlashAttentionHalf, BFloat16MatchesReferenceOnRoundedInputs) {
+  const ScopedAmxUse vectors(AmxUse::kNever);
   Rng rng(81);
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
 }
@@ -353,17 +445,12 @@ const HalfCase kAmxCases[] = {
     {1, 1, 1, 192, 256, 64, 96, false, 40, 10, false, false, true, 6.0F},
 };
 
-// Sets amx_use() for a test's lifetime.
-class ScopedAmxUse {
- public:
-  explicit ScopedAmxUse(AmxUse use) : before_(amx_use()) { set_amx_use(use); }
-  ~ScopedAmxUse() { set_amx_use(before_); }
-  ScopedAmxUse(const ScopedAmxUse&) = delete;
-  ScopedAmxUse& operator=(const ScopedAmxUse&) = delete;
-
- private:
-  AmxUse before_;
-};
+// The AMX shapes (depths of whole tiles) on vdpbf16ps, AMX tiles off.
+TEST_P(FlashAttentionHalf, BFloat16AmxShapesOnVectorsMatchReference) {
+  const ScopedAmxUse vectors(AmxUse::kNever);
+  Rng rng(85);
+  for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
+}
 
 // The tolerance is the vdpbf16ps path's: the tiles' products are the same bf16 pairs, summed in
 // fp32 in another order.
