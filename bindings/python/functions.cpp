@@ -117,10 +117,10 @@ void bind_functions(nb::module_& module) {
           nb::gil_scoped_release release;
           use_thread_setting();
           result = gaussian_kernel_pooling(queries.view(), keys.view(), values.view(), width,
-                                           lengths);
+                                           lengths, need_weights);
         }
-        return output_and_weights(std::move(result.output), std::move(result.weights),
-                                  need_weights, queries.framework());
+        return output_and_weights(std::move(result.output), std::move(result.weights), need_weights,
+                                  queries.framework());
       },
       "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "width"_a = 1.0F,
       "valid_lens"_a = nb::none(), "need_weights"_a = false,

@@ -1,8 +1,10 @@
 // attn::gaussian_kernel_pooling: the Gaussian-kernel scores, masked softmax and weighted sum.
 #include "attn/functional/gaussian_kernel_pooling.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/masked_softmax.hpp"
@@ -10,42 +12,83 @@
 
 namespace attn {
 
-Tensor gaussian_kernel_scores(ConstTensorView queries, ConstTensorView keys, float width) {
+namespace {
+
+// Query rows whose scores a call without weights holds at once: O(rows · m) memory, not (B, n, m).
+constexpr int64_t kRowBlock = 64;
+
+void check_scores_arguments(ConstTensorView queries, ConstTensorView keys, float width) {
   require_rank("queries", queries.shape(), 3);
   require_rank("keys", keys.shape(), 3);
   require_dim("keys", keys.shape(), 0, queries.dim(0), "the batch size of queries");
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   if (!std::isfinite(width))
     throw ValueError("width: expected a finite number, got " + std::to_string(width));
-  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1), d = queries.dim(2);
-  Tensor scores(Shape{batch, n, m});
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < m; ++j) {
-        float squared = 0.0F;
-        for (int64_t t = 0; t < d; ++t) {
-          const float scaled = (queries(b, i, t) - keys(b, j, t)) * width;
-          squared += scaled * scaled;
-        }
-        scores(b, i, j) = -0.5F * squared;
+}
+
+// Scores of queries [first, first + rows) of batch b against every key, rows × m at `scores`.
+void score_rows(ConstTensorView queries, ConstTensorView keys, float width, int64_t b,
+                int64_t first, int64_t rows, float* scores) {
+  const int64_t m = keys.dim(1), d = queries.dim(2);
+  for (int64_t i = first; i < first + rows; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      float squared = 0.0F;
+      for (int64_t t = 0; t < d; ++t) {
+        const float scaled = (queries(b, i, t) - keys(b, j, t)) * width;
+        squared += scaled * scaled;
       }
+      *scores++ = -0.5F * squared;
     }
   }
+}
+
+}  // namespace
+
+Tensor gaussian_kernel_scores(ConstTensorView queries, ConstTensorView keys, float width) {
+  check_scores_arguments(queries, keys, width);
+  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1);
+  Tensor scores(Shape{batch, n, m});
+  for (int64_t b = 0; b < batch; ++b) score_rows(queries, keys, width, b, 0, n, &scores(b, 0, 0));
   return scores;
 }
 
 PoolingResult gaussian_kernel_pooling(ConstTensorView queries, ConstTensorView keys,
                                       ConstTensorView values, float width,
-                                      const ValidLengths& valid_lens) {
+                                      const ValidLengths& valid_lens, bool need_weights) {
+  check_scores_arguments(queries, keys, width);
   require_rank("values", values.shape(), 3);
   require_dim("values", values.shape(), 0, queries.dim(0), "the batch size of queries");
   require_dim("values", values.shape(), 1, keys.dim(1), "the number of keys");
+  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1), dv = values.dim(2);
+  valid_lens.check("valid_lens", batch, n, m);
   PoolingResult result;
-  result.weights = gaussian_kernel_scores(queries, keys, width);
-  valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  masked_softmax(result.weights, valid_lens, result.weights);
-  result.output = Tensor(Shape{queries.dim(0), queries.dim(1), values.dim(2)});
-  batched_matmul(result.weights, values, result.output);
+  result.output = Tensor(Shape{batch, n, dv});
+  if (need_weights) {
+    result.weights = gaussian_kernel_scores(queries, keys, width);
+    masked_softmax(result.weights, valid_lens, result.weights);
+    batched_matmul(result.weights, values, result.output);
+    return result;
+  }
+  // Blocks of query rows: each block's scores, softmax over its rows' valid keys, and product.
+  Tensor block(Shape{1, std::min(n, kRowBlock), m});
+  for (int64_t b = 0; b < batch; ++b) {
+    const ConstTensorView batch_values(values.data() + b * m * dv, Shape{1, m, dv});
+    for (int64_t first = 0; first < n; first += kRowBlock) {
+      const int64_t rows = std::min(kRowBlock, n - first);
+      const TensorView scores(block.data(), Shape{1, rows, m});
+      score_rows(queries, keys, width, b, first, rows, scores.data());
+      std::vector<int64_t> lengths;
+      if (!valid_lens.is_all()) {
+        for (int64_t i = first; i < first + rows; ++i)
+          lengths.push_back(valid_lens.length(b, i, m));
+      }
+      masked_softmax(scores,
+                     lengths.empty() ? ValidLengths() : ValidLengths::per_query(lengths, 1, rows),
+                     scores);
+      batched_matmul(scores, batch_values,
+                     TensorView(&result.output(b, first, 0), Shape{1, rows, dv}));
+    }
+  }
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "test_support.hpp"
@@ -33,6 +34,28 @@ TEST(FunctionalGaussianPooling, MatchesTheReference) {
                        "width: expected a finite number");
   EXPECT_THROW_MESSAGE(gaussian_kernel_pooling(q, k, Tensor(Shape{3, 39, 3}), 1.0F), ShapeError,
                        "values: expected dimension 1 to be 40 (the number of keys)");
+}
+
+// Without the weights: the same output from blocks of 64 query rows (150 queries: two blocks and a
+// tail), and no (B, n, m) tensor returned.
+TEST(FunctionalGaussianPooling, WithoutWeightsMatchesTheReferenceInRowBlocks) {
+  Rng rng(4);
+  const Tensor q = testing::random_tensor(Shape{2, 150, 2}, rng),
+               k = testing::random_tensor(Shape{2, 30, 2}, rng),
+               v = testing::random_tensor(Shape{2, 30, 3}, rng);
+  std::vector<int64_t> per_query;
+  for (int64_t index = 0; index < 2 * 150; ++index) per_query.push_back(index % 31);
+  for (const ValidLengths& lengths : {ValidLengths(), ValidLengths::per_batch({0, 17}),
+                                      ValidLengths::per_query(per_query, 2, 150)}) {
+    const PoolingResult result = gaussian_kernel_pooling(q, k, v, 0.8F, lengths, false);
+    EXPECT_EQ(result.weights.numel(), 0);
+    const reference::Result expected = reference::gaussian_kernel_pooling(
+        testing::to_reference(q), testing::to_reference(k), testing::to_reference(v),
+        testing::expand(lengths, 2, 150, 30), 0.8);
+    EXPECT_TRUE(testing::close_to(result.output, expected.output.values, kTolerance));
+  }
+  EXPECT_THROW_MESSAGE(gaussian_kernel_pooling(q, k, v, 1.0F, ValidLengths::per_batch({1}), false),
+                       ShapeError, "valid_lens");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // attn::gaussian_kernel_pooling: Nadaraya–Watson kernel regression as attention pooling, as a
 // function — the scores −½‖(q − k)·w‖², masked softmax over valid lengths, the weighted sum.
-// The scores are built in full: this pooling is the book's small-data regression, not a kernel.
+// The (B, n, m) weights are built only when asked for; otherwise blocks of query rows at a time.
 #pragma once
 
 #include "attn/core/tensor.hpp"
@@ -17,9 +17,12 @@ struct PoolingResult {
   Tensor weights;  // (B, n, m)
 };
 
-// softmax(S) over each query's valid keys, then weights · values (B, m, v).
+// softmax(S) over each query's valid keys, then weights · values (B, m, v). Without
+// `need_weights` the weights are left empty and never held whole: scores of 64 query rows at a
+// time, O(64·m) memory.
 PoolingResult gaussian_kernel_pooling(ConstTensorView queries, ConstTensorView keys,
                                       ConstTensorView values, float width,
-                                      const ValidLengths& valid_lens = {});
+                                      const ValidLengths& valid_lens = {},
+                                      bool need_weights = true);
 
 }  // namespace attn
