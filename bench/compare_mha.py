@@ -10,6 +10,10 @@ OpenMP and thread-pool runtimes would otherwise spin against each other on the s
 the median times and the ratios; --json-out writes them too.
 
     python bench/compare_mha.py --sizes 1024,4096 --threads 1,2 --repeats 7
+
+compare_pytorch.py --onnx-mha imports onnx_runtime_layer and max_difference_from_torch from here,
+to put the same ONNX Runtime graph beside its nn.MultiheadAttention rows; importing this file needs
+neither attn's module nor compare_decode (main imports them).
 """
 
 import argparse
@@ -20,9 +24,6 @@ import time
 
 import numpy as np
 import torch
-
-import attn
-from compare_decode import cpu_name, parse_ints  # this folder's decode comparison
 
 
 def median_ms(action, repeats):
@@ -79,7 +80,24 @@ def onnx_runtime_layer(torch_layer, heads, threads):
     return lambda x: session.run(["y"], {"x": x})[0]
 
 
+def max_difference_from_torch(ort_layer, torch_layer, x):
+    """The largest difference of onnx_runtime_layer's output on x (a float32 NumPy array
+    (B, n, D)) from torch_layer's, with a warning when they disagree."""
+    with torch.inference_mode():
+        expected = torch_layer(*(torch.from_numpy(x),) * 3, need_weights=False)[0]
+    # The same layer: its output agrees with PyTorch's to float32 rounding.
+    difference = float(np.max(np.abs(ort_layer(x) - expected.numpy())))
+    if difference > 1e-4:
+        print(f"warning: ONNX Runtime's output differs from PyTorch's by {difference}")
+    return difference
+
+
 def main():
+    # Here rather than at the top: compare_pytorch.py imports this file where attn's module may
+    # be missing (compare_decode imports it too).
+    import attn
+    from compare_decode import cpu_name, parse_ints  # this folder's decode comparison
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,4096", help="sequence lengths n, comma-separated")
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
@@ -121,14 +139,9 @@ def main():
                     f"{torch_ms / attn_ms:>9.2f}x")
             if has_ort:
                 ort_layer = onnx_runtime_layer(torch_layer, args.heads, threads)
-                with torch.inference_mode():
-                    expected = torch_layer(x_torch, x_torch, x_torch, need_weights=False)[0]
-                # The same layer: its output agrees with PyTorch's to float32 rounding.
-                difference = float(np.max(np.abs(ort_layer(x) - expected.numpy())))
+                difference = max_difference_from_torch(ort_layer, torch_layer, x)
                 row["ort_ms"] = median_ms(lambda: ort_layer(x), args.repeats)
                 row["ort_max_difference"] = difference
-                if difference > 1e-4:
-                    print(f"warning: ONNX Runtime's output differs from PyTorch's by {difference}")
                 time.sleep(0.5)
                 line += f" {row['ort_ms']:>9.1f} {row['ort_ms'] / attn_ms:>8.2f}x"
             rows.append(row)

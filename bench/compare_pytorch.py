@@ -2,12 +2,14 @@
 # Puts attn (through `attn bench --json`) side by side with PyTorch on the CPU in one run: the
 # book's code (bmm + masked softmax + bmm, and its additive attention), scaled_dot_product_attention
 # (fp32, and bf16/fp16 against attn's half-precision kernels) and nn.MultiheadAttention, same
-# shapes, same thread count, one table. Not part of CI.
+# shapes, same thread count, one table; with --onnx-mha, ONNX Runtime's MultiHeadAttention graph
+# (compare_mha.py's) beside the layer rows too. Not part of CI.
 """Compare attn's attention kernels with PyTorch's on the CPU.
 
 Run with a Python that has torch, e.g.
     /opt/torchenv/bin/python bench/compare_pytorch.py --attn build-bench/cli/attn \
         --sizes 128,512,1024,2048,4096 --threads 1,2 --json-out docs/benchmarks.json
+Add --onnx-mha (onnxruntime and onnx installed) for the onnxruntime-mha rows.
 """
 import argparse
 import json
@@ -228,6 +230,8 @@ def torch_cases(args, n, threads, attn_lengths, attn_module=None):
     flops = dot_flops(batch, heads, n, n, d, None, False) + 8.0 * batch * n * embed * embed
     ms, extra = time_median_ms(lambda: mha(x, x, x, need_weights=False), args.repeats)
     yield row("torch-mha", "mha", n, threads, ms, flops, extra)
+    if args.onnx_mha:
+        yield onnx_mha_row(mha, x, heads, n, threads, flops, args.repeats)
     # The book's additive attention, h = 64 (queries, keys, values of size d): the (B, n, m, h)
     # features and their tanh are two tensors of B·n·m·h floats.
     hidden = args.additive_hidden
@@ -250,6 +254,30 @@ def torch_cases(args, n, threads, attn_lengths, attn_module=None):
                 lambda: torch.autograd.grad(out, wrt, grad, retain_graph=True), args.repeats)
             yield row("torch-book-additive", "additive-backward", n, threads, ms, 2 * flops, extra)
             del out
+
+
+def onnx_mha_row(mha, x, heads, n, threads, flops, repeats):
+    """ONNX Runtime running mha's computation (its weights, the com.microsoft MultiHeadAttention
+    operator between the projections: compare_mha.py's graph) on x with `threads` intra-op
+    threads: the onnxruntime-mha row, its output checked against mha's."""
+    # This folder's; imported here only, as it needs NumPy, which the rest of this script does not.
+    import compare_mha
+
+    # Each runtime's threads spin a while after their last call: the pauses keep PyTorch's and
+    # ONNX Runtime's pools from running against each other on the same cores, as compare_mha.py
+    # does between its libraries.
+    time.sleep(0.5)
+    ort_layer = compare_mha.onnx_runtime_layer(mha, heads, threads)
+    x_numpy = x.numpy()  # the same storage as x
+    # The session's first call is the memory probe: ONNX Runtime keeps its buffers in an arena
+    # between calls, so a later call's peak would not grow at all.
+    ms, extra = time_median_ms(lambda: ort_layer(x_numpy), repeats)
+    difference = compare_mha.max_difference_from_torch(ort_layer, mha, x_numpy)
+    del ort_layer  # the session and its thread pool
+    time.sleep(0.5)
+    result = row("onnxruntime-mha", "mha", n, threads, ms, flops, extra)
+    result["max_difference"] = difference  # against nn.MultiheadAttention's output
+    return result
 
 
 def row(name, workload, n, threads, ms, flops, extra):
@@ -305,7 +333,21 @@ def main():
     parser.add_argument("--json-out", help="also write every figure to this JSON file")
     parser.add_argument("--half-only", action="store_true",
                         help="bf16/fp16 workloads only (forward, bf16 causal and backward)")
+    parser.add_argument("--onnx-mha", action="store_true",
+                        help="also time ONNX Runtime's MultiHeadAttention graph (compare_mha.py's: "
+                             "the projections around com.microsoft.MultiHeadAttention) beside "
+                             "nn.MultiheadAttention, rows onnxruntime-mha (needs onnxruntime and "
+                             "onnx)")
     args = parser.parse_args()
+    onnxruntime_version = None
+    if args.onnx_mha:
+        try:
+            import onnx  # noqa: F401  (compare_mha.py builds the graph with it)
+            import onnxruntime
+        except ImportError as error:
+            parser.error(f"--onnx-mha needs onnxruntime and onnx ({error}): "
+                         "pip install onnxruntime onnx")
+        onnxruntime_version = onnxruntime.__version__
     if args.quick:
         args.sizes = [s for s in args.sizes if s <= 512] or [128]
         args.repeats = min(args.repeats, 2)
@@ -349,6 +391,10 @@ def main():
     print("GFLOP/s count only unmasked work; torch-mha counts its projections too; "
           "'attn faster by' = this time / attn fused time (same workload, n, threads); backward "
           "rows time the backward pass alone")
+    if args.onnx_mha:
+        print(f"onnxruntime-mha: ONNX Runtime {onnxruntime_version}'s com.microsoft "
+              "MultiHeadAttention between MatMul projections, nn.MultiheadAttention's weights, "
+              "intra-op threads = thr; its 'attn faster by' is against attn's layer (fused-mha)")
     print(attn["memory_method"] + " (the same for PyTorch)\n")
     header = f"{'workload':<17} {'n':>5} {'thr':>3} {'implementation':<20} {'ms':>10} " \
              f"{'GFLOP/s':>8} {'% peak':>7} {'attn faster by':>14} {'extra memory':>13}"
@@ -368,9 +414,11 @@ def main():
               f"{format_bytes(r['extra_bytes']):>13}")
     if args.json_out:
         with open(args.json_out, "w") as out:
-            json.dump({"torch_version": torch.__version__, "load_average_before": load_before,
-                       "load_average_after": load_after, "attn": attn, "rows": rows}, out,
-                      indent=2)
+            results = {"torch_version": torch.__version__, "load_average_before": load_before,
+                       "load_average_after": load_after, "attn": attn, "rows": rows}
+            if args.onnx_mha:
+                results["onnxruntime_version"] = onnxruntime_version
+            json.dump(results, out, indent=2)
         print(f"\nwrote {args.json_out}", file=sys.stderr)
 
 

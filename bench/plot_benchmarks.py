@@ -19,6 +19,8 @@ SERIES = [  # (implementation, label, style)
     ("torch-book", "PyTorch, the book's code (bmm + masked softmax + bmm)", "v--"),
     ("torch-book-additive", "PyTorch, the book's AdditiveAttention", "d--"),
     ("torch-mha", "PyTorch nn.MultiheadAttention", "^-"),
+    # compare_pytorch.py --onnx-mha: the same layer as an ONNX graph
+    ("onnxruntime-mha", "ONNX Runtime MultiHeadAttention (com.microsoft), with projections", "P-"),
 ]
 
 
