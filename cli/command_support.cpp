@@ -63,6 +63,11 @@ void check_output(const OutputFile& output) {
     throw ValueError(output.option + ": expected a file name ending in .npy, got '" +
                      output.path.string() + "'");
   }
+  if (output.kind == OutputKind::kArray && extension != ".npy" && extension != ".safetensors") {
+    throw ValueError(output.option +
+                     ": expected a file name ending in .npy or .safetensors, got '" +
+                     output.path.string() + "'");
+  }
   if (output.kind == OutputKind::kPicture && extension != ".png" && extension != ".svg" &&
       extension != ".pdf") {
     throw ValueError(output.option + ": expected a picture ending in .png, .svg or .pdf, got '" +

@@ -42,7 +42,8 @@ struct CommandFile {
 };
 
 // What an output file holds, which fixes the extensions it may have.
-enum class OutputKind { kNpy, kPicture, kAny };
+// kArray: a .npy file or a .safetensors one.
+enum class OutputKind { kNpy, kArray, kPicture, kAny };
 
 struct OutputFile {
   std::string option;

@@ -10,6 +10,8 @@
 #include "attn/core/valid_lengths.hpp"
 #include "attn/io/npy.hpp"
 #include "attn/io/npy_rows.hpp"
+#include "attn/io/safetensors.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "command_support.hpp"
 
 namespace attn::cli {
@@ -138,53 +140,95 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
   });
 }
 
+bool is_safetensors_path(const std::string& path) {
+  const std::string suffix = ".safetensors";
+  const size_t at = path.rfind(suffix);
+  return at != std::string::npos &&
+         (at + suffix.size() == path.size() || path[at + suffix.size()] == ':');
+}
+
+std::string half_type_name(HalfType type) {
+  return type == HalfType::kFloat16 ? "float16" : "bfloat16";
+}
+
+Tensor InputFile::take_floats() {
+  if (!half) return std::move(floats);
+  Tensor widened(shape);
+  widen_half(*half, bits.data(), widened.data(), bits.size());
+  bits = {};
+  half.reset();
+  return widened;
+}
+
+InputFile read_input_file(const std::string& path, const std::string& name) {
+  InputFile file;
+  if (is_safetensors_path(path)) {
+    const size_t colon = path.rfind(':');
+    const bool named = colon != std::string::npos && colon > path.rfind(".safetensors");
+    SafetensorsTensor tensor = load_safetensors_tensor(
+        named ? path.substr(0, colon) : path, named ? path.substr(colon + 1) : std::string());
+    file.shape = tensor.shape;
+    file.half = tensor.half;
+    file.floats = std::move(tensor.floats);
+    file.bits = std::move(tensor.bits);
+    return file;
+  }
+  if (read_npy_header(path).dtype == NpyDType::kFloat16) {
+    NpyFloat16 half = load_npy_float16(path, name);
+    file.shape = half.shape;
+    file.half = HalfType::kFloat16;
+    file.bits = std::move(half.bits);
+    return file;
+  }
+  // Integer and bool files: load_npy_tensor's error naming the argument.
+  file.floats = load_npy_tensor(path, name);
+  file.shape = file.floats.shape();
+  return file;
+}
+
 void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily family) {
   const std::string* paths[] = {&arguments.queries, &arguments.keys, &arguments.values};
   const char* names[] = {"queries", "keys", "values"};
   const char* flags[] = {"--queries", "--keys", "--values"};
-  NpyDType dtypes[3];
-  for (int index = 0; index < 3; ++index) {
-    dtypes[index] =
-        with_context(flags[index], [&] { return read_npy_header(*paths[index]).dtype; });
-  }
-  // Integer and bool files: load_npy_tensor's error naming the argument.
-  for (int index = 0; index < 3; ++index) {
-    if (dtypes[index] != NpyDType::kFloat32 && dtypes[index] != NpyDType::kFloat64 &&
-        dtypes[index] != NpyDType::kFloat16) {
-      with_context(flags[index], [&] { load_npy_tensor(*paths[index], names[index]); });
-    }
-  }
-  // Dot-product attention runs in float16 when its inputs are, as PyTorch's does, and then all
-  // three must be (PyTorch refuses a mix); additive attention computes in float32 on any floats.
-  if (family == ScoreFamily::kDotProduct) {
-    for (int index = 0; index < 3; ++index)
-      float16_ = float16_ || dtypes[index] == NpyDType::kFloat16;
-    for (int index = 0; index < 3 && float16_; ++index) {
-      if (dtypes[index] != NpyDType::kFloat16) {
-        throw ValueError(std::string(names[index]) +
-                         ": expected float16 data like the other inputs (a float16 run reads "
-                         "queries, keys and values all in float16), got float32 or float64");
-      }
-    }
-  }
-  // Each input read once, into what the call reads: a float16 run its bits alone (a float copy
+  // Each input read once, into what the call reads: a half run its bits alone (a float copy
   // beside them held each input three times over), the others float tensors, float32 data read
   // straight into them (load_npy_tensor; through read_npy's arrays an input was held twice at once:
   // a 512 MiB key file made the run's peak 1.5 GiB where its inputs are 1 GiB).
+  InputFile files[3];
+  for (int index = 0; index < 3; ++index) {
+    files[index] =
+        with_context(flags[index], [&] { return read_input_file(*paths[index], names[index]); });
+  }
+  std::optional<HalfType> first_half;
+  for (const InputFile& file : files) first_half = first_half ? first_half : file.half;
+  // Dot-product attention runs in float16 or bfloat16 when its inputs are, as PyTorch's does, and
+  // then all three must be of that type (PyTorch refuses a mix); additive attention computes in
+  // float32 on any floats, and rounds its output to the inputs' type when they share one.
+  if (family == ScoreFamily::kDotProduct && first_half) {
+    for (int index = 0; index < 3; ++index) {
+      if (files[index].half != first_half) {
+        const std::string type = half_type_name(*first_half);
+        throw ValueError(std::string(names[index]) + ": expected " + type +
+                         " data like the other inputs (a " + type +
+                         " run reads queries, keys and values all in " + type + "), got " +
+                         (files[index].half ? half_type_name(*files[index].half)
+                                            : std::string("float32 or float64")));
+      }
+    }
+    half_ = first_half;
+  } else if (files[0].half == files[1].half && files[1].half == files[2].half) {
+    stored_half_ = first_half;
+  }
   Tensor* tensors[] = {&queries_, &keys_, &values_};
   std::vector<uint16_t>* halves[] = {&query_halves_, &key_halves_, &value_halves_};
   Shape* shapes[] = {&query_shape_, &key_shape_, &value_shape_};
   for (int index = 0; index < 3; ++index) {
-    with_context(flags[index], [&] {
-      if (float16_) {
-        NpyFloat16 file = load_npy_float16(*paths[index], names[index]);
-        *shapes[index] = file.shape;
-        *halves[index] = std::move(file.bits);
-      } else {
-        *tensors[index] = load_npy_tensor(*paths[index], names[index]);
-        *shapes[index] = tensors[index]->shape();
-      }
-    });
+    *shapes[index] = files[index].shape;
+    if (half_) {
+      *halves[index] = std::move(files[index].bits);
+    } else {
+      *tensors[index] = files[index].take_floats();
+    }
   }
   const int rank = query_shape_.rank();
   if (rank != 3 && rank != 4) {

@@ -1,6 +1,7 @@
-// What `attn run` hands the functional attention API: its .npy inputs read once and viewed in
-// PyTorch's (..., H, L, E) layout through strides (rank-3 files split into heads in place, never
-// copied), and AttentionOptions built from the flags (mask, window, causal, softcap, ALiBi, sinks).
+// What `attn run` hands the functional attention API: its .npy or safetensors inputs read once and
+// viewed in PyTorch's (..., H, L, E) layout through strides (rank-3 files split into heads in
+// place, never copied), and AttentionOptions built from the flags (mask, window, causal, softcap,
+// ALiBi, sinks).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
 #include "attn/core/shape.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
@@ -52,6 +54,23 @@ decltype(auto) name_sources(const RunArguments& arguments, Action&& action) {
 SlidingWindow parse_window(const std::string& text);
 // "top-left" or "bottom-right" → the alignment; ValueError naming --causal otherwise.
 DiagonalAlignment parse_causal(const std::string& text);
+
+// An input file as read: float32 values, or its 16-bit words as stored (a float16 .npy; an F16 or
+// BF16 safetensors tensor), never widened on reading. A path ending in .safetensors names a file
+// holding one tensor; FILE.safetensors:NAME picks the tensor NAME of one holding several.
+struct InputFile {
+  Shape shape;
+  std::optional<HalfType> half;  // set: `bits` holds the values
+  Tensor floats;
+  std::vector<uint16_t> bits;
+  // The values as float32 (16-bit words widened exactly), leaving this file empty.
+  Tensor take_floats();
+};
+InputFile read_input_file(const std::string& path, const std::string& name);
+// Whether `path` names a safetensors file (FILE.safetensors or FILE.safetensors:NAME).
+bool is_safetensors_path(const std::string& path);
+// The name a half-precision type goes by in messages: float16 or bfloat16.
+std::string half_type_name(HalfType type);
 
 // Which function the inputs are for. Dot products take every layout and option; additive scores
 // need no equal query and key sizes, and take no heads (the command refuses --heads for them).
@@ -100,9 +119,13 @@ class FunctionalInputs {
   ConstStridedView like_query(const Tensor& tensor) const { return as_heads(tensor, query_heads_); }
   MutableStridedView like_key(Tensor& tensor) const { return as_heads(tensor, kv_heads_); }
 
-  // Whether the dot-product inputs are float16 files: then the call runs in half precision on
-  // these views of their bits, which are all that is read of them (no float tensors).
-  bool float16() const { return float16_; }
+  // The type of the dot-product inputs when they are float16 or bfloat16 files: then the call
+  // runs in half precision on these views of their bits, which are all that is read of them (no
+  // float tensors).
+  std::optional<HalfType> half() const { return half_; }
+  // Additive inputs stored in one half type (widened to float32 for the call): the output is
+  // rounded back to it, as PyTorch's output dtype follows its inputs'.
+  std::optional<HalfType> stored_half() const { return stored_half_; }
   StridedView<const uint16_t> query16() const {
     return as_heads(query_halves_.data(), query_shape_, query_heads_);
   }
@@ -148,8 +171,8 @@ class FunctionalInputs {
 
   Shape query_shape_, key_shape_, value_shape_;
   Tensor queries_, keys_, values_;  // float runs only
-  bool float16_ = false;
-  std::vector<uint16_t> query_halves_, key_halves_, value_halves_;  // float16 runs only
+  std::optional<HalfType> half_, stored_half_;
+  std::vector<uint16_t> query_halves_, key_halves_, value_halves_;  // half runs only
   bool split_heads_ = false;
   int64_t query_heads_ = 1;
   int64_t kv_heads_ = 1;

@@ -201,20 +201,27 @@ const Tensor& required_matrix(const StateDict& state, const std::string& name,
 }
 
 // The inputs of a layer's forward pass: the book's layers take (B, n, ·) tensors as they are.
+// Inputs stored in one half type are widened for the layer, whose output is rounded back to it.
 struct LayerInputs {
   Tensor queries;
   Tensor keys;
   Tensor values;
   ValidLengths valid_lens;
+  std::optional<HalfType> stored_half;
 };
 
 LayerInputs load_layer_inputs(const RunOptions& options) {
   LayerInputs inputs;
-  inputs.queries =
-      with_context("--queries", [&] { return load_npy_tensor(options.queries, "queries"); });
-  inputs.keys = with_context("--keys", [&] { return load_npy_tensor(options.keys, "keys"); });
-  inputs.values =
-      with_context("--values", [&] { return load_npy_tensor(options.values, "values"); });
+  InputFile files[] = {
+      with_context("--queries", [&] { return read_input_file(options.queries, "queries"); }),
+      with_context("--keys", [&] { return read_input_file(options.keys, "keys"); }),
+      with_context("--values", [&] { return read_input_file(options.values, "values"); })};
+  if (files[0].half == files[1].half && files[1].half == files[2].half) {
+    inputs.stored_half = files[0].half;
+  }
+  inputs.queries = files[0].take_floats();
+  inputs.keys = files[1].take_floats();
+  inputs.values = files[2].take_floats();
   if (options.valid_lens_option->count() > 0) {
     inputs.valid_lens = with_context(
         "--valid-lens", [&] { return load_npy_valid_lengths(options.valid_lens, "valid_lens"); });
@@ -222,13 +229,31 @@ LayerInputs load_layer_inputs(const RunOptions& options) {
   return inputs;
 }
 
-// A result as it is written: float32 values, or a float16 run's float16 bits as the half kernels
-// wrote them (never widened: a float copy beside them cost an output-sized allocation, two passes).
-using ResultTensor = std::variant<Tensor, NpyFloat16>;
+// A half run's result as the half kernels wrote it, or a float result rounded once to its inputs'
+// type: 16-bit words of `type`.
+struct HalfResult {
+  HalfType type = HalfType::kFloat16;
+  Shape shape;
+  std::vector<uint16_t> bits;
+};
+
+// A result as it is written: float32 values, or 16-bit words (never widened: a float copy beside
+// them cost an output-sized allocation, two passes).
+using ResultTensor = std::variant<Tensor, HalfResult>;
 
 const Shape& shape_of(const ResultTensor& tensor) {
-  if (const auto* half = std::get_if<NpyFloat16>(&tensor)) return half->shape;
+  if (const auto* half = std::get_if<HalfResult>(&tensor)) return half->shape;
   return std::get<Tensor>(tensor).shape();
+}
+
+// `values` as written for inputs stored in `type` (PyTorch's output dtype follows its inputs'):
+// rounded once to it, or as they are when the inputs were float32.
+ResultTensor in_stored_type(std::optional<HalfType> type, Tensor values) {
+  if (!type) return values;
+  HalfResult half{*type, values.shape(),
+                  std::vector<uint16_t>(static_cast<size_t>(values.numel()))};
+  narrow_to_half(*type, values.data(), half.bits.data(), half.bits.size());
+  return half;
 }
 
 // One gradient of sum(output · G), under the name of its file in --grads-out.
@@ -249,46 +274,28 @@ struct Result {
   std::vector<NamedGradient> gradients;
 };
 
-// G of --out-grad as its file holds it: a float16 file's bits alone, which the float16
-// dot-product run reads as they are (loaded as floats and rounded back, G was held three times
-// over: 201 MB peak for a 176 MB float16 run at n = m = 4096, 32 heads), any other float file as
-// float32. Each run takes G once, in the precision it computes in.
+// G of --out-grad as its file holds it: a half file's bits alone, which the half dot-product run
+// reads as they are (loaded as floats and rounded back, G was held three times over: 201 MB peak
+// for a 176 MB float16 run at n = m = 4096, 32 heads), any other float file as float32. Each run
+// takes G once, in the precision it computes in.
 class GradOutput {
  public:
-  explicit GradOutput(const std::string& path) {
-    half_ = read_npy_header(path).dtype == NpyDType::kFloat16;
-    if (half_) {
-      bits_ = load_npy_float16(path, "G");
-      shape_ = bits_.shape;
-    } else {
-      floats_ = load_npy_tensor(path, "G");
-      shape_ = floats_.shape();
-    }
-  }
-  const Shape& shape() const { return shape_; }
-  // G as float32 (a float16 file's values widened exactly).
-  Tensor take_floats() {
-    if (!half_) return std::move(floats_);
-    Tensor widened(shape_);
-    widen_half(HalfType::kFloat16, bits_.bits.data(), widened.data(), bits_.bits.size());
-    bits_ = {};
-    return widened;
-  }
-  // G as float16 bits (a float32 or float64 file's values rounded once, as autograd hands a
-  // float16 output a float16 gradient).
-  std::vector<uint16_t> take_float16_bits() {
-    if (half_) return std::move(bits_.bits);
-    std::vector<uint16_t> bits(static_cast<size_t>(floats_.numel()));
-    narrow_to_half(HalfType::kFloat16, floats_.data(), bits.data(), bits.size());
-    floats_ = Tensor();
+  explicit GradOutput(const std::string& path) : file_(read_input_file(path, "G")) {}
+  const Shape& shape() const { return file_.shape; }
+  // G as float32 (a half file's values widened exactly).
+  Tensor take_floats() { return file_.take_floats(); }
+  // G as bits of `type` (other values rounded once, as autograd hands a half output a gradient of
+  // its own type).
+  std::vector<uint16_t> take_half_bits(HalfType type) {
+    if (file_.half == type) return std::move(file_.bits);
+    const Tensor floats = file_.take_floats();
+    std::vector<uint16_t> bits(static_cast<size_t>(floats.numel()));
+    narrow_to_half(type, floats.data(), bits.data(), bits.size());
     return bits;
   }
 
  private:
-  bool half_ = false;
-  Shape shape_;
-  Tensor floats_;
-  NpyFloat16 bits_;
+  InputFile file_;
 };
 
 // G must be shaped like the output, as sum(output · G) pairs them element by element.
@@ -324,12 +331,12 @@ std::vector<NamedGradient> layer_gradients(Layer& layer, const Tensor& grad_outp
   return named;
 }
 
-// run_dot_product on float16 files: PyTorch's float16 attention (fp32 sums, the output and the
-// gradients of queries, keys and values rounded once to float16), through the half overloads.
-Result run_dot_product_float16(const RunArguments& arguments, const FunctionalInputs& inputs,
-                               const RunOptions& options, GradOutput* grad_output,
-                               bool need_weights) {
-  constexpr HalfType kType = HalfType::kFloat16;
+// run_dot_product on float16 or bfloat16 files: PyTorch's half attention (fp32 sums, the output
+// and the gradients of queries, keys and values rounded once to the inputs' type), through the
+// half overloads.
+Result run_dot_product_half(const RunArguments& arguments, const FunctionalInputs& inputs,
+                            const RunOptions& options, GradOutput* grad_output, bool need_weights) {
+  const HalfType kType = *inputs.half();
   Result result;
   const Shape output_shape = inputs.output_shape();
   std::vector<uint16_t> output(static_cast<size_t>(output_shape.numel()));
@@ -344,12 +351,12 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
         attention_weights(kType, inputs.query16(), inputs.key16(), log_sum_exp, inputs.options());
   }
   if (grad_output == nullptr) {
-    result.output = NpyFloat16{output_shape, std::move(output)};
+    result.output = HalfResult{kType, output_shape, std::move(output)};
     return result;
   }
   check_grad_output(options, *grad_output, output_shape);
-  // G in the output's precision, as PyTorch's autograd hands a float16 output its gradient.
-  std::vector<uint16_t> grad = grad_output->take_float16_bits();
+  // G in the output's precision, as PyTorch's autograd hands a half output its gradient.
+  std::vector<uint16_t> grad = grad_output->take_half_bits(kType);
   std::vector<uint16_t> queries(static_cast<size_t>(inputs.query_shape().numel()));
   std::vector<uint16_t> keys(static_cast<size_t>(inputs.key_shape().numel()));
   std::vector<uint16_t> values(static_cast<size_t>(inputs.value_shape().numel()));
@@ -365,10 +372,10 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
         inputs.has_float_mask() ? MutableStridedView(mask) : MutableStridedView(),
         inputs.has_sinks() ? sinks.span() : std::span<float>());
   });
-  result.output = NpyFloat16{output_shape, std::move(output)};
-  result.gradients = input_gradients(NpyFloat16{inputs.query_shape(), std::move(queries)},
-                                     NpyFloat16{inputs.key_shape(), std::move(keys)},
-                                     NpyFloat16{inputs.value_shape(), std::move(values)});
+  result.output = HalfResult{kType, output_shape, std::move(output)};
+  result.gradients = input_gradients(HalfResult{kType, inputs.query_shape(), std::move(queries)},
+                                     HalfResult{kType, inputs.key_shape(), std::move(keys)},
+                                     HalfResult{kType, inputs.value_shape(), std::move(values)});
   if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
   if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
   return result;
@@ -379,8 +386,8 @@ Result run_dot_product_float16(const RunArguments& arguments, const FunctionalIn
 Result run_dot_product(const RunOptions& options, GradOutput* grad_output, bool need_weights) {
   const RunArguments arguments = run_arguments(options);
   const FunctionalInputs inputs(arguments, ScoreFamily::kDotProduct);
-  if (inputs.float16()) {
-    return run_dot_product_float16(arguments, inputs, options, grad_output, need_weights);
+  if (inputs.half()) {
+    return run_dot_product_half(arguments, inputs, options, grad_output, need_weights);
   }
   Result result;
   Tensor output(inputs.output_shape());
@@ -459,15 +466,17 @@ Result run_additive(const RunOptions& options, const StateDict& state, GradOutpu
                                          forward.output, grad, forward.log_sum_exp,
                                          inputs.options());
     });
-    result.gradients = input_gradients(std::move(gradients.queries), std::move(gradients.keys),
-                                       std::move(gradients.values));
+    const std::optional<HalfType> stored = inputs.stored_half();
+    result.gradients = input_gradients(in_stored_type(stored, std::move(gradients.queries)),
+                                       in_stored_type(stored, std::move(gradients.keys)),
+                                       in_stored_type(stored, std::move(gradients.values)));
     result.gradients.push_back({"W_q.weight", std::move(gradients.W_q)});
     result.gradients.push_back({"W_k.weight", std::move(gradients.W_k)});
     // The state dict's w_v.weight is nn.Linear's (1, h) matrix.
     gradients.w_v.reshape(Shape{1, hidden});
     result.gradients.push_back({"w_v.weight", std::move(gradients.w_v)});
   }
-  result.output = std::move(forward.output);
+  result.output = in_stored_type(inputs.stored_half(), std::move(forward.output));
   return result;
 }
 
@@ -488,8 +497,14 @@ Result run_layer(const RunOptions& options, Layer& layer, GradOutput* grad_outpu
   if (grad_output != nullptr) {
     check_grad_output(options, *grad_output, output.shape());
     result.gradients = layer_gradients(layer, grad_output->take_floats());
+    // The inputs' gradients in the inputs' type; the parameters' stay float32, as theirs.
+    for (size_t index = 0; index < 3 && inputs.stored_half; ++index) {
+      NamedGradient& gradient = result.gradients[index];
+      gradient.gradient =
+          in_stored_type(inputs.stored_half, std::move(std::get<Tensor>(gradient.gradient)));
+    }
   }
-  result.output = std::move(output);
+  result.output = in_stored_type(inputs.stored_half, std::move(output));
   return result;
 }
 
@@ -549,22 +564,46 @@ void check_gradient_options(const RunOptions& options) {
   }
 }
 
+// The gradients are written in the output's format: .npy files, or .safetensors beside a
+// .safetensors --out.
 std::filesystem::path gradient_path(const RunOptions& options, const std::string& name) {
-  return std::filesystem::path(options.grads_out) / (name + ".npy");
+  const char* extension = is_safetensors_path(options.out) ? ".safetensors" : ".npy";
+  return std::filesystem::path(options.grads_out) / (name + extension);
 }
 
-// float32 values, or float16 bits, as they are.
-void save_tensor(const std::filesystem::path& path, const ResultTensor& tensor) {
-  if (const auto* half = std::get_if<NpyFloat16>(&tensor)) {
-    return save_npy_float16(path, half->bits, half->shape);
+// Whether `path` can hold `tensor`: .npy has float32 and float16 but no bfloat16. Checked for
+// every output before the first is written.
+void check_format(const std::string& option, const std::filesystem::path& path,
+                  const ResultTensor& tensor) {
+  const auto* half = std::get_if<HalfResult>(&tensor);
+  if (half != nullptr && half->type == HalfType::kBFloat16 && !is_safetensors_path(path)) {
+    throw ValueError(option +
+                     ": a bfloat16 result needs a .safetensors file (.npy has no "
+                     "bfloat16), got '" +
+                     path.string() + "'");
   }
+}
+
+// float32 values, or 16-bit words, as they are: .npy, or one tensor `name` of a safetensors file.
+void save_tensor(const std::filesystem::path& path, const ResultTensor& tensor,
+                 const std::string& name) {
+  const auto* half = std::get_if<HalfResult>(&tensor);
+  if (is_safetensors_path(path)) {
+    if (half != nullptr)
+      return save_safetensors_half(path, name, half->type, half->shape, half->bits);
+    StateDict one;
+    one.emplace(name, std::get<Tensor>(tensor));
+    return save_safetensors(path, one);
+  }
+  if (half != nullptr) return save_npy_float16(path, half->bits, half->shape);
   save_npy(path, std::get<Tensor>(tensor));
 }
 
 void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
   for (const NamedGradient& gradient : gradients) {
-    with_context("--grads-out",
-                 [&] { save_tensor(gradient_path(options, gradient.name), gradient.gradient); });
+    with_context("--grads-out", [&] {
+      save_tensor(gradient_path(options, gradient.name), gradient.gradient, gradient.name);
+    });
   }
 }
 
@@ -588,14 +627,16 @@ void require_finite_result(const Tensor& tensor, const std::string& option) {
   }
 }
 
-void require_finite_result(const NpyFloat16& tensor, const std::string& option) {
-  // float16's infinities and NaNs are the bits whose exponent field is all ones.
-  constexpr uint16_t kExponent = 0x7C00;
-  const auto culprit = std::find_if(tensor.bits.begin(), tensor.bits.end(),
-                                    [](uint16_t bits) { return (bits & kExponent) == kExponent; });
+void require_finite_result(const HalfResult& tensor, const std::string& option) {
+  // Infinities and NaNs are the bits whose exponent field is all ones.
+  const uint16_t exponent = tensor.type == HalfType::kFloat16 ? 0x7C00 : 0x7F80;
+  const auto culprit =
+      std::find_if(tensor.bits.begin(), tensor.bits.end(),
+                   [exponent](uint16_t bits) { return (bits & exponent) == exponent; });
   if (culprit == tensor.bits.end()) return;
-  const float value = half_to_float(*culprit);
-  throw_overflow(option, std::to_string(value), culprit - tensor.bits.begin(), "float16");
+  const float value = half_bits_to_float(tensor.type, *culprit);
+  throw_overflow(option, std::to_string(value), culprit - tensor.bits.begin(),
+                 half_type_name(tensor.type));
 }
 
 void require_finite_result(const ResultTensor& tensor, const std::string& option) {
@@ -622,7 +663,7 @@ std::vector<CommandFile> input_files(const RunOptions& options) {
 // Every file the run writes; the gradients' files once their names are known (after the run).
 std::vector<OutputFile> output_files(const RunOptions& options,
                                      const std::vector<NamedGradient>& gradients) {
-  std::vector<OutputFile> outputs = {{"--out", options.out, OutputKind::kNpy}};
+  std::vector<OutputFile> outputs = {{"--out", options.out, OutputKind::kArray}};
   if (options.weights_out_option->count() > 0) {
     outputs.push_back({"--weights-out", options.weights_out, OutputKind::kNpy});
   }
@@ -631,7 +672,7 @@ std::vector<OutputFile> output_files(const RunOptions& options,
   }
   for (const NamedGradient& gradient : gradients) {
     outputs.push_back({"--grads-out (" + gradient.name + ")", gradient_path(options, gradient.name),
-                       OutputKind::kNpy});
+                       OutputKind::kArray});
   }
   return outputs;
 }
@@ -697,6 +738,11 @@ void run(const RunOptions& options) {
   for (const NamedGradient& gradient : result.gradients) {
     require_finite_result(gradient.gradient, "--grads-out (" + gradient.name + ")");
   }
+  check_format("--out", options.out, result.output);
+  for (const NamedGradient& gradient : result.gradients) {
+    check_format("--grads-out (" + gradient.name + ")", gradient_path(options, gradient.name),
+                 gradient.gradient);
+  }
   if (gradients) create_output_directory(options.grads_out, "--grads-out");
   check_outputs(output_files(options, result.gradients), inputs);
   // The heatmap first: of the outputs it is the one that can still be refused for its contents (a
@@ -706,7 +752,7 @@ void run(const RunOptions& options) {
     with_context("--weights-out", [&] { save_npy(options.weights_out, result.weights); });
   }
   if (grad_output) save_gradients(options, result.gradients);
-  with_context("--out", [&] { save_tensor(options.out, result.output); });
+  with_context("--out", [&] { save_tensor(options.out, result.output, "output"); });
   std::string summary = "attn run: " + options.layer + " attention, output " +
                         shape_of(result.output).str() + " -> " + options.out;
   if (options.weights_out_option->count() > 0) {
@@ -728,7 +774,8 @@ void run(const RunOptions& options) {
 void add_run_command(CLI::App& app) {
   auto options = std::make_shared<RunOptions>();
   CLI::App* command = app.add_subcommand(
-      "run", "Run one attention call (evaluation mode) on .npy inputs, writing its output");
+      "run",
+      "Run one attention call (evaluation mode) on .npy or safetensors inputs, writing its output");
   command->footer(
       "dot-product and additive call attn's functional API directly; multi-head and general "
       "build the layer, whose sizes come from the shapes of its parameters in --params, stored "
@@ -766,17 +813,20 @@ void add_run_command(CLI::App& app) {
           ->default_str("1/sqrt(query size)");
   command
       ->add_option("--queries", options->queries,
-                   "Queries (B, n, query_size) or (N, H, L, E), float .npy (float32 or float64; "
-                   "float16 queries, keys and values run dot-product attention in float16 and "
-                   "write float16 output and gradients, as PyTorch)")
+                   "Queries (B, n, query_size) or (N, H, L, E): float .npy (float32, float64 or "
+                   "float16), or a safetensors tensor (F32, F64, F16 or BF16; FILE.safetensors "
+                   "holding one tensor, or FILE.safetensors:NAME). float16 or bfloat16 queries, "
+                   "keys and values run dot-product attention in that type; every layer writes "
+                   "its output and the inputs' gradients in the inputs' type, as PyTorch")
       ->type_name("FILE")
       ->required();
-  command->add_option("--keys", options->keys, "Keys (B, m, key_size) or (N, G, S, E), float .npy")
+  command
+      ->add_option("--keys", options->keys, "Keys (B, m, key_size) or (N, G, S, E), as --queries")
       ->type_name("FILE")
       ->required();
   command
       ->add_option("--values", options->values,
-                   "Values (B, m, value_size) or (N, G, S, Ev), float .npy")
+                   "Values (B, m, value_size) or (N, G, S, Ev), as --queries")
       ->type_name("FILE")
       ->required();
   options->valid_lens_option =
@@ -826,7 +876,8 @@ void add_run_command(CLI::App& app) {
                               ->type_name("FILE");
   command
       ->add_option("--out", options->out,
-                   "Where to write the output as .npy, in the queries' layout: (B, n, value_size), "
+                   "Where to write the output, .npy or .safetensors (tensor 'output'; needed for "
+                   "bfloat16, which .npy cannot hold), in the queries' layout: (B, n, value_size), "
                    "(B, n, H*dv) with --heads, (N, H, L, Ev), or (B, n, h) for multi-head")
       ->type_name("FILE")
       ->required();
@@ -843,16 +894,18 @@ void add_run_command(CLI::App& app) {
           ->type_name("FILE");
   options->out_grad_option =
       command
-          ->add_option("--out-grad", options->out_grad,
-                       "G, float .npy shaped like the output: run the backward pass for the "
-                       "gradients of sum(output * G) (with --grads-out)")
+          ->add_option(
+              "--out-grad", options->out_grad,
+              "G, shaped like the output, as --queries (.npy or a safetensors tensor): run "
+              "the backward pass for the gradients of sum(output * G) (with --grads-out)")
           ->type_name("FILE");
   options->grads_out_option =
       command
           ->add_option("--grads-out", options->grads_out,
                        "Directory for the gradients (with --out-grad): queries.npy, keys.npy, "
                        "values.npy, one <state-dict name>.npy per parameter, attn_mask.npy for a "
-                       "float --mask and sinks.npy for --sinks")
+                       "float --mask and sinks.npy for --sinks (.safetensors files instead, each "
+                       "one tensor under that name, when --out is .safetensors)")
           ->type_name("DIR");
   command->add_flag("--ring", options->ring,
                     "Ring attention over MPI: run as `mpirun -np P attn run --ring ...`; each rank "

@@ -2,8 +2,13 @@
 // byte ranges, then the data; every field is checked before a single data byte is read.
 #include "attn/io/safetensors.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -13,6 +18,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "core/file_access.hpp"
 #include "io/bounded_json.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
@@ -228,13 +234,19 @@ Tensor::Storage decode(std::span<const std::byte> data) {
   return values;
 }
 
-// The whole file checked, its tensors decoded into `tensors` and its metadata into `metadata`
-// (either may be null when not wanted).
-void parse_file(std::span<const std::byte> bytes, std::string_view source, StateDict* tensors,
-                std::map<std::string, std::string>* metadata) {
-  if (bytes.size() < kLengthSize) {
+// The header of a file of `file_size` bytes whose first bytes are `bytes` (the whole file, or
+// its length and header alone): the length, the JSON and the tiling of the data checked, the
+// entries in offset order and the data's offset returned, the metadata into `metadata` (when
+// wanted).
+struct Header {
+  std::vector<TensorEntry> entries;
+  uint64_t data_offset = 0;
+};
+Header parse_header(std::span<const std::byte> bytes, uint64_t file_size, std::string_view source,
+                    std::map<std::string, std::string>* metadata) {
+  if (file_size < kLengthSize || bytes.size() < kLengthSize) {
     fail(source, "too short for a safetensors file: expected at least 8 bytes, got " +
-                     std::to_string(bytes.size()));
+                     std::to_string(file_size));
   }
   uint64_t header_size = 0;
   std::memcpy(&header_size, bytes.data(), kLengthSize);
@@ -242,9 +254,9 @@ void parse_file(std::span<const std::byte> bytes, std::string_view source, State
     fail(source, "header length " + std::to_string(header_size) + " exceeds the limit of " +
                      std::to_string(kMaxHeaderSize) + " bytes");
   }
-  if (header_size > bytes.size() - kLengthSize) {
+  if (header_size > file_size - kLengthSize || header_size > bytes.size() - kLengthSize) {
     fail(source, "header length " + std::to_string(header_size) + " is larger than the " +
-                     std::to_string(bytes.size() - kLengthSize) + " bytes after it");
+                     std::to_string(file_size - kLengthSize) + " bytes after it");
   }
   const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + kLengthSize),
                                      static_cast<size_t>(header_size));
@@ -254,7 +266,7 @@ void parse_file(std::span<const std::byte> bytes, std::string_view source, State
     fail(source, "expected the header to be a JSON object, got " + std::string(header.type_name()));
   }
 
-  std::vector<TensorEntry> entries;
+  Header result;
   for (const auto& [name, info] : header.items()) {
     if (name == kMetadataKey) {
       check_metadata(info, source);
@@ -264,14 +276,22 @@ void parse_file(std::span<const std::byte> bytes, std::string_view source, State
         }
       }
     } else {
-      entries.push_back(read_entry(name, info, source));
+      result.entries.push_back(read_entry(name, info, source));
     }
   }
-  const std::span<const std::byte> buffer = bytes.subspan(kLengthSize + header_size);
-  check_tiling(entries, buffer.size(), source);
-  if (tensors == nullptr) return;
+  result.data_offset = kLengthSize + header_size;
+  check_tiling(result.entries, file_size - result.data_offset, source);
+  return result;
+}
 
-  for (const TensorEntry& entry : entries) {
+// The whole file checked, its tensors decoded into `tensors` and its metadata into `metadata`
+// (either may be null when not wanted).
+void parse_file(std::span<const std::byte> bytes, std::string_view source, StateDict* tensors,
+                std::map<std::string, std::string>* metadata) {
+  const Header header = parse_header(bytes, bytes.size(), source, metadata);
+  if (tensors == nullptr) return;
+  const std::span<const std::byte> buffer = bytes.subspan(header.data_offset);
+  for (const TensorEntry& entry : header.entries) {
     const std::span<const std::byte> data = buffer.subspan(entry.begin, entry.end - entry.begin);
     Tensor::Storage values =
         entry.dtype == "F32" ? decode<float>(data)
@@ -303,6 +323,96 @@ std::map<std::string, std::string> parse_safetensors_metadata(std::span<const st
 
 std::map<std::string, std::string> load_safetensors_metadata(const std::filesystem::path& path) {
   return parse_safetensors_metadata(io_detail::read_file_bytes(path), path.string());
+}
+
+SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path,
+                                          std::string_view name) {
+  const std::string source = path.string();
+  const file_access::Descriptor file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  const auto cannot_read = [&](const std::string& reason) {
+    return FileError(source + ": cannot read the file (" + reason + ")");
+  };
+  if (file.get() < 0) throw cannot_read(file_access::system_reason(errno));
+  struct stat status {};
+  if (::fstat(file.get(), &status) != 0) throw cannot_read(file_access::system_reason(errno));
+  if (!S_ISREG(status.st_mode)) {
+    throw cannot_read("expected a regular file, got " + file_access::file_kind(status.st_mode));
+  }
+  const auto size = static_cast<uint64_t>(status.st_size);
+  const auto read_into = [&](uint64_t offset, std::span<std::byte> bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t got = ::pread(file.get(), bytes.data() + done, bytes.size() - done,
+                                  static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw cannot_read(file_access::system_reason(errno));
+      if (got == 0) throw cannot_read("the file shrank while being read");
+      done += static_cast<size_t>(got);
+    }
+  };
+  // The length and the header alone, checked by the whole-file parser against a stand-in for the
+  // data of the size the file has: only the chosen tensor's bytes are read after.
+  std::vector<std::byte> head(static_cast<size_t>(std::min<uint64_t>(size, kLengthSize)));
+  read_into(0, head);
+  uint64_t header_size = 0;
+  if (head.size() == kLengthSize) std::memcpy(&header_size, head.data(), kLengthSize);
+  if (head.size() == kLengthSize && header_size <= kMaxHeaderSize &&
+      header_size <= size - kLengthSize) {
+    head.resize(static_cast<size_t>(kLengthSize + header_size));
+    read_into(kLengthSize, std::span(head).subspan(kLengthSize));
+  }
+  const Header header = parse_header(head, size, source, nullptr);
+  const std::vector<TensorEntry>& entries = header.entries;
+  const TensorEntry* chosen = nullptr;
+  std::string held;
+  for (const TensorEntry& entry : entries) {
+    held += (held.empty() ? "'" : ", '") + io_detail::escaped(entry.name) + "'";
+    if (entry.name == name) chosen = &entry;
+  }
+  if (name.empty() && entries.size() == 1) chosen = &entries.front();
+  if (chosen == nullptr) {
+    fail(source, name.empty() ? "expected one tensor (or FILE:NAME to choose one), got " +
+                                    std::to_string(entries.size()) + ": " + held
+                              : "no tensor '" + io_detail::escaped(name) + "': it holds " +
+                                    (held.empty() ? std::string("none") : held));
+  }
+  SafetensorsTensor result;
+  result.shape = chosen->shape;
+  const uint64_t offset = header.data_offset + chosen->begin, bytes = chosen->end - chosen->begin;
+  if (chosen->dtype == "F16" || chosen->dtype == "BF16") {
+    result.half = chosen->dtype == "F16" ? HalfType::kFloat16 : HalfType::kBFloat16;
+    result.bits.resize(static_cast<size_t>(bytes / sizeof(uint16_t)));
+    read_into(offset, std::as_writable_bytes(std::span(result.bits)));
+  } else if (chosen->dtype == "F32") {
+    result.floats = Tensor(chosen->shape);
+    read_into(offset, std::as_writable_bytes(result.floats.span()));
+  } else {
+    std::vector<std::byte> data(static_cast<size_t>(bytes));  // F64: rounded to float32
+    read_into(offset, data);
+    result.floats = Tensor(chosen->shape, decode<double>(data));
+  }
+  return result;
+}
+
+void save_safetensors_half(const std::filesystem::path& path, std::string_view name, HalfType type,
+                           const Shape& shape, std::span<const uint16_t> bits) {
+  nlohmann::ordered_json dims = nlohmann::ordered_json::array();
+  for (int axis = 0; axis < shape.rank(); ++axis) dims.push_back(shape[axis]);
+  nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+  entry["dtype"] = type == HalfType::kFloat16 ? "F16" : "BF16";
+  entry["shape"] = dims;
+  entry["data_offsets"] = {uint64_t{0}, static_cast<uint64_t>(bits.size_bytes())};
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header[std::string(name)] = entry;
+  std::string header_text = header.dump();
+  header_text.append((kHeaderAlignment - header_text.size() % kHeaderAlignment) % kHeaderAlignment,
+                     ' ');
+  std::vector<std::byte> head(kLengthSize);
+  const uint64_t header_size = header_text.size();
+  std::memcpy(head.data(), &header_size, kLengthSize);
+  for (const char c : header_text) head.push_back(static_cast<std::byte>(c));
+  const std::span<const std::byte> pieces[] = {head, std::as_bytes(bits)};
+  io_detail::write_file_pieces(path, pieces);
 }
 
 std::vector<std::byte> serialize_safetensors(const StateDict& tensors,

@@ -473,6 +473,144 @@ TEST_F(RunAttentionTest, GradOutputIsReadInTheRunsPrecision) {
 
 // --- additive and general ---
 
+// bfloat16 arrives in safetensors files (.npy has no bfloat16): the half overloads on the files'
+// bits, the output and the input gradients written as BF16 safetensors tensors, bit for bit the
+// library's on the same bits; a .npy --out for a bfloat16 result is refused before anything is
+// written; FILE.safetensors:NAME picks one tensor of several, and a file of several without a name
+// is refused listing them.
+TEST_F(RunAttentionTest, BFloat16SafetensorsRunInBFloat16AndWriteSafetensors) {
+  constexpr HalfType kType = HalfType::kBFloat16;
+  Rng rng(47);
+  const auto half_file = [&](const std::string& name, const Shape& shape) {
+    std::vector<uint16_t> bits(static_cast<size_t>(shape.numel()));
+    for (uint16_t& element : bits) element = float_to_half_bits(kType, rng.normal());
+    save_safetensors_half(path(name), "x", kType, shape, bits);
+    return bits;
+  };
+  const std::vector<uint16_t> q = half_file("q.safetensors", Shape{2, 3, 8});
+  const std::vector<uint16_t> k = half_file("k.safetensors", Shape{2, 5, 4});
+  const std::vector<uint16_t> v = half_file("v.safetensors", Shape{2, 5, 3});
+  const std::vector<uint16_t> g = half_file("g.safetensors", Shape{2, 3, 6});
+  const std::string bf16 =
+      "run --layer dot-product --queries q.safetensors --keys k.safetensors --values "
+      "v.safetensors --heads 2 --kv-heads 1 --causal ";
+  const CommandResult result =
+      attn(bf16 + "--out o.safetensors --out-grad g.safetensors --grads-out grads");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+
+  const auto heads = [](auto* data, const Shape& shape, int64_t count) {
+    const int64_t rows = shape[1], width = shape[2];
+    const int64_t strides[] = {rows * width, width / count, width, 1};
+    return StridedView<std::remove_pointer_t<decltype(data)>>(
+        data, Shape{shape[0], count, rows, width / count}, strides);
+  };
+  AttentionOptions options;
+  options.enable_gqa = true;
+  options.causal = true;
+  options.alignment = DiagonalAlignment::kBottomRight;
+  const Shape out_shape{2, 3, 6};
+  std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
+  std::vector<float> lse(2 * 2 * 3);
+  scaled_dot_product_attention(
+      kType, heads(q.data(), Shape{2, 3, 8}, 2), heads(k.data(), Shape{2, 5, 4}, 1),
+      heads(v.data(), Shape{2, 5, 3}, 1), options, heads(out.data(), out_shape, 2), lse);
+  const HalfAttentionBackward expected = scaled_dot_product_attention_backward(
+      kType, heads(q.data(), Shape{2, 3, 8}, 2), heads(k.data(), Shape{2, 5, 4}, 1),
+      heads(v.data(), Shape{2, 5, 3}, 1),
+      heads(static_cast<const uint16_t*>(out.data()), out_shape, 2), heads(g.data(), out_shape, 2),
+      lse, options);
+  const SafetensorsTensor written = load_safetensors_tensor(path("o.safetensors"), "output");
+  ASSERT_EQ(written.half, kType);
+  EXPECT_EQ(written.shape, out_shape);
+  EXPECT_EQ(written.bits, out);
+  const auto regrouped = [](const HalfTensor& gradient) {
+    const int64_t batch = gradient.shape[0], count = gradient.shape[1], rows = gradient.shape[2],
+                  size = gradient.shape[3];
+    std::vector<uint16_t> bits(gradient.bits.size());
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < count; ++h)
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t c = 0; c < size; ++c)
+            bits[static_cast<size_t>(((b * rows + i) * count + h) * size + c)] =
+                gradient.bits[static_cast<size_t>(((b * count + h) * rows + i) * size + c)];
+    return bits;
+  };
+  for (const auto& [name, gradient] :
+       {std::pair{"queries", &expected.query}, std::pair{"keys", &expected.key},
+        std::pair{"values", &expected.value}}) {
+    const SafetensorsTensor file =
+        load_safetensors_tensor(path(std::string("grads/") + name + ".safetensors"), name);
+    EXPECT_EQ(file.half, kType) << name;
+    EXPECT_EQ(file.bits, regrouped(*gradient)) << name;
+  }
+
+  // bfloat16 into .npy: refused, and no file left behind.
+  expect_error(bf16 + "--out o.npy", "--out: a bfloat16 result needs a .safetensors file");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  expect_error(bf16 + "--out o.txt", "--out: expected a file name ending in .npy or .safetensors");
+
+  // float32 tensors picked by name from one file, against the same values as .npy files.
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 3}, 48);
+  StateDict all;
+  all.emplace("q", queries_);
+  all.emplace("k", keys_);
+  all.emplace("v", values_);
+  save_safetensors(path("all.safetensors"), all);
+  ASSERT_EQ(attn("run " + kDot + " --out ref.npy").exit_code, 0);
+  const CommandResult named = attn(
+      "run --layer dot-product --queries all.safetensors:q --keys all.safetensors:k --values "
+      "all.safetensors:v --out named.safetensors");
+  ASSERT_EQ(named.exit_code, 0) << named.err;
+  const SafetensorsTensor named_out = load_safetensors_tensor(path("named.safetensors"), "");
+  EXPECT_FALSE(named_out.half);
+  EXPECT_EQ(named_out.floats.span().size(), load("ref.npy").span().size());
+  EXPECT_TRUE(same_values(named_out.floats, load("ref.npy")));
+  expect_error(
+      "run --layer dot-product --queries all.safetensors --keys k.npy --values v.npy --out o.npy",
+      "expected one tensor (or FILE:NAME to choose one), got 3: 'k', 'q', 'v'");
+  expect_error(
+      "run --layer dot-product --queries all.safetensors:nope --keys k.npy --values v.npy "
+      "--out o.npy",
+      "no tensor 'nope': it holds 'k', 'q', 'v'");
+}
+
+// The other layers compute in float32 on half inputs and write their output (and the inputs'
+// gradients) in the inputs' type, as PyTorch's output dtype follows its inputs': the float32 run
+// on the widened values, rounded once.
+TEST_F(RunAttentionTest, AdditiveOnFloat16FilesWritesFloat16) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 3}, Shape{2, 5, 6}, 49);
+  const AdditiveAttention layer(/*key_size=*/3, /*query_size=*/4, /*num_hiddens=*/7, 0.0F, 50);
+  save_safetensors(path("p.safetensors"), layer.state_dict());
+  const auto to_half_file = [&](const std::string& name, const Tensor& values) {
+    std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
+    Tensor widened(values.shape());
+    for (int64_t e = 0; e < values.numel(); ++e) {
+      bits[static_cast<size_t>(e)] = float_to_half(values.data()[e]);
+      widened.data()[e] = half_to_float(bits[static_cast<size_t>(e)]);
+    }
+    save_npy_float16(path(name), bits, values.shape());
+    save(name + ".f32.npy", widened);
+  };
+  to_half_file("q16.npy", queries_);
+  to_half_file("k16.npy", keys_);
+  to_half_file("v16.npy", values_);
+  const std::string params = "run --layer additive --params p.safetensors ";
+  ASSERT_EQ(
+      attn(params + "--queries q16.npy --keys k16.npy --values v16.npy --out o16.npy").exit_code,
+      0);
+  ASSERT_EQ(
+      attn(params + "--queries q16.npy.f32.npy --keys k16.npy.f32.npy --values v16.npy.f32.npy "
+                    "--out o32.npy")
+          .exit_code,
+      0);
+  const NpyArray half = read_npy(path("o16.npy"));
+  EXPECT_EQ(half.dtype, NpyDType::kFloat16);
+  const Tensor wide = load("o32.npy");
+  ASSERT_EQ(half.halves.size(), static_cast<size_t>(wide.numel()));
+  for (size_t e = 0; e < half.halves.size(); ++e)
+    EXPECT_EQ(half.halves[e], float_to_half(wide.data()[e])) << "element " << e;
+}
+
 TEST_F(RunAttentionTest, AdditiveTakesMasksWindowsAndCausal) {
   write_qkv(Shape{2, 3, 4}, Shape{2, 5, 3}, Shape{2, 5, 6}, 33);
   const AdditiveAttention layer(/*key_size=*/3, /*query_size=*/4, /*num_hiddens=*/7, 0.0F, 34);

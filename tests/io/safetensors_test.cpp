@@ -3,12 +3,16 @@
 #include "attn/io/safetensors.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "test_support.hpp"
@@ -372,6 +376,64 @@ TEST(SafetensorsFiles, MissingOrUnwritableFilesNameThePath) {
   const std::filesystem::path nowhere = directory.path() / "no_such_dir" / "p.safetensors";
   EXPECT_THROW_MESSAGE(save_safetensors(nowhere, {}), FileError,
                        nowhere.string() + ": cannot write the file");
+}
+
+// One tensor read as stored: F16 and BF16 as their words (the ones save_safetensors_half wrote),
+// F32 as values, F64 rounded; by name, or the only one; a file truncated anywhere (the reader
+// reads its header and one tensor only) throws FileError naming it, as do a missing name, a file
+// of several tensors without one, a FIFO and a missing file.
+TEST(SafetensorsFiles, OneTensorAsStored) {
+  const TempDirectory directory;
+  const std::vector<uint16_t> words = {0x3F80, 0xC000, 0x4049, 0x0001, 0x7BFF, 0x8000};
+  for (const HalfType type : {HalfType::kFloat16, HalfType::kBFloat16}) {
+    const std::filesystem::path file = directory.path() / "h.safetensors";
+    save_safetensors_half(file, "x", type, Shape{2, 3}, words);
+    for (const std::string_view name : {std::string_view("x"), std::string_view()}) {
+      const SafetensorsTensor tensor = load_safetensors_tensor(file, name);
+      EXPECT_EQ(tensor.half, type);
+      EXPECT_EQ(tensor.shape, (Shape{2, 3}));
+      EXPECT_EQ(tensor.bits, words);
+    }
+    // The whole-file reader widens the same tensor exactly.
+    const std::vector<float> widened = load_safetensors(file).at("x").to_vector();
+    for (size_t e = 0; e < words.size(); ++e)
+      EXPECT_EQ(widened[e], half_bits_to_float(type, words[e]));
+  }
+  const std::vector<double> doubles = {0.1, -3.0};
+  const std::vector<float> floats = {7.5F};
+  const std::string header =
+      "{" + entry("z", "[2]", "[0,16]", "F64") + "," + entry("a", "[]", "[16,20]") + "}";
+  std::vector<std::byte> bytes = make_safetensors(header, 0);
+  const auto* double_bytes = reinterpret_cast<const std::byte*>(doubles.data());
+  const auto* float_bytes = reinterpret_cast<const std::byte*>(floats.data());
+  bytes.insert(bytes.end(), double_bytes, double_bytes + 16);
+  bytes.insert(bytes.end(), float_bytes, float_bytes + 4);
+  const std::filesystem::path mixed = directory.path() / "mixed.safetensors";
+  const auto write = [](const std::filesystem::path& path, std::span<const std::byte> data) {
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(data.data()),
+               static_cast<std::streamsize>(data.size()));
+  };
+  write(mixed, bytes);
+  EXPECT_EQ(load_safetensors_tensor(mixed, "z").floats.to_vector(),
+            (std::vector<float>{0.1F, -3.0F}));
+  EXPECT_EQ(load_safetensors_tensor(mixed, "a").floats.to_vector(), std::vector<float>{7.5F});
+  EXPECT_FALSE(load_safetensors_tensor(mixed, "a").half);
+  EXPECT_THROW_MESSAGE(load_safetensors_tensor(mixed, ""), FileError,
+                       "expected one tensor (or FILE:NAME to choose one), got 2: 'z', 'a'");
+  EXPECT_THROW_MESSAGE(load_safetensors_tensor(mixed, "q"), FileError,
+                       mixed.string() + ": no tensor 'q': it holds 'z', 'a'");
+  const std::filesystem::path cut = directory.path() / "cut.safetensors";
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    write(cut, std::span(bytes).first(length));
+    EXPECT_THROW(load_safetensors_tensor(cut, "a"), FileError) << "truncated at " << length;
+  }
+  const std::filesystem::path missing = directory.path() / "missing.safetensors";
+  EXPECT_THROW_MESSAGE(load_safetensors_tensor(missing, "a"), FileError,
+                       missing.string() + ": cannot read the file");
+  const std::filesystem::path fifo = directory.path() / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW_MESSAGE(load_safetensors_tensor(fifo, "a"), FileError, "expected a regular file");
 }
 
 }  // namespace

@@ -3,13 +3,16 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "attn/core/half.hpp"
 #include "attn/core/named_tensors.hpp"
 
 namespace attn {
@@ -38,5 +41,23 @@ std::vector<std::byte> serialize_safetensors(
     const StateDict& tensors, const std::map<std::string, std::string>& metadata = {});
 void save_safetensors(const std::filesystem::path& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// One tensor of a safetensors file, as the CLI reads its inputs: the header checked as
+// parse_safetensors checks it (the tensors must tile the data), then only that tensor's bytes read,
+// straight into float32 values (F32; F64 rounded) or into its 16-bit words as stored (F16, BF16:
+// `half` says which; never widened). `name` empty: the file must hold exactly one tensor.
+// FileError naming the file, and the tensor where the name is missing (listing the names held).
+struct SafetensorsTensor {
+  Shape shape;
+  std::optional<HalfType> half;
+  Tensor floats;               // F32 and F64 tensors
+  std::vector<uint16_t> bits;  // F16 and BF16 tensors
+};
+SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path, std::string_view name);
+
+// Writes one F16 or BF16 tensor `name` of `shape` from its 16-bit words, as save_safetensors
+// writes (through a temporary file renamed over `path`).
+void save_safetensors_half(const std::filesystem::path& path, std::string_view name, HalfType type,
+                           const Shape& shape, std::span<const uint16_t> bits);
 
 }  // namespace attn
