@@ -428,6 +428,16 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
                          "--window, --scale, --heads/--kv-heads, --softcap and --alibi");
       }
     }
+    for (const auto& [flag, path] :
+         {std::pair{"--queries", &arguments.queries}, std::pair{"--keys", &arguments.keys},
+          std::pair{"--values", &arguments.values}}) {
+      if (is_safetensors_path(*path)) {
+        throw ValueError(std::string(flag) +
+                         ": --ring reads .npy inputs (each rank reads its own rows of the file), "
+                         "got the safetensors file '" +
+                         *path + "'");
+      }
+    }
     if (!request.refused_flags.empty()) {
       throw ValueError(request.refused_flags.front() +
                        ": not available with --ring (the whole (n, m) weights are what ring "

@@ -177,6 +177,13 @@ TEST_F(RingCliTest, MissingFilesAndRefusedFlagsAreErrorsOnEveryRank) {
                 "--values q.npy --out o.npy");
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.err.find("--ring: only --layer dot-product"), std::string::npos) << result.err;
+  // Each rank reads its rows of a .npy file; a safetensors input is refused by name.
+  std::ofstream(path("k.safetensors")) << "not read";
+  result = ring(2,
+                "run --layer dot-product --queries q.npy --keys k.safetensors --values q.npy "
+                "--out o.npy");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--keys: --ring reads .npy inputs"), std::string::npos) << result.err;
 }
 
 }  // namespace
