@@ -45,22 +45,56 @@ def load_average():
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def run_waited(command, env, poll_fds=False):
-    """Runs command to its end: (wall seconds, peak RSS bytes, fd windows or None). ru_maxrss comes
-    from wait4, as /usr/bin/time reads it; under strace it is the largest of strace and its child,
-    the child being attn. With poll_fds, the windows each file was open, from /proc/PID/fd."""
+# Runs argv[2:] as its child and writes "wall seconds, ru_maxrss KiB" to argv[1]: what
+# `/usr/bin/time -f %M` does, from a process small enough not to matter. Spawned straight from this
+# script, the command's ru_maxrss would start at this script's peak RSS (38-70 MB with NumPy and the
+# inputs made): subprocess starts it by vfork, and exec carries the old memory's high-water mark
+# over into the new program's.
+TIMER = """
+import os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+with open(sys.argv[1], "w") as out:
+    out.write(f"{wall} {usage.ru_maxrss}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_checked(command, env):
+    """Runs command, exiting with its error output when it fails."""
+    result = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({result.returncode}):\n"
+                 + result.stderr.decode(errors="replace"))
+
+
+def run_alone(command, env, folder):
+    """Runs command under TIMER: (wall seconds from its fork to its end, peak RSS bytes)."""
+    figures = os.path.join(folder, "timer.txt")
+    run_checked([sys.executable, "-S", "-c", TIMER, figures] + command, env)
+    with open(figures) as source:
+        wall, peak_kib = source.read().split()
+    return float(wall), int(peak_kib) * 1024
+
+
+def run_polled(command, env):
+    """Runs command, its file windows polled from /proc/PID/fd (poll_open_files)."""
     with tempfile.TemporaryFile() as errors:
-        start = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
-        windows = poll_open_files(process.pid, start) if poll_fds else None
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.perf_counter() - start
-        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        windows = poll_open_files(process.pid, time.perf_counter())
+        process.wait()
         if process.returncode != 0:
             errors.seek(0)
             sys.exit(f"{' '.join(command)} failed ({process.returncode}):\n"
                      + errors.read().decode(errors="replace"))
-    return wall, usage.ru_maxrss * 1024, windows
+    return windows
 
 
 def poll_open_files(pid, start):
@@ -219,7 +253,7 @@ def main():
         os.mkdir(small)
         small_run = attn_run(args.attn, write_inputs(small, shape[:2] + (16, args.head_dim), 2),
                              os.path.join(small, OUTPUT_NAME))
-        baseline_rss = run_waited(small_run, dict(os.environ, OMP_NUM_THREADS="1"))[1]
+        baseline_rss = run_alone(small_run, dict(os.environ, OMP_NUM_THREADS="1"), folder)[1]
         rows, machine = [], None
         for threads in args.threads:
             env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -229,13 +263,13 @@ def main():
                 bench, machine = bench_seconds(args, threads)
                 if use_strace:
                     trace = os.path.join(folder, "trace.txt")
-                    run_waited(["strace", "-ttt", "-o", trace, "-e",
-                                "trace=execve,openat,close,rename,fsync"] + run, env)
+                    run_checked(["strace", "-ttt", "-o", trace, "-e",
+                                 "trace=execve,openat,close,rename,fsync"] + run, env)
                     parts = phases(strace_windows(trace), {os.path.basename(p) for p in inputs})
                 else:
-                    _, _, windows = run_waited(run, env, poll_fds=True)
-                    parts = phases(windows, {os.path.basename(p) for p in inputs}, start=0.0)
-                wall, peak, _ = run_waited(run, env)
+                    parts = phases(run_polled(run, env), {os.path.basename(p) for p in inputs},
+                                   start=0.0)
+                wall, peak = run_alone(run, env, folder)
                 rounds.append({"bench_s": bench, **parts, "wall_s": wall, "peak_rss_bytes": peak})
             check = np.load(output, mmap_mode="r")
             if check.shape != shape or not np.isfinite(check[0, 0]).all():
@@ -249,7 +283,7 @@ def main():
     print(f"machine: {machine}; load average {load_before} before, {load_after} after; file I/O "
           f"timed by {method}")
     print("ms; run - I/O = from closing the last input to creating the output (the result check "
-          "included); wall: attn run alone, exec to exit as this script sees it; fused, sdpa: "
+          "included); wall: attn run alone, fork to exit; fused, sdpa: "
           "attn bench's fused (the kernel) and fused-sdpa (the functional API attn run calls)\n")
     print(f"{'thr':>3} {'wall':>8} {'start':>7} {'read':>7} {'write':>7} {'exit':>6} "
           f"{'run - I/O':>9} {'fused':>8} {'sdpa':>8} {'/ fused':>8} {'/ sdpa':>7} "
