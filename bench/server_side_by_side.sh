@@ -4,7 +4,9 @@
 #
 #   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case (AVX-512)
 #   bench/server_side_by_side.sh avx2    [OUT]   the AVX2 kernels on the same cores
-#   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json)
+#   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json),
+#                                                and ONNX Runtime's MultiHeadAttention beside the
+#                                                layer rows where onnxruntime and onnx import
 #   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention, decoding and a transformers
 #                                                model from Python
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
@@ -26,6 +28,11 @@
 #                                                1 thread and all cores, PyTorch beside it: where
 #                                                K and V leave the L2 (the 1-thread forward read
 #                                                66% at n = 1024, 60% at 4096), and the length plot
+#   bench/server_side_by_side.sh run     [OUT]   issue 14's `attn run` target: the CLI on .npy files
+#                                                of n = m = 4096, 32 heads of 64, its time minus
+#                                                file I/O and peak RSS beside attn bench's fused
+#                                                case at each thread count (bench/run_vs_bench.py;
+#                                                NumPy, and strace where it may trace)
 #
 # The server needs none of attn's dependencies: carry build/server.tar.xz, the bundle that
 # scripts/pack-server.sh makes here (the CLI, the kernel tests, ggml_decode_bench when
@@ -37,9 +44,9 @@
 # PYTHON, SIZES (default 1024,4096), THREADS (default 1,4 and the machine's cores), REPEATS, LENGTHS
 # (the decode cases' cached tokens, default 4096,32768,65536), GGML, ROUNDS (the ggml phase's
 # interleaved rounds, default 2), CONTEXTS (the transformers model's cached tokens, default
-# 4096,32768). On the device tool, keep OUT outside the call's $OUT (e.g. the default
-# /tmp/attn-server, which lasts while the machine stays warm, so the pytorch phase finds bench.json)
-# and pack OUT into the call's $OUT: at most 8 files come back.
+# 4096,32768), RUN_N (the run phase's n = m, default 4096). On the device tool, keep OUT outside
+# the call's $OUT (e.g. the default /tmp/attn-server, which lasts while the machine stays warm, so
+# the pytorch phase finds bench.json) and pack OUT into the call's $OUT: at most 8 files come back.
 #
 # Durations on the Xeon (2026-11-24, REPEATS=3 unless said; docs/benchmarks.md "The Xeon side by
 # side"): module 13 s; kernels 220 s at REPEATS=5; pytorch 212 s; amx more than 90 s (two rounds of
@@ -48,9 +55,12 @@
 # REPEATS=3, 3 rounds, six workloads). A machine is given back 30 s after a call and a new
 # one starts in about 30 s, bare: three calls of module + kernels + pytorch, module + amx + layers +
 # calls, ggml + avx2 fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
+# Not yet timed there: pytorch's ONNX Runtime rows (a few seconds per size and thread count) and the
+# run phase (one thread took 46 s on Zen 4, 2026-11-29, whose fused pass at this shape is about as
+# fast as the Xeon's: 1,4,16 should take 1-2 minutes).
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 cores=$(nproc)
@@ -98,9 +108,12 @@ avx2)
   ;;
 pytorch)
   test -f "$out/bench.json" || { echo "run the kernels phase first: $out/bench.json" >&2; exit 2; }
+  # ONNX Runtime's MultiHeadAttention in the same run as the rest (issue 14's one side by side).
+  onnx=()
+  "$python" -c "import onnx, onnxruntime" 2>/dev/null && onnx=(--onnx-mha)
   "$python" bench/compare_pytorch.py --attn-json "$out/bench.json" --sizes "$sizes" \
-    --threads "$threads" --repeats "$repeats" --additive-sizes 0 --json-out "$out/pytorch.json" \
-    >"$out/pytorch.txt"
+    --threads "$threads" --repeats "$repeats" --additive-sizes 0 ${onnx[@]+"${onnx[@]}"} \
+    --json-out "$out/pytorch.json" >"$out/pytorch.txt"
   ;;
 layers)
   "$python" -c "import attn" || { echo "attn's Python module is not importable" >&2; exit 2; }
@@ -147,6 +160,14 @@ lengths)
     --sizes "$lengths" --threads "1,$cores" --repeats 2 --additive-sizes 0 \
     --json-out "$out/lengths_pytorch.json" >"$out/lengths_pytorch.txt"
   ;;
+run)
+  # `attn run` against `attn bench` at the same shape and threads (measured on Zen 5 and Zen 4
+  # only): the CLI's time minus its reads and its write, and its peak RSS against the 134 MB of
+  # inputs and output. The .npy files go to a temporary folder, removed afterwards.
+  "$python" -c "import numpy" || { echo "run_vs_bench.py needs NumPy" >&2; exit 2; }
+  "$python" bench/run_vs_bench.py --attn "$attn" --threads "$threads" --n "${RUN_N:-4096}" \
+    --rounds 3 --repeats "$repeats" --json-out "$out/run.json" >"$out/run.txt"
+  ;;
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
   "$kernels_test" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1 || true
@@ -178,7 +199,7 @@ module)
   PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
   ;;
 *)
-  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, interleaved, short, lengths, amx, ggml or module" >&2
+  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, interleaved, short, lengths, run, amx, ggml or module" >&2
   exit 2
   ;;
 esac
