@@ -105,6 +105,13 @@ struct AdditiveBackwardScratch : BackwardTileBuffers {
 // dw[t] += Σ_j dSᵀ[j] u, with g = dS · w_t · (1 − u²). One t at a time keeps aᵀ[t], daᵀ[t] and
 // dw[t] in registers while the bc rows of dSᵀ stream from L1. Over the first NR query vectors:
 // the others' dS is zero (AdditiveGradientsOfQueries).
+//
+// The exponential form has u = 1 − 2R with R = 1/(e^{2a}e^{2b} + 1), so 1 − u² = 4R(1 − R), and
+// with s = dS·R: g = 4w_t (s − s·R) and dS·u = dS − 2s. The factor 4w_t leaves the sums (applied
+// once per t and key), and Σ dS over the tile, the same for every t, is summed once: per pair and
+// hidden unit one product s, one s − s·R and the sums beside the reciprocal, two operations fewer
+// than forming dS·w and u first (the loop is bound by its operation count: 1.11× / 1.16× faster
+// at n = 1024 / 256, Zen 4).
 template <size_t NR, bool kExponential, class D>
 HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT keys,
                                     size_t key_stride, const float* HWY_RESTRICT q_transposed,
@@ -115,8 +122,45 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
                                     float* HWY_RESTRICT grad_weight_lanes) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
+  if constexpr (kExponential) {
+    V grad_score_sum = hn::Zero(d);  // Σ_j Σ_v dSᵀ[j][v], lane-wise
+    for (size_t j = 0; j < bc; ++j)
+      for (size_t v = 0; v < NR; ++v)
+        grad_score_sum = hn::Add(grad_score_sum, hn::Load(d, grad_scores + j * br + v * lanes));
+    for (size_t t = 0; t < depth; ++t) {
+      const float weight = 4.0F * weights[t];
+      V queries[NR], sums[NR];
+      for (size_t v = 0; v < NR; ++v) {
+        queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
+        sums[v] = hn::Zero(d);
+      }
+      V weighted_reciprocals = hn::Zero(d);  // Σ s
+      for (size_t j = 0; j < bc; ++j) {
+        const V key = hn::Set(d, keys[j * key_stride + t]);
+        V key_sum = hn::Zero(d);
+        for (size_t v = 0; v < NR; ++v) {
+          const V reciprocal = ReciprocalOfProductPlusOne(d, queries[v], key);
+          const V product = hn::Mul(hn::Load(d, grad_scores + j * br + v * lanes), reciprocal);
+          weighted_reciprocals = hn::Add(weighted_reciprocals, product);
+          const V g = hn::NegMulAdd(product, reciprocal, product);  // s (1 − R)
+          sums[v] = hn::Add(sums[v], g);
+          key_sum = hn::Add(key_sum, g);
+        }
+        grad_keys[j * depth + t] += weight * hn::GetLane(hn::SumOfLanes(d, key_sum));
+      }
+      const V weight_vector = hn::Set(d, weight);
+      for (size_t v = 0; v < NR; ++v) {
+        float* grad_queries = grad_q_transposed + t * br + v * lanes;
+        hn::Store(hn::MulAdd(weight_vector, sums[v], hn::Load(d, grad_queries)), d, grad_queries);
+      }
+      const V grad_weight = hn::NegMulAdd(hn::Set(d, 2.0F), weighted_reciprocals, grad_score_sum);
+      float* lane_sums = grad_weight_lanes + t * lanes;
+      hn::Store(hn::Add(hn::Load(d, lane_sums), grad_weight), d, lane_sums);
+    }
+    return;
+  }
   for (size_t t = 0; t < depth; ++t) {
-    const V weight = hn::Set(d, kExponential ? 4.0F * weights[t] : weights[t]);
+    const V weight = hn::Set(d, weights[t]);
     V queries[NR], grad_queries[NR];
     for (size_t v = 0; v < NR; ++v) {
       queries[v] = hn::Load(d, q_transposed + t * br + v * lanes);
@@ -129,16 +173,8 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
       for (size_t v = 0; v < NR; ++v) {
         const V grad_score = hn::Load(d, grad_scores + j * br + v * lanes);
         const V weighted = hn::Mul(grad_score, weight);
-        V u, g;
-        if constexpr (kExponential) {
-          // u = 1 − 2R with R = 1/(e^{2a}e^{2b} + 1), so 1 − u² = 4R(1 − R); `weight` is 4w here.
-          const V reciprocal = ReciprocalOfProductPlusOne(d, queries[v], key);
-          u = hn::NegMulAdd(hn::Set(d, 2.0F), reciprocal, hn::Set(d, 1.0F));
-          g = hn::Mul(weighted, hn::NegMulAdd(reciprocal, reciprocal, reciprocal));
-        } else {
-          u = AdditiveTanh(d, hn::Add(queries[v], key));
-          g = hn::NegMulAdd(hn::Mul(weighted, u), u, weighted);  // dS w (1 − u²)
-        }
+        const V u = AdditiveTanh(d, hn::Add(queries[v], key));
+        const V g = hn::NegMulAdd(hn::Mul(weighted, u), u, weighted);  // dS w (1 − u²)
         grad_weight = hn::MulAdd(grad_score, u, grad_weight);
         grad_queries[v] = hn::Add(grad_queries[v], g);
         grad_key = hn::Add(grad_key, g);
