@@ -680,6 +680,57 @@ TEST_F(RunAttentionTest, GeneralLayerInfersItsSizesFromW) {
   EXPECT_TRUE(same_values(load("grads/W.weight.npy"), *layer.parameters()[0].grad));
 }
 
+// The layers on bfloat16 safetensors inputs: computed in float32 on the widened values, the output
+// and the inputs' gradients rounded once to bfloat16 (.safetensors files), the parameter's
+// gradient float32 as the parameter.
+TEST_F(RunAttentionTest, GeneralLayerOnBFloat16FilesWritesBFloat16) {
+  constexpr HalfType kType = HalfType::kBFloat16;
+  GeneralAttention layer(/*query_size=*/4, /*key_size=*/3, 0.0F, 39);
+  layer.eval();
+  save_safetensors(path("p.safetensors"), layer.state_dict());
+  Rng rng(40);
+  const auto half_file = [&](const std::string& name, const Shape& shape) {
+    std::vector<uint16_t> bits(static_cast<size_t>(shape.numel()));
+    Tensor widened(shape);
+    for (int64_t e = 0; e < shape.numel(); ++e) {
+      bits[static_cast<size_t>(e)] = float_to_half_bits(kType, rng.normal());
+      widened.data()[e] = half_bits_to_float(kType, bits[static_cast<size_t>(e)]);
+    }
+    save_safetensors_half(path(name), "x", kType, shape, bits);
+    return widened;
+  };
+  const Tensor q = half_file("q.safetensors", Shape{2, 3, 4});
+  const Tensor k = half_file("k.safetensors", Shape{2, 5, 3});
+  const Tensor v = half_file("v.safetensors", Shape{2, 5, 6});
+  const Tensor g = half_file("g.safetensors", Shape{2, 3, 6});
+  const CommandResult result = attn(
+      "run --layer general --params p.safetensors --queries q.safetensors --keys k.safetensors "
+      "--values v.safetensors --out o.safetensors --out-grad g.safetensors --grads-out grads");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto expect_rounded = [&](const std::string& file, const std::string& name,
+                                  const Tensor& wide) {
+    const SafetensorsTensor written = load_safetensors_tensor(path(file), name);
+    ASSERT_EQ(written.half, kType) << file;
+    ASSERT_EQ(written.bits.size(), static_cast<size_t>(wide.numel())) << file;
+    // The CLI's float32 run on the same values (the layer's own kernels) rounded once: equal
+    // bits but where the two float32 results sit a few ulps apart across a rounding boundary.
+    for (size_t e = 0; e < written.bits.size(); ++e) {
+      const float got = half_bits_to_float(kType, written.bits[e]);
+      EXPECT_NEAR(got, wide.data()[e], 0x1p-8 * std::fabs(wide.data()[e]) + 1e-6F)
+          << file << " element " << e;
+    }
+  };
+  const Tensor expected = layer(q, k, v, ValidLengths());
+  expect_rounded("o.safetensors", "output", expected);
+  const AttentionGradients gradients = layer.backward(g);
+  expect_rounded("grads/queries.safetensors", "queries", gradients.queries);
+  expect_rounded("grads/keys.safetensors", "keys", gradients.keys);
+  expect_rounded("grads/values.safetensors", "values", gradients.values);
+  const SafetensorsTensor weight = load_safetensors_tensor(path("grads/W.weight.safetensors"), "");
+  EXPECT_FALSE(weight.half);
+  EXPECT_TRUE(same_values(weight.floats, *layer.parameters()[0].grad));
+}
+
 // --- weights only on request ---
 
 // n = m = 2^23 queries and keys: their (1, n, m) weights would be 2^46 floats (256 TiB), more than
