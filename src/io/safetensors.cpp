@@ -394,23 +394,51 @@ SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path,
   return result;
 }
 
-void save_safetensors_half(const std::filesystem::path& path, std::string_view name, HalfType type,
-                           const Shape& shape, std::span<const uint16_t> bits) {
+namespace {
+
+// A header's entry for one tensor: its dtype, shape and byte range in the data.
+nlohmann::ordered_json header_entry(std::string_view dtype, const Shape& shape, uint64_t begin,
+                                    uint64_t end) {
   nlohmann::ordered_json dims = nlohmann::ordered_json::array();
   for (int axis = 0; axis < shape.rank(); ++axis) dims.push_back(shape[axis]);
   nlohmann::ordered_json entry = nlohmann::ordered_json::object();
-  entry["dtype"] = type == HalfType::kFloat16 ? "F16" : "BF16";
+  entry["dtype"] = dtype;
   entry["shape"] = dims;
-  entry["data_offsets"] = {uint64_t{0}, static_cast<uint64_t>(bits.size_bytes())};
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header[std::string(name)] = entry;
-  std::string header_text = header.dump();
+  entry["data_offsets"] = {begin, end};
+  return entry;
+}
+
+// The file's first bytes: the header's 8-byte length, then its text padded with spaces to a
+// multiple of 8 as the reference implementation pads it. ValueError from `writer` for names and
+// metadata that are not UTF-8.
+std::vector<std::byte> header_bytes(const nlohmann::ordered_json& header, std::string_view writer) {
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::type_error& error) {
+    throw ValueError(std::string(writer) +
+                     ": tensor names and metadata must be valid UTF-8: " + error.what());
+  }
   header_text.append((kHeaderAlignment - header_text.size() % kHeaderAlignment) % kHeaderAlignment,
                      ' ');
-  std::vector<std::byte> head(kLengthSize);
+  std::vector<std::byte> bytes(kLengthSize);
   const uint64_t header_size = header_text.size();
-  std::memcpy(head.data(), &header_size, kLengthSize);
-  for (const char c : header_text) head.push_back(static_cast<std::byte>(c));
+  std::memcpy(bytes.data(), &header_size, kLengthSize);
+  for (const char c : header_text) bytes.push_back(static_cast<std::byte>(c));
+  return bytes;
+}
+
+}  // namespace
+
+void save_safetensors_half(const std::filesystem::path& path, std::string_view name, HalfType type,
+                           const Shape& shape, std::span<const uint16_t> bits) {
+  if (name == kMetadataKey) {
+    throw ValueError("save_safetensors_half: '__metadata__' is reserved and cannot name a tensor");
+  }
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header[std::string(name)] = header_entry(type == HalfType::kFloat16 ? "F16" : "BF16", shape, 0,
+                                           static_cast<uint64_t>(bits.size_bytes()));
+  const std::vector<std::byte> head = header_bytes(header, "save_safetensors_half");
   const std::span<const std::byte> pieces[] = {head, std::as_bytes(bits)};
   io_detail::write_file_pieces(path, pieces);
 }
@@ -432,31 +460,10 @@ std::vector<std::byte> serialize_safetensors(const StateDict& tensors,
           "serialize_safetensors: '__metadata__' is reserved and cannot name a tensor");
     }
     const auto size = static_cast<uint64_t>(tensor.numel()) * sizeof(float);
-    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (int axis = 0; axis < tensor.rank(); ++axis) shape.push_back(tensor.shape()[axis]);
-    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
-    entry["dtype"] = "F32";
-    entry["shape"] = shape;
-    entry["data_offsets"] = {offset, offset + size};
-    header[name] = entry;
+    header[name] = header_entry("F32", tensor.shape(), offset, offset + size);
     offset += size;
   }
-
-  std::string header_text;
-  try {
-    header_text = header.dump();
-  } catch (const nlohmann::json::type_error& error) {
-    throw ValueError(std::string("serialize_safetensors: tensor names and metadata must be valid "
-                                 "UTF-8: ") +
-                     error.what());
-  }
-  header_text.append((kHeaderAlignment - header_text.size() % kHeaderAlignment) % kHeaderAlignment,
-                     ' ');
-
-  std::vector<std::byte> bytes(kLengthSize);
-  const uint64_t header_size = header_text.size();
-  std::memcpy(bytes.data(), &header_size, kLengthSize);
-  for (const char c : header_text) bytes.push_back(static_cast<std::byte>(c));
+  std::vector<std::byte> bytes = header_bytes(header, "serialize_safetensors");
   for (const auto& [name, tensor] : tensors) {
     const std::span<const std::byte> data = std::as_bytes(tensor.span());
     bytes.insert(bytes.end(), data.begin(), data.end());

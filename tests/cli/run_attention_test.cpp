@@ -327,6 +327,59 @@ TEST_F(RunAttentionTest, GradientsIncludeTheFloatMaskAndTheSinks) {
 
 // --- float16 ---
 
+// A rank-3 (B, L, count·d) file's elements viewed as (B, count, L, d) heads, as --heads reads them.
+template <class T>
+StridedView<T> heads_view(T* data, const Shape& shape, int64_t count) {
+  const int64_t rows = shape[1], width = shape[2];
+  const int64_t strides[] = {rows * width, width / count, width, 1};
+  return StridedView<T>(data, Shape{shape[0], count, rows, width / count}, strides);
+}
+
+// A (B, H, L, d) half gradient's bits laid out as the (B, L, H·d) file the CLI writes.
+std::vector<uint16_t> regrouped_bits(const HalfTensor& gradient) {
+  const int64_t batch = gradient.shape[0], count = gradient.shape[1], rows = gradient.shape[2],
+                size = gradient.shape[3];
+  std::vector<uint16_t> bits(gradient.bits.size());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < count; ++h)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t c = 0; c < size; ++c)
+          bits[static_cast<size_t>(((b * rows + i) * count + h) * size + c)] =
+              gradient.bits[static_cast<size_t>(((b * count + h) * rows + i) * size + c)];
+  return bits;
+}
+
+// What `attn run --heads 2 --kv-heads 1 --causal` must write for half files of `type`: q (2, 3, 8),
+// k (2, 5, 4), v (2, 5, 3) and G (2, 3, 6), H = 2 query heads of d = 4 over one key/value head,
+// dv = 3: the library's half overloads on the same bits.
+struct ExpectedHalfRun {
+  std::vector<uint16_t> out;
+  HalfAttentionBackward gradients;
+};
+ExpectedHalfRun expected_causal_gqa_run(HalfType type, const std::vector<uint16_t>& q,
+                                        const std::vector<uint16_t>& k,
+                                        const std::vector<uint16_t>& v,
+                                        const std::vector<uint16_t>& g) {
+  AttentionOptions options;
+  options.enable_gqa = true;
+  options.causal = true;
+  options.alignment = DiagonalAlignment::kBottomRight;
+  const Shape out_shape{2, 3, 6};
+  ExpectedHalfRun expected;
+  expected.out.resize(static_cast<size_t>(out_shape.numel()));
+  std::vector<float> lse(2 * 2 * 3);
+  scaled_dot_product_attention(type, heads_view(q.data(), Shape{2, 3, 8}, 2),
+                               heads_view(k.data(), Shape{2, 5, 4}, 1),
+                               heads_view(v.data(), Shape{2, 5, 3}, 1), options,
+                               heads_view(expected.out.data(), out_shape, 2), lse);
+  expected.gradients = scaled_dot_product_attention_backward(
+      type, heads_view(q.data(), Shape{2, 3, 8}, 2), heads_view(k.data(), Shape{2, 5, 4}, 1),
+      heads_view(v.data(), Shape{2, 5, 3}, 1),
+      heads_view(static_cast<const uint16_t*>(expected.out.data()), out_shape, 2),
+      heads_view(g.data(), out_shape, 2), lse, options);
+  return expected;
+}
+
 // float16 files run PyTorch's float16 attention: the half overloads on the files' bits (fp32 sums,
 // output and input gradients rounded once to float16, written as '<f2'), compared bit for bit with
 // the library called on the same bits; a float16 file beside float32 ones is refused.
@@ -349,55 +402,23 @@ TEST_F(RunAttentionTest, Float16FilesRunInHalfPrecisionAndWriteFloat16) {
            "--grads-out grads --weights-out w.npy");
   ASSERT_EQ(result.exit_code, 0) << result.err;
 
-  const auto heads = [](auto* data, const Shape& shape, int64_t count) {
-    const int64_t rows = shape[1], width = shape[2];
-    const int64_t strides[] = {rows * width, width / count, width, 1};
-    return StridedView<std::remove_pointer_t<decltype(data)>>(
-        data, Shape{shape[0], count, rows, width / count}, strides);
-  };
-  AttentionOptions options;
-  options.enable_gqa = true;
-  options.causal = true;
-  options.alignment = DiagonalAlignment::kBottomRight;
-  const Shape out_shape{2, 3, 6};
-  std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
-  std::vector<float> lse(2 * 2 * 3);
   constexpr HalfType kType = HalfType::kFloat16;
-  const uint16_t* qc = q.data();
-  const uint16_t* kc = k.data();
-  const uint16_t* vc = v.data();
-  const uint16_t* gc = g.data();
-  scaled_dot_product_attention(kType, heads(qc, Shape{2, 3, 8}, 2), heads(kc, Shape{2, 5, 4}, 1),
-                               heads(vc, Shape{2, 5, 3}, 1), options,
-                               heads(out.data(), out_shape, 2), lse);
-  const HalfAttentionBackward expected = scaled_dot_product_attention_backward(
-      kType, heads(qc, Shape{2, 3, 8}, 2), heads(kc, Shape{2, 5, 4}, 1),
-      heads(vc, Shape{2, 5, 3}, 1), heads(static_cast<const uint16_t*>(out.data()), out_shape, 2),
-      heads(gc, out_shape, 2), lse, options);
+  const Shape out_shape{2, 3, 6};
+  const ExpectedHalfRun run = expected_causal_gqa_run(kType, q, k, v, g);
+  const std::vector<uint16_t>& out = run.out;
+  const HalfAttentionBackward& expected = run.gradients;
 
   const NpyArray written = read_npy(path("o.npy"));
   EXPECT_EQ(written.dtype, NpyDType::kFloat16);
   EXPECT_EQ(written.shape, out_shape);
   EXPECT_EQ(written.halves, out);
   // The gradients come back (B, H, L, d) from the library; the files keep the inputs' layouts.
-  const auto regrouped = [](const HalfTensor& gradient) {
-    const int64_t batch = gradient.shape[0], count = gradient.shape[1], rows = gradient.shape[2],
-                  size = gradient.shape[3];
-    std::vector<uint16_t> bits(gradient.bits.size());
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t h = 0; h < count; ++h)
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t c = 0; c < size; ++c)
-            bits[static_cast<size_t>(((b * rows + i) * count + h) * size + c)] =
-                gradient.bits[static_cast<size_t>(((b * count + h) * rows + i) * size + c)];
-    return bits;
-  };
   for (const auto& [name, gradient] :
        {std::pair{"queries", &expected.query}, std::pair{"keys", &expected.key},
         std::pair{"values", &expected.value}}) {
     const NpyArray file = read_npy(path(std::string("grads/") + name + ".npy"));
     EXPECT_EQ(file.dtype, NpyDType::kFloat16) << name;
-    EXPECT_EQ(file.halves, regrouped(*gradient)) << name;
+    EXPECT_EQ(file.halves, regrouped_bits(*gradient)) << name;
   }
   // The weights stay float32.
   EXPECT_EQ(read_npy(path("w.npy")).dtype, NpyDType::kFloat32);
@@ -413,10 +434,13 @@ TEST_F(RunAttentionTest, Float16FilesRunInHalfPrecisionAndWriteFloat16) {
   mask_options.enable_gqa = true;
   mask_options.attn_mask =
       AttentionMask::boolean(StridedView<const uint8_t>(bools.data(), Shape{3, 5}));
-  scaled_dot_product_attention(kType, heads(qc, Shape{2, 3, 8}, 2), heads(kc, Shape{2, 5, 4}, 1),
-                               heads(vc, Shape{2, 5, 3}, 1), mask_options,
-                               heads(out.data(), out_shape, 2), lse);
-  EXPECT_EQ(read_npy(path("om.npy")).halves, out);
+  std::vector<uint16_t> masked_out(out.size());
+  std::vector<float> lse(2 * 2 * 3);
+  scaled_dot_product_attention(kType, heads_view(q.data(), Shape{2, 3, 8}, 2),
+                               heads_view(k.data(), Shape{2, 5, 4}, 1),
+                               heads_view(v.data(), Shape{2, 5, 3}, 1), mask_options,
+                               heads_view(masked_out.data(), out_shape, 2), lse);
+  EXPECT_EQ(read_npy(path("om.npy")).halves, masked_out);
 
   // float16 queries with float32 keys: refused, naming the odd one out.
   save("k.npy", random_tensor(Shape{2, 5, 4}, rng));
@@ -498,50 +522,21 @@ TEST_F(RunAttentionTest, BFloat16SafetensorsRunInBFloat16AndWriteSafetensors) {
       attn(bf16 + "--out o.safetensors --out-grad g.safetensors --grads-out grads");
   ASSERT_EQ(result.exit_code, 0) << result.err;
 
-  const auto heads = [](auto* data, const Shape& shape, int64_t count) {
-    const int64_t rows = shape[1], width = shape[2];
-    const int64_t strides[] = {rows * width, width / count, width, 1};
-    return StridedView<std::remove_pointer_t<decltype(data)>>(
-        data, Shape{shape[0], count, rows, width / count}, strides);
-  };
-  AttentionOptions options;
-  options.enable_gqa = true;
-  options.causal = true;
-  options.alignment = DiagonalAlignment::kBottomRight;
   const Shape out_shape{2, 3, 6};
-  std::vector<uint16_t> out(static_cast<size_t>(out_shape.numel()));
-  std::vector<float> lse(2 * 2 * 3);
-  scaled_dot_product_attention(
-      kType, heads(q.data(), Shape{2, 3, 8}, 2), heads(k.data(), Shape{2, 5, 4}, 1),
-      heads(v.data(), Shape{2, 5, 3}, 1), options, heads(out.data(), out_shape, 2), lse);
-  const HalfAttentionBackward expected = scaled_dot_product_attention_backward(
-      kType, heads(q.data(), Shape{2, 3, 8}, 2), heads(k.data(), Shape{2, 5, 4}, 1),
-      heads(v.data(), Shape{2, 5, 3}, 1),
-      heads(static_cast<const uint16_t*>(out.data()), out_shape, 2), heads(g.data(), out_shape, 2),
-      lse, options);
+  const ExpectedHalfRun run = expected_causal_gqa_run(kType, q, k, v, g);
+  const std::vector<uint16_t>& out = run.out;
+  const HalfAttentionBackward& expected = run.gradients;
   const SafetensorsTensor written = load_safetensors_tensor(path("o.safetensors"), "output");
   ASSERT_EQ(written.half, kType);
   EXPECT_EQ(written.shape, out_shape);
   EXPECT_EQ(written.bits, out);
-  const auto regrouped = [](const HalfTensor& gradient) {
-    const int64_t batch = gradient.shape[0], count = gradient.shape[1], rows = gradient.shape[2],
-                  size = gradient.shape[3];
-    std::vector<uint16_t> bits(gradient.bits.size());
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t h = 0; h < count; ++h)
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t c = 0; c < size; ++c)
-            bits[static_cast<size_t>(((b * rows + i) * count + h) * size + c)] =
-                gradient.bits[static_cast<size_t>(((b * count + h) * rows + i) * size + c)];
-    return bits;
-  };
   for (const auto& [name, gradient] :
        {std::pair{"queries", &expected.query}, std::pair{"keys", &expected.key},
         std::pair{"values", &expected.value}}) {
     const SafetensorsTensor file =
         load_safetensors_tensor(path(std::string("grads/") + name + ".safetensors"), name);
     EXPECT_EQ(file.half, kType) << name;
-    EXPECT_EQ(file.bits, regrouped(*gradient)) << name;
+    EXPECT_EQ(file.bits, regrouped_bits(*gradient)) << name;
   }
 
   // bfloat16 into .npy: refused, and no file left behind.

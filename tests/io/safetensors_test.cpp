@@ -154,7 +154,8 @@ TEST(Safetensors, ReadsAFileSafetensorsTorchWrote) {
             (std::vector<float>{1.5F, -2.0F, 3.140625F}));
 }
 
-TEST(Safetensors, ReadsF64AndOffsetsInAnyOrder) {
+// An F64 tensor 'z' {0.1, −3.0} listed before an F32 scalar 'a' 7.5, not in name order.
+std::vector<std::byte> f64_then_f32() {
   const std::vector<double> doubles = {0.1, -3.0};
   const std::vector<float> floats = {7.5F};
   const std::string header =
@@ -164,7 +165,11 @@ TEST(Safetensors, ReadsF64AndOffsetsInAnyOrder) {
   const auto* float_bytes = reinterpret_cast<const std::byte*>(floats.data());
   bytes.insert(bytes.end(), double_bytes, double_bytes + 16);
   bytes.insert(bytes.end(), float_bytes, float_bytes + 4);
-  const StateDict loaded = parse_safetensors(bytes, "mixed");
+  return bytes;
+}
+
+TEST(Safetensors, ReadsF64AndOffsetsInAnyOrder) {
+  const StateDict loaded = parse_safetensors(f64_then_f32(), "mixed");
   EXPECT_EQ(loaded.at("z").to_vector(), (std::vector<float>{0.1F, -3.0F}));
   EXPECT_EQ(loaded.at("a").to_vector(), std::vector<float>{7.5F});
 }
@@ -399,15 +404,7 @@ TEST(SafetensorsFiles, OneTensorAsStored) {
     for (size_t e = 0; e < words.size(); ++e)
       EXPECT_EQ(widened[e], half_bits_to_float(type, words[e]));
   }
-  const std::vector<double> doubles = {0.1, -3.0};
-  const std::vector<float> floats = {7.5F};
-  const std::string header =
-      "{" + entry("z", "[2]", "[0,16]", "F64") + "," + entry("a", "[]", "[16,20]") + "}";
-  std::vector<std::byte> bytes = make_safetensors(header, 0);
-  const auto* double_bytes = reinterpret_cast<const std::byte*>(doubles.data());
-  const auto* float_bytes = reinterpret_cast<const std::byte*>(floats.data());
-  bytes.insert(bytes.end(), double_bytes, double_bytes + 16);
-  bytes.insert(bytes.end(), float_bytes, float_bytes + 4);
+  const std::vector<std::byte> bytes = f64_then_f32();
   const std::filesystem::path mixed = directory.path() / "mixed.safetensors";
   const auto write = [](const std::filesystem::path& path, std::span<const std::byte> data) {
     std::ofstream(path, std::ios::binary)

@@ -188,21 +188,8 @@ TEST_P(FlashAttentionBackward, MatchesTheDoubleReferenceWithin1e5) {
     const DenseHeads k(c.batch, c.kv_heads, c.keys, c.depth, &rng, c.magnitude);
     const DenseHeads v(c.batch, c.kv_heads, c.keys, c.value_depth, &rng);
     const DenseHeads grad_out(c.batch, c.q_heads, c.queries, c.value_depth, &rng);
-    reference::SdpaProblem problem;
-    problem.batch = c.batch;
-    problem.q_heads = c.q_heads;
-    problem.kv_heads = c.kv_heads;
-    problem.queries = c.queries;
-    problem.keys = c.keys;
-    problem.depth = c.depth;
-    problem.value_depth = c.value_depth;
     const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
-    problem.scale = scale;
-    problem.causal = c.causal;
-    problem.bottom_right = true;  // the kernel's default alignment
-    problem.window_left = c.window_left;
-    problem.window_right = c.window_right;
-    problem.softcap = c.softcap;
+    reference::SdpaProblem problem = reference::problem_of_case(c, scale);
     FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
     options.window_left = c.window_left;
     options.window_right = c.window_right;

@@ -78,6 +78,11 @@ HalfHeads random_heads(HalfType type, int64_t batch, int64_t heads, int64_t rows
   return result;
 }
 
+// Element (b, h, r, t) of dense (B, heads, rows, cols) heads.
+size_t at(int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64_t r, int64_t t) {
+  return static_cast<size_t>(((b * heads + h) * rows + r) * cols + t);
+}
+
 // The half backward's gradients against the double reference run on the same rounded inputs.
 // Per element: the fp32 kernels' 1e-5 of the gradient's magnitude (floor 1; times the scores'
 // magnitude², as the forward), plus the gradient's rounding to `type` (half an ulp), plus what the
@@ -96,10 +101,6 @@ void check_gradients_against_reference(
   const std::vector<double> grad_out_d(grad_out.begin(), grad_out.end());
   const reference::SdpaGradients want = reference::sdpa_backward(problem, q, k, v, grad_out_d);
   const int64_t group = c.q_heads / c.kv_heads;
-  const auto at = [](int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64_t r,
-                     int64_t t) {
-    return static_cast<size_t>(((b * heads + h) * rows + r) * cols + t);
-  };
   std::vector<double> moved_q(want.q.size()), moved_k(want.k.size()),
       moved_sinks(want.sinks.size());
   for (int64_t b = 0; b < c.batch; ++b)
@@ -160,21 +161,8 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
   const HalfHeads v16 =
       random_heads(type, c.batch, c.kv_heads, c.keys, c.value_depth, 1.0F, rng, v);
 
-  reference::SdpaProblem problem;
-  problem.batch = c.batch;
-  problem.q_heads = c.q_heads;
-  problem.kv_heads = c.kv_heads;
-  problem.queries = c.queries;
-  problem.keys = c.keys;
-  problem.depth = c.depth;
-  problem.value_depth = c.value_depth;
   const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
-  problem.scale = scale;
-  problem.causal = c.causal;
-  problem.bottom_right = true;  // the kernel's default alignment
-  problem.window_left = c.window_left;
-  problem.window_right = c.window_right;
-  problem.softcap = c.softcap;
+  reference::SdpaProblem problem = reference::problem_of_case(c, scale);
 
   FlashAttentionOptions options = testing::kernel_options(scale, c.causal, c.dropout, 1234);
   if (c.dropout > 0.0F) {
@@ -314,10 +302,6 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
       {&grad_q16, &grad_q}, {&grad_k16, &grad_k}, {&grad_v16, &grad_v}};
   std::vector<double> bound_q(grad_q.size()), bound_k(grad_k.size()), bound_v(grad_v.size());
   if (backward_native) {
-    const auto at = [](int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64_t r,
-                       int64_t t) {
-      return static_cast<size_t>(((b * heads + h) * rows + r) * cols + t);
-    };
     for (int64_t b = 0; b < c.batch; ++b)
       for (int64_t h = 0; h < c.q_heads; ++h)
         for (int64_t i = 0; i < c.queries; ++i) {

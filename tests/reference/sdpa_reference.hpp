@@ -51,6 +51,28 @@ struct SdpaProblem {
   }
 };
 
+// The problem of a kernel test's case: any struct with the sizes (batch, q_heads, kv_heads,
+// queries, keys, depth, value_depth) and the options causal, window_left, window_right and softcap;
+// causal aligned bottom-right, as the kernels align it by default. The other options stay off.
+template <class Case>
+SdpaProblem problem_of_case(const Case& c, double scale) {
+  SdpaProblem problem;
+  problem.batch = c.batch;
+  problem.q_heads = c.q_heads;
+  problem.kv_heads = c.kv_heads;
+  problem.queries = c.queries;
+  problem.keys = c.keys;
+  problem.depth = c.depth;
+  problem.value_depth = c.value_depth;
+  problem.scale = scale;
+  problem.causal = c.causal;
+  problem.bottom_right = true;
+  problem.window_left = c.window_left;
+  problem.window_right = c.window_right;
+  problem.softcap = c.softcap;
+  return problem;
+}
+
 struct SdpaForward {
   std::vector<double> out;          // (N, Hq, L, Ev)
   std::vector<double> weights;      // (N, Hq, L, S), before dropout
