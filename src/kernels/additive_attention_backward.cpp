@@ -74,12 +74,48 @@ using additive_backward_detail::AdditiveBackwardArgs;
 using additive_backward_detail::kKeyTile;
 using additive_backward_detail::kQueryVectors;
 
+// Where AdditiveGradients leaves db_jt = Σ_i g_ij: a float per key and hidden unit, each query
+// tile's lanes summed into it; or, where a task has several query tiles, a vector of lane-wise
+// partial sums per key and hidden unit, whose lanes are summed once per key tile (Value) instead
+// of once per query tile: a horizontal sum and a scalar read-modify-write per key, hidden unit and
+// query tile were about 5% of the backward at n = 1024, d = 64 (Zen 4). One tile (a decoder step)
+// keeps the floats, whose buffer is lanes times smaller to clear.
+struct KeySums {
+  float* sums = nullptr;   // Bc × h
+  float* lanes = nullptr;  // Bc × h × lanes
+
+  template <class D>
+  void Add(D d, size_t j, size_t t, size_t depth, hn::Vec<D> values) const {
+    const size_t index = j * depth + t;
+    if (lanes == nullptr) {
+      sums[index] += hn::GetLane(hn::SumOfLanes(d, values));
+      return;
+    }
+    float* partial = lanes + index * hn::Lanes(d);
+    hn::Store(hn::Add(hn::Load(d, partial), values), d, partial);
+  }
+  template <class D>
+  float Value(D d, size_t j, size_t t, size_t depth) const {
+    const size_t index = j * depth + t;
+    if (lanes == nullptr) return sums[index];
+    return hn::GetLane(hn::SumOfLanes(d, hn::Load(d, lanes + index * hn::Lanes(d))));
+  }
+  template <class D>
+  void Clear(D d, size_t bc, size_t depth) const {
+    if (lanes == nullptr) {
+      std::fill(sums, sums + bc * depth, 0.0F);
+    } else {
+      std::fill(lanes, lanes + bc * depth * hn::Lanes(d), 0.0F);
+    }
+  }
+};
+
 // Per-thread scratch for one task at a time; sized once per call.
 struct AdditiveBackwardScratch : BackwardTileBuffers {
   ScratchMemory memory;
   float* queries_transposed;       // tiles × h × Br: aᵀ per query tile
   float* grad_queries_transposed;  // tiles × h × Br: daᵀ
-  float* grad_keys;                // Bc × h
+  KeySums grad_keys;               // db (without its factor 4w_t in the exponential form)
   float* grad_values;              // Bc × dv_padded
   float* grad_weight_lanes;        // h × lanes: dw, lane-wise partial sums
   float* key_exponentials;         // Bc × h: e^{2b} of the key tile (the exponential form)
@@ -92,7 +128,9 @@ struct AdditiveBackwardScratch : BackwardTileBuffers {
       take_tile_buffers(take, n, br, bc, dv, dv_padded);
       queries_transposed = take(n_padded * hidden);
       grad_queries_transposed = take(n_padded * hidden);
-      grad_keys = take(bc * hidden);
+      // Lane-wise sums where a task has several query tiles (KeySums).
+      grad_keys.lanes = n > br ? take(bc * hidden * lanes) : nullptr;
+      grad_keys.sums = n > br ? nullptr : take(bc * hidden);
       grad_values = take(bc * dv_padded);
       grad_weight_lanes = take(hidden * lanes);
       key_exponentials = take(bc * hidden);
@@ -101,7 +139,7 @@ struct AdditiveBackwardScratch : BackwardTileBuffers {
 };
 
 // For one key tile × query tile, given dSᵀ (bc × Br): recomputes u = tanh(aᵀ[t] + b[j, t]) and
-// accumulates daᵀ[t] += Σ_j g_j, grad_keys[j, t] += Σ_i g_ij (lanes summed) and the lane-wise
+// accumulates daᵀ[t] += Σ_j g_j, db[j, t] += Σ_i g_ij (`grad_keys`) and the lane-wise
 // dw[t] += Σ_j dSᵀ[j] u, with g = dS · w_t · (1 − u²). One t at a time keeps aᵀ[t], daᵀ[t] and
 // dw[t] in registers while the bc rows of dSᵀ stream from L1. Over the first NR query vectors:
 // the others' dS is zero (AdditiveGradientsOfQueries).
@@ -117,8 +155,7 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
                                     size_t key_stride, const float* HWY_RESTRICT q_transposed,
                                     size_t br, size_t depth, const float* HWY_RESTRICT weights,
                                     const float* HWY_RESTRICT grad_scores,
-                                    float* HWY_RESTRICT grad_q_transposed,
-                                    float* HWY_RESTRICT grad_keys,
+                                    float* HWY_RESTRICT grad_q_transposed, const KeySums& grad_keys,
                                     float* HWY_RESTRICT grad_weight_lanes) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
@@ -146,7 +183,7 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
           sums[v] = hn::Add(sums[v], g);
           key_sum = hn::Add(key_sum, g);
         }
-        grad_keys[j * depth + t] += weight * hn::GetLane(hn::SumOfLanes(d, key_sum));
+        grad_keys.Add(d, j, t, depth, key_sum);
       }
       const V weight_vector = hn::Set(d, weight);
       for (size_t v = 0; v < NR; ++v) {
@@ -179,7 +216,7 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
         grad_queries[v] = hn::Add(grad_queries[v], g);
         grad_key = hn::Add(grad_key, g);
       }
-      grad_keys[j * depth + t] += hn::GetLane(hn::SumOfLanes(d, grad_key));
+      grad_keys.Add(d, j, t, depth, grad_key);
     }
     for (size_t v = 0; v < NR; ++v)
       hn::Store(grad_queries[v], d, grad_q_transposed + t * br + v * lanes);
@@ -194,7 +231,7 @@ template <bool kExponential, class D>
 void AdditiveGradientsOfQueries(D d, size_t queries, size_t bc, const float* keys,
                                 size_t key_stride, const float* q_transposed, size_t br,
                                 size_t depth, const float* weights, const float* grad_scores,
-                                float* grad_q_transposed, float* grad_keys,
+                                float* grad_q_transposed, const KeySums& grad_keys,
                                 float* grad_weight_lanes) {
   switch (AdditiveScoreVectors<kQueryVectors>(d, queries)) {
     case 1:
@@ -261,7 +298,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
   for (size_t key_tile = first_key_tile; key_tile < last_key_tile; ++key_tile) {
     const size_t key0 = key_tile * kKeyTile;
     const size_t bc = std::min(kKeyTile, m - key0);
-    std::fill(s.grad_keys, s.grad_keys + bc * hidden, 0.0F);
+    s.grad_keys.Clear(d, bc, hidden);
     std::fill(s.grad_values, s.grad_values + bc * dv_padded, 0.0F);
     // The key tile's rows as the scores read them: b, or e^{2b} in the exponential form.
     const float* key_rows = keys + key0 * key_stride;
@@ -335,8 +372,11 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
     }
     for (size_t j = 0; j < bc; ++j) {
       const auto key = static_cast<int64_t>(key0 + j);
-      std::copy_n(s.grad_keys + j * hidden, hidden,
-                  grad_keys_head + key * args.grad_keys.row_stride);
+      float* grad_key_row = grad_keys_head + key * args.grad_keys.row_stride;
+      for (size_t t = 0; t < hidden; ++t) {
+        const float weight = args.exponential ? 4.0F * args.weights[t] : 1.0F;
+        grad_key_row[t] = weight * s.grad_keys.Value(d, j, t, hidden);
+      }
       std::copy_n(s.grad_values + j * dv_padded, dv,
                   grad_values_head + key * args.grad_values.row_stride);
     }
