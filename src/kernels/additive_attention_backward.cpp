@@ -403,6 +403,9 @@ void AdditiveBackward(const AdditiveBackwardArgs& args) {
       heads >= threads ? 1
                        : std::clamp<int64_t>((threads + heads - 1) / heads, 1,
                                              std::max<int64_t>(1, static_cast<int64_t>(key_tiles)));
+  const std::vector<size_t> chunk_bounds =
+      key_chunk_bounds(*args.valid_lens, args.options, args.queries.batch, args.queries.heads,
+                       args.queries.rows, args.keys.rows, kKeyTile, static_cast<size_t>(chunks));
   const int64_t tasks = heads * chunks;
   // Partial da per task (only when heads are split) and dw per task, summed in order below.
   std::vector<float> partial_grad_queries(chunks > 1 ? static_cast<size_t>(tasks) * n * hidden : 0);
@@ -417,10 +420,8 @@ void AdditiveBackward(const AdditiveBackwardArgs& args) {
       [&](int64_t task, AdditiveBackwardScratch& scratch, int) {
         const int64_t head = task / chunks, chunk = task % chunks;
         const int64_t b = head / args.queries.heads, h = head % args.queries.heads;
-        const auto first_tile =
-            static_cast<size_t>(chunk) * key_tiles / static_cast<size_t>(chunks);
-        const auto last_tile =
-            static_cast<size_t>(chunk + 1) * key_tiles / static_cast<size_t>(chunks);
+        const size_t first_tile = chunk_bounds[static_cast<size_t>(chunk)];
+        const size_t last_tile = chunk_bounds[static_cast<size_t>(chunk) + 1];
         const TaskOutputs outputs =
             chunks > 1
                 ? TaskOutputs{partial_grad_queries.data() + static_cast<size_t>(task) * n * hidden,

@@ -917,44 +917,6 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
   }
 }
 
-// The key-tile bounds of `chunks` chunks (bounds[c] to bounds[c + 1]) holding equal shares of the
-// visible (query, key) pairs of every (batch, query head): under a causal mask the first keys are
-// seen by every later query, and equal tile counts gave the first of two chunks three times the
-// second's work (B = H = 1, n = 4096, 2 threads: 1.31× the 1-thread time against 1.89× without the
-// mask, Zen 4). Each chunk keeps at least one tile; without visible pairs, equal tile counts.
-std::vector<size_t> KeyChunkBounds(const BackwardArgs& args, size_t key_tiles, size_t chunks) {
-  std::vector<size_t> bounds(chunks + 1);
-  for (size_t c = 0; c <= chunks; ++c) bounds[c] = c * key_tiles / chunks;
-  if (chunks == 1) return bounds;
-  const int64_t m = args.k.rows, n = args.q.rows;
-  // Queries seeing each key, as differences: +1 where a query's range begins, −1 past its end.
-  std::vector<int64_t> changes(static_cast<size_t>(m) + 1, 0);
-  for (int64_t b = 0; b < args.q.batch; ++b)
-    for (int64_t h = 0; h < args.q.heads; ++h)
-      for (int64_t i = 0; i < n; ++i) {
-        const KeyRange range = visible_keys(*args.valid_lens, args.options, b, h, i, n, m);
-        ++changes[static_cast<size_t>(range.begin)];
-        --changes[static_cast<size_t>(range.end)];
-      }
-  std::vector<double> cumulative(key_tiles + 1, 0.0);  // pairs in tiles [0, t)
-  int64_t seeing = 0;
-  for (int64_t j = 0; j < m; ++j) {
-    seeing += changes[static_cast<size_t>(j)];
-    cumulative[static_cast<size_t>(j / flash_backward_detail::kKeyTile) + 1] +=
-        static_cast<double>(seeing);
-  }
-  for (size_t t = 1; t <= key_tiles; ++t) cumulative[t] += cumulative[t - 1];
-  const double total = cumulative[key_tiles];
-  if (total <= 0.0) return bounds;
-  for (size_t c = 1; c < chunks; ++c) {
-    const double share = total * static_cast<double>(c) / static_cast<double>(chunks);
-    size_t tile = bounds[c - 1] + 1;
-    while (tile < key_tiles && cumulative[tile] < share) ++tile;
-    bounds[c] = std::min(tile, key_tiles - (chunks - c));
-  }
-  return bounds;
-}
-
 void FlashBackward(const BackwardArgs& args) {
   const hn::ScalableTag<float> d;
   const int64_t head_tasks = args.q.batch * args.k.heads;
@@ -987,7 +949,9 @@ void FlashBackward(const BackwardArgs& args) {
       chunks = 1;
     }
   }
-  const std::vector<size_t> chunk_bounds = KeyChunkBounds(args, key_tiles, chunks);
+  const std::vector<size_t> chunk_bounds =
+      key_chunk_bounds(*args.valid_lens, args.options, args.q.batch, args.q.heads, args.q.rows,
+                       args.k.rows, flash_backward_detail::kKeyTile, chunks);
   const auto tasks = head_tasks * static_cast<int64_t>(chunks);
   // A float mask's gradient that broadcasts over batch elements or key/value heads gets written
   // by several tasks: each thread then sums into a private copy (static schedule, summed in

@@ -219,6 +219,44 @@ ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(ScoreMasks);
 // The lanes and keys a crossed key tile's bands multiply (crosses_key_ranges, lanes_seeing,
 // keys_seen_by_lanes, for_each_key_band, for_each_query_band), on a causal tile of 8 queries from
 // query 8 over 16 keys, lane 5 seeing nothing (a valid length of 0).
+// The backward passes' key chunks hold equal shares of the visible pairs: halves of the tiles
+// without a mask; under a causal mask (n = m = 4096: key j seen by n − j queries) the first chunk
+// ends where the pairs reach half, near key n(1 − 1/√2) = 1200; every chunk keeps a tile; equal
+// counts where nothing is visible or there are more chunks than tiles.
+TEST(ScoreMaskRanges, KeyChunksShareTheVisiblePairsEqually) {
+  const int64_t n = 4096;
+  FlashAttentionOptions options;
+  EXPECT_EQ(key_chunk_bounds({}, options, 1, 1, n, n, 64, 2), (std::vector<size_t>{0, 32, 64}));
+  options.causal = true;
+  const std::vector<size_t> causal = key_chunk_bounds({}, options, 2, 3, n, n, 64, 2);
+  ASSERT_EQ(causal.size(), 3U);
+  EXPECT_EQ(causal.front(), 0U);
+  EXPECT_EQ(causal.back(), 64U);
+  // Pairs of keys [0, 64·t): Σ_{j < 64t} (n − j); the bound is the first tile whose pairs reach
+  // half of all n(n + 1)/2.
+  const auto pairs_before = [&](size_t tile) {
+    const auto keys = static_cast<double>(64 * tile);
+    return keys * static_cast<double>(n) - keys * (keys - 1.0) / 2.0;
+  };
+  const double half = static_cast<double>(n) * static_cast<double>(n + 1) / 4.0;
+  EXPECT_GE(pairs_before(causal[1]), half);
+  EXPECT_LT(pairs_before(causal[1] - 1), half);
+  EXPECT_EQ(causal[1], 19U);
+  // Four chunks of a causal head, each at least one tile and increasing.
+  const std::vector<size_t> four = key_chunk_bounds({}, options, 1, 1, n, n, 64, 4);
+  for (size_t c = 0; c < 4; ++c) EXPECT_LT(four[c], four[c + 1]);
+  // Queries whose valid lengths are all 0 see nothing: equal tile counts.
+  const ValidLengths none = ValidLengths::per_batch({0});
+  EXPECT_EQ(key_chunk_bounds(none, options, 1, 1, n, n, 64, 4),
+            (std::vector<size_t>{0, 16, 32, 48, 64}));
+  // A window of each query's own key: every key seen once, equal halves again.
+  FlashAttentionOptions diagonal = options;
+  diagonal.window_left = 0;
+  EXPECT_EQ(key_chunk_bounds({}, diagonal, 1, 1, n, n, 64, 2), (std::vector<size_t>{0, 32, 64}));
+  // Three chunks of two tiles: equal counts, one chunk empty.
+  EXPECT_EQ(key_chunk_bounds({}, options, 1, 1, 10, 100, 64, 3), (std::vector<size_t>{0, 0, 1, 2}));
+}
+
 TEST(ScoreMaskRanges, BandsOfACrossedTileSeeTheirLanesAndKeys) {
   int32_t first[8], last[8];
   for (int32_t r = 0; r < 8; ++r) {
