@@ -186,6 +186,11 @@ InputFile read_input_file(const std::string& path, const std::string& name) {
   return file;
 }
 
+std::optional<HalfType> shared_half_type(const InputFile (&files)[3]) {
+  const bool shared = files[0].half == files[1].half && files[1].half == files[2].half;
+  return shared ? files[0].half : std::nullopt;
+}
+
 void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily family) {
   const std::string* paths[] = {&arguments.queries, &arguments.keys, &arguments.values};
   const char* names[] = {"queries", "keys", "values"};
@@ -216,8 +221,8 @@ void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily fa
       }
     }
     half_ = first_half;
-  } else if (files[0].half == files[1].half && files[1].half == files[2].half) {
-    stored_half_ = first_half;
+  } else {
+    stored_half_ = shared_half_type(files);
   }
   Tensor* tensors[] = {&queries_, &keys_, &values_};
   std::vector<uint16_t>* halves[] = {&query_halves_, &key_halves_, &value_halves_};

@@ -67,6 +67,8 @@ struct InputFile {
   Tensor take_floats();
 };
 InputFile read_input_file(const std::string& path, const std::string& name);
+// The half type queries, keys and values are all stored in; none when they differ or are floats.
+std::optional<HalfType> shared_half_type(const InputFile (&files)[3]);
 // Whether `path` names a safetensors file (FILE.safetensors or FILE.safetensors:NAME).
 bool is_safetensors_path(const std::string& path);
 // The name a half-precision type goes by in messages: float16 or bfloat16.

@@ -216,9 +216,7 @@ LayerInputs load_layer_inputs(const RunOptions& options) {
       with_context("--queries", [&] { return read_input_file(options.queries, "queries"); }),
       with_context("--keys", [&] { return read_input_file(options.keys, "keys"); }),
       with_context("--values", [&] { return read_input_file(options.values, "values"); })};
-  if (files[0].half == files[1].half && files[1].half == files[2].half) {
-    inputs.stored_half = files[0].half;
-  }
+  inputs.stored_half = shared_half_type(files);
   inputs.queries = files[0].take_floats();
   inputs.keys = files[1].take_floats();
   inputs.values = files[2].take_floats();

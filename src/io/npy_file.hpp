@@ -2,12 +2,7 @@
 // them, then any bytes of it by offset (read_npy_rows' shards, load_npy_tensor's data).
 #pragma once
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -16,65 +11,38 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
-#include "core/file_access.hpp"
 #include "io/npy_layout.hpp"
+#include "io/regular_file.hpp"
 
 namespace attn::io_detail {
 
 // An open .npy file whose preamble, header and size have been checked as read_npy checks them.
-// Opened as core's reader opens files: a FIFO or a device is refused before anything waits on it.
 class NpyFile {
  public:
-  explicit NpyFile(const std::filesystem::path& path)
-      : source_(path.string()), file_(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)) {
-    if (file_.get() < 0) fail(file_access::system_reason(errno));
-    struct stat status {};
-    if (::fstat(file_.get(), &status) != 0) fail(file_access::system_reason(errno));
-    if (!S_ISREG(status.st_mode)) {
-      fail("expected a regular file, got " + file_access::file_kind(status.st_mode));
-    }
-    const auto size = static_cast<uint64_t>(status.st_size);
+  explicit NpyFile(const std::filesystem::path& path) : file_(path) {
+    const uint64_t size = file_.size();
     // 12 bytes hold any version's preamble; then exactly the header it announces (or what the
     // file has of it, for the header parser's own message about a short file).
     std::vector<std::byte> head = read_at(0, std::min<uint64_t>(size, 12));
-    const NpyPreamble preamble = parse_npy_preamble(head, source_);
+    const NpyPreamble preamble = parse_npy_preamble(head, source());
     head = read_at(0, std::min<uint64_t>(size, preamble.header_start + preamble.header_length));
-    layout_ = parse_npy_header(head, source_);
-    check_npy_data_size(layout_, size - layout_.data_offset, source_);
+    layout_ = parse_npy_header(head, source());
+    check_npy_data_size(layout_, size - layout_.data_offset, source());
   }
 
   const NpyLayout& layout() const { return layout_; }
-  const std::string& source() const { return source_; }
+  const std::string& source() const { return file_.source(); }
 
   // `count` bytes from `offset`, or FileError naming the path.
   std::vector<std::byte> read_at(uint64_t offset, uint64_t count) const {
-    std::vector<std::byte> bytes(static_cast<size_t>(count));
-    read_into(offset, bytes);
-    return bytes;
+    return file_.read_at(offset, count);
   }
   void read_into(uint64_t offset, std::span<std::byte> bytes) const {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t got = ::pread(file_.get(), bytes.data() + done, bytes.size() - done,
-                                  static_cast<off_t>(offset + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) fail(file_access::system_reason(errno));
-      if (got == 0) {
-        fail("expected " + std::to_string(bytes.size()) + " bytes at offset " +
-             std::to_string(offset) + ", the file ended after " + std::to_string(done) +
-             ": it shrank while being read");
-      }
-      done += static_cast<size_t>(got);
-    }
+    file_.read_into(offset, bytes);
   }
 
  private:
-  [[noreturn]] void fail(const std::string& reason) const {
-    throw FileError(source_ + ": cannot read the file (" + reason + ")");
-  }
-
-  std::string source_;
-  file_access::Descriptor file_;
+  RegularFile file_;
   NpyLayout layout_;
 };
 

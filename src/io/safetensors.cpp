@@ -2,13 +2,8 @@
 // byte ranges, then the data; every field is checked before a single data byte is read.
 #include "attn/io/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -18,11 +13,11 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
-#include "core/file_access.hpp"
 #include "io/bounded_json.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
 #include "io/limits.hpp"
+#include "io/regular_file.hpp"
 
 namespace attn {
 namespace {
@@ -327,39 +322,19 @@ std::map<std::string, std::string> load_safetensors_metadata(const std::filesyst
 
 SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path,
                                           std::string_view name) {
-  const std::string source = path.string();
-  const file_access::Descriptor file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  const auto cannot_read = [&](const std::string& reason) {
-    return FileError(source + ": cannot read the file (" + reason + ")");
-  };
-  if (file.get() < 0) throw cannot_read(file_access::system_reason(errno));
-  struct stat status {};
-  if (::fstat(file.get(), &status) != 0) throw cannot_read(file_access::system_reason(errno));
-  if (!S_ISREG(status.st_mode)) {
-    throw cannot_read("expected a regular file, got " + file_access::file_kind(status.st_mode));
-  }
-  const auto size = static_cast<uint64_t>(status.st_size);
-  const auto read_into = [&](uint64_t offset, std::span<std::byte> bytes) {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t got = ::pread(file.get(), bytes.data() + done, bytes.size() - done,
-                                  static_cast<off_t>(offset + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) throw cannot_read(file_access::system_reason(errno));
-      if (got == 0) throw cannot_read("the file shrank while being read");
-      done += static_cast<size_t>(got);
-    }
-  };
-  // The length and the header alone, checked by the whole-file parser against a stand-in for the
-  // data of the size the file has: only the chosen tensor's bytes are read after.
+  const io_detail::RegularFile file(path);
+  const std::string& source = file.source();
+  const uint64_t size = file.size();
+  // The length and the header alone, checked as the whole-file parser checks them against the
+  // file's size: only the chosen tensor's bytes are read after.
   std::vector<std::byte> head(static_cast<size_t>(std::min<uint64_t>(size, kLengthSize)));
-  read_into(0, head);
+  file.read_into(0, head);
   uint64_t header_size = 0;
   if (head.size() == kLengthSize) std::memcpy(&header_size, head.data(), kLengthSize);
   if (head.size() == kLengthSize && header_size <= kMaxHeaderSize &&
       header_size <= size - kLengthSize) {
     head.resize(static_cast<size_t>(kLengthSize + header_size));
-    read_into(kLengthSize, std::span(head).subspan(kLengthSize));
+    file.read_into(kLengthSize, std::span(head).subspan(kLengthSize));
   }
   const Header header = parse_header(head, size, source, nullptr);
   const std::vector<TensorEntry>& entries = header.entries;
@@ -382,13 +357,13 @@ SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path,
   if (chosen->dtype == "F16" || chosen->dtype == "BF16") {
     result.half = chosen->dtype == "F16" ? HalfType::kFloat16 : HalfType::kBFloat16;
     result.bits.resize(static_cast<size_t>(bytes / sizeof(uint16_t)));
-    read_into(offset, std::as_writable_bytes(std::span(result.bits)));
+    file.read_into(offset, std::as_writable_bytes(std::span(result.bits)));
   } else if (chosen->dtype == "F32") {
     result.floats = Tensor(chosen->shape);
-    read_into(offset, std::as_writable_bytes(result.floats.span()));
+    file.read_into(offset, std::as_writable_bytes(result.floats.span()));
   } else {
     std::vector<std::byte> data(static_cast<size_t>(bytes));  // F64: rounded to float32
-    read_into(offset, data);
+    file.read_into(offset, data);
     result.floats = Tensor(chosen->shape, decode<double>(data));
   }
   return result;
