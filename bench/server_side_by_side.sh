@@ -2,6 +2,13 @@
 # Issues 13 and 14's side-by-side on a server CPU (the device tool's 16-core Xeon), in phases that
 # each fit one 10-minute device command; every figure goes to files under OUT with the CPU's name.
 #
+#   bench/server_side_by_side.sh essentials [OUT]  issue 14's figures in one device call of at most
+#                                                BUDGET seconds (default 480): the AMX tests, the
+#                                                module, attn bench's target cases, attn.torch
+#                                                beside PyTorch interleaved, attn run beside attn
+#                                                bench; eight files in OUT, each step bounded by
+#                                                what the budget has left (for a session with 15
+#                                                minutes of device time: one call, start included)
 #   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case (AVX-512)
 #   bench/server_side_by_side.sh avx2    [OUT]   the AVX2 kernels on the same cores
 #   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json),
@@ -54,15 +61,20 @@
 # 83 s (--new-tokens 8); ggml 95 s; calls about 100 s, interleaved about 330 s (2026-11-25:
 # REPEATS=3, 3 rounds, six workloads). A machine is given back 30 s after a call and a new
 # one starts in about 30 s, bare: three calls of module + kernels + pytorch, module + amx + layers +
-# calls, ggml + avx2 fit the session's 30 minutes, each packing OUT into its $OUT as it goes.
+# calls, ggml + avx2 fitted the 30 minutes a session had then, each packing OUT into its $OUT as it
+# goes. Since 2026-11 a session has 15 minutes of device time, the machine's start included: one
+# call of the essentials phase (the device tool's `run` with carry build/server.tar.xz, command
+# `BUDGET=480 bash bench/server_side_by_side.sh essentials $OUT`, timeout_s 570).
 # Not yet timed there: pytorch's ONNX Runtime rows (a few seconds per size and thread count) and the
 # run phase (one thread took 46 s on Zen 4, 2026-11-29, whose fused pass at this shape is about as
 # fast as the Xeon's: 1,4,16 should take 1-2 minutes).
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh essentials|kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
+# An absolute path: the module phase hands it to CMake, which runs it from its build folder.
+[[ $python == */* && $python != /* ]] && python=$PWD/$python
 cores=$(nproc)
 sizes=${SIZES:-1024,4096}
 threads=${THREADS:-$(printf '%s\n' 1 4 "$cores" | awk '$1 <= '"$cores" | sort -un | paste -sd,)}
@@ -85,12 +97,60 @@ else
   libraries=$(cd "$(dirname "$attn")/../src/kernels" 2>/dev/null && pwd || true)
 fi
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$libraries"
+# Where the module phase builds attn's Python module: OUT, or WORK (essentials: /tmp/attn-work by
+# default, keeping OUT to the eight files a device call returns).
+work=${WORK:-$out}
+[[ $phase == essentials ]] && work=${WORK:-/tmp/attn-work}
 # attn's module built by the module phase, ahead of any installed one.
-[[ -d $out/python/attn ]] && export PYTHONPATH="$out/python${PYTHONPATH:+:$PYTHONPATH}"
-mkdir -p "$out"
+[[ -d $work/python/attn ]] && export PYTHONPATH="$work/python${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$out" "$work"
 lscpu >"$out/cpu.txt"
 
+# essentials' steps: `step NAME SECONDS COMMAND...` runs COMMAND for at most SECONDS and at most
+# what the budget has left (less `reserve` seconds kept for the steps after it), and logs its
+# start, duration and exit status to OUT/log.txt.
+budget_end=$((SECONDS + ${BUDGET:-480}))
+step() {
+  local name=$1 cap=$2 reserve=$3
+  shift 3
+  local left=$((budget_end - SECONDS - reserve))
+  ((left < cap)) && cap=$left
+  if ((cap < 10)); then
+    echo "$(date -u +%T) $name: skipped (${cap}s of the budget left)" >>"$out/log.txt"
+    return 0
+  fi
+  local start=$SECONDS status=0
+  timeout --kill-after=10 "$cap" "$@" || status=$?
+  echo "$(date -u +%T) $name: exit $status after $((SECONDS - start))s (limit ${cap}s)" >>"$out/log.txt"
+}
+
 case $phase in
+essentials)
+  # Issue 14's target figures in priority order, each step bounded (`step` above); BUDGET 480 s
+  # leaves a 10-minute call room for the bundle's unpacking and the files' return. Expected on
+  # the 16-core Xeon: tests 10 s, module 15 s, bench 60-90 s, interleaved 150-250 s, run 60 s.
+  {
+    echo "essentials: budget ${BUDGET:-480}s, sizes $sizes, threads $threads, $(nproc) CPUs"
+    "$python" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)" 2>&1 || true
+  } >"$out/log.txt"
+  step tests 60 420 "$kernels_test" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1
+  grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?[,.]' "$out/amx_tests.txt" >>"$out/log.txt" || true
+  step module 90 380 env WORK="$work" "$0" module "$work" >>"$out/log.txt" 2>&1
+  export PYTHONPATH="$work/python${PYTHONPATH:+:$PYTHONPATH}"
+  # The 1-thread targets (fp32 forward's share of the peak, backward / forward, additive, bf16 /
+  # fp32) and the 16-thread scaling, in one attn bench run.
+  step bench 120 300 "$attn" bench --cases fused,fused-causal,fused-backward,fused-additive,fused-bf16 \
+    --sizes "$sizes" --threads "1,$cores" --repeats "$repeats" --json-out "$out/bench.json" \
+    >"$out/bench.txt" 2>&1
+  # The PyTorch targets (prints each row as it ends: a step cut short keeps the rows before).
+  if "$python" -c "import attn, torch" 2>>"$out/log.txt"; then
+    step interleaved 260 60 "$python" -u bench/interleaved_pytorch.py --sizes "$sizes" \
+      --threads "$threads" --rounds 2 --repeats 2 --json-out "$out/interleaved.json" \
+      >"$out/interleaved.txt" 2>&1
+  fi
+  step run 120 0 "$python" -u bench/run_vs_bench.py --attn "$attn" --threads "1,$cores" \
+    --n "${RUN_N:-4096}" --rounds 2 --repeats 2 >"$out/run.txt" 2>&1
+  ;;
 kernels)
   # The FMA peak at every thread count first (a small case; the table after it gives the peak per
   # count): if 8 threads reach what 16 do, the 16 vCPUs are 8 cores' hyperthreads, and issue 14's
@@ -190,16 +250,16 @@ ggml)
 module)
   # attn's Python module for this machine's Python, linked to the bundle's libraries.
   [[ -d ${libraries%%:*} ]] || { echo "no bundle: carry build/server.tar.xz (scripts/pack-server.sh)" >&2; exit 2; }
-  cmake -S bench/server -B "$out/module-build" -DCMAKE_BUILD_TYPE=Release \
-    -DPython_EXECUTABLE="$(command -v "$python")" -DATTN_LIB_DIR="${libraries%%:*}" >"$out/module.txt"
-  cmake --build "$out/module-build" -j "$cores" >>"$out/module.txt"
-  mkdir -p "$out/python/attn"
-  cp bindings/python/attn/*.py bindings/python/attn/*.pyi bindings/python/attn/py.typed "$out/python/attn/"
-  cp "$out"/module-build/_attn*.so "$out/python/attn/"
-  PYTHONPATH="$out/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
+  cmake -S bench/server -B "$work/module-build" -DCMAKE_BUILD_TYPE=Release \
+    -DPython_EXECUTABLE="$(command -v "$python")" -DATTN_LIB_DIR="${libraries%%:*}" >"$work/module.txt"
+  cmake --build "$work/module-build" -j "$cores" >>"$work/module.txt"
+  mkdir -p "$work/python/attn"
+  cp bindings/python/attn/*.py bindings/python/attn/*.pyi bindings/python/attn/py.typed "$work/python/attn/"
+  cp "$work"/module-build/_attn*.so "$work/python/attn/"
+  PYTHONPATH="$work/python" "$python" -c "import attn; print('attn module:', attn.__file__)"
   ;;
 *)
-  echo "unknown phase '$phase': expected kernels, avx2, pytorch, layers, calls, interleaved, short, lengths, run, amx, ggml or module" >&2
+  echo "unknown phase '$phase': expected essentials, kernels, avx2, pytorch, layers, calls, interleaved, short, lengths, run, amx, ggml or module" >&2
   exit 2
   ;;
 esac
