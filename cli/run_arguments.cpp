@@ -140,11 +140,23 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
   });
 }
 
+std::optional<SafetensorsPath> split_safetensors_path(const std::string& path) {
+  constexpr std::string_view kSuffix = ".safetensors";
+  for (size_t at = path.find(kSuffix); at != std::string::npos; at = path.find(kSuffix, at + 1)) {
+    const size_t end = at + kSuffix.size();
+    if (end == path.size()) return SafetensorsPath{path, {}};
+    if (path[end] == ':') return SafetensorsPath{path.substr(0, end), path.substr(end + 1)};
+  }
+  return std::nullopt;
+}
+
 bool is_safetensors_path(const std::string& path) {
-  const std::string suffix = ".safetensors";
-  const size_t at = path.rfind(suffix);
-  return at != std::string::npos &&
-         (at + suffix.size() == path.size() || path[at + suffix.size()] == ':');
+  return split_safetensors_path(path).has_value();
+}
+
+std::string file_of_path(const std::string& path) {
+  const std::optional<SafetensorsPath> split = split_safetensors_path(path);
+  return split ? split->file : path;
 }
 
 std::string half_type_name(HalfType type) {
@@ -162,11 +174,8 @@ Tensor InputFile::take_floats() {
 
 InputFile read_input_file(const std::string& path, const std::string& name) {
   InputFile file;
-  if (is_safetensors_path(path)) {
-    const size_t colon = path.rfind(':');
-    const bool named = colon != std::string::npos && colon > path.rfind(".safetensors");
-    SafetensorsTensor tensor = load_safetensors_tensor(
-        named ? path.substr(0, colon) : path, named ? path.substr(colon + 1) : std::string());
+  if (const std::optional<SafetensorsPath> split = split_safetensors_path(path)) {
+    SafetensorsTensor tensor = load_safetensors_tensor(split->file, split->name);
     file.shape = tensor.shape;
     file.half = tensor.half;
     file.floats = std::move(tensor.floats);

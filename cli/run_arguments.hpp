@@ -69,8 +69,18 @@ struct InputFile {
 InputFile read_input_file(const std::string& path, const std::string& name);
 // The half type queries, keys and values are all stored in; none when they differ or are floats.
 std::optional<HalfType> shared_half_type(const InputFile (&files)[3]);
+// A safetensors path split into its file and the tensor's name: FILE.safetensors (name empty) or
+// FILE.safetensors:NAME, FILE ending at the first ".safetensors" followed by ':' or the end, so
+// that NAME may hold ':' itself; none when `path` is neither.
+struct SafetensorsPath {
+  std::string file, name;
+};
+std::optional<SafetensorsPath> split_safetensors_path(const std::string& path);
 // Whether `path` names a safetensors file (FILE.safetensors or FILE.safetensors:NAME).
 bool is_safetensors_path(const std::string& path);
+// The file a path argument reads or writes: FILE of FILE.safetensors:NAME, any other path as it is
+// (what the checks that an output overwrites no input and no other output compare).
+std::string file_of_path(const std::string& path);
 // The name a half-precision type goes by in messages: float16 or bfloat16.
 std::string half_type_name(HalfType type);
 

@@ -582,16 +582,17 @@ void check_format(const std::string& option, const std::filesystem::path& path,
   }
 }
 
-// float32 values, or 16-bit words, as they are: .npy, or one tensor `name` of a safetensors file.
-void save_tensor(const std::filesystem::path& path, const ResultTensor& tensor,
-                 const std::string& name) {
+// float32 values, or 16-bit words, as they are: .npy, or one tensor of a safetensors file, named
+// by FILE.safetensors:NAME or else `name`.
+void save_tensor(const std::string& path, const ResultTensor& tensor, const std::string& name) {
   const auto* half = std::get_if<HalfResult>(&tensor);
-  if (is_safetensors_path(path)) {
+  if (const std::optional<SafetensorsPath> split = split_safetensors_path(path)) {
+    const std::string& tensor_name = split->name.empty() ? name : split->name;
     if (half != nullptr)
-      return save_safetensors_half(path, name, half->type, half->shape, half->bits);
+      return save_safetensors_half(split->file, tensor_name, half->type, half->shape, half->bits);
     StateDict one;
-    one.emplace(name, std::get<Tensor>(tensor));
-    return save_safetensors(path, one);
+    one.emplace(tensor_name, std::get<Tensor>(tensor));
+    return save_safetensors(split->file, one);
   }
   if (half != nullptr) return save_npy_float16(path, half->bits, half->shape);
   save_npy(path, std::get<Tensor>(tensor));
@@ -600,7 +601,7 @@ void save_tensor(const std::filesystem::path& path, const ResultTensor& tensor,
 void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
   for (const NamedGradient& gradient : gradients) {
     with_context("--grads-out", [&] {
-      save_tensor(gradient_path(options, gradient.name), gradient.gradient, gradient.name);
+      save_tensor(gradient_path(options, gradient.name).string(), gradient.gradient, gradient.name);
     });
   }
 }
@@ -643,8 +644,11 @@ void require_finite_result(const ResultTensor& tensor, const std::string& option
 
 // Every file the run reads, by the option that names it.
 std::vector<CommandFile> input_files(const RunOptions& options) {
-  std::vector<CommandFile> inputs = {
-      {"--queries", options.queries}, {"--keys", options.keys}, {"--values", options.values}};
+  // Files, not FILE.safetensors:NAME arguments: three tensors of one file are one input, which
+  // no output may overwrite.
+  std::vector<CommandFile> inputs = {{"--queries", file_of_path(options.queries)},
+                                     {"--keys", file_of_path(options.keys)},
+                                     {"--values", file_of_path(options.values)}};
   for (const auto& [option, flag, path] :
        std::vector<std::tuple<std::string, const CLI::Option*, std::string>>{
            {"--params", options.params_option, options.params},
@@ -653,7 +657,7 @@ std::vector<CommandFile> input_files(const RunOptions& options) {
            {"--alibi", options.alibi_option, options.alibi},
            {"--sinks", options.sinks_option, options.sinks},
            {"--out-grad", options.out_grad_option, options.out_grad}}) {
-    if (flag->count() > 0) inputs.push_back({option, path});
+    if (flag->count() > 0) inputs.push_back({option, file_of_path(path)});
   }
   return inputs;
 }
@@ -661,7 +665,7 @@ std::vector<CommandFile> input_files(const RunOptions& options) {
 // Every file the run writes; the gradients' files once their names are known (after the run).
 std::vector<OutputFile> output_files(const RunOptions& options,
                                      const std::vector<NamedGradient>& gradients) {
-  std::vector<OutputFile> outputs = {{"--out", options.out, OutputKind::kArray}};
+  std::vector<OutputFile> outputs = {{"--out", file_of_path(options.out), OutputKind::kArray}};
   if (options.weights_out_option->count() > 0) {
     outputs.push_back({"--weights-out", options.weights_out, OutputKind::kNpy});
   }
@@ -874,8 +878,9 @@ void add_run_command(CLI::App& app) {
                               ->type_name("FILE");
   command
       ->add_option("--out", options->out,
-                   "Where to write the output, .npy or .safetensors (tensor 'output'; needed for "
-                   "bfloat16, which .npy cannot hold), in the queries' layout: (B, n, value_size), "
+                   "Where to write the output, .npy or .safetensors (tensor 'output', or NAME with "
+                   "FILE.safetensors:NAME; needed for bfloat16, which .npy cannot hold), in the "
+                   "queries' layout: (B, n, value_size), "
                    "(B, n, H*dv) with --heads, (N, H, L, Ev), or (B, n, h) for multi-head")
       ->type_name("FILE")
       ->required();

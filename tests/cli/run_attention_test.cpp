@@ -567,6 +567,27 @@ TEST_F(RunAttentionTest, BFloat16SafetensorsRunInBFloat16AndWriteSafetensors) {
       "run --layer dot-product --queries all.safetensors:nope --keys k.npy --values v.npy "
       "--out o.npy",
       "no tensor 'nope': it holds 'k', 'q', 'v'");
+
+  // The file of FILE.safetensors:NAME is the input that no output may overwrite (it was written
+  // over, its tensors lost); --out FILE.safetensors:NAME names the output's tensor; FILE ends at
+  // the first ".safetensors" followed by ':', so a name may hold ':'.
+  const std::string from_all =
+      "run --layer dot-product --queries all.safetensors:q --keys all.safetensors:k --values "
+      "all.safetensors:v ";
+  expect_error(from_all + "--out all.safetensors",
+               "--out all.safetensors: the same file as --queries all.safetensors (writing it "
+               "would overwrite an input)");
+  expect_error(from_all + "--out all.safetensors:o", "the same file as --queries all.safetensors");
+  EXPECT_EQ(load_safetensors(path("all.safetensors")).size(), 3U);
+  all.emplace("layer:0.q", queries_);
+  save_safetensors(path("all.safetensors"), all);
+  const CommandResult renamed =
+      attn("run --layer dot-product --queries all.safetensors:layer:0.q --keys all.safetensors:k "
+           "--values all.safetensors:v --out renamed.safetensors:attention:out");
+  ASSERT_EQ(renamed.exit_code, 0) << renamed.err;
+  const SafetensorsTensor renamed_out =
+      load_safetensors_tensor(path("renamed.safetensors"), "attention:out");
+  EXPECT_TRUE(same_values(renamed_out.floats, load("ref.npy")));
 }
 
 // The other layers compute in float32 on half inputs and write their output (and the inputs'
