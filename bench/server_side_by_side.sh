@@ -142,11 +142,16 @@ essentials)
   step bench 120 300 "$attn" bench --cases fused,fused-causal,fused-backward,fused-additive,fused-bf16 \
     --sizes "$sizes" --threads "1,$cores" --repeats "$repeats" --json-out "$out/bench.json" \
     >"$out/bench.txt" 2>&1
-  # The PyTorch targets (prints each row as it ends: a step cut short keeps the rows before).
+  # The PyTorch targets (prints each row as it ends: a step cut short keeps the rows before);
+  # without attn's module, PyTorch's SDPA beside the bench's rows instead (compare_pytorch.py).
   if "$python" -c "import attn, torch" 2>>"$out/log.txt"; then
     step interleaved 260 60 "$python" -u bench/interleaved_pytorch.py --sizes "$sizes" \
       --threads "$threads" --rounds 2 --repeats 2 --json-out "$out/interleaved.json" \
       >"$out/interleaved.txt" 2>&1
+  elif [[ -f $out/bench.json ]]; then
+    step pytorch 200 60 "$python" -u bench/compare_pytorch.py --attn-json "$out/bench.json" \
+      --sizes "$sizes" --threads "1,$cores" --repeats 2 --additive-sizes 0 \
+      --json-out "$out/pytorch.json" >"$out/pytorch.txt" 2>&1
   fi
   step run 120 0 "$python" -u bench/run_vs_bench.py --attn "$attn" --threads "1,$cores" \
     --n "${RUN_N:-4096}" --rounds 2 --repeats 2 >"$out/run.txt" 2>&1
