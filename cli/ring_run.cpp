@@ -165,10 +165,7 @@ class RingInputs {
         options_.softcap = arguments.softcap;
       }
       if (arguments.window) options_.window = parse_window(*arguments.window);
-      if (arguments.causal) {
-        options_.causal = true;
-        options_.alignment = parse_causal(*arguments.causal);
-      }
+      apply_causal_and_alignment(arguments, options_);
       if (arguments.alibi) {
         Tensor slopes = with_context(
             "--alibi", [&] { return load_npy_tensor(*arguments.alibi, "alibi_slopes"); });
@@ -425,7 +422,8 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
       if (given) {
         throw ValueError(std::string(flag) +
                          ": not available with --ring, which takes --valid-lens, --causal, "
-                         "--window, --scale, --heads/--kv-heads, --softcap and --alibi");
+                         "--alignment, --window, --scale, --heads/--kv-heads, --softcap and "
+                         "--alibi");
       }
     }
     for (const auto& [flag, path] :

@@ -91,14 +91,30 @@ SlidingWindow parse_window(const std::string& text) {
   return {*left, *right};
 }
 
-DiagonalAlignment parse_causal(const std::string& text) {
+DiagonalAlignment parse_alignment(const std::string& text, const std::string& flag) {
   if (text == "top-left") return DiagonalAlignment::kTopLeft;
   if (text == "bottom-right") return DiagonalAlignment::kBottomRight;
-  throw ValueError(
-      "--causal: expected top-left (PyTorch's is_causal: query i sees keys j <= i) "
-      "or bottom-right (the book's layers' and FlashAttention's: j <= i + m - n), "
-      "got '" +
-      text + "'");
+  throw ValueError(flag +
+                   ": expected top-left (PyTorch's is_causal: query i sees keys j <= i) "
+                   "or bottom-right (the book's layers' and FlashAttention's: j <= i + m - n), "
+                   "got '" +
+                   text + "'");
+}
+
+void apply_causal_and_alignment(const RunArguments& arguments, AttentionOptions& options) {
+  if (arguments.alignment) {
+    options.alignment = parse_alignment(*arguments.alignment, "--alignment");
+  }
+  if (arguments.causal) {
+    const DiagonalAlignment causal = parse_alignment(*arguments.causal);
+    if (arguments.alignment && causal != options.alignment) {
+      throw ValueError("--alignment: " + *arguments.alignment + " disagrees with --causal " +
+                       *arguments.causal +
+                       " (the causal mask, --window and --alibi share one diagonal)");
+    }
+    options.causal = true;
+    options.alignment = causal;
+  }
 }
 
 FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily family) {
@@ -124,10 +140,7 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
       options_.softcap = arguments.softcap;
     }
     if (arguments.window) options_.window = parse_window(*arguments.window);
-    if (arguments.causal) {
-      options_.causal = true;
-      options_.alignment = parse_causal(*arguments.causal);
-    }
+    apply_causal_and_alignment(arguments, options_);
     read_mask(arguments);
     if (arguments.alibi) {
       alibi_ = read_per_head(*arguments.alibi, "--alibi", "alibi_slopes", "slope");

@@ -29,8 +29,9 @@ struct RunArguments {
   std::optional<std::string> mask;
   std::optional<std::string> alibi;
   std::optional<std::string> sinks;
-  std::optional<std::string> window;  // "L,R" as typed
-  std::optional<std::string> causal;  // "top-left" or "bottom-right" as typed
+  std::optional<std::string> window;     // "L,R" as typed
+  std::optional<std::string> causal;     // "top-left" or "bottom-right" as typed
+  std::optional<std::string> alignment;  // the same, for --window and --alibi without --causal
   std::optional<int64_t> heads;
   std::optional<int64_t> kv_heads;
   std::optional<float> scale;
@@ -52,8 +53,12 @@ decltype(auto) name_sources(const RunArguments& arguments, Action&& action) {
 
 // "L,R" → a window; ValueError naming --window unless both are integers ≥ −1.
 SlidingWindow parse_window(const std::string& text);
-// "top-left" or "bottom-right" → the alignment; ValueError naming --causal otherwise.
-DiagonalAlignment parse_causal(const std::string& text);
+// "top-left" or "bottom-right" → the alignment; ValueError naming `flag` (--causal or
+// --alignment) otherwise.
+DiagonalAlignment parse_alignment(const std::string& text, const std::string& flag = "--causal");
+// --causal and --alignment into `options`: causal with --causal, the alignment of either (top-left,
+// PyTorch's, when neither says); ValueError when the two disagree.
+void apply_causal_and_alignment(const RunArguments& arguments, AttentionOptions& options);
 
 // An input file as read: float32 values, or its 16-bit words as stored (a float16 .npy; an F16 or
 // BF16 safetensors tensor), never widened on reading. A path ending in .safetensors names a file

@@ -62,6 +62,7 @@ struct RunOptions {
   std::string mask;
   std::string window;
   std::string causal;
+  std::string alignment;
   std::string alibi;
   std::string sinks;
   std::string out;
@@ -80,6 +81,7 @@ struct RunOptions {
   CLI::Option* mask_option = nullptr;
   CLI::Option* window_option = nullptr;
   CLI::Option* causal_option = nullptr;
+  CLI::Option* alignment_option = nullptr;
   CLI::Option* alibi_option = nullptr;
   CLI::Option* sinks_option = nullptr;
   CLI::Option* weights_out_option = nullptr;
@@ -104,6 +106,7 @@ RunArguments run_arguments(const RunOptions& options) {
   arguments.sinks = given(options.sinks_option, options.sinks);
   arguments.window = given(options.window_option, options.window);
   arguments.causal = given(options.causal_option, options.causal);
+  arguments.alignment = given(options.alignment_option, options.alignment);
   arguments.heads = given(options.heads_option, options.heads);
   arguments.kv_heads = given(options.kv_heads_option, options.kv_heads);
   arguments.scale = given(options.scale_option, options.scale);
@@ -119,14 +122,14 @@ struct LayerFlags {
 
 LayerFlags layer_flags(const std::string& layer) {
   if (layer == kDotProduct) {
-    return {{"--heads", "--kv-heads", "--scale", "--mask", "--window", "--causal", "--softcap",
-             "--alibi", "--sinks"},
+    return {{"--heads", "--kv-heads", "--scale", "--mask", "--window", "--causal", "--alignment",
+             "--softcap", "--alibi", "--sinks"},
             "every attention flag"};
   }
   if (layer == kAdditive) {
-    return {{"--params", "--mask", "--window", "--causal"},
-            "--params, --mask, --window, --causal and --valid-lens (additive scores have no "
-            "heads, scale, soft-capping, ALiBi or sinks)"};
+    return {{"--params", "--mask", "--window", "--causal", "--alignment"},
+            "--params, --mask, --window, --causal, --alignment and --valid-lens (additive scores "
+            "have no heads, scale, soft-capping, ALiBi or sinks)"};
   }
   if (layer == kMultiHead) {
     return {{"--params", "--heads"},
@@ -167,6 +170,7 @@ void check_layer_options(const RunOptions& options) {
            {"--mask", options.mask_option},
            {"--window", options.window_option},
            {"--causal", options.causal_option},
+           {"--alignment", options.alignment_option},
            {"--softcap", options.softcap_option},
            {"--alibi", options.alibi_option},
            {"--sinks", options.sinks_option}}) {
@@ -860,6 +864,14 @@ void add_run_command(CLI::App& app) {
           ->expected(0, 1)
           ->default_str("bottom-right")
           ->type_name("top-left|bottom-right");
+  options->alignment_option =
+      command
+          ->add_option("--alignment", options->alignment,
+                       "Where query i's diagonal key sits for --window and --alibi: top-left "
+                       "(key i, PyTorch's; the default without --causal) or bottom-right (key "
+                       "i + m - n, FlashAttention's). --causal's alignment, when given, must "
+                       "agree; dot-product and additive")
+          ->type_name("top-left|bottom-right");
   options->softcap_option =
       command
           ->add_option("--softcap", options->softcap,
@@ -913,8 +925,8 @@ void add_run_command(CLI::App& app) {
   command->add_flag("--ring", options->ring,
                     "Ring attention over MPI: run as `mpirun -np P attn run --ring ...`; each rank "
                     "reads only its zig-zag shard of every input, rank 0 writes --out and the "
-                    "gradients. Dot-product with --valid-lens, --causal, --window, --scale, "
-                    "--heads/--kv-heads, --softcap, --alibi (docs/distributed.md)");
+                    "gradients. Dot-product with --valid-lens, --causal, --alignment, --window, "
+                    "--scale, --heads/--kv-heads, --softcap, --alibi (docs/distributed.md)");
   command->callback([options] { run(*options); });
 }
 

@@ -1,7 +1,8 @@
 // End-to-end tests of `attn run`'s functional path (issue #10): every attention flag (--mask bool
-// and float, --window, --causal, --softcap, --alibi, --sinks, --heads/--kv-heads, rank-4 inputs)
-// against attn::scaled_dot_product_attention / attn::additive_attention called on the same inputs,
-// the gradients it writes, --layer general, weights computed only on request, and the errors.
+// and float, --window, --causal, --alignment, --softcap, --alibi, --sinks, --heads/--kv-heads,
+// rank-4 inputs) against attn::scaled_dot_product_attention / attn::additive_attention called on
+// the same inputs, the gradients it writes, --layer general, weights computed only on request, and
+// the errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -241,6 +242,19 @@ TEST_F(RunAttentionTest, WindowsAndBothCausalAlignments) {
   window.alignment = DiagonalAlignment::kBottomRight;
   window.causal = true;
   expect_run("--window=0,2 --causal bottom-right", window);
+  // Without --causal, --alignment places the window (top-left, PyTorch's, unless it says).
+  AttentionOptions bottom_window;
+  bottom_window.window = SlidingWindow{1, 0};
+  bottom_window.alignment = DiagonalAlignment::kBottomRight;
+  const Tensor shifted = expect_run("--window 1,0 --alignment bottom-right", bottom_window);
+  EXPECT_TRUE(differ(shifted, run(kDot + " --window 1,0")));
+  EXPECT_TRUE(
+      same_values(run(kDot + " --window 1,0 --alignment top-left"), run(kDot + " --window 1,0")));
+  EXPECT_TRUE(same_values(run(kDot + " --causal --alignment bottom-right"), br));
+  expect_error("run " + kDot + " --causal top-left --alignment bottom-right --out o.npy",
+               "--alignment: bottom-right disagrees with --causal top-left");
+  expect_error("run " + kDot + " --window 1,0 --alignment diagonal --out o.npy",
+               "--alignment: expected top-left");
 }
 
 TEST_F(RunAttentionTest, SoftcapAlibiSinksAndScaleTogetherWithHeads) {
@@ -581,9 +595,9 @@ TEST_F(RunAttentionTest, BFloat16SafetensorsRunInBFloat16AndWriteSafetensors) {
   EXPECT_EQ(load_safetensors(path("all.safetensors")).size(), 3U);
   all.emplace("layer:0.q", queries_);
   save_safetensors(path("all.safetensors"), all);
-  const CommandResult renamed =
-      attn("run --layer dot-product --queries all.safetensors:layer:0.q --keys all.safetensors:k "
-           "--values all.safetensors:v --out renamed.safetensors:attention:out");
+  const CommandResult renamed = attn(
+      "run --layer dot-product --queries all.safetensors:layer:0.q --keys all.safetensors:k "
+      "--values all.safetensors:v --out renamed.safetensors:attention:out");
   ASSERT_EQ(renamed.exit_code, 0) << renamed.err;
   const SafetensorsTensor renamed_out =
       load_safetensors_tensor(path("renamed.safetensors"), "attention:out");
