@@ -23,9 +23,11 @@ done
 bash scripts/install-deps.sh
 
 echo "== Release build and tests"
+stage_started=$SECONDS
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_TESTS=ON
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release -j"$jobs" --output-on-failure
+echo "test.sh: Release stage took $((SECONDS - stage_started)) s"
 
 echo "== Python module: pip install . and pytest, in a virtual environment with PyTorch and transformers"
 python_started=$SECONDS
@@ -64,14 +66,18 @@ CMAKE_BUILD_PARALLEL_LEVEL=$jobs PIP_ROOT_USER_ACTION=ignore \
 echo "test.sh: Python stage took $((SECONDS - python_started)) s"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
+stage_started=$SECONDS
 cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DATTN_SANITIZE=ON -DATTN_BUILD_TESTS=ON
 cmake --build build/sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp ctest --test-dir build/sanitize -j"$jobs" --output-on-failure
+echo "test.sh: sanitizer stage took $((SECONDS - stage_started)) s"
 
 echo "== Fuzz targets: libFuzzer + ASan + UBSan on each reader of hostile bytes, 45 s each"
 # scripts/fuzz.sh fails on any finding; `bash scripts/fuzz.sh --seconds 3600` is the long campaign.
+stage_started=$SECONDS
 bash scripts/fuzz.sh --seconds 45
+echo "test.sh: fuzz stage took $((SECONDS - stage_started)) s"
 
 echo "== Installed package: find_package(attn) from a consumer project"
 prefix=$(mktemp -d)
