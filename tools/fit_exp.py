@@ -4,6 +4,8 @@
 # DEGREE − 2 fitted for the smallest maximum relative error by iteratively reweighted least
 # squares, then checked in float32 Horner arithmetic, reduction included, as the kernel evaluates it.
 # --degree 4 gives RoundedProbabilityExp's quartic (the bf16 forward's P, rounded to bf16 next).
+# --base 2 fits SoftmaxExp2 instead: 2^r ≈ 1 + r·P(r) on |r| ≤ 1/2 (the exact reduction y = n + r),
+# P of degree DEGREE − 1, checked in float32 Horner arithmetic as that kernel evaluates it.
 """Fit and check the fused kernels' exponential polynomials. Needs numpy."""
 import argparse
 
@@ -39,10 +41,50 @@ def float32_exp(c, x):
     return p.astype(np.float64) * np.exp2(n.astype(np.float64))
 
 
+def fit_base_two(degree=DEGREE):
+    """2^r − 1 ≈ r·P(r) on |r| ≤ 1/2, P's coefficients lowest first, for the smallest maximum
+    relative error of 2^r (reweighted least squares, as fit)."""
+    r = np.linspace(-0.5, 0.5, 20001)
+    f = np.exp2(r)
+    powers = r[:, None] ** np.arange(1, degree + 1)
+    weights = np.ones_like(r)
+    for _ in range(100):
+        c, *_ = np.linalg.lstsq(powers * (weights / f)[:, None], (f - 1) * weights / f, rcond=None)
+        relative = np.abs(1 + powers @ c - f) / f
+        weights = weights * (1 + 20 * relative / relative.max())
+    return c.astype(np.float32), relative.max()
+
+
+def float32_exp2(c, y):
+    """SoftmaxExp2's arithmetic: n = nearest(y) through 1.5·2²³, r = y − n exact, Horner with one
+    rounding per multiply-add (computed in double, rounded to float32), 2^n exact."""
+    y = y.astype(np.float32)
+    magic = np.float32(12582912.0)
+    n = ((y + magic).astype(np.float32) - magic).astype(np.float32)
+    r = (y - n).astype(np.float32)
+    p = np.full_like(r, c[-1])
+    for coefficient in c[-2::-1]:
+        p = (p.astype(np.float64) * r + np.float64(coefficient)).astype(np.float32)
+    p = (p.astype(np.float64) * r + 1.0).astype(np.float32)
+    return p.astype(np.float64) * np.exp2(n.astype(np.float64))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--degree", type=int, default=DEGREE, help="degree of the polynomial")
-    DEGREE = parser.parse_args().degree
+    parser.add_argument("--base", type=int, choices=(2,), help="fit 2^r (SoftmaxExp2) instead")
+    arguments = parser.parse_args()
+    DEGREE = arguments.degree
+    if arguments.base == 2:
+        coefficients, fitted = fit_base_two(DEGREE)
+        y = np.arange(-126.0, 0.0, 0.000931).astype(np.float32)
+        truth = np.exp2(y.astype(np.float64))
+        worst = np.max(np.abs(float32_exp2(coefficients, y) - truth) / truth)
+        print(f"base 2, degree {DEGREE}: fitted max relative error {fitted:.3g}, "
+              f"float32 evaluation on [-126, 0] {worst:.3g}")
+        print("coefficients of r ... r^%d:" % DEGREE,
+              ", ".join(f"{v:.10e}F" for v in coefficients))
+        raise SystemExit(0)
     coefficients, fitted = fit(DEGREE)
     x = np.arange(-87.0, 0.0, 0.000731).astype(np.float32)
     truth = np.exp(x.astype(np.float64))

@@ -118,6 +118,50 @@ HWY_INLINE hn::Vec<D> RoundedProbabilityExp(D d, hn::Vec<D> x) {
   return ReducedExp<4>(d, x);
 }
 
+// 2^y for the fp32 forward's online softmax in base 2: its scores carry log2 e in their scale, so
+// y = (score − running max) is the natural argument times log2 e and 2^y = e^x. The reduction
+// y = n + r (n = nearest(y), |r| ≤ 1/2) is exact in one subtraction where e^x's Cody–Waite needs
+// two multiply-adds, and the rounding of n is an add and a subtract where e^x's takes a
+// multiply-add: three operations fewer on the multiply pipes per score. 2^r = 1 + r·P(r) by Horner,
+// P of degree 5 fitted for relative error (tools/fit_exp.py --base 2; 7.9e−8 evaluated in float32,
+// as SoftmaxExp). 2ⁿ as in ReducedExp: vscalefps on AVX-512 with the lanes below 2⁻¹²⁶ zeroed first
+// (no subnormal results, −∞ and NaN give 0), elsewhere the exponent field, exactly 0 below −127.
+template <class D>
+HWY_INLINE hn::Vec<D> SoftmaxExp2(D d, hn::Vec<D> y) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const auto normal = hn::Ge(y, hn::Set(d, -126.0F));
+  const auto magic = hn::Set(d, 12582912.0F);  // 1.5·2²³: the sum has unit steps
+  const auto n_float = hn::Sub(hn::Add(y, magic), magic);
+#else
+  const hn::RebindToUnsigned<D> du;
+  y = hn::Max(hn::Set(d, -127.0F), y);         // the constant first: a NaN stays NaN
+  const auto magic = hn::Set(d, 12583039.0F);  // 1.5·2²³ + 127: n's biased exponent in the low bits
+  const auto n_biased = hn::Add(y, magic);
+  const auto n_float = hn::Sub(n_biased, magic);
+#endif
+  const auto r = hn::Sub(y, n_float);  // exact: |r| ≤ 1/2
+  auto p = hn::Set(d, 1.5353341587e-04F);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3398872688e-03F));
+  p = hn::MulAdd(p, r, hn::Set(d, 9.6184378490e-03F));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.5503323674e-02F));
+  p = hn::MulAdd(p, r, hn::Set(d, 2.4022647738e-01F));
+  p = hn::MulAdd(p, r, hn::Set(d, 6.9314718246e-01F));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0F));
+  if constexpr (hn::MaxLanes(d) == 16) {
+    return hn::Vec<D>{_mm512_maskz_scalef_ps(normal.raw, p.raw, n_float.raw)};
+  } else if constexpr (hn::MaxLanes(d) == 8) {
+    return hn::Vec<D>{_mm256_maskz_scalef_ps(normal.raw, p.raw, n_float.raw)};
+  } else {
+    return hn::Vec<D>{_mm_maskz_scalef_ps(normal.raw, p.raw, n_float.raw)};
+  }
+#else
+  const auto q = hn::Mul(p, r);  // 2^r − 1
+  const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, n_biased)));
+  return hn::MulAdd(q, two_to_n, two_to_n);
+#endif
+}
+
 // tanh(x) for additive attention's features, about twice as fast as hwy::Tanh (an expm1 and a
 // division): x·P(x²)/Q(x²) with P, Q of degree 4 fitted on [0, 9] by tools/fit_tanh.py, within
 // 3.5e−7 relative of tanh in float32 (tests/kernels/fast_math_test.cpp); beyond ±9 the value at

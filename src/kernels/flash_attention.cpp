@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <string>
 #include <type_traits>
 
@@ -49,6 +50,11 @@ struct ForwardArgs {
   // Additive scores in the exponential form (additive_scores-inl.h): the packed keys and Qᵀ hold
   // e^{2k} and e^{2q}.
   bool additive_exponential = false;
+  // The fp32 softmax in base 2 (FlashForward decides): Qᵀ carries log2 e in its scale, so scores,
+  // the modifiers' terms, running maxima and sinks are log2 e times their natural values and
+  // P = 2^(S − max) by SoftmaxExp2, three multiply-pipe operations fewer per score than e^x; the
+  // log-sum-exp is turned back to base e as it is written.
+  bool base_two = false;
   // Half-precision inputs and output: q, k, v and out above then give shapes and strides only,
   // and the elements are these (flash_attention.hpp's half-precision overload).
   bool half = false;
@@ -317,7 +323,7 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
                                           first_query + static_cast<int64_t>(r));
   }
   const size_t depth = static_cast<size_t>(args.q.cols);
-  const float scale = args.options.scale;
+  const float scale = args.options.scale * (args.base_two ? std::numbers::log2e_v<float> : 1.0F);
   if (args.half && s.query_pairs != nullptr) {
     // bf16 pairs of adjacent dimensions, unscaled (the score product scales its sums).
     const uint16_t* q = args.q16.matrix(b, h) + first_query * args.q16.row_stride;
@@ -368,7 +374,9 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
       DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   }
   const bool sink = args.options.sinks != nullptr;
-  const float start_max = sink ? args.options.sinks[h] : -std::numeric_limits<float>::infinity();
+  const float start_max =
+      sink ? args.options.sinks[h] * (args.base_two ? std::numbers::log2e_v<float> : 1.0F)
+           : -std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < br; ++r) {
     s.row_max[r] = r < tile.rows ? start_max : -std::numeric_limits<float>::infinity();
     s.row_sum[r] = r < tile.rows && sink ? 1.0F : 0.0F;
@@ -382,7 +390,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
 // are): new running max = max(old, c·max Sᵀ) (rounding is monotonic and c > 0, so c times the
 // largest score is the largest scaled one), rescale factors exp(old max − new max) in
 // s.row_rescale; the shifts that P = exp(c·S − shift) subtracts into `shift` (kVectors vectors).
-template <size_t kVectors = flash_detail::kQueryVectors, class D>
+// kBaseTwo: scores and maxima in base 2 (ForwardArgs::base_two), factors 2^(old − new).
+template <size_t kVectors = flash_detail::kQueryVectors, bool kBaseTwo = false, class D>
 HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<D>* shift,
                                  float scale = 1.0F) {
   using V = hn::Vec<D>;
@@ -400,7 +409,9 @@ HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<
     const V row_max = hn::Max(old_max, hn::Mul(tile_max[g], factor));
     // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
     shift[g] = hn::IfThenZeroElse(hn::Eq(row_max, minus_infinity), row_max);
-    hn::Store(SoftmaxExp(d, hn::Sub(old_max, shift[g])), d, s.row_rescale + g * lanes);
+    const V difference = hn::Sub(old_max, shift[g]);
+    hn::Store(kBaseTwo ? SoftmaxExp2(d, difference) : SoftmaxExp(d, difference), d,
+              s.row_rescale + g * lanes);
     hn::Store(row_max, d, s.row_max + g * lanes);
   }
 }
@@ -417,20 +428,21 @@ HWY_INLINE void AddToRowSums(D d, const hn::Vec<D>* sum, Scratch& s) {
 }
 
 // One key tile's online-softmax step on Sᵀ (bc × Br, masked scores in, Pᵀ out), lane-wise over
-// the queries of its first kVectors query vectors: OnlineSoftmaxMax, P = exp(S − max), running sum
-// rescaled plus P's column sums. The query vectors of each key row are adjacent in memory and give
-// independent dependency chains.
-template <size_t kVectors = flash_detail::kQueryVectors, class D>
+// the queries of its first kVectors query vectors: OnlineSoftmaxMax, P = exp(S − max) (2^(S − max)
+// with kBaseTwo), running sum rescaled plus P's column sums. The query vectors of each key row are
+// adjacent in memory and give independent dependency chains.
+template <size_t kVectors = flash_detail::kQueryVectors, bool kBaseTwo = false, class D>
 HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   V shift[kVectors], sum[kVectors];
-  OnlineSoftmaxMax<kVectors>(d, bc, br, s, shift);
+  OnlineSoftmaxMax<kVectors, kBaseTwo>(d, bc, br, s, shift);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
   for (size_t j = 0; j < bc; ++j) {
     for (size_t g = 0; g < kVectors; ++g) {
       float* score = s.scores + j * br + g * lanes;
-      const V p = SoftmaxExp(d, hn::Sub(hn::Load(d, score), shift[g]));
+      const V difference = hn::Sub(hn::Load(d, score), shift[g]);
+      const V p = kBaseTwo ? SoftmaxExp2(d, difference) : SoftmaxExp(d, difference);
       hn::Store(p, d, score);
       sum[g] = hn::Add(sum[g], p);
     }
@@ -441,17 +453,18 @@ HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
 // OnlineSoftmaxStep over the `vectors` (1 to kQueryVectors) query vectors that hold a query. A
 // switch rather than WithStaticCount's lambda, which GCC compiled out of line: the steps stay in
 // the key loop, where tools/port_model.py finds them.
-template <class D>
+template <bool kBaseTwo = false, class D>
 HWY_INLINE void OnlineSoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br, Scratch& s) {
+  constexpr size_t kAll = flash_detail::kQueryVectors;
   switch (vectors) {
     case 1:
-      return OnlineSoftmaxStep<1>(d, bc, br, s);
+      return OnlineSoftmaxStep<1, kBaseTwo>(d, bc, br, s);
     case 2:
-      return OnlineSoftmaxStep<2>(d, bc, br, s);
+      return OnlineSoftmaxStep<2, kBaseTwo>(d, bc, br, s);
     case 3:
-      return OnlineSoftmaxStep<3>(d, bc, br, s);
+      return OnlineSoftmaxStep<3, kBaseTwo>(d, bc, br, s);
     default:
-      return OnlineSoftmaxStep(d, bc, br, s);
+      return OnlineSoftmaxStep<kAll, kBaseTwo>(d, bc, br, s);
   }
 }
 
@@ -496,8 +509,13 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
     float* lse =
         args.log_sum_exp + (tile.batch * args.q.heads + tile.head) * args.q.rows + tile.first_query;
     for (size_t r = 0; r < tile.rows; ++r) {
-      lse[r] = s.row_sum[r] > 0.0F ? s.row_max[r] + std::log(s.row_sum[r])
-                                   : -std::numeric_limits<float>::infinity();
+      if (s.row_sum[r] <= 0.0F) {
+        lse[r] = -std::numeric_limits<float>::infinity();
+      } else if (args.base_two) {  // log2 of the sum, then base e: ln 2 · (max + log2 sum)
+        lse[r] = std::numbers::ln2_v<float> * (s.row_max[r] + std::log2(s.row_sum[r]));
+      } else {
+        lse[r] = s.row_max[r] + std::log(s.row_sum[r]);
+      }
     }
   }
 }
@@ -588,8 +606,13 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
                 br);
   }
   ApplyScoreModifiers(d, args.options, tile, key0, bc, br, vectors * lanes,
-                      coverage == MaskCoverage::kSome, s.scores);
-  OnlineSoftmaxStepOver(d, vectors, bc, br, s);
+                      coverage == MaskCoverage::kSome, s.scores, nullptr,
+                      args.base_two ? std::numbers::log2e_v<float> : 1.0F);
+  if (args.base_two) {
+    OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
+  } else {
+    OnlineSoftmaxStepOver(d, vectors, bc, br, s);
+  }
   if (args.options.dropout > 0.0F)
     DropWeights(d, dropout_applier, key0, bc, br, vectors * lanes, s);
   // O = O · rescale + P V.
@@ -1115,14 +1138,18 @@ void PublishReadMagnitudes(const Scratch& s, const ForwardArgs& args) {
   s.read_value.RaiseTo(args.read_magnitude_bits[2]);
 }
 
-void FlashForward(const ForwardArgs& args) {
+void FlashForward(const ForwardArgs& call) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
+  const bool bf16_pairs = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
+  // The softmax in base 2 on the fp32 path of dot-product scores (the modifiers scaled to match,
+  // ApplyScoreModifiers' unit); the bf16 path keeps its own.
+  ForwardArgs args = call;
+  args.base_two = !bf16_pairs && call.additive_weights == nullptr;
   const int64_t tiles_per_head =
       (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
-  const bool bf16_pairs = args.half && args.half_type == HalfType::kBFloat16 && NativeBFloat16();
   // Query tiles in blocks (FlashForwardTiles) where a head's packed K and V outgrow half the L2,
   // for dot-product scores on fp32 products (fp32 and fp16 inputs, bf16 without bf16 dot products;
   // the additive scores are bound by their arithmetic), unless a sliding window moves each tile's

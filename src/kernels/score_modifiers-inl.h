@@ -73,20 +73,23 @@ HWY_INLINE hn::Vec<D4> AddedScores(D4 d4, const uint8_t* entries) {
 }
 #endif
 
-// Sᵀ[j · br + r] += AddedScore of the mask's entry (query first_query + r, key key0 + j), Entry
-// float or uint8_t (bool), for the `rows` real queries of the tile (and, for a mask broadcast over
-// the queries, every lane to `width`). The mask's rows run along the keys and Sᵀ's along the
-// queries: blocks of 4 queries × 4 keys are turned in registers (Transpose4x4, as
-// TransposeScaledTile turns Q); element by element (the form a strided mask still takes) the
-// additions cost a float-masked causal forward 1.7× the time of the same mask as bools.
+// Sᵀ[j · br + r] += unit · AddedScore of the mask's entry (query first_query + r, key key0 + j),
+// Entry float or uint8_t (bool), for the `rows` real queries of the tile (and, for a mask
+// broadcast over the queries, every lane to `width`); `unit` is ApplyScoreModifiers'. The mask's
+// rows run along the keys and Sᵀ's along the queries: blocks of 4 queries × 4 keys are turned in
+// registers (Transpose4x4, as TransposeScaledTile turns Q); element by element (the form a strided
+// mask still takes) the additions cost a float-masked causal forward 1.7× the time of the same mask
+// as bools.
 template <class Entry, class D>
 HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile, int64_t key0,
-                               size_t bc, size_t br, size_t width, float* HWY_RESTRICT scores) {
+                               size_t bc, size_t br, size_t width, float unit,
+                               float* HWY_RESTRICT scores) {
   const auto* entries = static_cast<const Entry*>(mask.data);
   if (mask.row_stride == 0) {  // one row for every query: each key's entry is added to all lanes
     const Entry* row = entries + mask.offset(tile.batch, tile.head, tile.first_query, key0);
     for (size_t j = 0; j < bc; ++j) {
-      const auto entry = hn::Set(d, AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]));
+      const auto entry =
+          hn::Set(d, unit * AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]));
       for (size_t r = 0; r < width; r += hn::Lanes(d)) {
         float* score = scores + j * br + r;
         hn::Store(hn::Add(hn::Load(d, score), entry), d, score);
@@ -98,6 +101,7 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
 #if HWY_TARGET != HWY_SCALAR
   if (mask.col_stride == 1) {
     const hn::CappedTag<float, 4> d4;
+    const auto unit4 = hn::Set(d4, unit);
     const size_t full_keys = bc / 4 * 4;
     for (; r + 4 <= tile.rows; r += 4) {
       const Entry* row = entries + mask.offset(tile.batch, tile.head,
@@ -111,11 +115,12 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
         float* column = scores + j * br + r;
         Transpose4x4(d4, a, b, c, e, [&](size_t t, auto entries_of_key) {
           float* at = column + t * br;
-          hn::StoreU(hn::Add(hn::LoadU(d4, at), entries_of_key), d4, at);
+          hn::StoreU(hn::MulAdd(entries_of_key, unit4, hn::LoadU(d4, at)), d4, at);
         });
       }
       for (size_t j = full_keys; j < bc; ++j) {
-        for (size_t i = 0; i < 4; ++i) scores[j * br + r + i] += AddedScore(row[i * stride + j]);
+        for (size_t i = 0; i < 4; ++i)
+          scores[j * br + r + i] += unit * AddedScore(row[i * stride + j]);
       }
     }
   }
@@ -124,7 +129,7 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
     const Entry* row = entries + mask.offset(tile.batch, tile.head,
                                              tile.first_query + static_cast<int64_t>(r), key0);
     for (size_t j = 0; j < bc; ++j)
-      scores[j * br + r] += AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]);
+      scores[j * br + r] += unit * AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]);
   }
 }
 
@@ -134,16 +139,19 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
 // −∞ outside each lane's key range, in the lanes [0, width) of each key's row (br apart; width a
 // multiple of D's lanes: lanes past it, which no reader of the caller's reads, are left as they
 // are). `softcap_tanh` (bc × Br or null) receives tanh(s/softcap), which the backward pass needs
-// for the derivative 1 − tanh².
+// for the derivative 1 − tanh². `unit` 1, or log2 e for scores in base 2 (the fp32 forward's
+// ForwardArgs::base_two): each modifier then adds unit times its natural value, the soft cap
+// scaled by it (u·c·tanh(s/c) = (u·c)·tanh(u·s/(u·c))).
 template <class D>
 HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
                                     const QueryTile& tile, int64_t key0, size_t bc, size_t br,
                                     size_t width, bool apply_bool_mask, float* scores,
-                                    float* softcap_tanh = nullptr) {
+                                    float* softcap_tanh = nullptr, float unit = 1.0F) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   if (options.softcap > 0.0F) {
-    const V cap = hn::Set(d, options.softcap), inverse_cap = hn::Set(d, 1.0F / options.softcap);
+    const float softcap = unit * options.softcap;
+    const V cap = hn::Set(d, softcap), inverse_cap = hn::Set(d, 1.0F / softcap);
     for (size_t j = 0; j < bc; ++j) {
       for (size_t r = 0; r < width; r += lanes) {
         float* score = scores + j * br + r;
@@ -156,7 +164,7 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
   if (options.alibi_slopes != nullptr) {
     // |c_i − j| with c_i = diagonal of lane r's query: (first diagonal − j) + r, exact in float
     // below 2^24.
-    const V slope = hn::Set(d, options.alibi_slopes[tile.head]);
+    const V slope = hn::Set(d, unit * options.alibi_slopes[tile.head]);
     const int64_t first_diagonal = diagonal_key(options, tile.first_query, tile.queries, tile.keys);
     const V lane_index = hn::Iota(d, 0.0F);
     for (size_t j = 0; j < bc; ++j) {
@@ -169,9 +177,9 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
     }
   }
   if (options.mask.kind == MaskKind::kFloat) {
-    AddMaskEntries<float>(d, options.mask, tile, key0, bc, br, width, scores);
+    AddMaskEntries<float>(d, options.mask, tile, key0, bc, br, width, unit, scores);
   } else if (options.mask.kind == MaskKind::kBool && apply_bool_mask) {
-    AddMaskEntries<uint8_t>(d, options.mask, tile, key0, bc, br, width, scores);
+    AddMaskEntries<uint8_t>(d, options.mask, tile, key0, bc, br, width, unit, scores);
   }
   // Keys outside a lane's [first, last): only those some real query of the tile cannot see.
   const hn::RebindToSigned<D> di;

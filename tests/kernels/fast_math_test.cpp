@@ -22,6 +22,13 @@ void EvaluateSoftmaxExp(const float* in, float* out, size_t count) {
     hn::StoreU(SoftmaxExp(d, hn::LoadU(d, in + i)), d, out + i);
 }
 
+// The same for SoftmaxExp2.
+void EvaluateSoftmaxExp2(const float* in, float* out, size_t count) {
+  const hn::ScalableTag<float> d;
+  for (size_t i = 0; i < count; i += hn::Lanes(d))
+    hn::StoreU(SoftmaxExp2(d, hn::LoadU(d, in + i)), d, out + i);
+}
+
 // The same for RoundedProbabilityExp.
 void EvaluateRoundedProbabilityExp(const float* in, float* out, size_t count) {
   const hn::ScalableTag<float> d;
@@ -54,12 +61,20 @@ namespace attn {
 HWY_EXPORT(EvaluateSoftmaxExp);
 HWY_EXPORT(EvaluateAdditiveTanh);
 HWY_EXPORT(EvaluateRoundedProbabilityExp);
+HWY_EXPORT(EvaluateSoftmaxExp2);
 namespace {
 
 std::vector<float> softmax_exp(std::vector<float> inputs) {
   inputs.resize((inputs.size() + 15) / 16 * 16, 0.0F);
   std::vector<float> outputs(inputs.size());
   HWY_DYNAMIC_DISPATCH(EvaluateSoftmaxExp)(inputs.data(), outputs.data(), inputs.size());
+  return outputs;
+}
+
+std::vector<float> softmax_exp2(std::vector<float> inputs) {
+  inputs.resize((inputs.size() + 15) / 16 * 16, 0.0F);
+  std::vector<float> outputs(inputs.size());
+  HWY_DYNAMIC_DISPATCH(EvaluateSoftmaxExp2)(inputs.data(), outputs.data(), inputs.size());
   return outputs;
 }
 
@@ -126,6 +141,35 @@ TEST_P(FastMath, SoftmaxExpExactAtZeroAndZeroFarBelowAndAtMinusInfinity) {
   for (size_t i = 3; i < 10; ++i) EXPECT_EQ(outputs[i], 0.0F) << i;
 }
 
+// tools/fit_exp.py --base 2: the reduction is exact, so the float32 Horner evaluation alone, 7.9e−8
+// relative on [−126, 0] (about 1 ulp); 2e−7 as for SoftmaxExp. Up to 8 above 0 as well (the
+// forward's arguments never exceed 0; the same accuracy holds there).
+TEST_P(FastMath, SoftmaxExp2WithinAFewUlpsOfDoubleExp2DownToMinus126) {
+  std::vector<float> inputs;
+  for (double y = -126.0; y <= 8.0; y += 0.000917) inputs.push_back(static_cast<float>(y));
+  for (float y = -1e-3F; y < 0.0F; y *= 0.5F) inputs.push_back(y);  // tiny arguments
+  const std::vector<float> outputs = softmax_exp2(inputs);
+  double worst = 0.0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const double truth = std::exp2(static_cast<double>(inputs[i]));
+    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
+  }
+  EXPECT_LT(worst, 2e-7) << "target " << hwy::TargetName(GetParam());
+}
+
+// 1 at 0; below 2⁻¹²⁶ at most 2^y plus a subnormal step (the exponent field's 2ⁿ, between −127 and
+// −126 off AVX-512) and exactly 0 from −127 on and at −∞, as SoftmaxExp.
+TEST_P(FastMath, SoftmaxExp2ExactAtZeroAndZeroFarBelowAndAtMinusInfinity) {
+  const float infinity = std::numeric_limits<float>::infinity();
+  const std::vector<float> outputs =
+      softmax_exp2({0.0F, -0.0F, -126.5F, -127.0F, -130.0F, -150.0F, -1e30F, -infinity});
+  EXPECT_EQ(outputs[0], 1.0F);
+  EXPECT_EQ(outputs[1], 1.0F);
+  EXPECT_LE(outputs[2], std::exp2(-126.5F) + std::numeric_limits<float>::denorm_min());
+  EXPECT_GE(outputs[2], 0.0F);
+  for (size_t i = 3; i < 8; ++i) EXPECT_EQ(outputs[i], 0.0F) << i;
+}
+
 // Neither exponential makes a subnormal number on AVX-512 (its lanes below e^−87.33 are zeroed
 // before vscalefps), and elsewhere only between −87.7 and −87.33, where the exponent field's 2ⁿ is
 // still normal: making a subnormal costs Intel's cores a microcode assist per vector, and a causal
@@ -148,6 +192,16 @@ TEST_P(FastMath, ExponentialsMakeNoSubnormals) {
   };
   check(softmax_exp(inputs), "SoftmaxExp");
   check(rounded_probability_exp(inputs), "RoundedProbabilityExp");
+  // SoftmaxExp2 the same over its base-2 arguments, −127 to −126 where e^x had −87.71 to −87.33.
+  std::vector<float> base_two;
+  for (double y = -160.0; y <= -115.0; y += 0.00053) base_two.push_back(static_cast<float>(y));
+  const std::vector<float> outputs = softmax_exp2(base_two);
+  size_t subnormals = 0;
+  for (size_t i = 0; i < base_two.size(); ++i) {
+    if (!avx512 && base_two[i] > -127.01F && base_two[i] < -125.99F) continue;
+    if (outputs[i] != 0.0F && outputs[i] < std::numeric_limits<float>::min()) ++subnormals;
+  }
+  EXPECT_EQ(subnormals, 0U) << "SoftmaxExp2, target " << hwy::TargetName(GetParam());
 }
 
 // tools/fit_exp.py --degree 4: within 5.38e−6 relative in float32; 6e−6 leaves room for the
