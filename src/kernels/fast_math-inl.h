@@ -118,16 +118,17 @@ HWY_INLINE hn::Vec<D> RoundedProbabilityExp(D d, hn::Vec<D> x) {
   return ReducedExp<4>(d, x);
 }
 
-// 2^y for the fp32 forward's online softmax in base 2: its scores carry log2 e in their scale, so
+// 2^y for the forward's online softmax in base 2: its scores carry log2 e in their scale, so
 // y = (score − running max) is the natural argument times log2 e and 2^y = e^x. The reduction
 // y = n + r (n = nearest(y), |r| ≤ 1/2) is exact in one subtraction where e^x's Cody–Waite needs
 // two multiply-adds, and the rounding of n is an add and a subtract where e^x's takes a
 // multiply-add: three operations fewer on the multiply pipes per score. 2^r = 1 + r·P(r) by Horner,
-// P of degree 5 fitted for relative error (tools/fit_exp.py --base 2; 7.9e−8 evaluated in float32,
-// as SoftmaxExp). 2ⁿ as in ReducedExp: vscalefps on AVX-512 with the lanes below 2⁻¹²⁶ zeroed first
-// (no subnormal results, −∞ and NaN give 0), elsewhere the exponent field, exactly 0 below −127.
-template <class D>
-HWY_INLINE hn::Vec<D> SoftmaxExp2(D d, hn::Vec<D> y) {
+// P of degree kDegree − 1 fitted for relative error (tools/fit_exp.py --base 2 --degree kDegree).
+// 2ⁿ as in ReducedExp: vscalefps on AVX-512 with the lanes below 2⁻¹²⁶ zeroed first (no subnormal
+// results, −∞ and NaN give 0), elsewhere the exponent field, exactly 0 below −127.
+template <int kDegree, class D>
+HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
+  static_assert(kDegree == 6 || kDegree == 4, "fitted degrees: 6 and 4");
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const auto normal = hn::Ge(y, hn::Set(d, -126.0F));
   const auto magic = hn::Set(d, 12582912.0F);  // 1.5·2²³: the sum has unit steps
@@ -140,12 +141,20 @@ HWY_INLINE hn::Vec<D> SoftmaxExp2(D d, hn::Vec<D> y) {
   const auto n_float = hn::Sub(n_biased, magic);
 #endif
   const auto r = hn::Sub(y, n_float);  // exact: |r| ≤ 1/2
-  auto p = hn::Set(d, 1.5353341587e-04F);
-  p = hn::MulAdd(p, r, hn::Set(d, 1.3398872688e-03F));
-  p = hn::MulAdd(p, r, hn::Set(d, 9.6184378490e-03F));
-  p = hn::MulAdd(p, r, hn::Set(d, 5.5503323674e-02F));
-  p = hn::MulAdd(p, r, hn::Set(d, 2.4022647738e-01F));
-  p = hn::MulAdd(p, r, hn::Set(d, 6.9314718246e-01F));
+  hn::Vec<D> p;
+  if constexpr (kDegree == 6) {  // 7.9e−8 relative evaluated in float32, as SoftmaxExp
+    p = hn::Set(d, 1.5353341587e-04F);
+    p = hn::MulAdd(p, r, hn::Set(d, 1.3398872688e-03F));
+    p = hn::MulAdd(p, r, hn::Set(d, 9.6184378490e-03F));
+    p = hn::MulAdd(p, r, hn::Set(d, 5.5503323674e-02F));
+    p = hn::MulAdd(p, r, hn::Set(d, 2.4022647738e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 6.9314718246e-01F));
+  } else {  // 2.9e−6 relative (RoundedProbabilityExp's 5.4e−6 carried the reduction's error)
+    p = hn::Set(d, 9.5828166232e-03F);
+    p = hn::MulAdd(p, r, hn::Set(d, 5.5906366557e-02F));
+    p = hn::MulAdd(p, r, hn::Set(d, 2.4024099112e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 6.9312417507e-01F));
+  }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   p = hn::MulAdd(p, r, hn::Set(d, 1.0F));
   if constexpr (hn::MaxLanes(d) == 16) {
@@ -160,6 +169,18 @@ HWY_INLINE hn::Vec<D> SoftmaxExp2(D d, hn::Vec<D> y) {
   const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, n_biased)));
   return hn::MulAdd(q, two_to_n, two_to_n);
 #endif
+}
+
+// SoftmaxExp in base 2 (the forward's fp32 softmax), within about 1 ulp.
+template <class D>
+HWY_INLINE hn::Vec<D> SoftmaxExp2(D d, hn::Vec<D> y) {
+  return ReducedExp2<6>(d, y);
+}
+
+// RoundedProbabilityExp in base 2 (the bf16 forward's P, rounded to bf16 next).
+template <class D>
+HWY_INLINE hn::Vec<D> RoundedProbabilityExp2(D d, hn::Vec<D> y) {
+  return ReducedExp2<4>(d, y);
 }
 
 // tanh(x) for additive attention's features, about twice as fast as hwy::Tanh (an expm1 and a

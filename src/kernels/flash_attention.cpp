@@ -50,10 +50,11 @@ struct ForwardArgs {
   // Additive scores in the exponential form (additive_scores-inl.h): the packed keys and Qᵀ hold
   // e^{2k} and e^{2q}.
   bool additive_exponential = false;
-  // The fp32 softmax in base 2 (FlashForward decides): Qᵀ carries log2 e in its scale, so scores,
-  // the modifiers' terms, running maxima and sinks are log2 e times their natural values and
-  // P = 2^(S − max) by SoftmaxExp2, three multiply-pipe operations fewer per score than e^x; the
-  // log-sum-exp is turned back to base e as it is written.
+  // The softmax in base 2 (FlashForward sets it for dot-product scores): Qᵀ (or the bf16 products'
+  // scale) carries log2 e, so scores, the modifiers' terms, running maxima and sinks are log2 e
+  // times their natural values and P = 2^(S − max) by SoftmaxExp2 (RoundedProbabilityExp2 for
+  // bf16), three multiply-pipe operations fewer per score than e^x; the log-sum-exp is turned
+  // back to base e as it is written. The additive scores keep base e.
   bool base_two = false;
   // Half-precision inputs and output: q, k, v and out above then give shapes and strides only,
   // and the elements are these (flash_attention.hpp's half-precision overload).
@@ -799,11 +800,12 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
 
 using FloatVector = hn::Vec<hn::ScalableTag<float>>;
 
-// P = exp(c·S − shift) for a key tile's Sᵀ (bc × Br; c = `scale`, 1 where Sᵀ holds scaled
-// scores), two keys at a time straight into bf16 pairs of adjacent keys (s.probability_pairs; a key
-// past bc is 0), never stored as floats; P's column sums added to `sum` and, with kTrackMax, the
-// maximum of Sᵀ per query (unscaled) to `tile_max`. Over the first kVectors query vectors (those
-// holding a query), as the steps below.
+// P = 2^(c·S − shift) for a key tile's Sᵀ (bc × Br; c = `scale`, 1 where Sᵀ holds scaled
+// scores; the bf16 path's softmax is in base 2, ForwardArgs::base_two), two keys at a time straight
+// into bf16 pairs of adjacent keys (s.probability_pairs; a key past bc is 0), never stored as
+// floats; P's column sums added to `sum` and, with kTrackMax, the maximum of Sᵀ per query
+// (unscaled) to `tile_max`. Over the first kVectors query vectors (those holding a query), as the
+// steps below.
 template <bool kTrackMax, size_t kVectors>
 ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, FloatVector scale,
                                                      Scratch& s, const FloatVector* shift,
@@ -817,8 +819,8 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
           j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
       if constexpr (kTrackMax) tile_max[g] = hn::Max(tile_max[g], hn::Max(even_score, odd_score));
       // c·S − shift in one rounding: the multiply-add costs what the subtraction did.
-      const FloatVector even = RoundedProbabilityExp(d, hn::MulSub(scale, even_score, shift[g]));
-      const FloatVector odd = RoundedProbabilityExp(d, hn::MulSub(scale, odd_score, shift[g]));
+      const FloatVector even = RoundedProbabilityExp2(d, hn::MulSub(scale, even_score, shift[g]));
+      const FloatVector odd = RoundedProbabilityExp2(d, hn::MulSub(scale, odd_score, shift[g]));
       sum[g] = hn::Add(sum[g], hn::Add(even, odd));
       StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
     }
@@ -832,18 +834,18 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
                                                           Scratch& s) {
   const hn::ScalableTag<float> d;
   FloatVector shift[kVectors], sum[kVectors];
-  OnlineSoftmaxMax<kVectors>(d, bc, br, s, shift, scale);
+  OnlineSoftmaxMax<kVectors, true>(d, bc, br, s, shift, scale);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
   ExponentialsToPairs<false, kVectors>(bc, br, hn::Set(d, scale), s, shift, sum, nullptr);
   AddToRowSums<kVectors>(d, sum, s);
 }
 
-// How far a key tile's scores may rise above a row's running maximum before the bf16 path's lazy
-// step gives way to the full one: P ≤ e⁸ ≈ 2981 stays far from float's range, and bf16's
+// How far a key tile's scores (base 2) may rise above a row's running maximum before the bf16
+// path's lazy step gives way to the full one: P ≤ 2⁸ stays far from float's range, and bf16's
 // rounding of P is relative.
 constexpr float kLazyMaxMargin = 8.0F;
 
-// The bf16 path's step once every row has a finite running maximum: P = exp(S − max) with the
+// The bf16 path's step once every row has a finite running maximum: P = 2^(S − max) with the
 // maximum kept (every rescale factor 1: the caller skips O's rescale, and s.row_rescale is not
 // written), the tile's own maximum tracked in the same pass instead of a pass of its own over Sᵀ
 // (OnlineSoftmaxMax). Returns false, leaving nothing that the full step would not overwrite, when
@@ -978,7 +980,11 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
                                   : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
   const size_t width = vectors * kLanes;
   const bool scale_in_exponent = kOnTiles && ScalesInExponent(args.options);
-  const float exponent_scale = scale_in_exponent ? args.options.scale : 1.0F;  // c of c·S − max
+  // Scores in base 2 (ForwardArgs::base_two, always on this path): the scale times log2 e, applied
+  // by the products as they store the sums or, on AMX tiles where the modifiers allow it, by the
+  // exponent's multiply-add (c of c·S − max).
+  const float score_scale = args.options.scale * std::numbers::log2e_v<float>;
+  const float exponent_scale = scale_in_exponent ? score_scale : 1.0F;
   if (tile.ranges.begin < tile.ranges.end) {
     if constexpr (kOnTiles) {
       PackKeyValueBlocks(args, b, kv_head, begin, tile.ranges.end, s);
@@ -999,8 +1005,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
     const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
     if constexpr (kOnTiles) {
-      ScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, args.options.scale, scale_in_exponent,
-                    s);
+      ScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, score_scale, scale_in_exponent, s);
     } else if (crossed) {  // as ScoresOfVisibleLanes
       for_each_key_band(
           tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
@@ -1008,17 +1013,17 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
             const auto [low, high] = VectorsOfLanes(lane_begin, lane_end, kLanes, vectors);
             GemmBF16<false>(keys, high - low, key_pairs + j0 * depth_pairs, depth_pairs, 1,
                             s.query_pairs + low * kLanes, br, depth_pairs,
-                            s.scores + j0 * br + low * kLanes, br, nullptr, args.options.scale);
+                            s.scores + j0 * br + low * kLanes, br, nullptr, score_scale);
           });
     } else {
       GemmBF16<false>(bc, vectors, key_pairs, depth_pairs, 1, s.query_pairs, br, depth_pairs,
-                      s.scores, br, nullptr, args.options.scale);
+                      s.scores, br, nullptr, score_scale);
     }
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, width, coverage == MaskCoverage::kSome,
-                        s.scores);
+                        s.scores, nullptr, std::numbers::log2e_v<float>);
     bool rescale = true;
     if (dropout) {
-      OnlineSoftmaxStepOver(d, vectors, bc, br, s);
+      OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
       DropWeights(d, dropout_applier, key0, bc, br, width, s);
       PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
     } else {
@@ -1143,10 +1148,10 @@ void FlashForward(const ForwardArgs& call) {
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
   const bool bf16_pairs = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
-  // The softmax in base 2 on the fp32 path of dot-product scores (the modifiers scaled to match,
-  // ApplyScoreModifiers' unit); the bf16 path keeps its own.
+  // The softmax in base 2 for dot-product scores (the modifiers scaled to match,
+  // ApplyScoreModifiers' unit; FlashForwardTileBF16's steps are in base 2 throughout).
   ForwardArgs args = call;
-  args.base_two = !bf16_pairs && call.additive_weights == nullptr;
+  args.base_two = call.additive_weights == nullptr;
   const int64_t tiles_per_head =
       (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
