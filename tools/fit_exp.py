@@ -75,21 +75,17 @@ if __name__ == "__main__":
     parser.add_argument("--base", type=int, choices=(2,), help="fit 2^r (SoftmaxExp2) instead")
     arguments = parser.parse_args()
     DEGREE = arguments.degree
-    if arguments.base == 2:
-        coefficients, fitted = fit_base_two(DEGREE)
-        y = np.arange(-126.0, 0.0, 0.000931).astype(np.float32)
-        truth = np.exp2(y.astype(np.float64))
-        worst = np.max(np.abs(float32_exp2(coefficients, y) - truth) / truth)
-        print(f"base 2, degree {DEGREE}: fitted max relative error {fitted:.3g}, "
-              f"float32 evaluation on [-126, 0] {worst:.3g}")
-        print("coefficients of r ... r^%d:" % DEGREE,
-              ", ".join(f"{v:.10e}F" for v in coefficients))
-        raise SystemExit(0)
-    coefficients, fitted = fit(DEGREE)
-    x = np.arange(-87.0, 0.0, 0.000731).astype(np.float32)
-    truth = np.exp(x.astype(np.float64))
-    worst = np.max(np.abs(float32_exp(coefficients, x) - truth) / truth)
-    print(f"degree {DEGREE}: fitted max relative error {fitted:.3g}, "
-          f"float32 evaluation on [-87, 0] {worst:.3g}")
-    print("coefficients of r^2 ... r^%d:" % DEGREE,
+    if arguments.base == 2:  # the range of its arguments, their function, the fit, its evaluation
+        low, function, (coefficients, fitted), evaluate = (
+            -126.0, np.exp2, fit_base_two(DEGREE), float32_exp2)
+        name, first = f"base 2, degree {DEGREE}", "r"
+    else:
+        low, function, (coefficients, fitted), evaluate = -87.0, np.exp, fit(DEGREE), float32_exp
+        name, first = f"degree {DEGREE}", "r^2"
+    x = np.arange(low, 0.0, 0.000731).astype(np.float32)
+    truth = function(x.astype(np.float64))
+    worst = np.max(np.abs(evaluate(coefficients, x) - truth) / truth)
+    print(f"{name}: fitted max relative error {fitted:.3g}, "
+          f"float32 evaluation on [{low:g}, 0] {worst:.3g}")
+    print(f"coefficients of {first} ... r^{DEGREE}:",
           ", ".join(f"{v:.10e}F" for v in coefficients))

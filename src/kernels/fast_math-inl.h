@@ -24,6 +24,33 @@ namespace attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// p·2ⁿ by vscalefps (n_float holds n) with the lanes outside `normal` zeroed in p first: their
+// result would be subnormal or underflow, which costs Intel's cores a microcode assist per vector
+// (ReducedExp says more). The zeroing joins the caller's last operation on p ({z} masking).
+template <class D>
+HWY_INLINE hn::Vec<D> ZeroedOrScaled(D d, hn::Mask<D> normal, hn::Vec<D> p, hn::Vec<D> n_float) {
+  p = hn::IfThenElseZero(normal, p);
+  if constexpr (hn::MaxLanes(d) == 16) {
+    return hn::Vec<D>{_mm512_scalef_ps(p.raw, n_float.raw)};
+  } else if constexpr (hn::MaxLanes(d) == 8) {
+    return hn::Vec<D>{_mm256_scalef_ps(p.raw, n_float.raw)};
+  } else {
+    return hn::Vec<D>{_mm_scalef_ps(p.raw, n_float.raw)};
+  }
+}
+#else
+// (1 + q)·2ⁿ for n ≥ −127, n's biased exponent n + 127 in n_biased's low bits: moved into the
+// exponent field (the shift drops the constant's own bits); n = −127 leaves the field 0, so 2ⁿ
+// reads as +0 and so does the result. One multiply-add: 2ⁿ + q·2ⁿ.
+template <class D>
+HWY_INLINE hn::Vec<D> OnePlusTimesPowerOfTwo(D d, hn::Vec<D> q, hn::Vec<D> n_biased) {
+  const hn::RebindToUnsigned<D> du;
+  const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, n_biased)));
+  return hn::MulAdd(q, two_to_n, two_to_n);
+}
+#endif
+
 // exp(x) by Cody–Waite reduction x = n·ln 2 + r (|r| ≤ ln2 / 2), a polynomial of degree kDegree
 // for e^r (tools/fit_exp.py --degree kDegree; 6 or 4), then 2ⁿ: on AVX-512 by vscalefps, which
 // needs no exponent-field arithmetic, the lanes whose e^x is below float's normal range zeroed
@@ -52,7 +79,6 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
   // x clamped at −88 gives n = −127, whose biased exponent 0 builds 2ⁿ as +0: every x below
   // about −87.7 (−∞ included) gives exactly 0 with no compare and mask (the constant first: x86's
   // max returns its second operand when one is NaN, so a NaN stays NaN).
-  const hn::RebindToUnsigned<D> du;
   x = hn::Max(hn::Set(d, -88.0F), x);
   const auto magic = hn::Set(d, 12583039.0F);  // 1.5·2²³ + 127
   const auto n_biased = hn::MulAdd(x, hn::Set(d, 1.44269504088896341F), magic);
@@ -83,19 +109,9 @@ HWY_INLINE hn::Vec<D> ReducedExp(D d, hn::Vec<D> x) {
     q = kScale ? hn::MulAdd(q, r, hn::Set(d, 1.0F)) : hn::Mul(q, r);
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  const auto p = hn::IfThenElseZero(normal, kDegree == 6 ? hn::Add(q, hn::Set(d, 1.0F)) : q);
-  if constexpr (hn::MaxLanes(d) == 16) {
-    return hn::Vec<D>{_mm512_scalef_ps(p.raw, n_float.raw)};
-  } else if constexpr (hn::MaxLanes(d) == 8) {
-    return hn::Vec<D>{_mm256_scalef_ps(p.raw, n_float.raw)};
-  } else {
-    return hn::Vec<D>{_mm_scalef_ps(p.raw, n_float.raw)};
-  }
+  return ZeroedOrScaled(d, normal, kDegree == 6 ? hn::Add(q, hn::Set(d, 1.0F)) : q, n_float);
 #else
-  // 2ⁿ for n ≥ −127: n + 127 into the exponent field (the shift drops the constant's own bits); n
-  // = −127 leaves the field 0, so 2ⁿ reads as +0 and so does the result.
-  const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, n_biased)));
-  return hn::MulAdd(q, two_to_n, two_to_n);
+  return OnePlusTimesPowerOfTwo(d, q, n_biased);
 #endif
 }
 
@@ -134,7 +150,6 @@ HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
   const auto magic = hn::Set(d, 12582912.0F);  // 1.5·2²³: the sum has unit steps
   const auto n_float = hn::Sub(hn::Add(y, magic), magic);
 #else
-  const hn::RebindToUnsigned<D> du;
   y = hn::Max(hn::Set(d, -127.0F), y);         // the constant first: a NaN stays NaN
   const auto magic = hn::Set(d, 12583039.0F);  // 1.5·2²³ + 127: n's biased exponent in the low bits
   const auto n_biased = hn::Add(y, magic);
@@ -156,18 +171,9 @@ HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
     p = hn::MulAdd(p, r, hn::Set(d, 6.9312417507e-01F));
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0F));
-  if constexpr (hn::MaxLanes(d) == 16) {
-    return hn::Vec<D>{_mm512_maskz_scalef_ps(normal.raw, p.raw, n_float.raw)};
-  } else if constexpr (hn::MaxLanes(d) == 8) {
-    return hn::Vec<D>{_mm256_maskz_scalef_ps(normal.raw, p.raw, n_float.raw)};
-  } else {
-    return hn::Vec<D>{_mm_maskz_scalef_ps(normal.raw, p.raw, n_float.raw)};
-  }
+  return ZeroedOrScaled(d, normal, hn::MulAdd(p, r, hn::Set(d, 1.0F)), n_float);
 #else
-  const auto q = hn::Mul(p, r);  // 2^r − 1
-  const auto two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, n_biased)));
-  return hn::MulAdd(q, two_to_n, two_to_n);
+  return OnePlusTimesPowerOfTwo(d, hn::Mul(p, r), n_biased);  // q = 2^r − 1
 #endif
 }
 
