@@ -1,8 +1,8 @@
 # attn.torch.scaled_dot_product_attention on random combinations of its arguments at sizes that
 # cross the kernels' tiles (64 queries, 64 keys; tails that divide neither), against the float64
-# reference (torch_reference.reference_sdpa): forward and gradients in float32, the forward in
-# bfloat16 and float16. Each case draws every argument from its own seeded generator, so a failure
-# names a case that reproduces alone.
+# reference (torch_reference.reference_sdpa): forward and gradients in float32 on every SIMD target
+# this machine runs, the forward in bfloat16 and float16. Each case draws every argument from its
+# own seeded generator, so a failure names a case that reproduces alone.
 import math
 import random
 
@@ -12,6 +12,7 @@ torch = pytest.importorskip(
     "torch", reason="PyTorch is not installed: the scaled_dot_product_attention comparisons need it"
 )
 
+import attn  # noqa: E402
 import attn.torch as attn_torch  # noqa: E402
 from torch_reference import reference_sdpa  # noqa: E402
 
@@ -115,15 +116,23 @@ def relative_error(actual, expected, floor=0.0):
     return (actual.double() - expected).abs().max().item() / scale if scale > 0 else 0.0
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_float32_forward_and_gradients_match_the_reference(seed):
+@pytest.fixture(params=attn.available_simd_targets())
+def simd_target(request):
+    """The kernels capped at one target for the test (attn.limit_simd_target), then uncapped."""
+    attn.limit_simd_target(request.param)
+    yield request.param
+    attn.limit_simd_target("best")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_float32_forward_and_gradients_match_the_reference(seed, simd_target):
     case = random_case(seed)
     q, k, v, kwargs = make_tensors(case, seed, torch.float32)
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
     out = attn_torch.scaled_dot_product_attention(*inputs, **kwargs)
     references = [x.detach().double().requires_grad_() for x in (q, k, v)]
     expected = reference(*references, kwargs)
-    assert relative_error(out, expected) <= OUTPUT_RTOL, case
+    assert relative_error(out, expected) <= OUTPUT_RTOL, (simd_target, case)
 
     grad_output = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1000))
     grads = torch.autograd.grad(out, inputs, grad_output)
@@ -136,7 +145,7 @@ def test_float32_forward_and_gradients_match_the_reference(seed):
         * max(x.abs().max().item() for x in (q, k, v)) ** 2
     )
     for name, grad, expected_grad in zip("qkv", grads, expected_grads):
-        assert relative_error(grad, expected_grad, floor) <= GRADIENT_RTOL, (name, case)
+        assert relative_error(grad, expected_grad, floor) <= GRADIENT_RTOL, (name, simd_target, case)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
