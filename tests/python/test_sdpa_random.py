@@ -145,7 +145,8 @@ def test_float32_forward_and_gradients_match_the_reference(seed, simd_target):
         * max(x.abs().max().item() for x in (q, k, v)) ** 2
     )
     for name, grad, expected_grad in zip("qkv", grads, expected_grads):
-        assert relative_error(grad, expected_grad, floor) <= GRADIENT_RTOL, (name, simd_target, case)
+        error = relative_error(grad, expected_grad, floor)
+        assert error <= GRADIENT_RTOL, (name, error, simd_target, case)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
