@@ -73,6 +73,14 @@ HWY_INLINE hn::Vec<D4> AddedScores(D4 d4, const uint8_t* entries) {
 }
 #endif
 
+// score + unit · entry in one multiply-add, as AddMaskEntries' vector paths round it, so that a
+// mask's entries give the same bits whichever path (layout) adds them; on targets without FMA
+// both are Highway's multiply then add.
+HWY_INLINE float ScaledEntryAdded(float score, float unit, float entry) {
+  const hn::CappedTag<float, 1> d1;
+  return hn::GetLane(hn::MulAdd(hn::Set(d1, entry), hn::Set(d1, unit), hn::Set(d1, score)));
+}
+
 // Sᵀ[j · br + r] += unit · AddedScore of the mask's entry (query first_query + r, key key0 + j),
 // Entry float or uint8_t (bool), for the `rows` real queries of the tile (and, for a mask
 // broadcast over the queries, every lane to `width`); `unit` is ApplyScoreModifiers'. The mask's
@@ -87,12 +95,12 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
   const auto* entries = static_cast<const Entry*>(mask.data);
   if (mask.row_stride == 0) {  // one row for every query: each key's entry is added to all lanes
     const Entry* row = entries + mask.offset(tile.batch, tile.head, tile.first_query, key0);
+    const auto unit_vector = hn::Set(d, unit);
     for (size_t j = 0; j < bc; ++j) {
-      const auto entry =
-          hn::Set(d, unit * AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]));
+      const auto entry = hn::Set(d, AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]));
       for (size_t r = 0; r < width; r += hn::Lanes(d)) {
         float* score = scores + j * br + r;
-        hn::Store(hn::Add(hn::Load(d, score), entry), d, score);
+        hn::Store(hn::MulAdd(entry, unit_vector, hn::Load(d, score)), d, score);
       }
     }
     return;
@@ -119,8 +127,10 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
         });
       }
       for (size_t j = full_keys; j < bc; ++j) {
-        for (size_t i = 0; i < 4; ++i)
-          scores[j * br + r + i] += unit * AddedScore(row[i * stride + j]);
+        for (size_t i = 0; i < 4; ++i) {
+          float& score = scores[j * br + r + i];
+          score = ScaledEntryAdded(score, unit, AddedScore(row[i * stride + j]));
+        }
       }
     }
   }
@@ -128,8 +138,11 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
   for (; r < tile.rows; ++r) {  // the rows left
     const Entry* row = entries + mask.offset(tile.batch, tile.head,
                                              tile.first_query + static_cast<int64_t>(r), key0);
-    for (size_t j = 0; j < bc; ++j)
-      scores[j * br + r] += unit * AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]);
+    for (size_t j = 0; j < bc; ++j) {
+      float& score = scores[j * br + r];
+      score =
+          ScaledEntryAdded(score, unit, AddedScore(row[static_cast<int64_t>(j) * mask.col_stride]));
+    }
   }
 }
 
