@@ -56,6 +56,8 @@ struct ForwardArgs {
   // bf16), three multiply-pipe operations fewer per score than e^x; the log-sum-exp is turned
   // back to base e as it is written. The additive scores keep base e.
   bool base_two = false;
+  // What a natural score, modifier term or sink is multiplied by in this pass: log2 e in base 2.
+  float score_unit() const { return base_two ? std::numbers::log2e_v<float> : 1.0F; }
   // Half-precision inputs and output: q, k, v and out above then give shapes and strides only,
   // and the elements are these (flash_attention.hpp's half-precision overload).
   bool half = false;
@@ -324,7 +326,7 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
                                           first_query + static_cast<int64_t>(r));
   }
   const size_t depth = static_cast<size_t>(args.q.cols);
-  const float scale = args.options.scale * (args.base_two ? std::numbers::log2e_v<float> : 1.0F);
+  const float scale = args.options.scale * args.score_unit();
   if (args.half && s.query_pairs != nullptr) {
     // bf16 pairs of adjacent dimensions, unscaled (the score product scales its sums).
     const uint16_t* q = args.q16.matrix(b, h) + first_query * args.q16.row_stride;
@@ -376,8 +378,7 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   }
   const bool sink = args.options.sinks != nullptr;
   const float start_max =
-      sink ? args.options.sinks[h] * (args.base_two ? std::numbers::log2e_v<float> : 1.0F)
-           : -std::numeric_limits<float>::infinity();
+      sink ? args.options.sinks[h] * args.score_unit() : -std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < br; ++r) {
     s.row_max[r] = r < tile.rows ? start_max : -std::numeric_limits<float>::infinity();
     s.row_sum[r] = r < tile.rows && sink ? 1.0F : 0.0F;
@@ -607,8 +608,7 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
                 br);
   }
   ApplyScoreModifiers(d, args.options, tile, key0, bc, br, vectors * lanes,
-                      coverage == MaskCoverage::kSome, s.scores, nullptr,
-                      args.base_two ? std::numbers::log2e_v<float> : 1.0F);
+                      coverage == MaskCoverage::kSome, s.scores, nullptr, args.score_unit());
   if (args.base_two) {
     OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
   } else {
@@ -983,7 +983,8 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   // Scores in base 2 (ForwardArgs::base_two, always on this path): the scale times log2 e, applied
   // by the products as they store the sums or, on AMX tiles where the modifiers allow it, by the
   // exponent's multiply-add (c of c·S − max).
-  const float score_scale = args.options.scale * std::numbers::log2e_v<float>;
+  constexpr float kUnit = std::numbers::log2e_v<float>;  // the steps below exponentiate in base 2
+  const float score_scale = args.options.scale * kUnit;
   const float exponent_scale = scale_in_exponent ? score_scale : 1.0F;
   if (tile.ranges.begin < tile.ranges.end) {
     if constexpr (kOnTiles) {
@@ -1020,7 +1021,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
                       s.scores, br, nullptr, score_scale);
     }
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, width, coverage == MaskCoverage::kSome,
-                        s.scores, nullptr, std::numbers::log2e_v<float>);
+                        s.scores, nullptr, kUnit);
     bool rescale = true;
     if (dropout) {
       OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
