@@ -470,6 +470,105 @@ HWY_INLINE void OnlineSoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br,
   }
 }
 
+// How far a key tile's scores (base 2) may rise above a row's running maximum before a lazy step
+// (below, and the bf16 path's) rescales: P ≤ 2⁸ stays far from float's range, and the sums and
+// O taken with the old maximum are what the full step's would be, times 2^(max − old max).
+constexpr float kLazyMaxMargin = 8.0F;
+// The rise above which the fp32 lazy step's P may have overflowed (2^(S − old max) ≥ 2¹²⁸) or its
+// column sums may (Bc = 64 terms of 2¹²⁰ stay below 2¹²⁶): its Sᵀ is recomputed for the full step.
+constexpr float kLazyRescaleLimit = 120.0F;
+static_assert(flash_detail::kKeyTile <= 64, "Bc · 2^kLazyRescaleLimit must stay below 2^128");
+
+// What a lazy step did (LazySoftmaxStep).
+enum class LazyOutcome {
+  kKept,         // every running maximum kept: O and the sums need no rescale
+  kRaised,       // some maxima raised: O needs s.row_rescale, as after a full step
+  kIntact,       // nothing done, Sᵀ intact: a row had no finite maximum yet
+  kRecompute,    // a score rose past kLazyRescaleLimit: Sᵀ holds P, recompute it for the full step
+};
+
+// The fp32 forward's step in base 2 where every row already has a finite running maximum:
+// P = 2^(S − max) with the maximum kept, so that O's rescale (a multiply per element of O per key
+// tile) and a pass of its own over Sᵀ for the tile's maximum (OnlineSoftmaxMax) are left out; the
+// tile's maximum is tracked in the exponentials' pass. A row whose scores rose above its maximum
+// by more than kLazyMaxMargin takes the full step's arithmetic after the pass: its maximum raised
+// to the tile's, its P and sum multiplied by 2^(old − new), the same factor in s.row_rescale for O.
+// Over the first kVectors query vectors (those holding a query), as OnlineSoftmaxStep.
+template <size_t kVectors, class D>
+HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
+  V shift[kVectors], sum[kVectors], tile_max[kVectors];
+  for (size_t g = 0; g < kVectors; ++g) {
+    shift[g] = hn::Load(d, s.row_max + g * lanes);
+    if (!hn::AllFalse(d, hn::Eq(shift[g], minus_infinity))) return LazyOutcome::kIntact;
+    sum[g] = hn::Zero(d);
+    tile_max[g] = minus_infinity;
+  }
+  for (size_t j = 0; j < bc; ++j) {
+    for (size_t g = 0; g < kVectors; ++g) {
+      float* score = s.scores + j * br + g * lanes;
+      const V x = hn::Load(d, score);
+      tile_max[g] = hn::Max(tile_max[g], x);
+      const V p = SoftmaxExp2(d, hn::Sub(x, shift[g]));
+      hn::Store(p, d, score);
+      sum[g] = hn::Add(sum[g], p);
+    }
+  }
+  bool raised = false;
+  for (size_t g = 0; g < kVectors; ++g) {
+    if (!hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyRescaleLimit)))))
+      return LazyOutcome::kRecompute;
+    raised = raised ||
+             !hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyMaxMargin))));
+  }
+  if (!raised) {
+    for (size_t g = 0; g < kVectors; ++g) {
+      float* row_sum = s.row_sum + g * lanes;
+      hn::Store(hn::Add(hn::Load(d, row_sum), sum[g]), d, row_sum);
+    }
+    return LazyOutcome::kKept;
+  }
+  // Rows past the margin take the tile's maximum; the others keep theirs (factor 2⁰ = 1 exactly).
+  V factor[kVectors];
+  for (size_t g = 0; g < kVectors; ++g) {
+    const V row_max =
+        hn::IfThenElse(hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyMaxMargin))),
+                       tile_max[g], shift[g]);
+    factor[g] = SoftmaxExp2(d, hn::Sub(shift[g], row_max));
+    hn::Store(row_max, d, s.row_max + g * lanes);
+    hn::Store(factor[g], d, s.row_rescale + g * lanes);
+    sum[g] = hn::Zero(d);
+  }
+  for (size_t j = 0; j < bc; ++j) {
+    for (size_t g = 0; g < kVectors; ++g) {
+      float* probability = s.scores + j * br + g * lanes;
+      const V p = hn::Mul(hn::Load(d, probability), factor[g]);
+      hn::Store(p, d, probability);
+      sum[g] = hn::Add(sum[g], p);
+    }
+  }
+  AddToRowSums<kVectors>(d, sum, s);
+  return LazyOutcome::kRaised;
+}
+
+// LazySoftmaxStep over the `vectors` (1 to kQueryVectors) query vectors that hold a query (a
+// switch, as OnlineSoftmaxStepOver).
+template <class D>
+HWY_INLINE LazyOutcome LazySoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br, Scratch& s) {
+  switch (vectors) {
+    case 1:
+      return LazySoftmaxStep<1>(d, bc, br, s);
+    case 2:
+      return LazySoftmaxStep<2>(d, bc, br, s);
+    case 3:
+      return LazySoftmaxStep<3>(d, bc, br, s);
+    default:
+      return LazySoftmaxStep<flash_detail::kQueryVectors>(d, bc, br, s);
+  }
+}
+
 // Dropout after the sum: the normaliser counts every weight, the product only the kept ones; over
 // the lanes [0, width) of each key's row (br apart).
 template <class D, class Applier>
@@ -556,17 +655,18 @@ HWY_INLINE void ScoresOfVisibleLanes(D d, const QueryTile& tile, int64_t key0, s
 template <class D>
 HWY_INLINE void ValuesOfVisibleKeys(D d, const QueryTile& tile, int64_t key0, size_t bc,
                                     const float* value_rows, size_t value_stride, size_t dv_padded,
-                                    size_t br, Scratch& s) {
+                                    size_t br, const float* rescale, Scratch& s) {
   const size_t lanes = hn::Lanes(d);
   for_each_query_band(
       tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
       [&](size_t r0, size_t rows, KeyRange seen) {
-        // A band that sees none of these keys still takes its rescale (depth 0).
+        // A band that sees none of these keys still takes its rescale (depth 0). `rescale`: the
+        // tile's factors, or null where every one is 1.
         const size_t j0 = seen.begin < seen.end ? static_cast<size_t>(seen.begin - key0) : 0;
         const size_t keys = seen.begin < seen.end ? static_cast<size_t>(seen.end - seen.begin) : 0;
         Gemm<true>(d, rows, dv_padded / lanes, s.scores + j0 * br + r0, 1, br,
                    value_rows + j0 * value_stride, value_stride, keys, s.output + r0 * dv_padded,
-                   dv_padded, s.row_rescale + r0);
+                   dv_padded, rescale != nullptr ? rescale + r0 : nullptr);
       });
 }
 
@@ -592,25 +692,34 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
   // Sᵀ = K Qᵀ: K's elements are broadcast, Qᵀ's rows are vectors over the queries.
   const float* key_rows = rows.keys.row(static_cast<size_t>(key0));
-  if (args.additive_exponential) {
-    AdditiveScoresOfQueries<flash_detail::kQueryVectors, true>(
-        d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
-        args.additive_weights, s.scores);
-  } else if (args.additive_weights != nullptr) {
-    AdditiveScoresOfQueries<flash_detail::kQueryVectors, false>(
-        d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
-        args.additive_weights, s.scores);
-  } else if (crossed) {
-    ScoresOfVisibleLanes(d, tile, key0, bc, vectors, key_rows, rows.keys.stride, s.q_transposed, br,
-                         depth, s.scores);
-  } else {
-    Gemm<false>(d, bc, vectors, key_rows, rows.keys.stride, 1, s.q_transposed, br, depth, s.scores,
-                br);
-  }
-  ApplyScoreModifiers(d, args.options, tile, key0, bc, br, vectors * lanes,
-                      coverage == MaskCoverage::kSome, s.scores, nullptr, args.score_unit());
+  const auto scores = [&] {
+    if (args.additive_exponential) {
+      AdditiveScoresOfQueries<flash_detail::kQueryVectors, true>(
+          d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
+          args.additive_weights, s.scores);
+    } else if (args.additive_weights != nullptr) {
+      AdditiveScoresOfQueries<flash_detail::kQueryVectors, false>(
+          d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
+          args.additive_weights, s.scores);
+    } else if (crossed) {
+      ScoresOfVisibleLanes(d, tile, key0, bc, vectors, key_rows, rows.keys.stride, s.q_transposed,
+                           br, depth, s.scores);
+    } else {
+      Gemm<false>(d, bc, vectors, key_rows, rows.keys.stride, 1, s.q_transposed, br, depth,
+                  s.scores, br);
+    }
+    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, vectors * lanes,
+                        coverage == MaskCoverage::kSome, s.scores, nullptr, args.score_unit());
+  };
+  scores();
+  // The online softmax step: in base 2 the lazy one where it can (kKept leaves O unscaled).
+  const float* rescale = s.row_rescale;
   if (args.base_two) {
-    OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
+    const LazyOutcome lazy = LazySoftmaxStepOver(d, vectors, bc, br, s);
+    if (lazy == LazyOutcome::kKept) rescale = nullptr;
+    if (lazy == LazyOutcome::kRecompute) scores();
+    if (lazy == LazyOutcome::kIntact || lazy == LazyOutcome::kRecompute)
+      OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
   } else {
     OnlineSoftmaxStepOver(d, vectors, bc, br, s);
   }
@@ -619,10 +728,11 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   // O = O · rescale + P V.
   const float* value_rows = rows.values.row(static_cast<size_t>(key0));
   if (crossed) {
-    ValuesOfVisibleKeys(d, tile, key0, bc, value_rows, rows.values.stride, dv_padded, br, s);
+    ValuesOfVisibleKeys(d, tile, key0, bc, value_rows, rows.values.stride, dv_padded, br, rescale,
+                        s);
   } else {
     Gemm<true>(d, tile.rows, dv_padded / lanes, s.scores, 1, br, value_rows, rows.values.stride, bc,
-               s.output, dv_padded, s.row_rescale);
+               s.output, dv_padded, rescale);
   }
 }
 
@@ -839,11 +949,6 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
   ExponentialsToPairs<false, kVectors>(bc, br, hn::Set(d, scale), s, shift, sum, nullptr);
   AddToRowSums<kVectors>(d, sum, s);
 }
-
-// How far a key tile's scores (base 2) may rise above a row's running maximum before the bf16
-// path's lazy step gives way to the full one: P ≤ 2⁸ stays far from float's range, and bf16's
-// rounding of P is relative.
-constexpr float kLazyMaxMargin = 8.0F;
 
 // The bf16 path's step once every row has a finite running maximum: P = 2^(S − max) with the
 // maximum kept (every rescale factor 1: the caller skips O's rescale, and s.row_rescale is not

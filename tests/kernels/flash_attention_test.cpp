@@ -1,7 +1,7 @@
 // The fused flash-attention forward kernel against the double reference, on every SIMD target this
 // machine runs: random shapes with tails that do not divide the tiles, n = 1, m = 1, n ≠ m, valid
 // lengths 0 and m, per-query lengths, causal masks with n < m and n > m, multi-head strided views,
-// large score magnitudes, query tiles in blocks.
+// large score magnitudes, query tiles in blocks, scores rising across key tiles.
 #include "attn/kernels/flash_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -219,6 +219,64 @@ TEST_P(FlashAttention, SlidingWindowPastTheL3MatchesTheReference) {
     }
   }
   EXPECT_LT(worst, kTolerance * 5.0) << "target " << hwy::TargetName(GetParam());
+}
+
+// Scores that rise from one key tile to the next (kKeyTile = 64 keys) by different amounts per
+// query: the lazy softmax step keeps a row's running maximum (a rise of 2 in e's units, under its
+// margin of 8 in base 2), raises it after the pass (rises of 20 and 75: P and the sums rescaled),
+// or recomputes the tile's scores for the full step (a rise of 100, 144 in base 2: P could have
+// overflowed); falling scores and rows of a ragged last query tile beside them. Against a double
+// reference of every row, with the log-sum-exp.
+TEST_P(FlashAttention, ScoresRisingAcrossKeyTilesMatchTheReference) {
+  Rng rng(81);
+  const int64_t queries = 100, keys = 300, depth = 4;
+  // Key j's first element: its tile's level (keys 0–63: 0, then 1, 1, 0.5, 1); the rest random.
+  // One rise only, at the second tile, which the later tiles then share the weight with: a second
+  // rise would rescale away any error of the first.
+  const float levels[] = {0.0F, 1.0F, 1.0F, 0.5F, 1.0F};
+  // Query i's first element: the rise per level (score = 0.5 · rise · level + noise). A rise that
+  // makes a tile recompute its scores does so for all its queries: only in the first 16 queries,
+  // a query tile of its own on every target.
+  const auto rise = [](int64_t i) {
+    const float first[] = {0.0F, 200.0F, 4.0F, -40.0F};
+    const float others[] = {0.0F, 4.0F, 40.0F, 150.0F, -40.0F, 1.0F, 20.0F};
+    return i < 16 ? first[i % 4] : others[i % 7];
+  };
+  Tensor q = random_tensor(Shape{1, queries, depth}, rng, 0.5F);
+  Tensor k = random_tensor(Shape{1, keys, depth}, rng, 0.5F);
+  const Tensor v = random_tensor(Shape{1, keys, depth}, rng);
+  for (int64_t i = 0; i < queries; ++i) q(0, i, 0) = rise(i);
+  for (int64_t j = 0; j < keys; ++j) k(0, j, 0) = levels[j / 64];
+  Tensor out(Shape{1, queries, depth});
+  std::vector<float> lse(static_cast<size_t>(queries));
+  const float scale = 0.5F;
+  flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"), {},
+                          testing::kernel_options(scale, false), single_head(out, "out"),
+                          lse.data());
+  for (int64_t i = 0; i < queries; ++i) {
+    std::vector<double> weights;
+    double row_max = -INFINITY, sum = 0.0;
+    for (int64_t j = 0; j < keys; ++j) {
+      double dot = 0.0;
+      for (int64_t t = 0; t < depth; ++t) dot += static_cast<double>(q(0, i, t)) * k(0, j, t);
+      weights.push_back(dot * scale);
+      row_max = std::max(row_max, weights.back());
+    }
+    for (double& w : weights) sum += w = std::exp(w - row_max);
+    // Scores up to 200 carry float32 rounding of 200 · 2⁻²⁴ ≈ 1.2e-5 into each weight's exponent:
+    // 1e-5 times the largest score's magnitude, relative to the values (|v| ≲ 5).
+    const double tolerance = 1e-5 * std::max(1.0, row_max) * 5.0;
+    for (int64_t t = 0; t < depth; ++t) {
+      double expected = 0.0;
+      for (int64_t j = 0; j < keys; ++j) expected += weights[static_cast<size_t>(j)] * v(0, j, t);
+      EXPECT_NEAR(out(0, i, t), expected / sum, tolerance)
+          << "query " << i << " (rise " << rise(i) << "), target "
+          << hwy::TargetName(GetParam());
+    }
+    const double expected_lse = row_max + std::log(sum);
+    EXPECT_NEAR(lse[static_cast<size_t>(i)], expected_lse, 1e-5 + 1e-6 * std::abs(expected_lse))
+        << "query " << i;
+  }
 }
 
 // `read` reports the largest |x| of every query row and of the key and value rows the pass reads,
