@@ -520,11 +520,12 @@ HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
     }
   }
   bool raised = false;
+  hn::Mask<D> past_margin[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
     if (!hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyRescaleLimit)))))
       return LazyOutcome::kRecompute;
-    raised = raised ||
-             !hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyMaxMargin))));
+    past_margin[g] = hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyMaxMargin)));
+    raised = raised || !hn::AllFalse(d, past_margin[g]);
   }
   if (!raised) {
     for (size_t g = 0; g < kVectors; ++g) {
@@ -536,8 +537,7 @@ HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   // Rows past the margin take the tile's maximum; the others keep theirs (factor 2⁰ = 1 exactly).
   V factor[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
-    const V row_max = hn::IfThenElse(
-        hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyMaxMargin))), tile_max[g], shift[g]);
+    const V row_max = hn::IfThenElse(past_margin[g], tile_max[g], shift[g]);
     factor[g] = SoftmaxExp2(d, hn::Sub(shift[g], row_max));
     hn::Store(row_max, d, s.row_max + g * lanes);
     hn::Store(factor[g], d, s.row_rescale + g * lanes);
@@ -723,20 +723,21 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
   const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
   const bool partly_masked = coverage == MaskCoverage::kSome;
   KeyTileScores(d, args, tile, key0, bc, vectors, crossed, partly_masked, rows, s);
-  // The online softmax step: in base 2 the lazy one where it can (kKept leaves O unscaled).
-  const float* rescale = s.row_rescale;
-  if (args.base_two && kLazyFloatSoftmax) {
-    const LazyOutcome lazy = LazySoftmaxStepOver(d, vectors, bc, br, s);
-    if (lazy == LazyOutcome::kKept) rescale = nullptr;
-    if (lazy == LazyOutcome::kRecompute)
-      KeyTileScores(d, args, tile, key0, bc, vectors, crossed, partly_masked, rows, s);
-    if (lazy == LazyOutcome::kIntact || lazy == LazyOutcome::kRecompute)
+  // The online softmax step: in base 2 the lazy one where it can (kKept leaves O unscaled), else
+  // (or after it, where it gave way) the full one.
+  const LazyOutcome lazy = args.base_two && kLazyFloatSoftmax
+                               ? LazySoftmaxStepOver(d, vectors, bc, br, s)
+                               : LazyOutcome::kIntact;
+  if (lazy == LazyOutcome::kRecompute)
+    KeyTileScores(d, args, tile, key0, bc, vectors, crossed, partly_masked, rows, s);
+  if (lazy == LazyOutcome::kIntact || lazy == LazyOutcome::kRecompute) {
+    if (args.base_two) {
       OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
-  } else if (args.base_two) {
-    OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
-  } else {
-    OnlineSoftmaxStepOver(d, vectors, bc, br, s);
+    } else {
+      OnlineSoftmaxStepOver(d, vectors, bc, br, s);
+    }
   }
+  const float* rescale = lazy == LazyOutcome::kKept ? nullptr : s.row_rescale;
   if (args.options.dropout > 0.0F)
     DropWeights(d, dropout_applier, key0, bc, br, vectors * lanes, s);
   // O = O · rescale + P V.
