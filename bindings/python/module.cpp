@@ -27,6 +27,9 @@ namespace {
 // The thread count for attn's OpenMP kernels; OpenMP's own default (OMP_NUM_THREADS, else the
 // number of hardware threads), at most attn::kMaxThreads, until set_num_threads() changes it.
 std::atomic<int> num_threads_setting{std::min(omp_get_max_threads(), attn::kMaxThreads)};
+// Whether set_num_threads() chose that count: attn.torch's calls then keep it instead of following
+// torch.get_num_threads() (_follow_num_threads).
+std::atomic<bool> num_threads_chosen{false};
 
 // Python types of attn's exceptions; created once with the module and never freed, as CPython's
 // own exception types.
@@ -83,15 +86,28 @@ NB_MODULE(_attn, module) {
         // interpreter when it cannot create a few thousand.
         attn::check_thread_count(threads, "n");
         num_threads_setting.store(static_cast<int>(threads));
+        num_threads_chosen.store(true);
       },
       "n"_a,
       "Sets how many threads attn's OpenMP kernels may use (1 to 1024), like\n"
       "torch.set_num_threads. It applies to every later call, from any Python thread; kernels\n"
-      "that are not parallel yet run on the calling thread (with the GIL released).");
+      "that are not parallel yet run on the calling thread (with the GIL released). Until it is\n"
+      "called, attn.torch's calls use torch.get_num_threads() threads, as PyTorch's operators do.");
+  module.def(
+      "_follow_num_threads",
+      [](int64_t threads) {
+        if (num_threads_chosen.load()) return;
+        attn::check_thread_count(threads, "n");
+        num_threads_setting.store(static_cast<int>(threads));
+      },
+      "n"_a,
+      "attn.torch's: the thread count PyTorch's operators use, taken unless set_num_threads()\n"
+      "chose one.");
   module.def(
       "get_num_threads", [] { return num_threads_setting.load(); },
       "The thread count set by set_num_threads() (by default OMP_NUM_THREADS, else the number\n"
-      "of hardware threads).");
+      "of hardware threads; once attn.torch has run a call without set_num_threads(),\n"
+      "torch.get_num_threads()).");
 
   module.def(
       "simd_target", [] { return attn::simd_target(); },

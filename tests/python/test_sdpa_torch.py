@@ -3,6 +3,8 @@
 # L ≠ S, fully masked rows), a float64 eager reference for what PyTorch lacks (windows, ALiBi,
 # soft-capping, sinks, valid lengths, bottom-right alignment), forward and gradients through
 # autograd, and torch.compile(fullgraph=True).
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -699,3 +701,73 @@ def test_plain_training_calls_take_the_lean_function_and_match_the_operators(mon
     (d_query,) = torch.autograd.grad(output.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         d_query.sum().backward()
+
+
+FOLLOWS_TORCH_THREADS = r"""
+import numpy as np
+import torch
+import attn
+import attn.torch as attn_torch
+
+def leaf(*shape):
+    return torch.randn(*shape).requires_grad_()
+
+q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+cache = attn.KVCache(1, 2, 4, 8)
+cache.append(k.numpy(), v.numpy())
+
+def forward_then_backward(call):
+    inputs = [leaf(1, 2, 8, 4) for _ in range(3)]
+    output = call(*inputs)
+    return lambda: output.sum().backward()
+
+layer = attn_torch.DotProductAttention(0.0)
+inference = {
+    "plain inference": lambda: attn_torch.scaled_dot_product_attention(q, k, v),
+    "general inference": lambda: attn_torch.scaled_dot_product_attention(q, k, v, window=(2, 0)),
+    "cache": lambda: attn_torch.scaled_dot_product_attention(q, cache, None),
+}
+training = {
+    "plain training": attn_torch.scaled_dot_product_attention,
+    "general training": lambda *t: attn_torch.scaled_dot_product_attention(*t, window=(2, 0)),
+    "layer": lambda *t: layer(*(x.flatten(0, 1) for x in t)),
+}
+# Each call after a count other than the one attn has: 3 -> 1 -> 2 (inference), 3 -> 1 -> 3
+# (a forward, then its backward).
+for name, call in inference.items():
+    torch.set_num_threads(3)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with torch.no_grad():
+            call()
+        print(name, "forward", attn.get_num_threads())
+for name, call in training.items():
+    torch.set_num_threads(1)
+    backward = forward_then_backward(call)
+    print(name, "forward", attn.get_num_threads())
+    torch.set_num_threads(3)
+    backward()
+    print(name, "backward", attn.get_num_threads())
+attn.set_num_threads(2)
+torch.set_num_threads(1)
+attn_torch.scaled_dot_product_attention(q, k, v)
+print("chosen", "forward", attn.get_num_threads())
+"""
+
+
+def test_calls_use_torchs_thread_count_until_attn_sets_its_own():
+    # A fresh interpreter: set_num_threads's choice holds for the rest of a process, and other
+    # tests make it. Each route (plain and general, inference and autograd, the cache's decode
+    # call, a layer) takes the count torch.set_num_threads gave just before it, a backward the
+    # count at its own time; after attn.set_num_threads(2) torch's count no longer moves attn's.
+    result = subprocess.run([sys.executable, "-c", FOLLOWS_TORCH_THREADS], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    expected = []
+    for name in ("plain inference", "general inference", "cache"):
+        expected += [f"{name} forward 1", f"{name} forward 2"]
+    for name in ("plain training", "general training", "layer"):
+        expected += [f"{name} forward 1", f"{name} backward 3"]
+    expected.append("chosen forward 2")
+    assert lines == expected

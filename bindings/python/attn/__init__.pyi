@@ -101,7 +101,8 @@ def gaussian_kernel_pooling(
 
 def set_num_threads(n: int) -> None:
     """How many threads attn's OpenMP kernels use (at least 1), from any Python thread; kernels
-    not parallelised yet run on the calling thread, with the GIL released."""
+    not parallelised yet run on the calling thread, with the GIL released. Until it is called,
+    attn.torch's calls use torch.get_num_threads() threads."""
 
 def get_num_threads() -> int: ...
 def simd_target() -> str:

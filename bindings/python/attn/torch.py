@@ -18,6 +18,10 @@ their dispatch (see the function).
 CPU tensors only (attn runs on the CPU); float32 inputs are read without a copy, and so are
 ``scaled_dot_product_attention``'s float16 and bfloat16 ones, which attn's half kernels compute.
 Second-order gradients are not supported.
+
+Threads: these calls use ``torch.get_num_threads()`` threads, as PyTorch's own operators, so
+``torch.set_num_threads`` (and a DataLoader worker's single thread) governs them too; once
+``attn.set_num_threads`` has been called, its count holds instead.
 """
 
 import copy as _copy
@@ -30,6 +34,22 @@ from torch import nn
 
 import attn as _attn
 from attn import _attn as _extension
+
+_torch_threads = torch.get_num_threads
+_follow_num_threads = _extension._follow_num_threads
+# The thread count last handed to _follow_num_threads (0: none yet).
+_followed_threads = [0]
+
+
+def _follow_torch_threads():
+    """attn's kernels take PyTorch's intra-op thread count, as PyTorch's operators do, unless
+    attn.set_num_threads chose one (the extension ignores the count then). Called where attn.torch
+    enters the extension; ~0.1 µs where the count is unchanged. Callers on hot paths test
+    ``_torch_threads() != _followed_threads[0]`` first."""
+    threads = _torch_threads()
+    if threads != _followed_threads[0]:
+        _follow_num_threads(min(threads, 1024))
+        _followed_threads[0] = threads
 
 __all__ = [
     "AdditiveAttention",
@@ -81,6 +101,7 @@ class _LayerFunction(torch.autograd.Function):
         ctx.parameter_names = parameter_names
         ctx.input_dtypes = (queries.dtype, keys.dtype, values.dtype)
         ctx.parameter_dtypes = [parameter.dtype for parameter in parameters]
+        _follow_torch_threads()
         return layer(queries, keys, values, valid_lens, causal=causal)
 
     @staticmethod
@@ -88,6 +109,7 @@ class _LayerFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         layer = ctx.layer
         layer.zero_grad()
+        _follow_torch_threads()
         gradients = layer.backward(grad_output.contiguous())
         input_grads = [
             gradients[name].to(dtype)
@@ -316,6 +338,8 @@ def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed
     """The attn::sdpa operator's body, on its arguments, for the operator and the eager calls
     alike: the extension reads torch tensors in place (torch._C._to_dlpack) and returns tensors
     (torch._C._from_dlpack)."""
+    if _torch_threads() != _followed_threads[0]:
+        _follow_torch_threads()
     return _extension._sdpa_forward(
         query,
         key,
@@ -348,6 +372,8 @@ def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, va
     """The attn::sdpa_backward operator's body, on its arguments: (d query, d key, d value,
     d attn_mask or None, d sinks or None), tensors as _forward's. The keywords are spelled out
     here and in _forward: a shared dict of them cost ~1 µs a call, 7% of a decode-sized call."""
+    if _torch_threads() != _followed_threads[0]:
+        _follow_torch_threads()
     return _extension._sdpa_backward(
         query,
         key,
@@ -530,6 +556,8 @@ class _PlainSdpa(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
+        if _torch_threads() != _followed_threads[0]:
+            _follow_torch_threads()
         output, log_sum_exp = _extension._sdpa_forward(
             query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
         ctx.save_for_backward(query, key, value, output, log_sum_exp, attn_mask)
@@ -542,6 +570,8 @@ class _PlainSdpa(torch.autograd.Function):
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
         query, key, value, output, log_sum_exp, attn_mask = ctx.saved_tensors
+        if _torch_threads() != _followed_threads[0]:
+            _follow_torch_threads()
         d_query, d_key, d_value, _, _ = _extension._sdpa_backward(
             query, key, value, output, grad_output, log_sum_exp, attn_mask, 0.0, *ctx.options)
         return d_query, d_key, d_value, None, None, None, None
@@ -654,6 +684,7 @@ def _cache_attention(query, cache, value, *args, **kwargs):
             "(decode under torch.no_grad() or torch.inference_mode())"
         )
     computed = _as_float32(query)
+    _follow_torch_threads()
     output = _attn.scaled_dot_product_attention(computed, cache, value, *args, **kwargs)
     return output if output.dtype == query.dtype else output.to(query.dtype)
 
@@ -741,6 +772,8 @@ def scaled_dot_product_attention(
                 attn_mask = attn_mask.float()
             options = (bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
             if eager == "inference":
+                if _torch_threads() != _followed_threads[0]:
+                    _follow_torch_threads()
                 return _sdpa_function(query, key, value, attn_mask, 0.0, *options)
             return _PlainSdpa.apply(query, key, value, attn_mask, *options)
     if isinstance(key, _attn.KVCache):
