@@ -20,8 +20,21 @@ void bind_kv_cache(nb::module_& module);
 // files.cpp: load_safetensors, save_safetensors.
 void bind_files(nb::module_& module);
 
-// module.cpp: applies set_num_threads()'s count to the calling thread's OpenMP runtime, which
-// keeps the count per thread; called on the thread that runs each computation, GIL released.
-void use_thread_setting();
+// module.cpp: set_num_threads()'s count applied to the calling thread's OpenMP runtime (which
+// keeps the count per thread) for the scope of one computation, on the thread that runs it, GIL
+// released; the thread's previous count restored after it. PyTorch shares that runtime (one
+// libgomp, whichever loaded first) and reads its own count from it (at::get_num_threads() is
+// omp_get_max_threads()), so a count left behind would become torch's.
+class ThreadSettingScope {
+ public:
+  ThreadSettingScope();
+  ~ThreadSettingScope();
+  ThreadSettingScope(const ThreadSettingScope&) = delete;
+  ThreadSettingScope& operator=(const ThreadSettingScope&) = delete;
+
+ private:
+  int previous_;
+  bool changed_;
+};
 
 }  // namespace attn::python

@@ -243,7 +243,7 @@ void bind_functional(nb::module_& module) {
           HalfTensor weights{*half, Shape{0}, {}};
           {
             nb::gil_scoped_release release;
-            use_thread_setting();
+            const ThreadSettingScope thread_setting;
             forward = half_forward(*half, inputs, call.options());
             if (need_weights) {
               const Tensor wide =
@@ -262,7 +262,7 @@ void bind_functional(nb::module_& module) {
         Tensor weights;
         {
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
                                                  inputs.value.view(), call.options());
           // Computed on request only, from the log-sum-exp of this pass.
@@ -325,7 +325,7 @@ void bind_functional(nb::module_& module) {
           HalfAttentionForward forward;
           {
             nb::gil_scoped_release release;
-            use_thread_setting();
+            const ThreadSettingScope thread_setting;
             forward = half_forward(*half, inputs, call.options());
           }
           return nb::make_tuple(to_python(std::move(forward.output), framework),
@@ -335,7 +335,7 @@ void bind_functional(nb::module_& module) {
         AttentionForward forward;
         {
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
                                                  inputs.value.view(), call.options());
         }
@@ -386,7 +386,7 @@ void bind_functional(nb::module_& module) {
           HalfAttentionBackward gradients;
           {
             nb::gil_scoped_release release;
-            use_thread_setting();
+            const ThreadSettingScope thread_setting;
             gradients = scaled_dot_product_attention_backward(
                 *half, inputs.query.half_view(), inputs.key.half_view(), inputs.value.half_view(),
                 output.half_view(), grad_output.half_view(), lse_values, call.options(),
@@ -402,7 +402,7 @@ void bind_functional(nb::module_& module) {
         AttentionBackward gradients;
         {
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           gradients = scaled_dot_product_attention_backward(
               inputs.query.view(), inputs.key.view(), inputs.value.view(), output.view(),
               grad_output.view(), lse_values, call.options(), mask_gradient, sinks_gradient);

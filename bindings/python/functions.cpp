@@ -50,7 +50,7 @@ void bind_functions(nb::module_& module) {
         Tensor weights;
         {
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           weights = masked_softmax(scores.view(), lengths);
         }
         return to_python(std::move(weights), scores.framework());
@@ -85,7 +85,7 @@ void bind_functions(nb::module_& module) {
         Tensor weights;
         {
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           forward =
               additive_attention(queries.view(), keys.view(), values.view(), parameters, options);
           if (need_weights) {
@@ -115,7 +115,7 @@ void bind_functions(nb::module_& module) {
         PoolingResult result;
         {
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           result = gaussian_kernel_pooling(queries.view(), keys.view(), values.view(), width,
                                            lengths, need_weights);
         }

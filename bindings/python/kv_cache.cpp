@@ -99,7 +99,7 @@ nb::object attend_to_cache(nb::handle query, BoundCache& cache, const AttentionO
   AttentionForward forward;
   {
     nb::gil_scoped_release release;
-    use_thread_setting();
+    const ThreadSettingScope thread_setting;
     forward = cache.read(
         [&](const KVCache& kv) { return scaled_dot_product_attention(q.view(), kv, options); });
   }

@@ -150,7 +150,7 @@ void bind_common(nb::class_<BoundLayer<Layer>>& cls) {
     Tensor output;
     {
       nb::gil_scoped_release release;
-      use_thread_setting();
+      const ThreadSettingScope thread_setting;
       if (causal) {
         lengths = lengths.with_causal_mask(queries.shape()[0], queries.shape()[1], keys.shape()[1]);
       }
@@ -178,7 +178,7 @@ void bind_common(nb::class_<BoundLayer<Layer>>& cls) {
         AttentionGradients gradients;
         {
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           gradients =
               bound.with_layer([&](Layer& layer) { return layer.backward(gradient.view()); });
         }
@@ -223,7 +223,7 @@ void bind_common(nb::class_<BoundLayer<Layer>>& cls) {
         {
           // After a fused forward pass the layer computes the weights on this first request.
           nb::gil_scoped_release release;
-          use_thread_setting();
+          const ThreadSettingScope thread_setting;
           weights = bound.with_layer([](Layer& layer) { return layer.attention_weights(); });
         }
         if (weights.rank() != 3) return nb::none();

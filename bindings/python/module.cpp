@@ -54,10 +54,15 @@ void translate_attn_errors(const std::exception_ptr& error, void* /*payload*/) {
 
 }  // namespace
 
-void attn::python::use_thread_setting() {
+attn::python::ThreadSettingScope::ThreadSettingScope() : previous_(omp_get_max_threads()) {
   const int threads = num_threads_setting.load();
   // Cheap, but skipped when unchanged: OpenMP keeps the value per calling thread.
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  changed_ = previous_ != threads;
+  if (changed_) omp_set_num_threads(threads);
+}
+
+attn::python::ThreadSettingScope::~ThreadSettingScope() {
+  if (changed_) omp_set_num_threads(previous_);
 }
 
 NB_MODULE(_attn, module) {

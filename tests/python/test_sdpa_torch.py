@@ -771,3 +771,42 @@ def test_calls_use_torchs_thread_count_until_attn_sets_its_own():
         expected += [f"{name} forward 1", f"{name} backward 3"]
     expected.append("chosen forward 2")
     assert lines == expected
+
+
+LEAVES_TORCHS_THREADS = r"""
+import numpy as np
+import torch
+import attn
+import attn.torch as attn_torch
+
+attn.set_num_threads(2)
+torch.set_num_threads(1)
+q = torch.randn(1, 2, 8, 4)
+grads = [torch.randn(1, 2, 8, 4).requires_grad_() for _ in range(3)]
+cache = attn.KVCache(1, 2, 4, 8)
+cache.append(q.numpy(), q.numpy())
+layer = attn_torch.DotProductAttention(0.0)
+calls = {
+    "numpy function": lambda: attn.scaled_dot_product_attention(q.numpy(), q.numpy(), q.numpy()),
+    "masked_softmax": lambda: attn.masked_softmax(np.ones((2, 3, 4), np.float32), [2, 3]),
+    "plain": lambda: attn_torch.scaled_dot_product_attention(q, q, q),
+    "general": lambda: attn_torch.scaled_dot_product_attention(q, q, q, window=(2, 0)),
+    "cache": lambda: attn_torch.scaled_dot_product_attention(q, cache, None),
+    "autograd": lambda: attn_torch.scaled_dot_product_attention(*grads).sum().backward(),
+    "layer": lambda: layer(*(g.flatten(0, 1) for g in grads)).sum().backward(),
+}
+for name, call in calls.items():
+    call()
+    print(name, torch.get_num_threads(), attn.get_num_threads())
+"""
+
+
+def test_calls_leave_torchs_thread_count_as_it_was():
+    # PyTorch and attn share one OpenMP runtime (one libgomp, whichever loaded first), and
+    # torch.get_num_threads() reads the runtime's per-thread count: attn applies its own count for
+    # each computation only, so torch keeps its 1 where attn runs on 2 (it kept attn's 2 before).
+    result = subprocess.run([sys.executable, "-c", LEAVES_TORCHS_THREADS], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = ("numpy function", "masked_softmax", "plain", "general", "cache", "autograd", "layer")
+    assert result.stdout.splitlines() == [f"{name} 1 2" for name in names]
