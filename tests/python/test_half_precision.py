@@ -211,6 +211,81 @@ def test_torch_compile_fullgraph_on_bfloat16():
     assert q.grad.dtype == torch.bfloat16 and v.grad.dtype == torch.bfloat16
 
 
+# --- torch.autocast("cpu"): the casts PyTorch's function gets -----------------------------------
+# Under autocast PyTorch casts float32, float16 and bfloat16 query, key, value and a float mask to
+# the autocast dtype (scaled_dot_product_attention is one of its lower-precision operators on the
+# CPU) and leaves float64 and bool alone; attn.torch does the same, so both compute on the same
+# rounded values: checked against PyTorch's float32 function on those values, rounded once, within
+# `tolerance` above.
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("inputs", [torch.float32, torch.float16], ids=["from_fp32", "from_fp16"])
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(is_causal=True), dict(attn_mask="bool"), dict(attn_mask="float")],
+    ids=["plain", "causal", "bool_mask", "float_mask"],
+)
+def test_autocast_casts_as_it_casts_pytorchs_function(dtype, inputs, options):
+    q = torch.randn(N, H, L, E).to(inputs)
+    k = torch.randn(N, HKV, S, E).to(inputs)
+    v = torch.randn(N, HKV, S, EV).to(inputs)
+    options = dict(options, enable_gqa=True)
+    if options.get("attn_mask") == "bool":
+        options["attn_mask"] = torch.rand(L, S) < 0.7
+    elif options.get("attn_mask") == "float":
+        options["attn_mask"] = torch.randn(N, 1, L, S)
+    with torch.autocast("cpu", dtype=dtype):
+        output = attn_torch.scaled_dot_product_attention(q, k, v, **options)
+        expected_dtype = F.scaled_dot_product_attention(q, k, v, **options).dtype
+    assert output.dtype == expected_dtype == dtype
+    mask = options.get("attn_mask")
+    if mask is not None and mask.is_floating_point():
+        options["attn_mask"] = mask.to(dtype).float()
+    reference = F.scaled_dot_product_attention(
+        *(x.to(dtype).float() for x in (q, k, v)), **options
+    ).to(dtype)
+    difference = (output.double() - reference.double()).abs()
+    assert (difference <= tolerance(dtype, reference, v.to(dtype))).all(), float(difference.max())
+
+
+def test_autocast_gradients_reach_float32_leaves_as_pytorchs_do():
+    leaves = [torch.randn(N, H, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV)]
+    grad_output = torch.randn(N, H, L, EV)
+    gradients = {}
+    for name, call in (
+        ("attn", attn_torch.scaled_dot_product_attention),
+        ("torch", F.scaled_dot_product_attention),
+    ):
+        inputs = [x.clone().requires_grad_(True) for x in leaves]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = call(*inputs, is_causal=True, enable_gqa=True)
+        assert output.dtype == torch.bfloat16, name
+        output.backward(grad_output.to(torch.bfloat16))
+        gradients[name] = [x.grad for x in inputs]
+    # Both sides' gradients are bf16 results (GRADIENT_TOLERANCE's terms on each) cast to float32.
+    for index, (mine, theirs) in enumerate(zip(gradients["attn"], gradients["torch"])):
+        assert mine.dtype == theirs.dtype == torch.float32, index
+        scale = float(theirs.abs().max())
+        assert float((mine - theirs).abs().max()) <= 2 * GRADIENT_TOLERANCE * scale, index
+
+
+def test_autocast_leaves_float64_and_compiles():
+    q = torch.randn(N, H, L, E, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = attn_torch.scaled_dot_product_attention(q, q, q)
+        assert output.dtype == F.scaled_dot_product_attention(q, q, q).dtype == torch.float64
+
+    def attend(q, k, v):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return attn_torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    x = torch.randn(N, H, L, E)
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")(x, x, x)
+    assert compiled.dtype == torch.bfloat16
+    assert torch.equal(compiled, attend(x, x, x))
+
+
 def test_mixed_dtypes_are_refused():
     q, k, v = half_inputs()
     message = r"key: expected the dtype of query \(float16\), got float32"

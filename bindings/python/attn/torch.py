@@ -604,6 +604,23 @@ _PLAIN_MASK_DTYPES = frozenset((torch.bool, torch.float32, *_HALF_DTYPES))
 # Looked up once: the plain call's test and call read them on every call.
 _Tensor = torch.Tensor
 _sdpa_function = _extension.scaled_dot_product_attention
+_any_autocast = torch._C._is_any_autocast_enabled
+# The dtypes torch.autocast casts for scaled_dot_product_attention, one of its lower-precision
+# operators on the CPU: float32, float16 and bfloat16 (float64 stays as it is).
+_AUTOCAST_CAST_DTYPES = frozenset((torch.float32, *_HALF_DTYPES))
+
+
+def _autocast_inputs(*tensors):
+    """torch.autocast("cpu")'s cast for scaled_dot_product_attention: the floating tensors in
+    _AUTOCAST_CAST_DTYPES in the autocast dtype (bfloat16 by default), the rest (None, a bool
+    mask, float64, a KVCache) as they are; differentiable, as autocast's casts."""
+    target = torch.get_autocast_dtype("cpu")
+    return tuple(
+        tensor.to(target)
+        if isinstance(tensor, torch.Tensor) and tensor.dtype in _AUTOCAST_CAST_DTYPES
+        else tensor
+        for tensor in tensors
+    )
 
 
 def _computed_dtypes(query, key, value):
@@ -735,7 +752,13 @@ def scaled_dot_product_attention(
 
     With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
     ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
-    that requires grad is refused while autograd records."""
+    that requires grad is refused while autograd records.
+
+    Under ``torch.autocast("cpu")`` it casts as autocast casts PyTorch's function (one of its
+    lower-precision operators): float32, float16 and bfloat16 query, key, value and float
+    attn_mask to the autocast dtype, so the output is in that dtype; float64 and bool stay."""
+    if _any_autocast() and torch.is_autocast_enabled("cpu"):
+        query, key, value, attn_mask = _autocast_inputs(query, key, value, attn_mask)
     # The plain call (no dropout or attn's extra arguments; plain tensors of one dtype that attn
     # computes as it is; no mask, or a bool, float32 or half one that needs no gradient, as
     # transformers passes for padding and static caches), eager: in inference attn's own function
