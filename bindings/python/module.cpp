@@ -4,11 +4,13 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <omp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "arrays.hpp"
@@ -30,6 +32,33 @@ std::atomic<int> num_threads_setting{std::min(omp_get_max_threads(), attn::kMaxT
 // Whether set_num_threads() chose that count: attn.torch's calls then keep it instead of following
 // torch.get_num_threads() (_follow_num_threads).
 std::atomic<bool> num_threads_chosen{false};
+
+// Whether a computation on this thread has run on more than one OpenMP thread: GNU OpenMP then
+// keeps a pool of threads for it (one pool per thread that starts parallel regions).
+thread_local bool started_threads = false;
+// Whether this process was forked from a thread that had: its pool's threads were not copied, and
+// GNU OpenMP would wait for them forever at the next parallel region of more than one thread
+// (measured: an attn call in a child forked after one in the parent hung; PyTorch's own matmul
+// hangs there too). attn runs on one thread in such a process.
+std::atomic<bool> forked_after_threads{false};
+
+// pthread_atfork's child handler: runs in the child, on the thread that forked.
+void after_fork_in_child() {
+  if (!started_threads) return;
+  forked_after_threads.store(true);
+  num_threads_setting.store(1);
+}
+
+// ValueError for a count above 1 in a process forked after threads (forked_after_threads).
+void check_threads_after_fork(int64_t threads) {
+  if (threads > 1 && forked_after_threads.load()) {
+    throw attn::ValueError(
+        "n: expected 1 in a process forked after attn ran on several threads (GNU OpenMP cannot "
+        "start threads again after os.fork; start workers with multiprocessing's 'spawn' or "
+        "'forkserver' method), got " +
+        std::to_string(threads));
+  }
+}
 
 // Python types of attn's exceptions; created once with the module and never freed, as CPython's
 // own exception types.
@@ -56,6 +85,7 @@ void translate_attn_errors(const std::exception_ptr& error, void* /*payload*/) {
 
 attn::python::ThreadSettingScope::ThreadSettingScope() : previous_(omp_get_max_threads()) {
   const int threads = num_threads_setting.load();
+  if (threads > 1) started_threads = true;
   // Cheap, but skipped when unchanged: OpenMP keeps the value per calling thread.
   changed_ = previous_ != threads;
   if (changed_) omp_set_num_threads(threads);
@@ -83,6 +113,7 @@ NB_MODULE(_attn, module) {
   module.attr("ShapeError") = nb::borrow(shape_error_type);
   module.attr("FileError") = nb::borrow(file_error_type);
   nb::register_exception_translator(translate_attn_errors);
+  if (pthread_atfork(nullptr, nullptr, after_fork_in_child) != 0) throw std::bad_alloc();
 
   module.def(
       "set_num_threads",
@@ -90,6 +121,7 @@ NB_MODULE(_attn, module) {
         // Checked here, not at the next call: OpenMP crashes on a million threads and exits the
         // interpreter when it cannot create a few thousand.
         attn::check_thread_count(threads, "n");
+        check_threads_after_fork(threads);
         num_threads_setting.store(static_cast<int>(threads));
         num_threads_chosen.store(true);
       },
@@ -97,11 +129,14 @@ NB_MODULE(_attn, module) {
       "Sets how many threads attn's OpenMP kernels may use (1 to 1024), like\n"
       "torch.set_num_threads. It applies to every later call, from any Python thread; kernels\n"
       "that are not parallel yet run on the calling thread (with the GIL released). Until it is\n"
-      "called, attn.torch's calls use torch.get_num_threads() threads, as PyTorch's operators do.");
+      "called, attn.torch's calls use torch.get_num_threads() threads, as PyTorch's operators do.\n"
+      "A process forked (os.fork, multiprocessing's 'fork') from a thread whose attn calls ran on\n"
+      "several threads runs attn on one: GNU OpenMP cannot start threads there again; n > 1 is a\n"
+      "ValueError in it.");
   module.def(
       "_follow_num_threads",
       [](int64_t threads) {
-        if (num_threads_chosen.load()) return;
+        if (num_threads_chosen.load() || forked_after_threads.load()) return;
         attn::check_thread_count(threads, "n");
         num_threads_setting.store(static_cast<int>(threads));
       },

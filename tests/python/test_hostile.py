@@ -145,3 +145,56 @@ def test_values_near_float_max_give_finite_outputs():
     weights /= weights.sum(-1, keepdims=True)
     expected = weights @ v.astype(np.float64)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+FORK_AFTER_THREADS = r"""
+import os, threading
+import numpy as np
+import attn
+
+q = np.random.default_rng(0).random((4, 8, 256, 64), dtype=np.float32)
+attn.set_num_threads(1)  # no pool for the main thread yet
+expected = attn.scaled_dot_product_attention(q, q, q)
+attn.set_num_threads(2)
+
+def child(label):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            threads = attn.get_num_threads()
+            out = attn.scaled_dot_product_attention(q, q, q)
+            same = bool(np.allclose(out, expected, rtol=1e-5, atol=1e-6))
+            try:
+                attn.set_num_threads(2)
+                refused = "accepted"
+            except ValueError as error:
+                refused = str(error)
+            print(label, threads, same, refused, flush=True)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+# attn ran on 2 threads in another thread only: the forking thread has no pool to lose.
+worker = threading.Thread(target=lambda: attn.scaled_dot_product_attention(q, q, q))
+worker.start()
+worker.join()
+child("other thread")
+# attn ran on 2 threads in the forking thread: GNU OpenMP would hang in the child.
+attn.scaled_dot_product_attention(q, q, q)
+child("this thread")
+"""
+
+
+def test_a_process_forked_after_threads_runs_attn_on_one_instead_of_hanging():
+    # GNU OpenMP keeps one pool of threads per thread that starts parallel regions, and a fork
+    # copies the forking thread alone: an attn call on several threads in a child forked after one
+    # in the parent waited forever. Such a child runs attn on one thread (same result) and refuses
+    # more with a ValueError that says why; a child forked from a thread that never ran attn on
+    # several threads keeps its count. Run with a timeout: a regression is a hang.
+    result = run_python(FORK_AFTER_THREADS, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "other thread 2 True accepted", lines
+    assert lines[1].startswith("this thread 1 True n: expected 1 in a process forked after attn ran"
+                               " on several threads"), lines
+    assert lines[1].endswith("got 2"), lines
