@@ -140,6 +140,22 @@ nb::ndarray<nb::ro> import_array(nb::handle object, std::string_view name,
     }
   }
   if (!nb::try_cast(source, array, /*convert=*/false)) {
+    PyErr_Clear();  // the failed export's
+    if (framework_of(object) == Framework::kTorch) {
+      // A tensor without DLPack export: one on the meta device (no data), or another backend's.
+      const nb::object device_object = nb::getattr(object, "device", nb::none());
+      const nb::object text = nb::steal(PyObject_Str(device_object.ptr()));
+      const char* utf8 = text.is_valid() ? PyUnicode_AsUTF8(text.ptr()) : nullptr;
+      if (utf8 == nullptr) PyErr_Clear();
+      const std::string device = utf8 != nullptr ? utf8 : "cpu";
+      if (device != "cpu") {
+        throw nb::value_error((std::string(name) +
+                               ": expected a tensor in CPU memory (attn computes on the CPU), got "
+                               "one on " +
+                               device)
+                                  .c_str());
+      }
+    }
     throw nb::type_error((std::string(name) + ": expected " + std::string(expected) + ", got " +
                           python_type_name(object))
                              .c_str());

@@ -810,3 +810,15 @@ def test_calls_leave_torchs_thread_count_as_it_was():
     assert result.returncode == 0, result.stderr
     names = ("numpy function", "masked_softmax", "plain", "general", "cache", "autograd", "layer")
     assert result.stdout.splitlines() == [f"{name} 1 2" for name in names]
+
+
+@pytest.mark.parametrize("where", ["query", "key"])
+def test_meta_tensors_are_refused_naming_the_device(where):
+    # A meta tensor has no data to export: the error names the argument and the device instead
+    # of "expected a tensor supporting DLPack, got torch.Tensor".
+    tensors = {name: torch.randn(1, 2, 8, 4) for name in ("query", "key", "value")}
+    tensors[where] = torch.empty(1, 2, 8, 4, device="meta")
+    message = rf"{where}: expected a tensor in CPU memory \(attn computes on the CPU\), got one on meta"
+    for call in (attn_torch.scaled_dot_product_attention, attn.scaled_dot_product_attention):
+        with pytest.raises(ValueError, match=message):
+            call(tensors["query"], tensors["key"], tensors["value"])
