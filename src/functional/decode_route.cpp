@@ -67,6 +67,9 @@ std::optional<DecodeRoute> decode_route(const PreparedAttention& prepared) {
   const HeadsLayout& k = prepared.key_layout();
   const int64_t n = q.rows, m = k.rows;
   if (n < 1 || n > kMaxDecodeQueries || n > m || k.heads < 1) return std::nullopt;
+  // No sequences or heads (an empty batch): nothing to address either; the prefill path returns
+  // the empty output.
+  if (q.batch < 1 || q.heads < 1) return std::nullopt;
   // Empty rows (E or Ev of 0) have no data for the kernel to address: the prefill path's.
   if (q.cols < 1 || prepared.value_layout().cols < 1) return std::nullopt;
   if ((q.heads / k.heads) * n > kMaxDecodeRows) return std::nullopt;

@@ -497,7 +497,7 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
   require_matrices(grad_projected_keys, "grad_projected_keys", batch, heads, m, hidden,
                    "as projected_keys");
   require_matrices(grad_v, "grad_v", batch, heads, m, dv, "as values");
-  require_log_sum_exp(log_sum_exp);
+  require_log_sum_exp(log_sum_exp, batch * heads * n);
   require_additive_arguments(w_v, options, a, projected_keys);
   check_attention_arguments(a, projected_keys, values, out, valid_lens, options);
   if (batch == 0 || heads == 0) {

@@ -162,7 +162,7 @@ HWY_EXPORT(AttentionWeights);
 
 namespace {
 void compute_weights(const weights_detail::WeightsArgs& args) {
-  require_log_sum_exp(args.log_sum_exp);
+  require_log_sum_exp(args.log_sum_exp, args.q.batch * args.q.heads * args.q.rows);
   // The values' shape does not matter here: check the rest against a stand-in of one column.
   const ConstHeadsView values{nullptr, args.k.batch, args.k.heads, args.k.rows, 1, 0, 0, 0};
   const ConstHeadsView out{nullptr, args.q.batch, args.q.heads, args.q.rows, 1, 0, 0, 0};

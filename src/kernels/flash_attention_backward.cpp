@@ -1024,7 +1024,7 @@ bool check_backward_arguments(const flash_backward_detail::BackwardArgs& args) {
                    "as keys");
   require_matrices(args.grad_v, "grad_v", args.v.batch, args.v.heads, args.v.rows, args.v.cols,
                    "as values");
-  require_log_sum_exp(args.log_sum_exp);
+  require_log_sum_exp(args.log_sum_exp, args.q.batch * args.q.heads * args.q.rows);
   if (args.grad_mask.data != nullptr && args.options.mask.kind != MaskKind::kFloat) {
     throw ValueError(
         "grad_mask: expected a float attention mask to differentiate, got " +

@@ -94,8 +94,8 @@ void require_additive_arguments(std::span<const float> w_v, const FlashAttention
   }
 }
 
-void require_log_sum_exp(const float* log_sum_exp) {
-  if (log_sum_exp == nullptr)
+void require_log_sum_exp(const float* log_sum_exp, int64_t query_rows) {
+  if (log_sum_exp == nullptr && query_rows > 0)
     throw ValueError("log_sum_exp: expected the forward pass's values, got a null pointer");
 }
 

@@ -46,7 +46,8 @@ inline constexpr float kAdditiveExponentialWeightLimit = 0x1p64F;
 bool additive_exponential_form(const ConstHeadsView& projected_queries,
                                const ConstHeadsView& projected_keys, std::span<const float> w_v);
 
-// Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's).
-void require_log_sum_exp(const float* log_sum_exp);
+// Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's) for
+// the `query_rows` query rows (B·H·n) there are; none have none (an empty span's data may be null).
+void require_log_sum_exp(const float* log_sum_exp, int64_t query_rows);
 
 }  // namespace attn

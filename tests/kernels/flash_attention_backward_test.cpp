@@ -265,6 +265,21 @@ TEST_P(FlashAttentionBackward, RejectsMismatchedGradients) {
       ValueError, "log_sum_exp: expected the forward pass's values");
 }
 
+// No query rows (n = 0: an empty batch's or a sliced-away query): no log-sum-exp to read, so a
+// null one is accepted (an empty span's data), and the key and value gradients are zero, as
+// PyTorch's; with rows the null pointer stays an error (RejectsMismatchedGradients).
+TEST_P(FlashAttentionBackward, NoQueriesGiveZeroKeyAndValueGradientsWithoutALogSumExp) {
+  const Tensor q(Shape{1, 0, 4}), k(Shape{1, 3, 4}), v(Shape{1, 3, 5}), out(Shape{1, 0, 5});
+  Tensor dq(Shape{1, 0, 4}), dk(Shape{1, 3, 4}), dv(Shape{1, 3, 5});
+  std::fill_n(dk.data(), dk.numel(), 7.0F);
+  std::fill_n(dv.data(), dv.numel(), 7.0F);
+  flash_attention_backward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"),
+                           single_head(out, "out"), single_head(out, "g"), nullptr, {}, {},
+                           single_head(dq, "dq"), single_head(dk, "dk"), single_head(dv, "dv"));
+  for (int64_t i = 0; i < dk.numel(); ++i) EXPECT_EQ(dk.data()[i], 0.0F) << "dK " << i;
+  for (int64_t i = 0; i < dv.numel(); ++i) EXPECT_EQ(dv.data()[i], 0.0F) << "dV " << i;
+}
+
 // Fewer (batch, key/value head) pairs than threads split each pair's keys into chunks whose partial
 // dQ are summed after the parallel region: the same gradients (within rounding) as one thread,
 // dK and dV bit-identical (each key row belongs to one chunk, its sums in the same order), and

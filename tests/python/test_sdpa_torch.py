@@ -822,3 +822,33 @@ def test_meta_tensors_are_refused_naming_the_device(where):
     for call in (attn_torch.scaled_dot_product_attention, attn.scaled_dot_product_attention):
         with pytest.raises(ValueError, match=message):
             call(tensors["query"], tensors["key"], tensors["value"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "query_shape, keys",
+    [((0, 2, 3, 4), 5), ((0, 2, 100, 4), 120), ((1, 0, 3, 4), 5), ((1, 2, 0, 4), 5),
+     ((1, 2, 0, 4), 100), ((0, 2, 3, 4), 0)],
+    ids=["empty_batch_decode", "empty_batch_prefill", "no_heads", "no_queries", "no_queries_long",
+         "empty_batch_no_keys"],
+)
+def test_empty_shapes_match_torch_forward_and_backward(dtype, query_shape, keys):
+    # An empty batch (a filtered batch in a server), no heads or no queries: PyTorch returns the
+    # empty output and zero key/value gradients; attn did the same only on some paths (the decode
+    # route refused an empty batch's cache, the backward a null log-sum-exp).
+    batch, heads, _, depth = query_shape
+    q = torch.randn(*query_shape).to(dtype)
+    k = torch.randn(batch, heads, keys, depth).to(dtype)
+    results = []
+    for call in (attn_torch.scaled_dot_product_attention, F.scaled_dot_product_attention):
+        leaves = [x.clone().requires_grad_() for x in (q, k, k)]
+        output = call(*leaves)
+        output.sum().backward()
+        results.append((output.shape, output.dtype, *(leaf.grad for leaf in leaves)))
+    (shape, out_dtype, *grads), (torch_shape, torch_dtype, *torch_grads) = results
+    assert shape == torch_shape and out_dtype == torch_dtype
+    for mine, theirs in zip(grads, torch_grads):
+        assert mine.shape == theirs.shape and mine.dtype == theirs.dtype
+        assert torch.equal(mine, torch.zeros_like(mine))
+    with torch.no_grad():
+        assert attn_torch.scaled_dot_product_attention(q, k, k).shape == torch_shape
