@@ -852,3 +852,66 @@ def test_empty_shapes_match_torch_forward_and_backward(dtype, query_shape, keys)
         assert torch.equal(mine, torch.zeros_like(mine))
     with torch.no_grad():
         assert attn_torch.scaled_dot_product_attention(q, k, k).shape == torch_shape
+
+
+@pytest.mark.parametrize(
+    "query_shape, key_shape, value_shape, options",
+    [
+        ((3, 2, 5, 4), (1, 2, 7, 4), (1, 2, 7, 4), {}),  # one key/value batch for all queries
+        ((1, 2, 5, 4), (3, 2, 7, 4), (3, 2, 7, 4), {}),  # one query batch
+        ((3, 2, 5, 4), (3, 1, 7, 4), (3, 1, 7, 4), {}),  # one key/value head, without enable_gqa
+        ((3, 2, 5, 4), (1, 2, 7, 4), (3, 2, 7, 4), {}),  # key alone broadcast
+        ((2, 3, 2, 5, 4), (1, 3, 2, 7, 4), (1, 3, 2, 7, 4), {}),  # an extra leading axis
+        ((3, 5, 4), (1, 7, 4), (1, 7, 4), {}),  # no heads axis
+        ((3, 4, 5, 4), (1, 2, 7, 4), (1, 2, 7, 4), dict(enable_gqa=True)),
+        ((3, 2, 5, 4), (1, 2, 7, 4), (1, 2, 7, 4), dict(is_causal=True)),
+        ((3, 2, 5, 4), (1, 2, 7, 4), (1, 2, 7, 4), dict(sinks=True)),  # the general path
+    ],
+    ids=["kv_batch", "q_batch", "kv_heads", "k_only", "five_d", "three_d", "gqa", "causal",
+         "general_path"],
+)
+def test_leading_axes_broadcast_as_torch(query_shape, key_shape, value_shape, options):
+    # PyTorch's function broadcasts the axes before (L, E) as its matmuls do (with enable_gqa, the
+    # batch axes before the heads); attn.torch expands them (no copies) where attn refuses them:
+    # outputs and gradients as PyTorch's within float32 rounding, in eager inference, eager
+    # autograd and under torch.compile(fullgraph=True). Sinks (absent from PyTorch) compare with
+    # the explicitly expanded call instead.
+    leaves = [torch.randn(*shape, requires_grad=True)
+              for shape in (query_shape, key_shape, value_shape)]
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = torch.zeros(query_shape[-3])
+        shape = torch.broadcast_shapes(query_shape[:-2], key_shape[:-2])
+
+        def reference_call(q, k, v, **kw):
+            return attn_torch.scaled_dot_product_attention(
+                q.expand(*shape, *q.shape[-2:]), k.expand(*shape, *k.shape[-2:]),
+                v.expand(*shape, *v.shape[-2:]), **kw)
+    else:
+        reference_call = F.scaled_dot_product_attention
+    reference = reference_call(*leaves, **options)
+    reference.backward(torch.ones_like(reference))
+    expected_grads = [leaf.grad for leaf in leaves]
+    torch._dynamo.reset()  # each case compiles the same function: keep under the recompile limit
+    for call in (attn_torch.scaled_dot_product_attention,
+                 torch.compile(attn_torch.scaled_dot_product_attention, fullgraph=True,
+                               backend="aot_eager")):
+        inputs = [leaf.detach().clone().requires_grad_() for leaf in leaves]
+        output = call(*inputs, **options)
+        assert output.shape == reference.shape
+        torch.testing.assert_close(output, reference.detach(), rtol=1e-5, atol=1e-6)
+        output.backward(torch.ones_like(output))
+        for name, mine, theirs in zip("qkv", inputs, expected_grads):
+            assert mine.grad.shape == theirs.shape, name
+            torch.testing.assert_close(mine.grad, theirs, rtol=1e-5, atol=1e-5, msg=name)
+    with torch.no_grad():
+        output = attn_torch.scaled_dot_product_attention(*leaves, **options)
+    torch.testing.assert_close(output, reference.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_axes_that_do_not_broadcast_keep_attns_error():
+    q, k = torch.randn(3, 2, 5, 4), torch.randn(2, 2, 7, 4)
+    with pytest.raises(attn.ShapeError, match="key: expected the leading axes of query"):
+        attn_torch.scaled_dot_product_attention(q, k, k)
+    with pytest.raises(attn.ShapeError, match="key: expected the leading axes of query"):
+        attn_torch.scaled_dot_product_attention(q, k, k, window=(2, 0))

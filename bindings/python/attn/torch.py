@@ -604,6 +604,7 @@ _PLAIN_MASK_DTYPES = frozenset((torch.bool, torch.float32, *_HALF_DTYPES))
 # Looked up once: the plain call's test and call read them on every call.
 _Tensor = torch.Tensor
 _sdpa_function = _extension.scaled_dot_product_attention
+_ShapeError = _attn.ShapeError
 _any_autocast = torch._C._is_any_autocast_enabled
 # The dtypes torch.autocast casts for scaled_dot_product_attention, one of its lower-precision
 # operators on the CPU: float32, float16 and bfloat16 (float64 stays as it is).
@@ -635,6 +636,36 @@ def _computed_dtypes(query, key, value):
                 )
         return query, key, value
     return _as_float32(query), _as_float32(key), _as_float32(value)
+
+
+def _broadcast_leading(query, key, value, enable_gqa):
+    """query, key and value with their leading axes broadcast against each other as PyTorch's
+    function broadcasts them (its math path's matmuls): all axes before (L, E) / (S, E), or with
+    enable_gqa the batch axes before the heads, which grouping relates instead. Views of stride 0
+    (``expand``), no copies; autograd sums the gradients back. None where they already agree or do
+    not broadcast (attn's own shape error then names the argument)."""
+    tensors = (query, key, value)
+    kept = 3 if enable_gqa else 2
+    if any(tensor.dim() < kept for tensor in tensors):
+        return None
+    try:
+        leading = torch.broadcast_shapes(*(tensor.shape[:-kept] for tensor in tensors))
+    except RuntimeError:
+        return None
+    shapes = [(*leading, *tensor.shape[-kept:]) for tensor in tensors]
+    if all(tuple(tensor.shape) == shape for tensor, shape in zip(tensors, shapes)):
+        return None
+    return tuple(tensor.expand(shape) for tensor, shape in zip(tensors, shapes))
+
+
+def _general_call(eager, query, key, value, options):
+    """The general path's output: the operator's body directly in inference, _EagerSdpa under
+    eager autograd, the operators otherwise (_eager's None)."""
+    if eager == "inference":
+        return _forward(query, key, value, *options)[0]
+    if eager == "training":
+        return _EagerSdpa.apply(query, key, value, *options)[0]
+    return _sdpa(query, key, value, *options)[0]
 
 
 def _as_tensor(values, dtype):
@@ -794,11 +825,19 @@ def scaled_dot_product_attention(
             if attn_mask is not None and attn_mask.dtype in _HALF_DTYPES:
                 attn_mask = attn_mask.float()
             options = (bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
-            if eager == "inference":
-                if _torch_threads() != _followed_threads[0]:
-                    _follow_torch_threads()
-                return _sdpa_function(query, key, value, attn_mask, 0.0, *options)
-            return _PlainSdpa.apply(query, key, value, attn_mask, *options)
+            # Leading axes that differ are broadcast once attn has refused them (no cost to the
+            # calls whose shapes agree).
+            try:
+                if eager == "inference":
+                    if _torch_threads() != _followed_threads[0]:
+                        _follow_torch_threads()
+                    return _sdpa_function(query, key, value, attn_mask, 0.0, *options)
+                return _PlainSdpa.apply(query, key, value, attn_mask, *options)
+            except _ShapeError:
+                broadcast = _broadcast_leading(query, key, value, enable_gqa)
+                if broadcast is None:
+                    raise
+            return scaled_dot_product_attention(*broadcast, attn_mask, 0.0, *options)
     if isinstance(key, _attn.KVCache):
         return _cache_attention(
             query,
@@ -869,10 +908,15 @@ def scaled_dot_product_attention(
     )
     eager = _eager(computed_query, computed_key, computed_value, attn_mask, valid_lens,
                    alibi_slopes, sinks)
-    if eager == "inference":
-        output, _ = _forward(computed_query, computed_key, computed_value, *options)
-    elif eager == "training":
-        output, _ = _EagerSdpa.apply(computed_query, computed_key, computed_value, *options)
-    else:
-        output, _ = _sdpa(computed_query, computed_key, computed_value, *options)
+    computed = (computed_query, computed_key, computed_value)
+    if eager is None:
+        # The operators' fake output follows the query's shape: broadcast before tracing them.
+        computed = _broadcast_leading(*computed, enable_gqa) or computed
+    try:
+        output = _general_call(eager, *computed, options)
+    except _ShapeError:
+        broadcast = None if eager is None else _broadcast_leading(*computed, enable_gqa)
+        if broadcast is None:
+            raise
+        output = _general_call(eager, *broadcast, options)
     return output if output.dtype == query.dtype else output.to(query.dtype)
