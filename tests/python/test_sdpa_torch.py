@@ -915,3 +915,19 @@ def test_axes_that_do_not_broadcast_keep_attns_error():
         attn_torch.scaled_dot_product_attention(q, k, k)
     with pytest.raises(attn.ShapeError, match="key: expected the leading axes of query"):
         attn_torch.scaled_dot_product_attention(q, k, k, window=(2, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_dropout_of_every_weight_gives_zeros_as_torch(dtype):
+    # dropout_p = 1 drops every weight in PyTorch: zero output and zero gradients (attn's kernels
+    # take p < 1; attn.torch gives PyTorch's result); above 1 both refuse.
+    leaves = [torch.randn(2, 3, 5, 4, dtype=dtype, requires_grad=True) for _ in range(3)]
+    output = attn_torch.scaled_dot_product_attention(*leaves, dropout_p=1.0, is_causal=True)
+    expected = F.scaled_dot_product_attention(*leaves, dropout_p=1.0, is_causal=True)
+    assert output.dtype == expected.dtype and torch.equal(output, expected)
+    assert torch.equal(output, torch.zeros_like(output))
+    output.sum().backward()
+    for leaf in leaves:
+        assert torch.equal(leaf.grad, torch.zeros_like(leaf))
+    with pytest.raises(ValueError, match="dropout"):
+        attn_torch.scaled_dot_product_attention(*leaves, dropout_p=1.5)

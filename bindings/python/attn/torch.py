@@ -889,6 +889,12 @@ def scaled_dot_product_attention(
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         attn_mask = _as_float32(attn_mask)
     window_left, window_right = _window_arguments(window)
+    # Dropout of every weight (dropout_p = 1), as PyTorch: a zero output and zero gradients. attn's
+    # kernels take probabilities below 1 (each kept weight is scaled by 1/(1 − p)): the pass without
+    # dropout, times zero, gives both (its output is finite: attn refuses non-finite inputs).
+    drops_all = dropout_p == 1.0
+    if drops_all:
+        dropout_p = 0.0
     seed = torch.randint(0, _SEED_BOUND, ()) if dropout_p > 0.0 else None
     computed_query, computed_key, computed_value = _computed_dtypes(query, key, value)
     options = (
@@ -919,4 +925,6 @@ def scaled_dot_product_attention(
         if broadcast is None:
             raise
         output = _general_call(eager, *broadcast, options)
+    if drops_all:
+        output = output * 0.0
     return output if output.dtype == query.dtype else output.to(query.dtype)
