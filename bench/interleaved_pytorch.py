@@ -7,9 +7,13 @@ Xeon moved 1.3-1.5x between phases) that ratio carries the machine's drift. Here
 calls take turns, round after round, in one process on the same tensors: per round the median of
 `--repeats` passes of each (their order alternating between rounds), and the reported ratio is
 the median over rounds of PyTorch / attn, with its range. B = 4, 8 heads of 64 unless set; q, k, v
-contiguous (B, H, n, d); the backward rows time torch.autograd.grad of the output alone.
+contiguous (B, H, n, d); the backward rows time torch.autograd.grad of the output alone. With
+--kv-heads (dividing --heads), key and value have that many heads and both calls pass
+enable_gqa=True: grouped-query attention as Llama-style models run it (e.g. --batch 1 --heads 32
+--kv-heads 8 --head-dim 128 --workloads causal,bf16-causal for a Llama-3-8B layer's prefill).
 
 Usage: python bench/interleaved_pytorch.py [--sizes 1024,4096] [--threads 1,4,16]
+           [--batch 4] [--heads 8] [--kv-heads H_kv] [--head-dim 64]
            [--workloads forward,causal,backward,bf16-forward,bf16-causal,bf16-backward]
            (also causal-backward, bf16-causal-backward)
            [--rounds 3] [--repeats 3] [--json-out FILE]
@@ -52,20 +56,22 @@ def median_ms(fn, repeats):
 
 
 def make_calls(workload, q, k, v):
-    """The two callables of one point: attn.torch's and PyTorch's, forward or backward."""
+    """The two callables of one point: attn.torch's and PyTorch's, forward or backward; grouped
+    heads (enable_gqa) where key and value have fewer heads than query."""
     _, causal, backward = WORKLOADS[workload]
+    gqa = k.shape[1] != q.shape[1]
     sdpa = {"attn": attn_torch.scaled_dot_product_attention, "torch": F.scaled_dot_product_attention}
     if not backward:
         def forward(fn):
             def call():
                 with torch.no_grad():
-                    fn(q, k, v, is_causal=causal)
+                    fn(q, k, v, is_causal=causal, enable_gqa=gqa)
             return call
         return {name: forward(fn) for name, fn in sdpa.items()}
     calls = {}
     for name, fn in sdpa.items():
         inputs = [x.detach().requires_grad_() for x in (q, k, v)]
-        out = fn(*inputs, is_causal=causal)
+        out = fn(*inputs, is_causal=causal, enable_gqa=gqa)
         grad = torch.ones_like(out) / out.numel() ** 0.5
 
         def call(out=out, inputs=inputs, grad=grad):
@@ -87,6 +93,7 @@ def main():
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, help="key/value heads (default: --heads)")
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
@@ -100,6 +107,9 @@ def main():
         parser.error(f"--workloads: unknown {unknown}; expected some of {list(WORKLOADS)}")
     if args.rounds < 1 or args.repeats < 1:
         parser.error("--rounds and --repeats must be at least 1")
+    kv_heads = args.heads if args.kv_heads is None else args.kv_heads
+    if kv_heads < 1 or args.heads % kv_heads != 0:
+        parser.error(f"--kv-heads: expected a divisor of --heads ({args.heads}), got {kv_heads}")
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -108,7 +118,8 @@ def main():
     except (OSError, StopIteration):
         pass
     print(f"attn.torch vs PyTorch {torch.__version__} SDPA, interleaved: B={args.batch}, "
-          f"heads={args.heads}, d={args.head_dim}; {args.rounds} rounds of the median of "
+          f"heads={args.heads} (key/value heads {kv_heads}), d={args.head_dim}; "
+          f"{args.rounds} rounds of the median of "
           f"{args.repeats} passes each; {cpu}, {os.cpu_count()} logical CPUs")
     print("ratio = PyTorch ms / attn ms per round: the median over rounds [lowest, highest]; "
           "GFLOP/s count visible pairs, 4d (forward) or 8d (backward) per pair\n")
@@ -117,8 +128,8 @@ def main():
     rows = []
     for n in sizes:
         generator = torch.Generator().manual_seed(n)
-        shape = (args.batch, args.heads, n, args.head_dim)
-        base = [torch.rand(shape, generator=generator) * 2 - 1 for _ in range(3)]
+        shapes = [(args.batch, heads, n, args.head_dim) for heads in (args.heads, kv_heads, kv_heads)]
+        base = [torch.rand(shape, generator=generator) * 2 - 1 for shape in shapes]
         for workload in workloads:
             dtype = WORKLOADS[workload][0]
             q, k, v = (x.to(dtype) for x in base)
@@ -158,7 +169,8 @@ def main():
     if args.json_out:
         with open(args.json_out, "w") as out:
             json.dump({"torch": torch.__version__, "cpu": cpu, "batch": args.batch,
-                       "heads": args.heads, "head_dim": args.head_dim, "rounds": args.rounds,
+                       "heads": args.heads, "kv_heads": kv_heads, "head_dim": args.head_dim,
+                       "rounds": args.rounds,
                        "repeats": args.repeats, "rows": rows}, out, indent=1)
         print(f"wrote {args.json_out}", file=sys.stderr, flush=True)
 
