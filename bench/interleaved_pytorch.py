@@ -128,7 +128,8 @@ def main():
     rows = []
     for n in sizes:
         generator = torch.Generator().manual_seed(n)
-        shapes = [(args.batch, heads, n, args.head_dim) for heads in (args.heads, kv_heads, kv_heads)]
+        shapes = [(args.batch, heads, n, args.head_dim)
+                  for heads in (args.heads, kv_heads, kv_heads)]
         base = [torch.rand(shape, generator=generator) * 2 - 1 for shape in shapes]
         for workload in workloads:
             dtype = WORKLOADS[workload][0]

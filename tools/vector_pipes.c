@@ -40,18 +40,18 @@ static inline uint64_t ticks(void) {
 static float buffer[16 * 16] __attribute__((aligned(64)));
 static double ticks_per_cycle;
 
-#define RUN(name, body)                                                            \
-  do {                                                                             \
-    const uint64_t start = ticks();                                                \
-    for (long n = 0; n < kIterations; ++n) {                                       \
-      __asm__ volatile(body ::"r"(buffer)                                          \
-                       : "memory", "rax", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4",  \
-                         "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", \
-                         "xmm12", "xmm13", "xmm14", "xmm15", "xmm29");             \
-    }                                                                              \
-    const double per_iteration = (double)(ticks() - start) / kIterations;          \
-    if (ticks_per_cycle == 0.0) ticks_per_cycle = per_iteration / 64.0;            \
-    printf("%-26s %6.2f cycles\n", name, per_iteration / ticks_per_cycle);         \
+#define RUN(name, body)                                                                           \
+  do {                                                                                            \
+    const uint64_t start = ticks();                                                               \
+    for (long n = 0; n < kIterations; ++n) {                                                      \
+      __asm__ volatile(body ::"r"(buffer)                                                         \
+                       : "memory", "rax", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", \
+                         "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14",     \
+                         "xmm15", "xmm29");                                                       \
+    }                                                                                             \
+    const double per_iteration = (double)(ticks() - start) / kIterations;                         \
+    if (ticks_per_cycle == 0.0) ticks_per_cycle = per_iteration / 64.0;                           \
+    printf("%-26s %6.2f cycles\n", name, per_iteration / ticks_per_cycle);                        \
   } while (0)
 
 int main(void) {

@@ -818,7 +818,8 @@ def test_meta_tensors_are_refused_naming_the_device(where):
     # of "expected a tensor supporting DLPack, got torch.Tensor".
     tensors = {name: torch.randn(1, 2, 8, 4) for name in ("query", "key", "value")}
     tensors[where] = torch.empty(1, 2, 8, 4, device="meta")
-    message = rf"{where}: expected a tensor in CPU memory \(attn computes on the CPU\), got one on meta"
+    message = (rf"{where}: expected a tensor in CPU memory \(attn computes on the CPU\), "
+               "got one on meta")
     for call in (attn_torch.scaled_dot_product_attention, attn.scaled_dot_product_attention):
         with pytest.raises(ValueError, match=message):
             call(tensors["query"], tensors["key"], tensors["value"])

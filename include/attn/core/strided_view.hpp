@@ -78,9 +78,7 @@ class StridedView {
   int64_t numel() const { return shape_.numel(); }
   // Row-major without gaps: what a Tensor of this shape would hold (a view without elements always
   // is: any strides describe it).
-  bool is_contiguous() const {
-    return shape_.numel() == 0 || *this == StridedView(data_, shape_);
-  }
+  bool is_contiguous() const { return shape_.numel() == 0 || *this == StridedView(data_, shape_); }
 
   bool operator==(const StridedView& other) const {
     if (data_ != other.data_ || shape_ != other.shape_) return false;
