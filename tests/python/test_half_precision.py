@@ -106,6 +106,20 @@ def test_numpy_float16_forward_and_backward_operators():
 
 
 # --- torch bfloat16 and float16 against torch.nn.functional ------------------------------------
+def torch_case(dtype, options):
+    """Grouped-head q, k, v in `dtype` and the options with their mask made: "bool" a (L, S)
+    bool mask, "float" an (N, 1, L, S) float32 one."""
+    q = torch.randn(N, H, L, E).to(dtype)
+    k = torch.randn(N, HKV, S, E).to(dtype)
+    v = torch.randn(N, HKV, S, EV).to(dtype)
+    options = dict(options, enable_gqa=True)
+    if options.get("attn_mask") == "bool":
+        options["attn_mask"] = torch.rand(L, S) < 0.7
+    elif options.get("attn_mask") == "float":
+        options["attn_mask"] = torch.randn(N, 1, L, S)
+    return q, k, v, options
+
+
 # Reference: PyTorch's float32 attention on the same values upcast, rounded once to the dtype.
 # fp16: attn's result is its float32 kernel's rounded once; the two float32 results differ by
 # ~1e-5 of the largest output, which can move a rounding by one fp16 ulp: 2⁻¹⁰ of |out|, plus
@@ -125,14 +139,7 @@ def tolerance(dtype, reference, value):
     ids=["plain", "causal", "bool_mask", "float_mask"],
 )
 def test_torch_half_matches_pytorch_in_float32_rounded(dtype, options):
-    q = torch.randn(N, H, L, E).to(dtype)
-    k = torch.randn(N, HKV, S, E).to(dtype)
-    v = torch.randn(N, HKV, S, EV).to(dtype)
-    options = dict(options, enable_gqa=True)
-    if options.get("attn_mask") == "bool":
-        options["attn_mask"] = torch.rand(L, S) < 0.7
-    elif options.get("attn_mask") == "float":
-        options["attn_mask"] = torch.randn(N, 1, L, S)
+    q, k, v, options = torch_case(dtype, options)
     for call in (attn.scaled_dot_product_attention, attn_torch.scaled_dot_product_attention):
         output = call(q, k, v, **options)
         assert isinstance(output, torch.Tensor) and output.dtype == dtype
@@ -227,14 +234,7 @@ def test_torch_compile_fullgraph_on_bfloat16():
     ids=["plain", "causal", "bool_mask", "float_mask"],
 )
 def test_autocast_casts_as_it_casts_pytorchs_function(dtype, inputs, options):
-    q = torch.randn(N, H, L, E).to(inputs)
-    k = torch.randn(N, HKV, S, E).to(inputs)
-    v = torch.randn(N, HKV, S, EV).to(inputs)
-    options = dict(options, enable_gqa=True)
-    if options.get("attn_mask") == "bool":
-        options["attn_mask"] = torch.rand(L, S) < 0.7
-    elif options.get("attn_mask") == "float":
-        options["attn_mask"] = torch.randn(N, 1, L, S)
+    q, k, v, options = torch_case(inputs, options)
     with torch.autocast("cpu", dtype=dtype):
         output = attn_torch.scaled_dot_product_attention(q, k, v, **options)
         expected_dtype = F.scaled_dot_product_attention(q, k, v, **options).dtype
