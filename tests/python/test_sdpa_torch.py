@@ -704,7 +704,6 @@ def test_plain_training_calls_take_the_lean_function_and_match_the_operators(mon
 
 
 FOLLOWS_TORCH_THREADS = r"""
-import numpy as np
 import torch
 import attn
 import attn.torch as attn_torch
