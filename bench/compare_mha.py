@@ -11,6 +11,11 @@ the median times and the ratios; --json-out writes them too.
 
     python bench/compare_mha.py --sizes 1024,4096 --threads 1,2 --repeats 7
 
+With --autocast, both run under torch.autocast("cpu") (bfloat16), as a user after speed runs a
+PyTorch model: attn's layer is attn.torch.MultiHeadAttention holding PyTorch's weights (its
+projections by PyTorch's linear in bfloat16, the attention by attn's bf16 kernels), on the same
+torch tensor; no ONNX Runtime column (its graph is float32).
+
 compare_pytorch.py --onnx-mha imports onnx_runtime_layer and max_difference_from_torch from here,
 to put the same ONNX Runtime graph beside its nn.MultiheadAttention rows; importing this file needs
 neither attn's module nor compare_decode (main imports them).
@@ -106,35 +111,49 @@ def main():
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json-out", help="also write the figures to this JSON file")
+    parser.add_argument("--autocast", action="store_true",
+                        help='both layers under torch.autocast("cpu") (bfloat16), attn through '
+                             "attn.torch.MultiHeadAttention")
     args = parser.parse_args()
 
     width = args.heads * args.head_dim
     torch_layer = torch.nn.MultiheadAttention(width, args.heads, bias=True, batch_first=True).eval()
     attn_layer = attn.MultiHeadAttention(width, width, width, width, args.heads, bias=True).eval()
+    if args.autocast:
+        attn_layer = autocast_attn_layer(torch_layer, args.heads)
     rows = []
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs; torch {torch.__version__}")
     print(f"B={args.batch}, {args.heads} heads of {args.head_dim}, D={width}, biases, eval mode; "
           f"median of {args.repeats}")
-    has_ort = onnx_runtime_layer(torch_layer, args.heads, 1) is not None
-    if not has_ort:
+    has_ort = not args.autocast and onnx_runtime_layer(torch_layer, args.heads, 1) is not None
+    if args.autocast:
+        print('both under torch.autocast("cpu", dtype=torch.bfloat16); attn: attn.torch')
+    elif not has_ort:
         print("onnxruntime/onnx not installed: no ONNX Runtime column "
               "(pip install onnxruntime onnx)")
     print(f"{'n':>6} {'threads':>7} {'attn ms':>9} {'torch ms':>9} {'torch/attn':>10}"
-          + (f" {'ort ms':>9} {'ort/attn':>9}" if has_ort else ""))
+          + (f" {'ort ms':>9} {'ort/attn':>9}" if has_ort else "")
+          + (f" {'max |attn - torch|':>19}" if args.autocast else ""))
     for n in parse_ints(args.sizes):
         x = np.random.default_rng(0).standard_normal((args.batch, n, width), dtype=np.float32)
         x_torch = torch.from_numpy(x)
         for threads in parse_ints(args.threads):
             attn.set_num_threads(threads)
             torch.set_num_threads(threads)
-            attn_ms = median_ms(lambda: attn_layer(x, x, x), args.repeats)
-            time.sleep(0.5)
-            with torch.inference_mode():
+            with torch.inference_mode(), torch.autocast("cpu", enabled=args.autocast):
+                attn_input = x_torch if args.autocast else x
+                attn_ms = median_ms(lambda: attn_layer(*(attn_input,) * 3), args.repeats)
+                time.sleep(0.5)
                 torch_ms = median_ms(
                     lambda: torch_layer(x_torch, x_torch, x_torch, need_weights=False),
                     args.repeats)
+                if args.autocast:  # the same layer in bfloat16 both ways
+                    difference = (attn_layer(*(x_torch,) * 3).float() - torch_layer(
+                        x_torch, x_torch, x_torch, need_weights=False)[0].float()).abs().max()
             time.sleep(0.5)
             row = {"n": n, "threads": threads, "attn_ms": attn_ms, "torch_ms": torch_ms}
+            if args.autocast:
+                row["max_difference"] = float(difference)
             line = (f"{n:>6} {threads:>7} {attn_ms:>9.1f} {torch_ms:>9.1f} "
                     f"{torch_ms / attn_ms:>9.2f}x")
             if has_ort:
@@ -144,14 +163,32 @@ def main():
                 row["ort_max_difference"] = difference
                 time.sleep(0.5)
                 line += f" {row['ort_ms']:>9.1f} {row['ort_ms'] / attn_ms:>8.2f}x"
+            if args.autocast:
+                line += f" {row['max_difference']:>19.2e}"
             rows.append(row)
             print(line)
     if args.json_out:
         with open(args.json_out, "w") as out:
             json.dump({"machine": cpu_name(), "torch": torch.__version__,
+                       "autocast": "bfloat16" if args.autocast else None,
                        "onnxruntime": _onnxruntime_version(), "batch": args.batch,
                        "heads": args.heads, "head_dim": args.head_dim, "repeats": args.repeats,
                        "rows": rows}, out, indent=2)
+
+
+def autocast_attn_layer(torch_layer, heads):
+    """attn.torch.MultiHeadAttention in evaluation mode with torch_layer's weights (its packed
+    in_proj split into W_q, W_k, W_v)."""
+    import attn.torch
+
+    width = torch_layer.embed_dim
+    layer = attn.torch.MultiHeadAttention(width, width, width, width, heads, bias=True).eval()
+    weights, biases = torch_layer.in_proj_weight.chunk(3), torch_layer.in_proj_bias.chunk(3)
+    state = {f"{name}.weight": w for name, w in zip(("W_q", "W_k", "W_v"), weights)}
+    state |= {f"{name}.bias": b for name, b in zip(("W_q", "W_k", "W_v"), biases)}
+    state |= {"W_o.weight": torch_layer.out_proj.weight, "W_o.bias": torch_layer.out_proj.bias}
+    layer.load_state_dict(state)
+    return layer
 
 
 def _onnxruntime_version():

@@ -10,6 +10,7 @@ torch = pytest.importorskip(
 import attn  # noqa: E402
 import attn.torch as attn_torch  # noqa: E402
 import book_torch as book  # noqa: E402
+from torch_reference import reference_sdpa  # noqa: E402
 
 # float32 on both sides, O(1) random inputs, at most a few dozen operations per output: the two
 # implementations round differently by a few float32 ulps; the issue asks for agreement to 1e-5.
@@ -281,3 +282,195 @@ def test_attn_torch_gradcheck_in_float64_inputs():
     book.DotProductAttention(0.0)(q, k, v, torch.tensor([2, 5])).sum().backward()
     for mine, theirs in zip(grads, (q.grad, k.grad, v.grad)):
         assert_close(mine, theirs)
+
+
+# --- The modules under torch.autocast("cpu") ------------------------------------------------------
+# The book's modules under autocast compute their linear layers and products in the autocast dtype
+# and return it. attn.torch's DotProductAttention, MultiHeadAttention and GeneralAttention do the
+# same (projections by PyTorch's linear, the attention by attn's half kernels); AdditiveAttention
+# and GaussianKernelPooling compute in float32 and return the output cast.
+
+F = torch.nn.functional
+AUTOCAST_DTYPES = pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"]
+)
+# Unit roundoff of each dtype (8 and 11 significant bits).
+ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+COMPOSED = {
+    "multi_head": (lambda: attn_torch.MultiHeadAttention(5, 6, 4, 8, 2, bias=True), (6, 5, 4)),
+    "dot_product": (lambda: attn_torch.DotProductAttention(), (6, 6, 3)),
+    "general": (lambda: attn_torch.GeneralAttention(6, 5), (6, 5, 3)),
+}
+
+
+def composed_inputs(sizes, lens):
+    """Queries (3, 4, ·), keys and values (3, 7, ·) and valid lengths (None, (3,) or (3, 4))."""
+    query_size, key_size, value_size = sizes
+    queries, keys = torch.randn(3, 4, query_size), torch.randn(3, 7, key_size)
+    return queries, keys, torch.randn(3, 7, value_size), VALID_LENS[lens](3, 4, 7)
+
+
+def composed_reference(kind, module, queries, keys, values, dtype):
+    """The module's steps under autocast up to its attention: the projected (B, H, rows, ·)
+    tensors in `dtype` (PyTorch's own linear, as the module calls it), the scale, and the final
+    step, as functions of the attention's (B, H, n, ·) output."""
+    p = dict(module.named_parameters())
+    with torch.autocast("cpu", dtype=dtype):
+        if kind == "multi_head":
+
+            def linear(x, name):
+                return F.linear(x, p[name + ".weight"], p[name + ".bias"])
+
+            def split(x):
+                return x.unflatten(-1, (2, -1)).transpose(1, 2)
+
+            q, k, v = (
+                split(linear(x, name))
+                for x, name in zip((queries, keys, values), ("W_q", "W_k", "W_v"))
+            )
+
+            def finish(output):
+                with torch.autocast("cpu", dtype=dtype):
+                    return linear(output.transpose(1, 2).flatten(2), "W_o")
+
+            return q, k, v, None, finish
+        q = F.linear(queries, p["W.weight"]) if kind == "general" else queries.to(dtype)
+        scale = 1.0 if kind == "general" else None
+        return (q.unsqueeze(1), keys.to(dtype).unsqueeze(1), values.to(dtype).unsqueeze(1), scale,
+                lambda output: output.squeeze(1))
+
+
+@AUTOCAST_DTYPES
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lens", ["none", "per_batch", "per_query"])
+@pytest.mark.parametrize("kind", sorted(COMPOSED))
+def test_composed_modules_under_autocast_compute_in_its_dtype(kind, lens, causal, dtype):
+    # Against the same steps with the attention in float64 on the rounded projections, rounded
+    # once: attn's half attention is within 1e-5 of it, plus (bf16) P rounded to bf16 before P V,
+    # ≤ u·max|v| (test_half_precision.py), and each side's rounding of the attention output, u of
+    # |out| each: 2u·max|v| + 2u·|o| bounds the attention's difference Δo. MultiHeadAttention's
+    # W_o then takes Δo to at most Σ_j |W_o[i, j]|·Δo, and each side rounds once more.
+    module = COMPOSED[kind][0]()
+    queries, keys, values, valid_lens = composed_inputs(COMPOSED[kind][1], lens)
+    with torch.autocast("cpu", dtype=dtype):
+        output = module(queries, keys, values, valid_lens, causal=causal)
+    assert output.dtype == dtype
+    u = ROUNDOFF[dtype]
+    with torch.no_grad():
+        q, k, v, scale, finish = composed_reference(kind, module, queries, keys, values, dtype)
+        attention = reference_sdpa(
+            q.double(), k.double(), v.double(), scale=scale, valid_lens=valid_lens,
+            is_causal=causal, alignment="bottom-right",
+        )
+        attention_bound = 2 * u * float(v.abs().max()) + 2 * u * attention.abs() + 1e-5
+        expected = finish(attention.to(dtype))
+        if kind == "multi_head":
+            w_o = module.get_parameter("W_o.weight").double()
+            bound = float(attention_bound.max()) * w_o.abs().sum(1) + 2 * u * expected.abs()
+        else:
+            bound = attention_bound.squeeze(1)
+    difference = (output.double() - expected.double()).abs()
+    assert (difference <= bound).all(), float((difference - bound).max())
+
+
+@AUTOCAST_DTYPES
+@pytest.mark.parametrize("kind", sorted(COMPOSED))
+def test_composed_modules_under_autocast_give_the_weights_of_the_rounded_projections(kind, dtype):
+    # Weights in the call's dtype, as the book's modules keep them under autocast: attn's float32
+    # softmax of the rounded projections' scores, rounded once (u of each weight), against the
+    # float64 softmax (reference_sdpa with identity values) of the same projections.
+    module = COMPOSED[kind][0]()
+    queries, keys, values, valid_lens = composed_inputs(COMPOSED[kind][1], "per_query")
+    with torch.autocast("cpu", dtype=dtype):
+        module(queries, keys, values, valid_lens, causal=True)
+    weights = module.attention_weights
+    assert weights.dtype == dtype
+    q, k, _, scale, _ = composed_reference(kind, module, queries, keys, values, dtype)
+    identity = torch.eye(7, dtype=torch.float64).expand(*k.shape[:2], 7, 7)
+    expected = reference_sdpa(
+        q.double(), k.double(), identity, scale=scale, valid_lens=valid_lens, is_causal=True,
+        alignment="bottom-right",
+    ).reshape(weights.shape)
+    difference = (weights.double() - expected).abs()
+    assert (difference <= ROUNDOFF[dtype] * expected + 1e-6).all(), float(difference.max())
+
+
+@AUTOCAST_DTYPES
+@pytest.mark.parametrize("kind", ["additive", "gaussian"])
+def test_other_modules_under_autocast_return_their_float32_output_cast(kind, dtype):
+    make_reference, make_module, (query_size, key_size, value_size) = MODULE_PAIRS[kind]
+    module = make_module()
+    module.load_state_dict(make_reference().state_dict())
+    queries, keys = torch.randn(3, 4, query_size).to(dtype), torch.randn(3, 7, key_size)
+    values, lens = torch.randn(3, 7, value_size), torch.tensor([2, 7, 5])
+    with torch.autocast("cpu", dtype=dtype):
+        output = module(queries, keys, values, lens)
+    assert torch.equal(output, module(queries.float(), keys, values, lens).to(dtype))
+
+
+@pytest.mark.parametrize("kind", sorted(COMPOSED))
+def test_composed_modules_under_autocast_train_as_in_float32(kind):
+    # Gradients reach the inputs and the float32 parameters; against the float32 module's: the
+    # bf16 chain rounds inputs and weights, the projections, the attention's output and its
+    # backward's operands, and the projections' backward, each by at most 2⁻⁸ of what it rounds:
+    # 2⁻⁴ of the largest gradient bounds six such roundings twice over. W_k's bias shifts all of
+    # a query's scores alike, which the softmax ignores: its exact gradient is 0 and both sides'
+    # are rounding, held to the scale of W_k's weight gradient (Σ_j dK_j k_j against Σ_j dK_j).
+    module = COMPOSED[kind][0]()
+    queries, keys, values, valid_lens = composed_inputs(COMPOSED[kind][1], "per_batch")
+    grad_output = torch.randn(3, 4, 8 if kind == "multi_head" else 3)
+    gradients = []
+    for autocast in (True, False):
+        module.zero_grad()
+        leaves = [x.clone().requires_grad_(True) for x in (queries, keys, values)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            output = module(*leaves, valid_lens)
+        assert output.dtype == (torch.bfloat16 if autocast else torch.float32)
+        output.backward(grad_output.to(output.dtype))
+        gradients.append(
+            {name: x.grad for name, x in zip(("queries", "keys", "values"), leaves)}
+            | {name: p.grad for name, p in module.named_parameters()}
+        )
+    mine, theirs = gradients
+    assert sorted(mine) == sorted(theirs)
+    for name in mine:
+        assert mine[name].dtype == theirs[name].dtype == torch.float32, name
+        scale = float(theirs["W_k.weight" if name == "W_k.bias" else name].abs().max())
+        assert float((mine[name] - theirs[name]).abs().max()) <= 2.0**-4 * scale, name
+
+
+def test_composed_modules_under_autocast_drop_weights_by_torch_manual_seed():
+    module = attn_torch.MultiHeadAttention(5, 6, 4, 8, 2, 0.5)
+    queries, keys, values, _ = composed_inputs((6, 5, 4), "none")
+    outputs = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        with torch.autocast("cpu"):
+            outputs.append(module(queries, keys, values))
+    assert torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[0], outputs[2])
+    with torch.autocast("cpu"):
+        evaluated = module.eval()(queries, keys, values)
+    assert not torch.equal(outputs[0], evaluated)
+
+
+@pytest.mark.parametrize(
+    "kind, shapes",
+    [
+        ("multi_head", [(3, 4, 7), (3, 7, 5), (3, 7, 4)]),  # the queries' size
+        ("multi_head", [(3, 4, 6), (3, 7, 4), (3, 7, 4)]),  # the keys' size
+        ("multi_head", [(3, 4, 6), (2, 7, 5), (2, 7, 4)]),  # the batch
+        ("dot_product", [(3, 4, 6), (3, 7, 5), (3, 7, 3)]),  # keys against queries
+        ("dot_product", [(3, 4, 6), (3, 7, 6), (3, 8, 3)]),  # as many values as keys
+        ("general", [(3, 4, 6), (3, 7, 6), (3, 7, 3)]),  # the key size
+        ("general", [(4, 6), (3, 7, 5), (3, 7, 3)]),  # 3-d
+    ],
+)
+def test_composed_modules_under_autocast_refuse_what_their_layers_refuse(kind, shapes):
+    module = COMPOSED[kind][0]()
+    inputs = [torch.randn(*shape) for shape in shapes]
+    with pytest.raises((ValueError, attn.ShapeError)) as outside:
+        module(*inputs)
+    with pytest.raises(type(outside.value)) as inside:
+        with torch.autocast("cpu"):
+            module(*inputs)
+    assert str(inside.value) == str(outside.value)

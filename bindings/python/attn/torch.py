@@ -188,7 +188,26 @@ class _AttnModule(nn.Module):
 
     def forward(self, queries, keys, values, valid_lens=None, *, causal=False):
         """queries (B, n, ·), keys (B, m, ·), values (B, m, ·) → (B, n, ·); valid_lens None, (B,)
-        or (B, n) integers; causal=True hides keys j > i + m − n from query i."""
+        or (B, n) integers; causal=True hides keys j > i + m − n from query i.
+
+        Under ``torch.autocast("cpu")`` (float32, float16 or bfloat16 tensors) the output is in
+        the autocast dtype, as the book's PyTorch modules give it: DotProductAttention,
+        MultiHeadAttention and GeneralAttention then compute in that dtype as the book's code
+        does under autocast (projections by PyTorch's linear, attention by attn's half kernels),
+        the other modules in float32 with the output cast."""
+        if (
+            _any_autocast()
+            and torch.is_autocast_enabled("cpu")
+            and all(
+                isinstance(x, _Tensor) and x.dtype in _AUTOCAST_CAST_DTYPES
+                for x in (queries, keys, values)
+            )
+        ):
+            return self._autocast_forward(queries, keys, values, valid_lens, causal)
+        return self._layer_forward(queries, keys, values, valid_lens, causal)
+
+    def _layer_forward(self, queries, keys, values, valid_lens, causal):
+        """The call through attn's layer (_LayerFunction)."""
         parameters = self._current_parameters()
         layer, lease = self._call_layer(parameters)
         if self.training:
@@ -220,8 +239,92 @@ class _AttnModule(nn.Module):
             self._spare_layers.append([layer, _weakref.ref(lease)])
         return layer, lease
 
+    def _autocast_forward(self, queries, keys, values, valid_lens, causal):
+        """Under autocast: attn's float32 layer on the inputs in float32, the output (and its
+        gradient's way back) in the autocast dtype."""
+        output = self._layer_forward(
+            queries.float(), keys.float(), values.float(), valid_lens, causal
+        )
+        return output.to(torch.get_autocast_dtype("cpu"))
+
+    def _attend_under_autocast(self, queries, keys, values, valid_lens, causal, scale):
+        """The attention of the composed modules under autocast: queries (B, H, n, E), keys
+        (B, H, m, E), values (B, H, m, Ev) projected → (B, H, n, Ev) by
+        scaled_dot_product_attention (its autocast cast, attn's half kernels), dropout in
+        training mode; the weights (B·H, n, m) are computed from the same tensors when read."""
+        if valid_lens is not None and not isinstance(valid_lens, _Tensor):
+            valid_lens = torch.as_tensor(valid_lens)
+        # Cast here rather than inside the call, so that the weights come from what it computed.
+        queries, keys, values = _autocast_inputs(queries, keys, values)
+        dropout = self._dropout if self.training else 0.0
+        output = scaled_dot_product_attention(
+            queries, keys, values, dropout_p=dropout, scale=scale, valid_lens=valid_lens,
+            causal=causal,
+        )
+        self._weights_layer = _WeightsUnderAutocast(
+            queries.detach(), keys.detach(), values.detach(), valid_lens, causal, scale,
+            output.dtype,
+        )
+        self._attention_weights = None
+        return output
+
     def extra_repr(self):
         return repr(self._template).split("(", 1)[1][:-1]
+
+
+class _WeightsUnderAutocast:
+    """A composed call's attention weights, computed on the first read as attn's float32
+    DotProductAttention computes them from the call's (projected) queries and keys, and
+    returned in the call's dtype, as the book's modules keep theirs under autocast."""
+
+    def __init__(self, queries, keys, values, valid_lens, causal, scale, dtype):
+        self._call = (queries, keys, values, valid_lens, causal, scale, dtype)
+
+    @property
+    def attention_weights(self):
+        queries, keys, values, valid_lens, causal, scale, dtype = self._call
+        heads = queries.shape[1]
+
+        def flat(x):  # (B, H, rows, ·) → (B·H, rows, ·) in float32
+            return x.float().reshape(-1, x.shape[2], x.shape[3])
+
+        if valid_lens is not None:
+            valid_lens = torch.repeat_interleave(valid_lens, heads, dim=0)
+        layer = _attn.DotProductAttention(0.0, scale=scale).eval()
+        layer(flat(queries), flat(keys), flat(values), valid_lens, causal=causal)
+        return torch.as_tensor(layer.attention_weights).to(dtype)
+
+
+def _check_layer_inputs(queries, keys, values, sizes):
+    """The checks attn's layers make, for the modules that compose PyTorch's operators with
+    attn's under autocast, with their messages: 3-d inputs of one batch, as many values as keys,
+    and `sizes` {name: (last dimension, what it is)} (the dot product's keys: the queries')."""
+    for name, x in (("queries", queries), ("keys", keys), ("values", values)):
+        if x.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-d array, got shape {tuple(x.shape)}")
+    for name, x in (("queries", queries), ("keys", keys), ("values", values)):
+        if name in sizes and x.shape[2] != sizes[name][0]:
+            size, what = sizes[name]
+            raise _ShapeError(
+                f"{name}: expected the last dimension to be {size} ({what}), got shape "
+                f"{tuple(x.shape)}"
+            )
+    if "keys" not in sizes and keys.shape[2] != queries.shape[2]:
+        raise _ShapeError(
+            f"keys: expected dimension 2 to be {queries.shape[2]} (the size of each query), got "
+            f"shape {tuple(keys.shape)}"
+        )
+    for name, x in (("keys", keys), ("values", values)):
+        if x.shape[0] != queries.shape[0]:
+            raise _ShapeError(
+                f"{name}: expected dimension 0 to be {queries.shape[0]} (the batch size of "
+                f"queries), got shape {tuple(x.shape)}"
+            )
+    if values.shape[1] != keys.shape[1]:
+        raise _ShapeError(
+            f"values: expected dimension 1 to be {keys.shape[1]} (the number of keys), got "
+            f"shape {tuple(values.shape)}"
+        )
 
 
 class AdditiveAttention(_AttnModule):
@@ -239,6 +342,15 @@ class DotProductAttention(_AttnModule):
 
     def __init__(self, dropout=0.0, *, scale=None, seed=0):
         super().__init__(_attn.DotProductAttention(dropout, scale=scale, seed=seed))
+        self._dropout, self._scale = dropout, scale
+
+    def _autocast_forward(self, queries, keys, values, valid_lens, causal):
+        _check_layer_inputs(queries, keys, values, {})
+        output = self._attend_under_autocast(
+            queries.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), valid_lens, causal,
+            self._scale,
+        )
+        return output.squeeze(1)
 
 
 class MultiHeadAttention(_AttnModule):
@@ -263,6 +375,31 @@ class MultiHeadAttention(_AttnModule):
                 key_size, query_size, value_size, num_hiddens, num_heads, dropout, bias, seed=seed
             )
         )
+        self._dropout, self._num_heads = dropout, num_heads
+        self._sizes = {
+            name: (size, "the layer's input size")
+            for name, size in (("queries", query_size), ("keys", key_size), ("values", value_size))
+        }
+
+    def _autocast_forward(self, queries, keys, values, valid_lens, causal):
+        # The book's forward under autocast: W_q, W_k, W_v and W_o are PyTorch's linear (in the
+        # autocast dtype), the heads' attention attn's half kernels on (B, H, rows, h / H) views.
+        _check_layer_inputs(queries, keys, values, self._sizes)
+        heads = self._num_heads
+
+        def project(x, name):
+            weight = self.get_parameter(name + ".weight")
+            bias = self.get_parameter(name + ".bias") if self._template.bias else None
+            return nn.functional.linear(x, weight, bias)
+
+        def split(x):  # (B, rows, h) → (B, H, rows, h / H)
+            return x.unflatten(-1, (heads, -1)).transpose(1, 2)
+
+        output = self._attend_under_autocast(
+            split(project(queries, "W_q")), split(project(keys, "W_k")),
+            split(project(values, "W_v")), valid_lens, causal, None,
+        )
+        return project(output.transpose(1, 2).flatten(2), "W_o")
 
 
 class GeneralAttention(_AttnModule):
@@ -271,6 +408,21 @@ class GeneralAttention(_AttnModule):
 
     def __init__(self, query_size, key_size, dropout=0.0, *, seed=0):
         super().__init__(_attn.GeneralAttention(query_size, key_size, dropout, seed=seed))
+        self._dropout = dropout
+        self._sizes = {
+            "queries": (query_size, "the layer's input size"),
+            "keys": (key_size, "the layer's key size"),
+        }
+
+    def _autocast_forward(self, queries, keys, values, valid_lens, causal):
+        # (W q)·k unscaled: W by PyTorch's linear in the autocast dtype, then attn's half kernels.
+        _check_layer_inputs(queries, keys, values, self._sizes)
+        projected = nn.functional.linear(queries, self.get_parameter("W.weight"))
+        output = self._attend_under_autocast(
+            projected.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), valid_lens, causal,
+            1.0,
+        )
+        return output.squeeze(1)
 
 
 class GaussianKernelPooling(_AttnModule):
