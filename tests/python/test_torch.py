@@ -474,3 +474,20 @@ def test_composed_modules_under_autocast_refuse_what_their_layers_refuse(kind, s
         with torch.autocast("cpu"):
             module(*inputs)
     assert str(inside.value) == str(outside.value)
+
+
+@pytest.mark.parametrize("kind", sorted(COMPOSED))
+def test_composed_modules_under_autocast_compile_whole(kind):
+    # Under autocast the composed modules are PyTorch's operators and attn's custom ones only, so
+    # torch.compile(fullgraph=True) traces them (the float32 modules call attn's layer objects,
+    # which Dynamo cannot); the compiled call gives the eager result.
+    module = COMPOSED[kind][0]().eval()
+    queries, keys, values, valid_lens = composed_inputs(COMPOSED[kind][1], "per_batch")
+
+    def call(queries, keys, values):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return module(queries, keys, values, valid_lens, causal=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")(queries, keys, values)
+    assert torch.equal(compiled, call(queries, keys, values))

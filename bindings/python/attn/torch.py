@@ -375,7 +375,7 @@ class MultiHeadAttention(_AttnModule):
                 key_size, query_size, value_size, num_hiddens, num_heads, dropout, bias, seed=seed
             )
         )
-        self._dropout, self._num_heads = dropout, num_heads
+        self._dropout, self._num_heads, self._bias = dropout, num_heads, bias
         self._sizes = {
             name: (size, "the layer's input size")
             for name, size in (("queries", query_size), ("keys", key_size), ("values", value_size))
@@ -389,7 +389,7 @@ class MultiHeadAttention(_AttnModule):
 
         def project(x, name):
             weight = self.get_parameter(name + ".weight")
-            bias = self.get_parameter(name + ".bias") if self._template.bias else None
+            bias = self.get_parameter(name + ".bias") if self._bias else None
             return nn.functional.linear(x, weight, bias)
 
         def split(x):  # (B, rows, h) → (B, H, rows, h / H)
