@@ -20,6 +20,7 @@ filled with `context` tokens of random keys and values (a step's cost does not d
 same weights, one after the other. Not part of CI: timings need a quiet machine.
 """
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -76,10 +77,13 @@ def decode(model, implementation, context, new_tokens, cache_kind="dynamic"):
                      torch.randn(shape, generator=generator).to(dtype), layer)
     token = torch.tensor([[1]])
     tokens, steps = [], []
+    # transformers 5.24 renamed forward's past_key_values to cache (the old name warns).
+    cache_argument = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                      else "past_key_values")
     with torch.inference_mode():
         for _ in range(new_tokens):
             start = time.perf_counter()
-            out = model(token, past_key_values=cache, use_cache=True)
+            out = model(token, use_cache=True, **{cache_argument: cache})
             token = out.logits[:, -1:].argmax(-1)
             steps.append(time.perf_counter() - start)
             tokens.append(token.item())
