@@ -931,3 +931,97 @@ def test_dropout_of_every_weight_gives_zeros_as_torch(dtype):
         assert torch.equal(leaf.grad, torch.zeros_like(leaf))
     with pytest.raises(ValueError, match="dropout"):
         attn_torch.scaled_dot_product_attention(*leaves, dropout_p=1.5)
+
+
+# --- attn.torch.override_sdpa: PyTorch's function replaced by attn's --------------------------------
+
+
+@pytest.fixture
+def attn_calls(monkeypatch):
+    """Counts the calls that reach attn.torch.scaled_dot_product_attention."""
+    calls = []
+    real = attn_torch.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attn_torch, "scaled_dot_product_attention", counted)
+    return calls
+
+
+def encoder_step(layer, x, mask):
+    """A training step's output and input gradient through torch.nn.TransformerEncoderLayer,
+    whose self-attention (in training) calls F.scaled_dot_product_attention."""
+    x = x.clone().requires_grad_(True)
+    output = layer(x, src_mask=mask)
+    output.backward(torch.ones_like(output))
+    return output.detach(), x.grad, [p.grad.clone() for p in layer.parameters()]
+
+
+def test_override_sdpa_runs_pytorchs_modules_on_attn(attn_calls):
+    original = F.scaled_dot_product_attention
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    x, mask = torch.randn(2, 9, 16), torch.rand(9, 9) < 0.8
+    mask[:, 0] = True  # every query sees a key: PyTorch's modules give NaN rows otherwise
+    expected = encoder_step(layer, x, ~mask)  # the modules' bool masks mark what is hidden
+    layer.zero_grad()
+    with attn_torch.override_sdpa():
+        assert F.scaled_dot_product_attention is not original
+        got = encoder_step(layer, x, ~mask)
+    assert F.scaled_dot_product_attention is original
+    assert len(attn_calls) == 1, "the layer's attention ran through attn"
+    for name, mine, theirs in zip(("output", "input grad"), got, expected):
+        assert_relative(mine, theirs, GRADIENT_RTOL, name)
+    for index, (mine, theirs) in enumerate(zip(got[2], expected[2])):
+        assert_relative(mine, theirs, GRADIENT_RTOL, f"parameter {index}")
+    encoder_step(layer, x, ~mask)
+    assert len(attn_calls) == 1, "restored: PyTorch's function again"
+
+
+def test_override_sdpa_leaves_what_attn_does_not_compute_to_pytorch(attn_calls):
+    q = torch.randn(N, H, L, E)
+    with attn_torch.override_sdpa():
+        meta = F.scaled_dot_product_attention(q.to("meta"), q.to("meta"), q.to("meta"))
+        assert meta.device.type == "meta" and meta.shape == (N, H, L, E)
+        with pytest.raises(RuntimeError) as attn_error:
+            F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(L, L, dtype=torch.int64))
+    assert not attn_calls
+    with pytest.raises(RuntimeError) as torch_error:
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(L, L, dtype=torch.int64))
+    assert str(attn_error.value) == str(torch_error.value)
+
+
+def test_override_sdpa_compiles_to_attns_operator():
+    q = torch.randn(N, H, L, E)
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module.code)
+        return graph_module.forward
+
+    def attend(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    with attn_torch.override_sdpa():
+        torch._dynamo.reset()
+        compiled = torch.compile(attend, fullgraph=True, backend=recording_backend)(q)
+        assert torch.equal(compiled, attend(q))
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and "attn.sdpa" in graphs[0], graphs
+
+
+def test_override_sdpa_nests_and_restores_in_any_order():
+    original = F.scaled_dot_product_attention
+    outer = attn_torch.override_sdpa()  # a plain call: in place until restored
+    inner = attn_torch.override_sdpa()
+    assert F.scaled_dot_product_attention is not original
+    outer.restore()  # out of order: the inner one stays in place
+    assert F.scaled_dot_product_attention._attn_override is inner
+    inner.restore()  # and takes the ended outer one with it
+    assert F.scaled_dot_product_attention is original
+    with attn_torch.override_sdpa() as override:
+        with attn_torch.override_sdpa():
+            pass
+        assert F.scaled_dot_product_attention._attn_override is override
+    assert F.scaled_dot_product_attention is original

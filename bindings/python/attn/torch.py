@@ -57,6 +57,7 @@ __all__ = [
     "GaussianKernelPooling",
     "GeneralAttention",
     "MultiHeadAttention",
+    "override_sdpa",
     "scaled_dot_product_attention",
 ]
 
@@ -1080,3 +1081,73 @@ def scaled_dot_product_attention(
     if drops_all:
         output = output * 0.0
     return output if output.dtype == query.dtype else output.to(query.dtype)
+
+
+# --- torch.nn.functional.scaled_dot_product_attention replaced by attn's ---------------------------
+
+
+def _computes(query, key, value, attn_mask):
+    """Whether attn computes PyTorch's call on these arguments: plain CPU tensors of floating
+    dtypes, a bool or floating mask (attn would read an integer one as valid lengths, which
+    PyTorch refuses), no nested tensors (their own type) or other devices."""
+    for tensor in (query, key, value, attn_mask):
+        if tensor is None:
+            continue
+        if type(tensor) is not _Tensor or tensor.device.type != "cpu" or tensor.is_sparse:
+            return False
+        if not (tensor.is_floating_point() or tensor is attn_mask and tensor.dtype == torch.bool):
+            return False
+    return True
+
+
+class override_sdpa:
+    """Makes ``torch.nn.functional.scaled_dot_product_attention`` attn's, so that a model that
+    calls PyTorch's function — directly, or through ``torch.nn.MultiheadAttention`` and
+    ``torch.nn.Transformer*`` where they take ``F.multi_head_attention_forward`` (training, or
+    any call their fast path declines) — runs attn's attention, forward and backward, also
+    under ``torch.compile``::
+
+        with attn.torch.override_sdpa():
+            loss = model(batch).loss     # every F.scaled_dot_product_attention inside is attn's
+        attn.torch.override_sdpa()       # or from here on (``.restore()`` undoes it)
+
+    Calls attn does not compute go to PyTorch's function unchanged: tensors on another device,
+    nested or sparse tensors, integer masks (PyTorch's error). Code that bound the function
+    before (``from torch.nn.functional import scaled_dot_product_attention``) and PyTorch's
+    C++ callers (the modules' inference fast path) keep PyTorch's. Nests: each restores what
+    it replaced."""
+
+    def __init__(self):
+        self._replaced = nn.functional.scaled_dot_product_attention
+        original = self._replaced
+
+        def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                   scale=None, enable_gqa=False):
+            if _computes(query, key, value, attn_mask):
+                return scaled_dot_product_attention(
+                    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+                )
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+        attend.__doc__ = "attn's scaled_dot_product_attention (attn.torch.override_sdpa)."
+        attend._attn_override = self
+        self._active = True
+        nn.functional.scaled_dot_product_attention = attend
+
+    def restore(self):
+        """Ends this override: puts back the function it replaced, or, while a later override
+        is in place, leaves that one there and lets its restore skip this one."""
+        self._active = False
+        current = nn.functional.scaled_dot_product_attention
+        while getattr(current, "_attn_override", None) is not None:
+            if current._attn_override._active:
+                break
+            current = current._attn_override._replaced
+        nn.functional.scaled_dot_product_attention = current
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.restore()
