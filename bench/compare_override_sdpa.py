@@ -15,21 +15,12 @@ torch.autocast("cpu") with --autocast.
 """
 import argparse
 import statistics
-import time
 
 import torch
 
 import attn.torch as attn_torch
 from compare_decode import cpu_name  # this folder's decode comparison
-
-
-def median_ms(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+from interleaved_pytorch import median_ms  # and its interleaved rounds' timer
 
 
 def main():
@@ -70,7 +61,9 @@ def main():
         for threads in [int(t) for t in args.threads.split(",")]:
             torch.set_num_threads(threads)
             for name, fn in (("training", train_step), ("forward", forward)):
-                fn()  # warm-up: threads, buffers
+                fn()  # warm-up of both: threads, buffers
+                with attn_torch.override_sdpa():
+                    fn()
                 ratios, torch_times, attn_times = [], [], []
                 for round_index in range(args.rounds):
                     def with_attn():
