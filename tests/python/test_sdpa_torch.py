@@ -984,6 +984,10 @@ def test_override_sdpa_leaves_what_attn_does_not_compute_to_pytorch(attn_calls):
     with attn_torch.override_sdpa():
         meta = F.scaled_dot_product_attention(q.to("meta"), q.to("meta"), q.to("meta"))
         assert meta.device.type == "meta" and meta.shape == (N, H, L, E)
+        wide = q.double().requires_grad_(True)  # float64 in float64, as gradcheck needs
+        assert torch.autograd.gradcheck(
+            lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), (wide,)
+        )
         with pytest.raises(RuntimeError) as attn_error:
             F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(L, L, dtype=torch.int64))
     assert not attn_calls

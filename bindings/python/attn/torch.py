@@ -1087,15 +1087,19 @@ def scaled_dot_product_attention(
 
 
 def _computes(query, key, value, attn_mask):
-    """Whether attn computes PyTorch's call on these arguments: plain CPU tensors of floating
-    dtypes, a bool or floating mask (attn would read an integer one as valid lengths, which
-    PyTorch refuses), no nested tensors (their own type) or other devices."""
+    """Whether attn computes PyTorch's call on these arguments as PyTorch would: plain CPU
+    tensors (no nested tensors, their own type, nor other devices), query, key and value in
+    float32, float16 or bfloat16 (PyTorch computes float64 in float64, attn in float32), a bool
+    or floating mask (attn would read an integer one as valid lengths, which PyTorch refuses)."""
     for tensor in (query, key, value, attn_mask):
         if tensor is None:
             continue
         if type(tensor) is not _Tensor or tensor.device.type != "cpu" or tensor.is_sparse:
             return False
-        if not (tensor.is_floating_point() or tensor is attn_mask and tensor.dtype == torch.bool):
+        if tensor is attn_mask:
+            if not (tensor.is_floating_point() or tensor.dtype == torch.bool):
+                return False
+        elif tensor.dtype not in _DIRECT_DTYPE_SET:
             return False
     return True
 
@@ -1111,8 +1115,9 @@ class override_sdpa:
             loss = model(batch).loss     # every F.scaled_dot_product_attention inside is attn's
         attn.torch.override_sdpa()       # or from here on (``.restore()`` undoes it)
 
-    Calls attn does not compute go to PyTorch's function unchanged: tensors on another device,
-    nested or sparse tensors, integer masks (PyTorch's error). Code that bound the function
+    Calls attn does not compute as PyTorch would go to PyTorch's function unchanged: tensors on
+    another device, nested or sparse tensors, float64 (which PyTorch computes in float64, attn in
+    float32), integer masks (PyTorch's error). Code that bound the function
     before (``from torch.nn.functional import scaled_dot_product_attention``) and PyTorch's
     C++ callers (the modules' inference fast path) keep PyTorch's. Nests: each restores what
     it replaced."""
@@ -1122,13 +1127,15 @@ class override_sdpa:
         original = self._replaced
 
         def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                   scale=None, enable_gqa=False):
-            if _computes(query, key, value, attn_mask):
+                   scale=None, enable_gqa=False, **later_arguments):
+            # Arguments a later PyTorch may add are PyTorch's to handle.
+            if not later_arguments and _computes(query, key, value, attn_mask):
                 return scaled_dot_product_attention(
                     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
                 )
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            **later_arguments)
 
         attend.__doc__ = "attn's scaled_dot_product_attention (attn.torch.override_sdpa)."
         attend._attn_override = self
