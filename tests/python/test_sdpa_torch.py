@@ -988,9 +988,13 @@ def test_override_sdpa_leaves_what_attn_does_not_compute_to_pytorch(attn_calls):
         assert torch.autograd.gradcheck(
             lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), (wide,)
         )
+        # torch.func.grad, which attn's custom operator does not support, gets PyTorch's.
+        gradient = torch.func.grad(lambda x: F.scaled_dot_product_attention(x, x, x).sum())(q)
         with pytest.raises(RuntimeError) as attn_error:
             F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(L, L, dtype=torch.int64))
     assert not attn_calls
+    torch_gradient = torch.func.grad(lambda x: F.scaled_dot_product_attention(x, x, x).sum())(q)
+    assert torch.equal(gradient, torch_gradient)
     with pytest.raises(RuntimeError) as torch_error:
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(L, L, dtype=torch.int64))
     assert str(attn_error.value) == str(torch_error.value)

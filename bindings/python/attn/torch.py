@@ -1117,7 +1117,8 @@ class override_sdpa:
 
     Calls attn does not compute as PyTorch would go to PyTorch's function unchanged: tensors on
     another device, nested or sparse tensors, float64 (which PyTorch computes in float64, attn in
-    float32), integer masks (PyTorch's error). Code that bound the function
+    float32), integer masks (PyTorch's error), calls under a torch.func transform (attn's custom
+    operator does not support torch.func.grad). Code that bound the function
     before (``from torch.nn.functional import scaled_dot_product_attention``) and PyTorch's
     C++ callers (the modules' inference fast path) keep PyTorch's. Nests: each restores what
     it replaced."""
@@ -1128,8 +1129,18 @@ class override_sdpa:
 
         def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                    scale=None, enable_gqa=False, **later_arguments):
-            # Arguments a later PyTorch may add are PyTorch's to handle.
-            if not later_arguments and _computes(query, key, value, attn_mask):
+            # Arguments a later PyTorch may add are PyTorch's to handle, and so are calls under a
+            # torch.func transform: custom operators with registered autograd (attn::sdpa) do not
+            # support torch.func.grad (PyTorch's autograd wrapper has no setup_context). Dynamo
+            # reads a transform's stack as never empty: compiled calls skip that test.
+            if (
+                not later_arguments
+                and (
+                    torch.compiler.is_compiling()
+                    or torch._C._functorch.peek_interpreter_stack() is None
+                )
+                and _computes(query, key, value, attn_mask)
+            ):
                 return scaled_dot_product_attention(
                     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
                 )
