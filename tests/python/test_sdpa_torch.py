@@ -477,6 +477,58 @@ def test_operators_pass_opcheck():
     torch.library.opcheck(torch.ops.attn.sdpa.default, arguments)
 
 
+# --- torch.func transforms ------------------------------------------------------------------------
+# PyTorch's wrapper for a custom operator's registered autograd has no setup_context, which
+# torch.func refuses; under a transform attn runs its operators through Functions that have one.
+
+
+def func_case():
+    """Grouped-head q (N, H, L, E), k and v (N, 2, S, E), and the two calls (attn's, PyTorch's)
+    with a bool mask in which every query sees a key, as functions of (q, k, v)."""
+    q = torch.randn(N, H, L, E)
+    k, v = torch.randn(N, 2, S, E), torch.randn(N, 2, S, E)
+    mask = torch.rand(L, S) < 0.7
+    mask[:, 0] = True
+
+    def call(function):
+        return lambda x, k, v: function(x, k, v, attn_mask=mask, enable_gqa=True)
+
+    return (q, k, v), call(attn_torch.scaled_dot_product_attention), call(
+        F.scaled_dot_product_attention
+    )
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jacrev", "vmap", "per_sample_grad"])
+def test_torch_func_transforms_match_pytorchs(transform):
+    (q, k, v), mine, theirs = func_case()
+
+    def apply(function):
+        def loss(x, k, v):
+            return (function(x, k, v) ** 2).sum()
+
+        if transform == "grad":
+            return torch.func.grad(loss, argnums=(0, 1, 2))(q, k, v)
+        if transform == "vjp":
+            output, pullback = torch.func.vjp(function, q, k, v)
+            return pullback(torch.ones_like(output))
+        if transform == "jacrev":
+            return (torch.func.jacrev(lambda x: function(x, k, v)[0, 1, 2])(q),)
+        if transform == "vmap":  # each batch element (H, L, E) against its own keys and values
+            return (torch.func.vmap(function)(q, k, v),)
+        return torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vmap's per-sample fallback for attn's operators
+        for index, (got, expected) in enumerate(zip(apply(mine), apply(theirs))):
+            assert_relative(got, expected, GRADIENT_RTOL, f"{transform} {index}")
+
+
+def test_torch_func_refuses_a_second_derivative():
+    (q, k, v), mine, _ = func_case()
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.func.grad(lambda x: torch.func.grad(lambda y: mine(y, k, v).sum())(x).sum())(q)
+
+
 # --- inference without the operator's dispatch -------------------------------------------------
 
 

@@ -699,6 +699,48 @@ class _EagerSdpa(torch.autograd.Function):
         return _gradients(ctx, grad_output, _backward)
 
 
+class _TransformedSdpa(torch.autograd.Function):
+    """attn::sdpa under torch.func transforms (grad, vjp, jacrev, vmap of them): the operators'
+    registered autograd is PyTorch's wrapper without setup_context, which those transforms
+    refuse. This Function and _TransformedSdpaBackward run the same operators with the same
+    saved tensors and gradient rule; functorch hands their forwards the tensors of the level
+    below (plain ones, or batched ones that the operators' per-sample fallback takes)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*inputs):
+        return _sdpa(*inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _sdpa_setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_log_sum_exp):
+        return _gradients(ctx, grad_output, _TransformedSdpaBackward.apply)
+
+
+class _TransformedSdpaBackward(torch.autograd.Function):
+    """attn::sdpa_backward as a Function, so that _TransformedSdpa's backward reaches the
+    operator below the transform's level (its own autograd wrapper would be refused there too);
+    no second derivative, as attn's other paths."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*inputs):
+        return _sdpa_backward(*inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise RuntimeError("attn's scaled_dot_product_attention has no second derivative")
+
+
 class _PlainSdpa(torch.autograd.Function):
     """_EagerSdpa for the plain call (query, key and value of one dtype attn computes as it is;
     a bool or float32 attn_mask (a half one converted) that needs no gradient, is_causal, scale
@@ -818,7 +860,18 @@ def _general_call(eager, query, key, value, options):
         return _forward(query, key, value, *options)[0]
     if eager == "training":
         return _EagerSdpa.apply(query, key, value, *options)[0]
+    if _under_torch_func():
+        return _TransformedSdpa.apply(query, key, value, *options)[0]
     return _sdpa(query, key, value, *options)[0]
+
+
+def _under_torch_func():
+    """Whether a torch.func transform is running this call (eagerly: Dynamo reads a transform's
+    stack as never empty, so compiled calls are not)."""
+    return (
+        not torch.compiler.is_compiling()
+        and torch._C._functorch.peek_interpreter_stack() is not None
+    )
 
 
 def _as_tensor(values, dtype):
@@ -933,6 +986,11 @@ def scaled_dot_product_attention(
     is_causal, scale and enable_gqa is given and the three tensors are float32, float16 or
     bfloat16 alike — and under autograd through a ``torch.autograd.Function`` with the
     operators' gradients.
+
+    Under torch.func transforms (grad, vjp, jacrev, vmap and their compositions, such as
+    per-sample gradients) it runs the operators through autograd Functions those transforms
+    accept (the operators' own registered autograd they refuse); vmap runs them once per sample.
+    There is no second derivative.
 
     With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
     ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
@@ -1083,7 +1141,7 @@ def scaled_dot_product_attention(
     return output if output.dtype == query.dtype else output.to(query.dtype)
 
 
-# --- torch.nn.functional.scaled_dot_product_attention replaced by attn's ---------------------------
+# --- torch.nn.functional.scaled_dot_product_attention replaced by attn's --------------------------
 
 
 def _computes(query, key, value, attn_mask):
@@ -1117,8 +1175,8 @@ class override_sdpa:
 
     Calls attn does not compute as PyTorch would go to PyTorch's function unchanged: tensors on
     another device, nested or sparse tensors, float64 (which PyTorch computes in float64, attn in
-    float32), integer masks (PyTorch's error), calls under a torch.func transform (attn's custom
-    operator does not support torch.func.grad). Code that bound the function
+    float32), integer masks (PyTorch's error), calls under a torch.func transform (vmap would run
+    attn per sample). Code that bound the function
     before (``from torch.nn.functional import scaled_dot_product_attention``) and PyTorch's
     C++ callers (the modules' inference fast path) keep PyTorch's. Nests: each restores what
     it replaced."""
@@ -1130,15 +1188,11 @@ class override_sdpa:
         def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                    scale=None, enable_gqa=False, **later_arguments):
             # Arguments a later PyTorch may add are PyTorch's to handle, and so are calls under a
-            # torch.func transform: custom operators with registered autograd (attn::sdpa) do not
-            # support torch.func.grad (PyTorch's autograd wrapper has no setup_context). Dynamo
-            # reads a transform's stack as never empty: compiled calls skip that test.
+            # torch.func transform: vmap would run attn's operators per sample (no batching rule),
+            # where PyTorch's function has one.
             if (
                 not later_arguments
-                and (
-                    torch.compiler.is_compiling()
-                    or torch._C._functorch.peek_interpreter_stack() is None
-                )
+                and not _under_torch_func()
                 and _computes(query, key, value, attn_mask)
             ):
                 return scaled_dot_product_attention(
