@@ -523,6 +523,74 @@ def test_torch_func_transforms_match_pytorchs(transform):
             assert_relative(got, expected, GRADIENT_RTOL, f"{transform} {index}")
 
 
+@pytest.mark.parametrize(
+    "case", ["whole", "shared_keys", "batched_mask", "valid_lens", "mask_gradient", "rank_5"]
+)
+def test_vmap_matches_a_loop_over_samples(case, monkeypatch):
+    # attn's vmap rules make one call for the batch where every tensor is batched alike and
+    # per-sample calls otherwise; either way the result is each sample's call, here against a
+    # loop (PyTorch's function, or attn's for valid lengths, which PyTorch lacks). Gradients too
+    # (vmap of grad), and no warning: vmap's own fallback warns.
+    calls = []
+    real_forward = attn_torch._extension._sdpa_forward
+    monkeypatch.setattr(attn_torch._extension, "_sdpa_forward",
+                        lambda *a, **k: calls.append(1) or real_forward(*a, **k))
+    q = torch.randn(3, N, H, L, E, requires_grad=True)
+    k, v = torch.randn(3, N, 2, S, E), torch.randn(3, N, 2, S, E)
+    mask = torch.randn(L, S)
+    extra, in_dims, function = {}, (0, 0, 0, None), F.scaled_dot_product_attention
+    if case == "shared_keys":
+        k, v, in_dims = k[0], v[0], (0, None, None, None)
+    elif case == "batched_mask":
+        mask, in_dims = torch.randn(3, L, S), (0, 0, 0, 0)
+    elif case == "valid_lens":
+        extra, function = {"valid_lens": torch.tensor([3, 7])}, attn_torch.scaled_dot_product_attention
+    elif case == "mask_gradient":
+        mask = mask.requires_grad_(True)
+    elif case == "rank_5":
+        q, k, v = (x.unsqueeze(1).expand(3, 2, *x.shape[1:]).contiguous() for x in (q, k, v))
+        q = q.detach().requires_grad_(True)
+
+    def attend(call):
+        return lambda x, k, v, m: call(x, k, v, attn_mask=m, enable_gqa=True, **extra)
+
+    def loss(call):
+        return lambda x, k, v, m: (attend(call)(x, k, v, m) ** 2).sum()
+
+    def sample(x, i, dim):
+        return x if dim is None else x[i]
+
+    arguments = (q, k, v, mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.func.vmap(attend(attn_torch.scaled_dot_product_attention), in_dims)(*arguments)
+        assert len(calls) == (1 if case in ("whole", "mask_gradient") else 3), "whole or per sample"
+        got_grads = torch.func.vmap(
+            torch.func.grad(loss(attn_torch.scaled_dot_product_attention), argnums=(0, 3)),
+            in_dims,
+        )(*arguments)
+    expected = torch.stack([
+        attend(function)(*(sample(x, i, d) for x, d in zip(arguments, in_dims))) for i in range(3)
+    ])
+    assert_relative(got, expected, OUTPUT_RTOL, "output")
+    for i in range(3):
+        parts = [sample(x, i, d).detach().requires_grad_(True) for x, d in zip(arguments, in_dims)]
+        grads = torch.autograd.grad(loss(function)(*parts), (parts[0], parts[3]), allow_unused=True)
+        assert_relative(got_grads[0][i], grads[0], GRADIENT_RTOL, f"query grad {i}")
+        if case == "mask_gradient":
+            assert_relative(got_grads[1][i], grads[1], GRADIENT_RTOL, f"mask grad {i}")
+
+
+def test_vmap_refuses_dropout_unless_told_its_randomness():
+    q = torch.randn(3, N, H, L, E)
+    attend = lambda x: attn_torch.scaled_dot_product_attention(x, x, x, dropout_p=0.5)  # noqa: E731
+    with pytest.raises(RuntimeError, match="random operation"):
+        torch.func.vmap(attend)(q)
+    different = torch.func.vmap(attend, randomness="different")(q)
+    same = torch.func.vmap(attend, randomness="same")(q[:1].expand(3, *q.shape[1:]))
+    assert not torch.equal(different[0], different[1]) and torch.equal(same[0], same[1])
+
+
 def test_torch_func_refuses_a_second_derivative():
     (q, k, v), mine, _ = func_case()
     with pytest.raises(RuntimeError, match="no second derivative"):

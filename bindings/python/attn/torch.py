@@ -616,6 +616,99 @@ def _sdpa_backward_fake(
     )
 
 
+# --- vmap of the operators ------------------------------------------------------------------------
+# Where every tensor of a call's shapes is batched alike, vmap's axis joins the batch: one call of
+# attn for the whole batch instead of vmap's fallback, one call per sample. The log-sum-exp is
+# in an order of attn's choosing, which equals the natural one only up to four axes, so that
+# path takes inputs of at most four axes and a log-sum-exp made by it or per sample alike. The
+# rest goes per sample: unbatched query, key or value (jacrev's rows; expanding them would copy
+# them per sample), batched masks, valid lengths (they index the first axis), ALiBi slopes, sinks
+# or seeds that are batched, the gradients of a mask or the sinks (summed over the axes they
+# broadcast on), dropout under vmap(randomness="same"). Dropout under randomness="error" is
+# refused, as PyTorch refuses random operators there.
+
+
+def _merged(tensor, dim, merge):
+    """`tensor` with vmap's axis `dim` in front, merged into the next axis with `merge` (query
+    samples of four axes; fewer take it as a new first axis)."""
+    tensor = tensor.movedim(dim, 0)
+    return tensor.flatten(0, 1) if merge else tensor
+
+
+def _split(tensor, batch, merge):
+    """A whole call's result with vmap's axis in front again (the inverse of _merged)."""
+    return tensor.unflatten(0, (batch, -1)) if merge else tensor
+
+
+def _per_sample(operator, info, in_dims, arguments, out_dims):
+    """vmap's fallback, written out: `operator` on each sample, the outputs stacked on axis 0
+    (those of out_dims None taken from the first sample)."""
+    samples = [
+        operator(*(a if d is None else a.select(d, i) for a, d in zip(arguments, in_dims)))
+        for i in range(info.batch_size)
+    ]
+    outputs = tuple(
+        samples[0][j] if dim is None else torch.stack([sample[j] for sample in samples])
+        for j, dim in enumerate(out_dims)
+    )
+    return outputs, out_dims
+
+
+def _batched_whole(info, in_dims, rows, optional_dims, dropout_p):
+    """Whether a call goes whole (the tensors of `rows` all batched and of at most three axes per
+    sample, nothing of `optional_dims` batched, no dropout that vmap wants the same per sample);
+    refuses dropout under randomness="error"."""
+    if dropout_p > 0.0 and info.randomness == "error":
+        raise RuntimeError(
+            "vmap: attn's scaled_dot_product_attention with dropout is a random operation: "
+            "pass randomness='different' or 'same' to vmap"
+        )
+    return (
+        all(dim is not None and tensor.dim() <= 5 for tensor, dim in rows)
+        and all(dim is None for dim in optional_dims)
+        and not (dropout_p > 0.0 and info.randomness == "same")
+    )
+
+
+@torch.library.register_vmap("attn::sdpa")
+def _sdpa_vmap(info, in_dims, query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed,
+               *options):
+    arguments = (query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options)
+    rows = list(zip(arguments[:3], in_dims[:3]))
+    if valid_lens is not None or not _batched_whole(info, in_dims, rows, in_dims[3:8], options[0]):
+        return _per_sample(_sdpa, info, in_dims, arguments, (0, 0))
+    merge, batch = query.dim() == 5, info.batch_size
+    output, log_sum_exp = _sdpa(*(_merged(x, d, merge) for x, d in rows), attn_mask, None,
+                                alibi_slopes, sinks, seed, *options)
+    return (_split(output, batch, merge), _split(log_sum_exp, batch, merge)), (0, 0)
+
+
+@torch.library.register_vmap("attn::sdpa_backward")
+def _sdpa_backward_vmap(info, in_dims, grad_output, query, key, value, output, log_sum_exp,
+                        attn_mask, valid_lens, alibi_slopes, sinks, seed, *options):
+    arguments = (grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens,
+                 alibi_slopes, sinks, seed, *options)
+    mask_gradient, sinks_gradient = options[-2], options[-1]
+    rows = list(zip(arguments[:5], in_dims[:5]))  # the log-sum-exp checked apart: fewer axes
+    if (
+        valid_lens is not None
+        or mask_gradient
+        or sinks_gradient
+        or in_dims[5] is None
+        or not _batched_whole(info, in_dims, rows, in_dims[6:11], options[0])
+    ):
+        out_dims = (0, 0, 0, 0 if mask_gradient else None, 0 if sinks_gradient else None)
+        return _per_sample(_sdpa_backward, info, in_dims, arguments, out_dims)
+    merge, batch = query.dim() == 5, info.batch_size
+    d_query, d_key, d_value, d_mask, d_sinks = _sdpa_backward(
+        *(_merged(x, d, merge) for x, d in rows),
+        _merged(log_sum_exp, in_dims[5], merge).contiguous(), attn_mask, None, alibi_slopes,
+        sinks, seed, *options,
+    )
+    gradients = tuple(_split(g, batch, merge) for g in (d_query, d_key, d_value))
+    return (*gradients, d_mask, d_sinks), (0, 0, 0, None, None)
+
+
 # Positions of the operator's inputs that can have gradients.
 _MASK, _SINKS = 3, 6
 
@@ -989,8 +1082,9 @@ def scaled_dot_product_attention(
 
     Under torch.func transforms (grad, vjp, jacrev, vmap and their compositions, such as
     per-sample gradients) it runs the operators through autograd Functions those transforms
-    accept (the operators' own registered autograd they refuse); vmap runs them once per sample.
-    There is no second derivative.
+    accept (the operators' own registered autograd they refuse); vmap makes one call for the
+    batch where every tensor of the call's shapes is batched alike, one per sample otherwise.
+    There is no second derivative and no forward mode (jvp), as for PyTorch's CPU kernels.
 
     With an ``attn.KVCache`` as key (value None or the same cache) it is the decode call of
     ``attn.scaled_dot_product_attention``, for inference: there is no backward pass, so a query
@@ -1175,8 +1269,8 @@ class override_sdpa:
 
     Calls attn does not compute as PyTorch would go to PyTorch's function unchanged: tensors on
     another device, nested or sparse tensors, float64 (which PyTorch computes in float64, attn in
-    float32), integer masks (PyTorch's error), calls under a torch.func transform (vmap would run
-    attn per sample). Code that bound the function
+    float32), integer masks (PyTorch's error), calls under a torch.func transform (which may ask
+    for forward-mode or second derivatives, which attn lacks). Code that bound the function
     before (``from torch.nn.functional import scaled_dot_product_attention``) and PyTorch's
     C++ callers (the modules' inference fast path) keep PyTorch's. Nests: each restores what
     it replaced."""
@@ -1188,8 +1282,8 @@ class override_sdpa:
         def attend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                    scale=None, enable_gqa=False, **later_arguments):
             # Arguments a later PyTorch may add are PyTorch's to handle, and so are calls under a
-            # torch.func transform: vmap would run attn's operators per sample (no batching rule),
-            # where PyTorch's function has one.
+            # torch.func transform, which may ask for derivatives attn lacks (forward mode,
+            # second order).
             if (
                 not later_arguments
                 and not _under_torch_func()
