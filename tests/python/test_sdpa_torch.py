@@ -544,7 +544,8 @@ def test_vmap_matches_a_loop_over_samples(case, monkeypatch):
     elif case == "batched_mask":
         mask, in_dims = torch.randn(3, L, S), (0, 0, 0, 0)
     elif case == "valid_lens":
-        extra, function = {"valid_lens": torch.tensor([3, 7])}, attn_torch.scaled_dot_product_attention
+        extra = {"valid_lens": torch.tensor([3, 7])}
+        function = attn_torch.scaled_dot_product_attention
     elif case == "mask_gradient":
         mask = mask.requires_grad_(True)
     elif case == "rank_5":
@@ -1052,7 +1053,7 @@ def test_dropout_of_every_weight_gives_zeros_as_torch(dtype):
         attn_torch.scaled_dot_product_attention(*leaves, dropout_p=1.5)
 
 
-# --- attn.torch.override_sdpa: PyTorch's function replaced by attn's --------------------------------
+# --- attn.torch.override_sdpa: PyTorch's function replaced by attn's -----------------------------
 
 
 @pytest.fixture
