@@ -524,7 +524,8 @@ def test_torch_func_transforms_match_pytorchs(transform):
 
 
 @pytest.mark.parametrize(
-    "case", ["whole", "shared_keys", "batched_mask", "valid_lens", "mask_gradient", "rank_5"]
+    "case",
+    ["whole", "shared_keys", "batched_mask", "batch_mask", "valid_lens", "mask_gradient", "rank_5"],
 )
 def test_vmap_matches_a_loop_over_samples(case, monkeypatch):
     # attn's vmap rules make one call for the batch where every tensor is batched alike and
@@ -543,6 +544,8 @@ def test_vmap_matches_a_loop_over_samples(case, monkeypatch):
         k, v, in_dims = k[0], v[0], (0, None, None, None)
     elif case == "batched_mask":
         mask, in_dims = torch.randn(3, L, S), (0, 0, 0, 0)
+    elif case == "batch_mask":  # a mask per batch element: the samples' batches cannot merge
+        mask = torch.randn(N, 1, L, S)
     elif case == "valid_lens":
         extra = {"valid_lens": torch.tensor([3, 7])}
         function = attn_torch.scaled_dot_product_attention
