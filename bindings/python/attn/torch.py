@@ -800,7 +800,7 @@ class _TransformedSdpa(torch.autograd.Function):
     registered autograd is PyTorch's wrapper without setup_context, which those transforms
     refuse. This Function and _TransformedSdpaBackward run the same operators with the same
     saved tensors and gradient rule; functorch hands their forwards the tensors of the level
-    below (plain ones, or batched ones that the operators' per-sample fallback takes)."""
+    below (plain ones, or batched ones, which the operators' batching rules take)."""
 
     generate_vmap_rule = True
 
