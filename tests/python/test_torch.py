@@ -405,7 +405,10 @@ def test_other_modules_under_autocast_return_their_float32_output_cast(kind, dty
     values, lens = torch.randn(3, 7, value_size), torch.tensor([2, 7, 5])
     with torch.autocast("cpu", dtype=dtype):
         output = module(queries, keys, values, lens)
+    weights = module.attention_weights
     assert torch.equal(output, module(queries.float(), keys, values, lens).to(dtype))
+    assert torch.equal(weights, module.attention_weights.to(dtype))  # as the book's, in dtype
+    assert module.attention_weights.dtype == torch.float32  # a float32 call's weights
 
 
 @pytest.mark.parametrize("kind", sorted(COMPOSED))

@@ -153,6 +153,8 @@ class _AttnModule(nn.Module):
         # The last call's layer, until its weights are read (attention_weights), and the weights.
         self._weights_layer = None
         self._attention_weights = None
+        # The dtype the last call's weights are read in (an autocast call's), None: as computed.
+        self._weights_dtype = None
         # Layers of earlier calls, each [layer, weak reference to its call's _Lease], run again
         # once no autograd graph holds the lease (_call_layer).
         self._spare_layers = []
@@ -165,6 +167,8 @@ class _AttnModule(nn.Module):
         256 hidden). Until then the module keeps the call's layer, with its copies of the inputs."""
         if self._weights_layer is not None:
             self._attention_weights = self._weights_layer.attention_weights
+            if self._weights_dtype is not None and self._attention_weights is not None:
+                self._attention_weights = self._attention_weights.to(self._weights_dtype)
             self._weights_layer = None
         return self._attention_weights
 
@@ -195,7 +199,7 @@ class _AttnModule(nn.Module):
         the autocast dtype, as the book's PyTorch modules give it: DotProductAttention,
         MultiHeadAttention and GeneralAttention then compute in that dtype as the book's code
         does under autocast (projections by PyTorch's linear, attention by attn's half kernels),
-        the other modules in float32 with the output cast."""
+        the other modules in float32 with the output and the weights cast."""
         if (
             _any_autocast()
             and torch.is_autocast_enabled("cpu")
@@ -217,7 +221,7 @@ class _AttnModule(nn.Module):
             layer, lease, self._parameter_names, valid_lens, causal, queries, keys, values,
             *parameters
         )
-        self._weights_layer, self._attention_weights = layer, None
+        self._weights_layer, self._attention_weights, self._weights_dtype = layer, None, None
         return output
 
     # At most this many layers are kept for reuse: a decoder's steps in one graph each hold one.
@@ -242,11 +246,12 @@ class _AttnModule(nn.Module):
 
     def _autocast_forward(self, queries, keys, values, valid_lens, causal):
         """Under autocast: attn's float32 layer on the inputs in float32, the output (and its
-        gradient's way back) in the autocast dtype."""
+        gradient's way back) and the weights in the autocast dtype."""
         output = self._layer_forward(
             queries.float(), keys.float(), values.float(), valid_lens, causal
         )
-        return output.to(torch.get_autocast_dtype("cpu"))
+        self._weights_dtype = torch.get_autocast_dtype("cpu")  # the weights as the output
+        return output.to(self._weights_dtype)
 
     def _attend_under_autocast(self, queries, keys, values, valid_lens, causal, scale):
         """The attention of the composed modules under autocast: queries (B, H, n, E), keys
@@ -266,7 +271,7 @@ class _AttnModule(nn.Module):
             queries.detach(), keys.detach(), values.detach(), valid_lens, causal, scale,
             output.dtype,
         )
-        self._attention_weights = None
+        self._attention_weights, self._weights_dtype = None, None
         return output
 
     def extra_repr(self):
