@@ -1107,6 +1107,10 @@ def test_override_sdpa_leaves_what_attn_does_not_compute_to_pytorch(attn_calls):
     with attn_torch.override_sdpa():
         meta = F.scaled_dot_product_attention(q.to("meta"), q.to("meta"), q.to("meta"))
         assert meta.device.type == "meta" and meta.shape == (N, H, L, E)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nested tensors' prototype warning
+            nested = torch.nested.nested_tensor([q[0], q[1, :, :3]])  # strided layout: a Tensor
+        assert F.scaled_dot_product_attention(nested, nested, nested).is_nested
         wide = q.double().requires_grad_(True)  # float64 in float64, as gradcheck needs
         assert torch.autograd.gradcheck(
             lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), (wide,)

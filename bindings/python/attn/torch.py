@@ -1248,20 +1248,24 @@ def scaled_dot_product_attention(
 
 def _computes(query, key, value, attn_mask):
     """Whether attn computes PyTorch's call on these arguments as PyTorch would: plain CPU
-    tensors (no nested tensors, their own type, nor other devices), query, key and value in
-    float32, float16 or bfloat16 (PyTorch computes float64 in float64, attn in float32), a bool
-    or floating mask (attn would read an integer one as valid lengths, which PyTorch refuses)."""
-    for tensor in (query, key, value, attn_mask):
-        if tensor is None:
-            continue
-        if type(tensor) is not _Tensor or tensor.device.type != "cpu" or tensor.is_sparse:
-            return False
-        if tensor is attn_mask:
-            if not (tensor.is_floating_point() or tensor.dtype == torch.bool):
-                return False
-        elif tensor.dtype not in _DIRECT_DTYPE_SET:
-            return False
-    return True
+    tensors (not nested, of either layout, nor sparse, nor on other devices), query, key and
+    value in float32, float16 or bfloat16 (PyTorch computes float64 in float64, attn in
+    float32), a bool or floating mask (attn would read an integer one as valid lengths, which
+    PyTorch refuses)."""
+
+    def plain(tensor):
+        return (
+            type(tensor) is _Tensor
+            and tensor.device.type == "cpu"
+            and not tensor.is_nested
+            and not tensor.is_sparse
+        )
+
+    if not all(plain(x) and x.dtype in _DIRECT_DTYPE_SET for x in (query, key, value)):
+        return False
+    return attn_mask is None or (
+        plain(attn_mask) and (attn_mask.is_floating_point() or attn_mask.dtype == torch.bool)
+    )
 
 
 class override_sdpa:
