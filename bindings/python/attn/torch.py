@@ -659,18 +659,23 @@ def _per_sample(operator, info, in_dims, arguments, out_dims):
     return outputs, out_dims
 
 
-def _batched_whole(info, in_dims, rows, attn_mask, optional_dims, dropout_p):
-    """Whether a call goes whole: the tensors of `rows` all batched and of at most four axes per
-    sample, nothing of `optional_dims` (the mask's and later ones) batched, a mask without a batch
-    axis of its own beyond one (the samples' batches merge), no dropout that vmap wants the same
-    per sample. Refuses dropout under randomness="error"."""
+def _refuse_error_randomness(info, dropout_p):
+    """Dropout under vmap(randomness="error"): refused, as PyTorch refuses random operators."""
     if dropout_p > 0.0 and info.randomness == "error":
         raise RuntimeError(
             "vmap: attn's scaled_dot_product_attention with dropout is a random operation: "
             "pass randomness='different' or 'same' to vmap"
         )
+
+
+def _batched_whole(info, rows, attn_mask, valid_lens, optional_dims, dropout_p):
+    """Whether a call goes whole: the tensors of `rows` all batched and of at most four axes per
+    sample, no valid lengths, nothing of `optional_dims` (the mask's and later ones) batched, a
+    mask without a batch axis of its own beyond one (the samples' batches merge), no dropout that
+    vmap wants the same per sample."""
     return (
-        all(dim is not None and tensor.dim() <= 5 for tensor, dim in rows)
+        valid_lens is None
+        and all(dim is not None and tensor.dim() <= 5 for tensor, dim in rows)
         and all(dim is None for dim in optional_dims)
         and not (attn_mask is not None and attn_mask.dim() >= 4 and attn_mask.shape[-4] != 1)
         and not (dropout_p > 0.0 and info.randomness == "same")
@@ -682,8 +687,8 @@ def _sdpa_vmap(info, in_dims, query, key, value, attn_mask, valid_lens, alibi_sl
                *options):
     arguments = (query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options)
     rows = list(zip(arguments[:3], in_dims[:3]))
-    if valid_lens is not None or not _batched_whole(info, in_dims, rows, attn_mask, in_dims[3:8],
-                                                    options[0]):
+    _refuse_error_randomness(info, options[0])
+    if not _batched_whole(info, rows, attn_mask, valid_lens, in_dims[3:8], options[0]):
         return _per_sample(_sdpa, info, in_dims, arguments, (0, 0))
     merge, batch = query.dim() == 5, info.batch_size
     output, log_sum_exp = _sdpa(*(_merged(x, d, merge) for x, d in rows), attn_mask, None,
@@ -698,12 +703,12 @@ def _sdpa_backward_vmap(info, in_dims, grad_output, query, key, value, output, l
                  alibi_slopes, sinks, seed, *options)
     mask_gradient, sinks_gradient = options[-2], options[-1]
     rows = list(zip(arguments[:5], in_dims[:5]))  # the log-sum-exp checked apart: fewer axes
+    _refuse_error_randomness(info, options[0])
     if (
-        valid_lens is not None
-        or mask_gradient
+        mask_gradient
         or sinks_gradient
         or in_dims[5] is None
-        or not _batched_whole(info, in_dims, rows, attn_mask, in_dims[6:11], options[0])
+        or not _batched_whole(info, rows, attn_mask, valid_lens, in_dims[6:11], options[0])
     ):
         out_dims = (0, 0, 0, 0 if mask_gradient else None, 0 if sinks_gradient else None)
         return _per_sample(_sdpa_backward, info, in_dims, arguments, out_dims)
