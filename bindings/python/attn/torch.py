@@ -279,9 +279,9 @@ class _AttnModule(nn.Module):
 
 
 class _WeightsUnderAutocast:
-    """A composed call's attention weights, computed on the first read as attn's float32
-    DotProductAttention computes them from the call's (projected) queries and keys, and
-    returned in the call's dtype, as the book's modules keep theirs under autocast."""
+    """A composed call's attention weights, computed on the first read by attn's function
+    (need_weights) from the call's (projected) queries and keys, (B, H, n, m) as (B·H, n, m),
+    and returned in the call's dtype, as the book's modules keep theirs under autocast."""
 
     def __init__(self, queries, keys, values, valid_lens, causal, scale, dtype):
         self._call = (queries, keys, values, valid_lens, causal, scale, dtype)
@@ -289,16 +289,11 @@ class _WeightsUnderAutocast:
     @property
     def attention_weights(self):
         queries, keys, values, valid_lens, causal, scale, dtype = self._call
-        heads = queries.shape[1]
-
-        def flat(x):  # (B, H, rows, ·) → (B·H, rows, ·) in float32
-            return x.float().reshape(-1, x.shape[2], x.shape[3])
-
-        if valid_lens is not None:
-            valid_lens = torch.repeat_interleave(valid_lens, heads, dim=0)
-        layer = _attn.DotProductAttention(0.0, scale=scale).eval()
-        layer(flat(queries), flat(keys), flat(values), valid_lens, causal=causal)
-        return torch.as_tensor(layer.attention_weights).to(dtype)
+        _, weights = _attn.scaled_dot_product_attention(
+            queries.float(), keys.float(), values.float(), scale=scale, valid_lens=valid_lens,
+            causal=causal, need_weights=True,
+        )
+        return torch.as_tensor(weights).flatten(0, 1).to(dtype)
 
 
 def _check_layer_inputs(queries, keys, values, sizes):
