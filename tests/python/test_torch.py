@@ -479,11 +479,47 @@ def test_composed_modules_under_autocast_refuse_what_their_layers_refuse(kind, s
     assert str(inside.value) == str(outside.value)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", sorted(COMPOSED))
+def test_composed_modules_compile_whole_in_float32(kind, causal):
+    # A float32 call traced by torch.compile runs the composition (PyTorch's linear, attn's
+    # function) where eager runs attn's layer object, which Dynamo cannot trace: fullgraph=True
+    # holds. Output, gradients of the inputs and parameters, and the weights read after the call
+    # agree with the eager layer's within float32 rounding of different summation orders (the
+    # projections' GEMMs): 1e-5 of each tensor's largest entry.
+    module = COMPOSED[kind][0]()
+    queries, keys, values, valid_lens = composed_inputs(COMPOSED[kind][1], "per_query")
+    grad_output = torch.randn(3, 4, 8 if kind == "multi_head" else 3)
+
+    def call(queries, keys, values):
+        return module(queries, keys, values, valid_lens, causal=causal)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    results = []
+    for run in (compiled, call):
+        module.zero_grad()
+        leaves = [x.clone().requires_grad_(True) for x in (queries, keys, values)]
+        output = run(*leaves)
+        weights = module.attention_weights
+        output.backward(grad_output)
+        results.append(
+            {"output": output.detach(), "weights": weights}
+            | {name: x.grad for name, x in zip(("queries", "keys", "values"), leaves)}
+            | {name: p.grad for name, p in module.named_parameters()}
+        )
+    traced, eager = results
+    assert sorted(traced) == sorted(eager)
+    for name in eager:
+        assert traced[name].dtype == eager[name].dtype == torch.float32, name
+        scale = float(eager["W_k.weight" if name == "W_k.bias" else name].abs().max())
+        assert float((traced[name] - eager[name]).abs().max()) <= 1e-5 * scale, name
+
+
 @pytest.mark.parametrize("kind", sorted(COMPOSED))
 def test_composed_modules_under_autocast_compile_whole(kind):
     # Under autocast the composed modules are PyTorch's operators and attn's custom ones only, so
-    # torch.compile(fullgraph=True) traces them (the float32 modules call attn's layer objects,
-    # which Dynamo cannot); the compiled call gives the eager result.
+    # torch.compile(fullgraph=True) traces them; the compiled call gives the eager result.
     module = COMPOSED[kind][0]().eval()
     queries, keys, values, valid_lens = composed_inputs(COMPOSED[kind][1], "per_batch")
 
