@@ -14,7 +14,11 @@ the median times and the ratios; --json-out writes them too.
 With --autocast, both run under torch.autocast("cpu") (bfloat16), as a user after speed runs a
 PyTorch model: attn's layer is attn.torch.MultiHeadAttention holding PyTorch's weights (its
 projections by PyTorch's linear in bfloat16, the attention by attn's bf16 kernels), on the same
-torch tensor; no ONNX Runtime column (its graph is float32).
+torch tensor; no ONNX Runtime column (its graph is float32). With --compile, both layers run
+compiled by torch.compile (Inductor), as a user who compiles a model runs them: attn's is
+attn.torch.MultiHeadAttention with PyTorch's weights, compiled with fullgraph=True (in float32
+too: attn.torch composes PyTorch's linear with attn's function while the compiler traces it); no
+ONNX Runtime column. --compile and --autocast combine.
 
 compare_pytorch.py --onnx-mha imports onnx_runtime_layer and max_difference_from_torch from here,
 to put the same ONNX Runtime graph beside its nn.MultiheadAttention rows; importing this file needs
@@ -114,26 +118,37 @@ def main():
     parser.add_argument("--autocast", action="store_true",
                         help='both layers under torch.autocast("cpu") (bfloat16), attn through '
                              "attn.torch.MultiHeadAttention")
+    parser.add_argument("--compile", action="store_true",
+                        help="both layers compiled by torch.compile, attn through "
+                             "attn.torch.MultiHeadAttention (fullgraph=True)")
     args = parser.parse_args()
+    through_torch = args.autocast or args.compile  # attn's layer: attn.torch's, on torch tensors
 
     width = args.heads * args.head_dim
     torch_layer = torch.nn.MultiheadAttention(width, args.heads, bias=True, batch_first=True).eval()
     attn_layer = attn.MultiHeadAttention(width, width, width, width, args.heads, bias=True).eval()
-    if args.autocast:
-        attn_layer = autocast_attn_layer(torch_layer, args.heads)
+    if through_torch:
+        attn_layer = attn_torch_layer(torch_layer, args.heads)
+    attn_call = lambda x: attn_layer(x, x, x)  # noqa: E731
+    torch_call = lambda x: torch_layer(x, x, x, need_weights=False)[0]  # noqa: E731
+    if args.compile:
+        attn_call = torch.compile(attn_call, fullgraph=True)
+        torch_call = torch.compile(torch_call)
     rows = []
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs; torch {torch.__version__}")
     print(f"B={args.batch}, {args.heads} heads of {args.head_dim}, D={width}, biases, eval mode; "
           f"median of {args.repeats}")
-    has_ort = not args.autocast and onnx_runtime_layer(torch_layer, args.heads, 1) is not None
+    has_ort = not through_torch and onnx_runtime_layer(torch_layer, args.heads, 1) is not None
     if args.autocast:
         print('both under torch.autocast("cpu", dtype=torch.bfloat16); attn: attn.torch')
-    elif not has_ort:
+    if args.compile:
+        print("both compiled by torch.compile (attn.torch's with fullgraph=True)")
+    elif not has_ort and not through_torch:
         print("onnxruntime/onnx not installed: no ONNX Runtime column "
               "(pip install onnxruntime onnx)")
     print(f"{'n':>6} {'threads':>7} {'attn ms':>9} {'torch ms':>9} {'torch/attn':>10}"
           + (f" {'ort ms':>9} {'ort/attn':>9}" if has_ort else "")
-          + (f" {'max |attn - torch|':>19}" if args.autocast else ""))
+          + (f" {'max |attn - torch|':>19}" if through_torch else ""))
     for n in parse_ints(args.sizes):
         x = np.random.default_rng(0).standard_normal((args.batch, n, width), dtype=np.float32)
         x_torch = torch.from_numpy(x)
@@ -141,18 +156,16 @@ def main():
             attn.set_num_threads(threads)
             torch.set_num_threads(threads)
             with torch.inference_mode(), torch.autocast("cpu", enabled=args.autocast):
-                attn_input = x_torch if args.autocast else x
-                attn_ms = median_ms(lambda: attn_layer(*(attn_input,) * 3), args.repeats)
+                attn_input = x_torch if through_torch else x
+                attn_ms = median_ms(lambda: attn_call(attn_input), args.repeats)
                 time.sleep(0.5)
-                torch_ms = median_ms(
-                    lambda: torch_layer(x_torch, x_torch, x_torch, need_weights=False),
-                    args.repeats)
-                if args.autocast:  # the same layer in bfloat16 both ways
-                    difference = (attn_layer(*(x_torch,) * 3).float() - torch_layer(
-                        x_torch, x_torch, x_torch, need_weights=False)[0].float()).abs().max()
+                torch_ms = median_ms(lambda: torch_call(x_torch), args.repeats)
+                if through_torch:  # the same layer both ways
+                    difference = (attn_call(x_torch).float()
+                                  - torch_call(x_torch).float()).abs().max()
             time.sleep(0.5)
             row = {"n": n, "threads": threads, "attn_ms": attn_ms, "torch_ms": torch_ms}
-            if args.autocast:
+            if through_torch:
                 row["max_difference"] = float(difference)
             line = (f"{n:>6} {threads:>7} {attn_ms:>9.1f} {torch_ms:>9.1f} "
                     f"{torch_ms / attn_ms:>9.2f}x")
@@ -163,7 +176,7 @@ def main():
                 row["ort_max_difference"] = difference
                 time.sleep(0.5)
                 line += f" {row['ort_ms']:>9.1f} {row['ort_ms'] / attn_ms:>8.2f}x"
-            if args.autocast:
+            if through_torch:
                 line += f" {row['max_difference']:>19.2e}"
             rows.append(row)
             print(line)
@@ -171,12 +184,13 @@ def main():
         with open(args.json_out, "w") as out:
             json.dump({"machine": cpu_name(), "torch": torch.__version__,
                        "autocast": "bfloat16" if args.autocast else None,
+                       "compiled": args.compile,
                        "onnxruntime": _onnxruntime_version(), "batch": args.batch,
                        "heads": args.heads, "head_dim": args.head_dim, "repeats": args.repeats,
                        "rows": rows}, out, indent=2)
 
 
-def autocast_attn_layer(torch_layer, heads):
+def attn_torch_layer(torch_layer, heads):
     """attn.torch.MultiHeadAttention in evaluation mode with torch_layer's weights (its packed
     in_proj split into W_q, W_k, W_v)."""
     import attn.torch

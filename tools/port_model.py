@@ -23,7 +23,9 @@ icelake-server (the default) has the port layout of the Xeons we serve from for 
 (Sapphire and Emerald Rapids: 512-bit multiply-adds, shuffles and most vector ALU work only on
 ports 0 and 5). LLVM 14 (Debian 12's llvm-mca, from scripts/install-deps.sh) has no Zen 4 or Zen 5
 model, and its znver3 model issues one 256-bit multiply-add per cycle where Zen 3 issues two, so
-AVX2 code on znver3 reads half its true bound; AVX-512 code is skipped there.
+AVX2 code on znver3 reads half its true bound; AVX-512 code is skipped there. Its znver1 model errs
+the other way: two 256-bit multiply-adds per cycle where Zen 1 issues one (two 128-bit pipes), so
+its AVX2 figure is not a bound for Zen 1 either.
 """
 import argparse
 import collections
