@@ -414,7 +414,8 @@ def test_other_modules_under_autocast_return_their_float32_output_cast(kind, dty
 def assert_float32_within(mine, theirs, relative):
     """Two {name: tensor} of the same names, all float32, each of `mine` within `relative` of the
     largest entry of the same tensor of `theirs` — W_k's bias at the scale of W_k's weight: it
-    shifts all of a query's scores alike, so its exact gradient is 0 and both sides' are rounding."""
+    shifts all of a query's scores alike, so its exact gradient is 0 and both sides' are
+    rounding."""
     assert sorted(mine) == sorted(theirs)
     for name in mine:
         assert mine[name].dtype == theirs[name].dtype == torch.float32, name
