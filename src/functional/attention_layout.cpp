@@ -60,24 +60,29 @@ HeadsLayout heads_layout(const AxisRoles& roles, const Shape& shape,
   return layout;
 }
 
+bool broadcasts_to(const Shape& shape, const Shape& target) {
+  const int rank = shape.rank(), target_rank = target.rank();
+  if (rank > target_rank) return false;
+  for (int axis = 0; axis < rank; ++axis) {
+    const int64_t size = shape[axis];
+    if (size != 1 && size != target[target_rank - rank + axis]) return false;
+  }
+  return true;
+}
+
 std::vector<int64_t> broadcast_strides(std::string_view name, const Shape& shape,
                                        std::span<const int64_t> strides, const Shape& target,
                                        std::string_view target_description) {
-  const int rank = shape.rank(), target_rank = target.rank();
-  std::vector<int64_t> result(static_cast<size_t>(target_rank), 0);
-  bool fits = rank <= target_rank;
-  for (int axis = 0; fits && axis < rank; ++axis) {
-    const int target_axis = target_rank - rank + axis;
-    if (shape[axis] == target[target_axis]) {
-      result[static_cast<size_t>(target_axis)] =
-          target[target_axis] == 1 ? 0 : strides[static_cast<size_t>(axis)];
-    } else if (shape[axis] != 1) {
-      fits = false;
-    }
-  }
-  if (!fits) {
+  if (!broadcasts_to(shape, target)) {
     throw ShapeError(std::string(name) + ": expected a shape that broadcasts to " + target.str() +
                      " (" + std::string(target_description) + "), got " + shape.str());
+  }
+  const int rank = shape.rank(), target_rank = target.rank();
+  std::vector<int64_t> result(static_cast<size_t>(target_rank), 0);
+  for (int axis = 0; axis < rank; ++axis) {
+    const int target_axis = target_rank - rank + axis;
+    if (shape[axis] == target[target_axis] && target[target_axis] != 1)
+      result[static_cast<size_t>(target_axis)] = strides[static_cast<size_t>(axis)];
   }
   return result;
 }

@@ -45,6 +45,9 @@ struct HeadsLayout {
 HeadsLayout heads_layout(const AxisRoles& roles, const Shape& shape,
                          std::span<const int64_t> strides);
 
+// Whether `shape` broadcasts to `target` (aligned from the last axis, each axis equal or 1).
+bool broadcasts_to(const Shape& shape, const Shape& target);
+
 // The strides that read a tensor of `shape` / `strides` broadcast to `target` (aligned from the
 // last axis; a missing or size-1 axis repeats with stride 0). ShapeError naming `name` when the
 // shapes do not broadcast.

@@ -301,16 +301,25 @@ PreparedAttention::GradientShifts PreparedAttention::gradient_shifts(
 void PreparedAttention::lay_out_mask() {
   const AttentionMask& mask = options_.attn_mask;
   if (!mask.has_value()) return;
-  const std::vector<int64_t> strides = broadcast_strides(
-      "attn_mask", mask.shape(), mask.strides(), scores_shape_, "the scores (..., H_q, L, S)");
-  mask_layout_ = heads_layout(roles_, scores_shape_, strides);
+  // PyTorch reads a 3-d query (N, L, E) as one batch of N heads when it broadcasts the mask: a 4-d
+  // mask whose first axis is 1, (1, N or 1, L or 1, S or 1), is accepted there (no other rank
+  // above the scores' is). That axis is dropped here; the mask's gradient keeps its shape.
+  const Shape& full = mask.shape();
+  const bool batch_of_heads = scores_shape_.rank() == 3 && full.rank() == 4 && full[0] == 1 &&
+                              broadcasts_to(Shape::from_dims(full.data() + 1, 3), scores_shape_);
+  const size_t dropped = batch_of_heads ? 1 : 0;
+  const Shape shape =
+      Shape::from_dims(full.data() + dropped, full.rank() - static_cast<int>(dropped));
+  const auto lay_out = [&](std::span<const int64_t> strides) {
+    return heads_layout(roles_, scores_shape_,
+                        broadcast_strides("attn_mask", shape, strides.subspan(dropped),
+                                          scores_shape_, "the scores (..., H_q, L, S)"));
+  };
+  mask_layout_ = lay_out(mask.strides());
   if (mask.kind() == MaskKind::kFloat) {
     // The gradient is a contiguous tensor of the mask's own shape.
     const ConstStridedView gradient(nullptr, mask.shape());
-    mask_gradient_layout_ =
-        heads_layout(roles_, scores_shape_,
-                     broadcast_strides("attn_mask", mask.shape(), gradient.strides(), scores_shape_,
-                                       "the scores (..., H_q, L, S)"));
+    mask_gradient_layout_ = lay_out(gradient.strides());
   }
 }
 

@@ -981,6 +981,48 @@ TEST(FunctionalSdpaLayout, EveryRankMeansWhatPyTorchMeans) {
   EXPECT_EQ(out2.shape(), (Shape{7, 5}));
   EXPECT_TRUE(close_to(out2, testing::to_doubles(Tensor::from(out3.view()[1])), 0.0));
 
+  // PyTorch reads a rank-3 query as one batch of B heads for its mask: a (1, B or 1, L, S) mask
+  // is the (B or 1, L, S) one, its gradient in its own shape. No other rank above the scores'.
+  for (const int64_t heads : {int64_t{2}, int64_t{1}}) {
+    Tensor mask3 = testing::random_tensor(Shape{heads, 7, 11}, rng);
+    mask3.data()[3] = -INFINITY;
+    Tensor mask4 = mask3;
+    mask4.reshape(Shape{1, heads, 7, 11});
+    AttentionOptions three, four;
+    three.attn_mask = AttentionMask::additive(mask3);
+    four.attn_mask = AttentionMask::additive(mask4);
+    const Tensor g3 = testing::random_tensor(Shape{2, 7, 5}, rng);
+    const AttentionForward forward3 = scaled_dot_product_attention(q3, k3, v3, three);
+    const AttentionForward forward4 = scaled_dot_product_attention(q3, k3, v3, four);
+    EXPECT_TRUE(close_to(forward4.output, testing::to_doubles(forward3.output), 0.0));
+    const AttentionBackward grads3 = scaled_dot_product_attention_backward(
+        q3, k3, v3, forward3.output, g3, forward3.log_sum_exp, three, true);
+    const AttentionBackward grads4 = scaled_dot_product_attention_backward(
+        q3, k3, v3, forward4.output, g3, forward4.log_sum_exp, four, true);
+    ASSERT_EQ(grads4.attn_mask.shape(), (Shape{1, heads, 7, 11}));
+    Tensor mask_gradient3 = grads3.attn_mask;
+    mask_gradient3.reshape(grads4.attn_mask.shape());
+    EXPECT_TRUE(close_to(grads4.attn_mask, testing::to_doubles(mask_gradient3), 0.0));
+    EXPECT_TRUE(close_to(grads4.query, testing::to_doubles(grads3.query), 0.0));
+  }
+  AttentionOptions refused;
+  refused.attn_mask = AttentionMask::additive(Tensor(Shape{2, 2, 7, 11}));
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q3, k3, v3, refused), ShapeError,
+                       "attn_mask: expected a shape that broadcasts to (2, 7, 11) (the scores "
+                       "(..., H_q, L, S)), got (2, 2, 7, 11)");
+  refused.attn_mask = AttentionMask::additive(Tensor(Shape{1, 1, 1, 7, 11}));
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q3, k3, v3, refused), ShapeError,
+                       "got (1, 1, 1, 7, 11)");
+  refused.attn_mask = AttentionMask::additive(Tensor(Shape{1, 1, 7, 12}));
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q3, k3, v3, refused), ShapeError,
+                       "got (1, 1, 7, 12)");
+  refused.attn_mask = AttentionMask::additive(Tensor(Shape{1, 2, 4, 7, 11}));
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention(testing::random_tensor(Shape{2, 4, 7, 8}, rng),
+                                   testing::random_tensor(Shape{2, 4, 11, 8}, rng),
+                                   testing::random_tensor(Shape{2, 4, 11, 5}, rng), refused),
+      ShapeError, "got (1, 2, 4, 7, 11)");
+
   // Rank-3 grouped heads: (Hq, L, E) against (Hkv, S, E), as PyTorch's enable_gqa.
   AttentionOptions gqa;
   gqa.enable_gqa = true;

@@ -226,6 +226,27 @@ def test_expanded_float_mask_gradient_sums_like_torch():
     )
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mask_shape", [(1, N, L, S), (1, 1, L, S), (1, N, 1, S)])
+def test_a_4d_mask_on_3d_inputs_matches_torch(mask_shape, kind):
+    # PyTorch reads 3-d inputs (N, L, E) as one batch of N heads for the mask: a 4-d mask whose
+    # first axis is 1 is accepted, its gradient in its own shape.
+    q, k, v = leaf(N, L, E), leaf(N, S, E), leaf(N, S, EV)
+    mask = random_mask(mask_shape, kind)
+    inputs, names = [q, k, v], ["query", "key", "value"]
+    if kind == "float":
+        inputs.append(mask)
+        names.append("attn_mask")
+
+    def call(function):
+        return lambda q, k, v, *m: function(q, k, v, m[0] if m else mask)
+
+    compare(call(attn_torch.scaled_dot_product_attention), call(F.scaled_dot_product_attention),
+            inputs, names)
+    with pytest.raises(attn.ShapeError, match=r"got \(1, 1, 1, 5, 7\)"):
+        attn_torch.scaled_dot_product_attention(q, k, v, random_mask((1, 1, 1, L, S), kind))
+
+
 def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
     # (B, L, H, E) projections viewed as (B, H, L, E): read in place by attn (last axis
     # contiguous), with the same results as contiguous copies.
