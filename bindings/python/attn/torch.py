@@ -203,8 +203,7 @@ class _AttnModule(nn.Module):
         compose PyTorch's linear with attn's function while torch.compile traces a float32 call,
         so that ``torch.compile(fullgraph=True)`` holds."""
         if (
-            _any_autocast()
-            and torch.is_autocast_enabled("cpu")
+            _cpu_autocast()
             and all(
                 isinstance(x, _Tensor) and x.dtype in _AUTOCAST_CAST_DTYPES
                 for x in (queries, keys, values)
@@ -263,7 +262,7 @@ class _AttnModule(nn.Module):
         if valid_lens is not None and not isinstance(valid_lens, _Tensor):
             valid_lens = torch.as_tensor(valid_lens)
         # Cast here rather than inside the call, so that the weights come from what it computed.
-        if _any_autocast() and torch.is_autocast_enabled("cpu"):
+        if _cpu_autocast():
             queries, keys, values = _autocast_inputs(queries, keys, values)
         dropout = self._dropout if self.training else 0.0
         output = scaled_dot_product_attention(
@@ -341,7 +340,7 @@ class _ComposedModule(_AttnModule):
     def forward(self, queries, keys, values, valid_lens=None, *, causal=False):
         if (
             torch.compiler.is_compiling()
-            and not (_any_autocast() and torch.is_autocast_enabled("cpu"))
+            and not _cpu_autocast()
             and all(
                 isinstance(x, _Tensor) and x.dtype == torch.float32
                 for x in (queries, keys, values)
@@ -930,6 +929,11 @@ _Tensor = torch.Tensor
 _sdpa_function = _extension.scaled_dot_product_attention
 _ShapeError = _attn.ShapeError
 _any_autocast = torch._C._is_any_autocast_enabled
+
+
+def _cpu_autocast():
+    """Whether torch.autocast("cpu") is on (the any-device check first, the cheaper one)."""
+    return _any_autocast() and torch.is_autocast_enabled("cpu")
 # The dtypes torch.autocast casts for scaled_dot_product_attention, one of its lower-precision
 # operators on the CPU: float32, float16 and bfloat16 (float64 stays as it is).
 _AUTOCAST_CAST_DTYPES = frozenset((torch.float32, *_HALF_DTYPES))
@@ -1129,7 +1133,7 @@ def scaled_dot_product_attention(
     Under ``torch.autocast("cpu")`` it casts as autocast casts PyTorch's function (one of its
     lower-precision operators): float32, float16 and bfloat16 query, key, value and float
     attn_mask to the autocast dtype, so the output is in that dtype; float64 and bool stay."""
-    if _any_autocast() and torch.is_autocast_enabled("cpu"):
+    if _cpu_autocast():
         query, key, value, attn_mask = _autocast_inputs(query, key, value, attn_mask)
     # The plain call (no dropout or attn's extra arguments; plain tensors of one dtype that attn
     # computes as it is; no mask, or a bool, float32 or half one that needs no gradient, as
