@@ -134,17 +134,44 @@ HWY_INLINE hn::Vec<D> RoundedProbabilityExp(D d, hn::Vec<D> x) {
   return ReducedExp<4>(d, x);
 }
 
+// 2^r − 1 = r·P(r) for |r| ≤ 1/2, P of degree kDegree − 1 fitted for the relative error of 2^r
+// (tools/fit_exp.py --base 2 --degree kDegree), by Horner: P(r), to be multiplied by r.
+template <int kDegree, class D>
+HWY_INLINE hn::Vec<D> TwoToReducedPolynomial(D d, hn::Vec<D> r) {
+  static_assert(kDegree == 6 || kDegree == 5 || kDegree == 4, "fitted degrees: 6, 5 and 4");
+  hn::Vec<D> p;
+  if constexpr (kDegree == 6) {  // 7.7e−8 relative evaluated in float32, as SoftmaxExp
+    p = hn::Set(d, 1.5353341587e-04F);
+    p = hn::MulAdd(p, r, hn::Set(d, 1.3398872688e-03F));
+    p = hn::MulAdd(p, r, hn::Set(d, 9.6184378490e-03F));
+    p = hn::MulAdd(p, r, hn::Set(d, 5.5503323674e-02F));
+    p = hn::MulAdd(p, r, hn::Set(d, 2.4022647738e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 6.9314718246e-01F));
+  } else if constexpr (kDegree == 5) {  // 1.6e−7 relative evaluated in float32
+    p = hn::Set(d, 1.3264698209e-03F);
+    p = hn::MulAdd(p, r, hn::Set(d, 9.6715083346e-03F));
+    p = hn::MulAdd(p, r, hn::Set(d, 5.5507339537e-02F));
+    p = hn::MulAdd(p, r, hn::Set(d, 2.4022242427e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 6.9314700365e-01F));
+  } else {  // 2.9e−6 relative (RoundedProbabilityExp's 5.4e−6 carried the reduction's error)
+    p = hn::Set(d, 9.5828166232e-03F);
+    p = hn::MulAdd(p, r, hn::Set(d, 5.5906366557e-02F));
+    p = hn::MulAdd(p, r, hn::Set(d, 2.4024099112e-01F));
+    p = hn::MulAdd(p, r, hn::Set(d, 6.9312417507e-01F));
+  }
+  return p;
+}
+
 // 2^y for the forward's online softmax in base 2: its scores carry log2 e in their scale, so
 // y = (score − running max) is the natural argument times log2 e and 2^y = e^x. The reduction
 // y = n + r (n = nearest(y), |r| ≤ 1/2) is exact in one subtraction where e^x's Cody–Waite needs
 // two multiply-adds, and the rounding of n is an add and a subtract where e^x's takes a
-// multiply-add: three operations fewer on the multiply pipes per score. 2^r = 1 + r·P(r) by Horner,
-// P of degree kDegree − 1 fitted for relative error (tools/fit_exp.py --base 2 --degree kDegree).
-// 2ⁿ as in ReducedExp: vscalefps on AVX-512 with the lanes below 2⁻¹²⁶ zeroed first (no subnormal
-// results, −∞ and NaN give 0), elsewhere the exponent field, exactly 0 below −127.
+// multiply-add: three operations fewer on the multiply pipes per score. 2^r = 1 + r·P(r)
+// (TwoToReducedPolynomial). 2ⁿ as in ReducedExp: vscalefps on AVX-512 with the lanes below 2⁻¹²⁶
+// zeroed first (no subnormal results, −∞ and NaN give 0), elsewhere the exponent field, exactly 0
+// below −127.
 template <int kDegree, class D>
 HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
-  static_assert(kDegree == 6 || kDegree == 4, "fitted degrees: 6 and 4");
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const auto normal = hn::Ge(y, hn::Set(d, -126.0F));
   const auto magic = hn::Set(d, 12582912.0F);  // 1.5·2²³: the sum has unit steps
@@ -156,26 +183,55 @@ HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
   const auto n_float = hn::Sub(n_biased, magic);
 #endif
   const auto r = hn::Sub(y, n_float);  // exact: |r| ≤ 1/2
-  hn::Vec<D> p;
-  if constexpr (kDegree == 6) {  // 7.9e−8 relative evaluated in float32, as SoftmaxExp
-    p = hn::Set(d, 1.5353341587e-04F);
-    p = hn::MulAdd(p, r, hn::Set(d, 1.3398872688e-03F));
-    p = hn::MulAdd(p, r, hn::Set(d, 9.6184378490e-03F));
-    p = hn::MulAdd(p, r, hn::Set(d, 5.5503323674e-02F));
-    p = hn::MulAdd(p, r, hn::Set(d, 2.4022647738e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 6.9314718246e-01F));
-  } else {  // 2.9e−6 relative (RoundedProbabilityExp's 5.4e−6 carried the reduction's error)
-    p = hn::Set(d, 9.5828166232e-03F);
-    p = hn::MulAdd(p, r, hn::Set(d, 5.5906366557e-02F));
-    p = hn::MulAdd(p, r, hn::Set(d, 2.4024099112e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 6.9312417507e-01F));
-  }
+  const auto p = TwoToReducedPolynomial<kDegree>(d, r);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   return ZeroedOrScaled(d, normal, hn::MulAdd(p, r, hn::Set(d, 1.0F)), n_float);
 #else
   return OnePlusTimesPowerOfTwo(d, hn::Mul(p, r), n_biased);  // q = 2^r − 1
 #endif
 }
+
+#if !(HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+// The largest integer shift whose subtraction ShiftedExp2 folds into its constants exactly
+// (1.5·2²³ + 127 − shift and shift − 127 stay integers below 2²³ in magnitude).
+constexpr float kMaxFoldedShift = 2097152.0F;  // 2²¹
+
+// What ShiftedExp2 needs of a shift: the floor below which 2^(x − shift) is 0, and the rounding
+// constant with the shift subtracted.
+template <class D>
+struct FoldedShift {
+  hn::Vec<D> lowest;  // shift − 127
+  hn::Vec<D> magic;   // 1.5·2²³ + 127 − shift
+};
+
+template <class D>
+HWY_INLINE FoldedShift<D> FoldShift(D d, hn::Vec<D> shift) {
+  return {hn::Sub(shift, hn::Set(d, 127.0F)), hn::Sub(hn::Set(d, 12583039.0F), shift)};
+}
+
+// 2^(x − shift) for an integer shift with |shift| ≤ kMaxFoldedShift (FoldShift), as
+// ReducedExp2(x − shift) computes it without the subtraction: n_biased = x + (magic − shift) rounds
+// to c + nearest(x) for the integer c = magic − shift, so its low bits hold the biased exponent of
+// 2^(nearest(x) − shift), and r = x − nearest(x) is exact. One operation fewer per score on the
+// exponent-field targets (AVX2 and below), where every operation of the softmax counts (Zen 1: a
+// 256-bit operation is two 128-bit ones). x is clamped at shift − 127 (n = −127: exactly 0, −∞
+// included); a NaN stays NaN.
+template <int kDegree, class D>
+HWY_INLINE hn::Vec<D> ShiftedExp2(D d, hn::Vec<D> x, const FoldedShift<D>& shift) {
+  x = hn::Max(shift.lowest, x);
+  const auto n_biased = hn::Add(x, shift.magic);
+  const auto r = hn::Sub(x, hn::Sub(n_biased, shift.magic));  // exact: |r| ≤ 1/2
+  return OnePlusTimesPowerOfTwo(d, hn::Mul(TwoToReducedPolynomial<kDegree>(d, r), r), n_biased);
+}
+
+// The fp32 forward's P = 2^(S − shift) on these targets: degree 5, 1.6e−7 relative (about 1.4 ulp;
+// tools/fit_exp.py --base 2 --degree 5), one multiply-add fewer than SoftmaxExp2's degree 6
+// (7.7e−8) and far inside the forward's 1e−5.
+template <class D>
+HWY_INLINE hn::Vec<D> SoftmaxShiftedExp2(D d, hn::Vec<D> x, const FoldedShift<D>& shift) {
+  return ShiftedExp2<5>(d, x, shift);
+}
+#endif
 
 // SoftmaxExp in base 2 (the forward's fp32 softmax), within about 1 ulp.
 template <class D>

@@ -386,15 +386,24 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   return tile;
 }
 
+// On the targets that build 2ⁿ in the exponent field (AVX2 and below) the running maxima in base 2
+// are kept as integers, rounded up (P ≤ 1 still; any shift at or above a row's maximum gives the
+// same softmax), so that ShiftedExp2 folds their subtraction into its constants: one operation of
+// some 14 per score fewer. The online rescale factors 2^(old − new) become exact powers of two.
+constexpr bool kIntegerMaxima = !(HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL);
+
 // The max half of a key tile's online-softmax step on Sᵀ (bc × Br, masked scores, times `scale`
 // where the caller left them unscaled: the bf16 path on AMX tiles), lane-wise over the queries of
 // its first kVectors query vectors (those holding a query; the lanes past them are left as they
 // are): new running max = max(old, c·max Sᵀ) (rounding is monotonic and c > 0, so c times the
 // largest score is the largest scaled one), rescale factors exp(old max − new max) in
 // s.row_rescale; the shifts that P = exp(c·S − shift) subtracts into `shift` (kVectors vectors).
-// kBaseTwo: scores and maxima in base 2 (ForwardArgs::base_two), factors 2^(old − new).
+// kBaseTwo: scores and maxima in base 2 (ForwardArgs::base_two), factors 2^(old − new), and
+// with kIntegerMaxima the new maxima rounded up to integers. Returns whether every maximum stayed
+// as it was: the factors are then exactly 1 (or a row that has seen only −∞, whose O is 0), and
+// O's rescale can be left out.
 template <size_t kVectors = flash_detail::kQueryVectors, bool kBaseTwo = false, class D>
-HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<D>* shift,
+HWY_INLINE bool OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<D>* shift,
                                  float scale = 1.0F) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
@@ -406,9 +415,12 @@ HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<
       tile_max[g] = hn::Max(tile_max[g], hn::Load(d, s.scores + j * br + g * lanes));
   }
   const V factor = hn::Set(d, scale);
+  bool kept = true;
   for (size_t g = 0; g < kVectors; ++g) {
     const V old_max = hn::Load(d, s.row_max + g * lanes);
-    const V row_max = hn::Max(old_max, hn::Mul(tile_max[g], factor));
+    V row_max = hn::Max(old_max, hn::Mul(tile_max[g], factor));
+    if constexpr (kBaseTwo && kIntegerMaxima) row_max = hn::Ceil(row_max);
+    kept = kept && hn::AllTrue(d, hn::Eq(row_max, old_max));
     // A row that has seen only −∞ subtracts 0, so exp(−∞ − 0) = 0 instead of NaN.
     shift[g] = hn::IfThenZeroElse(hn::Eq(row_max, minus_infinity), row_max);
     const V difference = hn::Sub(old_max, shift[g]);
@@ -416,6 +428,7 @@ HWY_INLINE void OnlineSoftmaxMax(D d, size_t bc, size_t br, Scratch& s, hn::Vec<
               s.row_rescale + g * lanes);
     hn::Store(row_max, d, s.row_max + g * lanes);
   }
+  return kept;
 }
 
 // The running sums rescaled plus this tile's column sums of P (kVectors query vectors).
@@ -432,14 +445,36 @@ HWY_INLINE void AddToRowSums(D d, const hn::Vec<D>* sum, Scratch& s) {
 // One key tile's online-softmax step on Sᵀ (bc × Br, masked scores in, Pᵀ out), lane-wise over
 // the queries of its first kVectors query vectors: OnlineSoftmaxMax, P = exp(S − max) (2^(S − max)
 // with kBaseTwo), running sum rescaled plus P's column sums. The query vectors of each key row are
-// adjacent in memory and give independent dependency chains.
+// adjacent in memory and give independent dependency chains. Returns OnlineSoftmaxMax's "kept".
 template <size_t kVectors = flash_detail::kQueryVectors, bool kBaseTwo = false, class D>
-HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
+HWY_INLINE bool OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   V shift[kVectors], sum[kVectors];
-  OnlineSoftmaxMax<kVectors, kBaseTwo>(d, bc, br, s, shift);
+  const bool kept = OnlineSoftmaxMax<kVectors, kBaseTwo>(d, bc, br, s, shift);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
+#if !(HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+  if constexpr (kBaseTwo) {
+    // Integer shifts (kIntegerMaxima) small enough to fold, as any finite scores' are but those
+    // beyond 2²¹ (base 2): a query vector at a time, its two constants and sum in registers.
+    bool folds = true;
+    for (size_t g = 0; g < kVectors; ++g)
+      folds = folds && hn::AllTrue(d, hn::Le(hn::Abs(shift[g]), hn::Set(d, kMaxFoldedShift)));
+    if (folds) {
+      for (size_t g = 0; g < kVectors; ++g) {
+        const FoldedShift<D> folded = FoldShift(d, shift[g]);
+        for (size_t j = 0; j < bc; ++j) {
+          float* score = s.scores + j * br + g * lanes;
+          const V p = SoftmaxShiftedExp2(d, hn::Load(d, score), folded);
+          hn::Store(p, d, score);
+          sum[g] = hn::Add(sum[g], p);
+        }
+      }
+      AddToRowSums<kVectors>(d, sum, s);
+      return kept;
+    }
+  }
+#endif
   for (size_t j = 0; j < bc; ++j) {
     for (size_t g = 0; g < kVectors; ++g) {
       float* score = s.scores + j * br + g * lanes;
@@ -450,13 +485,14 @@ HWY_INLINE void OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
     }
   }
   AddToRowSums<kVectors>(d, sum, s);
+  return kept;
 }
 
 // OnlineSoftmaxStep over the `vectors` (1 to kQueryVectors) query vectors that hold a query. A
 // switch rather than WithStaticCount's lambda, which GCC compiled out of line: the steps stay in
 // the key loop, where tools/port_model.py finds them.
 template <bool kBaseTwo = false, class D>
-HWY_INLINE void OnlineSoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br, Scratch& s) {
+HWY_INLINE bool OnlineSoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br, Scratch& s) {
   constexpr size_t kAll = flash_detail::kQueryVectors;
   switch (vectors) {
     case 1:
@@ -730,14 +766,14 @@ HWY_INLINE void ForwardKeyTile(D d, const ForwardArgs& args, const QueryTile& ti
                                : LazyOutcome::kIntact;
   if (lazy == LazyOutcome::kRecompute)
     KeyTileScores(d, args, tile, key0, bc, vectors, crossed, partly_masked, rows, s);
+  // O's rescale is left out where no running maximum moved: after the first key tiles, most tiles
+  // where the maxima are integers (kIntegerMaxima).
+  bool maxima_kept = lazy == LazyOutcome::kKept;
   if (lazy == LazyOutcome::kIntact || lazy == LazyOutcome::kRecompute) {
-    if (args.base_two) {
-      OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
-    } else {
-      OnlineSoftmaxStepOver(d, vectors, bc, br, s);
-    }
+    maxima_kept = args.base_two ? OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s)
+                                : OnlineSoftmaxStepOver(d, vectors, bc, br, s);
   }
-  const float* rescale = lazy == LazyOutcome::kKept ? nullptr : s.row_rescale;
+  const float* rescale = maxima_kept ? nullptr : s.row_rescale;
   if (args.options.dropout > 0.0F)
     DropWeights(d, dropout_applier, key0, bc, br, vectors * lanes, s);
   // O = O · rescale + P V.

@@ -279,6 +279,51 @@ TEST_P(FlashAttention, ScoresRisingAcrossKeyTilesMatchTheReference) {
   }
 }
 
+// Running maxima past 2²¹ in base 2 (scores past about 1.45e6), which AVX2 and below subtract
+// before the exponential instead of folding them into its constants (kMaxFoldedShift): each row's
+// scores are exactly q0 · k0 (one nonzero dimension), so keys of equal k0 tie bit for bit and, at
+// these magnitudes, the others' weights underflow to 0: the output is the mean of the values of
+// the largest score's keys, which the double reference gives within 1e-5. Query tiles (32 rows
+// each on AVX2, 16 on SSE4) whose maxima always fold (q0 = 1, 0.5), cross 2²¹ at the last key tile
+// (q0 = 2²⁰: the levels rise per key tile) or never fold (−2²¹; −2²² and 2²⁴, whose constants
+// would round if they did), in one call.
+TEST_P(FlashAttention, ScoresBeyondTheFoldedShiftMatchTheReference) {
+  Rng rng(83);
+  const int64_t keys = 200, depth = 8, rows_per_group = 32;
+  const std::vector<float> groups = {1.0F, 1048576.0F, -2097152.0F, -4194304.0F, 16777216.0F, 0.5F};
+  const auto queries = static_cast<int64_t>(groups.size()) * rows_per_group;
+  // k0: 0.75 in the first key tile, rising by 0.25 per tile after it, and 0.125 more on every
+  // third key: the largest score of q0 > 0 is the last tile's third keys, of q0 < 0 the first
+  // tile's others.
+  const auto level = [](int64_t j) {
+    return 0.75F + 0.25F * static_cast<float>(j / 64) + (j % 3 == 0 ? 0.125F : 0.0F);
+  };
+  Tensor q(Shape{1, queries, depth}), k(Shape{1, keys, depth});
+  for (int64_t i = 0; i < queries; ++i)
+    q(0, i, 0) = groups[static_cast<size_t>(i / rows_per_group)];
+  for (int64_t j = 0; j < keys; ++j) k(0, j, 0) = level(j);
+  const Tensor v = random_tensor(Shape{1, keys, depth}, rng);
+  Tensor out = Tensor::full(Shape{1, queries, depth}, std::nanf(""));
+  flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"), {},
+                          testing::kernel_options(1.0F, false), single_head(out, "out"), nullptr);
+  for (int64_t i = 0; i < queries; ++i) {
+    std::vector<double> weights;
+    double row_max = -INFINITY, sum = 0.0;
+    for (int64_t j = 0; j < keys; ++j) {
+      weights.push_back(static_cast<double>(q(0, i, 0)) * k(0, j, 0));
+      row_max = std::max(row_max, weights.back());
+    }
+    for (double& w : weights) sum += w = std::exp(w - row_max);
+    for (int64_t t = 0; t < depth; ++t) {
+      double expected = 0.0;
+      for (int64_t j = 0; j < keys; ++j) expected += weights[static_cast<size_t>(j)] * v(0, j, t);
+      EXPECT_NEAR(out(0, i, t), expected / sum, kTolerance * 4.0)
+          << "query " << i << " (q0 " << q(0, i, 0) << "), column " << t << ", target "
+          << hwy::TargetName(GetParam());
+    }
+  }
+}
+
 // `read` reports the largest |x| of every query row and of the key and value rows the pass reads,
 // exactly, both where the rows are packed (heads strided through (B, n, heads·d), d = 17 leaving a
 // tail past the vectors) and where they are read in place (one head, rows back to back, d = dv =

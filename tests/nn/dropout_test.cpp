@@ -36,7 +36,9 @@ TEST(Dropout, TrainingModeDropsAndRescalesEvaluationModeDoesNot) {
     if (kept == 0.0F) {
       ++zeros;
     } else {
-      ASSERT_NEAR(kept, weights.data()[index] / (1.0F - kP), 1e-6F * kept);
+      // The fused pass's weights against attention_weights()'s (another path, in base e): each
+      // within the forward's 1e-5 of the truth; a missing or wrong 1/(1 − p) is off by 43%.
+      ASSERT_NEAR(kept, weights.data()[index] / (1.0F - kP), 1e-5F * kept);
     }
   }
   // 10000 Bernoulli(0.3) draws: standard deviation 0.0046 of the fraction; allow 5 of them.
