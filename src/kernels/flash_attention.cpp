@@ -455,8 +455,8 @@ HWY_INLINE bool OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
 #if !(HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
   if constexpr (kBaseTwo) {
-    // Integer shifts (kIntegerMaxima) small enough to fold, as any finite scores' are but those
-    // beyond 2²¹ (base 2): a query vector at a time, its two constants and sum in registers.
+    // The shifts are integers (kIntegerMaxima); up to 2²¹ in magnitude they fold (larger ones take
+    // the loop below). A query vector at a time: its two constants and its sum stay in registers.
     bool folds = true;
     for (size_t g = 0; g < kVectors; ++g)
       folds = folds && hn::AllTrue(d, hn::Le(hn::Abs(shift[g]), hn::Set(d, kMaxFoldedShift)));
