@@ -192,8 +192,9 @@ HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
 }
 
 #if !(HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
-// The largest integer shift whose subtraction ShiftedExp2 folds into its constants exactly
-// (1.5·2²³ + 127 − shift and shift − 127 stay integers below 2²³ in magnitude).
+// The largest integer shift whose subtraction ShiftedExp2 folds into its constants: 1.5·2²³ + 127
+// − shift and shift − 127 must be floats with unit steps, integers below 2²⁴ in magnitude, which
+// holds for shifts from about −4.19e6 up; 2²¹ keeps a margin on both sides.
 constexpr float kMaxFoldedShift = 2097152.0F;  // 2²¹
 
 // What ShiftedExp2 needs of a shift: the floor below which 2^(x − shift) is 0, and the rounding
