@@ -139,12 +139,14 @@ struct HalfQuerySide {
 // gives P = 0), each query's key range, dropout row keys and each tile's key ranges (tile_bounds)
 // in `s`, padding rows zero. `head_lse` holds the head's n forward values; `half` gives
 // half-precision out and grad_out; without `transposed`, dOᵀ is left out (a caller whose dP product
-// reads dO otherwise). Returns one past the last key any query of the head sees.
+// reads dO otherwise); the log-sum-exp is stored times `lse_unit` (log2 e for scores in base 2).
+// Returns one past the last key any query of the head sees.
 inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView& grad_out,
                                  const float* head_lse, const ValidLengths& valid_lens,
                                  const FlashAttentionOptions& options, int64_t keys, int64_t b,
                                  int64_t h, size_t br, size_t dv_padded, BackwardTileBuffers& s,
-                                 const HalfQuerySide* half = nullptr, bool transposed = true) {
+                                 const HalfQuerySide* half = nullptr, bool transposed = true,
+                                 float lse_unit = 1.0F) {
   const auto n = static_cast<size_t>(out.rows), dv = static_cast<size_t>(out.cols);
   const hn::ScalableTag<float> d;
   if (half == nullptr && DenseRows(grad_out, hn::Lanes(d))) {
@@ -192,7 +194,8 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
         out_row = out.matrix(b, h) + static_cast<int64_t>(i) * out.row_stride;
       }
       s.delta[i] = RowDot(out_row, s.grad_out.row(i), dv);
-      s.lse[i] = head_lse[i] > -std::numeric_limits<float>::infinity() ? head_lse[i] : 0.0F;
+      s.lse[i] =
+          head_lse[i] > -std::numeric_limits<float>::infinity() ? lse_unit * head_lse[i] : 0.0F;
       if (dropout) {
         s.row_keys[i] =
             dropout_hash::row_key(options.seed, b * out.heads + h, static_cast<int64_t>(i));
@@ -210,12 +213,16 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
 // The steps below work on the lanes [0, width) of each key's row of a transposed tile (rows br
 // apart; width a multiple of D's lanes): the vectors of the tile's queries that its products read.
 
+// How ProbabilitiesFromScores exponentiates: e^x within about 1 ulp; e^x for probabilities that
+// enter bf16 products next (P and dS = P ⊙ (dP − D)), where RoundedProbabilityExp's 5.4e−6 is far
+// below their rounding; 2^x for scores and log-sum-exp in base 2 (the fp32 backward: their scale
+// carries log2 e), RecomputedProbabilityExp2's 1.6e−7.
+enum class ProbabilityExp { kNatural, kRoundedToBFloat16, kBaseTwo };
+
 // Pᵀ = exp(c·Sᵀ − lse) in place for `keys` key rows, from scores the score modifiers already
 // masked (−∞ gives 0); `lse` holds the tile's Br queries; c = `scale`, 1 for scores already scaled
-// (c·S − lse in one rounding: with c = 1 exactly S − lse). kRoundedToBFloat16: P and
-// dS = P ⊙ (dP − D) enter bf16 products next, so RoundedProbabilityExp's 5.4e−6 is far below their
-// rounding.
-template <bool kRoundedToBFloat16 = false, class D>
+// (c·S − lse in one rounding: with c = 1 exactly S − lse).
+template <ProbabilityExp kExp = ProbabilityExp::kNatural, class D>
 HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, size_t width, const float* lse,
                                         float* probabilities, float scale = 1.0F) {
   const auto factor = hn::Set(d, scale);
@@ -223,8 +230,10 @@ HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, size_t widt
     for (size_t r = 0; r < width; r += hn::Lanes(d)) {
       float* p = probabilities + j * br + r;
       const auto x = hn::MulSub(factor, hn::Load(d, p), hn::Load(d, lse + r));
-      if constexpr (kRoundedToBFloat16) {
+      if constexpr (kExp == ProbabilityExp::kRoundedToBFloat16) {
         hn::Store(RoundedProbabilityExp(d, x), d, p);
+      } else if constexpr (kExp == ProbabilityExp::kBaseTwo) {
+        hn::Store(RecomputedProbabilityExp2(d, x), d, p);
       } else {
         hn::Store(SoftmaxExp(d, x), d, p);
       }

@@ -240,6 +240,15 @@ HWY_INLINE hn::Vec<D> SoftmaxExp2(D d, hn::Vec<D> y) {
   return ReducedExp2<6>(d, y);
 }
 
+// The fp32 backward's recomputed P = 2^(S − lse), scores and log-sum-exp in base 2: degree 5,
+// 1.6e−7 relative (the forward's P on the exponent-field targets): an exact reduction in place of
+// SoftmaxExp's Cody–Waite multiply-adds and one polynomial term fewer. Its argument may exceed 0
+// by some ulps (recomputed scores against the forward's log-sum-exp): accurate there too.
+template <class D>
+HWY_INLINE hn::Vec<D> RecomputedProbabilityExp2(D d, hn::Vec<D> y) {
+  return ReducedExp2<5>(d, y);
+}
+
 // RoundedProbabilityExp in base 2 (the bf16 forward's P, rounded to bf16 next).
 template <class D>
 HWY_INLINE hn::Vec<D> RoundedProbabilityExp2(D d, hn::Vec<D> y) {

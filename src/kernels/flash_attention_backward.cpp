@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <numbers>
 #include <string>
 #include <vector>
 
@@ -528,12 +529,18 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const size_t tiles = (n + br - 1) / br;
   const FlashAttentionOptions& options = args.options;
   const float scale = options.scale;
+  // The fp32 products' scores are in base 2, log2 e in Qᵀ's scale and in the log-sum-exp, so that P
+  // is 2^(S − lse) (RecomputedProbabilityExp2: e^x's reduction and two multiply-adds fewer per
+  // score); dS = P ⊙ (dP − D) stays the gradient of the natural scores, so dQ and dK keep c. The
+  // bf16 products' path stays in base e (AMX scales in P's exponent).
+  const bool bf16_products = s.query_pairs != nullptr;
+  const float score_unit = bf16_products ? 1.0F : std::numbers::log2e_v<float>;
+  const float score_scale = scale * score_unit;
   // On AMX tiles Sᵀ is left unscaled and c enters P's exponent where the modifiers allow it.
   [[maybe_unused]] const bool scale_in_exponent = ModifiersCommuteWithScale(options);
   const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
 
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
-  const bool bf16_products = s.query_pairs != nullptr;
   // The fp32 products' operands (the bf16 path has its pairs instead).
   if (!bf16_products && s.rows_in_place) {
     s.queries = {args.q.matrix(b, h), static_cast<size_t>(args.q.row_stride)};
@@ -562,14 +569,14 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
-                        /*transposed=*/false);
+                        /*transposed=*/false, score_unit);
   // Qᵀ and dOᵀ for the fp32 products' Gemm; a tile of few queries reads their rows instead
   // (FewQueryProducts), and transposing them cost more than its products: 16 lanes of stores,
   // most of them padding, per element of a query row.
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
     const size_t rows = std::min(br, n - tile * br), width = TileWidth(d, rows, br);
     if (rows <= kFewQueries) continue;
-    TransposeScaledTile(s.queries.row(tile * br), s.queries.stride, rows, depth, scale, width,
+    TransposeScaledTile(s.queries.row(tile * br), s.queries.stride, rows, depth, score_scale, width,
                         width, s.q_transposed + tile * depth * br);
     TransposeScaledTile(s.grad_out.row(tile * br), s.grad_out.stride, rows, dv, 1.0F, width, width,
                         s.grad_out_transposed + tile * dv * br);
@@ -654,18 +661,20 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
 #endif
             if (rows <= kFewQueries) {
           FewQueryProducts(bc, rows, width, s.keys.row(key0), s.keys.stride, s.queries.row(first),
-                           s.queries.stride, depth, scale, s.probabilities);
+                           s.queries.stride, depth, score_scale, s.probabilities);
         } else {
           Gemm<false>(d, bc, width / lanes, s.keys.row(key0), s.keys.stride, 1,
                       s.q_transposed + tile * depth * br, width, depth, s.probabilities, width);
         }
         ApplyScoreModifiers(d, options, query_tile, key_begin, bc, stride, width,
-                            coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh);
+                            coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh,
+                            score_unit);
         if (bf16_products) {
-          ProbabilitiesFromScores<true>(d, bc, stride, width, s.lse + first, s.probabilities,
-                                        exponent_scale);
+          ProbabilitiesFromScores<ProbabilityExp::kRoundedToBFloat16>(
+              d, bc, stride, width, s.lse + first, s.probabilities, exponent_scale);
         } else {
-          ProbabilitiesFromScores(d, bc, stride, width, s.lse + first, s.probabilities);
+          ProbabilitiesFromScores<ProbabilityExp::kBaseTwo>(d, bc, stride, width, s.lse + first,
+                                                            s.probabilities);
         }
         // With dropout, the forward pass multiplied V by P ⊙ Z: regenerate Z from the hash.
         const float* used = s.probabilities;

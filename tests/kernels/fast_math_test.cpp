@@ -44,6 +44,13 @@ bool EvaluateSoftmaxShiftedExp2(const float* in, float shift, float* out, size_t
 #endif
 }
 
+// The same for RecomputedProbabilityExp2.
+void EvaluateRecomputedProbabilityExp2(const float* in, float* out, size_t count) {
+  const hn::ScalableTag<float> d;
+  for (size_t i = 0; i < count; i += hn::Lanes(d))
+    hn::StoreU(RecomputedProbabilityExp2(d, hn::LoadU(d, in + i)), d, out + i);
+}
+
 // The same for RoundedProbabilityExp2.
 void EvaluateRoundedProbabilityExp2(const float* in, float* out, size_t count) {
   const hn::ScalableTag<float> d;
@@ -88,6 +95,7 @@ HWY_EXPORT(EvaluateRoundedProbabilityExp);
 HWY_EXPORT(EvaluateSoftmaxExp2);
 HWY_EXPORT(EvaluateRoundedProbabilityExp2);
 HWY_EXPORT(EvaluateSoftmaxShiftedExp2);
+HWY_EXPORT(EvaluateRecomputedProbabilityExp2);
 namespace {
 
 std::vector<float> softmax_exp(std::vector<float> inputs) {
@@ -111,6 +119,14 @@ std::optional<std::vector<float>> softmax_shifted_exp2(std::vector<float> inputs
   if (!HWY_DYNAMIC_DISPATCH(EvaluateSoftmaxShiftedExp2)(inputs.data(), shift, outputs.data(),
                                                         inputs.size()))
     return std::nullopt;
+  return outputs;
+}
+
+std::vector<float> recomputed_probability_exp2(std::vector<float> inputs) {
+  inputs.resize((inputs.size() + 15) / 16 * 16, 0.0F);
+  std::vector<float> outputs(inputs.size());
+  HWY_DYNAMIC_DISPATCH(EvaluateRecomputedProbabilityExp2)
+  (inputs.data(), outputs.data(), inputs.size());
   return outputs;
 }
 
@@ -235,6 +251,36 @@ TEST_P(FastMath, SoftmaxShiftedExp2WithinAFewUlpsOfDoubleExp2ForEveryFoldedShift
   }
 }
 
+// The fp32 backward's P = 2^(S − lse): tools/fit_exp.py --base 2 --degree 5 gives 1.64e−7 relative
+// in float32 (the reduction is exact); 2.5e−7 fails a wrong coefficient by far (degree 4's
+// 2.9e−6, degree 6's constants with degree 5's terms). Up to 8 above 0: recomputed scores may pass
+// the forward's log-sum-exp by some ulps, and a row's lone key gives 2⁰ = 1 exactly; 0 from −127
+// on and at −∞ (masked keys); a NaN stays NaN on the exponent-field targets (x86's max) and gives 0
+// on AVX-512 (its lanes below 2⁻¹²⁶ are zeroed before vscalefps, as SoftmaxExp2's).
+TEST_P(FastMath, RecomputedProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
+  std::vector<float> inputs;
+  for (double y = -126.0; y <= 8.0; y += 0.000917) inputs.push_back(static_cast<float>(y));
+  for (float y = -1e-3F; y < 0.0F; y *= 0.5F) inputs.push_back(y);  // tiny arguments
+  const std::vector<float> outputs = recomputed_probability_exp2(inputs);
+  double worst = 0.0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const double truth = std::exp2(static_cast<double>(inputs[i]));
+    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
+  }
+  EXPECT_LT(worst, 2.5e-7) << "target " << hwy::TargetName(GetParam());
+  const float infinity = std::numeric_limits<float>::infinity();
+  const std::vector<float> exact = recomputed_probability_exp2(
+      {0.0F, -0.0F, -127.0F, -150.0F, -1e30F, -infinity, std::numeric_limits<float>::quiet_NaN()});
+  EXPECT_EQ(exact[0], 1.0F);
+  EXPECT_EQ(exact[1], 1.0F);
+  for (size_t i = 2; i < 6; ++i) EXPECT_EQ(exact[i], 0.0F) << i;
+  if (GetParam() == HWY_AVX3 || GetParam() == HWY_AVX3_DL) {
+    EXPECT_EQ(exact[6], 0.0F);
+  } else if (GetParam() != HWY_SCALAR) {
+    EXPECT_TRUE(std::isnan(exact[6]));
+  }
+}
+
 // tools/fit_exp.py --base 2 --degree 4: 2.87e−6 relative in float32 (the reduction adds nothing);
 // 3.5e−6 fails a wrong coefficient by far. Arguments up to 8: the bf16 path's lazy step.
 TEST_P(FastMath, RoundedProbabilityExp2WithinThreeAndAHalfMillionths) {
@@ -296,6 +342,7 @@ TEST_P(FastMath, ExponentialsMakeNoSubnormals) {
   for (double y = -160.0; y <= -115.0; y += 0.00053) base_two.push_back(static_cast<float>(y));
   for (const auto& [name, outputs] :
        {std::pair{"SoftmaxExp2", softmax_exp2(base_two)},
+        std::pair{"RecomputedProbabilityExp2", recomputed_probability_exp2(base_two)},
         std::pair{"RoundedProbabilityExp2", rounded_probability_exp2(base_two)}}) {
     size_t subnormals = 0;
     for (size_t i = 0; i < base_two.size(); ++i) {
