@@ -145,6 +145,21 @@ std::vector<float> rounded_probability_exp(std::vector<float> inputs) {
   return outputs;
 }
 
+// The largest relative error against double 2^y of a base-2 exponential (one of the functions
+// above) over y from −126 to 8 in steps of about 0.001, and tiny negative arguments.
+double worst_relative_to_exp2(std::vector<float> (*exponential)(std::vector<float>)) {
+  std::vector<float> inputs;
+  for (double y = -126.0; y <= 8.0; y += 0.000917) inputs.push_back(static_cast<float>(y));
+  for (float y = -1e-3F; y < 0.0F; y *= 0.5F) inputs.push_back(y);
+  const std::vector<float> outputs = exponential(inputs);
+  double worst = 0.0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const double truth = std::exp2(static_cast<double>(inputs[i]));
+    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
+  }
+  return worst;
+}
+
 std::vector<float> additive_tanh(std::vector<float> inputs) {
   inputs.resize((inputs.size() + 15) / 16 * 16, 0.0F);
   std::vector<float> outputs(inputs.size());
@@ -205,16 +220,7 @@ TEST_P(FastMath, SoftmaxExpExactAtZeroAndZeroFarBelowAndAtMinusInfinity) {
 // relative on [−126, 0] (about 1 ulp); 2e−7 as for SoftmaxExp. Up to 8 above 0 as well (the
 // forward's arguments never exceed 0; the same accuracy holds there).
 TEST_P(FastMath, SoftmaxExp2WithinAFewUlpsOfDoubleExp2DownToMinus126) {
-  std::vector<float> inputs;
-  for (double y = -126.0; y <= 8.0; y += 0.000917) inputs.push_back(static_cast<float>(y));
-  for (float y = -1e-3F; y < 0.0F; y *= 0.5F) inputs.push_back(y);  // tiny arguments
-  const std::vector<float> outputs = softmax_exp2(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp2(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  EXPECT_LT(worst, 2e-7) << "target " << hwy::TargetName(GetParam());
+  EXPECT_LT(worst_relative_to_exp2(softmax_exp2), 2e-7) << "target " << hwy::TargetName(GetParam());
 }
 
 // The forward's 2^(x − shift) on the exponent-field targets, the integer shift folded into the
@@ -258,16 +264,8 @@ TEST_P(FastMath, SoftmaxShiftedExp2WithinAFewUlpsOfDoubleExp2ForEveryFoldedShift
 // on and at −∞ (masked keys); a NaN stays NaN on the exponent-field targets (x86's max) and gives 0
 // on AVX-512 (its lanes below 2⁻¹²⁶ are zeroed before vscalefps, as SoftmaxExp2's).
 TEST_P(FastMath, RecomputedProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
-  std::vector<float> inputs;
-  for (double y = -126.0; y <= 8.0; y += 0.000917) inputs.push_back(static_cast<float>(y));
-  for (float y = -1e-3F; y < 0.0F; y *= 0.5F) inputs.push_back(y);  // tiny arguments
-  const std::vector<float> outputs = recomputed_probability_exp2(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp2(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  EXPECT_LT(worst, 2.5e-7) << "target " << hwy::TargetName(GetParam());
+  EXPECT_LT(worst_relative_to_exp2(recomputed_probability_exp2), 2.5e-7)
+      << "target " << hwy::TargetName(GetParam());
   const float infinity = std::numeric_limits<float>::infinity();
   const std::vector<float> exact = recomputed_probability_exp2(
       {0.0F, -0.0F, -127.0F, -150.0F, -1e30F, -infinity, std::numeric_limits<float>::quiet_NaN()});
@@ -284,16 +282,8 @@ TEST_P(FastMath, RecomputedProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
 // tools/fit_exp.py --base 2 --degree 4: 2.87e−6 relative in float32 (the reduction adds nothing);
 // 3.5e−6 fails a wrong coefficient by far. Arguments up to 8: the bf16 path's lazy step.
 TEST_P(FastMath, RoundedProbabilityExp2WithinThreeAndAHalfMillionths) {
-  std::vector<float> inputs;
-  for (double y = -126.0; y <= 8.0; y += 0.000917) inputs.push_back(static_cast<float>(y));
-  for (float y = -1e-3F; y < 0.0F; y *= 0.5F) inputs.push_back(y);
-  const std::vector<float> outputs = rounded_probability_exp2(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp2(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  EXPECT_LT(worst, 3.5e-6) << "target " << hwy::TargetName(GetParam());
+  EXPECT_LT(worst_relative_to_exp2(rounded_probability_exp2), 3.5e-6)
+      << "target " << hwy::TargetName(GetParam());
   const float infinity = std::numeric_limits<float>::infinity();
   const std::vector<float> exact = rounded_probability_exp2({0.0F, -0.0F, -150.0F, -infinity});
   EXPECT_EQ(exact[0], 1.0F);
