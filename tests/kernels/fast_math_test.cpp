@@ -145,19 +145,27 @@ std::vector<float> rounded_probability_exp(std::vector<float> inputs) {
   return outputs;
 }
 
-// The largest relative error against double 2^y of a base-2 exponential (one of the functions
-// above) over y from −126 to 8 in steps of about 0.001, and tiny negative arguments.
+// The largest relative error of `exponential` (one of the functions above) against `truth`, in
+// double, over `inputs`.
+double worst_relative_error(std::vector<float> (*exponential)(std::vector<float>),
+                            double (*truth)(double), const std::vector<float>& inputs) {
+  const std::vector<float> outputs = exponential(inputs);
+  double worst = 0.0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const double expected = truth(static_cast<double>(inputs[i]));
+    worst = std::max(worst, std::abs(outputs[i] - expected) / expected);
+  }
+  return worst;
+}
+
+// The same against double 2^y for a base-2 exponential, over y from −126 to 8 in steps of about
+// 0.001 and tiny negative arguments.
 double worst_relative_to_exp2(std::vector<float> (*exponential)(std::vector<float>)) {
   std::vector<float> inputs;
   for (double y = -126.0; y <= 8.0; y += 0.000917) inputs.push_back(static_cast<float>(y));
   for (float y = -1e-3F; y < 0.0F; y *= 0.5F) inputs.push_back(y);
-  const std::vector<float> outputs = exponential(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp2(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  return worst;
+  return worst_relative_error(
+      exponential, [](double y) { return std::exp2(y); }, inputs);
 }
 
 std::vector<float> additive_tanh(std::vector<float> inputs) {
@@ -171,13 +179,8 @@ class FastMath : public testing::EverySimdTarget {};
 
 // The largest relative error of SoftmaxExp against double exp over `inputs`.
 double worst_exp_error(const std::vector<float>& inputs) {
-  const std::vector<float> outputs = softmax_exp(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  return worst;
+  return worst_relative_error(
+      softmax_exp, [](double x) { return std::exp(x); }, inputs);
 }
 
 // The fitted polynomial after a two-part ln 2 reduction is within about 1 ulp (2^−24 ≈ 6e−8
@@ -258,8 +261,8 @@ TEST_P(FastMath, SoftmaxShiftedExp2WithinAFewUlpsOfDoubleExp2ForEveryFoldedShift
 }
 
 // The fp32 backward's P = 2^(S − lse): tools/fit_exp.py --base 2 --degree 5 gives 1.64e−7 relative
-// in float32 (the reduction is exact); 2.5e−7 fails a wrong coefficient by far (degree 4's
-// 2.9e−6, degree 6's constants with degree 5's terms). Up to 8 above 0: recomputed scores may pass
+// in float32 (the reduction is exact); 2.5e−7 fails a wrong coefficient by far (degree 4 in its
+// place reads 2.9e−6). Up to 8 above 0: recomputed scores may pass
 // the forward's log-sum-exp by some ulps, and a row's lone key gives 2⁰ = 1 exactly; 0 from −127
 // on and at −∞ (masked keys); a NaN stays NaN on the exponent-field targets (x86's max) and gives 0
 // on AVX-512 (its lanes below 2⁻¹²⁶ are zeroed before vscalefps, as SoftmaxExp2's).
@@ -350,13 +353,10 @@ TEST_P(FastMath, RoundedProbabilityExpWithinSixMillionths) {
   std::vector<float> inputs;
   for (double x = -87.0; x <= 8.0; x += 0.000731) inputs.push_back(static_cast<float>(x));
   for (float x = -1e-3F; x < 0.0F; x *= 0.5F) inputs.push_back(x);
-  const std::vector<float> outputs = rounded_probability_exp(inputs);
-  double worst = 0.0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double truth = std::exp(static_cast<double>(inputs[i]));
-    worst = std::max(worst, std::abs(outputs[i] - truth) / truth);
-  }
-  EXPECT_LT(worst, 6e-6) << "target " << hwy::TargetName(GetParam());
+  EXPECT_LT(worst_relative_error(
+                rounded_probability_exp, [](double x) { return std::exp(x); }, inputs),
+            6e-6)
+      << "target " << hwy::TargetName(GetParam());
 }
 
 // 1 at 0 (the row's maximum), and masked keys (−∞, far below) give exactly 0.
