@@ -8,9 +8,11 @@ change and rebuild, then compare, e.g.
         --cases decode-float32 --decode-batch 1 --decode-queries 1 --decode-lengths 32768 --threads 1
 
 Each round runs every build once, in turn (the build's folder goes first on LD_LIBRARY_PATH; an
-empty folder means the CLI's own), so drifts of the machine fall on all builds alike; a row's
-median over the rounds is printed per build, with its range, and the ratio first / last build's
-median. Code placement alone moved the decode kernel by up to 10% between builds: compare builds
+empty folder means the CLI's own), the order reversed every other round, so that drifts of the
+machine and any cost of running second fall on all builds alike: with a fixed order, a build whose
+one-thread path does the same work as the other's read 1.013-1.026x the other's time when it ran
+second and 0.993-1.008x when it ran first (Zen 1, 2026-11-30). A row's median over the rounds is
+printed per build, with its range, and the ratio first / last build's median. Code placement alone moved the decode kernel by up to 10% between builds: compare builds
 side by side like this rather than against figures from another run. `--no-ceilings` is added.
 """
 
@@ -68,7 +70,7 @@ def main():
 
     times = collections.defaultdict(lambda: collections.defaultdict(list))
     for round_index in range(args.rounds):
-        for name, folder in builds:
+        for name, folder in (builds if round_index % 2 == 0 else builds[::-1]):
             environment = dict(os.environ)
             if folder:  # first on the path, ahead of the other libraries' folders (a bundle's)
                 environment["LD_LIBRARY_PATH"] = os.pathsep.join(

@@ -1,7 +1,8 @@
 // The fused flash-attention forward kernel against the double reference, on every SIMD target this
 // machine runs: random shapes with tails that do not divide the tiles, n = 1, m = 1, n ≠ m, valid
 // lengths 0 and m, per-query lengths, causal masks with n < m and n > m, multi-head strided views,
-// large score magnitudes, query tiles in blocks, scores rising across key tiles.
+// large score magnitudes, query tiles in blocks (and a head's blocks in runs per task on two
+// threads), scores rising across key tiles.
 #include "attn/kernels/flash_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -153,6 +154,23 @@ TEST_P(FlashAttention, MatchesReferenceInQueryBlocks) {
         // the lanes on AVX2 and AVX-512).
         Case{2, 1, 300, 2500, 64, 64, 0, false, 1.0F},
         Case{1, 1, 300, 2500, 64, 60, 0, false, 1.0F}}) {
+    check_case(c, rng, GetParam());
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+// On 2 threads, 6 heads whose keys are packed (2 per row, 2500 keys: blocks of query tiles as
+// above) are handed out a run of blocks of one head per task (FlashForward's blocks_per_task): 2
+// blocks of 3 on AVX2 and AVX-512, 3 of 5 on SSE4, 14 of 19 on the scalar target, so every target
+// has a head's blocks split over tasks of unequal length, in causal heads' heaviest-first order
+// too. The output starts as NaN: a block no task runs fails the comparison.
+TEST_P(FlashAttention, MatchesReferenceWithAHeadsBlocksInRunsOnTwoThreads) {
+  Rng rng(79);
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (const Case& c :
+       {Case{3, 2, 300, 2500, 64, 64, 0, false, 1.0F}, Case{3, 2, 300, 2500, 64, 64, 0, true, 1.0F},
+        Case{3, 2, 300, 2500, 64, 64, 2, true, 1.0F}}) {
     check_case(c, rng, GetParam());
   }
   omp_set_num_threads(saved_threads);
