@@ -12,8 +12,9 @@ empty folder means the CLI's own), the order reversed every other round, so that
 machine and any cost of running second fall on all builds alike: with a fixed order, a build whose
 one-thread path does the same work as the other's read 1.013-1.026x the other's time when it ran
 second and 0.993-1.008x when it ran first (Zen 1, 2026-11-30). A row's median over the rounds is
-printed per build, with its range, and the ratio first / last build's median. Code placement alone moved the decode kernel by up to 10% between builds: compare builds
-side by side like this rather than against figures from another run. `--no-ceilings` is added.
+printed per build, with its range, and the ratio first / last build's median. Code placement
+alone moved the decode kernel by up to 10% between builds: compare builds side by side like this
+rather than against figures from another run. `--no-ceilings` is added.
 """
 
 import argparse

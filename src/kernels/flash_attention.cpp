@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -1382,9 +1383,16 @@ void FlashForward(const ForwardArgs& call) {
     return TaskBlocks{task / tasks_per_head, first,
                       std::min(first + blocks_per_task, blocks_per_head)};
   };
-  // A thread's next block is the next of its task, or the first of the task about `team` tasks on
-  // (tasks are handed out in order): its query rows are requested from memory while this block
-  // runs, and this block's output rows for writing.
+  // A thread's next block after block `index` of `task`: the next of its task, or the first of the
+  // task about `team` tasks on (tasks are handed out in order); none past the last task. Its query
+  // rows are requested from memory while this block runs, and this block's output rows for writing.
+  const auto next_block = [&](int64_t task, const TaskBlocks& blocks,
+                              int64_t index) -> std::optional<TaskTiles> {
+    if (index + 1 < blocks.end) return block_tiles(blocks.head_index, index + 1);
+    if (task + team >= tasks) return std::nullopt;
+    const TaskBlocks next_task = task_blocks(task + team);
+    return block_tiles(next_task.head_index, next_task.first);
+  };
   const bool next_window = PrefetchesNextWindow(args);
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
@@ -1396,22 +1404,15 @@ void FlashForward(const ForwardArgs& call) {
         const TaskBlocks blocks = task_blocks(task);
         for (int64_t index = blocks.first; index < blocks.end; ++index) {
           const TaskTiles tiles = block_tiles(blocks.head_index, index);
+          const std::optional<TaskTiles> next = next_block(task, blocks, index);
           SpreadPrefetch prefetch;
-          const bool has_next = index + 1 < blocks.end || task + team < tasks;
-          TaskTiles next{};
-          if (index + 1 < blocks.end) {
-            next = block_tiles(blocks.head_index, index + 1);
-          } else if (has_next) {
-            const TaskBlocks next_task = task_blocks(task + team);
-            next = block_tiles(next_task.head_index, next_task.first);
-          }
-          if (has_next) {
-            AddMatrixRows(prefetch, args.half, args.q, args.q16, next.b, next.h, next.first_query,
-                          next.rows, false);
+          if (next) {
+            AddMatrixRows(prefetch, args.half, args.q, args.q16, next->b, next->h,
+                          next->first_query, next->rows, false);
           }
           AddMatrixRows(prefetch, args.half, args.out, args.out16, tiles.b, tiles.h,
                         tiles.first_query, tiles.rows, true);
-          if (next_window && has_next) AddNextWindowRows(args, tiles, next, prefetch);
+          if (next_window && next) AddNextWindowRows(args, tiles, *next, prefetch);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
           if (bf16_pairs) {
             FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, prefetch, scratch,
