@@ -92,74 +92,87 @@ static double ticks_per_cycle;
 // The exponential as OnlineSoftmaxStep's folded loop runs it (ShiftedExp2, degree 5): a query
 // vector's 64 scores one key after another, each exponential's instructions dependent on each
 // other (about 40 cycles deep through the clamp, the rounding, r, four multiply-adds, r·P(r) and
-// 2ⁿ), the exponentials independent but for the running sum; `pairs` interleaves two keys' steps
-// operation by operation. Scores read from one buffer and P written to another, so that repeated
+// 2ⁿ), the exponentials independent but for the running sum; exponentials_in_pairs interleaves
+// two keys' steps. Scores read from one buffer and P written to another, so that repeated
 // calls see the same finite values. time_exponentials prints cycles per 16 exponentials (8 scores
 // each).
 enum { kKeys = 64, kQueryVectors = 4 };
 static float scores[kKeys * kQueryVectors * 8] __attribute__((aligned(64)));
 static float probabilities[kKeys * kQueryVectors * 8] __attribute__((aligned(64)));
 
-static inline __m256 exp2_polynomial(__m256 r) {
-  __m256 p =
-      _mm256_fmadd_ps(_mm256_set1_ps(1.3264698209e-03F), r, _mm256_set1_ps(9.6715083346e-03F));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.5507339537e-02F));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(2.4022242427e-01F));
-  return _mm256_fmadd_ps(p, r, _mm256_set1_ps(6.9314700365e-01F));
+// ShiftedExp2's steps (fast_math-inl.h), each a function so that two keys' exponentials can run
+// a step at a time: the clamp and the rounding's reduction (r, and the biased
+// exponent), a Horner step of P(r) (degree 5, tools/fit_exp.py --base 2), and 2ⁿ + (r·P(r))·2ⁿ.
+static inline __m256 reduced(__m256 score, __m256 lowest, __m256 magic, __m256* biased) {
+  const __m256 x = _mm256_max_ps(lowest, score);
+  *biased = _mm256_add_ps(x, magic);
+  return _mm256_sub_ps(x, _mm256_sub_ps(*biased, magic));
 }
 
-static __attribute__((noinline)) void exponentials(int pairs, float lowest_value,
-                                                   float magic_value) {
+static const float kExp2Coefficients[5] = {1.3264698209e-03F, 9.6715083346e-03F, 5.5507339537e-02F,
+                                           2.4022242427e-01F, 6.9314700365e-01F};
+
+static inline __m256 horner_step(__m256 p, __m256 r, int degree) {
+  return _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExp2Coefficients[degree + 1]));
+}
+
+static inline __m256 scaled(__m256 q, __m256 biased) {
+  const __m256 two = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(biased), 23));
+  return _mm256_fmadd_ps(q, two, two);
+}
+
+// One key's exponential after another (the kernel's loop).
+static __attribute__((noinline)) void exponentials_one_by_one(float lowest_value,
+                                                              float magic_value) {
+  const __m256 lowest = _mm256_set1_ps(lowest_value), magic = _mm256_set1_ps(magic_value);
+  for (int g = 0; g < kQueryVectors; ++g) {
+    __m256 sum = _mm256_setzero_ps();
+    for (int j = 0; j < kKeys; ++j) {
+      const int at = (j * kQueryVectors + g) * 8;
+      __m256 biased;
+      const __m256 r = reduced(_mm256_load_ps(scores + at), lowest, magic, &biased);
+      __m256 p = _mm256_set1_ps(kExp2Coefficients[0]);
+      for (int step = 0; step < 4; ++step) p = horner_step(p, r, step);
+      const __m256 e = scaled(_mm256_mul_ps(p, r), biased);
+      _mm256_store_ps(probabilities + at, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_store_ps(buffer + 8 * g, sum);
+  }
+}
+
+// Two keys' exponentials a step at a time. A function of its own: written as a branch of the
+// loop above, GCC merged the two into one key's code run twice, one chain after the other.
+static __attribute__((noinline)) void exponentials_in_pairs(float lowest_value, float magic_value) {
   const __m256 lowest = _mm256_set1_ps(lowest_value), magic = _mm256_set1_ps(magic_value);
   for (int g = 0; g < kQueryVectors; ++g) {
     __m256 sum = _mm256_setzero_ps(), other_sum = _mm256_setzero_ps();
-    for (int j = 0; j < kKeys; j += pairs ? 2 : 1) {
+    for (int j = 0; j < kKeys; j += 2) {
       const int at = (j * kQueryVectors + g) * 8, next = at + kQueryVectors * 8;
-      if (pairs) {
-        const __m256 x = _mm256_max_ps(lowest, _mm256_load_ps(scores + at));
-        const __m256 y = _mm256_max_ps(lowest, _mm256_load_ps(scores + next));
-        const __m256 x_biased = _mm256_add_ps(x, magic), y_biased = _mm256_add_ps(y, magic);
-        const __m256 rx = _mm256_sub_ps(x, _mm256_sub_ps(x_biased, magic));
-        const __m256 ry = _mm256_sub_ps(y, _mm256_sub_ps(y_biased, magic));
-        __m256 px = _mm256_fmadd_ps(_mm256_set1_ps(1.3264698209e-03F), rx,
-                                    _mm256_set1_ps(9.6715083346e-03F));
-        __m256 py = _mm256_fmadd_ps(_mm256_set1_ps(1.3264698209e-03F), ry,
-                                    _mm256_set1_ps(9.6715083346e-03F));
-        px = _mm256_fmadd_ps(px, rx, _mm256_set1_ps(5.5507339537e-02F));
-        py = _mm256_fmadd_ps(py, ry, _mm256_set1_ps(5.5507339537e-02F));
-        px = _mm256_fmadd_ps(px, rx, _mm256_set1_ps(2.4022242427e-01F));
-        py = _mm256_fmadd_ps(py, ry, _mm256_set1_ps(2.4022242427e-01F));
-        px = _mm256_mul_ps(_mm256_fmadd_ps(px, rx, _mm256_set1_ps(6.9314700365e-01F)), rx);
-        py = _mm256_mul_ps(_mm256_fmadd_ps(py, ry, _mm256_set1_ps(6.9314700365e-01F)), ry);
-        const __m256 x_two =
-            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(x_biased), 23));
-        const __m256 y_two =
-            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(y_biased), 23));
-        const __m256 ex = _mm256_fmadd_ps(px, x_two, x_two), ey = _mm256_fmadd_ps(py, y_two, y_two);
-        _mm256_store_ps(probabilities + at, ex);
-        _mm256_store_ps(probabilities + next, ey);
-        sum = _mm256_add_ps(sum, ex);
-        other_sum = _mm256_add_ps(other_sum, ey);
-      } else {
-        const __m256 x = _mm256_max_ps(lowest, _mm256_load_ps(scores + at));
-        const __m256 biased = _mm256_add_ps(x, magic);
-        const __m256 r = _mm256_sub_ps(x, _mm256_sub_ps(biased, magic));
-        const __m256 q = _mm256_mul_ps(exp2_polynomial(r), r);
-        const __m256 two = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(biased), 23));
-        const __m256 e = _mm256_fmadd_ps(q, two, two);
-        _mm256_store_ps(probabilities + at, e);
-        sum = _mm256_add_ps(sum, e);
+      __m256 x_biased, y_biased;
+      const __m256 rx = reduced(_mm256_load_ps(scores + at), lowest, magic, &x_biased);
+      const __m256 ry = reduced(_mm256_load_ps(scores + next), lowest, magic, &y_biased);
+      __m256 px = _mm256_set1_ps(kExp2Coefficients[0]), py = px;
+      for (int step = 0; step < 4; ++step) {
+        px = horner_step(px, rx, step);
+        py = horner_step(py, ry, step);
       }
+      const __m256 ex = scaled(_mm256_mul_ps(px, rx), x_biased);
+      const __m256 ey = scaled(_mm256_mul_ps(py, ry), y_biased);
+      _mm256_store_ps(probabilities + at, ex);
+      _mm256_store_ps(probabilities + next, ey);
+      sum = _mm256_add_ps(sum, ex);
+      other_sum = _mm256_add_ps(other_sum, ey);
     }
     _mm256_store_ps(buffer + 8 * g, _mm256_add_ps(sum, other_sum));
   }
 }
 
-static void time_exponentials(const char* name, int pairs) {
+static void time_exponentials(const char* name, void (*exponentials)(float, float)) {
   enum { kCalls = 200000 };
   volatile float lowest = -127.0F, magic = 12583039.0F;  // a shift of 0 folded (FoldShift)
   const uint64_t start = ticks();
-  for (long n = 0; n < kCalls; ++n) exponentials(pairs, lowest, magic);
+  for (long n = 0; n < kCalls; ++n) exponentials(lowest, magic);
   const double per_exponential =
       (double)(ticks() - start) / ticks_per_cycle / kCalls / (kKeys * kQueryVectors);
   printf("%-26s %6.2f cycles\n", name, per_exponential * 16.0);
@@ -238,8 +251,8 @@ int main(void) {
                  RN(SHIFT) RN(FMA) RN(STORE) RN(ADD),
              kInstances);
   for (int i = 0; i < kKeys * kQueryVectors * 8; ++i) scores[i] = -(float)(i % 997) * 0.01F;
-  time_exponentials("one after another", 0);
-  time_exponentials("two interleaved", 1);
+  time_exponentials("one after another", exponentials_one_by_one);
+  time_exponentials("two interleaved", exponentials_in_pairs);
 #endif
   return 0;
 }
