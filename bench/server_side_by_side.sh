@@ -3,8 +3,8 @@
 # each fit one 10-minute device command; every figure goes to files under OUT with the CPU's name.
 #
 #   bench/server_side_by_side.sh essentials [OUT]  issue 14's figures in one device call of at most
-#                                                BUDGET seconds (default 480): the AMX tests, the
-#                                                module, attn bench's target cases, attn.torch
+#                                                BUDGET seconds (default 480): every kernel test
+#                                                (kernel-tests below), the module, attn bench's target cases, attn.torch
 #                                                beside PyTorch interleaved, attn run beside attn
 #                                                bench; eight files in OUT, each step bounded by
 #                                                what the budget has left (for a session with 15
@@ -16,6 +16,8 @@
 #                                                layer rows where onnxruntime and onnx import
 #   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention, decoding and a transformers
 #                                                model from Python
+#   bench/server_side_by_side.sh kernel-tests [OUT]  every kernel test on every SIMD target the CPU
+#                                                runs, in shards side by side (OUT/kernel_tests.txt)
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
 #                                                vdpbf16ps (ATTN_AMX=1 against 0), one run
 #   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
@@ -70,7 +72,7 @@
 # fast as the Xeon's: 1,4,16 should take 1-2 minutes).
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh essentials|kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh essentials|kernel-tests|kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 # An absolute path: the module phase hands it to CMake, which runs it from its build folder.
@@ -133,8 +135,7 @@ essentials)
     echo "essentials: budget ${BUDGET:-480}s, sizes $sizes, threads $threads, $(nproc) CPUs"
     "$python" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)" 2>&1 || true
   } >"$out/log.txt"
-  step tests 60 420 "$kernels_test" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1
-  grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?[,.]' "$out/amx_tests.txt" >>"$out/log.txt" || true
+  step tests 60 420 env WORK="$work" "$0" kernel-tests "$out" >>"$out/log.txt" 2>&1
   step module 90 380 env WORK="$work" "$0" module "$work" >>"$out/log.txt" 2>&1
   export PYTHONPATH="$work/python${PYTHONPATH:+:$PYTHONPATH}"
   # The 1-thread targets (fp32 forward's share of the peak, backward / forward, additive, bf16 /
@@ -232,6 +233,30 @@ run)
   "$python" -c "import numpy" || { echo "run_vs_bench.py needs NumPy" >&2; exit 2; }
   "$python" bench/run_vs_bench.py --attn "$attn" --threads "$threads" --n "${RUN_N:-4096}" \
     --rounds 3 --repeats "$repeats" --json-out "$out/run.json" >"$out/run.txt"
+  ;;
+kernel-tests)
+  # Every kernel test on every SIMD target this CPU runs (AVX-512, AVX512-BF16/FP16 and AMX tiles
+  # where it has them: the paths no development machine without them has run), in gtest shards
+  # side by side (2 OpenMP threads each, as on the development machines): 42 s in one process on
+  # Zen 1's four targets, about 10 s so on 16 cores. One file, OUT/kernel_tests.txt, the shards'
+  # outputs one after another; the counts and any failing test to stdout.
+  shards=$((cores < 8 ? cores : 8))
+  rm -f "$work"/kernel_tests.*.txt
+  pids=()
+  for ((shard = 0; shard < shards; ++shard)); do
+    OMP_NUM_THREADS=2 GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard "$kernels_test" \
+      >"$work/kernel_tests.$shard.txt" 2>&1 &
+    pids+=($!)
+  done
+  status=0
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  cat "$work"/kernel_tests.*.txt >"$out/kernel_tests.txt"
+  awk '$2 == "OK" {ok++; if ($4 ~ /Amx/) amx++}
+       $2 == "FAILED" && $4 ~ /^[A-Za-z]/ && !failed_seen[$4]++ {failed++; print "failed:", $4}
+       $2 == "SKIPPED" && $4 ~ /^[A-Za-z]/ && !skipped_seen[$4]++ {skipped++; if ($4 ~ /Amx/) amx_skipped++}
+       END {printf "kernel tests in %d shards: %d passed (%d AMX), %d failed, %d skipped (%d AMX)\n",
+            '"$shards"', ok, amx, failed, skipped, amx_skipped}' "$out/kernel_tests.txt"
+  exit $status
   ;;
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
