@@ -5,8 +5,9 @@
 #   bench/server_side_by_side.sh essentials [OUT]  issue 14's figures in one device call of at most
 #                                                BUDGET seconds (default 480): every kernel test
 #                                                (kernel-tests below), the module, attn bench's
-#                                                target cases, attn.torch beside PyTorch interleaved, attn run beside attn
-#                                                bench; eight files in OUT, each step bounded by
+#                                                target cases, attn.torch beside PyTorch
+#                                                interleaved, attn run beside attn bench; eight
+#                                                files in OUT, each step bounded by
 #                                                what the budget has left (for a session with 15
 #                                                minutes of device time: one call, start included)
 #   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case (AVX-512)
