@@ -26,6 +26,7 @@
 #include "attn/kernels/decode_attention.hpp"
 #include "kernels/cache_sizes.hpp"
 #include "kernels/parallel_tasks.hpp"
+#include "kernels/prefetch.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
 #include "kernels/static_count.hpp"
@@ -67,7 +68,7 @@ inline CacheRows rows_of(const CacheTensorView& t, int64_t b, int64_t h, int64_t
 
 constexpr size_t kKeyTile = 64;
 constexpr int64_t kPrefetchTiles = 4;  // how far ahead TilePrefetch requests rows
-constexpr int kPrefetchLocality = 2;   // __builtin_prefetch's hint: 2 = prefetcht1, into L2
+constexpr PrefetchInto kPrefetchLevel = PrefetchInto::kL2;  // prefetcht1
 
 }  // namespace attn::decode_detail
 #endif
@@ -88,7 +89,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using decode_detail::CacheRows;
 using decode_detail::DecodeArgs;
 using decode_detail::kKeyTile;
-using decode_detail::kPrefetchLocality;
+using decode_detail::kPrefetchLevel;
 using decode_detail::kPrefetchTiles;
 
 // Per-thread buffers, sized for the widest vectors this target has.
@@ -123,7 +124,7 @@ struct DecodeScratch {
   }
 };
 
-// Software prefetch into L2 (prefetcht1, kPrefetchLocality) of the rows kPrefetchTiles tiles
+// Software prefetch into L2 (prefetcht1, kPrefetchLevel) of the rows kPrefetchTiles tiles
 // ahead: at d = 128, 4 tiles of K and V rows are 64–256 KiB, more than an L1 holds (32 KiB on Zen
 // 4, 48 on Zen 5 and recent Xeons) and within every L2. Into L1 (prefetcht0) the requested lines
 // were evicted before use on Zen 4: L2 made its decode 1.5× (fp32) and 1.96× (fp16/bf16) faster on
@@ -154,9 +155,9 @@ struct TilePrefetch {
   HWY_INLINE void BothRows(size_t j) const {
     if (j >= rows) return;
     const char* k = keys + j * key_stride;
-    for (size_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b, 0, kPrefetchLocality);
+    PrefetchLines<kPrefetchLevel>(k, static_cast<int64_t>(key_bytes));
     const char* v = values + j * value_stride;
-    for (size_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b, 0, kPrefetchLocality);
+    PrefetchLines<kPrefetchLevel>(v, static_cast<int64_t>(value_bytes));
   }
 };
 
@@ -165,7 +166,7 @@ struct TilePrefetch {
 template <size_t kElement>
 HWY_INLINE void PrefetchLine(const char* row, size_t element_index) {
   const size_t offset = element_index * kElement;
-  if (row != nullptr && offset % 64 == 0) __builtin_prefetch(row + offset, 0, kPrefetchLocality);
+  if (row != nullptr && offset % 64 == 0) attn::PrefetchLine<kPrefetchLevel>(row + offset);
 }
 
 // Calls f(std::integral_constant<CacheDType, dtype>()), so that one call site instantiates a

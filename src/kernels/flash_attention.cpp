@@ -239,7 +239,7 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
   s.ContinuePacking(head, begin);
   const hn::ScalableTag<float> d;
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
-  constexpr int64_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
+  constexpr int64_t kPrefetchRows = 16;  // PrefetchMatrixRow: rows requested this far ahead
   for (int64_t j = s.packed_end; j < end; ++j) {
     if (j + kPrefetchRows < end) {
       PrefetchMatrixRow(args.half, args.k, args.k16, b, h, j + kPrefetchRows);

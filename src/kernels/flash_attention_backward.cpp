@@ -234,7 +234,7 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
              float* destination) {
   const hn::ScalableTag<float> d;
   const auto cols = static_cast<size_t>(view.cols);
-  constexpr size_t kPrefetchRows = 16;  // PrefetchLines: rows requested this far ahead
+  constexpr size_t kPrefetchRows = 16;  // PrefetchMatrixRow: rows requested this far ahead
   for (size_t r = first_row; r < end_row; ++r) {
     if (r + kPrefetchRows < end_row)
       PrefetchMatrixRow(args.half, view, half, b, h, static_cast<int64_t>(r + kPrefetchRows));

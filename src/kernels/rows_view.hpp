@@ -1,10 +1,12 @@
 // Where the fused kernels' products read a matrix's rows (RowsView), when they can read the
 // caller's rows in place instead of a per-thread padded copy (DenseRows), and the prefetch that
-// copying strided rows needs (PrefetchLines, PrefetchMatrixRow).
+// copying strided rows needs (PrefetchMatrixRow).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/prefetch.hpp"
 
 namespace attn {
 
@@ -24,20 +26,14 @@ bool DenseRows(const View& view, std::size_t lanes) {
   return view.row_stride == view.cols && static_cast<std::size_t>(view.cols) % lanes == 0;
 }
 
-// Requests the cache lines of the `bytes` bytes from `first` on (an input's row), for reading.
-// Copying strided rows a few lines each, one row at a time, waited on every row's misses (2.5% of
-// the AVX2 forward on the layers' layout at n = 1024, Zen 4); rows requested some rows ahead
-// overlap them.
-inline void PrefetchLines(const void* first, std::int64_t bytes) {
-  const auto* line = static_cast<const char*>(first);
-  for (std::int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(line + byte, 0, 3);
-}
-
-// PrefetchLines of row `row` of matrix (b, h) of a heads view (attn/kernels/heads_view.hpp).
+// Requests the lines of row `row` of matrix (b, h) of a heads view (attn/kernels/heads_view.hpp)
+// into L1. Copying strided rows a few lines each, one row at a time, waited on every row's misses
+// (2.5% of the AVX2 forward on the layers' layout at n = 1024, Zen 4); rows requested some rows
+// ahead overlap them.
 template <class View>
 void PrefetchMatrixRow(const View& view, std::int64_t b, std::int64_t h, std::int64_t row) {
   const auto* first = view.matrix(b, h) + row * view.row_stride;
-  PrefetchLines(first, view.cols * static_cast<std::int64_t>(sizeof(*first)));
+  PrefetchLines<PrefetchInto::kL1>(first, view.cols * static_cast<std::int64_t>(sizeof(*first)));
 }
 
 // The same of `half_view` when `half` (a pass on fp16/bf16 data), else of `view`.

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/prefetch.hpp"
+
 namespace attn {
 
 // Requests the lines of some rows a few at a time, spread over work that runs meanwhile (the
@@ -48,11 +50,7 @@ class SpreadPrefetch {
     for (; lines > 0 && current_ < count_; --lines) {
       const Range& range = ranges_[current_];
       const char* line = range.first + row_ * range.stride + line_ * 64;
-      if (range.write) {
-        __builtin_prefetch(line, 1, 2);
-      } else {
-        __builtin_prefetch(line, 0, 2);
-      }
+      PrefetchLine<PrefetchInto::kL2>(line);  // `write` asks prefetcht1 too (prefetch.hpp)
       --lines_left_;
       if (++line_ == range.lines_per_row) {
         line_ = 0;

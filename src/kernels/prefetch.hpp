@@ -1,0 +1,39 @@
+// Software prefetch that the compiler cannot delete: every prefetch in the kernels goes through
+// PrefetchLine (one cache line) or PrefetchLines (a row's lines).
+#pragma once
+
+#include <cstdint>
+
+namespace attn {
+
+// Where a requested line should wait: L1 (x86's prefetcht0) or L2 (prefetcht1).
+enum class PrefetchInto { kL1, kL2 };
+
+// Requests the cache line holding `address` for reading. GCC 12 treats __builtin_prefetch as
+// free of side effects and deletes a loop whose body is only prefetches once that loop sits in a
+// template's instance: from 0fad2a8 (PrefetchMatrixRow, a template) to 2026-11-30 the kernels
+// held no prefetcht0 at all, and the strided copies that 7fe1536 had made wait on memory again.
+// An asm statement marked volatile is kept wherever it is written; the prefetch instructions are
+// the same ones __builtin_prefetch would give (GCC emits prefetcht1 for its write hint on CPUs
+// without PREFETCHW, as attn's baseline compiles, so writes take the read form here too).
+template <PrefetchInto kLevel>
+inline void PrefetchLine(const void* address) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  if constexpr (kLevel == PrefetchInto::kL1) {
+    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(address)));
+  } else {
+    asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(address)));
+  }
+#else
+  __builtin_prefetch(address, 0, kLevel == PrefetchInto::kL1 ? 3 : 2);
+#endif
+}
+
+// Requests the cache lines of the `bytes` bytes from `first` on (an input's row), for reading.
+template <PrefetchInto kLevel>
+inline void PrefetchLines(const void* first, std::int64_t bytes) {
+  const auto* line = static_cast<const char*>(first);
+  for (std::int64_t byte = 0; byte < bytes; byte += 64) PrefetchLine<kLevel>(line + byte);
+}
+
+}  // namespace attn
