@@ -21,9 +21,10 @@ class SpreadPrefetch {
 
   SpreadPrefetch() = default;
   // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`; `write`: the lines
-  // will be written (prefetchw), else read. Each row's lines are counted from its first byte (a
-  // row that starts inside a line leaves its last, partial line to the hardware). At most
-  // kMaxRanges ranges; more are ignored.
+  // will be written, else read — both requested as reads (prefetcht1): attn's builds have never
+  // emitted PREFETCHW, and whether it would help is not measured. Each row's lines are counted
+  // from its first byte (a row that starts inside a line leaves its last, partial line to the
+  // hardware). At most kMaxRanges ranges; more are ignored.
   void add(const void* first, std::int64_t rows, std::int64_t row_bytes, std::int64_t stride,
            bool write) {
     if (count_ == kMaxRanges || first == nullptr || rows <= 0 || row_bytes <= 0) return;
@@ -50,7 +51,7 @@ class SpreadPrefetch {
     for (; lines > 0 && current_ < count_; --lines) {
       const Range& range = ranges_[current_];
       const char* line = range.first + row_ * range.stride + line_ * 64;
-      PrefetchLine<PrefetchInto::kL2>(line);  // `write` asks prefetcht1 too (prefetch.hpp)
+      PrefetchLine<PrefetchInto::kL2>(line);  // for `write` too (add's comment)
       --lines_left_;
       if (++line_ == range.lines_per_row) {
         line_ = 0;
