@@ -164,9 +164,9 @@ struct TilePrefetch {
 // Requests the line at byte `offset` of `row` (null: nothing) when a pass reading vectors of
 // kElement-byte entries starts a new line there.
 template <size_t kElement>
-HWY_INLINE void PrefetchLine(const char* row, size_t element_index) {
+HWY_INLINE void PrefetchOnNewLine(const char* row, size_t element_index) {
   const size_t offset = element_index * kElement;
-  if (row != nullptr && offset % 64 == 0) attn::PrefetchLine<kPrefetchLevel>(row + offset);
+  if (row != nullptr && offset % 64 == 0) PrefetchLine<kPrefetchLevel>(row + offset);
 }
 
 // Calls f(std::integral_constant<CacheDType, dtype>()), so that one call site instantiates a
@@ -263,7 +263,8 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
 #if HWY_TARGET == HWY_SCALAR  // plain dot products
   (void)d;
   for (size_t k = 0; k < kKeys && kByLine; ++k) {
-    for (size_t t = 0; t < depth; ++t) PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+    for (size_t t = 0; t < depth; ++t)
+      PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
   }
   for (size_t k = 0; k < kKeys; ++k) {
     for (size_t r = 0; r < row_groups * 4; ++r) {
@@ -290,7 +291,7 @@ HWY_INLINE void ScoreKeys(D d, const char* key_row, size_t key_stride, const flo
     for (size_t t = 0; t < vectors_end; t += lanes) {
       if constexpr (kByLine) {  // one group of rows
         for (size_t k = 0; k < kKeys; ++k)
-          PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+          PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
       }
       const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + depth + t),
               q2 = hn::LoadU(d, q + 2 * depth + t), q3 = hn::LoadU(d, q + 3 * depth + t);
@@ -384,8 +385,8 @@ HWY_INLINE void ScoreFourKeysOneRow(D d, const char* key_row, size_t key_stride,
   for (; t + 2 * lanes <= vectors_end; t += 2 * lanes) {
     if constexpr (kByLine) {
       for (size_t k = 0; k < 4; ++k) {
-        PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
-        PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t + lanes);
+        PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+        PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t + lanes);
       }
     }
     const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + t + lanes);
@@ -400,7 +401,8 @@ HWY_INLINE void ScoreFourKeysOneRow(D d, const char* key_row, size_t key_stride,
   }
   if (t < vectors_end) {  // an odd number of whole vectors
     if constexpr (kByLine) {
-      for (size_t k = 0; k < 4; ++k) PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+      for (size_t k = 0; k < 4; ++k)
+        PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
     }
     const V q0 = hn::LoadU(d, q + t);
     a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, key_row, t), a0);
@@ -434,7 +436,7 @@ HWY_INLINE void ScoreTwoKeysOneRow(D d, const char* key_row, size_t key_stride,
     if constexpr (kByLine) {
       for (size_t k = 0; k < 2; ++k) {
         for (size_t v = 0; v < 4; ++v)
-          PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t + v * lanes);
+          PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t + v * lanes);
       }
     }
     const V q0 = hn::LoadU(d, q + t), q1 = hn::LoadU(d, q + t + lanes),
@@ -450,7 +452,8 @@ HWY_INLINE void ScoreTwoKeysOneRow(D d, const char* key_row, size_t key_stride,
   }
   for (; t < vectors_end; t += lanes) {  // 1 to 3 whole vectors left
     if constexpr (kByLine) {
-      for (size_t k = 0; k < 2; ++k) PrefetchLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
+      for (size_t k = 0; k < 2; ++k)
+        PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
     }
     const V q0 = hn::LoadU(d, q + t);
     a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, key_row, t), a0);
@@ -630,7 +633,7 @@ HWY_INLINE void AccumulateColumns(D d, size_t bc, const char* value_rows, size_t
             w3 = hn::Set(d, pj[3]);
     if constexpr (kByLine) {
       const char* later = prefetch->ValueRow(j);
-      for (size_t v = 0; v < kVectors; ++v) PrefetchLine<kElement>(later, c0 + v * lanes);
+      for (size_t v = 0; v < kVectors; ++v) PrefetchOnNewLine<kElement>(later, c0 + v * lanes);
     }
     MulAddRows(LoadCacheVector<kType>(d, row, c0), w0, w1, w2, w3, a0, b0, c0v, e0);
     if constexpr (kVectors >= 2)
@@ -691,10 +694,10 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
     const char* later = kByLine ? prefetch->ValueRow(j) : nullptr;
     const V w0 = hn::Set(d, p[j * row_lanes + r0]), w1 = hn::Set(d, p[j * row_lanes + r0 + 1]);
     if constexpr (kByLine) {
-      PrefetchLine<kElement>(later, 0);
-      PrefetchLine<kElement>(later, lanes);
-      PrefetchLine<kElement>(later, 2 * lanes);
-      PrefetchLine<kElement>(later, 3 * lanes);
+      PrefetchOnNewLine<kElement>(later, 0);
+      PrefetchOnNewLine<kElement>(later, lanes);
+      PrefetchOnNewLine<kElement>(later, 2 * lanes);
+      PrefetchOnNewLine<kElement>(later, 3 * lanes);
     }
     const V v0 = LoadCacheVector<kType>(d, row, 0), v1 = LoadCacheVector<kType>(d, row, lanes),
             v2 = LoadCacheVector<kType>(d, row, 2 * lanes),
@@ -704,10 +707,10 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
     MulAddRows(v2, w0, w1, a2, b2);
     MulAddRows(v3, w0, w1, a3, b3);
     if constexpr (kByLine) {
-      PrefetchLine<kElement>(later, 4 * lanes);
-      PrefetchLine<kElement>(later, 5 * lanes);
-      PrefetchLine<kElement>(later, 6 * lanes);
-      PrefetchLine<kElement>(later, 7 * lanes);
+      PrefetchOnNewLine<kElement>(later, 4 * lanes);
+      PrefetchOnNewLine<kElement>(later, 5 * lanes);
+      PrefetchOnNewLine<kElement>(later, 6 * lanes);
+      PrefetchOnNewLine<kElement>(later, 7 * lanes);
     }
     const V v4 = LoadCacheVector<kType>(d, row, 4 * lanes),
             v5 = LoadCacheVector<kType>(d, row, 5 * lanes),
@@ -761,7 +764,7 @@ HWY_INLINE void AccumulateColumnsOneRow(D d, size_t bc, const char* value_rows, 
     const char* row = value_rows + j * value_stride;
     if constexpr (kByLine) {
       const char* later = prefetch->ValueRow(j);
-      for (size_t v = 0; v < kVectors; ++v) PrefetchLine<kElement>(later, c0 + v * lanes);
+      for (size_t v = 0; v < kVectors; ++v) PrefetchOnNewLine<kElement>(later, c0 + v * lanes);
     }
     const V w = hn::Set(d, p[j * row_lanes]);
     x0 = hn::MulAdd(w, LoadCacheVector<kType>(d, row, c0), x0);
