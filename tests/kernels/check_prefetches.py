@@ -57,16 +57,18 @@ def main():
         if function in L1_PREFETCHERS:
             checked += 1
             if mnemonics["prefetcht0"] == 0:
-                missing.append(f"attn::{target}::{function}")
+                missing.append(f"attn::{target}::{function} has no prefetcht0")
+    # Each target also keeps its L2 requests (prefetcht1: SpreadPrefetch, the decode kernel's).
     targets = sorted({target for target, _ in counts})
     for target in targets:
-        if not any(c["prefetcht0"] for (t, _), c in counts.items() if t == target):
-            missing.append(f"attn::{target} (no prefetcht0 in any function)")
+        for mnemonic in ("prefetcht0", "prefetcht1"):
+            if not any(c[mnemonic] for (t, _), c in counts.items() if t == target):
+                missing.append(f"no function of attn::{target} has a {mnemonic}")
     if checked == 0:
         print(f"none of {', '.join(L1_PREFETCHERS)} found in {args.library}")
         return 1
     if missing:
-        print("no prefetcht0 in: " + ", ".join(missing))
+        print("prefetches missing:\n  " + "\n  ".join(missing))
         return 1
     print(f"{checked} functions over {len(targets)} targets hold their prefetches")
     return 0
