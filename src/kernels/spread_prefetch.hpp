@@ -21,10 +21,10 @@ class SpreadPrefetch {
 
   SpreadPrefetch() = default;
   // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`; `write`: the lines
-  // will be written, else read — both requested as reads (prefetcht1): attn's builds have never
-  // emitted PREFETCHW, and whether it would help is not measured. Each row's lines are counted
-  // from its first byte (a row that starts inside a line leaves its last, partial line to the
-  // hardware). At most kMaxRanges ranges; more are ignored.
+  // will be written, else read — both requested as reads (prefetcht1), as attn's builds always
+  // did: PREFETCHW for the output rows measured level to 0.8% slower (Zen 1, 2026-11-30). Each
+  // row's lines are counted from its first byte (a row that starts inside a line leaves its last,
+  // partial line to the hardware). At most kMaxRanges ranges; more are ignored.
   void add(const void* first, std::int64_t rows, std::int64_t row_bytes, std::int64_t stride,
            bool write) {
     if (count_ == kMaxRanges || first == nullptr || rows <= 0 || row_bytes <= 0) return;
