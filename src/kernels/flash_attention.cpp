@@ -1290,8 +1290,8 @@ void AddNextWindowRows(const ForwardArgs& args, const TaskTiles& current, const 
   const int64_t row_bytes = (args.half ? 2 : 4) * (args.k.cols + args.v.cols);
   if (static_cast<size_t>((end - begin) * row_bytes) > l2_cache_bytes() / 4) return;
   const int64_t kv_head = next.h / group;
-  AddMatrixRows(prefetch, args.half, args.k, args.k16, next.b, kv_head, begin, end - begin, false);
-  AddMatrixRows(prefetch, args.half, args.v, args.v16, next.b, kv_head, begin, end - begin, false);
+  AddMatrixRows(prefetch, args.half, args.k, args.k16, next.b, kv_head, begin, end - begin);
+  AddMatrixRows(prefetch, args.half, args.v, args.v16, next.b, kv_head, begin, end - begin);
 }
 
 // Raises the call's maxima (ForwardArgs::read_magnitude_bits) to this thread's, once per task.
@@ -1408,10 +1408,10 @@ void FlashForward(const ForwardArgs& call) {
           SpreadPrefetch prefetch;
           if (next) {
             AddMatrixRows(prefetch, args.half, args.q, args.q16, next->b, next->h,
-                          next->first_query, next->rows, false);
+                          next->first_query, next->rows);
           }
           AddMatrixRows(prefetch, args.half, args.out, args.out16, tiles.b, tiles.h,
-                        tiles.first_query, tiles.rows, true);
+                        tiles.first_query, tiles.rows);
           if (next_window && next) AddNextWindowRows(args, tiles, *next, prefetch);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
           if (bf16_pairs) {

@@ -20,16 +20,14 @@ class SpreadPrefetch {
   static constexpr std::int64_t kMaxLinesPerStep = 32;
 
   SpreadPrefetch() = default;
-  // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`; `write`: the lines
-  // will be written, else read — both requested as reads (prefetcht1), as attn's builds always
-  // did: PREFETCHW for the output rows measured level to 0.8% slower (Zen 1, 2026-11-30). Each
-  // row's lines are counted from its first byte (a row that starts inside a line leaves its last,
-  // partial line to the hardware). At most kMaxRanges ranges; more are ignored.
-  void add(const void* first, std::int64_t rows, std::int64_t row_bytes, std::int64_t stride,
-           bool write) {
+  // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`, requested for
+  // reading (prefetcht1) also where they will be written: PREFETCHW for the forward's output rows
+  // measured level to 0.8% slower (Zen 1, 2026-11-30). Each row's lines are counted from its
+  // first byte (a row that starts inside a line leaves its last, partial line to the hardware). At
+  // most kMaxRanges ranges; more are ignored.
+  void add(const void* first, std::int64_t rows, std::int64_t row_bytes, std::int64_t stride) {
     if (count_ == kMaxRanges || first == nullptr || rows <= 0 || row_bytes <= 0) return;
-    ranges_[count_++] = {static_cast<const char*>(first), rows, (row_bytes + 63) / 64, stride,
-                         write};
+    ranges_[count_++] = {static_cast<const char*>(first), rows, (row_bytes + 63) / 64, stride};
     lines_left_ += rows * ((row_bytes + 63) / 64);
   }
   std::int64_t lines_left() const { return lines_left_; }
@@ -51,7 +49,7 @@ class SpreadPrefetch {
     for (; lines > 0 && current_ < count_; --lines) {
       const Range& range = ranges_[current_];
       const char* line = range.first + row_ * range.stride + line_ * 64;
-      PrefetchLine<PrefetchInto::kL2>(line);  // for `write` too (add's comment)
+      PrefetchLine<PrefetchInto::kL2>(line);
       --lines_left_;
       if (++line_ == range.lines_per_row) {
         line_ = 0;
@@ -67,7 +65,6 @@ class SpreadPrefetch {
   struct Range {
     const char* first;
     std::int64_t rows, lines_per_row, stride;
-    bool write;
   };
   Range ranges_[kMaxRanges] = {};
   int count_ = 0, current_ = 0;
@@ -79,14 +76,13 @@ class SpreadPrefetch {
 // attn/kernels/heads_view.hpp).
 template <class View, class HalfView>
 void AddMatrixRows(SpreadPrefetch& prefetch, bool half, const View& view, const HalfView& half_view,
-                   std::int64_t b, std::int64_t h, std::int64_t first_row, std::int64_t rows,
-                   bool write) {
+                   std::int64_t b, std::int64_t h, std::int64_t first_row, std::int64_t rows) {
   if (half) {
     prefetch.add(half_view.matrix(b, h) + first_row * half_view.row_stride, rows,
-                 half_view.cols * 2, half_view.row_stride * 2, write);
+                 half_view.cols * 2, half_view.row_stride * 2);
   } else {
     prefetch.add(view.matrix(b, h) + first_row * view.row_stride, rows, view.cols * 4,
-                 view.row_stride * 4, write);
+                 view.row_stride * 4);
   }
 }
 
