@@ -185,6 +185,9 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       {2, 2, 1, 1, 1, 5, 3, true, -1, -1, 0.0F, true},         // one cached key, odd sizes
       {2, 8, 2, 1, 333, 128, 128, true, -1, -1, 0.0F, false},  // d = 128: whole value rows
       {1, 4, 1, 2, 150, 128, 128, false, -1, -1, 0.0F, true},  // d = 128, two groups of 4 rows
+      // 12 rows a key/value head (GQA 6, two tokens), d and dv not multiples of any vector: the
+      // fp16 tiles widened to floats (WidensTiles, AVX2) with their columns' tails
+      {2, 6, 1, 2, 100, 20, 36, true, -1, -1, 0.0F, false},
       // ALiBi: one token of GQA 4; window, softcap and sinks with four tokens of MQA 8; not
       // causal over many splits; d = 128 over two groups of 4 rows
       {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false, true},
