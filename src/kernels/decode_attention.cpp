@@ -1120,8 +1120,6 @@ inline MaskCoverage GroupMaskCoverage(const ScoreMask& mask, int64_t b, int64_t 
   return first;
 }
 
-// Task (b, g, split) with the rows along vectors of `d` (row_lanes = rows rounded up to them);
-// `df` is the full-width tag for the P·V product over the value columns.
 // Whether a task widens each tile of its fp16 K and V rows to floats once (WidenTileRows) and runs
 // the fp32 products on them: with more than four rows a key/value head (grouped heads times new
 // queries), ScoreKeys and AccumulateColumns convert each element once per group of four rows.
@@ -1153,6 +1151,8 @@ HWY_INLINE void WidenTileRows(D d, CacheDType dtype, const CacheRows& rows, size
   });
 }
 
+// Task (b, g, split) with the rows along vectors of `d` (row_lanes = rows rounded up to them);
+// `df` is the full-width tag for the P·V product over the value columns.
 template <class D>
 void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split,
                 DecodeScratch& s) {
