@@ -1133,10 +1133,10 @@ inline bool WidensTiles(CacheDType dtype, size_t row_lanes) {
 // Rows [0, count) of a half-precision cache's `rows`, `cols` elements each, as floats into `out`
 // (rows `cols` apart: a dense fp32 cache's layout, which the fp32 steps read). Exact: every fp16
 // and bf16 value is a float. WidensTiles asks it for fp16 rows only; bf16 rows widen the same way
-// should a CPU measure that faster.
+// should a CPU measure that faster. Returns the widened rows, as the fp32 steps take them.
 template <class D>
-HWY_INLINE void WidenTileRows(D d, CacheDType dtype, const CacheRows& rows, size_t count,
-                              size_t cols, float* HWY_RESTRICT out) {
+HWY_INLINE CacheRows WidenTileRows(D d, CacheDType dtype, const CacheRows& rows, size_t count,
+                                   size_t cols, float* HWY_RESTRICT out) {
   WithCacheType(dtype, [&](auto type) {
     constexpr CacheDType kType = decltype(type)::value;
     if constexpr (kType == CacheDType::kFloat16 || kType == CacheDType::kBFloat16) {
@@ -1150,6 +1150,7 @@ HWY_INLINE void WidenTileRows(D d, CacheDType dtype, const CacheRows& rows, size
       }
     }
   });
+  return {reinterpret_cast<const char*>(out), cols * sizeof(float), nullptr};
 }
 
 // Task (b, g, split) with the rows along vectors of `d` (row_lanes = rows rounded up to them);
@@ -1267,9 +1268,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     }
     const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
     if (widens_tiles) {
-      WidenTileRows(df, args.keys.dtype, key_rows, bc, depth, s.widened_rows);
-      const CacheRows widened{reinterpret_cast<const char*>(s.widened_rows), depth * sizeof(float),
-                              nullptr};
+      const CacheRows widened =
+          WidenTileRows(df, args.keys.dtype, key_rows, bc, depth, s.widened_rows);
       ScoreTileOutOfLine<CacheDType::kFloat32>(df, bc, widened, s.q_rows, rows, depth, s.scores,
                                                row_lanes, prefetch);
     } else {
@@ -1324,9 +1324,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     // O = O · rescale + P V, V read in its cache dtype.
     const CacheRows value_rows = decode_detail::rows_of(args.values, b, kv_head, key0);
     if (widens_tiles) {
-      WidenTileRows(df, args.values.dtype, value_rows, bc, dv, s.widened_rows);
-      const CacheRows widened{reinterpret_cast<const char*>(s.widened_rows), dv * sizeof(float),
-                              nullptr};
+      const CacheRows widened =
+          WidenTileRows(df, args.values.dtype, value_rows, bc, dv, s.widened_rows);
       AccumulateValues<CacheDType::kFloat32>(df, bc, widened, probabilities, probability_stride,
                                              rows, dv, s.output, dv_padded, s.row_rescale,
                                              prefetch);
