@@ -621,7 +621,8 @@ HWY_NOINLINE void ScoreTileOutOfLine(D d, size_t bc, const CacheRows& keys,
 template <size_t kKeys, class D>
 HWY_INLINE void BroadcastScoreKeys(D d, const float* HWY_RESTRICT keys, size_t key_stride,
                                    const float* HWY_RESTRICT q_columns, size_t row_lanes, size_t r0,
-                                   size_t depth, float* HWY_RESTRICT scores) {
+                                   size_t depth, float* HWY_RESTRICT scores,
+                                   const TilePrefetch* prefetch, size_t j) {
   static_assert(kKeys == 1 || kKeys == 8);
   using V = hn::Vec<D>;
   // Key k's row; unused ones point at row 0 (one key alone must not address past its tile).
@@ -630,17 +631,25 @@ HWY_INLINE void BroadcastScoreKeys(D d, const float* HWY_RESTRICT keys, size_t k
               *k6 = row(6), *k7 = row(7);
   V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
   V a4 = hn::Zero(d), a5 = hn::Zero(d), a6 = hn::Zero(d), a7 = hn::Zero(d);
-  for (size_t t = 0; t < depth; ++t) {
-    const V q = hn::Load(d, q_columns + t * row_lanes + r0);
-    a0 = hn::MulAdd(hn::Set(d, k0[t]), q, a0);
-    if constexpr (kKeys == 8) {
-      a1 = hn::MulAdd(hn::Set(d, k1[t]), q, a1);
-      a2 = hn::MulAdd(hn::Set(d, k2[t]), q, a2);
-      a3 = hn::MulAdd(hn::Set(d, k3[t]), q, a3);
-      a4 = hn::MulAdd(hn::Set(d, k4[t]), q, a4);
-      a5 = hn::MulAdd(hn::Set(d, k5[t]), q, a5);
-      a6 = hn::MulAdd(hn::Set(d, k6[t]), q, a6);
-      a7 = hn::MulAdd(hn::Set(d, k7[t]), q, a7);
+  // The later tile's rows of these keys (prefetch: the first vector of rows only) requested one
+  // key per kKeys-th of the depth, spread over the pass: the eight keys' rows requested at once,
+  // before the pass, left 16-row fp32 decoding at 0.75-1.04x the ScoreKeys path where spread it
+  // runs 1.17-1.30x (Zen 4).
+  size_t t = 0;
+  for (size_t chunk = 0; chunk < kKeys; ++chunk) {
+    if (prefetch != nullptr) prefetch->BothRows(j + chunk);
+    for (const size_t chunk_end = (chunk + 1) * depth / kKeys; t < chunk_end; ++t) {
+      const V q = hn::Load(d, q_columns + t * row_lanes + r0);
+      a0 = hn::MulAdd(hn::Set(d, k0[t]), q, a0);
+      if constexpr (kKeys == 8) {
+        a1 = hn::MulAdd(hn::Set(d, k1[t]), q, a1);
+        a2 = hn::MulAdd(hn::Set(d, k2[t]), q, a2);
+        a3 = hn::MulAdd(hn::Set(d, k3[t]), q, a3);
+        a4 = hn::MulAdd(hn::Set(d, k4[t]), q, a4);
+        a5 = hn::MulAdd(hn::Set(d, k5[t]), q, a5);
+        a6 = hn::MulAdd(hn::Set(d, k6[t]), q, a6);
+        a7 = hn::MulAdd(hn::Set(d, k7[t]), q, a7);
+      }
     }
   }
   float* out = scores + r0;
@@ -658,7 +667,8 @@ HWY_INLINE void BroadcastScoreKeys(D d, const float* HWY_RESTRICT keys, size_t k
 
 // Sᵀ of a tile's bc keys for every vector of rows (BroadcastScoreKeys) from fp32 key rows — the
 // cache's own, or a half-precision tile widened once (WidenTileRows) — requesting the later
-// tile's whole K and V rows key by key, as the compute-bound ScoreStep does.
+// tile's whole K and V rows key by key (spread over each block's first pass), as the
+// compute-bound ScoreStep does.
 template <class D>
 HWY_NOINLINE void BroadcastScoreTile(D d, size_t bc, const CacheRows& keys,
                                      const float* HWY_RESTRICT q_columns, size_t row_lanes,
@@ -668,17 +678,15 @@ HWY_NOINLINE void BroadcastScoreTile(D d, size_t bc, const CacheRows& keys,
   const size_t key_stride = keys.stride / sizeof(float), lanes = hn::Lanes(d);
   size_t j = 0;
   for (; j + 8 <= bc; j += 8) {
-    for (size_t k = 0; k < 8; ++k) prefetch.BothRows(j + k);
     for (size_t r0 = 0; r0 < row_lanes; r0 += lanes) {
       BroadcastScoreKeys<8>(d, key_rows + j * key_stride, key_stride, q_columns, row_lanes, r0,
-                            depth, scores + j * row_lanes);
+                            depth, scores + j * row_lanes, r0 == 0 ? &prefetch : nullptr, j);
     }
   }
   for (; j < bc; ++j) {
-    prefetch.BothRows(j);
     for (size_t r0 = 0; r0 < row_lanes; r0 += lanes) {
       BroadcastScoreKeys<1>(d, key_rows + j * key_stride, key_stride, q_columns, row_lanes, r0,
-                            depth, scores + j * row_lanes);
+                            depth, scores + j * row_lanes, r0 == 0 ? &prefetch : nullptr, j);
     }
   }
 }
@@ -1206,14 +1214,15 @@ inline bool WidensTiles(CacheDType dtype, size_t row_lanes) {
 }
 
 // Whether a task scores its tiles with the rows along the lanes (BroadcastScoreTile): on AVX-512,
-// more than 32 rows a key/value head (e.g. 16 new queries of 4 heads a group). Measured on Zen 4
-// (one thread, B = 8, 32 query heads over 8 of 128, m = 4096, against ScoreKeys): 64 rows 1.18x
-// faster (fp32) and 1.09x (bf16); 32 rows level (1.02, 0.98); 16 rows 0.88 and 1.01; 8 rows, half
-// of each vector's lanes padding, 0.72 and 0.77; on AVX2 (the same core capped) 0.58-1.05 for 8 to
-// 64 rows. int8 rows keep ScoreKeys, which applies their scales per key.
+// more than 8 rows a key/value head (e.g. four new queries of 4 heads a group). Measured on Zen 4
+// (one thread, 32 query heads over 8 of 128, B = 1 and 8, m = 4096 and 32768, against ScoreKeys):
+// 16 to 64 rows 1.17-1.34x faster for fp32, 1.0-1.15x for fp16 and bf16 (widened once); 8 rows,
+// half of each vector's lanes padding, 0.72-1.00x. On AVX2 (the same core capped) 0.71-1.29x,
+// mostly slower or within the noise: not used there. int8 rows keep ScoreKeys, which applies
+// their scales per key.
 constexpr bool kBroadcastsScores = HWY_MAX_BYTES >= 64;
 inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
-  return kBroadcastsScores && rows > 32 && dtype != CacheDType::kInt8;
+  return kBroadcastsScores && rows > 8 && dtype != CacheDType::kInt8;
 }
 
 // Rows [0, count) of a half-precision cache's `rows`, `cols` elements each, as floats into `out`
