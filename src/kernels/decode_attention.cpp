@@ -12,8 +12,7 @@
 // multi-head attention's one new token, has steps of its own: ScoreFourKeysOneRow,
 // AccumulateOneRow); the rows of the tile four ahead are prefetched while one runs, line by line
 // as each pass reads its own stream when the tile is memory-bound (TilePrefetch). On AVX-512 more
-// than 32 rows score with the rows along the lanes, each key element broadcast
-// (BroadcastScoreTile).
+// than 8 rows score with the rows along the lanes, each key element broadcast (BroadcastScoreTile).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
