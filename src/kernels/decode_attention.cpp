@@ -614,6 +614,20 @@ HWY_NOINLINE void ScoreTileOutOfLine(D d, size_t bc, const CacheRows& keys,
   ScoreTile<kType>(d, bc, keys, q_rows, rows, depth, scores, row_lanes, prefetch, rows == 1);
 }
 
+// Eight named vectors (accumulators) to out, out + stride, …, out + 7·stride.
+template <class D, class V>
+HWY_INLINE void StoreEight(D d, float* HWY_RESTRICT out, size_t stride, V x0, V x1, V x2, V x3,
+                           V x4, V x5, V x6, V x7) {
+  hn::Store(x0, d, out);
+  hn::Store(x1, d, out + stride);
+  hn::Store(x2, d, out + 2 * stride);
+  hn::Store(x3, d, out + 3 * stride);
+  hn::Store(x4, d, out + 4 * stride);
+  hn::Store(x5, d, out + 5 * stride);
+  hn::Store(x6, d, out + 6 * stride);
+  hn::Store(x7, d, out + 7 * stride);
+}
+
 // Sᵀ[j, r] = Σ_t K[j, t] · Qᵀ[t, r] for kKeys keys (1 or 8) and the vector of rows r0 … r0 +
 // lanes: each key element is broadcast and multiplied into its key's accumulator, rows along the
 // lanes as in the prefill's Q·Kᵀ tile, so no sum crosses lanes (ScoreKeys' four-row dot products
@@ -654,16 +668,10 @@ HWY_INLINE void BroadcastScoreKeys(D d, const float* HWY_RESTRICT keys, size_t k
       }
     }
   }
-  float* out = scores + r0;
-  hn::Store(a0, d, out);
   if constexpr (kKeys == 8) {
-    hn::Store(a1, d, out + row_lanes);
-    hn::Store(a2, d, out + 2 * row_lanes);
-    hn::Store(a3, d, out + 3 * row_lanes);
-    hn::Store(a4, d, out + 4 * row_lanes);
-    hn::Store(a5, d, out + 5 * row_lanes);
-    hn::Store(a6, d, out + 6 * row_lanes);
-    hn::Store(a7, d, out + 7 * row_lanes);
+    StoreEight(d, scores + r0, row_lanes, a0, a1, a2, a3, a4, a5, a6, a7);
+  } else {
+    hn::Store(a0, d, scores + r0);
   }
 }
 
@@ -835,18 +843,8 @@ HWY_INLINE void AccumulateRowPair(D d, size_t bc, const char* value_rows, size_t
     MulAddRows(v6, w0, w1, a6, b6);
     MulAddRows(v7, w0, w1, a7, b7);
   }
-  const auto finish = [&](float* out, V x0, V x1, V x2, V x3, V x4, V x5, V x6, V x7) {
-    hn::Store(x0, d, out);
-    hn::Store(x1, d, out + lanes);
-    hn::Store(x2, d, out + 2 * lanes);
-    hn::Store(x3, d, out + 3 * lanes);
-    hn::Store(x4, d, out + 4 * lanes);
-    hn::Store(x5, d, out + 5 * lanes);
-    hn::Store(x6, d, out + 6 * lanes);
-    hn::Store(x7, d, out + 7 * lanes);
-  };
-  finish(out0, a0, a1, a2, a3, a4, a5, a6, a7);
-  finish(out1, b0, b1, b2, b3, b4, b5, b6, b7);
+  StoreEight(d, out0, lanes, a0, a1, a2, a3, a4, a5, a6, a7);
+  StoreEight(d, out1, lanes, b0, b1, b2, b3, b4, b5, b6, b7);
 }
 #endif
 
