@@ -1217,10 +1217,10 @@ inline bool WidensTiles(CacheDType dtype, size_t row_lanes) {
 // Whether a task scores its tiles with the rows along the lanes (BroadcastScoreTile): on AVX-512,
 // more than 8 rows a key/value head (e.g. four new queries of 4 heads a group). Measured on Zen 4
 // (one thread, 32 query heads over 8 of 128, B = 1 and 8, m = 4096 and 32768, against ScoreKeys):
-// 16 to 64 rows 1.17-1.34x faster for fp32, 1.0-1.15x for fp16 and bf16 (widened once); 8 rows,
-// half of each vector's lanes padding, 0.72-1.00x. On AVX2 (the same core capped) 0.71-1.29x,
-// mostly slower or within the noise: not used there. int8 rows keep ScoreKeys, which applies
-// their scales per key.
+// 16 to 64 rows 1.04-1.36x faster for fp32, 0.99-1.14x for fp16 and 1.01-1.12x for bf16 (widened
+// once); 8 rows, half of each vector's lanes padding, 0.72-1.00x. On AVX2 (the same core capped)
+// 0.71-1.29x, mostly slower or within the noise: not used there. int8 rows keep ScoreKeys, which
+// applies their scales per key.
 constexpr bool kBroadcastsScores = HWY_MAX_BYTES >= 64;
 inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
   return kBroadcastsScores && rows > 8 && dtype != CacheDType::kInt8;

@@ -188,10 +188,10 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       // 12 rows a key/value head (GQA 6, two tokens), d and dv not multiples of any vector: the
       // fp16 tiles widened to floats (WidensTiles, AVX2) with their columns' tails
       {2, 6, 1, 2, 100, 20, 36, true, -1, -1, 0.0F, false},
-      // More than 32 rows a key/value head (the rows-along-lanes scores of AVX-512,
-      // BroadcastScoreTile): 48 rows (GQA 12, four tokens) with odd d and dv and keys not a
-      // multiple of the 8 per step; 64 rows (GQA 4, 16 tokens) at d = 128 with a window,
-      // soft-capping, sinks and ALiBi
+      // More than 8 rows a key/value head take the rows-along-lanes scores on AVX-512
+      // (BroadcastScoreTile; so do the 12 rows above and the 32 of MQA 8 with four tokens): 48
+      // rows (GQA 12, four tokens) with odd d and dv and keys not a multiple of the 8 per step;
+      // 64 rows (GQA 4, 16 tokens) at d = 128 with a window, soft-capping, sinks and ALiBi
       {2, 12, 1, 4, 137, 20, 36, true, -1, -1, 0.0F, false},
       {1, 8, 2, 16, 150, 128, 128, true, 60, 0, 2.0F, true, true},
       // ALiBi: one token of GQA 4; window, softcap and sinks with four tokens of MQA 8; not
