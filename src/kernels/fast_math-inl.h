@@ -168,8 +168,8 @@ HWY_INLINE hn::Vec<D> TwoToReducedPolynomial(D d, hn::Vec<D> r) {
 // two multiply-adds, and the rounding of n is an add and a subtract where e^x's takes a
 // multiply-add: three operations fewer on the multiply pipes per score. 2^r = 1 + r·P(r)
 // (TwoToReducedPolynomial). 2ⁿ as in ReducedExp: vscalefps on AVX-512 with the lanes below 2⁻¹²⁶
-// zeroed first (no subnormal results, −∞ and NaN give 0), elsewhere the exponent field, exactly 0
-// below −127.
+// zeroed first (no subnormal results, −∞ gives 0; a NaN stays NaN, vscalefps's result for a NaN
+// power), elsewhere the exponent field, exactly 0 below −127.
 template <int kDegree, class D>
 HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL

@@ -264,8 +264,9 @@ TEST_P(FastMath, SoftmaxShiftedExp2WithinAFewUlpsOfDoubleExp2ForEveryFoldedShift
 // in float32 (the reduction is exact); 2.5e−7 fails a wrong coefficient by far (degree 4 in its
 // place reads 2.9e−6). Up to 8 above 0: recomputed scores may pass
 // the forward's log-sum-exp by some ulps, and a row's lone key gives 2⁰ = 1 exactly; 0 from −127
-// on and at −∞ (masked keys); a NaN stays NaN on the exponent-field targets (x86's max) and gives 0
-// on AVX-512 (its lanes below 2⁻¹²⁶ are zeroed before vscalefps, as SoftmaxExp2's).
+// on and at −∞ (masked keys); a NaN stays NaN: x86's max keeps it on the exponent-field targets,
+// and on AVX-512 vscalefps returns NaN for a NaN power though the lane was zeroed first (an
+// expectation of 0 there, written without an AVX-512 machine, failed on Zen 4).
 TEST_P(FastMath, RecomputedProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
   EXPECT_LT(worst_relative_to_exp2(recomputed_probability_exp2), 2.5e-7)
       << "target " << hwy::TargetName(GetParam());
@@ -275,9 +276,7 @@ TEST_P(FastMath, RecomputedProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
   EXPECT_EQ(exact[0], 1.0F);
   EXPECT_EQ(exact[1], 1.0F);
   for (size_t i = 2; i < 6; ++i) EXPECT_EQ(exact[i], 0.0F) << i;
-  if (GetParam() == HWY_AVX3 || GetParam() == HWY_AVX3_DL) {
-    EXPECT_EQ(exact[6], 0.0F);
-  } else if (GetParam() != HWY_SCALAR) {
+  if (GetParam() != HWY_SCALAR) {
     EXPECT_TRUE(std::isnan(exact[6]));
   }
 }
