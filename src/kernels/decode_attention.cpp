@@ -1221,15 +1221,14 @@ inline bool WidensTiles(CacheDType dtype, size_t row_lanes) {
 // once); 8 rows, half of each vector's lanes padding, 0.72-1.00x. On AVX2 (the same core capped)
 // 0.71-1.29x, mostly slower or within the noise: not used there. int8 rows keep ScoreKeys, which
 // applies their scales per key.
-constexpr bool kBroadcastsScores = HWY_MAX_BYTES >= 64;
 inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
-  return kBroadcastsScores && rows > 8 && dtype != CacheDType::kInt8;
+  return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8;
 }
 
 // Rows [0, count) of a half-precision cache's `rows`, `cols` elements each, as floats into `out`
 // (rows `cols` apart: a dense fp32 cache's layout, which the fp32 steps read). Exact: every fp16
-// and bf16 value is a float. WidensTiles asks it for fp16 rows only; bf16 rows widen the same way
-// should a CPU measure that faster. Returns the widened rows, as the fp32 steps take them.
+// and bf16 value is a float. WidensTiles asks it for fp16 K and V rows (AVX2), BroadcastsScores
+// for fp16 and bf16 K rows (AVX-512). Returns the widened rows, as the fp32 steps take them.
 template <class D>
 HWY_INLINE CacheRows WidenTileRows(D d, CacheDType dtype, const CacheRows& rows, size_t count,
                                    size_t cols, float* HWY_RESTRICT out) {
@@ -1369,17 +1368,17 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
           row_lanes == 4};
     }
     const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
-    if (kBroadcastsScores && broadcast_scores) {  // rows along the full vectors of df
+    if (broadcast_scores || widens_tiles) {  // the scores from fp32 key rows
       const CacheRows fp32_keys =
           args.keys.dtype == CacheDType::kFloat32
               ? key_rows
               : WidenTileRows(df, args.keys.dtype, key_rows, bc, depth, s.widened_rows);
-      BroadcastScoreTile(df, bc, fp32_keys, s.q_columns, row_lanes, depth, s.scores, prefetch);
-    } else if (widens_tiles) {
-      const CacheRows widened =
-          WidenTileRows(df, args.keys.dtype, key_rows, bc, depth, s.widened_rows);
-      ScoreTileOutOfLine<CacheDType::kFloat32>(df, bc, widened, s.q_rows, rows, depth, s.scores,
-                                               row_lanes, prefetch);
+      if (broadcast_scores) {  // rows along the full vectors of df
+        BroadcastScoreTile(df, bc, fp32_keys, s.q_columns, row_lanes, depth, s.scores, prefetch);
+      } else {
+        ScoreTileOutOfLine<CacheDType::kFloat32>(df, bc, fp32_keys, s.q_rows, rows, depth, s.scores,
+                                                 row_lanes, prefetch);
+      }
     } else {
       WithCacheType(args.keys.dtype, [&](auto type) {
         constexpr CacheDType kType = decltype(type)::value;
