@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "attn/core/half.hpp"
 #include "attn/core/random.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/functional/attention_options.hpp"
@@ -67,6 +68,14 @@ PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t head
   state->cache = std::move(cache);
   state->query =
       random_tensor(Shape{state->cache->batch(), heads, queries, state->cache->head_dim()}, rng);
+  // A model whose cache holds bf16 or fp16 computes its queries in that dtype too: the queries
+  // are values of it, as a bf16 or fp16 call's are once widened (a bf16 cache's many-row decoding
+  // scores on vdpbf16ps only for such queries).
+  const CacheDType dtype = state->cache->dtype();
+  for (float& x : state->query.span()) {
+    if (dtype == CacheDType::kBFloat16) x = bfloat16_to_float(float_to_bfloat16(x));
+    if (dtype == CacheDType::kFloat16) x = half_to_float(float_to_half(x));
+  }
   state->options.causal = true;
   state->options.enable_gqa = true;
   PreparedDecode prepared;

@@ -45,7 +45,8 @@ struct PreparedDecode {
 };
 
 // `queries` new queries per sequence (the last tokens of each, as in generation: causal),
-// `heads` query heads over the cache's key/value heads (enable_gqa).
+// `heads` query heads over the cache's key/value heads (enable_gqa); with a bf16 or fp16 cache
+// the queries are values of that dtype.
 PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t heads, int64_t queries,
                               uint64_t seed);
 

@@ -15,7 +15,9 @@
 // than 8 rows score with the rows along the lanes, each key element broadcast (BroadcastScoreTile).
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
@@ -26,6 +28,7 @@
 #include "attn/core/half.hpp"
 #include "attn/kernels/decode_attention.hpp"
 #include "kernels/cache_sizes.hpp"
+#include "kernels/cpu_features.hpp"
 #include "kernels/parallel_tasks.hpp"
 #include "kernels/prefetch.hpp"
 #include "kernels/score_masks.hpp"
@@ -82,6 +85,7 @@ constexpr PrefetchInto kPrefetchLevel = PrefetchInto::kL2;  // prefetcht1
 
 #include "kernels/fast_math-inl.h"
 #include "kernels/score_modifiers-inl.h"
+#include "kernels/tile_gemm_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -109,6 +113,7 @@ struct DecodeScratch {
   float* alibi_position;  // R: each row's query position, as a float
   float* widened_rows;  // Bc × max(d, dv_padded): a tile's K, then V, rows as floats (WidensTiles)
   float* q_columns;     // d × R: Qᵀ, the rows' scaled queries along lanes (BroadcastsScores)
+  uint32_t* q_pairs;    // d/2 × R: Qᵀ as bf16 pairs of adjacent dimensions (ScoresOnPairs)
 
   DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes) {
     memory = carve_scratch(lanes, [&](const auto& take) {
@@ -125,6 +130,7 @@ struct DecodeScratch {
       alibi_position = take(max_rows);
       widened_rows = take(kKeyTile * std::max(depth, dv_padded));
       q_columns = take(depth * max_rows);
+      q_pairs = as_uint32(take((depth + 1) / 2 * max_rows));
     });
   }
 };
@@ -701,6 +707,35 @@ HWY_NOINLINE void BroadcastScoreTile(D d, size_t bc, const CacheRows& keys,
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr bool kScoresOnPairs = true;
+
+// Sᵀ of a tile's bc bf16 keys on vdpbf16ps (GemmBF16): each key row read in place as d/2 pairs of
+// adjacent dimensions, broadcast against Qᵀ's pairs (q_pairs, rows row_lanes apart), the sums
+// times `scale` as they are stored: half the instructions of BroadcastScoreTile's fp32
+// multiply-adds, and no widened K tile. The later tile's K and V rows are requested key by key,
+// one block of GemmBF16's rows at a time.
+ATTN_BF16_TARGET HWY_NOINLINE void ScoresOnPairs(size_t bc, const CacheRows& keys,
+                                                 const uint32_t* HWY_RESTRICT q_pairs,
+                                                 size_t row_lanes, size_t depth_pairs, float scale,
+                                                 float* HWY_RESTRICT scores,
+                                                 const TilePrefetch& prefetch) {
+  const auto* key_pairs = reinterpret_cast<const uint32_t*>(keys.data);
+  const size_t key_stride = keys.stride / sizeof(uint32_t), vectors = row_lanes / 16;
+  for (size_t j = 0; j < bc; j += kMaxRows) {
+    const size_t count = std::min(kMaxRows, bc - j);
+    for (size_t k = 0; k < count; ++k) prefetch.BothRows(j + k);
+    GemmBF16<false>(count, vectors, key_pairs + j * key_stride, key_stride, 1, q_pairs, row_lanes,
+                    depth_pairs, scores + j * row_lanes, row_lanes, nullptr, scale);
+  }
+}
+#else
+constexpr bool kScoresOnPairs = false;
+// Never called (kScoresOnPairs is false): this target has no vdpbf16ps.
+inline void ScoresOnPairs(size_t, const CacheRows&, const uint32_t*, size_t, size_t, float, float*,
+                          const TilePrefetch&) {}
+#endif
+
 // The value loops below keep their accumulators and converted rows in named vectors: GCC 12 put
 // arrays of vectors (V acc[4][4], V value[4]) on the stack in some instantiations and read every
 // FMA's operand back from it (measured: fp16 decode 1.5× slower).
@@ -1225,6 +1260,29 @@ inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
   return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8;
 }
 
+// Whether a task that BroadcastsScores scores bf16 keys on vdpbf16ps instead (ScoresOnPairs):
+// where the target and CPU have it, d is even and every key row starts at a 4-byte boundary (the
+// pairs are read in place), and each query of the group's rows is a bf16 value (a bf16 call's
+// queries, widened: rounding an fp32 query beside a bf16 cache would change its scores, so
+// those keep the fp32 products). The products are exact, as the fp32 path's; the sums differ in
+// rounding order only.
+inline bool ScoresBFloat16OnPairs(const DecodeArgs& args, int64_t b, int64_t g) {
+  const CacheTensorView& keys = args.keys;
+  if (!kScoresOnPairs || keys.dtype != CacheDType::kBFloat16 || keys.cols % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(keys.data) % 4 != 0 || keys.row_stride % 2 != 0 ||
+      keys.head_stride % 2 != 0 || keys.batch_stride % 2 != 0 || !cpu_has_avx512_bf16())
+    return false;
+  const int64_t group = args.q.heads / keys.heads;
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    for (int64_t i = 0; i < args.q.rows; ++i) {
+      const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
+      for (int64_t t = 0; t < args.q.cols; ++t)
+        if ((std::bit_cast<uint32_t>(q[t]) & 0xFFFFU) != 0) return false;
+    }
+  }
+  return true;
+}
+
 // Rows [0, count) of a half-precision cache's `rows`, `cols` elements each, as floats into `out`
 // (rows `cols` apart: a dense fp32 cache's layout, which the fp32 steps read). Exact: every fp16
 // and bf16 value is a float. WidensTiles asks it for fp16 K and V rows (AVX2), BroadcastsScores
@@ -1306,7 +1364,22 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
   const bool broadcast_scores = BroadcastsScores(args.keys.dtype, rows);
-  if (broadcast_scores) {  // Qᵀ, zero past the real rows
+  const bool pair_scores = broadcast_scores && ScoresBFloat16OnPairs(args, b, g);
+  if (pair_scores) {  // Qᵀ's bf16 pairs, unscaled (the products scale the sums), zero past the rows
+    for (size_t p = 0; p < depth / 2; ++p) {
+      for (size_t r = 0; r < row_lanes; ++r) {
+        uint32_t pair = 0;
+        if (r < rows) {
+          const int64_t h = g * group + static_cast<int64_t>(r) / n,
+                        i = static_cast<int64_t>(r) % n;
+          const float* q = args.q.matrix(b, h) + i * args.q.row_stride + 2 * p;
+          pair =
+              (std::bit_cast<uint32_t>(q[0]) >> 16) | (std::bit_cast<uint32_t>(q[1]) & 0xFFFF0000U);
+        }
+        s.q_pairs[p * row_lanes + r] = pair;
+      }
+    }
+  } else if (broadcast_scores) {  // Qᵀ, zero past the real rows
     for (size_t t = 0; t < depth; ++t)
       for (size_t r = 0; r < row_lanes; ++r)
         s.q_columns[t * row_lanes + r] = r < rows ? s.q_rows[r * depth + t] : 0.0F;
@@ -1368,7 +1441,10 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
           row_lanes == 4};
     }
     const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
-    if (broadcast_scores || widens_tiles) {  // the scores from fp32 key rows
+    if (pair_scores) {
+      ScoresOnPairs(bc, key_rows, s.q_pairs, row_lanes, depth / 2, options.scale, s.scores,
+                    prefetch);
+    } else if (broadcast_scores || widens_tiles) {  // the scores from fp32 key rows
       const CacheRows fp32_keys =
           args.keys.dtype == CacheDType::kFloat32
               ? key_rows

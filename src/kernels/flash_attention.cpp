@@ -27,6 +27,7 @@
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/amx.hpp"
 #include "kernels/cache_sizes.hpp"
+#include "kernels/cpu_features.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
@@ -70,12 +71,6 @@ struct ForwardArgs {
   // each task raises as it ends.
   std::atomic<uint32_t>* read_magnitude_bits = nullptr;
 };
-
-// Whether this CPU has the bf16 dot-product instructions (the AVX-512 targets ask).
-inline bool cpu_has_avx512_bf16() {
-  static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
-  return has;
-}
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
 constexpr size_t kKeyTile = 64;      // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
@@ -1260,7 +1255,7 @@ constexpr bool kBFloat16Path = false;
 
 // Whether bf16 inputs take FlashForwardTileBF16 under this target on this CPU.
 bool NativeBFloat16() {
-  return kBFloat16Path && flash_detail::cpu_has_avx512_bf16();
+  return kBFloat16Path && cpu_has_avx512_bf16();
 }
 
 // Query rows [first_query, first_query + rows) of query head (b, h): a task's.

@@ -100,13 +100,20 @@ struct Case {
 
 class DecodeAttention : public testing::EverySimdTarget {};
 
-void check(const Case& c, CacheDType dtype, uint64_t seed) {
+// With `bf16_queries` the queries are rounded to bf16 first, as a bf16 call's queries arrive: with
+// a bf16 cache and more than 8 rows a key/value head, AVX-512 targets on CPUs with AVX512-BF16
+// then score on vdpbf16ps (ScoresOnPairs); queries that bf16 does not hold keep the fp32 products.
+void check(const Case& c, CacheDType dtype, uint64_t seed, bool bf16_queries = false) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) +
                " B=" + std::to_string(c.batch) + " Hq=" + std::to_string(c.q_heads) +
                " Hkv=" + std::to_string(c.kv_heads) + " n=" + std::to_string(c.queries) +
-               " m=" + std::to_string(c.capacity));
+               " m=" + std::to_string(c.capacity) + (bf16_queries ? " bf16 queries" : ""));
   Rng rng(seed);
-  const Tensor q = testing::random_tensor(Shape{c.batch, c.q_heads, c.queries, c.depth}, rng);
+  Tensor q = testing::random_tensor(Shape{c.batch, c.q_heads, c.queries, c.depth}, rng);
+  if (bf16_queries) {
+    for (int64_t e = 0; e < q.numel(); ++e)
+      q.data()[e] = bfloat16_to_float(float_to_bfloat16(q.data()[e]));
+  }
   const StoredTensor keys(dtype, c.batch, c.kv_heads, c.capacity, c.depth, rng);
   const StoredTensor values(dtype, c.batch, c.kv_heads, c.capacity, c.value_depth, rng);
   std::vector<int64_t> lengths;
@@ -219,6 +226,7 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
          {CacheDType::kFloat32, CacheDType::kFloat16, CacheDType::kBFloat16, CacheDType::kInt8}) {
       check(c, dtype, seed++);
     }
+    check(c, CacheDType::kBFloat16, seed++, true);
   }
 }
 
