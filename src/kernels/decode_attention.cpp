@@ -114,6 +114,10 @@ struct DecodeScratch {
   float* widened_rows;  // Bc × max(d, dv_padded): a tile's K, then V, rows as floats (WidensTiles)
   float* q_columns;     // d × R: Qᵀ, the rows' scaled queries along lanes (BroadcastsScores)
   uint32_t* q_pairs;    // d/2 × R: Qᵀ as bf16 pairs of adjacent dimensions (ScoresOnPairs)
+  // ValuesOnPairs: Pᵀ as bf16 pairs of adjacent keys (Bc/2 × R), and the tile's value rows as
+  // pairs of two adjacent keys' entries in one column (Bc/2 × dv_padded)
+  uint32_t* probability_pairs;
+  uint32_t* value_pairs;
 
   DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes) {
     memory = carve_scratch(lanes, [&](const auto& take) {
@@ -131,6 +135,8 @@ struct DecodeScratch {
       widened_rows = take(kKeyTile * std::max(depth, dv_padded));
       q_columns = take(depth * max_rows);
       q_pairs = as_uint32(take((depth + 1) / 2 * max_rows));
+      probability_pairs = as_uint32(take(kKeyTile / 2 * max_rows));
+      value_pairs = as_uint32(take(kKeyTile / 2 * dv_padded));
     });
   }
 };
@@ -729,11 +735,34 @@ ATTN_BF16_TARGET HWY_NOINLINE void ScoresOnPairs(size_t bc, const CacheRows& key
                     depth_pairs, scores + j * row_lanes, row_lanes, nullptr, scale);
   }
 }
+
+// O = O · rescale + P V for rows [0, rows) over a tile's bc bf16 value rows on vdpbf16ps, as the
+// prefill's bf16 path and PyTorch's CPU kernels compute it: P (Pᵀ, bc × row_lanes floats) rounded
+// to bf16 pairs of adjacent keys, each pair of value rows interleaved into pairs of one column's
+// two entries (once per tile, for every row), the sums in fp32.
+ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(
+    size_t bc, const CacheRows& values, size_t dv, size_t dv_padded,
+    const float* HWY_RESTRICT probabilities, size_t row_lanes, size_t rows,
+    float* HWY_RESTRICT output, const float* HWY_RESTRICT rescale, DecodeScratch& s) {
+  const size_t pairs = (bc + 1) / 2;
+  for (size_t p = 0; p < pairs; ++p) {
+    const char* first = values.data + 2 * p * values.stride;
+    const char* second = 2 * p + 1 < bc ? first + values.stride : nullptr;
+    InterleaveRowPairs(reinterpret_cast<const uint16_t*>(first),
+                       reinterpret_cast<const uint16_t*>(second), dv, dv_padded,
+                       s.value_pairs + p * dv_padded);
+  }
+  PackProbabilityPairs(probabilities, bc, row_lanes, row_lanes, s.probability_pairs);
+  GemmBF16<true>(rows, dv_padded / 16, s.probability_pairs, 1, row_lanes, s.value_pairs, dv_padded,
+                 pairs, output, dv_padded, rescale);
+}
 #else
 constexpr bool kScoresOnPairs = false;
 // Never called (kScoresOnPairs is false): this target has no vdpbf16ps.
 inline void ScoresOnPairs(size_t, const CacheRows&, const uint32_t*, size_t, size_t, float, float*,
                           const TilePrefetch&) {}
+inline void ValuesOnPairs(size_t, const CacheRows&, size_t, size_t, const float*, size_t, size_t,
+                          float*, const float*, DecodeScratch&) {}
 #endif
 
 // The value loops below keep their accumulators and converted rows in named vectors: GCC 12 put
@@ -1365,6 +1394,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
   const bool broadcast_scores = BroadcastsScores(args.keys.dtype, rows);
   const bool pair_scores = broadcast_scores && ScoresBFloat16OnPairs(args, b, g);
+  // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
+  const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
   if (pair_scores) {  // Qᵀ's bf16 pairs, unscaled (the products scale the sums), zero past the rows
     for (size_t p = 0; p < depth / 2; ++p) {
       for (size_t r = 0; r < row_lanes; ++r) {
@@ -1506,7 +1537,10 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
 #endif
     // O = O · rescale + P V, V read in its cache dtype.
     const CacheRows value_rows = decode_detail::rows_of(args.values, b, kv_head, key0);
-    if (widens_tiles) {
+    if (pair_values) {
+      ValuesOnPairs(bc, value_rows, dv, dv_padded, probabilities, row_lanes, rows, s.output,
+                    s.row_rescale, s);
+    } else if (widens_tiles) {
       const CacheRows widened =
           WidenTileRows(df, args.values.dtype, value_rows, bc, dv, s.widened_rows);
       AccumulateValues<CacheDType::kFloat32>(df, bc, widened, probabilities, probability_stride,
