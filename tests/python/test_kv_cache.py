@@ -174,6 +174,29 @@ def test_attention_matches_torch_on_the_widened_cache(dtype, n, causal):
     assert_relative(output, expected, OUTPUT_RTOL, f"{dtype} n={n}")
 
 
+@pytest.mark.parametrize("n", [4, 16], ids=lambda n: f"n{n}")
+def test_bfloat16_queries_on_a_bfloat16_cache(n):
+    """Queries that are bf16 values (a bf16 model's) against a bf16 cache, 4 query heads per
+    key/value head: 16 and 64 rows, which on CPUs with AVX512-BF16 take vdpbf16ps for both
+    products, P rounded to bf16 for P·V as PyTorch's CPU kernels and attn's prefill round it.
+    Against float64 on the same values: 1e-5 of the largest output plus, per element, the
+    weights' rounding, 2⁻⁸·Σ_j P_ij·|v_j|."""
+    cache, _, _ = filled_cache("bfloat16", n=n)
+    query = torch.randn(B, HQ, n, D).bfloat16().float()
+    output = attn.scaled_dot_product_attention(
+        query, cache, None, is_causal=True, enable_gqa=True
+    )
+    keys, values = (torch.from_numpy(x).double() for x in (cache.keys(), cache.values()))
+    mask = visible_mask(cache.lengths.tolist(), n, keys.shape[2], causal=True)
+    keys, values = (x.repeat_interleave(HQ // HKV, dim=1) for x in (keys, values))
+    scores = (query.double() @ keys.transpose(-1, -2)) / D**0.5
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    expected = weights @ values
+    bound = 1e-5 * expected.abs().max() + 2**-8 * (weights @ values.abs())
+    error = (torch.as_tensor(output).double() - expected).abs()
+    assert torch.all(error <= bound), f"n={n}: largest error / bound {(error / bound).max():.3g}"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 20], ids=lambda n: f"n{n}")
 def test_window_scale_and_value_dim(dtype, n):
