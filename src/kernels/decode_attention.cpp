@@ -1289,27 +1289,40 @@ inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
   return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8;
 }
 
-// Whether a task that BroadcastsScores scores bf16 keys on vdpbf16ps instead (ScoresOnPairs):
+// Whether a task that BroadcastsScores may score bf16 keys on vdpbf16ps instead (ScoresOnPairs):
 // where the target and CPU have it, d is even and every key row starts at a 4-byte boundary (the
-// pairs are read in place), and each query of the group's rows is a bf16 value (a bf16 call's
-// queries, widened: rounding an fp32 query beside a bf16 cache would change its scores, so
-// those keep the fp32 products). The products are exact, as the fp32 path's; the sums differ in
-// rounding order only.
-inline bool ScoresBFloat16OnPairs(const DecodeArgs& args, int64_t b, int64_t g) {
-  const CacheTensorView& keys = args.keys;
-  if (!kScoresOnPairs || keys.dtype != CacheDType::kBFloat16 || keys.cols % 2 != 0 ||
-      reinterpret_cast<uintptr_t>(keys.data) % 4 != 0 || keys.row_stride % 2 != 0 ||
-      keys.head_stride % 2 != 0 || keys.batch_stride % 2 != 0 || !cpu_has_avx512_bf16())
-    return false;
-  const int64_t group = args.q.heads / keys.heads;
-  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t i = 0; i < args.q.rows; ++i) {
-      const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
-      for (int64_t t = 0; t < args.q.cols; ++t)
-        if ((std::bit_cast<uint32_t>(q[t]) & 0xFFFFU) != 0) return false;
+// pairs are read in place). Its queries decide the rest (QueryPairs).
+inline bool KeysReadAsPairs(const CacheTensorView& keys) {
+  return kScoresOnPairs && keys.dtype == CacheDType::kBFloat16 && keys.cols % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(keys.data) % 4 == 0 && keys.row_stride % 2 == 0 &&
+         keys.head_stride % 2 == 0 && keys.batch_stride % 2 == 0 && cpu_has_avx512_bf16();
+}
+
+// Qᵀ of task (b, g)'s rows as bf16 pairs of adjacent dimensions, unscaled (the products scale the
+// sums), zero past the rows: `q_pairs` (d/2 × row_lanes). False where a query is not a bf16 value
+// (the pairs are then of no use): a bf16 call's queries, widened, are; rounding an fp32 query
+// beside a bf16 cache would change its scores, so those keep the fp32 products. The products are
+// exact, as the fp32 path's; the sums differ in rounding order only.
+inline bool QueryPairs(const DecodeArgs& args, int64_t b, int64_t g, size_t rows, size_t row_lanes,
+                       uint32_t* HWY_RESTRICT q_pairs) {
+  const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
+  const auto depth_pairs = static_cast<size_t>(args.q.cols / 2);
+  uint32_t dropped_bits = 0;  // the low halves of the queries' floats, or-ed
+  for (size_t r = 0; r < row_lanes; ++r) {
+    if (r >= rows) {
+      for (size_t p = 0; p < depth_pairs; ++p) q_pairs[p * row_lanes + r] = 0;
+      continue;
+    }
+    const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+    const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
+    for (size_t p = 0; p < depth_pairs; ++p) {
+      const auto even = std::bit_cast<uint32_t>(q[2 * p]),
+                 odd = std::bit_cast<uint32_t>(q[2 * p + 1]);
+      dropped_bits |= (even | odd) & 0xFFFFU;
+      q_pairs[p * row_lanes + r] = (even >> 16) | (odd & 0xFFFF0000U);
     }
   }
-  return true;
+  return dropped_bits == 0;
 }
 
 // Rows [0, count) of a half-precision cache's `rows`, `cols` elements each, as floats into `out`
@@ -1393,24 +1406,11 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
   const bool broadcast_scores = BroadcastsScores(args.keys.dtype, rows);
-  const bool pair_scores = broadcast_scores && ScoresBFloat16OnPairs(args, b, g);
+  const bool pair_scores = broadcast_scores && KeysReadAsPairs(args.keys) &&
+                           QueryPairs(args, b, g, rows, row_lanes, s.q_pairs);
   // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
   const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
-  if (pair_scores) {  // Qᵀ's bf16 pairs, unscaled (the products scale the sums), zero past the rows
-    for (size_t p = 0; p < depth / 2; ++p) {
-      for (size_t r = 0; r < row_lanes; ++r) {
-        uint32_t pair = 0;
-        if (r < rows) {
-          const int64_t h = g * group + static_cast<int64_t>(r) / n,
-                        i = static_cast<int64_t>(r) % n;
-          const float* q = args.q.matrix(b, h) + i * args.q.row_stride + 2 * p;
-          pair =
-              (std::bit_cast<uint32_t>(q[0]) >> 16) | (std::bit_cast<uint32_t>(q[1]) & 0xFFFF0000U);
-        }
-        s.q_pairs[p * row_lanes + r] = pair;
-      }
-    }
-  } else if (broadcast_scores) {  // Qᵀ, zero past the real rows
+  if (broadcast_scores && !pair_scores) {  // Qᵀ, zero past the real rows
     for (size_t t = 0; t < depth; ++t)
       for (size_t r = 0; r < row_lanes; ++r)
         s.q_columns[t * row_lanes + r] = r < rows ? s.q_rows[r * depth + t] : 0.0F;
