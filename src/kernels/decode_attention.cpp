@@ -12,7 +12,9 @@
 // multi-head attention's one new token, has steps of its own: ScoreFourKeysOneRow,
 // AccumulateOneRow); the rows of the tile four ahead are prefetched while one runs, line by line
 // as each pass reads its own stream when the tile is memory-bound (TilePrefetch). On AVX-512 more
-// than 8 rows score with the rows along the lanes, each key element broadcast (BroadcastScoreTile).
+// than 8 rows score with the rows along the lanes, each key element broadcast (BroadcastScoreTile),
+// and bf16 rows of bf16 queries multiply both products on vdpbf16ps where the CPU has it
+// (ScoresOnPairs, ValuesOnPairs).
 #include <algorithm>
 #include <atomic>
 #include <bit>
