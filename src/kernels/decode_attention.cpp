@@ -738,14 +738,14 @@ ATTN_BF16_TARGET HWY_NOINLINE void ScoresOnPairs(size_t bc, const CacheRows& key
   }
 }
 
-// O = O · rescale + P V for rows [0, rows) over a tile's bc bf16 value rows on vdpbf16ps, as the
-// prefill's bf16 path and PyTorch's CPU kernels compute it: P (Pᵀ, bc × row_lanes floats) rounded
-// to bf16 pairs of adjacent keys, each pair of value rows interleaved into pairs of one column's
-// two entries (once per tile, for every row), the sums in fp32.
-ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(
-    size_t bc, const CacheRows& values, size_t dv, size_t dv_padded,
-    const float* HWY_RESTRICT probabilities, size_t row_lanes, size_t rows,
-    float* HWY_RESTRICT output, const float* HWY_RESTRICT rescale, DecodeScratch& s) {
+// O = O · rescale + P V (s.output, s.row_rescale) for rows [0, rows) over a tile's bc bf16 value
+// rows on vdpbf16ps, as the prefill's bf16 path and PyTorch's CPU kernels compute it: P (Pᵀ in
+// s.scores, bc × row_lanes floats) rounded to bf16 pairs of adjacent keys, each pair of value rows
+// interleaved into pairs of one column's two entries (once per tile, for every row), the sums in
+// fp32.
+ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(size_t bc, const CacheRows& values, size_t dv,
+                                                 size_t dv_padded, size_t row_lanes, size_t rows,
+                                                 DecodeScratch& s) {
   const size_t pairs = (bc + 1) / 2;
   for (size_t p = 0; p < pairs; ++p) {
     const char* first = values.data + 2 * p * values.stride;
@@ -754,17 +754,17 @@ ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(
                        reinterpret_cast<const uint16_t*>(second), dv, dv_padded,
                        s.value_pairs + p * dv_padded);
   }
-  PackProbabilityPairs(probabilities, bc, row_lanes, row_lanes, s.probability_pairs);
+  PackProbabilityPairs(s.scores, bc, row_lanes, row_lanes, s.probability_pairs);
   GemmBF16<true>(rows, dv_padded / 16, s.probability_pairs, 1, row_lanes, s.value_pairs, dv_padded,
-                 pairs, output, dv_padded, rescale);
+                 pairs, s.output, dv_padded, s.row_rescale);
 }
 #else
 constexpr bool kScoresOnPairs = false;
 // Never called (kScoresOnPairs is false): this target has no vdpbf16ps.
 inline void ScoresOnPairs(size_t, const CacheRows&, const uint32_t*, size_t, size_t, float, float*,
                           const TilePrefetch&) {}
-inline void ValuesOnPairs(size_t, const CacheRows&, size_t, size_t, const float*, size_t, size_t,
-                          float*, const float*, DecodeScratch&) {}
+inline void ValuesOnPairs(size_t, const CacheRows&, size_t, size_t, size_t, size_t,
+                          DecodeScratch&) {}
 #endif
 
 // The value loops below keep their accumulators and converted rows in named vectors: GCC 12 put
@@ -1540,8 +1540,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     // O = O · rescale + P V, V read in its cache dtype.
     const CacheRows value_rows = decode_detail::rows_of(args.values, b, kv_head, key0);
     if (pair_values) {
-      ValuesOnPairs(bc, value_rows, dv, dv_padded, probabilities, row_lanes, rows, s.output,
-                    s.row_rescale, s);
+      ValuesOnPairs(bc, value_rows, dv, dv_padded, row_lanes, rows, s);  // P is in s.scores
     } else if (widens_tiles) {
       const CacheRows widened =
           WidenTileRows(df, args.values.dtype, value_rows, bc, dv, s.widened_rows);
