@@ -738,6 +738,55 @@ ATTN_BF16_TARGET HWY_NOINLINE void ScoresOnPairs(size_t bc, const CacheRows& key
   }
 }
 
+// Sᵀ for kKeys keys (8 or 1) of at most 8 rows on 256-bit vdpbf16ps: one vector of Qᵀ's pairs
+// (rows 0–7 of q_pairs' 16-lane rows) per pair of dimensions, each key's pair broadcast into its
+// accumulator; rows 8–15 of each key's Sᵀ row are stored as zeros (the softmax reads 16 lanes).
+template <size_t kKeys>
+ATTN_BF16_TARGET HWY_INLINE void EightRowScoreKeys(const uint32_t* HWY_RESTRICT key_pairs,
+                                                   size_t key_stride,
+                                                   const uint32_t* HWY_RESTRICT q_pairs,
+                                                   size_t row_lanes, size_t depth_pairs,
+                                                   __m256 scale, float* HWY_RESTRICT scores) {
+  __m256 acc[kKeys];
+  for (size_t k = 0; k < kKeys; ++k) acc[k] = _mm256_setzero_ps();
+  for (size_t p = 0; p < depth_pairs; ++p) {
+    const auto q = reinterpret_cast<__m256bh>(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q_pairs + p * row_lanes)));
+    for (size_t k = 0; k < kKeys; ++k) {
+      const auto key = reinterpret_cast<__m256bh>(
+          _mm256_set1_epi32(static_cast<int>(key_pairs[k * key_stride + p])));
+      acc[k] = _mm256_dpbf16_ps(acc[k], key, q);
+    }
+  }
+  for (size_t k = 0; k < kKeys; ++k) {
+    _mm256_storeu_ps(scores + k * row_lanes, _mm256_mul_ps(acc[k], scale));
+    _mm256_storeu_ps(scores + k * row_lanes + 8, _mm256_setzero_ps());
+  }
+}
+
+// ScoresOnPairs for 5 to 8 rows (row_lanes 16, half of each 512-bit vector padding): on 256-bit
+// vectors, eight keys at a time.
+ATTN_BF16_TARGET HWY_NOINLINE void EightRowScoresOnPairs(size_t bc, const CacheRows& keys,
+                                                         const uint32_t* HWY_RESTRICT q_pairs,
+                                                         size_t row_lanes, size_t depth_pairs,
+                                                         float scale, float* HWY_RESTRICT scores,
+                                                         const TilePrefetch& prefetch) {
+  const auto* key_pairs = reinterpret_cast<const uint32_t*>(keys.data);
+  const size_t key_stride = keys.stride / sizeof(uint32_t);
+  const __m256 factor = _mm256_set1_ps(scale);
+  size_t j = 0;
+  for (; j + 8 <= bc; j += 8) {
+    for (size_t k = 0; k < 8; ++k) prefetch.BothRows(j + k);
+    EightRowScoreKeys<8>(key_pairs + j * key_stride, key_stride, q_pairs, row_lanes, depth_pairs,
+                         factor, scores + j * row_lanes);
+  }
+  for (; j < bc; ++j) {
+    prefetch.BothRows(j);
+    EightRowScoreKeys<1>(key_pairs + j * key_stride, key_stride, q_pairs, row_lanes, depth_pairs,
+                         factor, scores + j * row_lanes);
+  }
+}
+
 // O = O · rescale + P V (s.output, s.row_rescale) for rows [0, rows) over a tile's bc bf16 value
 // rows on vdpbf16ps, as the prefill's bf16 path and PyTorch's CPU kernels compute it: P (Pᵀ in
 // s.scores, bc × row_lanes floats) rounded to bf16 pairs of adjacent keys, each pair of value rows
@@ -763,6 +812,8 @@ constexpr bool kScoresOnPairs = false;
 // Never called (kScoresOnPairs is false): this target has no vdpbf16ps.
 inline void ScoresOnPairs(size_t, const CacheRows&, const uint32_t*, size_t, size_t, float, float*,
                           const TilePrefetch&) {}
+inline void EightRowScoresOnPairs(size_t, const CacheRows&, const uint32_t*, size_t, size_t, float,
+                                  float*, const TilePrefetch&) {}
 inline void ValuesOnPairs(size_t, const CacheRows&, size_t, size_t, size_t, size_t,
                           DecodeScratch&) {}
 #endif
@@ -1408,8 +1459,9 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
   const bool broadcast_scores = BroadcastsScores(args.keys.dtype, rows);
-  const bool pair_scores = broadcast_scores && KeysReadAsPairs(args.keys) &&
-                           QueryPairs(args, b, g, rows, row_lanes, s.q_pairs);
+  // From 5 rows (Sᵀ rows of 16 lanes): 5–8 rows on 256-bit vectors, more as BroadcastScoreTile.
+  const bool pair_scores =
+      rows > 4 && KeysReadAsPairs(args.keys) && QueryPairs(args, b, g, rows, row_lanes, s.q_pairs);
   // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
   const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
   if (broadcast_scores && !pair_scores) {  // Qᵀ, zero past the real rows
@@ -1474,7 +1526,10 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
           row_lanes == 4};
     }
     const CacheRows key_rows = decode_detail::rows_of(args.keys, b, kv_head, key0);
-    if (pair_scores) {
+    if (pair_scores && rows <= 8) {
+      EightRowScoresOnPairs(bc, key_rows, s.q_pairs, row_lanes, depth / 2, options.scale, s.scores,
+                            prefetch);
+    } else if (pair_scores) {
       ScoresOnPairs(bc, key_rows, s.q_pairs, row_lanes, depth / 2, options.scale, s.scores,
                     prefetch);
     } else if (broadcast_scores || widens_tiles) {  // the scores from fp32 key rows
