@@ -1342,9 +1342,9 @@ inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
   return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8;
 }
 
-// Whether a task that BroadcastsScores may score bf16 keys on vdpbf16ps instead (ScoresOnPairs):
-// where the target and CPU have it, d is even and every key row starts at a 4-byte boundary (the
-// pairs are read in place). Its queries decide the rest (QueryPairs).
+// Whether a task of more than 4 rows may score bf16 keys on vdpbf16ps (ScoresOnPairs,
+// EightRowScoresOnPairs): where the target and CPU have it, d is even and every key row starts at a
+// 4-byte boundary (the pairs are read in place). Its queries decide the rest (QueryPairs).
 inline bool KeysReadAsPairs(const CacheTensorView& keys) {
   return kScoresOnPairs && keys.dtype == CacheDType::kBFloat16 && keys.cols % 2 == 0 &&
          reinterpret_cast<uintptr_t>(keys.data) % 4 == 0 && keys.row_stride % 2 == 0 &&
@@ -1417,7 +1417,14 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const int64_t length = args.lengths[b];
   const DecodeOptions& options = args.options;
 
-  // The rows' queries (row r: head g·G + r / n, query r % n), scaled, transposed; their key ranges.
+  // bf16 keys and queries from 5 rows (Sᵀ rows of 16 lanes) multiply on vdpbf16ps: 5–8 rows on
+  // 256-bit vectors, more as BroadcastScoreTile; QueryPairs builds their Qᵀ.
+  const bool pair_scores =
+      rows > 4 && KeysReadAsPairs(args.keys) && QueryPairs(args, b, g, rows, row_lanes, s.q_pairs);
+  // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
+  const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
+  // The rows' queries (row r: head g·G + r / n, query r % n), scaled (unless the pairs hold them);
+  // their key ranges.
   int64_t begin = length, end = 0, common_begin = 0, common_end = length;
   for (size_t r = 0; r < row_lanes; ++r) {
     int64_t first = 0, last = 0;
@@ -1430,7 +1437,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
         s.alibi_position[r] = static_cast<float>(length - n + i);
       }
       const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
-      for (size_t t = 0; t < depth; ++t) s.q_rows[r * depth + t] = q[t] * options.scale;
+      if (!pair_scores)
+        for (size_t t = 0; t < depth; ++t) s.q_rows[r * depth + t] = q[t] * options.scale;
       if (options.key_ranges != nullptr) {
         const int64_t* range = options.key_ranges + 2 * ((b * args.q.heads + h) * n + i);
         first = range[0];
@@ -1457,13 +1465,9 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   }
   std::fill(s.output, s.output + hwy::RoundUpTo(rows, 4) * dv_padded, 0.0F);
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
-  std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
+  if (!pair_scores)
+    std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
   const bool broadcast_scores = BroadcastsScores(args.keys.dtype, rows);
-  // From 5 rows (Sᵀ rows of 16 lanes): 5–8 rows on 256-bit vectors, more as BroadcastScoreTile.
-  const bool pair_scores =
-      rows > 4 && KeysReadAsPairs(args.keys) && QueryPairs(args, b, g, rows, row_lanes, s.q_pairs);
-  // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
-  const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
   if (broadcast_scores && !pair_scores) {  // Qᵀ, zero past the real rows
     for (size_t t = 0; t < depth; ++t)
       for (size_t r = 0; r < row_lanes; ++r)
