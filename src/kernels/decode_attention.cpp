@@ -739,8 +739,9 @@ ATTN_BF16_TARGET HWY_NOINLINE void ScoresOnPairs(size_t bc, const CacheRows& key
 }
 
 // Sᵀ for kKeys keys (8 or 1) of at most 8 rows on 256-bit vdpbf16ps: one vector of Qᵀ's pairs
-// (rows 0–7 of q_pairs' 16-lane rows) per pair of dimensions, each key's pair broadcast into its
-// accumulator; rows 8–15 of each key's Sᵀ row are stored as zeros (the softmax reads 16 lanes).
+// (rows 0–7 of q_pairs' rows of row_lanes) per pair of dimensions, each key's pair broadcast into
+// its accumulator; where row_lanes is 16 (a target whose rows take full vectors), rows 8–15 of each
+// key's Sᵀ row are stored as zeros (the softmax reads them).
 template <size_t kKeys>
 ATTN_BF16_TARGET HWY_INLINE void EightRowScoreKeys(const uint32_t* HWY_RESTRICT key_pairs,
                                                    size_t key_stride,
@@ -760,12 +761,11 @@ ATTN_BF16_TARGET HWY_INLINE void EightRowScoreKeys(const uint32_t* HWY_RESTRICT 
   }
   for (size_t k = 0; k < kKeys; ++k) {
     _mm256_storeu_ps(scores + k * row_lanes, _mm256_mul_ps(acc[k], scale));
-    _mm256_storeu_ps(scores + k * row_lanes + 8, _mm256_setzero_ps());
+    if (row_lanes > 8) _mm256_storeu_ps(scores + k * row_lanes + 8, _mm256_setzero_ps());
   }
 }
 
-// ScoresOnPairs for 5 to 8 rows (row_lanes 16, half of each 512-bit vector padding): on 256-bit
-// vectors, eight keys at a time.
+// ScoresOnPairs for 5 to 8 rows (row_lanes 8): on 256-bit vectors, eight keys at a time.
 ATTN_BF16_TARGET HWY_NOINLINE void EightRowScoresOnPairs(size_t bc, const CacheRows& keys,
                                                          const uint32_t* HWY_RESTRICT q_pairs,
                                                          size_t row_lanes, size_t depth_pairs,
@@ -787,6 +787,34 @@ ATTN_BF16_TARGET HWY_NOINLINE void EightRowScoresOnPairs(size_t bc, const CacheR
   }
 }
 
+// Pᵀ of 8 rows a key (bc × 8 floats, back to back) as bf16 pairs of adjacent keys (⌈bc/2⌉ × 8),
+// rounded to nearest even as PackProbabilityPairs does: four keys a step, a key past bc 0.
+ATTN_BF16_TARGET HWY_INLINE void PackEightRowProbabilityPairs(const float* HWY_RESTRICT p,
+                                                              size_t bc,
+                                                              uint32_t* HWY_RESTRICT pairs) {
+  // Words 0–31 hold keys j … j + 3 (8 rows each); word 2r + k of the first 8 pairs is key j + k's
+  // row r, of the next 8 key j + 2 + k's.
+  alignas(64) static constexpr uint16_t kFourKeys[32] = {0,  8,  1,  9,  2,  10, 3,  11, 4,  12, 5,
+                                                         13, 6,  14, 7,  15, 16, 24, 17, 25, 18, 26,
+                                                         19, 27, 20, 28, 21, 29, 22, 30, 23, 31};
+  const __m512i order = _mm512_load_si512(kFourKeys);
+  for (size_t j = 0; j < bc; j += 4) {
+    const size_t left = std::min<size_t>(4, bc - j) * 8;  // floats of real keys in this step
+    const auto low_mask = static_cast<__mmask16>(left >= 16 ? 0xFFFFU : (1U << left) - 1U);
+    const auto high_mask = static_cast<__mmask16>(left <= 16 ? 0U : (1U << (left - 16)) - 1U);
+    const __m512 low = _mm512_maskz_loadu_ps(low_mask, p + j * 8);
+    const __m512 high = _mm512_maskz_loadu_ps(high_mask, p + j * 8 + 16);
+    const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, low));
+    const __m512i interleaved = _mm512_permutexvar_epi16(order, both);
+    if (left > 16) {
+      _mm512_storeu_si512(pairs + j / 2 * 8, interleaved);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + j / 2 * 8),
+                          _mm512_castsi512_si256(interleaved));
+    }
+  }
+}
+
 // O = O · rescale + P V (s.output, s.row_rescale) for rows [0, rows) over a tile's bc bf16 value
 // rows on vdpbf16ps, as the prefill's bf16 path and PyTorch's CPU kernels compute it: P (Pᵀ in
 // s.scores, bc × row_lanes floats) rounded to bf16 pairs of adjacent keys, each pair of value rows
@@ -803,7 +831,11 @@ ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(size_t bc, const CacheRows& val
                        reinterpret_cast<const uint16_t*>(second), dv, dv_padded,
                        s.value_pairs + p * dv_padded);
   }
-  PackProbabilityPairs(s.scores, bc, row_lanes, row_lanes, s.probability_pairs);
+  if (row_lanes == 8) {
+    PackEightRowProbabilityPairs(s.scores, bc, s.probability_pairs);
+  } else {
+    PackProbabilityPairs(s.scores, bc, row_lanes, row_lanes, s.probability_pairs);
+  }
   GemmBF16<true>(rows, dv_padded / 16, s.probability_pairs, 1, row_lanes, s.value_pairs, dv_padded,
                  pairs, s.output, dv_padded, s.row_rescale);
 }
@@ -1631,6 +1663,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
 void DecodeForward(const DecodeArgs& args) {
   const hn::ScalableTag<float> df;
   const hn::CappedTag<float, 4> d4;
+  const hn::CappedTag<float, 8> d8;
   const int64_t rows = (args.q.heads / args.keys.heads) * args.q.rows;
   const size_t full_lanes = hn::Lanes(df);
   const size_t max_rows =
@@ -1645,9 +1678,12 @@ void DecodeForward(const DecodeArgs& args) {
       [&](int64_t task, DecodeScratch& scratch, int) {
         const int64_t split = task % args.splits, head = task / args.splits;
         const int64_t b = head / args.keys.heads, g = head % args.keys.heads;
-        // One query per head of a small group: 4-lane rows waste no lanes.
+        // One query per head of a small group: 4-lane rows waste no lanes; 5 to 8 rows take
+        // 8 lanes where the full vectors have 16.
         if (rows <= 4) {
           DecodeTask(d4, args, b, g, split, scratch);
+        } else if (rows <= 8 && full_lanes > 8) {
+          DecodeTask(d8, args, b, g, split, scratch);
         } else {
           DecodeTask(df, args, b, g, split, scratch);
         }

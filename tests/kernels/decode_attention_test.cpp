@@ -228,6 +228,12 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       // 64 rows (GQA 4, 16 tokens) at d = 128 with a window, soft-capping, sinks and ALiBi
       {2, 12, 1, 4, 137, 20, 36, true, -1, -1, 0.0F, false},
       {1, 8, 2, 16, 150, 128, 128, true, 60, 0, 2.0F, true, true},
+      // 5 to 8 rows a key/value head take 8-lane rows where full vectors have 16: 7 rows (GQA 7)
+      // over a last tile of 5 keys, 5 rows over one of 3 keys, 8 rows with a window, soft-capping,
+      // sinks and ALiBi (bf16 queries: the pairs' probabilities packed four keys a step)
+      {1, 7, 1, 1, 133, 64, 64, true, -1, -1, 0.0F, false},
+      {2, 5, 1, 1, 67, 32, 40, true, -1, -1, 0.0F, true},
+      {1, 8, 1, 1, 131, 48, 40, true, 20, 0, 2.0F, true, true},
       // ALiBi: one token of GQA 4; window, softcap and sinks with four tokens of MQA 8; not
       // causal over many splits; d = 128 over two groups of 4 rows
       {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false, true},
