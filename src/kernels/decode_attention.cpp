@@ -815,6 +815,70 @@ ATTN_BF16_TARGET HWY_INLINE void PackEightRowProbabilityPairs(const float* HWY_R
   }
 }
 
+// Columns [c0, c0 + 16·NR) of O = O · rescale + P V for MR rows (5 to 8) over a tile's bc bf16
+// value rows: each pair of value rows' 32 columns interleaved into pairs in registers as they are
+// loaded (vpermt2w, two per 32 columns and pair of keys) and used at once by every row, instead of
+// written to s.value_pairs and read back (ValuesOnPairs' interleave took a seventh of an 8-row
+// decode step, Zen 4). P's pairs are p_pairs (key pair p's at p·8 + row); columns past dv read as
+// 0.
+template <size_t MR, size_t NR>
+ATTN_BF16_TARGET HWY_INLINE void EightRowValueColumns(size_t bc, const char* value_rows,
+                                                      size_t value_stride, size_t c0, size_t dv,
+                                                      const uint32_t* HWY_RESTRICT p_pairs,
+                                                      float* HWY_RESTRICT output, size_t dv_padded,
+                                                      const float* HWY_RESTRICT rescale) {
+  const __m512i low_half = _mm512_load_si512(kRowInterleave);
+  const __m512i high_half = _mm512_add_epi16(low_half, _mm512_set1_epi16(16));
+  const size_t columns = std::min<size_t>(dv - c0, 32);
+  const __mmask32 mask = columns == 32 ? 0xFFFFFFFFU : (1U << columns) - 1U;
+  __m512 acc[MR][NR];
+  for (size_t r = 0; r < MR; ++r) {
+    for (size_t v = 0; v < NR; ++v) {
+      acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(output + r * dv_padded + c0 + v * 16),
+                                _mm512_set1_ps(rescale[r]));
+    }
+  }
+  const auto step = [&](size_t p, __m512i first, __m512i second) {
+    __m512bh b[NR];
+    b[0] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(first, low_half, second));
+    if constexpr (NR == 2)
+      b[1] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(first, high_half, second));
+    for (size_t r = 0; r < MR; ++r) {
+      const auto w =
+          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(p_pairs[p * 8 + r])));
+      for (size_t v = 0; v < NR; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w, b[v]);
+    }
+  };
+  const char* row = value_rows + c0 * sizeof(uint16_t);
+  size_t p = 0;
+  for (; 2 * p + 2 <= bc; ++p, row += 2 * value_stride) {
+    step(p, _mm512_maskz_loadu_epi16(mask, row),
+         _mm512_maskz_loadu_epi16(mask, row + value_stride));
+  }
+  // An odd last key pairs with zeros (the row past it may hold anything, NaN included).
+  if (2 * p < bc) step(p, _mm512_maskz_loadu_epi16(mask, row), _mm512_setzero_si512());
+  for (size_t r = 0; r < MR; ++r) {
+    for (size_t v = 0; v < NR; ++v)
+      _mm512_storeu_ps(output + r * dv_padded + c0 + v * 16, acc[r][v]);
+  }
+}
+
+// EightRowValueColumns over every column block of dv_padded.
+template <size_t MR>
+ATTN_BF16_TARGET HWY_INLINE void EightRowValues(size_t bc, const CacheRows& values, size_t dv,
+                                                size_t dv_padded, const uint32_t* p_pairs,
+                                                float* output, const float* rescale) {
+  size_t c0 = 0;
+  for (; c0 + 32 <= dv_padded; c0 += 32) {
+    EightRowValueColumns<MR, 2>(bc, values.data, values.stride, c0, dv, p_pairs, output, dv_padded,
+                                rescale);
+  }
+  if (c0 < dv_padded) {
+    EightRowValueColumns<MR, 1>(bc, values.data, values.stride, c0, dv, p_pairs, output, dv_padded,
+                                rescale);
+  }
+}
+
 // O = O · rescale + P V (s.output, s.row_rescale) for rows [0, rows) over a tile's bc bf16 value
 // rows on vdpbf16ps, as the prefill's bf16 path and PyTorch's CPU kernels compute it: P (Pᵀ in
 // s.scores, bc × row_lanes floats) rounded to bf16 pairs of adjacent keys, each pair of value rows
@@ -823,6 +887,23 @@ ATTN_BF16_TARGET HWY_INLINE void PackEightRowProbabilityPairs(const float* HWY_R
 ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(size_t bc, const CacheRows& values, size_t dv,
                                                  size_t dv_padded, size_t row_lanes, size_t rows,
                                                  DecodeScratch& s) {
+  if (row_lanes == 8) {  // 5 to 8 rows: the value rows interleaved in registers
+    PackEightRowProbabilityPairs(s.scores, bc, s.probability_pairs);
+    switch (rows) {
+      case 5:
+        return EightRowValues<5>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                 s.row_rescale);
+      case 6:
+        return EightRowValues<6>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                 s.row_rescale);
+      case 7:
+        return EightRowValues<7>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                 s.row_rescale);
+      default:
+        return EightRowValues<8>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                 s.row_rescale);
+    }
+  }
   const size_t pairs = (bc + 1) / 2;
   for (size_t p = 0; p < pairs; ++p) {
     const char* first = values.data + 2 * p * values.stride;
@@ -831,11 +912,7 @@ ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(size_t bc, const CacheRows& val
                        reinterpret_cast<const uint16_t*>(second), dv, dv_padded,
                        s.value_pairs + p * dv_padded);
   }
-  if (row_lanes == 8) {
-    PackEightRowProbabilityPairs(s.scores, bc, s.probability_pairs);
-  } else {
-    PackProbabilityPairs(s.scores, bc, row_lanes, row_lanes, s.probability_pairs);
-  }
+  PackProbabilityPairs(s.scores, bc, row_lanes, row_lanes, s.probability_pairs);
   GemmBF16<true>(rows, dv_padded / 16, s.probability_pairs, 1, row_lanes, s.value_pairs, dv_padded,
                  pairs, s.output, dv_padded, s.row_rescale);
 }

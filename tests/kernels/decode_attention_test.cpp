@@ -88,6 +88,27 @@ struct StoredTensor {
     view.head_stride = capacity * cols;
     view.batch_stride = heads * capacity * cols;
   }
+
+  // Rows [length, capacity) of sequence b become NaN (int8 rows: their scales), as a cache's rows
+  // past what it has written may hold anything: the kernel must not read them into any sum.
+  void poison_rows_from(int64_t b, int64_t length) {
+    for (int64_t h = 0; h < view.heads; ++h) {
+      for (int64_t row = length; row < view.capacity; ++row) {
+        const int64_t first = b * view.batch_stride + h * view.head_stride + row * view.row_stride;
+        if (dtype == CacheDType::kInt8) {
+          scales[static_cast<size_t>((b * view.heads + h) * view.capacity + row)] = NAN;
+          continue;
+        }
+        for (int64_t t = 0; t < view.cols; ++t) {
+          const auto e = static_cast<size_t>(first + t);
+          if (dtype == CacheDType::kFloat32)
+            f32[e] = NAN;
+          else
+            halves[e] = dtype == CacheDType::kFloat16 ? 0x7E00 : 0x7FC0;
+        }
+      }
+    }
+  }
 };
 
 struct Case {
@@ -116,14 +137,17 @@ void check(const Case& c, CacheDType dtype, uint64_t seed, bool bf16_queries = f
     for (int64_t e = 0; e < q.numel(); ++e)
       q.data()[e] = bfloat16_to_float(float_to_bfloat16(q.data()[e]));
   }
-  const StoredTensor keys(dtype, c.batch, c.kv_heads, c.capacity, c.depth, rng);
-  const StoredTensor values(dtype, c.batch, c.kv_heads, c.capacity, c.value_depth, rng);
+  StoredTensor keys(dtype, c.batch, c.kv_heads, c.capacity, c.depth, rng);
+  StoredTensor values(dtype, c.batch, c.kv_heads, c.capacity, c.value_depth, rng);
   std::vector<int64_t> lengths;
-  for (int64_t b = 0; b < c.batch; ++b)
+  for (int64_t b = 0; b < c.batch; ++b) {
     lengths.push_back(
         b == 0   ? c.capacity
         : b == 1 ? 0
                  : static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.capacity + 1)));
+    keys.poison_rows_from(b, lengths.back());
+    values.poison_rows_from(b, lengths.back());
+  }
   std::vector<float> sinks;
   for (int64_t h = 0; h < c.q_heads && c.sinks; ++h) sinks.push_back(rng.normal());
   DecodeOptions options;
