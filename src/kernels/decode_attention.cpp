@@ -1446,7 +1446,11 @@ inline bool WidensTiles(CacheDType dtype, size_t row_lanes) {
 // 16 to 64 rows 1.04-1.36x faster for fp32, 0.99-1.14x for fp16 and 1.01-1.12x for bf16 (widened
 // once); 8 rows, half of each vector's lanes padding, 0.72-1.00x. On AVX2 (the same core capped)
 // 0.71-1.29x, mostly slower or within the noise: not used there. int8 rows keep ScoreKeys, which
-// applies their scales per key.
+// applies their scales per key. A task needs kBroadcastMinKeys keys (its split's, that any row
+// sees) to repay Qᵀ, which it builds element by element: with fewer ScoreKeys ran 1.04-1.41x
+// faster at 16-96 keys and 16 or 64 rows, d = 64 and 128 (the sweep's 16-query, 16-key calls had
+// read 0.85-0.95x PyTorch), and 0.91-0.95x at 128 keys (Zen 4, one thread, warm).
+constexpr int64_t kBroadcastMinKeys = 128;
 inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
   return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8;
 }
@@ -1576,15 +1580,16 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   if (!pair_scores)
     std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
-  const bool broadcast_scores = BroadcastsScores(args.keys.dtype, rows);
+  // This split's keys, within what any row sees.
+  const int64_t split_begin = std::max(begin, split * args.split_len);
+  const int64_t split_end = std::min(end, (split + 1) * args.split_len);
+  const bool broadcast_scores =
+      BroadcastsScores(args.keys.dtype, rows) && split_end - split_begin >= kBroadcastMinKeys;
   if (broadcast_scores && !pair_scores) {  // Qᵀ, zero past the real rows
     for (size_t t = 0; t < depth; ++t)
       for (size_t r = 0; r < row_lanes; ++r)
         s.q_columns[t * row_lanes + r] = r < rows ? s.q_rows[r * depth + t] : 0.0F;
   }
-  // This split's keys, within what any row sees.
-  const int64_t split_begin = std::max(begin, split * args.split_len);
-  const int64_t split_end = std::min(end, (split + 1) * args.split_len);
   // fp32 keys of one row take the one-row score steps where the split's key rows fit the L2, as a
   // cache read from L2 or L3 is (Zen 4, one thread: 1.5–1.9× at m = 128–1024); streamed from
   // memory the four-row steps were 5–9% faster at d = 64 (B = 8, m = 32768).

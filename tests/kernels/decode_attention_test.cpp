@@ -247,10 +247,13 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       // fp16 tiles widened to floats (WidensTiles, AVX2) with their columns' tails
       {2, 6, 1, 2, 100, 20, 36, true, -1, -1, 0.0F, false},
       // More than 8 rows a key/value head take the rows-along-lanes scores on AVX-512
-      // (BroadcastScoreTile; so do the 12 rows above and the 32 of MQA 8 with four tokens): 48
-      // rows (GQA 12, four tokens) with odd d and dv and keys not a multiple of the 8 per step;
-      // 64 rows (GQA 4, 16 tokens) at d = 128 with a window, soft-capping, sinks and ALiBi
+      // (BroadcastScoreTile) where a task sees at least 128 keys (the 12 rows above and the 32 of
+      // MQA 8 with four tokens see fewer and keep the dot products): 48 rows (GQA 12, four tokens)
+      // with odd d and dv and keys not a multiple of the 8 per step; 64 rows (GQA 4, 16 tokens) at
+      // d = 128 with a window of 140 keys, soft-capping, sinks and ALiBi; the same with a window of
+      // 60 (fewer keys than that: the dot products)
       {2, 12, 1, 4, 137, 20, 36, true, -1, -1, 0.0F, false},
+      {1, 8, 2, 16, 300, 128, 128, true, 140, 0, 2.0F, true, true},
       {1, 8, 2, 16, 150, 128, 128, true, 60, 0, 2.0F, true, true},
       // 5 to 8 rows a key/value head take 8-lane rows where full vectors have 16: 7 rows (GQA 7)
       // over a last tile of 5 keys, 5 rows over one of 3 keys, 8 rows with a window, soft-capping,
