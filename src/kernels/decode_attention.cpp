@@ -815,6 +815,24 @@ ATTN_BF16_TARGET HWY_INLINE void PackEightRowProbabilityPairs(const float* HWY_R
   }
 }
 
+// One pair of keys (p) for EightRowValueColumns: its two value rows' 32 columns (first, second)
+// interleaved into NR vectors of pairs, multiplied into every row's accumulators. A function of its
+// own, not a lambda: clang does not give a lambda its enclosing function's target attribute.
+template <size_t MR, size_t NR>
+ATTN_BF16_TARGET HWY_INLINE void EightRowValuePair(const uint32_t* HWY_RESTRICT p_pairs, size_t p,
+                                                   __m512i first, __m512i second, __m512i low_half,
+                                                   __m512i high_half, __m512 (&acc)[MR][NR]) {
+  __m512bh b[NR];
+  b[0] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(first, low_half, second));
+  if constexpr (NR == 2)
+    b[1] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(first, high_half, second));
+  for (size_t r = 0; r < MR; ++r) {
+    const auto w =
+        reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(p_pairs[p * 8 + r])));
+    for (size_t v = 0; v < NR; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w, b[v]);
+  }
+}
+
 // Columns [c0, c0 + 16·NR) of O = O · rescale + P V for MR rows (5 to 8) over a tile's bc bf16
 // value rows: each pair of value rows' 32 columns interleaved into pairs in registers as they are
 // loaded (vpermt2w, two per 32 columns and pair of keys) and used at once by every row, instead of
@@ -838,25 +856,18 @@ ATTN_BF16_TARGET HWY_INLINE void EightRowValueColumns(size_t bc, const char* val
                                 _mm512_set1_ps(rescale[r]));
     }
   }
-  const auto step = [&](size_t p, __m512i first, __m512i second) {
-    __m512bh b[NR];
-    b[0] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(first, low_half, second));
-    if constexpr (NR == 2)
-      b[1] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(first, high_half, second));
-    for (size_t r = 0; r < MR; ++r) {
-      const auto w =
-          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(p_pairs[p * 8 + r])));
-      for (size_t v = 0; v < NR; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], w, b[v]);
-    }
-  };
   const char* row = value_rows + c0 * sizeof(uint16_t);
   size_t p = 0;
   for (; 2 * p + 2 <= bc; ++p, row += 2 * value_stride) {
-    step(p, _mm512_maskz_loadu_epi16(mask, row),
-         _mm512_maskz_loadu_epi16(mask, row + value_stride));
+    EightRowValuePair<MR, NR>(p_pairs, p, _mm512_maskz_loadu_epi16(mask, row),
+                              _mm512_maskz_loadu_epi16(mask, row + value_stride), low_half,
+                              high_half, acc);
   }
   // An odd last key pairs with zeros (the row past it may hold anything, NaN included).
-  if (2 * p < bc) step(p, _mm512_maskz_loadu_epi16(mask, row), _mm512_setzero_si512());
+  if (2 * p < bc) {
+    EightRowValuePair<MR, NR>(p_pairs, p, _mm512_maskz_loadu_epi16(mask, row),
+                              _mm512_setzero_si512(), low_half, high_half, acc);
+  }
   for (size_t r = 0; r < MR; ++r) {
     for (size_t v = 0; v < NR; ++v)
       _mm512_storeu_ps(output + r * dv_padded + c0 + v * 16, acc[r][v]);
