@@ -1457,13 +1457,13 @@ inline bool WidensTiles(CacheDType dtype, size_t row_lanes) {
 // 16 to 64 rows 1.04-1.36x faster for fp32, 0.99-1.14x for fp16 and 1.01-1.12x for bf16 (widened
 // once); 8 rows, half of each vector's lanes padding, 0.72-1.00x. On AVX2 (the same core capped)
 // 0.71-1.29x, mostly slower or within the noise: not used there. int8 rows keep ScoreKeys, which
-// applies their scales per key. A task needs kBroadcastMinKeys keys (its split's, that any row
+// applies their scales per key. A task needs kBroadcastMinKeys `keys` (its split's, that any row
 // sees) to repay Qᵀ, which it builds element by element: with fewer ScoreKeys ran 1.04-1.41x
 // faster at 16-96 keys and 16 or 64 rows, d = 64 and 128 (the sweep's 16-query, 16-key calls had
 // read 0.85-0.95x PyTorch), and 0.91-0.95x at 128 keys (Zen 4, one thread, warm).
 constexpr int64_t kBroadcastMinKeys = 128;
-inline bool BroadcastsScores(CacheDType dtype, size_t rows) {
-  return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8;
+inline bool BroadcastsScores(CacheDType dtype, size_t rows, int64_t keys) {
+  return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8 && keys >= kBroadcastMinKeys;
 }
 
 // Whether a task of more than 4 rows may score bf16 keys on vdpbf16ps (ScoresOnPairs,
@@ -1541,8 +1541,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const int64_t length = args.lengths[b];
   const DecodeOptions& options = args.options;
 
-  // bf16 keys and queries from 5 rows (Sᵀ rows of 16 lanes) multiply on vdpbf16ps: 5–8 rows on
-  // 256-bit vectors, more as BroadcastScoreTile; QueryPairs builds their Qᵀ.
+  // bf16 keys and queries from 5 rows multiply on vdpbf16ps: 5–8 rows (8-lane Sᵀ rows) on 256-bit
+  // vectors, more as GemmBF16 tiles (ScoresOnPairs); QueryPairs builds their Qᵀ.
   const bool pair_scores =
       rows > 4 && KeysReadAsPairs(args.keys) && QueryPairs(args, b, g, rows, row_lanes, s.q_pairs);
   // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
@@ -1594,8 +1594,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // This split's keys, within what any row sees.
   const int64_t split_begin = std::max(begin, split * args.split_len);
   const int64_t split_end = std::min(end, (split + 1) * args.split_len);
-  const bool broadcast_scores =
-      BroadcastsScores(args.keys.dtype, rows) && split_end - split_begin >= kBroadcastMinKeys;
+  const bool broadcast_scores = BroadcastsScores(args.keys.dtype, rows, split_end - split_begin);
   if (broadcast_scores && !pair_scores) {  // Qᵀ, zero past the real rows
     for (size_t t = 0; t < depth; ++t)
       for (size_t r = 0; r < row_lanes; ++r)
