@@ -11,12 +11,15 @@ contiguous (B, H, n, d); the backward rows time torch.autograd.grad of the outpu
 --kv-heads (dividing --heads), key and value have that many heads and both calls pass
 enable_gqa=True: grouped-query attention as Llama-style models run it (e.g. --batch 1 --heads 32
 --kv-heads 8 --head-dim 128 --workloads causal,bf16-causal for a Llama-3-8B layer's prefill).
+With --simd-target (e.g. avx2) attn's kernels are capped at that Highway target; set PyTorch's
+cap the same way before it starts (ATEN_CPU_CAPABILITY=avx2), and both run the kernels an AVX2-only
+CPU (Zen 1-3, older Xeons) would run, on this machine's cores; the header prints both.
 
 Usage: python bench/interleaved_pytorch.py [--sizes 1024,4096] [--threads 1,4,16]
            [--batch 4] [--heads 8] [--kv-heads H_kv] [--head-dim 64]
            [--workloads forward,causal,backward,bf16-forward,bf16-causal,bf16-backward]
            (also causal-backward, bf16-causal-backward)
-           [--rounds 3] [--repeats 3] [--json-out FILE]
+           [--rounds 3] [--repeats 3] [--simd-target avx2] [--json-out FILE]
 """
 import argparse
 import json
@@ -97,8 +100,15 @@ def main():
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--simd-target", help="cap attn's kernels at this Highway target "
+                        f"(one of {attn.available_simd_targets()}, any case)")
     parser.add_argument("--json-out")
     args = parser.parse_args()
+    if args.simd_target:
+        try:
+            attn.limit_simd_target(args.simd_target)
+        except ValueError as error:
+            parser.error(f"--simd-target: {error}")
     sizes = [int(s) for s in args.sizes.split(",")]
     thread_counts = sorted({int(t) for t in args.threads.split(",")})
     workloads = args.workloads.split(",")
@@ -121,6 +131,8 @@ def main():
           f"heads={args.heads} (key/value heads {kv_heads}), d={args.head_dim}; "
           f"{args.rounds} rounds of the median of "
           f"{args.repeats} passes each; {cpu}, {os.cpu_count()} logical CPUs")
+    print(f"kernels: attn {attn.simd_target()}, PyTorch {torch.backends.cpu.get_cpu_capability()}"
+          f" (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})")
     print("ratio = PyTorch ms / attn ms per round: the median over rounds [lowest, highest]; "
           "GFLOP/s count visible pairs, 4d (forward) or 8d (backward) per pair\n")
     print(f"{'workload':<21}{'n':>6}{'thr':>4}{'attn ms':>10}{'torch ms':>10}{'attn GF/s':>10}"
@@ -171,6 +183,8 @@ def main():
         with open(args.json_out, "w") as out:
             json.dump({"torch": torch.__version__, "cpu": cpu, "batch": args.batch,
                        "heads": args.heads, "kv_heads": kv_heads, "head_dim": args.head_dim,
+                       "attn_simd_target": attn.simd_target(),
+                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
                        "rounds": args.rounds,
                        "repeats": args.repeats, "rows": rows}, out, indent=1)
         print(f"wrote {args.json_out}", file=sys.stderr, flush=True)
