@@ -123,9 +123,9 @@ struct Case {
 class DecodeAttention : public testing::EverySimdTarget {};
 
 // With `bf16_queries` the queries are rounded to bf16 first, as a bf16 call's queries arrive: with
-// a bf16 cache and more than 4 rows a key/value head, AVX-512 targets on CPUs with AVX512-BF16
-// then compute both products on vdpbf16ps (ScoresOnPairs, ValuesOnPairs); queries that bf16 does
-// not hold keep the fp32 products.
+// a bf16 cache, AVX-512 targets on CPUs with AVX512-BF16 then compute both products on vdpbf16ps
+// at every row count (FourRowScoresOnPairs, EightRowScoresOnPairs, ScoresOnPairs, ValuesOnPairs);
+// queries that bf16 does not hold keep the fp32 products.
 void check(const Case& c, CacheDType dtype, uint64_t seed, bool bf16_queries = false) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) +
                " B=" + std::to_string(c.batch) + " Hq=" + std::to_string(c.q_heads) +
@@ -206,7 +206,7 @@ void check(const Case& c, CacheDType dtype, uint64_t seed, bool bf16_queries = f
   const reference::SdpaForward expected =
       reference::sdpa_forward(problem, testing::to_doubles(q), keys.widened, values.widened);
   const int64_t group = c.q_heads / c.kv_heads;
-  if (!bf16_queries || group * c.queries <= 4) {
+  if (!bf16_queries) {
     EXPECT_TRUE(close_to(out, expected.out, kTolerance));
     return;
   }
@@ -261,6 +261,11 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       {1, 7, 1, 1, 133, 64, 64, true, -1, -1, 0.0F, false},
       {2, 5, 1, 1, 67, 32, 40, true, -1, -1, 0.0F, true},
       {1, 8, 1, 1, 131, 48, 40, true, 20, 0, 2.0F, true, true},
+      // 3 and 4 rows (GQA 3 and 4, one token; bf16 queries: dot products of bf16 pairs): d of 20
+      // pairs (a vector of 16 and a masked tail), dv of 72 and 100 (a 64-column block, then blocks
+      // of 32 and 16 with masked columns), an odd last key; a window, soft-capping, sinks, ALiBi
+      {2, 3, 1, 1, 75, 40, 72, true, -1, -1, 0.0F, true},
+      {1, 4, 1, 1, 131, 64, 100, true, 20, 0, 2.0F, true, true},
       // ALiBi: one token of GQA 4; window, softcap and sinks with four tokens of MQA 8; not
       // causal over many splits; d = 128 over two groups of 4 rows
       {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false, true},

@@ -174,10 +174,10 @@ def test_attention_matches_torch_on_the_widened_cache(dtype, n, causal):
     assert_relative(output, expected, OUTPUT_RTOL, f"{dtype} n={n}")
 
 
-@pytest.mark.parametrize("n", [4, 16], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("n", [1, 4, 16], ids=lambda n: f"n{n}")
 def test_bfloat16_queries_on_a_bfloat16_cache(n):
     """Queries that are bf16 values (a bf16 model's) against a bf16 cache, 4 query heads per
-    key/value head: 16 and 64 rows, which on CPUs with AVX512-BF16 take vdpbf16ps for both
+    key/value head: 4, 16 and 64 rows, which on CPUs with AVX512-BF16 take vdpbf16ps for both
     products, P rounded to bf16 for P·V as PyTorch's CPU kernels and attn's prefill round it.
     Against float64 on the same values: 1e-5 of the largest output plus, per element, the
     weights' rounding, 2⁻⁸·Σ_j P_ij·|v_j|."""

@@ -3,8 +3,8 @@
 // (FlashDecoding: partial maximum, sum and output per split, merged by log-sum-exp), every query
 // head of a grouped-query group is computed from the same read of each K/V row, and the cache is
 // read in its own precision (fp32, fp16, bf16 or int8 with a scale per row), converted in
-// registers, accumulated in fp32. One exception, PyTorch's bf16 arithmetic: a bf16 cache with more
-// than 4 query rows per key/value head whose queries are all bf16 values multiplies on vdpbf16ps
+// registers, accumulated in fp32. One exception, PyTorch's bf16 arithmetic: a bf16 cache with 3 or
+// more query rows per key/value head whose queries are all bf16 values multiplies on vdpbf16ps
 // where the CPU has AVX512-BF16, P rounded to bf16 before P·V, as PyTorch's CPU kernels and attn's
 // prefill round it.
 #pragma once
