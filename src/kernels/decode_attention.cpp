@@ -799,12 +799,9 @@ ATTN_BF16_TARGET HWY_NOINLINE void EightRowScoresOnPairs(size_t bc, const CacheR
 // rows kRows … 3 of each key's Sᵀ row are stored as zeros (the softmax reads them). Each key's
 // lines of the tile kPrefetchTiles ahead are requested as its own are read (prefetch_keys).
 template <size_t kRows, size_t kKeys>
-ATTN_BF16_TARGET HWY_INLINE void FourRowScoreKeys(const uint32_t* HWY_RESTRICT key_pairs,
-                                                  size_t key_stride,
-                                                  const uint32_t* HWY_RESTRICT q_rows,
-                                                  size_t depth_pairs, float scale,
-                                                  float* HWY_RESTRICT scores,
-                                                  const char* const* prefetch_keys) {
+ATTN_BF16_TARGET HWY_INLINE void FourRowScoreKeys(
+    const uint32_t* HWY_RESTRICT key_pairs, size_t key_stride, const uint32_t* HWY_RESTRICT q_rows,
+    size_t depth_pairs, float scale, float* HWY_RESTRICT scores, const char* const* prefetch_keys) {
   static_assert(kRows >= kMinPairRows && kRows <= 4 && (kKeys == 1 || kKeys == 4));
   // Four rows of accumulators, those past kRows left zero (their scores).
   __m512 acc[4][kKeys];
@@ -830,8 +827,7 @@ ATTN_BF16_TARGET HWY_INLINE void FourRowScoreKeys(const uint32_t* HWY_RESTRICT k
   using V = hn::Vec<decltype(df)>;
   const auto factor = hn::Set(d4, scale);
   for (size_t k = 0; k < kKeys; ++k) {
-    const auto sums =
-        SumFour(df, V{acc[0][k]}, V{acc[1][k]}, V{acc[2][k]}, V{acc[3][k]});
+    const auto sums = SumFour(df, V{acc[0][k]}, V{acc[1][k]}, V{acc[2][k]}, V{acc[3][k]});
     hn::StoreU(hn::Mul(sums, factor), d4, scores + 4 * k);
   }
 }
@@ -925,8 +921,8 @@ ATTN_BF16_TARGET HWY_INLINE void EightRowValuePair(const uint32_t* HWY_RESTRICT 
                                                    __m512 (&acc)[MR][NR]) {
   __m512bh b[NR];
   for (size_t v = 0; v < NR; ++v) {
-    b[v] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(
-        first[v / 2], v % 2 == 0 ? low_half : high_half, second[v / 2]));
+    b[v] = reinterpret_cast<__m512bh>(
+        _mm512_permutex2var_epi16(first[v / 2], v % 2 == 0 ? low_half : high_half, second[v / 2]));
   }
   for (size_t r = 0; r < MR; ++r) {
     const auto w =
@@ -1619,26 +1615,30 @@ inline bool BroadcastsScores(CacheDType dtype, size_t rows, int64_t keys) {
 // Whether a task of kMinPairRows rows or more may score bf16 keys on vdpbf16ps
 // (FourRowScoresOnPairs, EightRowScoresOnPairs, ScoresOnPairs): where the target and CPU have it,
 // d is even and every key row starts at a 4-byte boundary (the pairs are read in place). Its
-// queries decide the rest (QueryRowPairs, QueryPairs).
+// queries decide the rest (QueryPairs).
 inline bool KeysReadAsPairs(const CacheTensorView& keys) {
   return kScoresOnPairs && keys.dtype == CacheDType::kBFloat16 && keys.cols % 2 == 0 &&
          reinterpret_cast<uintptr_t>(keys.data) % 4 == 0 && keys.row_stride % 2 == 0 &&
          keys.head_stride % 2 == 0 && keys.batch_stride % 2 == 0 && cpu_has_avx512_bf16();
 }
 
-// Qᵀ of task (b, g)'s rows as bf16 pairs of adjacent dimensions, unscaled (the products scale the
-// sums), zero past the rows: `q_pairs` (d/2 × row_lanes). False where a query is not a bf16 value
-// (the pairs are then of no use): a bf16 call's queries, widened, are; rounding an fp32 query
-// beside a bf16 cache would change its scores, so those keep the fp32 products. The products are
-// exact, as the fp32 path's; the sums differ in rounding order only.
-inline bool QueryPairs(const DecodeArgs& args, int64_t b, int64_t g, size_t rows, size_t row_lanes,
+// Task (b, g)'s queries as bf16 pairs of adjacent dimensions, unscaled (the products scale the
+// sums): pair p of row r at q_pairs[r·row_step + p·pair_step] — Qᵀ (row_step 1, pair_step
+// row_lanes; GemmBF16 and the 8-lane steps) or row after row (row_step d/2, pair_step 1; each
+// row's dot products, FourRowScoresOnPairs) — rows [rows, padded_rows) zero. False where a query
+// is not a bf16 value (the pairs are then of no use): a bf16 call's queries, widened, are;
+// rounding an fp32 query beside a bf16 cache would change its scores, so those keep the fp32
+// products. The products are exact, as the fp32 path's; the sums differ in rounding order only.
+inline bool QueryPairs(const DecodeArgs& args, int64_t b, int64_t g, size_t rows,
+                       size_t padded_rows, size_t row_step, size_t pair_step,
                        uint32_t* HWY_RESTRICT q_pairs) {
   const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
   const auto depth_pairs = static_cast<size_t>(args.q.cols / 2);
   uint32_t dropped_bits = 0;  // the low halves of the queries' floats, or-ed
-  for (size_t r = 0; r < row_lanes; ++r) {
+  for (size_t r = 0; r < padded_rows; ++r) {
+    uint32_t* row = q_pairs + r * row_step;
     if (r >= rows) {
-      for (size_t p = 0; p < depth_pairs; ++p) q_pairs[p * row_lanes + r] = 0;
+      for (size_t p = 0; p < depth_pairs; ++p) row[p * pair_step] = 0;
       continue;
     }
     const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
@@ -1647,28 +1647,7 @@ inline bool QueryPairs(const DecodeArgs& args, int64_t b, int64_t g, size_t rows
       const auto even = std::bit_cast<uint32_t>(q[2 * p]),
                  odd = std::bit_cast<uint32_t>(q[2 * p + 1]);
       dropped_bits |= (even | odd) & 0xFFFFU;
-      q_pairs[p * row_lanes + r] = (even >> 16) | (odd & 0xFFFF0000U);
-    }
-  }
-  return dropped_bits == 0;
-}
-
-// QueryPairs for up to 4 rows in the dot-product form (FourRowScoresOnPairs): each row's query as
-// d/2 bf16 pairs of adjacent dimensions, row r at r·d/2 words of `q_rows`; false where a query is
-// not a bf16 value.
-inline bool QueryRowPairs(const DecodeArgs& args, int64_t b, int64_t g, size_t rows,
-                          uint32_t* HWY_RESTRICT q_rows) {
-  const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
-  const auto depth_pairs = static_cast<size_t>(args.q.cols / 2);
-  uint32_t dropped_bits = 0;  // the low halves of the queries' floats, or-ed
-  for (size_t r = 0; r < rows; ++r) {
-    const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
-    const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
-    for (size_t p = 0; p < depth_pairs; ++p) {
-      const auto even = std::bit_cast<uint32_t>(q[2 * p]),
-                 odd = std::bit_cast<uint32_t>(q[2 * p + 1]);
-      dropped_bits |= (even | odd) & 0xFFFFU;
-      q_rows[r * depth_pairs + p] = (even >> 16) | (odd & 0xFFFF0000U);
+      row[p * pair_step] = (even >> 16) | (odd & 0xFFFF0000U);
     }
   }
   return dropped_bits == 0;
@@ -1714,14 +1693,15 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const DecodeOptions& options = args.options;
 
   // bf16 keys and queries multiply on vdpbf16ps: 3–4 rows as dot products of each row's pairs
-  // (FourRowScoresOnPairs; QueryRowPairs), 5–8 rows (8-lane Sᵀ rows) on 256-bit vectors, more as
-  // GemmBF16 tiles (ScoresOnPairs; QueryPairs builds their Qᵀ). One or two rows keep the fp32
-  // products: their softmax on 4 lanes (the pairs' P layout) costs more than the products save,
-  // 0.80–0.94× from memory (Zen 4, one thread, 8 and 16 query heads over 8 of 128).
+  // (FourRowScoresOnPairs; QueryPairs lays them out row after row), 5–8 rows (8-lane Sᵀ rows) on
+  // 256-bit vectors, more as GemmBF16 tiles (ScoresOnPairs; both with Qᵀ). One or two rows keep the
+  // fp32 products: their softmax on 4 lanes (the pairs' P layout) costs more than the products
+  // save, 0.80–0.94× from memory (Zen 4, one thread, 8 and 16 query heads over 8 of 128).
+  const size_t depth_pairs = static_cast<size_t>(args.q.cols / 2);
   const bool pair_scores =
       rows >= kMinPairRows && KeysReadAsPairs(args.keys) &&
-      (rows <= 4 ? QueryRowPairs(args, b, g, rows, s.q_pairs)
-                 : QueryPairs(args, b, g, rows, row_lanes, s.q_pairs));
+      (rows <= 4 ? QueryPairs(args, b, g, rows, rows, depth_pairs, 1, s.q_pairs)
+                 : QueryPairs(args, b, g, rows, row_lanes, 1, row_lanes, s.q_pairs));
   // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
   const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
   // The rows' queries (row r: head g·G + r / n, query r % n), scaled (unless the pairs hold them);
@@ -1836,18 +1816,18 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     if (pair_scores && rows <= 4) {
       switch (rows) {
         case 3:
-          FourRowScoresOnPairs<3>(bc, key_rows, s.q_pairs, depth / 2, options.scale, s.scores,
+          FourRowScoresOnPairs<3>(bc, key_rows, s.q_pairs, depth_pairs, options.scale, s.scores,
                                   prefetch);
           break;
         default:
-          FourRowScoresOnPairs<4>(bc, key_rows, s.q_pairs, depth / 2, options.scale, s.scores,
+          FourRowScoresOnPairs<4>(bc, key_rows, s.q_pairs, depth_pairs, options.scale, s.scores,
                                   prefetch);
       }
     } else if (pair_scores && rows <= 8) {
-      EightRowScoresOnPairs(bc, key_rows, s.q_pairs, row_lanes, depth / 2, options.scale, s.scores,
-                            prefetch);
+      EightRowScoresOnPairs(bc, key_rows, s.q_pairs, row_lanes, depth_pairs, options.scale,
+                            s.scores, prefetch);
     } else if (pair_scores) {
-      ScoresOnPairs(bc, key_rows, s.q_pairs, row_lanes, depth / 2, options.scale, s.scores,
+      ScoresOnPairs(bc, key_rows, s.q_pairs, row_lanes, depth_pairs, options.scale, s.scores,
                     prefetch);
     } else if (broadcast_scores || widens_tiles) {  // the scores from fp32 key rows
       const CacheRows fp32_keys =
