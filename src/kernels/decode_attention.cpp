@@ -832,7 +832,7 @@ ATTN_BF16_TARGET HWY_INLINE void FourRowScoreKeys(
   }
 }
 
-// Sᵀ of a tile's bc bf16 keys for up to 4 rows (row_lanes 4) on vdpbf16ps (FourRowScoreKeys),
+// Sᵀ of a tile's bc bf16 keys for 3–4 rows (row_lanes 4) on vdpbf16ps (FourRowScoreKeys),
 // four keys a step; the later tile's key rows requested line by line as these are read (the value
 // pass requests its own).
 template <size_t kRows>
@@ -1767,9 +1767,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
 
   // One row whose value rows are whole vectors (AccumulateValues reads its P with any stride
   // there, and a column tail would read four rows): its softmax on dense keys.
-  // (Not where P·V takes the pairs, which read P from Sᵀ's rows.)
-  [[maybe_unused]] const bool dense_one_row =
-      rows == 1 && row_lanes == 4 && dv % full_lanes == 0 && !pair_values;
+  [[maybe_unused]] const bool dense_one_row = rows == 1 && row_lanes == 4 && dv % full_lanes == 0;
   // Keys and values of one dtype (the cache's): their tiles widened once where that pays.
   const bool widens_tiles =
       args.keys.dtype == args.values.dtype && WidensTiles(args.keys.dtype, row_lanes);
