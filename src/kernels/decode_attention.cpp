@@ -909,16 +909,17 @@ ATTN_BF16_TARGET HWY_INLINE void PackFourRowProbabilityPairs(const float* HWY_RE
   }
 }
 
-// One pair of keys (p) for EightRowValueColumns: its two value rows' 32-column chunks (first,
+// One pair of keys (p) for InterleavedValueColumns: its two value rows' 32-column chunks (first,
 // second) interleaved into NR vectors of pairs, multiplied into every row's accumulators. A
 // function of its own, not a lambda: clang does not give a lambda its enclosing function's target
 // attribute.
 template <size_t MR, size_t NR, size_t kStride>
-ATTN_BF16_TARGET HWY_INLINE void EightRowValuePair(const uint32_t* HWY_RESTRICT p_pairs, size_t p,
-                                                   const __m512i (&first)[(NR + 1) / 2],
-                                                   const __m512i (&second)[(NR + 1) / 2],
-                                                   __m512i low_half, __m512i high_half,
-                                                   __m512 (&acc)[MR][NR]) {
+ATTN_BF16_TARGET HWY_INLINE void InterleavedValuePair(const uint32_t* HWY_RESTRICT p_pairs,
+                                                      size_t p,
+                                                      const __m512i (&first)[(NR + 1) / 2],
+                                                      const __m512i (&second)[(NR + 1) / 2],
+                                                      __m512i low_half, __m512i high_half,
+                                                      __m512 (&acc)[MR][NR]) {
   __m512bh b[NR];
   for (size_t v = 0; v < NR; ++v) {
     b[v] = reinterpret_cast<__m512bh>(
@@ -939,12 +940,10 @@ ATTN_BF16_TARGET HWY_INLINE void EightRowValuePair(const uint32_t* HWY_RESTRICT 
 // read as 0. With `later`, the same lines of the later tile's value rows are requested as these
 // are read.
 template <size_t MR, size_t NR, size_t kStride>
-ATTN_BF16_TARGET HWY_INLINE void EightRowValueColumns(size_t bc, const char* value_rows,
-                                                      size_t value_stride, size_t c0, size_t dv,
-                                                      const uint32_t* HWY_RESTRICT p_pairs,
-                                                      float* HWY_RESTRICT output, size_t dv_padded,
-                                                      const float* HWY_RESTRICT rescale,
-                                                      const TilePrefetch* later) {
+ATTN_BF16_TARGET HWY_INLINE void InterleavedValueColumns(
+    size_t bc, const char* value_rows, size_t value_stride, size_t c0, size_t dv,
+    const uint32_t* HWY_RESTRICT p_pairs, float* HWY_RESTRICT output, size_t dv_padded,
+    const float* HWY_RESTRICT rescale, const TilePrefetch* later) {
   constexpr size_t kChunks = (NR + 1) / 2;  // of 32 columns, one 64-byte line each
   const __m512i low_half = _mm512_load_si512(kRowInterleave);
   const __m512i high_half = _mm512_add_epi16(low_half, _mm512_set1_epi16(16));
@@ -977,7 +976,7 @@ ATTN_BF16_TARGET HWY_INLINE void EightRowValueColumns(size_t bc, const char* val
       first[c] = _mm512_maskz_loadu_epi16(mask[c], row + 64 * c);
       second[c] = _mm512_maskz_loadu_epi16(mask[c], row + value_stride + 64 * c);
     }
-    EightRowValuePair<MR, NR, kStride>(p_pairs, p, first, second, low_half, high_half, acc);
+    InterleavedValuePair<MR, NR, kStride>(p_pairs, p, first, second, low_half, high_half, acc);
   }
   // An odd last key pairs with zeros (the row past it may hold anything, NaN included).
   if (2 * p < bc) {
@@ -986,7 +985,7 @@ ATTN_BF16_TARGET HWY_INLINE void EightRowValueColumns(size_t bc, const char* val
       first[c] = _mm512_maskz_loadu_epi16(mask[c], row + 64 * c);
       second[c] = _mm512_setzero_si512();
     }
-    EightRowValuePair<MR, NR, kStride>(p_pairs, p, first, second, low_half, high_half, acc);
+    InterleavedValuePair<MR, NR, kStride>(p_pairs, p, first, second, low_half, high_half, acc);
   }
   for (size_t r = 0; r < MR; ++r) {
     for (size_t v = 0; v < NR; ++v)
@@ -994,29 +993,29 @@ ATTN_BF16_TARGET HWY_INLINE void EightRowValueColumns(size_t bc, const char* val
   }
 }
 
-// EightRowValueColumns over every column block of dv_padded: blocks of as many columns as MR rows'
-// accumulators leave registers for (one pass over the tile's rows per block: 64 columns for 3–4
-// rows, 32 for more), then blocks of 32 and 16.
+// InterleavedValueColumns over every column block of dv_padded: blocks of as many columns as MR
+// rows' accumulators leave registers for (one pass over the tile's rows per block: 64 columns for
+// 3–4 rows, 32 for more), then blocks of 32 and 16.
 template <size_t MR, size_t kStride = 8>
-ATTN_BF16_TARGET HWY_INLINE void EightRowValues(size_t bc, const CacheRows& values, size_t dv,
-                                                size_t dv_padded, const uint32_t* p_pairs,
-                                                float* output, const float* rescale,
-                                                const TilePrefetch* later = nullptr) {
+ATTN_BF16_TARGET HWY_INLINE void InterleavedValues(size_t bc, const CacheRows& values, size_t dv,
+                                                   size_t dv_padded, const uint32_t* p_pairs,
+                                                   float* output, const float* rescale,
+                                                   const TilePrefetch* later = nullptr) {
   constexpr size_t kVectors = MR <= 4 ? 4 : 2;
   size_t c0 = 0;
   if constexpr (kVectors > 2) {
     for (; c0 + 16 * kVectors <= dv_padded; c0 += 16 * kVectors) {
-      EightRowValueColumns<MR, kVectors, kStride>(bc, values.data, values.stride, c0, dv, p_pairs,
-                                                  output, dv_padded, rescale, later);
+      InterleavedValueColumns<MR, kVectors, kStride>(bc, values.data, values.stride, c0, dv,
+                                                     p_pairs, output, dv_padded, rescale, later);
     }
   }
   for (; c0 + 32 <= dv_padded; c0 += 32) {
-    EightRowValueColumns<MR, 2, kStride>(bc, values.data, values.stride, c0, dv, p_pairs, output,
-                                         dv_padded, rescale, later);
+    InterleavedValueColumns<MR, 2, kStride>(bc, values.data, values.stride, c0, dv, p_pairs, output,
+                                            dv_padded, rescale, later);
   }
   if (c0 < dv_padded) {
-    EightRowValueColumns<MR, 1, kStride>(bc, values.data, values.stride, c0, dv, p_pairs, output,
-                                         dv_padded, rescale, later);
+    InterleavedValueColumns<MR, 1, kStride>(bc, values.data, values.stride, c0, dv, p_pairs, output,
+                                            dv_padded, rescale, later);
   }
 }
 
@@ -1034,28 +1033,28 @@ ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(size_t bc, const CacheRows& val
     PackFourRowProbabilityPairs(s.scores, bc, s.probability_pairs);
     switch (rows) {
       case 3:
-        return EightRowValues<3, 4>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                    s.row_rescale, &prefetch);
+        return InterleavedValues<3, 4>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                       s.row_rescale, &prefetch);
       default:
-        return EightRowValues<4, 4>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                    s.row_rescale, &prefetch);
+        return InterleavedValues<4, 4>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                       s.row_rescale, &prefetch);
     }
   }
   if (row_lanes == 8) {  // 5 to 8 rows: the value rows interleaved in registers
     PackEightRowProbabilityPairs(s.scores, bc, s.probability_pairs);
     switch (rows) {
       case 5:
-        return EightRowValues<5>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                 s.row_rescale);
+        return InterleavedValues<5>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                    s.row_rescale);
       case 6:
-        return EightRowValues<6>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                 s.row_rescale);
+        return InterleavedValues<6>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                    s.row_rescale);
       case 7:
-        return EightRowValues<7>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                 s.row_rescale);
+        return InterleavedValues<7>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                    s.row_rescale);
       default:
-        return EightRowValues<8>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                 s.row_rescale);
+        return InterleavedValues<8>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                                    s.row_rescale);
     }
   }
   const size_t pairs = (bc + 1) / 2;
