@@ -716,7 +716,9 @@ HWY_NOINLINE void BroadcastScoreTile(D d, size_t bc, const CacheRows& keys,
 }
 
 // The fewest rows a key/value head that take the bf16 pairs (DecodeTask): one or two rows keep the
-// fp32 products, whose softmax runs on dense keys or on 4 lanes half used.
+// fp32 products, whose softmax runs on dense keys or on 4 lanes half used, where the pairs' P
+// layout needs all 4 lanes; on the pairs they read 0.80–1.00× from memory (Zen 4, one thread, 8 and
+// 16 query heads over 8 of 128).
 constexpr size_t kMinPairRows = 3;
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -1691,11 +1693,9 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const int64_t length = args.lengths[b];
   const DecodeOptions& options = args.options;
 
-  // bf16 keys and queries multiply on vdpbf16ps: 3–4 rows as dot products of each row's pairs
-  // (FourRowScoresOnPairs; QueryPairs lays them out row after row), 5–8 rows (8-lane Sᵀ rows) on
-  // 256-bit vectors, more as GemmBF16 tiles (ScoresOnPairs; both with Qᵀ). One or two rows keep the
-  // fp32 products: their softmax on 4 lanes (the pairs' P layout) costs more than the products
-  // save, 0.80–0.94× from memory (Zen 4, one thread, 8 and 16 query heads over 8 of 128).
+  // bf16 keys and queries from kMinPairRows rows multiply on vdpbf16ps: 3–4 rows as dot products
+  // of each row's pairs (FourRowScoresOnPairs; QueryPairs lays them out row after row), 5–8 rows
+  // (8-lane Sᵀ rows) on 256-bit vectors, more as GemmBF16 tiles (ScoresOnPairs; both with Qᵀ).
   const size_t depth_pairs = static_cast<size_t>(args.q.cols / 2);
   const bool pair_scores =
       rows >= kMinPairRows && KeysReadAsPairs(args.keys) &&
