@@ -498,8 +498,55 @@ def test_operators_pass_opcheck():
     torch.library.opcheck(torch.ops.attn.sdpa.default, arguments)
 
 
+def test_the_operators_autograd_kernel_skips_the_redispatch_only_where_nothing_lies_below():
+    # attn::sdpa's Autograd kernel calls the CPU kernel itself where nothing but it lies below
+    # (a compiled graph's calls): the same result bit for bit as the redispatch, which must still
+    # run under a dispatch mode (the mode sees the operator) and FakeTensorMode (a fake result).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = torch.randn(N, HQ, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV)
+    options = (None, None, None, None, None, 0.0, True, None, True, 2, 0, 5.0, "top-left")
+    body = attn_torch._forward(q, k, v, *options)
+    for grad_mode in (True, False):
+        with torch.set_grad_enabled(grad_mode):
+            direct = torch.ops.attn.sdpa.default(q, k, v, *options)
+            with Recording():
+                recorded = torch.ops.attn.sdpa.default(q, k, v, *options)
+        for name, got in (("direct", direct), ("under a mode", recorded)):
+            assert all(torch.equal(a, b) for a, b in zip(got, body)), (name, grad_mode)
+    assert seen == [torch.ops.attn.sdpa.default] * 2
+    with FakeTensorMode() as fake_mode:
+        fake = torch.ops.attn.sdpa.default(*(fake_mode.from_tensor(x) for x in (q, k, v)),
+                                           *options)
+    assert [tuple(x.shape) for x in fake] == [(N, HQ, L, EV), (N, HQ, L)]
+    assert all(type(x).__name__ == "FakeTensor" for x in fake)
+
+
+def test_the_operators_refuse_a_second_derivative():
+    # Through the operators (as torch.compile and dispatch modes take them), a gradient made with
+    # create_graph=True can't be differentiated again: a clear error, not a silent zero.
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    output = torch.ops.attn.sdpa.default(
+        q, k, v, None, None, None, None, None, 0.0, False, None, False, -1, -1, None, "top-left"
+    )[0]
+    expected = attn_torch.scaled_dot_product_attention(q, k, v)
+    (d_query,) = torch.autograd.grad(output.square().sum(), q, create_graph=True)
+    (expected_d_query,) = torch.autograd.grad(expected.square().sum(), q)
+    assert torch.equal(d_query, expected_d_query)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        d_query.sum().backward()
+
+
 # --- torch.func transforms ------------------------------------------------------------------------
-# PyTorch's wrapper for a custom operator's registered autograd has no setup_context, which
+# The operators' autograd kernels apply Functions without setup_context, which
 # torch.func refuses; under a transform attn runs its operators through Functions that have one.
 
 

@@ -12,7 +12,7 @@ PyTorch's generator, so ``torch.manual_seed`` makes a run reproducible.
 ``scaled_dot_product_attention`` replaces ``torch.nn.functional.scaled_dot_product_attention``
 (with attn's windows, ALiBi, soft-capping, sinks and valid lengths besides): the operators
 ``attn::sdpa`` and ``attn::sdpa_backward`` (``torch.ops.attn``) have fake implementations and
-registered autograd, so ``torch.compile(fullgraph=True)`` traces through them; eager calls skip
+autograd kernels, so ``torch.compile(fullgraph=True)`` traces through them; eager calls skip
 their dispatch (see the function).
 
 CPU tensors only (attn runs on the CPU); float32 inputs are read without a copy, and so are
@@ -465,8 +465,9 @@ class GaussianKernelPooling(_AttnModule):
 #
 # attn::sdpa runs attn's forward pass and returns (output, log-sum-exp); attn::sdpa_backward its
 # backward pass. Both have fake (meta) implementations, so torch.compile(fullgraph=True) traces
-# them without running attn, and register_autograd connects them, so gradients reach query, key,
-# value, a float attn_mask that requires grad, and sinks. The options travel as plain scalars.
+# them without running attn, and their Autograd kernels connect them, so gradients reach query,
+# key, value, a float attn_mask that requires grad, and sinks. The options travel as plain
+# scalars.
 
 
 def _window_arguments(window):
@@ -487,30 +488,6 @@ def _window(window_left, window_right):
     if window_left == -1 and window_right == -1:
         return None
     return (window_left, window_right)
-
-
-@torch.library.custom_op("attn::sdpa", mutates_args=(), device_types="cpu")
-def _sdpa(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    valid_lens: Optional[torch.Tensor],
-    alibi_slopes: Optional[torch.Tensor],
-    sinks: Optional[torch.Tensor],
-    seed: Optional[torch.Tensor],
-    dropout_p: float,
-    is_causal: bool,
-    scale: Optional[float],
-    enable_gqa: bool,
-    window_left: int,
-    window_right: int,
-    softcap: Optional[float],
-    alignment: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L))."""
-    return _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, dropout_p,
-                    is_causal, scale, enable_gqa, window_left, window_right, softcap, alignment)
 
 
 def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, dropout_p,
@@ -539,7 +516,6 @@ def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed
     )
 
 
-@_sdpa.register_fake
 def _sdpa_fake(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options):
     # The output in the query's dtype (float16 and bfloat16 too); the log-sum-exp always float32.
     output = query.new_empty((*query.shape[:-1], value.shape[-1]))
@@ -578,32 +554,12 @@ def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, va
     )
 
 
-@torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
-def _sdpa_backward(
-    grad_output: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    output: torch.Tensor,
-    log_sum_exp: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    valid_lens: Optional[torch.Tensor],
-    alibi_slopes: Optional[torch.Tensor],
-    sinks: Optional[torch.Tensor],
-    seed: Optional[torch.Tensor],
-    dropout_p: float,
-    is_causal: bool,
-    scale: Optional[float],
-    enable_gqa: bool,
-    window_left: int,
-    window_right: int,
-    softcap: Optional[float],
-    alignment: str,
-    mask_gradient: bool,
-    sinks_gradient: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """attn's backward pass: gradients of query, key, value, and of the float attn_mask and the
-    sinks when asked for (empty tensors otherwise)."""
+def _backward_operator(grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens,
+                       alibi_slopes, sinks, seed, dropout_p, is_causal, scale, enable_gqa,
+                       window_left, window_right, softcap, alignment, mask_gradient,
+                       sinks_gradient):
+    """attn::sdpa_backward's CPU kernel: _backward's gradients, with empty float32 tensors for
+    the mask's and the sinks' when not asked for (the schema returns five tensors)."""
     d_query, d_key, d_value, d_mask, d_sinks = _backward(
         grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens, alibi_slopes,
         sinks, seed, dropout_p, is_causal, scale, enable_gqa, window_left, window_right, softcap,
@@ -618,7 +574,39 @@ def _sdpa_backward(
     )
 
 
-@_sdpa_backward.register_fake
+# The operators, defined on torch.library's low-level API rather than torch.library.custom_op:
+# custom_op wraps each kernel in Python layers of its own (a device-type table, an aliasing
+# check, a dynamo guard, its autograd wrapper's redispatch) that cost ~9 µs a call under
+# torch.compile, 23% of a compiled decode-sized call (docs/benchmarks.md). The schemas are those
+# custom_op derived from the Python signatures. The fake implementations, the autograd kernels
+# and the vmap rules are registered below.
+_operators = torch.library.Library("attn", "FRAGMENT")
+_operators.define(
+    "sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, Tensor? valid_lens, "
+    "Tensor? alibi_slopes, Tensor? sinks, Tensor? seed, float dropout_p, bool is_causal, "
+    "float? scale, bool enable_gqa, SymInt window_left, SymInt window_right, float? softcap, "
+    "str alignment) -> (Tensor, Tensor)",
+    tags=(torch.Tag.pt2_compliant_tag,),
+)
+_operators.define(
+    "sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor output, "
+    "Tensor log_sum_exp, Tensor? attn_mask, Tensor? valid_lens, Tensor? alibi_slopes, "
+    "Tensor? sinks, Tensor? seed, float dropout_p, bool is_causal, float? scale, bool enable_gqa, "
+    "SymInt window_left, SymInt window_right, float? softcap, str alignment, bool mask_gradient, "
+    "bool sinks_gradient) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.pt2_compliant_tag,),
+)
+# attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L)).
+_sdpa = torch.ops.attn.sdpa.default
+# attn's backward pass: gradients of query, key, value, and of the float attn_mask and the sinks
+# when asked for (empty tensors otherwise).
+_sdpa_backward = torch.ops.attn.sdpa_backward.default
+_operators.impl("sdpa", _forward, "CPU")
+_operators.impl("sdpa_backward", _backward_operator, "CPU")
+# How many leading arguments of each operator are (optional) tensors.
+_SDPA_TENSORS, _SDPA_BACKWARD_TENSORS = 8, 11
+
+
 def _sdpa_backward_fake(
     grad_output,
     query,
@@ -641,6 +629,10 @@ def _sdpa_backward_fake(
         query.new_empty(attn_mask.shape if mask_gradient else (0,), dtype=torch.float32),
         query.new_empty(sinks.shape if sinks_gradient else (0,), dtype=torch.float32),
     )
+
+
+torch.library.register_fake("attn::sdpa", _sdpa_fake, lib=_operators)
+torch.library.register_fake("attn::sdpa_backward", _sdpa_backward_fake, lib=_operators)
 
 
 # --- vmap of the operators ------------------------------------------------------------------------
@@ -799,19 +791,89 @@ def _gradients(ctx, grad_output, backward):
     )
 
 
-def _sdpa_backward_rule(ctx, grad_output, _grad_log_sum_exp):
-    return _gradients(ctx, grad_output, _sdpa_backward)
+class _OperatorSdpa(torch.autograd.Function):
+    """attn::sdpa's autograd: the operator below the Autograd key, the inputs saved by
+    _sdpa_setup_context, the gradients by the attn::sdpa_backward operator. The last input is
+    the dispatch key set to continue with."""
+
+    operator = torch.ops.attn.sdpa.default
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        *inputs, below = inputs
+        with _AutoDispatchBelowAutograd():
+            output = _OperatorSdpa.operator.redispatch(below, *inputs)
+        _sdpa_setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_log_sum_exp):
+        return *_gradients(ctx, grad_output, _sdpa_backward), None
 
 
-_sdpa.register_autograd(_sdpa_backward_rule, setup_context=_sdpa_setup_context)
+class _OperatorSdpaBackward(torch.autograd.Function):
+    """attn::sdpa_backward where its inputs need gradients (create_graph=True): computed, and
+    refused in a second backward pass, as attn's other paths refuse it."""
+
+    operator = torch.ops.attn.sdpa_backward.default
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        *inputs, below = inputs
+        with _AutoDispatchBelowAutograd():
+            return _OperatorSdpaBackward.operator.redispatch(below, *inputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise RuntimeError("attn's scaled_dot_product_attention has no second derivative")
+
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+_CPU_KEY = torch._C.DispatchKey.CPU
+_grad_enabled = torch.is_grad_enabled
+
+
+def _autograd_kernel(operator, cpu_kernel, function, tensors):
+    """The Autograd-key kernel of ``operator``: ``function`` (a Function above) where grad mode is
+    on and one of the first ``tensors`` arguments requires grad; otherwise the operator below
+    autograd, and where nothing but the CPU kernel lies below (no dispatch mode, fake or
+    functional tensor: every call of a compiled graph), that kernel called directly, which is
+    what the redispatch would run."""
+
+    def kernel(keyset, *inputs):
+        below = keyset & _AFTER_AUTOGRAD
+        if _grad_enabled():
+            for tensor in inputs[:tensors]:
+                if tensor is not None and tensor.requires_grad:
+                    return function.apply(*inputs, below)
+        if below.highestPriorityTypeId() == _CPU_KEY:
+            return cpu_kernel(*inputs)
+        with _AutoDispatchBelowAutograd():
+            return operator.redispatch(below, *inputs)
+
+    return kernel
+
+
+_operators.impl(
+    "sdpa", _autograd_kernel(_sdpa, _forward, _OperatorSdpa, _SDPA_TENSORS), "Autograd",
+    with_keyset=True,
+)
+_operators.impl(
+    "sdpa_backward",
+    _autograd_kernel(_sdpa_backward, _backward_operator, _OperatorSdpaBackward,
+                     _SDPA_BACKWARD_TENSORS),
+    "Autograd",
+    with_keyset=True,
+)
 
 
 class _EagerSdpa(torch.autograd.Function):
-    """attn::sdpa's autograd for eager calls, without the operators' dispatch: PyTorch's
-    custom-operator autograd costs ~100 µs a call in the forward and as much in the backward,
-    more than attn's whole fused pass on a (1, 8, 64, 64) head set. The same bodies, saved
-    tensors and gradient rule as the operators; torch.compile, tracing and dispatch modes take the
-    operators."""
+    """attn::sdpa's autograd for eager calls, without the operators' dispatch: through the
+    operators a (1, 8, 64, 64) training step took 474 µs against this Function's 422 on one Zen 4
+    core (558 while torch.library.custom_op defined them, whose autograd wrapper cost ~100 µs a
+    pass on Zen 5). The same bodies, saved tensors and gradient rule as the operators;
+    torch.compile, tracing and dispatch modes take the operators."""
 
     # forward(ctx, ...) rather than a separate setup_context: that form's apply cost ~30 µs more.
     @staticmethod
@@ -829,8 +891,8 @@ class _EagerSdpa(torch.autograd.Function):
 
 class _TransformedSdpa(torch.autograd.Function):
     """attn::sdpa under torch.func transforms (grad, vjp, jacrev, vmap of them): the operators'
-    registered autograd is PyTorch's wrapper without setup_context, which those transforms
-    refuse. This Function and _TransformedSdpaBackward run the same operators with the same
+    autograd kernels apply Functions without setup_context (they take the dispatch key set),
+    which those transforms refuse. This Function and _TransformedSdpaBackward run the same operators with the same
     saved tensors and gradient rule; functorch hands their forwards the tensors of the level
     below (plain ones, or batched ones, which the operators' batching rules take)."""
 
@@ -1122,7 +1184,7 @@ def scaled_dot_product_attention(
 
     Under torch.func transforms (grad, vjp, jacrev, vmap and their compositions, such as
     per-sample gradients) it runs the operators through autograd Functions those transforms
-    accept (the operators' own registered autograd they refuse); vmap makes one call for the
+    accept (the operators' own autograd kernels they refuse); vmap makes one call for the
     batch where every tensor of the call's shapes is batched alike, one per sample otherwise.
     There is no second derivative and no forward mode (jvp), as for PyTorch's CPU kernels.
 
