@@ -255,3 +255,49 @@ def test_bfloat16_model_is_as_accurate_as_eager_in_bfloat16():
         ours = error(parameter.grad, wanted)
         theirs = error(eager_parameters[parameter_name].grad, wanted)
         assert ours <= 2 * theirs + 1e-3, f"d {parameter_name}: attn {ours:.3g}, eager {theirs:.3g}"
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_a_compiled_model_matches_eager(name):
+    from torch._inductor.compile_fx import compile_fx
+
+    # torch.compile(fullgraph=True) of a whole model, padded on both sides, in inference and for
+    # one training step: the graph holds attn's operators (Gemma 2's soft cap among their
+    # options) and the logits and gradients are eager attention's, as the uncompiled model's are.
+    eager, mine = model_pair(name)
+    torch.manual_seed(1)
+    input_ids = torch.randint(0, COMMON["vocab_size"], (BATCH, LENGTH))
+    attention_mask = PADDINGS["left_and_right"]()
+    real = attention_mask.bool()
+    counted = real.clone()
+    counted[:, 1:] &= real[:, :-1]
+    labels = input_ids.masked_fill(~counted, -100)
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module.code)
+        return compile_fx(graph_module, example_inputs)  # Inductor, as torch.compile's default
+
+    # Inference (no_grad: the operator's Autograd kernel runs at every call), then training
+    # (AOTAutograd's compiled forward and backward).
+    for training in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(mine.train(training), fullgraph=True, backend=recording_backend)
+        with torch.set_grad_enabled(training):
+            # The second call: the first one after compiling runs under a mode of PyTorch's.
+            for _ in range(2):
+                output = compiled(input_ids=input_ids, attention_mask=attention_mask,
+                                  labels=labels)
+            expected = eager.train(training)(
+                input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+        assert graphs.pop().count("torch.ops.attn.sdpa.default(") == COMMON["num_hidden_layers"]
+        assert not graphs, f"training {training}: {len(graphs) + 1} graphs"
+        assert_relative(output.logits[real], expected.logits[real], LOGITS_RTOL,
+                        f"logits, training {training}")
+    output.loss.backward()
+    expected.loss.backward()
+    eager_parameters = dict(eager.named_parameters())
+    for parameter_name, parameter in mine.named_parameters():
+        reference = eager_parameters[parameter_name].grad
+        if reference is not None:
+            assert_relative(parameter.grad, reference, GRADIENT_RTOL, f"d {parameter_name}")
