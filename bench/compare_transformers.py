@@ -14,8 +14,8 @@ the attention over a long context is a large part of a decode step, as it is for
 larger models. For each dtype and thread count: one forward pass over a random prompt of
 `--prefill` tokens (use_cache=True, the last position's logits, as generate() asks), then for each
 context `--new-tokens` greedy steps of one token against transformers' DynamicCache (appends by
-concatenation) and StaticCache (room for the steps; read through a mask over its empty slots)
-filled with `context` tokens of random keys and values (a step's cost does not depend on them; a prefill of
+concatenation) and StaticCache (room for the steps; read through a mask over its empty slots;
+with `--caches static-compiled`, model.forward under torch.compile as well) filled with `context` tokens of random keys and values (a step's cost does not depend on them; a prefill of
 32768 tokens would take minutes here); the median step is reported. Both implementations run the
 same weights, one after the other. Not part of CI: timings need a quiet machine.
 """
@@ -60,7 +60,9 @@ def prefill(model, implementation, prompt):
 def decode(model, implementation, context, new_tokens, cache_kind="dynamic"):
     """(median seconds of a greedy decode step, token ids) against a cache ("dynamic": a
     DynamicCache, which appends by concatenation; "static": a StaticCache of room for the steps,
-    which transformers reads through a mask over its empty slots) holding `context` tokens of
+    which transformers reads through a mask over its empty slots; "static-compiled": the same
+    with model.forward under torch.compile(fullgraph=True), transformers' recipe for fast
+    decoding, its first step compiling: the median leaves it out) holding `context` tokens of
     random keys and values in every layer (what a prefill would leave; the cost of a step does not
     depend on the values)."""
     from transformers import DynamicCache, StaticCache
@@ -71,6 +73,10 @@ def decode(model, implementation, context, new_tokens, cache_kind="dynamic"):
     dtype = next(model.parameters()).dtype
     cache = (DynamicCache(config=config) if cache_kind == "dynamic"
              else StaticCache(config=config, max_cache_len=context + new_tokens + 1))
+    forward = model
+    if cache_kind == "static-compiled":
+        torch._dynamo.reset()  # one implementation's graphs at a time, under the recompile limit
+        forward = torch.compile(model.forward, fullgraph=True)
     shape = (1, config.num_key_value_heads, context, config.head_dim)
     for layer in range(config.num_hidden_layers):
         cache.update(torch.randn(shape, generator=generator).to(dtype),
@@ -81,9 +87,13 @@ def decode(model, implementation, context, new_tokens, cache_kind="dynamic"):
     cache_argument = ("cache" if "cache" in inspect.signature(model.forward).parameters
                       else "past_key_values")
     with torch.inference_mode():
-        for _ in range(new_tokens):
+        for step in range(new_tokens):
+            # The positions spelled out: inferring them from a StaticCache's slots breaks the graph.
+            positions = ({"cache_position": torch.tensor([context + step]),
+                          "position_ids": torch.tensor([[context + step]])}
+                         if cache_kind == "static-compiled" else {})
             start = time.perf_counter()
-            out = model(token, use_cache=True, **{cache_argument: cache})
+            out = forward(token, use_cache=True, **{cache_argument: cache}, **positions)
             token = out.logits[:, -1:].argmax(-1)
             steps.append(time.perf_counter() - start)
             tokens.append(token.item())
@@ -100,7 +110,8 @@ def main():
     parser.add_argument("--threads", type=parse_ints, default=[1, os.cpu_count() or 1])
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--caches", default="dynamic,static",
-                        help="transformers cache classes for the decode steps: dynamic, static")
+                        help="transformers cache classes for the decode steps: dynamic, static, "
+                             "static-compiled (a StaticCache, model.forward compiled)")
     parser.add_argument("--json-out", help="write the rows as JSON here")
     args = parser.parse_args()
     attn.transformers.register()
@@ -115,7 +126,7 @@ def main():
             for name in IMPLEMENTATIONS:  # warm-up: thread pools, first-call allocations
                 prefill(model, name, prompt[:, :64])
                 for kind in args.caches.split(","):
-                    if kind:
+                    if kind and kind != "static-compiled":  # that one compiles at each call
                         decode(model, name, 64, 2, kind)
             for name in IMPLEMENTATIONS:
                 rows.append({"implementation": name, "dtype": dtype, "threads": threads,
