@@ -15,8 +15,9 @@ larger models. For each dtype and thread count: one forward pass over a random p
 `--prefill` tokens (use_cache=True, the last position's logits, as generate() asks), then for each
 context `--new-tokens` greedy steps of one token against transformers' DynamicCache (appends by
 concatenation) and StaticCache (room for the steps; read through a mask over its empty slots;
-with `--caches static-compiled`, model.forward under torch.compile as well) filled with `context` tokens of random keys and values (a step's cost does not depend on them; a prefill of
-32768 tokens would take minutes here); the median step is reported. Both implementations run the
+with `--caches static-compiled`, model.forward under torch.compile as well) filled with `context`
+tokens of random keys and values (a step's cost does not depend on them; a prefill of 32768
+tokens would take minutes here); the median step is reported. Both implementations run the
 same weights, one after the other. Not part of CI: timings need a quiet machine.
 """
 import argparse

@@ -576,10 +576,10 @@ def _backward_operator(grad_output, query, key, value, output, log_sum_exp, attn
 
 # The operators, defined on torch.library's low-level API rather than torch.library.custom_op:
 # custom_op wraps each kernel in Python layers of its own (a device-type table, an aliasing
-# check, a dynamo guard, its autograd wrapper's redispatch) that cost ~9 µs a call under
-# torch.compile, 23% of a compiled decode-sized call (docs/benchmarks.md). The schemas are those
-# custom_op derived from the Python signatures. The fake implementations, the autograd kernels
-# and the vmap rules are registered below.
+# check, a dynamo guard, its autograd wrapper's redispatch) that cost 11-12 µs a call under
+# torch.compile, 23% of a compiled decode-sized call on Zen 4 (docs/benchmarks.md). The schemas
+# are those custom_op derived from the Python signatures. The fake implementations, the autograd
+# kernels and the vmap rules are registered below.
 _operators = torch.library.Library("attn", "FRAGMENT")
 _operators.define(
     "sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, Tensor? valid_lens, "
@@ -838,8 +838,9 @@ def _autograd_kernel(operator, cpu_kernel, function, tensors):
     """The Autograd-key kernel of ``operator``: ``function`` (a Function above) where grad mode is
     on and one of the first ``tensors`` arguments requires grad; otherwise the operator below
     autograd, and where nothing but the CPU kernel lies below (no dispatch mode, fake or
-    functional tensor: every call of a compiled graph), that kernel called directly, which is
-    what the redispatch would run."""
+    functional tensor: a compiled inference graph's calls after its first, which runs under a
+    mode of PyTorch's; compiled training graphs call the CPU kernel below autograd themselves),
+    that kernel called directly, which is what the redispatch would run."""
 
     def kernel(keyset, *inputs):
         below = keyset & _AFTER_AUTOGRAD
@@ -892,9 +893,10 @@ class _EagerSdpa(torch.autograd.Function):
 class _TransformedSdpa(torch.autograd.Function):
     """attn::sdpa under torch.func transforms (grad, vjp, jacrev, vmap of them): the operators'
     autograd kernels apply Functions without setup_context (they take the dispatch key set),
-    which those transforms refuse. This Function and _TransformedSdpaBackward run the same operators with the same
-    saved tensors and gradient rule; functorch hands their forwards the tensors of the level
-    below (plain ones, or batched ones, which the operators' batching rules take)."""
+    which those transforms refuse. This Function and _TransformedSdpaBackward run the same
+    operators with the same saved tensors and gradient rule; functorch hands their forwards the
+    tensors of the level below (plain ones, or batched ones, which the operators' batching rules
+    take)."""
 
     generate_vmap_rule = True
 
