@@ -15,8 +15,8 @@
 #   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json),
 #                                                and ONNX Runtime's MultiHeadAttention beside the
 #                                                layer rows where onnxruntime and onnx import
-#   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention, decoding and a transformers
-#                                                model from Python
+#   bench/server_side_by_side.sh layers  [OUT]   MultiHeadAttention, decoding, a transformers
+#                                                model and torch.compile'd calls from Python
 #   bench/server_side_by_side.sh kernel-tests [OUT]  every kernel test on every SIMD target the CPU
 #                                                runs, in shards side by side (OUT/kernel_tests.txt)
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
@@ -192,6 +192,9 @@ layers)
   # A transformers model end to end (prefill, then decode steps), attn beside SDPA.
   "$python" bench/compare_transformers.py --contexts "${CONTEXTS:-4096,32768}" --threads "1,$cores" \
     --new-tokens 8 --json-out "$out/transformers.json" >"$out/transformers.txt"
+  # Both under torch.compile (decode and training steps; not yet timed there: ~1.5 min on Zen 4
+  # for two thread counts, most of it compiling).
+  "$python" bench/compare_compiled.py --threads "1,$cores" --rounds 3 >"$out/compiled.txt"
   ;;
 calls)
   # Whether the Python call's 1.09-1.45x over attn bench (two phases apart, 2026-11-24) holds when
