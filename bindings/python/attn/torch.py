@@ -791,47 +791,49 @@ def _gradients(ctx, grad_output, backward):
     )
 
 
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+_CPU_KEY = torch._C.DispatchKey.CPU
+_grad_enabled = torch.is_grad_enabled
+
+
+def _below_autograd(operator, below, inputs):
+    """``operator`` on ``inputs`` from the dispatch key set ``below`` autograd on."""
+    with _AutoDispatchBelowAutograd():
+        return operator.redispatch(below, *inputs)
+
+
 class _OperatorSdpa(torch.autograd.Function):
     """attn::sdpa's autograd: the operator below the Autograd key, the inputs saved by
-    _sdpa_setup_context, the gradients by the attn::sdpa_backward operator. The last input is
-    the dispatch key set to continue with."""
-
-    operator = torch.ops.attn.sdpa.default
+    _sdpa_setup_context, the gradients by the attn::sdpa_backward operator. The last two inputs
+    are the operator and the dispatch key set to continue with (last, so that the positions
+    _gradients reads in ctx.needs_input_grad are the operator's)."""
 
     @staticmethod
     def forward(ctx, *inputs):
-        *inputs, below = inputs
-        with _AutoDispatchBelowAutograd():
-            output = _OperatorSdpa.operator.redispatch(below, *inputs)
+        *inputs, operator, below = inputs
+        output = _below_autograd(operator, below, inputs)
         _sdpa_setup_context(ctx, inputs, output)
         return output
 
     @staticmethod
     def backward(ctx, grad_output, _grad_log_sum_exp):
-        return *_gradients(ctx, grad_output, _sdpa_backward), None
+        return *_gradients(ctx, grad_output, _sdpa_backward), None, None
 
 
 class _OperatorSdpaBackward(torch.autograd.Function):
     """attn::sdpa_backward where its inputs need gradients (create_graph=True): computed, and
-    refused in a second backward pass, as attn's other paths refuse it."""
-
-    operator = torch.ops.attn.sdpa_backward.default
+    refused in a second backward pass, as attn's other paths refuse it. Inputs as
+    _OperatorSdpa's."""
 
     @staticmethod
     def forward(ctx, *inputs):
-        *inputs, below = inputs
-        with _AutoDispatchBelowAutograd():
-            return _OperatorSdpaBackward.operator.redispatch(below, *inputs)
+        *inputs, operator, below = inputs
+        return _below_autograd(operator, below, inputs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         raise RuntimeError("attn's scaled_dot_product_attention has no second derivative")
-
-
-_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
-_AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
-_CPU_KEY = torch._C.DispatchKey.CPU
-_grad_enabled = torch.is_grad_enabled
 
 
 def _autograd_kernel(operator, cpu_kernel, function, tensors):
@@ -847,11 +849,10 @@ def _autograd_kernel(operator, cpu_kernel, function, tensors):
         if _grad_enabled():
             for tensor in inputs[:tensors]:
                 if tensor is not None and tensor.requires_grad:
-                    return function.apply(*inputs, below)
+                    return function.apply(*inputs, operator, below)
         if below.highestPriorityTypeId() == _CPU_KEY:
             return cpu_kernel(*inputs)
-        with _AutoDispatchBelowAutograd():
-            return operator.redispatch(below, *inputs)
+        return _below_autograd(operator, below, inputs)
 
     return kernel
 
