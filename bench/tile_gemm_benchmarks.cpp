@@ -69,9 +69,13 @@ HWY_AFTER_NAMESPACE();
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "attn/core/error.hpp"
+#include "attn/kernels/simd_target.hpp"
 #include "bench/ceilings.hpp"
 
 namespace attn {
@@ -128,6 +132,25 @@ void register_benchmarks() {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  // --simd-target=NAME caps the tiles' dispatch and the FMA peak's (as `attn bench --simd-target`):
+  // AVX2's 16-register tiles measured on an AVX-512 machine.
+  constexpr std::string_view kTargetFlag = "--simd-target=";
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view argument(argv[i]);
+    if (!argument.starts_with(kTargetFlag)) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    try {
+      attn::limit_simd_target(argument.substr(kTargetFlag.size()));
+    } catch (const attn::Error& error) {
+      std::fprintf(stderr, "attn_tile_benchmarks: %s\n", error.what());
+      return 2;
+    }
+  }
+  argc = kept;
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   const attn::bench::FmaPeak peak = attn::bench::measure_fma_peak(1, 0.2, 3);
   attn::fma_peak_gflops = peak.gflops;
   benchmark::AddCustomContext("fma_peak_1_thread_gflops", std::to_string(peak.gflops));
