@@ -270,32 +270,16 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumFour(D d, hn::Vec<D> a, hn::Vec<D
 }
 #endif
 
-// Makes the compiler hold these vectors in registers from here on: GCC 12 otherwise reloads each
-// query vector from memory for every key it multiplies (a memory operand per multiply-add), and
-// on Zen 1, whose 256-bit loads take both load slots of a cycle, ScoreKeys' ten loads for eight
-// multiply-adds (two keys) bound its loop above the multiply-adds' eight cycles; Zen 4's two
-// load pipes are 256 bits wide, and its AVX-512 loop measured faster pinned too.
-template <class V>
-HWY_INLINE void KeepInRegister(V& vector) {
-#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128 && \
-    (defined(__GNUC__) || defined(__clang__))
-  asm("" : "+v"(vector.raw));
-#else
-  (void)vector;
-#endif
-}
-template <class... V>
-HWY_INLINE void KeepInRegisters(V&... vectors) {
-  (KeepInRegister(vectors), ...);
-}
-
-// Whether ScoreKeys holds its query vectors in registers (KeepInRegisters): for fp32 rows on
-// AVX2, where it made fp32 decoding 1.04–1.31x faster on Zen 1 (one thread; one and four
-// queries, 4096 and 32768 keys, 32 query heads over 8 of 128), and on AVX-512, where GCC 12
-// reloads them as well: Zen 4, one thread, one and two queries of those heads, 1.03–1.17x faster
-// with the cache in L2 or L3 (m = 512 and 2048), 0.92–1.24x from memory on a noisy host, mostly
-// faster. Half-precision and int8 rows need registers for their conversions: on AVX2 it measured
-// 2.5–4% slower there (four queries).
+// Whether ScoreKeys holds its query vectors in registers (KeepInRegisters, tile_gemm-inl.h): GCC 12
+// otherwise reloads each query vector from memory for every key it multiplies, and on Zen 1, whose
+// 256-bit loads take both load slots of a cycle, ScoreKeys' ten loads for eight multiply-adds (two
+// keys) bound its loop above the multiply-adds' eight cycles. Pinned for fp32 rows on AVX2, where
+// it made fp32 decoding 1.04–1.31x faster on Zen 1 (one thread; one and four queries, 4096 and
+// 32768 keys, 32 query heads over 8 of 128), and on AVX-512, where GCC 12 reloads them as well: Zen
+// 4, one thread, one and two queries of those heads, 1.03–1.17x faster with the cache in L2 or L3
+// (m = 512 and 2048), 0.92–1.24x from memory on a noisy host, mostly faster. Half-precision and
+// int8 rows need registers for their conversions: on AVX2 it measured 2.5–4% slower there (four
+// queries).
 template <CacheDType kType>
 constexpr bool kKeepQueriesInRegisters = HWY_MAX_BYTES >= 32 && kType == CacheDType::kFloat32;
 
