@@ -57,7 +57,7 @@ std::shared_ptr<const KVCache> make_decode_cache(const DecodeShape& shape, Cache
 }
 
 PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t heads, int64_t queries,
-                              uint64_t seed) {
+                              uint64_t seed, DecodeQueryDType query_dtype) {
   struct State {
     std::shared_ptr<const KVCache> cache;
     Tensor query;
@@ -68,13 +68,18 @@ PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t head
   state->cache = std::move(cache);
   state->query =
       random_tensor(Shape{state->cache->batch(), heads, queries, state->cache->head_dim()}, rng);
-  // A model whose cache holds bf16 or fp16 computes its queries in that dtype too: the queries
-  // are values of it, as a bf16 or fp16 call's are once widened (a bf16 cache's many-row decoding
-  // scores on vdpbf16ps only for such queries).
-  const CacheDType dtype = state->cache->dtype();
+  // A model whose cache holds bf16 or fp16 computes its queries in that dtype too: by default the
+  // queries are values of it, as a bf16 or fp16 call's are once widened (a bf16 or int8 cache's
+  // many-row decoding scores on vdpbf16ps only for bf16 queries).
+  if (query_dtype == DecodeQueryDType::kCache) {
+    const CacheDType dtype = state->cache->dtype();
+    query_dtype = dtype == CacheDType::kBFloat16 ? DecodeQueryDType::kBFloat16
+                  : dtype == CacheDType::kFloat16 ? DecodeQueryDType::kFloat16
+                                                  : DecodeQueryDType::kFloat32;
+  }
   for (float& x : state->query.span()) {
-    if (dtype == CacheDType::kBFloat16) x = bfloat16_to_float(float_to_bfloat16(x));
-    if (dtype == CacheDType::kFloat16) x = half_to_float(float_to_half(x));
+    if (query_dtype == DecodeQueryDType::kBFloat16) x = bfloat16_to_float(float_to_bfloat16(x));
+    if (query_dtype == DecodeQueryDType::kFloat16) x = half_to_float(float_to_half(x));
   }
   state->options.causal = true;
   state->options.enable_gqa = true;

@@ -45,10 +45,16 @@ struct PreparedDecode {
 };
 
 // `queries` new queries per sequence (the last tokens of each, as in generation: causal),
-// `heads` query heads over the cache's key/value heads (enable_gqa); with a bf16 or fp16 cache
-// the queries are values of that dtype.
+// The dtype a decode case's queries are values of: "cache" (a bf16 or fp16 cache's dtype, float32
+// beside float32 and int8 caches), "float32", "bfloat16" or "float16".
+enum class DecodeQueryDType { kCache, kFloat32, kBFloat16, kFloat16 };
+
+// `heads` query heads over the cache's key/value heads (enable_gqa); the queries are values of
+// `query_dtype` (a model computes its queries in its own dtype: a bf16 model's beside an int8
+// cache are bf16 values).
 PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t heads, int64_t queries,
-                              uint64_t seed);
+                              uint64_t seed,
+                              DecodeQueryDType query_dtype = DecodeQueryDType::kCache);
 
 // Reads a buffer twice the L3's size (32 MiB assumed when unknown) so that the next timed pass
 // finds none of the cache in the L3 — as in a model, whose other layers' caches and weights pass

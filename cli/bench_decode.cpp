@@ -44,6 +44,13 @@ void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
                    "Decode cases: no eviction read between passes, so a cache that fits the L3 is "
                    "read from it");
   command
+      .add_option("--decode-query-dtype", options.query_dtype,
+                  "Decode cases: the dtype the queries are values of (a model's own): cache (a "
+                  "bf16 or fp16 cache's, float32 beside float32 and int8 caches), float32, "
+                  "bfloat16 or float16")
+      ->check(CLI::IsMember({"cache", "float32", "bfloat16", "float16"}))
+      ->default_str("cache");
+  command
       .add_option("--stream-mib", options.stream_mib,
                   "Buffer of the stream-read ceiling in MiB (default: 1024, or 4x the L3 with "
                   "--quick, within a quarter of the available memory)")
@@ -89,6 +96,11 @@ DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
       report.stream_read[count] = bench::measure_stream_read(count, bytes, quick ? 2 : 5);
     }
   }
+  const bench::DecodeQueryDType query_dtype =
+      options.query_dtype == "float32"    ? bench::DecodeQueryDType::kFloat32
+      : options.query_dtype == "bfloat16" ? bench::DecodeQueryDType::kBFloat16
+      : options.query_dtype == "float16"  ? bench::DecodeQueryDType::kFloat16
+                                          : bench::DecodeQueryDType::kCache;
   std::optional<bench::CacheEvictor> evictor;
   if (!options.warm) {
     evictor.emplace();
@@ -117,7 +129,7 @@ DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
         std::shared_ptr<const KVCache> cache = bench::make_decode_cache(shape, entry->dtype, seed);
         for (const int64_t n : options.queries) {
           const bench::PreparedDecode prepared =
-              bench::prepare_decode(cache, options.heads, n, seed);
+              bench::prepare_decode(cache, options.heads, n, seed, query_dtype);
           for (const int count : threads) {
             progress(where + " n=" + std::to_string(n) + ", " + std::to_string(count) +
                      " thread(s)");
@@ -170,6 +182,9 @@ void print_decode_table(const DecodeReport& report, const DecodeBenchOptions& op
   if (report.rows.empty() && report.stream_read.empty()) return;
   out << "\ndecode: attn::scaled_dot_product_attention(query, cache), causal, " << options.heads
       << " query heads over " << options.kv_heads << " key/value heads of " << options.head_dim
+      << "; queries: "
+      << (options.query_dtype == "cache" ? std::string("values of a bf16 or fp16 cache's dtype")
+                                         : options.query_dtype + " values")
       << "; median of " << options.repeats << " passes after one warm-up, each after ";
   if (report.evicted_bytes > 0) {
     out << "an eviction read of " << report.evicted_bytes / (1 << 20)
@@ -216,6 +231,7 @@ nlohmann::json decode_json(const DecodeReport& report, const DecodeBenchOptions&
                               {"kv_heads", options.kv_heads},
                               {"head_dim", options.head_dim},
                               {"repeats", options.repeats},
+                              {"query_dtype", options.query_dtype},
                               {"evicted_bytes", report.evicted_bytes}};
   document["stream_read"] = json::array();
   for (const auto& [threads, stream] : report.stream_read) {

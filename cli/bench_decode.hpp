@@ -29,10 +29,11 @@ struct DecodeBenchOptions {
   int repeats = 15;
   double stream_mib = 0.0;  // 0: bench::default_stream_read_bytes
   bool warm = false;        // true: no eviction read between passes
+  std::string query_dtype = "cache";  // bench::DecodeQueryDType's names (--decode-query-dtype)
 };
 
 // --decode-batch, --decode-queries, --decode-lengths, --decode-heads, --decode-kv-heads,
-// --decode-head-dim, --decode-repeats, --decode-warm, --stream-mib.
+// --decode-head-dim, --decode-repeats, --decode-warm, --decode-query-dtype, --stream-mib.
 void add_decode_options(CLI::App& command, DecodeBenchOptions& options);
 // --quick's smaller defaults (B = 1, n = 1, m = 4096, 3 passes) where the flags were not given, and
 // the checks CLI11's validators cannot make (heads divisible by key/value heads).

@@ -158,6 +158,7 @@ TEST_F(CliTest, BenchDecodeCasesCountTheBytesOfTheCache) {
   ASSERT_EQ(report["stream_read"].size(), 1U);
   EXPECT_GT(report["stream_read"][0]["gbytes_per_second"].get<double>(), 0.0);
   EXPECT_EQ(report["decode_shape"]["kv_heads"], 2);
+  EXPECT_EQ(report["decode_shape"]["query_dtype"], "cache");
   const std::map<std::string, double> bytes = {{"float32", 12800.0},
                                                {"float16", 6400.0},
                                                {"bfloat16", 6400.0},
@@ -182,6 +183,19 @@ TEST_F(CliTest, BenchDecodeCasesCountTheBytesOfTheCache) {
   }
   EXPECT_NE(result.out.find("stream read, 1 thread(s):"), std::string::npos) << result.out;
   EXPECT_EQ(result.out.find("GFLOP/s"), std::string::npos) << result.out;
+}
+
+// --decode-query-dtype: the queries' dtype, named in the table's header and the JSON.
+TEST_F(CliTest, BenchDecodeCasesTakeTheQueriesDtypeTheyAreGiven) {
+  const CommandResult result =
+      attn("bench --threads 1 --cases decode-int8 --decode-query-dtype bfloat16 --no-ceilings "
+           "--json-out q.json" +
+           kTinyDecode);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json report = nlohmann::json::parse(read_text(path("q.json")));
+  EXPECT_EQ(report["decode_shape"]["query_dtype"], "bfloat16");
+  EXPECT_EQ(report["decode"].size(), 2U);
+  EXPECT_NE(result.out.find("queries: bfloat16 values"), std::string::npos) << result.out;
 }
 
 // Useful flops count only the pairs a window or mask lets through: at n = 40 and a window of 7,
@@ -223,6 +237,8 @@ TEST_F(CliTest, BenchRejectsUnknownCasesAndBadSizes) {
   // 17 queries × 4 query heads per key/value head are more rows than the decode kernel takes.
   expect_error("bench --cases decode-int8 --decode-queries 17", "--decode-queries");
   expect_error("bench --cases decode-int8 --decode-lengths 0", "--decode-lengths");
+  expect_error("bench --cases decode-int8 --decode-query-dtype bf16",
+               "--decode-query-dtype: bf16 not in {cache,float32,bfloat16,float16}");
   expect_error("bench --simd-target avx9", "--simd-target: simd target name: expected one of");
 }
 
