@@ -73,7 +73,7 @@ PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t head
   // many-row decoding scores on vdpbf16ps only for bf16 queries).
   if (query_dtype == DecodeQueryDType::kCache) {
     const CacheDType dtype = state->cache->dtype();
-    query_dtype = dtype == CacheDType::kBFloat16 ? DecodeQueryDType::kBFloat16
+    query_dtype = dtype == CacheDType::kBFloat16  ? DecodeQueryDType::kBFloat16
                   : dtype == CacheDType::kFloat16 ? DecodeQueryDType::kFloat16
                                                   : DecodeQueryDType::kFloat32;
   }

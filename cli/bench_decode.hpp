@@ -27,8 +27,8 @@ struct DecodeBenchOptions {
   int64_t kv_heads = 8;
   int64_t head_dim = 128;
   int repeats = 15;
-  double stream_mib = 0.0;  // 0: bench::default_stream_read_bytes
-  bool warm = false;        // true: no eviction read between passes
+  double stream_mib = 0.0;            // 0: bench::default_stream_read_bytes
+  bool warm = false;                  // true: no eviction read between passes
   std::string query_dtype = "cache";  // bench::DecodeQueryDType's names (--decode-query-dtype)
 };
 

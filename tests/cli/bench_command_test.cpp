@@ -187,10 +187,10 @@ TEST_F(CliTest, BenchDecodeCasesCountTheBytesOfTheCache) {
 
 // --decode-query-dtype: the queries' dtype, named in the table's header and the JSON.
 TEST_F(CliTest, BenchDecodeCasesTakeTheQueriesDtypeTheyAreGiven) {
-  const CommandResult result =
-      attn("bench --threads 1 --cases decode-int8 --decode-query-dtype bfloat16 --no-ceilings "
-           "--json-out q.json" +
-           kTinyDecode);
+  const CommandResult result = attn(
+      "bench --threads 1 --cases decode-int8 --decode-query-dtype bfloat16 --no-ceilings "
+      "--json-out q.json" +
+      kTinyDecode);
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json report = nlohmann::json::parse(read_text(path("q.json")));
   EXPECT_EQ(report["decode_shape"]["query_dtype"], "bfloat16");
