@@ -12,6 +12,9 @@
 #                                                minutes of device time: one call, start included)
 #   bench/server_side_by_side.sh kernels [OUT]   attn bench, every prefill case (AVX-512)
 #   bench/server_side_by_side.sh avx2    [OUT]   the AVX2 kernels on the same cores
+#   bench/server_side_by_side.sh tiles   [OUT]   the forward's register tiles alone (Q·Kᵀ, P·V),
+#                                                AVX-512's and AVX2's, as shares of the one-thread
+#                                                FMA peak (attn_tile_benchmarks, in the bundle)
 #   bench/server_side_by_side.sh pytorch [OUT]   PyTorch's SDPA beside it (reuses OUT/bench.json),
 #                                                and ONNX Runtime's MultiHeadAttention beside the
 #                                                layer rows where onnxruntime and onnx import
@@ -73,7 +76,7 @@
 # fast as the Xeon's: 1,4,16 should take 1-2 minutes).
 set -euo pipefail
 
-phase=${1:?usage: bench/server_side_by_side.sh essentials|kernel-tests|kernels|avx2|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
+phase=${1:?usage: bench/server_side_by_side.sh essentials|kernel-tests|kernels|avx2|tiles|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
 out=${2:-${OUT:-/tmp/attn-server}}
 python=${PYTHON:-python3}
 # An absolute path: the module phase hands it to CMake, which runs it from its build folder.
@@ -89,6 +92,7 @@ fi
 if [[ -z ${ATTN:-} && -x $bundle/bin/attn ]]; then
   attn=$bundle/bin/attn
   kernels_test=$bundle/bin/kernels_test
+  tile_bench=$bundle/bin/attn_tile_benchmarks
   ggml=${GGML:-$bundle/bin/ggml_decode_bench}
   libraries=$PWD/$bundle/lib
   # The bundle's OpenMP runtime only where the server has none of its own.
@@ -96,6 +100,7 @@ if [[ -z ${ATTN:-} && -x $bundle/bin/attn ]]; then
 else
   attn=${ATTN:-build/release/cli/attn}
   kernels_test=$(dirname "$attn")/../tests/kernels/kernels_test
+  tile_bench=$(dirname "$attn")/../bench/attn_tile_benchmarks
   ggml=${GGML:-build/ggml/ggml_decode_bench}
   libraries=$(cd "$(dirname "$attn")/../src/kernels" 2>/dev/null && pwd || true)
 fi
@@ -172,6 +177,17 @@ avx2)
   # The AVX2 kernels on the same cores, for the AVX2 rows of issue 14's targets.
   "$attn" bench --simd-target avx2 --cases fused,fused-backward,fused-additive \
     --sizes "$sizes" --threads "1,$cores" --repeats "$repeats" >"$out/bench_avx2.txt"
+  ;;
+tiles)
+  # Whether the 1-thread forward's distance to 80% of the peak on this core is the register tiles'
+  # own rate or the rest of the pass (docs/benchmarks.md's "What limits each unmet target": the
+  # Xeon dev's 6 x 4 tile ran at 91% alone, 11-28); AVX2's 3 x 4 tile beside it. Not yet timed
+  # there: 2 min 41 s on Zen 4 at 6 repetitions (2026-12-01), so about 1 min 50 s at these 4.
+  test -x "$tile_bench" || { echo "no $tile_bench: build with bench targets, then pack" >&2; exit 2; }
+  for target in best avx2; do
+    "$tile_bench" --simd-target="$target" --benchmark_repetitions=4 \
+      --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+  done >"$out/tiles.txt" 2>&1
   ;;
 pytorch)
   test -f "$out/bench.json" || { echo "run the kernels phase first: $out/bench.json" >&2; exit 2; }
