@@ -44,11 +44,11 @@ struct PreparedDecode {
   double bytes_read = 0.0;
 };
 
-// `queries` new queries per sequence (the last tokens of each, as in generation: causal),
 // The dtype a decode case's queries are values of: "cache" (a bf16 or fp16 cache's dtype, float32
 // beside float32 and int8 caches), "float32", "bfloat16" or "float16".
 enum class DecodeQueryDType { kCache, kFloat32, kBFloat16, kFloat16 };
 
+// `queries` new queries per sequence (the last tokens of each, as in generation: causal),
 // `heads` query heads over the cache's key/value heads (enable_gqa); the queries are values of
 // `query_dtype` (a model computes its queries in its own dtype: a bf16 model's beside an int8
 // cache are bf16 values).
