@@ -8,11 +8,26 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "attn/core/error.hpp"
 
 namespace attn::cli {
+namespace {
+
+// --decode-query-dtype's names (DecodeBenchOptions::query_dtype) and what each asks of the cases.
+const std::map<std::string, bench::DecodeQueryDType>& query_dtypes() {
+  static const std::map<std::string, bench::DecodeQueryDType> names{
+      {"cache", bench::DecodeQueryDType::kCache},
+      {"float32", bench::DecodeQueryDType::kFloat32},
+      {"bfloat16", bench::DecodeQueryDType::kBFloat16},
+      {"float16", bench::DecodeQueryDType::kFloat16}};
+  return names;
+}
+
+}  // namespace
 
 void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
   command
@@ -48,7 +63,7 @@ void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
                   "Decode cases: the dtype the queries are values of (a model's own): cache (a "
                   "bf16 or fp16 cache's, float32 beside float32 and int8 caches), float32, "
                   "bfloat16 or float16")
-      ->check(CLI::IsMember({"cache", "float32", "bfloat16", "float16"}))
+      ->check(CLI::IsMember(query_dtypes()))
       ->default_str("cache");
   command
       .add_option("--stream-mib", options.stream_mib,
@@ -96,11 +111,7 @@ DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
       report.stream_read[count] = bench::measure_stream_read(count, bytes, quick ? 2 : 5);
     }
   }
-  const bench::DecodeQueryDType query_dtype =
-      options.query_dtype == "float32"    ? bench::DecodeQueryDType::kFloat32
-      : options.query_dtype == "bfloat16" ? bench::DecodeQueryDType::kBFloat16
-      : options.query_dtype == "float16"  ? bench::DecodeQueryDType::kFloat16
-                                          : bench::DecodeQueryDType::kCache;
+  const bench::DecodeQueryDType query_dtype = query_dtypes().at(options.query_dtype);
   std::optional<bench::CacheEvictor> evictor;
   if (!options.warm) {
     evictor.emplace();

@@ -238,7 +238,7 @@ TEST_F(CliTest, BenchRejectsUnknownCasesAndBadSizes) {
   expect_error("bench --cases decode-int8 --decode-queries 17", "--decode-queries");
   expect_error("bench --cases decode-int8 --decode-lengths 0", "--decode-lengths");
   expect_error("bench --cases decode-int8 --decode-query-dtype bf16",
-               "--decode-query-dtype: bf16 not in {cache,float32,bfloat16,float16}");
+               "--decode-query-dtype: bf16 not in {bfloat16,cache,float16,float32}");
   expect_error("bench --simd-target avx9", "--simd-target: simd target name: expected one of");
 }
 
