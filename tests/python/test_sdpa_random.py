@@ -16,7 +16,11 @@ import attn  # noqa: E402
 import attn.torch as attn_torch  # noqa: E402
 from torch_reference import reference_sdpa  # noqa: E402
 
-# float32 outputs: a few float32 ulps of the largest output (as test_sdpa_torch.py).
+# float32 outputs: a few float32 ulps of the largest output (as test_sdpa_torch.py), plus the
+# scores' own rounding (score_rounding): the case generator's magnitudes and scales reach scores
+# whose float32 sums alone miss 1e-5 (magnitude 3, scale 0.5, d = 128: PyTorch-style float32
+# arithmetic on the same inputs, the reference in float32, erred by up to 1.5e-5 of the largest
+# output over seeds 0-1499).
 OUTPUT_RTOL = 1e-5
 # float32 gradients: ten times that (longer chains of roundings), against the gradient's largest
 # entry or, where the exact gradient cancels (a row that sees one key has dS = 0 exactly, and
@@ -111,6 +115,25 @@ def reference(q, k, v, kwargs):
     return reference_sdpa(q.double(), k.double(), v.double(), **widened)
 
 
+def score_rounding(q, k, v, kwargs):
+    """What float32 rounding of the scores can move an output by: a score is a sum of terms (the
+    d products scale·q_t·k_t, an ALiBi bias, a float mask's entry) rounded to about 2⁻²⁴ of the sum
+    of their magnitudes, S at most, and an output moves by Σ_j p_j·δs_j·(v_j − out), at most
+    max |δs| · 2 max |v|. Over seeds 0-1499 on every SIMD target, attn's error stayed under 0.25 of
+    OUTPUT_RTOL·max |out| plus this."""
+    scale = kwargs.get("scale") or 1.0 / math.sqrt(q.shape[-1])
+    q_abs, k_abs = q.detach().double().abs(), k.detach().double().abs()
+    if k_abs.shape[-3] != q_abs.shape[-3]:  # grouped-query heads: each key head serves a group
+        k_abs = k_abs.repeat_interleave(q_abs.shape[-3] // k_abs.shape[-3], dim=-3)
+    terms = scale * (q_abs @ k_abs.transpose(-1, -2)).max().item()
+    if "alibi_slopes" in kwargs:  # slope · distance, distances below L + S
+        terms += kwargs["alibi_slopes"].abs().max().item() * (q.shape[-2] + k.shape[-2])
+    mask = kwargs.get("attn_mask")
+    if mask is not None and mask.is_floating_point() and torch.isfinite(mask).any():
+        terms += mask[torch.isfinite(mask)].abs().max().item()
+    return 2.0**-24 * terms * 2.0 * v.detach().double().abs().max().item()
+
+
 def relative_error(actual, expected, floor=0.0):
     scale = max(expected.abs().max().item(), floor)
     return (actual.double() - expected).abs().max().item() / scale if scale > 0 else 0.0
@@ -132,7 +155,9 @@ def test_float32_forward_and_gradients_match_the_reference(seed, simd_target):
     out = attn_torch.scaled_dot_product_attention(*inputs, **kwargs)
     references = [x.detach().double().requires_grad_() for x in (q, k, v)]
     expected = reference(*references, kwargs)
-    assert relative_error(out, expected) <= OUTPUT_RTOL, (simd_target, case)
+    error = (out.detach().double() - expected).abs().max().item()
+    bound = OUTPUT_RTOL * expected.abs().max().item() + score_rounding(q, k, v, kwargs)
+    assert error <= bound, (error, bound, simd_target, case)
 
     grad_output = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1000))
     grads = torch.autograd.grad(out, inputs, grad_output)
@@ -158,7 +183,7 @@ def test_half_forward_matches_the_reference_on_the_rounded_inputs(seed, dtype):
     assert out.dtype == dtype
     expected = reference(q, k, v, kwargs)
     magnitude = expected.abs().max().item()
-    bound = (OUTPUT_RTOL + 2 * HALF_ROUNDING[dtype]) * magnitude
+    bound = (OUTPUT_RTOL + 2 * HALF_ROUNDING[dtype]) * magnitude + score_rounding(q, k, v, kwargs)
     if dtype == torch.bfloat16:
         bound += 2 * HALF_ROUNDING[dtype] * v.double().abs().max().item()
     error = (out.double() - expected).abs().max().item()
