@@ -14,13 +14,13 @@ torch = pytest.importorskip(
 
 import attn  # noqa: E402
 import attn.torch as attn_torch  # noqa: E402
-from torch_reference import reference_sdpa  # noqa: E402
+from torch_reference import reference_sdpa, score_rounding  # noqa: E402
 
 # float32 outputs: a few float32 ulps of the largest output (as test_sdpa_torch.py), plus the
-# scores' own rounding (score_rounding): the case generator's magnitudes and scales reach scores
-# whose float32 sums alone miss 1e-5 (magnitude 3, scale 0.5, d = 128: PyTorch-style float32
-# arithmetic on the same inputs, the reference in float32, erred by up to 1.5e-5 of the largest
-# output over seeds 0-1499).
+# scores' own rounding (torch_reference.score_rounding): the case generator's magnitudes and
+# scales reach scores whose float32 sums alone miss 1e-5 (magnitude 3, scale 0.5, d = 128: the
+# reference run in float32 on the same inputs erred by up to 1.5e-5 of the largest output over
+# seeds 0-1499).
 OUTPUT_RTOL = 1e-5
 # float32 gradients: ten times that (longer chains of roundings), against the gradient's largest
 # entry or, where the exact gradient cancels (a row that sees one key has dS = 0 exactly, and
@@ -113,25 +113,6 @@ def reference(q, k, v, kwargs):
         for name, value in kwargs.items()
     }
     return reference_sdpa(q.double(), k.double(), v.double(), **widened)
-
-
-def score_rounding(q, k, v, kwargs):
-    """What float32 rounding of the scores can move an output by: a score is a sum of terms (the
-    d products scale·q_t·k_t, an ALiBi bias, a float mask's entry) rounded to about 2⁻²⁴ of the sum
-    of their magnitudes, S at most, and an output moves by Σ_j p_j·δs_j·(v_j − out), at most
-    max |δs| · 2 max |v|. Over seeds 0-1499 on every SIMD target, attn's error stayed under 0.25 of
-    OUTPUT_RTOL·max |out| plus this."""
-    scale = kwargs.get("scale") or 1.0 / math.sqrt(q.shape[-1])
-    q_abs, k_abs = q.detach().double().abs(), k.detach().double().abs()
-    if k_abs.shape[-3] != q_abs.shape[-3]:  # grouped-query heads: each key head serves a group
-        k_abs = k_abs.repeat_interleave(q_abs.shape[-3] // k_abs.shape[-3], dim=-3)
-    terms = scale * (q_abs @ k_abs.transpose(-1, -2)).max().item()
-    if "alibi_slopes" in kwargs:  # slope · distance, distances below L + S
-        terms += kwargs["alibi_slopes"].abs().max().item() * (q.shape[-2] + k.shape[-2])
-    mask = kwargs.get("attn_mask")
-    if mask is not None and mask.is_floating_point() and torch.isfinite(mask).any():
-        terms += mask[torch.isfinite(mask)].abs().max().item()
-    return 2.0**-24 * terms * 2.0 * v.detach().double().abs().max().item()
 
 
 def relative_error(actual, expected, floor=0.0):

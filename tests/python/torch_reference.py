@@ -1,7 +1,8 @@
 # A plain eager PyTorch restatement of attn's scaled_dot_product_attention, for the variants
 # PyTorch's own function lacks (sliding windows, ALiBi, soft-capping, sinks, valid lengths,
 # bottom-right alignment): it builds the (..., H_q, L, S) scores explicitly, in the dtype of its
-# inputs (the tests use float64), and autograd differentiates it.
+# inputs (the tests use float64), and autograd differentiates it. score_rounding: what float32
+# scores' rounding allows a kernel's output to differ from it by.
 """Reference scaled dot-product attention over explicit scores, with every option of attn's."""
 
 import math
@@ -87,3 +88,24 @@ def reference_sdpa(
         denominator = denominator + torch.exp(sink - row_max)
     weights = exps / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
     return weights @ value
+
+
+def score_rounding(q, k, v, kwargs):
+    """What float32 rounding of the scores can move an output by: a score is a sum of terms (the
+    d products scale·q_t·k_t, an ALiBi bias, a float mask's entry) rounded to about 2⁻²⁴ of the sum
+    of their magnitudes, S at most, and an output moves by Σ_j p_j·δs_j·(v_j − out), at most
+    max |δs| · 2 max |v|. Over seeds 0-1499 on every SIMD target, attn's error stayed under 0.25 of
+    1e-5·max |out| plus this (test_sdpa_random.py)."""
+    if k.shape[-2] == 0:
+        return 0.0
+    scale = kwargs.get("scale") or 1.0 / math.sqrt(q.shape[-1])
+    q_abs, k_abs = q.detach().double().abs(), k.detach().double().abs()
+    if k_abs.shape[-3] != q_abs.shape[-3]:  # grouped-query heads: each key head serves a group
+        k_abs = k_abs.repeat_interleave(q_abs.shape[-3] // k_abs.shape[-3], dim=-3)
+    terms = scale * (q_abs @ k_abs.transpose(-1, -2)).max().item()
+    if "alibi_slopes" in kwargs:  # slope · distance, distances below L + S
+        terms += kwargs["alibi_slopes"].abs().max().item() * (q.shape[-2] + k.shape[-2])
+    mask = kwargs.get("attn_mask")
+    if mask is not None and mask.is_floating_point() and torch.isfinite(mask).any():
+        terms += mask[torch.isfinite(mask)].abs().max().item()
+    return 2.0**-24 * terms * 2.0 * v.detach().double().abs().max().item()
