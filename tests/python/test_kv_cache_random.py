@@ -99,7 +99,8 @@ def test_cached_attention_matches_the_reference(seed, simd_target):
         query = query.bfloat16().float()
     kwargs = dict(case["options"])
     if "alibi_slopes" in kwargs:
-        kwargs["alibi_slopes"] = torch.rand(case["heads"], generator=generator) * kwargs["alibi_slopes"]
+        slopes = torch.rand(case["heads"], generator=generator)
+        kwargs["alibi_slopes"] = slopes * kwargs["alibi_slopes"]
     if "sinks" in kwargs:
         kwargs["sinks"] = torch.randn(case["heads"], generator=generator) + kwargs["sinks"]
     output = attn.scaled_dot_product_attention(query, cache, None, enable_gqa=True, **kwargs)
@@ -113,7 +114,8 @@ def test_cached_attention_matches_the_reference(seed, simd_target):
             assert torch.all(got == 0), (b, case)
             continue
         # Query i of sequence b sits at position length − n + i: the bottom-right alignment.
-        q, k, v = query[b : b + 1].double(), keys[b : b + 1, :, :length], values[b : b + 1, :, :length]
+        q = query[b : b + 1].double()
+        k, v = keys[b : b + 1, :, :length], values[b : b + 1, :, :length]
         expected = reference_sdpa(q, k, v, enable_gqa=True, alignment="bottom-right", **widened)
         bound = OUTPUT_RTOL * expected.abs().max().item() + score_rounding(q, k, v, kwargs)
         if case["dtype"] == "bfloat16" and case["bfloat16_queries"]:
