@@ -462,7 +462,7 @@ bool StridedInput::import_half(std::string_view name, bool in_place) {
 MaskInput::MaskInput(nb::handle object, std::string_view name) {
   if (object.is_none()) return;
   if (nb::isinstance<nb::list>(object) || nb::isinstance<nb::tuple>(object)) {
-    valid_lengths_ = to_valid_lengths(object, "valid_lens");
+    valid_lengths_ = to_valid_lengths(object, kLengthsName);
     holds_valid_lengths_ = true;
     return;
   }
@@ -474,7 +474,7 @@ MaskInput::MaskInput(nb::handle object, std::string_view name) {
       dtype.code == static_cast<uint8_t>(Code::UInt)) {
     // The book's call scaled_dot_product_attention(q, k, v, valid_lens): PyTorch never takes an
     // integer attn_mask, so integers here can only be lengths.
-    valid_lengths_ = to_valid_lengths(object, "valid_lens");
+    valid_lengths_ = to_valid_lengths(object, kLengthsName);
     holds_valid_lengths_ = true;
     return;
   }

@@ -105,6 +105,8 @@ class StridedInput {
 // array or tensor, or a Python list), which are valid lengths, not a mask.
 class MaskInput {
  public:
+  // What errors about such lengths call them: the argument the caller gave, and how it was read.
+  static constexpr std::string_view kLengthsName = "attn_mask (integers, read as valid_lens)";
   MaskInput(nb::handle object, std::string_view name);
   MaskInput(const MaskInput&) = delete;
   MaskInput& operator=(const MaskInput&) = delete;

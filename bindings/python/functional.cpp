@@ -123,6 +123,8 @@ class CallOptions {
   CallOptions& operator=(const CallOptions&) = delete;
 
   const AttentionOptions& options() const { return options_; }
+  // Whether options().valid_lens came as attn_mask (integers there are the book's valid lengths).
+  bool lengths_from_mask() const { return mask_.holds_valid_lengths(); }
 
  private:
   MaskInput mask_;
@@ -130,6 +132,28 @@ class CallOptions {
   std::vector<float> sinks_;
   AttentionOptions options_;
 };
+
+// attend(), a call with `call`'s options, whose errors about valid lengths that came as attn_mask
+// name attn_mask, as the caller gave them: the functional API checks them as valid_lens.
+template <class F>
+nb::object naming_mask_lengths(const CallOptions& call, const F& attend) {
+  if (!call.lengths_from_mask()) return attend();
+  const auto renamed = [](const Error& error) {
+    return std::string(MaskInput::kLengthsName) + ": " + error.what();
+  };
+  const auto about_lengths = [](const Error& error) {
+    return std::string_view(error.what()).starts_with("valid_lens");
+  };
+  try {
+    return attend();
+  } catch (const ShapeError& error) {
+    if (!about_lengths(error)) throw;
+    throw ShapeError(renamed(error));
+  } catch (const ValueError& error) {
+    if (!about_lengths(error)) throw;
+    throw ValueError(renamed(error));
+  }
+}
 
 // query, key and value with the ranks the functional API takes, float16 and bfloat16 kept as
 // they are (attn's half overloads compute them).
@@ -197,7 +221,49 @@ nb::object attend_to_cache_call(nb::handle q, BoundCache& cache, nb::handle v, n
   // The seed only matters for dropout, which a cache call refuses.
   const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes,
                          softcap, sinks, valid_lens, alignment, causal, dropout, 0);
-  return attend_to_cache(q, cache, call.options());
+  return naming_mask_lengths(call, [&] { return attend_to_cache(q, cache, call.options()); });
+}
+
+// scaled_dot_product_attention on arrays: the output, and (output, weights) when need_weights.
+nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, bool need_weights) {
+  const Framework framework = inputs.query.framework();
+  if (const std::optional<HalfType> half = common_half_type(inputs)) {
+    HalfAttentionForward forward;
+    // The weights in the inputs' dtype, as torch.nn.MultiheadAttention returns its weights.
+    HalfTensor weights{*half, Shape{0}, {}};
+    {
+      nb::gil_scoped_release release;
+      const ThreadSettingScope thread_setting;
+      forward = half_forward(*half, inputs, call.options());
+      if (need_weights) {
+        const Tensor wide =
+            attention_weights(*half, inputs.query.half_view(), inputs.key.half_view(),
+                              forward.log_sum_exp, call.options());
+        weights.shape = wide.shape();
+        weights.bits.resize(static_cast<size_t>(wide.numel()));
+        narrow_to_half(*half, wide.data(), weights.bits.data(), weights.bits.size());
+      }
+    }
+    nb::object output = to_python(std::move(forward.output), framework);
+    if (!need_weights) return output;
+    return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
+  }
+  AttentionForward forward;
+  Tensor weights;
+  {
+    nb::gil_scoped_release release;
+    const ThreadSettingScope thread_setting;
+    forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
+                                           inputs.value.view(), call.options());
+    // Computed on request only, from the log-sum-exp of this pass.
+    if (need_weights) {
+      weights = attention_weights(inputs.query.view(), inputs.key.view(), forward.log_sum_exp,
+                                  call.options());
+    }
+  }
+  nb::object output = to_python(std::move(forward.output), framework);
+  if (!need_weights) return output;
+  return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
 }
 
 // The arguments scaled_dot_product_attention and _sdpa_forward share, in order.
@@ -236,44 +302,7 @@ void bind_functional(nb::module_& module) {
                                seed    ? *seed
                                : drops ? random_seed()
                                        : 0);
-        const Framework framework = inputs.query.framework();
-        if (const std::optional<HalfType> half = common_half_type(inputs)) {
-          HalfAttentionForward forward;
-          // The weights in the inputs' dtype, as torch.nn.MultiheadAttention returns its weights.
-          HalfTensor weights{*half, Shape{0}, {}};
-          {
-            nb::gil_scoped_release release;
-            const ThreadSettingScope thread_setting;
-            forward = half_forward(*half, inputs, call.options());
-            if (need_weights) {
-              const Tensor wide =
-                  attention_weights(*half, inputs.query.half_view(), inputs.key.half_view(),
-                                    forward.log_sum_exp, call.options());
-              weights.shape = wide.shape();
-              weights.bits.resize(static_cast<size_t>(wide.numel()));
-              narrow_to_half(*half, wide.data(), weights.bits.data(), weights.bits.size());
-            }
-          }
-          nb::object output = to_python(std::move(forward.output), framework);
-          if (!need_weights) return output;
-          return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
-        }
-        AttentionForward forward;
-        Tensor weights;
-        {
-          nb::gil_scoped_release release;
-          const ThreadSettingScope thread_setting;
-          forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
-                                                 inputs.value.view(), call.options());
-          // Computed on request only, from the log-sum-exp of this pass.
-          if (need_weights) {
-            weights = attention_weights(inputs.query.view(), inputs.key.view(), forward.log_sum_exp,
-                                        call.options());
-          }
-        }
-        nb::object output = to_python(std::move(forward.output), framework);
-        if (!need_weights) return output;
-        return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
+        return naming_mask_lengths(call, [&] { return attend_arrays(inputs, call, need_weights); });
       },
       ATTN_SDPA_ARGUMENTS, "need_weights"_a = false, "seed"_a.none() = nb::none(),
       "causal"_a = false, "dropout"_a.none() = nb::none(),

@@ -421,6 +421,30 @@ def test_the_books_calls_keep_their_meaning():
         attn_torch.scaled_dot_product_attention(q.detach().long(), k, v)
 
 
+def test_lengths_given_as_attn_mask_are_named_so_in_errors():
+    """An integer attn_mask is read as valid_lens (the book's call); where those lengths do not
+    fit, the error names attn_mask as the caller gave it (a PyTorch user's integer (L, S) mask
+    was reported as a bad valid_lens, an argument they never passed), in attn.torch's call,
+    attn's own and the KV-cache call alike; lengths given as valid_lens keep their name."""
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    given = r"^attn_mask \(integers, read as valid_lens\): "
+    for function in (attn_torch.scaled_dot_product_attention, attn.scaled_dot_product_attention):
+        with pytest.raises(attn.ShapeError, match=given + "valid_lens: expected shape"):
+            function(q, k, v, attn_mask=torch.ones(L, S, dtype=torch.int32))
+        with pytest.raises(ValueError, match=given + ".*shape \\(B,\\) or \\(B, n\\)"):
+            function(q, k, v, attn_mask=torch.ones(N, 1, L, S, dtype=torch.int64))
+        with pytest.raises(ValueError, match=given + r"valid_lens\[0\]: expected a valid length"):
+            function(q, k, v, [S + 1, 2])
+        with pytest.raises(ValueError, match=r"^valid_lens\[0\]: expected a valid length"):
+            function(q, k, v, valid_lens=[S + 1, 2])
+    with pytest.raises(TypeError, match=given + "expected a tensor, an array or a"):
+        attn_torch.scaled_dot_product_attention(q, k, v, [1, [2]])
+    cache = attn.KVCache(N, H, E, S, value_dim=EV)
+    cache.append(k.detach(), v.detach())
+    with pytest.raises(ValueError, match=given + "valid_lens: not taken with a KV cache"):
+        attn.scaled_dot_product_attention(q.detach()[:, :, :1], cache, None, [3, 3])
+
+
 def test_dropout_follows_torch_manual_seed_and_backward_replays_it():
     q, k = leaf(N, H, 16, E), leaf(N, H, 20, E)
     v = leaf(N, H, 20, EV)

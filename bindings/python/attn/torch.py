@@ -975,6 +975,16 @@ def _is_lengths(attn_mask):
     return attn_mask is not None and _np.issubdtype(_np.asarray(attn_mask).dtype, _np.integer)
 
 
+# Lengths given as attn_mask (_is_lengths), as errors about them name them: the argument the
+# caller gave, and how it was read (as attn.scaled_dot_product_attention names them).
+_MASK_LENGTHS = "attn_mask (integers, read as valid_lens)"
+
+
+def _mask_lengths_error(error):
+    """`error`, which attn's functions report about valid_lens, for lengths given as attn_mask."""
+    return type(error)(f"{_MASK_LENGTHS}: {error}")
+
+
 def _as_float32(tensor):
     if tensor is None or tensor.dtype == torch.float32:
         return tensor
@@ -1072,11 +1082,18 @@ def _under_torch_func():
     )
 
 
-def _as_tensor(values, dtype):
-    """None, a tensor, or anything torch.as_tensor reads (lists, NumPy arrays)."""
+def _as_tensor(values, dtype, name):
+    """None, a tensor, or anything torch.as_tensor reads (lists, NumPy arrays); `name` is the
+    argument's name in the error for anything else (a ragged list)."""
     if values is None or isinstance(values, torch.Tensor):
         return values
-    return torch.as_tensor(values, dtype=dtype)
+    try:
+        return torch.as_tensor(values, dtype=dtype)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"{name}: expected a tensor, an array or a (nested) list of numbers, got "
+            f"{type(values).__name__} that torch.as_tensor refused ({error})"
+        ) from None
 
 
 def _operator_required():
@@ -1284,16 +1301,19 @@ def scaled_dot_product_attention(
                 "(PyTorch's, aligned top-left) were both given; give one"
             )
         is_causal, alignment = True, "bottom-right"
-    if _is_lengths(attn_mask):
+    lengths_from_mask = _is_lengths(attn_mask)
+    if lengths_from_mask:
         if valid_lens is not None:
             raise ValueError(
                 "attn_mask: integer lengths here are read as valid_lens, which was given too; "
                 "pass a bool or float mask as attn_mask"
             )
         attn_mask, valid_lens = None, attn_mask
-    valid_lens = _as_tensor(valid_lens, torch.int64)
-    alibi_slopes = _as_float32(_as_tensor(alibi_slopes, torch.float32))
-    sinks = _as_float32(_as_tensor(sinks, torch.float32))
+    valid_lens = _as_tensor(
+        valid_lens, torch.int64, _MASK_LENGTHS if lengths_from_mask else "valid_lens"
+    )
+    alibi_slopes = _as_float32(_as_tensor(alibi_slopes, torch.float32, "alibi_slopes"))
+    sinks = _as_float32(_as_tensor(sinks, torch.float32, "sinks"))
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         attn_mask = torch.as_tensor(attn_mask)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
@@ -1329,12 +1349,17 @@ def scaled_dot_product_attention(
         # The operators' fake output follows the query's shape: broadcast before tracing them.
         computed = _broadcast_leading(*computed, enable_gqa) or computed
     try:
-        output = _general_call(eager, *computed, options)
-    except _ShapeError:
-        broadcast = None if eager is None else _broadcast_leading(*computed, enable_gqa)
-        if broadcast is None:
-            raise
-        output = _general_call(eager, *broadcast, options)
+        try:
+            output = _general_call(eager, *computed, options)
+        except _ShapeError:
+            broadcast = None if eager is None else _broadcast_leading(*computed, enable_gqa)
+            if broadcast is None:
+                raise
+            output = _general_call(eager, *broadcast, options)
+    except ValueError as error:  # attn.ShapeError is one
+        if lengths_from_mask and str(error).startswith("valid_lens"):
+            raise _mask_lengths_error(error) from None
+        raise
     if drops_all:
         output = output * 0.0
     return output if output.dtype == query.dtype else output.to(query.dtype)
