@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 
 #include "attn/core/error.hpp"
@@ -26,6 +28,17 @@ int64_t require_size(std::string_view name, int64_t value) {
   return value;
 }
 
+// The bytes of one (batch, heads, tokens, cols) store of `element`-byte entries, or -1 where that
+// exceeds any address space (the product wrapped around int64 before: a cache of 2⁶² tokens
+// allocated nothing and was written past its end).
+int64_t store_bytes(int64_t batch, int64_t heads, int64_t tokens, int64_t cols, int64_t element) {
+  int64_t bytes = 1;
+  for (const int64_t factor : {batch, heads, tokens, cols, element}) {
+    if (__builtin_mul_overflow(bytes, factor, &bytes)) return -1;
+  }
+  return bytes <= std::numeric_limits<std::ptrdiff_t>::max() ? bytes : -1;
+}
+
 // The flat index of (b, h, row) matrices' rows in a (B, H, capacity, ·) store.
 int64_t row_index(int64_t b, int64_t h, int64_t row, int64_t heads, int64_t capacity) {
   return (b * heads + h) * capacity + row;
@@ -40,11 +53,18 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capa
       head_dim_(require_size("head_dim", head_dim)),
       value_dim_(require_size("value_dim", value_dim.value_or(head_dim))),
       capacity_(0),
-      dtype_(dtype),
-      lengths_(static_cast<size_t>(batch), 0) {
+      dtype_(dtype) {
   if (capacity < 0) {
     throw ValueError("capacity: expected a number of tokens ≥ 0, got " + std::to_string(capacity));
   }
+  // One token per sequence must be addressable (bytes_per_token and every row offset then are).
+  if (store_bytes(batch_, kv_heads_, 1, head_dim_ + value_dim_, cache_dtype_size(dtype_)) < 0) {
+    throw ValueError("batch, kv_heads, head_dim, value_dim: expected sizes whose one token (" +
+                     std::to_string(batch_) + " × " + std::to_string(kv_heads_) + " × (" +
+                     std::to_string(head_dim_) + " + " + std::to_string(value_dim_) +
+                     ") entries) fits in memory's addresses, got more");
+  }
+  lengths_.assign(static_cast<size_t>(batch_), 0);
   reserve(capacity);
 }
 
@@ -56,10 +76,31 @@ int64_t KVCache::bytes_per_token() const {
 void KVCache::reserve(int64_t capacity) {
   if (capacity <= capacity_) return;
   const int64_t element = cache_dtype_size(dtype_);
+  const auto room = [&] {
+    return std::to_string(capacity) + " tokens for each of " + std::to_string(batch_) +
+           " sequences × " + std::to_string(kv_heads_) + " key/value heads";
+  };
+  for (const int64_t cols : {head_dim_, value_dim_}) {
+    if (store_bytes(batch_, kv_heads_, capacity, cols, element) < 0 ||
+        store_bytes(batch_, kv_heads_, capacity, 1, sizeof(float)) < 0) {
+      throw ValueError(
+          "capacity: expected a number of tokens whose storage fits in memory's "
+          "addresses, got " +
+          room());
+    }
+  }
   const auto grow = [&](Storage& data, std::vector<float>& scales, int64_t cols) {
-    Storage grown(static_cast<size_t>(batch_ * kv_heads_ * capacity * cols * element));
-    std::vector<float> grown_scales(
-        dtype_ == CacheDType::kInt8 ? static_cast<size_t>(batch_ * kv_heads_ * capacity) : 0);
+    Storage grown;
+    std::vector<float> grown_scales;
+    try {
+      grown.resize(static_cast<size_t>(store_bytes(batch_, kv_heads_, capacity, cols, element)));
+      if (dtype_ == CacheDType::kInt8)
+        grown_scales.resize(static_cast<size_t>(batch_ * kv_heads_ * capacity));
+    } catch (const std::bad_alloc&) {
+      throw Error("capacity: could not allocate " +
+                  std::to_string(store_bytes(batch_, kv_heads_, capacity, cols, element)) +
+                  " bytes for " + room());
+    }
     for (int64_t b = 0; b < batch_; ++b) {
       const int64_t rows = lengths_[static_cast<size_t>(b)];
       // An empty cache has no buffer yet; memcpy may not be given its null pointer.
@@ -180,7 +221,11 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
   int64_t needed = 0;
   for (int64_t b = 0; b < batch_; ++b)
     needed = std::max(needed, lengths_[static_cast<size_t>(b)] + appended[static_cast<size_t>(b)]);
-  if (needed > capacity_) reserve(std::max(needed, 2 * capacity_));
+  // Doubling, short of int64's end (reserve then names a capacity too large for memory).
+  const int64_t doubled = capacity_ <= std::numeric_limits<int64_t>::max() / 2
+                              ? 2 * capacity_
+                              : std::numeric_limits<int64_t>::max();
+  if (needed > capacity_) reserve(std::max(needed, doubled));
   store_rows(keys_, key_scales_, head_dim_, keys, appended);
   store_rows(values_, value_scales_, value_dim_, values, appended);
   for (int64_t b = 0; b < batch_; ++b)

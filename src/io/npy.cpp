@@ -229,19 +229,23 @@ std::string shape_text(const std::vector<int64_t>& dims) {
   return text + (dims.size() == 1 ? ",)" : ")");
 }
 
-// numel · itemsize, or nullopt if it does not fit in int64. Zero dimensions are left out of the
+// numel · itemsize, or nullopt if it does not fit in int64 or numel is more than a Shape counts
+// (Shape::kMaxElements: 1- and 2-byte dtypes reach it first). Zero dimensions are left out of the
 // overflow check's product but zero the result, so every partial product (as Shape::numel forms
 // them) fits too.
 std::optional<int64_t> data_size(const std::vector<int64_t>& dims, int64_t itemsize) {
   int64_t total = itemsize;
+  int64_t count = 1;
   bool has_zero = false;
   for (const int64_t dim : dims) {
     if (dim == 0) {
       has_zero = true;
-    } else if (total > std::numeric_limits<int64_t>::max() / dim) {
+    } else if (total > std::numeric_limits<int64_t>::max() / dim ||
+               count > Shape::kMaxElements / dim) {
       return std::nullopt;
     } else {
       total *= dim;
+      count *= dim;
     }
   }
   return has_zero ? 0 : total;

@@ -99,11 +99,11 @@ Shape read_shape(const nlohmann::json& value, std::string_view name, std::string
     dims.push_back(non_negative_integer(dim, "every dimension of 'shape'", name, source));
   }
   // Overflow check over the non-zero dimensions, so that every partial product of Shape::numel
-  // fits in int64 too, whatever the position of a zero.
+  // fits in int64 too, whatever the position of a zero; at most the elements a Shape counts.
   int64_t product = 1;
   for (const int64_t dim : dims) {
     if (dim == 0) continue;
-    if (product > std::numeric_limits<int64_t>::max() / dim) {
+    if (product > Shape::kMaxElements / dim) {
       fail_tensor(source, name, "shape " + excerpt(value) + " has too many elements");
     }
     product *= dim;

@@ -23,10 +23,28 @@ TEST(Shape, CountsAndPrintsLikeNumPy) {
 
 TEST(Shape, RejectsRankAboveEightAndNegativeDims) {
   EXPECT_NO_THROW((Shape{1, 2, 3, 4, 5, 6, 7, 8}));
-  EXPECT_THROW_MESSAGE((Shape{1, 2, 3, 4, 5, 6, 7, 8, 9}), ShapeError, "rank from 0 to 8, got rank 9");
+  EXPECT_THROW_MESSAGE((Shape{1, 2, 3, 4, 5, 6, 7, 8, 9}), ShapeError,
+                       "rank from 0 to 8, got rank 9");
   EXPECT_THROW_MESSAGE((Shape{2, -1}), ShapeError, "got -1 at axis 1");
   EXPECT_THROW_MESSAGE((Shape{2, 3}.dim(2)), ShapeError, "axis 2 is out of range for shape (2, 3)");
   EXPECT_THROW_MESSAGE((Shape{2, 3}.dim(-3)), ShapeError, "axis -3");
+}
+
+// Counts past what memory can address are refused where the shape is made: numel() of (2⁶², 2)
+// wrapped around int64 before, and a layer of that size asked std::vector for a negative size.
+TEST(Shape, RejectsCountsNoAddressSpaceHolds) {
+  constexpr int64_t kHalf = int64_t{1} << 31;
+  EXPECT_EQ((Shape{Shape::kMaxElements}.numel()), Shape::kMaxElements);
+  EXPECT_THROW_MESSAGE((Shape{Shape::kMaxElements + 1}), ShapeError,
+                       "shape: expected at most 2305843009213693951 elements");
+  // 2³⁰ · 2³¹ = 2⁶¹ = kMaxElements + 1: the product's bound, not only each dimension's.
+  EXPECT_EQ((Shape{int64_t{1} << 30, kHalf - 1}.numel()), (int64_t{1} << 61) - (int64_t{1} << 30));
+  EXPECT_THROW_MESSAGE((Shape{int64_t{1} << 30, kHalf}), ShapeError, "got shape (1073741824, ");
+  EXPECT_THROW_MESSAGE((Shape{int64_t{1} << 62, 2}), ShapeError,
+                       "got shape (4611686018427387904, 2)");
+  EXPECT_THROW_MESSAGE((Shape{kHalf, kHalf, kHalf, kHalf}), ShapeError, "elements");
+  // A zero dimension counts no element, whatever the others.
+  EXPECT_EQ((Shape{kHalf, kHalf, kHalf, kHalf, 0}.numel()), 0);
 }
 
 TEST(Shape, ComparesDimsAndRank) {

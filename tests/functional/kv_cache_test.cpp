@@ -270,6 +270,25 @@ TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
                        "kv_heads: expected a positive size, got 0");
 }
 
+// Sizes whose storage no address space holds are refused, naming them: the byte count used to
+// wrap around int64 (2⁶² tokens × 8 dims × 4 bytes = 2⁶⁷ → 0), so the cache allocated nothing and
+// its first append wrote past the end. A refused reserve leaves the cache as it was.
+TEST(KVCache, RefusesSizesWhoseStorageNoMemoryHolds) {
+  constexpr int64_t kTooMany = int64_t{1} << 62;
+  EXPECT_THROW_MESSAGE(KVCache(1, 1, 8, kTooMany), ValueError,
+                       "capacity: expected a number of tokens whose storage fits in memory's "
+                       "addresses, got 4611686018427387904 tokens for each of 1 sequences");
+  EXPECT_THROW_MESSAGE(KVCache(int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31, 0), ValueError,
+                       "batch, kv_heads, head_dim, value_dim: expected sizes whose "
+                       "one token");
+  KVCache cache(1, 2, 4, 2, CacheDType::kInt8);
+  EXPECT_THROW_MESSAGE(cache.reserve(kTooMany), ValueError, "capacity: expected a number");
+  EXPECT_EQ(cache.capacity(), 2);
+  cache.append(Tensor(Shape{1, 2, 3, 4}), Tensor(Shape{1, 2, 3, 4}));  // grows by doubling
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(cache.capacity(), 4);
+}
+
 // The cache's keys and values sit on HugePageAllocator blocks: several MiB start on a 2 MiB
 // boundary, where the kernel can back them with transparent huge pages.
 TEST(KVCache, LargeStorageStartsOnHugePageBoundaries) {

@@ -372,6 +372,14 @@ TEST(NpyMalformed, ShapesWhoseSizeOverflows) {
   EXPECT_THROW_MESSAGE(
       parse_npy(with_shape("(4611686018427387904, 4611686018427387904, 0)"), "zero.npy"), FileError,
       "has too many elements");
+  // 2^61 one-byte (bool) elements fit in int64 bytes but are more than a Shape counts
+  // (Shape::kMaxElements).
+  EXPECT_THROW_MESSAGE(
+      parse_npy(
+          make_npy("{'descr': '|b1', 'fortran_order': False, 'shape': (2305843009213693952,), }",
+                   {}),
+          "count.npy"),
+      FileError, "shape (2305843009213693952,) has too many elements for 64-bit sizes");
   EXPECT_THROW_MESSAGE(parse_npy(with_shape("(99999999999999999999,)"), "digits.npy"), FileError,
                        "shape dimension 99999999999999999999 is too large for a 64-bit integer");
 }

@@ -284,14 +284,21 @@ TEST(SafetensorsMalformed, RankAndSizes) {
               "{" + entry("w", "[4611686018427387904,4611686018427387904,0]", "[0,0]") + "}", 0),
           "zero.st"),
       FileError, "has too many elements");
-  // 2^61 elements fit in int64 but 2^61 · 8 bytes do not; the check must not overflow either.
+  // 2^60 elements fit in a Shape but 2^60 · 8 bytes do not fit in int64; the check must not
+  // overflow either.
   EXPECT_THROW_MESSAGE(
       parse_safetensors(
-          make_safetensors("{" + entry("w", "[2305843009213693952]", "[0,8]", "F64") + "}", 8),
+          make_safetensors("{" + entry("w", "[1152921504606846976]", "[0,8]", "F64") + "}", 8),
           "bytes.st"),
       FileError,
-      "tensor 'w': shape (2305843009213693952,) of F64 needs 2305843009213693952 elements of 8 "
+      "tensor 'w': shape (1152921504606846976,) of F64 needs 1152921504606846976 elements of 8 "
       "bytes, but data_offsets span 8 bytes");
+  // 2^61 elements are more than a Shape counts (Shape::kMaxElements): refused as the header's.
+  EXPECT_THROW_MESSAGE(
+      parse_safetensors(
+          make_safetensors("{" + entry("w", "[2305843009213693952]", "[0,2]", "BF16") + "}", 2),
+          "count.st"),
+      FileError, "tensor 'w': shape [2305843009213693952] has too many elements");
   EXPECT_THROW_MESSAGE(
       parse_safetensors(make_safetensors("{" + entry("w", "[2]", "[0,4]") + "}", 4), "numel.st"),
       FileError,

@@ -133,6 +133,22 @@ def test_a_write_that_fails_midway_keeps_the_old_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: attn.MultiHeadAttention(2**62, 2, 2, 2, 1),
+        lambda: attn.AdditiveAttention(2**31, 2**31, 2**31),
+        lambda: attn.GeneralAttention(2**62, 2),
+    ],
+    ids=["multi-head", "additive", "general"],
+)
+def test_layer_sizes_past_any_address_space_are_shape_errors(make):
+    """A weight's element count wrapped around int64 before and std::vector refused a negative
+    size with its own message ("vector::_M_default_append")."""
+    with pytest.raises(attn.ShapeError, match="shape: expected at most 2305843009213693951 elem"):
+        make()
+
+
 def test_values_near_float_max_give_finite_outputs():
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)

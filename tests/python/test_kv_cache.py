@@ -347,6 +347,16 @@ def test_constructor_errors():
         attn.KVCache(1, 1, 8, -1)
     with pytest.raises(ValueError, match="value_dim"):
         attn.KVCache(1, 1, 8, 4, value_dim=0)
+    # Storage past any address space: its byte count wrapped around to 0 before, and the first
+    # append wrote past the end (a segmentation fault).
+    with pytest.raises(ValueError, match="capacity: expected a number of tokens whose storage"):
+        attn.KVCache(1, 1, 8, 2**62)
+    with pytest.raises(ValueError, match="batch, kv_heads, head_dim, value_dim: expected sizes"):
+        attn.KVCache(2**40, 2**40, 8, 1)
+    cache = attn.KVCache(1, 1, 8, 2)
+    with pytest.raises(ValueError, match="capacity"):
+        cache.reserve(2**62)
+    assert cache.capacity == 2
 
 
 def test_append_errors_leave_the_cache_unchanged():

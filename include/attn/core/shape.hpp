@@ -11,9 +11,13 @@ namespace attn {
 class Shape {
  public:
   static constexpr int kMaxRank = 8;
+  // The most elements a shape may count: as many floats as an address space holds (PTRDIFF_MAX
+  // bytes), so that numel() and every byte count of its elements stay within int64.
+  static constexpr int64_t kMaxElements = INT64_MAX / 4;
 
   Shape() = default;
-  // Throws ShapeError for a rank above kMaxRank or a negative dimension.
+  // Throws ShapeError for a rank above kMaxRank, a negative dimension or more than kMaxElements
+  // elements.
   Shape(std::initializer_list<int64_t> dims);
   static Shape from_dims(const int64_t* dims, int rank);
 
