@@ -1,6 +1,7 @@
 // attn.KVCache over attn::KVCache: construction from a dtype name, appends of NumPy arrays or
-// DLPack tensors (B, H_kv, T, d) read in place, with the GIL released, the lengths and widened
-// copies of the stored entries; and attention of new queries against a cache.
+// DLPack tensors (B, H_kv, T, d) read in place (float16 and bfloat16 widened), with the GIL
+// released, the lengths and widened copies of the stored entries; and attention of new queries
+// (float32, or half with a half output) against a cache.
 #include "kv_cache.hpp"
 
 #include <nanobind/stl/optional.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "bindings.hpp"
 
 namespace attn::python {
@@ -86,6 +88,27 @@ std::string repr_of(const KVCache& cache) {
   return text + "])";
 }
 
+// A rank-4 input as float32: a float input's own view; a float16 or bfloat16 one (a half model's
+// keys, values or queries) widened exactly into `widened`, C-contiguous. Call without the GIL.
+ConstStridedView float_view(const StridedInput& input, Tensor& widened) {
+  const std::optional<HalfType> half = input.half_type();
+  if (!half) return input.view();
+  const StridedView<const uint16_t>& bits = input.half_view();
+  widened = Tensor(bits.shape());
+  const int64_t cols = bits.dim(3);
+  float* row = widened.data();
+  for (int64_t b = 0; b < bits.dim(0); ++b) {
+    for (int64_t h = 0; h < bits.dim(1); ++h) {
+      for (int64_t t = 0; t < bits.dim(2); ++t, row += cols) {
+        widen_half(*half,
+                   bits.data() + b * bits.stride(0) + h * bits.stride(1) + t * bits.stride(2), row,
+                   static_cast<size_t>(cols));
+      }
+    }
+  }
+  return widened;
+}
+
 }  // namespace
 
 BoundCache* as_kv_cache(nb::handle object) {
@@ -95,14 +118,25 @@ BoundCache* as_kv_cache(nb::handle object) {
 }
 
 nb::object attend_to_cache(nb::handle query, BoundCache& cache, const AttentionOptions& options) {
-  const StridedInput q(query, "query", 4, 4);
+  // float16 and bfloat16 queries (a half model's) are widened exactly and the output rounded once
+  // to their type, as PyTorch returns the query's dtype.
+  const StridedInput q(query, "query", 4, 4, HalfInputs::kAccept);
   AttentionForward forward;
+  HalfTensor narrowed;
   {
     nb::gil_scoped_release release;
     const ThreadSettingScope thread_setting;
+    Tensor widened;
+    const ConstStridedView q_view = float_view(q, widened);
     forward = cache.read(
-        [&](const KVCache& kv) { return scaled_dot_product_attention(q.view(), kv, options); });
+        [&](const KVCache& kv) { return scaled_dot_product_attention(q_view, kv, options); });
+    if (const std::optional<HalfType> half = q.half_type()) {
+      narrowed = HalfTensor{*half, forward.output.shape(), {}};
+      narrowed.bits.resize(static_cast<size_t>(forward.output.numel()));
+      narrow_to_half(*half, forward.output.data(), narrowed.bits.data(), narrowed.bits.size());
+    }
   }
+  if (q.half_type()) return to_python(std::move(narrowed), q.framework());
   return to_python(std::move(forward.output), q.framework());
 }
 
@@ -128,18 +162,22 @@ void bind_kv_cache(nb::module_& module) {
   cls.def(
       "append",
       [](BoundCache& bound, nb::handle keys, nb::handle values, nb::handle counts) {
-        const StridedInput k(keys, "keys", 4, 4);
-        const StridedInput v(values, "values", 4, 4);
+        const StridedInput k(keys, "keys", 4, 4, HalfInputs::kAccept);
+        const StridedInput v(values, "values", 4, 4, HalfInputs::kAccept);
         const std::vector<int64_t> taken = to_counts(counts);
         nb::gil_scoped_release release;
-        bound.write([&](KVCache& cache) { cache.append(k.view(), v.view(), taken); });
+        Tensor widened_keys, widened_values;
+        const ConstStridedView k_view = float_view(k, widened_keys);
+        const ConstStridedView v_view = float_view(v, widened_values);
+        bound.write([&](KVCache& cache) { cache.append(k_view, v_view, taken); });
       },
       "keys"_a.none(), "values"_a.none(), "counts"_a.none() = nb::none(),
       "Appends T tokens to every sequence: keys (B, H_kv, T, head_dim) and values (B, H_kv, T,\n"
       "value_dim), NumPy arrays or tensors (float32 with a contiguous last axis read in place,\n"
-      "float64 copied), converted to the cache's dtype. counts (B ints <= T, a list or an integer\n"
-      "array): sequence b takes only its first counts[b] tokens (ragged batches). A bad shape,\n"
-      "count or non-finite entry raises and leaves the cache unchanged.");
+      "float64 copied; float16 and bfloat16, a half model's, widened exactly), converted to the\n"
+      "cache's dtype (a bfloat16 cache keeps bfloat16 keys bit for bit). counts (B ints <= T, a\n"
+      "list or an integer array): sequence b takes only its first counts[b] tokens (ragged\n"
+      "batches). A bad shape, count or non-finite entry raises and leaves the cache unchanged.");
   cls.def(
       "reserve",
       [](BoundCache& bound, int64_t capacity) {

@@ -46,7 +46,8 @@ class BoundCache {
 BoundCache* as_kv_cache(nb::handle object);
 
 // attn::scaled_dot_product_attention(query, cache, options) on a Python query (B, H_q, n, E),
-// the GIL released; returns the output as the query's kind (NumPy array or torch.Tensor).
+// the GIL released; returns the output as the query's kind (NumPy array or torch.Tensor) and, for
+// a float16 or bfloat16 query (widened exactly), in its dtype.
 nb::object attend_to_cache(nb::handle query, BoundCache& cache, const AttentionOptions& options);
 
 }  // namespace attn::python

@@ -267,6 +267,34 @@ def test_alibi_counts_from_each_querys_position(dtype, n):
         assert_relative(output[b : b + 1], expected, OUTPUT_RTOL, f"{dtype} n={n} b={b}")
 
 
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_models_append_and_attend_in_their_dtype(cache_dtype, half):
+    """A half model's keys, values and queries go in as they are: appended keys are stored as
+    their float32 widening would be (a bfloat16 cache keeps bfloat16 keys bit for bit), and a
+    half query's output is the float32 query's output rounded once to its dtype, in that dtype,
+    through attn's call (torch and NumPy float16 alike) and attn.torch's."""
+    keys, values = torch.randn(B, HKV, 9, D).to(half), torch.randn(B, HKV, 9, D).to(half)
+    halves = attn.KVCache(B, HKV, D, 4, dtype=cache_dtype)
+    widened = attn.KVCache(B, HKV, D, 4, dtype=cache_dtype)
+    halves.append(keys, values, counts=[9, 4, 0])
+    widened.append(keys.float(), values.float(), counts=[9, 4, 0])
+    np.testing.assert_array_equal(halves.keys(), widened.keys())
+    np.testing.assert_array_equal(halves.values(), widened.values())
+    if cache_dtype == "bfloat16" and half == torch.bfloat16:
+        np.testing.assert_array_equal(halves.keys()[0], keys[0].float().numpy())
+    query = torch.randn(B, HQ, 2, D).to(half)
+    expected = attn.scaled_dot_product_attention(query.float(), halves, None, enable_gqa=True)
+    for call in (attn.scaled_dot_product_attention, attn_torch.scaled_dot_product_attention):
+        output = call(query, halves, None, enable_gqa=True)
+        assert output.dtype == half
+        assert torch.equal(output, expected.to(half))
+    if half == torch.float16:
+        output = attn.scaled_dot_product_attention(query.numpy(), halves, None, enable_gqa=True)
+        assert output.dtype == np.float16
+        np.testing.assert_array_equal(output, expected.to(half).numpy())
+
+
 def test_a_query_that_sees_no_key_gets_zeros():
     """An empty sequence (and, causal, a query before its sequence's first token) attends to
     nothing: a zero output, as attn's other calls give, where PyTorch would give NaN."""

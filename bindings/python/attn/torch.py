@@ -1142,8 +1142,9 @@ def _eager(*tensors):
 
 
 def _cache_attention(query, cache, value, *args, **kwargs):
-    """scaled_dot_product_attention with a KVCache: attn's decode call on a float32 query, the
-    output in the query's dtype."""
+    """scaled_dot_product_attention with a KVCache: attn's decode call, which takes float32,
+    float16 and bfloat16 queries as they are (the half ones widened exactly, their output rounded
+    once to their dtype); other floating dtypes go as float32, the output in the query's dtype."""
     if not isinstance(query, torch.Tensor) or not query.is_floating_point():
         got = query.dtype if isinstance(query, torch.Tensor) else type(query).__name__
         raise TypeError(f"query: expected a floating-point torch.Tensor, got {got}")
@@ -1152,7 +1153,7 @@ def _cache_attention(query, cache, value, *args, **kwargs):
             "query: requires grad, but attention against a KVCache has no backward pass "
             "(decode under torch.no_grad() or torch.inference_mode())"
         )
-    computed = _as_float32(query)
+    computed = query if query.dtype in _DIRECT_DTYPE_SET else _as_float32(query)
     _follow_torch_threads()
     output = _attn.scaled_dot_product_attention(computed, cache, value, *args, **kwargs)
     return output if output.dtype == query.dtype else output.to(query.dtype)
