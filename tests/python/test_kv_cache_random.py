@@ -2,7 +2,8 @@
 # the call's arguments: cache dtypes, grouped-query heads of 1-8 queries per key/value head, 1-33
 # query rows (the decode kernel's one-row, few-row and many-row paths, and the prefill kernel past
 # them), ragged and empty sequences, lengths that cross 64-key tiles, caches filled in one append or
-# two, causal masks, windows, ALiBi, soft-capping, sinks and scales; against the float64 reference
+# two, keys, values and queries in float32 or a half model's dtype, causal masks, windows, ALiBi,
+# soft-capping, sinks and scales; against the float64 reference
 # (torch_reference.reference_sdpa) per sequence on what the cache holds, on every SIMD target this
 # machine runs. Each case draws every argument from its own seeded generator, so a failure names a
 # case that reproduces alone.
@@ -25,6 +26,8 @@ from torch_reference import reference_sdpa, score_rounding  # noqa: E402
 # error stayed under 0.23 of this bound.
 OUTPUT_RTOL = 1e-5
 BFLOAT16_PROBABILITIES = 2.0**-8
+# A half query's output is rounded once to its dtype: its unit roundoff, relative.
+OUTPUT_ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
 def random_case(seed):
@@ -40,6 +43,8 @@ def random_case(seed):
         "value_dim": rng.choice([None, None, 8, 40]),
         "dtype": rng.choice(["float32", "float16", "bfloat16", "int8"]),
         "bfloat16_queries": rng.random() < 0.3,  # a bf16 model's queries: bf16 values
+        # The tensors' own dtype: a half model passes its keys, values and queries as they are.
+        "input_dtype": rng.choice(["float32", "float32", "bfloat16", "float16"]),
         "magnitude": rng.choice([0.5, 1.0, 2.0]),
         "appends": rng.choice([1, 2]),  # the second appends each sequence's last n tokens
         "options": {},
@@ -75,7 +80,8 @@ def filled_cache(case, generator):
         rows = max(chunk)
         keys = torch.randn(b, heads, rows, d, generator=generator) * case["magnitude"]
         values = torch.randn(b, heads, rows, dv, generator=generator) * case["magnitude"]
-        cache.append(keys, values, counts=chunk)
+        dtype = getattr(torch, case["input_dtype"])
+        cache.append(keys.to(dtype), values.to(dtype), counts=chunk)
     assert cache.lengths.tolist() == lengths
     return cache
 
@@ -97,6 +103,7 @@ def test_cached_attention_matches_the_reference(seed, simd_target):
     query = torch.randn(shape, generator=generator) * case["magnitude"]
     if case["bfloat16_queries"]:
         query = query.bfloat16().float()
+    query = query.to(getattr(torch, case["input_dtype"]))
     kwargs = dict(case["options"])
     if "alibi_slopes" in kwargs:
         slopes = torch.rand(case["heads"], generator=generator)
@@ -104,6 +111,7 @@ def test_cached_attention_matches_the_reference(seed, simd_target):
     if "sinks" in kwargs:
         kwargs["sinks"] = torch.randn(case["heads"], generator=generator) + kwargs["sinks"]
     output = attn.scaled_dot_product_attention(query, cache, None, enable_gqa=True, **kwargs)
+    assert output.dtype == query.dtype
     output = torch.as_tensor(output).double()
     assert output.shape == shape[:3] + (case["value_dim"] or case["depth"],)
     keys, values = (torch.from_numpy(x).double() for x in (cache.keys(), cache.values()))
@@ -118,7 +126,9 @@ def test_cached_attention_matches_the_reference(seed, simd_target):
         k, v = keys[b : b + 1, :, :length], values[b : b + 1, :, :length]
         expected = reference_sdpa(q, k, v, enable_gqa=True, alignment="bottom-right", **widened)
         bound = OUTPUT_RTOL * expected.abs().max().item() + score_rounding(q, k, v, kwargs)
-        if case["dtype"] == "bfloat16" and case["bfloat16_queries"]:
+        bfloat16_query = case["bfloat16_queries"] or query.dtype == torch.bfloat16
+        if case["dtype"] == "bfloat16" and bfloat16_query:
             bound += BFLOAT16_PROBABILITIES * v.abs().max().item()
+        bound += OUTPUT_ROUNDING.get(query.dtype, 0.0) * expected.abs().max().item()
         error = (got - expected).abs().max().item()
         assert error <= bound, (b, error, bound, simd_target, case)
