@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "arrays.hpp"
-#include "attn/kernels/half_conversion.hpp"
 #include "bindings.hpp"
 
 namespace attn::python {
@@ -88,27 +87,6 @@ std::string repr_of(const KVCache& cache) {
   return text + "])";
 }
 
-// A rank-4 input as float32: a float input's own view; a float16 or bfloat16 one (a half model's
-// keys, values or queries) widened exactly into `widened`, C-contiguous. Call without the GIL.
-ConstStridedView float_view(const StridedInput& input, Tensor& widened) {
-  const std::optional<HalfType> half = input.half_type();
-  if (!half) return input.view();
-  const StridedView<const uint16_t>& bits = input.half_view();
-  widened = Tensor(bits.shape());
-  const int64_t cols = bits.dim(3);
-  float* row = widened.data();
-  for (int64_t b = 0; b < bits.dim(0); ++b) {
-    for (int64_t h = 0; h < bits.dim(1); ++h) {
-      for (int64_t t = 0; t < bits.dim(2); ++t, row += cols) {
-        widen_half(*half,
-                   bits.data() + b * bits.stride(0) + h * bits.stride(1) + t * bits.stride(2), row,
-                   static_cast<size_t>(cols));
-      }
-    }
-  }
-  return widened;
-}
-
 }  // namespace
 
 BoundCache* as_kv_cache(nb::handle object) {
@@ -118,25 +96,26 @@ BoundCache* as_kv_cache(nb::handle object) {
 }
 
 nb::object attend_to_cache(nb::handle query, BoundCache& cache, const AttentionOptions& options) {
-  // float16 and bfloat16 queries (a half model's) are widened exactly and the output rounded once
-  // to their type, as PyTorch returns the query's dtype.
+  // float16 and bfloat16 queries (a half model's): the half overload, whose output is their dtype.
   const StridedInput q(query, "query", 4, 4, HalfInputs::kAccept);
+  if (const std::optional<HalfType> half = q.half_type()) {
+    HalfAttentionForward forward;
+    {
+      nb::gil_scoped_release release;
+      const ThreadSettingScope thread_setting;
+      forward = cache.read([&](const KVCache& kv) {
+        return scaled_dot_product_attention(*half, q.half_view(), kv, options);
+      });
+    }
+    return to_python(std::move(forward.output), q.framework());
+  }
   AttentionForward forward;
-  HalfTensor narrowed;
   {
     nb::gil_scoped_release release;
     const ThreadSettingScope thread_setting;
-    Tensor widened;
-    const ConstStridedView q_view = float_view(q, widened);
     forward = cache.read(
-        [&](const KVCache& kv) { return scaled_dot_product_attention(q_view, kv, options); });
-    if (const std::optional<HalfType> half = q.half_type()) {
-      narrowed = HalfTensor{*half, forward.output.shape(), {}};
-      narrowed.bits.resize(static_cast<size_t>(forward.output.numel()));
-      narrow_to_half(*half, forward.output.data(), narrowed.bits.data(), narrowed.bits.size());
-    }
+        [&](const KVCache& kv) { return scaled_dot_product_attention(q.view(), kv, options); });
   }
-  if (q.half_type()) return to_python(std::move(narrowed), q.framework());
   return to_python(std::move(forward.output), q.framework());
 }
 
@@ -164,20 +143,28 @@ void bind_kv_cache(nb::module_& module) {
       [](BoundCache& bound, nb::handle keys, nb::handle values, nb::handle counts) {
         const StridedInput k(keys, "keys", 4, 4, HalfInputs::kAccept);
         const StridedInput v(values, "values", 4, 4, HalfInputs::kAccept);
+        if (k.half_type() != v.half_type()) {
+          throw nb::type_error(
+              ("values: expected the dtype of keys (" + k.dtype() + "), got " + v.dtype()).c_str());
+        }
         const std::vector<int64_t> taken = to_counts(counts);
         nb::gil_scoped_release release;
-        Tensor widened_keys, widened_values;
-        const ConstStridedView k_view = float_view(k, widened_keys);
-        const ConstStridedView v_view = float_view(v, widened_values);
-        bound.write([&](KVCache& cache) { cache.append(k_view, v_view, taken); });
+        bound.write([&](KVCache& cache) {
+          if (const std::optional<HalfType> half = k.half_type()) {
+            cache.append(*half, k.half_view(), v.half_view(), taken);
+          } else {
+            cache.append(k.view(), v.view(), taken);
+          }
+        });
       },
       "keys"_a.none(), "values"_a.none(), "counts"_a.none() = nb::none(),
       "Appends T tokens to every sequence: keys (B, H_kv, T, head_dim) and values (B, H_kv, T,\n"
-      "value_dim), NumPy arrays or tensors (float32 with a contiguous last axis read in place,\n"
-      "float64 copied; float16 and bfloat16, a half model's, widened exactly), converted to the\n"
-      "cache's dtype (a bfloat16 cache keeps bfloat16 keys bit for bit). counts (B ints <= T, a\n"
-      "list or an integer array): sequence b takes only its first counts[b] tokens (ragged\n"
-      "batches). A bad shape, count or non-finite entry raises and leaves the cache unchanged.");
+      "value_dim), NumPy arrays or tensors of one dtype (float32 with a contiguous last axis read\n"
+      "in place, float64 copied, float16 and bfloat16 - a half model's - widened exactly),\n"
+      "converted to the cache's dtype (a bfloat16 cache keeps bfloat16 entries bit for bit).\n"
+      "counts (B ints <= T, a list or an integer array): sequence b takes only its first\n"
+      "counts[b] tokens (ragged batches). A bad shape, count or non-finite entry raises and\n"
+      "leaves the cache unchanged.");
   cls.def(
       "reserve",
       [](BoundCache& bound, int64_t capacity) {

@@ -232,6 +232,12 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
     lengths_[static_cast<size_t>(b)] += appended[static_cast<size_t>(b)];
 }
 
+void KVCache::append(HalfType type, StridedView<const uint16_t> keys,
+                     StridedView<const uint16_t> values, std::span<const int64_t> counts) {
+  append(functional_detail::widened_copy(type, keys), functional_detail::widened_copy(type, values),
+         counts);
+}
+
 CacheTensorView KVCache::view(const Storage& data, const std::vector<float>& scales,
                               int64_t cols) const {
   CacheTensorView view;
@@ -399,6 +405,19 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
         std::span<float>(result.log_sum_exp.data() + b * heads * n,
                          static_cast<size_t>(heads * n)));
   }
+  return result;
+}
+
+HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
+                                                  const KVCache& cache,
+                                                  const AttentionOptions& options) {
+  AttentionForward wide =
+      scaled_dot_product_attention(functional_detail::widened_copy(type, query), cache, options);
+  HalfAttentionForward result;
+  result.output = HalfTensor{type, wide.output.shape(), {}};
+  result.output.bits.resize(static_cast<size_t>(wide.output.numel()));
+  narrow_to_half(type, wide.output.data(), result.output.bits.data(), result.output.bits.size());
+  result.log_sum_exp = std::move(wide.log_sum_exp);
   return result;
 }
 

@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "sdpa_reference.hpp"
 #include "test_support.hpp"
 
@@ -268,6 +271,50 @@ TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
                        ValueError, "counts[0]: expected a number of tokens in [0, 3], got 5");
   EXPECT_THROW_MESSAGE(KVCache(1, 0, 4, 8), ValueError,
                        "kv_heads: expected a positive size, got 0");
+}
+
+// A half model's tensors go in as they are: appended keys and values are stored as their exact
+// widening would be (a bf16 cache keeps bf16 entries bit for bit), and a half query's output is
+// the widened query's output rounded once to its type.
+TEST(KVCache, TakesAHalfModelsKeysValuesAndQueries) {
+  Rng rng(5);
+  for (const HalfType type : {HalfType::kBFloat16, HalfType::kFloat16}) {
+    for (const CacheDType dtype : kDTypes) {
+      const auto rounded = [&](const Tensor& x) {
+        std::vector<uint16_t> bits(static_cast<size_t>(x.numel()));
+        narrow_to_half(type, x.data(), bits.data(), bits.size());
+        Tensor wide(x.shape());
+        widen_half(type, bits.data(), wide.data(), bits.size());
+        return std::make_pair(bits, wide);
+      };
+      const auto [key_bits, keys] = rounded(random_tensor(Shape{2, 2, 5, 8}, rng));
+      const auto [value_bits, values] = rounded(random_tensor(Shape{2, 2, 5, 8}, rng));
+      KVCache half_cache(2, 2, 8, 4, dtype), wide_cache(2, 2, 8, 4, dtype);
+      const std::vector<int64_t> counts{5, 3};
+      half_cache.append(type, StridedView<const uint16_t>(key_bits.data(), keys.shape()),
+                        StridedView<const uint16_t>(value_bits.data(), values.shape()), counts);
+      wide_cache.append(keys, values, counts);
+      EXPECT_EQ(half_cache.keys().to_vector(), wide_cache.keys().to_vector());
+      EXPECT_EQ(half_cache.values().to_vector(), wide_cache.values().to_vector());
+      if (dtype == CacheDType::kBFloat16 && type == HalfType::kBFloat16) {
+        // Bit for bit: sequence 0, which took all 5 tokens (the other's rows past 3 read 0).
+        const std::vector<float> stored = half_cache.keys().to_vector(), given = keys.to_vector();
+        EXPECT_TRUE(std::equal(given.begin(), given.begin() + 2 * 5 * 8, stored.begin()));
+      }
+      const auto [query_bits, query] = rounded(random_tensor(Shape{2, 4, 2, 8}, rng));
+      AttentionOptions gqa;
+      gqa.enable_gqa = true;
+      const HalfAttentionForward half = scaled_dot_product_attention(
+          type, StridedView<const uint16_t>(query_bits.data(), query.shape()), half_cache, gqa);
+      const AttentionForward wide = scaled_dot_product_attention(query, wide_cache, gqa);
+      std::vector<uint16_t> expected(static_cast<size_t>(wide.output.numel()));
+      narrow_to_half(type, wide.output.data(), expected.data(), expected.size());
+      EXPECT_EQ(half.output.type, type);
+      EXPECT_EQ(half.output.shape, wide.output.shape());
+      EXPECT_EQ(std::vector<uint16_t>(half.output.bits.begin(), half.output.bits.end()), expected);
+      EXPECT_EQ(half.log_sum_exp, wide.log_sum_exp);
+    }
+  }
 }
 
 // Sizes whose storage no address space holds are refused, naming them: the byte count used to

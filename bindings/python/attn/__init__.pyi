@@ -168,7 +168,8 @@ class KVCache:
         value_dim: int | None = None,
     ) -> None: ...
     def append(self, keys: ArrayLike, values: ArrayLike, counts: ValidLens = None) -> None:
-        """Appends keys (B, H_kv, T, head_dim) and values (B, H_kv, T, value_dim); counts (B
+        """Appends keys (B, H_kv, T, head_dim) and values (B, H_kv, T, value_dim) of one dtype
+        (float32, float64, or a half model's float16 or bfloat16, widened exactly); counts (B
         ints <= T): sequence b takes only its first counts[b] tokens. The GIL is released."""
 
     def reserve(self, capacity: int) -> None:

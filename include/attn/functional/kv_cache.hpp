@@ -32,6 +32,11 @@ class KVCache {
   // its first counts[b] tokens (ragged batches). Past the capacity, the storage grows (doubling),
   // copying what it holds. ShapeError/ValueError naming the argument; nothing changes then.
   void append(ConstStridedView keys, ConstStridedView values, std::span<const int64_t> counts = {});
+  // The same for a half model's keys and values (`type`'s bits, any strides with a contiguous last
+  // axis or not): widened exactly, then stored as float ones would be (a bf16 cache keeps bf16
+  // entries bit for bit).
+  void append(HalfType type, StridedView<const uint16_t> keys, StridedView<const uint16_t> values,
+              std::span<const int64_t> counts = {});
   // Makes room for `capacity` tokens per sequence now (never shrinks).
   void reserve(int64_t capacity);
   // Empties every sequence (the storage stays).
@@ -84,5 +89,10 @@ class KVCache {
 // sequence's cached rows. Output (B, H_q, n, Ev); log-sum-exp as for the other overload.
 AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCache& cache,
                                               const AttentionOptions& options = {});
+// The same for a half model's queries (`type`'s bits): widened exactly, the output rounded once to
+// `type` (to nearest even), as PyTorch returns the query's dtype; the log-sum-exp in float.
+HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
+                                                  const KVCache& cache,
+                                                  const AttentionOptions& options = {});
 
 }  // namespace attn
