@@ -155,6 +155,28 @@ nb::object naming_mask_lengths(const CallOptions& call, const F& attend) {
   }
 }
 
+// A UserWarning where integer lengths given as attn_mask look like a tokenizer's attention_mask
+// ((B, S) of 0s and 1s, over more than one key): read as per-query valid lengths (the book's call)
+// each query would see at most its first key, where PyTorch refuses an integer mask outright.
+void warn_if_token_mask(const CallOptions& call, const Shape& key_shape) {
+  if (!call.lengths_from_mask() || key_shape.rank() < 2 || key_shape[key_shape.rank() - 2] <= 1)
+    return;
+  const ValidLengths& lengths = call.options().valid_lens;
+  if (lengths.kind() != ValidLengths::Kind::kPerQuery || lengths.values().empty()) return;
+  for (const int64_t length : lengths.values()) {
+    if (length != 0 && length != 1) return;
+  }
+  if (PyErr_WarnEx(PyExc_UserWarning,
+                   "attn_mask: integers here are read as valid lengths (the book's valid_lens, a "
+                   "key count per query), and these are all 0 or 1, as a tokenizer's "
+                   "attention_mask is: each query would see at most one key. For a padding mask "
+                   "pass attention_mask.astype(bool)[:, None, None, :] (PyTorch's masks are bool "
+                   "or floating-point)",
+                   1) != 0) {
+    throw nb::python_error();
+  }
+}
+
 // query, key and value with the ranks the functional API takes, float16 and bfloat16 kept as
 // they are (attn's half overloads compute them).
 struct QueryKeyValue {
@@ -302,6 +324,7 @@ void bind_functional(nb::module_& module) {
                                seed    ? *seed
                                : drops ? random_seed()
                                        : 0);
+        warn_if_token_mask(call, inputs.key.shape());
         return naming_mask_lengths(call, [&] { return attend_arrays(inputs, call, need_weights); });
       },
       ATTN_SDPA_ARGUMENTS, "need_weights"_a = false, "seed"_a.none() = nb::none(),

@@ -430,7 +430,7 @@ def test_lengths_given_as_attn_mask_are_named_so_in_errors():
     given = r"^attn_mask \(integers, read as valid_lens\): "
     for function in (attn_torch.scaled_dot_product_attention, attn.scaled_dot_product_attention):
         with pytest.raises(attn.ShapeError, match=given + "valid_lens: expected shape"):
-            function(q, k, v, attn_mask=torch.ones(L, S, dtype=torch.int32))
+            function(q, k, v, attn_mask=torch.full((L, S), 2, dtype=torch.int32))
         with pytest.raises(ValueError, match=given + ".*shape \\(B,\\) or \\(B, n\\)"):
             function(q, k, v, attn_mask=torch.ones(N, 1, L, S, dtype=torch.int64))
         with pytest.raises(ValueError, match=given + r"valid_lens\[0\]: expected a valid length"):
@@ -443,6 +443,25 @@ def test_lengths_given_as_attn_mask_are_named_so_in_errors():
     cache.append(k.detach(), v.detach())
     with pytest.raises(ValueError, match=given + "valid_lens: not taken with a KV cache"):
         attn.scaled_dot_product_attention(q.detach()[:, :, :1], cache, None, [3, 3])
+
+
+def test_a_tokenizers_attention_mask_as_attn_mask_warns():
+    """A tokenizer's attention_mask, (B, S) of 0s and 1s, passed as attn_mask would be read as
+    per-query valid lengths (each query seeing at most its first key) where PyTorch refuses it: a
+    warning says so, in both calls, and lengths that are not all 0 or 1 give none."""
+    q, k, v = (torch.randn(N, H, L, E) for _ in range(3))  # self-attention: S = L
+    tokens = torch.ones(N, L, dtype=torch.int64)
+    tokens[1, 3:] = 0
+    for function, mask in (
+        (attn_torch.scaled_dot_product_attention, tokens),
+        (attn.scaled_dot_product_attention, tokens.numpy()),
+    ):
+        with pytest.warns(UserWarning, match="as a tokenizer's attention_mask is"):
+            function(q, k, v, mask)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            function(q, k, v, mask * 2)  # lengths 2 and 0: the book's call, no warning
+            function(q, k, v, [1, 0])  # per batch element, not per query
 
 
 def test_dropout_follows_torch_manual_seed_and_backward_replays_it():

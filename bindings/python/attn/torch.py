@@ -25,6 +25,7 @@ Threads: these calls use ``torch.get_num_threads()`` threads, as PyTorch's own o
 """
 
 import copy as _copy
+import warnings
 import weakref as _weakref
 from typing import Optional
 
@@ -975,6 +976,28 @@ def _is_lengths(attn_mask):
     return attn_mask is not None and _np.issubdtype(_np.asarray(attn_mask).dtype, _np.integer)
 
 
+def _warn_if_token_mask(lengths, key):
+    """Warns where integer lengths given as attn_mask look like a tokenizer's attention_mask
+    ((B, S) of 0s and 1s): read as per-query valid lengths (the book's call) each query would see
+    at most its first key, where PyTorch refuses an integer mask outright."""
+    lengths = torch.as_tensor(lengths)
+    if (
+        lengths.dim() == 2
+        and lengths.numel() > 0
+        and key.shape[-2] > 1
+        and bool(((lengths == 0) | (lengths == 1)).all())
+    ):
+        warnings.warn(_TOKEN_MASK_WARNING, UserWarning, stacklevel=3)
+
+
+_TOKEN_MASK_WARNING = (
+    "attn_mask: integers here are read as valid lengths (the book's valid_lens, a key count per "
+    "query), and these are all 0 or 1, as a tokenizer's attention_mask is: each query would see "
+    "at most one key. For a padding mask pass attention_mask.bool()[:, None, None, :] "
+    "(PyTorch's masks are bool or floating-point)"
+)
+
+
 # Lengths given as attn_mask (_is_lengths), as errors about them name them: the argument the
 # caller gave, and how it was read (as attn.scaled_dot_product_attention names them).
 _MASK_LENGTHS = "attn_mask (integers, read as valid_lens)"
@@ -1310,6 +1333,7 @@ def scaled_dot_product_attention(
                 "pass a bool or float mask as attn_mask"
             )
         attn_mask, valid_lens = None, attn_mask
+        _warn_if_token_mask(_as_tensor(valid_lens, torch.int64, _MASK_LENGTHS), key)
     valid_lens = _as_tensor(
         valid_lens, torch.int64, _MASK_LENGTHS if lengths_from_mask else "valid_lens"
     )
