@@ -78,16 +78,16 @@ void KVCache::reserve(int64_t capacity) {
   const int64_t element = cache_dtype_size(dtype_);
   const auto room = [&] {
     return std::to_string(capacity) + " tokens for each of " + std::to_string(batch_) +
-           " sequences × " + std::to_string(kv_heads_) + " key/value heads";
+           " sequence(s) × " + std::to_string(kv_heads_) + " key/value head(s)";
   };
-  for (const int64_t cols : {head_dim_, value_dim_}) {
-    if (store_bytes(batch_, kv_heads_, capacity, cols, element) < 0 ||
-        store_bytes(batch_, kv_heads_, capacity, 1, sizeof(float)) < 0) {
-      throw ValueError(
-          "capacity: expected a number of tokens whose storage fits in memory's "
-          "addresses, got " +
-          room());
-    }
+  // Keys, values and (int8) the rows' scales, each one allocation.
+  if (store_bytes(batch_, kv_heads_, capacity, head_dim_, element) < 0 ||
+      store_bytes(batch_, kv_heads_, capacity, value_dim_, element) < 0 ||
+      store_bytes(batch_, kv_heads_, capacity, 1, sizeof(float)) < 0) {
+    throw ValueError(
+        "capacity: expected a number of tokens whose storage fits in memory's "
+        "addresses, got " +
+        room());
   }
   const auto grow = [&](Storage& data, std::vector<float>& scales, int64_t cols) {
     Storage grown;

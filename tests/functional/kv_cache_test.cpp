@@ -324,7 +324,7 @@ TEST(KVCache, RefusesSizesWhoseStorageNoMemoryHolds) {
   constexpr int64_t kTooMany = int64_t{1} << 62;
   EXPECT_THROW_MESSAGE(KVCache(1, 1, 8, kTooMany), ValueError,
                        "capacity: expected a number of tokens whose storage fits in memory's "
-                       "addresses, got 4611686018427387904 tokens for each of 1 sequences");
+                       "addresses, got 4611686018427387904 tokens for each of 1 sequence(s)");
   EXPECT_THROW_MESSAGE(KVCache(int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31, 0), ValueError,
                        "batch, kv_heads, head_dim, value_dim: expected sizes whose "
                        "one token");
