@@ -164,7 +164,7 @@ void bind_kv_cache(nb::module_& module) {
       "converted to the cache's dtype (a bfloat16 cache keeps bfloat16 entries bit for bit).\n"
       "counts (B ints <= T, a list or an integer array): sequence b takes only its first\n"
       "counts[b] tokens (ragged batches). A bad shape, count or non-finite entry raises and\n"
-      "leaves the cache unchanged.");
+      "appends nothing (the storage may have grown).");
   cls.def(
       "reserve",
       [](BoundCache& bound, int64_t capacity) {

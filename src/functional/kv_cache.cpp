@@ -210,14 +210,8 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
       appended[static_cast<size_t>(b)] = count;
     }
   }
-  // Contiguous last axes and finite entries, checked before anything changes.
-  Tensor key_copy, value_copy;
-  if (keys.dim(-1) > 1 && keys.stride(-1) != 1)
-    keys = key_copy = functional_detail::contiguous_copy(keys);
-  if (values.dim(-1) > 1 && values.stride(-1) != 1)
-    values = value_copy = functional_detail::contiguous_copy(values);
-  functional_detail::require_finite("keys", keys);
-  functional_detail::require_finite("values", values);
+  // The room first: tokens no memory holds (an expanded view of 2⁴⁰ rows, stride 0) fail here at
+  // once, not after a scan of every entry. The storage may grow; what it holds does not change.
   int64_t needed = 0;
   for (int64_t b = 0; b < batch_; ++b)
     needed = std::max(needed, lengths_[static_cast<size_t>(b)] + appended[static_cast<size_t>(b)]);
@@ -226,6 +220,14 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
                               ? 2 * capacity_
                               : std::numeric_limits<int64_t>::max();
   if (needed > capacity_) reserve(std::max(needed, doubled));
+  // Contiguous last axes and finite entries, checked before any entry or length changes.
+  Tensor key_copy, value_copy;
+  if (keys.dim(-1) > 1 && keys.stride(-1) != 1)
+    keys = key_copy = functional_detail::contiguous_copy(keys);
+  if (values.dim(-1) > 1 && values.stride(-1) != 1)
+    values = value_copy = functional_detail::contiguous_copy(values);
+  functional_detail::require_finite("keys", keys);
+  functional_detail::require_finite("values", values);
   store_rows(keys_, key_scales_, head_dim_, keys, appended);
   store_rows(values_, value_scales_, value_dim_, values, appended);
   for (int64_t b = 0; b < batch_; ++b)

@@ -336,6 +336,19 @@ def test_attn_torch_takes_a_cache_for_inference():
     )
     assert output.dtype == torch.float64
     torch.testing.assert_close(output, expected.double(), rtol=0, atol=0)
+    # attn's own options go through as well (the plain call above passes none of them).
+    options = dict(window=(3, 0), softcap=2.5, sinks=torch.randn(HQ), alibi_slopes=torch.rand(HQ))
+    output = attn_torch.scaled_dot_product_attention(
+        query.float(), cache, None, causal=True, enable_gqa=True, **options
+    )
+    expected = attn.scaled_dot_product_attention(
+        query.float(), cache, None, is_causal=True, enable_gqa=True, **options
+    )
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="valid_lens: not taken with a KV cache"):
+        attn_torch.scaled_dot_product_attention(
+            query, cache, None, enable_gqa=True, valid_lens=[1, 1, 1]
+        )
     leaf = query.requires_grad_(True)
     with pytest.raises(ValueError, match="no backward pass"):
         attn_torch.scaled_dot_product_attention(leaf, cache, None, enable_gqa=True)
@@ -409,6 +422,12 @@ def test_append_errors_leave_the_cache_unchanged():
         cache.append(good.astype(np.int32), good)
     with pytest.raises(ValueError, match="keys: expected a 4-d array"):
         cache.append(good[0], good)
+    # An expanded view of 2⁵⁵ tokens (stride 0: no memory behind it) asks for 2⁶² bytes, which no
+    # address space maps: refused before any entry is read (a scan of its 2⁶⁰ entries came first,
+    # hours).
+    endless = torch.ones(2, 2, 1, 8).expand(2, 2, 2**55, 8)
+    with pytest.raises(RuntimeError, match="capacity: could not allocate"):
+        cache.append(endless, endless)
     assert cache.lengths.tolist() == [1, 1]
     np.testing.assert_array_equal(cache.keys(), np.ones((2, 2, 1, 8), np.float32))
 

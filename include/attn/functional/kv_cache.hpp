@@ -30,7 +30,8 @@ class KVCache {
   // value_dim), any strides with a contiguous last axis, converted to the cache's dtype (int8:
   // each row scaled by max|x|/127 and rounded). With `counts` (B values ≤ T), sequence b takes only
   // its first counts[b] tokens (ragged batches). Past the capacity, the storage grows (doubling),
-  // copying what it holds. ShapeError/ValueError naming the argument; nothing changes then.
+  // copying what it holds. ShapeError/ValueError naming the argument; nothing is appended then
+  // (the storage may have grown).
   void append(ConstStridedView keys, ConstStridedView values, std::span<const int64_t> counts = {});
   // The same for a half model's keys and values (`type`'s bits, any strides with a contiguous last
   // axis or not): widened exactly, then stored as float ones would be (a bf16 cache keeps bf16
