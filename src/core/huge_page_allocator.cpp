@@ -7,6 +7,8 @@
 #include <sys/mman.h>
 #endif
 
+#include "attn/core/error.hpp"
+
 namespace attn::core_detail {
 
 namespace {
@@ -19,11 +21,16 @@ std::size_t huge_rounded(std::size_t bytes) {
 
 void* allocate_large_buffer(std::size_t bytes) {
   if (bytes < kHugePageBytes) {
-    return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kSmallAlignment));
+    try {
+      return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kSmallAlignment));
+    } catch (const std::bad_alloc&) {
+      throw AllocationError(bytes);
+    }
   }
-  if (bytes > std::numeric_limits<std::size_t>::max() - kHugePageBytes) throw std::bad_alloc();
+  if (bytes > std::numeric_limits<std::size_t>::max() - kHugePageBytes)
+    throw AllocationError(bytes);
   void* pointer = std::aligned_alloc(kHugePageBytes, huge_rounded(bytes));
-  if (pointer == nullptr) throw std::bad_alloc();
+  if (pointer == nullptr) throw AllocationError(bytes);
 #if defined(MADV_HUGEPAGE)
   // Advice only: a kernel without transparent huge pages refuses it, and 4 KiB pages serve.
   (void)madvise(pointer, huge_rounded(bytes), MADV_HUGEPAGE);

@@ -18,6 +18,8 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
+#include "attn/core/error.hpp"
+
 namespace attn {
 
 namespace {
@@ -134,7 +136,11 @@ void* allocate_tensor_storage(std::size_t bytes) {
   if (KeptBlocks* kept = kept_blocks_for(bytes)) {
     if (void* pointer = kept->take(bytes)) return pointer;
   }
-  return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kAlignment));
+  try {
+    return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kAlignment));
+  } catch (const std::bad_alloc&) {
+    throw AllocationError(bytes);
+  }
 }
 
 void free_tensor_storage(void* pointer, std::size_t bytes) noexcept {

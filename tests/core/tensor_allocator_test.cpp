@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "attn/core/error.hpp"
 #include "attn/core/tensor.hpp"
 
 namespace attn {
@@ -19,6 +20,26 @@ constexpr size_t kMiB = size_t{1} << 20;
 
 size_t floats(size_t bytes) {
   return bytes / sizeof(float);
+}
+
+// Memory the system refuses is a std::bad_alloc (what callers catch; Python's MemoryError) that
+// says how much was asked for, where std::bad_alloc's own message is "std::bad_alloc". 2⁶² bytes
+// are more than any 48- or 57-bit address space maps.
+TEST(TensorAllocator, RefusedMemoryNamesItsSize) {
+  EXPECT_STREQ(AllocationError(3 << 20).what(), "could not allocate 3145728 bytes (3 MiB)");
+  EXPECT_STREQ(AllocationError(1536).what(), "could not allocate 1536 bytes (1.5 KiB)");
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer ends the process on an allocation it cannot serve (its "
+                  "allocation-size-too-big report) instead of throwing";
+#endif
+  TensorAllocator<float> allocator;
+  try {
+    (void)allocator.allocate(std::size_t{1} << 60);
+    ADD_FAILURE() << "expected AllocationError";
+  } catch (const AllocationError& error) {
+    EXPECT_STREQ(error.what(), "could not allocate 4611686018427387904 bytes (4 EiB)");
+  }
+  EXPECT_THROW((Tensor(Shape{int64_t{1} << 40, 1024})), std::bad_alloc);
 }
 
 TEST(TensorAllocator, AFreedLargeBlockGoesToTheNextTensorOfItsSize) {

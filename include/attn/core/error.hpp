@@ -2,6 +2,8 @@
 // given.
 #pragma once
 
+#include <cstddef>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +31,18 @@ class ValueError : public Error {
 class FileError : public Error {
  public:
   using Error::Error;
+};
+
+// Memory the system refused: a std::bad_alloc (what callers catch, and Python's MemoryError)
+// whose message gives the request's size, "could not allocate 35184372088832 bytes (32 TiB)",
+// where std::bad_alloc's own says only "std::bad_alloc".
+class AllocationError : public std::bad_alloc {
+ public:
+  explicit AllocationError(std::size_t bytes);
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
 };
 
 }  // namespace attn

@@ -1,0 +1,22 @@
+// AllocationError's message: the bytes asked for, and the same in binary units.
+#include "attn/core/error.hpp"
+
+#include <array>
+#include <cstdio>
+
+namespace attn {
+
+AllocationError::AllocationError(std::size_t bytes) {
+  constexpr std::array<const char*, 7> kUnits{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double size = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (size >= 1024.0 && unit + 1 < kUnits.size()) {
+    size /= 1024.0;
+    ++unit;
+  }
+  std::array<char, 32> scaled{};
+  std::snprintf(scaled.data(), scaled.size(), "%.3g %s", size, kUnits[unit]);
+  message_ = "could not allocate " + std::to_string(bytes) + " bytes (" + scaled.data() + ")";
+}
+
+}  // namespace attn
