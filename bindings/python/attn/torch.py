@@ -979,8 +979,7 @@ def _is_lengths(attn_mask):
 def _warn_if_token_mask(lengths, key):
     """Warns where integer lengths given as attn_mask look like a tokenizer's attention_mask
     ((B, S) of 0s and 1s): read as per-query valid lengths (the book's call) each query would see
-    at most its first key, where PyTorch refuses an integer mask outright."""
-    lengths = torch.as_tensor(lengths)
+    at most its first key, where PyTorch refuses an integer mask outright. `lengths`: a tensor."""
     if (
         lengths.dim() == 2
         and lengths.numel() > 0
@@ -1350,10 +1349,11 @@ def scaled_dot_product_attention(
                 "pass a bool or float mask as attn_mask"
             )
         attn_mask, valid_lens = None, attn_mask
-        _warn_if_token_mask(_as_tensor(valid_lens, torch.int64, _MASK_LENGTHS), key)
     valid_lens = _as_tensor(
         valid_lens, torch.int64, _MASK_LENGTHS if lengths_from_mask else "valid_lens"
     )
+    if lengths_from_mask:
+        _warn_if_token_mask(valid_lens, key)
     alibi_slopes = _as_float32(_as_tensor(alibi_slopes, torch.float32, "alibi_slopes"))
     sinks = _as_float32(_as_tensor(sinks, torch.float32, "sinks"))
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
