@@ -23,16 +23,15 @@ Shape Shape::from_dims(const int64_t* dims, int rank) {
     shape.dims_[static_cast<size_t>(axis)] = dims[axis];
   }
   // The count, checked before numel() multiplies it unchecked (dimensions from a caller's sizes,
-  // such as a layer's, wrapped around int64 before). A zero dimension makes any count 0.
+  // such as a layer's, wrapped around int64 before): the non-zero dimensions' product, so that
+  // every partial product numel() forms fits, wherever a zero stands (as the file readers check).
   int64_t count = 1;
-  bool empty = false;
   bool too_many = false;
-  for (int axis = 0; axis < rank; ++axis) {
-    empty = empty || dims[axis] == 0;
-    too_many =
-        too_many || __builtin_mul_overflow(count, dims[axis], &count) || count > kMaxElements;
+  for (int axis = 0; axis < rank && !too_many; ++axis) {
+    if (dims[axis] == 0) continue;
+    too_many = __builtin_mul_overflow(count, dims[axis], &count) || count > kMaxElements;
   }
-  if (too_many && !empty) {
+  if (too_many) {
     throw ShapeError("shape: expected at most " + std::to_string(kMaxElements) +
                      " elements (the floats an address space holds), got shape " + shape.str());
   }

@@ -43,8 +43,10 @@ TEST(Shape, RejectsCountsNoAddressSpaceHolds) {
   EXPECT_THROW_MESSAGE((Shape{int64_t{1} << 62, 2}), ShapeError,
                        "got shape (4611686018427387904, 2)");
   EXPECT_THROW_MESSAGE((Shape{kHalf, kHalf, kHalf, kHalf}), ShapeError, "elements");
-  // A zero dimension counts no element, whatever the others.
-  EXPECT_EQ((Shape{kHalf, kHalf, kHalf, kHalf, 0}.numel()), 0);
+  // A zero does not excuse the other dimensions: numel() multiplies them in order, and (2³¹)⁴
+  // overflows before the zero.
+  EXPECT_EQ((Shape{int64_t{1} << 30, 0, int64_t{1} << 30}.numel()), 0);
+  EXPECT_THROW_MESSAGE((Shape{kHalf, kHalf, kHalf, kHalf, 0}), ShapeError, "elements");
 }
 
 TEST(Shape, ComparesDimsAndRank) {
