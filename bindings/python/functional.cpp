@@ -360,7 +360,8 @@ void bind_functional(nb::module_& module) {
       "position lengths[b] - n + i, which is_causal/causal, window and ALiBi refer to (alignment\n"
       "is ignored). scale, enable_gqa, softcap, sinks and alibi_slopes are taken; attn_mask,\n"
       "valid_lens, dropout and need_weights are refused (the cache's lengths are the valid\n"
-      "lengths).");
+      "lengths). A float16 or bfloat16 query (a half model's) is widened exactly and its output\n"
+      "comes back in its dtype.");
 
   module.def(
       "_sdpa_forward",

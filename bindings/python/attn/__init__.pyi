@@ -73,7 +73,8 @@ def scaled_dot_product_attention(
     tokens of each sequence, already appended; query i of sequence b sits at position
     lengths[b] − n + i, which is_causal, window and ALiBi refer to. scale, enable_gqa, softcap,
     sinks and alibi_slopes are taken; attn_mask, valid_lens, dropout and need_weights raise
-    ValueError."""
+    ValueError. A float16 or bfloat16 query (a half model's) is widened exactly and its output
+    comes back in its dtype."""
 
 def additive_attention(
     queries: ArrayLike,
