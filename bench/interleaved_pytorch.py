@@ -18,7 +18,7 @@ CPU (Zen 1-3, older Xeons) would run, on this machine's cores; the header prints
 Usage: python bench/interleaved_pytorch.py [--sizes 1024,4096] [--threads 1,4,16]
            [--batch 4] [--heads 8] [--kv-heads H_kv] [--head-dim 64]
            [--workloads forward,causal,backward,bf16-forward,bf16-causal,bf16-backward]
-           (also causal-backward, bf16-causal-backward)
+           (also causal-backward, bf16-causal-backward, fp16-forward, fp16-causal, fp16-backward)
            [--rounds 3] [--repeats 3] [--simd-target avx2] [--json-out FILE]
 """
 import argparse
@@ -45,6 +45,9 @@ WORKLOADS = {  # name: (dtype, causal, backward)
     # Not in the default list (issue 14's targets, which the Xeon's phase runs in its time):
     "causal-backward": (torch.float32, True, True),
     "bf16-causal-backward": (torch.bfloat16, True, True),
+    "fp16-forward": (torch.float16, False, False),
+    "fp16-causal": (torch.float16, True, False),
+    "fp16-backward": (torch.float16, False, True),
 }
 DEFAULT_WORKLOADS = ("forward", "causal", "backward", "bf16-forward", "bf16-causal", "bf16-backward")
 

@@ -520,6 +520,32 @@ def test_torch_compile_fullgraph_forward_and_backward_match_eager():
         assert_relative(mine, theirs, OUTPUT_RTOL, f"d {name}")
 
 
+
+def test_torch_export_with_dynamic_lengths_saves_loads_and_matches_torch(tmp_path):
+    # Inference engines take models through torch.export (ExecuTorch, AOTInductor): the graph
+    # must hold attn's operator, accept other query lengths than the traced one, and survive
+    # torch.export.save / load in a process that imports attn.torch.
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return attn_torch.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = torch.randn(N, H, L, E), torch.randn(N, H, S, E), torch.randn(N, H, S, EV)
+    mask = torch.rand(L, S) > 0.3
+    queries = torch.export.Dim("queries", min=2, max=4096)
+    exported = torch.export.export(
+        Block(), (q, k, v, mask),
+        dynamic_shapes={"q": {2: queries}, "k": None, "v": None, "mask": {0: queries}},
+    )
+    assert "torch.ops.attn.sdpa" in exported.graph_module.code
+    path = tmp_path / "block.pt2"
+    torch.export.save(exported, str(path))
+    loaded = torch.export.load(str(path))
+    for length in (L, 33):  # the traced length and another
+        q, mask = torch.randn(N, H, length, E), torch.rand(length, S) > 0.3
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        for program in (exported, loaded):
+            assert_relative(program.module()(q, k, v, mask), expected, OUTPUT_RTOL, "exported")
+
 def test_operators_pass_opcheck():
     # torch.library's own checks of the custom operators: schema, fake (meta) implementation,
     # autograd registration.
