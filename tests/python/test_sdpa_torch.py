@@ -323,6 +323,20 @@ def test_float64_inputs_give_float64_results():
     assert_relative(output, F.scaled_dot_product_attention(q, k, v), OUTPUT_RTOL, "output")
 
 
+@pytest.mark.parametrize("odd", ["key", "value"])
+def test_float32_and_float64_mixed_are_refused_as_torch_refuses_them(odd):
+    # Computed in float32, a float64 key or value beside a float32 query would lose its precision
+    # silently; PyTorch raises, and so does its drop-in.
+    tensors = {"query": torch.randn(N, H, L, E), "key": torch.randn(N, H, S, E),
+               "value": torch.randn(N, H, S, EV)}
+    tensors[odd] = tensors[odd].double()
+    with pytest.raises(RuntimeError, match="same dtype"):
+        F.scaled_dot_product_attention(**tensors)
+    message = rf"{odd}: expected the dtype of query \(torch.float32\), got torch.float64"
+    with pytest.raises(TypeError, match=message):
+        attn_torch.scaled_dot_product_attention(**tensors)
+
+
 # --- the variants PyTorch lacks, against the float64 eager reference ---------------------------
 
 HQ, HKV = 4, 2

@@ -1051,14 +1051,15 @@ def _autocast_inputs(*tensors):
 
 def _computed_dtypes(query, key, value):
     """query, key and value as attn computes them: float16 and bfloat16 as they are (attn's half
-    kernels), all three alike; other floating dtypes converted to float32. TypeError for a mix
-    involving a half dtype, as torch.nn.functional.scaled_dot_product_attention refuses one."""
-    if query.dtype in _HALF_DTYPES or key.dtype in _HALF_DTYPES or value.dtype in _HALF_DTYPES:
-        for name, tensor in (("key", key), ("value", value)):
-            if tensor.dtype != query.dtype:
-                raise TypeError(
-                    f"{name}: expected the dtype of query ({query.dtype}), got {tensor.dtype}"
-                )
+    kernels); float32 and float64 converted to float32. All three of one dtype, else a TypeError,
+    as torch.nn.functional.scaled_dot_product_attention refuses a mix (a float64 key beside a
+    float32 query would otherwise lose its precision without a word)."""
+    for name, tensor in (("key", key), ("value", value)):
+        if tensor.dtype != query.dtype:
+            raise TypeError(
+                f"{name}: expected the dtype of query ({query.dtype}), got {tensor.dtype}"
+            )
+    if query.dtype in _HALF_DTYPES:
         return query, key, value
     return _as_float32(query), _as_float32(key), _as_float32(value)
 
@@ -1218,11 +1219,11 @@ def scaled_dot_product_attention(
     CPU tensors; the arguments are those of ``attn.scaled_dot_product_attention`` (window,
     alibi_slopes, softcap, sinks, valid_lens, alignment besides PyTorch's; the book's
     ``causal=True``, aligned bottom-right, and ``dropout=``; an integer tensor or list as
-    attn_mask is read as valid_lens). float16 and bfloat16 query, key and value (all three of
-    one dtype; a mix is a TypeError) are computed by attn's half kernels as PyTorch computes
-    them (fp32 scores, softmax and accumulation, the output rounded once to their dtype), their
-    gradients too; other floating dtypes are converted to float32, the output returned in the
-    query's dtype. A float attn_mask, alibi_slopes and sinks are used in float32 whatever the
+    attn_mask is read as valid_lens). query, key and value share one dtype (a mix is a
+    TypeError, as PyTorch's). float16 and bfloat16 are computed by attn's half kernels as
+    PyTorch computes them (fp32 scores, softmax and accumulation, the output rounded once to
+    their dtype), their gradients too; float64 is computed in float32, the output returned in
+    float64. A float attn_mask, alibi_slopes and sinks are used in float32 whatever the
     inputs' dtype. Gradients reach query, key, value, a float attn_mask that requires grad
     (summed over its broadcast axes) and sinks; alibi_slopes get none. Dropout (whenever
     dropout_p > 0, as PyTorch) draws its seed from PyTorch's generator, so ``torch.manual_seed``
