@@ -255,6 +255,30 @@ def test_attn_torch_modules_reuse_layers_no_graph_holds(kind, monkeypatch):
         assert_close(module.attention_weights, holder.attention_weights, "last call's weights")
 
 
+@pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))
+def test_attn_torch_modules_backward_again_through_a_retained_graph(kind):
+    # retain_graph=True (and gradcheck, autograd.grad twice) runs a node's backward again: the
+    # gradients accumulate as the book's module gives them, a call made between the two passes
+    # takes another layer, and a pass after the graph is freed gets PyTorch's own error.
+    make_reference, make_module, (query_size, key_size, value_size) = MODULE_PAIRS[kind]
+    reference, module = make_reference(), make_module()
+    module.load_state_dict(reference.state_dict())
+    q, k = torch.randn(2, 3, query_size), torch.randn(2, 5, key_size)
+    v, lens = torch.randn(2, 5, value_size), torch.tensor([3, 5])
+    grads = []
+    for attention in (module, reference):
+        queries = q.clone().requires_grad_(True)
+        loss = attention(queries, k, v, lens).square().sum()
+        loss.backward(retain_graph=True)
+        with torch.no_grad():
+            attention(torch.randn_like(q), k, v, lens)  # between the passes
+        loss.backward()
+        grads.append(queries.grad)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+    assert_close(grads[0], grads[1], "queries.grad after two passes")
+
+
 def test_attn_torch_dropout_follows_torch_manual_seed():
     module = attn_torch.DotProductAttention(0.5)
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2)

@@ -83,8 +83,8 @@ def _once_differentiable(backward):
 
 
 class _Lease:
-    """Held by a call's autograd node (its ctx) until the node has run the call's layer backward
-    or is freed; the module's weak reference to it says when the layer may serve another call."""
+    """Held by a call's autograd graph (on its saved marker) until the graph frees its saved
+    tensors; the module's weak reference to it says when the layer may serve another call."""
 
     __slots__ = ("__weakref__",)
 
@@ -92,14 +92,22 @@ class _Lease:
 class _LayerFunction(torch.autograd.Function):
     """forward: ``layer(queries, keys, values, valid_lens)``; backward: ``layer.backward`` for
     the inputs and ``layer.grads()`` for the parameters (passed after the inputs, in
-    ``parameter_names`` order, so that autograd routes their gradients)."""
+    ``parameter_names`` order, so that autograd routes their gradients).
+
+    The layer and its lease ride on an empty tensor saved for backward: autograd frees saved
+    tensors after a backward pass unless the graph is retained, and with the graph otherwise, so
+    the layer is held exactly as long as a backward pass may still need it (``retain_graph=True``
+    and gradcheck run it again; a second pass without it gets PyTorch's own "backward through the
+    graph a second time" error), then serves later calls."""
 
     @staticmethod
     def forward(
         ctx, layer, lease, parameter_names, valid_lens, causal, queries, keys, values, *parameters
     ):
-        ctx.layer = layer
-        ctx.lease = lease
+        marker = torch.empty(0)
+        marker._attn_layer = layer
+        marker._attn_lease = lease
+        ctx.save_for_backward(marker)
         ctx.parameter_names = parameter_names
         ctx.input_dtypes = (queries.dtype, keys.dtype, values.dtype)
         ctx.parameter_dtypes = [parameter.dtype for parameter in parameters]
@@ -109,7 +117,8 @@ class _LayerFunction(torch.autograd.Function):
     @staticmethod
     @_once_differentiable
     def backward(ctx, grad_output):
-        layer = ctx.layer
+        (marker,) = ctx.saved_tensors
+        layer = marker._attn_layer
         layer.zero_grad()
         _follow_torch_threads()
         gradients = layer.backward(grad_output.contiguous())
@@ -122,9 +131,6 @@ class _LayerFunction(torch.autograd.Function):
             torch.from_numpy(parameter_grads[name]).to(dtype)
             for name, dtype in zip(ctx.parameter_names, ctx.parameter_dtypes)
         ]
-        # The layer holds copies of the inputs: free them with the graph, or let the module run the
-        # layer again.
-        ctx.layer = ctx.lease = None
         return (None, None, None, None, None, *input_grads, *parameter_grads)
 
 
