@@ -357,8 +357,8 @@ class Ring {
   // skipped, exactly as the kernels would have hidden every score of it.
   bool visible(const Pair& pair) const {
     if (pair.query.length == 0 || pair.key.length == 0) return false;
-    const int64_t left = options_.window ? options_.window->left : -1;
-    const int64_t right = options_.window ? options_.window->right : -1;
+    const SlidingWindow window = options_.window.value_or(SlidingWindow{}).bounded();
+    const int64_t left = window.left, right = window.right;
     for (int64_t i = 0; i < pair.query.length; ++i) {
       const int64_t diagonal = pair.query.start + i + global_diagonal_;
       int64_t first = pair.key.start;

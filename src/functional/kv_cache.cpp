@@ -366,8 +366,9 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
     decode.scale = scale;
     decode.causal = options.causal;
     if (options.window) {
-      decode.window_left = options.window->left;
-      decode.window_right = options.window->right;
+      const SlidingWindow window = options.window->bounded();
+      decode.window_left = window.left;
+      decode.window_right = window.right;
     }
     decode.softcap = options.softcap.value_or(0.0F);
     decode.sinks = options.sinks.empty() ? nullptr : options.sinks.data();
@@ -385,7 +386,7 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
     prefill.causal = options.causal;
     prefill.alignment = DiagonalAlignment::kOffset;
     prefill.diagonal_offset = length - n;
-    prefill.window = options.window;
+    if (options.window) prefill.window = options.window->bounded();
     prefill.scale = scale;
     prefill.softcap = options.softcap;
     prefill.sinks = options.sinks;

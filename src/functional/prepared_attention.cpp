@@ -341,8 +341,9 @@ FlashAttentionOptions PreparedAttention::diagonal_bounds() const {
   bounds.alignment = options_.alignment;
   bounds.diagonal_offset = options_.diagonal_offset;
   if (options_.window) {
-    bounds.window_left = options_.window->left;
-    bounds.window_right = options_.window->right;
+    const SlidingWindow window = options_.window->bounded();
+    bounds.window_left = window.left;
+    bounds.window_right = window.right;
   }
   return bounds;
 }

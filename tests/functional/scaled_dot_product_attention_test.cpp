@@ -323,6 +323,41 @@ TEST_P(FunctionalSdpa, ExplicitDiagonalOffsetsMatchTheReference) {
   }
 }
 
+// A window side of 2^61 − 1 keys or more reaches past any tensor: the call must equal the call
+// without that side. The diagonal plus INT64_MAX − 2 overflowed int64 and hid every key (zero
+// outputs, exit status 0 from `attn run --window -1,9223372036854775807`).
+TEST_P(FunctionalSdpa, WindowSidesPastAnyTensorAreUnbounded) {
+  constexpr int64_t kHuge[] = {Shape::kMaxElements, INT64_MAX - 2, INT64_MAX};
+  for (const bool bottom_right : {false, true}) {
+    for (const int64_t huge : kHuge) {
+      for (const SlidingWindow window : {SlidingWindow{-1, huge}, SlidingWindow{huge, -1},
+                                         SlidingWindow{huge, huge}, SlidingWindow{3, huge}}) {
+        SCOPED_TRACE("window (" + std::to_string(window.left) + ", " +
+                     std::to_string(window.right) + ")" + (bottom_right ? " bottom-right" : ""));
+        // L > S, so bottom-right diagonals start below key 0 (the left side's overflow).
+        SdpaTestCase c({2, 2, 2, 9, 6, 8, 4}, 900);
+        c.set_alignment(bottom_right);
+        if (window.left >= 0 && window.left < Shape::kMaxElements) c.set_window(window.left, -1);
+        const AttentionForward expected = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+        const AttentionBackward expected_grads = scaled_dot_product_attention_backward(
+            c.q, c.k, c.v, expected.output, c.grad_out, expected.log_sum_exp, c.options);
+        c.options.window = window;
+        const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+        EXPECT_TRUE(close_to(forward.output, testing::to_doubles(expected.output), 1e-6))
+            << "output";
+        const AttentionBackward grads = scaled_dot_product_attention_backward(
+            c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
+        EXPECT_TRUE(close_to(grads.query, testing::to_doubles(expected_grads.query), 1e-6))
+            << "grad query";
+        EXPECT_TRUE(close_to(grads.key, testing::to_doubles(expected_grads.key), 1e-6))
+            << "grad key";
+        EXPECT_TRUE(close_to(grads.value, testing::to_doubles(expected_grads.value), 1e-6))
+            << "grad value";
+      }
+    }
+  }
+}
+
 TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
   Rng rng(4242);
   const auto pick = [&](int64_t count) {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 
+#include "attn/core/shape.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/valid_lengths.hpp"
 #include "attn/kernels/fused_options.hpp"
@@ -55,9 +56,17 @@ class AttentionMask {
 
 // A sliding window around each query's diagonal key c (see `alignment`): keys j with
 // c − left ≤ j ≤ c + right; −1 leaves a side unbounded (FlashAttention's window_size).
+// A side of Shape::kMaxElements (2^61 − 1) keys or more reaches past the keys of any tensor, so
+// it is read as −1 (`bounded()`): the diagonal plus such a side would overflow int64.
 struct SlidingWindow {
   int64_t left = -1;
   int64_t right = -1;
+
+  // The window as the kernels take it: sides past any tensor's reach as −1.
+  SlidingWindow bounded() const {
+    const auto side = [](int64_t keys) { return keys >= Shape::kMaxElements ? -1 : keys; };
+    return {side(left), side(right)};
+  }
 };
 
 struct AttentionOptions {
