@@ -2,6 +2,7 @@
 // score tiles, modifiers and masks as the forward and backward kernels, then P = exp(S − lse)
 // written out row by row. Dot-product and additive scores. Layout as flash_attention.hpp.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -73,6 +74,27 @@ struct WeightsScratch {
   }
 };
 
+// The log-sum-exp is a float: where its magnitude is large (a row of scores near −1e9, as an
+// additive mask hides a whole row; scores beyond 1e7) max + log(sum) loses log(sum) to rounding,
+// and exp(S − lse) is the row's weights times one factor (four equal scores gave four weights of
+// 1). Each row's weights, with its sink's, sum to 1: divide by their sum where it strays. The
+// factor is at most 1 (lse rounds up from the row's maximum) and underflows nothing a key of the
+// row keeps at float precision.
+void RenormalizeRows(const WeightsArgs& args, int64_t h, size_t rows, const TileKeyRanges& ranges,
+                     const float* lse, float* out) {
+  constexpr double kStray = 1e-6;  // a sum of ≤ 1-ulp exponentials lands closer than this
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = out + static_cast<int64_t>(r) * args.weights.row_stride;
+    double total = args.options.sinks == nullptr
+                       ? 0.0
+                       : std::exp(static_cast<double>(args.options.sinks[h]) - lse[r]);
+    for (int64_t j = ranges.begin; j < ranges.end; ++j) total += row[j];
+    if (!(total > 0.0) || std::abs(total - 1.0) <= kStray) continue;  // hidden rows: all zero
+    const auto factor = static_cast<float>(1.0 / total);
+    for (int64_t j = ranges.begin; j < ranges.end; ++j) row[j] *= factor;
+  }
+}
+
 void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_query,
                  WeightsScratch& s) {
   const hn::ScalableTag<float> d;
@@ -132,6 +154,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       for (size_t j = 0; j < bc; ++j) row[j] = s.scores[j * br + r];
     }
   }
+  RenormalizeRows(args, h, rows, tile.ranges, s.lse, out);
 }
 
 void AttentionWeights(const WeightsArgs& args) {
