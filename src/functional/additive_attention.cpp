@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
@@ -14,6 +15,7 @@
 #include "functional/attention_layout.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
+#include "functional/row_totals.hpp"
 
 namespace attn {
 
@@ -193,6 +195,20 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
     if (!std::isfinite(w))
       throw ValueError("w_v: expected finite values, got " + std::to_string(w));
     w_v_max = std::max(w_v_max, static_cast<double>(std::fabs(w)));
+  }
+  // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9): grad_output over the rows'
+  // weight totals, which cancels the factor their P carries (row_totals.hpp).
+  Tensor rescaled_grad_output;
+  if (functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
+    std::vector<float> totals(log_sum_exp.size(), 1.0F);
+    for (size_t s = 0; s < prepared.slices(); ++s) {
+      additive_attention_row_totals(prepared.query(s), prepared.key(s), parameters.w_v,
+                                    prepared.slice_log_sum_exp(log_sum_exp, s),
+                                    prepared.valid_lens(), prepared.kernel_options(s),
+                                    prepared.slice_log_sum_exp(std::span<float>(totals), s));
+    }
+    rescaled_grad_output = functional_detail::divide_rows_by_totals(prepared, grad_output, totals);
+    grad_output = rescaled_grad_output;
   }
   const auto shifts = prepared.gradient_shifts(
       functional_detail::require_finite("grad_output", grad_output),

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/flash_attention.hpp"
@@ -18,6 +19,7 @@
 #include "functional/finite_range.hpp"
 #include "functional/prefill_without_scans.hpp"
 #include "functional/prepared_attention.hpp"
+#include "functional/row_totals.hpp"
 #include "kernels/dropout_hash.hpp"
 
 namespace attn {
@@ -76,11 +78,43 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStrid
   return result;
 }
 
+namespace {
+
+// grad_output divided by the rows' weight totals (row_totals.hpp), for a log-sum-exp some of whose
+// rows lost log(sum) to their magnitude.
+Tensor grad_output_over_row_totals(ConstStridedView query, ConstStridedView key,
+                                   ConstStridedView value, ConstStridedView grad_output,
+                                   std::span<const float> log_sum_exp,
+                                   const AttentionOptions& options) {
+  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  std::vector<float> totals(log_sum_exp.size(), 1.0F);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_row_totals(prepared.query(s), prepared.key(s),
+                               prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
+                               prepared.kernel_options(s),
+                               prepared.slice_log_sum_exp(std::span<float>(totals), s),
+                               /*base_two=*/true);
+  }
+  return functional_detail::divide_rows_by_totals(prepared, grad_output, totals);
+}
+
+}  // namespace
+
 void scaled_dot_product_attention_backward(
     ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
     MutableStridedView grad_value, MutableStridedView grad_mask, std::span<float> grad_sinks) {
+  // A row masked to −1e9 loses log(sum) from its float log-sum-exp: the kernel's P is then off by
+  // one factor per row, which dividing grad_output's row by it cancels (row_totals.hpp). A pass
+  // of scores for such calls only: |lse| > 256 needs scores beyond ±240.
+  Tensor rescaled_grad_output;
+  if (functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
+    rescaled_grad_output =
+        grad_output_over_row_totals(query, key, value, grad_output, log_sum_exp, options);
+    grad_output = rescaled_grad_output;
+  }
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
   if (functional_detail::backward_without_scans(query, key, value, output, grad_output, log_sum_exp,
                                                 options, grad_query, grad_key, grad_value,

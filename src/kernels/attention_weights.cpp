@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
@@ -26,6 +28,10 @@ struct WeightsArgs {
   HeadsView weights;
   const float* additive_weights;      // w_v for additive scores; null for dot products
   bool additive_exponential = false;  // additive scores in the exponential form, as the forward
+  float* row_totals = nullptr;        // set: each row's total into it (B·H·n), no weights written
+  // Scores and log-sum-exp times this unit, exponentials then in base 2 where it is log2 e: the
+  // fp32 backward pass's P (flash_attention_backward.cpp), whose totals must be its own.
+  float unit = 1.0F;
 };
 
 constexpr size_t kQueryVectors = 4;
@@ -111,19 +117,24 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
   const float* lse = args.log_sum_exp + (b * args.q.heads + h) * n + first_query;
   for (size_t r = 0; r < br; ++r) {
-    s.lse[r] = r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? lse[r] : 0.0F;
+    s.lse[r] =
+        r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? args.unit * lse[r] : 0.0F;
   }
   // Zeros only in the query vectors the score products read.
   const size_t vectors = args.additive_weights != nullptr
                              ? AdditiveScoreVectors<kQueryVectors>(d, rows)
                              : VectorsHolding(d, rows, kQueryVectors);
-  TransposeScaledTile(q, static_cast<size_t>(args.q.row_stride), rows, depth, args.options.scale,
-                      br, vectors * hn::Lanes(d), s.q_transposed);
+  TransposeScaledTile(q, static_cast<size_t>(args.q.row_stride), rows, depth,
+                      args.options.scale * args.unit, br, vectors * hn::Lanes(d), s.q_transposed);
   if (args.additive_exponential)
     DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
-  float* out = args.weights.matrix(b, h) + first_query * args.weights.row_stride;
-  for (size_t r = 0; r < rows; ++r)
+  const bool totals_only = args.row_totals != nullptr;
+  float* out =
+      totals_only ? nullptr : args.weights.matrix(b, h) + first_query * args.weights.row_stride;
+  for (size_t r = 0; r < rows && !totals_only; ++r)
     std::fill_n(out + static_cast<int64_t>(r) * args.weights.row_stride, m, 0.0F);
+  // Summed in double: a float sum of m weights would carry m ulps.
+  std::vector<double> totals(totals_only ? rows : 0, 0.0);
   const float* keys = args.k.matrix(b, kv_head);
   const auto key_stride = static_cast<size_t>(args.k.row_stride);
   for (int64_t key0 = tile.ranges.begin; key0 < tile.ranges.end;
@@ -147,14 +158,35 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
                             depth, s.scores, br);
     }
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
-                        s.scores);
-    ProbabilitiesFromScores(d, bc, br, br, s.lse, s.scores);
+                        s.scores, nullptr, args.unit);
+    if (args.unit != 1.0F) {
+      ProbabilitiesFromScores<ProbabilityExp::kBaseTwo>(d, bc, br, br, s.lse, s.scores);
+    } else {
+      ProbabilitiesFromScores(d, bc, br, br, s.lse, s.scores);
+    }
     for (size_t r = 0; r < rows; ++r) {
+      if (totals_only) {
+        for (size_t j = 0; j < bc; ++j) totals[r] += s.scores[j * br + r];
+        continue;
+      }
       float* row = out + static_cast<int64_t>(r) * args.weights.row_stride + key0;
       for (size_t j = 0; j < bc; ++j) row[j] = s.scores[j * br + r];
     }
   }
-  RenormalizeRows(args, h, rows, tile.ranges, s.lse, out);
+  if (!totals_only) {
+    RenormalizeRows(args, h, rows, tile.ranges, s.lse, out);
+    return;
+  }
+  float* row_totals = args.row_totals + (b * args.q.heads + h) * n + first_query;
+  for (size_t r = 0; r < rows; ++r) {
+    // The sink's share in the keys' unit (2^(log2 e · sink − lse₂) in base 2), so that it carries
+    // the same factor as the keys' P.
+    if (args.options.sinks != nullptr) {
+      const double sink = static_cast<double>(args.options.sinks[h]) * args.unit - s.lse[r];
+      totals[r] += args.unit != 1.0F ? std::exp2(sink) : std::exp(sink);
+    }
+    row_totals[r] = static_cast<float>(totals[r]);
+  }
 }
 
 void AttentionWeights(const WeightsArgs& args) {
@@ -191,8 +223,10 @@ void compute_weights(const weights_detail::WeightsArgs& args) {
   const ConstHeadsView out{nullptr, args.q.batch, args.q.heads, args.q.rows, 1, 0, 0, 0};
   if (!check_attention_arguments(args.q, args.k, values, out, *args.valid_lens, args.options))
     return;
-  require_matrices(args.weights, "weights", args.q.batch, args.q.heads, args.q.rows, args.k.rows,
-                   "one row per query, one column per key");
+  if (args.row_totals == nullptr) {
+    require_matrices(args.weights, "weights", args.q.batch, args.q.heads, args.q.rows, args.k.rows,
+                     "one row per query, one column per key");
+  }
   HWY_DYNAMIC_DISPATCH(AttentionWeights)(args);
 }
 }  // namespace
@@ -201,6 +235,32 @@ void flash_attention_weights(ConstHeadsView q, ConstHeadsView k, const float* lo
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                              HeadsView weights) {
   compute_weights({q, k, log_sum_exp, &valid_lens, options, weights, nullptr});
+}
+
+void flash_attention_row_totals(ConstHeadsView q, ConstHeadsView k, const float* log_sum_exp,
+                                const ValidLengths& valid_lens,
+                                const FlashAttentionOptions& options, float* totals,
+                                bool base_two) {
+  weights_detail::WeightsArgs args{q, k, log_sum_exp, &valid_lens, options, {}, nullptr};
+  args.row_totals = totals;
+  if (base_two) args.unit = std::numbers::log2e_v<float>;
+  compute_weights(args);
+}
+
+void additive_attention_row_totals(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
+                                   std::span<const float> w_v, const float* log_sum_exp,
+                                   const ValidLengths& valid_lens,
+                                   const FlashAttentionOptions& options, float* totals) {
+  require_additive_arguments(w_v, options, projected_queries, projected_keys);
+  FlashAttentionOptions additive = options;
+  additive.scale = 1.0F;
+  weights_detail::WeightsArgs args{
+      projected_queries, projected_keys,
+      log_sum_exp,       &valid_lens,
+      additive,          {},
+      w_v.data(),        additive_exponential_form(projected_queries, projected_keys, w_v)};
+  args.row_totals = totals;
+  compute_weights(args);
 }
 
 void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView projected_keys,

@@ -168,6 +168,43 @@ TEST_P(FunctionalAdditive, MasksWindowsAndRanksAgreeWithTheirEquivalents) {
   EXPECT_TRUE(close_to(rank4, to_doubles(expected), 0.0));
 }
 
+// A float mask adding one constant to a whole row changes nothing (softmax ignores it), however
+// far below zero: with w_v = 0 every score is 0, so the masked scores are the constant exactly and
+// the float log-sum-exp's rounding of it (log(m) lost at −1e9) is all that could differ. Before
+// the rows' totals, that row's weights summed to m and its dV and dw_v terms were m times too
+// large.
+TEST_P(FunctionalAdditive, ARowMaskedFarBelowZeroKeepsItsWeightsAndGradients) {
+  Rng rng(8);
+  const int64_t batch = 2, n = 6, m = 9;
+  const Tensor q = random_tensor(Shape{batch, n, 3}, rng),
+               k = random_tensor(Shape{batch, m, 4}, rng),
+               v = random_tensor(Shape{batch, m, 5}, rng),
+               g = random_tensor(Shape{batch, n, 5}, rng);
+  Parameters p = random_parameters(8, 3, 4, rng);
+  std::fill_n(p.w_v.data(), p.w_v.numel(), 0.0F);
+  const AttentionOptions plain;
+  const AttentionForward expected = additive_attention(q, k, v, p.view(), plain);
+  const AdditiveGradients expected_grads = additive_attention_backward(
+      q, k, v, p.view(), expected.output, g, expected.log_sum_exp, plain);
+  for (const float far : {-1e4F, -1e9F}) {
+    SCOPED_TRACE("mask " + std::to_string(far));
+    Tensor mask(Shape{n, m});
+    for (int64_t j = 0; j < m; ++j) mask(2, j) = far;
+    AttentionOptions masked;
+    masked.attn_mask = AttentionMask::additive(mask);
+    const AttentionForward forward = additive_attention(q, k, v, p.view(), masked);
+    EXPECT_TRUE(close_to(forward.output, to_doubles(expected.output), 1e-6));
+    EXPECT_TRUE(close_to(
+        additive_attention_weights(q, k, p.view(), forward.log_sum_exp, masked),
+        to_doubles(additive_attention_weights(q, k, p.view(), expected.log_sum_exp, plain)), 1e-6));
+    const AdditiveGradients grads = additive_attention_backward(q, k, v, p.view(), forward.output,
+                                                                g, forward.log_sum_exp, masked);
+    EXPECT_TRUE(close_to(grads.values, to_doubles(expected_grads.values), 1e-6)) << "values";
+    EXPECT_TRUE(close_to(grads.w_v, to_doubles(expected_grads.w_v), 1e-5)) << "w_v";
+    EXPECT_TRUE(close_to(grads.queries, to_doubles(expected_grads.queries), 1e-6)) << "queries";
+  }
+}
+
 // The forward pass's projections handed back: the same gradients and weights, bit for bit, as
 // projecting again (the tests above check those against the reference).
 TEST_P(FunctionalAdditive, KeptProjectionsGiveTheSameGradientsAndWeights) {

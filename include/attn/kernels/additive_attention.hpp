@@ -52,4 +52,10 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
                                 const ValidLengths& valid_lens,
                                 const FlashAttentionOptions& options, HeadsView weights);
 
+// Each row's total of those weights, as flash_attention_row_totals.
+void additive_attention_row_totals(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
+                                   std::span<const float> w_v, const float* log_sum_exp,
+                                   const ValidLengths& valid_lens,
+                                   const FlashAttentionOptions& options, float* totals);
+
 }  // namespace attn

@@ -1,0 +1,29 @@
+// Backward passes on rows whose float log-sum-exp lost log(sum) to its own magnitude (scores near
+// −1e9 from an additive mask that hides a whole row, or beyond 1e7): the kernels' P = exp(S − lse)
+// is then the true P_i times one factor per row, its total c_i; grad_output divided by c_i makes
+// the backward exact again.
+#pragma once
+
+#include <span>
+
+#include "attn/core/strided_view.hpp"
+#include "attn/core/tensor.hpp"
+#include "functional/prepared_attention.hpp"
+
+namespace attn::functional_detail {
+
+// Whether some row's log-sum-exp is finite and beyond 256 in magnitude, where its float rounding
+// (half an ulp, 2^−24·|lse|) exceeds 1.5e−5 of every P of the row. Below it the kernels' own error
+// dominates; above it the rows' totals are worth a pass.
+bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp);
+
+// A contiguous copy of `grad_output` (output-shaped, laid out by `prepared`) whose row i is divided
+// by totals[i] (in the log-sum-exp's order) where that total strays from 1 by more than 1e−6.
+// With P'_i = c_i·P_i and dO'_i = dO_i / c_i: dV = Σ_i P'_iᵀ dO'_i, D'_i = D_i / c_i,
+// dP'_i = dP_i / c_i and dS'_i = P'_i ⊙ (dP'_i − D'_i) are exactly the true ones, dropout, the
+// soft cap's derivative and the sinks' gradient included (each linear in those terms). Rows whose
+// total is 0 see nothing and stay.
+Tensor divide_rows_by_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
+                             std::span<const float> totals);
+
+}  // namespace attn::functional_detail
