@@ -51,8 +51,16 @@ struct QueryTile {
 // What a mask entry adds to its score: a float mask's entry itself; a bool mask's 0 where it keeps
 // the key and −∞ where it hides it (branch-free: a random bool mask's entries, tested one branch
 // each, mispredicted often enough to take 3.2× the unmasked forward's time at n = m = 1024, Zen 5).
+//
+// A float entry below −2^127 (float's lowest, −3.4e38, which transformers' masks use) adds −2^127:
+// the base-2 passes multiply entries by log2 e, which took float's lowest to −∞ and so hid a row
+// that PyTorch averages (its scores all equal). −2^127 · log2 e stays finite, and no score can
+// matter beside it (the score bound is 1e37); entries between −3.4e38 and −2^127 tie.
+inline constexpr float kLowestMaskEntry = -0x1p127F;
 HWY_INLINE float AddedScore(float entry) {
-  return entry;
+  return entry < kLowestMaskEntry && entry != -std::numeric_limits<float>::infinity()
+             ? kLowestMaskEntry
+             : entry;
 }
 HWY_INLINE float AddedScore(uint8_t entry) {
   return entry != 0 ? 0.0F : -std::numeric_limits<float>::infinity();
@@ -61,7 +69,9 @@ HWY_INLINE float AddedScore(uint8_t entry) {
 // AddedScore of 4 consecutive entries.
 template <class D4>
 HWY_INLINE hn::Vec<D4> AddedScores(D4 d4, const float* entries) {
-  return hn::LoadU(d4, entries);
+  const auto entry = hn::LoadU(d4, entries);
+  const auto hidden = hn::Eq(entry, hn::Set(d4, -std::numeric_limits<float>::infinity()));
+  return hn::IfThenElse(hidden, entry, hn::Max(entry, hn::Set(d4, kLowestMaskEntry)));
 }
 template <class D4>
 HWY_INLINE hn::Vec<D4> AddedScores(D4 d4, const uint8_t* entries) {

@@ -323,28 +323,33 @@ TEST_P(FunctionalSdpa, ExplicitDiagonalOffsetsMatchTheReference) {
   }
 }
 
-// A row an additive mask pushes to −1e4 or −1e9 (a zero query, so its scores are
-// the mask's exactly and the reference's double softmax is uniform): the float log-sum-exp loses
-// log(S) to rounding there, and the weights came out as S ones (−1e9) or off by 5e−4 (−1e4), the
-// gradients by the same factor (dV of that row 7 times too large at −1e9).
+// A row an additive mask pushes to −1e4, −1e9 or float's lowest (transformers' masks) — a zero
+// query, so its scores are the mask's exactly and the reference's double softmax is uniform, as
+// PyTorch's is. The float log-sum-exp loses log(S) to rounding there: the weights came out as S
+// ones (−1e9) or off by 5e−4 (−1e4), the gradients by the same factor; float's lowest times log2 e
+// overflowed on the base-2 paths, which then hid the row (zero output) and gave NaN gradients.
+// Few queries (the decode kernel's forward) and many (the prefill kernels').
 TEST_P(FunctionalSdpa, RowsFarBelowZeroGiveExactWeightsAndGradients) {
   constexpr int64_t kRow = 2;
-  for (const float far : {-1e4F, -1e9F}) {
-    for (const bool sinks : {false, true}) {
-      SCOPED_TRACE("mask " + std::to_string(far) + (sinks ? " with sinks" : ""));
-      SdpaTestCase c({2, 2, 2, 5, 7, 8, 6}, 910);
-      c.set_mask(Shape{5, 7}, /*boolean=*/false, /*keep=*/1.0);
-      if (sinks) c.set_sinks();
-      for (int64_t b = 0; b < 2; ++b) {
-        for (int64_t h = 0; h < 2; ++h) {
-          for (int64_t e = 0; e < 8; ++e) c.q(b, h, kRow, e) = 0.0F;
-          for (int64_t j = 0; j < 7; ++j) {
-            c.mask_floats(kRow, j) = far;
-            c.problem.mask[c.problem.score_index(b, h, kRow, j)] = far;
+  for (const SdpaShape shape : {SdpaShape{2, 2, 2, 5, 7, 8, 6}, SdpaShape{1, 2, 2, 70, 40, 8, 6}}) {
+    for (const float far : {-1e4F, -1e9F, std::numeric_limits<float>::lowest()}) {
+      for (const bool sinks : {false, true}) {
+        SCOPED_TRACE("queries " + std::to_string(shape.queries) + ", mask " + std::to_string(far) +
+                     (sinks ? " with sinks" : ""));
+        SdpaTestCase c(shape, 910);
+        c.set_mask(Shape{shape.queries, shape.keys}, /*boolean=*/false, /*keep=*/1.0);
+        if (sinks) c.set_sinks();
+        for (int64_t b = 0; b < shape.batch; ++b) {
+          for (int64_t h = 0; h < shape.q_heads; ++h) {
+            for (int64_t e = 0; e < shape.depth; ++e) c.q(b, h, kRow, e) = 0.0F;
+            for (int64_t j = 0; j < shape.keys; ++j) {
+              c.mask_floats(kRow, j) = far;
+              c.problem.mask[c.problem.score_index(b, h, kRow, j)] = far;
+            }
           }
         }
+        check_case(c, /*mask_gradient=*/true, /*sinks_gradient=*/sinks);
       }
-      check_case(c, /*mask_gradient=*/true, /*sinks_gradient=*/sinks);
     }
   }
 }
