@@ -14,6 +14,7 @@
 #include "functional/finite_range.hpp"
 #include "functional/prefill_without_scans.hpp"
 #include "functional/prepared_attention.hpp"
+#include "functional/row_totals.hpp"
 
 namespace attn {
 
@@ -149,10 +150,13 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
+  // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9, row_totals.hpp) take the
+  // widened route below, whose float pass divides their grad_output by the rows' totals.
+  const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp);
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
-  if (functional_detail::backward_without_scans(type, query, key, value, output, grad_output,
-                                                log_sum_exp, options, grad_query, grad_key,
-                                                grad_value, grad_mask, grad_sinks)) {
+  if (!imprecise_rows && functional_detail::backward_without_scans(
+                             type, query, key, value, output, grad_output, log_sum_exp, options,
+                             grad_query, grad_key, grad_value, grad_mask, grad_sinks)) {
     return;
   }
   // The float overload's checks, in its order.
@@ -175,10 +179,11 @@ void scaled_dot_product_attention_backward(
       functional_detail::require_finite("grad_output", type, grad_output),
       functional_detail::require_finite("output", type, output), scale * prepared.key_max(),
       scale * prepared.query_max(), summed_gradients);
-  if (shifts.grad_output > 0 || shifts.value > 0) {
+  if (shifts.grad_output > 0 || shifts.value > 0 || imprecise_rows) {
     // Sums that could pass float's range (finite_range.hpp): the float overload scales its copies
-    // by powers of two, which the half kernel, reading the bits in place, cannot. Rare enough to
-    // pay for widened copies; the gradients are the float path's, rounded once.
+    // by powers of two, which the half kernel, reading the bits in place, cannot; and rows that
+    // need their totals, which the float overload computes as its own pass computes P. Rare
+    // enough to pay for widened copies; the gradients are the float path's, rounded once.
     const Tensor wide_query = functional_detail::widened_copy(type, query);
     const Tensor wide_key = functional_detail::widened_copy(type, key);
     const Tensor wide_value = functional_detail::widened_copy(type, value);

@@ -323,6 +323,60 @@ def test_float64_inputs_give_float64_results():
     assert_relative(output, F.scaled_dot_product_attention(q, k, v), OUTPUT_RTOL, "output")
 
 
+@pytest.mark.parametrize("queries", [5, 70], ids=["decode_kernel", "prefill_kernels"])
+@pytest.mark.parametrize("far", [-1e4, -1e9, torch.finfo(torch.float32).min],
+                         ids=["-1e4", "-1e9", "finfo.min"])
+def test_a_row_a_float_mask_hides_wholly_matches_torchs_math(far, queries):
+    # transformers fills hidden entries with finfo.min; a row hidden wholly (a left-padded query)
+    # then has equal float32 scores, and PyTorch averages the values. attn gave zeros there on
+    # its base-2 paths and, for every such row, gradients off by the row's lost log-sum-exp
+    # (PyTorch's own CPU flash backward too: the math backend is the reference here).
+    # The row's query is zero, so its scores are the mask's exactly on both sides (−1e4 + q·k
+    # rounds to 2^−10 in float32, differently in attn's base-2 scores than in PyTorch's).
+    q = torch.randn(N, H, queries, E)
+    q[:, :, 2] = 0.0
+    q.requires_grad_(True)
+    k, v = leaf(N, H, S, E), leaf(N, H, S, EV)
+    mask = torch.randn(queries, S)
+    mask[2] = far
+    output = attn_torch.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    grad_output = torch.randn_like(output)
+    grads = torch.autograd.grad(output, (q, k, v), grad_output)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_output)
+    assert_relative(output, expected, OUTPUT_RTOL, "output")
+    for name, mine, theirs in zip("qkv", grads, expected_grads):
+        assert_relative(mine, theirs, GRADIENT_RTOL, f"d{name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("queries", [5, 70], ids=["decode_kernel", "prefill_kernels"])
+@pytest.mark.parametrize("far", [-1e9, torch.finfo(torch.float32).min], ids=["-1e9", "finfo.min"])
+def test_a_row_a_float_mask_hides_wholly_in_half_precision(far, queries, dtype):
+    # As above on half inputs, against the float64 math on the same rounded inputs: the half
+    # backward's dQ and dV of such a row were off by O(1) (the row's P carried a factor of 7).
+    # Tolerance: the half path rounds P and dS to the input's precision (2^-8 for bf16) in its
+    # products and each gradient once; 2^-6 of the largest magnitude, as test_half_precision.py.
+    q = torch.randn(N, H, queries, E).to(dtype)
+    q[:, :, 2] = 0.0
+    k, v = torch.randn(N, H, S, E).to(dtype), torch.randn(N, H, S, EV).to(dtype)
+    mask = torch.randn(queries, S)
+    mask[2] = far
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    output = attn_torch.scaled_dot_product_attention(*leaves, attn_mask=mask)
+    assert output.dtype == dtype
+    grad_output = torch.randn_like(output)
+    grads = torch.autograd.grad(output, leaves, grad_output)
+    wide = [t.detach().double().requires_grad_(True) for t in leaves]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        expected = F.scaled_dot_product_attention(*wide, attn_mask=mask.double())
+    expected_grads = torch.autograd.grad(expected, wide, grad_output.double())
+    assert_relative(output, expected, 2.0**-6, "output")
+    for name, mine, theirs in zip("qkv", grads, expected_grads):
+        assert_relative(mine, theirs, 2.0**-6, f"d{name}")
+
+
 @pytest.mark.parametrize("odd", ["key", "value"])
 def test_float32_and_float64_mixed_are_refused_as_torch_refuses_them(odd):
     # Computed in float32, a float64 key or value beside a float32 query would lose its precision
