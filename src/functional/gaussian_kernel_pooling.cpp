@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,31 +25,75 @@ void check_scores_arguments(ConstTensorView queries, ConstTensorView keys, float
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   if (!std::isfinite(width))
     throw ValueError("width: expected a finite number, got " + std::to_string(width));
+  require_finite("queries", queries);
+  require_finite("keys", keys);
 }
 
-// Scores of queries [first, first + rows) of batch b against every key, rows × m at `scores`.
+// Scores of queries [first, first + rows) of batch b against every key, rows × m at `scores`,
+// summed in double. `lengths` (one per row, or empty for all m keys): each row is shifted by its
+// largest score over its valid keys, which softmax ignores; in float a row of keys all far from
+// its query (or a large width) overflowed to −∞ everywhere, and the softmax gave zeros where the
+// nearest key takes all the weight.
 void score_rows(ConstTensorView queries, ConstTensorView keys, float width, int64_t b,
-                int64_t first, int64_t rows, float* scores) {
+                int64_t first, int64_t rows, std::span<const int64_t> lengths, float* scores) {
   const int64_t m = keys.dim(1), d = queries.dim(2);
+  std::vector<double> row(static_cast<size_t>(m));
   for (int64_t i = first; i < first + rows; ++i) {
     for (int64_t j = 0; j < m; ++j) {
-      float squared = 0.0F;
+      double squared = 0.0;
       for (int64_t t = 0; t < d; ++t) {
-        const float scaled = (queries(b, i, t) - keys(b, j, t)) * width;
+        const double scaled = (static_cast<double>(queries(b, i, t)) - keys(b, j, t)) * width;
         squared += scaled * scaled;
       }
-      *scores++ = -0.5F * squared;
+      row[static_cast<size_t>(j)] = -0.5 * squared;
     }
+    const int64_t valid = lengths.empty() ? m : lengths[static_cast<size_t>(i - first)];
+    const double shift = valid > 0 ? *std::max_element(row.begin(), row.begin() + valid) : 0.0;
+    for (int64_t j = 0; j < m; ++j)
+      *scores++ = static_cast<float>(row[static_cast<size_t>(j)] - shift);
   }
+}
+
+// Each row's valid length (empty for all keys), for rows [first, first + rows) of batch b.
+std::vector<int64_t> row_lengths(const ValidLengths& valid_lens, int64_t b, int64_t first,
+                                 int64_t rows, int64_t m) {
+  std::vector<int64_t> lengths;
+  if (valid_lens.is_all()) return lengths;
+  for (int64_t i = first; i < first + rows; ++i) lengths.push_back(valid_lens.length(b, i, m));
+  return lengths;
 }
 
 }  // namespace
 
 Tensor gaussian_kernel_scores(ConstTensorView queries, ConstTensorView keys, float width) {
   check_scores_arguments(queries, keys, width);
-  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1);
+  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1), d = queries.dim(2);
   Tensor scores(Shape{batch, n, m});
-  for (int64_t b = 0; b < batch; ++b) score_rows(queries, keys, width, b, 0, n, &scores(b, 0, 0));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double squared = 0.0;
+        for (int64_t t = 0; t < d; ++t) {
+          const double scaled = (static_cast<double>(queries(b, i, t)) - keys(b, j, t)) * width;
+          squared += scaled * scaled;
+        }
+        scores(b, i, j) = static_cast<float>(-0.5 * squared);
+      }
+    }
+  }
+  return scores;
+}
+
+Tensor gaussian_kernel_shifted_scores(ConstTensorView queries, ConstTensorView keys, float width,
+                                      const ValidLengths& valid_lens) {
+  check_scores_arguments(queries, keys, width);
+  const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1);
+  valid_lens.check("valid_lens", batch, n, m);
+  Tensor scores(Shape{batch, n, m});
+  for (int64_t b = 0; b < batch; ++b) {
+    score_rows(queries, keys, width, b, 0, n, row_lengths(valid_lens, b, 0, n, m),
+               &scores(b, 0, 0));
+  }
   return scores;
 }
 
@@ -57,6 +102,7 @@ PoolingResult gaussian_kernel_pooling(ConstTensorView queries, ConstTensorView k
                                       const ValidLengths& valid_lens, bool need_weights) {
   check_scores_arguments(queries, keys, width);
   require_rank("values", values.shape(), 3);
+  require_finite("values", values);
   require_dim("values", values.shape(), 0, queries.dim(0), "the batch size of queries");
   require_dim("values", values.shape(), 1, keys.dim(1), "the number of keys");
   const int64_t batch = queries.dim(0), n = queries.dim(1), m = keys.dim(1), dv = values.dim(2);
@@ -64,7 +110,7 @@ PoolingResult gaussian_kernel_pooling(ConstTensorView queries, ConstTensorView k
   PoolingResult result;
   result.output = Tensor(Shape{batch, n, dv});
   if (need_weights) {
-    result.weights = gaussian_kernel_scores(queries, keys, width);
+    result.weights = gaussian_kernel_shifted_scores(queries, keys, width, valid_lens);
     masked_softmax(result.weights, valid_lens, result.weights);
     batched_matmul(result.weights, values, result.output);
     return result;
@@ -76,12 +122,8 @@ PoolingResult gaussian_kernel_pooling(ConstTensorView queries, ConstTensorView k
     for (int64_t first = 0; first < n; first += kRowBlock) {
       const int64_t rows = std::min(kRowBlock, n - first);
       const TensorView scores(block.data(), Shape{1, rows, m});
-      score_rows(queries, keys, width, b, first, rows, scores.data());
-      std::vector<int64_t> lengths;
-      if (!valid_lens.is_all()) {
-        for (int64_t i = first; i < first + rows; ++i)
-          lengths.push_back(valid_lens.length(b, i, m));
-      }
+      const std::vector<int64_t> lengths = row_lengths(valid_lens, b, first, rows, m);
+      score_rows(queries, keys, width, b, first, rows, lengths, scores.data());
       masked_softmax(scores,
                      lengths.empty() ? ValidLengths() : ValidLengths::per_query(lengths, 1, rows),
                      scores);

@@ -20,7 +20,8 @@ Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView k
   check_attention_inputs(queries, keys, values);
   require_dim("keys", keys.shape(), 2, queries.dim(2), "the size of each query");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
-  Tensor scores = gaussian_kernel_scores(queries, keys, width());
+  require_finite("values", values);
+  Tensor scores = gaussian_kernel_shifted_scores(queries, keys, width(), valid_lens);
   queries_.assign(queries);
   keys_.assign(keys);
   return pool(std::move(scores), valid_lens, values);
@@ -30,28 +31,29 @@ Tensor GaussianKernelPooling::forward(ConstTensorView queries, ConstTensorView k
 //   dq_i += −w² dS_ij δ,   dk_j += w² dS_ij δ,   dw += −w ‖δ‖² dS_ij.
 AttentionGradients GaussianKernelPooling::backward(ConstTensorView grad_output) {
   PoolGradients pooled = pool_backward(grad_output, "GaussianKernelPooling");
+  require_finite("grad_output", grad_output);
   const int64_t batch = queries_.dim(0), n = queries_.dim(1), m = keys_.dim(1), d = queries_.dim(2);
   const float w = width();
   AttentionGradients grads{Tensor(queries_.shape()), Tensor(keys_.shape()),
                            std::move(pooled.values)};
-  float grad_width = 0.0F;
+  double grad_width = 0.0;  // ‖δ‖² in double: distances beyond 1.8e19 square past float
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < m; ++j) {
         const float ds = pooled.scores(b, i, j);
         if (ds == 0.0F) continue;
-        float squared = 0.0F;
+        double squared = 0.0;
         for (int64_t t = 0; t < d; ++t) {
           const float delta = queries_(b, i, t) - keys_(b, j, t);
-          squared += delta * delta;
+          squared += static_cast<double>(delta) * delta;
           grads.queries(b, i, t) -= w * w * ds * delta;
           grads.keys(b, j, t) += w * w * ds * delta;
         }
-        grad_width -= w * squared * ds;
+        grad_width -= static_cast<double>(w) * squared * ds;
       }
     }
   }
-  width_grad_.data()[0] += grad_width;
+  width_grad_.data()[0] += static_cast<float>(grad_width);
   return grads;
 }
 

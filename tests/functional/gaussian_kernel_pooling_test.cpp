@@ -58,5 +58,43 @@ TEST(FunctionalGaussianPooling, WithoutWeightsMatchesTheReferenceInRowBlocks) {
                        ShapeError, "valid_lens");
 }
 
+// Keys so far from a query (or a width so large) that every score of its row is beyond float:
+// the nearest valid key takes all the weight, as the limit of the softmax gives it, with and
+// without the weights. Float scores of −∞ throughout gave zero weights and a zero output.
+TEST(FunctionalGaussianPooling, RowsOfScoresBeyondFloatWeighTheNearestKey) {
+  const Tensor q(Shape{1, 2, 1}, {0.0F, 5e19F});
+  const Tensor k(Shape{1, 3, 1}, {2e20F, 1e20F, 3e20F});
+  const Tensor v(Shape{1, 3, 2}, {1.0F, 2.0F, 3.0F, 4.0F, 5.0F, 6.0F});
+  for (const bool need_weights : {true, false}) {
+    SCOPED_TRACE(need_weights ? "with weights" : "without weights");
+    // Query 0 sees every key (nearest: key 1), query 1 only key 0 (its valid length is 1).
+    const PoolingResult result =
+        gaussian_kernel_pooling(q, k, v, 1.0F, ValidLengths::per_query({3, 1}, 1, 2), need_weights);
+    EXPECT_TRUE(testing::close_to(result.output, {3.0, 4.0, 1.0, 2.0}, 0.0));
+    if (need_weights) {
+      EXPECT_TRUE(testing::close_to(result.weights, {0, 1, 0, 1, 0, 0}, 0.0));
+    }
+  }
+  // A width of 1e30 on ordinary inputs: the same limit.
+  const Tensor near(Shape{1, 1, 1}, {0.9F});
+  const Tensor keys(Shape{1, 2, 1}, {0.0F, 1.0F});
+  EXPECT_TRUE(testing::close_to(
+      gaussian_kernel_pooling(near, keys, v.view().reshaped(Shape{1, 2, 3}), 1e30F).output,
+      {4.0, 5.0, 6.0}, 0.0));
+}
+
+TEST(FunctionalGaussianPooling, NonFiniteInputsAreNamed) {
+  Tensor q(Shape{1, 1, 2}), k(Shape{1, 3, 2}), v(Shape{1, 3, 2});
+  for (const float bad : {NAN, INFINITY}) {
+    for (Tensor* input : {&q, &k, &v}) {
+      input->data()[1] = bad;
+      const char* name = input == &q ? "queries" : input == &k ? "keys" : "values";
+      EXPECT_THROW_MESSAGE(gaussian_kernel_pooling(q, k, v, 1.0F), ValueError, name);
+      EXPECT_THROW_MESSAGE(gaussian_kernel_pooling(q, k, v, 1.0F, {}, false), ValueError, name);
+      input->data()[1] = 0.0F;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attn

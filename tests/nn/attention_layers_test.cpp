@@ -305,6 +305,26 @@ TEST(GaussianKernelPooling, NadarayaWatsonOnScalarsInterpolates) {
                        "width: expected a finite number");
 }
 
+TEST(GaussianKernelPooling, FarKeysAndNonFiniteInputs) {
+  // Every score of the row beyond float: the nearest key takes the weight (zeros before), and its
+  // gradients stay finite.
+  GaussianKernelPooling pooling;
+  const Tensor q(Shape{1, 1, 1}, {0.0F}), k(Shape{1, 2, 1}, {2e20F, 1e20F}),
+      v(Shape{1, 2, 1}, {1.0F, 2.0F});
+  EXPECT_EQ(pooling(q, k, v)(0, 0, 0), 2.0F);
+  EXPECT_EQ(pooling.attention_weights()(0, 0, 0), 0.0F);
+  EXPECT_EQ(pooling.attention_weights()(0, 0, 1), 1.0F);
+  const AttentionGradients grads = pooling.backward(Tensor(Shape{1, 1, 1}, {1.0F}));
+  EXPECT_TRUE(all_finite(grads.queries) && all_finite(grads.keys));
+  EXPECT_THROW_MESSAGE(pooling.backward(Tensor(Shape{1, 1, 1}, {NAN})), ValueError, "grad_output");
+  Tensor bad = v;
+  bad.data()[0] = NAN;
+  EXPECT_THROW_MESSAGE(pooling(q, k, bad), ValueError, "values");
+  bad = k;
+  bad.data()[1] = INFINITY;
+  EXPECT_THROW_MESSAGE(pooling(q, bad, v), ValueError, "keys");
+}
+
 TEST(MultiHeadAttention, MatchesReference) {
   Rng rng(5);
   for (const bool bias : {false, true})
