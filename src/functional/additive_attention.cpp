@@ -49,6 +49,14 @@ void check_parameters(const ConstStridedView& queries, const ConstStridedView& k
                      " weights (num_hiddens, as W_q), got " +
                      std::to_string(parameters.w_v.size()));
   }
+  // An infinite w_v made every score infinite: a NaN output and weights of +∞ (W_q and W_k are
+  // checked through their projections).
+  for (size_t t = 0; t < parameters.w_v.size(); ++t) {
+    if (!std::isfinite(parameters.w_v[t])) {
+      throw ValueError("w_v: expected finite values, got " + std::to_string(parameters.w_v[t]) +
+                       " at index " + std::to_string(t));
+    }
+  }
 }
 
 // A contiguous version of `view`: itself when it already is, else a copy kept in `copy`.

@@ -247,6 +247,13 @@ TEST(FunctionalAdditiveArguments, NamesWhatIsWrong) {
   EXPECT_THROW_MESSAGE(
       additive_attention(q, k, v, {W_q, W_k, std::span<const float>(w_v.data(), 5)}), ShapeError,
       "w_v: expected 6 weights (num_hiddens, as W_q), got 5");
+  Tensor infinite_w_v(Shape{6});
+  infinite_w_v.data()[3] = INFINITY;
+  const AdditiveParameters infinite{W_q, W_k, infinite_w_v.span()};
+  EXPECT_THROW_MESSAGE(additive_attention(q, k, v, infinite), ValueError,
+                       "w_v: expected finite values, got inf at index 3");
+  EXPECT_THROW_MESSAGE(additive_attention_weights(q, k, infinite, std::vector<float>(2), {}),
+                       ValueError, "w_v: expected finite values");
   AttentionOptions softcap;
   softcap.softcap = 2.0F;
   EXPECT_THROW_MESSAGE(additive_attention(q, k, v, p, softcap), ValueError,
