@@ -74,6 +74,9 @@ int64_t KVCache::bytes_per_token() const {
 }
 
 void KVCache::reserve(int64_t capacity) {
+  if (capacity < 0) {
+    throw ValueError("capacity: expected a number of tokens ≥ 0, got " + std::to_string(capacity));
+  }
   if (capacity <= capacity_) return;
   const int64_t element = cache_dtype_size(dtype_);
   const auto room = [&] {
@@ -177,6 +180,22 @@ void KVCache::store_rows(Storage& data, std::vector<float>& scales, int64_t cols
   }
 }
 
+void KVCache::require_storable(std::string_view name, float largest) const {
+  // A half cache rounds each entry once: one beyond its range became ±∞, and every score or
+  // output that read it NaN. The largest magnitude decides (rounding is monotonic).
+  if (dtype_ != CacheDType::kFloat16 && dtype_ != CacheDType::kBFloat16) return;
+  const HalfType type = dtype_ == CacheDType::kFloat16 ? HalfType::kFloat16 : HalfType::kBFloat16;
+  uint16_t rounded = 0;
+  narrow_to_half(type, &largest, &rounded, 1);
+  float back = 0.0F;
+  widen_half(type, &rounded, &back, 1);
+  if (std::isfinite(back)) return;
+  const char* dtype = type == HalfType::kFloat16 ? "float16" : "bfloat16";
+  throw ValueError(std::string(name) + ": expected magnitudes a " + dtype + " cache holds, got " +
+                   std::to_string(largest) + ", which rounds to infinity; scale the " +
+                   std::string(name) + " down or use a float32 cache");
+}
+
 void KVCache::append(ConstStridedView keys, ConstStridedView values,
                      std::span<const int64_t> counts) {
   const auto require_tokens = [&](std::string_view name, const ConstStridedView& view,
@@ -226,8 +245,8 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
     keys = key_copy = functional_detail::contiguous_copy(keys);
   if (values.dim(-1) > 1 && values.stride(-1) != 1)
     values = value_copy = functional_detail::contiguous_copy(values);
-  functional_detail::require_finite("keys", keys);
-  functional_detail::require_finite("values", values);
+  require_storable("keys", functional_detail::require_finite("keys", keys));
+  require_storable("values", functional_detail::require_finite("values", values));
   store_rows(keys_, key_scales_, head_dim_, keys, appended);
   store_rows(values_, value_scales_, value_dim_, values, appended);
   for (int64_t b = 0; b < batch_; ++b)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -271,6 +272,36 @@ TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
                        ValueError, "counts[0]: expected a number of tokens in [0, 3], got 5");
   EXPECT_THROW_MESSAGE(KVCache(1, 0, 4, 8), ValueError,
                        "kv_heads: expected a positive size, got 0");
+  EXPECT_THROW_MESSAGE(cache.reserve(-1), ValueError,
+                       "capacity: expected a number of tokens ≥ 0, got -1");
+}
+
+// A half cache rounds each entry once: one beyond its range became ±∞ (and the outputs that read
+// it NaN). Refused, naming the tensor; what rounds to the largest finite half is kept.
+TEST(KVCache, RefusesEntriesItsDTypeRoundsToInfinity) {
+  struct Case {
+    CacheDType dtype;
+    float kept, beyond;
+  };
+  for (const Case& c : {Case{CacheDType::kFloat16, 65519.0F, 65520.0F},
+                        Case{CacheDType::kBFloat16, 3.38e38F, 3.4e38F}}) {
+    KVCache cache(1, 1, 4, 8, c.dtype);
+    Tensor large(Shape{1, 1, 1, 4});
+    large.data()[1] = -c.beyond;
+    EXPECT_THROW_MESSAGE(cache.append(large, Tensor(Shape{1, 1, 1, 4})), ValueError,
+                         "keys: expected magnitudes a ");
+    EXPECT_THROW_MESSAGE(cache.append(Tensor(Shape{1, 1, 1, 4}), large), ValueError,
+                         "which rounds to infinity; scale the values down");
+    EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{0}));
+    large.data()[1] = -c.kept;
+    cache.append(large, large);
+    EXPECT_TRUE(all_finite(cache.keys()));
+  }
+  KVCache wide(1, 1, 4, 8);  // float32 holds any finite float
+  Tensor largest(Shape{1, 1, 1, 4});
+  largest.data()[0] = std::numeric_limits<float>::max();
+  wide.append(largest, largest);
+  EXPECT_EQ(wide.lengths(), (std::vector<int64_t>{1}));
 }
 
 // A half model's tensors go in as they are: appended keys and values are stored as their exact

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "attn/core/huge_page_allocator.hpp"
@@ -38,7 +39,8 @@ class KVCache {
   // entries bit for bit).
   void append(HalfType type, StridedView<const uint16_t> keys, StridedView<const uint16_t> values,
               std::span<const int64_t> counts = {});
-  // Makes room for `capacity` tokens per sequence now (never shrinks).
+  // Makes room for `capacity` tokens per sequence now (never shrinks); ValueError for a negative
+  // capacity.
   void reserve(int64_t capacity);
   // Empties every sequence (the storage stays).
   void clear();
@@ -70,6 +72,8 @@ class KVCache {
   Tensor widen(const CacheTensorView& tensor) const;
   void store_rows(Storage& data, std::vector<float>& scales, int64_t cols,
                   const ConstStridedView& source, std::span<const int64_t> counts);
+  // ValueError naming `name` when its largest magnitude rounds to ±∞ in this cache's dtype.
+  void require_storable(std::string_view name, float largest) const;
 
   int64_t batch_, kv_heads_, head_dim_, value_dim_, capacity_;
   CacheDType dtype_;
