@@ -370,10 +370,10 @@ InputTensor::InputTensor(nb::handle object, std::string_view name, int rank) {
   const auto ndim = static_cast<int>(array_.ndim());
   if ((rank >= 0 && ndim != rank) || ndim > Shape::kMaxRank) {
     const std::string expected = rank >= 0
-                                     ? std::to_string(rank) + "-d array"
-                                     : "array of rank at most " + std::to_string(Shape::kMaxRank);
+                                     ? "a " + std::to_string(rank) + "-d array"
+                                     : "an array of rank at most " + std::to_string(Shape::kMaxRank);
     throw nb::value_error(
-        (std::string(name) + ": expected a " + expected + ", got shape " + shape_string(array_))
+        (std::string(name) + ": expected " + expected + ", got shape " + shape_string(array_))
             .c_str());
   }
   const bool in_place = is_c_contiguous(array_);

@@ -432,7 +432,7 @@ std::vector<std::byte> serialize_safetensors(const StateDict& tensors,
   for (const auto& [name, tensor] : tensors) {
     if (name == kMetadataKey) {
       throw ValueError(
-          "serialize_safetensors: '__metadata__' is reserved and cannot name a tensor");
+          "tensors: '__metadata__' is reserved for the file's metadata and cannot name a tensor");
     }
     const auto size = static_cast<uint64_t>(tensor.numel()) * sizeof(float);
     header[name] = header_entry("F32", tensor.shape(), offset, offset + size);

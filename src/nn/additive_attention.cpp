@@ -128,7 +128,12 @@ StateDict AdditiveAttention::state_dict() const {
 }
 
 void AdditiveAttention::load_state_dict(const StateDict& state) {
-  attn::load_state_dict(state, parameters(), "AdditiveAttention");
+  load_state_views(views_of(state));
+}
+
+void AdditiveAttention::load_state_views(const StateViews& state) {
+  attn::load_state_views(state, parameters(), "AdditiveAttention");
+  forget_forward_pass();
 }
 
 }  // namespace attn

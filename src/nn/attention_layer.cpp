@@ -62,6 +62,15 @@ Tensor AttentionLayer::pool(Tensor scores, const ValidLengths& valid_lens, Const
   return output;
 }
 
+void AttentionLayer::forget_forward_pass() {
+  fused_.clear();
+  attention_weights_ = Tensor();
+  weights_deferred_ = false;
+  dropout_mask_ = Tensor();
+  mask_deferred_ = false;
+  pooled_values_ = Tensor();
+}
+
 AttentionLayer::PoolGradients AttentionLayer::pool_backward(ConstTensorView grad_output,
                                                             std::string_view layer_name) const {
   const Tensor& weights = attention_weights();

@@ -72,6 +72,7 @@ void GaussianKernelPooling::load_state_dict(const StateDict& state) {
 
 void GaussianKernelPooling::load_state_views(const StateViews& state) {
   attn::load_state_views(state, parameters(), "GaussianKernelPooling");
+  forget_forward_pass();
   if (!std::isfinite(width())) {
     throw ValueError(
         "GaussianKernelPooling.load_state_dict: tensor 'w' expected a finite width, got " +

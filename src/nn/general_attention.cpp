@@ -76,7 +76,12 @@ StateDict GeneralAttention::state_dict() const {
 }
 
 void GeneralAttention::load_state_dict(const StateDict& state) {
-  attn::load_state_dict(state, parameters(), "GeneralAttention");
+  load_state_views(views_of(state));
+}
+
+void GeneralAttention::load_state_views(const StateViews& state) {
+  attn::load_state_views(state, parameters(), "GeneralAttention");
+  forget_forward_pass();
 }
 
 }  // namespace attn

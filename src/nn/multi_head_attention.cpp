@@ -193,7 +193,15 @@ StateDict MultiHeadAttention::state_dict() const {
 }
 
 void MultiHeadAttention::load_state_dict(const StateDict& state) {
-  attn::load_state_dict(state, parameters(), "MultiHeadAttention");
+  load_state_views(views_of(state));
+}
+
+void MultiHeadAttention::load_state_views(const StateViews& state) {
+  attn::load_state_views(state, parameters(), "MultiHeadAttention");
+  fused_.clear();
+  concatenated_heads_ = Tensor();
+  fused_weights_ = Tensor();
+  fused_mask_ = Tensor();
 }
 
 }  // namespace attn

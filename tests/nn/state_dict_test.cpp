@@ -8,6 +8,7 @@
 #include "attn/core/error.hpp"
 #include "attn/nn/additive_attention.hpp"
 #include "attn/nn/gaussian_kernel_pooling.hpp"
+#include "attn/nn/general_attention.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "test_support.hpp"
 
@@ -47,6 +48,42 @@ TEST(StateDict, RoundTripsBetweenLayers) {
   target.load_state_dict(source.state_dict());
   for (const auto& [name, tensor] : source.state_dict())
     EXPECT_EQ(target.state_dict().at(name).values(), tensor.values()) << name;
+}
+
+// Parameters loaded between a forward and a backward pass: the backward asks for a new forward
+// pass instead of mixing the old weights' intermediates with the new weights (MultiHeadAttention,
+// GeneralAttention and GaussianKernelPooling returned such mixed gradients).
+template <class Layer>
+void expect_load_ends_the_forward_pass(Layer layer, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const std::string& name) {
+  SCOPED_TRACE(name);
+  const StateDict state = layer.state_dict();
+  const Tensor out = layer(q, k, v);
+  layer.load_state_dict(state);
+  EXPECT_THROW_MESSAGE(layer.backward(out), ValueError, "expected a forward pass first");
+  layer(q, k, v);
+  EXPECT_NO_THROW(layer.backward(out));
+  layer.load_state_views(views_of(state));
+  EXPECT_THROW_MESSAGE(layer.backward(out), ValueError, "expected a forward pass first");
+}
+
+TEST(StateDict, LoadingEndsTheLastForwardPass) {
+  Rng rng(17);
+  const Tensor q = testing::random_tensor(Shape{2, 3, 4}, rng),
+               k = testing::random_tensor(Shape{2, 5, 4}, rng),
+               v = testing::random_tensor(Shape{2, 5, 4}, rng);
+  for (const AttentionPath path : {AttentionPath::kFused, AttentionPath::kReference}) {
+    MultiHeadAttention mha(4, 4, 4, 8, 2, 0.0F);
+    mha.set_path(path);
+    expect_load_ends_the_forward_pass(mha, q, k, v, "MultiHeadAttention");
+    AdditiveAttention additive(4, 4, 6, 0.0F);
+    additive.set_path(path);
+    expect_load_ends_the_forward_pass(additive, q, k, v, "AdditiveAttention");
+    GeneralAttention general(4, 4);
+    general.set_path(path);
+    expect_load_ends_the_forward_pass(general, q, k, v, "GeneralAttention");
+  }
+  expect_load_ends_the_forward_pass(GaussianKernelPooling(), q, k, v, "GaussianKernelPooling");
 }
 
 TEST(StateDict, StrictLoadingNamesTheTensorAndChangesNothing) {

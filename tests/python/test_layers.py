@@ -203,7 +203,7 @@ def test_save_and_load_safetensors(tmp_path, case):
         fresh.load(case.params_path)
         for name, value in fresh.state_dict().items():
             np.testing.assert_array_equal(value, case.params[name])
-        with pytest.raises(ValueError, match="expected a layer saved by attn"):
+        with pytest.raises(attn.FileError, match="expected a layer saved by attn"):
             attn.load(case.params_path)
 
 

@@ -120,7 +120,7 @@ def load(path):
     metadata = _load_safetensors_metadata(path)
     name = metadata.get("layer")
     if name not in _LAYERS:
-        raise ValueError(
+        raise FileError(
             f"{_os.fspath(path)}: expected a layer saved by attn (metadata 'layer' one of "
             f"{sorted(_LAYERS)}), got {name!r}; construct the layer and call layer.load(path)"
         )

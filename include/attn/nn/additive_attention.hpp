@@ -37,7 +37,9 @@ class AdditiveAttention : public AttentionLayer {
   // "W_q.weight", "W_k.weight", "w_v.weight".
   std::vector<NamedParameter> parameters();
   StateDict state_dict() const;
+  // New parameters end the last forward pass: backward() then asks for another.
   void load_state_dict(const StateDict& state);
+  void load_state_views(const StateViews& state);
 
   // The fused kernels (default) never build the (B, n, m) scores, forward or backward: the
   // backward pass recomputes them tile by tile from the forward pass's log-sum-exp. The reference

@@ -57,6 +57,10 @@ class AttentionLayer {
   // fused_ on the first request.
   FusedAttentionPass fused_;
   void fused_pass_recorded();
+  // Drops what the last forward pass kept, so that backward() asks for a new one: after new
+  // parameters are loaded its gradients would mix the old weights' intermediates with the new
+  // weights (PyTorch refuses a backward through parameters changed in place, too).
+  void forget_forward_pass();
   // The options of a fused pass in this layer's mode: dropout (and a seed for it, drawn from this
   // layer's generator) in training mode only.
   AttentionOptions fused_options(const ValidLengths& valid_lens);

@@ -35,6 +35,7 @@ class GaussianKernelPooling : public AttentionLayer {
   StateDict state_dict() const;
   // Both throw ValueError for a width that is not finite (after loading it, as PyTorch's module
   // would hold it).
+  // New parameters end the last forward pass: backward() then asks for another.
   void load_state_dict(const StateDict& state);
   void load_state_views(const StateViews& state);
 

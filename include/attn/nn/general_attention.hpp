@@ -39,7 +39,9 @@ class GeneralAttention : public AttentionLayer {
   // "W.weight".
   std::vector<NamedParameter> parameters();
   StateDict state_dict() const;
+  // New parameters end the last forward pass: backward() then asks for another.
   void load_state_dict(const StateDict& state);
+  void load_state_views(const StateViews& state);
 
   // The fused path (default) runs attn::scaled_dot_product_attention on the projected queries;
   // the reference path builds the (B, n, m) scores as the book's layers do.

@@ -63,7 +63,10 @@ class MultiHeadAttention {
   // "W_q.weight", "W_k.weight", "W_v.weight", "W_o.weight" (and ".bias" of each with bias).
   std::vector<NamedParameter> parameters();
   StateDict state_dict() const;
+  // New parameters end the last forward pass: backward() then asks for another (its gradients
+  // would mix the old weights' intermediates with the new weights).
   void load_state_dict(const StateDict& state);
+  void load_state_views(const StateViews& state);
 
  private:
   int64_t num_heads_;
