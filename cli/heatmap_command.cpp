@@ -14,6 +14,7 @@
 #include "attn/io/npy.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 
 namespace attn::cli {
 
@@ -65,18 +66,18 @@ void add_heatmap_command(CLI::App& app) {
       ->default_str("none");
   CLI::Option* rows =
       command->add_option("--rows", options->heatmap.rows, "Rows of panels (with --cols)")
-          ->check(CLI::PositiveNumber)
+          ->transform(number_check(options->heatmap.rows, positive()))
           ->default_str("from the shape");
   CLI::Option* cols =
       command->add_option("--cols", options->heatmap.cols, "Columns of panels (with --rows)")
-          ->check(CLI::PositiveNumber)
+          ->transform(number_check(options->heatmap.cols, positive()))
           ->default_str("from the shape");
   rows->needs(cols);
   cols->needs(rows);
   command
       ->add_option("--panel-size", options->heatmap.panel_size,
                    "Side of one panel's plot area in points")
-      ->check(CLI::PositiveNumber);
+      ->transform(number_check(options->heatmap.panel_size, positive()));
   command->callback([options] { draw(*options); });
 }
 

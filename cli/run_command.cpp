@@ -36,6 +36,7 @@
 #include "attn/nn/state_dict.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 #include "ring_run.hpp"
 #include "run_arguments.hpp"
 
@@ -801,12 +802,14 @@ void add_run_command(CLI::App& app) {
                        "Number of heads: required for multi-head; for dot-product, splits the "
                        "last axis of rank-3 inputs into heads in place (head h: columns "
                        "[h*d, (h+1)*d))")
+          ->transform(number_check(options->heads))
           ->default_str("");
   options->kv_heads_option =
       command
           ->add_option("--kv-heads", options->kv_heads,
                        "Key/value heads for grouped-query attention (dot-product, with --heads; "
                        "must divide --heads)")
+          ->transform(number_check(options->kv_heads))
           ->default_str("--heads");
   options->params_option = command
                                ->add_option("--params", options->params,
@@ -816,6 +819,7 @@ void add_run_command(CLI::App& app) {
                                ->type_name("FILE");
   options->scale_option =
       command->add_option("--scale", options->scale, "Score scale for dot-product")
+          ->transform(number_check(options->scale))
           ->default_str("1/sqrt(query size)");
   command
       ->add_option("--queries", options->queries,
@@ -876,6 +880,7 @@ void add_run_command(CLI::App& app) {
       command
           ->add_option("--softcap", options->softcap,
                        "Soft-capping: scores s become X*tanh(s/X) (Gemma 2); dot-product")
+          ->transform(number_check(options->softcap))
           ->type_name("X")
           ->default_str("");
   options->alibi_option = command

@@ -21,6 +21,7 @@
 #include "attn/viz/heatmap.hpp"
 #include "attn/viz/line_plot.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 #include "seq2seq_commands.hpp"
 
 namespace attn::cli {
@@ -183,11 +184,15 @@ void add_train_nadaraya_watson_command(CLI::App& train) {
       "regression.png, weights_nonparametric.png, weights_parametric.png and loss.png to --out.");
   command->add_option("--out", options->out, "Directory for the pictures (created if missing)")
       ->type_name("DIR");
-  command->add_option("--seed", options->seed,
-                      "Seed of the training data's noise and of the initial width");
-  command->add_option("--epochs", options->epochs,
-                      "SGD steps on the full training set (1 to 100000)");
-  command->add_option("--lr", options->lr, "SGD learning rate (> 0)");
+  command
+      ->add_option("--seed", options->seed,
+                   "Seed of the training data's noise and of the initial width")
+      ->transform(number_check(options->seed));
+  command
+      ->add_option("--epochs", options->epochs, "SGD steps on the full training set (1 to 100000)")
+      ->transform(number_check(options->epochs));
+  command->add_option("--lr", options->lr, "SGD learning rate (> 0)")
+      ->transform(number_check(options->lr));
   command->callback([options] { train_nadaraya_watson(*options); });
 }
 
