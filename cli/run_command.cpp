@@ -536,7 +536,7 @@ Result run_general(const RunOptions& options, const StateDict& state, GradOutput
   return run_layer(options, layer, grad_output, need_weights, 1);
 }
 
-void save_heatmap(const RunOptions& options, const Result& result) {
+void save_heatmap(const Result& result, const std::filesystem::path& path) {
   const Tensor& weights = result.weights;
   HeatmapOptions heatmap_options;
   ConstTensorView view = weights;
@@ -547,7 +547,7 @@ void save_heatmap(const RunOptions& options, const Result& result) {
     heatmap_options = head_grid_options(batch, result.heads);
     view = view.reshaped(Shape{batch, result.heads, weights.dim(1), weights.dim(2)});
   }
-  with_context("--heatmap", [&] { save_heatmaps(view, options.heatmap, heatmap_options); });
+  save_heatmaps(view, path, heatmap_options);
 }
 
 // --out-grad and --grads-out only make sense together: G without a place for the gradients, or
@@ -603,12 +603,33 @@ void save_tensor(const std::string& path, const ResultTensor& tensor, const std:
   save_npy(path, std::get<Tensor>(tensor));
 }
 
-void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
-  for (const NamedGradient& gradient : gradients) {
-    with_context("--grads-out", [&] {
-      save_tensor(gradient_path(options, gradient.name).string(), gradient.gradient, gradient.name);
-    });
+// save_tensor of `path` (FILE, or FILE.safetensors:NAME) through `staged`: FILE is staged, NAME
+// kept.
+void stage_tensor(StagedOutputs& staged, const std::string& option, const std::string& path,
+                  const ResultTensor& tensor, const std::string& name) {
+  const std::optional<SafetensorsPath> split = split_safetensors_path(path);
+  staged.write(option, split ? split->file : path, [&](const std::filesystem::path& temporary) {
+    save_tensor(split ? temporary.string() + ":" + split->name : temporary.string(), tensor, name);
+  });
+}
+
+// The tensor name of a .safetensors --out, checked before anything is computed: the format keeps
+// '__metadata__' for itself, and names must be UTF-8 (what the writer would refuse at the end).
+void check_output_tensor_name(const RunOptions& options) {
+  const std::optional<SafetensorsPath> split = split_safetensors_path(options.out);
+  if (!split || split->name.empty()) return;
+  if (split->name == "__metadata__") {
+    throw ValueError(
+        "--out: expected a tensor name other than '__metadata__', which the safetensors format "
+        "keeps for the file's metadata, got '" +
+        options.out + "'");
   }
+  // The writer's own rules, on a one-element tensor of that name.
+  with_context("--out", [&] {
+    StateDict probe;
+    probe.emplace(split->name, Tensor(Shape{1}));
+    serialize_safetensors(probe);
+  });
 }
 
 [[noreturn]] void throw_overflow(const std::string& option, const std::string& value, int64_t index,
@@ -717,6 +738,7 @@ void run(const RunOptions& options) {
                     "' (a file is in the way)");
   }
   check_outputs(output_files(options, {}), inputs);
+  check_output_tensor_name(options);
   StateDict state;
   if (options.params_option->count() > 0) {
     state = with_context("--params", [&] { return load_safetensors(options.params); });
@@ -750,16 +772,36 @@ void run(const RunOptions& options) {
     check_format("--grads-out (" + gradient.name + ")", gradient_path(options, gradient.name),
                  gradient.gradient);
   }
+  // The gradients' directory, when this run creates it, goes again with the files if a write
+  // fails: all outputs or none.
+  const bool grads_out_existed = gradients && std::filesystem::exists(options.grads_out, error);
   if (gradients) create_output_directory(options.grads_out, "--grads-out");
-  check_outputs(output_files(options, result.gradients), inputs);
-  // The heatmap first: of the outputs it is the one that can still be refused for its contents (a
-  // picture too large to draw), and then nothing has been written yet. --out last.
-  if (options.heatmap_option->count() > 0) save_heatmap(options, result);
-  if (options.weights_out_option->count() > 0) {
-    with_context("--weights-out", [&] { save_npy(options.weights_out, result.weights); });
+  try {
+    check_outputs(output_files(options, result.gradients), inputs);
+    // Every output to a temporary beside it first, then all renamed over their targets: a late
+    // failure (a picture too large to draw, a full disk, a folder that refuses files) leaves no
+    // output written and the previous files as they were.
+    StagedOutputs staged;
+    if (options.heatmap_option->count() > 0) {
+      staged.write("--heatmap", options.heatmap, [&](const std::filesystem::path& temporary) {
+        save_heatmap(result, temporary);
+      });
+    }
+    if (options.weights_out_option->count() > 0) {
+      staged.write(
+          "--weights-out", options.weights_out,
+          [&](const std::filesystem::path& temporary) { save_npy(temporary, result.weights); });
+    }
+    for (const NamedGradient& gradient : result.gradients) {
+      stage_tensor(staged, "--grads-out", gradient_path(options, gradient.name).string(),
+                   gradient.gradient, gradient.name);
+    }
+    stage_tensor(staged, "--out", options.out, result.output, "output");
+    staged.commit();
+  } catch (...) {
+    if (gradients && !grads_out_existed) std::filesystem::remove(options.grads_out, error);
+    throw;
   }
-  if (grad_output) save_gradients(options, result.gradients);
-  with_context("--out", [&] { save_tensor(options.out, result.output, "output"); });
   std::string summary = "attn run: " + options.layer + " attention, output " +
                         shape_of(result.output).str() + " -> " + options.out;
   if (options.weights_out_option->count() > 0) {
