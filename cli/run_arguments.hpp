@@ -36,6 +36,9 @@ struct RunArguments {
   std::optional<int64_t> kv_heads;
   std::optional<float> scale;
   std::optional<float> softcap;
+  // Files read outside FunctionalInputs, named in messages about the tensors they hold.
+  std::optional<std::string> out_grad;  // G: "grad_output"
+  std::optional<std::string> params;    // additive's "W_q", "W_k", "w_v"
 };
 
 // Runs `action`; an attn::Error whose message begins with an argument's name as the library or

@@ -112,6 +112,8 @@ RunArguments run_arguments(const RunOptions& options) {
   arguments.kv_heads = given(options.kv_heads_option, options.kv_heads);
   arguments.scale = given(options.scale_option, options.scale);
   arguments.softcap = given(options.softcap_option, options.softcap);
+  arguments.out_grad = given(options.out_grad_option, options.out_grad);
+  arguments.params = given(options.params_option, options.params);
   return arguments;
 }
 
@@ -499,7 +501,8 @@ Result run_layer(const RunOptions& options, Layer& layer, GradOutput* grad_outpu
   if (need_weights) result.weights = layer.attention_weights();
   if (grad_output != nullptr) {
     check_grad_output(options, *grad_output, output.shape());
-    result.gradients = layer_gradients(layer, grad_output->take_floats());
+    result.gradients =
+        name_sources(arguments, [&] { return layer_gradients(layer, grad_output->take_floats()); });
     // The inputs' gradients in the inputs' type; the parameters' stay float32, as theirs.
     for (size_t index = 0; index < 3 && inputs.stored_half; ++index) {
       NamedGradient& gradient = result.gradients[index];

@@ -807,6 +807,32 @@ TEST_F(RunAttentionTest, MaskErrorsNameTheFlagAndTheFile) {
   EXPECT_FALSE(fs::exists(path("o.npy")));
 }
 
+// Errors about a tensor read from --out-grad or --params name the option and the file, not only
+// the library's name for the argument.
+TEST_F(RunAttentionTest, NonFiniteGradOutputAndParametersNameTheirFiles) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 6}, 42);
+  Tensor grad = Tensor::full(Shape{2, 3, 6}, 1.0F);
+  grad.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  save("g.npy", grad);
+  expect_error("run " + kDot + " --out o.npy --out-grad g.npy --grads-out grads",
+               "(grad_output from --out-grad g.npy)");
+  StateDict state = AdditiveAttention(4, 4, 7, 0.0F).state_dict();
+  state.at("W_q.weight").data()[0] = std::numeric_limits<float>::quiet_NaN();
+  save_safetensors(path("p.safetensors"), state);
+  expect_error(
+      "run --layer additive --params p.safetensors --queries q.npy --keys k.npy --values v.npy "
+      "--out o.npy",
+      "(W_q.weight from --params p.safetensors)");
+  // A safetensors input that holds no tensor says so.
+  save_safetensors(path("empty.safetensors"), StateDict{});
+  expect_error(
+      "run --layer dot-product --queries empty.safetensors --keys k.npy --values v.npy --out o.npy",
+      "--queries: empty.safetensors: expected one tensor (or FILE:NAME to choose one), got 0 (the "
+      "file holds none)");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  EXPECT_FALSE(fs::exists(path("grads")));
+}
+
 TEST_F(RunAttentionTest, HeadErrorsNameBothFlags) {
   write_qkv(Shape{2, 3, 8}, Shape{2, 5, 4}, Shape{2, 5, 6}, 40);
   expect_error("run " + kDot + " --heads 4 --kv-heads 3 --out o.npy",
