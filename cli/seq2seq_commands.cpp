@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -293,6 +294,16 @@ struct TranslateOptions {
 };
 
 void translate_command(const TranslateOptions& options) {
+  // Translator::load says "no such model directory" for anything but a directory; a file that
+  // exists is a different mistake (a model file given for its folder, say).
+  std::error_code error;
+  const fs::file_status model_status = fs::status(options.model, error);
+  if (fs::exists(model_status) && !fs::is_directory(model_status)) {
+    throw FileError("--model: " + options.model +
+                    ": expected a model directory (written by 'attn train seq2seq', holding "
+                    "model.safetensors, vocab.json and config.json), got a file that is not a "
+                    "directory");
+  }
   if (!options.heatmap.empty()) {
     const fs::path model = options.model;
     check_outputs({{"--heatmap", options.heatmap, OutputKind::kPicture}},

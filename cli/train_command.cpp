@@ -130,15 +130,26 @@ void train_nadaraya_watson(const NadarayaWatsonCommandOptions& options) {
   fit_options.seed = options.seed;
   std::cout << "training the width w of the parametric model (each training point attends to "
                "all the others)\n";
-  const NadarayaWatsonFit fit = fit_nadaraya_watson(data, fit_options, [&](int epoch, float loss) {
-    // A learning rate too large sends the width to infinity; stop before plotting nonsense.
-    if (!std::isfinite(loss)) {
-      throw ValueError("--lr: training diverged at epoch " + std::to_string(epoch) + " (loss " +
-                       std::to_string(loss) + "); try a smaller learning rate than " +
-                       std::to_string(options.lr));
-    }
-    std::cout << "epoch " << epoch << ", loss " << fixed(loss, 3) << "\n";
-  });
+  NadarayaWatsonFit fit;
+  try {
+    fit = fit_nadaraya_watson(data, fit_options, [&](int epoch, float loss) {
+      // A learning rate too large sends the width to infinity; stop before plotting nonsense.
+      if (!std::isfinite(loss)) {
+        throw ValueError("--lr: training diverged at epoch " + std::to_string(epoch) + " (loss " +
+                         std::to_string(loss) + "); try a smaller learning rate than " +
+                         std::to_string(options.lr));
+      }
+      std::cout << "epoch " << epoch << ", loss " << fixed(loss, 3) << "\n";
+    });
+  } catch (const Error& error) {
+    // A learning rate too large can also overflow the width itself before a loss is reported;
+    // the library names the width, the user gave --lr.
+    const std::string message = error.what();
+    if (message.starts_with("--")) throw;
+    rethrow_with_message(error, "--lr: training diverged with learning rate " +
+                                    std::to_string(options.lr) + " (" + message +
+                                    "); try a smaller learning rate");
+  }
   std::cout << "width w: initial " << width_text(fit.initial_width) << ", trained "
             << width_text(fit.trained_width) << "\n"
             << "test MSE against the truth: nonparametric (w = 1) "

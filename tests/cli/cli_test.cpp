@@ -627,7 +627,8 @@ TEST_F(CliTest, HeatmapRejectsBadRanksGridsAndExtensions) {
   save("row.npy", random_tensor(Shape{5}, rng));
   save("w.npy", random_tensor(Shape{4, 2, 3}, rng));
   expect_error("heatmap row.npy --out h.png", "got shape (5,)");
-  expect_error("heatmap w.npy --out h.png --rows 3 --cols 2", "--out");
+  expect_error("heatmap w.npy --out h.png --rows 3 --cols 2",
+               "--rows/--cols: rows = 3, cols = 2 does not match the 4 panels");
   expect_error("heatmap w.npy --out h.png --rows 2", "--cols");
   expect_error("heatmap w.npy --out h.png --titles a,b", "titles");
   expect_error("heatmap w.npy --out h.bmp", "h.bmp");
@@ -805,6 +806,26 @@ TEST_F(CliTest, NumericOptionsRefuseEmptyAndOutOfRangeText) {
   const CommandResult epochs = attn("train nadaraya-watson --out pictures --epochs 010");
   ASSERT_EQ(epochs.exit_code, 0) << epochs.err;
   EXPECT_EQ(epoch_lines(epochs.out).size(), 10U) << epochs.out;
+}
+
+// heatmap, train and translate name the option or file a problem is about, not the library
+// function that found it.
+TEST_F(CliTest, MessagesNameTheOptionOrFile) {
+  Tensor weights = Tensor::full(Shape{3, 2, 2}, 0.5F);
+  weights.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  save("nan.npy", weights);
+  expect_error("heatmap nan.npy --out h.png", "weights nan.npy: weights[0, 0, 0] is nan");
+  save("w.npy", Tensor::full(Shape{3, 2, 2}, 0.5F));
+  expect_error("heatmap w.npy --out h.png --titles a,b", "--titles: expected 3 titles");
+  expect_error("heatmap w.npy --out h.png --rows 2 --cols 2",
+               "--rows/--cols: rows = 2, cols = 2 does not match");
+  expect_error("heatmap w.npy --out h.png --panel-size 20000", "--panel-size: panel_size must be");
+  EXPECT_FALSE(fs::exists(path("h.png")));
+  const CommandResult result = attn("heatmap w.npy --out h.png --panel-size 20000");
+  EXPECT_EQ(result.err.find("save_heatmaps"), std::string::npos) << result.err;
+  expect_error("train nadaraya-watson --out pictures --lr 3e38", "--lr: training diverged");
+  expect_error("translate --model w.npy 'march 3, 1987'",
+               "--model: w.npy: expected a model directory");
 }
 
 TEST_F(CliTest, TrainHelpListsNadarayaWatsonAndItsOptions) {
