@@ -82,6 +82,19 @@ void rethrow_with_sources(const Error& error, const RunArguments& arguments) {
   rethrow_with_message(error, message);
 }
 
+void rethrow_valid_lens_error(const Error& error) {
+  const std::string message = error.what();
+  const std::string unsupported = "unsupported dtype '";
+  const size_t at = message.find(unsupported);
+  const size_t end = at == std::string::npos ? at : message.find('\'', at + unsupported.size());
+  if (end == std::string::npos) rethrow_with_message(error, message);
+  const std::string dtype = message.substr(at, end + 1 - at).substr(unsupported.size() - 1);
+  rethrow_with_message(error, message.substr(0, at) +
+                                  "expected int32 ('<i4') or int64 ('<i8') valid lengths, got "
+                                  "dtype " +
+                                  dtype);
+}
+
 SlidingWindow parse_window(const std::string& text) {
   const size_t comma = text.find(',');
   std::optional<int64_t> left, right;
@@ -128,9 +141,8 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
   name_sources(arguments, [&] {
     read_inputs(arguments, family);
     if (arguments.valid_lens) {
-      options_.valid_lens = with_context("--valid-lens", [&] {
-        return load_npy_valid_lengths(*arguments.valid_lens, "valid_lens");
-      });
+      options_.valid_lens = reading_valid_lens(
+          [&] { return load_npy_valid_lengths(*arguments.valid_lens, "valid_lens"); });
     }
     if (arguments.scale) {
       if (!std::isfinite(*arguments.scale)) {

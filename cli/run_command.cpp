@@ -228,8 +228,8 @@ LayerInputs load_layer_inputs(const RunOptions& options) {
   inputs.keys = files[1].take_floats();
   inputs.values = files[2].take_floats();
   if (options.valid_lens_option->count() > 0) {
-    inputs.valid_lens = with_context(
-        "--valid-lens", [&] { return load_npy_valid_lengths(options.valid_lens, "valid_lens"); });
+    inputs.valid_lens = reading_valid_lens(
+        [&] { return load_npy_valid_lengths(options.valid_lens, "valid_lens"); });
   }
   return inputs;
 }
