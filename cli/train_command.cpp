@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,14 +39,21 @@ struct NadarayaWatsonCommandOptions {
   float lr = 0.5F;
 };
 
+// A learning rate as it is typed (3e+38, 0.5): std::to_string wrote 3e38 in 39 digits and 1e-7 as
+// 0.000000.
+std::string lr_text(float lr) {
+  std::ostringstream text;
+  text << lr;
+  return text.str();
+}
+
 void check_options(const NadarayaWatsonCommandOptions& options) {
   if (options.epochs < 1 || options.epochs > kMaxEpochs) {
     throw ValueError("--epochs: expected a whole number from 1 to " + std::to_string(kMaxEpochs) +
                      ", got " + std::to_string(options.epochs));
   }
   if (!std::isfinite(options.lr) || !(options.lr > 0.0F)) {
-    throw ValueError("--lr: expected a finite learning rate > 0, got " +
-                     std::to_string(options.lr));
+    throw ValueError("--lr: expected a finite learning rate > 0, got " + lr_text(options.lr));
   }
 }
 
@@ -137,7 +145,7 @@ void train_nadaraya_watson(const NadarayaWatsonCommandOptions& options) {
       if (!std::isfinite(loss)) {
         throw ValueError("--lr: training diverged at epoch " + std::to_string(epoch) + " (loss " +
                          std::to_string(loss) + "); try a smaller learning rate than " +
-                         std::to_string(options.lr));
+                         lr_text(options.lr));
       }
       std::cout << "epoch " << epoch << ", loss " << fixed(loss, 3) << "\n";
     });
@@ -147,7 +155,7 @@ void train_nadaraya_watson(const NadarayaWatsonCommandOptions& options) {
     const std::string message = error.what();
     if (message.starts_with("--")) throw;
     rethrow_with_message(error, "--lr: training diverged with learning rate " +
-                                    std::to_string(options.lr) + " (" + message +
+                                    lr_text(options.lr) + " (" + message +
                                     "); try a smaller learning rate");
   }
   std::cout << "width w: initial " << width_text(fit.initial_width) << ", trained "

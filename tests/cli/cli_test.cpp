@@ -823,7 +823,8 @@ TEST_F(CliTest, MessagesNameTheOptionOrFile) {
   EXPECT_FALSE(fs::exists(path("h.png")));
   const CommandResult result = attn("heatmap w.npy --out h.png --panel-size 20000");
   EXPECT_EQ(result.err.find("save_heatmaps"), std::string::npos) << result.err;
-  expect_error("train nadaraya-watson --out pictures --lr 3e38", "--lr: training diverged");
+  expect_error("train nadaraya-watson --out pictures --lr 3e38",
+               "--lr: training diverged with learning rate 3e+38 (");
   expect_error("translate --model w.npy 'march 3, 1987'",
                "--model: w.npy: expected a model directory");
 }
