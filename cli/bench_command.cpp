@@ -35,6 +35,7 @@
 #include "bench/memory_probe.hpp"
 #include "bench_decode.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 
 namespace attn::cli {
 
@@ -601,18 +602,20 @@ void add_bench_command(CLI::App& app) {
       "otherwise idle machine (see the load average in the output). Cases: " +
       case_names + ".");
   command->add_option("--sizes", options->sizes, "Sequence lengths n = m, comma-separated")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->transform(number_check(options->sizes));
   command
       ->add_option("--threads", options->threads,
                    "Thread counts, comma-separated (default: 1, 2, 4, ... up to the machine's "
                    "logical CPUs); with several, a thread-scaling table follows")
       ->delimiter(',')
+      ->transform(number_check(options->threads))
       ->capture_default_str();
   command->add_option("--cases", options->cases, "Cases to run, comma-separated")
       ->delimiter(',')
       ->default_str("all");
   command->add_option("--repeats", options->repeats, "Timed passes per case (the median is kept)")
-      ->check(CLI::Range(1, 1000));
+      ->transform(number_check(options->repeats, from_to(1, 1000)));
   command->add_flag("--quick", options->quick,
                     "Smoke run: sizes 128,512 unless --sizes is given, at most 2 repeats; decode "
                     "cases at B=1, n=1, m=4096 unless given, at most 3 passes");
@@ -622,20 +625,24 @@ void add_bench_command(CLI::App& app) {
   command->add_flag("--json", options->json, "Print JSON instead of the table");
   command->add_option("--json-out", options->json_out, "Also write the JSON to this file")
       ->type_name("FILE");
-  command->add_option("--batch", options->batch, "Batch size B")->check(CLI::Range(1, 4096));
-  command->add_option("--heads", options->heads, "Heads H")->check(CLI::Range(1, 4096));
-  command->add_option("--head-dim", options->head_dim, "Head size d")->check(CLI::Range(1, 4096));
+  command->add_option("--batch", options->batch, "Batch size B")
+      ->transform(number_check(options->batch, from_to(1, 4096)));
+  command->add_option("--heads", options->heads, "Heads H")
+      ->transform(number_check(options->heads, from_to(1, 4096)));
+  command->add_option("--head-dim", options->head_dim, "Head size d")
+      ->transform(number_check(options->head_dim, from_to(1, 4096)));
   command
       ->add_option("--window", options->window,
                    "fused-window: query i sees keys i - N ... i (causal sliding window)")
       ->type_name("N")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+      ->transform(number_check(options->window, from_to(0, 1 << 20)));
   command
       ->add_option("--max-working-set-mib", options->max_working_set_mib,
                    "Skip a case at sizes where it would materialise more than this (the plain "
                    "path's B*H*n*m scores)")
-      ->check(CLI::PositiveNumber);
-  command->add_option("--seed", options->seed, "Seed of the inputs and valid lengths");
+      ->transform(number_check(options->max_working_set_mib, positive()));
+  command->add_option("--seed", options->seed, "Seed of the inputs and valid lengths")
+      ->transform(number_check(options->seed));
   command
       ->add_option("--simd-target", options->simd_target,
                    "Run the kernels, the FMA peak and oneDNN no better than this instruction set "

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "attn/core/error.hpp"
+#include "number_options.hpp"
 
 namespace attn::cli {
 namespace {
@@ -33,28 +34,28 @@ void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
   command
       .add_option("--decode-batch", options.batches, "Decode cases: batch sizes B, comma-separated")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+      ->transform(number_check(options.batches, from_to(1, 4096)));
   command
       .add_option("--decode-queries", options.queries,
                   "Decode cases: new queries n per sequence, comma-separated")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+      ->transform(number_check(options.queries, from_to(1, 64)));
   command
       .add_option("--decode-lengths", options.lengths,
                   "Decode cases: cached tokens m per sequence, comma-separated (e.g. "
                   "4096,32768,131072)")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+      ->transform(number_check(options.lengths, from_to(1, 1 << 24)));
   command.add_option("--decode-heads", options.heads, "Decode cases: query heads H_q")
-      ->check(CLI::Range(1, 4096));
+      ->transform(number_check(options.heads, from_to(1, 4096)));
   command.add_option("--decode-kv-heads", options.kv_heads, "Decode cases: key/value heads H_kv")
-      ->check(CLI::Range(1, 4096));
+      ->transform(number_check(options.kv_heads, from_to(1, 4096)));
   command.add_option("--decode-head-dim", options.head_dim, "Decode cases: head size d")
-      ->check(CLI::Range(1, 4096));
+      ->transform(number_check(options.head_dim, from_to(1, 4096)));
   command
       .add_option("--decode-repeats", options.repeats,
                   "Decode cases: timed passes per row (the median is kept)")
-      ->check(CLI::Range(1, 10000));
+      ->transform(number_check(options.repeats, from_to(1, 10000)));
   command.add_flag("--decode-warm", options.warm,
                    "Decode cases: no eviction read between passes, so a cache that fits the L3 is "
                    "read from it");
@@ -69,7 +70,7 @@ void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
       .add_option("--stream-mib", options.stream_mib,
                   "Buffer of the stream-read ceiling in MiB (default: 1024, or 4x the L3 with "
                   "--quick, within a quarter of the available memory)")
-      ->check(CLI::Range(1.0, 1048576.0));
+      ->transform(number_check(options.stream_mib, from_to(1, 1048576)));
 }
 
 void check_decode_options(DecodeBenchOptions& options, bool quick) {

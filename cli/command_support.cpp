@@ -2,7 +2,12 @@
 // subcommands.
 #include "command_support.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <system_error>
 
 namespace attn::cli {
@@ -104,6 +109,61 @@ void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<Com
       }
     }
   }
+}
+
+StagedOutputs::~StagedOutputs() {
+  for (const Staged& staged : staged_) ::unlink(staged.temporary.c_str());
+}
+
+void StagedOutputs::write(const std::string& option, const fs::path& target,
+                          const std::function<void(const fs::path&)>& write) {
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string name = target.filename().string();
+  // A name no other process picks (this process's id, a counter, O_EXCL), hidden, ending in the
+  // target's extension.
+  static uint64_t counter = 0;
+  fs::path temporary;
+  for (int attempt = 0;; ++attempt) {
+    temporary = folder / ("." + name + ".attn-staged-" + std::to_string(::getpid()) + "-" +
+                          std::to_string(counter++) + target.extension().string());
+    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      ::close(fd);
+      break;
+    }
+    if (errno != EEXIST || attempt > 100) {
+      throw FileError(option + ": " + target.string() + ": cannot write the file (" +
+                      std::strerror(errno) + ")");
+    }
+  }
+  staged_.push_back({option, target, temporary});
+  try {
+    write(temporary);
+  } catch (const Error& error) {
+    std::string message = error.what();
+    const std::string temporary_name = temporary.string();
+    for (size_t at = message.find(temporary_name); at != std::string::npos;
+         at = message.find(temporary_name, at + target.string().size())) {
+      message.replace(at, temporary_name.size(), target.string());
+    }
+    rethrow_with_message(error, option + ": " + message);
+  }
+}
+
+void StagedOutputs::commit() {
+  for (Staged& staged : staged_) {
+    std::error_code error;
+    const fs::file_status existing = fs::status(staged.target, error);
+    if (!error && fs::is_regular_file(existing)) {
+      fs::permissions(staged.temporary, existing.permissions(), error);
+    }
+    if (::rename(staged.temporary.c_str(), staged.target.c_str()) != 0) {
+      throw FileError(staged.option + ": " + staged.target.string() + ": cannot write the file (" +
+                      std::strerror(errno) + ")");
+    }
+    staged.temporary.clear();
+  }
+  staged_.clear();
 }
 
 HeatmapOptions head_grid_options(int64_t batch, int64_t heads) {

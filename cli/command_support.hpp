@@ -1,10 +1,11 @@
 // What the subcommands share: adding the option or file an error came from to its message, the
-// output directory, the checks of output paths, and the panel grid for multi-head attention
-// weights.
+// output directory, the checks of output paths, outputs written all or none, and the panel grid
+// for multi-head attention weights.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,38 @@ struct OutputFile {
 // output is one of the inputs (hard and symbolic links included). FileError or ValueError naming
 // the options.
 void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<CommandFile>& inputs);
+
+// Outputs written all or none. Each is written to a temporary file beside its target, named to end
+// in the target's extension (the writers pick the format by it), and the targets are replaced,
+// each by a rename within its folder, only once every output has been written; when any write
+// fails, or commit() is never reached, the temporaries are removed and no target is touched. (A
+// rename that fails after others succeeded cannot be undone; renames within one folder fail only
+// where creating the temporary there would have failed first.)
+class StagedOutputs {
+ public:
+  StagedOutputs() = default;
+  StagedOutputs(const StagedOutputs&) = delete;
+  StagedOutputs& operator=(const StagedOutputs&) = delete;
+  // Removes the temporaries that commit() did not rename.
+  ~StagedOutputs();
+
+  // Reserves a temporary for `target` and runs `write` on it; an attn::Error it throws (or the
+  // reservation's) is re-thrown as "<option>: ..." with the temporary's name replaced by the
+  // target's, so that messages name the file the user asked for.
+  void write(const std::string& option, const std::filesystem::path& target,
+             const std::function<void(const std::filesystem::path&)>& write);
+  // Renames every temporary over its target, in the order written, keeping an existing target's
+  // permission bits; FileError naming the option and the target when a rename fails.
+  void commit();
+
+ private:
+  struct Staged {
+    std::string option;
+    std::filesystem::path target;
+    std::filesystem::path temporary;
+  };
+  std::vector<Staged> staged_;
+};
 
 // Heatmap options for multi-head weights (batch·heads, n, m) viewed as (batch, heads, n, m):
 // one row per batch element, one column per head, each panel titled with both.

@@ -23,6 +23,7 @@
 #include "attn/nn/multi_head_attention.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 #include "tensor_printing.hpp"
 
 namespace attn::cli {
@@ -203,7 +204,8 @@ void add_demo_command(CLI::App& app) {
   demo->add_option("--out", options->out, "Directory for the heatmap pictures (created if missing)")
       ->type_name("DIR");
   demo->add_option("--seed", options->seed,
-                   "Seed of the random inputs and of the layers' initialisation");
+                   "Seed of the random inputs and of the layers' initialisation")
+      ->transform(number_check(options->seed));
   demo->callback([options] { run_demo(*options); });
 }
 

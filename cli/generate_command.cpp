@@ -27,6 +27,7 @@
 #include "attn/core/tensor.hpp"
 #include "attn/functional/kv_cache.hpp"
 #include "attn/nn/linear.hpp"
+#include "number_options.hpp"
 
 namespace attn::cli {
 
@@ -366,16 +367,17 @@ void add_generate_command(CLI::App& app) {
   command->add_option("--dtype", options->dtype,
                       "Cache dtype: all, float32, float16, bfloat16 or int8");
   command->add_option("--layers", options->layers, "Decoder layers")
-      ->check(CLI::Range(int64_t{1}, int64_t{256}));
+      ->transform(number_check(options->layers, from_to(1, 256)));
   command->add_option("--prompt", options->prompt, "Prompt tokens P (prefilled at once)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->transform(number_check(options->prompt, from_to(1, 1 << 20)));
   command->add_option("--tokens", options->tokens, "Tokens to generate")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  command->add_option("--seed", options->seed, "Seed of the weights and the prompt");
+      ->transform(number_check(options->tokens, from_to(1, 1 << 20)));
+  command->add_option("--seed", options->seed, "Seed of the weights and the prompt")
+      ->transform(number_check(options->seed));
   command
       ->add_option("--threads", options->threads,
                    "Threads for attention and the projections (default: OpenMP's)")
-      ->check(CLI::Range(1, 1024));
+      ->transform(number_check(options->threads, from_to(1, 1024)));
   command->callback([options] { run(*options); });
 }
 

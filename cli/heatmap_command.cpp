@@ -14,6 +14,7 @@
 #include "attn/io/npy.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 
 namespace attn::cli {
 
@@ -25,6 +26,31 @@ struct HeatmapCommandOptions {
   HeatmapOptions heatmap;
 };
 
+// save_heatmaps names itself in its messages ("save_heatmaps: ..."); the user gave a weights file,
+// options and --out. What a message is about, by what it names, with that in front instead.
+[[noreturn]] void rethrow_naming_source(const Error& error, const HeatmapCommandOptions& options) {
+  std::string message = error.what();
+  const std::string prefix = "save_heatmaps: ";
+  if (message.starts_with(prefix)) message.erase(0, prefix.size());
+  const auto mentions = [&message](const char* text) {
+    return message.find(text) != std::string::npos;
+  };
+  std::string source = "--out";
+  if (mentions("a PNG of")) {
+    source = "--out";  // too large to draw as a PNG; its advice names panel_size too
+  } else if (mentions("rows = ")) {
+    source = "--rows/--cols";
+  } else if (mentions("titles")) {
+    source = "--titles";
+  } else if (mentions("panel_size")) {
+    source = "--panel-size";
+  } else if (mentions("weights[") || mentions("weights of shape") ||
+             mentions("hold empty matrices") || mentions("hold no panels")) {
+    source = "weights " + options.weights;
+  }
+  rethrow_with_message(error, source + ": " + message);
+}
+
 void draw(const HeatmapCommandOptions& options) {
   check_outputs({{"--out", options.out, OutputKind::kPicture}}, {{"weights", options.weights}});
   const Tensor weights =
@@ -35,7 +61,11 @@ void draw(const HeatmapCommandOptions& options) {
                      "n, m), got shape " +
                      weights.shape().str());
   }
-  with_context("--out", [&] { save_heatmaps(weights, options.out, options.heatmap); });
+  try {
+    save_heatmaps(weights, options.out, options.heatmap);
+  } catch (const Error& error) {
+    rethrow_naming_source(error, options);
+  }
   std::cout << "attn heatmap: weights " << weights.shape().str() << " from " << options.weights
             << " -> " << options.out << "\n";
 }
@@ -65,18 +95,18 @@ void add_heatmap_command(CLI::App& app) {
       ->default_str("none");
   CLI::Option* rows =
       command->add_option("--rows", options->heatmap.rows, "Rows of panels (with --cols)")
-          ->check(CLI::PositiveNumber)
+          ->transform(number_check(options->heatmap.rows, positive()))
           ->default_str("from the shape");
   CLI::Option* cols =
       command->add_option("--cols", options->heatmap.cols, "Columns of panels (with --rows)")
-          ->check(CLI::PositiveNumber)
+          ->transform(number_check(options->heatmap.cols, positive()))
           ->default_str("from the shape");
   rows->needs(cols);
   cols->needs(rows);
   command
       ->add_option("--panel-size", options->heatmap.panel_size,
                    "Side of one panel's plot area in points")
-      ->check(CLI::PositiveNumber);
+      ->transform(number_check(options->heatmap.panel_size, positive()));
   command->callback([options] { draw(*options); });
 }
 

@@ -291,7 +291,7 @@ class RingInputs {
 
   // Per batch element (B): read whole; per query (B, n): this rank's queries' columns only.
   void read_valid_lens(const std::string& path, int rank) {
-    options_.valid_lens = with_context("--valid-lens", [&] {
+    options_.valid_lens = reading_valid_lens([&] {
       const NpyHeader header = read_npy_header(path);
       if (header.shape.rank() == 2 && header.shape[1] == query_file_.dim(-2)) {
         const NpyArray lengths = read_npy_rows(path, 1, row_ranges(query_shards_, rank));

@@ -53,7 +53,8 @@ Shape with_last(const Shape& shape, int64_t last) {
 
 void rethrow_with_sources(const Error& error, const RunArguments& arguments) {
   const std::string message = error.what();
-  // Layers name their inputs in the plural, the functional API in the singular.
+  // Layers name their inputs in the plural, the functional API in the singular; additive
+  // attention's parameters by their short names.
   const std::vector<std::pair<std::string, std::pair<std::string, std::optional<std::string>>>>
       sources = {{"queries", {"--queries", arguments.queries}},
                  {"query", {"--queries", arguments.queries}},
@@ -64,15 +65,34 @@ void rethrow_with_sources(const Error& error, const RunArguments& arguments) {
                  {"valid_lens", {"--valid-lens", arguments.valid_lens}},
                  {"attn_mask", {"--mask", arguments.mask}},
                  {"alibi_slopes", {"--alibi", arguments.alibi}},
-                 {"sinks", {"--sinks", arguments.sinks}}};
+                 {"sinks", {"--sinks", arguments.sinks}},
+                 {"grad_output", {"--out-grad", arguments.out_grad}},
+                 {"W_q", {"--params", arguments.params}},
+                 {"W_k", {"--params", arguments.params}},
+                 {"w_v", {"--params", arguments.params}}};
   for (const auto& [argument, source] : sources) {
     if (!source.second) continue;
     if (message.starts_with(argument + ":") || message.starts_with(argument + "[")) {
+      // Parameters go by their state-dict names in the file.
+      const std::string name = source.first == "--params" ? argument + ".weight" : argument;
       rethrow_with_message(
-          error, message + " (" + argument + " from " + source.first + " " + *source.second + ")");
+          error, message + " (" + name + " from " + source.first + " " + *source.second + ")");
     }
   }
   rethrow_with_message(error, message);
+}
+
+void rethrow_valid_lens_error(const Error& error) {
+  const std::string message = error.what();
+  const std::string unsupported = "unsupported dtype '";
+  const size_t at = message.find(unsupported);
+  const size_t end = at == std::string::npos ? at : message.find('\'', at + unsupported.size());
+  if (end == std::string::npos) rethrow_with_message(error, message);
+  const std::string dtype = message.substr(at, end + 1 - at).substr(unsupported.size() - 1);
+  rethrow_with_message(error, message.substr(0, at) +
+                                  "expected int32 ('<i4') or int64 ('<i8') valid lengths, got "
+                                  "dtype " +
+                                  dtype);
 }
 
 SlidingWindow parse_window(const std::string& text) {
@@ -121,9 +141,8 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
   name_sources(arguments, [&] {
     read_inputs(arguments, family);
     if (arguments.valid_lens) {
-      options_.valid_lens = with_context("--valid-lens", [&] {
-        return load_npy_valid_lengths(*arguments.valid_lens, "valid_lens");
-      });
+      options_.valid_lens = reading_valid_lens(
+          [&] { return load_npy_valid_lengths(*arguments.valid_lens, "valid_lens"); });
     }
     if (arguments.scale) {
       if (!std::isfinite(*arguments.scale)) {

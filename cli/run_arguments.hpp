@@ -16,6 +16,7 @@
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/functional/attention_options.hpp"
+#include "command_support.hpp"
 
 namespace attn::cli {
 
@@ -36,6 +37,9 @@ struct RunArguments {
   std::optional<int64_t> kv_heads;
   std::optional<float> scale;
   std::optional<float> softcap;
+  // Files read outside FunctionalInputs, named in messages about the tensors they hold.
+  std::optional<std::string> out_grad;  // G: "grad_output"
+  std::optional<std::string> params;    // additive's "W_q", "W_k", "w_v"
 };
 
 // Runs `action`; an attn::Error whose message begins with an argument's name as the library or
@@ -48,6 +52,20 @@ decltype(auto) name_sources(const RunArguments& arguments, Action&& action) {
     return std::forward<Action>(action)();
   } catch (const Error& error) {
     rethrow_with_sources(error, arguments);
+  }
+}
+
+// Re-throws an error from reading --valid-lens (already "--valid-lens: ..."): a dtype the .npy
+// reader does not know at all (int16, uint64) is said to be outside int32 and int64, the only
+// dtypes valid lengths take, where the reader lists every dtype it reads, floats included.
+[[noreturn]] void rethrow_valid_lens_error(const Error& error);
+// Runs `action`, which reads --valid-lens, under "--valid-lens: " and rethrow_valid_lens_error.
+template <class Action>
+decltype(auto) reading_valid_lens(Action&& action) {
+  try {
+    return with_context("--valid-lens", std::forward<Action>(action));
+  } catch (const Error& error) {
+    rethrow_valid_lens_error(error);
   }
 }
 

@@ -36,6 +36,7 @@
 #include "attn/nn/state_dict.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 #include "ring_run.hpp"
 #include "run_arguments.hpp"
 
@@ -111,6 +112,8 @@ RunArguments run_arguments(const RunOptions& options) {
   arguments.kv_heads = given(options.kv_heads_option, options.kv_heads);
   arguments.scale = given(options.scale_option, options.scale);
   arguments.softcap = given(options.softcap_option, options.softcap);
+  arguments.out_grad = given(options.out_grad_option, options.out_grad);
+  arguments.params = given(options.params_option, options.params);
   return arguments;
 }
 
@@ -225,8 +228,8 @@ LayerInputs load_layer_inputs(const RunOptions& options) {
   inputs.keys = files[1].take_floats();
   inputs.values = files[2].take_floats();
   if (options.valid_lens_option->count() > 0) {
-    inputs.valid_lens = with_context(
-        "--valid-lens", [&] { return load_npy_valid_lengths(options.valid_lens, "valid_lens"); });
+    inputs.valid_lens = reading_valid_lens(
+        [&] { return load_npy_valid_lengths(options.valid_lens, "valid_lens"); });
   }
   return inputs;
 }
@@ -498,7 +501,8 @@ Result run_layer(const RunOptions& options, Layer& layer, GradOutput* grad_outpu
   if (need_weights) result.weights = layer.attention_weights();
   if (grad_output != nullptr) {
     check_grad_output(options, *grad_output, output.shape());
-    result.gradients = layer_gradients(layer, grad_output->take_floats());
+    result.gradients =
+        name_sources(arguments, [&] { return layer_gradients(layer, grad_output->take_floats()); });
     // The inputs' gradients in the inputs' type; the parameters' stay float32, as theirs.
     for (size_t index = 0; index < 3 && inputs.stored_half; ++index) {
       NamedGradient& gradient = result.gradients[index];
@@ -535,7 +539,7 @@ Result run_general(const RunOptions& options, const StateDict& state, GradOutput
   return run_layer(options, layer, grad_output, need_weights, 1);
 }
 
-void save_heatmap(const RunOptions& options, const Result& result) {
+void save_heatmap(const Result& result, const std::filesystem::path& path) {
   const Tensor& weights = result.weights;
   HeatmapOptions heatmap_options;
   ConstTensorView view = weights;
@@ -546,7 +550,7 @@ void save_heatmap(const RunOptions& options, const Result& result) {
     heatmap_options = head_grid_options(batch, result.heads);
     view = view.reshaped(Shape{batch, result.heads, weights.dim(1), weights.dim(2)});
   }
-  with_context("--heatmap", [&] { save_heatmaps(view, options.heatmap, heatmap_options); });
+  save_heatmaps(view, path, heatmap_options);
 }
 
 // --out-grad and --grads-out only make sense together: G without a place for the gradients, or
@@ -602,12 +606,33 @@ void save_tensor(const std::string& path, const ResultTensor& tensor, const std:
   save_npy(path, std::get<Tensor>(tensor));
 }
 
-void save_gradients(const RunOptions& options, const std::vector<NamedGradient>& gradients) {
-  for (const NamedGradient& gradient : gradients) {
-    with_context("--grads-out", [&] {
-      save_tensor(gradient_path(options, gradient.name).string(), gradient.gradient, gradient.name);
-    });
+// save_tensor of `path` (FILE, or FILE.safetensors:NAME) through `staged`: FILE is staged, NAME
+// kept.
+void stage_tensor(StagedOutputs& staged, const std::string& option, const std::string& path,
+                  const ResultTensor& tensor, const std::string& name) {
+  const std::optional<SafetensorsPath> split = split_safetensors_path(path);
+  staged.write(option, split ? split->file : path, [&](const std::filesystem::path& temporary) {
+    save_tensor(split ? temporary.string() + ":" + split->name : temporary.string(), tensor, name);
+  });
+}
+
+// The tensor name of a .safetensors --out, checked before anything is computed: the format keeps
+// '__metadata__' for itself, and names must be UTF-8 (what the writer would refuse at the end).
+void check_output_tensor_name(const RunOptions& options) {
+  const std::optional<SafetensorsPath> split = split_safetensors_path(options.out);
+  if (!split || split->name.empty()) return;
+  if (split->name == "__metadata__") {
+    throw ValueError(
+        "--out: expected a tensor name other than '__metadata__', which the safetensors format "
+        "keeps for the file's metadata, got '" +
+        options.out + "'");
   }
+  // The writer's own rules, on a one-element tensor of that name.
+  with_context("--out", [&] {
+    StateDict probe;
+    probe.emplace(split->name, Tensor(Shape{1}));
+    serialize_safetensors(probe);
+  });
 }
 
 [[noreturn]] void throw_overflow(const std::string& option, const std::string& value, int64_t index,
@@ -716,6 +741,7 @@ void run(const RunOptions& options) {
                     "' (a file is in the way)");
   }
   check_outputs(output_files(options, {}), inputs);
+  check_output_tensor_name(options);
   StateDict state;
   if (options.params_option->count() > 0) {
     state = with_context("--params", [&] { return load_safetensors(options.params); });
@@ -749,16 +775,36 @@ void run(const RunOptions& options) {
     check_format("--grads-out (" + gradient.name + ")", gradient_path(options, gradient.name),
                  gradient.gradient);
   }
+  // The gradients' directory, when this run creates it, goes again with the files if a write
+  // fails: all outputs or none.
+  const bool grads_out_existed = gradients && std::filesystem::exists(options.grads_out, error);
   if (gradients) create_output_directory(options.grads_out, "--grads-out");
-  check_outputs(output_files(options, result.gradients), inputs);
-  // The heatmap first: of the outputs it is the one that can still be refused for its contents (a
-  // picture too large to draw), and then nothing has been written yet. --out last.
-  if (options.heatmap_option->count() > 0) save_heatmap(options, result);
-  if (options.weights_out_option->count() > 0) {
-    with_context("--weights-out", [&] { save_npy(options.weights_out, result.weights); });
+  try {
+    check_outputs(output_files(options, result.gradients), inputs);
+    // Every output to a temporary beside it first, then all renamed over their targets: a late
+    // failure (a picture too large to draw, a full disk, a folder that refuses files) leaves no
+    // output written and the previous files as they were.
+    StagedOutputs staged;
+    if (options.heatmap_option->count() > 0) {
+      staged.write("--heatmap", options.heatmap, [&](const std::filesystem::path& temporary) {
+        save_heatmap(result, temporary);
+      });
+    }
+    if (options.weights_out_option->count() > 0) {
+      staged.write(
+          "--weights-out", options.weights_out,
+          [&](const std::filesystem::path& temporary) { save_npy(temporary, result.weights); });
+    }
+    for (const NamedGradient& gradient : result.gradients) {
+      stage_tensor(staged, "--grads-out", gradient_path(options, gradient.name).string(),
+                   gradient.gradient, gradient.name);
+    }
+    stage_tensor(staged, "--out", options.out, result.output, "output");
+    staged.commit();
+  } catch (...) {
+    if (gradients && !grads_out_existed) std::filesystem::remove(options.grads_out, error);
+    throw;
   }
-  if (grad_output) save_gradients(options, result.gradients);
-  with_context("--out", [&] { save_tensor(options.out, result.output, "output"); });
   std::string summary = "attn run: " + options.layer + " attention, output " +
                         shape_of(result.output).str() + " -> " + options.out;
   if (options.weights_out_option->count() > 0) {
@@ -801,12 +847,14 @@ void add_run_command(CLI::App& app) {
                        "Number of heads: required for multi-head; for dot-product, splits the "
                        "last axis of rank-3 inputs into heads in place (head h: columns "
                        "[h*d, (h+1)*d))")
+          ->transform(number_check(options->heads))
           ->default_str("");
   options->kv_heads_option =
       command
           ->add_option("--kv-heads", options->kv_heads,
                        "Key/value heads for grouped-query attention (dot-product, with --heads; "
                        "must divide --heads)")
+          ->transform(number_check(options->kv_heads))
           ->default_str("--heads");
   options->params_option = command
                                ->add_option("--params", options->params,
@@ -816,6 +864,7 @@ void add_run_command(CLI::App& app) {
                                ->type_name("FILE");
   options->scale_option =
       command->add_option("--scale", options->scale, "Score scale for dot-product")
+          ->transform(number_check(options->scale))
           ->default_str("1/sqrt(query size)");
   command
       ->add_option("--queries", options->queries,
@@ -876,6 +925,7 @@ void add_run_command(CLI::App& app) {
       command
           ->add_option("--softcap", options->softcap,
                        "Soft-capping: scores s become X*tanh(s/X) (Gemma 2); dot-product")
+          ->transform(number_check(options->softcap))
           ->type_name("X")
           ->default_str("");
   options->alibi_option = command

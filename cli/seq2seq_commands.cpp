@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -32,6 +33,7 @@
 #include "attn/viz/heatmap.hpp"
 #include "attn/viz/line_plot.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 
 namespace attn::cli {
 
@@ -292,6 +294,16 @@ struct TranslateOptions {
 };
 
 void translate_command(const TranslateOptions& options) {
+  // Translator::load says "no such model directory" for anything but a directory; a file that
+  // exists is a different mistake (a model file given for its folder, say).
+  std::error_code error;
+  const fs::file_status model_status = fs::status(options.model, error);
+  if (fs::exists(model_status) && !fs::is_directory(model_status)) {
+    throw FileError("--model: " + options.model +
+                    ": expected a model directory (written by 'attn train seq2seq', holding "
+                    "model.safetensors, vocab.json and config.json), got a file that is not a "
+                    "directory");
+  }
   if (!options.heatmap.empty()) {
     const fs::path model = options.model;
     check_outputs({{"--heatmap", options.heatmap, OutputKind::kPicture}},
@@ -328,35 +340,38 @@ void add_train_seq2seq_command(CLI::App& train) {
       ->type_name("DIR")
       ->required();
   command->add_option("--epochs", options->epochs, "Passes over the training pairs")
-      ->check(CLI::PositiveNumber)
+      ->transform(number_check(options->epochs, positive()))
       ->default_str(std::to_string(kDateEpochs) + " (dates), " + std::to_string(kCorpusEpochs) +
                     " (--data)");
-  command->add_option("--seed", options->seed, "Seed of the data, initialisation and order");
+  command->add_option("--seed", options->seed, "Seed of the data, initialisation and order")
+      ->transform(number_check(options->seed));
   command->add_option("--examples", options->examples, "Date task: generated training pairs")
-      ->check(CLI::PositiveNumber);
+      ->transform(number_check(options->examples, positive()));
   command
       ->add_option("--held-out", options->held_out,
                    "Held-out pairs to score (at most a tenth of --data)")
-      ->check(CLI::PositiveNumber);
+      ->transform(number_check(options->held_out, positive()));
   command->add_option("--batch-size", options->batch_size, "Pairs per minibatch")
-      ->check(CLI::PositiveNumber);
-  command->add_option("--lr", options->lr, "Adam learning rate")->check(CLI::PositiveNumber);
+      ->transform(number_check(options->batch_size, positive()));
+  command->add_option("--lr", options->lr, "Adam learning rate")
+      ->transform(number_check(options->lr, positive()));
   command->add_option("--embed-size", options->embed_size, "Token embedding size")
-      ->check(CLI::Range(1, 4096));
+      ->transform(number_check(options->embed_size, from_to(1, 4096)));
   command->add_option("--num-hiddens", options->num_hiddens, "GRU and attention hidden size")
-      ->check(CLI::Range(1, 4096));
-  command->add_option("--num-layers", options->num_layers, "GRU layers")->check(CLI::Range(1, 16));
+      ->transform(number_check(options->num_hiddens, from_to(1, 4096)));
+  command->add_option("--num-layers", options->num_layers, "GRU layers")
+      ->transform(number_check(options->num_layers, from_to(1, 16)));
   command->add_option("--dropout", options->dropout, "Dropout between GRU layers and on attention")
-      ->check(CLI::Range(0.0, 1.0));
+      ->transform(number_check(options->dropout, from_to(0, 1)));
   command->add_option("--num-steps", options->num_steps, "Tokens per sequence (with <eos>)")
-      ->check(CLI::Range(1, 4096))
+      ->transform(number_check(options->num_steps, from_to(1, 4096)))
       ->default_str(std::to_string(kDateSteps));
   command->add_flag(
       "--attend-to-eos", options->attend_to_eos,
       "Let the decoder attend to the source's <eos>, as the book's model does (alignment "
       "heatmaps then show the last source token one step late)");
   command->add_option("--samples", options->samples, "Held-out translations to print and draw")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(number_check(options->samples, non_negative()));
   command->callback([options] { train_seq2seq_command(*options); });
 }
 

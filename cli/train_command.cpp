@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "attn/viz/heatmap.hpp"
 #include "attn/viz/line_plot.hpp"
 #include "command_support.hpp"
+#include "number_options.hpp"
 #include "seq2seq_commands.hpp"
 
 namespace attn::cli {
@@ -37,14 +39,21 @@ struct NadarayaWatsonCommandOptions {
   float lr = 0.5F;
 };
 
+// A learning rate as it is typed (3e+38, 0.5): std::to_string wrote 3e38 in 39 digits and 1e-7 as
+// 0.000000.
+std::string lr_text(float lr) {
+  std::ostringstream text;
+  text << lr;
+  return text.str();
+}
+
 void check_options(const NadarayaWatsonCommandOptions& options) {
   if (options.epochs < 1 || options.epochs > kMaxEpochs) {
     throw ValueError("--epochs: expected a whole number from 1 to " + std::to_string(kMaxEpochs) +
                      ", got " + std::to_string(options.epochs));
   }
   if (!std::isfinite(options.lr) || !(options.lr > 0.0F)) {
-    throw ValueError("--lr: expected a finite learning rate > 0, got " +
-                     std::to_string(options.lr));
+    throw ValueError("--lr: expected a finite learning rate > 0, got " + lr_text(options.lr));
   }
 }
 
@@ -129,15 +138,26 @@ void train_nadaraya_watson(const NadarayaWatsonCommandOptions& options) {
   fit_options.seed = options.seed;
   std::cout << "training the width w of the parametric model (each training point attends to "
                "all the others)\n";
-  const NadarayaWatsonFit fit = fit_nadaraya_watson(data, fit_options, [&](int epoch, float loss) {
-    // A learning rate too large sends the width to infinity; stop before plotting nonsense.
-    if (!std::isfinite(loss)) {
-      throw ValueError("--lr: training diverged at epoch " + std::to_string(epoch) + " (loss " +
-                       std::to_string(loss) + "); try a smaller learning rate than " +
-                       std::to_string(options.lr));
-    }
-    std::cout << "epoch " << epoch << ", loss " << fixed(loss, 3) << "\n";
-  });
+  NadarayaWatsonFit fit;
+  try {
+    fit = fit_nadaraya_watson(data, fit_options, [&](int epoch, float loss) {
+      // A learning rate too large sends the width to infinity; stop before plotting nonsense.
+      if (!std::isfinite(loss)) {
+        throw ValueError("--lr: training diverged at epoch " + std::to_string(epoch) + " (loss " +
+                         std::to_string(loss) + "); try a smaller learning rate than " +
+                         lr_text(options.lr));
+      }
+      std::cout << "epoch " << epoch << ", loss " << fixed(loss, 3) << "\n";
+    });
+  } catch (const Error& error) {
+    // A learning rate too large can also overflow the width itself before a loss is reported;
+    // the library names the width, the user gave --lr.
+    const std::string message = error.what();
+    if (message.starts_with("--")) throw;
+    rethrow_with_message(error, "--lr: training diverged with learning rate " +
+                                    lr_text(options.lr) + " (" + message +
+                                    "); try a smaller learning rate");
+  }
   std::cout << "width w: initial " << width_text(fit.initial_width) << ", trained "
             << width_text(fit.trained_width) << "\n"
             << "test MSE against the truth: nonparametric (w = 1) "
@@ -183,11 +203,15 @@ void add_train_nadaraya_watson_command(CLI::App& train) {
       "regression.png, weights_nonparametric.png, weights_parametric.png and loss.png to --out.");
   command->add_option("--out", options->out, "Directory for the pictures (created if missing)")
       ->type_name("DIR");
-  command->add_option("--seed", options->seed,
-                      "Seed of the training data's noise and of the initial width");
-  command->add_option("--epochs", options->epochs,
-                      "SGD steps on the full training set (1 to 100000)");
-  command->add_option("--lr", options->lr, "SGD learning rate (> 0)");
+  command
+      ->add_option("--seed", options->seed,
+                   "Seed of the training data's noise and of the initial width")
+      ->transform(number_check(options->seed));
+  command
+      ->add_option("--epochs", options->epochs, "SGD steps on the full training set (1 to 100000)")
+      ->transform(number_check(options->epochs));
+  command->add_option("--lr", options->lr, "SGD learning rate (> 0)")
+      ->transform(number_check(options->lr));
   command->callback([options] { train_nadaraya_watson(*options); });
 }
 

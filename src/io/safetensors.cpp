@@ -346,10 +346,12 @@ SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path,
   }
   if (name.empty() && entries.size() == 1) chosen = &entries.front();
   if (chosen == nullptr) {
-    fail(source, name.empty() ? "expected one tensor (or FILE:NAME to choose one), got " +
-                                    std::to_string(entries.size()) + ": " + held
-                              : "no tensor '" + io_detail::escaped(name) + "': it holds " +
-                                    (held.empty() ? std::string("none") : held));
+    fail(source, name.empty()
+                     ? "expected one tensor (or FILE:NAME to choose one), got " +
+                           std::to_string(entries.size()) +
+                           (held.empty() ? std::string(" (the file holds none)") : ": " + held)
+                     : "no tensor '" + io_detail::escaped(name) + "': it holds " +
+                           (held.empty() ? std::string("none") : held));
   }
   SafetensorsTensor result;
   result.shape = chosen->shape;

@@ -18,6 +18,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -625,7 +627,8 @@ TEST_F(CliTest, HeatmapRejectsBadRanksGridsAndExtensions) {
   save("row.npy", random_tensor(Shape{5}, rng));
   save("w.npy", random_tensor(Shape{4, 2, 3}, rng));
   expect_error("heatmap row.npy --out h.png", "got shape (5,)");
-  expect_error("heatmap w.npy --out h.png --rows 3 --cols 2", "--out");
+  expect_error("heatmap w.npy --out h.png --rows 3 --cols 2",
+               "--rows/--cols: rows = 3, cols = 2 does not match the 4 panels");
   expect_error("heatmap w.npy --out h.png --rows 2", "--cols");
   expect_error("heatmap w.npy --out h.png --titles a,b", "titles");
   expect_error("heatmap w.npy --out h.bmp", "h.bmp");
@@ -728,6 +731,102 @@ TEST_F(CliTest, TrainRejectsBadEpochsAndLearningRates) {
   EXPECT_FALSE(fs::exists(path("attn-nadaraya-watson")));
   std::ofstream(path("occupied")) << "a file, not a directory";
   expect_error("train nadaraya-watson --out occupied", "--out: cannot create the directory");
+}
+
+// Every numeric option reads its whole text as a number of its type: an empty value is not 0, an
+// integer outside its type is not wrapped or clamped, and NaN or infinity is no bound.
+TEST_F(CliTest, NumericOptionsRefuseEmptyAndOutOfRangeText) {
+  write_inputs(4, 4, 6, 41);
+  const std::string run = "run --layer dot-product " + kInputArguments + " --out o.npy ";
+  const std::string seq2seq = "train seq2seq --out never ";
+  for (const auto& [command, option, expected] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {run, "--scale", "a number"},
+           {run, "--softcap", "a number"},
+           {run, "--heads", "an integer"},
+           {run + "--heads 2", "--kv-heads", "an integer"},
+           {"train nadaraya-watson", "--seed", "an integer"},
+           {"train nadaraya-watson", "--epochs", "an integer"},
+           {"train nadaraya-watson", "--lr", "a number"},
+           {seq2seq, "--seed", "an integer"},
+           {seq2seq, "--epochs", "a positive integer"},
+           {seq2seq, "--lr", "a positive finite number"},
+           {seq2seq, "--dropout", "a number from 0 to 1"},
+           {"demo", "--seed", "an integer"},
+           {"generate", "--seed", "an integer"},
+           {"bench", "--seed", "an integer"},
+           {"bench", "--sizes", "an integer"},
+           {"bench", "--max-working-set-mib", "a positive finite number"},
+           {"heatmap q.npy --out h.png", "--panel-size", "a positive finite number"}}) {
+    expect_error(command + " " + option + " ''", option + ": expected " + expected + ", got ''");
+    expect_error(command + " " + option + " 1x", option + ": expected " + expected + ", got '1x'");
+  }
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  EXPECT_FALSE(fs::exists(path("never")));
+  EXPECT_FALSE(fs::exists(path("h.png")));
+  const std::string seed_range = "--seed: expected an integer from 0 to 18446744073709551615, got ";
+  for (const std::string command : {"train nadaraya-watson", "demo", "generate", "bench"}) {
+    expect_error(command + " --seed -1", seed_range + "-1");
+    expect_error(command + " --seed 99999999999999999999", seed_range + "99999999999999999999");
+  }
+  expect_error(run + "--heads 9999999999999999999",
+               "--heads: expected an integer from -9223372036854775808 to 9223372036854775807, got "
+               "9999999999999999999");
+  // Bounds in words, never a 300-digit one; NaN and infinity are outside every bound.
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {"heatmap q.npy --out h.png --rows 0 --cols 1",
+            "--rows: expected a positive integer, got 0"},
+           {"heatmap q.npy --out h.png --panel-size 0",
+            "--panel-size: expected a positive finite number, got 0"},
+           {"heatmap q.npy --out h.png --panel-size inf",
+            "--panel-size: expected a positive finite number, got inf"},
+           {seq2seq + "--batch-size 0", "--batch-size: expected a positive integer, got 0"},
+           {seq2seq + "--held-out 0", "--held-out: expected a positive integer, got 0"},
+           {seq2seq + "--epochs 0", "--epochs: expected a positive integer, got 0"},
+           {seq2seq + "--lr inf", "--lr: expected a positive finite number, got inf"},
+           {seq2seq + "--lr nan", "--lr: expected a positive finite number, got nan"},
+           {seq2seq + "--lr 1e39", "--lr: expected a positive finite number, got 1e39"},
+           {seq2seq + "--dropout nan", "--dropout: expected a number from 0 to 1, got nan"},
+           {seq2seq + "--samples -1", "--samples: expected a non-negative integer, got -1"},
+           {seq2seq + "--num-layers 17", "--num-layers: expected an integer from 1 to 16, got 17"},
+           {"bench --max-working-set-mib 0",
+            "--max-working-set-mib: expected a positive finite number, got 0"},
+           {"bench --max-working-set-mib nan",
+            "--max-working-set-mib: expected a positive finite number, got nan"},
+           {"bench --max-working-set-mib inf",
+            "--max-working-set-mib: expected a positive finite number, got inf"},
+           {"bench --repeats 0", "--repeats: expected an integer from 1 to 1000, got 0"},
+           {"bench --decode-lengths 1,0", "--decode-lengths: expected an integer from 1 to "},
+           {"generate --threads 99999999999", "--threads: expected an integer from 1 to 1024"}}) {
+    expect_error(arguments, message);
+    EXPECT_EQ(attn(arguments).err.find("179769"), std::string::npos) << arguments;
+  }
+  EXPECT_FALSE(fs::exists(path("never")));
+  // Decimal, as typed: a leading zero is not octal.
+  const CommandResult epochs = attn("train nadaraya-watson --out pictures --epochs 010");
+  ASSERT_EQ(epochs.exit_code, 0) << epochs.err;
+  EXPECT_EQ(epoch_lines(epochs.out).size(), 10U) << epochs.out;
+}
+
+// heatmap, train and translate name the option or file a problem is about, not the library
+// function that found it.
+TEST_F(CliTest, MessagesNameTheOptionOrFile) {
+  Tensor weights = Tensor::full(Shape{3, 2, 2}, 0.5F);
+  weights.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  save("nan.npy", weights);
+  expect_error("heatmap nan.npy --out h.png", "weights nan.npy: weights[0, 0, 0] is nan");
+  save("w.npy", Tensor::full(Shape{3, 2, 2}, 0.5F));
+  expect_error("heatmap w.npy --out h.png --titles a,b", "--titles: expected 3 titles");
+  expect_error("heatmap w.npy --out h.png --rows 2 --cols 2",
+               "--rows/--cols: rows = 2, cols = 2 does not match");
+  expect_error("heatmap w.npy --out h.png --panel-size 20000", "--panel-size: panel_size must be");
+  EXPECT_FALSE(fs::exists(path("h.png")));
+  const CommandResult result = attn("heatmap w.npy --out h.png --panel-size 20000");
+  EXPECT_EQ(result.err.find("save_heatmaps"), std::string::npos) << result.err;
+  expect_error("train nadaraya-watson --out pictures --lr 3e38",
+               "--lr: training diverged with learning rate 3e+38 (");
+  expect_error("translate --model w.npy 'march 3, 1987'",
+               "--model: w.npy: expected a model directory");
 }
 
 TEST_F(CliTest, TrainHelpListsNadarayaWatsonAndItsOptions) {

@@ -95,6 +95,51 @@ TEST_F(OutputSafetyTest, AWriteThatFailsMidwayKeepsTheOldOutput) {
   }
 }
 
+// All outputs or none: an output that fails last (--out is written after the heatmap, the weights
+// and the gradients) leaves none of the others written, no temporary file, and an existing file
+// as it was; a tensor name the safetensors writer refuses is refused before the run.
+TEST_F(OutputSafetyTest, ALateFailureWritesNoOutput) {
+  Rng rng(35);
+  save("g.npy", random_tensor(Shape{2, 3, 6}, rng));
+  std::ofstream(path("h.png")) << "an older picture";
+  const std::string outputs = "--heatmap h.png --weights-out w.npy --out-grad g.npy --grads-out gr";
+  // A folder where no file can be created.
+  expect_error("run --layer dot-product " + kInputArguments + " --out /proc/o.npy " + outputs,
+               "--out: /proc/o.npy: cannot write the file");
+  EXPECT_EQ(read_text(path("h.png")), "an older picture");
+  EXPECT_FALSE(fs::exists(path("w.npy")));
+  EXPECT_FALSE(fs::exists(path("gr")));
+  // A gradients folder that exists is kept, empty.
+  fs::create_directory(path("gr"));
+  expect_error("run --layer dot-product " + kInputArguments + " --out /proc/o.npy " + outputs,
+               "--out: /proc/o.npy: cannot write the file");
+  EXPECT_TRUE(fs::is_empty(path("gr")));
+  fs::remove(path("gr"));
+  expect_error(
+      "run --layer dot-product " + kInputArguments + " --out o.safetensors:__metadata__ " + outputs,
+      "--out: expected a tensor name other than '__metadata__'");
+  EXPECT_EQ(read_text(path("h.png")), "an older picture");
+  EXPECT_FALSE(fs::exists(path("w.npy")));
+  EXPECT_FALSE(fs::exists(path("gr")));
+  EXPECT_FALSE(fs::exists(path("o.safetensors")));
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    EXPECT_EQ(entry.path().filename().string().find(".attn-"), std::string::npos)
+        << "temporary file left: " << entry.path();
+  }
+  // The same outputs where every one can be written: all of them, the old picture replaced.
+  const CommandResult result =
+      attn("run --layer dot-product " + kInputArguments + " --out o.safetensors:y " + outputs);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(starts_with_bytes(path("h.png"), kPngSignature));
+  EXPECT_TRUE(fs::exists(path("w.npy")));
+  EXPECT_TRUE(fs::exists(path("gr/queries.safetensors")));
+  EXPECT_EQ(load_safetensors(path("o.safetensors")).count("y"), 1U);
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    EXPECT_EQ(entry.path().filename().string().find(".attn-"), std::string::npos)
+        << "temporary file left: " << entry.path();
+  }
+}
+
 TEST_F(OutputSafetyTest, ValuesNearFloatMaxGiveAFiniteOutput) {
   Rng rng(34);
   // Normal values of deviation 8e37: a few near ±2e38, and the kernel's sum over 5 keys beyond

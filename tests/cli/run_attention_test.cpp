@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <string>
@@ -804,6 +805,55 @@ TEST_F(RunAttentionTest, MaskErrorsNameTheFlagAndTheFile) {
   expect_error("run " + kDot + " --mask ints.npy --out o.npy",
                "expected a bool or float32/float64 mask, got an integer array");
   expect_error("run " + kDot + " --mask absent.npy --out o.npy", "--mask: absent.npy");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+// Errors about a tensor read from --out-grad or --params name the option and the file, not only
+// the library's name for the argument.
+TEST_F(RunAttentionTest, NonFiniteGradOutputAndParametersNameTheirFiles) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 6}, 42);
+  Tensor grad = Tensor::full(Shape{2, 3, 6}, 1.0F);
+  grad.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  save("g.npy", grad);
+  expect_error("run " + kDot + " --out o.npy --out-grad g.npy --grads-out grads",
+               "(grad_output from --out-grad g.npy)");
+  StateDict state = AdditiveAttention(4, 4, 7, 0.0F).state_dict();
+  state.at("W_q.weight").data()[0] = std::numeric_limits<float>::quiet_NaN();
+  save_safetensors(path("p.safetensors"), state);
+  expect_error(
+      "run --layer additive --params p.safetensors --queries q.npy --keys k.npy --values v.npy "
+      "--out o.npy",
+      "(W_q.weight from --params p.safetensors)");
+  // A safetensors input that holds no tensor says so.
+  save_safetensors(path("empty.safetensors"), StateDict{});
+  expect_error(
+      "run --layer dot-product --queries empty.safetensors --keys k.npy --values v.npy --out o.npy",
+      "--queries: empty.safetensors: expected one tensor (or FILE:NAME to choose one), got 0 (the "
+      "file holds none)");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  EXPECT_FALSE(fs::exists(path("grads")));
+}
+
+// Valid lengths of a dtype the .npy reader does not read at all (int16, uint64): the message says
+// int32 or int64, not every dtype the reader knows (floats included).
+TEST_F(RunAttentionTest, ValidLengthsOfAnUnreadDTypeSayInt32OrInt64) {
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 6}, 43);
+  for (const auto& [descr, bytes] :
+       std::vector<std::pair<std::string, size_t>>{{"<i2", 2}, {"<u8", 8}}) {
+    std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (2,), }";
+    dict.append(117 - dict.size(), ' ');
+    dict += '\n';
+    std::string npy = "\x93NUMPY\x01";
+    npy += '\0';
+    npy += static_cast<char>(dict.size());
+    npy += '\0';
+    std::ofstream(path("lens.npy"), std::ios::binary)
+        << npy << dict << std::string(2 * bytes, '\1');
+    expect_error("run " + kDot + " --valid-lens lens.npy --out o.npy",
+                 "--valid-lens: lens.npy: expected int32 ('<i4') or int64 ('<i8') valid lengths, "
+                 "got dtype '" +
+                     descr + "'");
+  }
   EXPECT_FALSE(fs::exists(path("o.npy")));
 }
 
