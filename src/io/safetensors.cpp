@@ -410,7 +410,8 @@ std::vector<std::byte> header_bytes(const nlohmann::ordered_json& header, std::s
 void save_safetensors_half(const std::filesystem::path& path, std::string_view name, HalfType type,
                            const Shape& shape, std::span<const uint16_t> bits) {
   if (name == kMetadataKey) {
-    throw ValueError("save_safetensors_half: '__metadata__' is reserved and cannot name a tensor");
+    throw ValueError(
+        "tensors: '__metadata__' is reserved for the file's metadata and cannot name a tensor");
   }
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   header[std::string(name)] = header_entry(type == HalfType::kFloat16 ? "F16" : "BF16", shape, 0,
