@@ -5,10 +5,13 @@
 
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -179,6 +182,13 @@ bool is_c_contiguous(const nb::ndarray<nb::ro>& array) {
   return true;
 }
 
+// Reads element `index` (in elements, possibly negative) of a float64 array.
+double read_double(const std::byte* base, int64_t index) {
+  double value = 0.0;
+  std::memcpy(&value, base + index * static_cast<int64_t>(sizeof(double)), sizeof(double));
+  return value;
+}
+
 // Reads element `index` (in elements, possibly negative) of a float32 or float64 array; memcpy
 // because the buffer need not be aligned.
 float read_float(const std::byte* base, int64_t index, bool is_double) {
@@ -285,6 +295,27 @@ std::string rank_range(int min_rank, int max_rank) {
   return "an array of rank " + std::to_string(min_rank) + " to " + std::to_string(max_rank);
 }
 
+// ValueError when a finite float64 element became ±∞ in `copy` (beyond float32's ±3.4e38):
+// attn computes in float32, and an infinity made of a finite input used to pass as one (a state
+// dict of 1e300 saved as inf), or surfaced later as "expected finite values, got inf".
+void require_float_range(const nb::ndarray<nb::ro>& array, std::string_view name,
+                         const std::byte* base, const Tensor& copy) {
+  int64_t index = 0;
+  for_each_offset(array, [&](int64_t offset) {
+    const float narrowed = copy.data()[index];
+    if (std::isinf(narrowed)) {
+      const double value = read_double(base, offset);
+      if (std::isfinite(value)) {
+        std::ostringstream text;
+        text << std::string(name) << ": expected values float32 holds (within ±3.4e38; attn "
+             << "computes in float32), got " << value << " at flat index " << index;
+        throw nb::value_error(text.str().c_str());
+      }
+    }
+    ++index;
+  });
+}
+
 // The float32 data the kernels read for an imported array: its own when it is float32, aligned and
 // `in_place` (the layout the caller reads in place), else a C-contiguous float32 copy made into
 // `copy` — refused under strict inputs, the message saying the `requirement` it missed. TypeError
@@ -319,6 +350,7 @@ const float* float_data(const nb::ndarray<nb::ro>& array, std::string_view name,
   const auto* base = static_cast<const std::byte*>(data);
   float* out = copy.data();
   for_each_offset(array, [&](int64_t offset) { *out++ = read_float(base, offset, is_float64); });
+  if (is_float64) require_float_range(array, name, base, copy);
   return copy.data();
 }
 
@@ -369,9 +401,9 @@ InputTensor::InputTensor(nb::handle object, std::string_view name, int rank) {
 
   const auto ndim = static_cast<int>(array_.ndim());
   if ((rank >= 0 && ndim != rank) || ndim > Shape::kMaxRank) {
-    const std::string expected = rank >= 0
-                                     ? "a " + std::to_string(rank) + "-d array"
-                                     : "an array of rank at most " + std::to_string(Shape::kMaxRank);
+    const std::string expected =
+        rank >= 0 ? "a " + std::to_string(rank) + "-d array"
+                  : "an array of rank at most " + std::to_string(Shape::kMaxRank);
     throw nb::value_error(
         (std::string(name) + ": expected " + expected + ", got shape " + shape_string(array_))
             .c_str());
@@ -531,8 +563,17 @@ MaskInput::MaskInput(nb::handle object, std::string_view name) {
                               .c_str());
   }
   float_copy_.reserve(static_cast<size_t>(shape.numel()));
-  for_each_offset(
-      array_, [&](int64_t offset) { float_copy_.push_back(read_float(base, offset, is_float64)); });
+  // A finite float64 entry beyond float32 becomes float's largest, not ±∞: −1e300 then hides a
+  // key as float's lowest does (a row of them ties and is averaged, as PyTorch's math gives it),
+  // where −∞ would have hidden the row wholly.
+  constexpr float kLargest = std::numeric_limits<float>::max();
+  for_each_offset(array_, [&](int64_t offset) {
+    const float entry = read_float(base, offset, is_float64);
+    float_copy_.push_back(std::isinf(entry) && is_float64 &&
+                                  std::isfinite(read_double(base, offset))
+                              ? std::copysign(kLargest, entry)
+                              : entry);
+  });
   mask_ = AttentionMask::additive(StridedView<const float>(float_copy_.data(), shape));
 }
 

@@ -220,3 +220,25 @@ def test_backward_checks_grad_output():
         layer.backward(normal(2, 3, 3))
     with pytest.raises(TypeError, match="grad_output: expected float32"):
         layer.backward(np.zeros((2, 3, 2), np.int32))
+
+
+def test_float64_beyond_float32_is_named_not_turned_into_infinity(tmp_path):
+    # attn computes in float32: a finite float64 past ±3.4e38 became ±inf in the copy, which a
+    # saved state dict kept silently and the functions reported as "got inf".
+    huge = np.array([[1.0, -1e300]])
+    with pytest.raises(ValueError, match=r"tensors\['x'\]: expected values float32 holds .* "
+                                         r"got -1e\+300 at flat index 1"):
+        attn.save_safetensors(tmp_path / "x.safetensors", {"x": huge})
+    assert not (tmp_path / "x.safetensors").exists()
+    query = normal(1, 2, 4).astype(np.float64)
+    query[0, 1, 3] = 5e38
+    with pytest.raises(ValueError, match="query: expected values float32 holds .* flat index 7"):
+        attn.scaled_dot_product_attention(query, normal(1, 3, 4), normal(1, 3, 4))
+    # A float64 mask's −1e300 hides a key as float's lowest does: a row of them ties and is
+    # averaged (PyTorch's math in float64 gives the same), where −∞ hid the row wholly.
+    mask = np.zeros((2, 3))
+    mask[0] = -1e300
+    values = normal(1, 3, 4)
+    out = attn.scaled_dot_product_attention(normal(1, 2, 4), normal(1, 3, 4), values,
+                                            attn_mask=mask)
+    np.testing.assert_allclose(out[0, 0], values[0].mean(axis=0), rtol=1e-6, atol=1e-6)
