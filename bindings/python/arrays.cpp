@@ -159,9 +159,18 @@ nb::ndarray<nb::ro> import_array(nb::handle object, std::string_view name,
                                   .c_str());
       }
     }
-    throw nb::type_error((std::string(name) + ": expected " + std::string(expected) + ", got " +
-                          python_type_name(object))
-                             .c_str());
+    // An array of a dtype DLPack has no code for (object, strings, datetimes) fails the export:
+    // name the dtype rather than the type, which was the one expected.
+    std::string got = python_type_name(object);
+    const nb::object dtype = nb::getattr(object, "dtype", nb::none());
+    if (!dtype.is_none()) {
+      const nb::object text = nb::steal(PyObject_Str(dtype.ptr()));
+      const char* utf8 = text.is_valid() ? PyUnicode_AsUTF8(text.ptr()) : nullptr;
+      if (utf8 == nullptr) PyErr_Clear();
+      if (utf8 != nullptr) got += " of dtype " + std::string(utf8);
+    }
+    throw nb::type_error(
+        (std::string(name) + ": expected " + std::string(expected) + ", got " + got).c_str());
   }
   if (array.device_type() != nb::device::cpu::value) {
     throw nb::value_error((std::string(name) + ": expected an array in CPU memory, got one on " +

@@ -242,3 +242,8 @@ def test_float64_beyond_float32_is_named_not_turned_into_infinity(tmp_path):
     out = attn.scaled_dot_product_attention(normal(1, 2, 4), normal(1, 3, 4), values,
                                             attn_mask=mask)
     np.testing.assert_allclose(out[0, 0], values[0].mean(axis=0), rtol=1e-6, atol=1e-6)
+
+
+def test_an_array_of_a_dtype_without_dlpack_names_the_dtype():
+    with pytest.raises(TypeError, match="X: expected a NumPy array .* got ndarray of dtype object"):
+        attn.masked_softmax(np.ones((2, 3, 4), dtype=object))
