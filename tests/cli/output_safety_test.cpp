@@ -188,14 +188,7 @@ TEST_F(OutputSafetyTest, AFloat16GradientThatOverflowsIsAnError) {
 
 TEST_F(OutputSafetyTest, HostileInputFilesAreCleanErrors) {
   // 128 bytes that claim 2^31 queries of width 0.
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2147483648, 0), }";
-  dict.append(117 - dict.size(), ' ');
-  dict += '\n';
-  std::string npy = "\x93NUMPY\x01";
-  npy += '\0';
-  npy += static_cast<char>(dict.size());
-  npy += '\0';
-  std::ofstream(path("giant.npy"), std::ios::binary) << npy << dict;
+  std::ofstream(path("giant.npy"), std::ios::binary) << npy_header("<f4", "(1, 2147483648, 0)");
   expect_error(
       "run --layer dot-product --queries giant.npy --keys giant.npy --values giant.npy "
       "--out o.npy",

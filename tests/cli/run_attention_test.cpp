@@ -840,15 +840,8 @@ TEST_F(RunAttentionTest, ValidLengthsOfAnUnreadDTypeSayInt32OrInt64) {
   write_qkv(Shape{2, 3, 4}, Shape{2, 5, 4}, Shape{2, 5, 6}, 43);
   for (const auto& [descr, bytes] :
        std::vector<std::pair<std::string, size_t>>{{"<i2", 2}, {"<u8", 8}}) {
-    std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (2,), }";
-    dict.append(117 - dict.size(), ' ');
-    dict += '\n';
-    std::string npy = "\x93NUMPY\x01";
-    npy += '\0';
-    npy += static_cast<char>(dict.size());
-    npy += '\0';
     std::ofstream(path("lens.npy"), std::ios::binary)
-        << npy << dict << std::string(2 * bytes, '\1');
+        << npy_header(descr, "(2,)") << std::string(2 * bytes, '\1');
     expect_error("run " + kDot + " --valid-lens lens.npy --out o.npy",
                  "--valid-lens: lens.npy: expected int32 ('<i4') or int64 ('<i8') valid lengths, "
                  "got dtype '" +
