@@ -10,6 +10,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
@@ -52,8 +53,12 @@ struct Element<std::vector<T>> {
   using type = T;
 };
 
-// A bound as it is typed: 4096, 0.5, 1e+300.
+// A bound as it is typed: 4096, 16777216, 0.5, 1e+300 (whole numbers below 2^53 in full: the
+// default six digits printed 1 << 24 as 1.67772e+07).
 inline std::string bound_text(double value) {
+  if (value == std::trunc(value) && std::fabs(value) < 0x1p53) {
+    return std::to_string(static_cast<int64_t>(value));
+  }
   std::ostringstream text;
   text << value;
   return text.str();
