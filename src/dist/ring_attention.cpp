@@ -379,6 +379,8 @@ class Ring {
   AttentionOptions pair_options(const Pair& pair) const {
     AttentionOptions options = base_options_;
     options.diagonal_offset = global_diagonal_ + pair.query.start - pair.key.start;
+    // The backward's log-sum-exp is the whole row's (over every block's keys).
+    options.log_sum_exp_spans_more_keys = true;
     const ValidLengths& lengths = options_.valid_lens;
     const auto local = [&](int64_t length) {
       return std::clamp<int64_t>(length - pair.key.start, 0, pair.key.length);

@@ -207,7 +207,8 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
   // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9): grad_output over the rows'
   // weight totals, which cancels the factor their P carries (row_totals.hpp).
   Tensor rescaled_grad_output;
-  if (functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
+  if (!options.log_sum_exp_spans_more_keys &&
+      functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
     std::vector<float> totals(log_sum_exp.size(), 1.0F);
     for (size_t s = 0; s < prepared.slices(); ++s) {
       additive_attention_row_totals(prepared.query(s), prepared.key(s), parameters.w_v,

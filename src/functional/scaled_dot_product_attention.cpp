@@ -110,7 +110,8 @@ void scaled_dot_product_attention_backward(
   // one factor per row, which dividing grad_output's row by it cancels (row_totals.hpp). A pass
   // of scores for such calls only: |lse| > 256 needs scores beyond ±240.
   Tensor rescaled_grad_output;
-  if (functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
+  if (!options.log_sum_exp_spans_more_keys &&
+      functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
     rescaled_grad_output =
         grad_output_over_row_totals(query, key, value, grad_output, log_sum_exp, options);
     grad_output = rescaled_grad_output;

@@ -354,6 +354,52 @@ TEST_P(FunctionalSdpa, RowsFarBelowZeroGiveExactWeightsAndGradients) {
   }
 }
 
+// FlashAttention-2's backward decomposes over key blocks given the whole rows' log-sum-exp (ring
+// attention's block pairs): with log_sum_exp_spans_more_keys the blocks' dQ add up to the whole
+// call's and their dK, dV are its rows. Scores near ±400 put |lse| past 256, where a call that
+// owns its log-sum-exp recounts each row's weights: over one block's keys that recount divided
+// grad_output by the block's share of the row (about a half), not by the rounding's factor.
+// Tolerance: the blocks keep the float log-sum-exp as given, whose rounding at |lse| ≈ 400 is
+// 2^−24 · 400 ≈ 2.4e−5 of each P, which the whole call cancels.
+TEST_P(FunctionalSdpa, KeyBlocksGivenTheWholeRowsLogSumExpAddUpToTheWholeBackward) {
+  SdpaTestCase c({1, 2, 2, 20, 40, 16, 8}, 920);
+  c.set_scale(40.0F);
+  const AttentionForward whole = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+  float largest = 0.0F;
+  for (const float lse : whole.log_sum_exp) largest = std::max(largest, std::fabs(lse));
+  ASSERT_GT(largest, 256.0F);
+  const AttentionBackward expected = scaled_dot_product_attention_backward(
+      c.q, c.k, c.v, whole.output, c.grad_out, whole.log_sum_exp, c.options);
+  const auto rows = [](const Tensor& x, int64_t first, int64_t count) {
+    Tensor block(Shape{x.dim(0), x.dim(1), count, x.dim(3)});
+    for (int64_t b = 0; b < x.dim(0); ++b)
+      for (int64_t h = 0; h < x.dim(1); ++h)
+        for (int64_t j = 0; j < count; ++j)
+          for (int64_t e = 0; e < x.dim(3); ++e) block(b, h, j, e) = x(b, h, first + j, e);
+    return block;
+  };
+  AttentionOptions block_options = c.options;
+  block_options.log_sum_exp_spans_more_keys = true;
+  Tensor grad_query(c.q.shape());
+  for (const int64_t first : {0, 20}) {
+    const Tensor k = rows(c.k, first, 20), v = rows(c.v, first, 20);
+    const AttentionBackward block = scaled_dot_product_attention_backward(
+        c.q, k, v, whole.output, c.grad_out, whole.log_sum_exp, block_options);
+    for (int64_t e = 0; e < grad_query.numel(); ++e) grad_query.data()[e] += block.query.data()[e];
+    for (int64_t b = 0; b < 1; ++b)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t j = 0; j < 20; ++j) {
+          for (int64_t e = 0; e < 16; ++e)
+            EXPECT_NEAR(block.key(b, h, j, e), expected.key(b, h, first + j, e),
+                        1e-3 * max_magnitude(expected.key));
+          for (int64_t e = 0; e < 8; ++e)
+            EXPECT_NEAR(block.value(b, h, j, e), expected.value(b, h, first + j, e),
+                        1e-3 * max_magnitude(expected.value));
+        }
+  }
+  EXPECT_TRUE(close_to(grad_query, testing::to_doubles(expected.query), 1e-3));
+}
+
 // A window side of 2^61 − 1 keys or more reaches past any tensor: the call must equal the call
 // without that side. The diagonal plus INT64_MAX − 2 overflowed int64 and hid every key (zero
 // outputs, exit status 0 from `attn run --window -1,9223372036854775807`).

@@ -99,6 +99,12 @@ struct AttentionOptions {
   // the backward pass regenerates the same multipliers.
   float dropout = 0.0F;
   uint64_t seed = 0;
+  // For the backward pass: the log_sum_exp given is the whole row's over more keys than this call
+  // sees (ring attention's block pairs, FlashAttention-2's decomposition over key blocks). The
+  // backward then takes it as given; otherwise, where a row's |log-sum-exp| passes 256 and float
+  // rounding moved it, the backward recounts the row's weights to cancel that (over this call's
+  // keys only, which would be wrong for a block).
+  bool log_sum_exp_spans_more_keys = false;
 };
 
 }  // namespace attn
