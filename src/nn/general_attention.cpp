@@ -1,6 +1,8 @@
 // GeneralAttention: project the queries by W, then the dot-product path (fused or the book's).
 #include "attn/nn/general_attention.hpp"
 
+#include <cmath>
+
 #include "attn/core/error.hpp"
 #include "attn/kernels/matmul.hpp"
 
@@ -18,16 +20,29 @@ Tensor GeneralAttention::forward(ConstTensorView queries, ConstTensorView keys,
   check_attention_inputs(queries, keys, values);
   require_dim("keys", keys.shape(), -1, key_size(), "the layer's key size");
   valid_lens.check("valid_lens", queries.dim(0), queries.dim(1), keys.dim(1));
+  // Each input checked under its own name (a NaN value was "projected values"), and a projection
+  // that overflows names W, as MultiHeadAttention's do (it was "projected queries: expected
+  // finite values", of a tensor the caller never saw).
+  require_finite("queries", queries);
+  const float key_max = require_finite("keys", keys);
+  require_finite("values", values);
   queries_.assign(queries);
   // The last fused pass's projection, keys and values lend their storage to this call's.
   FusedAttentionPass::Inputs kept = fused_.release_inputs();
   Tensor projected = std::move(kept.queries);
   W_.forward_into(queries, projected, "queries");
+  const float projected_max = max_magnitude(projected);
+  if (!std::isfinite(projected_max)) {
+    require_finite("W.weight", W_.weight());
+    throw ValueError(
+        "W: the projection of the queries overflows float32 (beyond ±3.4e38) although both are "
+        "finite; scale the queries or W.weight down");
+  }
   keys_ = projected_queries_ = Tensor();
   const float applied_dropout = is_training() ? dropout() : 0.0F;
   // As DotProductAttention: p = 1 and scores that could overflow take the reference path.
   if (path_ == AttentionPath::kFused && applied_dropout < 1.0F &&
-      dot_scores_stay_finite(projected, keys, values, key_size(), 1.0F, "projected ")) {
+      dot_scores_stay_finite(projected_max, key_max, key_size(), 1.0F)) {
     AttentionOptions options = fused_options(valid_lens);
     options.scale = 1.0F;  // Luong's general score is unscaled
     kept.keys.assign(keys);

@@ -3,6 +3,7 @@
 // result that does overflow float is an error naming the inputs, never an infinity.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "attn/core/random.hpp"
 #include "attn/functional/additive_attention.hpp"
 #include "attn/functional/scaled_dot_product_attention.hpp"
+#include "attn/nn/general_attention.hpp"
 #include "attn/nn/multi_head_attention.hpp"
 #include "test_support.hpp"
 
@@ -255,6 +257,25 @@ TEST(HostileFinite, NonFiniteParametersAreNamed) {
   layer.load_state_dict(state);
   const Tensor x = random(Shape{1, 2, 2}, 29, 1.0F);
   EXPECT_THROW_MESSAGE(layer(x, x, x), ValueError, "W_v.weight: expected finite values");
+}
+
+TEST(HostileFinite, GeneralAttentionNamesWhatIsNotFiniteAndItsProjection) {
+  GeneralAttention layer(2, 2);
+  StateDict state = layer.state_dict();
+  std::fill_n(state.at("W.weight").data(), 4, kNearMax);
+  layer.load_state_dict(state);
+  const Tensor x = Tensor::full(Shape{1, 2, 2}, 4.0F);
+  EXPECT_THROW_MESSAGE(layer(x, x, x), ValueError,
+                       "W: the projection of the queries overflows float32");
+  state.at("W.weight").data()[1] = std::numeric_limits<float>::quiet_NaN();
+  layer.load_state_dict(state);
+  EXPECT_THROW_MESSAGE(layer(x, x, x), ValueError, "W.weight: expected finite values");
+  GeneralAttention plain(2, 2);
+  Tensor bad = x;
+  bad.data()[3] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW_MESSAGE(plain(x, x, bad), ValueError, "values: expected finite values");
+  EXPECT_THROW_MESSAGE(plain(bad, x, x), ValueError, "queries: expected finite values");
+  EXPECT_THROW_MESSAGE(plain(x, bad, x), ValueError, "keys: expected finite values");
 }
 
 }  // namespace
