@@ -483,24 +483,38 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
   return results;
 }
 
-// Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting. The
-// gradients first and --out last, each file checked before the first is written.
+// Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting. Every
+// file is checked before the first is written, and all are written or none (StagedOutputs, as a
+// single-process run's): the gradients' directory, when this run creates it, goes again with them.
 void write_results(const RingRunRequest& request, const RingResults& results, int ranks) {
-  if (request.out_grad) create_output_directory(*request.grads_out, "--grads-out");
-  check_outputs(output_files(request, request.out_grad.has_value()), input_files(request));
+  std::error_code error;
+  const bool gradients = request.out_grad.has_value();
+  const bool grads_out_existed = gradients && std::filesystem::exists(*request.grads_out, error);
+  if (gradients) create_output_directory(*request.grads_out, "--grads-out");
   std::string summary = "attn run: dot-product attention as ring attention over " +
                         std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
                         " (zig-zag shards), output " + results.output.shape().str() + " -> " +
                         request.out;
-  if (request.out_grad) {
-    for (const auto& [name, gradient] :
-         {std::pair{"queries", &results.grad_queries}, std::pair{"keys", &results.grad_keys},
-          std::pair{"values", &results.grad_values}}) {
-      with_context("--grads-out", [&] { save_npy(gradient_path(request, name), *gradient); });
+  try {
+    check_outputs(output_files(request, gradients), input_files(request));
+    StagedOutputs staged;
+    if (gradients) {
+      for (const auto& [name, gradient] :
+           {std::pair{"queries", &results.grad_queries}, std::pair{"keys", &results.grad_keys},
+            std::pair{"values", &results.grad_values}}) {
+        staged.write("--grads-out", gradient_path(request, name),
+                     [&](const std::filesystem::path& file) { save_npy(file, *gradient); });
+      }
     }
-    summary += ", gradients of sum(output * G) (queries, keys, values) -> " + *request.grads_out;
+    staged.write("--out", request.out,
+                 [&](const std::filesystem::path& file) { save_npy(file, results.output); });
+    staged.commit();
+  } catch (...) {
+    if (gradients && !grads_out_existed) std::filesystem::remove(*request.grads_out, error);
+    throw;
   }
-  with_context("--out", [&] { save_npy(request.out, results.output); });
+  if (gradients)
+    summary += ", gradients of sum(output * G) (queries, keys, values) -> " + *request.grads_out;
   summary += "; forward " + seconds_text(results.forward_seconds) + " (slowest rank, " +
              seconds_text(results.forward_wait) + " waiting for blocks)";
   if (request.out_grad) summary += ", backward " + seconds_text(results.backward_seconds);

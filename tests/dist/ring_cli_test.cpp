@@ -186,5 +186,38 @@ TEST_F(RingCliTest, MissingFilesAndRefusedFlagsAreErrorsOnEveryRank) {
   EXPECT_NE(result.err.find("--keys: --ring reads .npy inputs"), std::string::npos) << result.err;
 }
 
+// All outputs or none, as a single-process run: an --out that fails last leaves no gradient
+// written, no gradients folder this run created, no temporary file; an existing gradient file
+// keeps its old bytes.
+TEST_F(RingCliTest, ALateFailureWritesNoOutput) {
+  Rng rng(5);
+  for (const char* name : {"q.npy", "k.npy", "v.npy", "g.npy"})
+    save(name, testing::random_tensor(Shape{1, 9, 8}, rng));
+  const std::string inputs =
+      "run --layer dot-product --queries q.npy --keys k.npy --values v.npy --out-grad g.npy "
+      "--grads-out gr";
+  // A folder where no file can be created.
+  CommandResult result = ring(2, inputs + " --out /proc/o.npy");
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("--out: /proc/o.npy: cannot write the file"), std::string::npos)
+      << result.err;
+  EXPECT_FALSE(fs::exists(path("gr")));
+  fs::create_directory(path("gr"));
+  std::ofstream(path("gr/keys.npy")) << "an older gradient";
+  result = ring(2, inputs + " --out /proc/o.npy");
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_EQ(read_text(path("gr/keys.npy")), "an older gradient");
+  EXPECT_FALSE(fs::exists(path("gr/queries.npy")));
+  for (const auto& entry : fs::recursive_directory_iterator(directory_)) {
+    EXPECT_EQ(entry.path().filename().string().find(".attn-"), std::string::npos)
+        << "temporary file left: " << entry.path();
+  }
+  // Where every output can be written: all of them, the old gradient replaced.
+  result = ring(2, inputs + " --out o.npy");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(fs::exists(path("o.npy")));
+  EXPECT_EQ(load_npy_tensor(path("gr/keys.npy"), "keys").shape(), (Shape{1, 9, 8}));
+}
+
 }  // namespace
 }  // namespace attn
