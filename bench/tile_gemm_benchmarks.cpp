@@ -33,9 +33,10 @@ namespace HWY_NAMESPACE {
 // The forward's tile: Br = kMaxVectors query vectors (flash_detail::kQueryVectors), Bc = 64 keys
 // (flash_detail::kKeyTile); `slots` query tiles (Qᵀ d × Br and O Br × dv each, dv = d) share Sᵀ,
 // and K, V hold `keys` packed rows of d. One pass over the keys: QK products when `qk`, PV
-// products when `pv`. Returns the flops done.
+// products when `pv` (Oᵀ = Vᵀ Pᵀ instead, O kept dv × Br, when `transposed`: V's elements
+// broadcast and Pᵀ's rows the vectors, the shape of Q·Kᵀ). Returns the flops done.
 double RunForwardTiles(const TileBuffers& buffers, size_t depth, size_t keys, size_t slots, bool qk,
-                       bool pv) {
+                       bool pv, bool transposed) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d), br = kMaxVectors * lanes, bc = 64;
   double flops = 0.0;
@@ -46,7 +47,11 @@ double RunForwardTiles(const TileBuffers& buffers, size_t depth, size_t keys, si
                     buffers.q_transposed + slot * depth * br, br, depth, buffers.scores, br);
         flops += 2.0 * static_cast<double>(bc * br * depth);
       }
-      if (pv) {
+      if (pv && transposed) {
+        Gemm<true>(d, depth, kMaxVectors, buffers.values + key0 * depth, 1, depth, buffers.scores,
+                   br, bc, buffers.output + slot * br * depth, br, nullptr);
+        flops += 2.0 * static_cast<double>(bc * br * depth);
+      } else if (pv) {
         Gemm<true>(d, br, depth / lanes, buffers.scores, 1, br, buffers.values + key0 * depth,
                    depth, bc, buffers.output + slot * br * depth, depth, buffers.rescale);
         flops += 2.0 * static_cast<double>(bc * br * depth);
@@ -89,7 +94,8 @@ double fma_peak_gflops = 0.0;  // one thread, measured once before the products
 
 // The products at head size d (dv = d): in L1 (one key tile, one slot) when keys is 64, else over
 // `keys` packed rows with the 4 slots of a query block.
-void run_tiles(benchmark::State& state, size_t depth, size_t keys, bool qk, bool pv) {
+void run_tiles(benchmark::State& state, size_t depth, size_t keys, bool qk, bool pv,
+               bool transposed) {
   const size_t slots = keys == 64 ? 1 : 4, br = HWY_DYNAMIC_DISPATCH(TileLanes)();
   // Each buffer from a cache line's start, as the kernel's scratch: with malloc's 16-byte
   // alignment, AVX2's 32-byte loads could straddle lines, and P·V's share of the peak read 0.70 in
@@ -109,7 +115,7 @@ void run_tiles(benchmark::State& state, size_t depth, size_t keys, bool qk, bool
                             output.get(),    scores.get(), rescale.get()};
   double flops = 0.0;
   for (auto _ : state)
-    flops = HWY_DYNAMIC_DISPATCH(RunForwardTiles)(buffers, depth, keys, slots, qk, pv);
+    flops = HWY_DYNAMIC_DISPATCH(RunForwardTiles)(buffers, depth, keys, slots, qk, pv, transposed);
   benchmark::DoNotOptimize(output.get());
   state.counters["Gflop"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
@@ -121,16 +127,21 @@ void run_tiles(benchmark::State& state, size_t depth, size_t keys, bool qk, bool
 void register_benchmarks() {
   struct Products {
     const char* name;
-    bool qk, pv;
+    bool qk, pv, transposed;
   };
-  const Products products[] = {{"qk", true, false}, {"pv", false, true}, {"qk+pv", true, true}};
+  const Products products[] = {{"qk", true, false, false},
+                               {"pv", false, true, false},
+                               {"qk+pv", true, true, false},
+                               {"pvt", false, true, true},
+                               {"qk+pvt", true, true, true}};
   for (const size_t depth : {size_t{64}, size_t{128}}) {
     for (const size_t keys : {size_t{64}, size_t{1024}, size_t{4096}}) {
       for (const Products& product : products) {
         const std::string name =
             std::string("tile/") + product.name + "/d:" + std::to_string(depth) +
             (keys == 64 ? std::string("/in_l1") : "/packed_keys:" + std::to_string(keys));
-        benchmark::RegisterBenchmark(name.c_str(), run_tiles, depth, keys, product.qk, product.pv)
+        benchmark::RegisterBenchmark(name.c_str(), run_tiles, depth, keys, product.qk, product.pv,
+                                     product.transposed)
             ->Unit(benchmark::kMillisecond);
       }
     }
