@@ -198,25 +198,20 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
   prepared.require_log_sum_exp(log_sum_exp, false);
   // As scaled_dot_product_attention_backward: the projected queries' and keys' gradients sum
   // dS·w_v·(1 − tanh²) over keys or queries, w_v's over every score.
+  // (check_parameters refused a w_v that is not finite.)
   double w_v_max = 0.0;
-  for (const float w : parameters.w_v) {
-    if (!std::isfinite(w))
-      throw ValueError("w_v: expected finite values, got " + std::to_string(w));
+  for (const float w : parameters.w_v)
     w_v_max = std::max(w_v_max, static_cast<double>(std::fabs(w)));
-  }
   // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9): grad_output over the rows'
   // weight totals, which cancels the factor their P carries (row_totals.hpp).
   Tensor rescaled_grad_output;
   if (!options.log_sum_exp_spans_more_keys &&
       functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
-    std::vector<float> totals(log_sum_exp.size(), 1.0F);
-    for (size_t s = 0; s < prepared.slices(); ++s) {
-      additive_attention_row_totals(prepared.query(s), prepared.key(s), parameters.w_v,
-                                    prepared.slice_log_sum_exp(log_sum_exp, s),
-                                    prepared.valid_lens(), prepared.kernel_options(s),
-                                    prepared.slice_log_sum_exp(std::span<float>(totals), s));
-    }
-    rescaled_grad_output = functional_detail::divide_rows_by_totals(prepared, grad_output, totals);
+    rescaled_grad_output = functional_detail::grad_output_over_row_totals(
+        prepared, grad_output, log_sum_exp, [&](size_t s, const float* lse, float* totals) {
+          additive_attention_row_totals(prepared.query(s), prepared.key(s), parameters.w_v, lse,
+                                        prepared.valid_lens(), prepared.kernel_options(s), totals);
+        });
     grad_output = rescaled_grad_output;
   }
   const auto shifts = prepared.gradient_shifts(

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "functional/finite_range.hpp"
 
@@ -19,17 +20,23 @@ bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp) {
   });
 }
 
-Tensor divide_rows_by_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
-                             std::span<const float> totals) {
+Tensor grad_output_over_row_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
+                                   std::span<const float> log_sum_exp,
+                                   const SliceRowTotals& slice_totals) {
+  std::vector<float> totals(log_sum_exp.size(), 1.0F);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    slice_totals(s, prepared.slice_log_sum_exp(log_sum_exp, s),
+                 prepared.slice_log_sum_exp(std::span<float>(totals), s));
+  }
   Tensor copy = scaled_copy(grad_output, 0);
   const HeadsLayout layout = prepared.output_layout("grad_output", ConstStridedView(copy));
   for (size_t s = 0; s < prepared.slices(); ++s) {
     const HeadsView rows = layout.slice(copy.data(), s);
-    const float* slice_totals = prepared.slice_log_sum_exp(totals, s);
+    const float* slice_total = prepared.slice_log_sum_exp(std::span<const float>(totals), s);
     for (int64_t b = 0; b < rows.batch; ++b) {
       for (int64_t h = 0; h < rows.heads; ++h) {
         for (int64_t i = 0; i < rows.rows; ++i) {
-          const double total = slice_totals[(b * rows.heads + h) * rows.rows + i];
+          const double total = slice_total[(b * rows.heads + h) * rows.rows + i];
           if (!(total > 0.0) || std::fabs(total - 1.0) <= kStray) continue;
           float* row = rows.matrix(b, h) + i * rows.row_stride;
           for (int64_t e = 0; e < rows.cols; ++e)

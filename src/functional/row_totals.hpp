@@ -4,6 +4,7 @@
 // the backward exact again.
 #pragma once
 
+#include <functional>
 #include <span>
 
 #include "attn/core/strided_view.hpp"
@@ -17,13 +18,18 @@ namespace attn::functional_detail {
 // dominates; above it the rows' totals are worth a pass.
 bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp);
 
+// Computes slice s's row totals into `totals` from its log-sum-exp `log_sum_exp` (both the slice's
+// rows, in the log-sum-exp's order): the kernel's totals mode for the call's kind of scores.
+using SliceRowTotals = std::function<void(size_t s, const float* log_sum_exp, float* totals)>;
+
 // A contiguous copy of `grad_output` (output-shaped, laid out by `prepared`) whose row i is divided
-// by totals[i] (in the log-sum-exp's order) where that total strays from 1 by more than 1e−6.
-// With P'_i = c_i·P_i and dO'_i = dO_i / c_i: dV = Σ_i P'_iᵀ dO'_i, D'_i = D_i / c_i,
+// by its total (slice_totals, every slice of `prepared`) where that total strays from 1 by more
+// than 1e−6. With P'_i = c_i·P_i and dO'_i = dO_i / c_i: dV = Σ_i P'_iᵀ dO'_i, D'_i = D_i / c_i,
 // dP'_i = dP_i / c_i and dS'_i = P'_i ⊙ (dP'_i − D'_i) are exactly the true ones, dropout, the
 // soft cap's derivative and the sinks' gradient included (each linear in those terms). Rows whose
 // total is 0 see nothing and stay.
-Tensor divide_rows_by_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
-                             std::span<const float> totals);
+Tensor grad_output_over_row_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
+                                   std::span<const float> log_sum_exp,
+                                   const SliceRowTotals& slice_totals);
 
 }  // namespace attn::functional_detail

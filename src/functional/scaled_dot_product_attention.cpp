@@ -88,15 +88,11 @@ Tensor grad_output_over_row_totals(ConstStridedView query, ConstStridedView key,
                                    const AttentionOptions& options) {
   const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   prepared.require_log_sum_exp(log_sum_exp, false);
-  std::vector<float> totals(log_sum_exp.size(), 1.0F);
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    flash_attention_row_totals(prepared.query(s), prepared.key(s),
-                               prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
-                               prepared.kernel_options(s),
-                               prepared.slice_log_sum_exp(std::span<float>(totals), s),
-                               /*base_two=*/true);
-  }
-  return functional_detail::divide_rows_by_totals(prepared, grad_output, totals);
+  return functional_detail::grad_output_over_row_totals(
+      prepared, grad_output, log_sum_exp, [&](size_t s, const float* lse, float* totals) {
+        flash_attention_row_totals(prepared.query(s), prepared.key(s), lse, prepared.valid_lens(),
+                                   prepared.kernel_options(s), totals, /*base_two=*/true);
+      });
 }
 
 }  // namespace
