@@ -114,19 +114,6 @@ inline bool starts_with_bytes(const fs::path& path, const std::string& prefix) {
 }
 
 // The inputs write_inputs() leaves in the test directory.
-// The 128-byte header of a version 1.0 .npy file holding `descr` data of shape `shape` (Python's
-// tuple text, e.g. "(2,)"), for files the writers would never make: no data follows.
-inline std::string npy_header(const std::string& descr, const std::string& shape) {
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  dict.append(117 - dict.size(), ' ');
-  dict += '\n';
-  std::string header = "\x93NUMPY\x01";
-  header += '\0';
-  header += static_cast<char>(dict.size());
-  header += '\0';
-  return header + dict;
-}
-
 inline const std::string kInputArguments = "--queries q.npy --keys k.npy --values v.npy";
 
 inline const std::string kPngSignature = "\x89PNG\r\n\x1a\n";

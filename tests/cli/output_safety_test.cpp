@@ -188,7 +188,8 @@ TEST_F(OutputSafetyTest, AFloat16GradientThatOverflowsIsAnError) {
 
 TEST_F(OutputSafetyTest, HostileInputFilesAreCleanErrors) {
   // 128 bytes that claim 2^31 queries of width 0.
-  std::ofstream(path("giant.npy"), std::ios::binary) << npy_header("<f4", "(1, 2147483648, 0)");
+  std::ofstream(path("giant.npy"), std::ios::binary)
+      << testing::npy_header("<f4", "(1, 2147483648, 0)");
   expect_error(
       "run --layer dot-product --queries giant.npy --keys giant.npy --values giant.npy "
       "--out o.npy",

@@ -841,7 +841,7 @@ TEST_F(RunAttentionTest, ValidLengthsOfAnUnreadDTypeSayInt32OrInt64) {
   for (const auto& [descr, bytes] :
        std::vector<std::pair<std::string, size_t>>{{"<i2", 2}, {"<u8", 8}}) {
     std::ofstream(path("lens.npy"), std::ios::binary)
-        << npy_header(descr, "(2,)") << std::string(2 * bytes, '\1');
+        << testing::npy_header(descr, "(2,)") << std::string(2 * bytes, '\1');
     expect_error("run " + kDot + " --valid-lens lens.npy --out o.npy",
                  "--valid-lens: lens.npy: expected int32 ('<i4') or int64 ('<i8') valid lengths, "
                  "got dtype '" +

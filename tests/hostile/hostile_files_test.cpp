@@ -273,25 +273,14 @@ TEST_F(HostileModel, AFifoInAModelDirectoryIsRefused) {
 
 // ---- Empty arrays that claim billions of rows.
 
-std::string npy_header(const std::string& shape) {
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
-  dict.append(118 - 1 - dict.size(), ' ');
-  dict += '\n';
-  std::string bytes = "\x93NUMPY\x01";
-  bytes += '\0';
-  bytes += static_cast<char>(dict.size());
-  bytes += '\0';
-  return bytes + dict;
-}
-
 TEST(HostileShapes, ZeroWidthGiantsAreRefusedByTheReaders) {
   // 128 bytes claiming 2^31 rows of width 0: refused, not allocated for later.
-  const std::string giant = npy_header("(1, 2147483648, 0)");
+  const std::string giant = testing::npy_header("<f4", "(1, 2147483648, 0)");
   ASSERT_EQ(giant.size(), 128U);
   EXPECT_THROW_MESSAGE(parse_npy(bytes_of(giant), "giant.npy"), FileError,
                        "giant.npy: shape (1, 2147483648, 0) holds no data, but its other "
                        "dimensions multiply to more than 65536");
-  EXPECT_NO_THROW(parse_npy(bytes_of(npy_header("(2, 0, 3)")), "small.npy"));
+  EXPECT_NO_THROW(parse_npy(bytes_of(testing::npy_header("<f4", "(2, 0, 3)")), "small.npy"));
   EXPECT_THROW_MESSAGE(
       parse_safetensors(safetensors("{\"w\":{\"dtype\":\"F32\",\"shape\":[0,4294967296],"
                                     "\"data_offsets\":[0,0]}}"),

@@ -62,6 +62,17 @@ Tensor head_of(const Tensor& x, int64_t h, int64_t width) {
   return out;
 }
 
+std::string npy_header(const std::string& descr, const std::string& shape) {
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  dict.append(117 - dict.size(), ' ');
+  dict += '\n';
+  std::string header = "\x93NUMPY\x01";
+  header += '\0';
+  header += static_cast<char>(dict.size());
+  header += '\0';
+  return header + dict;
+}
+
 double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double sum = 0;
   for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];

@@ -1,5 +1,5 @@
 // Helpers shared by attn's tests: random tensors, conversion to the double reference, tolerance
-// checks relative to the result's magnitude, and matching error messages.
+// checks relative to the result's magnitude, hand-made .npy headers, and matching error messages.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -33,7 +33,8 @@ Tensor random_tensor(const Shape& shape, Rng& rng, float scale = 1.0F);
 // The tensor's values in double, for the reference.
 reference::Array<double> to_reference(ConstTensorView tensor);
 std::vector<double> to_doubles(ConstTensorView tensor);
-// Columns [h·width, (h+1)·width) of a (B, rows, heads·width) tensor: head h, as split_heads sees it.
+// Columns [h·width, (h+1)·width) of a (B, rows, heads·width) tensor: head h, as split_heads sees
+// it.
 Tensor head_of(const Tensor& x, int64_t h, int64_t width);
 // Lengths expanded to (B, n), as the reference takes them.
 reference::Lengths expand(const ValidLengths& lengths, int64_t batch, int64_t queries,
@@ -45,6 +46,10 @@ std::vector<std::vector<double>> numerical_gradients(
     const std::function<double(const std::vector<std::vector<double>>&)>& loss,
     std::vector<std::vector<double>> arguments, double step);
 double dot(const std::vector<double>& a, const std::vector<double>& b);
+
+// The 128-byte header of a version 1.0 .npy file holding `descr` data of shape `shape` (Python's
+// tuple text, e.g. "(2,)"), for files the writers would never make: no data follows.
+std::string npy_header(const std::string& descr, const std::string& shape);
 
 // max |actual − expected| ≤ relative · max(1, max |expected|); reports the worst index.
 ::testing::AssertionResult close_to(ConstTensorView actual, const std::vector<double>& expected,
