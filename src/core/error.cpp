@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdio>
+#include <string>
 
 namespace attn {
 
@@ -17,6 +18,12 @@ AllocationError::AllocationError(std::size_t bytes) {
   std::array<char, 32> scaled{};
   std::snprintf(scaled.data(), scaled.size(), "%.3g %s", size, kUnits[unit]);
   message_ = "could not allocate " + std::to_string(bytes) + " bytes (" + scaled.data() + ")";
+}
+
+AllocationError::AllocationError(std::size_t bytes, std::string_view context,
+                                 std::string_view detail)
+    : AllocationError(bytes) {
+  message_ = std::string(context) + ": " + message_ + std::string(detail);
 }
 
 }  // namespace attn

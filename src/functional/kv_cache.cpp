@@ -100,9 +100,9 @@ void KVCache::reserve(int64_t capacity) {
       if (dtype_ == CacheDType::kInt8)
         grown_scales.resize(static_cast<size_t>(batch_ * kv_heads_ * capacity));
     } catch (const std::bad_alloc&) {
-      throw Error("capacity: could not allocate " +
-                  std::to_string(store_bytes(batch_, kv_heads_, capacity, cols, element)) +
-                  " bytes for " + room());
+      throw AllocationError(
+          static_cast<size_t>(store_bytes(batch_, kv_heads_, capacity, cols, element)), "capacity",
+          " for " + room());
     }
     for (int64_t b = 0; b < batch_; ++b) {
       const int64_t rows = lengths_[static_cast<size_t>(b)];

@@ -28,6 +28,8 @@ size_t floats(size_t bytes) {
 TEST(TensorAllocator, RefusedMemoryNamesItsSize) {
   EXPECT_STREQ(AllocationError(3 << 20).what(), "could not allocate 3145728 bytes (3 MiB)");
   EXPECT_STREQ(AllocationError(1536).what(), "could not allocate 1536 bytes (1.5 KiB)");
+  EXPECT_STREQ(AllocationError(1536, "capacity", " for 3 tokens").what(),
+               "capacity: could not allocate 1536 bytes (1.5 KiB) for 3 tokens");
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer ends the process on an allocation it cannot serve (its "
                   "allocation-size-too-big report) instead of throwing";

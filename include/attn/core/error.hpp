@@ -6,6 +6,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace attn {
 
@@ -39,6 +40,8 @@ class FileError : public Error {
 class AllocationError : public std::bad_alloc {
  public:
   explicit AllocationError(std::size_t bytes);
+  // "<context>: could not allocate … bytes (…)<detail>": what the memory was for, around the size.
+  AllocationError(std::size_t bytes, std::string_view context, std::string_view detail);
   const char* what() const noexcept override { return message_.c_str(); }
 
  private:
