@@ -50,12 +50,11 @@ double RunForwardTiles(const TileBuffers& buffers, size_t depth, size_t keys, si
       if (pv && transposed) {
         Gemm<true>(d, depth, kMaxVectors, buffers.values + key0 * depth, 1, depth, buffers.scores,
                    br, bc, buffers.output + slot * br * depth, br, nullptr);
-        flops += 2.0 * static_cast<double>(bc * br * depth);
       } else if (pv) {
         Gemm<true>(d, br, depth / lanes, buffers.scores, 1, br, buffers.values + key0 * depth,
                    depth, bc, buffers.output + slot * br * depth, depth, buffers.rescale);
-        flops += 2.0 * static_cast<double>(bc * br * depth);
       }
+      if (pv) flops += 2.0 * static_cast<double>(bc * br * depth);
     }
   }
   return flops;

@@ -28,6 +28,20 @@ void create_output_directory(const std::filesystem::path& directory, const std::
   }
 }
 
+void write_with_gradients_directory(const std::string& gradients_directory,
+                                    const std::function<void()>& write) {
+  const bool gradients = !gradients_directory.empty();
+  std::error_code error;
+  const bool existed = gradients && std::filesystem::exists(gradients_directory, error);
+  if (gradients) create_output_directory(gradients_directory, "--grads-out");
+  try {
+    write();
+  } catch (...) {
+    if (gradients && !existed) std::filesystem::remove(gradients_directory, error);
+    throw;
+  }
+}
+
 namespace {
 
 namespace fs = std::filesystem;

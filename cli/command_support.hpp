@@ -35,6 +35,12 @@ decltype(auto) with_context(const std::string& context, Action&& action) {
 void create_output_directory(const std::filesystem::path& directory,
                              const std::string& option = "--out");
 
+// Runs `write` (which checks and stages a run's outputs) after creating `gradients_directory`
+// (--grads-out; none when empty); when `write` throws, a directory this call created is removed
+// again, so a failed run leaves no output behind, empty folders included.
+void write_with_gradients_directory(const std::string& gradients_directory,
+                                    const std::function<void()>& write);
+
 // A file a command reads or writes, with the option (or option and name) that gives it, for
 // messages such as "--weights-out w.npy is also --out".
 struct CommandFile {

@@ -487,15 +487,12 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
 // file is checked before the first is written, and all are written or none (StagedOutputs, as a
 // single-process run's): the gradients' directory, when this run creates it, goes again with them.
 void write_results(const RingRunRequest& request, const RingResults& results, int ranks) {
-  std::error_code error;
   const bool gradients = request.out_grad.has_value();
-  const bool grads_out_existed = gradients && std::filesystem::exists(*request.grads_out, error);
-  if (gradients) create_output_directory(*request.grads_out, "--grads-out");
   std::string summary = "attn run: dot-product attention as ring attention over " +
                         std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
                         " (zig-zag shards), output " + results.output.shape().str() + " -> " +
                         request.out;
-  try {
+  write_with_gradients_directory(gradients ? *request.grads_out : std::string(), [&] {
     check_outputs(output_files(request, gradients), input_files(request));
     StagedOutputs staged;
     if (gradients) {
@@ -509,10 +506,7 @@ void write_results(const RingRunRequest& request, const RingResults& results, in
     staged.write("--out", request.out,
                  [&](const std::filesystem::path& file) { save_npy(file, results.output); });
     staged.commit();
-  } catch (...) {
-    if (gradients && !grads_out_existed) std::filesystem::remove(*request.grads_out, error);
-    throw;
-  }
+  });
   if (gradients)
     summary += ", gradients of sum(output * G) (queries, keys, values) -> " + *request.grads_out;
   summary += "; forward " + seconds_text(results.forward_seconds) + " (slowest rank, " +

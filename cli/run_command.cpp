@@ -777,9 +777,7 @@ void run(const RunOptions& options) {
   }
   // The gradients' directory, when this run creates it, goes again with the files if a write
   // fails: all outputs or none.
-  const bool grads_out_existed = gradients && std::filesystem::exists(options.grads_out, error);
-  if (gradients) create_output_directory(options.grads_out, "--grads-out");
-  try {
+  write_with_gradients_directory(gradients ? options.grads_out : std::string(), [&] {
     check_outputs(output_files(options, result.gradients), inputs);
     // Every output to a temporary beside it first, then all renamed over their targets: a late
     // failure (a picture too large to draw, a full disk, a folder that refuses files) leaves no
@@ -801,10 +799,7 @@ void run(const RunOptions& options) {
     }
     stage_tensor(staged, "--out", options.out, result.output, "output");
     staged.commit();
-  } catch (...) {
-    if (gradients && !grads_out_existed) std::filesystem::remove(options.grads_out, error);
-    throw;
-  }
+  });
   std::string summary = "attn run: " + options.layer + " attention, output " +
                         shape_of(result.output).str() + " -> " + options.out;
   if (options.weights_out_option->count() > 0) {
