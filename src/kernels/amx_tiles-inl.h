@@ -245,15 +245,15 @@ ATTN_AMX_TARGET HWY_INLINE void LoadBlock(Tiles& tiles, const float* c, size_t s
 }
 
 // C (rows × cols floats, rows c_stride floats apart) = A·B, or += with kAccumulate, over `pairs`
-// bf16 pairs (a multiple of 16): A as rows of pairs (a_stride words apart), B as `pairs` rows of
-// cols pairs (b_stride words apart), one pair per column. rows and cols are multiples of 32. The
-// forward's two products (below) and the backward's five (flash_attention_backward.cpp) take
-// this form.
+// bf16 pairs (a multiple of 16): A as rows of pairs (a_stride words apart), each row's next 16
+// pairs a_step words on (16: rows of consecutive pairs), B as `pairs` rows of cols pairs
+// (b_stride words apart), one pair per column. rows and cols are multiples of 32. The forward's
+// two products (below) and the backward's five (flash_attention_backward.cpp) take this form.
 template <bool kAccumulate, class Tiles>
 ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a, size_t a_stride,
                                                  const uint32_t* b, size_t b_stride, size_t pairs,
                                                  float* c, size_t c_stride, size_t rows,
-                                                 size_t cols) {
+                                                 size_t cols, size_t a_step = kPairs) {
   const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = b_stride * sizeof(uint32_t);
   for (size_t row = 0; row < rows; row += 2 * kRows) {
     const auto* a0 = reinterpret_cast<const char*>(a + row * a_stride);
@@ -269,7 +269,7 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
         tiles.template Zero<kC11>();
       }
       const auto* b0 = reinterpret_cast<const char*>(b + col);
-      DotBlock(tiles, a0, a1, kPairs * sizeof(uint32_t), a_bytes, b0,
+      DotBlock(tiles, a0, a1, a_step * sizeof(uint32_t), a_bytes, b0,
                b0 + kPairs * sizeof(uint32_t), kPairs * b_bytes, b_bytes, pairs / kPairs);
       StoreBlock(tiles, block, c_stride);
     }
@@ -300,15 +300,16 @@ ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_
 }
 
 // Oᵀ (value_rows × br floats, rows br apart) += Vᵀ·P over `pairs` key pairs (a multiple of 16): Vᵀ
-// as value_rows rows of bf16 pairs of adjacent keys, `value_stride` pairs apart, P as `pairs` rows
-// of br pairs. value_rows and br are multiples of 32.
+// in blocks of 16 pairs (32 keys), `block_words` apart, each block value_rows rows of its 16 bf16
+// pairs of adjacent keys, 64 bytes a row; P as `pairs` rows of br pairs. value_rows and br are
+// multiples of 32.
 template <class Tiles>
-ATTN_AMX_TARGET HWY_INLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* value_pairs,
-                                              size_t value_stride, size_t value_rows, size_t pairs,
+ATTN_AMX_TARGET HWY_INLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* value_blocks,
+                                              size_t block_words, size_t value_rows, size_t pairs,
                                               const uint32_t* probability_pairs, size_t br,
                                               float* out_transposed) {
-  ProductOnTiles<true>(tiles, value_pairs, value_stride, probability_pairs, br, pairs,
-                       out_transposed, br, value_rows, br);
+  ProductOnTiles<true>(tiles, value_blocks, kPairs, probability_pairs, br, pairs, out_transposed,
+                       br, value_rows, br, block_words);
 }
 
 }  // namespace amx

@@ -163,13 +163,15 @@ struct Scratch {
   uint32_t* probability_pairs = nullptr;
   uint32_t* key_pairs = nullptr;
   uint32_t* value_pairs = nullptr;
-  // The same path on AMX tiles (amx_tiles-inl.h) keeps the values transposed, Vᵀ: each of the
-  // dv_tiles (dv rounded up to 32) rows holds one column's pairs of adjacent keys, value_stride
-  // pairs apart, and accumulates Oᵀ (dv_tiles × Br); value_pairs stages 16 pairs of value rows.
-  // Keys are packed in blocks of 32, zeros past m, and the tiles read only packed blocks.
+  // The same path on AMX tiles (amx_tiles-inl.h) keeps the values transposed, Vᵀ, in blocks of
+  // 32 keys: block k (value_block_words apart) holds, for each of the dv_tiles (dv rounded up to
+  // 32) columns, that column's 16 pairs of adjacent keys in one 64-byte row, so that a tile of Vᵀ
+  // is 1 KiB in a row (rows of the whole head's keys, 2m bytes apart, put a tile's 16 rows in few
+  // L1 sets). It accumulates Oᵀ (dv_tiles × Br); value_pairs stages 16 pairs of value rows. Keys
+  // are packed in blocks of 32, zeros past m, and the tiles read only packed blocks.
   uint32_t* values_transposed = nullptr;
   float* output_transposed = nullptr;
-  size_t value_stride = 0;
+  size_t value_block_words = 0;
   size_t dv_tiles = 0;
 
   // Keeps the packed rows of `head` when a range starting at `begin` extends them (ranges that move
@@ -185,8 +187,8 @@ struct Scratch {
           bool amx_tiles = false) {
     const size_t bc = bf16_pairs ? flash_detail::kKeyTileBF16 : flash_detail::kKeyTile;
     const size_t key_blocks = hwy::RoundUpTo(keys, 32);
-    value_stride = key_blocks / 2;
     dv_tiles = hwy::RoundUpTo(dv_padded, 32);
+    value_block_words = dv_tiles * 16;
     memory = carve_scratch(lanes, [&](const auto& take) {
       for (Slot& slot : slots) {
         slot.q_transposed = take(depth * br);
@@ -208,7 +210,7 @@ struct Scratch {
         if (amx_tiles) {
           key_pairs = as_uint32(take(key_blocks * depth_pairs));
           value_pairs = as_uint32(take(16 * dv_tiles));
-          values_transposed = as_uint32(take(dv_tiles * value_stride));
+          values_transposed = as_uint32(take(key_blocks / 32 * value_block_words));
           output_transposed = take(dv_tiles * br);
         } else {
           key_pairs = as_uint32(take(2 * key_pairs_count * depth_pairs));
@@ -913,8 +915,9 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
 }
 
 // PackKeyValuePairs for the AMX tiles: rows [begin, end) of key/value head (b, h) in whole blocks
-// of 32 keys (zeros past m), keys as there (s.key_pairs) and values as Vᵀ (s.values_transposed):
-// 16 pairs of value rows interleaved into s.value_pairs, then turned in 16 × 16 blocks of pairs.
+// of 32 keys (zeros past m), keys as there (s.key_pairs) and values as Vᵀ's blocks
+// (s.values_transposed): 16 pairs of value rows interleaved into s.value_pairs, then turned in
+// 16 × 16 blocks of pairs.
 ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int64_t h,
                                         int64_t begin, int64_t end, Scratch& s) {
   constexpr int64_t kBlock = 32;
@@ -946,10 +949,9 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
         std::fill_n(staged, dv_tiles, 0U);
       }
     }
-    for (size_t column = 0; column < dv_tiles; column += 16) {
-      TransposeWords16(s.value_pairs + column, dv_tiles,
-                       s.values_transposed + column * s.value_stride + j / 2, s.value_stride);
-    }
+    uint32_t* block = s.values_transposed + static_cast<size_t>(j / kBlock) * s.value_block_words;
+    for (size_t column = 0; column < dv_tiles; column += 16)
+      TransposeWords16(s.value_pairs + column, dv_tiles, block + column * 16, 16);
     if (args.read_magnitude_bits != nullptr) AddPairRows(args, k, v, j, kBlock, s);
   }
   s.packed_end = std::max(s.packed_end, (end + kBlock - 1) / kBlock * kBlock);
@@ -1092,8 +1094,9 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
   // P's pairs past the tile's last key are 0, to whole tiles of 16 pairs.
   const size_t pairs = (bc + 1) / 2, tile_pairs = hwy::RoundUpTo(pairs, amx::kPairs);
   std::fill(s.probability_pairs + pairs * br, s.probability_pairs + tile_pairs * br, 0U);
-  amx::ValuesOnTiles(tiles, s.values_transposed + key0 / 2, s.value_stride, s.dv_tiles, tile_pairs,
-                     s.probability_pairs, br, s.output_transposed);
+  amx::ValuesOnTiles(
+      tiles, s.values_transposed + static_cast<size_t>(key0 / 32) * s.value_block_words,
+      s.value_block_words, s.dv_tiles, tile_pairs, s.probability_pairs, br, s.output_transposed);
 }
 
 // FlashForwardTile on bf16 inputs with bf16 products: Sᵀ = K Qᵀ over pairs of dimensions, the

@@ -18,12 +18,12 @@ namespace HWY_NAMESPACE {
 template <class Tiles>
 ATTN_AMX_TARGET void RunTileProducts(Tiles& tiles, const uint32_t* key_pairs, size_t depth_pairs,
                                      size_t key_rows, const uint32_t* query_pairs, size_t br,
-                                     float* scores, const uint32_t* value_pairs,
-                                     size_t value_stride, size_t value_rows, size_t pairs,
+                                     float* scores, const uint32_t* value_blocks,
+                                     size_t block_words, size_t value_rows, size_t pairs,
                                      const uint32_t* probability_pairs, float* out_transposed) {
   tiles.Configure(amx::kFullTiles);
   amx::ScoresOnTiles(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores);
-  amx::ValuesOnTiles(tiles, value_pairs, value_stride, value_rows, pairs, probability_pairs, br,
+  amx::ValuesOnTiles(tiles, value_blocks, block_words, value_rows, pairs, probability_pairs, br,
                      out_transposed);
   tiles.Release();
 }
@@ -67,22 +67,22 @@ bool EvaluateGeneralProduct(bool hardware, bool accumulate, const uint32_t* a, s
 // Both products, on the hardware's tiles or the model's; false where this target has no AMX path.
 bool EvaluateTileProducts(bool hardware, const uint32_t* key_pairs, size_t depth_pairs,
                           size_t key_rows, const uint32_t* query_pairs, size_t br, float* scores,
-                          const uint32_t* value_pairs, size_t value_stride, size_t value_rows,
+                          const uint32_t* value_blocks, size_t block_words, size_t value_rows,
                           size_t pairs, const uint32_t* probability_pairs, float* out_transposed) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (hardware) {
     amx::AmxHardwareTiles tiles;
-    RunTileProducts(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores, value_pairs,
-                    value_stride, value_rows, pairs, probability_pairs, out_transposed);
+    RunTileProducts(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores, value_blocks,
+                    block_words, value_rows, pairs, probability_pairs, out_transposed);
   } else {
     amx::AmxTileModel tiles;
-    RunTileProducts(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores, value_pairs,
-                    value_stride, value_rows, pairs, probability_pairs, out_transposed);
+    RunTileProducts(tiles, key_pairs, depth_pairs, key_rows, query_pairs, br, scores, value_blocks,
+                    block_words, value_rows, pairs, probability_pairs, out_transposed);
   }
   return true;
 #else
   (void)hardware, (void)key_pairs, (void)depth_pairs, (void)key_rows, (void)query_pairs, (void)br;
-  (void)scores, (void)value_pairs, (void)value_stride, (void)value_rows, (void)pairs;
+  (void)scores, (void)value_blocks, (void)block_words, (void)value_rows, (void)pairs;
   (void)probability_pairs, (void)out_transposed;
   return false;
 #endif
@@ -164,9 +164,12 @@ void expect_dot(float got, double start, const std::vector<uint32_t>& a, size_t 
 void check_tile_products(bool hardware, const std::string& which) {
   Rng rng(hardware ? 41 : 40);
   for (const size_t depth_pairs : {size_t{16}, size_t{32}, size_t{64}}) {
-    const size_t key_rows = 64, br = 64, value_rows = 32, pairs = 48, value_stride = pairs + 16;
+    // Vᵀ in blocks of 16 pairs, each value_rows rows of 64 bytes, block_words apart (wider than a
+    // block's data, whose padding must not be read).
+    const size_t key_rows = 64, br = 64, value_rows = 32, pairs = 48;
+    const size_t block_words = (value_rows + 2) * 16, blocks = pairs / 16 + 1;
     std::vector<uint32_t> keys(key_rows * depth_pairs), queries(depth_pairs * br);
-    std::vector<uint32_t> values(value_rows * value_stride), probabilities(pairs * br);
+    std::vector<uint32_t> values(blocks * block_words), probabilities(pairs * br);
     for (uint32_t& pair : keys) pair = random_pair(rng, 1.0F);
     for (uint32_t& pair : queries) pair = random_pair(rng, 1.0F);
     for (uint32_t& pair : values) pair = random_pair(rng, 1.0F);
@@ -174,10 +177,11 @@ void check_tile_products(bool hardware, const std::string& which) {
     std::vector<float> scores(key_rows * br, -1.0F), out(value_rows * br);
     for (float& value : out) value = rng.normal();
     const std::vector<float> out_before = out;
-    // The values' first 16 pairs are skipped: the product starts at an offset as the kernel's does.
+    // The values' first block is skipped: the product starts at an offset as the kernel's does.
     ASSERT_TRUE(HWY_DYNAMIC_DISPATCH(EvaluateTileProducts)(
         hardware, keys.data(), depth_pairs, key_rows, queries.data(), br, scores.data(),
-        values.data() + 16, value_stride, value_rows, pairs, probabilities.data(), out.data()));
+        values.data() + block_words, block_words, value_rows, pairs, probabilities.data(),
+        out.data()));
     for (size_t j = 0; j < key_rows; ++j) {
       for (size_t r = 0; r < br; ++r) {
         expect_dot(scores[j * br + r], 0.0, keys, j * depth_pairs, 1, queries, r, br, depth_pairs,
@@ -186,10 +190,12 @@ void check_tile_products(bool hardware, const std::string& which) {
       }
     }
     for (size_t c = 0; c < value_rows; ++c) {
+      std::vector<uint32_t> column(pairs);  // column c's pairs, gathered from the blocks
+      for (size_t p = 0; p < pairs; ++p)
+        column[p] = values[(p / 16 + 1) * block_words + c * 16 + p % 16];
       for (size_t r = 0; r < br; ++r) {
-        expect_dot(out[c * br + r], out_before[c * br + r], values, c * value_stride + 16, 1,
-                   probabilities, r, br, pairs,
-                   which + " output (" + std::to_string(c) + ", " + std::to_string(r) + ")");
+        expect_dot(out[c * br + r], out_before[c * br + r], column, 0, 1, probabilities, r, br,
+                   pairs, which + " output (" + std::to_string(c) + ", " + std::to_string(r) + ")");
       }
     }
   }
