@@ -216,7 +216,7 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
 // How ProbabilitiesFromScores exponentiates: e^x within about 1 ulp; e^x for probabilities that
 // enter bf16 products next (P and dS = P ⊙ (dP − D)), where RoundedProbabilityExp's 5.4e−6 is far
 // below their rounding; 2^x for scores and log-sum-exp in base 2 (the fp32 backward: their scale
-// carries log2 e), RecomputedProbabilityExp2's 1.6e−7.
+// carries log2 e), ProbabilityExp2's 1.6e−7.
 enum class ProbabilityExp { kNatural, kRoundedToBFloat16, kBaseTwo };
 
 // Pᵀ = exp(c·Sᵀ − lse) in place for `keys` key rows, from scores the score modifiers already
@@ -233,7 +233,7 @@ HWY_INLINE void ProbabilitiesFromScores(D d, size_t keys, size_t br, size_t widt
       if constexpr (kExp == ProbabilityExp::kRoundedToBFloat16) {
         hn::Store(RoundedProbabilityExp(d, x), d, p);
       } else if constexpr (kExp == ProbabilityExp::kBaseTwo) {
-        hn::Store(RecomputedProbabilityExp2(d, x), d, p);
+        hn::Store(ProbabilityExp2(d, x), d, p);
       } else {
         hn::Store(SoftmaxExp(d, x), d, p);
       }

@@ -234,18 +234,20 @@ HWY_INLINE hn::Vec<D> SoftmaxShiftedExp2(D d, hn::Vec<D> x, const FoldedShift<D>
 }
 #endif
 
-// SoftmaxExp in base 2 (the forward's fp32 softmax), within about 1 ulp.
+// SoftmaxExp in base 2, within about 1 ulp: the fp32 forward's rescale factors 2^(old − new max).
 template <class D>
 HWY_INLINE hn::Vec<D> SoftmaxExp2(D d, hn::Vec<D> y) {
   return ReducedExp2<6>(d, y);
 }
 
-// The fp32 backward's recomputed P = 2^(S − lse), scores and log-sum-exp in base 2: degree 5,
-// 1.6e−7 relative (the forward's P on the exponent-field targets): an exact reduction in place of
-// SoftmaxExp's Cody–Waite multiply-adds and one polynomial term fewer. Its argument may exceed 0
-// by some ulps (recomputed scores against the forward's log-sum-exp): accurate there too.
+// The fp32 P in base 2: the forward's P = 2^(S − max) on the AVX-512 targets (the exponent-field
+// targets take ShiftedExp2<5>, the same polynomial) and the backward's recomputed P = 2^(S − lse):
+// degree 5, 1.6e−7 relative, an exact reduction in place of SoftmaxExp's Cody–Waite multiply-adds
+// and one polynomial term fewer than SoftmaxExp2 (the forward's softmax samples against its
+// products' 0.153 → 0.137, Emerald Rapids, 2026-12-02). Its argument may exceed 0 by some ulps
+// (recomputed scores against the forward's log-sum-exp): accurate there too.
 template <class D>
-HWY_INLINE hn::Vec<D> RecomputedProbabilityExp2(D d, hn::Vec<D> y) {
+HWY_INLINE hn::Vec<D> ProbabilityExp2(D d, hn::Vec<D> y) {
   return ReducedExp2<5>(d, y);
 }
 

@@ -54,7 +54,7 @@ struct ForwardArgs {
   bool additive_exponential = false;
   // The softmax in base 2 (FlashForward sets it for dot-product scores): Qᵀ (or the bf16 products'
   // scale) carries log2 e, so scores, the modifiers' terms, running maxima and sinks are log2 e
-  // times their natural values and P = 2^(S − max) by SoftmaxExp2 (RoundedProbabilityExp2 for
+  // times their natural values and P = 2^(S − max) by ProbabilityExp2 (RoundedProbabilityExp2 for
   // bf16), three multiply-pipe operations fewer per score than e^x; the log-sum-exp is turned
   // back to base e as it is written. The additive scores keep base e.
   bool base_two = false;
@@ -477,7 +477,7 @@ HWY_INLINE bool OnlineSoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
     for (size_t g = 0; g < kVectors; ++g) {
       float* score = s.scores + j * br + g * lanes;
       const V difference = hn::Sub(hn::Load(d, score), shift[g]);
-      const V p = kBaseTwo ? SoftmaxExp2(d, difference) : SoftmaxExp(d, difference);
+      const V p = kBaseTwo ? ProbabilityExp2(d, difference) : SoftmaxExp(d, difference);
       hn::Store(p, d, score);
       sum[g] = hn::Add(sum[g], p);
     }
@@ -548,7 +548,7 @@ HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
       float* score = s.scores + j * br + g * lanes;
       const V x = hn::Load(d, score);
       tile_max[g] = hn::Max(tile_max[g], x);
-      const V p = SoftmaxExp2(d, hn::Sub(x, shift[g]));
+      const V p = ProbabilityExp2(d, hn::Sub(x, shift[g]));
       hn::Store(p, d, score);
       sum[g] = hn::Add(sum[g], p);
     }

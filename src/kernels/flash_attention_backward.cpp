@@ -530,7 +530,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const FlashAttentionOptions& options = args.options;
   const float scale = options.scale;
   // The fp32 products' scores are in base 2, log2 e in Qᵀ's scale and in the log-sum-exp, so that P
-  // is 2^(S − lse) (RecomputedProbabilityExp2: an exact reduction in place of e^x's Cody–Waite,
+  // is 2^(S − lse) (ProbabilityExp2: an exact reduction in place of e^x's Cody–Waite,
   // one polynomial term fewer); dS = P ⊙ (dP − D) stays the gradient of the natural scores, so dQ
   // and dK keep c. The bf16 products' path stays in base e (AMX scales in P's exponent).
   const bool bf16_products = s.query_pairs != nullptr;

@@ -44,11 +44,11 @@ bool EvaluateSoftmaxShiftedExp2(const float* in, float shift, float* out, size_t
 #endif
 }
 
-// The same for RecomputedProbabilityExp2.
-void EvaluateRecomputedProbabilityExp2(const float* in, float* out, size_t count) {
+// The same for ProbabilityExp2.
+void EvaluateProbabilityExp2(const float* in, float* out, size_t count) {
   const hn::ScalableTag<float> d;
   for (size_t i = 0; i < count; i += hn::Lanes(d))
-    hn::StoreU(RecomputedProbabilityExp2(d, hn::LoadU(d, in + i)), d, out + i);
+    hn::StoreU(ProbabilityExp2(d, hn::LoadU(d, in + i)), d, out + i);
 }
 
 // The same for RoundedProbabilityExp2.
@@ -95,7 +95,7 @@ HWY_EXPORT(EvaluateRoundedProbabilityExp);
 HWY_EXPORT(EvaluateSoftmaxExp2);
 HWY_EXPORT(EvaluateRoundedProbabilityExp2);
 HWY_EXPORT(EvaluateSoftmaxShiftedExp2);
-HWY_EXPORT(EvaluateRecomputedProbabilityExp2);
+HWY_EXPORT(EvaluateProbabilityExp2);
 namespace {
 
 std::vector<float> softmax_exp(std::vector<float> inputs) {
@@ -122,10 +122,10 @@ std::optional<std::vector<float>> softmax_shifted_exp2(std::vector<float> inputs
   return outputs;
 }
 
-std::vector<float> recomputed_probability_exp2(std::vector<float> inputs) {
+std::vector<float> probability_exp2(std::vector<float> inputs) {
   inputs.resize((inputs.size() + 15) / 16 * 16, 0.0F);
   std::vector<float> outputs(inputs.size());
-  HWY_DYNAMIC_DISPATCH(EvaluateRecomputedProbabilityExp2)
+  HWY_DYNAMIC_DISPATCH(EvaluateProbabilityExp2)
   (inputs.data(), outputs.data(), inputs.size());
   return outputs;
 }
@@ -267,11 +267,11 @@ TEST_P(FastMath, SoftmaxShiftedExp2WithinAFewUlpsOfDoubleExp2ForEveryFoldedShift
 // on and at −∞ (masked keys); a NaN stays NaN: x86's max keeps it on the exponent-field targets,
 // and on AVX-512 vscalefps returns NaN for a NaN power though the lane was zeroed first (an
 // expectation of 0 there, written without an AVX-512 machine, failed on Zen 4).
-TEST_P(FastMath, RecomputedProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
-  EXPECT_LT(worst_relative_to_exp2(recomputed_probability_exp2), 2.5e-7)
+TEST_P(FastMath, ProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
+  EXPECT_LT(worst_relative_to_exp2(probability_exp2), 2.5e-7)
       << "target " << hwy::TargetName(GetParam());
   const float infinity = std::numeric_limits<float>::infinity();
-  const std::vector<float> exact = recomputed_probability_exp2(
+  const std::vector<float> exact = probability_exp2(
       {0.0F, -0.0F, -127.0F, -150.0F, -1e30F, -infinity, std::numeric_limits<float>::quiet_NaN()});
   EXPECT_EQ(exact[0], 1.0F);
   EXPECT_EQ(exact[1], 1.0F);
@@ -334,7 +334,7 @@ TEST_P(FastMath, ExponentialsMakeNoSubnormals) {
   for (double y = -160.0; y <= -115.0; y += 0.00053) base_two.push_back(static_cast<float>(y));
   for (const auto& [name, outputs] :
        {std::pair{"SoftmaxExp2", softmax_exp2(base_two)},
-        std::pair{"RecomputedProbabilityExp2", recomputed_probability_exp2(base_two)},
+        std::pair{"ProbabilityExp2", probability_exp2(base_two)},
         std::pair{"RoundedProbabilityExp2", rounded_probability_exp2(base_two)}}) {
     size_t subnormals = 0;
     for (size_t i = 0; i < base_two.size(); ++i) {
