@@ -7,12 +7,19 @@
 
 #include <omp.h>
 
+#include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "attn/core/error.hpp"
+#include "kernels/scratch_memory.hpp"
 
 namespace attn {
+
+// The error for a thread's scratch that could not be allocated (`memory` null, its deleter holding
+// the bytes asked for).
+inline AllocationError scratch_allocation_error(const char* kernel, const ScratchMemory& memory) {
+  return AllocationError(memory.get_deleter().bytes, kernel, " of per-thread scratch memory");
+}
 
 enum class TaskSchedule {
   kDynamic,  // the next free thread takes the next task: tasks of unequal cost (masks, causal)
@@ -44,8 +51,10 @@ inline int team_threads(int max_threads) {
 
 // Runs body(task, scratch, thread) for every task in [0, tasks), where scratch =
 // make_scratch() is built once per thread and must expose `memory` (null when allocation failed),
-// on at most `max_threads` threads (0: omp_get_max_threads()). Throws Error naming `kernel` when a
-// thread's scratch could not be allocated.
+// on at most `max_threads` threads (0: omp_get_max_threads()). Throws AllocationError (a
+// std::bad_alloc; Python's MemoryError) naming `kernel` and the bytes when a thread's scratch could
+// not be allocated: scratch.memory is a ScratchMemory (scratch_memory.hpp), whose deleter holds
+// the bytes asked for.
 template <class MakeScratch, class Body>
 void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule,
                         const MakeScratch& make_scratch, const Body& body, int max_threads = 0) {
@@ -55,18 +64,21 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
   // (for_each_index); a decode-sized call (1 query, 8 heads of 64, 16 keys) entered three.
   if (tasks <= 1 || threads == 1) {
     auto scratch = make_scratch();
-    if (scratch.memory == nullptr)
-      throw Error(std::string(kernel) + ": could not allocate per-thread scratch memory");
+    if (scratch.memory == nullptr) throw scratch_allocation_error(kernel, scratch.memory);
     for (int64_t task = 0; task < tasks; ++task) body(task, scratch, 0);
     return;
   }
   bool out_of_memory = false;
+  std::size_t refused_bytes = 0;
 #pragma omp parallel num_threads(threads)
   {
     auto scratch = make_scratch();
     if (scratch.memory == nullptr) {
-#pragma omp atomic write
-      out_of_memory = true;
+#pragma omp critical(attn_scratch_refused)
+      {
+        out_of_memory = true;
+        refused_bytes = scratch.memory.get_deleter().bytes;
+      }
     } else {
       const int thread = omp_get_thread_num();
       if (schedule == TaskSchedule::kDynamic) {
@@ -79,7 +91,7 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
     }
   }
   if (out_of_memory)
-    throw Error(std::string(kernel) + ": could not allocate per-thread scratch memory");
+    throw scratch_allocation_error(kernel, ScratchMemory(nullptr, {refused_bytes}));
 }
 
 // body(i) for every i in [0, count): on the OpenMP threads (static schedule) when `parallel`, else

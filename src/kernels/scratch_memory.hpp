@@ -29,7 +29,8 @@ using ScratchMemory = std::unique_ptr<float[], ScratchFree>;
 // Calls `layout(take)` twice: first with a `take(count)` that only adds up the floats each buffer
 // needs (rounded up to `lanes`, so every buffer starts on a vector boundary), then, after one
 // allocation, with a `take` that hands the buffers out in the same order. Returns the allocation,
-// null when it failed (the buffers taken in the first pass are then null too).
+// null when it failed (the buffers taken in the first pass are then null too), its deleter still
+// holding the bytes asked for, which the caller's error names (SIZE_MAX: more than memory holds).
 template <class Layout>
 ScratchMemory carve_scratch(size_t lanes, const Layout& layout) {
   size_t total = 0;
@@ -37,12 +38,11 @@ ScratchMemory carve_scratch(size_t lanes, const Layout& layout) {
     total += hwy::RoundUpTo(count, lanes);
     return nullptr;
   });
-  ScratchMemory memory;
-  if (total > SIZE_MAX / sizeof(float)) return memory;  // null: more than memory can hold
+  if (total > SIZE_MAX / sizeof(float)) return ScratchMemory(nullptr, ScratchFree{SIZE_MAX});
   const size_t bytes = (total > 0 ? total : 1) * sizeof(float);
+  ScratchMemory memory(nullptr, ScratchFree{bytes});
   try {
-    memory = ScratchMemory(static_cast<float*>(core_detail::allocate_tensor_storage(bytes)),
-                           ScratchFree{bytes});
+    memory.reset(static_cast<float*>(core_detail::allocate_tensor_storage(bytes)));
   } catch (const std::bad_alloc&) {
     return memory;  // null: the caller reports it
   }

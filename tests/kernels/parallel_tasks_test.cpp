@@ -1,6 +1,7 @@
 // The kernels' thread helpers (src/kernels/parallel_tasks.hpp): useful_threads' bounds,
 // run_parallel_tasks running every task once, on at most the threads asked for, in the calling
-// thread when one is asked for, and naming the kernel when a thread's scratch is missing;
+// thread when one is asked for, and naming the kernel and the bytes when a thread's scratch is
+// missing;
 // for_each_index visiting every index once, serially or on the threads.
 #include "kernels/parallel_tasks.hpp"
 
@@ -14,15 +15,21 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "kernels/scratch_memory.hpp"
 #include "test_support.hpp"
 
 namespace attn {
 namespace {
 
-// Scratch as the kernels' structs expose it: `memory`, null when its allocation failed.
+// Scratch as the kernels' structs expose it: `memory`, null when its allocation failed (its deleter
+// then holding the bytes asked for).
 struct FakeScratch {
-  std::unique_ptr<float[]> memory;
+  ScratchMemory memory;
 };
+
+FakeScratch allocated_scratch() {
+  return {carve_scratch(16, [](const auto& take) { take(1); })};
+}
 
 // Sets the OpenMP thread count for a scope.
 class ThreadCount {
@@ -62,8 +69,7 @@ TaskRun run_tasks(int threads, int64_t tasks, int max_threads) {
   std::atomic<bool> on_caller{true};
   const std::thread::id caller = std::this_thread::get_id();
   run_parallel_tasks(
-      tasks, "test kernel", TaskSchedule::kDynamic,
-      [] { return FakeScratch{std::make_unique<float[]>(1)}; },
+      tasks, "test kernel", TaskSchedule::kDynamic, [] { return allocated_scratch(); },
       [&](int64_t task, FakeScratch& scratch, int thread) {
         EXPECT_NE(scratch.memory, nullptr);
         counts[static_cast<size_t>(task)].fetch_add(1);
@@ -107,17 +113,32 @@ TEST(RunParallelTasks, RunsEveryTaskOnceOnAtMostTheThreadsAskedFor) {
   EXPECT_EQ(run_tasks(3, 0, 0).counts, std::vector<int>{});
 }
 
-TEST(RunParallelTasks, NamesTheKernelWhenScratchIsMissing) {
+// Out of memory, as the layers' own allocations: an AllocationError (Python's MemoryError) with
+// the kernel and the size, whether the caller's thread or a team's failed.
+TEST(RunParallelTasks, NamesTheKernelAndTheBytesWhenScratchIsMissing) {
   for (const int threads : {1, 3}) {
     const ThreadCount count(threads);
     bool ran = false;
     EXPECT_THROW_MESSAGE(
         run_parallel_tasks(
-            8, "flash_attention_forward", TaskSchedule::kStatic, [] { return FakeScratch{}; },
+            8, "flash_attention_forward", TaskSchedule::kStatic,
+            [] { return FakeScratch{ScratchMemory(nullptr, ScratchFree{3 << 20})}; },
             [&](int64_t, FakeScratch&, int) { ran = true; }),
-        Error, "flash_attention_forward: could not allocate per-thread scratch memory");
+        AllocationError,
+        "flash_attention_forward: could not allocate 3145728 bytes (3 MiB) of per-thread scratch "
+        "memory");
     EXPECT_FALSE(ran) << threads << " threads";
   }
+}
+
+// carve_scratch's refusal keeps the size it asked for, for that message.
+TEST(CarveScratch, ARefusedOrImpossibleSizeIsNullAndKeepsItsBytes) {
+  const ScratchMemory impossible = carve_scratch(16, [](const auto& take) { take(SIZE_MAX / 2); });
+  EXPECT_EQ(impossible, nullptr);
+  EXPECT_EQ(impossible.get_deleter().bytes, SIZE_MAX);
+  const ScratchMemory fine = carve_scratch(16, [](const auto& take) { take(3); });
+  ASSERT_NE(fine, nullptr);
+  EXPECT_EQ(fine.get_deleter().bytes, 16 * sizeof(float));  // rounded up to the lanes
 }
 
 TEST(ForEachIndex, VisitsEveryIndexOnceSeriallyOrOnTheThreads) {
