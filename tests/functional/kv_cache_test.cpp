@@ -160,15 +160,30 @@ void check_attention(CacheDType dtype, int64_t n, int64_t q_heads, int64_t kv_he
   const reference::SdpaForward expected = reference::sdpa_forward(
       problem, testing::to_doubles(q), testing::to_doubles(keys), testing::to_doubles(values));
   EXPECT_TRUE(close_to(forward.output, expected.out, kTolerance));
+  // Queries at negative positions (causal) and every query of an empty sequence see no key: their
+  // rows are exactly zero.
+  const int64_t rows_per_sequence = q_heads * n;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = cache.lengths()[static_cast<size_t>(b)];
+    for (int64_t h = 0; h < q_heads; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (length > 0 && (!causal || length - n + i >= 0)) continue;
+        const float* row = forward.output.data() + ((b * rows_per_sequence) + h * n + i) * dv;
+        for (int64_t c = 0; c < dv; ++c)
+          ASSERT_EQ(row[c], 0.0F) << "b " << b << " h " << h << " query " << i;
+      }
+    }
+  }
 }
 
 TEST(KVCacheAttention, DecodeAndPrefillMatchTheReference) {
   uint64_t seed = 10;
   for (const CacheDType dtype : kDTypes) {
-    check_attention(dtype, 1, 8, 2, true, std::nullopt, false, seed++);          // decode, GQA
-    check_attention(dtype, 4, 4, 4, true, SlidingWindow{30, 0}, true, seed++);   // window, sinks
-    check_attention(dtype, 2, 2, 1, false, std::nullopt, false, seed++);         // not causal
-    check_attention(dtype, 70, 4, 2, true, SlidingWindow{25, 0}, true, seed++);  // prefill path
+    check_attention(dtype, 1, 8, 2, true, std::nullopt, false, seed++);         // decode, GQA
+    check_attention(dtype, 4, 4, 4, true, SlidingWindow{30, 0}, true, seed++);  // window, sinks
+    check_attention(dtype, 2, 2, 1, false, std::nullopt, false, seed++);        // not causal
+    // prefill path; sequence 1 holds 20 tokens for 70 queries (50 rows that see no key, zero)
+    check_attention(dtype, 70, 4, 2, true, SlidingWindow{25, 0}, true, seed++);
     // ALiBi from each query's position: decode (GQA; not causal with sinks), prefill path
     check_attention(dtype, 1, 8, 2, true, std::nullopt, false, seed++, true);
     check_attention(dtype, 3, 4, 4, false, std::nullopt, true, seed++, true);

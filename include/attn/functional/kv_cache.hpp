@@ -91,7 +91,10 @@ class KVCache {
 // valid_lens (the cache's lengths are the valid lengths) and dropout are refused, naming them.
 // Up to 64 / (H_q / H_kv) new queries per sequence run the decode kernel, reading the cache in its
 // own precision once; more (prefill against a cache) run the prefill kernel on fp32 copies of each
-// sequence's cached rows. Output (B, H_q, n, Ev); log-sum-exp as for the other overload.
+// sequence's cached rows. Output (B, H_q, n, Ev); log-sum-exp as for the other overload. A
+// sequence holding fewer than n tokens (a ragged append) puts its first queries at negative
+// positions, which see no key when causal; those rows, and every row of an empty sequence, get a
+// zero output, as rows that see no key do in the other overload.
 AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCache& cache,
                                               const AttentionOptions& options = {});
 // The same for a half model's queries (`type`'s bits): widened exactly, the output rounded once to
