@@ -1,0 +1,123 @@
+// Whether this core runs AMX tile products and AVX-512 arithmetic at the same time (Google
+// Benchmark): 16 TDPBF16PS on four accumulators alone, N vector FMAs (or adds) on 12 independent
+// chains alone, and the two interleaved in one loop. Overlap would read the interleaved time near
+// the longer of the two; serialisation near their sum. The bf16 forward on AMX spends a third of
+// its time in its fp32 softmax (docs/benchmarks.md): only overlap would let the products hide it.
+//   build/release/bench/attn_amx_overlap_benchmarks --benchmark_repetitions=5
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attn/kernels/amx.hpp"
+
+namespace {
+
+#define ATTN_AMX_PROBE __attribute__((target("avx512f,amx-tile,amx-bf16"), noinline))
+
+// Palette 1, tiles 0–7 all 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+enum Work : int { kDots = 1, kVectorWork = 2, kBoth = 3 };
+
+// One iteration: 16 products C(0..3) += A(4, 5)·B(6, 7) when `work` has kDots, then `vector_ops`
+// FMAs (adds when `adds`) over 12 chains when it has kVectorWork. Returns the chains' sum.
+ATTN_AMX_PROBE float RunIterations(int64_t iterations, int work, int vector_ops, bool adds) {
+  __m512 c0 = _mm512_set1_ps(0.0F), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  __m512 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+  const __m512 x = _mm512_set1_ps(0.999F), y = _mm512_set1_ps(1e-4F);
+  for (int64_t i = 0; i < iterations; ++i) {
+    if (work & kDots) {
+      for (int k = 0; k < 4; ++k) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    if (work & kVectorWork) {
+      for (int k = 0; k < vector_ops; k += 12) {
+#define ATTN_STEP(c) c = adds ? _mm512_add_ps(c, x) : _mm512_fmadd_ps(c, x, y);
+        ATTN_STEP(c0)
+        ATTN_STEP(c1)
+        ATTN_STEP(c2) ATTN_STEP(c3) ATTN_STEP(c4) ATTN_STEP(c5) ATTN_STEP(c6) ATTN_STEP(c7)
+            ATTN_STEP(c8) ATTN_STEP(c9) ATTN_STEP(c10) ATTN_STEP(c11)
+#undef ATTN_STEP
+            // Keeps the chains in registers (GCC otherwise keeps such an array in memory).
+            __asm__ volatile(""
+                             : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6),
+                               "+v"(c7), "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11));
+      }
+    }
+  }
+  const __m512 sum =
+      _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                                  _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7))),
+                    _mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)));
+  alignas(64) float lanes[16];  // GCC 12 warns falsely inside _mm512_reduce_add_ps
+  _mm512_store_ps(lanes, sum);
+  return lanes[0];
+}
+
+ATTN_AMX_PROBE void ConfigureTiles() {
+  static const TileConfig config;
+  alignas(64) static const uint16_t zeros[16 * 32] = {};
+  _tile_loadconfig(&config);
+  _tile_loadd(4, zeros, 64);
+  _tile_loadd(5, zeros, 64);
+  _tile_loadd(6, zeros, 64);
+  _tile_loadd(7, zeros, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+ATTN_AMX_PROBE void ReleaseTiles() {
+  _tile_release();
+}
+
+// Args: work (1 dots, 2 vector work, 3 both), vector operations per iteration, adds (1) or FMAs.
+void BM_AmxOverlap(benchmark::State& state) {
+  if (!attn::amx_available()) {
+    state.SkipWithError("no AMX-BF16 on this CPU, or Linux refused the tile state");
+    return;
+  }
+  const auto work = static_cast<int>(state.range(0));
+  const auto vector_ops = static_cast<int>(state.range(1));
+  const bool adds = state.range(2) != 0;
+  ConfigureTiles();
+  constexpr int64_t kIterations = 1000;
+  for (auto _ : state) benchmark::DoNotOptimize(RunIterations(kIterations, work, vector_ops, adds));
+  ReleaseTiles();
+  state.counters["per_iteration"] = benchmark::Counter(
+      static_cast<double>(kIterations),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.SetLabel(std::string(work == kDots         ? "16 dots"
+                             : work == kVectorWork ? ""
+                                                   : "16 dots + ") +
+                 (work == kDots ? "" : std::to_string(vector_ops) + (adds ? " adds" : " FMAs")));
+}
+
+void Arguments(benchmark::internal::Benchmark* benchmark) {
+  for (const int adds : {0, 1}) {
+    for (const int ops : {96, 192, 384}) {
+      for (const int work : {kDots, kVectorWork, kBoth}) {
+        if (work == kDots && (ops != 96 || adds != 0)) continue;  // the dots alone once
+        benchmark->Args({work, ops, adds});
+      }
+    }
+  }
+}
+BENCHMARK(BM_AmxOverlap)->Apply(Arguments);
+
+}  // namespace
+
+BENCHMARK_MAIN();
