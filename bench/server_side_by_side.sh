@@ -23,7 +23,9 @@
 #   bench/server_side_by_side.sh kernel-tests [OUT]  every kernel test on every SIMD target the CPU
 #                                                runs, in shards side by side (OUT/kernel_tests.txt)
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
-#                                                vdpbf16ps (ATTN_AMX=1 against 0), one run
+#                                                vdpbf16ps (ATTN_AMX=1 against 0), one run, and
+#                                                whether tile products overlap vector arithmetic
+#                                                (attn_amx_overlap_benchmarks, in the bundle)
 #   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
 #                                                F32 and F16 caches, interleaved rounds (issue 13)
 #   bench/server_side_by_side.sh module  [OUT]   builds attn's Python module there (before layers)
@@ -93,6 +95,7 @@ if [[ -z ${ATTN:-} && -x $bundle/bin/attn ]]; then
   attn=$bundle/bin/attn
   kernels_test=$bundle/bin/kernels_test
   tile_bench=$bundle/bin/attn_tile_benchmarks
+  overlap_bench=$bundle/bin/attn_amx_overlap_benchmarks
   ggml=${GGML:-$bundle/bin/ggml_decode_bench}
   libraries=$PWD/$bundle/lib
   # The bundle's OpenMP runtime only where the server has none of its own.
@@ -101,6 +104,7 @@ else
   attn=${ATTN:-build/release/cli/attn}
   kernels_test=$(dirname "$attn")/../tests/kernels/kernels_test
   tile_bench=$(dirname "$attn")/../bench/attn_tile_benchmarks
+  overlap_bench=$(dirname "$attn")/../bench/attn_amx_overlap_benchmarks
   ggml=${GGML:-build/ggml/ggml_decode_bench}
   libraries=$(cd "$(dirname "$attn")/../src/kernels" 2>/dev/null && pwd || true)
 fi
@@ -287,6 +291,12 @@ amx)
         --repeats "$repeats" --no-ceilings >"$out/bench_amx${use}_round$round.txt"
     done
   done
+  # Overlap would read "16 dots + N FMAs" near the longer of the two alone; serialisation near
+  # their sum (docs/benchmarks.md, "Emerald Rapids again").
+  if [[ -x $overlap_bench ]]; then
+    "$overlap_bench" --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true \
+      --benchmark_report_aggregates_only=true >"$out/amx_overlap.txt" 2>&1 || true
+  fi
   ;;
 ggml)
   # attn bench's decode cases and ggml's flash_attn_ext in turn, B = 1, n = 1, 32 heads over 8 of

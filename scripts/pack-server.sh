@@ -5,7 +5,8 @@
 #   bash scripts/pack-server.sh      # → build/server and build/server.tar.xz (carry the archive)
 #
 # build/server/bin holds the CLI, the kernel tests, ggml_decode_bench (when scripts/build-ggml.sh
-# made it) and attn_tile_benchmarks (when the build has it); build/server/lib every shared library they load except the C and C++ runtimes, which the
+# made it), attn_tile_benchmarks and attn_amx_overlap_benchmarks (when the build has them);
+# build/server/lib every shared library they load except the C and C++ runtimes, which the
 # server's own (newer) ones serve; build/server/lib-fallback the OpenMP runtime, used only where the
 # server has none (bench/server_side_by_side.sh decides). bench/server_side_by_side.sh finds the
 # bundle when ATTN=build/server/bin/attn, and its module phase builds attn's Python module there
@@ -21,6 +22,8 @@ for binary in "${binaries[@]}"; do
 done
 [[ -x build/ggml/ggml_decode_bench ]] && binaries+=(build/ggml/ggml_decode_bench)
 [[ -x $build/bench/attn_tile_benchmarks ]] && binaries+=("$build/bench/attn_tile_benchmarks")
+[[ -x $build/bench/attn_amx_overlap_benchmarks ]] &&
+  binaries+=("$build/bench/attn_amx_overlap_benchmarks")
 
 rm -rf "$bundle" && mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/lib-fallback"
 cp "${binaries[@]}" "$bundle/bin/"
