@@ -8,9 +8,13 @@ vector (one vector of queries against one key) as the kernel runs them at head s
 
   QK product   d multiply-adds        (Gemm<false>'s register tile)
   P·V product  dv multiply-adds       (Gemm<true>'s register tile)
-  softmax      one max, one exp       (ForwardKeyTile's loops over a key tile, 4 vectors each)
+  softmax      one max, one exp       (ForwardKeyTile's loops over a key tile, 4 vectors each:
+                                      on AVX-512 the lazy step's one loop, which tracks the
+                                      tile's maximum as it exponentiates; on AVX2 the full
+                                      step's pass for the maximum and its exponentials')
   additive     h terms w/(e·f+1), two per reciprocal (AdditiveScoreRows, exponential form;
-               replaces QK)
+               replaces QK), and its softmax in base e: the full step's pass for the maximum and
+               its exponentials by Cody–Waite reduction
 
 The bound is the counted flops over the modelled cycles, against 2 FMA pipes of the target's
 width — the FMA peak `attn bench` measures. It leaves out what happens once per tile (packing K
@@ -114,13 +118,23 @@ def target_loops(library, table, target):
     tile = rows * 4  # the register tile's multiply-adds per step (kMaxRows x kMaxVectors)
     small = lambda body: len(body) < 12 * tile // 4 + 10
     exp_marker = "vscalefps" if target == "AVX3" else "vpslld"
+    # The dot-product forward's P is in base 2 (no Cody–Waite reduction, whose negated
+    # multiply-adds mark the additive kernel's base-e softmax in the same function); on AVX-512 its
+    # lazy step's loop also takes the tile's maximum, one vmaxps per vector.
+    cody_waite = ("vfnmadd132ps", "vfnmadd213ps", "vfnmadd231ps")
+    lazy_max = 4 if target == "AVX3" else None
     found = {
         "qk": find_loop(library, table, rf"attn::{namespace}::Gemm<false, {re.escape(simd)}",
                         lambda b: fmas(b, register) == tile and small(b)),
         "pv": find_loop(library, table, rf"attn::{namespace}::Gemm<true, {re.escape(simd)}",
                         lambda b: fmas(b, register) == tile and small(b)),
         "exp": find_loop(library, table, rf"attn::{namespace}::FlashForwardTiles\(",
-                         lambda b: count(b, (exp_marker,)) == 4 and len(b) < 120),
+                         lambda b: count(b, (exp_marker,)) == 4 and len(b) < 120
+                         and count(b, cody_waite) == 0
+                         and (lazy_max is None or count(b, ("vmaxps",)) == lazy_max)),
+        "exp_natural": find_loop(library, table, rf"attn::{namespace}::FlashForwardTiles\(",
+                                 lambda b: count(b, (exp_marker,)) == 4 and len(b) < 120
+                                 and count(b, cody_waite) > 0),
         "max": find_loop(library, table, rf"attn::{namespace}::FlashForwardTiles\(",
                          lambda b: count(b, ("vmaxps",)) == 4 and len(b) <= 12),
         "additive": find_loop(
@@ -130,9 +144,12 @@ def target_loops(library, table, target):
     }
     # per iteration: multiply-adds of the tile (qk, pv), score vectors (exp, max), term vectors
     # of the additive tile (4 x 4 on AVX-512, 2 x 4 on AVX2), two terms per reciprocal
-    per_iteration = {"qk": tile, "pv": tile, "exp": 4, "max": 4,
+    per_iteration = {"qk": tile, "pv": tile, "exp": 4, "exp_natural": 4, "max": 4,
                      "additive": 2 * (16 if target == "AVX3" else 8)}
-    return found, per_iteration
+    # The lazy step needs no pass of its own for the maximum (found all the same: the first key
+    # tile and any tile that raises a maximum past the margin take the full step).
+    uses_max_pass = lazy_max is None
+    return found, per_iteration, uses_max_pass
 
 
 def main():
@@ -149,7 +166,7 @@ def main():
     print(f"static bound of the fused forward at d = dv = h = {HEAD} "
           f"(llvm-mca steady state, per score vector)")
     for target in TARGETS:
-        found, per_iteration = target_loops(args.library, table, target)
+        found, per_iteration, uses_max_pass = target_loops(args.library, table, target)
         missing = [k for k, v in found.items() if v is None]
         if missing:
             failures.append(f"{target}: loops not found: {', '.join(missing)} "
@@ -163,14 +180,17 @@ def main():
                 failures.append(f"{target} on {cpu}: llvm-mca failed")
                 continue
             unit = {k: cycles[k] / per_iteration[k] for k in cycles}
-            softmax = unit["exp"] + unit["max"]
+            softmax = unit["exp"] + (unit["max"] if uses_max_pass else 0.0)
             dot = HEAD * unit["qk"] + HEAD * unit["pv"] + softmax
-            additive = HEAD * unit["additive"] + HEAD * unit["pv"] + softmax
+            additive = (HEAD * unit["additive"] + HEAD * unit["pv"] + unit["exp_natural"] +
+                        unit["max"])
             ideal_dot = HEAD  # (d + dv) multiply-adds on 2 pipes
             ideal_additive = (3 * HEAD + 2 * HEAD) / 4  # counted flops / (2 pipes x 2 flops)
             print(f"{target} on {cpu}: cycles per score vector: QK {HEAD * unit['qk']:.1f}, "
                   f"PV {HEAD * unit['pv']:.1f}, softmax {softmax:.1f} (exp {unit['exp']:.2f}, "
-                  f"max {unit['max']:.2f}), additive terms {HEAD * unit['additive']:.1f}")
+                  f"max {unit['max']:.2f}{'' if uses_max_pass else ', not taken: lazy step'}), "
+                  f"additive terms {HEAD * unit['additive']:.1f}, "
+                  f"base-e exp {unit['exp_natural']:.2f}")
             bounds = (100 * ideal_dot / dot, 100 * ideal_additive / additive)
             print(f"  fp32 forward bound {bounds[0]:.1f}% of the FMA peak; "
                   f"additive (exponential form) {bounds[1]:.1f}%")
