@@ -391,6 +391,73 @@ def test_float32_and_float64_mixed_are_refused_as_torch_refuses_them(odd):
         attn_torch.scaled_dot_product_attention(**tensors)
 
 
+# Scalar arguments of the wrong type: PyTorch's TypeError, word for word, on every route (the plain
+# call, the general one that attn's extra arguments take, a KVCache's decode call); what PyTorch
+# takes (ints, NumPy reals and 0-dim tensors as floats) runs as there.
+WRONG_SCALARS = [
+    ("is_causal", 1),
+    ("is_causal", np.True_),
+    ("is_causal", None),
+    ("enable_gqa", None),
+    ("enable_gqa", torch.tensor(True)),
+    ("scale", "0.5"),
+    ("scale", [0.5]),
+    ("dropout_p", None),
+    ("dropout_p", "0"),
+]
+TAKEN_SCALARS = [("scale", 1), ("scale", np.float32(0.5)), ("scale", torch.tensor(0.5)),
+                 ("dropout_p", 0), ("dropout_p", np.float64(0.0))]
+
+
+def torchs_type_error(name, value):
+    query = torch.randn(1, 2, 3, 8)
+    with pytest.raises(TypeError) as error:
+        F.scaled_dot_product_attention(query, query, query, **{name: value})
+    return str(error.value)
+
+
+@pytest.mark.parametrize("name, value", WRONG_SCALARS)
+@pytest.mark.parametrize("route", ["plain", "general", "cache"])
+def test_scalar_arguments_of_the_wrong_type_are_torchs_type_errors(name, value, route):
+    expected = torchs_type_error(name, value)
+    assert f"argument '{name}'" in expected  # PyTorch names it: the comparison below means that
+    query = torch.randn(1, 2, 3, 8)
+    key = value_tensor = query
+    extras = {"sinks": torch.zeros(2)} if route == "general" else {}
+    if route == "cache":
+        key = attn.KVCache(1, 2, 8, 4)
+        key.append(query, query)
+        value_tensor = None
+    with pytest.raises(TypeError) as error:
+        with torch.no_grad():
+            attn_torch.scaled_dot_product_attention(query, key, value_tensor, **extras,
+                                                    **{name: value})
+    assert str(error.value) == expected
+
+
+@pytest.mark.parametrize("name, value", TAKEN_SCALARS)
+def test_scalar_arguments_torch_converts_run_as_there(name, value):
+    query, key, values = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 4)
+    expected = F.scaled_dot_product_attention(query, key, values, **{name: value})
+    for extras in ({}, {"sinks": torch.full((2,), -1e4)}):  # plain route, general route
+        output = attn_torch.scaled_dot_product_attention(query, key, values, **extras,
+                                                         **{name: value})
+        assert_relative(output, expected, OUTPUT_RTOL, f"{name}={value!r} {extras}")
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [("softcap", "30", "float"), ("causal", 1, "bool"), ("dropout", "0.1", "float"),
+     ("alignment", None, "str")],
+)
+def test_attns_own_scalar_arguments_are_named_alike(name, value, expected):
+    query = torch.randn(1, 2, 3, 8)
+    message = (rf"scaled_dot_product_attention\(\): argument '{name}' must be {expected}, not "
+               rf"{type(value).__name__}")
+    with pytest.raises(TypeError, match=message):
+        attn_torch.scaled_dot_product_attention(query, query, query, **{name: value})
+
+
 # --- the variants PyTorch lacks, against the float64 eager reference ---------------------------
 
 HQ, HKV = 4, 2

@@ -25,6 +25,7 @@ Threads: these calls use ``torch.get_num_threads()`` threads, as PyTorch's own o
 """
 
 import copy as _copy
+import numbers as _numbers
 import warnings
 import weakref as _weakref
 from typing import Optional
@@ -1199,6 +1200,65 @@ def _cache_attention(query, cache, value, attn_mask, dropout_p, is_causal, scale
     return output if output.dtype is dtype else output.to(dtype)
 
 
+def _type_name(value):
+    """A value's type as PyTorch's argument errors name it: "int", "NoneType", "Tensor",
+    "numpy.bool"."""
+    if isinstance(value, torch.Tensor):
+        return "Tensor"
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        return kind.__name__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _argument_error(name, expected, value):
+    return TypeError(
+        f"scaled_dot_product_attention(): argument '{name}' must be {expected}, "
+        f"not {_type_name(value)}"
+    )
+
+
+def _bool_argument(name, value):
+    """`value` when it is True or False; else PyTorch's TypeError for the argument (an int, None,
+    a NumPy bool or a tensor is refused, as torch's SDPA refuses them)."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, torch.SymBool):  # traced with dynamic shapes: specialised, as before
+        return bool(value)
+    raise _argument_error(name, "bool", value)
+
+
+def _float_argument(name, value, optional=False):
+    """`value` as a float where PyTorch's SDPA takes it as one (a Python or NumPy real, a bool, a
+    real 0-dim tensor; None when `optional`); else PyTorch's TypeError for the argument."""
+    if type(value) is float or (value is None and optional):
+        return value
+    if isinstance(value, (_numbers.Real, torch.SymFloat, torch.SymInt)) or (
+        isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex()
+    ):
+        return float(value)
+    raise _argument_error(name, "float", value)
+
+
+def _checked_sdpa_arguments(dropout_p, is_causal, scale, enable_gqa, softcap, alignment, causal,
+                            dropout):
+    """The scalar arguments of scaled_dot_product_attention checked as PyTorch checks its own
+    (attn's additions alike): a wrong type is a TypeError naming the argument, in PyTorch's words
+    where PyTorch has the argument."""
+    if not isinstance(alignment, str):
+        raise _argument_error("alignment", "str", alignment)
+    return (
+        _float_argument("dropout_p", dropout_p),
+        _bool_argument("is_causal", is_causal),
+        _float_argument("scale", scale, optional=True),
+        _bool_argument("enable_gqa", enable_gqa),
+        _float_argument("softcap", softcap, optional=True),
+        alignment,
+        _bool_argument("causal", causal),
+        _float_argument("dropout", dropout, optional=True),
+    )
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -1255,7 +1315,11 @@ def scaled_dot_product_attention(
 
     Under ``torch.autocast("cpu")`` it casts as autocast casts PyTorch's function (one of its
     lower-precision operators): float32, float16 and bfloat16 query, key, value and float
-    attn_mask to the autocast dtype, so the output is in that dtype; float64 and bool stay."""
+    attn_mask to the autocast dtype, so the output is in that dtype; float64 and bool stay.
+
+    Scalar arguments take what PyTorch's take (is_causal and enable_gqa only True or False;
+    dropout_p and scale a Python or NumPy real or a 0-dim tensor) and refuse the rest with
+    PyTorch's TypeError, word for word; attn's softcap, causal, dropout and alignment alike."""
     if _cpu_autocast():
         query, key, value, attn_mask = _autocast_inputs(query, key, value, attn_mask)
     # The plain call (no dropout or attn's extra arguments; plain tensors of one dtype that attn
@@ -1292,7 +1356,20 @@ def scaled_dot_product_attention(
         if eager is not None:
             if attn_mask is not None and attn_mask.dtype in _HALF_DTYPES:
                 attn_mask = attn_mask.float()
-            options = (bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
+            # PyTorch's types as they are, checked by identity (cheaper than the conversions they
+            # replace); anything else goes through the checks that name the argument.
+            if (
+                (is_causal is True or is_causal is False)
+                and (enable_gqa is True or enable_gqa is False)
+                and (scale is None or type(scale) is float)
+            ):
+                options = (is_causal, scale, enable_gqa)
+            else:
+                options = (
+                    _bool_argument("is_causal", is_causal),
+                    _float_argument("scale", scale, optional=True),
+                    _bool_argument("enable_gqa", enable_gqa),
+                )
             # Leading axes that differ are broadcast once attn has refused them (no cost to the
             # calls whose shapes agree).
             try:
@@ -1328,9 +1405,23 @@ def scaled_dot_product_attention(
                 "causal": causal,
                 "dropout": dropout,
             }
-        return _cache_attention(
-            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras
-        )
+        # The scalars go to attn's function as they are, whose binding refuses what PyTorch
+        # refuses: checked only when it did, for PyTorch's message (no cost to a decode step).
+        try:
+            return _cache_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras
+            )
+        except TypeError:
+            try:
+                _checked_sdpa_arguments(dropout_p, is_causal, scale, enable_gqa, softcap,
+                                        alignment, causal, dropout)
+            except TypeError as named:
+                raise named from None  # the binding's own message adds nothing to it
+            raise
+    dropout_p, is_causal, scale, enable_gqa, softcap, alignment, causal, dropout = (
+        _checked_sdpa_arguments(dropout_p, is_causal, scale, enable_gqa, softcap, alignment, causal,
+                                dropout)
+    )
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
