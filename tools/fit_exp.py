@@ -5,7 +5,8 @@
 # squares, then checked in float32 Horner arithmetic, reduction included, as the kernel evaluates it.
 # --degree 4 gives RoundedProbabilityExp's quartic (the bf16 forward's P, rounded to bf16 next).
 # --base 2 fits SoftmaxExp2 instead: 2^r ≈ 1 + r·P(r) on |r| ≤ 1/2 (the exact reduction y = n + r),
-# P of degree DEGREE − 1, checked in float32 Horner arithmetic as that kernel evaluates it.
+# P of degree DEGREE − 1, checked in float32 Horner arithmetic as that kernel evaluates it; with
+# --floor on r ∈ [0, 1) (y = floor(y) + r: the AVX-512 targets' vreduceps and vscalefps).
 """Fit and check the fused kernels' exponential polynomials. Needs numpy."""
 import argparse
 
@@ -41,10 +42,10 @@ def float32_exp(c, x):
     return p.astype(np.float64) * np.exp2(n.astype(np.float64))
 
 
-def fit_base_two(degree=DEGREE):
-    """2^r − 1 ≈ r·P(r) on |r| ≤ 1/2, P's coefficients lowest first, for the smallest maximum
-    relative error of 2^r (reweighted least squares, as fit)."""
-    r = np.linspace(-0.5, 0.5, 20001)
+def fit_base_two(degree=DEGREE, low=-0.5):
+    """2^r − 1 ≈ r·P(r) on [low, low + 1] (|r| ≤ 1/2 by default), P's coefficients lowest first,
+    for the smallest maximum relative error of 2^r (reweighted least squares, as fit)."""
+    r = np.linspace(low, low + 1.0, 20001)
     f = np.exp2(r)
     powers = r[:, None] ** np.arange(1, degree + 1)
     weights = np.ones_like(r)
@@ -69,16 +70,32 @@ def float32_exp2(c, y):
     return p.astype(np.float64) * np.exp2(n.astype(np.float64))
 
 
+def float32_exp2_floor(c, y):
+    """The AVX-512 targets' arithmetic: r = y − floor(y) ∈ [0, 1) exact (vreduceps), Horner as
+    float32_exp2, 2^floor(y) exact (vscalefps)."""
+    y = y.astype(np.float32)
+    n = np.floor(y).astype(np.float32)
+    r = (y - n).astype(np.float32)
+    p = np.full_like(r, c[-1])
+    for coefficient in c[-2::-1]:
+        p = (p.astype(np.float64) * r + np.float64(coefficient)).astype(np.float32)
+    p = (p.astype(np.float64) * r + 1.0).astype(np.float32)
+    return p.astype(np.float64) * np.exp2(n.astype(np.float64))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--degree", type=int, default=DEGREE, help="degree of the polynomial")
     parser.add_argument("--base", type=int, choices=(2,), help="fit 2^r (SoftmaxExp2) instead")
+    parser.add_argument("--floor", action="store_true",
+                        help="with --base 2: r = y − floor(y) in [0, 1), the AVX-512 reduction")
     arguments = parser.parse_args()
     DEGREE = arguments.degree
     if arguments.base == 2:  # the range of its arguments, their function, the fit, its evaluation
         low, function, (coefficients, fitted), evaluate = (
-            -126.0, np.exp2, fit_base_two(DEGREE), float32_exp2)
-        name, first = f"base 2, degree {DEGREE}", "r"
+            -126.0, np.exp2, fit_base_two(DEGREE, 0.0 if arguments.floor else -0.5),
+            float32_exp2_floor if arguments.floor else float32_exp2)
+        name, first = f"base 2{', r in [0, 1)' if arguments.floor else ''}, degree {DEGREE}", "r"
     else:
         low, function, (coefficients, fitted), evaluate = -87.0, np.exp, fit(DEGREE), float32_exp
         name, first = f"degree {DEGREE}", "r^2"

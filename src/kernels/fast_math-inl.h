@@ -25,9 +25,10 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// p·2ⁿ by vscalefps (n_float holds n) with the lanes outside `normal` zeroed in p first: their
-// result would be subnormal or underflow, which costs Intel's cores a microcode assist per vector
-// (ReducedExp says more). The zeroing joins the caller's last operation on p ({z} masking).
+// p·2ⁿ by vscalefps, n = floor(n_float) (n itself, or ReducedExp2's y), with the lanes outside
+// `normal` zeroed in p first: their result would be subnormal or underflow, which costs Intel's
+// cores a microcode assist per vector (ReducedExp says more). The zeroing joins the caller's last
+// operation on p ({z} masking).
 template <class D>
 HWY_INLINE hn::Vec<D> ZeroedOrScaled(D d, hn::Mask<D> normal, hn::Vec<D> p, hn::Vec<D> n_float) {
   p = hn::IfThenElseZero(normal, p);
@@ -134,59 +135,78 @@ HWY_INLINE hn::Vec<D> RoundedProbabilityExp(D d, hn::Vec<D> x) {
   return ReducedExp<4>(d, x);
 }
 
-// 2^r − 1 = r·P(r) for |r| ≤ 1/2, P of degree kDegree − 1 fitted for the relative error of 2^r
-// (tools/fit_exp.py --base 2 --degree kDegree), by Horner: P(r), to be multiplied by r.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The AVX-512 targets reduce y = floor(y) + r with r ∈ [0, 1) in one instruction (vreduceps) and
+// leave floor(y) to vscalefps, which takes it itself; the others round to nearest through the
+// exponent field's constant, |r| ≤ 1/2. The polynomials below are fitted for each range.
+constexpr bool kFloorReduction = true;
+
+// y − floor(y) ∈ [0, 1), exact: vreduceps with no fraction bits kept, rounding down, and the
+// precision exception suppressed (imm8 0x09).
+template <class D>
+HWY_INLINE hn::Vec<D> FractionAboveFloor(D d, hn::Vec<D> y) {
+  if constexpr (hn::MaxLanes(d) == 16) {
+    return hn::Vec<D>{_mm512_reduce_ps(y.raw, 0x09)};
+  } else if constexpr (hn::MaxLanes(d) == 8) {
+    return hn::Vec<D>{_mm256_reduce_ps(y.raw, 0x09)};
+  } else {
+    return hn::Vec<D>{_mm_reduce_ps(y.raw, 0x09)};
+  }
+}
+#else
+constexpr bool kFloorReduction = false;
+#endif
+
+// 2^r − 1 = r·P(r), P of degree kDegree − 1 fitted for the relative error of 2^r on the reduced
+// range (kFloorReduction: r ∈ [0, 1), tools/fit_exp.py --base 2 --floor --degree kDegree;
+// otherwise |r| ≤ 1/2, tools/fit_exp.py --base 2 --degree kDegree), by Horner: P(r), to be
+// multiplied by r. The errors are of the whole 2^y evaluated in float32 on [−126, 0].
 template <int kDegree, class D>
 HWY_INLINE hn::Vec<D> TwoToReducedPolynomial(D d, hn::Vec<D> r) {
   static_assert(kDegree == 6 || kDegree == 5 || kDegree == 4, "fitted degrees: 6, 5 and 4");
-  hn::Vec<D> p;
-  if constexpr (kDegree == 6) {  // 7.7e−8 relative evaluated in float32, as SoftmaxExp
-    p = hn::Set(d, 1.5353341587e-04F);
-    p = hn::MulAdd(p, r, hn::Set(d, 1.3398872688e-03F));
-    p = hn::MulAdd(p, r, hn::Set(d, 9.6184378490e-03F));
-    p = hn::MulAdd(p, r, hn::Set(d, 5.5503323674e-02F));
-    p = hn::MulAdd(p, r, hn::Set(d, 2.4022647738e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 6.9314718246e-01F));
-  } else if constexpr (kDegree == 5) {  // 1.6e−7 relative evaluated in float32
-    p = hn::Set(d, 1.3264698209e-03F);
-    p = hn::MulAdd(p, r, hn::Set(d, 9.6715083346e-03F));
-    p = hn::MulAdd(p, r, hn::Set(d, 5.5507339537e-02F));
-    p = hn::MulAdd(p, r, hn::Set(d, 2.4022242427e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 6.9314700365e-01F));
-  } else {  // 2.9e−6 relative (RoundedProbabilityExp's 5.4e−6 carried the reduction's error)
-    p = hn::Set(d, 9.5828166232e-03F);
-    p = hn::MulAdd(p, r, hn::Set(d, 5.5906366557e-02F));
-    p = hn::MulAdd(p, r, hn::Set(d, 2.4024099112e-01F));
-    p = hn::MulAdd(p, r, hn::Set(d, 6.9312417507e-01F));
-  }
+  constexpr float kCoefficients[2][3][6] = {
+      // |r| ≤ 1/2, lowest power first: degree 4 (2.9e−6 relative; RoundedProbabilityExp's 5.4e−6
+      // carried the reduction's error), 5 (1.6e−7), 6 (7.7e−8, as SoftmaxExp)
+      {{6.9312417507e-01F, 2.4024099112e-01F, 5.5906366557e-02F, 9.5828166232e-03F},
+       {6.9314700365e-01F, 2.4022242427e-01F, 5.5507339537e-02F, 9.6715083346e-03F,
+        1.3264698209e-03F},
+       {6.9314718246e-01F, 2.4022647738e-01F, 5.5503323674e-02F, 9.6184378490e-03F,
+        1.3398872688e-03F, 1.5353341587e-04F}},
+      // r ∈ [0, 1): degree 4 (3.0e−6), 5 (1.4e−7), 6 (7.6e−8)
+      {{6.9304484129e-01F, 2.4128006399e-01F, 5.2242763340e-02F, 1.3426504098e-02F},
+       {6.9315129519e-01F, 2.4016445875e-01F, 5.5799894035e-02F, 9.0170586482e-03F,
+        1.8671167782e-03F},
+       {6.9314706326e-01F, 2.4022930861e-01F, 5.5485282093e-02F, 9.6754496917e-03F,
+        1.2467865599e-03F, 2.1612839191e-04F}}};
+  const float* c = kCoefficients[kFloorReduction ? 1 : 0][kDegree - 4];
+  hn::Vec<D> p = hn::Set(d, c[kDegree - 1]);
+  for (int power = kDegree - 2; power >= 0; --power) p = hn::MulAdd(p, r, hn::Set(d, c[power]));
   return p;
 }
 
 // 2^y for the forward's online softmax in base 2: its scores carry log2 e in their scale, so
 // y = (score − running max) is the natural argument times log2 e and 2^y = e^x. The reduction
-// y = n + r (n = nearest(y), |r| ≤ 1/2) is exact in one subtraction where e^x's Cody–Waite needs
-// two multiply-adds, and the rounding of n is an add and a subtract where e^x's takes a
-// multiply-add: three operations fewer on the multiply pipes per score. 2^r = 1 + r·P(r)
+// y = n + r is exact where e^x's Cody–Waite needs two multiply-adds: on AVX-512 n = floor(y) and
+// r ∈ [0, 1) in one vreduceps (n is vscalefps's business), elsewhere n = nearest(y) through the
+// exponent field's constant (an add and a subtract) and r = y − n, |r| ≤ 1/2. 2^r = 1 + r·P(r)
 // (TwoToReducedPolynomial). 2ⁿ as in ReducedExp: vscalefps on AVX-512 with the lanes below 2⁻¹²⁶
 // zeroed first (no subnormal results, −∞ gives 0; a NaN stays NaN, vscalefps's result for a NaN
 // power), elsewhere the exponent field, exactly 0 below −127.
 template <int kDegree, class D>
 HWY_INLINE hn::Vec<D> ReducedExp2(D d, hn::Vec<D> y) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // r = y − floor(y) in one operation where rounding through 1.5·2²³ and subtracting took three;
+  // vscalefps multiplies by 2^floor(y) from y itself.
   const auto normal = hn::Ge(y, hn::Set(d, -126.0F));
-  const auto magic = hn::Set(d, 12582912.0F);  // 1.5·2²³: the sum has unit steps
-  const auto n_float = hn::Sub(hn::Add(y, magic), magic);
+  const auto r = FractionAboveFloor(d, y);
+  const auto p = TwoToReducedPolynomial<kDegree>(d, r);
+  return ZeroedOrScaled(d, normal, hn::MulAdd(p, r, hn::Set(d, 1.0F)), y);
 #else
   y = hn::Max(hn::Set(d, -127.0F), y);         // the constant first: a NaN stays NaN
   const auto magic = hn::Set(d, 12583039.0F);  // 1.5·2²³ + 127: n's biased exponent in the low bits
   const auto n_biased = hn::Add(y, magic);
-  const auto n_float = hn::Sub(n_biased, magic);
-#endif
-  const auto r = hn::Sub(y, n_float);  // exact: |r| ≤ 1/2
+  const auto r = hn::Sub(y, hn::Sub(n_biased, magic));  // exact: |r| ≤ 1/2
   const auto p = TwoToReducedPolynomial<kDegree>(d, r);
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  return ZeroedOrScaled(d, normal, hn::MulAdd(p, r, hn::Set(d, 1.0F)), n_float);
-#else
   return OnePlusTimesPowerOfTwo(d, hn::Mul(p, r), n_biased);  // q = 2^r − 1
 #endif
 }

@@ -220,7 +220,8 @@ TEST_P(FastMath, SoftmaxExpExactAtZeroAndZeroFarBelowAndAtMinusInfinity) {
 }
 
 // tools/fit_exp.py --base 2: the reduction is exact, so the float32 Horner evaluation alone, 7.9e−8
-// relative on [−126, 0] (about 1 ulp); 2e−7 as for SoftmaxExp. Up to 8 above 0 as well (the
+// relative on [−126, 0] (about 1 ulp; 7.6e−8 for AVX-512's r ∈ [0, 1), --floor); 2e−7 as for
+// SoftmaxExp. Up to 8 above 0 as well (the
 // forward's arguments never exceed 0; the same accuracy holds there).
 TEST_P(FastMath, SoftmaxExp2WithinAFewUlpsOfDoubleExp2DownToMinus126) {
   EXPECT_LT(worst_relative_to_exp2(softmax_exp2), 2e-7) << "target " << hwy::TargetName(GetParam());
@@ -261,12 +262,12 @@ TEST_P(FastMath, SoftmaxShiftedExp2WithinAFewUlpsOfDoubleExp2ForEveryFoldedShift
 }
 
 // The fp32 backward's P = 2^(S − lse): tools/fit_exp.py --base 2 --degree 5 gives 1.64e−7 relative
-// in float32 (the reduction is exact); 2.5e−7 fails a wrong coefficient by far (degree 4 in its
-// place reads 2.9e−6). Up to 8 above 0: recomputed scores may pass
-// the forward's log-sum-exp by some ulps, and a row's lone key gives 2⁰ = 1 exactly; 0 from −127
-// on and at −∞ (masked keys); a NaN stays NaN: x86's max keeps it on the exponent-field targets,
-// and on AVX-512 vscalefps returns NaN for a NaN power though the lane was zeroed first (an
-// expectation of 0 there, written without an AVX-512 machine, failed on Zen 4).
+// in float32 (1.43e−7 with AVX-512's --floor; the reduction is exact); 2.5e−7 fails a wrong
+// coefficient by far (degree 4 in its place reads 2.9e−6). Up to 8 above 0: recomputed scores may
+// pass the forward's log-sum-exp by some ulps, and a row's lone key gives 2⁰ = 1 exactly; 0 from
+// −127 on and at −∞ (masked keys); a NaN stays NaN: x86's max keeps it on the exponent-field
+// targets, and on AVX-512 vscalefps returns NaN for a NaN power though the lane was zeroed first
+// (an expectation of 0 there, written without an AVX-512 machine, failed on Zen 4).
 TEST_P(FastMath, ProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
   EXPECT_LT(worst_relative_to_exp2(probability_exp2), 2.5e-7)
       << "target " << hwy::TargetName(GetParam());
@@ -281,7 +282,8 @@ TEST_P(FastMath, ProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
   }
 }
 
-// tools/fit_exp.py --base 2 --degree 4: 2.87e−6 relative in float32 (the reduction adds nothing);
+// tools/fit_exp.py --base 2 --degree 4: 2.87e−6 relative in float32, 2.97e−6 with AVX-512's --floor
+// (the reduction adds nothing);
 // 3.5e−6 fails a wrong coefficient by far. Arguments up to 8: the bf16 path's lazy step.
 TEST_P(FastMath, RoundedProbabilityExp2WithinThreeAndAHalfMillionths) {
   EXPECT_LT(worst_relative_to_exp2(rounded_probability_exp2), 3.5e-6)
