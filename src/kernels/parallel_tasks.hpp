@@ -73,20 +73,27 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
 #pragma omp parallel num_threads(threads)
   {
     auto scratch = make_scratch();
-    if (scratch.memory == nullptr) {
+    const bool usable = scratch.memory != nullptr;
+    if (!usable) {
 #pragma omp critical(attn_scratch_refused)
       {
         out_of_memory = true;
         refused_bytes = scratch.memory.get_deleter().bytes;
       }
-    } else {
-      const int thread = omp_get_thread_num();
-      if (schedule == TaskSchedule::kDynamic) {
+    }
+    // Every thread of the team meets the worksharing loop, as OpenMP requires of all or none (a
+    // thread that skipped it left the others' loop barrier waiting on a thread that never came);
+    // one without scratch takes its tasks and runs none: the call throws anyway.
+    const int thread = omp_get_thread_num();
+    if (schedule == TaskSchedule::kDynamic) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; ++task) body(task, scratch, thread);
-      } else {
+      for (int64_t task = 0; task < tasks; ++task) {
+        if (usable) body(task, scratch, thread);
+      }
+    } else {
 #pragma omp for schedule(static, 1)
-        for (int64_t task = 0; task < tasks; ++task) body(task, scratch, thread);
+      for (int64_t task = 0; task < tasks; ++task) {
+        if (usable) body(task, scratch, thread);
       }
     }
   }

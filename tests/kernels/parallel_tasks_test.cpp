@@ -1,8 +1,8 @@
 // The kernels' thread helpers (src/kernels/parallel_tasks.hpp): useful_threads' bounds,
 // run_parallel_tasks running every task once, on at most the threads asked for, in the calling
 // thread when one is asked for, and naming the kernel and the bytes when a thread's scratch is
-// missing;
-// for_each_index visiting every index once, serially or on the threads.
+// missing (every thread's or one of several); for_each_index visiting every index once, serially or
+// on the threads.
 #include "kernels/parallel_tasks.hpp"
 
 #include <gtest/gtest.h>
@@ -128,6 +128,31 @@ TEST(RunParallelTasks, NamesTheKernelAndTheBytesWhenScratchIsMissing) {
         "flash_attention_forward: could not allocate 3145728 bytes (3 MiB) of per-thread scratch "
         "memory");
     EXPECT_FALSE(ran) << threads << " threads";
+  }
+}
+
+// One thread's scratch refused, the others' allocated: the call still throws (after the other
+// threads ran their tasks), no task runs without scratch, and no thread waits for ever on one that
+// left the worksharing loop (every thread of the team must meet it).
+TEST(RunParallelTasks, ThrowsWhenOneThreadOfSeveralHasNoScratch) {
+  const ThreadCount count(3);
+  for (const TaskSchedule schedule : {TaskSchedule::kDynamic, TaskSchedule::kStatic}) {
+    std::atomic<int> without_scratch{0};
+    EXPECT_THROW_MESSAGE(
+        run_parallel_tasks(
+            9, "flash_attention_backward", schedule,
+            [] {
+              if (omp_get_thread_num() == 1)
+                return FakeScratch{ScratchMemory(nullptr, ScratchFree{5 << 10})};
+              return allocated_scratch();
+            },
+            [&](int64_t, FakeScratch& scratch, int) {
+              if (scratch.memory == nullptr) without_scratch.fetch_add(1);
+            }),
+        AllocationError,
+        "flash_attention_backward: could not allocate 5120 bytes (5 KiB) of per-thread scratch "
+        "memory");
+    EXPECT_EQ(without_scratch.load(), 0);
   }
 }
 
