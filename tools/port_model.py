@@ -9,9 +9,9 @@ vector (one vector of queries against one key) as the kernel runs them at head s
   QK product   d multiply-adds        (Gemm<false>'s register tile)
   P·V product  dv multiply-adds       (Gemm<true>'s register tile)
   softmax      one max, one exp       (ForwardKeyTile's loops over a key tile, 4 vectors each:
-                                      on AVX-512 the lazy step's one loop, which tracks the
-                                      tile's maximum as it exponentiates; on AVX2 the full
-                                      step's pass for the maximum and its exponentials')
+                                      on AVX-512 the lazy step's one loop, which reads a rise
+                                      of the maximum from the sums, so no max; on AVX2 the
+                                      full step's pass for the maximum and its exponentials')
   additive     h terms w/(e·f+1), two per reciprocal (AdditiveScoreRows, exponential form;
                replaces QK), and its softmax in base e: the full step's pass for the maximum and
                its exponentials by Cody–Waite reduction
@@ -119,10 +119,10 @@ def target_loops(library, table, target):
     small = lambda body: len(body) < 12 * tile // 4 + 10
     exp_marker = "vscalefps" if target == "AVX3" else "vpslld"
     # The dot-product forward's P is in base 2 (no Cody–Waite reduction, whose negated
-    # multiply-adds mark the additive kernel's base-e softmax in the same function); on AVX-512 its
-    # lazy step's loop also takes the tile's maximum, one vmaxps per vector.
+    # multiply-adds mark the additive kernel's base-e softmax in the same function); on AVX-512 the
+    # lazy step's loop takes no maximum (no vmaxps: a rise is read from the sums).
     cody_waite = ("vfnmadd132ps", "vfnmadd213ps", "vfnmadd231ps")
-    lazy_max = 4 if target == "AVX3" else None
+    lazy_max = 0 if target == "AVX3" else None
     found = {
         "qk": find_loop(library, table, rf"attn::{namespace}::Gemm<false, {re.escape(simd)}",
                         lambda b: fmas(b, register) == tile and small(b)),

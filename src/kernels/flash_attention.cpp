@@ -508,6 +508,26 @@ HWY_INLINE bool OnlineSoftmaxStepOver(D d, size_t vectors, size_t bc, size_t br,
 // (below, and the bf16 path's) rescales: P ≤ 2⁸ stays far from float's range, and the sums and
 // O taken with the old maximum are what the full step's would be, times 2^(max − old max).
 constexpr float kLazyMaxMargin = 8.0F;
+// Whether a lazy step's row sum of P = 2^(S − max) shows a score above the maximum by more than
+// kLazyMaxMargin: such a P exceeds 2^margin, and so does its sum (a key tile of scores at most the
+// maximum sums to at most Bc ≤ 128 < 2^margin). Read from the sums, not from a running maximum of
+// the scores, which cost a vmaxps per 16 scores in the lazy steps' loops; a tile of many scores a
+// little above the maximum may read as risen too, and takes the rescale or the full step, exact
+// either way.
+static_assert(flash_detail::kKeyTile < 256 && flash_detail::kKeyTileBF16 < 256,
+              "a key tile of scores at most the maximum must sum below 2^kLazyMaxMargin");
+template <class D>
+HWY_INLINE hn::Mask<D> RoseAboveMargin(D d, hn::Vec<D> sum) {
+  return hn::Gt(sum, hn::Set(d, std::exp2(kLazyMaxMargin)));
+}
+
+// floor(log2 x) for a positive normal x, as a float: its exponent field less the bias.
+template <class D>
+HWY_INLINE hn::Vec<D> BinaryExponent(D d, hn::Vec<D> x) {
+  const hn::RebindToSigned<D> di;
+  return hn::ConvertTo(d, hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, x)), hn::Set(di, 127)));
+}
+
 // The rise above which the fp32 lazy step's P may have overflowed (2^(S − old max) ≥ 2¹²⁸) or its
 // column sums may (Bc = 64 terms of 2¹²⁰ stay below 2¹²⁶): its Sᵀ is recomputed for the full step.
 constexpr float kLazyRescaleLimit = 120.0F;
@@ -526,29 +546,27 @@ enum class LazyOutcome {
 
 // The fp32 forward's step in base 2 where every row already has a finite running maximum:
 // P = 2^(S − max) with the maximum kept, so that O's rescale (a multiply per element of O per key
-// tile) and a pass of its own over Sᵀ for the tile's maximum (OnlineSoftmaxMax) are left out; the
-// tile's maximum is tracked in the exponentials' pass. A row whose scores rose above its maximum
-// by more than kLazyMaxMargin takes the full step's arithmetic after the pass: its maximum raised
-// to the tile's, its P and sum multiplied by 2^(old − new), the same factor in s.row_rescale for O.
-// Over the first kVectors query vectors (those holding a query), as OnlineSoftmaxStep.
+// tile) and a pass of its own over Sᵀ for the tile's maximum (OnlineSoftmaxMax) are left out. A
+// row whose scores rose above its maximum by more than kLazyMaxMargin has a P above 2^margin, so
+// a sum above it (RoseAboveMargin): it takes the full step's arithmetic after the pass, its
+// maximum raised by the exponent of its largest P (read from P, in a pass only such rows need), its
+// P and sum multiplied by 2^(old − new), the same factor in s.row_rescale for O. Over the first
+// kVectors query vectors (those holding a query), as OnlineSoftmaxStep.
 template <size_t kVectors, class D>
 HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   const V minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
-  V shift[kVectors], sum[kVectors], tile_max[kVectors];
+  V shift[kVectors], sum[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
     shift[g] = hn::Load(d, s.row_max + g * lanes);
     if (!hn::AllFalse(d, hn::Eq(shift[g], minus_infinity))) return LazyOutcome::kIntact;
     sum[g] = hn::Zero(d);
-    tile_max[g] = minus_infinity;
   }
   for (size_t j = 0; j < bc; ++j) {
     for (size_t g = 0; g < kVectors; ++g) {
       float* score = s.scores + j * br + g * lanes;
-      const V x = hn::Load(d, score);
-      tile_max[g] = hn::Max(tile_max[g], x);
-      const V p = ProbabilityExp2(d, hn::Sub(x, shift[g]));
+      const V p = ProbabilityExp2(d, hn::Sub(hn::Load(d, score), shift[g]));
       hn::Store(p, d, score);
       sum[g] = hn::Add(sum[g], p);
     }
@@ -556,9 +574,10 @@ HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   bool raised = false;
   hn::Mask<D> past_margin[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
-    if (!hn::AllFalse(d, hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyRescaleLimit)))))
+    // A P above 2^kLazyRescaleLimit (an overflow included) makes its sum larger still.
+    if (!hn::AllFalse(d, hn::Gt(sum[g], hn::Set(d, std::exp2(kLazyRescaleLimit)))))
       return LazyOutcome::kRecompute;
-    past_margin[g] = hn::Gt(tile_max[g], hn::Add(shift[g], hn::Set(d, kLazyMaxMargin)));
+    past_margin[g] = RoseAboveMargin(d, sum[g]);
     raised = raised || !hn::AllFalse(d, past_margin[g]);
   }
   if (!raised) {
@@ -568,10 +587,19 @@ HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
     }
     return LazyOutcome::kKept;
   }
-  // Rows past the margin take the tile's maximum; the others keep theirs (factor 2⁰ = 1 exactly).
+  // Rows past the margin: their largest P, 2^(tile max − old max), gives the rise's integer part,
+  // its exponent e ≥ 2 (Bc ≤ 64 terms sum above 2⁸); the maximum rises by e, and the rescaled P
+  // stay below 2. The other rows keep theirs (factor 2⁰ = 1 exactly).
+  V largest[kVectors];
+  for (size_t g = 0; g < kVectors; ++g) largest[g] = hn::Zero(d);
+  for (size_t j = 0; j < bc; ++j) {
+    for (size_t g = 0; g < kVectors; ++g)
+      largest[g] = hn::Max(largest[g], hn::Load(d, s.scores + j * br + g * lanes));
+  }
   V factor[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
-    const V row_max = hn::IfThenElse(past_margin[g], tile_max[g], shift[g]);
+    const V rise = hn::Max(hn::Zero(d), BinaryExponent(d, largest[g]));
+    const V row_max = hn::IfThenElse(past_margin[g], hn::Add(shift[g], rise), shift[g]);
     factor[g] = SoftmaxExp2(d, hn::Sub(shift[g], row_max));
     hn::Store(row_max, d, s.row_max + g * lanes);
     hn::Store(factor[g], d, s.row_rescale + g * lanes);
@@ -962,13 +990,12 @@ using FloatVector = hn::Vec<hn::ScalableTag<float>>;
 // P = 2^(c·S − shift) for a key tile's Sᵀ (bc × Br; c = `scale`, 1 where Sᵀ holds scaled
 // scores; the bf16 path's softmax is in base 2, ForwardArgs::base_two), two keys at a time straight
 // into bf16 pairs of adjacent keys (s.probability_pairs; a key past bc is 0), never stored as
-// floats; P's column sums added to `sum` and, with kTrackMax, the maximum of Sᵀ per query
-// (unscaled) to `tile_max`. Over the first kVectors query vectors (those holding a query), as the
-// steps below.
-template <bool kTrackMax, size_t kVectors>
+// floats; P's column sums added to `sum`. Over the first kVectors query vectors (those holding a
+// query), as the steps below.
+template <size_t kVectors>
 ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, FloatVector scale,
                                                      Scratch& s, const FloatVector* shift,
-                                                     FloatVector* sum, FloatVector* tile_max) {
+                                                     FloatVector* sum) {
   const hn::ScalableTag<float> d;
   const FloatVector minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
   for (size_t j = 0; j < bc; j += 2) {
@@ -976,7 +1003,6 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
       const FloatVector even_score = hn::Load(d, s.scores + j * br + g * 16);
       const FloatVector odd_score =
           j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
-      if constexpr (kTrackMax) tile_max[g] = hn::Max(tile_max[g], hn::Max(even_score, odd_score));
       // c·S − shift in one rounding: the multiply-add costs what the subtraction did.
       const FloatVector even = RoundedProbabilityExp2(d, hn::MulSub(scale, even_score, shift[g]));
       const FloatVector odd = RoundedProbabilityExp2(d, hn::MulSub(scale, odd_score, shift[g]));
@@ -995,34 +1021,30 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
   FloatVector shift[kVectors], sum[kVectors];
   OnlineSoftmaxMax<kVectors, true>(d, bc, br, s, shift, scale);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
-  ExponentialsToPairs<false, kVectors>(bc, br, hn::Set(d, scale), s, shift, sum, nullptr);
+  ExponentialsToPairs<kVectors>(bc, br, hn::Set(d, scale), s, shift, sum);
   AddToRowSums<kVectors>(d, sum, s);
 }
 
 // The bf16 path's step once every row has a finite running maximum: P = 2^(S − max) with the
 // maximum kept (every rescale factor 1: the caller skips O's rescale, and s.row_rescale is not
-// written), the tile's own maximum tracked in the same pass instead of a pass of its own over Sᵀ
-// (OnlineSoftmaxMax). Returns false, leaving nothing that the full step would not overwrite, when
-// a row has no finite maximum yet or its scores rose above it by more than kLazyMaxMargin; the
+// written), with no pass over Sᵀ for the tile's maximum (OnlineSoftmaxMax). Returns false, leaving
+// nothing that the full step would not overwrite, when a row has no finite maximum yet or its
+// scores rose above it by more than kLazyMaxMargin (RoseAboveMargin, read from its sum); the
 // scores are intact then, and the caller takes the full step.
 template <size_t kVectors>
 ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, float scale,
                                                         Scratch& s) {
   const hn::ScalableTag<float> d;
   const FloatVector minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const FloatVector factor = hn::Set(d, scale);
-  FloatVector shift[kVectors], sum[kVectors], tile_max[kVectors];
+  FloatVector shift[kVectors], sum[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
     shift[g] = hn::Load(d, s.row_max + g * 16);
     if (!hn::AllFalse(d, hn::Eq(shift[g], minus_infinity))) return false;
     sum[g] = hn::Zero(d);
-    tile_max[g] = minus_infinity;
   }
-  ExponentialsToPairs<true, kVectors>(bc, br, factor, s, shift, sum, tile_max);
-  const FloatVector margin = hn::Set(d, kLazyMaxMargin);
+  ExponentialsToPairs<kVectors>(bc, br, hn::Set(d, scale), s, shift, sum);
   for (size_t g = 0; g < kVectors; ++g) {
-    if (!hn::AllFalse(d, hn::Gt(hn::Mul(tile_max[g], factor), hn::Add(shift[g], margin))))
-      return false;
+    if (!hn::AllFalse(d, RoseAboveMargin(d, sum[g]))) return false;
   }
   for (size_t g = 0; g < kVectors; ++g)
     hn::Store(hn::Add(hn::Load(d, s.row_sum + g * 16), sum[g]), d, s.row_sum + g * 16);
