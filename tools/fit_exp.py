@@ -56,31 +56,30 @@ def fit_base_two(degree=DEGREE, low=-0.5):
     return c.astype(np.float32), relative.max()
 
 
+def float32_two_to(c, n, r):
+    """2^(n + r) as the kernels finish it: 1 + r·P(r) by Horner with one rounding per multiply-add
+    (computed in double, rounded to float32), times 2^n exactly."""
+    p = np.full_like(r, c[-1])
+    for coefficient in c[-2::-1]:
+        p = (p.astype(np.float64) * r + np.float64(coefficient)).astype(np.float32)
+    p = (p.astype(np.float64) * r + 1.0).astype(np.float32)
+    return p.astype(np.float64) * np.exp2(n.astype(np.float64))
+
+
 def float32_exp2(c, y):
-    """SoftmaxExp2's arithmetic: n = nearest(y) through 1.5·2²³, r = y − n exact, Horner with one
-    rounding per multiply-add (computed in double, rounded to float32), 2^n exact."""
+    """SoftmaxExp2's arithmetic off AVX-512: n = nearest(y) through 1.5·2²³, r = y − n exact."""
     y = y.astype(np.float32)
     magic = np.float32(12582912.0)
     n = ((y + magic).astype(np.float32) - magic).astype(np.float32)
-    r = (y - n).astype(np.float32)
-    p = np.full_like(r, c[-1])
-    for coefficient in c[-2::-1]:
-        p = (p.astype(np.float64) * r + np.float64(coefficient)).astype(np.float32)
-    p = (p.astype(np.float64) * r + 1.0).astype(np.float32)
-    return p.astype(np.float64) * np.exp2(n.astype(np.float64))
+    return float32_two_to(c, n, (y - n).astype(np.float32))
 
 
 def float32_exp2_floor(c, y):
-    """The AVX-512 targets' arithmetic: r = y − floor(y) ∈ [0, 1) exact (vreduceps), Horner as
-    float32_exp2, 2^floor(y) exact (vscalefps)."""
+    """The AVX-512 targets' arithmetic: r = y − floor(y) ∈ [0, 1) exact (vreduceps), 2^floor(y)
+    by vscalefps."""
     y = y.astype(np.float32)
     n = np.floor(y).astype(np.float32)
-    r = (y - n).astype(np.float32)
-    p = np.full_like(r, c[-1])
-    for coefficient in c[-2::-1]:
-        p = (p.astype(np.float64) * r + np.float64(coefficient)).astype(np.float32)
-    p = (p.astype(np.float64) * r + 1.0).astype(np.float32)
-    return p.astype(np.float64) * np.exp2(n.astype(np.float64))
+    return float32_two_to(c, n, (y - n).astype(np.float32))
 
 
 if __name__ == "__main__":
