@@ -2,7 +2,8 @@
 # Derives the polynomial of SoftmaxExp (src/kernels/fast_math-inl.h): e^r ≈ 1 + r + r²·C(r) on
 # |r| ≤ ln2/2, the range left after the Cody–Waite reduction x = n·ln2 + r, with C of degree
 # DEGREE − 2 fitted for the smallest maximum relative error by iteratively reweighted least
-# squares, then checked in float32 Horner arithmetic, reduction included, as the kernel evaluates it.
+# squares, then checked in float32 Horner arithmetic, reduction included, as the kernel evaluates
+# it.
 # --degree 4 gives RoundedProbabilityExp's quartic (the bf16 forward's P, rounded to bf16 next).
 # --base 2 fits SoftmaxExp2 instead: 2^r ≈ 1 + r·P(r) on |r| ≤ 1/2 (the exact reduction y = n + r),
 # P of degree DEGREE − 1, checked in float32 Horner arithmetic as that kernel evaluates it; with
