@@ -904,9 +904,13 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
   const auto n = static_cast<size_t>(args.q.rows), depth = static_cast<size_t>(args.q.cols);
   const size_t head_size = n * depth, task_size = static_cast<size_t>(group) * head_size;
   const int64_t heads = args.q.batch * args.q.heads;
+  // Each thread's sum and row, allocated here: a std::bad_alloc thrown inside the OpenMP region
+  // could not leave it (std::terminate), while here it reaches the caller.
+  std::vector<float> buffers(2 * depth * static_cast<size_t>(omp_get_max_threads()));
 #pragma omp parallel
   {
-    std::vector<float> sum(depth), row(depth);
+    float* sum = buffers.data() + 2 * depth * static_cast<size_t>(omp_get_thread_num());
+    float* row = sum + depth;
 #pragma omp for schedule(static)
     for (int64_t head = 0; head < heads; ++head) {
       const int64_t b = head / args.q.heads, h = head % args.q.heads;
@@ -914,13 +918,13 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
       const size_t first = static_cast<size_t>(b * args.k.heads + kv_head) * chunks * task_size +
                            static_cast<size_t>(h - kv_head * group) * head_size;
       for (size_t i = 0; i < n; ++i) {
-        std::fill(sum.begin(), sum.end(), 0.0F);
+        std::fill(sum, sum + depth, 0.0F);
         for (size_t chunk = 0; chunk < chunks; ++chunk) {
           const float* part = partial.data() + first + chunk * task_size + i * depth;
           for (size_t t = 0; t < depth; ++t) sum[t] += part[t];
         }
-        WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, sum.data(), depth,
-                         args.options.scale, row.data());
+        WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, sum, depth, args.options.scale,
+                         row);
       }
     }
   }
