@@ -18,6 +18,7 @@ by side count. Needs `perf` (linux-perf) and a Release build; e.g.
 import argparse
 import collections
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,8 @@ def main():
     parser.add_argument("bench_args", nargs=argparse.REMAINDER,
                         help="after --: attn bench's arguments (one case and one size)")
     args = parser.parse_args()
+    if shutil.which("perf") is None:
+        sys.exit("sample_shares.py needs perf: apt-get install linux-perf (Debian)")
     bench_args = [a for a in args.bench_args if a != "--"]
     builds = [tuple(item.split("=", 1)) for item in args.lib]
     with tempfile.TemporaryDirectory() as folder:
