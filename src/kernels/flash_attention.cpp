@@ -589,7 +589,7 @@ HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   }
   // Rows past the margin: their largest P, 2^(tile max − old max), gives the rise's integer part,
   // its exponent e ≥ 2 (Bc ≤ 64 terms sum above 2⁸); the maximum rises by e, and the rescaled P
-  // stay below 2. The other rows keep theirs (factor 2⁰ = 1 exactly).
+  // stay below 2. The other rows keep theirs (factor 2⁰ = 1 exactly; their e is not used).
   V largest[kVectors];
   for (size_t g = 0; g < kVectors; ++g) largest[g] = hn::Zero(d);
   for (size_t j = 0; j < bc; ++j) {
@@ -598,8 +598,8 @@ HWY_INLINE LazyOutcome LazySoftmaxStep(D d, size_t bc, size_t br, Scratch& s) {
   }
   V factor[kVectors];
   for (size_t g = 0; g < kVectors; ++g) {
-    const V rise = hn::Max(hn::Zero(d), BinaryExponent(d, largest[g]));
-    const V row_max = hn::IfThenElse(past_margin[g], hn::Add(shift[g], rise), shift[g]);
+    const V row_max =
+        hn::IfThenElse(past_margin[g], hn::Add(shift[g], BinaryExponent(d, largest[g])), shift[g]);
     factor[g] = SoftmaxExp2(d, hn::Sub(shift[g], row_max));
     hn::Store(row_max, d, s.row_max + g * lanes);
     hn::Store(factor[g], d, s.row_rescale + g * lanes);

@@ -221,8 +221,8 @@ TEST_P(FastMath, SoftmaxExpExactAtZeroAndZeroFarBelowAndAtMinusInfinity) {
 
 // tools/fit_exp.py --base 2: the reduction is exact, so the float32 Horner evaluation alone, 7.9e−8
 // relative on [−126, 0] (about 1 ulp; 7.6e−8 for AVX-512's r ∈ [0, 1), --floor); 2e−7 as for
-// SoftmaxExp. Up to 8 above 0 as well (the
-// forward's arguments never exceed 0; the same accuracy holds there).
+// SoftmaxExp. Up to 8 above 0 as well (the forward's arguments never exceed 0; the same accuracy
+// holds there).
 TEST_P(FastMath, SoftmaxExp2WithinAFewUlpsOfDoubleExp2DownToMinus126) {
   EXPECT_LT(worst_relative_to_exp2(softmax_exp2), 2e-7) << "target " << hwy::TargetName(GetParam());
 }
@@ -283,8 +283,8 @@ TEST_P(FastMath, ProbabilityExp2WithinAFewUlpsOfDoubleExp2) {
 }
 
 // tools/fit_exp.py --base 2 --degree 4: 2.87e−6 relative in float32, 2.97e−6 with AVX-512's --floor
-// (the reduction adds nothing);
-// 3.5e−6 fails a wrong coefficient by far. Arguments up to 8: the bf16 path's lazy step.
+// (the reduction adds nothing); 3.5e−6 fails a wrong coefficient by far. Arguments up to 8: the
+// bf16 path's lazy step.
 TEST_P(FastMath, RoundedProbabilityExp2WithinThreeAndAHalfMillionths) {
   EXPECT_LT(worst_relative_to_exp2(rounded_probability_exp2), 3.5e-6)
       << "target " << hwy::TargetName(GetParam());
