@@ -28,6 +28,7 @@
 #include "attn/core/threads.hpp"
 #include "attn/io/files.hpp"
 #include "attn/kernels/amx.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/simd_target.hpp"
 #include "bench/attention_cases.hpp"
 #include "bench/ceilings.hpp"
@@ -109,6 +110,7 @@ struct BenchReport {
   std::string cpu;
   std::string simd_target;  // the kernels' Highway target in this run
   std::string amx;          // amx_status(): whether the bf16 forward runs on AMX tiles
+  std::string bf16_dot;     // bf16_dot_status(): vdpbf16ps, or bf16 widened to fp32
   std::string load_before;
   std::string load_after;
   std::string sgemm_library;
@@ -237,6 +239,7 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   report.cpu = cpu_description();
   report.simd_target = simd_target();
   report.amx = amx_status();
+  report.bf16_dot = bf16_dot_status();
   report.load_before = load_average();
   report.sgemm_library = bench::sgemm_library();
   const bool verbose = !options.json;
@@ -401,7 +404,7 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
             << "heads/4 key/value heads); median of " << options.repeats
             << " passes after one warm-up\n"
             << "machine: " << report.cpu << "; kernels on Highway target " << report.simd_target
-            << "; " << report.amx << "\n"
+            << "; " << report.amx << "; " << report.bf16_dot << "\n"
             << "load average (1, 5, 15 min): " << report.load_before << " before, "
             << report.load_after << " after\n";
   for (const auto& [threads, peak] : report.peaks) {
@@ -505,6 +508,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
   document["machine"] = report.cpu;
   document["simd_target"] = report.simd_target;
   document["amx"] = report.amx;
+  document["bf16_dot"] = report.bf16_dot;
   document["load_average_before"] = report.load_before;
   document["load_average_after"] = report.load_after;
   document["sgemm_library"] = report.sgemm_library;

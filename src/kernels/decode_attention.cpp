@@ -28,9 +28,9 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/decode_attention.hpp"
 #include "kernels/cache_sizes.hpp"
-#include "kernels/cpu_features.hpp"
 #include "kernels/parallel_tasks.hpp"
 #include "kernels/prefetch.hpp"
 #include "kernels/score_masks.hpp"
@@ -1598,13 +1598,15 @@ inline bool BroadcastsScores(CacheDType dtype, size_t rows, int64_t keys) {
 }
 
 // Whether a task of kMinPairRows rows or more may score bf16 keys on vdpbf16ps
-// (FourRowScoresOnPairs, EightRowScoresOnPairs, ScoresOnPairs): where the target and CPU have it,
+// (FourRowScoresOnPairs, EightRowScoresOnPairs, ScoresOnPairs): where the target has it and
+// bf16_dot_in_use() (on Intel's cores the widened keys' fp32 products ran level at 4 and 16 rows a
+// key/value head and 12% faster at 64, Emerald Rapids; docs/benchmarks.md),
 // d is even and every key row starts at a 4-byte boundary (the pairs are read in place). Its
 // queries decide the rest (QueryPairs).
 inline bool KeysReadAsPairs(const CacheTensorView& keys) {
   return kScoresOnPairs && keys.dtype == CacheDType::kBFloat16 && keys.cols % 2 == 0 &&
          reinterpret_cast<uintptr_t>(keys.data) % 4 == 0 && keys.row_stride % 2 == 0 &&
-         keys.head_stride % 2 == 0 && keys.batch_stride % 2 == 0 && cpu_has_avx512_bf16();
+         keys.head_stride % 2 == 0 && keys.batch_stride % 2 == 0 && bf16_dot_in_use();
 }
 
 // Task (b, g)'s queries as bf16 pairs of adjacent dimensions, unscaled (the products scale the

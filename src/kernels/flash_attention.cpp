@@ -26,6 +26,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/amx.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
 #include "kernels/cache_sizes.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/dropout_hash.hpp"
@@ -1278,9 +1279,13 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
 constexpr bool kBFloat16Path = false;
 #endif
 
-// Whether bf16 inputs take FlashForwardTileBF16 under this target on this CPU.
-bool NativeBFloat16() {
-  return kBFloat16Path && cpu_has_avx512_bf16();
+// Whether bf16 inputs with heads of `depth` take FlashForwardTileBF16 under this target on this
+// CPU: on AMX tiles where they are in use and take the depth, on vdpbf16ps where bf16_dot_in_use();
+// elsewhere they widen to fp32 (vdpbf16ps makes half the fp32 FMAs' products per cycle on Intel's
+// cores, bfloat16_dot.hpp).
+bool NativeBFloat16(int64_t depth) {
+  if (!kBFloat16Path || !cpu_has_avx512_bf16()) return false;
+  return (amx_tiles_in_use() && depth % 32 == 0) || bf16_dot_in_use();
 }
 
 // Query rows [first_query, first_query + rows) of query head (b, h): a task's.
@@ -1325,7 +1330,8 @@ void FlashForward(const ForwardArgs& call) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
-  const bool bf16_pairs = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
+  const bool bf16_pairs =
+      call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16(call.q.cols);
   // The softmax in base 2 for dot-product scores (the modifiers scaled to match,
   // ApplyScoreModifiers' unit; FlashForwardTileBF16's steps are in base 2 throughout).
   ForwardArgs args = call;
@@ -1476,8 +1482,8 @@ void RunForward(flash_detail::ForwardArgs args, ReadMagnitudes* read) {
 
 }  // namespace
 
-bool flash_attention_bfloat16_native() {
-  return HWY_DYNAMIC_DISPATCH(NativeBFloat16)();
+bool flash_attention_bfloat16_native(int64_t depth) {
+  return HWY_DYNAMIC_DISPATCH(NativeBFloat16)(depth);
 }
 
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,

@@ -1064,8 +1064,10 @@ void RunBackward(flash_backward_detail::BackwardArgs& args, BackwardReadMagnitud
 }  // namespace
 
 bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth) {
-  if (!flash_attention_bfloat16_native()) return false;
-  return !amx_tiles_in_use() || (depth % 32 == 0 && value_depth % 32 == 0);
+  if (amx_tiles_in_use()) {
+    return depth % 32 == 0 && value_depth % 32 == 0 && flash_attention_bfloat16_native(depth);
+  }
+  return flash_attention_bfloat16_native(depth);
 }
 
 void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView v,

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "attn/kernels/amx.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
 #include "cli_fixture.hpp"
 
 namespace attn {
@@ -256,6 +257,9 @@ TEST_F(CliTest, BenchRunsTheKernelsOnTheSimdTargetItIsGiven) {
   // Whether the bf16 forward runs on AMX tiles: this machine's answer, in the text and the JSON.
   EXPECT_EQ(report["amx"], amx_status());
   EXPECT_NE(result.out.find("; " + amx_status()), std::string::npos) << result.out;
+  // And whether bf16 multiplies on vdpbf16ps or widens to fp32.
+  EXPECT_EQ(report["bf16_dot"], bf16_dot_status());
+  EXPECT_NE(result.out.find("; " + bf16_dot_status() + "\n"), std::string::npos) << result.out;
 }
 
 }  // namespace

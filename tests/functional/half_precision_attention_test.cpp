@@ -77,9 +77,10 @@ Tensor contiguous(const ConstStridedView& view) {
   return copy;
 }
 
-// True when the kernel widens bf16 to fp32 (and fp16 always): results are then the float path's.
-bool widened_kernel(HalfType type) {
-  return type == HalfType::kFloat16 || !flash_attention_bfloat16_native();
+// True when the kernel widens bf16 to fp32 on heads of `depth` (and fp16 always): results are then
+// the float path's.
+bool widened_kernel(HalfType type, int64_t depth) {
+  return type == HalfType::kFloat16 || !flash_attention_bfloat16_native(depth);
 }
 
 // The half forward pass of q, k, v against the float overload on the same values (`wide_*`).
@@ -114,7 +115,7 @@ void expect_forward_matches(HalfType type, HalfView q, HalfView k, HalfView v,
   }
   const AttentionForward expected = scaled_dot_product_attention(wide_q, wide_k, wide_v, options);
   ASSERT_EQ(expected.output.numel(), out_shape.numel());
-  if (widened_kernel(type)) {
+  if (widened_kernel(type, q.dim(-1))) {
     int64_t mismatches = 0;
     for (int64_t e = 0; e < out_shape.numel(); ++e) {
       const uint16_t want = float_to_half_bits(type, expected.output.data()[e]);

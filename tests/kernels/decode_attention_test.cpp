@@ -15,6 +15,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
 #include "every_simd_target.hpp"
 #include "sdpa_reference.hpp"
 #include "test_support.hpp"
@@ -124,8 +125,9 @@ class DecodeAttention : public testing::EverySimdTarget {};
 
 // With `bf16_queries` the queries are rounded to bf16 first, as a bf16 call's queries arrive: with
 // a bf16 cache and 3 or more rows a key/value head, AVX-512 targets on CPUs with AVX512-BF16 then
-// compute both products on vdpbf16ps (FourRowScoresOnPairs, EightRowScoresOnPairs, ScoresOnPairs,
-// ValuesOnPairs); queries that bf16 does not hold keep the fp32 products.
+// compute both products on vdpbf16ps where bf16_dot_in_use() (FourRowScoresOnPairs,
+// EightRowScoresOnPairs, ScoresOnPairs, ValuesOnPairs); queries that bf16 does not hold keep the
+// fp32 products.
 void check(const Case& c, CacheDType dtype, uint64_t seed, bool bf16_queries = false) {
   SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) +
                " B=" + std::to_string(c.batch) + " Hq=" + std::to_string(c.q_heads) +
@@ -293,6 +295,11 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       check(c, dtype, seed++);
     }
     check(c, CacheDType::kBFloat16, seed++, true);
+    // vdpbf16ps wherever the CPU has it (by default only where it outpaces fp32 FMAs: AMD's).
+    const Bf16DotUse before = bf16_dot_use();
+    set_bf16_dot_use(Bf16DotUse::kAlways);
+    check(c, CacheDType::kBFloat16, seed++, true);
+    set_bf16_dot_use(before);
   }
 }
 

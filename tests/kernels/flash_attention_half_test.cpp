@@ -17,6 +17,7 @@
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
 #include "attn/kernels/amx.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "every_simd_target.hpp"
 #include "sdpa_reference.hpp"
@@ -214,7 +215,7 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
   flash_attention_forward(type, q16.view(), k16.view(), v16.view(), lengths, options, out16.view(),
                           lse.data());
 
-  const bool native = type == HalfType::kBFloat16 && flash_attention_bfloat16_native();
+  const bool native = type == HalfType::kBFloat16 && flash_attention_bfloat16_native(c.depth);
   if (!native) {
     // Widened to fp32 as packed: the fp32 kernel on the widened values, rounded once.
     std::vector<float> out32(out16.bits.size());
@@ -400,12 +401,54 @@ class ScopedAmxUse {
   AmxUse before_;
 };
 
+// Whether `target` is one of those with the bf16 kernels (AVX3, AVX3_DL).
+bool AvxThreeTarget(int64_t target) {
+  return target == HWY_AVX3 || target == HWY_AVX3_DL;
+}
+
+// Sets bf16_dot_use() for a test's lifetime.
+class ScopedBf16DotUse {
+ public:
+  explicit ScopedBf16DotUse(Bf16DotUse use) : before_(bf16_dot_use()) { set_bf16_dot_use(use); }
+  ~ScopedBf16DotUse() { set_bf16_dot_use(before_); }
+  ScopedBf16DotUse(const ScopedBf16DotUse&) = delete;
+  ScopedBf16DotUse& operator=(const ScopedBf16DotUse&) = delete;
+
+ private:
+  Bf16DotUse before_;
+};
+
 // vdpbf16ps where the target has AVX512-BF16 (widened elsewhere), AMX tiles off: on CPUs with
-// AMX the default would put these shapes on the tiles, leaving the vector products unchecked.
+// AMX the default would put these shapes on the tiles, and on Intel's cores without tiles widen
+// them to fp32 (vdpbf16ps slower there), leaving the vector products unchecked.
 TEST_P(FlashAttentionHalf, BFloat16MatchesReferenceOnRoundedInputs) {
   const ScopedAmxUse vectors(AmxUse::kNever);
+  const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+  EXPECT_EQ(flash_attention_bfloat16_native(16),
+            AvxThreeTarget(GetParam()) && bf16_dot_available());
   Rng rng(81);
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
+}
+
+// With neither tiles nor vdpbf16ps (Intel's cores without AMX, by default) bf16 widens to fp32:
+// check_case then asserts every output and gradient bit-equal to the fp32 pass's, rounded once.
+TEST_P(FlashAttentionHalf, BFloat16WidenedMatchesTheFloatPass) {
+  const ScopedAmxUse vectors(AmxUse::kNever);
+  const ScopedBf16DotUse widened(Bf16DotUse::kNever);
+  EXPECT_FALSE(flash_attention_bfloat16_native(64));
+  EXPECT_FALSE(flash_attention_bfloat16_backward_native(64, 64));
+  Rng rng(86);
+  for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
+}
+
+// The default without tiles: vdpbf16ps only where it outpaces fp32 FMAs (AMD's cores).
+TEST_P(FlashAttentionHalf, BFloat16TakesTheDotProductsOnlyWhereFaster) {
+  const ScopedAmxUse vectors(AmxUse::kNever);
+  const ScopedBf16DotUse default_use(Bf16DotUse::kWhereFaster);
+  EXPECT_EQ(flash_attention_bfloat16_native(64),
+            AvxThreeTarget(GetParam()) && bf16_dot_outpaces_fma());
+  EXPECT_EQ(flash_attention_bfloat16_native(20),
+            AvxThreeTarget(GetParam()) && bf16_dot_outpaces_fma());
 }
 
 // Shapes for the AMX path (depths a multiple of 32): value depths off the 32-column tiles, key
@@ -432,6 +475,7 @@ const HalfCase kAmxCases[] = {
 // The AMX shapes (depths of whole tiles) on vdpbf16ps, AMX tiles off.
 TEST_P(FlashAttentionHalf, BFloat16AmxShapesOnVectorsMatchReference) {
   const ScopedAmxUse vectors(AmxUse::kNever);
+  const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
   Rng rng(85);
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
 }
@@ -439,9 +483,9 @@ TEST_P(FlashAttentionHalf, BFloat16AmxShapesOnVectorsMatchReference) {
 // The tolerance is the vdpbf16ps path's: the tiles' products are the same bf16 pairs, summed in
 // fp32 in another order.
 TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
-  if (!flash_attention_bfloat16_native())
-    GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
   const ScopedAmxUse model(AmxUse::kModel);
+  if (!flash_attention_bfloat16_native(64))
+    GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
   // As on AMX hardware, the backward's products go on the tiles where both depths fill them, and
   // otherwise leave vdpbf16ps for the widened fp32 pass (check_case then asserts its gradients
   // bit-equal to the float pass's, rounded).
@@ -452,19 +496,36 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
 }
 
-// Without tiles the backward's products follow the forward's: vdpbf16ps wherever it has them.
+// Without tiles the backward's products follow the forward's: vdpbf16ps wherever it takes them.
 TEST_P(FlashAttentionHalf, BFloat16BackwardOnVectorsWhereTheForwardIs) {
   const ScopedAmxUse vectors(AmxUse::kNever);
-  EXPECT_EQ(flash_attention_bfloat16_backward_native(64, 64), flash_attention_bfloat16_native());
-  EXPECT_EQ(flash_attention_bfloat16_backward_native(20, 36), flash_attention_bfloat16_native());
+  for (const Bf16DotUse use : {Bf16DotUse::kNever, Bf16DotUse::kWhereFaster, Bf16DotUse::kAlways}) {
+    const ScopedBf16DotUse dot(use);
+    EXPECT_EQ(flash_attention_bfloat16_backward_native(64, 64),
+              flash_attention_bfloat16_native(64));
+    EXPECT_EQ(flash_attention_bfloat16_backward_native(20, 36),
+              flash_attention_bfloat16_native(20));
+  }
+}
+
+// On tiles, depths that fill no whole tile take vdpbf16ps in the forward only where it is in use.
+TEST_P(FlashAttentionHalf, BFloat16DepthsOffTheTilesFollowTheDotProducts) {
+  const ScopedAmxUse model(AmxUse::kModel);
+  if (!flash_attention_bfloat16_native(64))
+    GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
+  for (const Bf16DotUse use : {Bf16DotUse::kNever, Bf16DotUse::kAlways}) {
+    const ScopedBf16DotUse dot(use);
+    EXPECT_TRUE(flash_attention_bfloat16_native(32));
+    EXPECT_EQ(flash_attention_bfloat16_native(20), use == Bf16DotUse::kAlways);
+  }
 }
 
 TEST_P(FlashAttentionHalf, BFloat16OnAmxMatchesReference) {
   if (!amx_available())
     GTEST_SKIP() << "no AMX-BF16 on this CPU, or Linux refused this process the tile state";
-  if (!flash_attention_bfloat16_native())
-    GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
   const ScopedAmxUse hardware(AmxUse::kWhereAvailable);
+  if (!flash_attention_bfloat16_native(64))
+    GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
   Rng rng(84);
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);

@@ -102,9 +102,9 @@ void scaled_dot_product_attention_backward(
 // and errors are the float overloads'. The forward pass runs the half kernel
 // (flash_attention_forward in attn/kernels/flash_attention.hpp), reading the inputs in place when
 // their last axis is contiguous: scores, softmax and sums in fp32, the output rounded once to
-// `type` (to nearest even). fp16, and bf16 on CPUs without bf16 dot products, give exactly the
-// float overload's result on the widened inputs, rounded once; with them
-// (flash_attention_bfloat16_native()), bf16 rounds the probabilities to bf16 before P·V, as
+// `type` (to nearest even). fp16, and bf16 where bf16 products are not faster than fp32 FMAs,
+// give exactly the float overload's result on the widened inputs, rounded once; where they are
+// (flash_attention_bfloat16_native(d)), bf16 rounds the probabilities to bf16 before P·V, as
 // PyTorch does, adding at most 2⁻⁸·Σ_j P_ij·|v_j| to an output. Values so large that the float
 // path scales them down (bf16 near float's maximum) are computed by the float overload on the
 // widened inputs, then rounded.
@@ -135,9 +135,10 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
                                                   const AttentionOptions& options = {});
 // The backward pass in half precision, read in place, each gradient of query, key and value
 // rounded once to `type` (grad_query, grad_key and grad_value shaped as their inputs, any
-// strides); grad_mask and grad_sinks as the float overload's. fp16, and bf16 on CPUs without bf16
-// dot products or with AMX tiles and head sizes that are not multiples of 32 (where vdpbf16ps is
-// no faster than fp32), give exactly the float overload's gradients on the widened inputs,
+// strides); grad_mask and grad_sinks as the float overload's. fp16, and bf16 where bf16 products
+// are not faster than fp32 FMAs (CPUs without bf16 dot products, Intel's without AMX tiles, and
+// on AMX tiles head sizes that are not multiples of 32), give exactly the float overload's
+// gradients on the widened inputs,
 // rounded once; elsewhere (flash_attention_bfloat16_backward_native(d, dv): vdpbf16ps, or AMX
 // tiles for whole 64 × 64 tiles), every product runs on bf16 pairs and the
 // probabilities and score gradients enter dV, dK and dQ rounded to bf16, as FlashAttention's bf16

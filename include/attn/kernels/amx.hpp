@@ -8,12 +8,14 @@ namespace attn {
 
 // Where the bf16 fused forward (AVX-512 targets with AVX512-BF16) computes Sᵀ = K·Qᵀ and P·V, and
 // the bf16 backward its five products:
-// - kNever: vdpbf16ps in vector registers;
-// - kWhereAvailable (the default): AMX tiles where amx_available(), vdpbf16ps elsewhere;
+// - kNever: vdpbf16ps in vector registers where bf16_dot_in_use() (bfloat16_dot.hpp), else
+//   fp32 FMAs on widened bf16;
+// - kWhereAvailable (the default): AMX tiles where amx_available(), as kNever elsewhere;
 // - kModel: the AMX path's own code with each tile instruction carried out by a C++ model of it
 //   (slow; for tests on CPUs without AMX: it checks the layouts, tile shapes and padding).
-// Depths that are not a multiple of 32 stay on vdpbf16ps in the forward, and widen to fp32 in the
-// backward where tiles are in use (flash_attention_bfloat16_backward_native).
+// Depths that are not a multiple of 32 leave the tiles: on vdpbf16ps in the forward where
+// bf16_dot_in_use(), widened to fp32 otherwise and in the backward
+// (flash_attention_bfloat16_backward_native).
 enum class AmxUse { kNever, kWhereAvailable, kModel };
 
 // Whether this CPU has AMX-TILE and AMX-BF16 and Linux granted this process the tile state
@@ -27,7 +29,7 @@ AmxUse amx_use();
 void set_amx_use(AmxUse use);
 
 // Whether the bf16 kernels' products go to AMX tiles under the current choice: kModel, or
-// kWhereAvailable where amx_available() (depths that fill whole tiles; others stay on vdpbf16ps).
+// kWhereAvailable where amx_available() (depths that fill whole tiles; others leave them).
 bool amx_tiles_in_use();
 
 // One line for benchmark headers: "AMX-BF16 in use", "AMX-BF16 available, turned off (ATTN_AMX=0

@@ -5,8 +5,8 @@
 // read in its own precision (fp32, fp16, bf16 or int8 with a scale per row), converted in
 // registers, accumulated in fp32. One exception, PyTorch's bf16 arithmetic: a bf16 cache with 3 or
 // more query rows per key/value head whose queries are all bf16 values multiplies on vdpbf16ps
-// where the CPU has AVX512-BF16, P rounded to bf16 before P·V, as PyTorch's CPU kernels and attn's
-// prefill round it.
+// where it is in use (bf16_dot_in_use(): AVX512-BF16 on AMD's cores), P rounded to bf16 before
+// P·V, as PyTorch's CPU kernels and attn's prefill round it.
 #pragma once
 
 #include <cstdint>

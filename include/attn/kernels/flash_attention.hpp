@@ -46,10 +46,11 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
 
 // The same pass over half-precision q, k, v (all of `type`), written to `out` in `type`, as
 // PyTorch's bf16/fp16 attention: scores, softmax and the output accumulate in fp32, and the output
-// is rounded once (to nearest even). bf16 inputs run on the CPU's bf16 dot products (vdpbf16ps)
-// where it has them (flash_attention_bfloat16_native()); the probabilities then enter P·V rounded
-// to bf16, as PyTorch's and FlashAttention's bf16 kernels round them, which adds at most 2⁻⁸·Σ_j
-// P_ij·|v_j| to an output. Elsewhere, and for fp16, the kernel widens each row to fp32 as it
+// is rounded once (to nearest even). bf16 inputs run on bf16 products where they are faster than
+// fp32 FMAs — AMX tiles, or the CPU's bf16 dot products (vdpbf16ps) on AMD's cores; see
+// flash_attention_bfloat16_native(d) — and the probabilities then enter P·V rounded to bf16, as
+// PyTorch's and FlashAttention's bf16 kernels round them, which adds at most 2⁻⁸·Σ_j P_ij·|v_j|
+// to an output. Elsewhere, and for fp16, the kernel widens each row to fp32 as it
 // packs it and computes exactly as the fp32 pass does on the widened values. `read` as the fp32
 // pass's, in the floats the inputs widen to.
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
@@ -57,20 +58,20 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
                              const FlashAttentionOptions& options, HalfHeadsView out,
                              float* log_sum_exp = nullptr, ReadMagnitudes* read = nullptr);
 
-// True when this CPU runs bf16 attention on its bf16 dot-product instructions (AVX512-BF16:
-// Zen 4 and later, Cooper Lake and Sapphire Rapids and later) under the SIMD target dispatch
-// picks.
-bool flash_attention_bfloat16_native();
+// True when the bf16 forward pass on heads of `depth` (q, k) runs its products on bf16 pairs under
+// the SIMD target dispatch picks: on AMX tiles where they are in use (amx_tiles_in_use()) and
+// `depth` is a multiple of 32, on vdpbf16ps where bf16_dot_in_use() (AVX512-BF16 where it outpaces
+// fp32 FMAs: AMD's Zen 4 and later; bfloat16_dot.hpp). Elsewhere bf16 widens to fp32.
+bool flash_attention_bfloat16_native(int64_t depth);
 
 // True when the bf16 backward pass on heads of `depth` (q, k) and `value_depth` (v) runs its
-// products on bf16 pairs: where flash_attention_bfloat16_native(), on vdpbf16ps, or — where the
-// forward's products are on AMX tiles (amx_tiles_in_use(): hardware where amx_available(), or the
-// tile model) — on AMX tiles for every whole tile of 64 keys and 64 queries (vdpbf16ps for the
-// rest), which needs both depths multiples of 32. On AMX CPUs (Intel's Sapphire Rapids and later)
-// vdpbf16ps makes no more products per cycle than fp32 FMAs (the bf16 backward on it ran at
-// 0.55–0.73× the fp32 backward's speed on the Xeon of docs/benchmarks.md), so other depths widen
-// to fp32 there as fp16 does (the gradients then the float pass's on the widened inputs, rounded
-// once).
+// products on bf16 pairs: where the forward's products are on AMX tiles (amx_tiles_in_use():
+// hardware where amx_available(), or the tile model), on AMX tiles for every whole tile of 64 keys
+// and 64 queries (vdpbf16ps for the rest), which needs both depths multiples of 32; without tiles,
+// on vdpbf16ps where bf16_dot_in_use(). On Intel's cores vdpbf16ps makes half the fp32 FMAs'
+// products per cycle (the bf16 backward on it ran at 0.55–0.73× the fp32 backward's speed on the
+// Xeon of docs/benchmarks.md), so other depths, and every depth there without tiles, widen to fp32
+// as fp16 does (the gradients then the float pass's on the widened inputs, rounded once).
 bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth);
 
 // FlashAttention-2's backward pass: gradients of sum(out ⊙ grad_out) with respect to q, k, v,
