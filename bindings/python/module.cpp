@@ -19,6 +19,7 @@
 #include "attn/core/tensor_allocator.hpp"
 #include "attn/core/threads.hpp"
 #include "attn/kernels/amx.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/simd_target.hpp"
 #include "bindings.hpp"
 
@@ -177,6 +178,14 @@ NB_MODULE(_attn, module) {
       "Whether bf16 attention runs on the CPU's AMX tiles: 'no AMX', 'AMX-BF16 in use ...' (the\n"
       "default where the CPU and Linux offer them) or 'AMX-BF16 available, turned off ...'. Set\n"
       "ATTN_AMX=0 in the environment before importing attn to keep bf16 off the tiles.");
+
+  module.def(
+      "bf16_dot_status", [] { return attn::bf16_dot_status(); },
+      "Whether bf16 attention off the AMX tiles multiplies on the CPU's bf16 dot products\n"
+      "(vdpbf16ps) or widens bf16 to fp32: 'bf16 products on vdpbf16ps' (the default where they\n"
+      "outpace fp32 FMAs: AMD's Zen 4 and 5), 'bf16 widened to fp32 (...)' (Intel's cores, whose\n"
+      "vdpbf16ps makes half the FMAs' products per cycle; CPUs without AVX512-BF16). Set\n"
+      "ATTN_BF16_DOT=1 (always vdpbf16ps) or 0 (never) in the environment before importing attn.");
 
   module.def(
       "empty_cache", [] { attn::release_cached_tensor_storage(); },

@@ -199,6 +199,22 @@ def test_amx_status_says_whether_bf16_runs_on_tiles():
         assert status.startswith("AMX-BF16 in use"), status
 
 
+def test_bf16_dot_status_says_whether_bf16_widens():
+    status = attn.bf16_dot_status()
+    setting = os.environ.get("ATTN_BF16_DOT")
+    if status.startswith("no AVX512-BF16"):
+        return  # widened on every setting
+    if setting == "0":
+        assert status.startswith("bf16 widened to fp32 (vdpbf16ps turned off"), status
+    elif setting == "1":
+        assert status == "bf16 products on vdpbf16ps", status
+    else:  # by default vdpbf16ps only on AMD's cores, where it outpaces fp32 FMAs
+        with open("/proc/cpuinfo") as cpuinfo:
+            amd = "AuthenticAMD" in cpuinfo.read()
+        expected = "bf16 products on vdpbf16ps" if amd else "bf16 widened to fp32 (vdpbf16ps slower"
+        assert status.startswith(expected), status
+
+
 def test_simd_target_can_be_capped_and_restored():
     available = attn.available_simd_targets()
     assert available and attn.simd_target() == available[0]

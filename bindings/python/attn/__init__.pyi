@@ -127,6 +127,12 @@ def amx_status() -> str:
     """Whether bf16 attention runs on AMX tiles ('no AMX', 'AMX-BF16 in use ...', the default
     where the CPU has them, or 'AMX-BF16 available, turned off ...' under ATTN_AMX=0)."""
 
+def bf16_dot_status() -> str:
+    """Whether bf16 attention off the AMX tiles multiplies on vdpbf16ps ('bf16 products on
+    vdpbf16ps', the default where it outpaces fp32 FMAs: AMD's Zen 4 and 5) or widens bf16 to fp32
+    ('bf16 widened to fp32 (...)': Intel's cores, CPUs without AVX512-BF16; ATTN_BF16_DOT=1 or 0
+    forces either)."""
+
 def set_strict_inputs(strict: bool) -> None:
     """When strict, inputs that would need a copy (not float32 or not C-contiguous) are refused."""
 
