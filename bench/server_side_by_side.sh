@@ -23,9 +23,11 @@
 #   bench/server_side_by_side.sh kernel-tests [OUT]  every kernel test on every SIMD target the CPU
 #                                                runs, in shards side by side (OUT/kernel_tests.txt)
 #   bench/server_side_by_side.sh amx     [OUT]   the AMX tests, then bf16 on AMX tiles beside
-#                                                vdpbf16ps (ATTN_AMX=1 against 0), one run, and
+#                                                bf16 widened to fp32 (ATTN_AMX=0) and beside
+#                                                vdpbf16ps (ATTN_AMX=0 ATTN_BF16_DOT=1), one run;
 #                                                whether tile products overlap vector arithmetic
-#                                                (attn_amx_overlap_benchmarks, in the bundle)
+#                                                (attn_amx_overlap_benchmarks) and vdpbf16ps's
+#                                                rate (attn_bf16_dot_benchmarks), in the bundle
 #   bench/server_side_by_side.sh ggml    [OUT]   decoding beside ggml's flash_attn_ext (llama.cpp),
 #                                                F32 and F16 caches, interleaved rounds (issue 13)
 #   bench/server_side_by_side.sh module  [OUT]   builds attn's Python module there (before layers)
@@ -96,6 +98,7 @@ if [[ -z ${ATTN:-} && -x $bundle/bin/attn ]]; then
   kernels_test=$bundle/bin/kernels_test
   tile_bench=$bundle/bin/attn_tile_benchmarks
   overlap_bench=$bundle/bin/attn_amx_overlap_benchmarks
+  dot_bench=$bundle/bin/attn_bf16_dot_benchmarks
   ggml=${GGML:-$bundle/bin/ggml_decode_bench}
   libraries=$PWD/$bundle/lib
   # The bundle's OpenMP runtime only where the server has none of its own.
@@ -105,6 +108,7 @@ else
   kernels_test=$(dirname "$attn")/../tests/kernels/kernels_test
   tile_bench=$(dirname "$attn")/../bench/attn_tile_benchmarks
   overlap_bench=$(dirname "$attn")/../bench/attn_amx_overlap_benchmarks
+  dot_bench=$(dirname "$attn")/../bench/attn_bf16_dot_benchmarks
   ggml=${GGML:-build/ggml/ggml_decode_bench}
   libraries=$(cd "$(dirname "$attn")/../src/kernels" 2>/dev/null && pwd || true)
 fi
@@ -285,12 +289,19 @@ kernel-tests)
 amx)
   # Needs the Release build's test binaries too. The tests say SKIPPED where there is no AMX.
   "$kernels_test" --gtest_filter='*Amx*:*FlashAttentionHalf*' >"$out/amx_tests.txt" 2>&1 || true
+  # Tiles (amx1), widened (amx0), vdpbf16ps (amx0_dot1), rounds alternating.
   for round in 1 2; do
-    for use in 0 1; do
-      ATTN_AMX=$use "$attn" bench --cases fused,fused-bf16 --sizes "$sizes" --threads "$threads" \
-        --repeats "$repeats" --no-ceilings >"$out/bench_amx${use}_round$round.txt"
+    for setting in "1 " "0 " "0 1"; do
+      read -r use dot <<<"$setting"
+      ATTN_AMX=$use ATTN_BF16_DOT=${dot:-} "$attn" bench --cases fused,fused-bf16 \
+        --sizes "$sizes" --threads "$threads" --repeats "$repeats" --no-ceilings \
+        >"$out/bench_amx${use}${dot:+_dot$dot}_round$round.txt"
     done
   done
+  if [[ -x $dot_bench ]]; then
+    "$dot_bench" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+      >"$out/bf16_dot.txt" 2>&1 || true
+  fi
   # Overlap would read "16 dots + N FMAs" near the longer of the two alone; serialisation near
   # their sum (docs/benchmarks.md, "Emerald Rapids again").
   if [[ -x $overlap_bench ]]; then

@@ -5,7 +5,8 @@
 #   bash scripts/pack-server.sh      # → build/server and build/server.tar.xz (carry the archive)
 #
 # build/server/bin holds the CLI, the kernel tests, ggml_decode_bench (when scripts/build-ggml.sh
-# made it), attn_tile_benchmarks and attn_amx_overlap_benchmarks (when the build has them);
+# made it), attn_tile_benchmarks, attn_amx_overlap_benchmarks and attn_bf16_dot_benchmarks (when
+# the build has them);
 # build/server/lib every shared library they load except the C and C++ runtimes, which the
 # server's own (newer) ones serve; build/server/lib-fallback the OpenMP runtime, used only where the
 # server has none (bench/server_side_by_side.sh decides). bench/server_side_by_side.sh finds the
@@ -24,6 +25,7 @@ done
 [[ -x $build/bench/attn_tile_benchmarks ]] && binaries+=("$build/bench/attn_tile_benchmarks")
 [[ -x $build/bench/attn_amx_overlap_benchmarks ]] &&
   binaries+=("$build/bench/attn_amx_overlap_benchmarks")
+[[ -x $build/bench/attn_bf16_dot_benchmarks ]] && binaries+=("$build/bench/attn_bf16_dot_benchmarks")
 
 rm -rf "$bundle" && mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/lib-fallback"
 cp "${binaries[@]}" "$bundle/bin/"
