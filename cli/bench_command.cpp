@@ -239,7 +239,10 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   report.cpu = cpu_description();
   report.simd_target = simd_target();
   report.amx = amx_status();
-  report.bf16_dot = bf16_dot_status();
+  // Below AVX-512 (--simd-target) the kernels have no bf16 products, whatever the CPU offers.
+  report.bf16_dot = report.simd_target.starts_with("AVX3")
+                        ? bf16_dot_status()
+                        : "bf16 widened to fp32 (no bf16 products below AVX-512)";
   report.load_before = load_average();
   report.sgemm_library = bench::sgemm_library();
   const bool verbose = !options.json;
