@@ -7,20 +7,12 @@
 #include <fstream>
 #include <string>
 
+#include "scoped_bf16_products.hpp"
+
 namespace attn {
 namespace {
 
-// Sets bf16_dot_use() for a test's lifetime.
-class ScopedBf16DotUse {
- public:
-  explicit ScopedBf16DotUse(Bf16DotUse use) : before_(bf16_dot_use()) { set_bf16_dot_use(use); }
-  ~ScopedBf16DotUse() { set_bf16_dot_use(before_); }
-  ScopedBf16DotUse(const ScopedBf16DotUse&) = delete;
-  ScopedBf16DotUse& operator=(const ScopedBf16DotUse&) = delete;
-
- private:
-  Bf16DotUse before_;
-};
+using testing::ScopedBf16DotUse;
 
 // The first "vendor_id" line of /proc/cpuinfo ("AuthenticAMD", "GenuineIntel"), or "" without one.
 std::string vendor_from_cpuinfo() {

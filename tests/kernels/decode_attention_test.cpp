@@ -15,8 +15,8 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
-#include "attn/kernels/bfloat16_dot.hpp"
 #include "every_simd_target.hpp"
+#include "scoped_bf16_products.hpp"
 #include "sdpa_reference.hpp"
 #include "test_support.hpp"
 
@@ -296,10 +296,8 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
     }
     check(c, CacheDType::kBFloat16, seed++, true);
     // vdpbf16ps wherever the CPU has it (by default only where it outpaces fp32 FMAs: AMD's).
-    const Bf16DotUse before = bf16_dot_use();
-    set_bf16_dot_use(Bf16DotUse::kAlways);
+    const testing::ScopedBf16DotUse dot(Bf16DotUse::kAlways);
     check(c, CacheDType::kBFloat16, seed++, true);
-    set_bf16_dot_use(before);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "every_simd_target.hpp"
+#include "scoped_bf16_products.hpp"
 #include "sdpa_reference.hpp"
 #include "test_support.hpp"
 
@@ -389,34 +390,13 @@ const HalfCase kCases[] = {
     {2, 2, 1, 40, 150, 32, 32, true, -1, -1, true, false, false, 0.0F, 1.0F, 0.3F},  // dropout
 };
 
-// Sets amx_use() for a test's lifetime.
-class ScopedAmxUse {
- public:
-  explicit ScopedAmxUse(AmxUse use) : before_(amx_use()) { set_amx_use(use); }
-  ~ScopedAmxUse() { set_amx_use(before_); }
-  ScopedAmxUse(const ScopedAmxUse&) = delete;
-  ScopedAmxUse& operator=(const ScopedAmxUse&) = delete;
-
- private:
-  AmxUse before_;
-};
+using testing::ScopedAmxUse;
+using testing::ScopedBf16DotUse;
 
 // Whether `target` is one of those with the bf16 kernels (AVX3, AVX3_DL).
 bool AvxThreeTarget(int64_t target) {
   return target == HWY_AVX3 || target == HWY_AVX3_DL;
 }
-
-// Sets bf16_dot_use() for a test's lifetime.
-class ScopedBf16DotUse {
- public:
-  explicit ScopedBf16DotUse(Bf16DotUse use) : before_(bf16_dot_use()) { set_bf16_dot_use(use); }
-  ~ScopedBf16DotUse() { set_bf16_dot_use(before_); }
-  ScopedBf16DotUse(const ScopedBf16DotUse&) = delete;
-  ScopedBf16DotUse& operator=(const ScopedBf16DotUse&) = delete;
-
- private:
-  Bf16DotUse before_;
-};
 
 // vdpbf16ps where the target has AVX512-BF16 (widened elsewhere), AMX tiles off: on CPUs with
 // AMX the default would put these shapes on the tiles, and on Intel's cores without tiles widen

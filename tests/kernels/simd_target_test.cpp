@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
-#include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/flash_attention.hpp"
+#include "scoped_bf16_products.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -49,12 +49,7 @@ TEST_F(SimdTarget, EveryAvailableTargetCanBeChosenAndBestLiftsTheCap) {
 // the kernels must not reach them (Highway caches its dispatch; the cap has to reset it).
 TEST_F(SimdTarget, TheCapReachesTheKernelsDispatch) {
   const std::vector<std::string> available = available_simd_targets();
-  // vdpbf16ps wherever the CPU has it, for this test only.
-  struct DotAlways {
-    Bf16DotUse before = bf16_dot_use();
-    DotAlways() { set_bf16_dot_use(Bf16DotUse::kAlways); }
-    ~DotAlways() { set_bf16_dot_use(before); }
-  } const dot_always;
+  const testing::ScopedBf16DotUse dot(Bf16DotUse::kAlways);  // vdpbf16ps wherever the CPU has it
   if (!flash_attention_bfloat16_native(20)) {
     GTEST_SKIP() << "this CPU has no AVX512-BF16: the kernels' choice is not observable here";
   }
