@@ -226,6 +226,38 @@ TEST_F(CliTest, BenchCountsOnlyThePairsAWindowOrMaskLetsThrough) {
   EXPECT_NEAR(flops["fused-gqa"] / flops["fused-sdpa"], 1.0, 1e-9);
 }
 
+// Beside the median pass, the fastest one: its rate against the highest FMA rate of the run (the
+// peak's best repeat or a probe's, never below the peak), in the JSON and the table.
+TEST_F(CliTest, BenchReportsTheFastestPassAgainstTheHighestFmaRate) {
+  const CommandResult result = attn(
+      "bench --cases fused,fused-backward --sizes 40 --threads 1 --batch 1 --heads 2 "
+      "--head-dim 8 --repeats 3 --quick --json-out b.json");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json report = nlohmann::json::parse(read_text(path("b.json")));
+  ASSERT_EQ(report["fma_peak"].size(), 1U);
+  const double peak = report["fma_peak"][0]["gflops"].get<double>();
+  const double best_rate = report["fma_peak"][0]["best_rate"].get<double>();
+  EXPECT_GE(best_rate, peak);
+  EXPECT_GE(best_rate, report["fma_peak"][0]["probe_lowest"].get<double>());
+  ASSERT_EQ(report["cases"].size(), 2U);
+  for (const nlohmann::json& row : report["cases"]) {
+    const double ms = row["ms"].get<double>(), best_ms = row["best_ms"].get<double>();
+    EXPECT_GT(best_ms, 0.0) << row;
+    EXPECT_LE(best_ms, ms) << row;
+    // The same useful flops over either time.
+    EXPECT_NEAR(row["best_gflops"].get<double>() * best_ms, row["gflops"].get<double>() * ms,
+                1e-9 * row["gflops"].get<double>() * ms)
+        << row;
+    EXPECT_NEAR(row["best_peak_fraction"].get<double>(),
+                row["best_gflops"].get<double>() / best_rate, 1e-12)
+        << row;
+    EXPECT_NEAR(row["peak_fraction"].get<double>(), row["gflops"].get<double>() / peak, 1e-12)
+        << row;
+  }
+  EXPECT_NE(result.out.find("best ms"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("median and best of 2 passes"), std::string::npos) << result.out;
+}
+
 TEST_F(CliTest, BenchRejectsUnknownCasesAndBadSizes) {
   expect_error("bench --cases nope", "--cases: expected one of fused, plain");
   expect_error("bench --sizes 0", "--sizes");
