@@ -13,10 +13,12 @@
 namespace attn::cli {
 
 void rethrow_with_message(const Error& error, const std::string& message) {
-  if (dynamic_cast<const ShapeError*>(&error) != nullptr) throw ShapeError(message);
-  if (dynamic_cast<const ValueError*>(&error) != nullptr) throw ValueError(message);
-  if (dynamic_cast<const FileError*>(&error) != nullptr) throw FileError(message);
-  throw Error(message);
+  // The argument is a literal (Error's contract), so its view is null-terminated.
+  const char* argument = error.argument().data();
+  if (dynamic_cast<const ShapeError*>(&error) != nullptr) throw ShapeError(message, argument);
+  if (dynamic_cast<const ValueError*>(&error) != nullptr) throw ValueError(message, argument);
+  if (dynamic_cast<const FileError*>(&error) != nullptr) throw FileError(message, argument);
+  throw Error(message, argument);
 }
 
 void create_output_directory(const std::filesystem::path& directory, const std::string& option) {

@@ -27,26 +27,22 @@ struct HeatmapCommandOptions {
 };
 
 // save_heatmaps names itself in its messages ("save_heatmaps: ..."); the user gave a weights file,
-// options and --out. What a message is about, by what it names, with that in front instead.
+// options and --out: the source of the argument at fault goes in front instead.
 [[noreturn]] void rethrow_naming_source(const Error& error, const HeatmapCommandOptions& options) {
   std::string message = error.what();
   const std::string prefix = "save_heatmaps: ";
   if (message.starts_with(prefix)) message.erase(0, prefix.size());
-  const auto mentions = [&message](const char* text) {
-    return message.find(text) != std::string::npos;
-  };
+  // "path" and anything unnamed go to --out (a PNG too large to draw advises on panel_size too).
+  const std::string_view argument = error.argument();
   std::string source = "--out";
-  if (mentions("a PNG of")) {
-    source = "--out";  // too large to draw as a PNG; its advice names panel_size too
-  } else if (mentions("rows = ")) {
-    source = "--rows/--cols";
-  } else if (mentions("titles")) {
-    source = "--titles";
-  } else if (mentions("panel_size")) {
-    source = "--panel-size";
-  } else if (mentions("weights[") || mentions("weights of shape") ||
-             mentions("hold empty matrices") || mentions("hold no panels")) {
+  if (argument == "weights") {
     source = "weights " + options.weights;
+  } else if (argument == "rows, cols") {
+    source = "--rows/--cols";
+  } else if (argument == "titles") {
+    source = "--titles";
+  } else if (argument == "panel_size") {
+    source = "--panel-size";
   }
   rethrow_with_message(error, source + ": " + message);
 }

@@ -48,7 +48,8 @@ Format format_of(const std::filesystem::path& path, std::string_view caller) {
   if (extension == ".svg") return Format::kSvg;
   if (extension == ".pdf") return Format::kPdf;
   throw FileError(std::string(caller) + ": cannot save '" + path.string() +
-                  "': unknown extension '" + extension + "', expected .png, .svg or .pdf");
+                      "': unknown extension '" + extension + "', expected .png, .svg or .pdf",
+                  "path");
 }
 
 void throw_if_failed(cairo_status_t status, const std::filesystem::path& path,
@@ -291,20 +292,25 @@ void write_page(const std::filesystem::path& path, Format format, double width, 
                 double scale, const PagePainter& paint, std::string_view caller) {
   // Cairo writes in place, truncating first: drawing into a temporary file renamed over `path`
   // keeps the previous picture whole when a write fails (a full disk, a file-size limit).
-  file_access::write_atomically(path, [&](const std::filesystem::path& temporary) {
-    try {
-      draw_page(temporary, format, width, height, scale, paint, caller);
-    } catch (const FileError& error) {
-      // Name the file the caller asked for, not the temporary one.
-      std::string message = error.what();
-      const std::string temporary_name = temporary.string();
-      for (size_t at = message.find(temporary_name); at != std::string::npos;
-           at = message.find(temporary_name, at + 1)) {
-        message.replace(at, temporary_name.size(), path.string());
+  try {
+    file_access::write_atomically(path, [&](const std::filesystem::path& temporary) {
+      try {
+        draw_page(temporary, format, width, height, scale, paint, caller);
+      } catch (const FileError& error) {
+        // Name the file the caller asked for, not the temporary one.
+        std::string message = error.what();
+        const std::string temporary_name = temporary.string();
+        for (size_t at = message.find(temporary_name); at != std::string::npos;
+             at = message.find(temporary_name, at + 1)) {
+          message.replace(at, temporary_name.size(), path.string());
+        }
+        throw FileError(message);
       }
-      throw FileError(message);
-    }
-  });
+    });
+  } catch (const FileError& error) {
+    // Whatever failed (the folder, the temporary file, Cairo's write), the fault is the path's.
+    throw FileError(error.what(), "path");
+  }
 }
 
 }  // namespace attn::canvas

@@ -141,11 +141,13 @@ AxisPlan plan_axis(cairo_t* context, int64_t count, double cell,
   return plan;
 }
 
-void require_label_count(const std::vector<std::string>& labels, int64_t expected,
-                         const std::string& name, const std::string& what) {
+// name: the option's own name, a literal (the error keeps it as its argument).
+void require_label_count(const std::vector<std::string>& labels, int64_t expected, const char* name,
+                         const std::string& what) {
   if (!labels.empty() && static_cast<int64_t>(labels.size()) != expected) {
     throw ValueError("save_heatmaps: expected " + std::to_string(expected) + " " + name + " (" +
-                     what + ") or none, got " + std::to_string(labels.size()));
+                         what + ") or none, got " + std::to_string(labels.size()),
+                     name);
   }
 }
 
@@ -157,24 +159,29 @@ Grid infer_grid(const Shape& shape, int64_t rows, int64_t cols) {
     throw ShapeError(
         "save_heatmaps: weights must have rank 2 (n, m), 3 (panels, n, m) or 4 (rows, cols, n, "
         "m), got shape " +
-        shape.str());
+            shape.str(),
+        "weights");
   }
   Grid grid;
   grid.n = shape.dim(-2);
   grid.m = shape.dim(-1);
   if (grid.n == 0 || grid.m == 0) {
     throw ShapeError("save_heatmaps: " + shape_message(shape) +
-                     " hold empty matrices; n and m must be at least 1");
+                         " hold empty matrices; n and m must be at least 1",
+                     "weights");
   }
   const int64_t inferred_rows = rank == 4 ? shape[0] : 1;
   const int64_t inferred_cols = rank == 4 ? shape[1] : (rank == 3 ? shape[0] : 1);
   const int64_t panels = inferred_rows * inferred_cols;
-  if (panels == 0) throw ShapeError("save_heatmaps: " + shape_message(shape) + " hold no panels");
+  if (panels == 0) {
+    throw ShapeError("save_heatmaps: " + shape_message(shape) + " hold no panels", "weights");
+  }
   const std::string requested =
       "rows = " + std::to_string(rows) + ", cols = " + std::to_string(cols);
   if (rows < 0 || cols < 0) {
-    throw ShapeError("save_heatmaps: rows and cols must be 0 (inferred) or positive, got " +
-                     requested);
+    throw ShapeError(
+        "save_heatmaps: rows and cols must be 0 (inferred) or positive, got " + requested,
+        "rows, cols");
   }
   const std::string panels_message =
       "the " + std::to_string(panels) + " panels of " + shape_message(shape);
@@ -185,7 +192,8 @@ Grid infer_grid(const Shape& shape, int64_t rows, int64_t cols) {
     const int64_t given = std::max(rows, cols);
     if (panels % given != 0) {
       throw ShapeError("save_heatmaps: " + requested + " cannot arrange " + panels_message + ": " +
-                       std::to_string(given) + " does not divide " + std::to_string(panels));
+                           std::to_string(given) + " does not divide " + std::to_string(panels),
+                       "rows, cols");
     }
     grid.rows = rows == 0 ? panels / given : rows;
     grid.cols = cols == 0 ? panels / given : cols;
@@ -193,7 +201,8 @@ Grid infer_grid(const Shape& shape, int64_t rows, int64_t cols) {
     // Divided rather than multiplied so that huge requests cannot overflow.
     if (rows > panels || cols > panels / rows || rows * cols != panels) {
       throw ShapeError("save_heatmaps: " + requested + " does not match " + panels_message +
-                       " (rows × cols must equal " + std::to_string(panels) + ")");
+                           " (rows × cols must equal " + std::to_string(panels) + ")",
+                       "rows, cols");
     }
     grid.rows = rows;
     grid.cols = cols;
@@ -248,7 +257,8 @@ HeatmapLayout layout_heatmaps(const Grid& grid, const HeatmapOptions& options,
   const double panel_size = options.panel_size;
   if (!(panel_size >= kMinPanelSize && panel_size <= kMaxPanelSize)) {
     throw ValueError("save_heatmaps: panel_size must be between 1 and 14400 points, got " +
-                     std::to_string(panel_size));
+                         std::to_string(panel_size),
+                     "panel_size");
   }
 
   // Text is measured with the fonts the drawing will use.
@@ -366,11 +376,12 @@ double png_scale(const HeatmapLayout& layout) {
   const double scale = canvas::png_scale(layout.width, layout.height);
   if (scale > 0.0) return scale;
   throw ValueError("save_heatmaps: a PNG of " + std::to_string(layout.grid.rows) + " × " +
-                   std::to_string(layout.grid.cols) + " panels would be " +
-                   std::to_string(std::ceil(layout.width)) + " × " +
-                   std::to_string(std::ceil(layout.height)) +
-                   " pixels, more than Cairo's images hold (32767 a side, 64 Mi in all); use "
-                   "fewer panels, a smaller panel_size, or .svg / .pdf");
+                       std::to_string(layout.grid.cols) + " panels would be " +
+                       std::to_string(std::ceil(layout.width)) + " × " +
+                       std::to_string(std::ceil(layout.height)) +
+                       " pixels, more than Cairo's images hold (32767 a side, 64 Mi in all); use "
+                       "fewer panels, a smaller panel_size, or .svg / .pdf",
+                   "path");
 }
 
 namespace {
@@ -392,8 +403,9 @@ void require_finite(ConstTensorView weights) {
     position += (axis == 0 ? "" : ", ") + std::to_string(index[static_cast<size_t>(axis)]);
   }
   throw ValueError("save_heatmaps: weights[" + position + "] is " +
-                   (std::isnan(*bad) ? "nan" : (*bad > 0 ? "inf" : "-inf")) +
-                   "; attention weights must be finite");
+                       (std::isnan(*bad) ? "nan" : (*bad > 0 ? "inf" : "-inf")) +
+                       "; attention weights must be finite",
+                   "weights");
 }
 
 struct Rgb8 {
@@ -641,7 +653,8 @@ void save_heatmaps(ConstTensorView weights, const std::filesystem::path& path,
   using namespace heatmap_detail;
   const Grid grid = infer_grid(weights.shape(), options.rows, options.cols);
   if (weights.data() == nullptr) {
-    throw ValueError("save_heatmaps: weights of shape " + weights.shape().str() + " has no data");
+    throw ValueError("save_heatmaps: weights of shape " + weights.shape().str() + " has no data",
+                     "weights");
   }
   const canvas::Format format = canvas::format_of(path, kCaller);
   require_finite(weights);

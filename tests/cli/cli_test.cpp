@@ -820,6 +820,10 @@ TEST_F(CliTest, MessagesNameTheOptionOrFile) {
   expect_error("heatmap w.npy --out h.png --rows 2 --cols 2",
                "--rows/--cols: rows = 2, cols = 2 does not match");
   expect_error("heatmap w.npy --out h.png --panel-size 20000", "--panel-size: panel_size must be");
+  expect_error("heatmap w.npy --out h.png --panel-size 14000", "--out: a PNG of 1 × 3 panels");
+  save("none.npy", Tensor(Shape{0, 2, 2}));
+  expect_error("heatmap none.npy --out h.png",
+               "weights none.npy: weights (0, 2, 2) hold no panels");
   EXPECT_FALSE(fs::exists(path("h.png")));
   const CommandResult result = attn("heatmap w.npy --out h.png --panel-size 20000");
   EXPECT_EQ(result.err.find("save_heatmaps"), std::string::npos) << result.err;

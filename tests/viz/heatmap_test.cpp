@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -615,6 +616,55 @@ TEST_F(HeatmapFiles, ReportsShapeAndLabelErrorsBeforeWriting) {
   titles.titles = {"a", "b"};
   EXPECT_THROW_MESSAGE(save_heatmaps(Tensor(Shape{3, 2, 2}), path, titles), ValueError,
                        "expected 3 titles");
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// Each error carries the argument at fault (Error::argument), which the CLI turns into its own
+// option without reading the message.
+TEST_F(HeatmapFiles, EveryErrorNamesItsArgument) {
+  const auto argument_of = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& error) {
+      return std::string(error.argument());
+    }
+    return "(nothing thrown)";
+  };
+  const auto path = file("bad.png");
+  const auto with = [](const std::function<void(HeatmapOptions&)>& set) {
+    HeatmapOptions options;
+    set(options);
+    return options;
+  };
+  Tensor not_finite(Shape{2, 2});
+  not_finite(0, 1) = std::numeric_limits<float>::infinity();
+  const HeatmapOptions grid = with([](HeatmapOptions& o) { o.rows = 2, o.cols = 2; });
+  const HeatmapOptions undivided = with([](HeatmapOptions& o) { o.rows = 3; });
+  const HeatmapOptions negative = with([](HeatmapOptions& o) { o.cols = -1; });
+  const HeatmapOptions titles = with([](HeatmapOptions& o) { o.titles = {"a"}; });
+  const HeatmapOptions x_ticks = with([](HeatmapOptions& o) { o.x_tick_labels = {"a"}; });
+  const HeatmapOptions y_ticks = with([](HeatmapOptions& o) { o.y_tick_labels = {"a"}; });
+  const HeatmapOptions panel = with([](HeatmapOptions& o) { o.panel_size = 0.0; });
+  EXPECT_EQ(argument_of([&] { save_heatmaps(Tensor(Shape{5}), path); }), "weights");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(Tensor(Shape{2, 0}), path); }), "weights");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(Tensor(Shape{0, 2, 2}), path); }), "weights");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(not_finite, path); }), "weights");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(Tensor(Shape{3, 2, 2}), path, grid); }), "rows, cols");
+  EXPECT_EQ(argument_of([&] {
+              save_heatmaps(Tensor(Shape{4, 2, 2}), path, undivided);
+            }),
+            "rows, cols");
+  EXPECT_EQ(argument_of([&] {
+              save_heatmaps(Tensor(Shape{4, 2, 2}), path, negative);
+            }),
+            "rows, cols");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(Tensor(Shape{3, 2, 2}), path, titles); }), "titles");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(identity(2), path, x_ticks); }), "x_tick_labels");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(identity(2), path, y_ticks); }), "y_tick_labels");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(identity(2), path, panel); }), "panel_size");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(Tensor(Shape{1, 400, 2, 2}), path); }), "path");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(identity(2), file("picture.jpg")); }), "path");
+  EXPECT_EQ(argument_of([&] { save_heatmaps(identity(2), file("missing") / "a.png"); }), "path");
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 

@@ -14,6 +14,16 @@ namespace attn {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // With the argument at fault as the throwing function names it ("weights", "panel_size"), so
+  // that a caller which exposes it under another name (a CLI option) need not parse the message.
+  // `argument` must be a string literal: the error keeps the pointer (copying stays noexcept).
+  Error(const std::string& message, const char* argument)
+      : std::runtime_error(message), argument_(argument) {}
+  // The argument named at the throw, or "" where no single argument is at fault.
+  std::string_view argument() const noexcept { return argument_; }
+
+ private:
+  const char* argument_ = "";
 };
 
 // A tensor of the wrong rank or shape, or shapes that do not agree with each other.
