@@ -31,6 +31,64 @@ std::string python_type(nb::handle object) {
   return nb::type_name(object.type()).c_str();
 }
 
+// The scalar arguments of scaled_dot_product_attention, taken as objects and converted as
+// nanobind would (the same values accepted), so that a wrong type is a TypeError naming the
+// argument, in PyTorch's words as attn.torch's, instead of nanobind's list of every signature.
+[[noreturn]] void throw_argument_type(const char* name, const char* expected, nb::handle value) {
+  // The type qualified by its module unless a builtin: NumPy's bool is "numpy.bool", not "bool".
+  const nb::handle type = value.type();
+  const std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
+  const std::string qualified = nb::cast<std::string>(nb::str(type.attr("__qualname__")));
+  throw nb::type_error(("scaled_dot_product_attention(): argument '" + std::string(name) +
+                        "' must be " + expected + ", not " +
+                        (module == "builtins" ? qualified : module + "." + qualified))
+                           .c_str());
+}
+
+template <typename Value>
+Value scalar_argument(nb::handle value, const char* name, const char* expected) {
+  Value converted{};
+  if (!nb::try_cast(value, converted, /*convert=*/true)) throw_argument_type(name, expected, value);
+  return converted;
+}
+
+template <typename Value>
+std::optional<Value> optional_scalar_argument(nb::handle value, const char* name,
+                                              const char* expected) {
+  if (value.is_none()) return std::nullopt;
+  return scalar_argument<Value>(value, name, expected);
+}
+
+// The scalars in the binding's order, converted.
+struct ScalarArguments {
+  float dropout_p = 0.0F;
+  bool is_causal = false;
+  std::optional<float> scale;
+  bool enable_gqa = false;
+  std::optional<float> softcap;
+  std::string alignment;
+  bool need_weights = false;
+  std::optional<uint64_t> seed;
+  bool causal = false;
+  std::optional<float> dropout;
+
+  ScalarArguments(nb::handle dropout_p_value, nb::handle is_causal_value, nb::handle scale_value,
+                  nb::handle enable_gqa_value, nb::handle softcap_value, nb::handle alignment_value,
+                  nb::handle need_weights_value, nb::handle seed_value, nb::handle causal_value,
+                  nb::handle dropout_value)
+      : dropout_p(scalar_argument<float>(dropout_p_value, "dropout_p", "float")),
+        is_causal(scalar_argument<bool>(is_causal_value, "is_causal", "bool")),
+        scale(optional_scalar_argument<float>(scale_value, "scale", "float or None")),
+        enable_gqa(scalar_argument<bool>(enable_gqa_value, "enable_gqa", "bool")),
+        softcap(optional_scalar_argument<float>(softcap_value, "softcap", "float or None")),
+        alignment(scalar_argument<std::string>(alignment_value, "alignment", "str")),
+        need_weights(scalar_argument<bool>(need_weights_value, "need_weights", "bool")),
+        seed(
+            optional_scalar_argument<uint64_t>(seed_value, "seed", "an int in [0, 2**64) or None")),
+        causal(scalar_argument<bool>(causal_value, "causal", "bool")),
+        dropout(optional_scalar_argument<float>(dropout_value, "dropout", "float or None")) {}
+};
+
 // One side of `window`: None or -1 (unbounded), or a number of keys ≥ 0.
 int64_t window_side(nb::handle item, const char* side) {
   if (item.is_none()) return -1;
@@ -91,6 +149,11 @@ class CallOptions {
             "dropout: the book's name of dropout_p; give one of dropout_p and dropout");
       }
       dropout_p = *dropout;
+    } else if (!(dropout_p >= 0.0F && dropout_p < 1.0F)) {
+      // Named as the caller gave it (the library's check names its own field, dropout).
+      throw nb::value_error(
+          ("dropout_p: expected a probability in [0, 1), got " + std::to_string(dropout_p))
+              .c_str());
     }
     if (causal && is_causal) {
       throw nb::value_error(
@@ -288,29 +351,34 @@ nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, b
   return nb::object(nb::make_tuple(output, to_python(std::move(weights), framework)));
 }
 
-// The arguments scaled_dot_product_attention and _sdpa_forward share, in order.
-#define ATTN_SDPA_ARGUMENTS                                                           \
-  "query"_a.none(), "key"_a.none(), "value"_a.none(),                                 \
-      "attn_mask"_a.none() = nb::none(), "dropout_p"_a = 0.0F, "is_causal"_a = false, \
-      "scale"_a.none() = nb::none(), "enable_gqa"_a = false, nb::kw_only(),           \
-      "window"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),           \
-      "softcap"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),                 \
-      "valid_lens"_a.none() = nb::none(), "alignment"_a = "top-left"
+// The arguments scaled_dot_product_attention and _sdpa_forward share, in order. Every one lets
+// None through: scaled_dot_product_attention converts its scalars itself, naming the argument
+// whose value it refuses (_sdpa_forward's typed ones refuse None as nanobind does).
+#define ATTN_SDPA_ARGUMENTS                                                                       \
+  "query"_a.none(), "key"_a.none(), "value"_a.none(),                                             \
+      "attn_mask"_a.none() = nb::none(), "dropout_p"_a.none() = 0.0F,                             \
+      "is_causal"_a.none() = false, "scale"_a.none() = nb::none(), "enable_gqa"_a.none() = false, \
+      nb::kw_only(), "window"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),        \
+      "softcap"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),                             \
+      "valid_lens"_a.none() = nb::none(), "alignment"_a.none() = "top-left"
 
 }  // namespace
 
 void bind_functional(nb::module_& module) {
   module.def(
       "scaled_dot_product_attention",
-      [](nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, float dropout_p,
-         bool is_causal, std::optional<float> scale, bool enable_gqa, nb::handle window,
-         nb::handle alibi_slopes, std::optional<float> softcap, nb::handle sinks,
-         nb::handle valid_lens, const std::string& alignment, bool need_weights,
-         std::optional<uint64_t> seed, bool causal, std::optional<float> dropout) {
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, nb::handle dropout_p,
+         nb::handle is_causal, nb::handle scale, nb::handle enable_gqa, nb::handle window,
+         nb::handle alibi_slopes, nb::handle softcap, nb::handle sinks, nb::handle valid_lens,
+         nb::handle alignment, nb::handle need_weights, nb::handle seed, nb::handle causal,
+         nb::handle dropout) {
+        const ScalarArguments scalars(dropout_p, is_causal, scale, enable_gqa, softcap, alignment,
+                                      need_weights, seed, causal, dropout);
         if (BoundCache* cache = as_kv_cache(k)) {
-          return attend_to_cache_call(q, *cache, v, attn_mask, dropout_p, is_causal, scale,
-                                      enable_gqa, window, alibi_slopes, softcap, sinks, valid_lens,
-                                      alignment, need_weights, causal, dropout);
+          return attend_to_cache_call(q, *cache, v, attn_mask, scalars.dropout_p, scalars.is_causal,
+                                      scalars.scale, scalars.enable_gqa, window, alibi_slopes,
+                                      scalars.softcap, sinks, valid_lens, scalars.alignment,
+                                      scalars.need_weights, scalars.causal, scalars.dropout);
         }
         if (as_kv_cache(v) != nullptr) {
           throw nb::type_error(
@@ -318,17 +386,19 @@ void bind_functional(nb::module_& module) {
         }
         const QueryKeyValue inputs(q, k, v);
         // A random seed only when dropout will use it (random_device may be slow).
-        const bool drops = dropout_p > 0.0F || dropout.value_or(0.0F) > 0.0F;
-        const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
-                               alibi_slopes, softcap, sinks, valid_lens, alignment, causal, dropout,
-                               seed    ? *seed
-                               : drops ? random_seed()
-                                       : 0);
+        const bool drops = scalars.dropout_p > 0.0F || scalars.dropout.value_or(0.0F) > 0.0F;
+        const CallOptions call(attn_mask, scalars.dropout_p, scalars.is_causal, scalars.scale,
+                               scalars.enable_gqa, window, alibi_slopes, scalars.softcap, sinks,
+                               valid_lens, scalars.alignment, scalars.causal, scalars.dropout,
+                               scalars.seed ? *scalars.seed
+                               : drops      ? random_seed()
+                                            : 0);
         warn_if_token_mask(call, inputs.key.shape());
-        return naming_mask_lengths(call, [&] { return attend_arrays(inputs, call, need_weights); });
+        return naming_mask_lengths(
+            call, [&] { return attend_arrays(inputs, call, scalars.need_weights); });
       },
-      ATTN_SDPA_ARGUMENTS, "need_weights"_a = false, "seed"_a.none() = nb::none(),
-      "causal"_a = false, "dropout"_a.none() = nb::none(),
+      ATTN_SDPA_ARGUMENTS, "need_weights"_a.none() = false, "seed"_a.none() = nb::none(),
+      "causal"_a.none() = false, "dropout"_a.none() = nb::none(),
       "PyTorch's scaled_dot_product_attention on the CPU, with attn's additions.\n\n"
       "query (..., H_q, L, E), key (..., H_kv, S, E), value (..., H_kv, S, Ev) -> (..., H_q, L,\n"
       "Ev), rank 2 to 8, the leading axes equal; H_kv = H_q unless enable_gqa (then H_kv divides\n"

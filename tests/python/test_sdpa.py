@@ -1,6 +1,8 @@
 # attn.scaled_dot_product_attention with PyTorch's signature, over NumPy arrays (no PyTorch
 # needed): shapes of rank 2 to 8, masks, causal alignments, grouped heads, need_weights, strided
 # inputs read in place, the book's calls that keep their meaning, and the errors.
+import re
+
 import numpy as np
 import pytest
 
@@ -200,7 +202,7 @@ def test_strict_inputs_accept_views_and_refuse_copies():
         (dict(alibi_slopes=[0.5, 0.25]), attn.ShapeError, r"alibi_slopes"),
         (dict(sinks=["a", 1, 2]), TypeError, r"sinks\[0\]: expected a number"),
         (dict(softcap=-1.0), ValueError, r"softcap"),
-        (dict(dropout_p=1.5), ValueError, r"dropout"),
+        (dict(dropout_p=1.5), ValueError, r"dropout_p: expected a probability in \[0, 1\)"),
         (dict(dropout_p=0.1, dropout=0.2), ValueError, r"dropout: the book's name of dropout_p"),
         (dict(causal=True, is_causal=True), ValueError, r"causal: .* both given"),
         (dict(valid_lens=[7, 1]), ValueError, r"valid_lens"),
@@ -235,6 +237,57 @@ def test_bad_arguments_name_themselves(arguments, error, message):
     call.update(arguments)
     with pytest.raises(error, match=message):
         attn.scaled_dot_product_attention(**call)
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("dropout_p", None, "float"),
+        ("dropout_p", "0.1", "float"),
+        ("is_causal", 1, "bool"),
+        ("is_causal", None, "bool"),
+        ("is_causal", np.True_, "bool"),
+        ("scale", "x", "float or None"),
+        ("enable_gqa", 0, "bool"),
+        ("softcap", [1.0], "float or None"),
+        ("alignment", 3, "str"),
+        ("need_weights", 1, "bool"),
+        ("seed", -1, r"an int in \[0, 2\*\*64\) or None"),
+        ("seed", 1.5, r"an int in \[0, 2\*\*64\) or None"),
+        ("causal", None, "bool"),
+        ("dropout", "x", "float or None"),
+    ],
+)
+def test_scalar_arguments_of_the_wrong_type_name_themselves(name, value, expected):
+    # As PyTorch words it (and attn.torch): the argument, the type it takes and the type given,
+    # NumPy's qualified by its module; nanobind's own message would list the whole signature.
+    q, k, v = qkv(2, 3)
+    given = type(value)
+    given = given.__name__ if given.__module__ == "builtins" else f"numpy.{given.__name__}"
+    with pytest.raises(TypeError) as raised:
+        attn.scaled_dot_product_attention(q, k, v, **{name: value})
+    assert re.fullmatch(
+        rf"scaled_dot_product_attention\(\): argument '{name}' must be {expected}, not {given}",
+        str(raised.value),
+    ), str(raised.value)
+
+
+def test_scalar_arguments_take_what_converts():
+    # NumPy scalars, 0-dim arrays and ints where a float goes, an int seed: what nanobind's typed
+    # arguments took before the scalars were converted by hand.
+    q, k, v = qkv(2, 3)
+    plain = attn.scaled_dot_product_attention(q, k, v, scale=0.5)
+    for scale in (np.float32(0.5), np.float64(0.5), np.array(0.5)):
+        converted = attn.scaled_dot_product_attention(q, k, v, scale=scale)
+        np.testing.assert_array_equal(converted, plain)
+    np.testing.assert_array_equal(
+        attn.scaled_dot_product_attention(q, k, v, dropout_p=0, scale=0.5, seed=3, softcap=None),
+        plain,
+    )
+    dropped = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=np.uint64(7))
+    np.testing.assert_array_equal(
+        attn.scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=7), dropped
+    )
 
 
 def test_alibi_softcap_and_sinks_change_the_result_as_documented():
