@@ -6,9 +6,11 @@ times attn through its CLI first and PyTorch minutes later; on a noisy machine (
 Xeon moved 1.3-1.5x between phases) that ratio carries the machine's drift. Here each point's two
 calls take turns, round after round, in one process on the same tensors: per round the median of
 `--repeats` passes of each (their order alternating between rounds), and the reported ratio is
-the median over rounds of PyTorch / attn, with its range. B = 4, 8 heads of 64 unless set; q, k, v
-contiguous (B, H, n, d); the backward rows time torch.autograd.grad of the output alone. With
---kv-heads (dividing --heads), key and value have that many heads and both calls pass
+the median over rounds of PyTorch / attn, with its range; "best" is PyTorch's fastest pass over
+attn's fastest, over every round (on a host whose other guests slow some passes, the two
+undisturbed figures side by side, as `attn bench`'s best columns). B = 4, 8 heads of 64 unless
+set; q, k, v contiguous (B, H, n, d); the backward rows time torch.autograd.grad of the output
+alone. With --kv-heads (dividing --heads), key and value have that many heads and both calls pass
 enable_gqa=True: grouped-query attention as Llama-style models run it (e.g. --batch 1 --heads 32
 --kv-heads 8 --head-dim 128 --workloads causal,bf16-causal for a Llama-3-8B layer's prefill).
 With --simd-target (e.g. avx2) attn's kernels are capped at that Highway target; set PyTorch's
@@ -52,13 +54,19 @@ WORKLOADS = {  # name: (dtype, causal, backward)
 DEFAULT_WORKLOADS = ("forward", "causal", "backward", "bf16-forward", "bf16-causal", "bf16-backward")
 
 
-def median_ms(fn, repeats):
+def pass_ms(fn, repeats):
+    """The times of `repeats` passes of fn, in ms."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def median_ms(fn, repeats):
+    """The median of `repeats` passes of fn, in ms (the other bench scripts' timer)."""
+    return statistics.median(pass_ms(fn, repeats))
 
 
 def make_calls(workload, q, k, v):
@@ -137,9 +145,10 @@ def main():
     print(f"kernels: attn {attn.simd_target()}, PyTorch {torch.backends.cpu.get_cpu_capability()}"
           f" (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})")
     print("ratio = PyTorch ms / attn ms per round: the median over rounds [lowest, highest]; "
+          "best = PyTorch's fastest pass / attn's fastest pass over all rounds; "
           "GFLOP/s count visible pairs, 4d (forward) or 8d (backward) per pair\n")
     print(f"{'workload':<21}{'n':>6}{'thr':>4}{'attn ms':>10}{'torch ms':>10}{'attn GF/s':>10}"
-          f"{'ratio':>7}  range")
+          f"{'ratio':>7}  {'range':<14}{'best':>6}")
     rows = []
     for n in sizes:
         generator = torch.Generator().manual_seed(n)
@@ -156,10 +165,13 @@ def main():
                 for call in calls.values():
                     call()  # warm-up: first-touch pages, thread pools
                 per_round = {"attn": [], "torch": []}
+                fastest = {"attn": float("inf"), "torch": float("inf")}
                 for r in range(args.rounds):
                     order = ("attn", "torch") if r % 2 == 0 else ("torch", "attn")
                     for name in order:
-                        per_round[name].append(median_ms(calls[name], args.repeats))
+                        times = pass_ms(calls[name], args.repeats)
+                        per_round[name].append(statistics.median(times))
+                        fastest[name] = min(fastest[name], min(times))
                 ratios = [t / a for a, t in zip(per_round["attn"], per_round["torch"])]
                 attn_ms = statistics.median(per_round["attn"])
                 torch_ms = statistics.median(per_round["torch"])
@@ -168,10 +180,13 @@ def main():
                        "torch_ms": torch_ms, "attn_gflops": gflops,
                        "ratio": statistics.median(ratios), "ratio_min": min(ratios),
                        "ratio_max": max(ratios), "attn_rounds": per_round["attn"],
-                       "torch_rounds": per_round["torch"]}
+                       "torch_rounds": per_round["torch"], "attn_best_ms": fastest["attn"],
+                       "torch_best_ms": fastest["torch"],
+                       "best_ratio": fastest["torch"] / fastest["attn"]}
                 rows.append(row)
                 print(f"{workload:<21}{n:>6}{threads:>4}{attn_ms:>10.2f}{torch_ms:>10.2f}"
-                      f"{gflops:>10.1f}{row['ratio']:>7.2f}  [{min(ratios):.2f}, {max(ratios):.2f}]",
+                      f"{gflops:>10.1f}{row['ratio']:>7.2f}  "
+                      f"{f'[{min(ratios):.2f}, {max(ratios):.2f}]':<14}{row['best_ratio']:>6.2f}",
                       flush=True)
                 del calls
     scaling = [(r["workload"], r["n"], r["threads"], s["attn_ms"] / r["attn_ms"])
