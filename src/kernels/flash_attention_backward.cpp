@@ -265,20 +265,6 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
             half.matrix(b, h) + offset * half.row_stride);
 }
 
-// Requests row i of a gradient matrix for writing, rows ahead of WriteGradientRow: a head's
-// gradient rows are strided (the heads of a row interleave) and out of L2, and stores that miss
-// drain one read for ownership at a time otherwise.
-constexpr size_t kGradientWriteAhead = 8;  // rows requested this far ahead of the writes
-void PrefetchGradientRow(const BackwardArgs& args, const HeadsView& view, const HalfHeadsView& half,
-                         int64_t b, int64_t h, size_t i) {
-  const auto offset = static_cast<int64_t>(i);
-  const char* row =
-      args.half ? reinterpret_cast<const char*>(half.matrix(b, h) + offset * half.row_stride)
-                : reinterpret_cast<const char*>(view.matrix(b, h) + offset * view.row_stride);
-  const int64_t bytes = args.half ? half.cols * 2 : view.cols * 4;
-  for (int64_t byte = 0; byte < bytes; byte += 64) PrefetchLineForWrite(row + byte);
-}
-
 // Row i of a gradient matrix set to zero (a key no query sees), in either storage.
 void WriteZeroGradientRow(const BackwardArgs& args, const HeadsView& view,
                           const HalfHeadsView& half, int64_t b, int64_t h, size_t i) {
@@ -805,8 +791,6 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   if (s.amx_products) ReleaseTiles(s);
 #endif
   for (size_t i = 0; i < n; ++i) {
-    if (partial_grad_q == nullptr && i + kGradientWriteAhead < n)
-      PrefetchGradientRow(args, args.grad_q, args.grad_q16, b, h, i + kGradientWriteAhead);
     if (partial_grad_q != nullptr) {
       std::copy_n(s.grad_q + i * d_padded, depth, partial_grad_q + i * depth);
     } else {
@@ -906,10 +890,6 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
       continue;
     }
     if (s.store_key_value) continue;  // the head's products stored these rows
-    if (j + kGradientWriteAhead < end_row) {
-      PrefetchGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j + kGradientWriteAhead);
-      PrefetchGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j + kGradientWriteAhead);
-    }
     WriteGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j, s.grad_k + j * d_padded,
                      depth, scale, s.row);
     WriteGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j, s.grad_v + j * dv_padded, dv,
@@ -938,8 +918,6 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
       const size_t first = static_cast<size_t>(b * args.k.heads + kv_head) * chunks * task_size +
                            static_cast<size_t>(h - kv_head * group) * head_size;
       for (size_t i = 0; i < n; ++i) {
-        if (i + kGradientWriteAhead < n)
-          PrefetchGradientRow(args, args.grad_q, args.grad_q16, b, h, i + kGradientWriteAhead);
         std::fill(sum, sum + depth, 0.0F);
         for (size_t chunk = 0; chunk < chunks; ++chunk) {
           const float* part = partial.data() + first + chunk * task_size + i * depth;

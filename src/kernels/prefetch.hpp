@@ -15,7 +15,7 @@ enum class PrefetchInto { kL1, kL2 };
 // held no prefetcht0 at all, and the strided copies that 7fe1536 had made wait on memory again.
 // An asm statement marked volatile is kept wherever it is written; the prefetch instructions are
 // the same ones __builtin_prefetch would give (GCC emits prefetcht1 for its write hint on CPUs
-// without PREFETCHW, as attn's baseline compiles: PrefetchLineForWrite writes PREFETCHW itself).
+// without PREFETCHW, as attn's baseline compiles, so writes take the read form here too).
 template <PrefetchInto kLevel>
 inline void PrefetchLine(const void* address) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -26,18 +26,6 @@ inline void PrefetchLine(const void* address) {
   }
 #else
   __builtin_prefetch(address, 0, kLevel == PrefetchInto::kL1 ? 3 : 2);
-#endif
-}
-
-// Requests the cache line holding `address` for writing, into L1 (PREFETCHW: a store's read for
-// ownership issued ahead of the store, so that stores to lines out of the caches do not wait on one
-// miss at a time). Intel CPUs before Broadwell decode the instruction as a no-op; the assembler
-// takes it whatever -march says.
-inline void PrefetchLineForWrite(const void* address) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(address)));
-#else
-  __builtin_prefetch(address, 1, 3);
 #endif
 }
 
