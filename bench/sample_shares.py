@@ -8,8 +8,10 @@ build's folder first on LD_LIBRARY_PATH, as bench/ab_kernels.py; an empty folder
 own), builds alternating, and prints per run the milliseconds, the kernel functions' shares of the
 samples and two ratios: the softmax step's samples against the two products' (fp32:
 FlashForwardTiles' lambda against Gemm<false> + Gemm<true>; bf16: FlashForwardTileBF16 against the
-AMX ProductOnTiles) and everything else of the pass against the products. Only ratios of runs side
-by side count. Needs `perf` (linux-perf) and a Release build; e.g.
+AMX ProductOnTiles) and everything else of the pass against the products. The fp32 backward
+(--cases fused-backward) reads the same way: its five products are the Gemm samples, its "softmax"
+FlashBackwardQueryHead's own (P, dS), "pack" the padded copies and "write" the gradients' rows.
+Only ratios of runs side by side count. Needs `perf` (linux-perf) and a Release build; e.g.
 
     python3 bench/sample_shares.py --rounds 3 --lib before=/tmp/a --lib after= -- \\
         --cases fused --sizes 2048
@@ -35,6 +37,12 @@ PARTS = [
     ("PackKeyValue", "pack"),
     ("PrepareQueryTile", "prepare"),
     ("WriteOutputRows", "write"),
+    # The fp32 backward (fused-backward): Gemm<false> makes Sᵀ and dPᵀ, Gemm<true> dV, dK and dQ
+    # (printed as QK and PV); the query head's own samples are P, dS and the rest of its steps.
+    ("FlashBackwardQueryHead", "softmax"),
+    ("PadRows", "pack"),
+    ("WriteGradientRow", "write"),
+    ("PrefetchGradientRow", "write"),
 ]
 
 
@@ -86,7 +94,7 @@ def main():
                 ms, parts = run(args.cli, library, bench_args, data)
                 products = parts["QK"] + parts["PV"]
                 if products == 0:
-                    sys.exit("no samples in the products: not a fused forward case?")
+                    sys.exit("no samples in the products: not a fused case?")
                 rest = parts["softmax"] + parts["pack"] + parts["prepare"] + parts["write"]
                 print(f"round {round_index + 1} {name}: {ms} ms; QK {parts['QK']:.1f}% "
                       f"PV {parts['PV']:.1f}% softmax {parts['softmax']:.1f}% "

@@ -67,6 +67,7 @@ constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block s
 #define HWY_TARGET_INCLUDE "kernels/flash_attention_backward.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers must follow foreach_target.h.
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "kernels/amx_tiles-inl.h"
@@ -250,13 +251,26 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
 }
 
 // Row i of a gradient matrix: `count` floats times `scale`, stored as floats or rounded to the
-// pass's half type.
+// pass's half type. Rows of whole aligned vectors are written with streaming stores: the gradient
+// rows are out of L2 (a head's rows strided among the others'), and ordinary stores waited on a
+// read for ownership per line; streamed, the write-out's samples fell from 3.0-3.4% to 1.8-2.1% of
+// the backward's (n = 1024; 1.0 to 0.5% at 4096; B = 4, 8 heads of 64, Emerald Rapids). Requesting
+// the lines ahead (PREFETCHW) only moved the wait into the requests. The caller's task ends with
+// hwy::FlushStream, so the rows are visible before another thread reads them.
 void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const HalfHeadsView& half,
                       int64_t b, int64_t h, size_t i, const float* values, size_t count,
                       float scale, float* scratch_row) {
   const auto offset = static_cast<int64_t>(i);
   if (!args.half) {
     float* row = view.matrix(b, h) + offset * view.row_stride;
+    const hn::ScalableTag<float> d;
+    const size_t lanes = hn::Lanes(d);
+    if (reinterpret_cast<uintptr_t>(row) % (lanes * sizeof(float)) == 0 && count % lanes == 0) {
+      const auto factor = hn::Set(d, scale);
+      for (size_t t = 0; t < count; t += lanes)
+        hn::Stream(hn::Mul(hn::LoadU(d, values + t), factor), d, row + t);
+      return;
+    }
     for (size_t t = 0; t < count; ++t) row[t] = values[t] * scale;
     return;
   }
@@ -927,6 +941,7 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
                          row);
       }
     }
+    hwy::FlushStream();
   }
 }
 
@@ -996,6 +1011,7 @@ void FlashBackward(const BackwardArgs& args) {
         }
         FlashBackwardTask(args, head_task / args.k.heads, head_task % args.k.heads, chunk,
                           target.for_thread(static_cast<size_t>(thread)), grad_sinks, scratch);
+        hwy::FlushStream();  // the gradient rows' streaming stores, before another thread reads
         if (args.read_magnitude_bits != nullptr) {
           for (size_t i = 0; i < 5; ++i) scratch.read[i].RaiseTo(args.read_magnitude_bits[i]);
         }
