@@ -39,4 +39,12 @@ inline size_t l3_cache_bytes() {
   return bytes;
 }
 
+// Whether a kernel writes an output of `bytes` with streaming stores (past the caches): only one
+// larger than the L2s of the `threads` threads that write it, which it would leave anyway, and
+// whose stores otherwise wait on a read for ownership per line; an output that fits them stays
+// there for the operation that reads it next.
+inline bool streams_output(double bytes, int threads) {
+  return bytes > static_cast<double>(l2_cache_bytes()) * static_cast<double>(threads);
+}
+
 }  // namespace attn

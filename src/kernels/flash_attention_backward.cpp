@@ -54,6 +54,9 @@ struct BackwardArgs {
   // fp32 passes: when not null, five running maxima (q, k, v, out, grad_out) of the magnitude bits
   // of the rows the pass reads (flash_attention_backward's `read`), raised as each task ends.
   std::atomic<uint32_t>* read_magnitude_bits = nullptr;
+  // fp32 gradients larger than the threads' L2s (FlashBackward sets it): rows of whole aligned
+  // vectors written with streaming stores (WriteGradientRow).
+  bool stream_gradients = false;
 };
 
 constexpr size_t kQueryVectors = 4;
@@ -265,7 +268,8 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
     float* row = view.matrix(b, h) + offset * view.row_stride;
     const hn::ScalableTag<float> d;
     const size_t lanes = hn::Lanes(d);
-    if (reinterpret_cast<uintptr_t>(row) % (lanes * sizeof(float)) == 0 && count % lanes == 0) {
+    if (args.stream_gradients && reinterpret_cast<uintptr_t>(row) % (lanes * sizeof(float)) == 0 &&
+        count % lanes == 0) {
       const auto factor = hn::Set(d, scale);
       for (size_t t = 0; t < count; t += lanes)
         hn::Stream(hn::Mul(hn::LoadU(d, values + t), factor), d, row + t);
@@ -945,8 +949,9 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
   }
 }
 
-void FlashBackward(const BackwardArgs& args) {
+void FlashBackward(const BackwardArgs& call) {
   const hn::ScalableTag<float> d;
+  BackwardArgs args = call;
   const int64_t head_tasks = args.q.batch * args.k.heads;
   // Threads as the call's work is worth (useful_threads): B·H·n·m pairs of 6·d + 4·dv flops.
   const auto threads = static_cast<size_t>(useful_threads(
@@ -959,6 +964,13 @@ void FlashBackward(const BackwardArgs& args) {
   // results depend on the thread count only through the chunking. Memory for the partial sums:
   // B·H_kv·chunks ≈ threads × (query heads per key/value head) × n × d floats; if it cannot be
   // had, the pairs run whole.
+  const auto elements = [](const HeadsView& view) {
+    return static_cast<double>(view.batch * view.heads * view.rows * view.cols);
+  };
+  args.stream_gradients =
+      !args.half &&
+      streams_output(4.0 * (elements(args.grad_q) + elements(args.grad_k) + elements(args.grad_v)),
+                     static_cast<int>(threads));
   const size_t key_tiles =
       (static_cast<size_t>(args.k.rows) + flash_backward_detail::kKeyTile - 1) /
       flash_backward_detail::kKeyTile;

@@ -2,7 +2,7 @@
 // checked against double finite differences in tests/nn/gradients_test.cpp) and against the
 // double reference of every option (within 1e-5), on every SIMD target: strided multi-head views,
 // tails, masks with lengths 0 and m, per-query lengths, causal n < m and n > m, keys in several
-// blocks and chunks.
+// blocks and chunks, gradients past the threads' L2s (streamed).
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 #include <omp.h>
@@ -16,6 +16,7 @@
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/dot_product_attention.hpp"
 #include "every_simd_target.hpp"
+#include "kernels/cache_sizes.hpp"
 #include "sdpa_reference.hpp"
 #include "test_support.hpp"
 
@@ -42,6 +43,61 @@ struct Case {
   int mask_kind;  // 0 none, 1 per batch, 2 per query
   bool causal;
 };
+
+// Runs the kernel on (B, n, heads·d) tensors viewed head by head (gradients filled with NaN first)
+// and checks each head's gradients against the reference layer's backward pass.
+void check_against_reference_layer(const Case& c, Rng& rng, int64_t target) {
+  const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng);
+  const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng);
+  const Tensor v = random_tensor(Shape{c.batch, c.keys, c.heads * c.value_depth}, rng);
+  const Tensor g = random_tensor(Shape{c.batch, c.queries, c.heads * c.value_depth}, rng);
+  ValidLengths mask;
+  if (c.mask_kind == 1) {
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < c.batch; ++b)
+      lengths.push_back(b == 0 ? c.keys : b == 1 ? 0 : c.keys / 2);
+    mask = ValidLengths::per_batch(lengths);
+  } else if (c.mask_kind == 2) {
+    std::vector<int64_t> lengths;
+    for (int64_t index = 0; index < c.batch * c.queries; ++index)
+      lengths.push_back(index % (c.keys + 1));
+    mask = ValidLengths::per_query(lengths, c.batch, c.queries);
+  }
+  const float scale = 0.37F;
+  Tensor out(Shape{c.batch, c.queries, c.heads * c.value_depth});
+  std::vector<float> lse(static_cast<size_t>(c.batch * c.heads * c.queries));
+  const FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
+  flash_attention_forward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
+                          split_heads(v, c.heads, "v"), mask, options,
+                          split_heads(out, c.heads, "out"), lse.data());
+  Tensor dq = Tensor::full(q.shape(), std::nanf("")), dk = Tensor::full(k.shape(), std::nanf(""));
+  Tensor dv = Tensor::full(v.shape(), std::nanf(""));
+  flash_attention_backward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
+                           split_heads(v, c.heads, "v"), split_heads(out, c.heads, "out"),
+                           split_heads(g, c.heads, "g"), lse.data(), mask, options,
+                           split_heads(dq, c.heads, "dq"), split_heads(dk, c.heads, "dk"),
+                           split_heads(dv, c.heads, "dv"));
+  const ValidLengths effective =
+      c.causal ? mask.with_causal_mask(c.batch, c.queries, c.keys) : mask;
+  const std::string where = "target " + std::string(hwy::TargetName(target)) +
+                            " B=" + std::to_string(c.batch) + " H=" + std::to_string(c.heads) +
+                            " n=" + std::to_string(c.queries) + " m=" + std::to_string(c.keys) +
+                            " causal=" + std::to_string(c.causal);
+  for (int64_t h = 0; h < c.heads; ++h) {
+    DotProductAttention reference(0.0F, scale);
+    reference.set_path(AttentionPath::kReference);
+    reference.eval();
+    reference(head_of(q, h, c.depth), head_of(k, h, c.depth), head_of(v, h, c.value_depth),
+              effective);
+    const AttentionGradients expected = reference.backward(head_of(g, h, c.value_depth));
+    EXPECT_TRUE(close_to(head_of(dq, h, c.depth), to_doubles(expected.queries), kTolerance))
+        << where << " dQ head " << h;
+    EXPECT_TRUE(close_to(head_of(dk, h, c.depth), to_doubles(expected.keys), kTolerance))
+        << where << " dK head " << h;
+    EXPECT_TRUE(close_to(head_of(dv, h, c.value_depth), to_doubles(expected.values), kTolerance))
+        << where << " dV head " << h;
+  }
+}
 
 TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
   Rng rng(91);
@@ -77,58 +133,20 @@ TEST_P(FlashAttentionBackward, MatchesReferenceLayer) {
                         {2, 1, 16, 260, 16, 32, 1, false},
                         {1, 2, 9, 200, 32, 32, 0, true},
                         {1, 1, 14, 70, 64, 16, 2, true}};
-  for (const Case& c : cases) {
-    const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng);
-    const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng);
-    const Tensor v = random_tensor(Shape{c.batch, c.keys, c.heads * c.value_depth}, rng);
-    const Tensor g = random_tensor(Shape{c.batch, c.queries, c.heads * c.value_depth}, rng);
-    ValidLengths mask;
-    if (c.mask_kind == 1) {
-      std::vector<int64_t> lengths;
-      for (int64_t b = 0; b < c.batch; ++b)
-        lengths.push_back(b == 0 ? c.keys : b == 1 ? 0 : c.keys / 2);
-      mask = ValidLengths::per_batch(lengths);
-    } else if (c.mask_kind == 2) {
-      std::vector<int64_t> lengths;
-      for (int64_t index = 0; index < c.batch * c.queries; ++index)
-        lengths.push_back(index % (c.keys + 1));
-      mask = ValidLengths::per_query(lengths, c.batch, c.queries);
-    }
-    const float scale = 0.37F;
-    Tensor out(Shape{c.batch, c.queries, c.heads * c.value_depth});
-    std::vector<float> lse(static_cast<size_t>(c.batch * c.heads * c.queries));
-    const FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
-    flash_attention_forward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
-                            split_heads(v, c.heads, "v"), mask, options,
-                            split_heads(out, c.heads, "out"), lse.data());
-    Tensor dq = Tensor::full(q.shape(), std::nanf("")), dk = Tensor::full(k.shape(), std::nanf(""));
-    Tensor dv = Tensor::full(v.shape(), std::nanf(""));
-    flash_attention_backward(split_heads(q, c.heads, "q"), split_heads(k, c.heads, "k"),
-                             split_heads(v, c.heads, "v"), split_heads(out, c.heads, "out"),
-                             split_heads(g, c.heads, "g"), lse.data(), mask, options,
-                             split_heads(dq, c.heads, "dq"), split_heads(dk, c.heads, "dk"),
-                             split_heads(dv, c.heads, "dv"));
-    const ValidLengths effective =
-        c.causal ? mask.with_causal_mask(c.batch, c.queries, c.keys) : mask;
-    const std::string where = "target " + std::string(hwy::TargetName(GetParam())) +
-                              " B=" + std::to_string(c.batch) + " H=" + std::to_string(c.heads) +
-                              " n=" + std::to_string(c.queries) + " m=" + std::to_string(c.keys) +
-                              " causal=" + std::to_string(c.causal);
-    for (int64_t h = 0; h < c.heads; ++h) {
-      DotProductAttention reference(0.0F, scale);
-      reference.set_path(AttentionPath::kReference);
-      reference.eval();
-      reference(head_of(q, h, c.depth), head_of(k, h, c.depth), head_of(v, h, c.value_depth),
-                effective);
-      const AttentionGradients expected = reference.backward(head_of(g, h, c.value_depth));
-      EXPECT_TRUE(close_to(head_of(dq, h, c.depth), to_doubles(expected.queries), kTolerance))
-          << where << " dQ head " << h;
-      EXPECT_TRUE(close_to(head_of(dk, h, c.depth), to_doubles(expected.keys), kTolerance))
-          << where << " dK head " << h;
-      EXPECT_TRUE(close_to(head_of(dv, h, c.value_depth), to_doubles(expected.values), kTolerance))
-          << where << " dV head " << h;
-    }
-  }
+  for (const Case& c : cases) check_against_reference_layer(c, rng, GetParam());
+}
+
+// Gradients larger than the L2s of every thread the call could use are written with streaming
+// stores (streams_output): rows of whole vectors (d = dv = 64 on every target; heads interleaved,
+// the 64-byte aligned tensors' rows 256 bytes apart), against the reference layer, with per-query
+// lengths and a causal mask.
+TEST_P(FlashAttentionBackward, GradientsPastTheThreadsL2sMatchReferenceLayer) {
+  Rng rng(92);
+  const auto threads = static_cast<size_t>(omp_get_max_threads());
+  const auto queries =
+      static_cast<int64_t>(l2_cache_bytes() * threads / (2 * 64 * sizeof(float)) + 37);
+  check_against_reference_layer({1, 2, queries, 40, 64, 64, 2, false}, rng, GetParam());
+  check_against_reference_layer({1, 2, queries, 40, 64, 64, 0, true}, rng, GetParam());
 }
 
 // Dense (B, H, rows, cols) float heads beside their values in double, for the reference.

@@ -2,7 +2,7 @@
 // machine runs: random shapes with tails that do not divide the tiles, n = 1, m = 1, n ≠ m, valid
 // lengths 0 and m, per-query lengths, causal masks with n < m and n > m, multi-head strided views,
 // large score magnitudes, query tiles in blocks (and a head's blocks in runs per task on two
-// threads), scores rising across key tiles.
+// threads), scores rising across key tiles, outputs past the threads' L2s (streamed).
 #include "attn/kernels/flash_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 
 #include "attn/core/error.hpp"
 #include "every_simd_target.hpp"
+#include "kernels/cache_sizes.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -135,6 +136,19 @@ TEST_P(FlashAttention, MatchesReferenceOnRandomShapes) {
       {2, 1, 17, 19, 5, 3, 2, false, 30.0F},
   };
   for (const Case& c : cases) check_case(c, rng, GetParam());
+}
+
+// An output larger than the L2s of every thread the call could use is written with streaming
+// stores (streams_output): its fp32 rows of whole vectors (dv = 64 on every target; heads
+// interleaved, the 64-byte aligned tensor's rows 256 bytes apart) against the reference, with a
+// ragged last query tile, per-query lengths 0 to m and a causal mask.
+TEST_P(FlashAttention, OutputsPastTheThreadsL2sMatchTheReference) {
+  Rng rng(83);
+  const auto threads = static_cast<size_t>(omp_get_max_threads());
+  const auto queries =
+      static_cast<int64_t>(2 * l2_cache_bytes() * threads / (2 * 64 * sizeof(float)) + 37);
+  check_case({1, 2, queries, 40, 16, 64, 2, false, 1.0F}, rng, GetParam());
+  check_case({1, 2, queries, 40, 16, 64, 0, true, 1.0F}, rng, GetParam());
 }
 
 // Keys whose packed rows outgrow half of any L2 here (2500 × (64 + 64) floats, 1.3 MB) send the
