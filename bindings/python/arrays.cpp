@@ -779,4 +779,25 @@ nb::dict to_python(StateDict&& state, Framework framework) {
   return result;
 }
 
+void throw_argument_type(std::string_view function, std::string_view name,
+                         std::string_view expected, nb::handle value) {
+  const std::string head =
+      std::string(function) + "(): argument '" + std::string(name) + "' must be ";
+  // An int out of the parameter's range: the value, and the range where `expected` leaves it out.
+  if (nb::isinstance<nb::int_>(value) && !nb::isinstance<nb::bool_>(value) &&
+      expected.find("int") != std::string_view::npos) {
+    const std::string range =
+        expected.find('[') == std::string_view::npos ? " in [-2**63, 2**63)" : "";
+    throw nb::type_error(
+        (head + std::string(expected) + range + ", got " + nb::str(value).c_str()).c_str());
+  }
+  // The type qualified by its module unless a builtin: NumPy's bool is "numpy.bool", not "bool".
+  const nb::handle type = value.type();
+  const std::string module = nb::str(type.attr("__module__")).c_str();
+  const std::string qualified = nb::str(type.attr("__qualname__")).c_str();
+  throw nb::type_error((head + std::string(expected) + ", not " +
+                        (module == "builtins" ? qualified : module + "." + qualified))
+                           .c_str());
+}
+
 }  // namespace attn::python

@@ -162,6 +162,27 @@ StateDict to_state_dict(nb::handle mapping, std::string_view argument);
 nb::dict to_python(const StateDict& state, Framework framework);
 nb::dict to_python(StateDict&& state, Framework framework);
 
+// A scalar argument of `function` taken as an object and converted as nanobind's typed parameter
+// would convert it (the same values accepted), so that a wrong type is a TypeError naming the
+// argument in PyTorch's words ("f(): argument 'x' must be int, not str") rather than nanobind's
+// list of the whole signature.
+[[noreturn]] void throw_argument_type(std::string_view function, std::string_view name,
+                                      std::string_view expected, nb::handle value);
+template <typename Value>
+Value scalar_argument(nb::handle value, std::string_view function, std::string_view name,
+                      std::string_view expected) {
+  Value converted{};
+  if (!nb::try_cast(value, converted, /*convert=*/true))
+    throw_argument_type(function, name, expected, value);
+  return converted;
+}
+template <typename Value>
+std::optional<Value> optional_scalar_argument(nb::handle value, std::string_view function,
+                                              std::string_view name, std::string_view expected) {
+  if (value.is_none()) return std::nullopt;
+  return scalar_argument<Value>(value, function, name, expected);
+}
+
 // Strict inputs: refuse, instead of copying, any array that is not float32, C-contiguous.
 bool strict_inputs();
 void set_strict_inputs(bool strict);

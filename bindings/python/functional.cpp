@@ -32,31 +32,16 @@ std::string python_type(nb::handle object) {
 }
 
 // The scalar arguments of scaled_dot_product_attention, taken as objects and converted as
-// nanobind would (the same values accepted), so that a wrong type is a TypeError naming the
-// argument, in PyTorch's words as attn.torch's, instead of nanobind's list of every signature.
-[[noreturn]] void throw_argument_type(const char* name, const char* expected, nb::handle value) {
-  // The type qualified by its module unless a builtin: NumPy's bool is "numpy.bool", not "bool".
-  const nb::handle type = value.type();
-  const std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
-  const std::string qualified = nb::cast<std::string>(nb::str(type.attr("__qualname__")));
-  throw nb::type_error(("scaled_dot_product_attention(): argument '" + std::string(name) +
-                        "' must be " + expected + ", not " +
-                        (module == "builtins" ? qualified : module + "." + qualified))
-                           .c_str());
-}
-
+// nanobind would (arrays.hpp's scalar_argument), named in PyTorch's words as attn.torch's.
+constexpr std::string_view kSdpa = "scaled_dot_product_attention";
 template <typename Value>
 Value scalar_argument(nb::handle value, const char* name, const char* expected) {
-  Value converted{};
-  if (!nb::try_cast(value, converted, /*convert=*/true)) throw_argument_type(name, expected, value);
-  return converted;
+  return python::scalar_argument<Value>(value, kSdpa, name, expected);
 }
-
 template <typename Value>
 std::optional<Value> optional_scalar_argument(nb::handle value, const char* name,
                                               const char* expected) {
-  if (value.is_none()) return std::nullopt;
-  return scalar_argument<Value>(value, name, expected);
+  return python::optional_scalar_argument<Value>(value, kSdpa, name, expected);
 }
 
 // The scalars in the binding's order, converted.

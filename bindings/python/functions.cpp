@@ -64,7 +64,9 @@ void bind_functions(nb::module_& module) {
   module.def(
       "additive_attention",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle W_q, nb::handle W_k, nb::handle w_v,
-         nb::handle valid_lens, bool need_weights) {
+         nb::handle valid_lens, nb::handle need_weights_value) {
+        const bool need_weights =
+            scalar_argument<bool>(need_weights_value, "additive_attention", "need_weights", "bool");
         const InputTensor queries(q, "queries", 3);
         const InputTensor keys(k, "keys", 3);
         const InputTensor values(v, "values", 3);
@@ -97,7 +99,10 @@ void bind_functions(nb::module_& module) {
                                   queries.framework());
       },
       "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "W_q"_a.none(), "W_k"_a.none(),
-      "w_v"_a.none(), "valid_lens"_a = nb::none(), "need_weights"_a = false,
+      "w_v"_a.none(), "valid_lens"_a = nb::none(), "need_weights"_a.none() = false,
+      nb::sig("def additive_attention(queries: object | None, keys: object | None, values: "
+              "object | None, W_q: object | None, W_k: object | None, w_v: object | None, "
+              "valid_lens: object | None = None, need_weights: bool = False) -> object"),
       "Additive (Bahdanau) attention with given weights: scores w_vᵀ tanh(W_q q + W_k k).\n\n"
       "queries (B, n, query_size), keys (B, m, key_size), values (B, m, v); W_q (h, query_size),\n"
       "W_k (h, key_size), w_v (1, h) as nn.Linear weights. Returns (B, n, v), or (output, "
@@ -106,8 +111,12 @@ void bind_functions(nb::module_& module) {
 
   module.def(
       "gaussian_kernel_pooling",
-      [](nb::handle q, nb::handle k, nb::handle v, float width, nb::handle valid_lens,
-         bool need_weights) {
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle width_value, nb::handle valid_lens,
+         nb::handle need_weights_value) {
+        constexpr std::string_view kName = "gaussian_kernel_pooling";
+        const auto width = scalar_argument<float>(width_value, kName, "width", "float");
+        const bool need_weights =
+            scalar_argument<bool>(need_weights_value, kName, "need_weights", "bool");
         const InputTensor queries(q, "queries", 3);
         const InputTensor keys(k, "keys", 3);
         const InputTensor values(v, "values", 3);
@@ -122,8 +131,11 @@ void bind_functions(nb::module_& module) {
         return output_and_weights(std::move(result.output), std::move(result.weights), need_weights,
                                   queries.framework());
       },
-      "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "width"_a = 1.0F,
-      "valid_lens"_a = nb::none(), "need_weights"_a = false,
+      "queries"_a.none(), "keys"_a.none(), "values"_a.none(), "width"_a.none() = 1.0F,
+      "valid_lens"_a = nb::none(), "need_weights"_a.none() = false,
+      nb::sig("def gaussian_kernel_pooling(queries: object | None, keys: object | None, values: "
+              "object | None, width: float = 1.0, valid_lens: object | None = None, "
+              "need_weights: bool = False) -> object"),
       "Nadaraya–Watson kernel regression as attention pooling: weights softmax(−½‖(q − k)·w‖²).\n\n"
       "queries (B, n, d), keys (B, m, d), values (B, m, v) → (B, n, v); width is w (1 for the\n"
       "book's nonparametric model). Returns the output, or (output, weights) with\n"

@@ -129,13 +129,24 @@ void bind_kv_cache(nb::module_& module) {
       "reallocate, past it the storage doubles.");
   cls.def(
       "__init__",
-      [](BoundCache* self, int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity,
-         const std::string& dtype, std::optional<int64_t> value_dim) {
+      [](BoundCache* self, nb::handle batch_value, nb::handle kv_heads_value,
+         nb::handle head_dim_value, nb::handle capacity_value, nb::handle dtype_value,
+         nb::handle value_dim_value) {
+        constexpr std::string_view kName = "KVCache";
+        const auto batch = scalar_argument<int64_t>(batch_value, kName, "batch", "int");
+        const auto kv_heads = scalar_argument<int64_t>(kv_heads_value, kName, "kv_heads", "int");
+        const auto head_dim = scalar_argument<int64_t>(head_dim_value, kName, "head_dim", "int");
+        const auto capacity = scalar_argument<int64_t>(capacity_value, kName, "capacity", "int");
+        const auto dtype = scalar_argument<std::string>(dtype_value, kName, "dtype", "str");
+        const auto value_dim =
+            optional_scalar_argument<int64_t>(value_dim_value, kName, "value_dim", "int or None");
         new (self) BoundCache(
             KVCache(batch, kv_heads, head_dim, capacity, to_cache_dtype(dtype), value_dim));
       },
-      "batch"_a, "kv_heads"_a, "head_dim"_a, "capacity"_a, "dtype"_a = "float32",
-      "value_dim"_a.none() = nb::none(),
+      nb::sig("def __init__(self, batch: int, kv_heads: int, head_dim: int, capacity: int, "
+              "dtype: str = 'float32', value_dim: int | None = None) -> None"),
+      "batch"_a.none(), "kv_heads"_a.none(), "head_dim"_a.none(), "capacity"_a.none(),
+      "dtype"_a.none() = "float32", "value_dim"_a.none() = nb::none(),
       "An empty cache of `batch` sequences, room for `capacity` tokens each (0 is allowed).\n"
       "dtype: \"float32\", \"float16\", \"bfloat16\" or \"int8\"; value_dim defaults to head_dim.");
   cls.def(

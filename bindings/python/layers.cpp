@@ -312,6 +312,9 @@ void bind_common(nb::class_<BoundLayer<Layer>>& cls) {
       "memo"_a);
 }
 
+// What a seed argument must be (uint64_t).
+constexpr const char* kSeed = "an int in [0, 2**64)";
+
 // nanobind constructs bound objects in place: `self` is uninitialised storage of the right size.
 template <class Layer>
 void construct(BoundLayer<Layer>* self, std::string class_name, Config config, Layer layer) {
@@ -329,8 +332,16 @@ void bind_layers(nb::module_& module) {
       "W_k.weight (h, key_size), w_v.weight (1, h), initialised as nn.Linear from seed.");
   additive.def(
       "__init__",
-      [](Additive* self, int64_t key_size, int64_t query_size, int64_t num_hiddens, float dropout,
-         uint64_t seed) {
+      [](Additive* self, nb::handle key_size_value, nb::handle query_size_value,
+         nb::handle num_hiddens_value, nb::handle dropout_value, nb::handle seed_value) {
+        constexpr std::string_view kName = "AdditiveAttention";
+        const auto key_size = scalar_argument<int64_t>(key_size_value, kName, "key_size", "int");
+        const auto query_size =
+            scalar_argument<int64_t>(query_size_value, kName, "query_size", "int");
+        const auto num_hiddens =
+            scalar_argument<int64_t>(num_hiddens_value, kName, "num_hiddens", "int");
+        const auto dropout = scalar_argument<float>(dropout_value, kName, "dropout", "float");
+        const auto seed = scalar_argument<uint64_t>(seed_value, kName, "seed", kSeed);
         Config config{{"key_size", python_literal(key_size)},
                       {"query_size", python_literal(query_size)},
                       {"num_hiddens", python_literal(num_hiddens)},
@@ -338,8 +349,10 @@ void bind_layers(nb::module_& module) {
         construct(self, "AdditiveAttention", std::move(config),
                   AdditiveAttention(key_size, query_size, num_hiddens, dropout, seed));
       },
-      "key_size"_a, "query_size"_a, "num_hiddens"_a, "dropout"_a = 0.0F, nb::kw_only(),
-      "seed"_a = 0);
+      nb::sig("def __init__(self, key_size: int, query_size: int, num_hiddens: int, "
+              "dropout: float = 0.0, *, seed: int = 0) -> None"),
+      "key_size"_a.none(), "query_size"_a.none(), "num_hiddens"_a.none(), "dropout"_a.none() = 0.0F,
+      nb::kw_only(), "seed"_a.none() = 0);
   bind_common(additive);
   additive.def_prop_ro("key_size", [](Additive& bound) {
     return bound.with_layer([](AdditiveAttention& layer) { return layer.key_size(); });
@@ -361,12 +374,20 @@ void bind_layers(nb::module_& module) {
       "dropout, weighted sum of values. No parameters.");
   dot_product.def(
       "__init__",
-      [](DotProduct* self, float dropout, std::optional<float> scale, uint64_t seed) {
+      [](DotProduct* self, nb::handle dropout_value, nb::handle scale_value,
+         nb::handle seed_value) {
+        constexpr std::string_view kName = "DotProductAttention";
+        const auto dropout = scalar_argument<float>(dropout_value, kName, "dropout", "float");
+        const auto scale =
+            optional_scalar_argument<float>(scale_value, kName, "scale", "float or None");
+        const auto seed = scalar_argument<uint64_t>(seed_value, kName, "seed", kSeed);
         Config config{{"dropout", python_literal(dropout)}, {"scale", python_literal(scale)}};
         construct(self, "DotProductAttention", std::move(config),
                   DotProductAttention(dropout, scale, seed));
       },
-      "dropout"_a = 0.0F, nb::kw_only(), "scale"_a = nb::none(), "seed"_a = 0);
+      nb::sig("def __init__(self, dropout: float = 0.0, *, scale: float | None = None, "
+              "seed: int = 0) -> None"),
+      "dropout"_a.none() = 0.0F, nb::kw_only(), "scale"_a.none() = nb::none(), "seed"_a.none() = 0);
   bind_common(dot_product);
   dot_product.def_prop_ro("dropout", [](DotProduct& bound) {
     return bound.with_layer([](DotProductAttention& layer) { return layer.dropout(); });
@@ -380,8 +401,21 @@ void bind_layers(nb::module_& module) {
       "W_q/W_k/W_v/W_o.weight (and .bias with bias=True), initialised as nn.Linear from seed.");
   multi_head.def(
       "__init__",
-      [](MultiHead* self, int64_t key_size, int64_t query_size, int64_t value_size,
-         int64_t num_hiddens, int64_t num_heads, float dropout, bool bias, uint64_t seed) {
+      [](MultiHead* self, nb::handle key_size_value, nb::handle query_size_value,
+         nb::handle value_size_value, nb::handle num_hiddens_value, nb::handle num_heads_value,
+         nb::handle dropout_value, nb::handle bias_value, nb::handle seed_value) {
+        constexpr std::string_view kName = "MultiHeadAttention";
+        const auto key_size = scalar_argument<int64_t>(key_size_value, kName, "key_size", "int");
+        const auto query_size =
+            scalar_argument<int64_t>(query_size_value, kName, "query_size", "int");
+        const auto value_size =
+            scalar_argument<int64_t>(value_size_value, kName, "value_size", "int");
+        const auto num_hiddens =
+            scalar_argument<int64_t>(num_hiddens_value, kName, "num_hiddens", "int");
+        const auto num_heads = scalar_argument<int64_t>(num_heads_value, kName, "num_heads", "int");
+        const auto dropout = scalar_argument<float>(dropout_value, kName, "dropout", "float");
+        const auto bias = scalar_argument<bool>(bias_value, kName, "bias", "bool");
+        const auto seed = scalar_argument<uint64_t>(seed_value, kName, "seed", kSeed);
         Config config{{"key_size", python_literal(key_size)},
                       {"query_size", python_literal(query_size)},
                       {"value_size", python_literal(value_size)},
@@ -393,8 +427,12 @@ void bind_layers(nb::module_& module) {
                   MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads,
                                      dropout, bias, seed));
       },
-      "key_size"_a, "query_size"_a, "value_size"_a, "num_hiddens"_a, "num_heads"_a,
-      "dropout"_a = 0.0F, "bias"_a = false, nb::kw_only(), "seed"_a = 0);
+      nb::sig("def __init__(self, key_size: int, query_size: int, value_size: int, "
+              "num_hiddens: int, num_heads: int, dropout: float = 0.0, bias: bool = False, *, "
+              "seed: int = 0) -> None"),
+      "key_size"_a.none(), "query_size"_a.none(), "value_size"_a.none(), "num_hiddens"_a.none(),
+      "num_heads"_a.none(), "dropout"_a.none() = 0.0F, "bias"_a.none() = false, nb::kw_only(),
+      "seed"_a.none() = 0);
   bind_common(multi_head);
   multi_head.def_prop_ro("key_size", [](MultiHead& bound) {
     return bound.with_layer([](MultiHeadAttention& layer) { return layer.key_size(); });
@@ -423,14 +461,24 @@ void bind_layers(nb::module_& module) {
       "W.weight (key_size, query_size), as nn.Linear(query_size, key_size, bias=False).");
   general.def(
       "__init__",
-      [](General* self, int64_t query_size, int64_t key_size, float dropout, uint64_t seed) {
+      [](General* self, nb::handle query_size_value, nb::handle key_size_value,
+         nb::handle dropout_value, nb::handle seed_value) {
+        constexpr std::string_view kName = "GeneralAttention";
+        const auto query_size =
+            scalar_argument<int64_t>(query_size_value, kName, "query_size", "int");
+        const auto key_size = scalar_argument<int64_t>(key_size_value, kName, "key_size", "int");
+        const auto dropout = scalar_argument<float>(dropout_value, kName, "dropout", "float");
+        const auto seed = scalar_argument<uint64_t>(seed_value, kName, "seed", kSeed);
         Config config{{"query_size", python_literal(query_size)},
                       {"key_size", python_literal(key_size)},
                       {"dropout", python_literal(dropout)}};
         construct(self, "GeneralAttention", std::move(config),
                   GeneralAttention(query_size, key_size, dropout, seed));
       },
-      "query_size"_a, "key_size"_a, "dropout"_a = 0.0F, nb::kw_only(), "seed"_a = 0);
+      nb::sig("def __init__(self, query_size: int, key_size: int, dropout: float = 0.0, *, "
+              "seed: int = 0) -> None"),
+      "query_size"_a.none(), "key_size"_a.none(), "dropout"_a.none() = 0.0F, nb::kw_only(),
+      "seed"_a.none() = 0);
   bind_common(general);
   general.def_prop_ro("query_size", [](General& bound) {
     return bound.with_layer([](GeneralAttention& layer) { return layer.query_size(); });
@@ -450,12 +498,18 @@ void bind_layers(nb::module_& module) {
       "as in the book's NWKernelRegression.");
   gaussian.def(
       "__init__",
-      [](Gaussian* self, float width, float dropout, uint64_t seed) {
+      [](Gaussian* self, nb::handle width_value, nb::handle dropout_value, nb::handle seed_value) {
+        constexpr std::string_view kName = "GaussianKernelPooling";
+        const auto width = scalar_argument<float>(width_value, kName, "width", "float");
+        const auto dropout = scalar_argument<float>(dropout_value, kName, "dropout", "float");
+        const auto seed = scalar_argument<uint64_t>(seed_value, kName, "seed", kSeed);
         Config config{{"width", python_literal(width)}, {"dropout", python_literal(dropout)}};
         construct(self, "GaussianKernelPooling", std::move(config),
                   GaussianKernelPooling(width, dropout, seed));
       },
-      "width"_a = 1.0F, "dropout"_a = 0.0F, nb::kw_only(), "seed"_a = 0);
+      nb::sig("def __init__(self, width: float = 1.0, dropout: float = 0.0, *, seed: int = 0) "
+              "-> None"),
+      "width"_a.none() = 1.0F, "dropout"_a.none() = 0.0F, nb::kw_only(), "seed"_a.none() = 0);
   bind_common(gaussian);
   gaussian.def_prop_ro("width", [](Gaussian& bound) {
     return bound.with_layer([](GaussianKernelPooling& layer) { return layer.width(); });

@@ -232,3 +232,41 @@ def test_simd_target_can_be_capped_and_restored():
     finally:
         attn.limit_simd_target("best")
     assert attn.simd_target() == available[0]
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda q: attn.additive_attention(q, q, q, np.eye(3, dtype=np.float32),
+                                           np.eye(3, dtype=np.float32),
+                                           np.ones((1, 3), np.float32), need_weights="yes"),
+         "additive_attention(): argument 'need_weights' must be bool, not str"),
+        (lambda q: attn.gaussian_kernel_pooling(q, q, q, width="1"),
+         "gaussian_kernel_pooling(): argument 'width' must be float, not str"),
+        (lambda q: attn.gaussian_kernel_pooling(q, q, q, need_weights=np.bool_(True)),
+         "gaussian_kernel_pooling(): argument 'need_weights' must be bool, not numpy.bool"),
+        (lambda q: attn.set_num_threads(1, 2),
+         "set_num_threads() takes at most 1 positional arguments (2 given)"),
+        (lambda q: attn.set_strict_inputs(flag=True),
+         "set_strict_inputs() got an unexpected keyword argument 'flag'"),
+        (lambda q: attn.limit_simd_target(),
+         "limit_simd_target() missing required argument 'name'"),
+        (lambda q: attn.load_safetensors(path=None),
+         "load_safetensors(): argument 'path' must be str | os.PathLike, not NoneType"),
+        (lambda q: attn.set_num_threads("2"),
+         "set_num_threads(): argument 'n' must be int, not str"),
+        (lambda q: attn.set_num_threads(2**64),
+         f"set_num_threads(): argument 'n' must be int in [-2**63, 2**64), got {2**64}"),
+        (lambda q: attn.set_strict_inputs(1),
+         "set_strict_inputs(): argument 'strict' must be bool, not int"),
+        (lambda q: attn.limit_simd_target(3),
+         "limit_simd_target(): argument 'name' must be str, not int"),
+        (lambda q: attn.save_safetensors(3, {}),
+         "save_safetensors(): argument 'path' must be str | os.PathLike, not int"),
+    ],
+)
+def test_function_arguments_of_the_wrong_type_name_themselves(call, message):
+    q = np.ones((2, 3, 3), np.float32)
+    with pytest.raises(TypeError) as raised:
+        call(q)
+    assert str(raised.value) == message

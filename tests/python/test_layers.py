@@ -277,3 +277,59 @@ def test_concurrent_calls_on_one_layer_stay_correct():
         outputs = list(pool.map(run, range(32)))
     for output in outputs:
         np.testing.assert_allclose(output, case.output, **TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: attn.MultiHeadAttention("8", 8, 8, 8, 2),
+         "MultiHeadAttention(): argument 'key_size' must be int, not str"),
+        (lambda: attn.MultiHeadAttention(8, 8, 8, 8, 2.5),
+         "MultiHeadAttention(): argument 'num_heads' must be int, not float"),
+        (lambda: attn.MultiHeadAttention(8, 8, 8, 8, 2, dropout="0.1"),
+         "MultiHeadAttention(): argument 'dropout' must be float, not str"),
+        (lambda: attn.MultiHeadAttention(8, 8, 8, 8, 2, bias=np.bool_(True)),
+         "MultiHeadAttention(): argument 'bias' must be bool, not numpy.bool"),
+        (lambda: attn.MultiHeadAttention(2**70, 8, 8, 8, 2),
+         "MultiHeadAttention(): argument 'key_size' must be int in [-2**63, 2**63), got "
+         f"{2**70}"),
+        (lambda: attn.MultiHeadAttention(8, 8, 8, 8, 2, seed=-1),
+         "MultiHeadAttention(): argument 'seed' must be an int in [0, 2**64), got -1"),
+        (lambda: attn.AdditiveAttention(2, 3, [4]),
+         "AdditiveAttention(): argument 'num_hiddens' must be int, not list"),
+        (lambda: attn.DotProductAttention(dropout=None),
+         "DotProductAttention(): argument 'dropout' must be float, not NoneType"),
+        (lambda: attn.DotProductAttention(scale="x"),
+         "DotProductAttention(): argument 'scale' must be float or None, not str"),
+        (lambda: attn.GeneralAttention(2, 3, seed=1.5),
+         "GeneralAttention(): argument 'seed' must be an int in [0, 2**64), not float"),
+        (lambda: attn.GaussianKernelPooling("w"),
+         "GaussianKernelPooling(): argument 'width' must be float, not str"),
+        (lambda: attn.KVCache("1", 1, 8, 4),
+         "KVCache(): argument 'batch' must be int, not str"),
+        (lambda: attn.KVCache(1, 1, 8, 4, dtype=16),
+         "KVCache(): argument 'dtype' must be str, not int"),
+        (lambda: attn.KVCache(1, 1, 8, 4, value_dim="8"),
+         "KVCache(): argument 'value_dim' must be int or None, not str"),
+    ],
+)
+def test_constructor_arguments_of_the_wrong_type_name_themselves(make, message):
+    # PyTorch's words (as attn.scaled_dot_product_attention's), not nanobind's signature list.
+    with pytest.raises(TypeError) as raised:
+        make()
+    assert str(raised.value) == message
+
+
+def test_constructor_arguments_take_what_converts():
+    # What nanobind's typed parameters took before the constructors converted by hand: NumPy
+    # integers and 0-dim arrays for ints, ints and NumPy floats for floats, None for an optional.
+    layer = attn.MultiHeadAttention(np.int64(8), np.array(8), 8, 8, 2, dropout=0, bias=True,
+                                    seed=np.uint64(3))
+    assert (layer.key_size, layer.query_size, layer.num_heads, layer.bias) == (8, 8, 2, True)
+    assert attn.DotProductAttention(np.float32(0.25), scale=None).dropout == 0.25
+    assert attn.GaussianKernelPooling(2).width == 2.0
+    assert attn.KVCache(1, 2, 8, 4, "bfloat16", value_dim=None).capacity == 4
+    # The signature help() shows is the typed one.
+    assert attn.MultiHeadAttention.__init__.__doc__.startswith(
+        "__init__(self, key_size: int, query_size: int, value_size: int, num_hiddens: int, "
+        "num_heads: int, dropout: float = 0.0, bias: bool = False, *, seed: int = 0) -> None")

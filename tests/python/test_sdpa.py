@@ -252,7 +252,6 @@ def test_bad_arguments_name_themselves(arguments, error, message):
         ("softcap", [1.0], "float or None"),
         ("alignment", 3, "str"),
         ("need_weights", 1, "bool"),
-        ("seed", -1, r"an int in \[0, 2\*\*64\) or None"),
         ("seed", 1.5, r"an int in \[0, 2\*\*64\) or None"),
         ("causal", None, "bool"),
         ("dropout", "x", "float or None"),
@@ -270,6 +269,15 @@ def test_scalar_arguments_of_the_wrong_type_name_themselves(name, value, expecte
         rf"scaled_dot_product_attention\(\): argument '{name}' must be {expected}, not {given}",
         str(raised.value),
     ), str(raised.value)
+
+
+def test_an_int_out_of_its_range_is_named_with_its_value():
+    q, k, v = qkv(2, 3)
+    with pytest.raises(TypeError) as raised:
+        attn.scaled_dot_product_attention(q, k, v, seed=-1)
+    assert str(raised.value) == (
+        "scaled_dot_product_attention(): argument 'seed' must be an int in [0, 2**64) or None, "
+        "got -1")
 
 
 def test_scalar_arguments_take_what_converts():

@@ -42,6 +42,20 @@ from ._attn import (
     _load_safetensors_metadata,
 )
 
+from ._arguments import named_argument_errors as _named_argument_errors
+
+# Calls whose typed arguments nanobind may refuse answer naming the argument at fault (PyTorch's
+# words) instead of the signature: these settings and file functions through a Python wrapper
+# (0.1-0.2 µs a call, nothing for them). The layers' and KVCache's constructors and the array
+# functions convert their scalars in C++ instead (nanobind builds an instance without looking up a
+# replaced __init__, and a wrapper would add 10% to a 1.3 µs masked_softmax call); the layers'
+# methods and masked_softmax take only arrays, as objects.
+limit_simd_target = _named_argument_errors(limit_simd_target, "limit_simd_target")
+load_safetensors = _named_argument_errors(load_safetensors, "load_safetensors")
+save_safetensors = _named_argument_errors(save_safetensors, "save_safetensors")
+set_num_threads = _named_argument_errors(set_num_threads, "set_num_threads")
+set_strict_inputs = _named_argument_errors(set_strict_inputs, "set_strict_inputs")
+
 try:
     __version__ = _metadata.version("attn")
 except _metadata.PackageNotFoundError:  # imported from a build tree rather than installed
