@@ -254,12 +254,12 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
 }
 
 // Row i of a gradient matrix: `count` floats times `scale`, stored as floats or rounded to the
-// pass's half type. Rows of whole aligned vectors are written with streaming stores: the gradient
-// rows are out of L2 (a head's rows strided among the others'), and ordinary stores waited on a
-// read for ownership per line; streamed, the write-out's samples fell from 3.0-3.4% to 1.8-2.1% of
-// the backward's (n = 1024; 1.0 to 0.5% at 4096; B = 4, 8 heads of 64, Emerald Rapids). Requesting
-// the lines ahead (PREFETCHW) only moved the wait into the requests. The caller's task ends with
-// hwy::FlushStream, so the rows are visible before another thread reads them.
+// pass's half type. Where the gradients outgrow the threads' L2s (BackwardArgs::stream_gradients),
+// rows of whole aligned vectors are written with streaming stores: ordinary stores waited on a read
+// for ownership per line; streamed, the write-out's samples fell from 3.0-3.4% to 1.8-2.1% of the
+// backward's (n = 1024; 1.0 to 0.5% at 4096; B = 4, 8 heads of 64 on the layers' layout, Emerald
+// Rapids). Requesting the lines ahead (PREFETCHW) only moved the wait into the requests. The
+// caller's task ends with hwy::FlushStream, so the rows are visible before another thread reads.
 void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const HalfHeadsView& half,
                       int64_t b, int64_t h, size_t i, const float* values, size_t count,
                       float scale, float* scratch_row) {
@@ -945,7 +945,7 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
                          row);
       }
     }
-    hwy::FlushStream();
+    if (args.stream_gradients) hwy::FlushStream();
   }
 }
 
@@ -958,12 +958,7 @@ void FlashBackward(const BackwardArgs& call) {
       static_cast<double>(args.q.batch * args.q.heads) * static_cast<double>(args.q.rows) *
           static_cast<double>(args.k.rows) * static_cast<double>(6 * args.q.cols + 4 * args.v.cols),
       kFlopsPerThread));
-  // Fewer (batch, key/value head) pairs than threads: each pair's keys split into chunks of key
-  // tiles (FlashAttention-2's split over keys), so every thread has work. A chunk writes its rows
-  // of dK and dV and a partial dQ over its keys, summed in chunk order after the parallel region:
-  // results depend on the thread count only through the chunking. Memory for the partial sums:
-  // B·H_kv·chunks ≈ threads × (query heads per key/value head) × n × d floats; if it cannot be
-  // had, the pairs run whole.
+  // fp32 gradients outgrowing the threads' L2s: streamed where rows are whole aligned vectors.
   const auto elements = [](const HeadsView& view) {
     return static_cast<double>(view.batch * view.heads * view.rows * view.cols);
   };
@@ -971,6 +966,12 @@ void FlashBackward(const BackwardArgs& call) {
       !args.half &&
       streams_output(4.0 * (elements(args.grad_q) + elements(args.grad_k) + elements(args.grad_v)),
                      static_cast<int>(threads));
+  // Fewer (batch, key/value head) pairs than threads: each pair's keys split into chunks of key
+  // tiles (FlashAttention-2's split over keys), so every thread has work. A chunk writes its rows
+  // of dK and dV and a partial dQ over its keys, summed in chunk order after the parallel region:
+  // results depend on the thread count only through the chunking. Memory for the partial sums:
+  // B·H_kv·chunks ≈ threads × (query heads per key/value head) × n × d floats; if it cannot be
+  // had, the pairs run whole.
   const size_t key_tiles =
       (static_cast<size_t>(args.k.rows) + flash_backward_detail::kKeyTile - 1) /
       flash_backward_detail::kKeyTile;
@@ -1023,7 +1024,8 @@ void FlashBackward(const BackwardArgs& call) {
         }
         FlashBackwardTask(args, head_task / args.k.heads, head_task % args.k.heads, chunk,
                           target.for_thread(static_cast<size_t>(thread)), grad_sinks, scratch);
-        hwy::FlushStream();  // the gradient rows' streaming stores, before another thread reads
+        // The gradient rows' streaming stores, visible before another thread reads them.
+        if (args.stream_gradients) hwy::FlushStream();
         if (args.read_magnitude_bits != nullptr) {
           for (size_t i = 0; i < 5; ++i) scratch.read[i].RaiseTo(args.read_magnitude_bits[i]);
         }
