@@ -22,12 +22,12 @@ inline constexpr int64_t kMaxDecodeQueries = 16;
 // kMaxDecodeQueries queries, no ALiBi or dropout, masks of intervals, diagonals on the last key)
 // of the float and half-precision calls (scaled_dot_product_attention's overloads) on the decode
 // kernel without first scanning the keys and values for NaN and ±∞ — a read of the whole cache as
-// long as the kernel's own. The kernel checks the rows it reads instead: it reports non-finite
-// scores (a key that is not finite), and a value that is not finite makes the output so (p·∞ is ±∞
-// or, for p = 0, NaN). Rows it never reads (hidden from every query by lengths, a window or the
-// mask, beyond every tile it reads) are not checked. The query, a few rows, is scanned as the
-// prefill path scans it. Returns true when the call is done; false, with nothing written but
-// zeros, when it is not such a call or something non-finite came out: the caller then takes the
+// long as the kernel's own. The kernel checks the rows it reads instead: it reports a query that
+// is not finite, non-finite scores (a key that is not finite), and outputs that are not (a value
+// that is not finite makes them so: p·∞ is ±∞ or, for p = 0, NaN). Rows it never reads (hidden
+// from every query by lengths, a window or the mask, beyond every tile it reads) are not checked.
+// Returns true when the call is done; false, with nothing written but zeros, when it is not such
+// a call or something non-finite came in or out: the caller then takes the
 // prefill path, whose scans name the input (or whose scaling keeps the sums of huge finite values
 // in range).
 bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,

@@ -1,7 +1,8 @@
 // Decoding attention (FlashDecoding on the CPU): per task (batch b, key/value head g, split of the
 // keys) the G·n query rows of head group g — G query heads sharing g, n new queries each — are
 // scored against each key tile together, so every K and V row is read from the cache once per
-// step whatever G is; partial (max, sum, output) per split merge by log-sum-exp afterwards.
+// step whatever G is; partial (max, sum, output) per split merge by log-sum-exp afterwards (an
+// unsplit call's tasks write their rows themselves).
 // Layout and semantics: include/attn/kernels/decode_attention.hpp.
 //
 // Tiles keep the rows along the SIMD lanes, as the prefill kernel keeps its queries: Sᵀ (Bc keys ×
@@ -30,6 +31,7 @@
 #include "attn/core/half.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/decode_attention.hpp"
+#include "core/magnitude_scan.hpp"
 #include "kernels/cache_sizes.hpp"
 #include "kernels/parallel_tasks.hpp"
 #include "kernels/prefetch.hpp"
@@ -48,12 +50,16 @@ struct DecodeArgs {
   DecodeOptions options;
   int64_t splits;     // key splits per (batch, key/value head)
   int64_t split_len;  // keys per split (a multiple of kKeyTile)
-  // Per task (b, g, split) and row: max, sum, then dv unnormalised output floats.
+  // Per task (b, g, split) and row: max, sum, then dv unnormalised output floats; null with one
+  // split, whose tasks write their rows into `out` and `log_sum_exp` themselves.
   float* partial;
   int64_t partial_row;  // floats per row: 2 + dv
-  // Set when a task computed a score that is NaN or ±∞ (before the modifiers and masks).
-  std::atomic<bool>* non_finite_scores;
+  // Set when a task read a query element, computed a score (before the modifiers and masks) or
+  // wrote an output element that is NaN or ±∞.
+  std::atomic<bool>* non_finite;
   int threads;  // at most, for the tasks (useful_threads)
+  HeadsView out;
+  float* log_sum_exp;  // may be null
 };
 
 // Row `row` of matrix (b, h) of a cache tensor on: its address, the bytes between rows, and its
@@ -76,6 +82,57 @@ constexpr size_t kKeyTile = 64;
 constexpr int64_t kPrefetchTiles = 4;  // how far ahead TilePrefetch requests rows
 constexpr PrefetchInto kPrefetchLevel = PrefetchInto::kL2;  // prefetcht1
 
+// One query row's output and log-sum-exp from its splits' partial results — split k's running
+// maximum max_of(k), sum sum_of(k) and unnormalised output values_of(k) (dv floats) — merged by
+// log-sum-exp, the sink (null: none) joining the denominator once with no value; a row that saw
+// nothing gets zeros and −∞. The tasks of an unsplit call write their rows with it, the call merges
+// split rows with it after its tasks: either way the same operations, so the same bits. Returns
+// the largest magnitude bits written (core/magnitude_scan.hpp: NaN and ±∞ from kFirstNonFinite).
+template <class MaxOf, class SumOf, class ValuesOf>
+uint32_t MergeRow(int64_t splits, const MaxOf& max_of, const SumOf& sum_of,
+                  const ValuesOf& values_of, const float* sink, int64_t dv, float* destination,
+                  float* log_sum_exp) {
+  float top = sink != nullptr ? *sink : -std::numeric_limits<float>::infinity();
+  for (int64_t split = 0; split < splits; ++split) top = std::max(top, max_of(split));
+  if (top == -std::numeric_limits<float>::infinity()) {
+    std::fill_n(destination, dv, 0.0F);
+    if (log_sum_exp != nullptr) *log_sum_exp = top;
+    return 0;
+  }
+  // The split that holds the maximum (the only one, unsplit) weighs exactly e⁰ = 1.
+  const auto weight = [&](int64_t split) {
+    return max_of(split) == top ? 1.0F : std::exp(max_of(split) - top);
+  };
+  double sum = sink != nullptr ? std::exp(static_cast<double>(*sink) - top) : 0.0;
+  for (int64_t split = 0; split < splits; ++split) {
+    if (sum_of(split) != 0.0F) sum += static_cast<double>(sum_of(split)) * weight(split);
+  }
+  const float inverse = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0F;
+  // O = Σ (weight / sum) · O_split in one pass over the row: unsplit, O_split · (1 / sum).
+  bool written = false;
+  for (int64_t split = 0; split < splits; ++split) {
+    if (sum_of(split) == 0.0F) continue;
+    const float factor = weight(split) * inverse;
+    const float* values = values_of(split);
+    if (written) {
+      for (int64_t t = 0; t < dv; ++t) destination[t] += factor * values[t];
+    } else {
+      for (int64_t t = 0; t < dv; ++t) destination[t] = factor * values[t];
+    }
+    written = true;
+  }
+  if (!written) std::fill_n(destination, dv, 0.0F);
+  if (log_sum_exp != nullptr) {
+    *log_sum_exp = sum > 0.0 ? top + static_cast<float>(std::log(sum))
+                             : -std::numeric_limits<float>::infinity();
+  }
+  uint32_t largest = 0;
+  for (int64_t t = 0; t < dv; ++t)
+    largest =
+        std::max(largest, std::bit_cast<uint32_t>(destination[t]) & core_detail::kMagnitudeBits);
+  return largest;
+}
+
 }  // namespace attn::decode_detail
 #endif
 
@@ -86,6 +143,7 @@ constexpr PrefetchInto kPrefetchLevel = PrefetchInto::kL2;  // prefetcht1
 #include <hwy/highway.h>
 
 #include "kernels/fast_math-inl.h"
+#include "kernels/magnitude_bits-inl.h"
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm_bf16-inl.h"
 
@@ -1729,6 +1787,17 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     s.row_max[r] = -std::numeric_limits<float>::infinity();
     s.row_sum[r] = 0.0F;
   }
+  // Every split reads all its rows' queries: the first checks them (a call that skipped scanning
+  // its queries learns of a NaN or ±∞ here, also in a row that sees no key).
+  if (split == 0) {
+    MagnitudeBits queries;
+    for (size_t r = 0; r < rows; ++r) {
+      const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+      queries.Add(args.q.matrix(b, h) + i * args.q.row_stride, depth);
+    }
+    if (queries.Largest() >= core_detail::kFirstNonFinite)
+      args.non_finite->store(true, std::memory_order_relaxed);
+  }
   std::fill(s.output, s.output + hwy::RoundUpTo(rows, 4) * dv_padded, 0.0F);
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   if (!pair_scores)
@@ -1892,7 +1961,28 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   }
 
   if (!hn::AllTrue(d4, hn::Eq(score_probe, score_probe)))
-    args.non_finite_scores->store(true, std::memory_order_relaxed);
+    args.non_finite->store(true, std::memory_order_relaxed);
+  if (args.splits == 1) {
+    // The task holds its rows' every key: their output and log-sum-exp written here, on its
+    // thread, where a merge after the tasks copied them out and back (a quarter of a
+    // 4 × 32/8 × 16 × 16 call, d = 128).
+    uint32_t largest = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+      largest = std::max(
+          largest,
+          decode_detail::MergeRow(
+              1, [&](int64_t) { return s.row_max[r]; }, [&](int64_t) { return s.row_sum[r]; },
+              [&](int64_t) { return s.output + r * dv_padded; },
+              options.sinks != nullptr ? options.sinks + h : nullptr, static_cast<int64_t>(dv),
+              args.out.matrix(b, h) + i * args.out.row_stride,
+              args.log_sum_exp != nullptr ? args.log_sum_exp + (b * args.q.heads + h) * n + i
+                                          : nullptr));
+    }
+    if (largest >= core_detail::kFirstNonFinite)
+      args.non_finite->store(true, std::memory_order_relaxed);
+    return;
+  }
   // The split's partial results: max, sum, unnormalised output per row.
   const int64_t task = (b * args.keys.heads + g) * args.splits + split;
   float* partial = args.partial + task * static_cast<int64_t>(rows) * args.partial_row;
@@ -2063,16 +2153,20 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
   const int64_t splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, key_tiles / 4));
   const int64_t split_len = (key_tiles + splits - 1) / splits * tile;
   const int64_t rows = group * q.rows, dv = values.cols;
-  // Every task writes all its rows' partials: no zero fill (5% of a 1 × 8 × 16 × 64 call).
-  const auto partial = std::make_unique_for_overwrite<float[]>(
-      static_cast<size_t>(q.batch * keys.heads * splits * rows * (dv + 2)));
-  std::atomic<bool> non_finite_scores{false};
-  decode_detail::DecodeArgs args{q,      keys,      values,        lengths, options,
-                                 splits, split_len, partial.get(), dv + 2,  &non_finite_scores,
-                                 threads};
+  // Every task writes all its rows' partials: no zero fill (5% of a 1 × 8 × 16 × 64 call). An
+  // unsplit call's tasks write their rows themselves.
+  const auto partial = splits > 1 ? std::make_unique_for_overwrite<float[]>(static_cast<size_t>(
+                                        q.batch * keys.heads * splits * rows * (dv + 2)))
+                                  : nullptr;
+  std::atomic<bool> non_finite{false};
+  decode_detail::DecodeArgs args{q,       keys,      values,        lengths, options,
+                                 splits,  split_len, partial.get(), dv + 2,  &non_finite,
+                                 threads, out,       log_sum_exp};
   HWY_DYNAMIC_DISPATCH(DecodeForward)(args);
+  if (splits == 1) return !non_finite.load(std::memory_order_relaxed);
 
-  // Merge the splits' partials per row by log-sum-exp (the sink joins once, with no value).
+  // Merge the splits' partials per row by log-sum-exp.
+  uint32_t largest = 0;
   for (int64_t b = 0; b < q.batch; ++b) {
     for (int64_t g = 0; g < keys.heads; ++g) {
       for (int64_t r = 0; r < rows; ++r) {
@@ -2080,49 +2174,20 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
         const auto row_of = [&](int64_t split) {
           return partial.get() + (((b * keys.heads + g) * splits + split) * rows + r) * (dv + 2);
         };
-        float top =
-            options.sinks != nullptr ? options.sinks[h] : -std::numeric_limits<float>::infinity();
-        for (int64_t split = 0; split < splits; ++split) top = std::max(top, row_of(split)[0]);
-        float* destination = out.matrix(b, h) + i * out.row_stride;
-        float* lse =
-            log_sum_exp != nullptr ? log_sum_exp + (b * q.heads + h) * q.rows + i : nullptr;
-        if (top == -std::numeric_limits<float>::infinity()) {
-          std::fill_n(destination, dv, 0.0F);
-          if (lse != nullptr) *lse = top;
-          continue;
-        }
-        double sum =
-            options.sinks != nullptr ? std::exp(static_cast<double>(options.sinks[h]) - top) : 0.0;
-        for (int64_t split = 0; split < splits; ++split) {
-          float* row = row_of(split);
-          if (row[1] == 0.0F) continue;
-          // The split that holds the maximum (the only one, unsplit) weighs exactly e⁰ = 1; the
-          // weight replaces the split's maximum, read no more.
-          row[0] = row[0] == top ? 1.0F : std::exp(row[0] - top);
-          sum += static_cast<double>(row[1]) * row[0];
-        }
-        const float inverse = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0F;
-        // O = Σ (weight / sum) · O_split in one pass over the row: unsplit, O_split · (1 / sum).
-        bool written = false;
-        for (int64_t split = 0; split < splits; ++split) {
-          const float* row = row_of(split);
-          if (row[1] == 0.0F) continue;
-          const float factor = row[0] * inverse;
-          if (written) {
-            for (int64_t t = 0; t < dv; ++t) destination[t] += factor * row[2 + t];
-          } else {
-            for (int64_t t = 0; t < dv; ++t) destination[t] = factor * row[2 + t];
-          }
-          written = true;
-        }
-        if (!written) std::fill_n(destination, dv, 0.0F);
-        if (lse != nullptr)
-          *lse = sum > 0.0 ? top + static_cast<float>(std::log(sum))
-                           : -std::numeric_limits<float>::infinity();
+        largest = std::max(
+            largest,
+            decode_detail::MergeRow(
+                splits, [&](int64_t split) { return row_of(split)[0]; },
+                [&](int64_t split) { return row_of(split)[1]; },
+                [&](int64_t split) { return row_of(split) + 2; },
+                options.sinks != nullptr ? options.sinks + h : nullptr, dv,
+                out.matrix(b, h) + i * out.row_stride,
+                log_sum_exp != nullptr ? log_sum_exp + (b * q.heads + h) * q.rows + i : nullptr));
       }
     }
   }
-  return !non_finite_scores.load(std::memory_order_relaxed);
+  if (largest >= core_detail::kFirstNonFinite) return false;
+  return !non_finite.load(std::memory_order_relaxed);
 }
 
 }  // namespace attn

@@ -521,14 +521,15 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
 // order, so it would differ in the last bits), for plain, causal, windowed and capped calls, a
 // key-padding mask (the kernel's key ranges), per-sequence lengths, ALiBi, masks read as
 // entries: a bool mask per head with gaps in its rows, a float bias beside causal and a soft cap,
-// and is_causal's top-left diagonal with ALiBi (the kernel's lengths end at the last query's
-// diagonal key).
+// is_causal's top-left diagonal with ALiBi (the kernel's lengths end at the last query's
+// diagonal key), and key padding that leaves a sequence no key (its rows 0 with a log-sum-exp of
+// −∞, as the prefill path's, without redoing the call there).
 TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
   // Groups of 4 heads × 2 queries; 7 queries of one head each (rows that fill no vector: the
   // kernel's lanes past them must not count as scores).
   for (const SdpaShape& shape :
        {SdpaShape{3, 8, 2, 2, 300, 64, 40}, SdpaShape{3, 2, 2, 7, 300, 64, 40}})
-    for (int which = 0; which < 9; ++which) {
+    for (int which = 0; which < 10; ++which) {
       SCOPED_TRACE(std::to_string(which) + ", n = " + std::to_string(shape.queries));
       SdpaTestCase c(shape, 600 + static_cast<uint64_t>(which));
       DecodeOptions decode;
@@ -544,6 +545,17 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
           for (int64_t row = 0; row < shape.q_heads * shape.queries; ++row) {
             ranges.push_back(40 * b);
             ranges.push_back(300 - 30 * b);
+          }
+        }
+        decode.key_ranges = ranges.data();
+      }
+      if (which == 9) {  // key padding: batch element 1 sees no key, the others keys [0, 250)
+        c.set_mask(Shape{3, 1, 1, 300}, true, 1.0);
+        c.hide_if([](int64_t b, int64_t, int64_t, int64_t j) { return b == 1 || j >= 250; });
+        for (int64_t b = 0; b < 3; ++b) {
+          for (int64_t row = 0; row < shape.q_heads * shape.queries; ++row) {
+            ranges.push_back(0);
+            ranges.push_back(b == 1 ? 0 : 250);
           }
         }
         decode.key_ranges = ranges.data();
@@ -621,6 +633,16 @@ TEST_P(FunctionalSdpa, DecodingShapesRunTheDecodeKernel) {
         ASSERT_EQ(forward.output.data()[e], direct.data()[e]) << "output element " << e;
       for (size_t r = 0; r < direct_lse.size(); ++r)
         ASSERT_EQ(forward.log_sum_exp[r], direct_lse[r]) << "log-sum-exp row " << r;
+      if (which == 9) {
+        const int64_t rows = h * n;  // batch element 1's
+        for (int64_t e = rows * 40; e < 2 * rows * 40; ++e)
+          ASSERT_EQ(forward.output.data()[e], 0.0F) << "output element " << e;
+        for (int64_t r = rows; r < 2 * rows; ++r) {
+          ASSERT_EQ(forward.log_sum_exp[static_cast<size_t>(r)],
+                    -std::numeric_limits<float>::infinity())
+              << "log-sum-exp row " << r;
+        }
+      }
     }
 }
 
@@ -838,13 +860,50 @@ void NamesNonFiniteKeysAndValues(const SdpaShape& shape) {
 // Groups of 4 query heads (the score tile's rows fill whole 4-row steps), 1 (multi-head
 // attention's one row, padded to 4) and 6 (8 rows scored in AVX-512's 16 lanes, so the kernel's
 // probe of the scores skips lanes).
+// One key/value head of 1000 keys: the keys split over tasks whose partial results the call merges
+// after them (the other shapes' tasks write their rows themselves).
 TEST_P(FunctionalSdpa, DecodingShapesNameNonFiniteKeysAndValues) {
   for (const SdpaShape& shape :
        {SdpaShape{2, 8, 2, 1, 300, 64, 40}, SdpaShape{2, 2, 2, 1, 300, 64, 40},
-        SdpaShape{1, 6, 1, 1, 300, 64, 40}}) {
+        SdpaShape{1, 6, 1, 1, 300, 64, 40}, SdpaShape{1, 4, 1, 1, 1000, 64, 40}}) {
     SCOPED_TRACE("query heads " + std::to_string(shape.q_heads) + ", key/value heads " +
                  std::to_string(shape.kv_heads));
     NamesNonFiniteKeysAndValues(shape);
+  }
+}
+
+// Decoding shapes do not scan the query either: the decode kernel checks every query row it is
+// given, also a row that sees no key (key padding that hides every key of batch element 1) and a
+// row whose NaN would otherwise vanish under soft-capping, and the call is redone on the scanned
+// path, which names the query: 1 and 16 queries, a group of 4 heads.
+TEST_P(FunctionalSdpa, DecodingShapesNameANonFiniteQuery) {
+  const float bad_values[] = {NAN, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+  const char* bad_names[] = {"NaN", "inf", "-inf"};
+  uint64_t seed = 980;
+  for (const int64_t n : {1, 16}) {
+    const SdpaShape shape{2, 8, 2, n, 300, 64, 40};
+    const int64_t elements = shape.batch * shape.q_heads * n * shape.depth;
+    // The first element, one in batch element 1 (which sees no key when masked), the last.
+    for (const int64_t flat : {int64_t{0}, elements / 2 + 3 * shape.depth + 7, elements - 1}) {
+      for (int which = 0; which < 3; ++which) {
+        for (const bool masked : {false, true}) {
+          SdpaTestCase c(shape, seed++);
+          if (masked) {
+            c.set_mask(Shape{2, 1, 1, 300}, true, 1.0);
+            c.hide_if([](int64_t b, int64_t, int64_t, int64_t j) { return b == 1 || j >= 200; });
+          } else {
+            c.set_softcap(3.0F);
+          }
+          c.q.data()[flat] = bad_values[which];
+          const std::string expected = std::string("query: expected finite values, got ") +
+                                       bad_names[which] + " at flat index " + std::to_string(flat);
+          SCOPED_TRACE(expected + (masked ? ", key padding" : ", soft-capped"));
+          EXPECT_THROW_MESSAGE(scaled_dot_product_attention(c.q, c.k, c.v, c.options), ValueError,
+                               expected);
+        }
+      }
+    }
   }
 }
 

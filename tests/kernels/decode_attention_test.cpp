@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -365,6 +366,60 @@ TEST_P(DecodeAttention, RejectsBadArguments) {
   EXPECT_THROW_MESSAGE(
       decode_attention_forward(q_view, keys.view, keys.view, ten.data(), masked, out_view),
       ValueError, "alibi_slopes: expected no mask beside them");
+}
+
+// What the kernel reports (its return value): true for finite inputs, also with a row that sees no
+// key (its output 0, its log-sum-exp −∞); false for a NaN or ±∞ query element — also where no row
+// sees a key and the kernel computes no score — and for a value row it reads that is not finite
+// (its outputs). 100 keys run as one task per key/value head, whose task writes the rows; 1000 keys
+// split over tasks whose partials the call merges.
+TEST_P(DecodeAttention, ReportsNonFiniteQueriesAndOutputs) {
+  for (const int64_t capacity : {100, 1000}) {
+    SCOPED_TRACE("keys: " + std::to_string(capacity));
+    Rng rng(static_cast<uint64_t>(capacity));
+    const StoredTensor keys(CacheDType::kFloat32, 1, 1, capacity, 16, rng);
+    StoredTensor values(CacheDType::kFloat32, 1, 1, capacity, 8, rng);
+    Tensor q(Shape{1, 4, 1, 16});
+    for (float& x : q.span()) x = rng.normal();
+    Tensor out(Shape{1, 4, 1, 8});
+    std::vector<float> log_sum_exp(4);
+    const ConstHeadsView q_view{q.data(), 1, 4, 1, 16, 64, 16, 16};
+    const HeadsView out_view{out.data(), 1, 4, 1, 8, 32, 8, 8};
+    const std::vector<int64_t> lengths{capacity};
+    // Query head 2 sees no key; the others all of them.
+    const std::vector<int64_t> ranges{0, capacity, 0, capacity, 0, 0, 0, capacity};
+    DecodeOptions options;
+    options.causal = false;
+    options.key_ranges = ranges.data();
+    const auto run = [&] {
+      return decode_attention_forward(q_view, keys.view, values.view, lengths.data(), options,
+                                      out_view, log_sum_exp.data());
+    };
+    EXPECT_TRUE(run());
+    for (int64_t t = 0; t < 8; ++t) EXPECT_EQ(out.data()[2 * 8 + t], 0.0F) << t;
+    EXPECT_EQ(log_sum_exp[2], -std::numeric_limits<float>::infinity());
+    for (const int64_t h : {int64_t{2}, int64_t{3}}) {
+      for (const float bad : {NAN, std::numeric_limits<float>::infinity()}) {
+        const float kept = q.data()[h * 16 + 5];
+        q.data()[h * 16 + 5] = bad;
+        EXPECT_FALSE(run()) << "query head " << h << ": " << bad;
+        q.data()[h * 16 + 5] = kept;
+      }
+    }
+    EXPECT_TRUE(run());
+    // No row sees a key: the task computes no score, and only its check of the queries finds one
+    // that is not finite (with keys for some row, that row's scores of every key tile are NaN too).
+    const std::vector<int64_t> none(8, 0);
+    options.key_ranges = none.data();
+    EXPECT_TRUE(run());
+    q.data()[2 * 16 + 5] = NAN;
+    EXPECT_FALSE(run()) << "no row with keys, a NaN query";
+    q.data()[2 * 16 + 5] = 0.5F;
+    options.key_ranges = ranges.data();
+    values.f32[static_cast<size_t>((capacity - 3) * 8 + 1)] =
+        -std::numeric_limits<float>::infinity();
+    EXPECT_FALSE(run()) << "a value row of -inf";
+  }
 }
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(DecodeAttention);

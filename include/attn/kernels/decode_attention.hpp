@@ -65,11 +65,13 @@ struct DecodeOptions {
 // lengths[b] cached keys (B·H_kv: capacity × d) and values (B·H_kv: capacity × dv), H_kv dividing
 // H (query head h reads key/value head h / (H / H_kv)). `log_sum_exp` (B·H·n values, may be null)
 // as flash_attention_forward's. n ≤ 64 / (H / H_kv) (the group's queries share one tile: at most
-// 64 rows); ShapeError/ValueError otherwise. Extra memory: per task a few tiles, plus B·H·n·(dv +
-// 2) floats per split for the partial results. Returns whether every score it computed (every
-// query row against every key row it read, before soft-capping and masking) was finite: false
-// when a key row it read holds NaN or ±∞, or a product overflowed; the caller that skipped
-// scanning the cache for them learns so here (a value that is not finite makes the output so).
+// 64 rows); ShapeError/ValueError otherwise. Extra memory: per task a few tiles, plus, where the
+// keys are split over tasks, B·H·n·(dv + 2) floats per split for the partial results. Returns
+// whether every query element, every score it computed (every query row against every key row it
+// read, before soft-capping and masking) and every output element was finite: false when a query
+// or a key row it read holds NaN or ±∞, a product overflowed, or an output did (a value row that
+// is not finite makes its outputs so); the caller that skipped scanning its inputs for them learns
+// so here. A row that sees no key (output 0, log-sum-exp −∞) is finite.
 bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                               const CacheTensorView& values, const int64_t* lengths,
                               const DecodeOptions& options, HeadsView out,
