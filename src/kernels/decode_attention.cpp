@@ -1748,7 +1748,11 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
   const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
   // The rows' queries (row r: head g·G + r / n, query r % n), scaled (unless the pairs hold them);
-  // their key ranges.
+  // their key ranges. Every split reads all its rows' queries: the first checks them as it does (a
+  // call that skipped scanning its queries learns of a NaN or ±∞ here, also in a row that sees no
+  // key).
+  const bool check_queries = split == 0;
+  MagnitudeBits queries;
   int64_t begin = length, end = 0, common_begin = 0, common_end = length;
   for (size_t r = 0; r < row_lanes; ++r) {
     int64_t first = 0, last = 0;
@@ -1761,6 +1765,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
         s.alibi_position[r] = static_cast<float>(length - n + i);
       }
       const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
+      if (check_queries) queries.Add(q, depth);
       if (!pair_scores)
         for (size_t t = 0; t < depth; ++t) s.q_rows[r * depth + t] = q[t] * options.scale;
       if (options.key_ranges != nullptr) {
@@ -1787,17 +1792,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     s.row_max[r] = -std::numeric_limits<float>::infinity();
     s.row_sum[r] = 0.0F;
   }
-  // Every split reads all its rows' queries: the first checks them (a call that skipped scanning
-  // its queries learns of a NaN or ±∞ here, also in a row that sees no key).
-  if (split == 0) {
-    MagnitudeBits queries;
-    for (size_t r = 0; r < rows; ++r) {
-      const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
-      queries.Add(args.q.matrix(b, h) + i * args.q.row_stride, depth);
-    }
-    if (queries.Largest() >= core_detail::kFirstNonFinite)
-      args.non_finite->store(true, std::memory_order_relaxed);
-  }
+  if (queries.Largest() >= core_detail::kFirstNonFinite)
+    args.non_finite->store(true, std::memory_order_relaxed);
   std::fill(s.output, s.output + hwy::RoundUpTo(rows, 4) * dv_padded, 0.0F);
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   if (!pair_scores)
