@@ -2137,12 +2137,17 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
 
   // Splits: enough tasks to keep every thread busy several times over, each split at least a few
   // key tiles long (partials and their merge cost per split).
-  // Threads as the keys and values read are worth (useful_threads).
-  const int threads = useful_threads(
+  // Threads as the keys and values read are worth (useful_threads), or the products, where many
+  // rows share each key: 16 queries of 4 × 2 heads against 16 keys (d = 64) read 64 KiB, one
+  // thread's worth, and make 5·10⁵ flops, two threads' (kFlopsPerThread, the prefill's unit).
+  const double bytes_read =
       static_cast<double>(q.batch * keys.heads) * static_cast<double>(longest) *
-          (static_cast<double>(keys.cols) * static_cast<double>(cache_dtype_size(keys.dtype)) +
-           static_cast<double>(values.cols) * static_cast<double>(cache_dtype_size(values.dtype))),
-      kDecodeBytesPerThread);
+      (static_cast<double>(keys.cols) * static_cast<double>(cache_dtype_size(keys.dtype)) +
+       static_cast<double>(values.cols) * static_cast<double>(cache_dtype_size(values.dtype)));
+  const double flops = 2.0 * static_cast<double>(q.batch * q.heads * q.rows) *
+                       static_cast<double>(longest) * static_cast<double>(keys.cols + values.cols);
+  const int threads =
+      useful_threads(std::max(bytes_read / kDecodeBytesPerThread, flops / kFlopsPerThread), 1.0);
   const int64_t tile = static_cast<int64_t>(decode_detail::kKeyTile);
   const int64_t key_tiles = std::max<int64_t>(1, (longest + tile - 1) / tile);
   const int64_t wanted = (4 * threads + q.batch * keys.heads - 1) / (q.batch * keys.heads);
