@@ -734,14 +734,24 @@ HWY_INLINE void BroadcastScoreKeys(D d, const float* HWY_RESTRICT keys, size_t k
 // Sᵀ of a tile's bc keys for every vector of rows (BroadcastScoreKeys) from fp32 key rows — the
 // cache's own, or a half-precision tile widened once (WidenTileRows) — requesting the later
 // tile's whole K and V rows key by key (spread over each block's first pass), as the
-// compute-bound ScoreStep does.
+// compute-bound ScoreStep does; `on_tiles` (ProductsOnTiles): by the prefill's Gemm instead, six
+// keys at a time, their later rows requested before each six.
 template <class D>
 HWY_NOINLINE void BroadcastScoreTile(D d, size_t bc, const CacheRows& keys,
                                      const float* HWY_RESTRICT q_columns, size_t row_lanes,
                                      size_t depth, float* HWY_RESTRICT scores,
-                                     const TilePrefetch& prefetch) {
+                                     const TilePrefetch& prefetch, bool on_tiles) {
   const auto* key_rows = reinterpret_cast<const float*>(keys.data);
   const size_t key_stride = keys.stride / sizeof(float), lanes = hn::Lanes(d);
+  if (on_tiles) {
+    for (size_t j = 0; j < bc; j += kMaxRows) {
+      const size_t count = std::min(kMaxRows, bc - j);
+      for (size_t k = 0; k < count; ++k) prefetch.BothRows(j + k);
+      Gemm<false>(d, count, row_lanes / lanes, key_rows + j * key_stride, key_stride, 1, q_columns,
+                  row_lanes, depth, scores + j * row_lanes, row_lanes);
+    }
+    return;
+  }
   size_t j = 0;
   for (; j + 8 <= bc; j += 8) {
     for (size_t r0 = 0; r0 < row_lanes; r0 += lanes) {
@@ -1655,6 +1665,20 @@ inline bool BroadcastsScores(CacheDType dtype, size_t rows, int64_t keys) {
   return HWY_MAX_BYTES >= 64 && rows > 8 && dtype != CacheDType::kInt8 && keys >= kBroadcastMinKeys;
 }
 
+// Whether a task's fp32 scores (BroadcastScoreTile) take the prefill's register tiles (Gemm<false>:
+// 6 keys × 4 vectors of rows, one broadcast per four multiply-adds) instead of
+// BroadcastScoreKeys' 8 keys × 1 vector (a broadcast per multiply-add): on AVX-512, more than 48
+// rows a key/value head (four vectors of rows: 16 new queries of a group of 4 heads), where the
+// scores are compute-bound. Measured on Emerald Rapids (one thread, 32 query heads over 8 of 128,
+// 16 queries, fp32): with 1024 keys in L3 the scores' samples fell from 53% to 36% of the call
+// (the call about 17% faster); from memory (32768 keys) level to 10% faster. With 16 and 32 rows
+// from memory the tiles ran 0.75–0.9× (the Gemm requests the later tile's rows six keys at once,
+// where BroadcastScoreKeys spreads them over its pass), so those keep BroadcastScoreKeys. P·V on
+// the tiles (Gemm<true>) measured level with AccumulateValues and is not used.
+inline bool ProductsOnTiles(size_t rows) {
+  return HWY_MAX_BYTES >= 64 && rows > 48;
+}
+
 // Whether a task of kMinPairRows rows or more may score bf16 keys on vdpbf16ps
 // (FourRowScoresOnPairs, EightRowScoresOnPairs, ScoresOnPairs): where the target has it and
 // bf16_dot_in_use() (on Intel's cores the widened keys' fp32 products ran level at 4 and 16 rows a
@@ -1821,6 +1845,9 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // Keys and values of one dtype (the cache's): their tiles widened once where that pays.
   const bool widens_tiles =
       args.keys.dtype == args.values.dtype && WidensTiles(args.keys.dtype, row_lanes);
+  // Many rows: the scores on the prefill's register tiles (ProductsOnTiles).
+  const bool products_on_tiles = ProductsOnTiles(rows);
+
   FlashAttentionOptions modifiers;  // soft-capping and the key ranges only
   modifiers.softcap = options.softcap;
   const QueryTile tile{b,       g,      0,
@@ -1883,7 +1910,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
               ? key_rows
               : WidenTileRows(df, args.keys.dtype, key_rows, bc, depth, s.widened_rows);
       if (broadcast_scores) {  // rows along the full vectors of df
-        BroadcastScoreTile(df, bc, fp32_keys, s.q_columns, row_lanes, depth, s.scores, prefetch);
+        BroadcastScoreTile(df, bc, fp32_keys, s.q_columns, row_lanes, depth, s.scores, prefetch,
+                           products_on_tiles);
       } else {
         ScoreTileOutOfLine<CacheDType::kFloat32>(df, bc, fp32_keys, s.q_rows, rows, depth, s.scores,
                                                  row_lanes, prefetch);

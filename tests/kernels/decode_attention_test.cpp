@@ -255,10 +255,13 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
       // MQA 8 with four tokens see fewer and keep the dot products): 48 rows (GQA 12, four tokens)
       // with odd d and dv and keys not a multiple of the 8 per step; 64 rows (GQA 4, 16 tokens) at
       // d = 128 with a window of 140 keys, soft-capping, sinks and ALiBi; the same with a window of
-      // 60 (fewer keys than that: the dot products)
+      // 60 (fewer keys than that: the dot products); more than 48 rows score on the prefill's
+      // register tiles (ProductsOnTiles): 52 rows (GQA 13, four tokens), odd d, 203 keys (a last
+      // tile of 11 keys, blocks of six keys and a remainder)
       {2, 12, 1, 4, 137, 20, 36, true, -1, -1, 0.0F, false},
       {1, 8, 2, 16, 300, 128, 128, true, 140, 0, 2.0F, true, true},
       {1, 8, 2, 16, 150, 128, 128, true, 60, 0, 2.0F, true, true},
+      {2, 13, 1, 4, 203, 33, 40, true, -1, -1, 0.0F, false},
       // 5 to 8 rows a key/value head take 8-lane rows where full vectors have 16: 7 rows (GQA 7)
       // over a last tile of 5 keys, 5 rows over one of 3 keys, 8 rows with a window, soft-capping,
       // sinks and ALiBi (bf16 queries: the pairs' probabilities packed four keys a step)
