@@ -35,12 +35,13 @@ namespace attn {
 // patterns) — run on the decode kernel (kernels/decode_attention.hpp: keys split across threads,
 // each key/value row read once per group of query heads); everything else on the prefill
 // kernels. Both give the result within float rounding of exact, their log-sum-exp too. The decode
-// kernel checks the key and value rows it reads for NaN and ±∞ (its scores and output) instead of
-// scanning the inputs first (one read of the cache instead of two); when it finds one, the call
-// is redone on the scanned path, which names the input. Two differences remain: rows the decode
-// kernel never reads (hidden from every query) are not checked, and the prefill path refuses
-// inputs whose score bound |scale|·E·max|q|·max|k| reaches 1e37, where the decode kernel,
-// checking the scores themselves, answers when every one of them is finite. The prefill kernels
+// kernel checks the query, key and value rows it reads for NaN and ±∞ (the queries, its scores
+// and its output) instead of scanning the inputs first (one read of the cache instead of two);
+// when it finds one, the call is redone on the scanned path, which names the input. Two
+// differences remain: rows the decode kernel never reads (hidden from every query) are not
+// checked, and the prefill path refuses inputs whose score bound |scale|·E·max|q|·max|k| reaches
+// 1e37, where the decode kernel, checking the scores themselves, answers when every one of them
+// is finite. The prefill kernels
 // likewise report the largest magnitude of the rows they read, and the call is checked from those
 // after the pass (inputs with a contiguous last axis): rows no query tile reads are not checked
 // there either; a failed check zeroes the output and redoes the call on the scanned path. The
