@@ -181,6 +181,10 @@ struct Scratch {
   float* output_transposed = nullptr;
   size_t value_block_words = 0;
   size_t dv_tiles = 0;
+  // Pairs of dimensions a query takes in query_pairs (rows br apart) and a key row in key_pairs:
+  // (d + 1) / 2; on AMX tiles rounded up to whole tiles of 16 pairs, the pairs past d zero, so that
+  // heads of any depth (80, 96) take the tiles.
+  size_t pair_depth = 0;
 
   // Keeps the packed rows of `head` when a range starting at `begin` extends them (ranges that move
   // forward or stay); otherwise the packed range restarts, empty, at `begin`.
@@ -197,6 +201,7 @@ struct Scratch {
     const size_t key_blocks = hwy::RoundUpTo(keys, 32);
     dv_tiles = hwy::RoundUpTo(dv_padded, 32);
     value_block_words = dv_tiles * 16;
+    pair_depth = amx_tiles ? hwy::RoundUpTo((depth + 1) / 2, 16) : (depth + 1) / 2;
     memory = carve_scratch(lanes, [&](const auto& take) {
       for (Slot& slot : slots) {
         slot.q_transposed = take(depth * br);
@@ -212,16 +217,16 @@ struct Scratch {
       row_rescale = take(br);
       widened_row = take(std::max(depth, dv_padded));
       if (bf16_pairs) {
-        const size_t depth_pairs = (depth + 1) / 2, key_pairs_count = (keys + 1) / 2;
-        query_pairs = as_uint32(take(depth_pairs * br));
+        const size_t key_pairs_count = (keys + 1) / 2;
+        query_pairs = as_uint32(take(pair_depth * br));
         probability_pairs = as_uint32(take(bc / 2 * br));
         if (amx_tiles) {
-          key_pairs = as_uint32(take(key_blocks * depth_pairs));
+          key_pairs = as_uint32(take(key_blocks * pair_depth));
           value_pairs = as_uint32(take(16 * dv_tiles));
           values_transposed = as_uint32(take(key_blocks / 32 * value_block_words));
           output_transposed = take(dv_tiles * br);
         } else {
-          key_pairs = as_uint32(take(2 * key_pairs_count * depth_pairs));
+          key_pairs = as_uint32(take(2 * key_pairs_count * pair_depth));
           value_pairs = as_uint32(take(key_pairs_count * dv_padded));
         }
       } else {
@@ -229,6 +234,10 @@ struct Scratch {
         packed_values = take(keys * dv_padded);
       }
     });
+    // The queries' pairs past d stay zero: PrepareQueryTile writes the first (d + 1) / 2 rows.
+    if (query_pairs != nullptr) {
+      std::fill(query_pairs + (depth + 1) / 2 * br, query_pairs + pair_depth * br, 0U);
+    }
     UseSlot(0);
   }
 };
@@ -936,7 +945,7 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   const int64_t head = b * args.k.heads + h;
   s.ContinuePacking(head, begin);
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
-  const size_t depth_pairs = (depth + 1) / 2;
+  const size_t depth_pairs = s.pair_depth;
   const uint16_t* k = args.k16.matrix(b, h);
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
@@ -967,17 +976,19 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
   const int64_t head = b * args.k.heads + h;
   s.ContinuePacking(head, begin);
   const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
-  const size_t depth_pairs = (depth + 1) / 2, dv_tiles = s.dv_tiles;
+  const size_t pair_depth = s.pair_depth, dv_tiles = s.dv_tiles;
   const uint16_t* k = args.k16.matrix(b, h);
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
   for (int64_t j = s.packed_end; j < end; j += kBlock) {
     for (int64_t row = j; row < j + kBlock; ++row) {
-      uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * depth_pairs;
+      uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * pair_depth;
       if (row < keys) {
+        // Zeros past d (an odd d's last pair's upper half, the pairs up to whole tiles), then d.
+        std::fill(pairs + depth / 2, pairs + pair_depth, 0U);
         std::memcpy(pairs, k + row * args.k16.row_stride, depth * sizeof(uint16_t));
       } else {
-        std::fill_n(pairs, depth_pairs, 0U);
+        std::fill_n(pairs, pair_depth, 0U);
       }
     }
     for (int64_t pair = 0; pair < kBlock / 2; ++pair) {
@@ -1150,7 +1161,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const hn::ScalableTag<float> d;
   constexpr size_t kLanes = 16;
   const size_t br = flash_detail::kQueryVectors * kLanes;
-  const size_t depth_pairs = (static_cast<size_t>(args.q.cols) + 1) / 2;
+  const size_t depth_pairs = s.pair_depth;  // on AMX tiles, whole tiles' worth
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), kLanes);
   const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
   if constexpr (kOnTiles) {
@@ -1258,11 +1269,10 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   WriteOutputRows(args, tile, dv_padded, s);
 }
 
-// Which products the bf16 forward uses: AMX tiles (hardware or model) as amx_use() says, for depths
-// that fill whole tiles of 16 pairs.
+// Which products the bf16 forward uses: AMX tiles (hardware or model) as amx_use() says, for any
+// depth (padded with zeros to whole tiles of 16 pairs: Scratch::pair_depth).
 enum class TileProducts { kVector, kAmx, kAmxModel };
-TileProducts ChooseTileProducts(const ForwardArgs& args) {
-  if (args.q.cols % 32 != 0) return TileProducts::kVector;
+TileProducts ChooseTileProducts() {
   switch (amx_use()) {
     case AmxUse::kModel:
       return TileProducts::kAmxModel;
@@ -1292,13 +1302,12 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
 constexpr bool kBFloat16Path = false;
 #endif
 
-// Whether bf16 inputs with heads of `depth` take FlashForwardTileBF16 under this target on this
-// CPU: on AMX tiles where they are in use and take the depth, on vdpbf16ps where bf16_dot_in_use();
-// elsewhere they widen to fp32 (vdpbf16ps makes half the fp32 FMAs' products per cycle on Intel's
-// cores, bfloat16_dot.hpp).
-bool NativeBFloat16(int64_t depth) {
+// Whether bf16 inputs take FlashForwardTileBF16 under this target on this CPU, at any depth: on AMX
+// tiles where they are in use, on vdpbf16ps where bf16_dot_in_use(); elsewhere they widen to fp32
+// (vdpbf16ps makes half the fp32 FMAs' products per cycle on Intel's cores, bfloat16_dot.hpp).
+bool NativeBFloat16() {
   if (!kBFloat16Path || !cpu_has_avx512_bf16()) return false;
-  return (amx_tiles_in_use() && depth % 32 == 0) || bf16_dot_in_use();
+  return amx_tiles_in_use() || bf16_dot_in_use();
 }
 
 // Query rows [first_query, first_query + rows) of query head (b, h): a task's.
@@ -1343,8 +1352,7 @@ void FlashForward(const ForwardArgs& call) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t br = flash_detail::kQueryVectors * lanes;
-  const bool bf16_pairs =
-      call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16(call.q.cols);
+  const bool bf16_pairs = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
   // The softmax in base 2 for dot-product scores (the modifiers scaled to match,
   // ApplyScoreModifiers' unit; FlashForwardTileBF16's steps are in base 2 throughout).
   ForwardArgs args = call;
@@ -1402,7 +1410,7 @@ void FlashForward(const ForwardArgs& call) {
   const int64_t tasks_per_head = (blocks_per_head + blocks_per_task - 1) / blocks_per_task;
   const int64_t tasks = heads * tasks_per_head;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  const TileProducts products = bf16_pairs ? ChooseTileProducts(args) : TileProducts::kVector;
+  const TileProducts products = bf16_pairs ? ChooseTileProducts() : TileProducts::kVector;
   const bool amx_tiles = products != TileProducts::kVector;
 #else
   const bool amx_tiles = false;
@@ -1506,8 +1514,8 @@ void RunForward(flash_detail::ForwardArgs args, ReadMagnitudes* read) {
 
 }  // namespace
 
-bool flash_attention_bfloat16_native(int64_t depth) {
-  return HWY_DYNAMIC_DISPATCH(NativeBFloat16)(depth);
+bool flash_attention_bfloat16_native([[maybe_unused]] int64_t depth) {
+  return HWY_DYNAMIC_DISPATCH(NativeBFloat16)();
 }
 
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,

@@ -431,8 +431,9 @@ TEST_P(FlashAttentionHalf, BFloat16TakesTheDotProductsOnlyWhereFaster) {
             AvxThreeTarget(GetParam()) && bf16_dot_outpaces_fma());
 }
 
-// Shapes for the AMX path (depths a multiple of 32): value depths off the 32-column tiles, key
-// tiles and windows that start off the 32-key blocks, one query, one key, several key tiles.
+// Shapes for the AMX path: value depths off the 32-column tiles, key tiles and windows that start
+// off the 32-key blocks, one query, one key, several key tiles; depths that fill whole tiles and
+// depths padded to them (80 and 96, common head sizes, and an odd one).
 const HalfCase kAmxCases[] = {
     {1, 1, 1, 1, 1, 32, 16},
     {1, 4, 2, 70, 131, 64, 64, true},
@@ -450,6 +451,11 @@ const HalfCase kAmxCases[] = {
     {1, 1, 1, 128, 192, 128, 32, true},
     {1, 2, 2, 130, 200, 64, 64, false, -1, -1, true, true, false, 0.0F, 1.0F, 0.2F},
     {1, 1, 1, 192, 256, 64, 96, false, 40, 10, false, false, true, 6.0F},
+    // Depths padded with zeros to whole tiles: 80 (5 of 6 pairs' tiles), 96 causal over grouped
+    // heads, an odd 47 with a window and lengths.
+    {2, 2, 1, 70, 150, 80, 80},
+    {1, 4, 2, 100, 130, 96, 96, true},
+    {1, 2, 2, 65, 97, 47, 20, false, 30, 3, true},
 };
 
 // The AMX shapes (depths of whole tiles) on vdpbf16ps, AMX tiles off.
@@ -474,6 +480,7 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
   EXPECT_FALSE(flash_attention_bfloat16_backward_native(48, 64));
   Rng rng(83);
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
+  for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
 }
 
 // Without tiles the backward's products follow the forward's: vdpbf16ps wherever it takes them.
@@ -488,15 +495,17 @@ TEST_P(FlashAttentionHalf, BFloat16BackwardOnVectorsWhereTheForwardIs) {
   }
 }
 
-// On tiles, depths that fill no whole tile take vdpbf16ps in the forward only where it is in use.
-TEST_P(FlashAttentionHalf, BFloat16DepthsOffTheTilesFollowTheDotProducts) {
+// On tiles the forward takes every depth (padded to whole tiles), whether vdpbf16ps is in use or
+// not; the backward only depths that fill them.
+TEST_P(FlashAttentionHalf, BFloat16ForwardTakesTheTilesAtEveryDepth) {
   const ScopedAmxUse model(AmxUse::kModel);
   if (!flash_attention_bfloat16_native(64))
     GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
   for (const Bf16DotUse use : {Bf16DotUse::kNever, Bf16DotUse::kAlways}) {
     const ScopedBf16DotUse dot(use);
-    EXPECT_TRUE(flash_attention_bfloat16_native(32));
-    EXPECT_EQ(flash_attention_bfloat16_native(20), use == Bf16DotUse::kAlways);
+    for (const int64_t depth : {1, 20, 32, 47, 80, 96, 256})
+      EXPECT_TRUE(flash_attention_bfloat16_native(depth)) << "d = " << depth;
+    EXPECT_FALSE(flash_attention_bfloat16_backward_native(80, 80));
   }
 }
 

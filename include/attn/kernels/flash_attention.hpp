@@ -59,9 +59,10 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
                              float* log_sum_exp = nullptr, ReadMagnitudes* read = nullptr);
 
 // True when the bf16 forward pass on heads of `depth` (q, k) runs its products on bf16 pairs under
-// the SIMD target dispatch picks: on AMX tiles where they are in use (amx_tiles_in_use()) and
-// `depth` is a multiple of 32, on vdpbf16ps where bf16_dot_in_use() (AVX512-BF16 where it outpaces
-// fp32 FMAs: AMD's Zen 4 and later; bfloat16_dot.hpp). Elsewhere bf16 widens to fp32.
+// the SIMD target dispatch picks: on AMX tiles where they are in use (amx_tiles_in_use(); a depth
+// off their 32 columns is padded with zeros), on vdpbf16ps where bf16_dot_in_use() (AVX512-BF16
+// where it outpaces fp32 FMAs: AMD's Zen 4 and later; bfloat16_dot.hpp). Elsewhere bf16 widens to
+// fp32. Every depth is answered alike today; the argument stays for the backward's like question.
 bool flash_attention_bfloat16_native(int64_t depth);
 
 // True when the bf16 backward pass on heads of `depth` (q, k) and `value_depth` (v) runs its
