@@ -8,7 +8,9 @@
 #include <optional>
 #include <vector>
 
+#include "attn/kernels/amx.hpp"
 #include "attn/kernels/decode_attention.hpp"
+#include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/prepared_attention.hpp"
@@ -147,6 +149,20 @@ bool may_decode_without_scans(const Shape& query, const Shape& key,
   return n >= 1 && n <= kMaxDecodeQueries && n <= m && options.dropout == 0.0F;
 }
 
+// bf16 calls of at least this many queries per sequence run on the prefill kernel where its
+// products are on AMX tiles: the decode kernel widens bf16 to fp32 FMAs, its time growing with n,
+// while the prefill's 32-row query tiles cost about the same for 1 to 32 queries. On a Sapphire
+// Rapids-class core (1 thread, ten shapes of 1–32 query heads, d = 64–256, m = 64–4096) the
+// prefill was 1.05–1.67x faster at n = 8 but for one shape (2 heads of 256, 4096 keys: 0.69x),
+// 1.01–2.6x at n = 12 and 16, and slower at n ≤ 4 (docs/benchmarks.md, "bf16 heads of 80 and 96 on
+// AMX tiles").
+constexpr int64_t kMinTilePrefillQueries = 8;
+
+bool bf16_prefill_on_tiles(HalfType type, int64_t n, int64_t depth) {
+  return type == HalfType::kBFloat16 && n >= kMinTilePrefillQueries && amx_tiles_in_use() &&
+         flash_attention_bfloat16_native(depth);
+}
+
 }  // namespace
 
 bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
@@ -189,6 +205,11 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
                           std::span<float> log_sum_exp) {
   if (!may_decode_without_scans(query.shape(), key.shape(), options) || !rows_contiguous(query) ||
       !rows_contiguous(key) || !rows_contiguous(value)) {
+    return false;
+  }
+  const Shape& query_shape = query.shape();
+  if (bf16_prefill_on_tiles(type, query_shape[query_shape.rank() - 2],
+                            query_shape[query_shape.rank() - 1])) {
     return false;
   }
   // The shapes as float views without data (kShapesOnly reads none): the layouts, in elements,

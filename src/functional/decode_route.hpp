@@ -19,7 +19,8 @@ namespace attn::functional_detail {
 inline constexpr int64_t kMaxDecodeQueries = 16;
 
 // Decoding-shaped calls (the conditions are decode_route's, in decode_route.cpp: at most
-// kMaxDecodeQueries queries, no ALiBi or dropout, masks of intervals, diagonals on the last key)
+// kMaxDecodeQueries queries, no ALiBi or dropout, masks of intervals, diagonals on the last key;
+// bf16 calls of 8 or more queries take the prefill where its products are on AMX tiles)
 // of the float and half-precision calls (scaled_dot_product_attention's overloads) on the decode
 // kernel without first scanning the keys and values for NaN and ±∞ — a read of the whole cache as
 // long as the kernel's own. The kernel checks the rows it reads instead: it reports a query that

@@ -79,8 +79,9 @@ struct ForwardArgs {
   bool stream_output = false;
 };
 
-constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes: the register tile's width (kMaxVectors)
-constexpr size_t kKeyTile = 64;      // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
+constexpr size_t kQueryVectors = 4;   // Br = 4 · lanes: the register tile's width (kMaxVectors)
+constexpr size_t kShortAmxRows = 32;  // Br on AMX tiles for heads of at most this many queries
+constexpr size_t kKeyTile = 64;       // Bc: Sᵀ (Bc × Br floats) stays in L1 at 16 lanes
 // Query tiles of one head that a task may take together, each key tile then serving them all
 // while it is in L1/L2 (FlashForwardTiles): K and V are read from L3 or memory once per block.
 // Zen 4, 2 threads, B = 1, 2 heads, n = 32768: 4 tiles a block ran 3–4% faster than 2.
@@ -1155,12 +1156,11 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
 // elsewhere starts that many keys earlier, which no row sees and the modifiers mask.
 template <class Tiles>
 ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
-                                          int64_t first_query, SpreadPrefetch& prefetch, Scratch& s,
-                                          Tiles& tiles) {
+                                          int64_t first_query, size_t br, SpreadPrefetch& prefetch,
+                                          Scratch& s, Tiles& tiles) {
   constexpr bool kOnTiles = !std::is_same_v<Tiles, VectorProducts>;
   const hn::ScalableTag<float> d;
   constexpr size_t kLanes = 16;
-  const size_t br = flash_detail::kQueryVectors * kLanes;
   const size_t depth_pairs = s.pair_depth;  // on AMX tiles, whole tiles' worth
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), kLanes);
   const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
@@ -1178,8 +1178,8 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   // The query vectors the steps compute: on vdpbf16ps those holding a query (a tile of n < Br
   // queries, or a ragged n's last), whose lanes are all P·V reads; on AMX tiles, whose products
   // take whole tiles of P, all of them.
-  const size_t vectors = kOnTiles ? flash_detail::kQueryVectors
-                                  : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
+  const size_t vectors =
+      kOnTiles ? br / kLanes : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
   const size_t width = vectors * kLanes;
   const bool scale_in_exponent = kOnTiles && ScalesInExponent(args.options);
   // Scores in base 2 (ForwardArgs::base_two, always on this path): the scale times log2 e, applied
@@ -1285,18 +1285,18 @@ TileProducts ChooseTileProducts() {
 }
 
 ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
-                                          int64_t first_query, SpreadPrefetch& prefetch, Scratch& s,
-                                          TileProducts products) {
+                                          int64_t first_query, size_t br, SpreadPrefetch& prefetch,
+                                          Scratch& s, TileProducts products) {
   if (products == TileProducts::kAmx) {
     amx::AmxHardwareTiles tiles;
-    return FlashForwardTileBF16(args, b, h, first_query, prefetch, s, tiles);
+    return FlashForwardTileBF16(args, b, h, first_query, br, prefetch, s, tiles);
   }
   if (products == TileProducts::kAmxModel) {
     amx::AmxTileModel tiles;
-    return FlashForwardTileBF16(args, b, h, first_query, prefetch, s, tiles);
+    return FlashForwardTileBF16(args, b, h, first_query, br, prefetch, s, tiles);
   }
   VectorProducts vector;
-  FlashForwardTileBF16(args, b, h, first_query, prefetch, s, vector);
+  FlashForwardTileBF16(args, b, h, first_query, br, prefetch, s, vector);
 }
 #else
 constexpr bool kBFloat16Path = false;
@@ -1351,8 +1351,19 @@ void PublishReadMagnitudes(const Scratch& s, const ForwardArgs& args) {
 void FlashForward(const ForwardArgs& call) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
-  const size_t br = flash_detail::kQueryVectors * lanes;
   const bool bf16_pairs = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const TileProducts products = bf16_pairs ? ChooseTileProducts() : TileProducts::kVector;
+  const bool amx_tiles = products != TileProducts::kVector;
+#else
+  const bool amx_tiles = false;
+#endif
+  // Query tiles of Br rows: 4 vectors, or on AMX tiles for heads of at most 32 queries the tiles'
+  // least, 32 (2 × 2 tiles of 16): the products and the softmax over a 64-row tile cost the same
+  // for 17 queries as for 64.
+  const size_t br = amx_tiles && call.q.rows <= static_cast<int64_t>(flash_detail::kShortAmxRows)
+                        ? flash_detail::kShortAmxRows
+                        : flash_detail::kQueryVectors * lanes;
   // The softmax in base 2 for dot-product scores (the modifiers scaled to match,
   // ApplyScoreModifiers' unit; FlashForwardTileBF16's steps are in base 2 throughout).
   ForwardArgs args = call;
@@ -1409,12 +1420,6 @@ void FlashForward(const ForwardArgs& call) {
                     : std::clamp<int64_t>(heads * blocks_per_head / (4 * team), 1, blocks_per_head);
   const int64_t tasks_per_head = (blocks_per_head + blocks_per_task - 1) / blocks_per_task;
   const int64_t tasks = heads * tasks_per_head;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  const TileProducts products = bf16_pairs ? ChooseTileProducts() : TileProducts::kVector;
-  const bool amx_tiles = products != TileProducts::kVector;
-#else
-  const bool amx_tiles = false;
-#endif
   // Dynamic scheduling: causal, windowed and padded tiles differ widely in cost. A causal head's
   // later query tiles see more keys: they are handed out first (heaviest first), so the tasks left
   // for the end are light and no thread idles behind a heavy last one. A thread's packed keys and
@@ -1472,7 +1477,7 @@ void FlashForward(const ForwardArgs& call) {
           if (next_window && next) AddNextWindowRows(args, tiles, *next, prefetch);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
           if (bf16_pairs) {
-            FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, prefetch, scratch,
+            FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, br, prefetch, scratch,
                                  products);
             continue;
           }

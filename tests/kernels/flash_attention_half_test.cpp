@@ -456,6 +456,10 @@ const HalfCase kAmxCases[] = {
     {2, 2, 1, 70, 150, 80, 80},
     {1, 4, 2, 100, 130, 96, 96, true},
     {1, 2, 2, 65, 97, 47, 20, false, 30, 3, true},
+    // Heads of at most 32 queries take 32-row query tiles on the tiles: causal with lengths, sinks
+    // and dropout; a soft cap at an odd depth.
+    {1, 2, 1, 30, 150, 64, 64, true, -1, -1, true, true, false, 0.0F, 1.0F, 0.2F},
+    {2, 1, 1, 17, 70, 80, 40, false, -1, -1, false, false, false, 4.0F},
 };
 
 // The AMX shapes (depths of whole tiles) on vdpbf16ps, AMX tiles off.
