@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "attn/kernels/fused_options.hpp"
 #include "kernels/fast_math-inl.h"
@@ -116,6 +117,39 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
     return;
   }
   size_t r = 0;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // Float entries on AVX-512: blocks of 16 queries × 16 keys turned at once (TransposeWords16),
+  // each key's 16 entries then one vector: a third of the 4 × 4 blocks' operations per entry (a
+  // bf16 call of 16 queries against 4096 keys with a float mask had spent a quarter of its time
+  // adding the mask, Sapphire Rapids-class core).
+  if constexpr (std::is_same_v<Entry, float>) {
+    if (mask.col_stride == 1 && mask.row_stride > 0 && hn::Lanes(d) == 16) {
+      const auto unit_vector = hn::Set(d, unit);
+      const size_t full_keys = bc / 16 * 16;
+      HWY_ALIGN float block[16 * 16];
+      for (; r + 16 <= tile.rows; r += 16) {
+        const Entry* row = entries + mask.offset(tile.batch, tile.head,
+                                                 tile.first_query + static_cast<int64_t>(r), key0);
+        const auto stride = static_cast<size_t>(mask.row_stride);
+        for (size_t j = 0; j < full_keys; j += 16) {
+          TransposeWords16(reinterpret_cast<const uint32_t*>(row + j), stride,
+                           reinterpret_cast<uint32_t*>(block), 16);
+          for (size_t t = 0; t < 16; ++t) {
+            float* at = scores + (j + t) * br + r;
+            const auto entry = AddedScores(d, block + t * 16);
+            hn::StoreU(hn::MulAdd(entry, unit_vector, hn::LoadU(d, at)), d, at);
+          }
+        }
+        for (size_t j = full_keys; j < bc; ++j) {
+          for (size_t i = 0; i < 16; ++i) {
+            float& score = scores[j * br + r + i];
+            score = ScaledEntryAdded(score, unit, AddedScore(row[i * stride + j]));
+          }
+        }
+      }
+    }
+  }
+#endif
 #if HWY_TARGET != HWY_SCALAR
   if (mask.col_stride == 1) {
     const hn::CappedTag<float, 4> d4;
