@@ -154,7 +154,7 @@ bool may_decode_without_scans(const Shape& query, const Shape& key,
 // while the prefill's 32-row query tiles cost about the same for 1 to 32 queries. On a Sapphire
 // Rapids-class core (1 thread, ten shapes of 1–32 query heads, d = 64–256, m = 64–4096) the
 // prefill was 1.05–1.67x faster at n = 8 but for one shape (2 heads of 256, 4096 keys: 0.69x),
-// 1.01–2.6x at n = 12 and 16, and slower at n ≤ 4 (docs/benchmarks.md, "bf16 heads of 80 and 96 on
+// 1.04–2.6x at n = 12 and 16, and slower at n ≤ 4 (docs/benchmarks.md, "bf16 heads of 80 and 96 on
 // AMX tiles").
 constexpr int64_t kMinTilePrefillQueries = 8;
 
