@@ -90,9 +90,8 @@ std::string status_of_use() {
     case AmxUse::kModel:
       return "AMX-BF16 modelled in C++ (tests only)";
     case AmxUse::kWhereAvailable:
-      return amx_available()
-                 ? "AMX-BF16 in use (bf16 forward at any depth, backward at depths multiples of 32)"
-                 : "no AMX";
+      return amx_available() ? "AMX-BF16 in use (bf16 forward and backward, any head size)"
+                             : "no AMX";
     case AmxUse::kNever:
       break;
   }

@@ -142,9 +142,14 @@ struct BackwardScratch : BackwardTileBuffers {
   float* grad_q;        // n × d_padded
   float* grad_k;        // m × d_padded: dK of the key/value head, summed over its query heads
   float* grad_v;        // m × dv_padded
+  // The rows' widths in the layouts above and below: d and dv rounded up to whole vectors (on AMX
+  // tiles to the tiles' 32 columns), and the pairs of a row of the pair layouts, (d + 1) / 2 and
+  // (dv + 1) / 2 (on AMX tiles d_padded / 2 and dv_padded / 2: whole tiles of 16 pairs). Padding
+  // is zero, so heads of any size (80, 96) take the tiles.
+  size_t d_padded = 0, dv_padded = 0, d_pairs = 0, dv_pairs = 0;
   // The bf16 dot-product path (BFloat16Products) also keeps bf16 pairs of adjacent dimensions, as
-  // the forward pass's: Qᵀ and dOᵀ per query tile (tiles × d/2 × Br, dv/2 × Br), the key and value
-  // rows (m × d/2, m × dv/2), an odd size's last pair padded with 0.
+  // the forward pass's: Qᵀ and dOᵀ per query tile (tiles × d_pairs × Br, dv_pairs × Br), the key
+  // and value rows (m × d_pairs, m × dv_pairs), the pairs past d (dv) 0.
   uint32_t* query_pairs = nullptr;
   uint32_t* grad_out_pairs = nullptr;
   uint32_t* key_pairs = nullptr;
@@ -195,7 +200,11 @@ struct BackwardScratch : BackwardTileBuffers {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
-    const size_t d_padded = hwy::RoundUpTo(d, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
+    const size_t columns = amx_products ? 32 : lanes;
+    d_padded = hwy::RoundUpTo(d, columns);
+    dv_padded = hwy::RoundUpTo(dv, columns);
+    d_pairs = amx_products ? d_padded / 2 : (d + 1) / 2;
+    dv_pairs = amx_products ? dv_padded / 2 : (dv + 1) / 2;
     const size_t key_tile_bytes = bc * (2 * d_padded + 2 * dv_padded) * sizeof(float);
     key_block_tiles = std::clamp<size_t>(l2_cache_bytes() / 2 / key_tile_bytes, 1,
                                          flash_backward_detail::kMaxKeyBlockTiles);
@@ -213,7 +222,6 @@ struct BackwardScratch : BackwardTileBuffers {
       grad_k = take(summed * m * d_padded);
       grad_v = take(summed * m * dv_padded);
       if (bf16_pairs) {
-        const size_t d_pairs = (d + 1) / 2, dv_pairs = (dv + 1) / 2;
         query_pairs = as_uint32(take(n_padded * d_pairs));
         grad_out_pairs = as_uint32(take(n_padded * dv_pairs));
         key_pairs = as_uint32(take(m * d_pairs));
@@ -316,30 +324,33 @@ void AddReadRows(const BackwardArgs& args, const ConstHeadsView& view,
 }
 
 // Rows [first_row, end_row) of matrix (b, h) of bf16 `half` as pairs of adjacent elements,
-// (cols + 1) / 2 per row (an odd count's last pair padded with 0), into the same rows of
-// `destination`: a row's adjacent bf16 already are its pairs in memory.
+// `pairs` ≥ (cols + 1) / 2 per row (the pairs past cols 0, an odd count's last one half 0), into
+// the same rows of `destination`: a row's adjacent bf16 already are its pairs in memory.
 void RowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, int64_t first_row,
-              int64_t end_row, uint32_t* destination) {
-  const auto cols = static_cast<size_t>(half.cols), pairs = (cols + 1) / 2;
+              int64_t end_row, size_t pairs, uint32_t* destination) {
+  const auto cols = static_cast<size_t>(half.cols);
   for (int64_t r = first_row; r < end_row; ++r) {
     uint32_t* row = destination + static_cast<size_t>(r) * pairs;
-    row[pairs - 1] = 0U;
+    std::fill(row + cols / 2, row + pairs, 0U);
     std::memcpy(row, half.matrix(b, h) + r * half.row_stride, cols * sizeof(uint16_t));
   }
 }
 
 // The same rows transposed per tile of br rows: tile t holds pairs × br words, word p·br + r the
-// pair p of row t·br + r (0 past the last row), the layout of Qᵀ and dOᵀ in pairs.
+// pair p of row t·br + r (0 past the last row, and for the pairs past (cols + 1) / 2), the layout
+// of Qᵀ and dOᵀ in pairs.
 void TransposedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, size_t br,
-                        uint32_t* destination) {
+                        size_t pairs, uint32_t* destination) {
   const auto rows = static_cast<size_t>(half.rows), cols = static_cast<size_t>(half.cols);
-  const size_t pairs = (cols + 1) / 2, tiles = (rows + br - 1) / br;
+  const size_t written = (cols + 1) / 2, tiles = (rows + br - 1) / br;
   // Only the last tile has rows past the matrix, whose words stay 0.
   if (rows % br != 0) std::fill_n(destination + (tiles - 1) * pairs * br, pairs * br, 0U);
   const auto stride = static_cast<size_t>(half.row_stride);
   for (size_t t = 0; t < tiles; ++t) {
+    uint32_t* tile = destination + t * pairs * br;
     TransposeRowPairs(half.matrix(b, h) + t * br * stride, stride, std::min(br, rows - t * br),
-                      cols, br, destination + t * pairs * br);
+                      cols, br, tile);
+    std::fill(tile + written * br, tile + pairs * br, 0U);
   }
 }
 
@@ -543,7 +554,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const size_t br = flash_backward_detail::kQueryVectors * lanes;
   const size_t n = static_cast<size_t>(args.q.rows), m = static_cast<size_t>(args.k.rows);
   const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
-  const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
+  const size_t d_padded = s.d_padded, dv_padded = s.dv_padded;
   const size_t tiles = (n + br - 1) / br;
   const FlashAttentionOptions& options = args.options;
   const float scale = options.scale;
@@ -567,11 +578,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
     s.queries = {s.q_rows, d_padded};
   }
   std::fill(s.grad_q, s.grad_q + n * d_padded, 0.0F);
-  [[maybe_unused]] const size_t depth_pairs = (depth + 1) / 2, dv_pairs = (dv + 1) / 2;
+  [[maybe_unused]] const size_t depth_pairs = s.d_pairs, dv_pairs = s.dv_pairs;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (bf16_products) {
-    TransposedRowPairs(args.q16, b, h, br, s.query_pairs);
-    TransposedRowPairs(args.grad_out16, b, h, br, s.grad_out_pairs);
+    TransposedRowPairs(args.q16, b, h, br, depth_pairs, s.query_pairs);
+    TransposedRowPairs(args.grad_out16, b, h, br, dv_pairs, s.grad_out_pairs);
     InterleavedRowPairs(args.q16, b, h, 0, tiles * br / 2, d_padded, s.query_row_pairs);
     InterleavedRowPairs(args.grad_out16, b, h, 0, tiles * br / 2, dv_padded, s.grad_out_row_pairs);
   }
@@ -850,11 +861,9 @@ KeyRange TaskKeyRows(const BackwardArgs& args, int64_t b, int64_t kv_head, const
 void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, const KeyChunk& chunk,
                        const ScoreMaskGradient& grad_mask, float* grad_sinks_by_head,
                        BackwardScratch& s) {
-  const hn::ScalableTag<float> d;
-  const size_t lanes = hn::Lanes(d);
   const size_t m = static_cast<size_t>(args.k.rows);
   const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
-  const size_t d_padded = hwy::RoundUpTo(depth, lanes), dv_padded = hwy::RoundUpTo(dv, lanes);
+  const size_t d_padded = s.d_padded, dv_padded = s.dv_padded;
   const KeyRange read = TaskKeyRows(args, b, kv_head, chunk);
   const auto first_row = static_cast<size_t>(read.begin), end_row = static_cast<size_t>(read.end);
   if (s.rows_in_place) {
@@ -868,8 +877,8 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.key_pairs != nullptr) {
-    RowPairs(args.k16, b, kv_head, read.begin, read.end, s.key_pairs);
-    RowPairs(args.v16, b, kv_head, read.begin, read.end, s.value_pairs);
+    RowPairs(args.k16, b, kv_head, read.begin, read.end, s.d_pairs, s.key_pairs);
+    RowPairs(args.v16, b, kv_head, read.begin, read.end, s.dv_pairs, s.value_pairs);
     // first_row is a multiple of the key tile, so even: its pair row starts at a row pair.
     InterleavedRowPairs(args.k16, b, kv_head, first_row / 2, (end_row + 1) / 2, d_padded,
                         s.key_row_pairs);
@@ -1093,10 +1102,7 @@ void RunBackward(flash_backward_detail::BackwardArgs& args, BackwardReadMagnitud
 
 }  // namespace
 
-bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth) {
-  if (amx_tiles_in_use()) {
-    return depth % 32 == 0 && value_depth % 32 == 0 && flash_attention_bfloat16_native(depth);
-  }
+bool flash_attention_bfloat16_backward_native(int64_t depth, [[maybe_unused]] int64_t value_depth) {
   return flash_attention_bfloat16_native(depth);
 }
 

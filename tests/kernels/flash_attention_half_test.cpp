@@ -275,9 +275,9 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
   // of its terms' magnitudes (dV_jt: Σ_i P_ij Z_ij |dO_it|; dK_jt: c Σ_i |dS_ij| |q_it|; dQ_it:
   // c Σ_j |dS_ij| |k_jt|, with |dS_ij| ≤ P_ij (Z_ij |dP_ij| + |D_i|) from the double reference),
   // plus the fp32 kernels' 1e-5 of the largest entry and the gradient's own rounding (2⁻⁸).
-  // The backward's own path: on AMX tiles' CPUs (and their model) bf16 widens (bit-equal below)
-  // unless both depths fill whole tiles; whole 64 × 64 tiles' products then run on the tiles, the
-  // rest on vdpbf16ps: the same pairs summed in another order, within the same bound.
+  // The backward's own path: on AMX tiles' CPUs (and their model) whole 64 × 64 tiles' products
+  // run on the tiles (depths padded to whole tiles with zeros), the rest on vdpbf16ps: the same
+  // pairs summed in another order, within the same bound.
   const bool backward_native = type == HalfType::kBFloat16 &&
                                flash_attention_bfloat16_backward_native(c.depth, c.value_depth);
   std::vector<float> grad_out;
@@ -456,6 +456,10 @@ const HalfCase kAmxCases[] = {
     {2, 2, 1, 70, 150, 80, 80},
     {1, 4, 2, 100, 130, 96, 96, true},
     {1, 2, 2, 65, 97, 47, 20, false, 30, 3, true},
+    // The same in whole 64 × 64 tiles, for the backward's products on the tiles: lengths, sinks and
+    // dropout at d = 80, dv = 48; causal with a bool mask and a soft cap at d = 96, dv = 80.
+    {1, 2, 1, 128, 192, 80, 48, false, -1, -1, true, true, false, 0.0F, 1.0F, 0.2F},
+    {1, 1, 1, 128, 128, 96, 80, true, -1, -1, false, false, true, 5.0F},
     // Heads of at most 32 queries take 32-row query tiles on the tiles: causal with lengths, sinks
     // and dropout; a soft cap at an odd depth.
     {1, 2, 1, 30, 150, 64, 64, true, -1, -1, true, true, false, 0.0F, 1.0F, 0.2F},
@@ -476,12 +480,11 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
   const ScopedAmxUse model(AmxUse::kModel);
   if (!flash_attention_bfloat16_native(64))
     GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
-  // As on AMX hardware, the backward's products go on the tiles where both depths fill them, and
-  // otherwise leave vdpbf16ps for the widened fp32 pass (check_case then asserts its gradients
-  // bit-equal to the float pass's, rounded).
+  // As on AMX hardware, the backward's products go on the tiles at every depth (padded to whole
+  // tiles with zeros), whole 64 × 64 tiles of them; the rest on vdpbf16ps.
   EXPECT_TRUE(flash_attention_bfloat16_backward_native(64, 32));
-  EXPECT_FALSE(flash_attention_bfloat16_backward_native(64, 17));
-  EXPECT_FALSE(flash_attention_bfloat16_backward_native(48, 64));
+  EXPECT_TRUE(flash_attention_bfloat16_backward_native(64, 17));
+  EXPECT_TRUE(flash_attention_bfloat16_backward_native(48, 64));
   Rng rng(83);
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
@@ -499,9 +502,9 @@ TEST_P(FlashAttentionHalf, BFloat16BackwardOnVectorsWhereTheForwardIs) {
   }
 }
 
-// On tiles the forward takes every depth (padded to whole tiles), whether vdpbf16ps is in use or
-// not; the backward only depths that fill them.
-TEST_P(FlashAttentionHalf, BFloat16ForwardTakesTheTilesAtEveryDepth) {
+// On tiles the forward and the backward take every depth (padded to whole tiles), whether
+// vdpbf16ps is in use or not.
+TEST_P(FlashAttentionHalf, BFloat16TakesTheTilesAtEveryDepth) {
   const ScopedAmxUse model(AmxUse::kModel);
   if (!flash_attention_bfloat16_native(64))
     GTEST_SKIP() << "no AVX512-BF16 on this target: the AMX path is not taken";
@@ -509,7 +512,8 @@ TEST_P(FlashAttentionHalf, BFloat16ForwardTakesTheTilesAtEveryDepth) {
     const ScopedBf16DotUse dot(use);
     for (const int64_t depth : {1, 20, 32, 47, 80, 96, 256})
       EXPECT_TRUE(flash_attention_bfloat16_native(depth)) << "d = " << depth;
-    EXPECT_FALSE(flash_attention_bfloat16_backward_native(80, 80));
+    EXPECT_TRUE(flash_attention_bfloat16_backward_native(80, 80));
+    EXPECT_TRUE(flash_attention_bfloat16_backward_native(47, 20));
   }
 }
 

@@ -137,8 +137,8 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
 // The backward pass in half precision, read in place, each gradient of query, key and value
 // rounded once to `type` (grad_query, grad_key and grad_value shaped as their inputs, any
 // strides); grad_mask and grad_sinks as the float overload's. fp16, and bf16 where bf16 products
-// are not faster than fp32 FMAs (CPUs without bf16 dot products, Intel's without AMX tiles, and
-// on AMX tiles head sizes that are not multiples of 32), give exactly the float overload's
+// are not faster than fp32 FMAs (CPUs without bf16 dot products, Intel's without AMX tiles),
+// give exactly the float overload's
 // gradients on the widened inputs,
 // rounded once; elsewhere (flash_attention_bfloat16_backward_native(d, dv): vdpbf16ps, or AMX
 // tiles for whole 64 × 64 tiles), every product runs on bf16 pairs and the

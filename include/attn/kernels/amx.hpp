@@ -13,9 +13,8 @@ namespace attn {
 // - kWhereAvailable (the default): AMX tiles where amx_available(), as kNever elsewhere;
 // - kModel: the AMX path's own code with each tile instruction carried out by a C++ model of it
 //   (slow; for tests on CPUs without AMX: it checks the layouts, tile shapes and padding).
-// Depths that are not a multiple of 32 leave the tiles: on vdpbf16ps in the forward where
-// bf16_dot_in_use(), widened to fp32 otherwise and in the backward
-// (flash_attention_bfloat16_backward_native).
+// Depths that are not a multiple of 32 are padded with zeros to the tiles' 32 columns (forward
+// and backward; until 2026-12-04 they left the tiles).
 enum class AmxUse { kNever, kWhereAvailable, kModel };
 
 // Whether this CPU has AMX-TILE and AMX-BF16 and Linux granted this process the tile state

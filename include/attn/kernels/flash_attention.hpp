@@ -68,10 +68,10 @@ bool flash_attention_bfloat16_native(int64_t depth);
 // True when the bf16 backward pass on heads of `depth` (q, k) and `value_depth` (v) runs its
 // products on bf16 pairs: where the forward's products are on AMX tiles (amx_tiles_in_use():
 // hardware where amx_available(), or the tile model), on AMX tiles for every whole tile of 64 keys
-// and 64 queries (vdpbf16ps for the rest), which needs both depths multiples of 32; without tiles,
-// on vdpbf16ps where bf16_dot_in_use(). On Intel's cores vdpbf16ps makes half the fp32 FMAs'
-// products per cycle (the bf16 backward on it ran at 0.55–0.73× the fp32 backward's speed on the
-// Xeon of docs/benchmarks.md), so other depths, and every depth there without tiles, widen to fp32
+// and 64 queries (vdpbf16ps for the rest), at any depth (padded with zeros to the tiles' 32
+// columns); without tiles, on vdpbf16ps where bf16_dot_in_use(). On Intel's cores vdpbf16ps makes
+// half the fp32 FMAs' products per cycle (the bf16 backward on it ran at 0.55–0.73× the fp32
+// backward's speed on the Xeon of docs/benchmarks.md), so there without tiles bf16 widens to fp32
 // as fp16 does (the gradients then the float pass's on the widened inputs, rounded once).
 bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth);
 
