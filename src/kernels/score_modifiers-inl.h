@@ -92,6 +92,20 @@ HWY_INLINE float ScaledEntryAdded(float score, float unit, float entry) {
   return hn::GetLane(hn::MulAdd(hn::Set(d1, entry), hn::Set(d1, unit), hn::Set(d1, score)));
 }
 
+// Sᵀ[j · br + i] += unit · AddedScore(row[i · stride + j]) for `count` queries i and the keys
+// j in [first_key, bc), one entry at a time: the keys past a block of queries' whole steps.
+template <class Entry>
+HWY_INLINE void AddEntriesOneByOne(const Entry* row, int64_t stride, size_t count, size_t first_key,
+                                   size_t bc, size_t br, float unit, float* HWY_RESTRICT scores) {
+  for (size_t j = first_key; j < bc; ++j) {
+    for (size_t i = 0; i < count; ++i) {
+      float& score = scores[j * br + i];
+      score = ScaledEntryAdded(
+          score, unit, AddedScore(row[static_cast<int64_t>(i) * stride + static_cast<int64_t>(j)]));
+    }
+  }
+}
+
 // Sᵀ[j · br + r] += unit · AddedScore of the mask's entry (query first_query + r, key key0 + j),
 // Entry float or uint8_t (bool), for the `rows` real queries of the tile (and, for a mask
 // broadcast over the queries, every lane to `width`); `unit` is ApplyScoreModifiers'. The mask's
@@ -140,12 +154,7 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
             hn::StoreU(hn::MulAdd(entry, unit_vector, hn::LoadU(d, at)), d, at);
           }
         }
-        for (size_t j = full_keys; j < bc; ++j) {
-          for (size_t i = 0; i < 16; ++i) {
-            float& score = scores[j * br + r + i];
-            score = ScaledEntryAdded(score, unit, AddedScore(row[i * stride + j]));
-          }
-        }
+        AddEntriesOneByOne(row, mask.row_stride, 16, full_keys, bc, br, unit, scores + r);
       }
     }
   }
@@ -170,12 +179,7 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
           hn::StoreU(hn::MulAdd(entries_of_key, unit4, hn::LoadU(d4, at)), d4, at);
         });
       }
-      for (size_t j = full_keys; j < bc; ++j) {
-        for (size_t i = 0; i < 4; ++i) {
-          float& score = scores[j * br + r + i];
-          score = ScaledEntryAdded(score, unit, AddedScore(row[i * stride + j]));
-        }
-      }
+      AddEntriesOneByOne(row, stride, 4, full_keys, bc, br, unit, scores + r);
     }
   }
 #endif
