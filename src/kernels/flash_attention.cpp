@@ -202,7 +202,7 @@ struct Scratch {
     const size_t key_blocks = hwy::RoundUpTo(keys, 32);
     dv_tiles = hwy::RoundUpTo(dv_padded, 32);
     value_block_words = dv_tiles * 16;
-    pair_depth = amx_tiles ? hwy::RoundUpTo((depth + 1) / 2, 16) : (depth + 1) / 2;
+    pair_depth = PairsOfRow(depth, amx_tiles);
     memory = carve_scratch(lanes, [&](const auto& take) {
       for (Slot& slot : slots) {
         slot.q_transposed = take(depth * br);
@@ -985,9 +985,7 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
     for (int64_t row = j; row < j + kBlock; ++row) {
       uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * pair_depth;
       if (row < keys) {
-        // Zeros past d (an odd d's last pair's upper half, the pairs up to whole tiles), then d.
-        std::fill(pairs + depth / 2, pairs + pair_depth, 0U);
-        std::memcpy(pairs, k + row * args.k16.row_stride, depth * sizeof(uint16_t));
+        CopyRowAsPairs(k + row * args.k16.row_stride, depth, pair_depth, pairs);
       } else {
         std::fill_n(pairs, pair_depth, 0U);
       }

@@ -209,8 +209,8 @@ struct BackwardScratch : BackwardTileBuffers {
     const size_t columns = amx_products ? 32 : lanes;
     d_padded = hwy::RoundUpTo(d, columns);
     dv_padded = hwy::RoundUpTo(dv, columns);
-    d_pairs = amx_products ? d_padded / 2 : (d + 1) / 2;
-    dv_pairs = amx_products ? dv_padded / 2 : (dv + 1) / 2;
+    d_pairs = PairsOfRow(d, amx_products);
+    dv_pairs = PairsOfRow(dv, amx_products);
     const size_t key_tile_bytes = bc * (2 * d_padded + 2 * dv_padded) * sizeof(float);
     key_block_tiles = std::clamp<size_t>(l2_cache_bytes() / 2 / key_tile_bytes, 1,
                                          flash_backward_detail::kMaxKeyBlockTiles);
@@ -336,9 +336,8 @@ void RowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, int64_t firs
               int64_t end_row, size_t pairs, uint32_t* destination) {
   const auto cols = static_cast<size_t>(half.cols);
   for (int64_t r = first_row; r < end_row; ++r) {
-    uint32_t* row = destination + static_cast<size_t>(r) * pairs;
-    std::fill(row + cols / 2, row + pairs, 0U);
-    std::memcpy(row, half.matrix(b, h) + r * half.row_stride, cols * sizeof(uint16_t));
+    CopyRowAsPairs(half.matrix(b, h) + r * half.row_stride, cols, pairs,
+                   destination + static_cast<size_t>(r) * pairs);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "kernels/tile_gemm-inl.h"
@@ -22,6 +23,21 @@
 HWY_BEFORE_NAMESPACE();
 namespace attn {
 namespace HWY_NAMESPACE {
+
+// Words a row of `cols` bf16 takes as pairs of adjacent elements: (cols + 1) / 2, or for AMX
+// tiles rounded up to whole tiles of 16 pairs (zeros past cols), so that every head size takes
+// them.
+HWY_INLINE size_t PairsOfRow(size_t cols, bool on_tiles) {
+  const size_t pairs = (cols + 1) / 2;
+  return on_tiles ? (pairs + 15) / 16 * 16 : pairs;
+}
+
+// A row of `cols` bf16 as `pairs` ≥ (cols + 1) / 2 words of pairs: adjacent bf16 already are a
+// pair in memory; the words past cols 0 (an odd count's last one half 0).
+HWY_INLINE void CopyRowAsPairs(const uint16_t* row, size_t cols, size_t pairs, uint32_t* out) {
+  std::fill(out + cols / 2, out + pairs, 0U);
+  std::memcpy(out, row, cols * sizeof(uint16_t));
+}
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // The target's own features plus AVX512-BF16: clang's target attribute replaces the one Highway's
