@@ -67,7 +67,7 @@ constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block s
 // training step of 8 query heads against 1024 keys, one thread of a Sapphire Rapids-class core,
 // padded from 1 query on: 0.89x at n = 1, 0.91x at 4, 0.97x at 8, 1.13x at 16, 1.60x at 32,
 // 2.28x at 48, 1.62x at 100 (its second tile of 36).
-constexpr size_t kFewestTileQueries = 16;
+[[maybe_unused]] constexpr size_t kFewestTileQueries = 16;  // read by the AVX-512 targets only
 
 }  // namespace attn::flash_backward_detail
 #endif
