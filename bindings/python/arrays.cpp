@@ -529,16 +529,47 @@ MaskInput::MaskInput(nb::handle object, std::string_view name) {
   const bool is_bool = is_dtype(dtype, Code::Bool, 8);
   const bool is_float32 = is_dtype(dtype, Code::Float, 32);
   const bool is_float64 = is_dtype(dtype, Code::Float, 64);
-  if (!is_bool && !is_float32 && !is_float64) {
+  const bool is_float16 = is_dtype(dtype, Code::Float, 16);
+  const bool is_bfloat16 = is_dtype(dtype, Code::Bfloat, 16);
+  if (!is_bool && !is_float32 && !is_float64 && !is_float16 && !is_bfloat16) {
     throw nb::type_error((std::string(name) +
-                          ": expected a bool mask, a float32 (or float64) additive mask, or "
-                          "integer valid lengths, got " +
+                          ": expected a bool mask, a float32, float16 or bfloat16 (or float64) "
+                          "additive mask, or integer valid lengths, got " +
                           dtype_name(dtype))
                              .c_str());
   }
   const auto* base = static_cast<const std::byte*>(array_.data());
   const auto strides = normalized_strides(array_);
   const std::span<const int64_t> stride_span(strides.data(), rank);
+  if (is_float16 || is_bfloat16) {
+    // Read in place as the kernels widen it (a float32 copy per call, made by the caller or here,
+    // cost a bf16 call on two threads more than the mask's own additions: the copy's lines move
+    // between the cores).
+    const HalfType type = is_float16 ? HalfType::kFloat16 : HalfType::kBFloat16;
+    if (reinterpret_cast<uintptr_t>(base) % alignof(uint16_t) == 0 &&
+        !has_negative_stride(array_)) {
+      mask_ = AttentionMask::additive(
+          type,
+          StridedView<const uint16_t>(reinterpret_cast<const uint16_t*>(base), shape, stride_span));
+      return;
+    }
+    if (strict_inputs()) {
+      throw nb::value_error((std::string(name) +
+                             ": expected an aligned mask with non-negative strides (strict "
+                             "inputs: no copies), got strides " +
+                             strides_string(array_) + " (in elements) for shape " +
+                             shape_string(array_))
+                                .c_str());
+    }
+    half_copy_.reserve(static_cast<size_t>(shape.numel()));
+    for_each_offset(array_, [&](int64_t offset) {
+      uint16_t bits = 0;
+      std::memcpy(&bits, base + offset * static_cast<int64_t>(sizeof(uint16_t)), sizeof(bits));
+      half_copy_.push_back(bits);
+    });
+    mask_ = AttentionMask::additive(type, StridedView<const uint16_t>(half_copy_.data(), shape));
+    return;
+  }
   if (is_bool) {
     if (!has_negative_stride(array_)) {
       mask_ = AttentionMask::boolean(

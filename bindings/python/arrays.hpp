@@ -100,9 +100,10 @@ class StridedInput {
 };
 
 // scaled_dot_product_attention's attn_mask: None; a bool mask (true: the key takes part) or a
-// float one (added to the scores; float64 copied to float32), read with its strides as given (a
-// broadcast or expanded mask is not copied); or, for the book's calls, integer lengths (an integer
-// array or tensor, or a Python list), which are valid lengths, not a mask.
+// float one (added to the scores; float32, float16 and bfloat16 read as they are, float64 copied
+// to float32), read with its strides as given (a broadcast or expanded mask is not copied); or, for
+// the book's calls, integer lengths (an integer array or tensor, or a Python list), which are valid
+// lengths, not a mask.
 class MaskInput {
  public:
   // What errors about such lengths call them: the argument the caller gave, and how it was read.
@@ -119,6 +120,7 @@ class MaskInput {
  private:
   nb::ndarray<nb::ro> array_;
   std::vector<float> float_copy_;
+  std::vector<uint16_t> half_copy_;
   std::vector<uint8_t> bool_copy_;
   AttentionMask mask_;
   ValidLengths valid_lengths_;

@@ -332,6 +332,47 @@ float require_finite(std::string_view name, HalfType type, const ConstHalfStride
   return half_bits_to_float(type, largest);
 }
 
+namespace {
+
+// 1 when half bits [0, count) with this all-ones exponent hold a NaN or +∞: bits from +∞'s to the
+// largest positive NaN, or past −∞'s (negative NaNs). Branch-free, constants in the comparisons,
+// so that the compiler vectorises it (through a lambda of captured values it stayed scalar: a
+// sixth of a bf16 call at n = 256 with a bf16 mask).
+template <uint16_t kExponent>
+uint16_t holds_half_nan_or_plus_infinity(const uint16_t* run, int64_t count) {
+  constexpr auto kNegativeNaNs = static_cast<uint16_t>(0x8000U | kExponent);
+  uint16_t bad = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    const uint16_t bits = run[j];
+    bad |= static_cast<uint16_t>((bits >= kExponent && bits <= 0x7fffU) || bits > kNegativeNaNs);
+  }
+  return bad;
+}
+
+}  // namespace
+
+void require_mask_values(std::string_view name, HalfType type, const ConstHalfStridedView& view) {
+  // As the float scan: NaN and +∞ are the bits with an all-ones exponent other than −∞'s, found run
+  // by run over contiguous rows, element by element to name the first.
+  const uint16_t exponent = type == HalfType::kFloat16 ? 0x7c00U : 0x7f80U;
+  const auto minus_infinity = static_cast<uint16_t>(0x8000U | exponent);
+  if (rows_contiguous(view)) {
+    const uint16_t bad =
+        type == HalfType::kFloat16
+            ? largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7c00U>)
+            : largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7f80U>);
+    if (bad == 0) return;
+  }
+  const uint16_t* data = view.data();
+  for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
+    const uint16_t bits = data[offset];
+    if ((bits & exponent) != exponent || bits == minus_infinity) return;
+    throw ValueError(std::string(name) + ": expected finite values or -inf, got " +
+                     ((bits & 0x7fffU) != exponent ? "NaN" : "inf") + " at flat index " +
+                     std::to_string(flat));
+  });
+}
+
 std::vector<uint16_t> contiguous_copy(const ConstHalfStridedView& view) {
   std::vector<uint16_t> copy(static_cast<size_t>(view.numel()));
   copy_elements(view, copy.data());

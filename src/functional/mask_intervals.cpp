@@ -19,6 +19,12 @@ int entry_state(uint8_t entry) {
 int entry_state(float entry) {
   return entry == 0.0F ? 1 : entry == kHidden ? 0 : -1;
 }
+int entry_state(BFloat16Entry entry) {
+  return entry_state(entry_value(entry));
+}
+int entry_state(Float16Entry entry) {
+  return entry_state(entry_value(entry));
+}
 
 // The row's visible keys [range[0], range[1]), or false when they are not one interval.
 template <class T>
@@ -84,8 +90,13 @@ bool mask_intervals(const ScoreMask& mask, int64_t batch, int64_t heads, int64_t
   switch (mask.kind) {
     case MaskKind::kBool:
       return intervals_of<uint8_t>(mask, batch, heads, n, m, ranges);
-    case MaskKind::kFloat:
-      return intervals_of<float>(mask, batch, heads, n, m, ranges);
+    case MaskKind::kFloat: {
+      bool intervals = false;
+      with_float_entries(mask.entries, [&](auto entry_type) {
+        intervals = intervals_of<decltype(entry_type)>(mask, batch, heads, n, m, ranges);
+      });
+      return intervals;
+    }
     case MaskKind::kNone:
       break;
   }

@@ -251,8 +251,12 @@ bool PreparedAttention::scores_within_range(float query_max, float key_max) cons
 }
 
 void PreparedAttention::require_mask_values() const {
-  if (options_.attn_mask.kind() == MaskKind::kFloat)
-    ::attn::functional_detail::require_mask_values("attn_mask", options_.attn_mask.floats());
+  const AttentionMask& mask = options_.attn_mask;
+  if (mask.holds_halves()) {
+    ::attn::functional_detail::require_mask_values("attn_mask", mask.half_type(), mask.halves());
+  } else if (mask.kind() == MaskKind::kFloat) {
+    ::attn::functional_detail::require_mask_values("attn_mask", mask.floats());
+  }
 }
 
 void PreparedAttention::scale_value(int shift) {
@@ -328,11 +332,13 @@ ScoreMask PreparedAttention::slice_mask(size_t s) const {
   const int64_t offset = mask_layout_.slice_offsets[s];
   return {mask.kind(),
           mask.kind() == MaskKind::kBool ? static_cast<const void*>(mask.bools().data() + offset)
+          : mask.holds_halves()          ? static_cast<const void*>(mask.halves().data() + offset)
                                          : static_cast<const void*>(mask.floats().data() + offset),
           mask_layout_.batch_stride,
           mask_layout_.head_stride,
           mask_layout_.row_stride,
-          mask_layout_.col_stride};
+          mask_layout_.col_stride,
+          mask.entries()};
 }
 
 FlashAttentionOptions PreparedAttention::diagonal_bounds() const {

@@ -1934,8 +1934,10 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       AddMaskEntriesToRows<uint8_t>(options.mask, b, g * group, n, rows, key0, bc, row_lanes,
                                     s.scores);
     } else if (options.mask.kind == MaskKind::kFloat) {
-      AddMaskEntriesToRows<float>(options.mask, b, g * group, n, rows, key0, bc, row_lanes,
-                                  s.scores);
+      with_float_entries(options.mask.entries, [&](auto entry_type) HWY_ATTR {
+        AddMaskEntriesToRows<decltype(entry_type)>(options.mask, b, g * group, n, rows, key0, bc,
+                                                   row_lanes, s.scores);
+      });
     }
     // ALiBi after the key ranges' −∞, which it keeps: −slope·|position − j| per row.
     if (options.alibi_slopes != nullptr) {

@@ -5,12 +5,15 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "attn/core/half.hpp"
 #include "attn/core/valid_lengths.hpp"
 #include "attn/kernels/fused_options.hpp"
 
@@ -247,6 +250,41 @@ inline MaskCoverage bool_mask_coverage(const ScoreMask& mask, int64_t batch, int
   return all != 0 ? MaskCoverage::kAll : any != 0 ? MaskCoverage::kSome : MaskCoverage::kNone;
 }
 
+// A float mask's entry stored as bfloat16 or float16 bits (MaskEntries), as the mask readers
+// take it: entry_value widens it exactly.
+struct BFloat16Entry {
+  uint16_t bits;
+};
+struct Float16Entry {
+  uint16_t bits;
+};
+inline float entry_value(float entry) {
+  return entry;
+}
+inline float entry_value(BFloat16Entry entry) {
+  return std::bit_cast<float>(static_cast<uint32_t>(entry.bits) << 16);
+}
+inline float entry_value(Float16Entry entry) {
+  return half_to_float(entry.bits);
+}
+
+// f(Entry()) for the C++ type of a float mask's entries (float, BFloat16Entry or Float16Entry):
+// one call site instantiates a reader per format.
+template <class F>
+void with_float_entries(MaskEntries entries, const F& f) {
+  switch (entries) {
+    case MaskEntries::kFloat32:
+      f(float());
+      return;
+    case MaskEntries::kBFloat16:
+      f(BFloat16Entry());
+      return;
+    case MaskEntries::kFloat16:
+      f(Float16Entry());
+      return;
+  }
+}
+
 // Whether entries [0, count) of a mask's row (`stride` apart) all hide their key — a float mask's
 // −∞, a bool mask's false — without a branch per entry (vectorised where the row is contiguous).
 inline bool row_hides_all(const float* row, int64_t stride, int64_t count) {
@@ -257,6 +295,17 @@ inline bool row_hides_all(const float* row, int64_t stride, int64_t count) {
   } else {
     for (int64_t j = 0; j < count; ++j) hidden &= row[j * stride] == kHidden ? 1U : 0U;
   }
+  return hidden != 0;
+}
+// Half entries hide their key where their bits are −∞'s (one encoding each format has).
+template <class Entry>
+requires(std::is_same_v<Entry, BFloat16Entry> ||
+         std::is_same_v<Entry, Float16Entry>) inline bool row_hides_all(const Entry* row,
+                                                                        int64_t stride,
+                                                                        int64_t count) {
+  constexpr uint16_t kHidden = std::is_same_v<Entry, BFloat16Entry> ? 0xff80U : 0xfc00U;
+  unsigned hidden = 1;
+  for (int64_t j = 0; j < count; ++j) hidden &= row[j * stride].bits == kHidden ? 1U : 0U;
   return hidden != 0;
 }
 inline bool row_hides_all(const uint8_t* row, int64_t stride, int64_t count) {
@@ -276,12 +325,16 @@ inline bool row_hides_all(const uint8_t* row, int64_t stride, int64_t count) {
 inline bool float_mask_hides_tile(const ScoreMask& mask, int64_t batch, int64_t head,
                                   int64_t first_query, size_t rows, int64_t key0, size_t keys) {
   const size_t distinct_rows = mask.row_stride == 0 ? std::min<size_t>(rows, 1) : rows;
-  for (size_t r = 0; r < distinct_rows; ++r) {
-    const float* row = static_cast<const float*>(mask.data) +
-                       mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
-    if (!row_hides_all(row, mask.col_stride, static_cast<int64_t>(keys))) return false;
-  }
-  return true;
+  bool hides = true;
+  with_float_entries(mask.entries, [&](auto entry_type) {
+    using Entry = decltype(entry_type);
+    for (size_t r = 0; r < distinct_rows && hides; ++r) {
+      const Entry* row = static_cast<const Entry*>(mask.data) +
+                         mask.offset(batch, head, first_query + static_cast<int64_t>(r), key0);
+      hides = row_hides_all(row, mask.col_stride, static_cast<int64_t>(keys));
+    }
+  });
+  return hides;
 }
 
 // How much of a tile the attention mask lets through: a bool mask's coverage; for a float mask

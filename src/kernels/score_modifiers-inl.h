@@ -66,13 +66,51 @@ HWY_INLINE float AddedScore(float entry) {
 HWY_INLINE float AddedScore(uint8_t entry) {
   return entry != 0 ? 0.0F : -std::numeric_limits<float>::infinity();
 }
+HWY_INLINE float AddedScore(BFloat16Entry entry) {
+  return AddedScore(entry_value(entry));
+}
+HWY_INLINE float AddedScore(Float16Entry entry) {
+  return AddedScore(entry_value(entry));
+}
 #if HWY_TARGET != HWY_SCALAR
-// AddedScore of 4 consecutive entries.
-template <class D4>
-HWY_INLINE hn::Vec<D4> AddedScores(D4 d4, const float* entries) {
-  const auto entry = hn::LoadU(d4, entries);
-  const auto hidden = hn::Eq(entry, hn::Set(d4, -std::numeric_limits<float>::infinity()));
-  return hn::IfThenElse(hidden, entry, hn::Max(entry, hn::Set(d4, kLowestMaskEntry)));
+// Float entries (a vector of them) as AddedScore adds them.
+template <class D>
+HWY_INLINE hn::Vec<D> AddedScoresOf(D d, hn::Vec<D> entry) {
+  const auto hidden = hn::Eq(entry, hn::Set(d, -std::numeric_limits<float>::infinity()));
+  return hn::IfThenElse(hidden, entry, hn::Max(entry, hn::Set(d, kLowestMaskEntry)));
+}
+// A vector of consecutive float mask entries in fp32: half ones widened exactly.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadEntries(D d, const float* entries) {
+  return hn::LoadU(d, entries);
+}
+template <class D>
+HWY_INLINE hn::Vec<D> LoadEntries(D d, const BFloat16Entry* entries) {
+  const hn::Rebind<hwy::bfloat16_t, D> dh;
+  return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::bfloat16_t*>(entries)));
+}
+template <class D>
+HWY_INLINE hn::Vec<D> LoadEntries(D d, const Float16Entry* entries) {
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const auto values =
+      hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(entries)));
+#if HWY_TARGET >= HWY_SSE4
+  // Without F16C Highway widens fp16's all-ones exponent as an ordinary one (−∞ became −65536,
+  // which the mask would add): −∞, the one such entry a mask may hold, restored.
+  const hn::Rebind<uint16_t, D> du16;
+  const hn::RebindToUnsigned<D> du32;
+  const auto bits =
+      hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(entries)));
+  return hn::IfThenElse(hn::RebindMask(d, hn::Eq(bits, hn::Set(du32, 0xfc00U))),
+                        hn::Set(d, -std::numeric_limits<float>::infinity()), values);
+#else
+  return values;
+#endif
+}
+// AddedScore of 4 (a vector of) consecutive float entries.
+template <class D4, class Entry>
+HWY_INLINE hn::Vec<D4> AddedScores(D4 d4, const Entry* entries) {
+  return AddedScoresOf(d4, LoadEntries(d4, entries));
 }
 template <class D4>
 HWY_INLINE hn::Vec<D4> AddedScores(D4 d4, const uint8_t* entries) {
@@ -135,8 +173,8 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
   // Float entries on AVX-512: blocks of 16 queries × 16 keys turned at once (TransposeWords16),
   // each key's 16 entries then one vector: a third of the 4 × 4 blocks' operations per entry (a
   // bf16 call of 16 queries against 4096 keys with a float mask had spent a quarter of its time
-  // adding the mask, Sapphire Rapids-class core).
-  if constexpr (std::is_same_v<Entry, float>) {
+  // adding the mask, Sapphire Rapids-class core). Half entries are widened into a block first.
+  if constexpr (!std::is_same_v<Entry, uint8_t>) {
     if (mask.col_stride == 1 && mask.row_stride > 0 && hn::Lanes(d) == 16) {
       const auto unit_vector = hn::Set(d, unit);
       const size_t full_keys = bc / 16 * 16;
@@ -146,11 +184,19 @@ HWY_INLINE void AddMaskEntries(D d, const ScoreMask& mask, const QueryTile& tile
                                                  tile.first_query + static_cast<int64_t>(r), key0);
         const auto stride = static_cast<size_t>(mask.row_stride);
         for (size_t j = 0; j < full_keys; j += 16) {
-          TransposeWords16(reinterpret_cast<const uint32_t*>(row + j), stride,
-                           reinterpret_cast<uint32_t*>(block), 16);
+          if constexpr (std::is_same_v<Entry, float>) {
+            TransposeWords16(reinterpret_cast<const uint32_t*>(row + j), stride,
+                             reinterpret_cast<uint32_t*>(block), 16);
+          } else {
+            HWY_ALIGN float widened[16 * 16];
+            for (size_t i = 0; i < 16; ++i)
+              hn::Store(LoadEntries(d, row + i * stride + j), d, widened + i * 16);
+            TransposeWords16(reinterpret_cast<const uint32_t*>(widened), 16,
+                             reinterpret_cast<uint32_t*>(block), 16);
+          }
           for (size_t t = 0; t < 16; ++t) {
             float* at = scores + (j + t) * br + r;
-            const auto entry = AddedScores(d, block + t * 16);
+            const auto entry = AddedScoresOf(d, hn::Load(d, block + t * 16));
             hn::StoreU(hn::MulAdd(entry, unit_vector, hn::LoadU(d, at)), d, at);
           }
         }
@@ -238,7 +284,10 @@ HWY_INLINE void ApplyScoreModifiers(D d, const FlashAttentionOptions& options,
     }
   }
   if (options.mask.kind == MaskKind::kFloat) {
-    AddMaskEntries<float>(d, options.mask, tile, key0, bc, br, width, unit, scores);
+    with_float_entries(options.mask.entries, [&](auto entry_type) HWY_ATTR {
+      AddMaskEntries<decltype(entry_type)>(d, options.mask, tile, key0, bc, br, width, unit,
+                                           scores);
+    });
   } else if (options.mask.kind == MaskKind::kBool && apply_bool_mask) {
     AddMaskEntries<uint8_t>(d, options.mask, tile, key0, bc, br, width, unit, scores);
   }

@@ -191,7 +191,7 @@ def test_strict_inputs_accept_views_and_refuse_copies():
         (dict(key=normal(2, 3, 6, 7)), attn.ShapeError, r"key"),
         (dict(value=normal(2, 3, 5, 5)), attn.ShapeError, r"value"),
         (dict(key=normal(2, 2, 6, 8), value=normal(2, 2, 6, 5)), attn.ShapeError, r"key"),
-        (dict(attn_mask=np.zeros((4, 6), np.float16)), TypeError, r"attn_mask: expected a bool"),
+        (dict(attn_mask=np.zeros((4, 6), np.complex64)), TypeError, r"attn_mask: expected a bool"),
         (dict(attn_mask=normal(4, 5)), attn.ShapeError, r"attn_mask"),
         (dict(attn_mask="mask"), TypeError, r"attn_mask: expected None, a bool or float mask"),
         (dict(attn_mask=[1, 2], valid_lens=[1, 2]), ValueError, r"attn_mask: integer lengths"),

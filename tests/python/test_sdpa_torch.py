@@ -350,6 +350,55 @@ def test_a_row_a_float_mask_hides_wholly_matches_torchs_math(far, queries):
         assert_relative(mine, theirs, GRADIENT_RTOL, f"d{name}")
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
+)
+@pytest.mark.parametrize("queries", [1, 70], ids=["decode_kernel", "prefill_kernels"])
+def test_a_half_float_mask_gives_the_results_of_its_float32_values(queries, dtype, mask_dtype):
+    # PyTorch's float masks come in the inputs' dtype; attn reads a half one in place and widens
+    # each entry exactly, so the call gives the bits of the same call with mask.float(): output,
+    # every gradient, and the mask's own gradient (in the mask's dtype, as autograd returns it).
+    q = torch.randn(N, H, queries, E).to(dtype)
+    k, v = torch.randn(N, H, S, E).to(dtype), torch.randn(N, H, S, EV).to(dtype)
+    mask = (3 * torch.randn(queries, S)).to(mask_dtype)
+    mask[:, 1] = float("-inf")
+    half_leaves = [t.clone().requires_grad_(True) for t in (q, k, v, mask)]
+    float_leaves = [t.clone().requires_grad_(True) for t in (q, k, v, mask.float())]
+    output = attn_torch.scaled_dot_product_attention(*half_leaves[:3], attn_mask=half_leaves[3])
+    expected = attn_torch.scaled_dot_product_attention(*float_leaves[:3], attn_mask=float_leaves[3])
+    assert output.dtype == dtype
+    assert torch.equal(output, expected)
+    grad_output = torch.randn_like(output)
+    grads = torch.autograd.grad(output, half_leaves, grad_output)
+    expected_grads = torch.autograd.grad(expected, float_leaves, grad_output)
+    for name, grad, want in zip(("query", "key", "value"), grads, expected_grads):
+        assert torch.equal(grad, want), name
+    assert grads[3].dtype == mask_dtype
+    assert torch.equal(grads[3], expected_grads[3].to(mask_dtype))
+    # Inference (the plain call), and NumPy's float16 through attn's own function.
+    with torch.no_grad():
+        assert torch.equal(attn_torch.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                           attn_torch.scaled_dot_product_attention(q, k, v, attn_mask=mask.float()))
+    if dtype == torch.float32 and mask_dtype == torch.float16:
+        arrays = [t.numpy() for t in (q, k, v)]
+        np.testing.assert_array_equal(
+            attn.scaled_dot_product_attention(*arrays, attn_mask=mask.numpy()),
+            attn.scaled_dot_product_attention(*arrays, attn_mask=mask.float().numpy()))
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_half_float_mask_with_nan_or_inf_is_refused(mask_dtype):
+    q = torch.randn(N, H, L, E).to(mask_dtype)
+    for bad, named in ((float("nan"), "NaN"), (float("inf"), "inf")):
+        mask = torch.zeros(L, S, dtype=mask_dtype)
+        mask[1, 3] = bad
+        with pytest.raises(ValueError, match=f"attn_mask: expected finite values or -inf, got "
+                                             f"{named} at flat index {S + 3}"):
+            attn_torch.scaled_dot_product_attention(q, q[:, :, :1].expand(N, H, S, E), q[:, :, :1]
+                                                    .expand(N, H, S, E), attn_mask=mask)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("queries", [5, 70], ids=["decode_kernel", "prefill_kernels"])
 @pytest.mark.parametrize("far", [-1e9, torch.finfo(torch.float32).min], ids=["-1e9", "finfo.min"])

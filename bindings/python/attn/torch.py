@@ -944,7 +944,7 @@ class _TransformedSdpaBackward(torch.autograd.Function):
 
 class _PlainSdpa(torch.autograd.Function):
     """_EagerSdpa for the plain call (query, key and value of one dtype attn computes as it is;
-    a bool or float32 attn_mask (a half one converted) that needs no gradient, is_causal, scale
+    a bool, float32, float16 or bfloat16 attn_mask that needs no gradient, is_causal, scale
     and enable_gqa the only options): the same operator bodies' extension calls with those options
     alone, saving six tensors and returning the output only. _EagerSdpa's general argument
     handling cost ~13 µs of a 59 µs training step at (1, 8, 8, 64) on one Zen 5 core, where
@@ -1024,9 +1024,9 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # The dtypes attn's functions compute as they are and return unchanged (others go to float32).
 _DIRECT_DTYPES = (torch.float32, *_HALF_DTYPES)
 _DIRECT_DTYPE_SET = frozenset(_DIRECT_DTYPES)
-# Masks the plain call takes: bool and float32 as they are, float16 and bfloat16 (transformers
-# builds its causal and padding masks in the model's dtype) converted to float32 exactly, as the
-# general path converts every float mask.
+# Masks attn's functions read as they are: bool, float32, and float16 and bfloat16 (PyTorch's
+# float masks come in the inputs' dtype; transformers builds its masks in the model's), whose
+# entries the kernels widen exactly. Other float masks (float64) go to float32 first.
 _PLAIN_MASK_DTYPES = frozenset((torch.bool, torch.float32, *_HALF_DTYPES))
 # Looked up once: the plain call's test and call read them on every call.
 _Tensor = torch.Tensor
@@ -1354,8 +1354,6 @@ def scaled_dot_product_attention(
     ):
         eager = _eager_plain(query, key, value)
         if eager is not None:
-            if attn_mask is not None and attn_mask.dtype in _HALF_DTYPES:
-                attn_mask = attn_mask.float()
             # PyTorch's types as they are, checked by identity (cheaper than the conversions they
             # replace); anything else goes through the checks that name the argument.
             if (
@@ -1456,7 +1454,7 @@ def scaled_dot_product_attention(
     sinks = _as_float32(_as_tensor(sinks, torch.float32, "sinks"))
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         attn_mask = torch.as_tensor(attn_mask)
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
+    if attn_mask is not None and attn_mask.dtype not in _PLAIN_MASK_DTYPES:
         attn_mask = _as_float32(attn_mask)
     window_left, window_right = _window_arguments(window)
     # Dropout of every weight (dropout_p = 1), as PyTorch: a zero output and zero gradients. attn's

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 
+#include "attn/core/half.hpp"
 #include "attn/core/shape.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/valid_lengths.hpp"
@@ -14,10 +15,10 @@
 
 namespace attn {
 
-// A boolean or float attention mask, broadcastable (PyTorch's rules, aligned from the last axis)
-// to the scores' shape (..., H_q, L, S). Bool: true (nonzero byte) = the key takes part, as
-// PyTorch's bool attn_mask; float: added to the scaled scores, −∞ hiding the key. Views only: the
-// caller keeps the entries alive during the call.
+// A boolean or float attention mask (float32, bfloat16 or float16 entries), broadcastable
+// (PyTorch's rules, aligned from the last axis) to the scores' shape (..., H_q, L, S). Bool: true
+// (nonzero byte) = the key takes part, as PyTorch's bool attn_mask; float: added to the scaled
+// scores, −∞ hiding the key. Views only: the caller keeps the entries alive during the call.
 class AttentionMask {
  public:
   AttentionMask() = default;  // no mask
@@ -33,25 +34,53 @@ class AttentionMask {
     result.floats_ = mask;
     return result;
   }
+  // A float mask in half precision, `type`'s bits (PyTorch's float masks come in the inputs'
+  // dtype): read in place, each entry widened exactly to float, so the same values as float32
+  // give the same result.
+  static AttentionMask additive(HalfType type, StridedView<const uint16_t> mask) {
+    AttentionMask result;
+    result.kind_ = MaskKind::kFloat;
+    result.entries_ = type == HalfType::kBFloat16 ? MaskEntries::kBFloat16 : MaskEntries::kFloat16;
+    result.halves_ = mask;
+    return result;
+  }
 
   MaskKind kind() const { return kind_; }
   bool has_value() const { return kind_ != MaskKind::kNone; }
   const StridedView<const uint8_t>& bools() const { return bools_; }
+  // A float mask's entries: float32 (floats) or half bits (halves, of half_type()).
+  MaskEntries entries() const { return entries_; }
+  bool holds_halves() const {
+    return kind_ == MaskKind::kFloat && entries_ != MaskEntries::kFloat32;
+  }
   const StridedView<const float>& floats() const { return floats_; }
+  const StridedView<const uint16_t>& halves() const { return halves_; }
+  HalfType half_type() const {
+    return entries_ == MaskEntries::kFloat16 ? HalfType::kFloat16 : HalfType::kBFloat16;
+  }
   // The mask's shape and strides, whichever its kind.
-  const Shape& shape() const { return kind_ == MaskKind::kBool ? bools_.shape() : floats_.shape(); }
+  const Shape& shape() const {
+    return kind_ == MaskKind::kBool ? bools_.shape()
+           : holds_halves()         ? halves_.shape()
+                                    : floats_.shape();
+  }
   std::span<const int64_t> strides() const {
-    return kind_ == MaskKind::kBool ? bools_.strides() : floats_.strides();
+    return kind_ == MaskKind::kBool ? bools_.strides()
+           : holds_halves()         ? halves_.strides()
+                                    : floats_.strides();
   }
   const void* data() const {
     return kind_ == MaskKind::kBool ? static_cast<const void*>(bools_.data())
+           : holds_halves()         ? static_cast<const void*>(halves_.data())
                                     : static_cast<const void*>(floats_.data());
   }
 
  private:
   MaskKind kind_ = MaskKind::kNone;
+  MaskEntries entries_ = MaskEntries::kFloat32;
   StridedView<const uint8_t> bools_;
   StridedView<const float> floats_;
+  StridedView<const uint16_t> halves_;
 };
 
 // A sliding window around each query's diagonal key c (see `alignment`): keys j with

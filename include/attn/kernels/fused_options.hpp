@@ -18,17 +18,22 @@ enum class DiagonalAlignment { kTopLeft, kBottomRight, kOffset };
 
 enum class MaskKind { kNone, kBool, kFloat };
 
+// How a kFloat mask's entries are stored: float32, or the bits of bfloat16 or float16 — PyTorch's
+// float masks come in the inputs' dtype, and the kernels read them in place, widened exactly.
+enum class MaskEntries : uint8_t { kFloat32, kBFloat16, kFloat16 };
+
 // An attention mask over (batch, head, query, key), addressed by strides in elements: a stride 0
 // repeats one entry along that axis (PyTorch's broadcasting). kBool: bytes, nonzero = the key
 // takes part (PyTorch's bool attn_mask); kFloat: floats added to the scores, −∞ hiding the key.
 template <class T>
 struct BasicScoreMask {
   MaskKind kind = MaskKind::kNone;
-  T* data = nullptr;  // uint8_t entries for kBool, float for kFloat
+  T* data = nullptr;  // uint8_t entries for kBool; float (or halves: `entries`) for kFloat
   int64_t batch_stride = 0;
   int64_t head_stride = 0;
   int64_t row_stride = 0;
   int64_t col_stride = 0;
+  MaskEntries entries = MaskEntries::kFloat32;  // kFloat: the entries' format
 
   int64_t offset(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return b * batch_stride + h * head_stride + i * row_stride + j * col_stride;
