@@ -507,95 +507,6 @@ HWY_INLINE void ScoreFourKeysOneRow(D d, const char* key_row, size_t key_stride,
 }
 #endif
 
-#if HWY_TARGET <= HWY_AVX2
-// One row of bf16 keys or values takes its elements in pairs (SplitPairs): a vector of 32-bit
-// words holds 2·lanes bf16, the even one of each pair its word's low half shifted up, the odd
-// one its high half with the low half cleared — two operations for 2·lanes elements, where
-// widening them a vector at a time took four (vpmovzxwd and vpslld twice), on the ports the
-// multiply-adds need (Intel's ports 0 and 5: the one-row bf16 decode was bound by them).
-constexpr bool kSplitsBFloat16Pairs = true;
-
-template <class D>
-HWY_INLINE void SplitPairs(D d, const char* row, size_t t, hn::Vec<D>& even, hn::Vec<D>& odd) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::Repartition<uint16_t, D> d16;
-  const auto words = hn::BitCast(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(row) + t));
-  even = hn::BitCast(d, hn::ShiftLeft<16>(words));
-  odd = hn::BitCast(d, hn::And(words, hn::Set(du, 0xffff0000U)));
-}
-
-// `q` (depth floats) with each whole chunk of 2·lanes dimensions as its even dimensions, then its
-// odd ones (the order SplitPairs gives a key row's elements); dimensions past the whole chunks are
-// not written.
-template <class D>
-HWY_INLINE void SplitQueryPairs(D d, const float* q, size_t depth, float* HWY_RESTRICT split) {
-  const size_t lanes = hn::Lanes(d);
-  for (size_t t = 0; t + 2 * lanes <= depth; t += 2 * lanes) {
-    for (size_t i = 0; i < lanes; ++i) {
-      split[t + i] = q[t + 2 * i];
-      split[t + lanes + i] = q[t + 2 * i + 1];
-    }
-  }
-}
-
-// ScoreFourKeysOneRow for bf16 rows on their pairs: q_split as SplitQueryPairs leaves it (q itself
-// for the dimensions past its whole chunks, a vector at a time, then the tail).
-template <bool kByLine, class D>
-HWY_INLINE void ScoreFourKeysOneRowSplit(D d, const char* key_row, size_t key_stride,
-                                         const float* HWY_RESTRICT q,
-                                         const float* HWY_RESTRICT q_split, size_t depth,
-                                         float* HWY_RESTRICT scores,
-                                         const char* const* prefetch_rows) {
-  using V = hn::Vec<D>;
-  constexpr CacheDType kType = CacheDType::kBFloat16;
-  const hn::CappedTag<float, 4> d4;
-  const size_t lanes = hn::Lanes(d), vectors_end = depth / lanes * lanes;
-  const char* rows[4] = {key_row, key_row + key_stride, key_row + 2 * key_stride,
-                         key_row + 3 * key_stride};
-  V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-  V b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
-  size_t t = 0;
-  for (; t + 2 * lanes <= depth; t += 2 * lanes) {
-    if constexpr (kByLine) {
-      for (size_t k = 0; k < 4; ++k) {
-        PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
-        PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t + lanes);
-      }
-    }
-    const V q_even = hn::Load(d, q_split + t), q_odd = hn::Load(d, q_split + t + lanes);
-    V even, odd;
-    SplitPairs(d, rows[0], t, even, odd);
-    a0 = hn::MulAdd(q_even, even, a0);
-    b0 = hn::MulAdd(q_odd, odd, b0);
-    SplitPairs(d, rows[1], t, even, odd);
-    a1 = hn::MulAdd(q_even, even, a1);
-    b1 = hn::MulAdd(q_odd, odd, b1);
-    SplitPairs(d, rows[2], t, even, odd);
-    a2 = hn::MulAdd(q_even, even, a2);
-    b2 = hn::MulAdd(q_odd, odd, b2);
-    SplitPairs(d, rows[3], t, even, odd);
-    a3 = hn::MulAdd(q_even, even, a3);
-    b3 = hn::MulAdd(q_odd, odd, b3);
-  }
-  if (t < vectors_end) {  // one whole vector left
-    if constexpr (kByLine) {
-      for (size_t k = 0; k < 4; ++k)
-        PrefetchOnNewLine<cache_dtype_size(kType)>(prefetch_rows[k], t);
-    }
-    const V q0 = hn::LoadU(d, q + t);
-    a0 = hn::MulAdd(q0, LoadCacheVector<kType>(d, rows[0], t), a0);
-    a1 = hn::MulAdd(q0, LoadCacheVector<kType>(d, rows[1], t), a1);
-    a2 = hn::MulAdd(q0, LoadCacheVector<kType>(d, rows[2], t), a2);
-    a3 = hn::MulAdd(q0, LoadCacheVector<kType>(d, rows[3], t), a3);
-  }
-  StoreOneRowScores<kType, 4>(
-      d4, SumFour(d, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3)), key_row,
-      key_stride, nullptr, q, vectors_end, depth, scores);
-}
-#else
-constexpr bool kSplitsBFloat16Pairs = false;
-#endif
-
 #if HWY_TARGET != HWY_SCALAR
 // ScoreFourKeysOneRow for fp32 rows, two keys at a time, each dot product in four sums (vectors t
 // mod 4): as fast from the cache, and from memory four keys at a time were 4–15% slower (Zen 4, d =
@@ -686,8 +597,7 @@ template <CacheDType kType, class D>
 HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HWY_RESTRICT q_rows,
                           size_t rows, size_t depth, float* HWY_RESTRICT scores, size_t row_lanes,
                           const TilePrefetch& prefetch, [[maybe_unused]] bool one_row_steps,
-                          bool steps_out_of_line = false,
-                          [[maybe_unused]] const float* HWY_RESTRICT q_split = nullptr) {
+                          bool steps_out_of_line = false) {
   const char* key_rows = keys.data;
   const size_t key_stride = keys.stride;
   const float* scales = keys.scales;
@@ -715,22 +625,6 @@ HWY_INLINE void ScoreTile(D d, size_t bc, const CacheRows& keys, const float* HW
                                     nullptr);
         }
       }
-    } else if (kType == CacheDType::kBFloat16 && kSplitsBFloat16Pairs && q_split != nullptr) {
-#if HWY_TARGET <= HWY_AVX2
-      for (; j + 4 <= bc; j += 4) {
-        const char* first = key_rows + j * key_stride;
-        if (prefetch.by_line) {
-          const char* later[4] = {prefetch.KeyRow(j), prefetch.KeyRow(j + 1),
-                                  prefetch.KeyRow(j + 2), prefetch.KeyRow(j + 3)};
-          ScoreFourKeysOneRowSplit<true>(d, first, key_stride, q_rows, q_split, depth,
-                                         scores + j * row_lanes, later);
-        } else {
-          for (size_t k = 0; k < 4; ++k) prefetch.BothRows(j + k);
-          ScoreFourKeysOneRowSplit<false>(d, first, key_stride, q_rows, q_split, depth,
-                                          scores + j * row_lanes, nullptr);
-        }
-      }
-#endif
     } else {
       for (; j + 4 <= bc; j += 4) {
         const char* first = key_rows + j * key_stride;
@@ -772,10 +666,8 @@ template <CacheDType kType, class D>
 HWY_NOINLINE void ScoreTileOutOfLine(D d, size_t bc, const CacheRows& keys,
                                      const float* HWY_RESTRICT q_rows, size_t rows, size_t depth,
                                      float* HWY_RESTRICT scores, size_t row_lanes,
-                                     const TilePrefetch& prefetch,
-                                     const float* HWY_RESTRICT q_split = nullptr) {
-  ScoreTile<kType>(d, bc, keys, q_rows, rows, depth, scores, row_lanes, prefetch, rows == 1, false,
-                   q_split);
+                                     const TilePrefetch& prefetch) {
+  ScoreTile<kType>(d, bc, keys, q_rows, rows, depth, scores, row_lanes, prefetch, rows == 1);
 }
 
 // Eight named vectors (accumulators) to out, out + stride, …, out + 7·stride.
@@ -1451,103 +1343,15 @@ HWY_INLINE void AccumulateColumnsOneRow(D d, size_t bc, const char* value_rows, 
   for (size_t v = 0; v < kVectors; ++v) hn::Store(sums[v], d, out + v * lanes);
 }
 
-#if HWY_TARGET <= HWY_AVX2
-// Two vectors of a row's even elements e and odd elements o (SplitPairs' order) in the row's own
-// order: (e0 o0 e1 o1 …) into `first`, the rest into `second`.
-template <class D>
-HWY_INLINE void InterleavePairs(D d, hn::Vec<D> e, hn::Vec<D> o, hn::Vec<D>& first,
-                                hn::Vec<D>& second) {
-  // Within each 128-bit block: (e0 o0 e1 o1) from its lower half, (e2 o2 e3 o3) from its upper.
-  const auto lower = hn::InterleaveLower(d, e, o), upper = hn::InterleaveUpper(d, e, o);
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // Blocks (lower 0, upper 0, lower 1, upper 1) and (lower 2, upper 2, lower 3, upper 3).
-  const __m512i first_blocks =
-      _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second_blocks =
-      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  first = hn::Vec<D>{_mm512_permutex2var_ps(lower.raw, first_blocks, upper.raw)};
-  second = hn::Vec<D>{_mm512_permutex2var_ps(lower.raw, second_blocks, upper.raw)};
-#else
-  first = hn::ConcatLowerLower(d, upper, lower);
-  second = hn::ConcatUpperUpper(d, upper, lower);
-#endif
-}
-
-// AccumulateColumnsOneRow for bf16 value rows on their pairs (SplitPairs): columns [c0, c0 +
-// 2·kChunks·lanes) of the one output row (kChunks ≤ 4), summed as even and odd columns apart and
-// put back in order once per tile (InterleavePairs). With at most two chunks the even and odd
-// keys sum apart too, so that 8 multiply-add chains run.
-template <size_t kChunks, bool kByLine, class D>
-HWY_INLINE void AccumulateChunksOneRow(D d, size_t bc, const char* value_rows, size_t value_stride,
-                                       const float* HWY_RESTRICT p, size_t row_lanes, size_t c0,
-                                       float* HWY_RESTRICT out, float rescale,
-                                       const TilePrefetch* prefetch) {
-  static_assert(kChunks >= 1 && kChunks <= 4);
-  constexpr bool kTwoSums = kChunks <= 2;
-  using V = hn::Vec<D>;
-  const size_t lanes = hn::Lanes(d);
-  V e[2][kChunks], o[2][kChunks];
-  for (size_t set = 0; set < 2; ++set) {
-    for (size_t c = 0; c < kChunks; ++c) e[set][c] = o[set][c] = hn::Zero(d);
-  }
-  const auto add_row = [&](size_t j, size_t set) HWY_ATTR {
-    const char* row = value_rows + j * value_stride;
-    if constexpr (kByLine) {
-      const char* later = prefetch->ValueRow(j);
-      for (size_t v = 0; v < 2 * kChunks; ++v)
-        PrefetchOnNewLine<cache_dtype_size(CacheDType::kBFloat16)>(later, c0 + v * lanes);
-    }
-    const V w = hn::Set(d, p[j * row_lanes]);
-    for (size_t c = 0; c < kChunks; ++c) {
-      V even, odd;
-      SplitPairs(d, row, c0 + 2 * c * lanes, even, odd);
-      e[set][c] = hn::MulAdd(w, even, e[set][c]);
-      o[set][c] = hn::MulAdd(w, odd, o[set][c]);
-    }
-  };
-  size_t j = 0;
-  if constexpr (kTwoSums) {
-    for (; j + 2 <= bc; j += 2) {
-      add_row(j, 0);
-      add_row(j + 1, 1);
-    }
-  }
-  for (; j < bc; ++j) add_row(j, 0);
-  const V factor = hn::Set(d, rescale);
-  for (size_t c = 0; c < kChunks; ++c) {
-    V first, second;
-    InterleavePairs(d, hn::Add(e[0][c], e[1][c]), hn::Add(o[0][c], o[1][c]), first, second);
-    float* at = out + c0 + 2 * c * lanes;
-    hn::Store(hn::MulAdd(hn::Load(d, at), factor, first), d, at);
-    hn::Store(hn::MulAdd(hn::Load(d, at + lanes), factor, second), d, at + lanes);
-  }
-}
-#endif
-
 // Every whole vector of columns of the one output row: AccumulateColumnsOneRow over up to 8
-// vectors at a time (the value rows of dv = 128 whole on AVX-512, 64 on AVX2); bf16 rows on their
-// pairs (AccumulateChunksOneRow) where SplitPairs is built, up to 4 pairs of vectors at a time.
+// vectors at a time (the value rows of dv = 128 whole on AVX-512, 64 on AVX2).
 template <CacheDType kType, bool kByLine, class D>
 HWY_INLINE void AccumulateOneRow(D d, size_t bc, const char* value_rows, size_t value_stride,
                                  const float* HWY_RESTRICT p, size_t row_lanes, size_t full_vectors,
                                  float* HWY_RESTRICT out, float rescale,
                                  const TilePrefetch* prefetch) {
   const size_t lanes = hn::Lanes(d);
-  size_t first_vector = 0;
-#if HWY_TARGET <= HWY_AVX2
-  if constexpr (kType == CacheDType::kBFloat16) {
-    const size_t chunks = full_vectors / 2;
-    for (size_t c0 = 0; c0 < chunks; c0 += 4) {
-      const auto run = [&](auto count) HWY_ATTR {
-        AccumulateChunksOneRow<decltype(count)::value, kByLine>(
-            d, bc, value_rows, value_stride, p, row_lanes, 2 * c0 * lanes, out, rescale, prefetch);
-      };
-      WithStaticCount<4>(std::min<size_t>(4, chunks - c0), run);
-    }
-    first_vector = 2 * chunks;
-  }
-#endif
-  for (size_t v0 = first_vector; v0 < full_vectors; v0 += 8) {
+  for (size_t v0 = 0; v0 < full_vectors; v0 += 8) {
     const size_t c0 = v0 * lanes;
     const auto run = [&](auto vectors) HWY_ATTR {
       AccumulateColumnsOneRow<kType, decltype(vectors)::value, kByLine>(
@@ -2018,16 +1822,6 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   // Query rows up to a multiple of 4 are zero: ScoreKeys works on four rows at a time.
   if (!pair_scores)
     std::fill(s.q_rows + rows * depth, s.q_rows + hwy::RoundUpTo(rows, 4) * depth, 0.0F);
-  // One row of a bf16 cache scores on the keys' pairs (ScoreFourKeysOneRowSplit): its query split
-  // into even and odd dimensions, in q_columns (which the broadcast scores of many rows use).
-  const float* q_split = nullptr;
-  if (kSplitsBFloat16Pairs && rows == 1 && !pair_scores &&
-      args.keys.dtype == CacheDType::kBFloat16) {
-#if HWY_TARGET <= HWY_AVX2
-    SplitQueryPairs(df, s.q_rows, depth, s.q_columns);
-    q_split = s.q_columns;
-#endif
-  }
   // This split's keys, within what any row sees.
   const int64_t split_begin = std::max(begin, split * args.split_len);
   const int64_t split_end = std::min(end, (split + 1) * args.split_len);
@@ -2130,7 +1924,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                            one_row_fp32_scores, ReadsWholeValueRows<kType>(rows, dv, full_lanes));
         } else {
           ScoreTileOutOfLine<kType>(df, bc, key_rows, s.q_rows, rows, depth, s.scores, row_lanes,
-                                    prefetch, q_split);
+                                    prefetch);
         }
       });
     }
