@@ -334,19 +334,19 @@ float require_finite(std::string_view name, HalfType type, const ConstHalfStride
 
 namespace {
 
-// 1 when half bits [0, count) with this all-ones exponent hold a NaN or +∞: bits from +∞'s to the
-// largest positive NaN, or past −∞'s (negative NaNs). Branch-free, constants in the comparisons,
-// so that the compiler vectorises it (through a lambda of captured values it stayed scalar: a
-// sixth of a bf16 call at n = 256 with a bf16 mask).
-template <uint16_t kExponent>
+// 1 when half bits [0, count) with this all-ones exponent hold a NaN or +∞: a magnitude above
+// ∞'s (NaN of either sign) or +∞ itself. Branch-free, in signed 16-bit comparisons with constants,
+// which SSE2 has (pcmpgtw, pcmpeqw), so that the baseline build vectorises it: with unsigned ones
+// and captured values it stayed scalar, a sixth of a bf16 call at n = 256 with a bf16 mask.
+template <int16_t kExponent>
 uint16_t holds_half_nan_or_plus_infinity(const uint16_t* run, int64_t count) {
-  constexpr auto kNegativeNaNs = static_cast<uint16_t>(0x8000U | kExponent);
-  uint16_t bad = 0;
+  int16_t bad = 0;
   for (int64_t j = 0; j < count; ++j) {
-    const uint16_t bits = run[j];
-    bad |= static_cast<uint16_t>((bits >= kExponent && bits <= 0x7fffU) || bits > kNegativeNaNs);
+    const auto bits = static_cast<int16_t>(run[j]);
+    const auto magnitude = static_cast<int16_t>(bits & 0x7fff);
+    bad |= static_cast<int16_t>((magnitude > kExponent) | (bits == kExponent));
   }
-  return bad;
+  return static_cast<uint16_t>(bad);
 }
 
 }  // namespace
@@ -359,8 +359,8 @@ void require_mask_values(std::string_view name, HalfType type, const ConstHalfSt
   if (rows_contiguous(view)) {
     const uint16_t bad =
         type == HalfType::kFloat16
-            ? largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7c00U>)
-            : largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7f80U>);
+            ? largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7c00>)
+            : largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7f80>);
     if (bad == 0) return;
   }
   const uint16_t* data = view.data();
