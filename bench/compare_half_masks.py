@@ -5,28 +5,17 @@
 # attn reads in place), best of R rounds of the median of K calls, and PyTorch's time over attn's.
 # Usage: build/venv/bin/python bench/compare_half_masks.py [--dtype bfloat16] [--threads 1,2]
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import attn
 import attn.torch as at
+from compare_mha import median_ms  # this folder's timing: a warm-up call, then the median
 
 # (B, H, n, m, d): prefill, short prefill against a long cache, and decoding steps.
 SHAPES = [(1, 2, 256, 256, 64), (1, 4, 16, 4096, 64), (1, 8, 16, 1024, 96), (2, 4, 1, 256, 32),
           (1, 4, 1, 1024, 80)]
-
-
-def median_us(call, repeats):
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def main():
@@ -55,7 +44,7 @@ def main():
                                           ("torch", F.scaled_dot_product_attention)):
                             def call(sdpa=sdpa, extra=extra):
                                 return sdpa(q, k, v, attn_mask=extra)
-                            us = median_us(call, args.repeats)
+                            us = 1e3 * median_ms(call, args.repeats)
                             best[who, form] = min(best.get((who, form), float("inf")), us)
             for form in forms:
                 mine, theirs = best["attn", form], best["torch", form]

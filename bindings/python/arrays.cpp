@@ -268,6 +268,19 @@ void for_each_offset(const nb::ndarray<nb::ro>& array, Visit visit) {
   }
 }
 
+// The 16-bit elements (fp16 or bf16 bits) of `array`, in C order, into `bits`: a contiguous copy
+// for views the kernels cannot read in place (negative strides, misaligned data).
+void copy_bits16(const nb::ndarray<nb::ro>& array, std::vector<uint16_t>& bits) {
+  const auto* base = static_cast<const std::byte*>(array.data());
+  bits.clear();
+  bits.reserve(array.size());
+  for_each_offset(array, [&](int64_t offset) {
+    uint16_t element = 0;
+    std::memcpy(&element, base + offset * static_cast<int64_t>(sizeof(uint16_t)), sizeof(element));
+    bits.push_back(element);
+  });
+}
+
 Shape shape_of(const nb::ndarray<nb::ro>& array) {
   std::array<int64_t, Shape::kMaxRank> dims{};
   for (size_t axis = 0; axis < array.ndim(); ++axis) {
@@ -489,12 +502,7 @@ bool StridedInput::import_half(std::string_view name, bool in_place) {
                            shape_string(array_))
                               .c_str());
   }
-  half_copy_.reserve(static_cast<size_t>(shape_.numel()));
-  for_each_offset(array_, [&](int64_t offset) {
-    uint16_t bits = 0;
-    std::memcpy(&bits, base + offset * static_cast<int64_t>(sizeof(uint16_t)), sizeof(bits));
-    half_copy_.push_back(bits);
-  });
+  copy_bits16(array_, half_copy_);
   half_view_ = StridedView<const uint16_t>(half_copy_.data(), shape_);
   copied_ = true;
   return true;
@@ -561,12 +569,7 @@ MaskInput::MaskInput(nb::handle object, std::string_view name) {
                              shape_string(array_))
                                 .c_str());
     }
-    half_copy_.reserve(static_cast<size_t>(shape.numel()));
-    for_each_offset(array_, [&](int64_t offset) {
-      uint16_t bits = 0;
-      std::memcpy(&bits, base + offset * static_cast<int64_t>(sizeof(uint16_t)), sizeof(bits));
-      half_copy_.push_back(bits);
-    });
+    copy_bits16(array_, half_copy_);
     mask_ = AttentionMask::additive(type, StridedView<const uint16_t>(half_copy_.data(), shape));
     return;
   }

@@ -329,3 +329,17 @@ def test_python_threads_can_call_it_at_once():
         )
     for result in results:
         np.testing.assert_array_equal(result, expected)
+
+
+def test_a_float16_mask_gives_the_results_of_its_float32_values():
+    # Read in place (contiguous) or copied first (a negative stride): either way each entry is
+    # widened exactly, so the output is that of the float32 mask of the same values, bit for bit.
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32)
+               for shape in ((2, 3, 5, 8), (2, 3, 9, 8), (2, 3, 9, 4)))
+    mask = (3 * rng.standard_normal((5, 9))).astype(np.float16)
+    mask[:, 2] = -np.inf
+    for view in (mask, mask[::-1], mask[:, ::-1]):
+        np.testing.assert_array_equal(
+            attn.scaled_dot_product_attention(q, k, v, attn_mask=view),
+            attn.scaled_dot_product_attention(q, k, v, attn_mask=view.astype(np.float32)))
