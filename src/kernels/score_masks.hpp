@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -297,16 +296,19 @@ inline bool row_hides_all(const float* row, int64_t stride, int64_t count) {
   }
   return hidden != 0;
 }
-// Half entries hide their key where their bits are −∞'s (one encoding each format has).
+// Half entries hide their key where their bits are −∞'s (the one encoding each format has).
 template <class Entry>
-requires(std::is_same_v<Entry, BFloat16Entry> ||
-         std::is_same_v<Entry, Float16Entry>) inline bool row_hides_all(const Entry* row,
-                                                                        int64_t stride,
-                                                                        int64_t count) {
-  constexpr uint16_t kHidden = std::is_same_v<Entry, BFloat16Entry> ? 0xff80U : 0xfc00U;
+inline bool half_row_hides_all(const Entry* row, int64_t stride, int64_t count,
+                               uint16_t hidden_bits) {
   unsigned hidden = 1;
-  for (int64_t j = 0; j < count; ++j) hidden &= row[j * stride].bits == kHidden ? 1U : 0U;
+  for (int64_t j = 0; j < count; ++j) hidden &= row[j * stride].bits == hidden_bits ? 1U : 0U;
   return hidden != 0;
+}
+inline bool row_hides_all(const BFloat16Entry* row, int64_t stride, int64_t count) {
+  return half_row_hides_all(row, stride, count, 0xff80U);
+}
+inline bool row_hides_all(const Float16Entry* row, int64_t stride, int64_t count) {
+  return half_row_hides_all(row, stride, count, 0xfc00U);
 }
 inline bool row_hides_all(const uint8_t* row, int64_t stride, int64_t count) {
   unsigned any = 0;
