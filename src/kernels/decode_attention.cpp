@@ -448,6 +448,13 @@ HWY_INLINE void StoreOneRowScores(D4 d4, hn::Vec<D4> sums, const char* key_row, 
     sums = hn::Add(sums, hn::Load(d4, tail));
   }
   if constexpr (kType == CacheDType::kInt8) sums = hn::Mul(sums, hn::LoadU(d4, scales));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (kKeys == 4) {
+    // The four keys' rows of Sᵀ in one store, each sum expanded into lane 0 of its row.
+    _mm512_storeu_ps(scores, _mm512_maskz_expand_ps(0x1111, _mm512_castps128_ps512(sums.raw)));
+    return;
+  }
+#endif
   HWY_ALIGN float key_sums[4];
   hn::Store(sums, d4, key_sums);
   for (size_t k = 0; k < kKeys; ++k) {
