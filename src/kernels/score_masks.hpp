@@ -5,7 +5,6 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -261,7 +260,7 @@ inline float entry_value(float entry) {
   return entry;
 }
 inline float entry_value(BFloat16Entry entry) {
-  return std::bit_cast<float>(static_cast<uint32_t>(entry.bits) << 16);
+  return bfloat16_to_float(entry.bits);
 }
 inline float entry_value(Float16Entry entry) {
   return half_to_float(entry.bits);
