@@ -127,11 +127,13 @@ bool KeyValueGradientsStored(const BackwardArgs& args, BackwardProducts products
          static_cast<size_t>(args.v.cols) % lanes == 0;
 }
 
-// Rows a product writes: the gradient's own rows, or a thread's scratch.
+// Rows a product writes: the gradient's own rows (first 0), or a thread's scratch holding rows
+// from `first` on.
 struct MutableRows {
   float* data = nullptr;
   size_t stride = 0;
-  float* row(size_t i) const { return data + i * stride; }
+  size_t first = 0;
+  float* row(size_t i) const { return data + (i - first) * stride; }
 };
 
 // Per-thread scratch for one (batch, key/value head) task at a time; sized once per call.
@@ -142,12 +144,18 @@ struct BackwardScratch : BackwardTileBuffers {
   MagnitudeBits read[5];
   float* q_rows;        // n × d_padded: Q, unscaled (unless read in place)
   float* q_transposed;  // tiles × d × Br: c·Qᵀ per query tile, rows TileWidth lanes apart
-  float* k_rows;        // m × d_padded (unless read in place)
-  float* v_rows;        // m × dv_padded (unless read in place)
-  float* row;           // max(d_padded, dv_padded): one row widened or rounded
-  float* grad_q;        // n_padded × d_padded
-  float* grad_k;        // m × d_padded: dK of the key/value head, summed over its query heads
-  float* grad_v;        // m × dv_padded
+  // The key side's rows below hold key_rows rows from key row key_rows_base on: all m where a
+  // key/value head serves several query heads (each of them reads every block), one block of the
+  // loop over keys where it serves one (TaskKeyBlocks moves them along block by block, and they
+  // stay in the L2).
+  size_t key_rows = 0, key_rows_base = 0;
+  bool block_rows = false;
+  float* k_rows;  // key_rows × d_padded (unless read in place)
+  float* v_rows;  // key_rows × dv_padded (unless read in place)
+  float* row;     // max(d_padded, dv_padded): one row widened or rounded
+  float* grad_q;  // n_padded × d_padded
+  float* grad_k;  // key_rows × d_padded: dK of the key/value head, summed over its query heads
+  float* grad_v;  // key_rows × dv_padded
   // The rows' widths in the layouts above and below: d and dv rounded up to whole vectors (on AMX
   // tiles to the tiles' 32 columns), and the pairs of a row of the pair layouts, (d + 1) / 2 and
   // (dv + 1) / 2 (on AMX tiles d_padded / 2 and dv_padded / 2: whole tiles of 16 pairs). Padding
@@ -155,15 +163,15 @@ struct BackwardScratch : BackwardTileBuffers {
   size_t d_padded = 0, dv_padded = 0, d_pairs = 0, dv_pairs = 0;
   // The bf16 dot-product path (BFloat16Products) also keeps bf16 pairs of adjacent dimensions, as
   // the forward pass's: Qᵀ and dOᵀ per query tile (tiles × d_pairs × Br, dv_pairs × Br), the key
-  // and value rows (m × d_pairs, m × dv_pairs), the pairs past d (dv) 0.
+  // and value rows (key_rows × d_pairs, key_rows × dv_pairs), the pairs past d (dv) 0.
   uint32_t* query_pairs = nullptr;
   uint32_t* grad_out_pairs = nullptr;
   uint32_t* key_pairs = nullptr;
   uint32_t* value_pairs = nullptr;
   // ... and, for the products that reduce over queries or keys (dV, dK, dQ), pairs of adjacent
   // rows: Q and dO rows 2p and 2p + 1 interleaved (n/2 × d_padded, n/2 × dv_padded, 0 past n), K
-  // rows likewise (m/2 × d_padded), and a tile's P ⊙ Z and dS rounded to bf16 as pairs of adjacent
-  // queries (Bc × Br/2) and dS as pairs of adjacent keys (Bc/2 × Br).
+  // rows likewise (key_rows/2 × d_padded), and a tile's P ⊙ Z and dS rounded to bf16 as pairs of
+  // adjacent queries (Bc × Br/2) and dS as pairs of adjacent keys (Bc/2 × Br).
   uint32_t* query_row_pairs = nullptr;
   uint32_t* grad_out_row_pairs = nullptr;
   uint32_t* key_row_pairs = nullptr;
@@ -195,8 +203,9 @@ struct BackwardScratch : BackwardTileBuffers {
   RowsView queries, keys, values;
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, BackwardProducts products,
-                  bool in_place, bool store_gradients)
-      : amx_products(products == BackwardProducts::kAmx || products == BackwardProducts::kAmxModel),
+                  bool in_place, bool store_gradients, bool one_query_head)
+      : block_rows(one_query_head),
+        amx_products(products == BackwardProducts::kAmx || products == BackwardProducts::kAmxModel),
         store_key_value(store_gradients),
         rows_in_place(in_place) {
     const bool bf16_pairs = products != BackwardProducts::kFloat;
@@ -214,27 +223,28 @@ struct BackwardScratch : BackwardTileBuffers {
     const size_t key_tile_bytes = bc * (2 * d_padded + 2 * dv_padded) * sizeof(float);
     key_block_tiles = std::clamp<size_t>(l2_cache_bytes() / 2 / key_tile_bytes, 1,
                                          flash_backward_detail::kMaxKeyBlockTiles);
+    key_rows = block_rows ? std::min(m, key_block_tiles * bc) : m;
     memory = carve_scratch(lanes, [&](const auto& take) {
       take_tile_buffers(take, n, br, bc, dv, dv_padded);
       // The fp32 products' operands; the bf16 path reads its pairs instead.
       const size_t fp32 = bf16_pairs ? 0 : 1, copies = bf16_pairs || in_place ? 0 : 1;
       q_rows = take(copies * n * d_padded);
       q_transposed = take(fp32 * n_padded * d);
-      k_rows = take(copies * m * d_padded);
-      v_rows = take(copies * m * dv_padded);
+      k_rows = take(copies * key_rows * d_padded);
+      v_rows = take(copies * key_rows * dv_padded);
       row = take(std::max(d_padded, dv_padded));
       grad_q = take(n_padded * d_padded);  // rows past n: AMX tiles' padding lanes
       const size_t summed = store_gradients ? 0 : 1;
-      grad_k = take(summed * m * d_padded);
-      grad_v = take(summed * m * dv_padded);
+      grad_k = take(summed * key_rows * d_padded);
+      grad_v = take(summed * key_rows * dv_padded);
       if (bf16_pairs) {
         query_pairs = as_uint32(take(n_padded * d_pairs));
         grad_out_pairs = as_uint32(take(n_padded * dv_pairs));
-        key_pairs = as_uint32(take(m * d_pairs));
-        value_pairs = as_uint32(take(m * dv_pairs));
+        key_pairs = as_uint32(take(key_rows * d_pairs));
+        value_pairs = as_uint32(take(key_rows * dv_pairs));
         query_row_pairs = as_uint32(take(n_padded / 2 * d_padded));
         grad_out_row_pairs = as_uint32(take(n_padded / 2 * dv_padded));
-        key_row_pairs = as_uint32(take((m + 1) / 2 * d_padded));
+        key_row_pairs = as_uint32(take((key_rows + 1) / 2 * d_padded));
         used_query_pairs = as_uint32(take(bc * br / 2));
         grad_score_query_pairs = as_uint32(take(bc * br / 2));
         grad_score_key_pairs = as_uint32(take((bc + 1) / 2 * br));
@@ -245,8 +255,8 @@ struct BackwardScratch : BackwardTileBuffers {
 };
 
 // Copies rows [first_row, end_row) of matrix (b, h) of `view` — or of `half`, widened, when the
-// pass has half-precision inputs — into the same rows of a row-major buffer of `padded` columns,
-// zero-filling the padding.
+// pass has half-precision inputs — into a row-major buffer of `padded` columns whose first row is
+// row first_row, zero-filling the padding.
 void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHalfHeadsView& half,
              int64_t b, int64_t h, size_t first_row, size_t end_row, size_t padded,
              float* destination) {
@@ -256,7 +266,7 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
   for (size_t r = first_row; r < end_row; ++r) {
     if (r + kPrefetchRows < end_row)
       PrefetchMatrixRow(args.half, view, half, b, h, static_cast<int64_t>(r + kPrefetchRows));
-    float* row = destination + r * padded;
+    float* row = destination + (r - first_row) * padded;
     if (args.half) {
       WidenRow(d, args.half_type, half.matrix(b, h) + static_cast<int64_t>(r) * half.row_stride,
                cols, row);
@@ -331,13 +341,13 @@ void AddReadRows(const BackwardArgs& args, const ConstHeadsView& view,
 
 // Rows [first_row, end_row) of matrix (b, h) of bf16 `half` as pairs of adjacent elements,
 // `pairs` ≥ (cols + 1) / 2 per row (the pairs past cols 0, an odd count's last one half 0), into
-// the same rows of `destination`: a row's adjacent bf16 already are its pairs in memory.
+// `destination` from its first row on: a row's adjacent bf16 already are its pairs in memory.
 void RowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, int64_t first_row,
               int64_t end_row, size_t pairs, uint32_t* destination) {
   const auto cols = static_cast<size_t>(half.cols);
   for (int64_t r = first_row; r < end_row; ++r) {
     CopyRowAsPairs(half.matrix(b, h) + r * half.row_stride, cols, pairs,
-                   destination + static_cast<size_t>(r) * pairs);
+                   destination + static_cast<size_t>(r - first_row) * pairs);
   }
 }
 
@@ -361,14 +371,15 @@ void TransposedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h, si
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // Rows 2p and 2p + 1 of matrix (b, h) of bf16 `half` interleaved into pairs, pair rows
-// [first_pair, end_pair) of `padded` words (rows past the matrix read as zeros).
+// [first_pair, end_pair) of `padded` words into `destination` from its first row on (rows past the
+// matrix read as zeros).
 ATTN_BF16_TARGET void InterleavedRowPairs(const ConstHalfHeadsView& half, int64_t b, int64_t h,
                                           size_t first_pair, size_t end_pair, size_t padded,
                                           uint32_t* destination) {
   const auto cols = static_cast<size_t>(half.cols);
   for (size_t p = first_pair; p < end_pair; ++p) {
     const auto row = static_cast<int64_t>(2 * p);
-    uint32_t* pairs = destination + p * padded;
+    uint32_t* pairs = destination + (p - first_pair) * padded;
     if (row >= half.rows) {
       std::fill_n(pairs, padded, 0U);
       continue;
@@ -546,6 +557,81 @@ struct KeyChunk {
   float* partial_grad_q = nullptr;
 };
 
+// A task's key rows [first_row, end_row) (TaskKeyRows), made ready block by block of the loop over
+// keys: before a block's first products K and V packed and dK and dV zeroed (by the task's first
+// query head), after its last the block's dK and dV written out (by its last query head). Done for
+// the whole task at once, these sweeps ran through the L3 wherever its rows outgrew the L2: a bf16
+// training step of 16 queries against 2 × 4096 keys of 256 spent 45% of its time in them.
+struct TaskKeyBlocks {
+  const BackwardArgs& args;
+  int64_t b = 0, kv_head = 0;
+  size_t first_row = 0, end_row = 0;
+  BackwardScratch& s;
+
+  // Rows [begin, end) of the block that the task covers.
+  std::pair<size_t, size_t> Covered(size_t begin, size_t end) const {
+    return {std::max(begin, first_row), std::min(end, end_row)};
+  }
+
+  // Also moves the scratch's key rows to this block where they hold one block (s.block_rows).
+  void Prepare(size_t block_begin, size_t block_end) const {
+    if (s.block_rows) MoveKeyRows(block_begin);
+    const auto [begin, end] = Covered(block_begin, block_end);
+    if (begin >= end) return;
+    const size_t slot = begin - s.key_rows_base;       // the scratch's row of key row `begin`
+    if (s.key_pairs == nullptr && !s.rows_in_place) {  // the fp32 products' operands
+      PadRows(args, args.k, args.k16, b, kv_head, begin, end, s.d_padded,
+              s.k_rows + slot * s.d_padded);
+      PadRows(args, args.v, args.v16, b, kv_head, begin, end, s.dv_padded,
+              s.v_rows + slot * s.dv_padded);
+    }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (s.key_pairs != nullptr) {  // the bf16 path's pairs
+      const auto first = static_cast<int64_t>(begin), last = static_cast<int64_t>(end);
+      RowPairs(args.k16, b, kv_head, first, last, s.d_pairs, s.key_pairs + slot * s.d_pairs);
+      RowPairs(args.v16, b, kv_head, first, last, s.dv_pairs, s.value_pairs + slot * s.dv_pairs);
+      // begin and the base are multiples of the key tile, so even: pair rows start at row pairs.
+      InterleavedRowPairs(args.k16, b, kv_head, begin / 2, (end + 1) / 2, s.d_padded,
+                          s.key_row_pairs + slot / 2 * s.d_padded);
+    }
+#endif
+    if (args.read_magnitude_bits != nullptr) {
+      AddReadRows(args, args.k, args.k16, b, kv_head, begin, end - begin, s.read[1]);
+      AddReadRows(args, args.v, args.v16, b, kv_head, begin, end - begin, s.read[2]);
+    }
+    if (!s.store_key_value) {
+      std::fill_n(s.grad_k + slot * s.d_padded, (end - begin) * s.d_padded, 0.0F);
+      std::fill_n(s.grad_v + slot * s.dv_padded, (end - begin) * s.dv_padded, 0.0F);
+    }
+  }
+
+  // The scratch's key rows (and the views of them) from key row `base` on.
+  void MoveKeyRows(size_t base) const {
+    s.key_rows_base = base;
+    if (!s.rows_in_place && s.key_pairs == nullptr) {
+      s.keys.first = base;
+      s.values.first = base;
+    }
+    if (!s.store_key_value) {
+      s.grad_k_rows.first = base;
+      s.grad_v_rows.first = base;
+    }
+  }
+
+  void Finish(size_t block_begin, size_t block_end) const {
+    const auto [begin, end] = Covered(block_begin, block_end);
+    if (s.store_key_value) return;  // the head's products stored these rows
+    const auto depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
+    for (size_t j = begin; j < end; ++j) {
+      const size_t slot = j - s.key_rows_base;
+      WriteGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j,
+                       s.grad_k + slot * s.d_padded, depth, args.options.scale, s.row);
+      WriteGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j,
+                       s.grad_v + slot * s.dv_padded, dv, 1.0F, s.row);
+    }
+  }
+};
+
 // One query head h of batch element b, against the key/value head packed in s.k_rows and s.v_rows
 // and the keys of `chunk`: accumulates its share of dK and dV into s.grad_k_rows and s.grad_v_rows
 // (stores them there, dK scaled, when s.store_key_value), writes its dQ (or partial dQ at
@@ -553,6 +639,7 @@ struct KeyChunk {
 // for every chunk but the first: it depends on no key).
 float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, const KeyChunk& chunk,
                              float* partial_grad_q, const ScoreMaskGradient& grad_mask,
+                             const TaskKeyBlocks& key_blocks, bool first_head, bool last_head,
                              BackwardScratch& s) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
@@ -629,16 +716,23 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.amx_products) ConfigureTiles(s);
 #endif
-  for (size_t block0 = chunk.first_tile * flash_backward_detail::kKeyTile; block0 < keys_end;
+  // The blocks run on past this head's keys to the task's last row where the head prepares or
+  // finishes the task's rows (key_blocks), their products only up to keys_end.
+  const size_t blocks_end =
+      first_head || last_head ? std::max(keys_end, key_blocks.end_row) : keys_end;
+  for (size_t block0 = chunk.first_tile * flash_backward_detail::kKeyTile; block0 < blocks_end;
        block0 += block_keys) {
+    if (first_head) key_blocks.Prepare(block0, block0 + block_keys);
     const size_t block_end = std::min(keys_end, block0 + block_keys);
-    for (size_t tile = 0; tile < tiles; ++tile) {
+    for (size_t tile = 0; tile < tiles && block0 < block_end; ++tile) {
       const TileKeyRanges ranges = s.tile_ranges(tile);
       const size_t first = tile * br, rows = std::min(br, n - first);
       for (size_t key0 = block0; key0 < block_end; key0 += flash_backward_detail::kKeyTile) {
         const size_t bc = std::min(flash_backward_detail::kKeyTile, m - key0);
         const auto key_begin = static_cast<int64_t>(key0),
                    key_end = static_cast<int64_t>(key0 + bc);
+        // The scratch's key rows (K, V and their pairs, dK, dV) hold this tile from row `slot` on.
+        [[maybe_unused]] const size_t slot = key0 - s.key_rows_base;
         // Stored gradients: every visited tile's rows are written, zeros where no query sees them.
         const bool store = s.store_key_value;
         const auto zero_tile = [&] {
@@ -688,7 +782,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         float exponent_scale = 1.0F;  // c where Sᵀ is left unscaled for P's exponent
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (on_tiles) {
-          TileProduct<false>(s, s.key_pairs + key0 * depth_pairs, depth_pairs,
+          TileProduct<false>(s, s.key_pairs + slot * depth_pairs, depth_pairs,
                              s.query_pairs + tile * depth_pairs * br, br, depth_pairs,
                              s.probabilities, br, bc, br);
           // Scaled as GemmBF16 scales on storing, or in P's exponent (the forward's AMX path).
@@ -697,7 +791,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         } else if (bf16_products) {
           // Exact products of the bf16 inputs, summed in fp32 as the forward pass's bf16 path sums
           // them: the same scores, so P agrees with its log-sum-exp.
-          GemmBF16<false>(bc, width / lanes, s.key_pairs + key0 * depth_pairs, depth_pairs, 1,
+          GemmBF16<false>(bc, width / lanes, s.key_pairs + slot * depth_pairs, depth_pairs, 1,
                           s.query_pairs + tile * depth_pairs * br, br, depth_pairs, s.probabilities,
                           br, nullptr, scale);
         } else
@@ -735,16 +829,16 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         if (on_tiles) {
           TileProduct<true>(s, s.used_query_pairs, br / 2,
                             s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, br / 2,
-                            s.grad_v + key0 * dv_padded, dv_padded, bc, dv_padded);
+                            s.grad_v + slot * dv_padded, dv_padded, bc, dv_padded);
         } else if (bf16_products && crossed) {
           KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
                                     s.used_query_pairs, br / 2,
                                     s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded,
-                                    dv_padded / lanes, s.grad_v + key0 * dv_padded, dv_padded);
+                                    dv_padded / lanes, s.grad_v + slot * dv_padded, dv_padded);
         } else if (bf16_products) {
           GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
                          s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
-                         s.grad_v + key0 * dv_padded, dv_padded, nullptr);
+                         s.grad_v + slot * dv_padded, dv_padded, nullptr);
         } else
 #endif
         {
@@ -755,11 +849,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         // dPᵀ = V dOᵀ, then dSᵀ = Pᵀ ⊙ (Zᵀ ⊙ dPᵀ − D) = (P ⊙ Z)ᵀ ⊙ dPᵀ − Pᵀ ⊙ D.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (on_tiles) {
-          TileProduct<false>(s, s.value_pairs + key0 * dv_pairs, dv_pairs,
+          TileProduct<false>(s, s.value_pairs + slot * dv_pairs, dv_pairs,
                              s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs, s.grad_scores,
                              br, bc, br);
         } else if (bf16_products) {
-          GemmBF16<false>(bc, width / lanes, s.value_pairs + key0 * dv_pairs, dv_pairs, 1,
+          GemmBF16<false>(bc, width / lanes, s.value_pairs + slot * dv_pairs, dv_pairs, 1,
                           s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs, s.grad_scores, br,
                           nullptr);
         } else
@@ -789,25 +883,25 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
             GradScoreRowPairs(s.grad_score_key_pairs, bc, br, s.grad_score_row_pairs);
             TileProduct<true>(s, s.grad_score_query_pairs, br / 2,
                               s.query_row_pairs + first / 2 * d_padded, d_padded, br / 2,
-                              s.grad_k + key0 * d_padded, d_padded, bc, d_padded);
+                              s.grad_k + slot * d_padded, d_padded, bc, d_padded);
             TileProduct<true>(s, s.grad_score_row_pairs, bc / 2,
-                              s.key_row_pairs + key0 / 2 * d_padded, d_padded, bc / 2,
+                              s.key_row_pairs + slot / 2 * d_padded, d_padded, bc / 2,
                               s.grad_q + first * d_padded, d_padded, br, d_padded);
           } else if (crossed) {
             KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
                                       s.grad_score_query_pairs, br / 2,
                                       s.query_row_pairs + first / 2 * d_padded, d_padded,
-                                      d_padded / lanes, s.grad_k + key0 * d_padded, d_padded);
+                                      d_padded / lanes, s.grad_k + slot * d_padded, d_padded);
             QueriesOverVisibleKeyPairs(s.first + first, s.last + first, rows, key_begin, bc,
                                        s.grad_score_key_pairs, br,
-                                       s.key_row_pairs + key0 / 2 * d_padded, d_padded,
+                                       s.key_row_pairs + slot / 2 * d_padded, d_padded,
                                        d_padded / lanes, s.grad_q + first * d_padded, d_padded);
           } else {
             GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
                            s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
-                           s.grad_k + key0 * d_padded, d_padded, nullptr);
+                           s.grad_k + slot * d_padded, d_padded, nullptr);
             GemmBF16<true>(rows, d_padded / lanes, s.grad_score_key_pairs, 1, br,
-                           s.key_row_pairs + key0 / 2 * d_padded, d_padded, (bc + 1) / 2,
+                           s.key_row_pairs + slot / 2 * d_padded, d_padded, (bc + 1) / 2,
                            s.grad_q + first * d_padded, d_padded, nullptr);
           }
           continue;
@@ -829,6 +923,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         if (store) ScaleRows(s.grad_k_rows, key0, bc, depth, scale);
       }
     }
+    if (last_head) key_blocks.Finish(block0, block0 + block_keys);
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.amx_products) ReleaseTiles(s);
@@ -876,7 +971,6 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
                        const ScoreMaskGradient& grad_mask, float* grad_sinks_by_head,
                        BackwardScratch& s) {
   const size_t m = static_cast<size_t>(args.k.rows);
-  const size_t depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
   const size_t d_padded = s.d_padded, dv_padded = s.dv_padded;
   const KeyRange read = TaskKeyRows(args, b, kv_head, chunk);
   const auto first_row = static_cast<size_t>(read.begin), end_row = static_cast<size_t>(read.end);
@@ -884,57 +978,37 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
     s.keys = {args.k.matrix(b, kv_head), static_cast<size_t>(args.k.row_stride)};
     s.values = {args.v.matrix(b, kv_head), static_cast<size_t>(args.v.row_stride)};
   } else if (s.key_pairs == nullptr) {  // the fp32 products' operands (the bf16 path: pairs)
-    PadRows(args, args.k, args.k16, b, kv_head, first_row, end_row, d_padded, s.k_rows);
-    PadRows(args, args.v, args.v16, b, kv_head, first_row, end_row, dv_padded, s.v_rows);
     s.keys = {s.k_rows, d_padded};
     s.values = {s.v_rows, dv_padded};
   }
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (s.key_pairs != nullptr) {
-    RowPairs(args.k16, b, kv_head, read.begin, read.end, s.d_pairs, s.key_pairs);
-    RowPairs(args.v16, b, kv_head, read.begin, read.end, s.dv_pairs, s.value_pairs);
-    // first_row is a multiple of the key tile, so even: its pair row starts at a row pair.
-    InterleavedRowPairs(args.k16, b, kv_head, first_row / 2, (end_row + 1) / 2, d_padded,
-                        s.key_row_pairs);
-  }
-#endif
-  if (args.read_magnitude_bits != nullptr) {
-    AddReadRows(args, args.k, args.k16, b, kv_head, first_row, end_row - first_row, s.read[1]);
-    AddReadRows(args, args.v, args.v16, b, kv_head, first_row, end_row - first_row, s.read[2]);
-  }
-  const size_t chunk_begin = chunk.first_tile * flash_backward_detail::kKeyTile;
   if (s.store_key_value) {
     s.grad_k_rows = {args.grad_k.matrix(b, kv_head), static_cast<size_t>(args.grad_k.row_stride)};
     s.grad_v_rows = {args.grad_v.matrix(b, kv_head), static_cast<size_t>(args.grad_v.row_stride)};
   } else {
     s.grad_k_rows = {s.grad_k, d_padded};
     s.grad_v_rows = {s.grad_v, dv_padded};
-    std::fill(s.grad_k + first_row * d_padded, s.grad_k + end_row * d_padded, 0.0F);
-    std::fill(s.grad_v + first_row * dv_padded, s.grad_v + end_row * dv_padded, 0.0F);
   }
+  s.key_rows_base = 0;
+  const TaskKeyBlocks key_blocks{args, b, kv_head, first_row, end_row, s};
   const int64_t group = args.q.heads / args.k.heads;
-  const auto n = static_cast<size_t>(args.q.rows);
+  const auto n = static_cast<size_t>(args.q.rows), depth = static_cast<size_t>(args.q.cols);
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
     float* partial =
         chunk.partial_grad_q == nullptr
             ? nullptr
             : chunk.partial_grad_q + static_cast<size_t>(h - kv_head * group) * n * depth;
-    const float grad_sink = FlashBackwardQueryHead(args, b, h, chunk, partial, grad_mask, s);
+    const float grad_sink =
+        FlashBackwardQueryHead(args, b, h, chunk, partial, grad_mask, key_blocks,
+                               h == kv_head * group, h + 1 == (kv_head + 1) * group, s);
     if (chunk.first_tile == 0) grad_sinks_by_head[b * args.q.heads + h] = grad_sink;
   }
-  const float scale = args.options.scale;
+  // The chunk's rows outside the task's (which its heads wrote block by block): no query sees them.
+  const size_t chunk_begin = chunk.first_tile * flash_backward_detail::kKeyTile;
   const size_t rows_end = std::min(m, chunk.last_tile * flash_backward_detail::kKeyTile);
   for (size_t j = chunk_begin; j < rows_end; ++j) {
-    if (j < first_row || j >= end_row) {
-      WriteZeroGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j);
-      WriteZeroGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j);
-      continue;
-    }
-    if (s.store_key_value) continue;  // the head's products stored these rows
-    WriteGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j, s.grad_k + j * d_padded,
-                     depth, scale, s.row);
-    WriteGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j, s.grad_v + j * dv_padded, dv,
-                     1.0F, s.row);
+    if (j >= first_row && j < end_row) continue;
+    WriteZeroGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j);
+    WriteZeroGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j);
   }
 }
 
@@ -1035,7 +1109,8 @@ void FlashBackward(const BackwardArgs& call) {
       [&] {
         return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
                                static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
-                               lanes, products, rows_in_place, store_key_value);
+                               lanes, products, rows_in_place, store_key_value,
+                               args.q.heads == args.k.heads);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {
         const int64_t head_task = task / static_cast<int64_t>(chunks);

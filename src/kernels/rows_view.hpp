@@ -10,11 +10,13 @@
 
 namespace attn {
 
-// Row i at data + i·stride: the caller's rows in place, or a thread's packed copy.
+// Row i at data + (i − first)·stride: the caller's rows in place (first 0), or a thread's packed
+// copy of rows from `first` on.
 struct RowsView {
   const float* data = nullptr;
   std::size_t stride = 0;
-  const float* row(std::size_t i) const { return data + i * stride; }
+  std::size_t first = 0;
+  const float* row(std::size_t i) const { return data + (i - first) * stride; }
 };
 
 // Float rows that lie back to back (PyTorch's contiguous (B, H, n, d)) and fill whole vectors of

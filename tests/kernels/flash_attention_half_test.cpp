@@ -388,6 +388,10 @@ const HalfCase kCases[] = {
     // exp's range, which the bf16 path's lazy maximum must hand to the full step.
     {1, 2, 2, 33, 300, 16, 16, false, -1, -1, false, false, false, 0.0F, 8.0F},
     {2, 2, 1, 40, 150, 32, 32, true, -1, -1, true, false, false, 0.0F, 1.0F, 0.3F},  // dropout
+    // One query head per key/value head, keys past the backward's largest block of the loop over
+    // keys (1024): its scratch holds one block's key rows at a time; with lengths, some past it.
+    {1, 2, 2, 20, 1300, 32, 32},
+    {2, 1, 1, 70, 1200, 16, 24, false, -1, -1, true},
 };
 
 using testing::ScopedAmxUse;
@@ -464,6 +468,10 @@ const HalfCase kAmxCases[] = {
     // and dropout; a soft cap at an odd depth.
     {1, 2, 1, 30, 150, 64, 64, true, -1, -1, true, true, false, 0.0F, 1.0F, 0.2F},
     {2, 1, 1, 17, 70, 80, 40, false, -1, -1, false, false, false, 4.0F},
+    // Past the backward's largest block of keys (1024) with one query head per key/value head, as
+    // in kCases: on the tiles.
+    {1, 2, 2, 40, 1300, 64, 64},
+    {2, 1, 1, 64, 1150, 96, 80, false, -1, -1, true},
 };
 
 // The AMX shapes (depths of whole tiles) on vdpbf16ps, AMX tiles off.
