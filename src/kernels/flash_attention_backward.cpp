@@ -284,9 +284,11 @@ void PadRows(const BackwardArgs& args, const ConstHeadsView& view, const ConstHa
 // backward's (n = 1024; 1.0 to 0.5% at 4096; B = 4, 8 heads of 64 on the layers' layout, Emerald
 // Rapids). Requesting the lines ahead (PREFETCHW) only moved the wait into the requests. The
 // caller's task ends with hwy::FlushStream, so the rows are visible before another thread reads.
+// Half rows likewise: at 16 queries against 2 × 4096 keys of 256 (bf16, one thread, Xeon dev) the
+// write-out's ordinary stores waited on their lines for 16% of the pass.
 void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const HalfHeadsView& half,
                       int64_t b, int64_t h, size_t i, const float* values, size_t count,
-                      float scale, float* scratch_row) {
+                      float scale) {
   const auto offset = static_cast<int64_t>(i);
   if (!args.half) {
     float* row = view.matrix(b, h) + offset * view.row_stride;
@@ -302,9 +304,15 @@ void WriteGradientRow(const BackwardArgs& args, const HeadsView& view, const Hal
     for (size_t t = 0; t < count; ++t) row[t] = values[t] * scale;
     return;
   }
-  for (size_t t = 0; t < count; ++t) scratch_row[t] = values[t] * scale;
-  NarrowRow(hn::ScalableTag<float>(), args.half_type, scratch_row, count,
-            half.matrix(b, h) + offset * half.row_stride);
+  uint16_t* row = half.matrix(b, h) + offset * half.row_stride;
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  // Streamed in whole vectors of halves of at least 16 bytes (AVX2's and AVX-512's): the narrower
+  // targets' half vectors would be partial stores.
+  const size_t vector_bytes = lanes * sizeof(uint16_t);
+  const bool stream = args.stream_gradients && vector_bytes >= 16 &&
+                      reinterpret_cast<uintptr_t>(row) % vector_bytes == 0 && count % lanes == 0;
+  NarrowScaledRow(d, args.half_type, values, count, scale, stream, row);
 }
 
 // Row i of a gradient matrix set to zero (a key no query sees), in either storage.
@@ -625,9 +633,9 @@ struct TaskKeyBlocks {
     for (size_t j = begin; j < end; ++j) {
       const size_t slot = j - s.key_rows_base;
       WriteGradientRow(args, args.grad_k, args.grad_k16, b, kv_head, j,
-                       s.grad_k + slot * s.d_padded, depth, args.options.scale, s.row);
+                       s.grad_k + slot * s.d_padded, depth, args.options.scale);
       WriteGradientRow(args, args.grad_v, args.grad_v16, b, kv_head, j,
-                       s.grad_v + slot * s.dv_padded, dv, 1.0F, s.row);
+                       s.grad_v + slot * s.dv_padded, dv, 1.0F);
     }
   }
 };
@@ -933,7 +941,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
       std::copy_n(s.grad_q + i * d_padded, depth, partial_grad_q + i * depth);
     } else {
       WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, s.grad_q + i * d_padded, depth,
-                       scale, s.row);
+                       scale);
     }
   }
   if (options.sinks == nullptr || chunk.first_tile != 0) return 0.0F;
@@ -1019,13 +1027,12 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
   const auto n = static_cast<size_t>(args.q.rows), depth = static_cast<size_t>(args.q.cols);
   const size_t head_size = n * depth, task_size = static_cast<size_t>(group) * head_size;
   const int64_t heads = args.q.batch * args.q.heads;
-  // Each thread's sum and row, allocated here: a std::bad_alloc thrown inside the OpenMP region
-  // could not leave it (std::terminate), while here it reaches the caller.
-  std::vector<float> buffers(2 * depth * static_cast<size_t>(omp_get_max_threads()));
+  // Each thread's sum, allocated here: a std::bad_alloc thrown inside the OpenMP region could not
+  // leave it (std::terminate), while here it reaches the caller.
+  std::vector<float> buffers(depth * static_cast<size_t>(omp_get_max_threads()));
 #pragma omp parallel
   {
-    float* sum = buffers.data() + 2 * depth * static_cast<size_t>(omp_get_thread_num());
-    float* row = sum + depth;
+    float* sum = buffers.data() + depth * static_cast<size_t>(omp_get_thread_num());
 #pragma omp for schedule(static)
     for (int64_t head = 0; head < heads; ++head) {
       const int64_t b = head / args.q.heads, h = head % args.q.heads;
@@ -1038,8 +1045,7 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
           const float* part = partial.data() + first + chunk * task_size + i * depth;
           for (size_t t = 0; t < depth; ++t) sum[t] += part[t];
         }
-        WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, sum, depth, args.options.scale,
-                         row);
+        WriteGradientRow(args, args.grad_q, args.grad_q16, b, h, i, sum, depth, args.options.scale);
       }
     }
     if (args.stream_gradients) hwy::FlushStream();
@@ -1060,8 +1066,8 @@ void FlashBackward(const BackwardArgs& call) {
     return static_cast<double>(view.batch * view.heads * view.rows * view.cols);
   };
   args.stream_gradients =
-      !args.half &&
-      streams_output(4.0 * (elements(args.grad_q) + elements(args.grad_k) + elements(args.grad_v)),
+      streams_output((args.half ? 2.0 : 4.0) *
+                         (elements(args.grad_q) + elements(args.grad_k) + elements(args.grad_v)),
                      static_cast<int>(threads));
   // Fewer (batch, key/value head) pairs than threads: each pair's keys split into chunks of key
   // tiles (FlashAttention-2's split over keys), so every thread has work. A chunk writes its rows

@@ -73,6 +73,43 @@ HWY_INLINE void NarrowRow(D d, HalfType type, const float* HWY_RESTRICT from, si
   for (; i < count; ++i) to[i] = float_to_half_bits(type, from[i]);
 }
 
+// `count` floats times `scale` rounded as NarrowRow rounds them; with `stream`, whole vectors go
+// out in streaming stores, for rows no thread reads again soon: only where a vector of halves is
+// 16 bytes or more (AVX2, AVX-512; a narrower one would be a partial store) and `to` is aligned to
+// it; the caller flushes them (hwy::FlushStream).
+template <class D>
+HWY_INLINE void NarrowScaledRow(D d, HalfType type, const float* HWY_RESTRICT from, size_t count,
+                                float scale, bool stream, uint16_t* HWY_RESTRICT to) {
+  const size_t lanes = hn::Lanes(d);
+  const hn::Rebind<uint16_t, D> d16;
+  const auto factor = hn::Set(d, scale);
+  const auto store = [&](auto halves, size_t i) {
+    if (stream) {
+      hn::Stream(halves, d16, to + i);
+    } else {
+      hn::StoreU(halves, d16, to + i);
+    }
+  };
+  size_t i = 0;
+  if (type == HalfType::kBFloat16) {
+    const hn::RebindToUnsigned<D> du;
+    for (; i + lanes <= count; i += lanes) {
+      const auto bits = hn::BitCast(du, hn::Mul(hn::LoadU(d, from + i), factor));
+      const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1U));
+      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffU), odd)));
+      store(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<D>(), rounded)), i);
+    }
+  }
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (type == HalfType::kFloat16) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    for (; i + lanes <= count; i += lanes)
+      store(hn::BitCast(d16, hn::DemoteTo(dh, hn::Mul(hn::LoadU(d, from + i), factor))), i);
+  }
+#endif
+  for (; i < count; ++i) to[i] = float_to_half_bits(type, from[i] * scale);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attn
 HWY_AFTER_NAMESPACE();

@@ -5,6 +5,7 @@
 // bit-equal to the fp32 kernel on widened inputs.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -16,10 +17,12 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "attn/core/tensor_allocator.hpp"
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "every_simd_target.hpp"
+#include "kernels/cache_sizes.hpp"
 #include "scoped_bf16_products.hpp"
 #include "sdpa_reference.hpp"
 #include "test_support.hpp"
@@ -48,7 +51,8 @@ struct HalfHeads {
         cols(col_count),
         bits(static_cast<size_t>(batch * heads * rows * cols)) {}
   int64_t batch, heads, rows, cols;
-  std::vector<uint16_t> bits;
+  // Aligned as attn's tensors and PyTorch's are, so that rows of whole vectors can be streamed.
+  std::vector<uint16_t, TensorAllocator<uint16_t>> bits;
   // Entry (b, head 0, row, col) set to `value` rounded to `type`.
   void set(HalfType type, int64_t b, int64_t row, int64_t col, float value) {
     bits[static_cast<size_t>((b * heads * rows + row) * cols + col)] =
@@ -536,6 +540,18 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxMatchesReference) {
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
 }
 
+// Half gradients larger than the L2s of every thread the call could use go out in streaming stores
+// (rows of whole vectors): dK and dV of one head over enough keys of 64, with per-batch lengths, in
+// bf16 (the default products of each target: AMX tiles, vdpbf16ps or widened) and fp16.
+TEST_P(FlashAttentionHalf, GradientsPastTheThreadsL2sMatchReference) {
+  const auto threads = static_cast<size_t>(omp_get_max_threads());
+  const auto keys =
+      static_cast<int64_t>(l2_cache_bytes() * threads / (2 * 64 * sizeof(uint16_t)) + 37);
+  Rng rng(88);
+  for (const HalfType type : {HalfType::kBFloat16, HalfType::kFloat16})
+    check_case(type, {1, 1, 1, 20, keys, 64, 64, false, -1, -1, true}, rng);
+}
+
 TEST_P(FlashAttentionHalf, Float16MatchesReferenceOnRoundedInputs) {
   Rng rng(82);
   for (const HalfCase& c : kCases) check_case(HalfType::kFloat16, c, rng);
@@ -581,8 +597,10 @@ TEST_P(FlashAttentionHalf, BackwardWithoutWorkGivesZeroGradients) {
   flash_attention_backward(HalfType::kFloat16, q.view(), k.view(), v.view(), out.view(), out.view(),
                            lse.data(), {}, testing::kernel_options(0.5F), grad_q.view(),
                            grad_k.view(), grad_v.view());
-  EXPECT_EQ(grad_q.bits, std::vector<uint16_t>(12, 0));
-  EXPECT_EQ(grad_k.bits, std::vector<uint16_t>(20, 0));
+  EXPECT_EQ(std::vector<uint16_t>(grad_q.bits.begin(), grad_q.bits.end()),
+            std::vector<uint16_t>(12, 0));
+  EXPECT_EQ(std::vector<uint16_t>(grad_k.bits.begin(), grad_k.bits.end()),
+            std::vector<uint16_t>(20, 0));
 }
 
 // The paths a half input takes here: bf16 on vdpbf16ps pairs (widened where the target has no
