@@ -476,6 +476,9 @@ const HalfCase kAmxCases[] = {
     // in kCases: on the tiles.
     {1, 2, 2, 40, 1300, 64, 64},
     {2, 1, 1, 64, 1150, 96, 80, false, -1, -1, true},
+    // Heads of 256 over 1300 keys: the forward packs keys and values a quarter of the L2 at a time
+    // (512 keys on a 2 MiB L2), so a head's tiles read several packs; with grouped heads and lengths.
+    {2, 2, 1, 40, 1300, 256, 256, false, -1, -1, true},
 };
 
 // The AMX shapes (depths of whole tiles) on vdpbf16ps, AMX tiles off.
