@@ -1186,29 +1186,31 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   constexpr float kUnit = std::numbers::log2e_v<float>;  // the steps below exponentiate in base 2
   const float score_scale = args.options.scale * kUnit;
   const float exponent_scale = scale_in_exponent ? score_scale : 1.0F;
-  if (!kOnTiles && tile.ranges.begin < tile.ranges.end)
-    PackKeyValuePairs(args, b, kv_head, begin, tile.ranges.end, dv_padded, s);
   const auto key_step = static_cast<int64_t>(flash_detail::kKeyTileBF16);
-  // Keys packed at a time on AMX tiles: their K and V pairs a quarter of the L2.
+  // Keys packed at a time: their K and V pairs a quarter of the L2.
+  const size_t value_words = (kOnTiles ? s.dv_tiles : dv_padded) / 2;  // a key's share of V's pairs
   const auto pack_ahead = std::max<int64_t>(
       key_step, static_cast<int64_t>(l2_cache_bytes() / 4 /
-                                     ((depth_pairs + s.dv_tiles / 2) * sizeof(uint32_t))));
+                                     ((depth_pairs + value_words) * sizeof(uint32_t))));
   const int64_t steps = std::max<int64_t>((tile.ranges.end - begin + key_step - 1) / key_step, 1);
   const int64_t lines_per_step = prefetch.lines_per_step(steps, MaxPrefetchLines(args));
   for (int64_t key0 = begin; key0 < tile.ranges.end; key0 += key_step) {
     prefetch.request(lines_per_step);
     const size_t bc = static_cast<size_t>(std::min<int64_t>(
         static_cast<int64_t>(flash_detail::kKeyTileBF16), tile.ranges.end - key0));
-    // On AMX tiles the keys are packed a quarter of the L2 ahead (a no-op where an earlier query
-    // tile of the head packed them), so that the products read them from L2: packed for the whole
-    // range up front, a head's packed rows outgrew the L2 (4096 keys of 256 made 4 MiB) and the
-    // products read them back from the L3 (16 queries against 2 × 4096 keys of 256 spent 60% of
-    // the pass packing). Each step packing only its own keys left the rows' reads from memory
-    // bursts between products (12% slower at d = 64).
-    if constexpr (kOnTiles) {
-      if (s.packed_head != b * args.k.heads + kv_head || key0 < s.packed_begin ||
-          key0 + static_cast<int64_t>(bc) > s.packed_end) {
-        PackKeyValueBlocks(args, b, kv_head, key0, std::min(tile.ranges.end, key0 + pack_ahead), s);
+    // Keys and values packed a quarter of the L2 ahead of the products (a no-op where an earlier
+    // query tile of the head packed them), so that the products read them from L2: packed for the
+    // tile's whole key range up front, a head's packed rows outgrew the L2 (4096 keys of 256 made
+    // 4 MiB) and the products read them back from the L3 (16 queries against 2 × 4096 keys of 256
+    // on AMX tiles spent 60% of the pass packing). Each step packing only its own keys left the
+    // rows' reads from memory bursts between products (12% slower at d = 64).
+    if (s.packed_head != b * args.k.heads + kv_head || key0 < s.packed_begin ||
+        key0 + static_cast<int64_t>(bc) > s.packed_end) {
+      const int64_t pack_end = std::min(tile.ranges.end, key0 + pack_ahead);
+      if constexpr (kOnTiles) {
+        PackKeyValueBlocks(args, b, kv_head, key0, pack_end, s);
+      } else {
+        PackKeyValuePairs(args, b, kv_head, key0, pack_end, dv_padded, s);
       }
     }
     const MaskCoverage coverage =
