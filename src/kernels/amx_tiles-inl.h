@@ -299,17 +299,17 @@ ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_
                         key_rows, br);
 }
 
-// Oᵀ (value_rows × br floats, rows br apart) += Vᵀ·P over `pairs` key pairs (a multiple of 16): Vᵀ
-// in blocks of 16 pairs (32 keys), `block_words` apart, each block value_rows rows of its 16 bf16
-// pairs of adjacent keys, 64 bytes a row; P as `pairs` rows of br pairs. value_rows and br are
-// multiples of 32.
-template <class Tiles>
+// Oᵀ (value_rows × br floats, rows br apart) += Vᵀ·P over `pairs` key pairs (a multiple of 16), or
+// = Vᵀ·P where `kAccumulate` is false (Oᵀ's first sums): Vᵀ in blocks of 16 pairs (32 keys),
+// `block_words` apart, each block value_rows rows of its 16 bf16 pairs of adjacent keys, 64 bytes
+// a row; P as `pairs` rows of br pairs. value_rows and br are multiples of 32.
+template <bool kAccumulate = true, class Tiles>
 ATTN_AMX_TARGET HWY_INLINE void ValuesOnTiles(Tiles& tiles, const uint32_t* value_blocks,
                                               size_t block_words, size_t value_rows, size_t pairs,
                                               const uint32_t* probability_pairs, size_t br,
                                               float* out_transposed) {
-  ProductOnTiles<true>(tiles, value_blocks, kPairs, probability_pairs, br, pairs, out_transposed,
-                       br, value_rows, br, block_words);
+  ProductOnTiles<kAccumulate>(tiles, value_blocks, kPairs, probability_pairs, br, pairs,
+                              out_transposed, br, value_rows, br, block_words);
 }
 
 }  // namespace amx

@@ -1124,12 +1124,15 @@ inline bool ScalesInExponent(const FlashAttentionOptions& options) {
 }
 
 // Oᵀ = Oᵀ · rescale (unless every factor is 1) + Vᵀ P on AMX tiles, for the key tile at key0
-// (even: its pairs start at pair key0 / 2).
+// (even: its pairs start at pair key0 / 2); Oᵀ = Vᵀ P for the tile's `first` sums, Oᵀ not read
+// (nor zeroed before: a short call's 64 × 64 heads of 256 spent 4% of the pass zeroing Oᵀ and 7%
+// rescaling its zeros by the first step's factors).
 template <class Tiles>
 ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t key0, size_t bc,
-                                                        size_t br, bool rescale, Scratch& s) {
+                                                        size_t br, bool rescale, bool first,
+                                                        Scratch& s) {
   const hn::ScalableTag<float> d;
-  if (rescale) {
+  if (rescale && !first) {
     for (size_t row = 0; row < s.dv_tiles; ++row) {
       for (size_t r = 0; r < br; r += 16) {
         float* out = s.output_transposed + row * br + r;
@@ -1140,9 +1143,15 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
   // P's pairs past the tile's last key are 0, to whole tiles of 16 pairs.
   const size_t pairs = (bc + 1) / 2, tile_pairs = hwy::RoundUpTo(pairs, amx::kPairs);
   std::fill(s.probability_pairs + pairs * br, s.probability_pairs + tile_pairs * br, 0U);
-  amx::ValuesOnTiles(
-      tiles, s.values_transposed + static_cast<size_t>(key0 / 32) * s.value_block_words,
-      s.value_block_words, s.dv_tiles, tile_pairs, s.probability_pairs, br, s.output_transposed);
+  const uint32_t* value_blocks =
+      s.values_transposed + static_cast<size_t>(key0 / 32) * s.value_block_words;
+  if (first) {
+    amx::ValuesOnTiles<false>(tiles, value_blocks, s.value_block_words, s.dv_tiles, tile_pairs,
+                              s.probability_pairs, br, s.output_transposed);
+  } else {
+    amx::ValuesOnTiles(tiles, value_blocks, s.value_block_words, s.dv_tiles, tile_pairs,
+                       s.probability_pairs, br, s.output_transposed);
+  }
 }
 
 // FlashForwardTile on bf16 inputs with bf16 products: Sᵀ = K Qᵀ over pairs of dimensions, the
@@ -1162,8 +1171,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const size_t depth_pairs = s.pair_depth;  // on AMX tiles, whole tiles' worth
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), kLanes);
   const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
+  // Whether Oᵀ holds no sums yet (AMX tiles: AccumulateValuesOnTiles stores the first ones).
+  bool output_empty = true;
   if constexpr (kOnTiles) {
-    std::fill(s.output_transposed, s.output_transposed + s.dv_tiles * br, 0.0F);
     tiles.Configure(amx::kFullTiles);
   } else {
     std::fill(s.output, s.output + tile.rows * dv_padded, 0.0F);  // the rows P V writes
@@ -1244,7 +1254,8 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
       rescale = SoftmaxStepToPairsOver(vectors, bc, br, exponent_scale, s);
     }
     if constexpr (kOnTiles) {
-      AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, s);
+      AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, output_empty, s);
+      output_empty = false;
     } else if (crossed) {
       // As ValuesOfVisibleKeys, over the pairs of keys that hold a key the band sees (key0 is
       // even: pair p holds keys key0 + 2p and key0 + 2p + 1).
@@ -1269,6 +1280,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   }
   if constexpr (kOnTiles) {
     tiles.Release();
+    if (output_empty) std::fill(s.output_transposed, s.output_transposed + s.dv_tiles * br, 0.0F);
     for (size_t column = 0; column < dv_padded; column += 16) {
       for (size_t r = 0; r < br; r += 16) {
         TransposeWords16(reinterpret_cast<const uint32_t*>(s.output_transposed) + column * br + r,
