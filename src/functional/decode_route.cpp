@@ -219,29 +219,28 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
   };
   const PreparedAttention shapes(shape_only(query), shape_only(key), shape_only(value), options,
                                  PreparedAttention::kShapesOnly);
-  shapes.output_layout("output", MutableStridedView(nullptr, output.shape(), output.strides()));
+  const auto out_layout =
+      shapes.output_layout("output", MutableStridedView(nullptr, output.shape(), output.strides()));
   shapes.require_log_sum_exp(log_sum_exp, true);
   const auto route = decode_route(shapes);
   if (!route) return false;
-  // The few query rows widened (exactly), the output rounded once, as the half kernels round.
-  const Tensor wide_query = widened_copy(type, query);
-  Tensor wide_output(output_shape(wide_query.shape(), value.shape()));
-  const auto query_layout = shapes.layout_like_query(wide_query);
-  const auto output_layout = shapes.layout_like_query(wide_output);
+  // The kernel widens the few query rows (exactly) and rounds the output once, as the half
+  // kernels round, each task its own rows.
   const CacheDType stored =
       type == HalfType::kFloat16 ? CacheDType::kFloat16 : CacheDType::kBFloat16;
   bool finite = true;
   for (size_t s = 0; s < shapes.slices(); ++s) {
     finite &= decode_attention_forward(
-        query_layout.slice(wide_query.data(), s),
+        type, shapes.query_layout().slice(query.data(), s),
         cache_tensor(stored, shapes.key_layout().slice(key.data(), s)),
         cache_tensor(stored, shapes.value_layout().slice(value.data(), s)), route->lengths.data(),
-        route->for_slice(shapes, s), output_layout.slice(wide_output.data(), s),
+        route->for_slice(shapes, s), out_layout.slice(output.data(), s),
         log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
   }
-  if (!finite) return false;  // the kernel's checks, as the float call's
-  store_rounded(type, wide_output, output);
-  return true;
+  if (finite) return true;
+  // The kernel's checks, as the float call's: the output zeroed, the scanned path names the input.
+  for (size_t s = 0; s < shapes.slices(); ++s) fill_heads(out_layout.slice(output.data(), s), 0);
+  return false;
 }
 
 }  // namespace attn::functional_detail

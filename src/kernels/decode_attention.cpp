@@ -31,6 +31,7 @@
 #include "attn/core/half.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
 #include "attn/kernels/decode_attention.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "core/magnitude_scan.hpp"
 #include "kernels/cache_sizes.hpp"
 #include "kernels/parallel_tasks.hpp"
@@ -60,6 +61,13 @@ struct DecodeArgs {
   int threads;  // at most, for the tasks (useful_threads)
   HeadsView out;
   float* log_sum_exp;  // may be null
+  // Half-precision queries and outputs (the half overload): q and out then give their shapes only
+  // and q16 and out16 their bits in half_type; each task widens its rows' queries (exactly) and
+  // rounds its output rows once, where the functional call copied them on one thread before and
+  // after the kernel's (a serial fifth of a fp16 8 × 8 × 16 × 16 call, d = 64).
+  const ConstHalfHeadsView* q16 = nullptr;
+  const HalfHeadsView* out16 = nullptr;
+  HalfType half_type = HalfType::kBFloat16;
 };
 
 // Row `row` of matrix (b, h) of a cache tensor on: its address, the bytes between rows, and its
@@ -143,6 +151,7 @@ uint32_t MergeRow(int64_t splits, const MaxOf& max_of, const SumOf& sum_of,
 #include <hwy/highway.h>
 
 #include "kernels/fast_math-inl.h"
+#include "kernels/half_rows-inl.h"
 #include "kernels/magnitude_bits-inl.h"
 #include "kernels/score_modifiers-inl.h"
 #include "kernels/tile_gemm_bf16-inl.h"
@@ -178,8 +187,10 @@ struct DecodeScratch {
   // pairs of two adjacent keys' entries in one column (Bc/2 × dv_padded)
   uint32_t* probability_pairs;
   uint32_t* value_pairs;
+  float* half_queries;  // R × d: a half call's rows' queries, widened (WidenQueries)
+  float* output_row;    // dv_padded: a half call's output row before its rounding
 
-  DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes) {
+  DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes, bool half) {
     memory = carve_scratch(lanes, [&](const auto& take) {
       q_rows = take(depth * max_rows);
       scores = take(kKeyTile * max_rows);
@@ -197,6 +208,8 @@ struct DecodeScratch {
       q_pairs = as_uint32(take((depth + 1) / 2 * max_rows));
       probability_pairs = as_uint32(take(kKeyTile / 2 * max_rows));
       value_pairs = as_uint32(take(kKeyTile / 2 * dv_padded));
+      half_queries = take(half ? depth * max_rows : 0);
+      output_row = take(half ? dv_padded : 0);
     });
   }
 };
@@ -1698,6 +1711,16 @@ inline bool KeysReadAsPairs(const CacheTensorView& keys) {
          keys.head_stride % 2 == 0 && keys.batch_stride % 2 == 0 && bf16_dot_in_use();
 }
 
+// Row r of task (b, g)'s rows (head g·G + r / n, query r % n): the caller's floats, or a half
+// call's, widened at the task's start (DecodeTask).
+inline const float* QueryRow(const DecodeArgs& args, const DecodeScratch& s, int64_t b, int64_t g,
+                             size_t r) {
+  if (args.q16 != nullptr) return s.half_queries + r * static_cast<size_t>(args.q.cols);
+  const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
+  const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+  return args.q.matrix(b, h) + i * args.q.row_stride;
+}
+
 // Task (b, g)'s queries as bf16 pairs of adjacent dimensions, unscaled (the products scale the
 // sums): pair p of row r at q_pairs[r·row_step + p·pair_step] — Qᵀ (row_step 1, pair_step
 // row_lanes; GemmBF16 and the 8-lane steps) or row after row (row_step d/2, pair_step 1; each
@@ -1705,10 +1728,9 @@ inline bool KeysReadAsPairs(const CacheTensorView& keys) {
 // is not a bf16 value (the pairs are then of no use): a bf16 call's queries, widened, are;
 // rounding an fp32 query beside a bf16 cache would change its scores, so those keep the fp32
 // products. The products are exact, as the fp32 path's; the sums differ in rounding order only.
-inline bool QueryPairs(const DecodeArgs& args, int64_t b, int64_t g, size_t rows,
-                       size_t padded_rows, size_t row_step, size_t pair_step,
+inline bool QueryPairs(const DecodeArgs& args, const DecodeScratch& s, int64_t b, int64_t g,
+                       size_t rows, size_t padded_rows, size_t row_step, size_t pair_step,
                        uint32_t* HWY_RESTRICT q_pairs) {
-  const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
   const auto depth_pairs = static_cast<size_t>(args.q.cols / 2);
   uint32_t dropped_bits = 0;  // the low halves of the queries' floats, or-ed
   for (size_t r = 0; r < padded_rows; ++r) {
@@ -1717,8 +1739,7 @@ inline bool QueryPairs(const DecodeArgs& args, int64_t b, int64_t g, size_t rows
       for (size_t p = 0; p < depth_pairs; ++p) row[p * pair_step] = 0;
       continue;
     }
-    const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
-    const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
+    const float* q = QueryRow(args, s, b, g, r);
     for (size_t p = 0; p < depth_pairs; ++p) {
       const auto even = std::bit_cast<uint32_t>(q[2 * p]),
                  odd = std::bit_cast<uint32_t>(q[2 * p + 1]);
@@ -1767,6 +1788,13 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const size_t dv_padded = hwy::RoundUpTo(dv, full_lanes);
   const int64_t length = args.lengths[b];
   const DecodeOptions& options = args.options;
+  if (args.q16 != nullptr) {  // a half call's queries, widened exactly (QueryRow)
+    for (size_t r = 0; r < rows; ++r) {
+      const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+      WidenRow(df, args.half_type, args.q16->matrix(b, h) + i * args.q16->row_stride, depth,
+               s.half_queries + r * depth);
+    }
+  }
 
   // bf16 keys and queries from kMinPairRows rows multiply on vdpbf16ps: 3–4 rows as dot products
   // of each row's pairs (FourRowScoresOnPairs; QueryPairs lays them out row after row), 5–8 rows
@@ -1774,8 +1802,8 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const size_t depth_pairs = static_cast<size_t>(args.q.cols / 2);
   const bool pair_scores =
       rows >= kMinPairRows && KeysReadAsPairs(args.keys) &&
-      (rows <= 4 ? QueryPairs(args, b, g, rows, rows, depth_pairs, 1, s.q_pairs)
-                 : QueryPairs(args, b, g, rows, row_lanes, 1, row_lanes, s.q_pairs));
+      (rows <= 4 ? QueryPairs(args, s, b, g, rows, rows, depth_pairs, 1, s.q_pairs)
+                 : QueryPairs(args, s, b, g, rows, row_lanes, 1, row_lanes, s.q_pairs));
   // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
   const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
   // The rows' queries (row r: head g·G + r / n, query r % n), scaled (unless the pairs hold them);
@@ -1795,7 +1823,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
         s.alibi_slope[r] = options.alibi_slopes[h];
         s.alibi_position[r] = static_cast<float>(length - n + i);
       }
-      const float* q = args.q.matrix(b, h) + i * args.q.row_stride;
+      const float* q = QueryRow(args, s, b, g, r);
       if (check_queries) queries.Add(q, depth);
       if (!pair_scores)
         for (size_t t = 0; t < depth; ++t) s.q_rows[r * depth + t] = q[t] * options.scale;
@@ -2002,15 +2030,22 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
     uint32_t largest = 0;
     for (size_t r = 0; r < rows; ++r) {
       const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
+      // A half call's row goes through output_row, rounded once into its bits.
+      float* destination =
+          args.out16 != nullptr ? s.output_row : args.out.matrix(b, h) + i * args.out.row_stride;
       largest = std::max(
           largest,
           decode_detail::MergeRow(
               1, [&](int64_t) { return s.row_max[r]; }, [&](int64_t) { return s.row_sum[r]; },
               [&](int64_t) { return s.output + r * dv_padded; },
               options.sinks != nullptr ? options.sinks + h : nullptr, static_cast<int64_t>(dv),
-              args.out.matrix(b, h) + i * args.out.row_stride,
+              destination,
               args.log_sum_exp != nullptr ? args.log_sum_exp + (b * args.q.heads + h) * n + i
                                           : nullptr));
+      if (args.out16 != nullptr) {
+        NarrowRow(df, args.half_type, s.output_row, dv,
+                  args.out16->matrix(b, h) + i * args.out16->row_stride);
+      }
     }
     if (largest >= core_detail::kFirstNonFinite)
       args.non_finite->store(true, std::memory_order_relaxed);
@@ -2040,7 +2075,8 @@ void DecodeForward(const DecodeArgs& args) {
   run_parallel_tasks(
       tasks, "decode_attention_forward", TaskSchedule::kDynamic,
       [&] {
-        return DecodeScratch(max_rows, static_cast<size_t>(args.q.cols), dv_padded, full_lanes);
+        return DecodeScratch(max_rows, static_cast<size_t>(args.q.cols), dv_padded, full_lanes,
+                             args.q16 != nullptr);
       },
       [&](int64_t task, DecodeScratch& scratch, int) {
         const int64_t split = task % args.splits, head = task / args.splits;
@@ -2085,9 +2121,21 @@ void require_cache_tensor(const CacheTensorView& t, std::string_view name, const
 
 }  // namespace
 
-bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
-                              const CacheTensorView& values, const int64_t* lengths,
-                              const DecodeOptions& options, HeadsView out, float* log_sum_exp) {
+namespace {
+
+// Half-precision queries and outputs of the half overload: their bits in `type`.
+struct HalfRows {
+  HalfType type;
+  ConstHalfHeadsView q;
+  HalfHeadsView out;
+};
+
+// Both overloads: q and out give the shapes (and, for a float call, the data); `half` (or null)
+// the bits of a half call's.
+bool DecodeAttentionForward(ConstHeadsView q, const CacheTensorView& keys,
+                            const CacheTensorView& values, const int64_t* lengths,
+                            const DecodeOptions& options, HeadsView out, float* log_sum_exp,
+                            const HalfRows* half) {
   require_cache_tensor(keys, "keys", q, q.cols);
   require_cache_tensor(values, "values", q, values.cols);
   if (values.heads != keys.heads || values.capacity != keys.capacity) {
@@ -2200,10 +2248,16 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
   decode_detail::DecodeArgs args{q,       keys,      values,        lengths, options,
                                  splits,  split_len, partial.get(), dv + 2,  &non_finite,
                                  threads, out,       log_sum_exp};
+  if (half != nullptr) {
+    args.q16 = &half->q;
+    args.out16 = &half->out;
+    args.half_type = half->type;
+  }
   HWY_DYNAMIC_DISPATCH(DecodeForward)(args);
   if (splits == 1) return !non_finite.load(std::memory_order_relaxed);
 
-  // Merge the splits' partials per row by log-sum-exp.
+  // Merge the splits' partials per row by log-sum-exp (a half call's through `merged`, rounded).
+  std::vector<float> merged(half != nullptr ? static_cast<size_t>(dv) : 0);
   uint32_t largest = 0;
   for (int64_t b = 0; b < q.batch; ++b) {
     for (int64_t g = 0; g < keys.heads; ++g) {
@@ -2219,13 +2273,34 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                 [&](int64_t split) { return row_of(split)[1]; },
                 [&](int64_t split) { return row_of(split) + 2; },
                 options.sinks != nullptr ? options.sinks + h : nullptr, dv,
-                out.matrix(b, h) + i * out.row_stride,
+                half != nullptr ? merged.data() : out.matrix(b, h) + i * out.row_stride,
                 log_sum_exp != nullptr ? log_sum_exp + (b * q.heads + h) * q.rows + i : nullptr));
+        if (half != nullptr) {
+          narrow_to_half(half->type, merged.data(),
+                         half->out.matrix(b, h) + i * half->out.row_stride,
+                         static_cast<size_t>(dv));
+        }
       }
     }
   }
   if (largest >= core_detail::kFirstNonFinite) return false;
   return !non_finite.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
+                              const CacheTensorView& values, const int64_t* lengths,
+                              const DecodeOptions& options, HeadsView out, float* log_sum_exp) {
+  return DecodeAttentionForward(q, keys, values, lengths, options, out, log_sum_exp, nullptr);
+}
+
+bool decode_attention_forward(HalfType type, ConstHalfHeadsView q, const CacheTensorView& keys,
+                              const CacheTensorView& values, const int64_t* lengths,
+                              const DecodeOptions& options, HalfHeadsView out, float* log_sum_exp) {
+  const HalfRows half{type, q, out};
+  return DecodeAttentionForward(shape_only(q), keys, values, lengths, options, shape_only(out),
+                                log_sum_exp, &half);
 }
 
 }  // namespace attn

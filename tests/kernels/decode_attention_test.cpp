@@ -305,6 +305,93 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
   }
 }
 
+// The half overload (fp16 or bf16 queries and outputs, read and written in place, rows padded
+// apart) gives the float overload's outputs on the widened queries, each rounded once, and the
+// same log-sum-exp: splits of the keys merged after the tasks (2000 keys of one head) and unsplit
+// tasks, one row a key/value head and 4, 8, 12 and 64, windows, soft-capping, sinks and ALiBi.
+TEST_P(DecodeAttention, HalfQueriesAndOutputsGiveTheFloatCallsRounded) {
+  const Case cases[] = {
+      {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false},
+      {1, 4, 4, 1, 2000, 64, 64, true, -1, -1, 0.0F, true},
+      {2, 6, 1, 2, 100, 20, 36, true, -1, -1, 0.0F, false},
+      {1, 8, 2, 16, 300, 128, 128, true, 140, 0, 2.0F, true, true},
+      {1, 8, 1, 1, 131, 48, 40, true, 20, 0, 2.0F, true, true},
+      {3, 3, 3, 1, 90, 20, 36, true, 30, 0, 2.0F, true, true},
+  };
+  uint64_t seed = 500;
+  for (const Case& c : cases) {
+    for (const HalfType type : {HalfType::kFloat16, HalfType::kBFloat16}) {
+      SCOPED_TRACE(std::string(type == HalfType::kFloat16 ? "fp16" : "bf16") +
+                   " Hq=" + std::to_string(c.q_heads) + " n=" + std::to_string(c.queries) +
+                   " m=" + std::to_string(c.capacity));
+      Rng rng(seed++);
+      const CacheDType dtype =
+          type == HalfType::kFloat16 ? CacheDType::kFloat16 : CacheDType::kBFloat16;
+      const StoredTensor keys(dtype, c.batch, c.kv_heads, c.capacity, c.depth, rng);
+      const StoredTensor values(dtype, c.batch, c.kv_heads, c.capacity, c.value_depth, rng);
+      std::vector<int64_t> lengths;
+      for (int64_t b = 0; b < c.batch; ++b) lengths.push_back(b == 1 ? 0 : c.capacity - 3 * b);
+      std::vector<float> sinks, slopes;
+      for (int64_t h = 0; h < c.q_heads; ++h) {
+        sinks.push_back(rng.normal());
+        slopes.push_back(std::ldexp(1.0F, -static_cast<int>(h % 8) - 1));
+      }
+      DecodeOptions options;
+      options.scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+      options.causal = c.causal;
+      options.window_left = c.window_left;
+      options.window_right = c.window_right;
+      options.softcap = c.softcap;
+      options.sinks = c.sinks ? sinks.data() : nullptr;
+      options.alibi_slopes = c.alibi ? slopes.data() : nullptr;
+      // Rows `pad` elements longer than their data, the heads and sequences back to back.
+      const int64_t pad = 3, rows = c.batch * c.q_heads * c.queries;
+      const int64_t q_stride = c.depth + pad, out_stride = c.value_depth + pad;
+      std::vector<uint16_t> q16(static_cast<size_t>(rows * q_stride), 0);
+      std::vector<float> q32(static_cast<size_t>(rows * c.depth));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t t = 0; t < c.depth; ++t) {
+          const uint16_t bits = float_to_half_bits(type, rng.normal());
+          q16[static_cast<size_t>(r * q_stride + t)] = bits;
+          q32[static_cast<size_t>(r * c.depth + t)] = half_bits_to_float(type, bits);
+        }
+      }
+      const auto view = [&](auto* data, int64_t cols, int64_t stride) {
+        using View = BasicHeadsView<std::remove_pointer_t<decltype(data)>>;
+        return View{data,
+                    c.batch,
+                    c.q_heads,
+                    c.queries,
+                    cols,
+                    c.q_heads * c.queries * stride,
+                    c.queries * stride,
+                    stride};
+      };
+      std::vector<float> out32(static_cast<size_t>(rows * c.value_depth));
+      std::vector<uint16_t> out16(static_cast<size_t>(rows * out_stride), 0xFFFF);
+      std::vector<float> lse32(static_cast<size_t>(rows)), lse16(static_cast<size_t>(rows));
+      const bool finite32 = decode_attention_forward(
+          ConstHeadsView(view(q32.data(), c.depth, c.depth)), keys.view, values.view,
+          lengths.data(), options, view(out32.data(), c.value_depth, c.value_depth), lse32.data());
+      const bool finite16 = decode_attention_forward(
+          type, ConstHalfHeadsView(view(q16.data(), c.depth, q_stride)), keys.view, values.view,
+          lengths.data(), options, view(out16.data(), c.value_depth, out_stride), lse16.data());
+      EXPECT_EQ(finite16, finite32);
+      EXPECT_EQ(lse16, lse32);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t t = 0; t < out_stride; ++t) {
+          const uint16_t got = out16[static_cast<size_t>(r * out_stride + t)];
+          const uint16_t want =
+              t < c.value_depth
+                  ? float_to_half_bits(type, out32[static_cast<size_t>(r * c.value_depth + t)])
+                  : uint16_t{0xFFFF};  // the padding untouched
+          ASSERT_EQ(got, want) << "row " << r << ", column " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(DecodeAttention, RejectsBadArguments) {
   Rng rng(3);
   const StoredTensor keys(CacheDType::kFloat32, 1, 2, 10, 4, rng);

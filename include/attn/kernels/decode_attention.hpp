@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "attn/core/half.hpp"
 #include "attn/kernels/fused_options.hpp"
 #include "attn/kernels/heads_view.hpp"
 
@@ -75,6 +76,12 @@ struct DecodeOptions {
 bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                               const CacheTensorView& values, const int64_t* lengths,
                               const DecodeOptions& options, HeadsView out,
+                              float* log_sum_exp = nullptr);
+// The same with fp16 or bf16 queries and outputs (`type`): each query widened exactly, each output
+// element the float overload's rounded once to `type`.
+bool decode_attention_forward(HalfType type, ConstHalfHeadsView q, const CacheTensorView& keys,
+                              const CacheTensorView& values, const int64_t* lengths,
+                              const DecodeOptions& options, HalfHeadsView out,
                               float* log_sum_exp = nullptr);
 
 // The largest n·(H / H_kv) decode_attention_forward takes.
