@@ -338,14 +338,16 @@ void check_cache_options(const AttentionOptions& options, int64_t query_heads) {
 
 }  // namespace
 
-AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCache& cache,
-                                              const AttentionOptions& options) {
-  if (query.rank() != 4 || query.dim(0) != cache.batch() || query.dim(3) != cache.head_dim()) {
+namespace {
+
+// The checks of a decode call's query shape and options against the cache, both overloads'.
+void check_cache_query(const Shape& shape, const KVCache& cache, const AttentionOptions& options) {
+  if (shape.rank() != 4 || shape[0] != cache.batch() || shape[3] != cache.head_dim()) {
     throw ShapeError("query: expected shape (" + std::to_string(cache.batch()) + ", H_q, n, " +
                      std::to_string(cache.head_dim()) +
-                     ") (the cache's batch and head size), got " + query.shape().str());
+                     ") (the cache's batch and head size), got " + shape.str());
   }
-  const int64_t batch = query.dim(0), heads = query.dim(1), n = query.dim(2);
+  const int64_t heads = shape[1];
   if (heads != cache.kv_heads()) {
     if (!options.enable_gqa) {
       throw ShapeError("query: expected " + std::to_string(cache.kv_heads()) +
@@ -359,6 +361,30 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
     }
   }
   check_cache_options(options, heads);
+}
+
+// The decode kernel's options for a call's options, at `scale`.
+DecodeOptions decode_options(const AttentionOptions& options, float scale) {
+  DecodeOptions decode;
+  decode.scale = scale;
+  decode.causal = options.causal;
+  if (options.window) {
+    const SlidingWindow window = options.window->bounded();
+    decode.window_left = window.left;
+    decode.window_right = window.right;
+  }
+  decode.softcap = options.softcap.value_or(0.0F);
+  decode.sinks = options.sinks.empty() ? nullptr : options.sinks.data();
+  decode.alibi_slopes = options.alibi_slopes.empty() ? nullptr : options.alibi_slopes.data();
+  return decode;
+}
+
+}  // namespace
+
+AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCache& cache,
+                                              const AttentionOptions& options) {
+  check_cache_query(query.shape(), cache, options);
+  const int64_t batch = query.dim(0), heads = query.dim(1), n = query.dim(2);
   Tensor query_copy;
   if (query.dim(-1) > 1 && query.stride(-1) != 1)
     query = query_copy = functional_detail::contiguous_copy(query);
@@ -381,19 +407,8 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
                       cache.value_dim()};
   const int64_t group = heads / cache.kv_heads();
   if (group * n <= kMaxDecodeRows) {
-    DecodeOptions decode;
-    decode.scale = scale;
-    decode.causal = options.causal;
-    if (options.window) {
-      const SlidingWindow window = options.window->bounded();
-      decode.window_left = window.left;
-      decode.window_right = window.right;
-    }
-    decode.softcap = options.softcap.value_or(0.0F);
-    decode.sinks = options.sinks.empty() ? nullptr : options.sinks.data();
-    decode.alibi_slopes = options.alibi_slopes.empty() ? nullptr : options.alibi_slopes.data();
     decode_attention_forward(q, cache.keys_view(), cache.values_view(), cache.lengths().data(),
-                             decode, out, result.log_sum_exp.data());
+                             decode_options(options, scale), out, result.log_sum_exp.data());
     return result;
   }
   // Prefill against the cache: each sequence on fp32 copies of its cached rows, its queries'
@@ -433,6 +448,33 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
 HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
                                                   const KVCache& cache,
                                                   const AttentionOptions& options) {
+  check_cache_query(query.shape(), cache, options);
+  const int64_t batch = query.dim(0), heads = query.dim(1), n = query.dim(2);
+  if ((heads / cache.kv_heads()) * n <= kMaxDecodeRows &&
+      (query.dim(3) == 1 || query.stride(3) == 1)) {
+    // Decoding: the kernel reads the half queries in place and rounds its output rows itself.
+    functional_detail::require_finite("query", type, query);
+    const float scale =
+        options.scale.value_or(1.0F / std::sqrt(static_cast<float>(cache.head_dim())));
+    HalfAttentionForward result;
+    const Shape shape{batch, heads, n, cache.value_dim()};
+    result.output = {type, shape, HalfTensor::Storage(static_cast<size_t>(shape.numel()))};
+    result.log_sum_exp.resize(static_cast<size_t>(batch * heads * n));
+    const ConstHalfHeadsView q{query.data(), batch,           heads,           n,
+                               query.dim(3), query.stride(0), query.stride(1), query.stride(2)};
+    const HalfHeadsView out{result.output.bits.data(),
+                            batch,
+                            heads,
+                            n,
+                            cache.value_dim(),
+                            heads * n * cache.value_dim(),
+                            n * cache.value_dim(),
+                            cache.value_dim()};
+    decode_attention_forward(type, q, cache.keys_view(), cache.values_view(),
+                             cache.lengths().data(), decode_options(options, scale), out,
+                             result.log_sum_exp.data());
+    return result;
+  }
   AttentionForward wide =
       scaled_dot_product_attention(functional_detail::widened_copy(type, query), cache, options);
   HalfAttentionForward result;
