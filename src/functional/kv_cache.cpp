@@ -363,6 +363,19 @@ void check_cache_query(const Shape& shape, const KVCache& cache, const Attention
   check_cache_options(options, heads);
 }
 
+// A (B, H, n, cols) query as the kernel's heads (any strides but a contiguous last axis).
+template <class T>
+BasicHeadsView<const T> query_heads(const StridedView<const T>& query) {
+  return {query.data(), query.dim(0),    query.dim(1),    query.dim(2),
+          query.dim(3), query.stride(0), query.stride(1), query.stride(2)};
+}
+
+// A new contiguous (B, H, n, cols) output at `data` as the kernel's heads.
+template <class T>
+BasicHeadsView<T> output_heads(T* data, int64_t batch, int64_t heads, int64_t n, int64_t cols) {
+  return {data, batch, heads, n, cols, heads * n * cols, n * cols, cols};
+}
+
 // The decode kernel's options for a call's options, at `scale`.
 DecodeOptions decode_options(const AttentionOptions& options, float scale) {
   DecodeOptions decode;
@@ -395,16 +408,8 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
   AttentionForward result;
   result.output = Tensor(Shape{batch, heads, n, cache.value_dim()});
   result.log_sum_exp.resize(static_cast<size_t>(batch * heads * n));
-  const ConstHeadsView q{query.data(), batch,           heads,           n,
-                         query.dim(3), query.stride(0), query.stride(1), query.stride(2)};
-  const HeadsView out{result.output.data(),
-                      batch,
-                      heads,
-                      n,
-                      cache.value_dim(),
-                      heads * n * cache.value_dim(),
-                      n * cache.value_dim(),
-                      cache.value_dim()};
+  const ConstHeadsView q = query_heads(query);
+  const HeadsView out = output_heads(result.output.data(), batch, heads, n, cache.value_dim());
   const int64_t group = heads / cache.kv_heads();
   if (group * n <= kMaxDecodeRows) {
     decode_attention_forward(q, cache.keys_view(), cache.values_view(), cache.lengths().data(),
@@ -460,19 +465,11 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
     const Shape shape{batch, heads, n, cache.value_dim()};
     result.output = {type, shape, HalfTensor::Storage(static_cast<size_t>(shape.numel()))};
     result.log_sum_exp.resize(static_cast<size_t>(batch * heads * n));
-    const ConstHalfHeadsView q{query.data(), batch,           heads,           n,
-                               query.dim(3), query.stride(0), query.stride(1), query.stride(2)};
-    const HalfHeadsView out{result.output.bits.data(),
-                            batch,
-                            heads,
-                            n,
-                            cache.value_dim(),
-                            heads * n * cache.value_dim(),
-                            n * cache.value_dim(),
-                            cache.value_dim()};
-    decode_attention_forward(type, q, cache.keys_view(), cache.values_view(),
-                             cache.lengths().data(), decode_options(options, scale), out,
-                             result.log_sum_exp.data());
+    decode_attention_forward(
+        type, query_heads(query), cache.keys_view(), cache.values_view(), cache.lengths().data(),
+        decode_options(options, scale),
+        output_heads(result.output.bits.data(), batch, heads, n, cache.value_dim()),
+        result.log_sum_exp.data());
     return result;
   }
   AttentionForward wide =

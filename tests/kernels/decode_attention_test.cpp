@@ -124,6 +124,21 @@ struct Case {
 
 class DecodeAttention : public testing::EverySimdTarget {};
 
+// The kernel's options for case `c`: scale 1/√d, its mask, window and soft cap, the sinks and ALiBi
+// slopes given (one per query head) where the case has them.
+DecodeOptions options_of(const Case& c, const std::vector<float>& sinks,
+                         const std::vector<float>& slopes) {
+  DecodeOptions options;
+  options.scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+  options.causal = c.causal;
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  options.softcap = c.softcap;
+  options.sinks = c.sinks ? sinks.data() : nullptr;
+  options.alibi_slopes = c.alibi ? slopes.data() : nullptr;
+  return options;
+}
+
 // With `bf16_queries` the queries are rounded to bf16 first, as a bf16 call's queries arrive: with
 // a bf16 cache and 3 or more rows a key/value head, AVX-512 targets on CPUs with AVX512-BF16 then
 // compute both products on vdpbf16ps where bf16_dot_in_use() (FourRowScoresOnPairs,
@@ -153,17 +168,10 @@ void check(const Case& c, CacheDType dtype, uint64_t seed, bool bf16_queries = f
   }
   std::vector<float> sinks;
   for (int64_t h = 0; h < c.q_heads && c.sinks; ++h) sinks.push_back(rng.normal());
-  DecodeOptions options;
-  options.scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
-  options.causal = c.causal;
-  options.window_left = c.window_left;
-  options.window_right = c.window_right;
-  options.softcap = c.softcap;
-  options.sinks = c.sinks ? sinks.data() : nullptr;
   std::vector<float> slopes;
   for (int64_t h = 0; h < c.q_heads && c.alibi; ++h)
     slopes.push_back(std::ldexp(1.0F, -static_cast<int>(h % 8) - 1));
-  options.alibi_slopes = c.alibi ? slopes.data() : nullptr;
+  const DecodeOptions options = options_of(c, sinks, slopes);
 
   Tensor out = Tensor::full(Shape{c.batch, c.q_heads, c.queries, c.value_depth}, NAN);
   const auto heads = [](const Tensor& t) {
@@ -336,14 +344,7 @@ TEST_P(DecodeAttention, HalfQueriesAndOutputsGiveTheFloatCallsRounded) {
         sinks.push_back(rng.normal());
         slopes.push_back(std::ldexp(1.0F, -static_cast<int>(h % 8) - 1));
       }
-      DecodeOptions options;
-      options.scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
-      options.causal = c.causal;
-      options.window_left = c.window_left;
-      options.window_right = c.window_right;
-      options.softcap = c.softcap;
-      options.sinks = c.sinks ? sinks.data() : nullptr;
-      options.alibi_slopes = c.alibi ? slopes.data() : nullptr;
+      const DecodeOptions options = options_of(c, sinks, slopes);
       // Rows `pad` elements longer than their data, the heads and sequences back to back.
       const int64_t pad = 3, rows = c.batch * c.q_heads * c.queries;
       const int64_t q_stride = c.depth + pad, out_stride = c.value_depth + pad;
