@@ -288,15 +288,16 @@ HWY_INLINE void ScaleInPlace(float* data, size_t count, float scale) {
 }
 
 // Sᵀ (key_rows × br floats, rows br apart) = K·Qᵀ, unscaled: K's rows as bf16 pairs (depth_pairs
-// per row, a multiple of 16), Qᵀ as depth_pairs rows of br pairs. key_rows and br are multiples of
-// 32; every row read must be readable (the caller pads).
+// per row, a multiple of 16; rows key_stride words apart, depth_pairs unless given), Qᵀ as
+// depth_pairs rows of br pairs. key_rows and br are multiples of 32; every row read must be
+// readable (the caller pads).
 template <class Tiles>
 ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_pairs,
                                               size_t depth_pairs, size_t key_rows,
-                                              const uint32_t* query_pairs, size_t br,
-                                              float* scores) {
-  ProductOnTiles<false>(tiles, key_pairs, depth_pairs, query_pairs, br, depth_pairs, scores, br,
-                        key_rows, br);
+                                              const uint32_t* query_pairs, size_t br, float* scores,
+                                              size_t key_stride = 0) {
+  ProductOnTiles<false>(tiles, key_pairs, key_stride == 0 ? depth_pairs : key_stride, query_pairs,
+                        br, depth_pairs, scores, br, key_rows, br);
 }
 
 // Oᵀ (value_rows × br floats, rows br apart) += Vᵀ·P over `pairs` key pairs (a multiple of 16), or

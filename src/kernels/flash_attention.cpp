@@ -971,7 +971,8 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
 // (s.values_transposed): 16 pairs of value rows interleaved into s.value_pairs, then turned in
 // 16 × 16 blocks of pairs.
 ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int64_t h,
-                                        int64_t begin, int64_t end, Scratch& s) {
+                                        int64_t begin, int64_t end, bool keys_in_place,
+                                        Scratch& s) {
   constexpr int64_t kBlock = 32;
   begin -= begin % kBlock;
   const int64_t head = b * args.k.heads + h;
@@ -982,7 +983,8 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
   for (int64_t j = s.packed_end; j < end; j += kBlock) {
-    for (int64_t row = j; row < j + kBlock; ++row) {
+    // Whole blocks of key rows read in place need no copy (KeysInPlace).
+    for (int64_t row = j; row < j + kBlock && !(keys_in_place && j + kBlock <= keys); ++row) {
       uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * pair_depth;
       if (row < keys) {
         CopyRowAsPairs(k + row * args.k16.row_stride, depth, pair_depth, pairs);
@@ -1106,12 +1108,23 @@ struct VectorProducts {};
 
 // Sᵀ (bc × Br) on AMX tiles, unscaled; times the scale unless `scale_in_exponent` leaves it to
 // the softmax step's exponent (the vdpbf16ps path multiplies the sums as it stores them).
+// The key tile at key0 reads its first `in_place` rows (whole blocks of 32) from `rows_in_place`
+// (`stride` words apart), the rest from the packed pairs (s.key_pairs).
 template <class Tiles>
-ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, const uint32_t* key_pairs,
-                                              size_t depth_pairs, size_t bc, size_t br, float scale,
-                                              bool scale_in_exponent, Scratch& s) {
-  amx::ScoresOnTiles(tiles, key_pairs, depth_pairs, hwy::RoundUpTo(bc, 32), s.query_pairs, br,
-                     s.scores);
+ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, int64_t key0,
+                                              const uint32_t* rows_in_place, size_t stride,
+                                              size_t in_place, size_t depth_pairs, size_t bc,
+                                              size_t br, float scale, bool scale_in_exponent,
+                                              Scratch& s) {
+  const size_t rows = hwy::RoundUpTo(bc, 32);
+  if (in_place > 0) {
+    amx::ScoresOnTiles(tiles, rows_in_place, depth_pairs, in_place, s.query_pairs, br, s.scores,
+                       stride);
+  }
+  if (rows > in_place) {
+    amx::ScoresOnTiles(tiles, s.key_pairs + (static_cast<size_t>(key0) + in_place) * depth_pairs,
+                       depth_pairs, rows - in_place, s.query_pairs, br, s.scores + in_place * br);
+  }
   if (!scale_in_exponent) amx::ScaleInPlace(s.scores, bc * br, scale);
 }
 
@@ -1197,6 +1210,15 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const float score_scale = args.options.scale * kUnit;
   const float exponent_scale = scale_in_exponent ? score_scale : 1.0F;
   const auto key_step = static_cast<int64_t>(flash_detail::kKeyTileBF16);
+  // On AMX tiles, dense key rows (back to back, as PyTorch's (B, H, S, E)) of whole tiles' pairs
+  // (d a multiple of 32) at 4-byte boundaries are the products' A operand as they lie: blocks of 32
+  // real keys are read in place, not copied. Rows further apart stay packed: the layers' (B, S,
+  // H·E) rows read in place ran the bf16 forward at 0.64× (n = 4096, 8 heads of 64), a tile's 16
+  // rows 1 KiB apart.
+  const uint16_t* key_rows = args.k16.matrix(b, kv_head);
+  const bool keys_in_place = kOnTiles && args.k.cols % 32 == 0 &&
+                             args.k16.row_stride == args.k.cols &&
+                             reinterpret_cast<uintptr_t>(key_rows) % 4 == 0;
   // Keys packed at a time: their K and V pairs a quarter of the L2.
   const size_t value_words = (kOnTiles ? s.dv_tiles : dv_padded) / 2;  // a key's share of V's pairs
   const auto pack_ahead = std::max<int64_t>(
@@ -1218,7 +1240,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
         key0 + static_cast<int64_t>(bc) > s.packed_end) {
       const int64_t pack_end = std::min(tile.ranges.end, key0 + pack_ahead);
       if constexpr (kOnTiles) {
-        PackKeyValueBlocks(args, b, kv_head, key0, pack_end, s);
+        PackKeyValueBlocks(args, b, kv_head, key0, pack_end, keys_in_place, s);
       } else {
         PackKeyValuePairs(args, b, kv_head, key0, pack_end, dv_padded, s);
       }
@@ -1229,7 +1251,15 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
     const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
     const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
     if constexpr (kOnTiles) {
-      ScoresOnTiles(tiles, key_pairs, depth_pairs, bc, br, score_scale, scale_in_exponent, s);
+      // Whole blocks of 32 real keys in place; a last partial block from its packed copy.
+      const size_t in_place = keys_in_place
+                                  ? std::min(hwy::RoundUpTo(bc, 32),
+                                             static_cast<size_t>((args.k.rows - key0) / 32 * 32))
+                                  : 0;
+      ScoresOnTiles(tiles, key0,
+                    reinterpret_cast<const uint32_t*>(key_rows + key0 * args.k16.row_stride),
+                    static_cast<size_t>(args.k16.row_stride / 2), in_place, depth_pairs, bc, br,
+                    score_scale, scale_in_exponent, s);
     } else if (crossed) {  // as ScoresOfVisibleLanes
       for_each_key_band(
           tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
