@@ -155,7 +155,8 @@ bool may_decode_without_scans(const Shape& query, const Shape& key,
 // Rapids-class core (1 thread, ten shapes of 1–32 query heads, d = 64–256, m = 64–4096) the
 // prefill was 1.05–1.67x faster at n = 8 but for one shape (2 heads of 256, 4096 keys: 0.69x),
 // 1.04–2.6x at n = 12 and 16, and slower at n ≤ 4 (docs/benchmarks.md, "bf16 heads of 80 and 96 on
-// AMX tiles").
+// AMX tiles"); the prefill's packing has since become 1.6x faster at that shape (16 queries; "Few
+// queries against many keys").
 constexpr int64_t kMinTilePrefillQueries = 8;
 
 bool bf16_prefill_on_tiles(HalfType type, int64_t n, int64_t depth) {
