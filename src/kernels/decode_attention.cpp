@@ -44,6 +44,13 @@
 #define ATTN_DECODE_ATTENTION_SHARED
 namespace attn::decode_detail {
 
+// A half call's queries and outputs: their bits in `type`.
+struct HalfRows {
+  HalfType type;
+  ConstHalfHeadsView q;
+  HalfHeadsView out;
+};
+
 struct DecodeArgs {
   ConstHeadsView q;
   CacheTensorView keys, values;
@@ -61,13 +68,11 @@ struct DecodeArgs {
   int threads;  // at most, for the tasks (useful_threads)
   HeadsView out;
   float* log_sum_exp;  // may be null
-  // Half-precision queries and outputs (the half overload): q and out then give their shapes only
-  // and q16 and out16 their bits in half_type; each task widens its rows' queries (exactly) and
-  // rounds its output rows once, where the functional call copied them on one thread before and
-  // after the kernel's (a serial fifth of a fp16 8 × 8 × 16 × 16 call, d = 64).
-  const ConstHalfHeadsView* q16 = nullptr;
-  const HalfHeadsView* out16 = nullptr;
-  HalfType half_type = HalfType::kBFloat16;
+  // Half-precision queries and outputs (the half overload; null otherwise): q and out then give
+  // their shapes only. Each task widens its rows' queries (exactly) and rounds its output rows
+  // once, where the functional call copied them on one thread before and after the kernel's (a
+  // serial fifth of a fp16 8 × 8 × 16 × 16 call, d = 64).
+  const HalfRows* half = nullptr;
 };
 
 // Row `row` of matrix (b, h) of a cache tensor on: its address, the bytes between rows, and its
@@ -1715,7 +1720,7 @@ inline bool KeysReadAsPairs(const CacheTensorView& keys) {
 // call's, widened at the task's start (DecodeTask).
 inline const float* QueryRow(const DecodeArgs& args, const DecodeScratch& s, int64_t b, int64_t g,
                              size_t r) {
-  if (args.q16 != nullptr) return s.half_queries + r * static_cast<size_t>(args.q.cols);
+  if (args.half != nullptr) return s.half_queries + r * static_cast<size_t>(args.q.cols);
   const int64_t group = args.q.heads / args.keys.heads, n = args.q.rows;
   const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
   return args.q.matrix(b, h) + i * args.q.row_stride;
@@ -1788,10 +1793,11 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
   const size_t dv_padded = hwy::RoundUpTo(dv, full_lanes);
   const int64_t length = args.lengths[b];
   const DecodeOptions& options = args.options;
-  if (args.q16 != nullptr) {  // a half call's queries, widened exactly (QueryRow)
+  if (args.half != nullptr) {  // a half call's queries, widened exactly (QueryRow)
+    const ConstHalfHeadsView& q16 = args.half->q;
     for (size_t r = 0; r < rows; ++r) {
       const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
-      WidenRow(df, args.half_type, args.q16->matrix(b, h) + i * args.q16->row_stride, depth,
+      WidenRow(df, args.half->type, q16.matrix(b, h) + i * q16.row_stride, depth,
                s.half_queries + r * depth);
     }
   }
@@ -2032,7 +2038,7 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       const int64_t h = g * group + static_cast<int64_t>(r) / n, i = static_cast<int64_t>(r) % n;
       // A half call's row goes through output_row, rounded once into its bits.
       float* destination =
-          args.out16 != nullptr ? s.output_row : args.out.matrix(b, h) + i * args.out.row_stride;
+          args.half != nullptr ? s.output_row : args.out.matrix(b, h) + i * args.out.row_stride;
       largest = std::max(
           largest,
           decode_detail::MergeRow(
@@ -2042,9 +2048,9 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
               destination,
               args.log_sum_exp != nullptr ? args.log_sum_exp + (b * args.q.heads + h) * n + i
                                           : nullptr));
-      if (args.out16 != nullptr) {
-        NarrowRow(df, args.half_type, s.output_row, dv,
-                  args.out16->matrix(b, h) + i * args.out16->row_stride);
+      if (args.half != nullptr) {
+        const HalfHeadsView& out16 = args.half->out;
+        NarrowRow(df, args.half->type, s.output_row, dv, out16.matrix(b, h) + i * out16.row_stride);
       }
     }
     if (largest >= core_detail::kFirstNonFinite)
@@ -2076,7 +2082,7 @@ void DecodeForward(const DecodeArgs& args) {
       tasks, "decode_attention_forward", TaskSchedule::kDynamic,
       [&] {
         return DecodeScratch(max_rows, static_cast<size_t>(args.q.cols), dv_padded, full_lanes,
-                             args.q16 != nullptr);
+                             args.half != nullptr);
       },
       [&](int64_t task, DecodeScratch& scratch, int) {
         const int64_t split = task % args.splits, head = task / args.splits;
@@ -2123,12 +2129,7 @@ void require_cache_tensor(const CacheTensorView& t, std::string_view name, const
 
 namespace {
 
-// Half-precision queries and outputs of the half overload: their bits in `type`.
-struct HalfRows {
-  HalfType type;
-  ConstHalfHeadsView q;
-  HalfHeadsView out;
-};
+using decode_detail::HalfRows;
 
 // Both overloads: q and out give the shapes (and, for a float call, the data); `half` (or null)
 // the bits of a half call's.
@@ -2245,14 +2246,9 @@ bool DecodeAttentionForward(ConstHeadsView q, const CacheTensorView& keys,
                                         q.batch * keys.heads * splits * rows * (dv + 2)))
                                   : nullptr;
   std::atomic<bool> non_finite{false};
-  decode_detail::DecodeArgs args{q,       keys,      values,        lengths, options,
-                                 splits,  split_len, partial.get(), dv + 2,  &non_finite,
-                                 threads, out,       log_sum_exp};
-  if (half != nullptr) {
-    args.q16 = &half->q;
-    args.out16 = &half->out;
-    args.half_type = half->type;
-  }
+  const decode_detail::DecodeArgs args{q,       keys,      values,        lengths, options,
+                                       splits,  split_len, partial.get(), dv + 2,  &non_finite,
+                                       threads, out,       log_sum_exp,   half};
   HWY_DYNAMIC_DISPATCH(DecodeForward)(args);
   if (splits == 1) return !non_finite.load(std::memory_order_relaxed);
 

@@ -983,8 +983,9 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
   const uint16_t* v = args.v16.matrix(b, h);
   const int64_t keys = args.k.rows;
   for (int64_t j = s.packed_end; j < end; j += kBlock) {
-    // Whole blocks of key rows read in place need no copy (KeysInPlace).
-    for (int64_t row = j; row < j + kBlock && !(keys_in_place && j + kBlock <= keys); ++row) {
+    // Whole blocks of real keys read in place (FlashForwardTileBF16's keys_in_place) need no copy.
+    const bool copy_keys = !keys_in_place || j + kBlock > keys;
+    for (int64_t row = j; copy_keys && row < j + kBlock; ++row) {
       uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * pair_depth;
       if (row < keys) {
         CopyRowAsPairs(k + row * args.k16.row_stride, depth, pair_depth, pairs);

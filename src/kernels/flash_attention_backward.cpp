@@ -627,8 +627,8 @@ struct TaskKeyBlocks {
   }
 
   void Finish(size_t block_begin, size_t block_end) const {
-    const auto [begin, end] = Covered(block_begin, block_end);
     if (s.store_key_value) return;  // the head's products stored these rows
+    const auto [begin, end] = Covered(block_begin, block_end);
     const auto depth = static_cast<size_t>(args.q.cols), dv = static_cast<size_t>(args.v.cols);
     for (size_t j = begin; j < end; ++j) {
       const size_t slot = j - s.key_rows_base;
@@ -996,7 +996,6 @@ void FlashBackwardTask(const BackwardArgs& args, int64_t b, int64_t kv_head, con
     s.grad_k_rows = {s.grad_k, d_padded};
     s.grad_v_rows = {s.grad_v, dv_padded};
   }
-  s.key_rows_base = 0;
   const TaskKeyBlocks key_blocks{args, b, kv_head, first_row, end_row, s};
   const int64_t group = args.q.heads / args.k.heads;
   const auto n = static_cast<size_t>(args.q.rows), depth = static_cast<size_t>(args.q.cols);

@@ -44,39 +44,11 @@ HWY_INLINE void WidenRow(D d, HalfType type, const uint16_t* HWY_RESTRICT from, 
   for (; i < count; ++i) to[i] = half_bits_to_float(type, from[i]);
 }
 
-// `count` floats rounded to nearest even in `type`: bf16 by integer rounding in vectors, fp16 by
-// the CPU's conversion (F16C rounds to nearest even) where the target has it.
-template <class D>
-HWY_INLINE void NarrowRow(D d, HalfType type, const float* HWY_RESTRICT from, size_t count,
-                          uint16_t* HWY_RESTRICT to) {
-  const size_t lanes = hn::Lanes(d);
-  size_t i = 0;
-  if (type == HalfType::kBFloat16) {
-    const hn::RebindToUnsigned<D> du;
-    const hn::Rebind<uint16_t, D> d16;
-    for (; i + lanes <= count; i += lanes) {
-      // bits + 0x7fff + (bit 16), then the upper half; NaN (never an output here) is not special.
-      const auto bits = hn::BitCast(du, hn::LoadU(d, from + i));
-      const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1U));
-      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffU), odd)));
-      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<D>(), rounded)), d16, to + i);
-    }
-  }
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (type == HalfType::kFloat16) {
-    const hn::Rebind<hwy::float16_t, D> dh;
-    auto* halves = reinterpret_cast<hwy::float16_t*>(to);
-    for (; i + lanes <= count; i += lanes)
-      hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, from + i)), dh, halves + i);
-  }
-#endif
-  for (; i < count; ++i) to[i] = float_to_half_bits(type, from[i]);
-}
-
-// `count` floats times `scale` rounded as NarrowRow rounds them; with `stream`, whole vectors go
-// out in streaming stores, for rows no thread reads again soon: only where a vector of halves is
-// 16 bytes or more (AVX2, AVX-512; a narrower one would be a partial store) and `to` is aligned to
-// it; the caller flushes them (hwy::FlushStream).
+// `count` floats times `scale` rounded to nearest even in `type`: bf16 by integer rounding in
+// vectors, fp16 by the CPU's conversion (F16C rounds to nearest even) where the target has it.
+// With `stream`, whole vectors go out in streaming stores, for rows no thread reads again soon:
+// only where a vector of halves is 16 bytes or more (AVX2, AVX-512; a narrower one would be a
+// partial store) and `to` is aligned to it; the caller flushes them (hwy::FlushStream).
 template <class D>
 HWY_INLINE void NarrowScaledRow(D d, HalfType type, const float* HWY_RESTRICT from, size_t count,
                                 float scale, bool stream, uint16_t* HWY_RESTRICT to) {
@@ -94,6 +66,7 @@ HWY_INLINE void NarrowScaledRow(D d, HalfType type, const float* HWY_RESTRICT fr
   if (type == HalfType::kBFloat16) {
     const hn::RebindToUnsigned<D> du;
     for (; i + lanes <= count; i += lanes) {
+      // bits + 0x7fff + (bit 16), then the upper half; NaN (never an output here) is not special.
       const auto bits = hn::BitCast(du, hn::Mul(hn::LoadU(d, from + i), factor));
       const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1U));
       const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffU), odd)));
@@ -108,6 +81,13 @@ HWY_INLINE void NarrowScaledRow(D d, HalfType type, const float* HWY_RESTRICT fr
   }
 #endif
   for (; i < count; ++i) to[i] = float_to_half_bits(type, from[i] * scale);
+}
+
+// `count` floats rounded as NarrowScaledRow rounds them (times 1, which changes no value).
+template <class D>
+HWY_INLINE void NarrowRow(D d, HalfType type, const float* HWY_RESTRICT from, size_t count,
+                          uint16_t* HWY_RESTRICT to) {
+  NarrowScaledRow(d, type, from, count, 1.0F, false, to);
 }
 
 }  // namespace HWY_NAMESPACE
