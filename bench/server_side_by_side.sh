@@ -159,7 +159,10 @@ essentials)
     >"$out/bench.txt" 2>&1
   # The PyTorch targets (prints each row as it ends: a step cut short keeps the rows before);
   # without attn's module, PyTorch's SDPA beside the bench's rows instead (compare_pytorch.py).
-  if "$python" -c "import attn, torch" 2>>"$out/log.txt"; then
+  # torch before attn, as the bench scripts import them: on the Xeon (2026-12-04, PyTorch 2.11) attn
+  # first, with the bundle's Debian libraries on LD_LIBRARY_PATH, aborted torch's import ("free():
+  # invalid pointer", docs/xeon/2026-12-04/import_order.txt); torch first imports both.
+  if "$python" -c "import torch, attn" 2>>"$out/log.txt"; then
     step interleaved 260 60 "$python" -u bench/interleaved_pytorch.py --sizes "$sizes" \
       --threads "$threads" --rounds 2 --repeats 2 --json-out "$out/interleaved.json" \
       >"$out/interleaved.txt" 2>&1
