@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Draws GFLOP/s against sequence length (or, with --against threads, against the thread count at one
 # length) for attn (fused, plain, from Python) and its PyTorch peers on one workload, with the FMA
-# peak and sgemm ceilings, from the JSON compare_pytorch.py --json-out writes.
+# peak and sgemm ceilings, from the JSON compare_pytorch.py --json-out writes, or from
+# interleaved_pytorch.py's (attn.torch and PyTorch's SDPA taking turns; ceilings from --ceilings).
 """Plot one workload of the attention benchmark (PNG) from compare_pytorch.py's JSON."""
 import argparse
 import json
@@ -35,9 +36,17 @@ def main():
     parser.add_argument("--against", choices=["length", "threads"], default="length",
                         help="the x axis: sequence length (at --threads) or thread count (at --size)")
     parser.add_argument("--size", type=int, default=1024, help="n for --against threads")
+    parser.add_argument("--ceilings", help="attn bench --json-out of the same machine: the FMA peak "
+                                           "and sgemm lines for interleaved_pytorch.py's JSON")
     args = parser.parse_args()
     with open(args.results) as source:
         results = json.load(source)
+    if results["rows"] and "attn_ms" in results["rows"][0]:
+        ceilings = {"fma_peak": [], "sgemm": []}
+        if args.ceilings:
+            with open(args.ceilings) as source:
+                ceilings = json.load(source)
+        results = from_interleaved(results, ceilings)
     rows = results["rows"]
     if args.against == "threads":
         plot_against_threads(results, rows, args)
@@ -67,6 +76,29 @@ def main():
     axes.set_xticks(sorted(set(sizes)), [str(n) for n in sorted(set(sizes))])
     axes.set_xlabel("sequence length n = m")
     finish(figure, axes, results, args, f"{run_shape(results, args)}, {threads} thread(s)")
+
+
+# interleaved_pytorch.py's workloads by compare_pytorch.py's names.
+INTERLEAVED_WORKLOADS = {"forward": "dot", "causal": "dot-causal", "backward": "dot-backward",
+                         "bf16-forward": "dot-bf16", "bf16-causal": "dot-causal-bf16",
+                         "bf16-backward": "dot-backward-bf16"}
+
+
+def from_interleaved(interleaved, ceilings):
+    """interleaved_pytorch.py's rows as compare_pytorch.py's: attn.torch as attn-python, PyTorch's
+    SDPA as torch-sdpa at the same work (its GFLOP/s = attn's x attn ms / PyTorch ms)."""
+    rows = []
+    for row in interleaved["rows"]:
+        common = {"workload": INTERLEAVED_WORKLOADS.get(row["workload"], row["workload"]),
+                  "n": row["n"], "threads": row["threads"]}
+        rows.append({**common, "impl": "attn-python", "gflops": row["attn_gflops"]})
+        rows.append({**common, "impl": "torch-sdpa",
+                     "gflops": row["attn_gflops"] * row["attn_ms"] / row["torch_ms"]})
+    shape = {"batch": interleaved["batch"], "heads": interleaved["heads"],
+             "head_dim": interleaved["head_dim"]}
+    return {"rows": rows, "load_average_before": ceilings.get("load_average_before", "unrecorded"),
+            "attn": {"shape": shape, "fma_peak": ceilings["fma_peak"],
+                     "sgemm": ceilings["sgemm"]}}
 
 
 def run_shape(results, args):
