@@ -6,7 +6,8 @@
 #                                                BUDGET seconds (default 480): every kernel test
 #                                                (kernel-tests below), the module, attn bench's
 #                                                target cases, attn.torch beside PyTorch
-#                                                interleaved, attn run beside attn bench; eight
+#                                                interleaved, attn run beside attn bench, the
+#                                                MultiHeadAttention layer beside PyTorch's; nine
 #                                                files in OUT, each step bounded by
 #                                                what the budget has left (for a session with 15
 #                                                minutes of device time: one call, start included)
@@ -74,10 +75,10 @@
 # calls, ggml + avx2 fitted the 30 minutes a session had then, each packing OUT into its $OUT as it
 # goes. Since 2026-11 a session has 15 minutes of device time, the machine's start included: one
 # call of the essentials phase (the device tool's `run` with carry build/server.tar.xz, command
-# `BUDGET=480 bash bench/server_side_by_side.sh essentials $OUT`, timeout_s 570).
-# Not yet timed there: pytorch's ONNX Runtime rows (a few seconds per size and thread count) and the
-# run phase (one thread took 46 s on Zen 4, 2026-11-29, whose fused pass at this shape is about as
-# fast as the Xeon's: 1,4,16 should take 1-2 minutes).
+# `BUDGET=480 bash bench/server_side_by_side.sh essentials /tmp/e; tar -czf $OUT/e.tar.gz -C /tmp
+# e`, timeout_s 570: its nine files packed, a call returning eight).
+# Not yet timed there: pytorch's ONNX Runtime rows (a few seconds per size and thread count); the
+# essentials' run step took 22 s at 1 and 16 threads (2026-12-04).
 set -euo pipefail
 
 phase=${1:?usage: bench/server_side_by_side.sh essentials|kernel-tests|kernels|avx2|tiles|pytorch|layers|calls|interleaved|short|lengths|run|amx|ggml|module [OUT]}
@@ -114,7 +115,7 @@ else
 fi
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$libraries"
 # Where the module phase builds attn's Python module: OUT, or WORK (essentials: /tmp/attn-work by
-# default, keeping OUT to the eight files a device call returns).
+# default, keeping OUT to the phase's own nine files).
 work=${WORK:-$out}
 [[ $phase == essentials ]] && work=${WORK:-/tmp/attn-work}
 # attn's module built by the module phase, ahead of any installed one.
@@ -143,8 +144,9 @@ step() {
 case $phase in
 essentials)
   # Issue 14's target figures in priority order, each step bounded (`step` above); BUDGET 480 s
-  # leaves a 10-minute call room for the bundle's unpacking and the files' return. Expected on
-  # the 16-core Xeon: tests 10 s, module 15 s, bench 60-90 s, interleaved 150-250 s, run 60 s.
+  # leaves a 10-minute call room for the bundle's unpacking and the files' return. On the 16-core
+  # Xeon (12-04): tests 12 s, module 10 s, bench 41 s, interleaved about 110 s, run 22 s; mha
+  # about 80 s (11-24's compare_mha at 3 repeats).
   {
     echo "essentials: budget ${BUDGET:-480}s, sizes $sizes, threads $threads, $(nproc) CPUs"
     "$python" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)" 2>&1 || true
@@ -171,8 +173,13 @@ essentials)
       --sizes "$sizes" --threads "1,$cores" --repeats 2 --additive-sizes 0 \
       --json-out "$out/pytorch.json" >"$out/pytorch.txt" 2>&1
   fi
-  step run 120 0 "$python" -u bench/run_vs_bench.py --attn "$attn" --threads "1,$cores" \
+  step run 120 90 "$python" -u bench/run_vs_bench.py --attn "$attn" --threads "1,$cores" \
     --n "${RUN_N:-4096}" --rounds 2 --repeats 2 >"$out/run.txt" 2>&1
+  # The fused-mha target: attn's layer beside nn.MultiheadAttention (and ONNX Runtime's), one run
+  # at 1, 4 and all threads (12-04's essentials had no such row: PyTorch's layer at 4 threads
+  # went unmeasured).
+  step mha 90 0 "$python" -u bench/compare_mha.py --sizes "$sizes" --threads "$threads" \
+    --repeats 3 >"$out/mha.txt" 2>&1
   ;;
 kernels)
   # The FMA peak at every thread count first (a small case; the table after it gives the peak per
