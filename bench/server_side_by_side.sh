@@ -165,11 +165,11 @@ essentials)
   # first, with the bundle's Debian libraries on LD_LIBRARY_PATH, aborted torch's import ("free():
   # invalid pointer", docs/xeon/2026-12-04/import_order.txt); torch first imports both.
   if "$python" -c "import torch, attn" 2>>"$out/log.txt"; then
-    step interleaved 260 60 "$python" -u bench/interleaved_pytorch.py --sizes "$sizes" \
+    step interleaved 260 150 "$python" -u bench/interleaved_pytorch.py --sizes "$sizes" \
       --threads "$threads" --rounds 2 --repeats 2 --json-out "$out/interleaved.json" \
       >"$out/interleaved.txt" 2>&1
   elif [[ -f $out/bench.json ]]; then
-    step pytorch 200 60 "$python" -u bench/compare_pytorch.py --attn-json "$out/bench.json" \
+    step pytorch 200 150 "$python" -u bench/compare_pytorch.py --attn-json "$out/bench.json" \
       --sizes "$sizes" --threads "1,$cores" --repeats 2 --additive-sizes 0 \
       --json-out "$out/pytorch.json" >"$out/pytorch.txt" 2>&1
   fi
