@@ -154,6 +154,18 @@ essentials)
   step tests 60 420 env WORK="$work" "$0" kernel-tests "$out" >>"$out/log.txt" 2>&1
   step module 90 380 env WORK="$work" "$0" module "$work" >>"$out/log.txt" 2>&1
   export PYTHONPATH="$work/python${PYTHONPATH:+:$PYTHONPATH}"
+  # Which import order works, and which of the bundle's libraries `import attn` loads: on 12-04
+  # attn before torch aborted torch's import there (below); the list names the candidates.
+  {
+    for order in "attn, torch" "torch, attn"; do
+      status=0
+      "$python" -c "import $order" >/dev/null 2>&1 || status=$?
+      echo "import $order: exit $status"
+    done
+    echo "the bundle's libraries that import attn loads:"
+    "$python" -c "import attn; print(open('/proc/self/maps').read())" 2>/dev/null |
+      awk -v lib="${libraries%%:*}" 'index($6, lib) == 1 {print "  " $6}' | sort -u
+  } >>"$out/log.txt" 2>&1
   # The 1-thread targets (fp32 forward's share of the peak, backward / forward, additive, bf16 /
   # fp32) and the 16-thread scaling, in one attn bench run.
   step bench 120 300 "$attn" bench --cases fused,fused-causal,fused-backward,fused-additive,fused-bf16 \
