@@ -15,7 +15,9 @@ or 128 for a multi-head model of one query row per key/value head); PyTorch's ca
 PyTorch SDPA wants one dtype), attn's an attn.KVCache of that dtype. PyTorch has no int8 SDPA.
 The "attn-torch" rows call attn.torch.scaled_dot_product_attention on PyTorch's own tensors
 (query of the cache's dtype, causal bottom-right for n > 1): attn's decode kernel behind the
-PyTorch-shaped call, as a transformers model with attn_implementation="attn" decodes.
+PyTorch-shaped call, as a transformers model with attn_implementation="attn" decodes. The
+"attn-functional" rows make the same call through attn.scaled_dot_product_attention on the same
+tensors: attn.torch's own Python layers are the difference between the two.
 Each timed pass follows a read of twice the L3, so the cache comes from memory as it does between
 two layers of a model (--warm leaves it out: a cache small enough stays in L2 or L3, as a small
 model's at short contexts). Not part of CI: timings need a quiet machine.
@@ -35,7 +37,8 @@ import torch.nn.functional as F
 import attn
 import attn.torch as attn_torch
 
-LABELS = {"attn": "attn KVCache", "attn-torch": "attn.torch SDPA", "torch": "PyTorch SDPA"}
+LABELS = {"attn": "attn KVCache", "attn-torch": "attn.torch SDPA",
+          "attn-functional": "attn.scaled_dot_product_attention", "torch": "PyTorch SDPA"}
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -163,6 +166,11 @@ def main():
                                 torch_q, torch_k, torch_v, is_causal=n > 1,
                                 alignment="bottom-right", enable_gqa=True),
                             evict, args.repeats)
+                        seconds["attn-functional"] = timed(
+                            lambda: attn.scaled_dot_product_attention(
+                                torch_q, torch_k, torch_v, is_causal=n > 1,
+                                alignment="bottom-right", enable_gqa=True),
+                            evict, args.repeats)
                 for implementation, value in seconds.items():
                     rate = kv_bytes / value / 1e9
                     rows.append({"implementation": implementation, "dtype": dtype, "batch": B,
@@ -180,7 +188,7 @@ def main():
         print(f"stream read ({ceiling_source}), {threads} thread(s): {rate:.1f} GB/s")
     print(f"{'dtype':10} {'m':>7} {'thr':>3} {'attn ms':>9} {'GB/s':>6} {'%read':>6} "
           f"{'torch ms':>9} {'GB/s':>6} {'%read':>6} {'attn/torch':>10} {'vs fp32':>8} "
-          f"{'attn-torch ms':>13} {'torch/it':>8}")
+          f"{'attn-torch ms':>13} {'torch/it':>8} {'functional ms':>13} {'torch/it':>8}")
     index = {(r["implementation"], r["dtype"], r["length"], r["threads"]): r for r in rows}
     for m in args.lengths:
         for dtype in dtypes:
@@ -192,11 +200,14 @@ def main():
                               f" {t['ms'] / a['ms']:9.2f}x" if t else f"{'-':>9} {'-':>6} {'-':>6} "
                               f"{'-':>10}")
                 ratio = f"{fp32['ms'] / a['ms']:7.2f}x" if fp32 else "-"
-                plain = index.get(("attn-torch", dtype, m, threads))
-                plain_text = (f"{plain['ms']:13.3f} {t['ms'] / plain['ms']:7.2f}x" if plain
-                              else f"{'-':>13} {'-':>8}")
+                plain_texts = []
+                for implementation in ("attn-torch", "attn-functional"):
+                    plain = index.get((implementation, dtype, m, threads))
+                    plain_texts.append(f"{plain['ms']:13.3f} {t['ms'] / plain['ms']:7.2f}x"
+                                       if plain else f"{'-':>13} {'-':>8}")
                 print(f"{dtype:10} {m:7d} {threads:3d} {a['ms']:9.3f} {a['gb_per_s']:6.1f} "
-                      f"{a['percent_of_stream_read']:6.1f} {torch_text} {ratio:>8} {plain_text}")
+                      f"{a['percent_of_stream_read']:6.1f} {torch_text} {ratio:>8} "
+                      + " ".join(plain_texts))
     document = {"machine": {"cpu": cpu_name(), "logical_cpus": os.cpu_count(),
                             "python": platform.python_version(), "torch": torch.__version__},
                 "stream_read_gb_per_s": {str(k): v for k, v in ceilings.items()},

@@ -1093,6 +1093,38 @@ def test_plain_inference_calls_with_a_mask_take_attns_function_and_match_the_ope
         assert torch.equal(output, expected), mask.dtype
 
 
+def test_bottom_right_alignment_takes_attns_function_where_nothing_is_causal(monkeypatch):
+    # Decoding code that passes alignment="bottom-right" for every step: a step that is not causal
+    # (one new query) computes the same for either alignment and reaches attn's own function, with
+    # the operator's result bit for bit; a causal one keeps the general path and its bottom-right
+    # diagonal (L = 5 queries before S = 7 keys: not the top-left one), and an alignment attn does
+    # not know is refused.
+    q, k, v = torch.randn(N, HQ, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV)
+    function, direct = attn_torch._sdpa_function, []
+    monkeypatch.setattr(attn_torch, "_sdpa_function",
+                        lambda *a: direct.append(1) or function(*a))
+    for dtype in (torch.float32, torch.bfloat16):
+        for is_causal, taken in ((False, True), (True, False)):
+            direct.clear()
+            qt, kt, vt = (x.to(dtype) for x in (q, k, v))
+            with torch.no_grad():
+                output = attn_torch.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=is_causal, enable_gqa=True, alignment="bottom-right")
+                expected = torch.ops.attn.sdpa.default(
+                    qt, kt, vt, None, None, None, None, None, 0.0, is_causal, None, True, -1, -1,
+                    None, "bottom-right")[0]
+            assert direct == ([1] if taken else []), (dtype, is_causal)
+            assert torch.equal(output, expected), (dtype, is_causal)
+    with torch.no_grad():
+        top_left = attn_torch.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                           enable_gqa=True)
+        bottom_right = attn_torch.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True, alignment="bottom-right")
+    assert not torch.allclose(top_left, bottom_right)
+    with pytest.raises(ValueError, match="alignment"):
+        attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True, alignment="bottom")
+
+
 def test_plain_training_calls_take_the_lean_function_and_match_the_operators(monkeypatch):
     # The plain call under autograd (query, key and value of one dtype attn computes as it is;
     # only a bool, float32 or half mask that needs no gradient, is_causal, scale and enable_gqa)

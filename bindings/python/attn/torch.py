@@ -1347,7 +1347,12 @@ def scaled_dot_product_attention(
         and softcap is None
         and sinks is None
         and valid_lens is None
-        and alignment == "top-left"
+        # Alignment places only a causal diagonal here (no window or ALiBi on this path): a call
+        # that is not causal computes the same for either, as decoding code that passes
+        # alignment="bottom-right" for every step makes its one-query steps here (8 heads of 64
+        # over 1024 bf16 keys, one thread of the Xeon dev: 92-106 → 86 µs warm, 295-298 → 218-243
+        # µs with the cache read from memory).
+        and (alignment == "top-left" or alignment == "bottom-right" and is_causal is False)
         and (dtype := query.dtype) in _DIRECT_DTYPE_SET
         and key.dtype is dtype
         and value.dtype is dtype
