@@ -36,8 +36,9 @@ def main():
     parser.add_argument("--against", choices=["length", "threads"], default="length",
                         help="the x axis: sequence length (at --threads) or thread count (at --size)")
     parser.add_argument("--size", type=int, default=1024, help="n for --against threads")
-    parser.add_argument("--ceilings", help="attn bench --json-out of the same machine: the FMA peak "
-                                           "and sgemm lines for interleaved_pytorch.py's JSON")
+    parser.add_argument("--ceilings",
+                        help="attn bench --json-out of the same machine: the FMA peak and sgemm "
+                             "lines for interleaved_pytorch.py's JSON")
     args = parser.parse_args()
     with open(args.results) as source:
         results = json.load(source)
