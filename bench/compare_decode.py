@@ -161,16 +161,13 @@ def main():
                             lambda: F.scaled_dot_product_attention(
                                 torch_q, torch_k, torch_v, attn_mask=mask, enable_gqa=True),
                             evict, args.repeats)
-                        seconds["attn-torch"] = timed(
-                            lambda: attn_torch.scaled_dot_product_attention(
-                                torch_q, torch_k, torch_v, is_causal=n > 1,
-                                alignment="bottom-right", enable_gqa=True),
-                            evict, args.repeats)
-                        seconds["attn-functional"] = timed(
-                            lambda: attn.scaled_dot_product_attention(
-                                torch_q, torch_k, torch_v, is_causal=n > 1,
-                                alignment="bottom-right", enable_gqa=True),
-                            evict, args.repeats)
+                        for name, function in (
+                                ("attn-torch", attn_torch.scaled_dot_product_attention),
+                                ("attn-functional", attn.scaled_dot_product_attention)):
+                            seconds[name] = timed(
+                                lambda: function(torch_q, torch_k, torch_v, is_causal=n > 1,
+                                                 alignment="bottom-right", enable_gqa=True),
+                                evict, args.repeats)
                 for implementation, value in seconds.items():
                     rate = kv_bytes / value / 1e9
                     rows.append({"implementation": implementation, "dtype": dtype, "batch": B,

@@ -156,11 +156,13 @@ essentials)
   export PYTHONPATH="$work/python${PYTHONPATH:+:$PYTHONPATH}"
   # Which import order works, and which of the bundle's libraries `import attn` loads: on 12-04
   # attn before torch aborted torch's import there (below); the list names the candidates.
+  imports_torch_first=1
   {
     for order in "attn, torch" "torch, attn"; do
       status=0
       "$python" -c "import $order" >/dev/null 2>&1 || status=$?
       echo "import $order: exit $status"
+      if [[ $order == "torch, attn" ]]; then imports_torch_first=$status; fi
     done
     echo "the bundle's libraries that import attn loads:"
     "$python" -c "import attn; print(open('/proc/self/maps').read())" 2>/dev/null |
@@ -176,7 +178,7 @@ essentials)
   # torch before attn, as the bench scripts import them: on the Xeon (2026-12-04, PyTorch 2.11) attn
   # first, with the bundle's Debian libraries on LD_LIBRARY_PATH, aborted torch's import ("free():
   # invalid pointer", docs/xeon/2026-12-04/import_order.txt); torch first imports both.
-  if "$python" -c "import torch, attn" 2>>"$out/log.txt"; then
+  if ((imports_torch_first == 0)); then
     step interleaved 260 150 "$python" -u bench/interleaved_pytorch.py --sizes "$sizes" \
       --threads "$threads" --rounds 2 --repeats 2 --json-out "$out/interleaved.json" \
       >"$out/interleaved.txt" 2>&1
