@@ -1299,8 +1299,8 @@ def scaled_dot_product_attention(
     tensors) run the operators' implementations directly, without their dispatch: in inference
     (no input requiring grad, or grad mode off) as a plain call — to
     ``attn.scaled_dot_product_attention`` itself when no mask, dropout or other argument beyond
-    is_causal, scale and enable_gqa is given and the three tensors are float32, float16 or
-    bfloat16 alike — and under autograd through a ``torch.autograd.Function`` with the
+    is_causal, scale and enable_gqa is given (an alignment too, where the call is not causal) and
+    the three tensors are float32, float16 or bfloat16 alike — and under autograd through a ``torch.autograd.Function`` with the
     operators' gradients.
 
     Under torch.func transforms (grad, vjp, jacrev, vmap and their compositions, such as
