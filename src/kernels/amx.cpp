@@ -78,6 +78,24 @@ void set_amx_use(AmxUse use) {
   current_use().store(use);
 }
 
+namespace {
+std::atomic<bool>& current_fp32_use() {
+  static std::atomic<bool> on{[] {
+    const char* value = std::getenv("ATTN_AMX_FP32");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }()};
+  return on;
+}
+}  // namespace
+
+bool fp32_on_amx() {
+  return current_fp32_use().load();
+}
+
+void set_fp32_on_amx(bool on) {
+  current_fp32_use().store(on);
+}
+
 bool amx_tiles_in_use() {
   const AmxUse use = amx_use();
   return use == AmxUse::kModel || (use == AmxUse::kWhereAvailable && amx_available());
@@ -90,8 +108,10 @@ std::string status_of_use() {
     case AmxUse::kModel:
       return "AMX-BF16 modelled in C++ (tests only)";
     case AmxUse::kWhereAvailable:
-      return amx_available() ? "AMX-BF16 in use (bf16 forward and backward, any head size)"
-                             : "no AMX";
+      if (!amx_available()) return "no AMX";
+      return fp32_on_amx() ? "AMX-BF16 in use (bf16 forward and backward, any head size; the fp32 "
+                             "forward as three bf16 parts, ATTN_AMX_FP32=0 turns that off)"
+                           : "AMX-BF16 in use (bf16 forward and backward, any head size)";
     case AmxUse::kNever:
       break;
   }

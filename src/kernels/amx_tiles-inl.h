@@ -276,6 +276,45 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
   }
 }
 
+// ProductOnTiles on operands split into three bf16 parts each (the fp32 forward on tiles,
+// SplitThreeBF16): A's parts hi, mid, lo at a, a + a_part, a + 2·a_part (words), B's likewise at
+// b_part apart. C gets the six products whose terms reach 2^-16 of A·B: hi·lo, lo·hi, mid·mid,
+// hi·mid, mid·hi, hi·hi (smallest first); mid·lo, lo·mid and lo·lo, each under 2^-23 of it, are
+// left out. The accumulators stay in their tiles across the six.
+template <bool kAccumulate, class Tiles>
+ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(Tiles& tiles, const uint32_t* a,
+                                                      size_t a_stride, size_t a_part,
+                                                      const uint32_t* b, size_t b_stride,
+                                                      size_t b_part, size_t pairs, float* c,
+                                                      size_t c_stride, size_t rows, size_t cols,
+                                                      size_t a_step = kPairs) {
+  const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = b_stride * sizeof(uint32_t);
+  // (A's part, B's part) of each product, in the order they are added.
+  constexpr int kTerms[6][2] = {{0, 2}, {2, 0}, {1, 1}, {0, 1}, {1, 0}, {0, 0}};
+  for (size_t row = 0; row < rows; row += 2 * kRows) {
+    for (size_t col = 0; col < cols; col += 2 * kPairs) {
+      float* block = c + row * c_stride + col;
+      if constexpr (kAccumulate) {
+        LoadBlock(tiles, block, c_stride);
+      } else {
+        tiles.template Zero<kC00>();
+        tiles.template Zero<kC01>();
+        tiles.template Zero<kC10>();
+        tiles.template Zero<kC11>();
+      }
+      for (const auto& term : kTerms) {
+        const auto* a0 = reinterpret_cast<const char*>(a + static_cast<size_t>(term[0]) * a_part +
+                                                       row * a_stride);
+        const auto* b0 =
+            reinterpret_cast<const char*>(b + static_cast<size_t>(term[1]) * b_part + col);
+        DotBlock(tiles, a0, a0 + kRows * a_bytes, a_step * sizeof(uint32_t), a_bytes, b0,
+                 b0 + kPairs * sizeof(uint32_t), kPairs * b_bytes, b_bytes, pairs / kPairs);
+      }
+      StoreBlock(tiles, block, c_stride);
+    }
+  }
+}
+
 // data[0, count) ⊙= scale, count a multiple of 16: the tiles' sums of products scaled as the
 // vdpbf16ps path scales them on storing (the forward's and the backward's scores).
 HWY_INLINE void ScaleInPlace(float* data, size_t count, float scale) {

@@ -186,6 +186,14 @@ struct Scratch {
   // (d + 1) / 2; on AMX tiles rounded up to whole tiles of 16 pairs, the pairs past d zero, so that
   // heads of any depth (80, 96) take the tiles.
   size_t pair_depth = 0;
+  // The fp32 forward on AMX tiles (split_parts == 3) keeps each of query_pairs, probability_pairs,
+  // key_pairs, value_pairs and values_transposed three times over, the fp32 operand's bf16 parts
+  // hi, mid and lo (SplitThreeBF16), each part *_part_words after the one before; split_rows
+  // stages the parts of fp32 rows as bf16 rows (3 × Br query rows of d, or 6 value rows).
+  size_t split_parts = 1;
+  size_t query_part_words = 0, probability_part_words = 0, key_part_words = 0,
+         value_pair_part_words = 0, value_part_words = 0;
+  uint16_t* split_rows = nullptr;
 
   // Keeps the packed rows of `head` when a range starting at `begin` extends them (ranges that move
   // forward or stay); otherwise the packed range restarts, empty, at `begin`.
@@ -197,12 +205,13 @@ struct Scratch {
   }
 
   Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes, bool bf16_pairs,
-          bool amx_tiles = false) {
+          bool amx_tiles = false, size_t parts = 1) {
     const size_t bc = bf16_pairs ? flash_detail::kKeyTileBF16 : flash_detail::kKeyTile;
     const size_t key_blocks = hwy::RoundUpTo(keys, 32);
     dv_tiles = hwy::RoundUpTo(dv_padded, 32);
     value_block_words = dv_tiles * 16;
     pair_depth = PairsOfRow(depth, amx_tiles);
+    split_parts = parts;
     memory = carve_scratch(lanes, [&](const auto& take) {
       for (Slot& slot : slots) {
         slot.q_transposed = take(depth * br);
@@ -219,13 +228,22 @@ struct Scratch {
       widened_row = take(std::max(depth, dv_padded));
       if (bf16_pairs) {
         const size_t key_pairs_count = (keys + 1) / 2;
-        query_pairs = as_uint32(take(pair_depth * br));
-        probability_pairs = as_uint32(take(bc / 2 * br));
+        query_part_words = pair_depth * br;
+        probability_part_words = bc / 2 * br;
+        query_pairs = as_uint32(take(parts * query_part_words));
+        probability_pairs = as_uint32(take(parts * probability_part_words));
         if (amx_tiles) {
-          key_pairs = as_uint32(take(key_blocks * pair_depth));
-          value_pairs = as_uint32(take(16 * dv_tiles));
-          values_transposed = as_uint32(take(key_blocks / 32 * value_block_words));
+          key_part_words = key_blocks * pair_depth;
+          value_pair_part_words = 16 * dv_tiles;
+          value_part_words = key_blocks / 32 * value_block_words;
+          key_pairs = as_uint32(take(parts * key_part_words));
+          value_pairs = as_uint32(take(parts * value_pair_part_words));
+          values_transposed = as_uint32(take(parts * value_part_words));
           output_transposed = take(dv_tiles * br);
+          if (parts > 1) {  // floats' room for 2 bf16 each
+            split_rows = reinterpret_cast<uint16_t*>(
+                take((parts * std::max(br * depth, 2 * dv_tiles) + 1) / 2));
+          }
         } else {
           key_pairs = as_uint32(take(2 * key_pairs_count * pair_depth));
           value_pairs = as_uint32(take(key_pairs_count * dv_padded));
@@ -236,8 +254,9 @@ struct Scratch {
       }
     });
     // The queries' pairs past d stay zero: PrepareQueryTile writes the first (d + 1) / 2 rows.
-    if (query_pairs != nullptr) {
-      std::fill(query_pairs + (depth + 1) / 2 * br, query_pairs + pair_depth * br, 0U);
+    for (size_t part = 0; part < parts && query_pairs != nullptr; ++part) {
+      uint32_t* pairs = query_pairs + part * query_part_words;
+      std::fill(pairs + (depth + 1) / 2 * br, pairs + pair_depth * br, 0U);
     }
     UseSlot(0);
   }
@@ -315,6 +334,49 @@ KeyValueRows KeysAndValuesFor(const ForwardArgs& args, int64_t b, int64_t h, int
   return {{s.packed_keys, static_cast<size_t>(args.k.cols)}, {s.packed_values, dv_padded}};
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Row `row` of a key or value (or query) matrix of head (b, h) as floats: the fp32 input in place,
+// or an fp16 one widened into `widened` (its magnitudes then added to `read` where the call reads
+// them; fp32 rows' are added by the caller, a block at a time).
+const float* FloatRow(const ForwardArgs& args, const ConstHeadsView& matrix,
+                      const ConstHalfHeadsView& matrix16, int64_t b, int64_t h, int64_t row,
+                      float* widened, MagnitudeBits& read) {
+  if (!args.half) return matrix.matrix(b, h) + row * matrix.row_stride;
+  const auto cols = static_cast<size_t>(matrix.cols);
+  WidenRow(hn::ScalableTag<float>(), args.half_type, matrix16.matrix(b, h) + row * matrix16.row_stride,
+           cols, widened);
+  if (args.read_magnitude_bits != nullptr) read.Add(widened, cols);  // widening keeps them all
+  return widened;
+}
+
+// The fp32 forward on AMX tiles (fp32 or fp16 inputs): the tile's `rows` query rows, times the
+// scale in the softmax's unit as the fp32 path's Qᵀ, as Qᵀ's pairs three times over, one set per
+// bf16 part (SplitThreeBF16); lanes past `rows` 0.
+ATTN_BF16_TARGET void SplitQueryPairs(const ForwardArgs& args, int64_t b, int64_t h,
+                                      int64_t first_query, size_t rows, size_t br, Scratch& s) {
+  const auto depth = static_cast<size_t>(args.q.cols);
+  const float scale = args.options.scale * args.score_unit();
+  const size_t part_rows = br * depth;  // each part's rows in s.split_rows
+  for (size_t r = 0; r < rows; ++r) {
+    uint16_t* row = s.split_rows + r * depth;
+    const float* query = FloatRow(args, args.q, args.q16, b, h,
+                                  first_query + static_cast<int64_t>(r), s.widened_row,
+                                  s.read_query);
+    SplitRowBF16x3(query, depth, depth, scale, row, row + part_rows, row + 2 * part_rows);
+  }
+  if (args.read_magnitude_bits != nullptr && !args.half) {
+    s.read_query.AddRows(args.q.matrix(b, h) + first_query * args.q.row_stride,
+                         static_cast<size_t>(args.q.row_stride), rows, depth);
+  }
+  const size_t depth_pairs = (depth + 1) / 2;
+  for (size_t part = 0; part < 3; ++part) {
+    uint32_t* pairs = s.query_pairs + part * s.query_part_words;
+    if (rows < br || depth % 2 != 0) std::fill_n(pairs, depth_pairs * br, 0U);
+    TransposeRowPairs(s.split_rows + part * part_rows, depth, rows, depth, br, pairs);
+  }
+}
+#endif
+
 // The rows' key ranges and dropout keys, Qᵀ with the scale folded in (zero in padding lanes), and
 // the online softmax's starting state: running max −∞ and sum 0, or the head's sink logit with
 // sum exp(0) = 1, so the sink joins every row's denominator.
@@ -353,6 +415,10 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     // The rows again, from L1.
     for (size_t r = 0; r < tile.rows && args.read_magnitude_bits != nullptr; ++r)
       s.read_query.AddBFloat16(q + static_cast<int64_t>(r) * args.q16.row_stride, depth);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  } else if (s.split_parts > 1) {
+    SplitQueryPairs(args, b, h, first_query, tile.rows, br, s);
+#endif
   } else if (args.half) {
     // Rows widened in vectors (a conversion per element would cost a quarter of the tile's time at
     // d = 64) into the score tile, free until the first key step, as many as it holds at a time,
@@ -1012,6 +1078,78 @@ ATTN_AMX_TARGET void PackKeyValueBlocks(const ForwardArgs& args, int64_t b, int6
   s.packed_end = std::max(s.packed_end, (end + kBlock - 1) / kBlock * kBlock);
 }
 
+// PackKeyValueBlocks for the fp32 forward on AMX tiles: rows [begin, end) of key/value head (b, h)
+// (fp32, or fp16 widened) split into their three bf16 parts (SplitThreeBF16), each part packed as
+// PackKeyValueBlocks packs bf16 rows, in its own third of s.key_pairs, s.value_pairs and
+// s.values_transposed.
+ATTN_AMX_TARGET void PackSplitKeyValueBlocks(const ForwardArgs& args, int64_t b, int64_t h,
+                                             int64_t begin, int64_t end, Scratch& s) {
+  constexpr int64_t kBlock = 32;
+  begin -= begin % kBlock;
+  s.ContinuePacking(b * args.k.heads + h, begin);
+  const auto depth = static_cast<size_t>(args.k.cols), dv = static_cast<size_t>(args.v.cols);
+  const size_t pair_depth = s.pair_depth, dv_tiles = s.dv_tiles;
+  const int64_t keys = args.k.rows;
+  // A value row's three parts in s.split_rows: part p of the pair's first row at p · 2·dv_tiles,
+  // of its second dv_tiles after.
+  uint16_t* value_parts = s.split_rows;
+  for (int64_t j = s.packed_end; j < end; j += kBlock) {
+    for (int64_t row = j; row < j + kBlock; ++row) {
+      auto* pairs = reinterpret_cast<uint16_t*>(s.key_pairs + static_cast<size_t>(row) * pair_depth);
+      const size_t part_halves = 2 * s.key_part_words;
+      if (row < keys) {
+        SplitRowBF16x3(FloatRow(args, args.k, args.k16, b, h, row, s.widened_row, s.read_key),
+                       depth, 2 * pair_depth, 1.0F, pairs, pairs + part_halves,
+                       pairs + 2 * part_halves);
+      } else {
+        for (size_t part = 0; part < 3; ++part)
+          std::fill_n(pairs + part * part_halves, 2 * pair_depth, uint16_t{0});
+      }
+    }
+    for (int64_t pair = 0; pair < kBlock / 2; ++pair) {
+      const int64_t row = j + 2 * pair;
+      for (int64_t second = 0; second < 2 && row < keys; ++second) {
+        uint16_t* out = value_parts + static_cast<size_t>(second) * dv_tiles;
+        if (row + second < keys) {
+          SplitRowBF16x3(
+              FloatRow(args, args.v, args.v16, b, h, row + second, s.widened_row, s.read_value), dv,
+              dv, 1.0F, out, out + 2 * dv_tiles, out + 4 * dv_tiles);
+        }
+      }
+      for (size_t part = 0; part < 3; ++part) {
+        uint32_t* staged = s.value_pairs + part * s.value_pair_part_words +
+                           static_cast<size_t>(pair) * dv_tiles;
+        if (row < keys) {
+          const uint16_t* first = value_parts + part * 2 * dv_tiles;
+          InterleaveRowPairs(first, row + 1 < keys ? first + dv_tiles : nullptr, dv, dv_tiles,
+                             staged);
+        } else {
+          std::fill_n(staged, dv_tiles, 0U);
+        }
+      }
+    }
+    for (size_t part = 0; part < 3; ++part) {
+      uint32_t* block = s.values_transposed + part * s.value_part_words +
+                        static_cast<size_t>(j / kBlock) * s.value_block_words;
+      const uint32_t* staged = s.value_pairs + part * s.value_pair_part_words;
+      for (size_t column = 0; column < dv_tiles; column += 16)
+        TransposeWords16(staged + column, dv_tiles, block + column * 16, 16);
+    }
+    if (args.read_magnitude_bits != nullptr && !args.half) {
+      const int64_t rows = std::min(j + kBlock, keys) - j;
+      const float* k = args.k.matrix(b, h);
+      const float* v = args.v.matrix(b, h);
+      if (rows > 0) {
+        s.read_key.AddRows(k + j * args.k.row_stride, static_cast<size_t>(args.k.row_stride),
+                           static_cast<size_t>(rows), depth);
+        s.read_value.AddRows(v + j * args.v.row_stride, static_cast<size_t>(args.v.row_stride),
+                             static_cast<size_t>(rows), dv);
+      }
+    }
+  }
+  s.packed_end = std::max(s.packed_end, (end + kBlock - 1) / kBlock * kBlock);
+}
+
 using FloatVector = hn::Vec<hn::ScalableTag<float>>;
 
 // P = 2^(c·S − shift) for a key tile's Sᵀ (bc × Br; c = `scale`, 1 where Sᵀ holds scaled
@@ -1019,7 +1157,10 @@ using FloatVector = hn::Vec<hn::ScalableTag<float>>;
 // into bf16 pairs of adjacent keys (s.probability_pairs; a key past bc is 0), never stored as
 // floats; P's column sums added to `sum`. Over the first kVectors query vectors (those holding a
 // query), as the steps below.
-template <size_t kVectors>
+// kSplit (the fp32 forward on AMX tiles): P in fp32's accuracy (ProbabilityExp2), summed as it
+// is, and stored as its three bf16 parts' pairs (SplitThreeBF16), each in its own third of
+// s.probability_pairs.
+template <size_t kVectors, bool kSplit>
 ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, FloatVector scale,
                                                      Scratch& s, const FloatVector* shift,
                                                      FloatVector* sum) {
@@ -1031,24 +1172,37 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
       const FloatVector odd_score =
           j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
       // c·S − shift in one rounding: the multiply-add costs what the subtraction did.
-      const FloatVector even = RoundedProbabilityExp2(d, hn::MulSub(scale, even_score, shift[g]));
-      const FloatVector odd = RoundedProbabilityExp2(d, hn::MulSub(scale, odd_score, shift[g]));
-      sum[g] = hn::Add(sum[g], hn::Add(even, odd));
-      StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
+      if constexpr (kSplit) {
+        const FloatVector even = ProbabilityExp2(d, hn::MulSub(scale, even_score, shift[g]));
+        const FloatVector odd = ProbabilityExp2(d, hn::MulSub(scale, odd_score, shift[g]));
+        sum[g] = hn::Add(sum[g], hn::Add(even, odd));
+        const SplitParts even_parts = SplitThreeBF16(even.raw);
+        const SplitParts odd_parts = SplitThreeBF16(odd.raw);
+        uint32_t* pairs = s.probability_pairs + j / 2 * br + g * 16;
+        const size_t part = s.probability_part_words;
+        _mm512_storeu_si512(pairs, PartPairs(even_parts.hi, odd_parts.hi));
+        _mm512_storeu_si512(pairs + part, PartPairs(even_parts.mid, odd_parts.mid));
+        _mm512_storeu_si512(pairs + 2 * part, PartPairs(even_parts.lo, odd_parts.lo));
+      } else {
+        const FloatVector even = RoundedProbabilityExp2(d, hn::MulSub(scale, even_score, shift[g]));
+        const FloatVector odd = RoundedProbabilityExp2(d, hn::MulSub(scale, odd_score, shift[g]));
+        sum[g] = hn::Add(sum[g], hn::Add(even, odd));
+        StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
+      }
     }
   }
 }
 
 // OnlineSoftmaxStep for the bf16 path without dropout, P into bf16 pairs (ExponentialsToPairs), on
 // Sᵀ scaled by `scale` > 0 here (1: already scaled).
-template <size_t kVectors>
+template <size_t kVectors, bool kSplit>
 ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, float scale,
                                                           Scratch& s) {
   const hn::ScalableTag<float> d;
   FloatVector shift[kVectors], sum[kVectors];
   OnlineSoftmaxMax<kVectors, true>(d, bc, br, s, shift, scale);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
-  ExponentialsToPairs<kVectors>(bc, br, hn::Set(d, scale), s, shift, sum);
+  ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, scale), s, shift, sum);
   AddToRowSums<kVectors>(d, sum, s);
 }
 
@@ -1058,7 +1212,7 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
 // nothing that the full step would not overwrite, when a row has no finite maximum yet or its
 // scores rose above it by more than kLazyMaxMargin (RoseAboveMargin, read from its sum); the
 // scores are intact then, and the caller takes the full step.
-template <size_t kVectors>
+template <size_t kVectors, bool kSplit>
 ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, float scale,
                                                         Scratch& s) {
   const hn::ScalableTag<float> d;
@@ -1069,7 +1223,7 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, fl
     if (!hn::AllFalse(d, hn::Eq(shift[g], minus_infinity))) return false;
     sum[g] = hn::Zero(d);
   }
-  ExponentialsToPairs<kVectors>(bc, br, hn::Set(d, scale), s, shift, sum);
+  ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, scale), s, shift, sum);
   for (size_t g = 0; g < kVectors; ++g) {
     if (!hn::AllFalse(d, RoseAboveMargin(d, sum[g]))) return false;
   }
@@ -1080,27 +1234,28 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, fl
 
 // The bf16 path's step without dropout over the first kVectors query vectors: the lazy step, or
 // the full one where it gives way. Returns whether O needs its rescale (false: every factor is 1).
-template <size_t kVectors>
+template <size_t kVectors, bool kSplit>
 ATTN_BF16_TARGET HWY_INLINE bool SoftmaxStepToPairs(size_t bc, size_t br, float scale, Scratch& s) {
-  if (LazySoftmaxStepToPairs<kVectors>(bc, br, scale, s)) return false;
-  OnlineSoftmaxStepToPairs<kVectors>(bc, br, scale, s);
+  if (LazySoftmaxStepToPairs<kVectors, kSplit>(bc, br, scale, s)) return false;
+  OnlineSoftmaxStepToPairs<kVectors, kSplit>(bc, br, scale, s);
   return true;
 }
 
 // SoftmaxStepToPairs over the `vectors` (1 to kQueryVectors) query vectors that hold a query. A
 // switch: a lambda (WithStaticCount) does not take this function's target attributes in Clang,
 // which then refuses to inline the steps into it.
+template <bool kSplit = false>
 ATTN_BF16_TARGET HWY_INLINE bool SoftmaxStepToPairsOver(size_t vectors, size_t bc, size_t br,
                                                         float scale, Scratch& s) {
   switch (vectors) {
     case 1:
-      return SoftmaxStepToPairs<1>(bc, br, scale, s);
+      return SoftmaxStepToPairs<1, kSplit>(bc, br, scale, s);
     case 2:
-      return SoftmaxStepToPairs<2>(bc, br, scale, s);
+      return SoftmaxStepToPairs<2, kSplit>(bc, br, scale, s);
     case 3:
-      return SoftmaxStepToPairs<3>(bc, br, scale, s);
+      return SoftmaxStepToPairs<3, kSplit>(bc, br, scale, s);
     default:
-      return SoftmaxStepToPairs<flash_detail::kQueryVectors>(bc, br, scale, s);
+      return SoftmaxStepToPairs<flash_detail::kQueryVectors, kSplit>(bc, br, scale, s);
   }
 }
 
@@ -1118,6 +1273,12 @@ ATTN_AMX_TARGET HWY_INLINE void ScoresOnTiles(Tiles& tiles, int64_t key0,
                                               size_t br, float scale, bool scale_in_exponent,
                                               Scratch& s) {
   const size_t rows = hwy::RoundUpTo(bc, 32);
+  if (s.split_parts > 1) {  // the fp32 forward: every key packed, in three parts, Q scaled
+    amx::SplitProductOnTiles<false>(tiles, s.key_pairs + static_cast<size_t>(key0) * depth_pairs,
+                                    depth_pairs, s.key_part_words, s.query_pairs, br,
+                                    s.query_part_words, depth_pairs, s.scores, br, rows, br);
+    return;  // scaled already: SplitQueryPairs scales Q's rows
+  }
   if (in_place > 0) {
     amx::ScoresOnTiles(tiles, rows_in_place, depth_pairs, in_place, s.query_pairs, br, s.scores,
                        stride);
@@ -1156,9 +1317,26 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
   }
   // P's pairs past the tile's last key are 0, to whole tiles of 16 pairs.
   const size_t pairs = (bc + 1) / 2, tile_pairs = hwy::RoundUpTo(pairs, amx::kPairs);
-  std::fill(s.probability_pairs + pairs * br, s.probability_pairs + tile_pairs * br, 0U);
+  for (size_t part = 0; part < s.split_parts; ++part) {
+    uint32_t* probabilities = s.probability_pairs + part * s.probability_part_words;
+    std::fill(probabilities + pairs * br, probabilities + tile_pairs * br, 0U);
+  }
   const uint32_t* value_blocks =
       s.values_transposed + static_cast<size_t>(key0 / 32) * s.value_block_words;
+  if (s.split_parts > 1) {  // the fp32 forward, in three parts
+    if (first) {
+      amx::SplitProductOnTiles<false>(tiles, value_blocks, amx::kPairs, s.value_part_words,
+                                      s.probability_pairs, br, s.probability_part_words,
+                                      tile_pairs, s.output_transposed, br, s.dv_tiles, br,
+                                      s.value_block_words);
+    } else {
+      amx::SplitProductOnTiles<true>(tiles, value_blocks, amx::kPairs, s.value_part_words,
+                                     s.probability_pairs, br, s.probability_part_words,
+                                     tile_pairs, s.output_transposed, br, s.dv_tiles, br,
+                                     s.value_block_words);
+    }
+    return;
+  }
   if (first) {
     amx::ValuesOnTiles<false>(tiles, value_blocks, s.value_block_words, s.dv_tiles, tile_pairs,
                               s.probability_pairs, br, s.output_transposed);
@@ -1203,7 +1381,10 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const size_t vectors =
       kOnTiles ? br / kLanes : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
   const size_t width = vectors * kLanes;
-  const bool scale_in_exponent = kOnTiles && ScalesInExponent(args.options);
+  // (The fp32 forward on tiles scales Q's rows as the fp32 path's Qᵀ, so that its masks and
+  // modifiers meet the same scores: split.)
+  const bool split = s.split_parts > 1;
+  const bool scale_in_exponent = kOnTiles && !split && ScalesInExponent(args.options);
   // Scores in base 2 (ForwardArgs::base_two, always on this path): the scale times log2 e, applied
   // by the products as they store the sums or, on AMX tiles where the modifiers allow it, by the
   // exponent's multiply-add (c of c·S − max).
@@ -1216,8 +1397,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   // real keys are read in place, not copied. Rows further apart stay packed: the layers' (B, S,
   // H·E) rows read in place ran the bf16 forward at 0.64× (n = 4096, 8 heads of 64), a tile's 16
   // rows 1 KiB apart.
-  const uint16_t* key_rows = args.k16.matrix(b, kv_head);
-  const bool keys_in_place = kOnTiles && args.k.cols % 32 == 0 &&
+  // (fp32 and fp16 inputs, split into three parts: never in place.)
+  const uint16_t* key_rows = split ? nullptr : args.k16.matrix(b, kv_head);
+  const bool keys_in_place = kOnTiles && !split && args.k.cols % 32 == 0 &&
                              args.k16.row_stride == args.k.cols &&
                              reinterpret_cast<uintptr_t>(key_rows) % 4 == 0;
   // Keys packed at a time: their K and V pairs a quarter of the L2.
@@ -1241,7 +1423,11 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
         key0 + static_cast<int64_t>(bc) > s.packed_end) {
       const int64_t pack_end = std::min(tile.ranges.end, key0 + pack_ahead);
       if constexpr (kOnTiles) {
-        PackKeyValueBlocks(args, b, kv_head, key0, pack_end, keys_in_place, s);
+        if (split) {
+          PackSplitKeyValueBlocks(args, b, kv_head, key0, pack_end, s);
+        } else {
+          PackKeyValueBlocks(args, b, kv_head, key0, pack_end, keys_in_place, s);
+        }
       } else {
         PackKeyValuePairs(args, b, kv_head, key0, pack_end, dv_padded, s);
       }
@@ -1258,7 +1444,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
                                              static_cast<size_t>((args.k.rows - key0) / 32 * 32))
                                   : 0;
       ScoresOnTiles(tiles, key0,
-                    reinterpret_cast<const uint32_t*>(key_rows + key0 * args.k16.row_stride),
+                    split ? nullptr
+                          : reinterpret_cast<const uint32_t*>(key_rows +
+                                                              key0 * args.k16.row_stride),
                     static_cast<size_t>(args.k16.row_stride / 2), in_place, depth_pairs, bc, br,
                     score_scale, scale_in_exponent, s);
     } else if (crossed) {  // as ScoresOfVisibleLanes
@@ -1281,6 +1469,8 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
       OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
       DropWeights(d, dropout_applier, key0, bc, br, width, s);
       PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
+    } else if (split) {
+      rescale = SoftmaxStepToPairsOver<true>(vectors, bc, br, exponent_scale, s);
     } else {
       rescale = SoftmaxStepToPairsOver(vectors, bc, br, exponent_scale, s);
     }
@@ -1405,13 +1595,25 @@ void PublishReadMagnitudes(const Scratch& s, const ForwardArgs& args) {
 void FlashForward(const ForwardArgs& call) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
-  const bool bf16_pairs = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
+  const bool native_bf16 = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  const TileProducts products = bf16_pairs ? ChooseTileProducts() : TileProducts::kVector;
+  // fp32 dot-product scores without dropout go to the AMX tiles too, in three bf16 parts each,
+  // where the tiles are in use and fp32_on_amx() (amx.hpp): six tile products per fp32 one still
+  // ran the forward 1.3-1.5x faster than fp32 FMAs on a Sapphire Rapids-class core.
+  const bool split_candidate = (!call.half || call.half_type == HalfType::kFloat16) &&
+                               call.additive_weights == nullptr &&
+                               call.options.dropout == 0.0F && fp32_on_amx() &&
+                               cpu_has_avx512_bf16();
+  const TileProducts products =
+      native_bf16 || split_candidate ? ChooseTileProducts() : TileProducts::kVector;
   const bool amx_tiles = products != TileProducts::kVector;
+  const bool split = split_candidate && amx_tiles;
 #else
   const bool amx_tiles = false;
+  const bool split = false;
 #endif
+  // Either runs FlashForwardTileBF16 on bf16 pairs.
+  const bool bf16_pairs = native_bf16 || split;
   // Query tiles of Br rows: 4 vectors, or on AMX tiles for heads of at most 32 queries the tiles'
   // least, 32 (2 × 2 tiles of 16): the products and the softmax over a 64-row tile cost the same
   // for 17 queries as for 64.
@@ -1512,7 +1714,8 @@ void FlashForward(const ForwardArgs& call) {
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
         return Scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
-                       static_cast<size_t>(args.k.rows), lanes, bf16_pairs, amx_tiles);
+                       static_cast<size_t>(args.k.rows), lanes, bf16_pairs, amx_tiles,
+                       split ? 3 : 1);
       },
       [&](int64_t task, Scratch& scratch, int) {
         const TaskBlocks blocks = task_blocks(task);

@@ -215,6 +215,68 @@ ATTN_BF16_TARGET HWY_INLINE void RowToPairs(const float* row, size_t count, uint
   }
 }
 
+// fp32 on bf16 products (the fp32 forward on AMX tiles): x = hi + mid + lo exactly, each part a
+// float whose low 16 bits are 0, so a bf16 as it stands. hi keeps x's top 16 bits (truncation:
+// never rounds past the largest float to ∞); mid is the remainder x − hi (exact, at most 16
+// significant bits) rounded to nearest even at 8 bits; lo = the remainder − mid, exact, at most 8
+// significant bits. |mid| < 2^-7 |x|, |lo| ≤ 2^-16 |x|. Parts below the smallest normal float
+// (|x| under about 2^-110) are cut to bf16 or lost: the tiles read denormal inputs as 0.
+struct SplitParts {
+  __m512 hi, mid, lo;
+};
+ATTN_BF16_TARGET HWY_INLINE SplitParts SplitThreeBF16(__m512 x) {
+  const __m512i upper = _mm512_set1_epi32(static_cast<int>(0xFFFF0000U));
+  const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), upper));
+  const __m512 rest = _mm512_sub_ps(x, hi);
+  const __m512i bits = _mm512_castps_si512(rest);
+  // Round to nearest even at bit 16: add 0x7FFF plus bit 16, then drop the low half.
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+  const __m512 mid = _mm512_castsi512_ps(_mm512_and_si512(rounded, upper));
+  // (Cut to bf16 too: exact where lo is a normal float; a denormal one keeps low bits the pairs'
+  // OR would carry into the neighbouring bf16.)
+  const __m512 lo = _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_castps_si512(_mm512_sub_ps(rest, mid)), upper));
+  return {hi, mid, lo};
+}
+
+// Two parts of 16 lanes each as 16 bf16 pairs (the even key's part low, the odd key's high): the
+// parts' low halves are 0, so a shift and an OR.
+ATTN_BF16_TARGET HWY_INLINE __m512i PartPairs(__m512 even, __m512 odd) {
+  return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(even), 16),
+                         _mm512_castps_si512(odd));
+}
+
+// A row of `count` floats times `scale` as three bf16 rows (SplitThreeBF16), the elements from
+// count to `padded` (≥ count) 0 in each.
+ATTN_BF16_TARGET HWY_INLINE void SplitRowBF16x3(const float* row, size_t count, size_t padded,
+                                                float scale, uint16_t* hi, uint16_t* mid,
+                                                uint16_t* lo) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  uint16_t* parts[3] = {hi, mid, lo};
+  for (size_t t = 0; t < padded; t += 32) {
+    const size_t left = count > t ? count - t : 0;
+    const auto low_mask = static_cast<__mmask16>(left >= 16 ? 0xFFFFU : (1U << left) - 1U);
+    const auto high_mask =
+        static_cast<__mmask16>(left >= 32 ? 0xFFFFU : left > 16 ? (1U << (left - 16)) - 1U : 0U);
+    const SplitParts low =
+        SplitThreeBF16(_mm512_mul_ps(_mm512_maskz_loadu_ps(low_mask, row + t), factor));
+    const SplitParts high =
+        SplitThreeBF16(_mm512_mul_ps(_mm512_maskz_loadu_ps(high_mask, row + t + 16), factor));
+    const size_t stored = std::min<size_t>(32, padded - t);
+    const auto store_mask =
+        static_cast<__mmask32>(stored >= 32 ? 0xFFFFFFFFU : (1U << stored) - 1U);
+    const __m512 low_parts[3] = {low.hi, low.mid, low.lo};
+    const __m512 high_parts[3] = {high.hi, high.mid, high.lo};
+    for (size_t p = 0; p < 3; ++p) {
+      // Exact: each part is a bf16 already.
+      const auto both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high_parts[p], low_parts[p]));
+      _mm512_mask_storeu_epi16(parts[p] + t, store_mask, both);
+    }
+  }
+}
+
 #endif  // HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 
 }  // namespace HWY_NAMESPACE

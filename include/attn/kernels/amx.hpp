@@ -27,6 +27,14 @@ bool amx_available();
 AmxUse amx_use();
 void set_amx_use(AmxUse use);
 
+// Whether the fp32 fused forward (dot-product scores, no dropout) also runs its products on the
+// tiles where amx_tiles_in_use(): each fp32 operand split exactly into three bf16 parts
+// (x = hi + mid + lo) and six tile products per fp32 one, the three smallest terms left out (each
+// under 2^-23 of the product: fp32's own rounding). On by default; at start-up off when the
+// environment variable ATTN_AMX_FP32 is "0". Process-wide, as set_amx_use.
+bool fp32_on_amx();
+void set_fp32_on_amx(bool on);
+
 // Whether the bf16 kernels' products go to AMX tiles under the current choice: kModel, or
 // kWhereAvailable where amx_available() (depths that fill whole tiles; others leave them).
 bool amx_tiles_in_use();
