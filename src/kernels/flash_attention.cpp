@@ -405,7 +405,11 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   }
   const size_t depth = static_cast<size_t>(args.q.cols);
   const float scale = args.options.scale * args.score_unit();
-  if (args.half && s.query_pairs != nullptr) {
+  if (s.split_parts > 1) {  // (only where the AVX-512 targets' FlashForwardTileBF16 runs)
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    SplitQueryPairs(args, b, h, first_query, tile.rows, br, s);
+#endif
+  } else if (args.half && s.query_pairs != nullptr) {
     // bf16 pairs of adjacent dimensions, unscaled (the score product scales its sums).
     const uint16_t* q = args.q16.matrix(b, h) + first_query * args.q16.row_stride;
     const size_t depth_pairs = (depth + 1) / 2;
@@ -415,10 +419,6 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     // The rows again, from L1.
     for (size_t r = 0; r < tile.rows && args.read_magnitude_bits != nullptr; ++r)
       s.read_query.AddBFloat16(q + static_cast<int64_t>(r) * args.q16.row_stride, depth);
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  } else if (s.split_parts > 1) {
-    SplitQueryPairs(args, b, h, first_query, tile.rows, br, s);
-#endif
   } else if (args.half) {
     // Rows widened in vectors (a conversion per element would cost a quarter of the tile's time at
     // d = 64) into the score tile, free until the first key step, as many as it holds at a time,
