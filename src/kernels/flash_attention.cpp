@@ -1554,6 +1554,12 @@ bool NativeBFloat16() {
   return amx_tiles_in_use() || bf16_dot_in_use();
 }
 
+// Whether fp32 dot-product scores (no dropout) take FlashForwardTileBF16 on AMX tiles in three
+// bf16 parts under this target on this CPU (flash_attention_float_on_tiles).
+bool FloatOnTiles() {
+  return kBFloat16Path && cpu_has_avx512_bf16() && fp32_on_amx() && amx_tiles_in_use();
+}
+
 // Query rows [first_query, first_query + rows) of query head (b, h): a task's.
 struct TaskTiles {
   int64_t b, h, first_query, rows;
@@ -1597,13 +1603,11 @@ void FlashForward(const ForwardArgs& call) {
   const size_t lanes = hn::Lanes(d);
   const bool native_bf16 = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // fp32 dot-product scores without dropout go to the AMX tiles too, in three bf16 parts each,
-  // where the tiles are in use and fp32_on_amx() (amx.hpp): six tile products per fp32 one still
-  // ran the forward 1.3-1.5x faster than fp32 FMAs on a Sapphire Rapids-class core.
+  // fp32 (and fp16) dot-product scores without dropout go to the AMX tiles too, in three bf16
+  // parts each, where the tiles are in use and fp32_on_amx() (amx.hpp).
   const bool split_candidate = (!call.half || call.half_type == HalfType::kFloat16) &&
                                call.additive_weights == nullptr &&
-                               call.options.dropout == 0.0F && fp32_on_amx() &&
-                               cpu_has_avx512_bf16();
+                               call.options.dropout == 0.0F && FloatOnTiles();
   const TileProducts products =
       native_bf16 || split_candidate ? ChooseTileProducts() : TileProducts::kVector;
   const bool amx_tiles = products != TileProducts::kVector;
@@ -1759,6 +1763,7 @@ namespace attn {
 
 HWY_EXPORT(FlashForward);
 HWY_EXPORT(NativeBFloat16);
+HWY_EXPORT(FloatOnTiles);
 
 namespace {
 
@@ -1775,6 +1780,10 @@ void RunForward(flash_detail::ForwardArgs args, ReadMagnitudes* read) {
 }
 
 }  // namespace
+
+bool flash_attention_float_on_tiles() {
+  return HWY_DYNAMIC_DISPATCH(FloatOnTiles)();
+}
 
 bool flash_attention_bfloat16_native([[maybe_unused]] int64_t depth) {
   return HWY_DYNAMIC_DISPATCH(NativeBFloat16)();

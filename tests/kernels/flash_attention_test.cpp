@@ -2,7 +2,8 @@
 // machine runs: random shapes with tails that do not divide the tiles, n = 1, m = 1, n ≠ m, valid
 // lengths 0 and m, per-query lengths, causal masks with n < m and n > m, multi-head strided views,
 // large score magnitudes, query tiles in blocks (and a head's blocks in runs per task on two
-// threads), scores rising across key tiles, outputs past the threads' L2s (streamed).
+// threads), scores rising across key tiles, outputs past the threads' L2s (streamed); fp32 on AMX
+// tiles in three bf16 parts (hardware and the tile model).
 #include "attn/kernels/flash_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -16,7 +17,9 @@
 
 #include "attn/core/error.hpp"
 #include "every_simd_target.hpp"
+#include "attn/kernels/amx.hpp"
 #include "kernels/cache_sizes.hpp"
+#include "scoped_bf16_products.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -136,6 +139,54 @@ TEST_P(FlashAttention, MatchesReferenceOnRandomShapes) {
       {2, 1, 17, 19, 5, 3, 2, false, 30.0F},
   };
   for (const Case& c : cases) check_case(c, rng, GetParam());
+}
+
+// The fp32 forward on AMX tiles (each operand as three bf16 parts, six tile products): the random
+// shapes above plus depths off the tiles' 32 columns (80, 17), values of another depth, causal
+// masks over several key tiles, per-query lengths past 32-key blocks, and score magnitudes up to
+// 30 (P's parts then reach the denormal range, where they are cut to bf16), held to the fp32 path's
+// own tolerance.
+const Case kTileCases[] = {
+    {1, 1, 1, 1, 1, 1, 0, false, 1.0F},       {2, 1, 1, 5, 3, 2, 1, false, 1.0F},
+    {3, 1, 37, 45, 16, 16, 1, false, 1.0F},   {2, 2, 70, 130, 8, 5, 2, false, 1.0F},
+    {2, 3, 65, 300, 64, 64, 1, false, 1.0F},  {1, 2, 129, 257, 32, 17, 0, true, 1.0F},
+    {2, 2, 20, 90, 8, 8, 2, true, 1.0F},      {1, 1, 33, 200, 16, 16, 0, false, 8.0F},
+    {2, 1, 17, 19, 5, 3, 2, false, 30.0F},    {1, 2, 100, 333, 80, 48, 2, true, 1.0F},
+    {1, 1, 64, 160, 17, 80, 0, false, 4.0F},  {1, 1, 150, 150, 128, 128, 0, true, 2.0F},
+};
+
+// The C++ model of each tile instruction, where the target has AVX512-BF16 (the parts' packing
+// uses it); on any CPU.
+TEST_P(FlashAttention, FloatOnAmxTileModelMatchesReference) {
+  const testing::ScopedAmxUse model(AmxUse::kModel);
+  const testing::ScopedFp32OnAmx on(true);
+  if (!flash_attention_float_on_tiles())
+    GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
+  Rng rng(91);
+  for (const Case& c : kTileCases) check_case(c, rng, GetParam());
+}
+
+TEST_P(FlashAttention, FloatOnAmxMatchesReference) {
+  if (!amx_available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU, or Linux refused this process the tile state";
+  const testing::ScopedAmxUse hardware(AmxUse::kWhereAvailable);
+  const testing::ScopedFp32OnAmx on(true);
+  if (!flash_attention_float_on_tiles())
+    GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
+  Rng rng(92);
+  for (const Case& c : kTileCases) check_case(c, rng, GetParam());
+}
+
+// Turned off (ATTN_AMX_FP32=0, set_fp32_on_amx(false)) or with the tiles off, fp32 stays on FMAs.
+TEST_P(FlashAttention, FloatLeavesTheTilesWhenTurnedOff) {
+  {
+    const testing::ScopedAmxUse model(AmxUse::kModel);
+    const testing::ScopedFp32OnAmx off(false);
+    EXPECT_FALSE(flash_attention_float_on_tiles());
+  }
+  const testing::ScopedAmxUse never(AmxUse::kNever);
+  const testing::ScopedFp32OnAmx on(true);
+  EXPECT_FALSE(flash_attention_float_on_tiles());
 }
 
 // An output larger than the L2s of every thread the call could use is written with streaming

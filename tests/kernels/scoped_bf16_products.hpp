@@ -31,4 +31,16 @@ class ScopedBf16DotUse {
   Bf16DotUse before_;
 };
 
+// Sets fp32_on_amx() for a scope.
+class ScopedFp32OnAmx {
+ public:
+  explicit ScopedFp32OnAmx(bool on) : before_(fp32_on_amx()) { set_fp32_on_amx(on); }
+  ~ScopedFp32OnAmx() { set_fp32_on_amx(before_); }
+  ScopedFp32OnAmx(const ScopedFp32OnAmx&) = delete;
+  ScopedFp32OnAmx& operator=(const ScopedFp32OnAmx&) = delete;
+
+ private:
+  bool before_;
+};
+
 }  // namespace attn::testing

@@ -65,6 +65,11 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
 // fp32. Every depth is answered alike today; the argument stays for the backward's like question.
 bool flash_attention_bfloat16_native(int64_t depth);
 
+// True when the fp32 (and fp16) forward pass with dot-product scores and no dropout runs its
+// products on AMX tiles, each operand as three bf16 parts (fp32_on_amx() in amx.hpp): under the
+// AVX-512 targets with AVX512-BF16 where amx_tiles_in_use() (hardware, or the tile model).
+bool flash_attention_float_on_tiles();
+
 // True when the bf16 backward pass on heads of `depth` (q, k) and `value_depth` (v) runs its
 // products on bf16 pairs: where the forward's products are on AMX tiles (amx_tiles_in_use():
 // hardware where amx_available(), or the tile model), on AMX tiles for every whole tile of 64 keys
