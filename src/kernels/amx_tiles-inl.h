@@ -278,9 +278,11 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
 
 // ProductOnTiles on operands split into three bf16 parts each (the fp32 forward on tiles,
 // SplitThreeBF16): A's parts hi, mid, lo at a, a + a_part, a + 2·a_part (words), B's likewise at
-// b_part apart. C gets the six products whose terms reach 2^-16 of A·B: hi·lo, lo·hi, mid·mid,
-// hi·mid, mid·hi, hi·hi (smallest first); mid·lo, lo·mid and lo·lo, each under 2^-23 of it, are
-// left out. The accumulators stay in their tiles across the six.
+// b_part apart. C gets the six products whose terms reach 2^-16 of A·B: hi·lo, hi·mid, hi·hi,
+// mid·mid, mid·hi, lo·hi; mid·lo, lo·mid and lo·lo, each under 2^-23 of it, are left out. The
+// accumulators stay in their tiles across the six, and each step loads an A part once for all the
+// B parts it meets (A, the keys or Vᵀ, comes from L2 or beyond; B, Qᵀ or P, from L1): 6 A tiles
+// a step instead of 12.
 template <bool kAccumulate, class Tiles>
 ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(Tiles& tiles, const uint32_t* a,
                                                       size_t a_stride, size_t a_part,
@@ -289,9 +291,10 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(Tiles& tiles, const uint32
                                                       size_t c_stride, size_t rows, size_t cols,
                                                       size_t a_step = kPairs) {
   const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = b_stride * sizeof(uint32_t);
-  // (A's part, B's part) of each product, in the order they are added.
-  constexpr int kTerms[6][2] = {{0, 2}, {2, 0}, {1, 1}, {0, 1}, {1, 0}, {0, 0}};
+  const size_t a_part_bytes = a_part * sizeof(uint32_t), b_part_bytes = b_part * sizeof(uint32_t);
+  const size_t a_step_bytes = a_step * sizeof(uint32_t), b_step_bytes = kPairs * b_bytes;
   for (size_t row = 0; row < rows; row += 2 * kRows) {
+    const auto* a_rows = reinterpret_cast<const char*>(a + row * a_stride);
     for (size_t col = 0; col < cols; col += 2 * kPairs) {
       float* block = c + row * c_stride + col;
       if constexpr (kAccumulate) {
@@ -302,13 +305,34 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(Tiles& tiles, const uint32
         tiles.template Zero<kC10>();
         tiles.template Zero<kC11>();
       }
-      for (const auto& term : kTerms) {
-        const auto* a0 = reinterpret_cast<const char*>(a + static_cast<size_t>(term[0]) * a_part +
-                                                       row * a_stride);
-        const auto* b0 =
-            reinterpret_cast<const char*>(b + static_cast<size_t>(term[1]) * b_part + col);
-        DotBlock(tiles, a0, a0 + kRows * a_bytes, a_step * sizeof(uint32_t), a_bytes, b0,
-                 b0 + kPairs * sizeof(uint32_t), kPairs * b_bytes, b_bytes, pairs / kPairs);
+      const auto* b_cols = reinterpret_cast<const char*>(b + col);
+      for (size_t step = 0; step < pairs / kPairs; ++step) {
+        const char* a_here = a_rows + step * a_step_bytes;
+        const char* b_here = b_cols + step * b_step_bytes;
+        // B part `part` times the A tiles loaded.
+        const auto times_b = [&](size_t part) {
+          const char* b0 = b_here + part * b_part_bytes;
+          tiles.template Load<kB0>(b0, b_bytes);
+          tiles.template Load<kB1>(b0 + kPairs * sizeof(uint32_t), b_bytes);
+          tiles.template DotBF16<kC00, kA0, kB0>();
+          tiles.template DotBF16<kC01, kA0, kB1>();
+          tiles.template DotBF16<kC10, kA1, kB0>();
+          tiles.template DotBF16<kC11, kA1, kB1>();
+        };
+        const auto load_a = [&](size_t part) {
+          const char* a0 = a_here + part * a_part_bytes;
+          tiles.template Load<kA0>(a0, a_bytes);
+          tiles.template Load<kA1>(a0 + kRows * a_bytes, a_bytes);
+        };
+        load_a(0);  // hi · (lo, mid, hi)
+        times_b(2);
+        times_b(1);
+        times_b(0);
+        load_a(1);  // mid · (mid, hi)
+        times_b(1);
+        times_b(0);
+        load_a(2);  // lo · hi
+        times_b(0);
       }
       StoreBlock(tiles, block, c_stride);
     }
