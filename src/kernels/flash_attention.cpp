@@ -343,8 +343,8 @@ const float* FloatRow(const ForwardArgs& args, const ConstHeadsView& matrix,
                       float* widened, MagnitudeBits& read) {
   if (!args.half) return matrix.matrix(b, h) + row * matrix.row_stride;
   const auto cols = static_cast<size_t>(matrix.cols);
-  WidenRow(hn::ScalableTag<float>(), args.half_type, matrix16.matrix(b, h) + row * matrix16.row_stride,
-           cols, widened);
+  WidenRow(hn::ScalableTag<float>(), args.half_type,
+           matrix16.matrix(b, h) + row * matrix16.row_stride, cols, widened);
   if (args.read_magnitude_bits != nullptr) read.Add(widened, cols);  // widening keeps them all
   return widened;
 }
@@ -359,9 +359,9 @@ ATTN_BF16_TARGET void SplitQueryPairs(const ForwardArgs& args, int64_t b, int64_
   const size_t part_rows = br * depth;  // each part's rows in s.split_rows
   for (size_t r = 0; r < rows; ++r) {
     uint16_t* row = s.split_rows + r * depth;
-    const float* query = FloatRow(args, args.q, args.q16, b, h,
-                                  first_query + static_cast<int64_t>(r), s.widened_row,
-                                  s.read_query);
+    const float* query =
+        FloatRow(args, args.q, args.q16, b, h, first_query + static_cast<int64_t>(r), s.widened_row,
+                 s.read_query);
     SplitRowBF16x3(query, depth, depth, scale, row, row + part_rows, row + 2 * part_rows);
   }
   if (args.read_magnitude_bits != nullptr && !args.half) {
@@ -1095,7 +1095,8 @@ ATTN_AMX_TARGET void PackSplitKeyValueBlocks(const ForwardArgs& args, int64_t b,
   uint16_t* value_parts = s.split_rows;
   for (int64_t j = s.packed_end; j < end; j += kBlock) {
     for (int64_t row = j; row < j + kBlock; ++row) {
-      auto* pairs = reinterpret_cast<uint16_t*>(s.key_pairs + static_cast<size_t>(row) * pair_depth);
+      auto* pairs =
+          reinterpret_cast<uint16_t*>(s.key_pairs + static_cast<size_t>(row) * pair_depth);
       const size_t part_halves = 2 * s.key_part_words;
       if (row < keys) {
         SplitRowBF16x3(FloatRow(args, args.k, args.k16, b, h, row, s.widened_row, s.read_key),
@@ -1117,8 +1118,8 @@ ATTN_AMX_TARGET void PackSplitKeyValueBlocks(const ForwardArgs& args, int64_t b,
         }
       }
       for (size_t part = 0; part < 3; ++part) {
-        uint32_t* staged = s.value_pairs + part * s.value_pair_part_words +
-                           static_cast<size_t>(pair) * dv_tiles;
+        uint32_t* staged =
+            s.value_pairs + part * s.value_pair_part_words + static_cast<size_t>(pair) * dv_tiles;
         if (row < keys) {
           const uint16_t* first = value_parts + part * 2 * dv_tiles;
           InterleaveRowPairs(first, row + 1 < keys ? first + dv_tiles : nullptr, dv, dv_tiles,
@@ -1326,14 +1327,12 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
   if (s.split_parts > 1) {  // the fp32 forward, in three parts
     if (first) {
       amx::SplitProductOnTiles<false>(tiles, value_blocks, amx::kPairs, s.value_part_words,
-                                      s.probability_pairs, br, s.probability_part_words,
-                                      tile_pairs, s.output_transposed, br, s.dv_tiles, br,
-                                      s.value_block_words);
+                                      s.probability_pairs, br, s.probability_part_words, tile_pairs,
+                                      s.output_transposed, br, s.dv_tiles, br, s.value_block_words);
     } else {
       amx::SplitProductOnTiles<true>(tiles, value_blocks, amx::kPairs, s.value_part_words,
-                                     s.probability_pairs, br, s.probability_part_words,
-                                     tile_pairs, s.output_transposed, br, s.dv_tiles, br,
-                                     s.value_block_words);
+                                     s.probability_pairs, br, s.probability_part_words, tile_pairs,
+                                     s.output_transposed, br, s.dv_tiles, br, s.value_block_words);
     }
     return;
   }
@@ -1444,9 +1443,9 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
                                              static_cast<size_t>((args.k.rows - key0) / 32 * 32))
                                   : 0;
       ScoresOnTiles(tiles, key0,
-                    split ? nullptr
-                          : reinterpret_cast<const uint32_t*>(key_rows +
-                                                              key0 * args.k16.row_stride),
+                    split
+                        ? nullptr
+                        : reinterpret_cast<const uint32_t*>(key_rows + key0 * args.k16.row_stride),
                     static_cast<size_t>(args.k16.row_stride / 2), in_place, depth_pairs, bc, br,
                     score_scale, scale_in_exponent, s);
     } else if (crossed) {  // as ScoresOfVisibleLanes
@@ -1554,6 +1553,10 @@ bool NativeBFloat16() {
   return amx_tiles_in_use() || bf16_dot_in_use();
 }
 
+// The fewest queries and keys per head (the shorter of the two) for which FlashForward sends fp32
+// to the AMX tiles in three parts.
+constexpr int64_t kMinRowsOnTiles = 384;
+
 // Whether fp32 dot-product scores (no dropout) take FlashForwardTileBF16 on AMX tiles in three
 // bf16 parts under this target on this CPU (flash_attention_float_on_tiles).
 bool FloatOnTiles() {
@@ -1604,10 +1607,20 @@ void FlashForward(const ForwardArgs& call) {
   const bool native_bf16 = call.half && call.half_type == HalfType::kBFloat16 && NativeBFloat16();
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   // fp32 (and fp16) dot-product scores without dropout go to the AMX tiles too, in three bf16
-  // parts each, where the tiles are in use and fp32_on_amx() (amx.hpp).
-  const bool split_candidate = (!call.half || call.half_type == HalfType::kFloat16) &&
-                               call.additive_weights == nullptr &&
-                               call.options.dropout == 0.0F && FloatOnTiles();
+  // parts each, where the tiles are in use and fp32_on_amx() (amx.hpp), for heads long enough to
+  // gain: each head's keys and values are split once for all its query tiles, and the tiles
+  // compute whole blocks of 32 keys where FMAs skip a causal diagonal's hidden half. On a Sapphire
+  // Rapids-class core (docs/benchmarks.md, 2026-12-04) they lost at n = m ≤ 256 (0.75-0.99x) and
+  // under a 256-key window (0.9x), and gained from 384 (1.06-1.17x; causal level up to 768, 1.2x
+  // at 1024). One threshold for every mask, so that a mask and the option it equals (a causal
+  // one) give the same bits.
+  const bool split_candidate =
+      (!call.half || call.half_type == HalfType::kFloat16) && call.additive_weights == nullptr &&
+      call.options.dropout == 0.0F && call.options.window_left < 0 &&
+      call.options.window_right < 0 &&
+      (amx_use() == AmxUse::kModel ||  // (tests: the model takes every length)
+       std::min(call.q.rows, call.k.rows) >= kMinRowsOnTiles) &&
+      FloatOnTiles();
   const TileProducts products =
       native_bf16 || split_candidate ? ChooseTileProducts() : TileProducts::kVector;
   const bool amx_tiles = products != TileProducts::kVector;

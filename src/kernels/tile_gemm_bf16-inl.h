@@ -231,13 +231,12 @@ ATTN_BF16_TARGET HWY_INLINE SplitParts SplitThreeBF16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(rest);
   // Round to nearest even at bit 16: add 0x7FFF plus bit 16, then drop the low half.
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
   const __m512 mid = _mm512_castsi512_ps(_mm512_and_si512(rounded, upper));
   // (Cut to bf16 too: exact where lo is a normal float; a denormal one keeps low bits the pairs'
   // OR would carry into the neighbouring bf16.)
-  const __m512 lo = _mm512_castsi512_ps(
-      _mm512_and_si512(_mm512_castps_si512(_mm512_sub_ps(rest, mid)), upper));
+  const __m512 lo =
+      _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_sub_ps(rest, mid)), upper));
   return {hi, mid, lo};
 }
 
@@ -258,8 +257,9 @@ ATTN_BF16_TARGET HWY_INLINE void SplitRowBF16x3(const float* row, size_t count, 
   for (size_t t = 0; t < padded; t += 32) {
     const size_t left = count > t ? count - t : 0;
     const auto low_mask = static_cast<__mmask16>(left >= 16 ? 0xFFFFU : (1U << left) - 1U);
-    const auto high_mask =
-        static_cast<__mmask16>(left >= 32 ? 0xFFFFU : left > 16 ? (1U << (left - 16)) - 1U : 0U);
+    const auto high_mask = static_cast<__mmask16>(left >= 32  ? 0xFFFFU
+                                                  : left > 16 ? (1U << (left - 16)) - 1U
+                                                              : 0U);
     const SplitParts low =
         SplitThreeBF16(_mm512_mul_ps(_mm512_maskz_loadu_ps(low_mask, row + t), factor));
     const SplitParts high =

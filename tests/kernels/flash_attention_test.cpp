@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
-#include "every_simd_target.hpp"
 #include "attn/kernels/amx.hpp"
+#include "every_simd_target.hpp"
 #include "kernels/cache_sizes.hpp"
 #include "scoped_bf16_products.hpp"
 #include "test_support.hpp"
@@ -147,12 +147,12 @@ TEST_P(FlashAttention, MatchesReferenceOnRandomShapes) {
 // 30 (P's parts then reach the denormal range, where they are cut to bf16), held to the fp32 path's
 // own tolerance.
 const Case kTileCases[] = {
-    {1, 1, 1, 1, 1, 1, 0, false, 1.0F},       {2, 1, 1, 5, 3, 2, 1, false, 1.0F},
-    {3, 1, 37, 45, 16, 16, 1, false, 1.0F},   {2, 2, 70, 130, 8, 5, 2, false, 1.0F},
-    {2, 3, 65, 300, 64, 64, 1, false, 1.0F},  {1, 2, 129, 257, 32, 17, 0, true, 1.0F},
-    {2, 2, 20, 90, 8, 8, 2, true, 1.0F},      {1, 1, 33, 200, 16, 16, 0, false, 8.0F},
-    {2, 1, 17, 19, 5, 3, 2, false, 30.0F},    {1, 2, 100, 333, 80, 48, 2, true, 1.0F},
-    {1, 1, 64, 160, 17, 80, 0, false, 4.0F},  {1, 1, 150, 150, 128, 128, 0, true, 2.0F},
+    {1, 1, 1, 1, 1, 1, 0, false, 1.0F},      {2, 1, 1, 5, 3, 2, 1, false, 1.0F},
+    {3, 1, 37, 45, 16, 16, 1, false, 1.0F},  {2, 2, 70, 130, 8, 5, 2, false, 1.0F},
+    {2, 3, 65, 300, 64, 64, 1, false, 1.0F}, {1, 2, 129, 257, 32, 17, 0, true, 1.0F},
+    {2, 2, 20, 90, 8, 8, 2, true, 1.0F},     {1, 1, 33, 200, 16, 16, 0, false, 8.0F},
+    {2, 1, 17, 19, 5, 3, 2, false, 30.0F},   {1, 2, 100, 333, 80, 48, 2, true, 1.0F},
+    {1, 1, 64, 160, 17, 80, 0, false, 4.0F}, {1, 1, 150, 150, 128, 128, 0, true, 2.0F},
 };
 
 // The C++ model of each tile instruction, where the target has AVX512-BF16 (the parts' packing
@@ -166,6 +166,8 @@ TEST_P(FlashAttention, FloatOnAmxTileModelMatchesReference) {
   for (const Case& c : kTileCases) check_case(c, rng, GetParam());
 }
 
+// On the hardware the tiles take heads of at least 384 queries and keys; shorter ones stay on
+// FMAs.
 TEST_P(FlashAttention, FloatOnAmxMatchesReference) {
   if (!amx_available())
     GTEST_SKIP() << "no AMX-BF16 on this CPU, or Linux refused this process the tile state";
@@ -174,7 +176,11 @@ TEST_P(FlashAttention, FloatOnAmxMatchesReference) {
   if (!flash_attention_float_on_tiles())
     GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
   Rng rng(92);
-  for (const Case& c : kTileCases) check_case(c, rng, GetParam());
+  for (const Case& c :
+       {Case{1, 2, 400, 700, 64, 64, 2, false, 1.0F}, Case{2, 1, 500, 390, 128, 96, 1, false, 4.0F},
+        Case{1, 1, 1100, 1030, 80, 48, 0, true, 1.0F}}) {
+    check_case(c, rng, GetParam());
+  }
 }
 
 // Turned off (ATTN_AMX_FP32=0, set_fp32_on_amx(false)) or with the tiles off, fp32 stays on FMAs.
