@@ -1555,7 +1555,7 @@ bool NativeBFloat16() {
 
 // The fewest queries and keys per head (the shorter of the two) for which FlashForward sends fp32
 // to the AMX tiles in three parts.
-constexpr int64_t kMinRowsOnTiles = 384;
+[[maybe_unused]] constexpr int64_t kMinRowsOnTiles = 384;  // (read by the AVX-512 targets only)
 
 // Whether fp32 dot-product scores (no dropout) take FlashForwardTileBF16 on AMX tiles in three
 // bf16 parts under this target on this CPU (flash_attention_float_on_tiles).
