@@ -244,6 +244,19 @@ ATTN_AMX_TARGET HWY_INLINE void LoadBlock(Tiles& tiles, const float* c, size_t s
   tiles.template Load<kC11>(c + kRows * stride + kPairs, bytes);
 }
 
+// The 2 × 2 accumulators' starting sums: the block of C (kAccumulate) or zeros.
+template <bool kAccumulate, class Tiles>
+ATTN_AMX_TARGET HWY_INLINE void StartBlock(Tiles& tiles, const float* c, size_t stride) {
+  if constexpr (kAccumulate) {
+    LoadBlock(tiles, c, stride);
+  } else {
+    tiles.template Zero<kC00>();
+    tiles.template Zero<kC01>();
+    tiles.template Zero<kC10>();
+    tiles.template Zero<kC11>();
+  }
+}
+
 // C (rows × cols floats, rows c_stride floats apart) = A·B, or += with kAccumulate, over `pairs`
 // bf16 pairs (a multiple of 16): A as rows of pairs (a_stride words apart), each row's next 16
 // pairs a_step words on (16: rows of consecutive pairs), B as `pairs` rows of cols pairs
@@ -260,14 +273,7 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
     const char* a1 = a0 + kRows * a_bytes;
     for (size_t col = 0; col < cols; col += 2 * kPairs) {
       float* block = c + row * c_stride + col;
-      if constexpr (kAccumulate) {
-        LoadBlock(tiles, block, c_stride);
-      } else {
-        tiles.template Zero<kC00>();
-        tiles.template Zero<kC01>();
-        tiles.template Zero<kC10>();
-        tiles.template Zero<kC11>();
-      }
+      StartBlock<kAccumulate>(tiles, block, c_stride);
       const auto* b0 = reinterpret_cast<const char*>(b + col);
       DotBlock(tiles, a0, a1, a_step * sizeof(uint32_t), a_bytes, b0,
                b0 + kPairs * sizeof(uint32_t), kPairs * b_bytes, b_bytes, pairs / kPairs);
@@ -297,14 +303,7 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(Tiles& tiles, const uint32
     const auto* a_rows = reinterpret_cast<const char*>(a + row * a_stride);
     for (size_t col = 0; col < cols; col += 2 * kPairs) {
       float* block = c + row * c_stride + col;
-      if constexpr (kAccumulate) {
-        LoadBlock(tiles, block, c_stride);
-      } else {
-        tiles.template Zero<kC00>();
-        tiles.template Zero<kC01>();
-        tiles.template Zero<kC10>();
-        tiles.template Zero<kC11>();
-      }
+      StartBlock<kAccumulate>(tiles, block, c_stride);
       const auto* b_cols = reinterpret_cast<const char*>(b + col);
       for (size_t step = 0; step < pairs / kPairs; ++step) {
         const char* a_here = a_rows + step * a_step_bytes;
