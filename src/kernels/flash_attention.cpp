@@ -336,17 +336,21 @@ KeyValueRows KeysAndValuesFor(const ForwardArgs& args, int64_t b, int64_t h, int
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // Row `row` of a key or value (or query) matrix of head (b, h) as floats: the fp32 input in place,
-// or an fp16 one widened into `widened` (its magnitudes then added to `read` where the call reads
-// them; fp32 rows' are added by the caller, a block at a time).
+// or an fp16 one widened into `widened`; its magnitudes added to `read` where the call reads them
+// (widening keeps every magnitude, NaN and ∞).
 const float* FloatRow(const ForwardArgs& args, const ConstHeadsView& matrix,
                       const ConstHalfHeadsView& matrix16, int64_t b, int64_t h, int64_t row,
                       float* widened, MagnitudeBits& read) {
-  if (!args.half) return matrix.matrix(b, h) + row * matrix.row_stride;
   const auto cols = static_cast<size_t>(matrix.cols);
-  WidenRow(hn::ScalableTag<float>(), args.half_type,
-           matrix16.matrix(b, h) + row * matrix16.row_stride, cols, widened);
-  if (args.read_magnitude_bits != nullptr) read.Add(widened, cols);  // widening keeps them all
-  return widened;
+  const float* floats = widened;
+  if (args.half) {
+    WidenRow(hn::ScalableTag<float>(), args.half_type,
+             matrix16.matrix(b, h) + row * matrix16.row_stride, cols, widened);
+  } else {
+    floats = matrix.matrix(b, h) + row * matrix.row_stride;
+  }
+  if (args.read_magnitude_bits != nullptr) read.Add(floats, cols);
+  return floats;
 }
 
 // The fp32 forward on AMX tiles (fp32 or fp16 inputs): the tile's `rows` query rows, times the
@@ -363,10 +367,6 @@ ATTN_BF16_TARGET void SplitQueryPairs(const ForwardArgs& args, int64_t b, int64_
         FloatRow(args, args.q, args.q16, b, h, first_query + static_cast<int64_t>(r), s.widened_row,
                  s.read_query);
     SplitRowBF16x3(query, depth, depth, scale, row, row + part_rows, row + 2 * part_rows);
-  }
-  if (args.read_magnitude_bits != nullptr && !args.half) {
-    s.read_query.AddRows(args.q.matrix(b, h) + first_query * args.q.row_stride,
-                         static_cast<size_t>(args.q.row_stride), rows, depth);
   }
   const size_t depth_pairs = (depth + 1) / 2;
   for (size_t part = 0; part < 3; ++part) {
@@ -1136,22 +1136,19 @@ ATTN_AMX_TARGET void PackSplitKeyValueBlocks(const ForwardArgs& args, int64_t b,
       for (size_t column = 0; column < dv_tiles; column += 16)
         TransposeWords16(staged + column, dv_tiles, block + column * 16, 16);
     }
-    if (args.read_magnitude_bits != nullptr && !args.half) {
-      const int64_t rows = std::min(j + kBlock, keys) - j;
-      const float* k = args.k.matrix(b, h);
-      const float* v = args.v.matrix(b, h);
-      if (rows > 0) {
-        s.read_key.AddRows(k + j * args.k.row_stride, static_cast<size_t>(args.k.row_stride),
-                           static_cast<size_t>(rows), depth);
-        s.read_value.AddRows(v + j * args.v.row_stride, static_cast<size_t>(args.v.row_stride),
-                             static_cast<size_t>(rows), dv);
-      }
-    }
   }
   s.packed_end = std::max(s.packed_end, (end + kBlock - 1) / kBlock * kBlock);
 }
 
 using FloatVector = hn::Vec<hn::ScalableTag<float>>;
+
+// P = 2^y for the pairs: the bf16 path's (RoundedProbabilityExp2, rounded to bf16 next) or, with
+// kSplit, fp32's (ProbabilityExp2).
+template <bool kSplit>
+HWY_INLINE FloatVector PairProbability(FloatVector y) {
+  const hn::ScalableTag<float> d;
+  return kSplit ? ProbabilityExp2(d, y) : RoundedProbabilityExp2(d, y);
+}
 
 // P = 2^(c·S − shift) for a key tile's Sᵀ (bc × Br; c = `scale`, 1 where Sᵀ holds scaled
 // scores; the bf16 path's softmax is in base 2, ForwardArgs::base_two), two keys at a time straight
@@ -1173,10 +1170,10 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
       const FloatVector odd_score =
           j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
       // c·S − shift in one rounding: the multiply-add costs what the subtraction did.
+      const FloatVector even = PairProbability<kSplit>(hn::MulSub(scale, even_score, shift[g]));
+      const FloatVector odd = PairProbability<kSplit>(hn::MulSub(scale, odd_score, shift[g]));
+      sum[g] = hn::Add(sum[g], hn::Add(even, odd));
       if constexpr (kSplit) {
-        const FloatVector even = ProbabilityExp2(d, hn::MulSub(scale, even_score, shift[g]));
-        const FloatVector odd = ProbabilityExp2(d, hn::MulSub(scale, odd_score, shift[g]));
-        sum[g] = hn::Add(sum[g], hn::Add(even, odd));
         const SplitParts even_parts = SplitThreeBF16(even.raw);
         const SplitParts odd_parts = SplitThreeBF16(odd.raw);
         uint32_t* pairs = s.probability_pairs + j / 2 * br + g * 16;
@@ -1185,9 +1182,6 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
         _mm512_storeu_si512(pairs + part, PartPairs(even_parts.mid, odd_parts.mid));
         _mm512_storeu_si512(pairs + 2 * part, PartPairs(even_parts.lo, odd_parts.lo));
       } else {
-        const FloatVector even = RoundedProbabilityExp2(d, hn::MulSub(scale, even_score, shift[g]));
-        const FloatVector odd = RoundedProbabilityExp2(d, hn::MulSub(scale, odd_score, shift[g]));
-        sum[g] = hn::Add(sum[g], hn::Add(even, odd));
         StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
       }
     }
