@@ -133,10 +133,13 @@ struct Scratch {
   int32_t* first;          // Br: each query's first visible key
   int32_t* last;           // Br: one past each query's last visible key
   uint32_t* row_keys;      // Br: dropout_hash::row_key of each query
+  // (The bf16 path's query_pairs and output_transposed below are a tile's own too.)
   struct Slot {
     float *q_transposed, *output, *row_max, *row_sum;
     int32_t *first, *last;
     uint32_t* row_keys;
+    uint32_t* query_pairs;
+    float* output_transposed;
   };
   Slot slots[flash_detail::kMaxQueryBlock];
   void UseSlot(size_t slot) {
@@ -148,6 +151,8 @@ struct Scratch {
     first = chosen.first;
     last = chosen.last;
     row_keys = chosen.row_keys;
+    query_pairs = chosen.query_pairs;
+    output_transposed = chosen.output_transposed;
   }
   float* widened_row;  // max(d, dv_padded): a half-precision row in or out
   // The current head's keys (m × d) and values (m × dv_padded, zero-padded columns), packed
@@ -212,15 +217,19 @@ struct Scratch {
     value_block_words = dv_tiles * 16;
     pair_depth = PairsOfRow(depth, amx_tiles);
     split_parts = parts;
+    query_part_words = bf16_pairs ? pair_depth * br : 0;
     memory = carve_scratch(lanes, [&](const auto& take) {
       for (Slot& slot : slots) {
-        slot.q_transposed = take(depth * br);
+        slot.q_transposed = take(bf16_pairs ? 0 : depth * br);
         slot.output = take(br * dv_padded);
         slot.row_max = take(br);
         slot.row_sum = take(br);
         slot.first = as_int32(take(br));
         slot.last = as_int32(take(br));
         slot.row_keys = as_uint32(take(br));
+        // (Null where not used: PrepareQueryTile tells the paths apart by query_pairs.)
+        slot.query_pairs = bf16_pairs ? as_uint32(take(parts * query_part_words)) : nullptr;
+        slot.output_transposed = bf16_pairs && amx_tiles ? take(dv_tiles * br) : nullptr;
       }
       scores = take(bc * br);
       scores_size = bc * br;
@@ -228,9 +237,7 @@ struct Scratch {
       widened_row = take(std::max(depth, dv_padded));
       if (bf16_pairs) {
         const size_t key_pairs_count = (keys + 1) / 2;
-        query_part_words = pair_depth * br;
         probability_part_words = bc / 2 * br;
-        query_pairs = as_uint32(take(parts * query_part_words));
         probability_pairs = as_uint32(take(parts * probability_part_words));
         if (amx_tiles) {
           key_part_words = key_blocks * pair_depth;
@@ -239,7 +246,6 @@ struct Scratch {
           key_pairs = as_uint32(take(parts * key_part_words));
           value_pairs = as_uint32(take(parts * value_pair_part_words));
           values_transposed = as_uint32(take(parts * value_part_words));
-          output_transposed = take(dv_tiles * br);
           if (parts > 1) {  // floats' room for 2 bf16 each
             split_rows = reinterpret_cast<uint16_t*>(
                 take((parts * std::max(br * depth, 2 * dv_tiles) + 1) / 2));
@@ -254,9 +260,11 @@ struct Scratch {
       }
     });
     // The queries' pairs past d stay zero: PrepareQueryTile writes the first (d + 1) / 2 rows.
-    for (size_t part = 0; part < parts && query_pairs != nullptr; ++part) {
-      uint32_t* pairs = query_pairs + part * query_part_words;
-      std::fill(pairs + (depth + 1) / 2 * br, pairs + pair_depth * br, 0U);
+    for (const Slot& slot : slots) {
+      for (size_t part = 0; part < parts && bf16_pairs; ++part) {
+        uint32_t* pairs = slot.query_pairs + part * query_part_words;
+        std::fill(pairs + (depth + 1) / 2 * br, pairs + pair_depth * br, 0U);
+      }
     }
     UseSlot(0);
   }
@@ -1346,34 +1354,42 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
 // as their B operand, need no turning. Key tiles start at even keys (pairs never straddle two
 // tiles; on AMX tiles, at multiples of 32, whole blocks of tiles): a tile that would start
 // elsewhere starts that many keys earlier, which no row sees and the modifiers mask.
+// `count` (≤ kMaxQueryBlock) consecutive query tiles from `first_query`, as FlashForwardTiles
+// takes them: tiles whose first key step is the same take each key step in turn while its packed
+// keys and values are in L1/L2 (the fp32 forward's three parts of a head's 4096 keys of 64 make
+// 3 MiB, more than a Sapphire Rapids L2), each tile meeting the same steps in the same order as
+// alone; the others one after another.
 template <class Tiles>
 ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
-                                          int64_t first_query, size_t br, SpreadPrefetch& prefetch,
-                                          Scratch& s, Tiles& tiles) {
+                                          int64_t first_query, size_t count, size_t br,
+                                          SpreadPrefetch& prefetch, Scratch& s, Tiles& tiles) {
   constexpr bool kOnTiles = !std::is_same_v<Tiles, VectorProducts>;
   const hn::ScalableTag<float> d;
   constexpr size_t kLanes = 16;
   const size_t depth_pairs = s.pair_depth;  // on AMX tiles, whole tiles' worth
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), kLanes);
-  const QueryTile tile = PrepareQueryTile(args, b, h, first_query, br, s);
-  // Whether Oᵀ holds no sums yet (AMX tiles: AccumulateValuesOnTiles stores the first ones).
-  bool output_empty = true;
-  if constexpr (kOnTiles) {
-    tiles.Configure(amx::kFullTiles);
-  } else {
-    std::fill(s.output, s.output + tile.rows * dv_padded, 0.0F);  // the rows P V writes
+  const int64_t alignment = kOnTiles ? 32 : 2;
+  QueryTile query_tiles[flash_detail::kMaxQueryBlock];
+  // Whether a tile's Oᵀ holds no sums yet (AMX tiles: AccumulateValuesOnTiles stores the first
+  // ones); each tile's first key step, `alignment` keys down.
+  bool output_empty[flash_detail::kMaxQueryBlock];
+  int64_t tile_begin[flash_detail::kMaxQueryBlock];
+  bool same_begin = true;
+  for (size_t t = 0; t < count; ++t) {
+    s.UseSlot(t);
+    query_tiles[t] =
+        PrepareQueryTile(args, b, h, first_query + static_cast<int64_t>(t * br), br, s);
+    output_empty[t] = true;
+    if constexpr (!kOnTiles) {
+      std::fill(s.output, s.output + query_tiles[t].rows * dv_padded, 0.0F);  // the rows P V writes
+    }
+    tile_begin[t] = query_tiles[t].ranges.begin - query_tiles[t].ranges.begin % alignment;
+    same_begin = same_begin && tile_begin[t] == tile_begin[0];
   }
+  if constexpr (kOnTiles) tiles.Configure(amx::kFullTiles);
   const bool dropout = args.options.dropout > 0.0F;
   const DropoutApplier<decltype(d)> dropout_applier(d, args.options.dropout);
   const int64_t kv_head = h / (args.q.heads / args.k.heads);
-  const int64_t alignment = kOnTiles ? 32 : 2;
-  const int64_t begin = tile.ranges.begin - tile.ranges.begin % alignment;
-  // The query vectors the steps compute: on vdpbf16ps those holding a query (a tile of n < Br
-  // queries, or a ragged n's last), whose lanes are all P·V reads; on AMX tiles, whose products
-  // take whole tiles of P, all of them.
-  const size_t vectors =
-      kOnTiles ? br / kLanes : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
-  const size_t width = vectors * kLanes;
   // (The fp32 forward on tiles scales Q's rows as the fp32 path's Qᵀ, so that its masks and
   // modifiers meet the same scores: split.)
   const bool split = s.split_parts > 1;
@@ -1400,110 +1416,137 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   const auto pack_ahead = std::max<int64_t>(
       key_step, static_cast<int64_t>(l2_cache_bytes() / 4 /
                                      ((depth_pairs + value_words) * sizeof(uint32_t))));
-  const int64_t steps = std::max<int64_t>((tile.ranges.end - begin + key_step - 1) / key_step, 1);
+  // The lines `prefetch` holds, requested evenly over the tiles' key steps.
+  int64_t steps = 0;
+  for (size_t t = 0; t < count; ++t)
+    steps +=
+        std::max<int64_t>((query_tiles[t].ranges.end - tile_begin[t] + key_step - 1) / key_step, 1);
   const int64_t lines_per_step = prefetch.lines_per_step(steps, MaxPrefetchLines(args));
-  for (int64_t key0 = begin; key0 < tile.ranges.end; key0 += key_step) {
-    prefetch.request(lines_per_step);
-    const size_t bc = static_cast<size_t>(std::min<int64_t>(
-        static_cast<int64_t>(flash_detail::kKeyTileBF16), tile.ranges.end - key0));
-    // Keys and values packed a quarter of the L2 ahead of the products (a no-op where an earlier
-    // query tile of the head packed them), so that the products read them from L2: packed for the
-    // tile's whole key range up front, a head's packed rows outgrew the L2 (4096 keys of 256 made
-    // 4 MiB) and the products read them back from the L3 (16 queries against 2 × 4096 keys of 256
-    // on AMX tiles spent 60% of the pass packing). Each step packing only its own keys left the
-    // rows' reads from memory bursts between products (12% slower at d = 64).
-    if (s.packed_head != b * args.k.heads + kv_head || key0 < s.packed_begin ||
-        key0 + static_cast<int64_t>(bc) > s.packed_end) {
-      const int64_t pack_end = std::min(tile.ranges.end, key0 + pack_ahead);
-      if constexpr (kOnTiles) {
-        if (split) {
-          PackSplitKeyValueBlocks(args, b, kv_head, key0, pack_end, s);
+  // Tiles [group, group_end): those sharing the first key step, or each tile alone.
+  for (size_t group = 0, group_end = 0; group < count; group = group_end) {
+    group_end = same_begin ? count : group + 1;
+    int64_t keys_end = 0;
+    for (size_t t = group; t < group_end; ++t)
+      keys_end = std::max(keys_end, query_tiles[t].ranges.end);
+    for (int64_t key0 = tile_begin[group]; key0 < keys_end; key0 += key_step) {
+      // Keys and values packed a quarter of the L2 ahead of the products (a no-op where an earlier
+      // query tile of the head packed them), so that the products read them from L2: packed for
+      // the tile's whole key range up front, a head's packed rows outgrew the L2 (4096 keys of 256
+      // made 4 MiB) and the products read them back from the L3 (16 queries against 2 × 4096 keys
+      // of 256 on AMX tiles spent 60% of the pass packing). Each step packing only its own keys
+      // left the rows' reads from memory bursts between products (12% slower at d = 64).
+      const int64_t step_end = std::min(keys_end, key0 + key_step);
+      if (s.packed_head != b * args.k.heads + kv_head || key0 < s.packed_begin ||
+          step_end > s.packed_end) {
+        const int64_t pack_end = std::min(keys_end, key0 + pack_ahead);
+        if constexpr (kOnTiles) {
+          if (split) {
+            PackSplitKeyValueBlocks(args, b, kv_head, key0, pack_end, s);
+          } else {
+            PackKeyValueBlocks(args, b, kv_head, key0, pack_end, keys_in_place, s);
+          }
         } else {
-          PackKeyValueBlocks(args, b, kv_head, key0, pack_end, keys_in_place, s);
+          PackKeyValuePairs(args, b, kv_head, key0, pack_end, dv_padded, s);
         }
-      } else {
-        PackKeyValuePairs(args, b, kv_head, key0, pack_end, dv_padded, s);
+      }
+      for (size_t t = group; t < group_end; ++t) {
+        const QueryTile& tile = query_tiles[t];
+        if (key0 >= tile.ranges.end) continue;  // past this tile's last key
+        s.UseSlot(t);
+        prefetch.request(lines_per_step);
+        const size_t bc = static_cast<size_t>(std::min(key_step, tile.ranges.end - key0));
+        // The query vectors the steps compute: on vdpbf16ps those holding a query (a tile of
+        // n < Br queries, or a ragged n's last), whose lanes are all P·V reads; on AMX tiles,
+        // whose products take whole tiles of P, all of them.
+        const size_t vectors =
+            kOnTiles ? br / kLanes : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
+        const size_t width = vectors * kLanes;
+        const MaskCoverage coverage =
+            mask_coverage(args.options.mask, b, h, tile.first_query, tile.rows, key0, bc);
+        if (coverage == MaskCoverage::kNone) continue;
+        const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
+        const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
+        if constexpr (kOnTiles) {
+          // Whole blocks of 32 real keys in place; a last partial block from its packed copy.
+          const size_t in_place =
+              keys_in_place ? std::min(hwy::RoundUpTo(bc, 32),
+                                       static_cast<size_t>((args.k.rows - key0) / 32 * 32))
+                            : 0;
+          ScoresOnTiles(
+              tiles, key0,
+              split ? nullptr
+                    : reinterpret_cast<const uint32_t*>(key_rows + key0 * args.k16.row_stride),
+              static_cast<size_t>(args.k16.row_stride / 2), in_place, depth_pairs, bc, br,
+              score_scale, scale_in_exponent, s);
+        } else if (crossed) {  // as ScoresOfVisibleLanes
+          for_each_key_band(
+              tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
+              [&](size_t j0, size_t keys, size_t lane_begin, size_t lane_end) {
+                const auto [low, high] = VectorsOfLanes(lane_begin, lane_end, kLanes, vectors);
+                GemmBF16<false>(keys, high - low, key_pairs + j0 * depth_pairs, depth_pairs, 1,
+                                s.query_pairs + low * kLanes, br, depth_pairs,
+                                s.scores + j0 * br + low * kLanes, br, nullptr, score_scale);
+              });
+        } else {
+          GemmBF16<false>(bc, vectors, key_pairs, depth_pairs, 1, s.query_pairs, br, depth_pairs,
+                          s.scores, br, nullptr, score_scale);
+        }
+        ApplyScoreModifiers(d, args.options, tile, key0, bc, br, width,
+                            coverage == MaskCoverage::kSome, s.scores, nullptr, kUnit);
+        bool rescale = true;
+        if (dropout) {
+          OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
+          DropWeights(d, dropout_applier, key0, bc, br, width, s);
+          PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
+        } else if (split) {
+          rescale = SoftmaxStepToPairsOver<true>(vectors, bc, br, exponent_scale, s);
+        } else {
+          rescale = SoftmaxStepToPairsOver(vectors, bc, br, exponent_scale, s);
+        }
+        if constexpr (kOnTiles) {
+          AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, output_empty[t], s);
+          output_empty[t] = false;
+        } else if (crossed) {
+          // As ValuesOfVisibleKeys, over the pairs of keys that hold a key the band sees (key0 is
+          // even: pair p holds keys key0 + 2p and key0 + 2p + 1).
+          for_each_query_band(
+              tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
+              [&](size_t r0, size_t rows, KeyRange seen) {
+                const bool any = seen.begin < seen.end;
+                if (!any && !rescale) return;  // nothing to add, nothing to rescale
+                const auto [p0, p1] = any ? PairsHolding(static_cast<size_t>(seen.begin - key0),
+                                                         static_cast<size_t>(seen.end - key0))
+                                          : std::pair<size_t, size_t>{0, 0};
+                GemmBF16<true>(rows, dv_padded / kLanes, s.probability_pairs + p0 * br + r0, 1, br,
+                               s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded,
+                               dv_padded, p1 - p0, s.output + r0 * dv_padded, dv_padded,
+                               rescale ? s.row_rescale + r0 : nullptr);
+              });
+        } else {
+          GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
+                         s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
+                         (bc + 1) / 2, s.output, dv_padded, rescale ? s.row_rescale : nullptr);
+        }
       }
     }
-    const MaskCoverage coverage =
-        mask_coverage(args.options.mask, b, h, first_query, tile.rows, key0, bc);
-    if (coverage == MaskCoverage::kNone) continue;
-    const uint32_t* key_pairs = s.key_pairs + static_cast<size_t>(key0) * depth_pairs;
-    const bool crossed = crosses_key_ranges(tile.ranges, key0, key0 + static_cast<int64_t>(bc));
-    if constexpr (kOnTiles) {
-      // Whole blocks of 32 real keys in place; a last partial block from its packed copy.
-      const size_t in_place = keys_in_place
-                                  ? std::min(hwy::RoundUpTo(bc, 32),
-                                             static_cast<size_t>((args.k.rows - key0) / 32 * 32))
-                                  : 0;
-      ScoresOnTiles(tiles, key0,
-                    split
-                        ? nullptr
-                        : reinterpret_cast<const uint32_t*>(key_rows + key0 * args.k16.row_stride),
-                    static_cast<size_t>(args.k16.row_stride / 2), in_place, depth_pairs, bc, br,
-                    score_scale, scale_in_exponent, s);
-    } else if (crossed) {  // as ScoresOfVisibleLanes
-      for_each_key_band(
-          tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
-          [&](size_t j0, size_t keys, size_t lane_begin, size_t lane_end) {
-            const auto [low, high] = VectorsOfLanes(lane_begin, lane_end, kLanes, vectors);
-            GemmBF16<false>(keys, high - low, key_pairs + j0 * depth_pairs, depth_pairs, 1,
-                            s.query_pairs + low * kLanes, br, depth_pairs,
-                            s.scores + j0 * br + low * kLanes, br, nullptr, score_scale);
-          });
-    } else {
-      GemmBF16<false>(bc, vectors, key_pairs, depth_pairs, 1, s.query_pairs, br, depth_pairs,
-                      s.scores, br, nullptr, score_scale);
-    }
-    ApplyScoreModifiers(d, args.options, tile, key0, bc, br, width, coverage == MaskCoverage::kSome,
-                        s.scores, nullptr, kUnit);
-    bool rescale = true;
-    if (dropout) {
-      OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
-      DropWeights(d, dropout_applier, key0, bc, br, width, s);
-      PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
-    } else if (split) {
-      rescale = SoftmaxStepToPairsOver<true>(vectors, bc, br, exponent_scale, s);
-    } else {
-      rescale = SoftmaxStepToPairsOver(vectors, bc, br, exponent_scale, s);
-    }
-    if constexpr (kOnTiles) {
-      AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, output_empty, s);
-      output_empty = false;
-    } else if (crossed) {
-      // As ValuesOfVisibleKeys, over the pairs of keys that hold a key the band sees (key0 is
-      // even: pair p holds keys key0 + 2p and key0 + 2p + 1).
-      for_each_query_band(
-          tile.first, tile.last, tile.rows, key0, bc, kVisibleBand,
-          [&](size_t r0, size_t rows, KeyRange seen) {
-            const bool any = seen.begin < seen.end;
-            if (!any && !rescale) return;  // nothing to add, nothing to rescale
-            const auto [p0, p1] = any ? PairsHolding(static_cast<size_t>(seen.begin - key0),
-                                                     static_cast<size_t>(seen.end - key0))
-                                      : std::pair<size_t, size_t>{0, 0};
-            GemmBF16<true>(rows, dv_padded / kLanes, s.probability_pairs + p0 * br + r0, 1, br,
-                           s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded,
-                           dv_padded, p1 - p0, s.output + r0 * dv_padded, dv_padded,
-                           rescale ? s.row_rescale + r0 : nullptr);
-          });
-    } else {
-      GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
-                     s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
-                     (bc + 1) / 2, s.output, dv_padded, rescale ? s.row_rescale : nullptr);
-    }
   }
-  if constexpr (kOnTiles) {
-    tiles.Release();
-    if (output_empty) std::fill(s.output_transposed, s.output_transposed + s.dv_tiles * br, 0.0F);
-    for (size_t column = 0; column < dv_padded; column += 16) {
-      for (size_t r = 0; r < br; r += 16) {
-        TransposeWords16(reinterpret_cast<const uint32_t*>(s.output_transposed) + column * br + r,
-                         br, reinterpret_cast<uint32_t*>(s.output) + r * dv_padded + column,
-                         dv_padded);
+  if constexpr (kOnTiles) tiles.Release();
+  for (size_t t = 0; t < count; ++t) {
+    s.UseSlot(t);
+    if constexpr (kOnTiles) {
+      if (output_empty[t])
+        std::fill(s.output_transposed, s.output_transposed + s.dv_tiles * br, 0.0F);
+      for (size_t column = 0; column < dv_padded; column += 16) {
+        for (size_t r = 0; r < br; r += 16) {
+          TransposeWords16(reinterpret_cast<const uint32_t*>(s.output_transposed) + column * br + r,
+                           br, reinterpret_cast<uint32_t*>(s.output) + r * dv_padded + column,
+                           dv_padded);
+        }
       }
     }
+    WriteOutputRows(args, query_tiles[t], dv_padded, s);
   }
-  WriteOutputRows(args, tile, dv_padded, s);
+  s.UseSlot(0);
 }
 
 // Which products the bf16 forward uses: AMX tiles (hardware or model) as amx_use() says, for any
@@ -1522,18 +1565,19 @@ TileProducts ChooseTileProducts() {
 }
 
 ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
-                                          int64_t first_query, size_t br, SpreadPrefetch& prefetch,
-                                          Scratch& s, TileProducts products) {
+                                          int64_t first_query, size_t count, size_t br,
+                                          SpreadPrefetch& prefetch, Scratch& s,
+                                          TileProducts products) {
   if (products == TileProducts::kAmx) {
     amx::AmxHardwareTiles tiles;
-    return FlashForwardTileBF16(args, b, h, first_query, br, prefetch, s, tiles);
+    return FlashForwardTileBF16(args, b, h, first_query, count, br, prefetch, s, tiles);
   }
   if (products == TileProducts::kAmxModel) {
     amx::AmxTileModel tiles;
-    return FlashForwardTileBF16(args, b, h, first_query, br, prefetch, s, tiles);
+    return FlashForwardTileBF16(args, b, h, first_query, count, br, prefetch, s, tiles);
   }
   VectorProducts vector;
-  FlashForwardTileBF16(args, b, h, first_query, br, prefetch, s, vector);
+  FlashForwardTileBF16(args, b, h, first_query, count, br, prefetch, s, vector);
 }
 #else
 constexpr bool kBFloat16Path = false;
@@ -1638,12 +1682,14 @@ void FlashForward(const ForwardArgs& call) {
   const int64_t tiles_per_head =
       (args.q.rows + static_cast<int64_t>(br) - 1) / static_cast<int64_t>(br);
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.v.cols), lanes);
-  // Query tiles in blocks (FlashForwardTiles) where a head's packed K and V outgrow half the L2,
-  // for dot-product scores on fp32 products (fp32 and fp16 inputs, bf16 without bf16 dot products;
-  // the additive scores are bound by their arithmetic), unless a sliding window moves each tile's
-  // first key, and while enough blocks remain to keep every thread busy (4 per thread).
-  const size_t head_bytes =
+  // Query tiles in blocks (FlashForwardTiles, FlashForwardTileBF16) where a head's packed K and V
+  // outgrow half the L2, for dot-product scores (the additive scores are bound by their
+  // arithmetic), unless a sliding window moves each tile's first key, and while enough blocks
+  // remain to keep every thread busy (4 per thread). Packed as bf16 pairs they take half the
+  // bytes of fp32 rows; in the fp32 forward's three bf16 parts, 1.5 times.
+  const size_t fp32_head_bytes =
       static_cast<size_t>(args.k.rows) * (static_cast<size_t>(args.q.cols) + dv_padded) * 4;
+  const size_t head_bytes = bf16_pairs ? fp32_head_bytes / 2 * (split ? 3 : 1) : fp32_head_bytes;
   // Threads as the call's work is worth (useful_threads): B·H·n·m pairs of 2·(d + dv) flops.
   const int threads = useful_threads(
       static_cast<double>(args.q.batch * args.q.heads) * static_cast<double>(args.q.rows) *
@@ -1658,7 +1704,7 @@ void FlashForward(const ForwardArgs& call) {
                                                                 args.out.rows * args.out.cols),
                                       threads);
   int64_t query_block = 1;
-  if (!bf16_pairs && args.additive_weights == nullptr && args.options.window_left < 0 &&
+  if (args.additive_weights == nullptr && args.options.window_left < 0 &&
       head_bytes > l2_cache_bytes() / 2) {
     query_block = static_cast<int64_t>(flash_detail::kMaxQueryBlock);
     while (query_block > 1 &&
@@ -1743,17 +1789,17 @@ void FlashForward(const ForwardArgs& call) {
                           tiles.first_query, tiles.rows);
           }
           if (next_window && next) AddNextWindowRows(args, tiles, *next, prefetch);
+          const auto count = static_cast<size_t>((tiles.rows + static_cast<int64_t>(br) - 1) /
+                                                 static_cast<int64_t>(br));
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
           if (bf16_pairs) {
-            FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, br, prefetch, scratch,
-                                 products);
+            FlashForwardTileBF16(args, tiles.b, tiles.h, tiles.first_query, count, br, prefetch,
+                                 scratch, products);
             continue;
           }
 #endif
-          FlashForwardTiles(args, tiles.b, tiles.h, tiles.first_query,
-                            static_cast<size_t>((tiles.rows + static_cast<int64_t>(br) - 1) /
-                                                static_cast<int64_t>(br)),
-                            rows_in_place, prefetch, scratch);
+          FlashForwardTiles(args, tiles.b, tiles.h, tiles.first_query, count, rows_in_place,
+                            prefetch, scratch);
         }
         if (args.read_magnitude_bits != nullptr) PublishReadMagnitudes(scratch, args);
         if (args.stream_output) hwy::FlushStream();

@@ -158,7 +158,8 @@ void check_gradients_against_reference(
   }
 }
 
-void check_case(HalfType type, const HalfCase& c, Rng& rng) {
+// Without `with_backward`, the forward pass alone.
+void check_case(HalfType type, const HalfCase& c, Rng& rng, bool with_backward = true) {
   std::vector<float> q, k, v;
   const HalfHeads q16 =
       random_heads(type, c.batch, c.q_heads, c.queries, c.depth, c.magnitude, rng, q);
@@ -274,6 +275,7 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng) {
               << ")";
         }
 
+  if (!with_backward) return;
   // The backward pass on half-precision inputs widens every row exactly as it packs it and rounds
   // each gradient once: bit-equal to the fp32 backward on the widened values (itself checked
   // against the double reference by flash_attention_backward_test), rounded to `type`. The bf16
@@ -558,6 +560,34 @@ TEST_P(FlashAttentionHalf, GradientsPastTheThreadsL2sMatchReference) {
   Rng rng(88);
   for (const HalfType type : {HalfType::kBFloat16, HalfType::kFloat16})
     check_case(type, {1, 1, 1, 20, keys, 64, 64, false, -1, -1, true}, rng);
+}
+
+// Keys whose bf16 pairs outgrow half the L2 ((128 + 32) × 2 bytes a key: 3577 keys on a 2 MiB L2)
+// send a head's query tiles through FlashForwardTileBF16 in blocks: on one thread 2 query heads of
+// 9 tiles (550 queries) make two full blocks of 4 and a partial one, on vdpbf16ps, on the AMX
+// tiles' model and on the hardware. Grouped heads with per-query lengths (a whole tile of no key
+// among tiles that see keys); causal with sinks and dropout (each tile's own row keys); a soft
+// cap. The forward pass alone: the backward runs no such blocks.
+TEST_P(FlashAttentionHalf, BFloat16MatchesReferenceInQueryBlocks) {
+  const auto keys = static_cast<int64_t>(l2_cache_bytes() / (2 * 2 * 160) + 300);
+  const HalfCase cases[] = {
+      {1, 2, 1, 550, keys, 128, 32, false, -1, -1, true},
+      {1, 2, 2, 550, keys, 128, 32, true, -1, -1, false, true, false, 0.0F, 1.0F, 0.2F},
+      {2, 1, 1, 550, keys, 128, 32, false, -1, -1, false, false, false, 8.0F, 2.0F}};
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kNever, AmxUse::kModel, AmxUse::kWhereAvailable}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const ScopedAmxUse amx(use);
+    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+    if (!flash_attention_bfloat16_native(128)) continue;
+    Rng rng(89);
+    for (const HalfCase& c : cases) check_case(HalfType::kBFloat16, c, rng, false);
+    ran = true;
+  }
+  omp_set_num_threads(saved_threads);
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
 }
 
 TEST_P(FlashAttentionHalf, Float16MatchesReferenceOnRoundedInputs) {

@@ -183,6 +183,37 @@ TEST_P(FlashAttention, FloatOnAmxMatchesReference) {
   }
 }
 
+// Keys whose three bf16 parts outgrow half the L2 (3 × 2 × (64 + 64) bytes a key: 3030 keys on a
+// 2 MiB L2) send a head's query tiles through the tiles in blocks (FlashForwardTileBF16's `count`):
+// on one thread 2 or 3 heads of 9 query tiles (550 queries) make two full blocks of 4 and a partial
+// one.
+// Per-query lengths and causal masks end a block's tiles at different keys; per-batch lengths of 0
+// leave a block's tiles with no key at all. On the hardware, and in the tile model (where CI has no
+// AMX).
+std::vector<Case> float_on_amx_block_cases() {
+  const auto keys = static_cast<int64_t>(l2_cache_bytes() / (3 * 2 * 128) + 300);
+  return {Case{1, 2, 550, keys, 64, 64, 2, false, 1.0F},
+          Case{2, 1, 550, keys, 64, 64, 0, true, 1.0F},
+          Case{3, 1, 550, keys, 64, 64, 1, true, 1.0F}};
+}
+
+TEST_P(FlashAttention, FloatOnAmxMatchesReferenceInQueryBlocks) {
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const testing::ScopedAmxUse amx(use);
+    const testing::ScopedFp32OnAmx on(true);
+    if (!flash_attention_float_on_tiles()) continue;
+    Rng rng(93);
+    for (const Case& c : float_on_amx_block_cases()) check_case(c, rng, GetParam());
+    ran = true;
+  }
+  omp_set_num_threads(saved_threads);
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
+}
+
 // Turned off (ATTN_AMX_FP32=0, set_fp32_on_amx(false)) or with the tiles off, fp32 stays on FMAs.
 TEST_P(FlashAttention, FloatLeavesTheTilesWhenTurnedOff) {
   {
