@@ -15,6 +15,13 @@ second and 0.993-1.008x when it ran first (Zen 1, 2026-11-30). A row's median ov
 printed per build, with its range, and the ratio first / last build's median. Code placement
 alone moved the decode kernel by up to 10% between builds: compare builds side by side like this
 rather than against figures from another run. `--no-ceilings` is added.
+
+A setting of the same build can stand in for a build: `--env NAME=VAR=VALUE` runs the CLI's own
+libraries with VAR=VALUE set (several VAR=VALUE joined by commas), e.g. the fp32 forward on AMX
+tiles against FMAs:
+
+    python3 bench/ab_kernels.py --rounds 3 --env fmas=ATTN_AMX_FP32=0 --env tiles=ATTN_AMX_FP32=1 \
+        -- --cases fused --sizes 1024,4096 --threads 1
 """
 
 import argparse
@@ -48,9 +55,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="runs of every build (default 3)")
-    parser.add_argument("--lib", action="append", required=True, metavar="NAME=FOLDER",
+    parser.add_argument("--lib", action="append", default=[], metavar="NAME=FOLDER",
                         help="a build: a name and the folder holding its libattn_kernels.so "
-                             "(empty: the CLI's own); give two or more")
+                             "(empty: the CLI's own)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VAR=VALUE[,...]",
+                        help="a setting: a name and the environment variables the CLI's own "
+                             "build runs with; builds and settings together: two or more")
     parser.add_argument("--cli", default="build/release/cli/attn", help="the attn CLI")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER,
                         help="-- then the arguments of attn bench")
@@ -62,17 +72,28 @@ def main():
             parser.error(f"--lib: expected NAME=FOLDER, got {spec!r}")
         if folder and not os.path.isdir(folder):
             parser.error(f"--lib {name}: no folder {folder!r}")
-        builds.append((name, folder))
+        builds.append((name, folder, {}))
+    for spec in args.env:
+        name, separator, assignments = spec.partition("=")
+        variables = {}
+        for assignment in assignments.split(","):
+            variable, equals, value = assignment.partition("=")
+            if not equals or not variable:
+                parser.error(f"--env: expected NAME=VAR=VALUE[,VAR=VALUE...], got {spec!r}")
+            variables[variable] = value
+        if not separator or not name:
+            parser.error(f"--env: expected NAME=VAR=VALUE[,VAR=VALUE...], got {spec!r}")
+        builds.append((name, "", variables))
     if len(builds) < 2:
-        parser.error(f"--lib: expected two or more builds, got {len(builds)}")
+        parser.error(f"--lib, --env: expected two or more builds or settings, got {len(builds)}")
     if args.rounds < 1:
         parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     bench_args = [a for a in args.bench_args if a != "--"]
 
     times = collections.defaultdict(lambda: collections.defaultdict(list))
     for round_index in range(args.rounds):
-        for name, folder in (builds if round_index % 2 == 0 else builds[::-1]):
-            environment = dict(os.environ)
+        for name, folder, variables in (builds if round_index % 2 == 0 else builds[::-1]):
+            environment = dict(os.environ, **variables)
             if folder:  # first on the path, ahead of the other libraries' folders (a bundle's)
                 environment["LD_LIBRARY_PATH"] = os.pathsep.join(
                     filter(None, [os.path.abspath(folder), environment.get("LD_LIBRARY_PATH")]))
@@ -84,7 +105,7 @@ def main():
             for key, ms in parse_rows(result.stdout).items():
                 times[key][name].append(ms)
 
-    names = [name for name, _ in builds]
+    names = [name for name, _, _ in builds]
     print("row | " + " | ".join(f"{name} ms median (min-max)" for name in names) +
           f" | {names[0]} / {names[-1]}")
     for key in sorted(times):
