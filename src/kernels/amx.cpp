@@ -110,7 +110,7 @@ std::string status_of_use() {
     case AmxUse::kWhereAvailable:
       if (!amx_available()) return "no AMX";
       return fp32_on_amx() ? "AMX-BF16 in use (bf16 forward and backward, any head size; the fp32 "
-                             "forward as three bf16 parts, ATTN_AMX_FP32=0 turns that off)"
+                             "forward and backward as three bf16 parts, ATTN_AMX_FP32=0 turns that off)"
                            : "AMX-BF16 in use (bf16 forward and backward, any head size)";
     case AmxUse::kNever:
       break;

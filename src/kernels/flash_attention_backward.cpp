@@ -25,6 +25,7 @@
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "kernels/cache_sizes.hpp"
+#include "kernels/cpu_features.hpp"
 #include "kernels/dropout_hash.hpp"
 #include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
@@ -68,6 +69,10 @@ constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block s
 // padded from 1 query on: 0.89x at n = 1, 0.91x at 4, 0.97x at 8, 1.13x at 16, 1.60x at 32,
 // 2.28x at 48, 1.62x at 100 (its second tile of 36).
 [[maybe_unused]] constexpr size_t kFewestTileQueries = 16;  // read by the AVX-512 targets only
+// The fewest queries and keys per head (the shorter of the two) for which the fp32 products' scores
+// (Sᵀ and dPᵀ) go to the AMX tiles in three bf16 parts: the forward's threshold
+// (flash_attention.cpp, kMinRowsOnTiles), below which its tiles lost to FMAs.
+[[maybe_unused]] constexpr int64_t kMinRowsOnTiles = 384;  // read by the AVX-512 targets only
 
 }  // namespace attn::flash_backward_detail
 #endif
@@ -120,6 +125,28 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 // one query head per key/value head, all its queries in one tile, fp32 products and gradients,
 // and rows of whole vectors (the products store d_padded = d floats a row). One query against
 // 2 × 2 heads of 1024 keys, d = 64: the scratch's zeroing and copy were 25-30% of the backward.
+// Whether the fp32 products' two score products, Sᵀ = K·c·Qᵀ and dPᵀ = V·dOᵀ, run on AMX tiles for
+// the tiles of whole Br queries and Bc keys: each operand split into three bf16 parts and six tile
+// products each, as the fp32 forward on tiles (flash_attention_float_on_tiles(), the same
+// routing: no dropout, no sliding window, heads of at least kMinRowsOnTiles queries and keys, any
+// length in the tile model). The three products that reduce over queries or keys (dV, dK, dQ)
+// stay on FMAs: their sums run over tiles, and on the tiles each would load and store its C tiles
+// at every step.
+bool ScoresOnTiles(const BackwardArgs& args, BackwardProducts products) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const FlashAttentionOptions& options = args.options;
+  return products == BackwardProducts::kFloat && options.dropout == 0.0F &&
+         options.window_left < 0 && options.window_right < 0 &&
+         (amx_use() == AmxUse::kModel ||
+          std::min(args.q.rows, args.k.rows) >= flash_backward_detail::kMinRowsOnTiles) &&
+         cpu_has_avx512_bf16() && fp32_on_amx() && amx_tiles_in_use();
+#else
+  (void)args;  // the tiles' products exist only in the AVX-512 targets
+  (void)products;
+  return false;
+#endif
+}
+
 bool KeyValueGradientsStored(const BackwardArgs& args, BackwardProducts products, size_t lanes) {
   return products == BackwardProducts::kFloat && !args.half && args.q.heads == args.k.heads &&
          static_cast<size_t>(args.q.rows) <= flash_backward_detail::kQueryVectors * lanes &&
@@ -180,6 +207,27 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* grad_score_key_pairs = nullptr;
   // On AMX tiles, dS also as Br rows of Bc/2 pairs of adjacent keys: dQ's A operand.
   uint32_t* grad_score_row_pairs = nullptr;
+  // The fp32 products' scores on AMX tiles (ScoresOnTiles): Qᵀ times c (in the softmax's unit)
+  // and dOᵀ per whole query tile, and the key and value rows, each as three bf16 parts' pairs of
+  // adjacent dimensions (SplitThreeBF16), part p *_part_words after part 0. Pairs per row:
+  // split_d_pairs and split_dv_pairs, whole tiles of 16 (zeros past d, dv). Qᵀ and dOᵀ lay out
+  // tiles × pairs × Br words a part, the key side key_rows × pairs.
+  bool split_scores = false;
+  size_t split_d_pairs = 0, split_dv_pairs = 0;
+  size_t query_part_words = 0, grad_out_part_words = 0, key_part_words = 0, value_part_words = 0;
+  uint32_t* split_query_pairs = nullptr;
+  uint32_t* split_grad_out_pairs = nullptr;
+  uint32_t* split_key_pairs = nullptr;
+  uint32_t* split_value_pairs = nullptr;
+  uint16_t* split_staging = nullptr;  // a query tile's three parts as rows, before the transpose
+  // ... and for dV += (P ⊙ Z)ᵀ·dO and dK += dSᵀ·Q on the tiles: Q (unscaled) and dO rows 2p and
+  // 2p + 1 interleaved in three parts (n_padded/2 × d_padded and × dv_padded words a part), and a
+  // tile's (P ⊙ Z)ᵀ and dSᵀ as rows of pairs of adjacent queries in three parts (Bc × Br/2 words).
+  size_t query_row_part_words = 0, grad_out_row_part_words = 0, tile_part_words = 0;
+  uint32_t* split_query_row_pairs = nullptr;
+  uint32_t* split_grad_out_row_pairs = nullptr;
+  uint32_t* split_used = nullptr;
+  uint32_t* split_grad_scores = nullptr;
   // Whether whole tiles' products run on AMX tiles (ChooseBackwardProducts), and the C++ model
   // of the tiles that stands in for them in tests (null on hardware).
   bool amx_products = false;
@@ -203,24 +251,31 @@ struct BackwardScratch : BackwardTileBuffers {
   RowsView queries, keys, values;
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, BackwardProducts products,
-                  bool in_place, bool store_gradients, bool one_query_head)
+                  bool scores_on_tiles, bool in_place, bool store_gradients, bool one_query_head)
       : block_rows(one_query_head),
+        split_scores(scores_on_tiles),
         amx_products(products == BackwardProducts::kAmx || products == BackwardProducts::kAmxModel),
         store_key_value(store_gradients),
         rows_in_place(in_place) {
     const bool bf16_pairs = products != BackwardProducts::kFloat;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (products == BackwardProducts::kAmxModel) amx_model = std::make_unique<amx::AmxTileModel>();
+    if (products == BackwardProducts::kAmxModel || (split_scores && amx_use() == AmxUse::kModel))
+      amx_model = std::make_unique<amx::AmxTileModel>();
 #endif
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
-    const size_t columns = amx_products ? 32 : lanes;
+    const size_t columns = amx_products || split_scores ? 32 : lanes;
     d_padded = hwy::RoundUpTo(d, columns);
     dv_padded = hwy::RoundUpTo(dv, columns);
     d_pairs = PairsOfRow(d, amx_products);
     dv_pairs = PairsOfRow(dv, amx_products);
-    const size_t key_tile_bytes = bc * (2 * d_padded + 2 * dv_padded) * sizeof(float);
+    const size_t split = split_scores ? 1 : 0;
+    split_d_pairs = split * hwy::RoundUpTo(d, 32) / 2;
+    split_dv_pairs = split * hwy::RoundUpTo(dv, 32) / 2;
+    // (A key's three parts: 6 bytes an element of K and V beside the 16 of K, V, dK and dV.)
+    const size_t key_tile_bytes = bc * ((2 * d_padded + 2 * dv_padded) * sizeof(float) +
+                                        3 * (split_d_pairs + split_dv_pairs) * sizeof(uint32_t));
     key_block_tiles = std::clamp<size_t>(l2_cache_bytes() / 2 / key_tile_bytes, 1,
                                          flash_backward_detail::kMaxKeyBlockTiles);
     key_rows = block_rows ? std::min(m, key_block_tiles * bc) : m;
@@ -250,6 +305,24 @@ struct BackwardScratch : BackwardTileBuffers {
         grad_score_key_pairs = as_uint32(take((bc + 1) / 2 * br));
         grad_score_row_pairs = as_uint32(take(amx_products ? br * bc / 2 : 0));
       }
+      query_part_words = n_padded * split_d_pairs;
+      grad_out_part_words = n_padded * split_dv_pairs;
+      key_part_words = key_rows * split_d_pairs;
+      value_part_words = key_rows * split_dv_pairs;
+      split_query_pairs = as_uint32(take(3 * query_part_words));
+      split_grad_out_pairs = as_uint32(take(3 * grad_out_part_words));
+      split_key_pairs = as_uint32(take(3 * key_part_words));
+      split_value_pairs = as_uint32(take(3 * value_part_words));
+      // (Two bf16 a float.)
+      split_staging =
+          reinterpret_cast<uint16_t*>(take(3 * br * std::max(split_d_pairs, split_dv_pairs)));
+      query_row_part_words = split * n_padded / 2 * d_padded;
+      grad_out_row_part_words = split * n_padded / 2 * dv_padded;
+      tile_part_words = split * bc * br / 2;
+      split_query_row_pairs = as_uint32(take(3 * query_row_part_words));
+      split_grad_out_row_pairs = as_uint32(take(3 * grad_out_row_part_words));
+      split_used = as_uint32(take(3 * tile_part_words));
+      split_grad_scores = as_uint32(take(3 * tile_part_words));
     });
   }
 };
@@ -439,6 +512,96 @@ ATTN_AMX_TARGET void TileProduct(BackwardScratch& s, const uint32_t* a, size_t a
   amx::ProductOnTiles<kAccumulate>(tiles, a, a_stride, b, b_stride, pairs, c, c_stride, rows, cols);
 }
 
+// amx::SplitProductOnTiles (C = A·B, or C += A·B with kAccumulate, over operands of three bf16
+// parts each) on the thread's tiles.
+template <bool kAccumulate>
+ATTN_AMX_TARGET void SplitTileProduct(BackwardScratch& s, const uint32_t* a, size_t a_stride,
+                                      size_t a_part, const uint32_t* b, size_t b_stride,
+                                      size_t b_part, size_t pairs, float* c, size_t c_stride,
+                                      size_t rows, size_t cols) {
+  if (s.amx_model != nullptr) {
+    return amx::SplitProductOnTiles<kAccumulate>(*s.amx_model, a, a_stride, a_part, b, b_stride,
+                                                 b_part, pairs, c, c_stride, rows, cols);
+  }
+  amx::AmxHardwareTiles tiles;
+  amx::SplitProductOnTiles<kAccumulate>(tiles, a, a_stride, a_part, b, b_stride, b_part, pairs, c,
+                                        c_stride, rows, cols);
+}
+
+// Rows 2p and 2p + 1 of `rows` (`count` rows of `cols` floats; rows past count read as 0)
+// interleaved as pairs, each element split into three bf16 parts (SplitThreeBF16): pair row p of
+// part k at out + k·part_words + p·padded words, for p in [0, pair_rows), zeros past cols. B of
+// the products that reduce over queries (dV += Pᵀ·dO, dK += dSᵀ·Q) on the tiles.
+ATTN_BF16_TARGET void SplitInterleavedRowPairs(const RowsView& rows, size_t count, size_t pair_rows,
+                                               size_t cols, size_t padded, uint32_t* out,
+                                               size_t part_words) {
+  for (size_t p = 0; p < pair_rows; ++p) {
+    const float* even = 2 * p < count ? rows.row(2 * p) : nullptr;
+    const float* odd = 2 * p + 1 < count ? rows.row(2 * p + 1) : nullptr;
+    for (size_t t = 0; t < padded; t += 16) {
+      const size_t left = cols > t ? std::min<size_t>(cols - t, 16) : 0;
+      const auto mask = static_cast<__mmask16>((1U << left) - 1U);
+      const SplitParts a = SplitThreeBF16(even != nullptr ? _mm512_maskz_loadu_ps(mask, even + t)
+                                                          : _mm512_setzero_ps());
+      const SplitParts b = SplitThreeBF16(odd != nullptr ? _mm512_maskz_loadu_ps(mask, odd + t)
+                                                         : _mm512_setzero_ps());
+      uint32_t* here = out + p * padded + t;
+      _mm512_storeu_si512(here, PartPairs(a.hi, b.hi));
+      _mm512_storeu_si512(here + part_words, PartPairs(a.mid, b.mid));
+      _mm512_storeu_si512(here + 2 * part_words, PartPairs(a.lo, b.lo));
+    }
+  }
+}
+
+// Rows [first, first + count) of `rows` (`cols` floats each) as their three bf16 parts' rows of
+// `pairs` pairs of adjacent elements (zeros past cols): row r's part p at out + p·part_words +
+// r·pairs words. The key and value rows of the scores on tiles.
+ATTN_BF16_TARGET void SplitRowPairs(const RowsView& rows, size_t first, size_t count, size_t cols,
+                                    size_t pairs, uint32_t* out, size_t part_words) {
+  for (size_t r = 0; r < count; ++r) {
+    auto* hi = reinterpret_cast<uint16_t*>(out + r * pairs);
+    SplitRowBF16x3(rows.row(first + r), cols, 2 * pairs, 1.0F, hi, hi + 2 * part_words,
+                   hi + 4 * part_words);
+  }
+}
+
+// `count` floats (a multiple of 32) as three bf16 parts (SplitThreeBF16) of pairs of adjacent
+// elements, part p at out + p·part_words: a transposed tile (Bc × Br, rows Br apart) then holds
+// rows of pairs of adjacent queries, A of dV += (P ⊙ Z)ᵀ·dO and dK += dSᵀ·Q. Whole vectors, no
+// masks: row by row through SplitRowBF16x3 this took 11% of the backward at n = 1024.
+ATTN_BF16_TARGET void SplitTilePairs(const float* tile, size_t count, uint32_t* out,
+                                     size_t part_words) {
+  for (size_t i = 0; i < count; i += 32) {
+    const SplitParts low = SplitThreeBF16(_mm512_loadu_ps(tile + i));
+    const SplitParts high = SplitThreeBF16(_mm512_loadu_ps(tile + i + 16));
+    uint32_t* here = out + i / 2;
+    // Exact: each part is a bf16 already.
+    _mm512_storeu_si512(here, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high.hi, low.hi)));
+    _mm512_storeu_si512(here + part_words,
+                        reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high.mid, low.mid)));
+    _mm512_storeu_si512(here + 2 * part_words,
+                        reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high.lo, low.lo)));
+  }
+}
+
+// A whole query tile's br rows from `first` on, times `scale`, as three bf16 parts' transposed
+// pairs (Qᵀ's layout on the tiles: `pairs` rows of br words a part, part p at out + p·part_words),
+// through `staging` (3 · br · 2·pairs bf16): each part's rows, then their transpose.
+ATTN_BF16_TARGET void SplitTransposedTile(const RowsView& rows, size_t first, size_t br,
+                                          size_t cols, size_t pairs, float scale, uint16_t* staging,
+                                          uint32_t* out, size_t part_words) {
+  const size_t row_halves = 2 * pairs, part_halves = br * row_halves;
+  for (size_t r = 0; r < br; ++r) {
+    uint16_t* row = staging + r * row_halves;
+    SplitRowBF16x3(rows.row(first + r), cols, row_halves, scale, row, row + part_halves,
+                   row + 2 * part_halves);
+  }
+  for (size_t part = 0; part < 3; ++part) {
+    TransposeRowPairs(staging + part * part_halves, row_halves, br, row_halves, br,
+                      out + part * part_words);
+  }
+}
+
 // dS as rows of pairs of adjacent keys (Br × Bc/2 words), dQ's A operand on the tiles, turned
 // from its pairs of adjacent keys laid out as B (Bc/2 × Br words) in 16 × 16 blocks.
 HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t br,
@@ -602,6 +765,13 @@ struct TaskKeyBlocks {
       InterleavedRowPairs(args.k16, b, kv_head, begin / 2, (end + 1) / 2, s.d_padded,
                           s.key_row_pairs + slot / 2 * s.d_padded);
     }
+    if (s.split_scores) {  // the fp32 rows packed above (or in place), in three bf16 parts
+      SplitRowPairs(s.keys, begin, end - begin, static_cast<size_t>(args.k.cols), s.split_d_pairs,
+                    s.split_key_pairs + slot * s.split_d_pairs, s.key_part_words);
+      SplitRowPairs(s.values, begin, end - begin, static_cast<size_t>(args.v.cols),
+                    s.split_dv_pairs, s.split_value_pairs + slot * s.split_dv_pairs,
+                    s.value_part_words);
+    }
 #endif
     if (args.read_magnitude_bits != nullptr) {
       AddReadRows(args, args.k, args.k16, b, kv_head, begin, end - begin, s.read[1]);
@@ -699,12 +869,32 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
                         /*transposed=*/false, score_unit);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (s.split_scores) {  // B of dK += dSᵀ·Q and dV += (P ⊙ Z)ᵀ·dO on the tiles
+    SplitInterleavedRowPairs(s.queries, n, tiles * br / 2, depth, d_padded, s.split_query_row_pairs,
+                             s.query_row_part_words);
+    SplitInterleavedRowPairs(s.grad_out, n, tiles * br / 2, dv, dv_padded,
+                             s.split_grad_out_row_pairs, s.grad_out_row_part_words);
+  }
+#endif
   // Qᵀ and dOᵀ for the fp32 products' Gemm; a tile of few queries reads their rows instead
   // (FewQueryProducts), and transposing them cost more than its products: 16 lanes of stores,
   // most of them padding, per element of a query row.
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
     const size_t rows = std::min(br, n - tile * br), width = TileWidth(d, rows, br);
     if (rows <= kFewQueries) continue;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (s.split_scores && rows == br) {  // a whole tile's scores on the tiles: three parts each
+      SplitTransposedTile(s.queries, tile * br, br, depth, s.split_d_pairs, score_scale,
+                          s.split_staging, s.split_query_pairs + tile * s.split_d_pairs * br,
+                          s.query_part_words);
+      SplitTransposedTile(s.grad_out, tile * br, br, dv, s.split_dv_pairs, 1.0F, s.split_staging,
+                          s.split_grad_out_pairs + tile * s.split_dv_pairs * br,
+                          s.grad_out_part_words);
+      // The last key tile, short of Bc keys, stays on FMAs and reads Qᵀ and dOᵀ as floats.
+      if (m % flash_backward_detail::kKeyTile == 0) continue;
+    }
+#endif
     TransposeScaledTile(s.queries.row(tile * br), s.queries.stride, rows, depth, score_scale, width,
                         width, s.q_transposed + tile * depth * br);
     TransposeScaledTile(s.grad_out.row(tile * br), s.grad_out.stride, rows, dv, 1.0F, width, width,
@@ -722,7 +912,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // the block size changes no bit of the result.
   const size_t block_keys = s.key_block_tiles * flash_backward_detail::kKeyTile;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (s.amx_products) ConfigureTiles(s);
+  if (s.amx_products || s.split_scores) ConfigureTiles(s);
 #endif
   // The blocks run on past this head's keys to the task's last row where the head prepares or
   // finishes the task's rows (key_blocks), their products only up to keys_end.
@@ -772,6 +962,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         // dK and dQ (dO's zeros; dS = P ⊙ (dP − D) = 0), and dQ's rows past n are never read.
         const bool on_tiles = s.amx_products && bc == flash_backward_detail::kKeyTile &&
                               rows >= flash_backward_detail::kFewestTileQueries;
+        // The fp32 scores of a whole tile on the tiles (ScoresOnTiles); the others on FMAs.
+        const bool split_tile =
+            s.split_scores && bc == flash_backward_detail::kKeyTile && rows == br;
 #else
         constexpr bool on_tiles = false;
 #endif
@@ -802,6 +995,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           GemmBF16<false>(bc, width / lanes, s.key_pairs + slot * depth_pairs, depth_pairs, 1,
                           s.query_pairs + tile * depth_pairs * br, br, depth_pairs, s.probabilities,
                           br, nullptr, scale);
+        } else if (split_tile) {  // Qᵀ's parts carry c in the softmax's unit, as q_transposed
+          SplitTileProduct<false>(
+              s, s.split_key_pairs + slot * s.split_d_pairs, s.split_d_pairs, s.key_part_words,
+              s.split_query_pairs + tile * s.split_d_pairs * br, br, s.query_part_words,
+              s.split_d_pairs, s.probabilities, width, bc, br);
         } else
 #endif
             if (rows <= kFewQueries) {
@@ -847,6 +1045,12 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
                          s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
                          s.grad_v + slot * dv_padded, dv_padded, nullptr);
+        } else if (split_tile) {  // the whole tile: P = 0 where a query sees none of the keys
+          SplitTilePairs(used, bc * br, s.split_used, s.tile_part_words);
+          SplitTileProduct<true>(s, s.split_used, br / 2, s.tile_part_words,
+                                 s.split_grad_out_row_pairs + first / 2 * dv_padded, dv_padded,
+                                 s.grad_out_row_part_words, br / 2, s.grad_v_rows.row(key0),
+                                 s.grad_v_rows.stride, bc, dv_padded);
         } else
 #endif
         {
@@ -864,6 +1068,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           GemmBF16<false>(bc, width / lanes, s.value_pairs + slot * dv_pairs, dv_pairs, 1,
                           s.grad_out_pairs + tile * dv_pairs * br, br, dv_pairs, s.grad_scores, br,
                           nullptr);
+        } else if (split_tile) {
+          SplitTileProduct<false>(
+              s, s.split_value_pairs + slot * s.split_dv_pairs, s.split_dv_pairs,
+              s.value_part_words, s.split_grad_out_pairs + tile * s.split_dv_pairs * br, br,
+              s.grad_out_part_words, s.split_dv_pairs, s.grad_scores, width, bc, br);
         } else
 #endif
             if (rows <= kFewQueries) {
@@ -916,9 +1125,20 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         }
 #endif
         // dK += dSᵀ Q (scaled at the end); dQ += dS K.
-        KeysOverQueries(d, crossed, store, s.first + first, s.last + first, rows, key0, bc,
-                        s.grad_scores, width, s.queries.row(first), s.queries.stride,
-                        d_padded / lanes, depth, s.grad_k_rows);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        if (split_tile) {
+          SplitTilePairs(s.grad_scores, bc * br, s.split_grad_scores, s.tile_part_words);
+          SplitTileProduct<true>(s, s.split_grad_scores, br / 2, s.tile_part_words,
+                                 s.split_query_row_pairs + first / 2 * d_padded, d_padded,
+                                 s.query_row_part_words, br / 2, s.grad_k_rows.row(key0),
+                                 s.grad_k_rows.stride, bc, d_padded);
+        } else
+#endif
+        {
+          KeysOverQueries(d, crossed, store, s.first + first, s.last + first, rows, key0, bc,
+                          s.grad_scores, width, s.queries.row(first), s.queries.stride,
+                          d_padded / lanes, depth, s.grad_k_rows);
+        }
         if (crossed) {
           QueriesOverVisibleKeys(d, s.first + first, s.last + first, rows, key_begin, bc,
                                  s.grad_scores, width, s.keys.row(key0), s.keys.stride,
@@ -934,7 +1154,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
     if (last_head) key_blocks.Finish(block0, block0 + block_keys);
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (s.amx_products) ReleaseTiles(s);
+  if (s.amx_products || s.split_scores) ReleaseTiles(s);
 #endif
   for (size_t i = 0; i < n; ++i) {
     if (partial_grad_q != nullptr) {
@@ -1103,10 +1323,12 @@ void FlashBackward(const BackwardArgs& call) {
                                  args.q.rows, args.k.rows, threads);
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
   const BackwardProducts products = ChooseBackwardProducts(args);
+  const bool scores_on_tiles = ScoresOnTiles(args, products);
   const size_t lanes = hn::Lanes(d);
   const bool rows_in_place = !args.half && DenseRows(args.q, lanes) && DenseRows(args.k, lanes) &&
                              DenseRows(args.v, lanes);
-  const bool store_key_value = KeyValueGradientsStored(args, products, lanes);
+  // (The tiles' products add into dK and dV's scratch rows, 32 columns at a time.)
+  const bool store_key_value = !scores_on_tiles && KeyValueGradientsStored(args, products, lanes);
   float* grad_sinks = grad_sinks_by_head.data();
   run_parallel_tasks(
       tasks, "flash_attention_backward",
@@ -1114,7 +1336,7 @@ void FlashBackward(const BackwardArgs& call) {
       [&] {
         return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
                                static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
-                               lanes, products, rows_in_place, store_key_value,
+                               lanes, products, scores_on_tiles, rows_in_place, store_key_value,
                                args.q.heads == args.k.heads);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {

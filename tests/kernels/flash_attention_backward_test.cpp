@@ -13,10 +13,12 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/amx.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/nn/dot_product_attention.hpp"
 #include "every_simd_target.hpp"
 #include "kernels/cache_sizes.hpp"
+#include "scoped_bf16_products.hpp"
 #include "sdpa_reference.hpp"
 #include "test_support.hpp"
 
@@ -172,18 +174,84 @@ struct DenseHeads {
   std::vector<double> doubles() const { return {values.begin(), values.end()}; }
 };
 
+// A case against the double reference (reference::sdpa_backward), gradients and sinks within
+// kDoubleTolerance of their magnitude (scaled by the scores' magnitude squared).
+struct DoubleCase {
+  int64_t batch, q_heads, kv_heads, queries, keys, depth, value_depth;
+  bool causal = false, lengths = false, sinks = false;
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0F, magnitude = 1.0F;
+  int threads = 1;
+};
+void check_against_double_reference(const DoubleCase& c, Rng& rng, int64_t target) {
+  const DenseHeads q(c.batch, c.q_heads, c.queries, c.depth, &rng, c.magnitude);
+  const DenseHeads k(c.batch, c.kv_heads, c.keys, c.depth, &rng, c.magnitude);
+  const DenseHeads v(c.batch, c.kv_heads, c.keys, c.value_depth, &rng);
+  const DenseHeads grad_out(c.batch, c.q_heads, c.queries, c.value_depth, &rng);
+  const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+  reference::SdpaProblem problem = reference::problem_of_case(c, scale);
+  FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  options.softcap = c.softcap;
+  std::vector<float> sinks;
+  if (c.sinks) {
+    for (int64_t h = 0; h < c.q_heads; ++h) sinks.push_back(static_cast<float>(h % 3) - 1.0F);
+    problem.sinks.assign(sinks.begin(), sinks.end());
+    options.sinks = sinks.data();
+  }
+  ValidLengths lengths;
+  if (c.lengths) {
+    std::vector<int64_t> per_query;
+    for (int64_t index = 0; index < c.batch * c.queries; ++index)
+      per_query.push_back(index == 0 ? 0 : index == 1 ? c.keys : (index * 37) % (c.keys + 1));
+    lengths = ValidLengths::per_query(per_query, c.batch, c.queries);
+    problem.lengths = per_query;
+  }
+  DenseHeads out(c.batch, c.q_heads, c.queries, c.value_depth, nullptr);
+  std::vector<float> lse(static_cast<size_t>(c.batch * c.q_heads * c.queries));
+  flash_attention_forward(q.view(), k.view(), v.view(), lengths, options, out.view(), lse.data());
+  DenseHeads grad_q(c.batch, c.q_heads, c.queries, c.depth, nullptr);
+  DenseHeads grad_k(c.batch, c.kv_heads, c.keys, c.depth, nullptr);
+  DenseHeads grad_v(c.batch, c.kv_heads, c.keys, c.value_depth, nullptr);
+  std::vector<float> grad_sinks(sinks.size(), 0.0F);
+  const int threads_before = omp_get_max_threads();
+  omp_set_num_threads(c.threads);
+  flash_attention_backward(q.view(), k.view(), v.view(), out.view(), grad_out.view(), lse.data(),
+                           lengths, options, grad_q.view(), grad_k.view(), grad_v.view(), {},
+                           c.sinks ? grad_sinks.data() : nullptr);
+  omp_set_num_threads(threads_before);
+  const reference::SdpaGradients expected =
+      reference::sdpa_backward(problem, q.doubles(), k.doubles(), v.doubles(), grad_out.doubles());
+  // The scores' float rounding enters the exponent: scaled by their magnitude, as the forward
+  // kernel's test scales its tolerance.
+  const double tolerance = kDoubleTolerance * std::max(1.0F, c.magnitude * c.magnitude);
+  const std::string where = "target " + std::string(hwy::TargetName(target)) +
+                            " B=" + std::to_string(c.batch) + " Hq=" + std::to_string(c.q_heads) +
+                            " Hkv=" + std::to_string(c.kv_heads) +
+                            " n=" + std::to_string(c.queries) + " m=" + std::to_string(c.keys) +
+                            " d=" + std::to_string(c.depth);
+  const Shape q_shape{c.batch * c.q_heads, c.queries, c.depth},
+      k_shape{c.batch * c.kv_heads, c.keys, c.depth},
+      v_shape{c.batch * c.kv_heads, c.keys, c.value_depth};
+  EXPECT_TRUE(close_to(ConstTensorView(grad_q.values.data(), q_shape), expected.q, tolerance))
+      << where << " dQ";
+  EXPECT_TRUE(close_to(ConstTensorView(grad_k.values.data(), k_shape), expected.k, tolerance))
+      << where << " dK";
+  EXPECT_TRUE(close_to(ConstTensorView(grad_v.values.data(), v_shape), expected.v, tolerance))
+      << where << " dV";
+  for (size_t h = 0; h < sinks.size(); ++h) {
+    EXPECT_NEAR(grad_sinks[h], expected.sinks[h],
+                tolerance * std::max(1.0, std::abs(expected.sinks[h])))
+        << where << " sink " << h;
+  }
+}
+
 // The fp32 backward (each target's register tiles, key blocks, key chunks over threads, the
 // few-query products, stored dK and dV) against the double reference of every option it takes,
 // within 1e-5 of each gradient's magnitude: grouped heads, causal with n < m and n > m, per-query
 // lengths 0 to m, windows, soft-capping, sinks, scores up to 8² and 2085 keys (several blocks).
 TEST_P(FlashAttentionBackward, MatchesTheDoubleReferenceWithin1e5) {
-  struct DoubleCase {
-    int64_t batch, q_heads, kv_heads, queries, keys, depth, value_depth;
-    bool causal = false, lengths = false, sinks = false;
-    int64_t window_left = -1, window_right = -1;
-    float softcap = 0.0F, magnitude = 1.0F;
-    int threads = 1;
-  };
   const DoubleCase cases[] = {
       {1, 1, 1, 1, 1, 1, 1},
       {2, 2, 1, 37, 45, 16, 16, false, true},
@@ -201,68 +269,48 @@ TEST_P(FlashAttentionBackward, MatchesTheDoubleReferenceWithin1e5) {
       {1, 1, 1, 300, 2085, 64, 64, true, false, false, -1, -1, 0.0F, 1.0F, 2},  // key chunks
   };
   Rng rng(97);
-  for (const DoubleCase& c : cases) {
-    const DenseHeads q(c.batch, c.q_heads, c.queries, c.depth, &rng, c.magnitude);
-    const DenseHeads k(c.batch, c.kv_heads, c.keys, c.depth, &rng, c.magnitude);
-    const DenseHeads v(c.batch, c.kv_heads, c.keys, c.value_depth, &rng);
-    const DenseHeads grad_out(c.batch, c.q_heads, c.queries, c.value_depth, &rng);
-    const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
-    reference::SdpaProblem problem = reference::problem_of_case(c, scale);
-    FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
-    options.window_left = c.window_left;
-    options.window_right = c.window_right;
-    options.softcap = c.softcap;
-    std::vector<float> sinks;
-    if (c.sinks) {
-      for (int64_t h = 0; h < c.q_heads; ++h) sinks.push_back(static_cast<float>(h % 3) - 1.0F);
-      problem.sinks.assign(sinks.begin(), sinks.end());
-      options.sinks = sinks.data();
-    }
-    ValidLengths lengths;
-    if (c.lengths) {
-      std::vector<int64_t> per_query;
-      for (int64_t index = 0; index < c.batch * c.queries; ++index)
-        per_query.push_back(index == 0 ? 0 : index == 1 ? c.keys : (index * 37) % (c.keys + 1));
-      lengths = ValidLengths::per_query(per_query, c.batch, c.queries);
-      problem.lengths = per_query;
-    }
-    DenseHeads out(c.batch, c.q_heads, c.queries, c.value_depth, nullptr);
-    std::vector<float> lse(static_cast<size_t>(c.batch * c.q_heads * c.queries));
-    flash_attention_forward(q.view(), k.view(), v.view(), lengths, options, out.view(), lse.data());
-    DenseHeads grad_q(c.batch, c.q_heads, c.queries, c.depth, nullptr);
-    DenseHeads grad_k(c.batch, c.kv_heads, c.keys, c.depth, nullptr);
-    DenseHeads grad_v(c.batch, c.kv_heads, c.keys, c.value_depth, nullptr);
-    std::vector<float> grad_sinks(sinks.size(), 0.0F);
-    const int threads_before = omp_get_max_threads();
-    omp_set_num_threads(c.threads);
-    flash_attention_backward(q.view(), k.view(), v.view(), out.view(), grad_out.view(), lse.data(),
-                             lengths, options, grad_q.view(), grad_k.view(), grad_v.view(), {},
-                             c.sinks ? grad_sinks.data() : nullptr);
-    omp_set_num_threads(threads_before);
-    const reference::SdpaGradients expected = reference::sdpa_backward(
-        problem, q.doubles(), k.doubles(), v.doubles(), grad_out.doubles());
-    // The scores' float rounding enters the exponent: scaled by their magnitude, as the forward
-    // kernel's test scales its tolerance.
-    const double tolerance = kDoubleTolerance * std::max(1.0F, c.magnitude * c.magnitude);
-    const std::string where = "target " + std::string(hwy::TargetName(GetParam())) +
-                              " B=" + std::to_string(c.batch) + " Hq=" + std::to_string(c.q_heads) +
-                              " Hkv=" + std::to_string(c.kv_heads) +
-                              " n=" + std::to_string(c.queries) + " m=" + std::to_string(c.keys) +
-                              " d=" + std::to_string(c.depth);
-    const Shape q_shape{c.batch * c.q_heads, c.queries, c.depth},
-        k_shape{c.batch * c.kv_heads, c.keys, c.depth},
-        v_shape{c.batch * c.kv_heads, c.keys, c.value_depth};
-    EXPECT_TRUE(close_to(ConstTensorView(grad_q.values.data(), q_shape), expected.q, tolerance))
-        << where << " dQ";
-    EXPECT_TRUE(close_to(ConstTensorView(grad_k.values.data(), k_shape), expected.k, tolerance))
-        << where << " dK";
-    EXPECT_TRUE(close_to(ConstTensorView(grad_v.values.data(), v_shape), expected.v, tolerance))
-        << where << " dV";
-    for (size_t h = 0; h < sinks.size(); ++h) {
-      EXPECT_NEAR(grad_sinks[h], expected.sinks[h],
-                  tolerance * std::max(1.0, std::abs(expected.sinks[h])))
-          << where << " sink " << h;
-    }
+  for (const DoubleCase& c : cases) check_against_double_reference(c, rng, GetParam());
+}
+
+// The fp32 scores (Sᵀ and dPᵀ) on AMX tiles, each operand in three bf16 parts, for the tiles of
+// whole 64 queries and 64 keys (the others on FMAs beside them): grouped heads, causal, per-query
+// lengths, sinks, soft-capping, depths off the tiles' 32 columns (17, 80) and values of another
+// depth, scores up to 8², key chunks over two threads; held to the FMA path's tolerance.
+const DoubleCase kScoresOnTilesCases[] = {
+    {1, 2, 1, 130, 200, 64, 64, true},
+    {2, 2, 2, 128, 131, 80, 48, false, true},
+    {1, 1, 1, 70, 300, 17, 33, false, false, true},
+    {1, 2, 2, 64, 64, 32, 32, false, false, false, -1, -1, 5.0F},
+    {1, 1, 1, 100, 192, 16, 16, false, false, false, -1, -1, 0.0F, 8.0F},  // m of whole key tiles
+    {1, 1, 1, 192, 1100, 64, 64, true, false, false, -1, -1, 0.0F, 1.0F, 2},  // key chunks
+};
+
+// The C++ model of each tile instruction, where the target has AVX512-BF16 (the parts' packing
+// uses it): every length, on any CPU.
+TEST_P(FlashAttentionBackward, FloatScoresOnAmxTileModelMatchTheDoubleReference) {
+  const testing::ScopedAmxUse model(AmxUse::kModel);
+  const testing::ScopedFp32OnAmx on(true);
+  if (!flash_attention_float_on_tiles())
+    GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
+  Rng rng(98);
+  for (const DoubleCase& c : kScoresOnTilesCases)
+    check_against_double_reference(c, rng, GetParam());
+}
+
+// On the hardware the tiles take heads of at least 384 queries and keys.
+TEST_P(FlashAttentionBackward, FloatScoresOnAmxMatchTheDoubleReference) {
+  if (!amx_available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU, or Linux refused this process the tile state";
+  const testing::ScopedAmxUse hardware(AmxUse::kWhereAvailable);
+  const testing::ScopedFp32OnAmx on(true);
+  if (!flash_attention_float_on_tiles())
+    GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
+  Rng rng(99);
+  for (const DoubleCase& c :
+       {DoubleCase{1, 2, 1, 400, 450, 64, 64, true},
+        DoubleCase{1, 1, 1, 390, 700, 80, 48, false, true, true},
+        DoubleCase{1, 1, 1, 400, 384, 32, 32, false, false, false, -1, -1, 0.0F, 4.0F}}) {
+    check_against_double_reference(c, rng, GetParam());
   }
 }
 
