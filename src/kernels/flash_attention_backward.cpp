@@ -125,14 +125,14 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 // one query head per key/value head, all its queries in one tile, fp32 products and gradients,
 // and rows of whole vectors (the products store d_padded = d floats a row). One query against
 // 2 × 2 heads of 1024 keys, d = 64: the scratch's zeroing and copy were 25-30% of the backward.
-// Whether the fp32 products' two score products, Sᵀ = K·c·Qᵀ and dPᵀ = V·dOᵀ, run on AMX tiles for
-// the tiles of whole Br queries and Bc keys: each operand split into three bf16 parts and six tile
-// products each, as the fp32 forward on tiles (flash_attention_float_on_tiles(), the same
-// routing: no dropout, no sliding window, heads of at least kMinRowsOnTiles queries and keys, any
-// length in the tile model). The three products that reduce over queries or keys (dV, dK, dQ)
-// stay on FMAs: their sums run over tiles, and on the tiles each would load and store its C tiles
-// at every step.
-bool ScoresOnTiles(const BackwardArgs& args, BackwardProducts products) {
+// Whether the fp32 products (Sᵀ = K·c·Qᵀ, dPᵀ = V·dOᵀ, dV += (P ⊙ Z)ᵀ·dO, dK += dSᵀ·Q, dQ +=
+// dS·K) run on AMX tiles for the tiles of whole Br queries and Bc keys: each operand split into
+// three bf16 parts and six tile products each, as the fp32 forward on tiles
+// (flash_attention_float_on_tiles(), the same routing: no dropout, no sliding window, heads of at
+// least kMinRowsOnTiles queries and keys, any length in the tile model). The accumulating three
+// load and store their C tiles around each call's six products a step, work enough to carry that
+// traffic (the bf16 backward's single products are held back by it).
+bool FloatProductsOnTiles(const BackwardArgs& args, BackwardProducts products) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const FlashAttentionOptions& options = args.options;
   return products == BackwardProducts::kFloat && options.dropout == 0.0F &&
@@ -207,12 +207,12 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* grad_score_key_pairs = nullptr;
   // On AMX tiles, dS also as Br rows of Bc/2 pairs of adjacent keys: dQ's A operand.
   uint32_t* grad_score_row_pairs = nullptr;
-  // The fp32 products' scores on AMX tiles (ScoresOnTiles): Qᵀ times c (in the softmax's unit)
+  // The fp32 products on AMX tiles (FloatProductsOnTiles): Qᵀ times c (in the softmax's unit)
   // and dOᵀ per whole query tile, and the key and value rows, each as three bf16 parts' pairs of
   // adjacent dimensions (SplitThreeBF16), part p *_part_words after part 0. Pairs per row:
   // split_d_pairs and split_dv_pairs, whole tiles of 16 (zeros past d, dv). Qᵀ and dOᵀ lay out
   // tiles × pairs × Br words a part, the key side key_rows × pairs.
-  bool split_scores = false;
+  bool split_products = false;
   size_t split_d_pairs = 0, split_dv_pairs = 0;
   size_t query_part_words = 0, grad_out_part_words = 0, key_part_words = 0, value_part_words = 0;
   uint32_t* split_query_pairs = nullptr;
@@ -228,6 +228,13 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* split_grad_out_row_pairs = nullptr;
   uint32_t* split_used = nullptr;
   uint32_t* split_grad_scores = nullptr;
+  // ... and for dQ += dS·K: K rows 2p and 2p + 1 interleaved in three parts (key_rows/2 ×
+  // d_padded words a part), and a tile's dS as Br rows of Bc/2 pairs of adjacent keys in three
+  // parts, through their pairs laid out as Bc/2 rows of Br (both Bc × Br/2 words a part).
+  size_t key_row_part_words = 0;
+  uint32_t* split_key_row_pairs = nullptr;
+  uint32_t* split_grad_score_key_pairs = nullptr;
+  uint32_t* split_grad_score_rows = nullptr;
   // Whether whole tiles' products run on AMX tiles (ChooseBackwardProducts), and the C++ model
   // of the tiles that stands in for them in tests (null on hardware).
   bool amx_products = false;
@@ -251,31 +258,33 @@ struct BackwardScratch : BackwardTileBuffers {
   RowsView queries, keys, values;
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, BackwardProducts products,
-                  bool scores_on_tiles, bool in_place, bool store_gradients, bool one_query_head)
+                  bool float_on_tiles, bool in_place, bool store_gradients, bool one_query_head)
       : block_rows(one_query_head),
-        split_scores(scores_on_tiles),
+        split_products(float_on_tiles),
         amx_products(products == BackwardProducts::kAmx || products == BackwardProducts::kAmxModel),
         store_key_value(store_gradients),
         rows_in_place(in_place) {
     const bool bf16_pairs = products != BackwardProducts::kFloat;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (products == BackwardProducts::kAmxModel || (split_scores && amx_use() == AmxUse::kModel))
+    if (products == BackwardProducts::kAmxModel || (split_products && amx_use() == AmxUse::kModel))
       amx_model = std::make_unique<amx::AmxTileModel>();
 #endif
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
-    const size_t columns = amx_products || split_scores ? 32 : lanes;
+    const size_t columns = amx_products || split_products ? 32 : lanes;
     d_padded = hwy::RoundUpTo(d, columns);
     dv_padded = hwy::RoundUpTo(dv, columns);
     d_pairs = PairsOfRow(d, amx_products);
     dv_pairs = PairsOfRow(dv, amx_products);
-    const size_t split = split_scores ? 1 : 0;
+    const size_t split = split_products ? 1 : 0;
     split_d_pairs = split * hwy::RoundUpTo(d, 32) / 2;
     split_dv_pairs = split * hwy::RoundUpTo(dv, 32) / 2;
-    // (A key's three parts: 6 bytes an element of K and V beside the 16 of K, V, dK and dV.)
-    const size_t key_tile_bytes = bc * ((2 * d_padded + 2 * dv_padded) * sizeof(float) +
-                                        3 * (split_d_pairs + split_dv_pairs) * sizeof(uint32_t));
+    // (A key's three parts: 6 bytes an element of K and V, and of K again as row pairs, beside
+    // the 16 of K, V, dK and dV.)
+    const size_t key_tile_bytes =
+        bc * ((2 * d_padded + 2 * dv_padded) * sizeof(float) +
+              3 * (2 * split_d_pairs + split_dv_pairs) * sizeof(uint32_t));
     key_block_tiles = std::clamp<size_t>(l2_cache_bytes() / 2 / key_tile_bytes, 1,
                                          flash_backward_detail::kMaxKeyBlockTiles);
     key_rows = block_rows ? std::min(m, key_block_tiles * bc) : m;
@@ -323,6 +332,10 @@ struct BackwardScratch : BackwardTileBuffers {
       split_grad_out_row_pairs = as_uint32(take(3 * grad_out_row_part_words));
       split_used = as_uint32(take(3 * tile_part_words));
       split_grad_scores = as_uint32(take(3 * tile_part_words));
+      key_row_part_words = split * (key_rows + 1) / 2 * d_padded;
+      split_key_row_pairs = as_uint32(take(3 * key_row_part_words));
+      split_grad_score_key_pairs = as_uint32(take(3 * tile_part_words));
+      split_grad_score_rows = as_uint32(take(3 * tile_part_words));
     });
   }
 };
@@ -528,16 +541,17 @@ ATTN_AMX_TARGET void SplitTileProduct(BackwardScratch& s, const uint32_t* a, siz
                                         c_stride, rows, cols);
 }
 
-// Rows 2p and 2p + 1 of `rows` (`count` rows of `cols` floats; rows past count read as 0)
-// interleaved as pairs, each element split into three bf16 parts (SplitThreeBF16): pair row p of
-// part k at out + k·part_words + p·padded words, for p in [0, pair_rows), zeros past cols. B of
-// the products that reduce over queries (dV += Pᵀ·dO, dK += dSᵀ·Q) on the tiles.
-ATTN_BF16_TARGET void SplitInterleavedRowPairs(const RowsView& rows, size_t count, size_t pair_rows,
-                                               size_t cols, size_t padded, uint32_t* out,
-                                               size_t part_words) {
+// Rows first + 2p and first + 2p + 1 of `rows` (`count` rows of `cols` floats from `first` on;
+// rows past them read as 0) interleaved as pairs, each element split into three bf16 parts
+// (SplitThreeBF16): pair row p of part k at out + k·part_words + p·padded words, for p in
+// [0, pair_rows), zeros past cols. B of the accumulating products on the tiles: Q and dO (dV +=
+// Pᵀ·dO, dK += dSᵀ·Q, reducing over queries) and K (dQ += dS·K, over keys).
+ATTN_BF16_TARGET void SplitInterleavedRowPairs(const RowsView& rows, size_t first, size_t count,
+                                               size_t pair_rows, size_t cols, size_t padded,
+                                               uint32_t* out, size_t part_words) {
   for (size_t p = 0; p < pair_rows; ++p) {
-    const float* even = 2 * p < count ? rows.row(2 * p) : nullptr;
-    const float* odd = 2 * p + 1 < count ? rows.row(2 * p + 1) : nullptr;
+    const float* even = 2 * p < count ? rows.row(first + 2 * p) : nullptr;
+    const float* odd = 2 * p + 1 < count ? rows.row(first + 2 * p + 1) : nullptr;
     for (size_t t = 0; t < padded; t += 16) {
       const size_t left = cols > t ? std::min<size_t>(cols - t, 16) : 0;
       const auto mask = static_cast<__mmask16>((1U << left) - 1U);
@@ -611,6 +625,42 @@ HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t b
     for (size_t i = 0; i < br; i += 16)
       TransposeWords16(key_pairs + p * br + i, br, row_pairs + i * pairs + p, pairs);
   }
+}
+
+// dSᵀ (bc × br floats, rows br apart) in three bf16 parts (SplitThreeBF16), each element split
+// once for both of its layouts: rows of pairs of adjacent queries (`query_pairs`, bc × br/2 words
+// a part: A of dK += dSᵀ·Q, as SplitTilePairs) and, for dQ += dS·K, pairs of adjacent keys
+// (PartPairs of rows 2k and 2k + 1 into `key_pairs`, bc/2 × br words a part) turned into br rows
+// of bc/2 pairs (`rows`, GradScoreRowPairs); parts part_words apart in all three. (Splitting
+// twice, once per layout, took the same 16% of the backward's samples at n = 1024: the stores and
+// the transposes bound it, not the split.)
+ATTN_BF16_TARGET void SplitGradScores(const float* grad_scores, size_t bc, size_t br,
+                                      uint32_t* query_pairs, uint32_t* key_pairs, uint32_t* rows,
+                                      size_t part_words) {
+  for (size_t k = 0; k < bc / 2; ++k) {
+    const float* even = grad_scores + 2 * k * br;
+    for (size_t i = 0; i < br; i += 32) {
+      const SplitParts a0 = SplitThreeBF16(_mm512_loadu_ps(even + i));
+      const SplitParts a1 = SplitThreeBF16(_mm512_loadu_ps(even + i + 16));
+      const SplitParts b0 = SplitThreeBF16(_mm512_loadu_ps(even + br + i));
+      const SplitParts b1 = SplitThreeBF16(_mm512_loadu_ps(even + br + i + 16));
+      const __m512 a_low[3] = {a0.hi, a0.mid, a0.lo}, a_high[3] = {a1.hi, a1.mid, a1.lo};
+      const __m512 b_low[3] = {b0.hi, b0.mid, b0.lo}, b_high[3] = {b1.hi, b1.mid, b1.lo};
+      for (size_t part = 0; part < 3; ++part) {
+        uint32_t* keys_here = key_pairs + part * part_words + k * br + i;
+        _mm512_storeu_si512(keys_here, PartPairs(a_low[part], b_low[part]));
+        _mm512_storeu_si512(keys_here + 16, PartPairs(a_high[part], b_high[part]));
+        // Exact: each part is a bf16 already.
+        uint32_t* queries_here = query_pairs + part * part_words + (2 * k * br + i) / 2;
+        _mm512_storeu_si512(queries_here, reinterpret_cast<__m512i>(
+                                              _mm512_cvtne2ps_pbh(a_high[part], a_low[part])));
+        _mm512_storeu_si512(queries_here + br / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                                                       b_high[part], b_low[part])));
+      }
+    }
+  }
+  for (size_t part = 0; part < 3; ++part)
+    GradScoreRowPairs(key_pairs + part * part_words, bc, br, rows + part * part_words);
 }
 
 // KeysOverVisibleQueries on bf16 pairs of adjacent queries (dV += (P ⊙ Z)ᵀ dO, dK += dSᵀ Q): A
@@ -765,12 +815,16 @@ struct TaskKeyBlocks {
       InterleavedRowPairs(args.k16, b, kv_head, begin / 2, (end + 1) / 2, s.d_padded,
                           s.key_row_pairs + slot / 2 * s.d_padded);
     }
-    if (s.split_scores) {  // the fp32 rows packed above (or in place), in three bf16 parts
+    if (s.split_products) {  // the fp32 rows packed above (or in place), in three bf16 parts
       SplitRowPairs(s.keys, begin, end - begin, static_cast<size_t>(args.k.cols), s.split_d_pairs,
                     s.split_key_pairs + slot * s.split_d_pairs, s.key_part_words);
       SplitRowPairs(s.values, begin, end - begin, static_cast<size_t>(args.v.cols),
                     s.split_dv_pairs, s.split_value_pairs + slot * s.split_dv_pairs,
                     s.value_part_words);
+      // (begin and the base are multiples of the key tile: pair rows start at row pairs.)
+      SplitInterleavedRowPairs(s.keys, begin, end - begin, (end - begin + 1) / 2,
+                               static_cast<size_t>(args.k.cols), s.d_padded,
+                               s.split_key_row_pairs + slot / 2 * s.d_padded, s.key_row_part_words);
     }
 #endif
     if (args.read_magnitude_bits != nullptr) {
@@ -870,10 +924,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
                         /*transposed=*/false, score_unit);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (s.split_scores) {  // B of dK += dSᵀ·Q and dV += (P ⊙ Z)ᵀ·dO on the tiles
-    SplitInterleavedRowPairs(s.queries, n, tiles * br / 2, depth, d_padded, s.split_query_row_pairs,
-                             s.query_row_part_words);
-    SplitInterleavedRowPairs(s.grad_out, n, tiles * br / 2, dv, dv_padded,
+  if (s.split_products) {  // B of dK += dSᵀ·Q and dV += (P ⊙ Z)ᵀ·dO on the tiles
+    SplitInterleavedRowPairs(s.queries, 0, n, tiles * br / 2, depth, d_padded,
+                             s.split_query_row_pairs, s.query_row_part_words);
+    SplitInterleavedRowPairs(s.grad_out, 0, n, tiles * br / 2, dv, dv_padded,
                              s.split_grad_out_row_pairs, s.grad_out_row_part_words);
   }
 #endif
@@ -884,7 +938,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
     const size_t rows = std::min(br, n - tile * br), width = TileWidth(d, rows, br);
     if (rows <= kFewQueries) continue;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (s.split_scores && rows == br) {  // a whole tile's scores on the tiles: three parts each
+    if (s.split_products && rows == br) {  // a whole tile's scores on the tiles: three parts each
       SplitTransposedTile(s.queries, tile * br, br, depth, s.split_d_pairs, score_scale,
                           s.split_staging, s.split_query_pairs + tile * s.split_d_pairs * br,
                           s.query_part_words);
@@ -912,7 +966,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // the block size changes no bit of the result.
   const size_t block_keys = s.key_block_tiles * flash_backward_detail::kKeyTile;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (s.amx_products || s.split_scores) ConfigureTiles(s);
+  if (s.amx_products || s.split_products) ConfigureTiles(s);
 #endif
   // The blocks run on past this head's keys to the task's last row where the head prepares or
   // finishes the task's rows (key_blocks), their products only up to keys_end.
@@ -962,9 +1016,9 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         // dK and dQ (dO's zeros; dS = P ⊙ (dP − D) = 0), and dQ's rows past n are never read.
         const bool on_tiles = s.amx_products && bc == flash_backward_detail::kKeyTile &&
                               rows >= flash_backward_detail::kFewestTileQueries;
-        // The fp32 scores of a whole tile on the tiles (ScoresOnTiles); the others on FMAs.
+        // A whole tile's fp32 products on the tiles (FloatProductsOnTiles); the others on FMAs.
         const bool split_tile =
-            s.split_scores && bc == flash_backward_detail::kKeyTile && rows == br;
+            s.split_products && bc == flash_backward_detail::kKeyTile && rows == br;
 #else
         constexpr bool on_tiles = false;
 #endif
@@ -1127,7 +1181,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         // dK += dSᵀ Q (scaled at the end); dQ += dS K.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (split_tile) {
-          SplitTilePairs(s.grad_scores, bc * br, s.split_grad_scores, s.tile_part_words);
+          SplitGradScores(s.grad_scores, bc, br, s.split_grad_scores, s.split_grad_score_key_pairs,
+                          s.split_grad_score_rows, s.tile_part_words);
           SplitTileProduct<true>(s, s.split_grad_scores, br / 2, s.tile_part_words,
                                  s.split_query_row_pairs + first / 2 * d_padded, d_padded,
                                  s.query_row_part_words, br / 2, s.grad_k_rows.row(key0),
@@ -1139,7 +1194,16 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                           s.grad_scores, width, s.queries.row(first), s.queries.stride,
                           d_padded / lanes, depth, s.grad_k_rows);
         }
-        if (crossed) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        if (split_tile) {
+          // (dS's parts: SplitGradScores above, for dK.)
+          SplitTileProduct<true>(s, s.split_grad_score_rows, bc / 2, s.tile_part_words,
+                                 s.split_key_row_pairs + slot / 2 * d_padded, d_padded,
+                                 s.key_row_part_words, bc / 2, s.grad_q + first * d_padded,
+                                 d_padded, br, d_padded);
+        } else
+#endif
+            if (crossed) {
           QueriesOverVisibleKeys(d, s.first + first, s.last + first, rows, key_begin, bc,
                                  s.grad_scores, width, s.keys.row(key0), s.keys.stride,
                                  d_padded / lanes, s.grad_q + first * d_padded, d_padded);
@@ -1154,7 +1218,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
     if (last_head) key_blocks.Finish(block0, block0 + block_keys);
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (s.amx_products || s.split_scores) ReleaseTiles(s);
+  if (s.amx_products || s.split_products) ReleaseTiles(s);
 #endif
   for (size_t i = 0; i < n; ++i) {
     if (partial_grad_q != nullptr) {
@@ -1323,12 +1387,12 @@ void FlashBackward(const BackwardArgs& call) {
                                  args.q.rows, args.k.rows, threads);
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
   const BackwardProducts products = ChooseBackwardProducts(args);
-  const bool scores_on_tiles = ScoresOnTiles(args, products);
+  const bool float_on_tiles = FloatProductsOnTiles(args, products);
   const size_t lanes = hn::Lanes(d);
   const bool rows_in_place = !args.half && DenseRows(args.q, lanes) && DenseRows(args.k, lanes) &&
                              DenseRows(args.v, lanes);
   // (The tiles' products add into dK and dV's scratch rows, 32 columns at a time.)
-  const bool store_key_value = !scores_on_tiles && KeyValueGradientsStored(args, products, lanes);
+  const bool store_key_value = !float_on_tiles && KeyValueGradientsStored(args, products, lanes);
   float* grad_sinks = grad_sinks_by_head.data();
   run_parallel_tasks(
       tasks, "flash_attention_backward",
@@ -1336,7 +1400,7 @@ void FlashBackward(const BackwardArgs& call) {
       [&] {
         return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
                                static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
-                               lanes, products, scores_on_tiles, rows_in_place, store_key_value,
+                               lanes, products, float_on_tiles, rows_in_place, store_key_value,
                                args.q.heads == args.k.heads);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {
