@@ -595,6 +595,18 @@ TEST_P(FlashAttentionHalf, Float16MatchesReferenceOnRoundedInputs) {
   for (const HalfCase& c : kCases) check_case(HalfType::kFloat16, c, rng);
 }
 
+// fp16 widens to the fp32 pass, whose products go to the AMX tiles in three bf16 parts where the
+// tiles are in use (forward and backward, whole 64 × 64 tiles in the backward): here in the tile
+// model, at every length, on every CPU with AVX512-BF16.
+TEST_P(FlashAttentionHalf, Float16OnAmxTileModelMatchesReferenceOnRoundedInputs) {
+  const ScopedAmxUse model(AmxUse::kModel);
+  const testing::ScopedFp32OnAmx on(true);
+  if (!flash_attention_float_on_tiles())
+    GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
+  Rng rng(83);
+  for (const HalfCase& c : kCases) check_case(HalfType::kFloat16, c, rng);
+}
+
 TEST_P(FlashAttentionHalf, RejectsInconsistentShapes) {
   std::vector<float> unused;
   Rng rng(3);
