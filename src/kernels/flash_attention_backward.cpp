@@ -129,14 +129,18 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 // dS·K) run on AMX tiles for the tiles of whole Br queries and Bc keys: each operand split into
 // three bf16 parts and six tile products each, as the fp32 forward on tiles
 // (flash_attention_float_on_tiles(), the same routing: no dropout, no sliding window, heads of at
-// least kMinRowsOnTiles queries and keys, any length in the tile model). The accumulating three
+// least kMinRowsOnTiles queries and keys, any length in the tile model), for heads whose d and dv
+// are multiples of 32: the tiles' C rows (dQ, dK, dV) are whole tiles of 32 columns, and the FMA
+// products beside them (partial tiles) read rows of d_padded floats, the caller's own rows where
+// they lie dense (d floats) — padding d to 32 overran them. The accumulating three
 // load and store their C tiles around each call's six products a step, work enough to carry that
 // traffic (the bf16 backward's single products are held back by it).
 bool FloatProductsOnTiles(const BackwardArgs& args, BackwardProducts products) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const FlashAttentionOptions& options = args.options;
   return products == BackwardProducts::kFloat && options.dropout == 0.0F &&
-         options.window_left < 0 && options.window_right < 0 &&
+         options.window_left < 0 && options.window_right < 0 && args.q.cols % 32 == 0 &&
+         args.v.cols % 32 == 0 &&
          (amx_use() == AmxUse::kModel ||
           std::min(args.q.rows, args.k.rows) >= flash_backward_detail::kMinRowsOnTiles) &&
          cpu_has_avx512_bf16() && fp32_on_amx() && amx_tiles_in_use();
@@ -272,7 +276,7 @@ struct BackwardScratch : BackwardTileBuffers {
     const size_t br = flash_backward_detail::kQueryVectors * lanes,
                  bc = flash_backward_detail::kKeyTile;
     const size_t n_padded = (n + br - 1) / br * br;
-    const size_t columns = amx_products || split_products ? 32 : lanes;
+    const size_t columns = amx_products ? 32 : lanes;  // (the fp32 tiles' heads: d, dv of 32s)
     d_padded = hwy::RoundUpTo(d, columns);
     dv_padded = hwy::RoundUpTo(dv, columns);
     d_pairs = PairsOfRow(d, amx_products);

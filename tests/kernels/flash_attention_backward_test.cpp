@@ -274,8 +274,9 @@ TEST_P(FlashAttentionBackward, MatchesTheDoubleReferenceWithin1e5) {
 
 // The fp32 backward's five products on AMX tiles, each operand in three bf16 parts, for the tiles
 // of whole 64 queries and 64 keys (the others on FMAs beside them): grouped heads, causal,
-// per-query lengths, sinks, soft-capping, depths off the tiles' 32 columns (17, 80) and values of
-// another depth, scores up to 8², key chunks over two threads; held to the FMA path's tolerance.
+// per-query lengths, sinks, soft-capping, d and dv of 32, 64 and 96 (and 80 and 17, which stay on
+// FMAs: only multiples of 32 take the tiles), scores up to 8², key chunks over two threads; held to
+// the FMA path's tolerance.
 // Mutations that pair the wrong rows or drop a part's mid terms fail it; the lo parts of P and dS
 // (each under 2^-16 of the element, their errors averaging out over a sum) are below what 1e-5
 // resolves on random inputs: without them dK and dV read 3-7e-6 from the reference, with them
@@ -284,6 +285,7 @@ const DoubleCase kFloatOnTilesCases[] = {
     {1, 2, 1, 130, 200, 64, 64, true},
     {2, 2, 2, 128, 131, 80, 48, false, true},
     {1, 1, 1, 70, 300, 17, 33, false, false, true},
+    {1, 2, 1, 130, 260, 96, 32, true, true, true},
     {1, 2, 2, 64, 64, 32, 32, false, false, false, -1, -1, 5.0F},
     {1, 1, 1, 100, 192, 16, 16, false, false, false, -1, -1, 0.0F, 8.0F},  // m of whole key tiles
     {1, 1, 1, 192, 1100, 64, 64, true, false, false, -1, -1, 0.0F, 1.0F, 2},  // key chunks
@@ -311,7 +313,8 @@ TEST_P(FlashAttentionBackward, FloatOnAmxMatchesTheDoubleReference) {
   Rng rng(99);
   for (const DoubleCase& c :
        {DoubleCase{1, 2, 1, 400, 450, 64, 64, true},
-        DoubleCase{1, 1, 1, 390, 700, 80, 48, false, true, true},
+        DoubleCase{1, 1, 1, 390, 700, 96, 32, false, true, true},
+        DoubleCase{1, 1, 1, 390, 400, 80, 48, false, true},
         DoubleCase{1, 1, 1, 400, 384, 32, 32, false, false, false, -1, -1, 0.0F, 4.0F}}) {
     check_against_double_reference(c, rng, GetParam());
   }
