@@ -31,7 +31,7 @@ void set_amx_use(AmxUse use);
 // products on the tiles where amx_tiles_in_use(): each fp32 operand split exactly into three bf16
 // parts (x = hi + mid + lo) and six tile products per fp32 one, the three smallest terms left out
 // (each under 2^-23 of the product: fp32's own rounding); the backward's five products for its
-// tiles of whole 64 queries and 64 keys. On by default; at start-up off when the environment
+// tiles of whole 64 queries and 64 keys, where d and dv are multiples of 32. On by default; at start-up off when the environment
 // variable ATTN_AMX_FP32 is "0". Process-wide, as set_amx_use.
 bool fp32_on_amx();
 void set_fp32_on_amx(bool on);
