@@ -69,9 +69,9 @@ constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block s
 // padded from 1 query on: 0.89x at n = 1, 0.91x at 4, 0.97x at 8, 1.13x at 16, 1.60x at 32,
 // 2.28x at 48, 1.62x at 100 (its second tile of 36).
 [[maybe_unused]] constexpr size_t kFewestTileQueries = 16;  // read by the AVX-512 targets only
-// The fewest queries and keys per head (the shorter of the two) for which the fp32 products' scores
-// (Sᵀ and dPᵀ) go to the AMX tiles in three bf16 parts: the forward's threshold
-// (flash_attention.cpp, kMinRowsOnTiles), below which its tiles lost to FMAs.
+// The fewest queries and keys per head (the shorter of the two) for which the fp32 products go to
+// the AMX tiles in three bf16 parts: the forward's threshold (flash_attention.cpp,
+// kMinRowsOnTiles), below which its tiles lost to FMAs.
 [[maybe_unused]] constexpr int64_t kMinRowsOnTiles = 384;  // read by the AVX-512 targets only
 
 }  // namespace attn::flash_backward_detail
@@ -120,11 +120,6 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 #endif
 }
 
-// Whether each key tile's dK and dV rows get a single contribution, which the products can store
-// straight into the gradients instead of summing into zeroed scratch rows and copying them out:
-// one query head per key/value head, all its queries in one tile, fp32 products and gradients,
-// and rows of whole vectors (the products store d_padded = d floats a row). One query against
-// 2 × 2 heads of 1024 keys, d = 64: the scratch's zeroing and copy were 25-30% of the backward.
 // Whether the fp32 products (Sᵀ = K·c·Qᵀ, dPᵀ = V·dOᵀ, dV += (P ⊙ Z)ᵀ·dO, dK += dSᵀ·Q, dQ +=
 // dS·K) run on AMX tiles for the tiles of whole Br queries and Bc keys: each operand split into
 // three bf16 parts and six tile products each, as the fp32 forward on tiles
@@ -151,6 +146,11 @@ bool FloatProductsOnTiles(const BackwardArgs& args, BackwardProducts products) {
 #endif
 }
 
+// Whether each key tile's dK and dV rows get a single contribution, which the products can store
+// straight into the gradients instead of summing into zeroed scratch rows and copying them out:
+// one query head per key/value head, all its queries in one tile, fp32 products and gradients,
+// and rows of whole vectors (the products store d_padded = d floats a row). One query against
+// 2 × 2 heads of 1024 keys, d = 64: the scratch's zeroing and copy were 25-30% of the backward.
 bool KeyValueGradientsStored(const BackwardArgs& args, BackwardProducts products, size_t lanes) {
   return products == BackwardProducts::kFloat && !args.half && args.q.heads == args.k.heads &&
          static_cast<size_t>(args.q.rows) <= flash_backward_detail::kQueryVectors * lanes &&
@@ -585,8 +585,8 @@ ATTN_BF16_TARGET void SplitRowPairs(const RowsView& rows, size_t first, size_t c
 
 // `count` floats (a multiple of 32) as three bf16 parts (SplitThreeBF16) of pairs of adjacent
 // elements, part p at out + p·part_words: a transposed tile (Bc × Br, rows Br apart) then holds
-// rows of pairs of adjacent queries, A of dV += (P ⊙ Z)ᵀ·dO and dK += dSᵀ·Q. Whole vectors, no
-// masks: row by row through SplitRowBF16x3 this took 11% of the backward at n = 1024.
+// rows of pairs of adjacent queries, A of dV += (P ⊙ Z)ᵀ·dO (dS's: SplitGradScores). Whole
+// vectors, no masks: row by row through SplitRowBF16x3 this took 11% of the backward at n = 1024.
 ATTN_BF16_TARGET void SplitTilePairs(const float* tile, size_t count, uint32_t* out,
                                      size_t part_words) {
   for (size_t i = 0; i < count; i += 32) {
