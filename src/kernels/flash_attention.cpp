@@ -1101,8 +1101,17 @@ ATTN_AMX_TARGET void PackSplitKeyValueBlocks(const ForwardArgs& args, int64_t b,
   // A value row's three parts in s.split_rows: part p of the pair's first row at p · 2·dv_tiles,
   // of its second dv_tiles after.
   uint16_t* value_parts = s.split_rows;
+  // Rows requested this far ahead, K's and V's alike, as PackKeyValues requests its rows: the
+  // caller's rows (a row per H·d floats in the layers' layout) stream from memory, and without the
+  // requests the loads of the rows waited for each miss (9.6% of the fp32 forward on tiles at
+  // n = 1024, against the products' 53%, on a Sapphire Rapids-class core).
+  constexpr int64_t kPrefetchRows = 16;
   for (int64_t j = s.packed_end; j < end; j += kBlock) {
     for (int64_t row = j; row < j + kBlock; ++row) {
+      if (row + kPrefetchRows < keys) {
+        PrefetchMatrixRow(args.half, args.k, args.k16, b, h, row + kPrefetchRows);
+        PrefetchMatrixRow(args.half, args.v, args.v16, b, h, row + kPrefetchRows);
+      }
       auto* pairs =
           reinterpret_cast<uint16_t*>(s.key_pairs + static_cast<size_t>(row) * pair_depth);
       const size_t part_halves = 2 * s.key_part_words;
