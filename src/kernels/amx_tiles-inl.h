@@ -288,8 +288,12 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
 // mid·mid, mid·hi, lo·hi; mid·lo, lo·mid and lo·lo, each under 2^-23 of it, are left out. The
 // accumulators stay in their tiles across the six, and each step loads an A part once for all the
 // B parts it meets (A, the keys or Vᵀ, comes from L2 or beyond; B, Qᵀ or P, from L1): 6 A tiles
-// a step instead of 12.
-template <bool kAccumulate, class Tiles>
+// a step instead of 12, and 12 B tiles. kFewestLoads (the backward, whose B operands come from L2
+// as well) orders the six so that each changes one operand: 8 A tiles and 6 B tiles a step, 14
+// loads instead of 18: the fp32 backward 1.08–1.10× faster at n = 1024 and 4096, 1 and 2 threads,
+// on a Sapphire Rapids-class core; the forward, whose B stays in L1, read 1.00× / 0.98× in that
+// order. The terms' order differs, so the sums round differently.
+template <bool kAccumulate, bool kFewestLoads = false, class Tiles>
 ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(Tiles& tiles, const uint32_t* a,
                                                       size_t a_stride, size_t a_part,
                                                       const uint32_t* b, size_t b_stride,
@@ -323,15 +327,35 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(Tiles& tiles, const uint32
           tiles.template Load<kA0>(a0, a_bytes);
           tiles.template Load<kA1>(a0 + kRows * a_bytes, a_bytes);
         };
-        load_a(0);  // hi · (lo, mid, hi)
-        times_b(2);
-        times_b(1);
-        times_b(0);
-        load_a(1);  // mid · (mid, hi)
-        times_b(1);
-        times_b(0);
-        load_a(2);  // lo · hi
-        times_b(0);
+        if constexpr (kFewestLoads) {
+          // Each pair changes one operand from the one before: 7 loads of a part's two tiles.
+          const auto times_loaded_b = [&] {
+            tiles.template DotBF16<kC00, kA0, kB0>();
+            tiles.template DotBF16<kC01, kA0, kB1>();
+            tiles.template DotBF16<kC10, kA1, kB0>();
+            tiles.template DotBF16<kC11, kA1, kB1>();
+          };
+          load_a(0);  // hi · lo, hi · mid
+          times_b(2);
+          times_b(1);
+          load_a(1);  // mid · mid, mid · hi
+          times_loaded_b();
+          times_b(0);
+          load_a(0);  // hi · hi
+          times_loaded_b();
+          load_a(2);  // lo · hi
+          times_loaded_b();
+        } else {
+          load_a(0);  // hi · (lo, mid, hi)
+          times_b(2);
+          times_b(1);
+          times_b(0);
+          load_a(1);  // mid · (mid, hi)
+          times_b(1);
+          times_b(0);
+          load_a(2);  // lo · hi
+          times_b(0);
+        }
       }
       StoreBlock(tiles, block, c_stride);
     }

@@ -530,19 +530,20 @@ ATTN_AMX_TARGET void TileProduct(BackwardScratch& s, const uint32_t* a, size_t a
 }
 
 // amx::SplitProductOnTiles (C = A·B, or C += A·B with kAccumulate, over operands of three bf16
-// parts each) on the thread's tiles.
+// parts each) on the thread's tiles, in the order of fewest tile loads: the five products' B
+// operands come from L2 as their A operands do.
 template <bool kAccumulate>
 ATTN_AMX_TARGET void SplitTileProduct(BackwardScratch& s, const uint32_t* a, size_t a_stride,
                                       size_t a_part, const uint32_t* b, size_t b_stride,
                                       size_t b_part, size_t pairs, float* c, size_t c_stride,
                                       size_t rows, size_t cols) {
   if (s.amx_model != nullptr) {
-    return amx::SplitProductOnTiles<kAccumulate>(*s.amx_model, a, a_stride, a_part, b, b_stride,
-                                                 b_part, pairs, c, c_stride, rows, cols);
+    return amx::SplitProductOnTiles<kAccumulate, true>(
+        *s.amx_model, a, a_stride, a_part, b, b_stride, b_part, pairs, c, c_stride, rows, cols);
   }
   amx::AmxHardwareTiles tiles;
-  amx::SplitProductOnTiles<kAccumulate>(tiles, a, a_stride, a_part, b, b_stride, b_part, pairs, c,
-                                        c_stride, rows, cols);
+  amx::SplitProductOnTiles<kAccumulate, true>(tiles, a, a_stride, a_part, b, b_stride, b_part,
+                                              pairs, c, c_stride, rows, cols);
 }
 
 // Rows first + 2p and first + 2p + 1 of `rows` (`count` rows of `cols` floats from `first` on;
