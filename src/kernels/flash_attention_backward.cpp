@@ -232,13 +232,18 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* split_grad_out_row_pairs = nullptr;
   uint32_t* split_used = nullptr;
   uint32_t* split_grad_scores = nullptr;
-  // ... and for dQ += dS·K: K rows 2p and 2p + 1 interleaved in three parts (key_rows/2 ×
-  // d_padded words a part), and a tile's dS as Br rows of Bc/2 pairs of adjacent keys in three
-  // parts, through their pairs laid out as Bc/2 rows of Br (both Bc × Br/2 words a part).
+  // ... and for dQᵀ += Kᵀ·dSᵀ: K rows 2p and 2p + 1 interleaved in three parts (key_rows/2 ×
+  // d_padded words a part; staging), turned per key tile into Kᵀ's d_padded rows of Bc/2 pairs of
+  // adjacent keys (split_key_transposed, the same words a part), a tile's dSᵀ as Bc/2 rows of Br
+  // pairs of adjacent keys in three parts (Bc × Br/2 words a part), and the head's dQᵀ per query
+  // tile (d_padded × Br floats each), added into grad_q's rows at the head's end. dQ = dS·K took
+  // dS as Br rows of Bc/2 pairs, turned from its pairs in 16 × 16 blocks for every tile pair (5%
+  // of the backward's samples at n = 1024); Kᵀ is turned once per key tile of a task.
   size_t key_row_part_words = 0;
   uint32_t* split_key_row_pairs = nullptr;
+  uint32_t* split_key_transposed = nullptr;
   uint32_t* split_grad_score_key_pairs = nullptr;
-  uint32_t* split_grad_score_rows = nullptr;
+  float* grad_q_transposed = nullptr;
   // Whether whole tiles' products run on AMX tiles (ChooseBackwardProducts), and the C++ model
   // of the tiles that stands in for them in tests (null on hardware).
   bool amx_products = false;
@@ -338,8 +343,9 @@ struct BackwardScratch : BackwardTileBuffers {
       split_grad_scores = as_uint32(take(3 * tile_part_words));
       key_row_part_words = split * (key_rows + 1) / 2 * d_padded;
       split_key_row_pairs = as_uint32(take(3 * key_row_part_words));
+      split_key_transposed = as_uint32(take(3 * key_row_part_words));
       split_grad_score_key_pairs = as_uint32(take(3 * tile_part_words));
-      split_grad_score_rows = as_uint32(take(3 * tile_part_words));
+      grad_q_transposed = take(split * n_padded * d_padded);
     });
   }
 };
@@ -634,13 +640,12 @@ HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t b
 
 // dSᵀ (bc × br floats, rows br apart) in three bf16 parts (SplitThreeBF16), each element split
 // once for both of its layouts: rows of pairs of adjacent queries (`query_pairs`, bc × br/2 words
-// a part: A of dK += dSᵀ·Q, as SplitTilePairs) and, for dQ += dS·K, pairs of adjacent keys
-// (PartPairs of rows 2k and 2k + 1 into `key_pairs`, bc/2 × br words a part) turned into br rows
-// of bc/2 pairs (`rows`, GradScoreRowPairs); parts part_words apart in all three. (Splitting
-// twice, once per layout, took the same 16% of the backward's samples at n = 1024: the stores and
-// the transposes bound it, not the split.)
+// a part: A of dK += dSᵀ·Q, as SplitTilePairs) and pairs of adjacent keys (PartPairs of rows 2k
+// and 2k + 1 into `key_pairs`, bc/2 × br words a part: B of dQᵀ += Kᵀ·dSᵀ); parts part_words
+// apart in both. (Splitting twice, once per layout, took the same share of the backward's samples
+// at n = 1024: the stores bound it, not the split.)
 ATTN_BF16_TARGET void SplitGradScores(const float* grad_scores, size_t bc, size_t br,
-                                      uint32_t* query_pairs, uint32_t* key_pairs, uint32_t* rows,
+                                      uint32_t* query_pairs, uint32_t* key_pairs,
                                       size_t part_words) {
   for (size_t k = 0; k < bc / 2; ++k) {
     const float* even = grad_scores + 2 * k * br;
@@ -664,8 +669,48 @@ ATTN_BF16_TARGET void SplitGradScores(const float* grad_scores, size_t bc, size_
       }
     }
   }
-  for (size_t part = 0; part < 3; ++part)
-    GradScoreRowPairs(key_pairs + part * part_words, bc, br, rows + part * part_words);
+}
+
+// Whole key tiles of K's interleaved row pairs (`count` pair rows of `padded` words from `pairs`
+// on, three parts part_words apart) as Kᵀ's rows of pairs of adjacent keys, A of dQᵀ += Kᵀ·dSᵀ:
+// the tile of pair rows [p0, p0 + Bc/2) at out + p0·padded, its row c (a dimension) at
+// c·Bc/2 words there; parts part_words apart. A last partial tile is left: its products run on
+// FMAs.
+ATTN_BF16_TARGET void TransposeKeyTilePairs(const uint32_t* pairs, size_t count, size_t padded,
+                                            uint32_t* out, size_t part_words) {
+  constexpr size_t kTilePairs = flash_backward_detail::kKeyTile / 2;
+  for (size_t part = 0; part < 3; ++part) {
+    for (size_t p0 = 0; p0 + kTilePairs <= count; p0 += kTilePairs) {
+      const uint32_t* tile = pairs + part * part_words + p0 * padded;
+      uint32_t* turned = out + part * part_words + p0 * padded;
+      for (size_t p = 0; p < kTilePairs; p += 16) {
+        for (size_t c = 0; c < padded; c += 16)
+          TransposeWords16(tile + p * padded + c, padded, turned + c * kTilePairs + p, kTilePairs);
+      }
+    }
+  }
+}
+
+// grad_q's rows of whole query tiles (`tiles` of br rows, d_padded floats each) += the head's dQᵀ
+// per query tile (d_padded × br floats each, from TransposeKeyTilePairs' products).
+ATTN_BF16_TARGET void AddTransposedGradQ(const float* transposed, size_t tiles, size_t br,
+                                         size_t d_padded, float* grad_q) {
+  alignas(64) uint32_t block[16 * 16];
+  for (size_t tile = 0; tile < tiles; ++tile) {
+    const float* from = transposed + tile * br * d_padded;
+    float* rows = grad_q + tile * br * d_padded;
+    for (size_t c = 0; c < d_padded; c += 16) {
+      for (size_t r = 0; r < br; r += 16) {
+        TransposeWords16(reinterpret_cast<const uint32_t*>(from + c * br + r), br, block, 16);
+        for (size_t i = 0; i < 16; ++i) {
+          float* row = rows + (r + i) * d_padded + c;
+          _mm512_storeu_ps(row,
+                           _mm512_add_ps(_mm512_loadu_ps(row),
+                                         _mm512_castsi512_ps(_mm512_load_si512(block + i * 16))));
+        }
+      }
+    }
+  }
 }
 
 // KeysOverVisibleQueries on bf16 pairs of adjacent queries (dV += (P ⊙ Z)ᵀ dO, dK += dSᵀ Q): A
@@ -830,6 +875,9 @@ struct TaskKeyBlocks {
       SplitInterleavedRowPairs(s.keys, begin, end - begin, (end - begin + 1) / 2,
                                static_cast<size_t>(args.k.cols), s.d_padded,
                                s.split_key_row_pairs + slot / 2 * s.d_padded, s.key_row_part_words);
+      TransposeKeyTilePairs(s.split_key_row_pairs + slot / 2 * s.d_padded, (end - begin) / 2,
+                            s.d_padded, s.split_key_transposed + slot / 2 * s.d_padded,
+                            s.key_row_part_words);
     }
 #endif
     if (args.read_magnitude_bits != nullptr) {
@@ -907,6 +955,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
     s.queries = {s.q_rows, d_padded};
   }
   std::fill(s.grad_q, s.grad_q + tiles * br * d_padded, 0.0F);
+  if (s.split_products)
+    std::fill(s.grad_q_transposed, s.grad_q_transposed + tiles * br * d_padded, 0.0F);
   [[maybe_unused]] const size_t depth_pairs = s.d_pairs, dv_pairs = s.dv_pairs;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (bf16_products) {
@@ -1187,7 +1237,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (split_tile) {
           SplitGradScores(s.grad_scores, bc, br, s.split_grad_scores, s.split_grad_score_key_pairs,
-                          s.split_grad_score_rows, s.tile_part_words);
+                          s.tile_part_words);
           SplitTileProduct<true>(s, s.split_grad_scores, br / 2, s.tile_part_words,
                                  s.split_query_row_pairs + first / 2 * d_padded, d_padded,
                                  s.query_row_part_words, br / 2, s.grad_k_rows.row(key0),
@@ -1201,11 +1251,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (split_tile) {
-          // (dS's parts: SplitGradScores above, for dK.)
-          SplitTileProduct<true>(s, s.split_grad_score_rows, bc / 2, s.tile_part_words,
-                                 s.split_key_row_pairs + slot / 2 * d_padded, d_padded,
-                                 s.key_row_part_words, bc / 2, s.grad_q + first * d_padded,
-                                 d_padded, br, d_padded);
+          // dQᵀ += Kᵀ·dSᵀ (dS's parts: SplitGradScores above, for dK).
+          SplitTileProduct<true>(s, s.split_key_transposed + slot / 2 * d_padded, bc / 2,
+                                 s.key_row_part_words, s.split_grad_score_key_pairs, br,
+                                 s.tile_part_words, bc / 2, s.grad_q_transposed + first * d_padded,
+                                 br, d_padded, br);
         } else
 #endif
             if (crossed) {
@@ -1224,6 +1274,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.amx_products || s.split_products) ReleaseTiles(s);
+  if (s.split_products) AddTransposedGradQ(s.grad_q_transposed, tiles, br, d_padded, s.grad_q);
 #endif
   for (size_t i = 0; i < n; ++i) {
     if (partial_grad_q != nullptr) {
