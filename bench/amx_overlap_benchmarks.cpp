@@ -3,12 +3,19 @@
 // chains alone, and the two interleaved in one loop. Overlap would read the interleaved time near
 // the longer of the two; serialisation near their sum. The bf16 forward on AMX spends a third of
 // its time in its fp32 softmax (docs/benchmarks.md): only overlap would let the products hide it.
+// BM_SplitProduct: the fp32 kernels' 64 × 64 × 64 product in three bf16 parts (six tile products,
+// amx::SplitProductOnTiles' loop) per dot, its operands in L1 or spread over L2, in either order
+// of the six, starting from zeros or from C, and with B rewritten by vector stores before each
+// product (as the backward splits P and dS just before their products).
 //   build/release/bench/attn_amx_overlap_benchmarks --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "attn/kernels/amx.hpp"
 
@@ -47,8 +54,9 @@ ATTN_AMX_PROBE float RunIterations(int64_t iterations, int work, int vector_ops,
 #define ATTN_STEP(c) c = adds ? _mm512_add_ps(c, x) : _mm512_fmadd_ps(c, x, y);
         ATTN_STEP(c0)
         ATTN_STEP(c1)
-        ATTN_STEP(c2) ATTN_STEP(c3) ATTN_STEP(c4) ATTN_STEP(c5) ATTN_STEP(c6) ATTN_STEP(c7)
-            ATTN_STEP(c8) ATTN_STEP(c9) ATTN_STEP(c10) ATTN_STEP(c11)
+        ATTN_STEP(c2)
+        ATTN_STEP(c3) ATTN_STEP(c4) ATTN_STEP(c5) ATTN_STEP(c6) ATTN_STEP(c7) ATTN_STEP(c8)
+            ATTN_STEP(c9) ATTN_STEP(c10) ATTN_STEP(c11)
 #undef ATTN_STEP
             // Keeps the chains in registers (GCC otherwise keeps such an array in memory).
             __asm__ volatile(""
@@ -117,6 +125,109 @@ void Arguments(benchmark::internal::Benchmark* benchmark) {
   }
 }
 BENCHMARK(BM_AmxOverlap)->Apply(Arguments);
+
+// Operand sets for BM_SplitProduct: A (64 rows of 32 pairs) and B (32 pair rows of 64 columns),
+// three parts each, and C (64 × 64 floats); 56 KiB a set.
+constexpr size_t kPartWords = 64 * 32;
+struct alignas(64) SplitOperands {
+  uint32_t a[3 * kPartWords];
+  uint32_t b[3 * kPartWords];
+  float c[64 * 64];
+};
+
+// C (=, or += with `accumulate`) A·B over the six part pairs whose terms reach 2^-16, the 2 × 2
+// accumulators over 2 steps of 16 pairs per 32 × 32 block. `fewest`: each pair changes one operand
+// from the one before (14 tile loads a step), else A's parts once each (18).
+ATTN_AMX_PROBE void SplitProduct(const SplitOperands& x, float* c, bool accumulate, bool fewest) {
+  constexpr size_t kAStride = 32 * 4, kBStride = 64 * 4, kCStride = 64 * 4,
+                   kPartBytes = kPartWords * 4;
+  for (size_t row = 0; row < 64; row += 32) {
+    for (size_t col = 0; col < 64; col += 32) {
+      float* block = c + row * 64 + col;
+      if (accumulate) {
+        _tile_loadd(0, block, kCStride);
+        _tile_loadd(1, block + 16, kCStride);
+        _tile_loadd(2, block + 16 * 64, kCStride);
+        _tile_loadd(3, block + 16 * 64 + 16, kCStride);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (size_t step = 0; step < 2; ++step) {
+        const auto* a = reinterpret_cast<const char*>(x.a + row * 32) + step * 64;
+        const auto* b = reinterpret_cast<const char*>(x.b + col) + step * 16 * kBStride;
+#define ATTN_LOAD_A(p)                          \
+  _tile_loadd(4, a + (p)*kPartBytes, kAStride); \
+  _tile_loadd(5, a + (p)*kPartBytes + 16 * kAStride, kAStride);
+#define ATTN_LOAD_B(p)                          \
+  _tile_loadd(6, b + (p)*kPartBytes, kBStride); \
+  _tile_loadd(7, b + (p)*kPartBytes + 64, kBStride);
+#define ATTN_DOTS          \
+  _tile_dpbf16ps(0, 4, 6); \
+  _tile_dpbf16ps(1, 4, 7); \
+  _tile_dpbf16ps(2, 5, 6); \
+  _tile_dpbf16ps(3, 5, 7);
+        if (fewest) {
+          ATTN_LOAD_A(0)
+          ATTN_LOAD_B(2) ATTN_DOTS ATTN_LOAD_B(1) ATTN_DOTS ATTN_LOAD_A(1) ATTN_DOTS ATTN_LOAD_B(0)
+              ATTN_DOTS ATTN_LOAD_A(0) ATTN_DOTS ATTN_LOAD_A(2) ATTN_DOTS
+        } else {
+          ATTN_LOAD_A(0)
+          ATTN_LOAD_B(2) ATTN_DOTS ATTN_LOAD_B(1) ATTN_DOTS ATTN_LOAD_B(0) ATTN_DOTS ATTN_LOAD_A(1)
+              ATTN_LOAD_B(1) ATTN_DOTS ATTN_LOAD_B(0) ATTN_DOTS ATTN_LOAD_A(2) ATTN_LOAD_B(0)
+                  ATTN_DOTS
+        }
+#undef ATTN_LOAD_A
+#undef ATTN_LOAD_B
+#undef ATTN_DOTS
+      }
+      _tile_stored(0, block, kCStride);
+      _tile_stored(1, block + 16, kCStride);
+      _tile_stored(2, block + 16 * 64, kCStride);
+      _tile_stored(3, block + 16 * 64 + 16, kCStride);
+    }
+  }
+}
+
+// B's three parts rewritten by 512-bit stores (their values unchanged: zeros).
+ATTN_AMX_PROBE void RewriteB(SplitOperands& x) {
+  const __m512i zeros = _mm512_setzero_si512();
+  for (size_t i = 0; i < 3 * kPartWords; i += 16) _mm512_store_si512(x.b + i, zeros);
+}
+
+// Args: fewest (1) or A-once (0) order, accumulate (1) or from zeros, operand sets (1: in L1; 16:
+// 896 KiB, in L2), B rewritten before each product (1). Time per product includes the rewrite;
+// the label gives ns per dot (192 a product).
+void BM_SplitProduct(benchmark::State& state) {
+  if (!attn::amx_available()) {
+    state.SkipWithError("no AMX-BF16 on this CPU, or Linux refused the tile state");
+    return;
+  }
+  const bool fewest = state.range(0) != 0, accumulate = state.range(1) != 0;
+  const auto sets = static_cast<size_t>(state.range(2));
+  const bool rewrite = state.range(3) != 0;
+  std::vector<SplitOperands> operands(sets);
+  for (auto& x : operands) {
+    std::fill(std::begin(x.a), std::end(x.a), 0U);
+    std::fill(std::begin(x.b), std::end(x.b), 0U);
+    std::fill(std::begin(x.c), std::end(x.c), 0.0F);
+  }
+  ConfigureTiles();
+  size_t next = 0;
+  for (auto _ : state) {
+    SplitOperands& x = operands[next];
+    next = next + 1 == sets ? 0 : next + 1;
+    if (rewrite) RewriteB(x);
+    SplitProduct(x, x.c, accumulate, fewest);
+  }
+  ReleaseTiles();
+  state.counters["ns_per_dot"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 192.0,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_SplitProduct)->ArgsProduct({{0, 1}, {0, 1}, {1, 16}, {0, 1}});
 
 }  // namespace
 
