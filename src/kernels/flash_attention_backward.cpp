@@ -209,8 +209,9 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* used_query_pairs = nullptr;
   uint32_t* grad_score_query_pairs = nullptr;
   uint32_t* grad_score_key_pairs = nullptr;
-  // On AMX tiles, dS also as Br rows of Bc/2 pairs of adjacent keys: dQ's A operand.
-  uint32_t* grad_score_row_pairs = nullptr;
+  // On AMX tiles, Kᵀ's rows of pairs of adjacent keys per key tile (key_rows/2 × d_padded, as
+  // split_key_transposed below): A of dQᵀ += Kᵀ·dSᵀ, whose B is dS's pairs of adjacent keys.
+  uint32_t* key_transposed_pairs = nullptr;
   // The fp32 products on AMX tiles (FloatProductsOnTiles): Qᵀ times c (in the softmax's unit)
   // and dOᵀ per whole query tile, and the key and value rows, each as three bf16 parts' pairs of
   // adjacent dimensions (SplitThreeBF16), part p *_part_words after part 0. Pairs per row:
@@ -321,7 +322,7 @@ struct BackwardScratch : BackwardTileBuffers {
         used_query_pairs = as_uint32(take(bc * br / 2));
         grad_score_query_pairs = as_uint32(take(bc * br / 2));
         grad_score_key_pairs = as_uint32(take((bc + 1) / 2 * br));
-        grad_score_row_pairs = as_uint32(take(amx_products ? br * bc / 2 : 0));
+        key_transposed_pairs = as_uint32(take(amx_products ? (key_rows + 1) / 2 * d_padded : 0));
       }
       query_part_words = n_padded * split_d_pairs;
       grad_out_part_words = n_padded * split_dv_pairs;
@@ -345,7 +346,7 @@ struct BackwardScratch : BackwardTileBuffers {
       split_key_row_pairs = as_uint32(take(3 * key_row_part_words));
       split_key_transposed = as_uint32(take(3 * key_row_part_words));
       split_grad_score_key_pairs = as_uint32(take(3 * tile_part_words));
-      grad_q_transposed = take(split * n_padded * d_padded);
+      grad_q_transposed = take(split_products || amx_products ? n_padded * d_padded : 0);
     });
   }
 };
@@ -629,17 +630,6 @@ ATTN_BF16_TARGET void SplitTransposedTile(const RowsView& rows, size_t first, si
   }
 }
 
-// dS as rows of pairs of adjacent keys (Br × Bc/2 words), dQ's A operand on the tiles, turned
-// from its pairs of adjacent keys laid out as B (Bc/2 × Br words) in 16 × 16 blocks.
-HWY_INLINE void GradScoreRowPairs(const uint32_t* key_pairs, size_t bc, size_t br,
-                                  uint32_t* row_pairs) {
-  const size_t pairs = bc / 2;
-  for (size_t p = 0; p < pairs; p += 16) {
-    for (size_t i = 0; i < br; i += 16)
-      TransposeWords16(key_pairs + p * br + i, br, row_pairs + i * pairs + p, pairs);
-  }
-}
-
 // dSᵀ (bc × br floats, rows br apart) in three bf16 parts (SplitThreeBF16), each element split
 // once for both of its layouts: rows of pairs of adjacent queries (`query_pairs`, bc × br/2 words
 // a part: A of dK += dSᵀ·Q, as SplitTilePairs) and pairs of adjacent keys (PartPairs of rows 2k
@@ -674,14 +664,14 @@ ATTN_BF16_TARGET void SplitGradScores(const float* grad_scores, size_t bc, size_
 }
 
 // Whole key tiles of K's interleaved row pairs (`count` pair rows of `padded` words from `pairs`
-// on, three parts part_words apart) as Kᵀ's rows of pairs of adjacent keys, A of dQᵀ += Kᵀ·dSᵀ:
-// the tile of pair rows [p0, p0 + Bc/2) at out + p0·padded, its row c (a dimension) at
+// on; `parts` of them, part_words apart) as Kᵀ's rows of pairs of adjacent keys, A of dQᵀ +=
+// Kᵀ·dSᵀ: the tile of pair rows [p0, p0 + Bc/2) at out + p0·padded, its row c (a dimension) at
 // c·Bc/2 words there; parts part_words apart. A last partial tile is left: its products run on
-// FMAs.
+// FMAs (or vdpbf16ps).
 ATTN_BF16_TARGET void TransposeKeyTilePairs(const uint32_t* pairs, size_t count, size_t padded,
-                                            uint32_t* out, size_t part_words) {
+                                            uint32_t* out, size_t parts, size_t part_words) {
   constexpr size_t kTilePairs = flash_backward_detail::kKeyTile / 2;
-  for (size_t part = 0; part < 3; ++part) {
+  for (size_t part = 0; part < parts; ++part) {
     for (size_t p0 = 0; p0 + kTilePairs <= count; p0 += kTilePairs) {
       const uint32_t* tile = pairs + part * part_words + p0 * padded;
       uint32_t* turned = out + part * part_words + p0 * padded;
@@ -866,6 +856,10 @@ struct TaskKeyBlocks {
       // begin and the base are multiples of the key tile, so even: pair rows start at row pairs.
       InterleavedRowPairs(args.k16, b, kv_head, begin / 2, (end + 1) / 2, s.d_padded,
                           s.key_row_pairs + slot / 2 * s.d_padded);
+      if (s.amx_products) {
+        TransposeKeyTilePairs(s.key_row_pairs + slot / 2 * s.d_padded, (end - begin) / 2,
+                              s.d_padded, s.key_transposed_pairs + slot / 2 * s.d_padded, 1, 0);
+      }
     }
     if (s.split_products) {  // the fp32 rows packed above (or in place), in three bf16 parts
       SplitRowPairs(s.keys, begin, end - begin, static_cast<size_t>(args.k.cols), s.split_d_pairs,
@@ -878,7 +872,7 @@ struct TaskKeyBlocks {
                                static_cast<size_t>(args.k.cols), s.d_padded,
                                s.split_key_row_pairs + slot / 2 * s.d_padded, s.key_row_part_words);
       TransposeKeyTilePairs(s.split_key_row_pairs + slot / 2 * s.d_padded, (end - begin) / 2,
-                            s.d_padded, s.split_key_transposed + slot / 2 * s.d_padded,
+                            s.d_padded, s.split_key_transposed + slot / 2 * s.d_padded, 3,
                             s.key_row_part_words);
     }
 #endif
@@ -957,7 +951,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
     s.queries = {s.q_rows, d_padded};
   }
   std::fill(s.grad_q, s.grad_q + tiles * br * d_padded, 0.0F);
-  if (s.split_products)
+  if (s.split_products || s.amx_products)
     std::fill(s.grad_q_transposed, s.grad_q_transposed + tiles * br * d_padded, 0.0F);
   [[maybe_unused]] const size_t depth_pairs = s.d_pairs, dv_pairs = s.dv_pairs;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -1212,13 +1206,13 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           GradScorePairs(s.grad_scores, bc, br, width, s.grad_score_query_pairs,
                          s.grad_score_key_pairs);
           if (on_tiles) {
-            GradScoreRowPairs(s.grad_score_key_pairs, bc, br, s.grad_score_row_pairs);
             TileProduct<true>(s, s.grad_score_query_pairs, br / 2,
                               s.query_row_pairs + first / 2 * d_padded, d_padded, br / 2,
                               s.grad_k + slot * d_padded, d_padded, bc, d_padded);
-            TileProduct<true>(s, s.grad_score_row_pairs, bc / 2,
-                              s.key_row_pairs + slot / 2 * d_padded, d_padded, bc / 2,
-                              s.grad_q + first * d_padded, d_padded, br, d_padded);
+            // dQᵀ += Kᵀ·dSᵀ: dS's key pairs as they lie (as the fp32 tiles' dQᵀ).
+            TileProduct<true>(s, s.key_transposed_pairs + slot / 2 * d_padded, bc / 2,
+                              s.grad_score_key_pairs, br, bc / 2,
+                              s.grad_q_transposed + first * d_padded, br, d_padded, br);
           } else if (crossed) {
             KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
                                       s.grad_score_query_pairs, br / 2,
@@ -1280,7 +1274,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.amx_products || s.split_products) ReleaseTiles(s);
-  if (s.split_products) AddTransposedGradQ(s.grad_q_transposed, tiles, br, d_padded, s.grad_q);
+  if (s.split_products || s.amx_products)
+    AddTransposedGradQ(s.grad_q_transposed, tiles, br, d_padded, s.grad_q);
 #endif
   for (size_t i = 0; i < n; ++i) {
     if (partial_grad_q != nullptr) {
