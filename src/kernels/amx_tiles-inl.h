@@ -318,15 +318,19 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(
       for (size_t step = 0; step < pairs / kPairs; ++step) {
         const char* a_here = a_rows + step * a_step_bytes;
         const char* b_here = b_cols + step * b_step_bytes;
-        // B part `part` times the A tiles loaded.
-        const auto times_b = [&](size_t part) {
-          const char* b0 = b_here + part * b_part_bytes;
-          tiles.template Load<kB0>(b0, b_bytes);
-          tiles.template Load<kB1>(b0 + kPairs * sizeof(uint32_t), b_bytes);
+        // The A tiles loaded times the B tiles loaded, into the four accumulators.
+        const auto times_loaded_b = [&] {
           tiles.template DotBF16<kC00, kA0, kB0>();
           tiles.template DotBF16<kC01, kA0, kB1>();
           tiles.template DotBF16<kC10, kA1, kB0>();
           tiles.template DotBF16<kC11, kA1, kB1>();
+        };
+        // B part `part` loaded, times the A tiles loaded.
+        const auto times_b = [&](size_t part) {
+          const char* b0 = b_here + part * b_part_bytes;
+          tiles.template Load<kB0>(b0, b_bytes);
+          tiles.template Load<kB1>(b0 + kPairs * sizeof(uint32_t), b_bytes);
+          times_loaded_b();
         };
         const auto load_a = [&](size_t part) {
           const char* a0 = a_here + part * a_part_bytes;
@@ -335,12 +339,6 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(
         };
         if constexpr (kFewestLoads) {
           // Each pair changes one operand from the one before: 7 loads of a part's two tiles.
-          const auto times_loaded_b = [&] {
-            tiles.template DotBF16<kC00, kA0, kB0>();
-            tiles.template DotBF16<kC01, kA0, kB1>();
-            tiles.template DotBF16<kC10, kA1, kB0>();
-            tiles.template DotBF16<kC11, kA1, kB1>();
-          };
           load_a(0);  // hi · lo, hi · mid
           if (lo.b) times_b(2);
           times_b(1);
