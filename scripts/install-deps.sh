@@ -4,6 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git
+  ccache                               # compiler cache: the Python module's build reuses the Release build's objects
   libcairo2-dev fonts-dejavu-core      # heatmaps (PNG, SVG, PDF) and the font they use
   libcli11-dev                         # the command line
   nlohmann-json3-dev                   # safetensors headers
