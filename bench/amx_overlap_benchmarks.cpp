@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -328,9 +329,9 @@ void BM_SplitProductBesideWork(benchmark::State& state) {
     float from[kWorkVectors * 16];
     uint32_t to[3 * kWorkVectors * 16];
   };
-  std::vector<WorkBuffers> buffers(1);
-  std::fill(std::begin(buffers[0].from), std::end(buffers[0].from), 1.0F);
-  SplitWork work{buffers[0].from, buffers[0].to, 0};
+  const auto buffers = std::make_unique<WorkBuffers>();  // 64-byte aligned (C++17 new)
+  std::fill(std::begin(buffers->from), std::end(buffers->from), 1.0F);
+  SplitWork work{buffers->from, buffers->to, 0};
   ConfigureTiles();
   size_t next = 0;
   for (auto _ : state) {
@@ -340,7 +341,7 @@ void BM_SplitProductBesideWork(benchmark::State& state) {
     if (mode != 3) SplitProduct(x, x.c, true, true, mode == 1 ? &work : nullptr, vectors);
   }
   ReleaseTiles();
-  benchmark::DoNotOptimize(buffers[0].to[0]);
+  benchmark::DoNotOptimize(buffers->to[0]);
   state.SetLabel(std::string(mode == 0   ? "product alone"
                              : mode == 1 ? "work between dots"
                              : mode == 2 ? "work before"
