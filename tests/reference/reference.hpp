@@ -51,6 +51,25 @@ Array<T> masked_softmax(const Array<T>& scores, const Lengths& lengths) {
   return weights;
 }
 
+// The log-sum-exp of each row's first `length` scores, log Σ_j exp(scores[b, i, j]), flattened as
+// (B, n); −∞ for a row of length 0 (what the kernels report for a query that sees no key).
+template <class T>
+std::vector<T> masked_log_sum_exp(const Array<T>& scores, const Lengths& lengths) {
+  std::vector<T> result;
+  result.reserve(static_cast<size_t>(scores.dims[0] * scores.dims[1]));
+  for (int64_t b = 0; b < scores.dims[0]; ++b) {
+    for (int64_t i = 0; i < scores.dims[1]; ++i) {
+      const int64_t length = lengths[static_cast<size_t>(b)][static_cast<size_t>(i)];
+      T row_max = -INFINITY;
+      for (int64_t j = 0; j < length; ++j) row_max = std::max(row_max, scores.at(b, i, j));
+      T sum = 0;
+      for (int64_t j = 0; j < length; ++j) sum += std::exp(scores.at(b, i, j) - row_max);
+      result.push_back(length == 0 ? T(-INFINITY) : row_max + std::log(sum));
+    }
+  }
+  return result;
+}
+
 // out[b, i, :] = Σ_j weights[b, i, j] · dropout[b, i, j] · values[b, j, :], where `dropout` holds
 // the dropout multipliers (0 or 1/(1−p)); empty means no dropout.
 template <class T>
@@ -87,6 +106,9 @@ Array<T> linear(const Array<T>& x, const std::vector<T>& weight, const std::vect
 struct Result {
   Array<double> output;
   Array<double> weights;
+  // Each query row's log Σ_j exp(score) over the keys it sees, (B, n) flattened ((B·heads, n) for
+  // multi_head_attention); −∞ where it sees none.
+  std::vector<double> log_sum_exp;
 };
 
 // Scaled dot-product attention: softmax(Q Kᵀ · scale) V.
@@ -102,7 +124,7 @@ inline Result dot_product_attention(const Array<double>& q, const Array<double>&
         scores.at(b, i, j) = sum * scale;
       }
   Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v, dropout), weights};
+  return {weighted_sum(weights, v, dropout), weights, masked_log_sum_exp(scores, lengths)};
 }
 
 // Additive attention: score(i, j) = w_v · tanh(W_q q_i + W_k k_j).
@@ -124,7 +146,7 @@ inline Result additive_attention(const Array<double>& q, const Array<double>& k,
         scores.at(b, i, j) = sum;
       }
   Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v, dropout), weights};
+  return {weighted_sum(weights, v, dropout), weights, masked_log_sum_exp(scores, lengths)};
 }
 
 // Gaussian-kernel (Nadaraya–Watson) pooling: score(i, j) = −½‖(q_i − k_j)·w‖².
@@ -143,7 +165,7 @@ inline Result gaussian_kernel_pooling(const Array<double>& q, const Array<double
         scores.at(b, i, j) = -0.5 * sum;
       }
   Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v, dropout), weights};
+  return {weighted_sum(weights, v, dropout), weights, masked_log_sum_exp(scores, lengths)};
 }
 
 struct MultiHeadParameters {
@@ -163,6 +185,7 @@ inline Result multi_head_attention(const Array<double>& q, const Array<double>& 
   const int64_t batch = q.dims[0], n = q.dims[1], m = k.dims[1], d = num_hiddens / heads;
   Array<double> concat({batch, n, num_hiddens});
   Array<double> all_weights({batch * heads, n, m});
+  std::vector<double> log_sum_exp(static_cast<size_t>(batch * heads * n), -INFINITY);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < n; ++i) {
@@ -178,6 +201,7 @@ inline Result multi_head_attention(const Array<double>& q, const Array<double>& 
         }
         double total = 0;
         for (double& s : scores) total += (s = std::exp(s - row_max));
+        log_sum_exp[static_cast<size_t>((b * heads + h) * n + i)] = row_max + std::log(total);
         for (int64_t j = 0; j < length; ++j) {
           const double weight = scores[static_cast<size_t>(j)] / total;
           all_weights.at(b * heads + h, i, j) = weight;
@@ -189,7 +213,7 @@ inline Result multi_head_attention(const Array<double>& q, const Array<double>& 
             concat.at(b, i, h * d + t) += kept * vp.at(b, j, h * d + t);
         }
       }
-  return {linear(concat, p.W_o, p.b_o, num_hiddens), all_weights};
+  return {linear(concat, p.W_o, p.b_o, num_hiddens), all_weights, std::move(log_sum_exp)};
 }
 
 // Gradients of sum(out ⊙ grad_out) for additive attention on projected queries a (B, n, h) and
