@@ -144,6 +144,10 @@ def main():
           f"{args.repeats} passes each; {cpu}, {os.cpu_count()} logical CPUs")
     print(f"kernels: attn {attn.simd_target()}, PyTorch {torch.backends.cpu.get_cpu_capability()}"
           f" (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})")
+    # Which products attn's calls in this process take: a run whose attn.torch rows differ from
+    # `attn bench`'s kernel rows (Emerald Rapids, 12-04: 77.7 against 61.5 ms) shows here whether
+    # this process had the AMX tiles.
+    print(f"attn products: {attn.amx_status()}; {attn.bf16_dot_status()}")
     print("ratio = PyTorch ms / attn ms per round: the median over rounds [lowest, highest]; "
           "best = PyTorch's fastest pass / attn's fastest pass over all rounds; "
           "GFLOP/s count visible pairs, 4d (forward) or 8d (backward) per pair\n")
