@@ -75,9 +75,10 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 stage_started=$SECONDS
 # The benchmarks are left out: they are timed in the Release build, never run here. Line tables
 # only (-g1: the sanitizers' reports name files and lines; full debug information made a test
-# file's compile 1.35x longer on Zen 1). The kernels are compiled for the SIMD targets this machine runs, once per vector
-# width and code path: SSSE3 is left out (SSE4's width and paths), so is AVX3_DL (AVX3's), and
-# AVX3 where the CPU has no AVX-512. The Release stage compiles and tests every target.
+# file's compile 1.35x longer on Zen 1). The kernels are compiled for the SIMD targets this
+# machine runs, once per vector width and code path: SSSE3 is left out (SSE4's width and paths),
+# so is AVX3_DL (AVX3's), and AVX3 where the CPU has no AVX-512. The Release stage compiles and
+# tests every target.
 left_out="HWY_SSSE3|HWY_AVX3_DL"
 for flag in avx512f avx512vl avx512dq avx512bw; do
   grep -qw "$flag" /proc/cpuinfo 2>/dev/null || { left_out+="|HWY_AVX3"; break; }

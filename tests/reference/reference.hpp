@@ -32,6 +32,22 @@ struct Array {
 // lengths[b][i]: how many keys query i of batch b sees (already expanded to (B, n)).
 using Lengths = std::vector<std::vector<int64_t>>;
 
+// Row i of batch element b over its first `length` ≥ 1 scores: the largest, and Σ_j exp(score −
+// that largest), what the softmax and the log-sum-exp below are made of.
+template <class T>
+struct RowMaxAndSum {
+  T max;
+  T sum;
+};
+template <class T>
+RowMaxAndSum<T> row_max_and_sum(const Array<T>& scores, int64_t b, int64_t i, int64_t length) {
+  T row_max = scores.at(b, i, 0);
+  for (int64_t j = 1; j < length; ++j) row_max = std::max(row_max, scores.at(b, i, j));
+  T sum = 0;
+  for (int64_t j = 0; j < length; ++j) sum += std::exp(scores.at(b, i, j) - row_max);
+  return {row_max, sum};
+}
+
 // Softmax over the first `length` entries of each row, exact zeros after; zero rows for length 0.
 template <class T>
 Array<T> masked_softmax(const Array<T>& scores, const Lengths& lengths) {
@@ -40,12 +56,9 @@ Array<T> masked_softmax(const Array<T>& scores, const Lengths& lengths) {
     for (int64_t i = 0; i < scores.dims[1]; ++i) {
       const int64_t length = lengths[static_cast<size_t>(b)][static_cast<size_t>(i)];
       if (length == 0) continue;
-      T row_max = scores.at(b, i, 0);
-      for (int64_t j = 1; j < length; ++j) row_max = std::max(row_max, scores.at(b, i, j));
-      T sum = 0;
-      for (int64_t j = 0; j < length; ++j) sum += std::exp(scores.at(b, i, j) - row_max);
+      const RowMaxAndSum<T> row = row_max_and_sum(scores, b, i, length);
       for (int64_t j = 0; j < length; ++j)
-        weights.at(b, i, j) = std::exp(scores.at(b, i, j) - row_max) / sum;
+        weights.at(b, i, j) = std::exp(scores.at(b, i, j) - row.max) / row.sum;
     }
   }
   return weights;
@@ -60,11 +73,12 @@ std::vector<T> masked_log_sum_exp(const Array<T>& scores, const Lengths& lengths
   for (int64_t b = 0; b < scores.dims[0]; ++b) {
     for (int64_t i = 0; i < scores.dims[1]; ++i) {
       const int64_t length = lengths[static_cast<size_t>(b)][static_cast<size_t>(i)];
-      T row_max = -INFINITY;
-      for (int64_t j = 0; j < length; ++j) row_max = std::max(row_max, scores.at(b, i, j));
-      T sum = 0;
-      for (int64_t j = 0; j < length; ++j) sum += std::exp(scores.at(b, i, j) - row_max);
-      result.push_back(length == 0 ? T(-INFINITY) : row_max + std::log(sum));
+      if (length == 0) {
+        result.push_back(T(-INFINITY));
+        continue;
+      }
+      const RowMaxAndSum<T> row = row_max_and_sum(scores, b, i, length);
+      result.push_back(row.max + std::log(row.sum));
     }
   }
   return result;
@@ -111,6 +125,14 @@ struct Result {
   std::vector<double> log_sum_exp;
 };
 
+// The attention that follows a reference's (B, n, m) scores: the masked softmax, its weighted sum
+// of v (times the dropout multipliers, empty: none) and each row's log-sum-exp.
+inline Result attention_from_scores(const Array<double>& scores, const Lengths& lengths,
+                                    const Array<double>& v, const std::vector<double>& dropout) {
+  Array<double> weights = masked_softmax(scores, lengths);
+  return {weighted_sum(weights, v, dropout), weights, masked_log_sum_exp(scores, lengths)};
+}
+
 // Scaled dot-product attention: softmax(Q Kᵀ · scale) V.
 inline Result dot_product_attention(const Array<double>& q, const Array<double>& k,
                                     const Array<double>& v, const Lengths& lengths, double scale,
@@ -123,8 +145,7 @@ inline Result dot_product_attention(const Array<double>& q, const Array<double>&
         for (int64_t t = 0; t < q.dims[2]; ++t) sum += q.at(b, i, t) * k.at(b, j, t);
         scores.at(b, i, j) = sum * scale;
       }
-  Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v, dropout), weights, masked_log_sum_exp(scores, lengths)};
+  return attention_from_scores(scores, lengths, v, dropout);
 }
 
 // Additive attention: score(i, j) = w_v · tanh(W_q q_i + W_k k_j).
@@ -145,8 +166,7 @@ inline Result additive_attention(const Array<double>& q, const Array<double>& k,
           sum += w_v[static_cast<size_t>(t)] * std::tanh(qp.at(b, i, t) + kp.at(b, j, t));
         scores.at(b, i, j) = sum;
       }
-  Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v, dropout), weights, masked_log_sum_exp(scores, lengths)};
+  return attention_from_scores(scores, lengths, v, dropout);
 }
 
 // Gaussian-kernel (Nadaraya–Watson) pooling: score(i, j) = −½‖(q_i − k_j)·w‖².
@@ -164,8 +184,7 @@ inline Result gaussian_kernel_pooling(const Array<double>& q, const Array<double
         }
         scores.at(b, i, j) = -0.5 * sum;
       }
-  Array<double> weights = masked_softmax(scores, lengths);
-  return {weighted_sum(weights, v, dropout), weights, masked_log_sum_exp(scores, lengths)};
+  return attention_from_scores(scores, lengths, v, dropout);
 }
 
 struct MultiHeadParameters {
