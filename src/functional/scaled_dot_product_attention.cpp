@@ -80,19 +80,29 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStrid
 
 namespace {
 
-// grad_output divided by the rows' weight totals (row_totals.hpp), for a log-sum-exp some of whose
-// rows lost log(sum) to their magnitude.
-Tensor grad_output_over_row_totals(ConstStridedView query, ConstStridedView key,
-                                   ConstStridedView value, ConstStridedView grad_output,
-                                   std::span<const float> log_sum_exp,
-                                   const AttentionOptions& options) {
-  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
-  prepared.require_log_sum_exp(log_sum_exp, false);
-  return functional_detail::grad_output_over_row_totals(
-      prepared, grad_output, log_sum_exp, [&](size_t s, const float* lse, float* totals) {
-        flash_attention_row_totals(prepared.query(s), prepared.key(s), lse, prepared.valid_lens(),
-                                   prepared.kernel_options(s), totals, /*base_two=*/true);
-      });
+// Whether a pass recomputing P should recompute the log-sum-exp too: some row's float value lost
+// log(sum) to its magnitude (row_totals.hpp), and it is this call's (not a ring's, over more keys).
+bool recomputes_log_sum_exp(std::span<const float> log_sum_exp, const AttentionOptions& options) {
+  return !options.log_sum_exp_spans_more_keys &&
+         functional_detail::log_sum_exp_loses_precision(log_sum_exp);
+}
+
+// flash_attention_recomputed_log_sum_exp over every slice of `prepared`, with the kernel options
+// the pass that reads it uses (`mask_gradient` as it passes it), and the rows' P totals when
+// `totals` is not null.
+std::vector<float> recomputed_log_sum_exp(const PreparedAttention& prepared, size_t rows,
+                                          bool mask_gradient,
+                                          std::vector<float>* totals = nullptr) {
+  std::vector<float> recomputed(rows);
+  if (totals != nullptr) totals->assign(rows, 1.0F);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_recomputed_log_sum_exp(
+        prepared.query(s), prepared.key(s), prepared.valid_lens(),
+        prepared.kernel_options(s, mask_gradient),
+        prepared.slice_log_sum_exp(std::span<float>(recomputed), s),
+        totals != nullptr ? prepared.slice_log_sum_exp(std::span<float>(*totals), s) : nullptr);
+  }
+  return recomputed;
 }
 
 }  // namespace
@@ -102,25 +112,36 @@ void scaled_dot_product_attention_backward(
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
     MutableStridedView grad_value, MutableStridedView grad_mask, std::span<float> grad_sinks) {
-  // A row masked to −1e9 loses log(sum) from its float log-sum-exp: the kernel's P is then off by
-  // one factor per row, which dividing grad_output's row by it cancels (row_totals.hpp). A pass
-  // of scores for such calls only: |lse| > 256 needs scores beyond ±240.
-  Tensor rescaled_grad_output;
-  if (!options.log_sum_exp_spans_more_keys &&
-      functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
-    rescaled_grad_output =
-        grad_output_over_row_totals(query, key, value, grad_output, log_sum_exp, options);
-    grad_output = rescaled_grad_output;
-  }
+  // A row masked to −1e9, or of scores beyond ±1e4, loses log(sum) from its float log-sum-exp:
+  // recomputed from the forward's, its P would be off by 2^δ, δ a few of its ulps, which
+  // overflows or vanishes at large magnitudes. Such calls take a pass of scores first, for a
+  // log-sum-exp from the very scores the backward computes (|lse| > 256 needs scores beyond ±240).
+  const bool imprecise_rows = recomputes_log_sum_exp(log_sum_exp, options);
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
-  if (functional_detail::backward_without_scans(query, key, value, output, grad_output, log_sum_exp,
-                                                options, grad_query, grad_key, grad_value,
-                                                grad_mask, grad_sinks)) {
+  if (!imprecise_rows && functional_detail::backward_without_scans(
+                             query, key, value, output, grad_output, log_sum_exp, options,
+                             grad_query, grad_key, grad_value, grad_mask, grad_sinks)) {
     return;
   }
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const bool mask_gradient = grad_mask.data() != nullptr;
   const bool sinks_gradient = !grad_sinks.empty();
+  prepared.require_log_sum_exp(log_sum_exp, false);
+  // The recomputed log-sum-exp gives each row's largest score P = 1; where the float lost log(sum)
+  // (ties at 1e9) its row's P totals the keys' count, which dividing grad_output's row cancels.
+  std::vector<float> totals;
+  const std::vector<float> recomputed =
+      imprecise_rows ? recomputed_log_sum_exp(prepared, log_sum_exp.size(), mask_gradient, &totals)
+                     : std::vector<float>();
+  Tensor rescaled_grad_output;
+  if (imprecise_rows) {
+    rescaled_grad_output = functional_detail::grad_output_over_row_totals(
+        prepared, grad_output, log_sum_exp, [&](size_t s, const float*, float* slice_totals) {
+          std::copy_n(prepared.slice_log_sum_exp(std::span<const float>(totals), s),
+                      totals.size() / prepared.slices(), slice_totals);
+        });
+    grad_output = rescaled_grad_output;
+  }
   functional_detail::start_option_gradients(options, grad_mask, grad_sinks);
   prepared.output_layout("output", output);
   prepared.output_layout("grad_output", grad_output);
@@ -148,15 +169,17 @@ void scaled_dot_product_attention_backward(
   }
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  const std::span<const float> lse = imprecise_rows ? recomputed : log_sum_exp;
   for (size_t s = 0; s < prepared.slices(); ++s) {
     flash_attention_backward(
         prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
-        grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
+        grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(lse, s),
         prepared.valid_lens(), prepared.kernel_options(s, mask_gradient),
         grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
         grad_v.slice(grad_value.data(), s),
         mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},
-        sinks_gradient ? grad_sinks.data() : nullptr);
+        sinks_gradient ? grad_sinks.data() : nullptr, nullptr,
+        imprecise_rows ? LogSumExpKind::kRecomputedBaseTwo : LogSumExpKind::kForward);
   }
   const int both = shifts.grad_output + shifts.value;
   if (both == 0) return;
@@ -212,10 +235,18 @@ Tensor attention_weights(ConstStridedView query, ConstStridedView key,
   prepared.require_log_sum_exp(log_sum_exp, false);
   Tensor weights(prepared.scores_shape());
   const auto layout = prepared.layout_like_scores(weights);
+  // Rows whose float log-sum-exp lost log(sum) take their own, as the backward pass does: exp(S −
+  // lse) from the forward's would be off by a factor per row that could vanish.
+  const bool imprecise_rows = recomputes_log_sum_exp(log_sum_exp, options);
+  const std::vector<float> recomputed =
+      imprecise_rows ? recomputed_log_sum_exp(prepared, log_sum_exp.size(), false)
+                     : std::vector<float>();
+  const std::span<const float> lse = imprecise_rows ? recomputed : log_sum_exp;
   for (size_t s = 0; s < prepared.slices(); ++s) {
-    flash_attention_weights(prepared.query(s), prepared.key(s),
-                            prepared.slice_log_sum_exp(log_sum_exp, s), prepared.valid_lens(),
-                            prepared.kernel_options(s), layout.slice(weights.data(), s));
+    flash_attention_weights(
+        prepared.query(s), prepared.key(s), prepared.slice_log_sum_exp(lse, s),
+        prepared.valid_lens(), prepared.kernel_options(s), layout.slice(weights.data(), s),
+        imprecise_rows ? LogSumExpKind::kRecomputedBaseTwo : LogSumExpKind::kForward);
   }
   return weights;
 }

@@ -29,6 +29,14 @@ struct WeightsArgs {
   const float* additive_weights;      // w_v for additive scores; null for dot products
   bool additive_exponential = false;  // additive scores in the exponential form, as the forward
   float* row_totals = nullptr;        // set: each row's total into it (B·H·n), no weights written
+  // Set: each row's log-sum-exp of its own scores in the unit's base, with its sink's term, into it
+  // (B·H·n; −∞ for a row that sees nothing), no weights written and log_sum_exp not read. In base
+  // 2 the scores are the fp32 backward pass's FMA products bit for bit, so that its P of a row's
+  // largest score is 2⁰ = 1 exactly at any magnitude (LogSumExpKind::kRecomputedBaseTwo).
+  float* recomputed_log_sum_exp = nullptr;
+  float* recomputed_totals =
+      nullptr;  // with it, optional: each row's Σ 2^(S − that lse), its sink's in
+  bool log_sum_exp_in_unit = false;  // log_sum_exp already times the unit (a recomputed one)
   // Scores and log-sum-exp times this unit, exponentials then in base 2 where it is log2 e: the
   // fp32 backward pass's P (flash_attention_backward.cpp), whose totals must be its own.
   float unit = 1.0F;
@@ -91,9 +99,12 @@ void RenormalizeRows(const WeightsArgs& args, int64_t h, size_t rows, const Tile
   constexpr double kStray = 1e-6;  // a sum of ≤ 1-ulp exponentials lands closer than this
   for (size_t r = 0; r < rows; ++r) {
     float* row = out + static_cast<int64_t>(r) * args.weights.row_stride;
-    double total = args.options.sinks == nullptr
-                       ? 0.0
-                       : std::exp(static_cast<double>(args.options.sinks[h]) - lse[r]);
+    double total = 0.0;
+    if (args.options.sinks != nullptr) {  // the sink's weight, in the scores' unit
+      total = args.unit != 1.0F
+                  ? std::exp2(static_cast<double>(args.options.sinks[h] * args.unit) - lse[r])
+                  : std::exp(static_cast<double>(args.options.sinks[h]) - lse[r]);
+    }
     for (int64_t j = ranges.begin; j < ranges.end; ++j) total += row[j];
     if (!(total > 0.0) || std::abs(total - 1.0) <= kStray) continue;  // hidden rows: all zero
     const auto factor = static_cast<float>(1.0 / total);
@@ -115,10 +126,14 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   tile.ranges = tile_key_ranges(*args.valid_lens, args.options, b, h, first_query, rows, br, n, m,
                                 s.first, s.last);
   const float* q = args.q.matrix(b, h) + first_query * args.q.row_stride;
-  const float* lse = args.log_sum_exp + (b * args.q.heads + h) * n + first_query;
+  const bool recomputes = args.recomputed_log_sum_exp != nullptr;
+  const float* lse =
+      recomputes ? nullptr : args.log_sum_exp + (b * args.q.heads + h) * n + first_query;
+  const float lse_unit = args.log_sum_exp_in_unit ? 1.0F : args.unit;
   for (size_t r = 0; r < br; ++r) {
-    s.lse[r] =
-        r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? args.unit * lse[r] : 0.0F;
+    s.lse[r] = !recomputes && r < rows && lse[r] > -std::numeric_limits<float>::infinity()
+                   ? lse_unit * lse[r]
+                   : 0.0F;
   }
   // Zeros only in the query vectors the score products read.
   const size_t vectors = args.additive_weights != nullptr
@@ -129,12 +144,27 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   if (args.additive_exponential)
     DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   const bool totals_only = args.row_totals != nullptr;
+  const bool writes_weights = !totals_only && !recomputes;
   float* out =
-      totals_only ? nullptr : args.weights.matrix(b, h) + first_query * args.weights.row_stride;
-  for (size_t r = 0; r < rows && !totals_only; ++r)
+      writes_weights ? args.weights.matrix(b, h) + first_query * args.weights.row_stride : nullptr;
+  for (size_t r = 0; r < rows && writes_weights; ++r)
     std::fill_n(out + static_cast<int64_t>(r) * args.weights.row_stride, m, 0.0F);
   // Summed in double: a float sum of m weights would carry m ulps.
-  std::vector<double> totals(totals_only ? rows : 0, 0.0);
+  std::vector<double> totals(totals_only || recomputes ? rows : 0, 0.0);
+  // Recomputing: each row's running maximum score, totals[r] then Σ 2^(S − maximum) (or e^).
+  std::vector<float> maxima(recomputes ? rows : 0, -std::numeric_limits<float>::infinity());
+  const bool base_two = args.unit != 1.0F;
+  const auto add_score = [&](size_t r, float score) {
+    if (!(score > -std::numeric_limits<float>::infinity())) return;  // masked
+    if (score > maxima[r]) {
+      const double shift = static_cast<double>(maxima[r]) - score;
+      totals[r] = totals[r] * (base_two ? std::exp2(shift) : std::exp(shift)) + 1.0;
+      maxima[r] = score;
+    } else {
+      const double shift = static_cast<double>(score) - maxima[r];
+      totals[r] += base_two ? std::exp2(shift) : std::exp(shift);
+    }
+  };
   const float* keys = args.k.matrix(b, kv_head);
   const auto key_stride = static_cast<size_t>(args.k.row_stride);
   for (int64_t key0 = tile.ranges.begin; key0 < tile.ranges.end;
@@ -159,6 +189,12 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
     }
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
                         s.scores, nullptr, args.unit);
+    if (recomputes) {
+      for (size_t r = 0; r < rows; ++r) {
+        for (size_t j = 0; j < bc; ++j) add_score(r, s.scores[j * br + r]);
+      }
+      continue;
+    }
     if (args.unit != 1.0F) {
       ProbabilitiesFromScores<ProbabilityExp::kBaseTwo>(d, bc, br, br, s.lse, s.scores);
     } else {
@@ -173,8 +209,30 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       for (size_t j = 0; j < bc; ++j) row[j] = s.scores[j * br + r];
     }
   }
-  if (!totals_only) {
+  if (writes_weights) {
     RenormalizeRows(args, h, rows, tile.ranges, s.lse, out);
+    return;
+  }
+  if (recomputes) {
+    float* row_lse = args.recomputed_log_sum_exp + (b * args.q.heads + h) * n + first_query;
+    for (size_t r = 0; r < rows; ++r) {
+      // The sink as one more score, in the keys' unit (a float, as the scores are).
+      if (args.options.sinks != nullptr) add_score(r, args.options.sinks[h] * args.unit);
+      // A row's largest score plus a log of at least 0: exactly that score where the others add
+      // less than its half ulp.
+      const bool sees = maxima[r] > -std::numeric_limits<float>::infinity();
+      row_lse[r] = sees
+                       ? static_cast<float>(static_cast<double>(maxima[r]) +
+                                            (base_two ? std::log2(totals[r]) : std::log(totals[r])))
+                       : -std::numeric_limits<float>::infinity();
+      // Where the float lost log(sum) (ties at scores of 1e9), the row's P total that many times 1.
+      if (args.recomputed_totals != nullptr) {
+        const double shift = static_cast<double>(maxima[r]) - row_lse[r];
+        args.recomputed_totals[(b * args.q.heads + h) * n + first_query + static_cast<int64_t>(r)] =
+            sees ? static_cast<float>(totals[r] * (base_two ? std::exp2(shift) : std::exp(shift)))
+                 : 0.0F;
+      }
+    }
     return;
   }
   float* row_totals = args.row_totals + (b * args.q.heads + h) * n + first_query;
@@ -217,13 +275,14 @@ HWY_EXPORT(AttentionWeights);
 
 namespace {
 void compute_weights(const weights_detail::WeightsArgs& args) {
-  require_log_sum_exp(args.log_sum_exp, args.q.batch * args.q.heads * args.q.rows);
+  if (args.recomputed_log_sum_exp == nullptr)
+    require_log_sum_exp(args.log_sum_exp, args.q.batch * args.q.heads * args.q.rows);
   // The values' shape does not matter here: check the rest against a stand-in of one column.
   const ConstHeadsView values{nullptr, args.k.batch, args.k.heads, args.k.rows, 1, 0, 0, 0};
   const ConstHeadsView out{nullptr, args.q.batch, args.q.heads, args.q.rows, 1, 0, 0, 0};
   if (!check_attention_arguments(args.q, args.k, values, out, *args.valid_lens, args.options))
     return;
-  if (args.row_totals == nullptr) {
+  if (args.row_totals == nullptr && args.recomputed_log_sum_exp == nullptr) {
     require_matrices(args.weights, "weights", args.q.batch, args.q.heads, args.q.rows, args.k.rows,
                      "one row per query, one column per key");
   }
@@ -233,8 +292,35 @@ void compute_weights(const weights_detail::WeightsArgs& args) {
 
 void flash_attention_weights(ConstHeadsView q, ConstHeadsView k, const float* log_sum_exp,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                             HeadsView weights) {
-  compute_weights({q, k, log_sum_exp, &valid_lens, options, weights, nullptr});
+                             HeadsView weights, LogSumExpKind kind) {
+  weights_detail::WeightsArgs args{q, k, log_sum_exp, &valid_lens, options, weights, nullptr};
+  if (kind == LogSumExpKind::kRecomputedBaseTwo) {
+    args.unit = std::numbers::log2e_v<float>;
+    args.log_sum_exp_in_unit = true;
+  }
+  compute_weights(args);
+}
+
+void flash_attention_recomputed_log_sum_exp(ConstHeadsView q, ConstHeadsView k,
+                                            const ValidLengths& valid_lens,
+                                            const FlashAttentionOptions& options,
+                                            float* log_sum_exp_base_two, float* totals) {
+  if (log_sum_exp_base_two == nullptr && q.batch * q.heads * q.rows > 0)
+    throw ValueError("log_sum_exp_base_two: expected room for the rows' values, got null");
+  weights_detail::WeightsArgs args{q, k, nullptr, &valid_lens, options, {}, nullptr};
+  args.recomputed_log_sum_exp = log_sum_exp_base_two;
+  args.recomputed_totals = totals;
+  args.unit = std::numbers::log2e_v<float>;
+  // Rows of a call with no work (no keys) keep these: the sink's score alone, or −∞.
+  for (int64_t head = 0; head < q.batch * q.heads; ++head) {
+    const int64_t h = head % q.heads;
+    std::fill_n(log_sum_exp_base_two + head * q.rows, q.rows,
+                options.sinks != nullptr ? options.sinks[h] * args.unit
+                                         : -std::numeric_limits<float>::infinity());
+    if (totals != nullptr)
+      std::fill_n(totals + head * q.rows, q.rows, options.sinks != nullptr ? 1.0F : 0.0F);
+  }
+  compute_weights(args);
 }
 
 void flash_attention_row_totals(ConstHeadsView q, ConstHeadsView k, const float* log_sum_exp,

@@ -58,6 +58,10 @@ struct BackwardArgs {
   // fp32 gradients larger than the threads' L2s (FlashBackward sets it): rows of whole aligned
   // vectors written with streaming stores (WriteGradientRow).
   bool stream_gradients = false;
+  // log_sum_exp is flash_attention_recomputed_log_sum_exp's (LogSumExpKind::kRecomputedBaseTwo):
+  // in base 2 already, from scores computed as this pass's FMA Gemm computes them, so the pass
+  // takes the Gemm for every tile's scores (no FewQueryProducts, no AMX tiles).
+  bool recomputed_log_sum_exp = false;
 };
 
 constexpr size_t kQueryVectors = 4;
@@ -133,9 +137,9 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 bool FloatProductsOnTiles(const BackwardArgs& args, BackwardProducts products) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const FlashAttentionOptions& options = args.options;
-  return products == BackwardProducts::kFloat && options.dropout == 0.0F &&
-         options.window_left < 0 && options.window_right < 0 && args.q.cols % 32 == 0 &&
-         args.v.cols % 32 == 0 &&
+  return products == BackwardProducts::kFloat && !args.recomputed_log_sum_exp &&
+         options.dropout == 0.0F && options.window_left < 0 && options.window_right < 0 &&
+         args.q.cols % 32 == 0 && args.v.cols % 32 == 0 &&
          (amx_use() == AmxUse::kModel ||
           std::min(args.q.rows, args.k.rows) >= flash_backward_detail::kMinRowsOnTiles) &&
          cpu_has_avx512_bf16() && fp32_on_amx() && amx_tiles_in_use();
@@ -941,6 +945,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // On AMX tiles Sᵀ is left unscaled and c enters P's exponent where the modifiers allow it.
   [[maybe_unused]] const bool scale_in_exponent = ModifiersCommuteWithScale(options);
   const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
+  // A recomputed log-sum-exp is in base 2 already, and its scores are the Gemm's: tiles of few
+  // queries take the Gemm too (FewQueryProducts sums in another order, other bits).
+  const float lse_unit = args.recomputed_log_sum_exp ? 1.0F : score_unit;
+  const size_t few_queries = args.recomputed_log_sum_exp ? 0 : kFewQueries;
 
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
   // The fp32 products' operands (the bf16 path has its pairs instead).
@@ -973,7 +981,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   const int64_t extent =
       PrepareQueryTiles(args.out, args.grad_out, head_lse, *args.valid_lens, options, args.k.rows,
                         b, h, br, dv_padded, s, args.half ? &half_query_side : nullptr,
-                        /*transposed=*/false, score_unit);
+                        /*transposed=*/false, lse_unit);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (s.split_products) {  // B of dK += dSᵀ·Q and dV += (P ⊙ Z)ᵀ·dO on the tiles
     SplitInterleavedRowPairs(s.queries, 0, n, tiles * br / 2, depth, d_padded,
@@ -987,7 +995,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // most of them padding, per element of a query row.
   for (size_t tile = 0; tile < tiles && !bf16_products; ++tile) {
     const size_t rows = std::min(br, n - tile * br), width = TileWidth(d, rows, br);
-    if (rows <= kFewQueries) continue;
+    if (rows <= few_queries) continue;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if (s.split_products && rows == br) {  // a whole tile's scores on the tiles: three parts each
       SplitTransposedTile(s.queries, tile * br, br, depth, s.split_d_pairs, score_scale,
@@ -1110,7 +1118,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
               s.split_d_pairs, s.probabilities, width, bc, br, {!inputs_in_two, true});
         } else
 #endif
-            if (rows <= kFewQueries) {
+            if (rows <= few_queries) {
           FewQueryProducts(bc, rows, width, s.keys.row(key0), s.keys.stride, s.queries.row(first),
                            s.queries.stride, depth, score_scale, s.probabilities);
         } else {
@@ -1184,7 +1192,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                                   br, {!inputs_in_two, !inputs_in_two});
         } else
 #endif
-            if (rows <= kFewQueries) {
+            if (rows <= few_queries) {
           FewQueryProducts(bc, rows, width, s.values.row(key0), s.values.stride,
                            s.grad_out.row(first), s.grad_out.stride, dv, 1.0F, s.grad_scores);
         } else {
@@ -1288,10 +1296,15 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   if (options.sinks == nullptr || chunk.first_tile != 0) return 0.0F;
   // The sink's weight in row i is exp(sink − lse_i); d lse_i / d sink is that weight, and
   // dL/d sink = −Σ_i weight_i · D_i (D_i = dO_i·O_i = Σ_j P_ij dP_ij).
+  // (A recomputed log-sum-exp is in base 2, the sink's score there a float times log2 e.)
   double grad_sink = 0.0;
   for (size_t i = 0; i < n; ++i) {
     if (head_lse[i] == -std::numeric_limits<float>::infinity()) continue;
-    grad_sink -= std::exp(static_cast<double>(options.sinks[h]) - head_lse[i]) * s.delta[i];
+    const double weight =
+        args.recomputed_log_sum_exp
+            ? std::exp2(static_cast<double>(options.sinks[h] * score_unit) - head_lse[i])
+            : std::exp(static_cast<double>(options.sinks[h]) - head_lse[i]);
+    grad_sink -= weight * s.delta[i];
   }
   return static_cast<float>(grad_sink);
 }
@@ -1548,11 +1561,12 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HeadsView grad_q, HeadsView grad_k, HeadsView grad_v,
                               ScoreMaskGradient grad_mask, float* grad_sinks,
-                              BackwardReadMagnitudes* read) {
+                              BackwardReadMagnitudes* read, LogSumExpKind kind) {
   if (read != nullptr) *read = {};
   flash_backward_detail::BackwardArgs args{q,           k,           v,         out,    grad_out,
                                            log_sum_exp, &valid_lens, options,   grad_q, grad_k,
                                            grad_v,      grad_mask,   grad_sinks};
+  args.recomputed_log_sum_exp = kind == LogSumExpKind::kRecomputedBaseTwo;
   if (!check_backward_arguments(args)) {
     for (const HeadsView& g : {grad_q, grad_k, grad_v}) fill_heads(g, 0.0F);
     return;

@@ -354,6 +354,70 @@ TEST_P(FunctionalSdpa, RowsFarBelowZeroGiveExactWeightsAndGradients) {
   }
 }
 
+// Scores of ±1e4 to ±3e9, each row's largest ahead of the rest by half its size or more: the
+// weights are one-hot and dV = Pᵀ dO exact, as PyTorch's float pass gives them. The backward
+// recomputed P from the forward's float log-sum-exp, converted to base 2: a few ulps of scores
+// that size made its P 2^±30 (dV off by 7e9), or NaN, or 0 (a row's share of dV lost), and the
+// weights rows of zeros. Few queries (the decode forward; 3-query tiles, whose scores the backward
+// took from another product) and many. Keys k_j = f·(1 + t_j/2)·e_(j mod d), t_j = j div d;
+// query i = ±f·e_(i mod d) (minus: its largest scores are the zeros of the other keys, a tie).
+// dQ and dK are the reference's 0 up to dS = P ⊙ (dP − D) for the one key, dP − D two float
+// dot products of dv terms apart: within 4·dv ulps of Σ|dO||V|, times c·|k| (dQ) or c·|q| summed
+// over the rows (dK).
+TEST_P(FunctionalSdpa, ScoresOfLargeMagnitudeGiveExactWeightsAndGradients) {
+  for (const SdpaShape shape : {SdpaShape{1, 2, 1, 5, 7, 8, 4}, SdpaShape{1, 2, 2, 67, 40, 8, 4}}) {
+    for (const float f : {1e2F, 1e3F, 1e4F, 4e4F}) {
+      SCOPED_TRACE("queries " + std::to_string(shape.queries) + ", scale of q and k " +
+                   std::to_string(f));
+      SdpaTestCase c(shape, 930);
+      for (int64_t b = 0; b < shape.batch; ++b) {
+        for (int64_t h = 0; h < shape.kv_heads; ++h) {
+          for (int64_t j = 0; j < shape.keys; ++j) {
+            for (int64_t e = 0; e < shape.depth; ++e) {
+              c.k(b, h, j, e) = e == j % shape.depth
+                                    ? f * (1.0F + 0.5F * static_cast<float>(j / shape.depth))
+                                    : 0.0F;
+            }
+          }
+        }
+        for (int64_t h = 0; h < shape.q_heads; ++h) {
+          for (int64_t i = 0; i < shape.queries; ++i) {
+            for (int64_t e = 0; e < shape.depth; ++e) {
+              c.q(b, h, i, e) = e == i % shape.depth ? ((i + h) % 5 == 4 ? -f : f) : 0.0F;
+            }
+          }
+        }
+      }
+      const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+      const reference::SdpaForward expected = c.expected_forward();
+      EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance)) << "output";
+      const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
+      EXPECT_TRUE(close_to(weights, expected.weights, kForwardTolerance)) << "weights";
+      const AttentionBackward grads = scaled_dot_product_attention_backward(
+          c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
+      const reference::SdpaGradients expected_grads = c.expected_backward();
+      EXPECT_TRUE(close_to(grads.value, expected_grads.v, kBackwardTolerance)) << "grad value";
+      const double scale = 1.0 / std::sqrt(static_cast<double>(shape.depth));
+      const double ds_bound = 4.0 * static_cast<double>(shape.value_depth) * 0x1p-24 *
+                              static_cast<double>(shape.value_depth) * max_magnitude(c.grad_out) *
+                              max_magnitude(c.v);
+      const double q_bound = ds_bound * scale * max_magnitude(c.k);
+      const double k_bound = ds_bound * scale * max_magnitude(c.q) *
+                             static_cast<double>(shape.queries * shape.q_heads / shape.kv_heads);
+      for (int64_t e = 0; e < grads.query.numel(); ++e) {
+        ASSERT_LE(std::fabs(grads.query.data()[e] - expected_grads.q[static_cast<size_t>(e)]),
+                  q_bound)
+            << "grad query " << e;
+      }
+      for (int64_t e = 0; e < grads.key.numel(); ++e) {
+        ASSERT_LE(std::fabs(grads.key.data()[e] - expected_grads.k[static_cast<size_t>(e)]),
+                  k_bound)
+            << "grad key " << e;
+      }
+    }
+  }
+}
+
 // FlashAttention-2's backward decomposes over key blocks given the whole rows' log-sum-exp (ring
 // attention's block pairs): with log_sum_exp_spans_more_keys the blocks' dQ add up to the whole
 // call's and their dK, dV are its rows. Scores near ±400 put |lse| past 256, where a call that

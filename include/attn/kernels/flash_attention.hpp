@@ -13,6 +13,12 @@
 
 namespace attn {
 
+// The log-sum-exp that a pass recomputing P (the backward pass, the weights) is given.
+enum class LogSumExpKind {
+  kForward,            // the forward pass's, natural: P = exp(S − lse)
+  kRecomputedBaseTwo,  // flash_attention_recomputed_log_sum_exp's: P = 2^(S·log2 e − lse)
+};
+
 // out[b, h] = softmax(S) V for every batch element b and query head h, where
 // S_ij = scale · q_i·k_j, then soft-capped, plus ALiBi, plus a float mask, as `options` say, and
 // query i sees only the keys that its valid length (valid_lens.length(b, i), the same for every
@@ -91,6 +97,10 @@ bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth
 // Either may be left empty / null. Work is split over (batch, key/value head) pairs. Extra memory:
 // about 6·(n + m)·d floats per thread, plus one copy of the mask per thread when grad_mask
 // broadcasts over batch elements or key/value heads.
+// `kind` kRecomputedBaseTwo: `log_sum_exp` is flash_attention_recomputed_log_sum_exp's, and the
+// pass computes its scores as that function does (FMA products, none on AMX tiles), so that its P
+// agrees with that log-sum-exp bit for bit: for rows whose forward log-sum-exp is too large to be
+// exact in a float (|lse| beyond a few hundred).
 // `read`, when not null, receives the largest magnitudes of the rows the pass read, as the
 // forward's `read` (NaN or +∞ where one is not finite): every row of q, out and grad_out, and the
 // key and value rows of the whole 64-key tiles some query's range reaches.
@@ -102,7 +112,8 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HeadsView grad_q, HeadsView grad_k, HeadsView grad_v,
                               ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr,
-                              BackwardReadMagnitudes* read = nullptr);
+                              BackwardReadMagnitudes* read = nullptr,
+                              LogSumExpKind kind = LogSumExpKind::kForward);
 
 // The same backward pass over half-precision q, k, v, out and grad_out (all of `type`), with the
 // gradients grad_q, grad_k, grad_v rounded once to `type` (nearest even); every sum accumulates
@@ -124,9 +135,26 @@ void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHead
 // The attention weights of a forward pass, P_ij = exp(S_ij − log_sum_exp_i) (before dropout),
 // recomputed tile by tile exactly as the backward pass does, into `weights` (B·H: n × m,
 // strided): what a materialising implementation would have returned, computed only on request.
+// With kRecomputedBaseTwo, `log_sum_exp` is flash_attention_recomputed_log_sum_exp's and P_ij =
+// 2^(S_ij·log2 e − log_sum_exp_i).
 void flash_attention_weights(ConstHeadsView q, ConstHeadsView k, const float* log_sum_exp,
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
-                             HeadsView weights);
+                             HeadsView weights, LogSumExpKind kind = LogSumExpKind::kForward);
+
+// Each row's log-sum-exp in base 2, log2(Σ_j 2^(S_ij·log2 e) + 2^(sink·log2 e)), into
+// `log_sum_exp_base_two` (B·H·n; −∞ for a row that sees nothing), from scores computed bit for bit
+// as the fp32 backward pass and flash_attention_weights compute them when given it
+// (kRecomputedBaseTwo). For rows whose forward log-sum-exp is too large for a float to carry
+// log(sum) (|lse| beyond a few hundred: scores near −1e9 from a mask, or beyond ±1e4): a P
+// recomputed from the forward's value is then the true one times 2^δ, δ a few ulps of the scores,
+// which overflows or vanishes at large magnitudes; from this one, a row's largest score gets
+// exactly 1, and the row's P total, written to `totals` (B·H·n, optional; 0 for a row that sees
+// nothing), lies between 1 and the number of its keys (ties at 1e9 lose log(count) to rounding):
+// a pass dividing its row of grad_output by it is exact.
+void flash_attention_recomputed_log_sum_exp(ConstHeadsView q, ConstHeadsView k,
+                                            const ValidLengths& valid_lens,
+                                            const FlashAttentionOptions& options,
+                                            float* log_sum_exp_base_two, float* totals = nullptr);
 
 // Each row's total of those weights with its sink's, Σ_j exp(S_ij − lse_i) + exp(sink − lse_i),
 // into `totals` (B·H·n): 1 up to rounding, except where the float log-sum-exp lost log(sum) to
