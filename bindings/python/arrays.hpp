@@ -31,6 +31,13 @@ enum class Framework { kNumpy, kTorch };
 // kNumpy for anything else.
 Framework framework_of(nb::handle object);
 
+// ValueError naming `name` where `object` is a torch tensor that requires grad while grad mode is
+// on: `function` (attn's, outside autograd) would return a result with requires_grad=False, the
+// graph cut without a word, as tensor.numpy() refuses such tensors. `instead` names what records
+// autograd. Non-torch objects and None pass.
+void refuse_recording_tensor(nb::handle object, std::string_view name, std::string_view function,
+                             std::string_view instead);
+
 // A float32 C-contiguous view of a Python array. A float32 C-contiguous CPU array is viewed in
 // place (no copy); a float64 or non-contiguous one is copied into `copy`, unless strict inputs are
 // on. Keeps the source array alive, so the view stays valid while this object lives.

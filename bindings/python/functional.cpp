@@ -6,7 +6,9 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <random>
 #include <span>
@@ -128,17 +130,27 @@ class CallOptions {
       : mask_(attn_mask, "attn_mask"),
         alibi_slopes_(to_float_vector(alibi_slopes, "alibi_slopes")),
         sinks_(to_float_vector(sinks, "sinks")) {
+    // Named as the caller gave it (the library's check names its own field, dropout).
+    std::string dropout_name = "dropout_p";
     if (dropout) {
       if (dropout_p != 0.0F) {
         throw nb::value_error(
             "dropout: the book's name of dropout_p; give one of dropout_p and dropout");
       }
       dropout_p = *dropout;
-    } else if (!(dropout_p >= 0.0F && dropout_p < 1.0F)) {
-      // Named as the caller gave it (the library's check names its own field, dropout).
-      throw nb::value_error(
-          ("dropout_p: expected a probability in [0, 1), got " + std::to_string(dropout_p))
-              .c_str());
+      dropout_name = "dropout";
+    }
+    if (!(dropout_p >= 0.0F && dropout_p <= 1.0F)) {
+      throw nb::value_error((dropout_name + ": expected a probability in [0, 1], got " +
+                             std::to_string(dropout_p))
+                                .c_str());
+    }
+    // Dropout of every weight (p = 1), as PyTorch's (and nn.Dropout(1.0)): a zero output. attn's
+    // kernels take p < 1 (each kept weight is scaled by 1/(1 − p)), so the pass runs without
+    // dropout, checking its inputs as ever, and the caller zeroes its output (drops_all()).
+    if (dropout_p == 1.0F) {
+      drops_all_ = true;
+      dropout_p = 0.0F;
     }
     if (causal && is_causal) {
       throw nb::value_error(
@@ -173,12 +185,23 @@ class CallOptions {
   const AttentionOptions& options() const { return options_; }
   // Whether options().valid_lens came as attn_mask (integers there are the book's valid lengths).
   bool lengths_from_mask() const { return mask_.holds_valid_lengths(); }
+  // Whether dropout of probability 1 was asked for: options() then holds none, and the output
+  // (not the weights, which are those before dropout) is to be zeroed.
+  bool drops_all() const { return drops_all_; }
+  // ValueError where drops_all(): for the calls that have no output to zero (`why`).
+  void refuse_dropping_all(std::string_view why) const {
+    if (!drops_all_) return;
+    throw nb::value_error(("dropout_p: expected a probability in [0, 1) " + std::string(why) +
+                           ", got 1")
+                              .c_str());
+  }
 
  private:
   MaskInput mask_;
   std::vector<float> alibi_slopes_;
   std::vector<float> sinks_;
   AttentionOptions options_;
+  bool drops_all_ = false;
 };
 
 // attend(), a call with `call`'s options, whose errors about valid lengths that came as attn_mask
@@ -291,6 +314,12 @@ nb::object attend_to_cache_call(nb::handle q, BoundCache& cache, nb::handle v, n
   // The seed only matters for dropout, which a cache call refuses.
   const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes,
                          softcap, sinks, valid_lens, alignment, causal, dropout, 0);
+  if (call.drops_all()) {
+    // The library's refusal of any dropout here, which p = 1 (run as 0, zeroed) would miss.
+    throw nb::value_error(
+        "dropout: not taken with a KV cache (the cache's lengths are the valid lengths; masks "
+        "and dropout are for the prefill call without a cache)");
+  }
   return naming_mask_lengths(call, [&] { return attend_to_cache(q, cache, call.options()); });
 }
 
@@ -305,6 +334,7 @@ nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, b
       nb::gil_scoped_release release;
       const ThreadSettingScope thread_setting;
       forward = half_forward(*half, inputs, call.options());
+      if (call.drops_all()) std::fill(forward.output.bits.begin(), forward.output.bits.end(), 0);
       if (need_weights) {
         const Tensor wide =
             attention_weights(*half, inputs.query.half_view(), inputs.key.half_view(),
@@ -325,6 +355,9 @@ nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, b
     const ThreadSettingScope thread_setting;
     forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
                                            inputs.value.view(), call.options());
+    if (call.drops_all()) {
+      std::fill_n(forward.output.data(), forward.output.numel(), 0.0F);
+    }
     // Computed on request only, from the log-sum-exp of this pass.
     if (need_weights) {
       weights = attention_weights(inputs.query.view(), inputs.key.view(), forward.log_sum_exp,
@@ -359,6 +392,13 @@ void bind_functional(nb::module_& module) {
          nb::handle dropout) {
         const ScalarArguments scalars(dropout_p, is_causal, scale, enable_gqa, softcap, alignment,
                                       need_weights, seed, causal, dropout);
+        for (const auto& [tensor, name] :
+             {std::pair{q, "query"}, std::pair{k, "key"}, std::pair{v, "value"},
+              std::pair{attn_mask, "attn_mask"}, std::pair{alibi_slopes, "alibi_slopes"},
+              std::pair{sinks, "sinks"}}) {
+          refuse_recording_tensor(tensor, name, "attn.scaled_dot_product_attention",
+                                  "attn.torch.scaled_dot_product_attention");
+        }
         if (BoundCache* cache = as_kv_cache(k)) {
           return attend_to_cache_call(q, *cache, v, attn_mask, scalars.dropout_p, scalars.is_causal,
                                       scalars.scale, scalars.enable_gqa, window, alibi_slopes,
@@ -400,9 +440,10 @@ void bind_functional(nb::module_& module) {
       "integer array/tensor or a Python list here is read as valid_lens (the book's call\n"
       "scaled_dot_product_attention(q, k, v, valid_lens)).\n"
       "dropout_p: dropout on the weights, applied whenever > 0 (as PyTorch), seeded by seed\n"
-      "(random when None). is_causal: query i sees keys j <= its diagonal key (see alignment).\n"
-      "scale: default 1/sqrt(E). window=(left, right): keys within left before and right after\n"
-      "the diagonal key (-1/None: unbounded). alibi_slopes (H_q floats): scores get\n"
+      "(random when None); 1 drops every weight: a zero output, as PyTorch's. is_causal:\n"
+      "query i sees keys j <= its diagonal key (see alignment). scale: default 1/sqrt(E).\n"
+      "window=(left, right): keys within left before and right after the diagonal key\n"
+      "(-1/None: unbounded). alibi_slopes (H_q floats): scores get\n"
       "-slope*|diagonal - j|. softcap: scores s become softcap*tanh(s/softcap). sinks (H_q\n"
       "floats): one logit per head joining each softmax denominator. valid_lens: None, (B,) or\n"
       "(B, L) integer lengths, B the first axis. alignment: \"top-left\" (PyTorch's is_causal)\n"
@@ -414,7 +455,10 @@ void bind_functional(nb::module_& module) {
       "Decoding: key may be an attn.KVCache (value None or the same cache) and query (B, H_q, n,\n"
       "E) the last n tokens of each sequence, already appended: query i of sequence b sits at\n"
       "position lengths[b] - n + i, which is_causal/causal, window and ALiBi refer to (alignment\n"
-      "is ignored). scale, enable_gqa, softcap, sinks and alibi_slopes are taken; attn_mask,\n"
+      "is ignored). n may exceed a sequence's length (a ragged append, left padding): its first\n"
+      "queries sit at negative positions, as FlashAttention aligns more queries than keys\n"
+      "bottom-right, and see no key when causal, getting zeros, as does every query of an\n"
+      "empty sequence. scale, enable_gqa, softcap, sinks and alibi_slopes are taken; attn_mask,\n"
       "valid_lens, dropout and need_weights are refused (the cache's lengths are the valid\n"
       "lengths). A float16 or bfloat16 query (a half model's) is widened exactly and its output\n"
       "comes back in its dtype.");
@@ -429,6 +473,7 @@ void bind_functional(nb::module_& module) {
         const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                alibi_slopes, softcap, sinks, valid_lens, alignment, false,
                                std::nullopt, seed);
+        call.refuse_dropping_all("(attn.torch passes p = 1 as 0 and zeroes the result)");
         const Framework framework = inputs.query.framework();
         if (const std::optional<HalfType> half = common_half_type(inputs)) {
           HalfAttentionForward forward;
@@ -474,6 +519,7 @@ void bind_functional(nb::module_& module) {
         const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                alibi_slopes, softcap, sinks, valid_lens, alignment, false,
                                std::nullopt, seed);
+        call.refuse_dropping_all("(attn.torch passes p = 1 as 0 and zeroes the gradients)");
         const int64_t rows = log_sum_exp_size(inputs.query.shape());
         if (log_sum_exp.shape().numel() != rows || !log_sum_exp.view().is_contiguous()) {
           throw nb::value_error(("log_sum_exp: expected the forward pass's " +

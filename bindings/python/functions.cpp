@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -45,6 +46,9 @@ void bind_functions(nb::module_& module) {
   module.def(
       "masked_softmax",
       [](nb::handle X, nb::handle valid_lens) {
+        refuse_recording_tensor(X, "X", "attn.masked_softmax",
+                                "torch.softmax on masked scores (or "
+                                "attn.torch.scaled_dot_product_attention with valid_lens)");
         const InputTensor scores(X, "X", 3);
         const ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
         Tensor weights;
@@ -67,6 +71,12 @@ void bind_functions(nb::module_& module) {
          nb::handle valid_lens, nb::handle need_weights_value) {
         const bool need_weights =
             scalar_argument<bool>(need_weights_value, "additive_attention", "need_weights", "bool");
+        for (const auto& [tensor, name] : {std::pair{q, "queries"}, std::pair{k, "keys"},
+                                           std::pair{v, "values"}, std::pair{W_q, "W_q"},
+                                           std::pair{W_k, "W_k"}, std::pair{w_v, "w_v"}}) {
+          refuse_recording_tensor(tensor, name, "attn.additive_attention",
+                                  "attn.torch.AdditiveAttention");
+        }
         const InputTensor queries(q, "queries", 3);
         const InputTensor keys(k, "keys", 3);
         const InputTensor values(v, "values", 3);
@@ -114,6 +124,11 @@ void bind_functions(nb::module_& module) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle width_value, nb::handle valid_lens,
          nb::handle need_weights_value) {
         constexpr std::string_view kName = "gaussian_kernel_pooling";
+        for (const auto& [tensor, name] : {std::pair{q, "queries"}, std::pair{k, "keys"},
+                                           std::pair{v, "values"}, std::pair{width_value, "width"}}) {
+          refuse_recording_tensor(tensor, name, "attn.gaussian_kernel_pooling",
+                                  "attn.torch.GaussianKernelPooling");
+        }
         const auto width = scalar_argument<float>(width_value, kName, "width", "float");
         const bool need_weights =
             scalar_argument<bool>(need_weights_value, kName, "need_weights", "bool");

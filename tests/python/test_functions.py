@@ -263,6 +263,17 @@ def test_simd_target_can_be_capped_and_restored():
          "limit_simd_target(): argument 'name' must be str, not int"),
         (lambda q: attn.save_safetensors(3, {}),
          "save_safetensors(): argument 'path' must be str | os.PathLike, not int"),
+        # Metadata: nanobind's caster refused a value other than str with the signature alone.
+        (lambda q: attn.save_safetensors("unwritten.safetensors", {"q": q}, {"epoch": 3}),
+         "save_safetensors(): argument 'metadata' must be a mapping of str to str "
+         "(collections.abc.Mapping[str, str]); its value for key 'epoch' is int (convert it "
+         "with str())"),
+        (lambda q: attn.save_safetensors("unwritten.safetensors", {"q": q}, metadata={1: "a"}),
+         "save_safetensors(): argument 'metadata' must be a mapping of str to str "
+         "(collections.abc.Mapping[str, str]); its key 1 is int"),
+        (lambda q: attn.save_safetensors("unwritten.safetensors", {"q": q}, [("a", "b")]),
+         "save_safetensors(): argument 'metadata' must be a mapping of str to str "
+         "(collections.abc.Mapping[str, str]), not list"),
     ],
 )
 def test_function_arguments_of_the_wrong_type_name_themselves(call, message):

@@ -466,3 +466,53 @@ def test_attention_errors_name_the_argument():
         attn.scaled_dot_product_attention(query, cache, None, enable_gqa=True, softcap=-1.0)
     with pytest.raises(attn.ShapeError, match="sinks: expected one value per query head"):
         attn.scaled_dot_product_attention(query, cache, None, enable_gqa=True, sinks=[0.0])
+
+
+def test_append_reads_negative_views_with_their_sign():
+    # z.conj().imag has the negative bit set (a lazily negated view), which PyTorch's DLPack
+    # export drops: the cache stores the values, and a query with the bit attends as its values.
+    keys = torch.randn(B, HKV, 3, D, dtype=torch.complex64).conj().imag
+    values = torch.randn(B, HKV, 3, D, dtype=torch.complex64).conj().imag
+    query = torch.randn(B, HQ, 1, D, dtype=torch.complex64).conj().imag
+    assert keys.is_neg() and values.is_neg() and query.is_neg()
+    cache = attn.KVCache(B, HKV, D, 4)
+    cache.append(keys, values)
+    np.testing.assert_array_equal(cache.keys()[:, :, :3], keys.resolve_neg().numpy())
+    np.testing.assert_array_equal(cache.values()[:, :, :3], values.resolve_neg().numpy())
+    output = attn.scaled_dot_product_attention(query, cache, None, enable_gqa=True)
+    expected = F.scaled_dot_product_attention(query.resolve_neg(), keys.resolve_neg(),
+                                              values.resolve_neg(), enable_gqa=True)
+    assert_relative(output, expected, OUTPUT_RTOL, "attention of a negated query")
+    assert torch.equal(attn_torch.scaled_dot_product_attention(query, cache, None, enable_gqa=True),
+                       output)
+
+
+def test_more_queries_than_a_sequence_holds_align_bottom_right():
+    # n queries are the last n tokens: with fewer cached (a ragged append, left padding) the
+    # first sit at negative positions, as FlashAttention aligns more queries than keys
+    # bottom-right. Causal, they see no key and get zeros; not causal, every query sees all
+    # cached keys. Both as attn's own call on the cached keys with alignment="bottom-right".
+    cache = attn.KVCache(1, 1, 8, 4)
+    keys, values = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8)
+    cache.append(keys, values)
+    query = torch.randn(1, 1, 5, 8)
+    for causal in (True, False):
+        output = attn.scaled_dot_product_attention(query, cache, None, is_causal=causal)
+        expected = attn.scaled_dot_product_attention(query, keys, values, is_causal=causal,
+                                                     alignment="bottom-right")
+        assert_relative(output, expected, OUTPUT_RTOL, f"causal={causal}")
+        reference = reference_sdpa(query.double(), keys.double(), values.double(),
+                                   is_causal=causal, alignment="bottom-right")
+        assert_relative(output, reference, OUTPUT_RTOL, f"causal={causal} reference")
+    causal = attn.scaled_dot_product_attention(query, cache, None, is_causal=True)
+    assert torch.all(causal[0, 0, :3] == 0) and torch.all(causal[0, 0, 3:] != 0)
+
+
+def test_dropout_of_every_weight_is_refused_with_a_cache():
+    # A cache call takes no dropout; p = 1, which the arrays' call now computes (zeros), is no
+    # exception.
+    cache, _, _ = filled_cache("float32", n=1)
+    query = torch.randn(B, HQ, 1, D)
+    for call in (attn.scaled_dot_product_attention, attn_torch.scaled_dot_product_attention):
+        with pytest.raises(ValueError, match="dropout: not taken with a KV cache"):
+            call(query, cache, None, dropout_p=1.0, enable_gqa=True)

@@ -202,7 +202,7 @@ def test_strict_inputs_accept_views_and_refuse_copies():
         (dict(alibi_slopes=[0.5, 0.25]), attn.ShapeError, r"alibi_slopes"),
         (dict(sinks=["a", 1, 2]), TypeError, r"sinks\[0\]: expected a number"),
         (dict(softcap=-1.0), ValueError, r"softcap"),
-        (dict(dropout_p=1.5), ValueError, r"dropout_p: expected a probability in \[0, 1\)"),
+        (dict(dropout_p=1.5), ValueError, r"dropout_p: expected a probability in \[0, 1\]"),
         (dict(dropout_p=0.1, dropout=0.2), ValueError, r"dropout: the book's name of dropout_p"),
         (dict(causal=True, is_causal=True), ValueError, r"causal: .* both given"),
         (dict(valid_lens=[7, 1]), ValueError, r"valid_lens"),
@@ -343,3 +343,24 @@ def test_a_float16_mask_gives_the_results_of_its_float32_values():
         np.testing.assert_array_equal(
             attn.scaled_dot_product_attention(q, k, v, attn_mask=view),
             attn.scaled_dot_product_attention(q, k, v, attn_mask=view.astype(np.float32)))
+
+
+@pytest.mark.parametrize("argument", ["dropout_p", "dropout"])
+def test_dropout_of_every_weight_gives_zeros(argument):
+    # p = 1 drops every weight, as PyTorch's function and nn.Dropout(1.0) do: a zero output (and
+    # attn.torch's), where attn refused it as outside [0, 1). The weights are those before
+    # dropout, as for any p; above 1 is still refused, naming the argument as given.
+    q, k, v = qkv(2, 3, L=4, S=6)
+    output, weights = attn.scaled_dot_product_attention(
+        q, k, v, is_causal=True, need_weights=True, **{argument: 1.0})
+    assert output.dtype == np.float32 and output.shape == (2, 3, 4, 5)
+    np.testing.assert_array_equal(output, np.zeros((2, 3, 4, 5), np.float32))
+    _, expected_weights = attn.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                            need_weights=True)
+    np.testing.assert_array_equal(weights, expected_weights)
+    with pytest.raises(ValueError, match=rf"{argument}: expected a probability in \[0, 1\], "
+                                         r"got 1.5"):
+        attn.scaled_dot_product_attention(q, k, v, **{argument: 1.5})
+    # Shapes are still checked: the pass runs without dropout before its output is zeroed.
+    with pytest.raises(attn.ShapeError, match="key"):
+        attn.scaled_dot_product_attention(q, k[..., :3], v, **{argument: 1.0})

@@ -610,9 +610,13 @@ def test_lengths_given_as_attn_mask_are_named_so_in_errors():
     fit, the error names attn_mask as the caller gave it (a PyTorch user's integer (L, S) mask
     was reported as a bad valid_lens, an argument they never passed), in attn.torch's call,
     attn's own and the KV-cache call alike; lengths given as valid_lens keep their name."""
-    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    leaves = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
     given = r"^attn_mask \(integers, read as valid_lens\): "
-    for function in (attn_torch.scaled_dot_product_attention, attn.scaled_dot_product_attention):
+    # attn's own function refuses tensors that require grad (it runs outside autograd).
+    for function, (q, k, v) in (
+        (attn_torch.scaled_dot_product_attention, leaves),
+        (attn.scaled_dot_product_attention, [x.detach() for x in leaves]),
+    ):
         with pytest.raises(attn.ShapeError, match=given + "valid_lens: expected shape"):
             function(q, k, v, attn_mask=torch.full((L, S), 2, dtype=torch.int32))
         with pytest.raises(ValueError, match=given + ".*shape \\(B,\\) or \\(B, n\\)"):
@@ -621,6 +625,7 @@ def test_lengths_given_as_attn_mask_are_named_so_in_errors():
             function(q, k, v, [S + 1, 2])
         with pytest.raises(ValueError, match=r"^valid_lens\[0\]: expected a valid length"):
             function(q, k, v, valid_lens=[S + 1, 2])
+    q, k, v = leaves
     with pytest.raises(TypeError, match=given + "expected a tensor, an array or a"):
         attn_torch.scaled_dot_product_attention(q, k, v, [1, [2]])
     cache = attn.KVCache(N, H, E, S, value_dim=EV)
@@ -801,6 +806,55 @@ def test_the_operators_refuse_a_second_derivative():
     assert torch.equal(d_query, expected_d_query)
     with pytest.raises(RuntimeError, match="no second derivative"):
         d_query.sum().backward()
+
+
+SECOND_DERIVATIVE_CASES = {
+    "plain": dict(),
+    "causal": dict(is_causal=True),
+    "window": dict(window=(2, 0)),
+    "softcap": dict(softcap=20.0),
+    "valid_lens": dict(valid_lens=torch.tensor([3, 7])),
+    "float_mask": dict(attn_mask="float"),
+    "sinks": dict(sinks="sinks"),
+    "bfloat16": dict(dtype=torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECOND_DERIVATIVE_CASES))
+@pytest.mark.parametrize("wrt", ["q", "k", "v"])
+def test_a_second_derivative_is_refused_even_where_grad_output_needs_none(case, wrt):
+    # output.sum()'s grad_output requires no grad, where once_differentiable attached no error:
+    # the gradient came back with no grad_fn and its (nonzero) second derivative silently zero.
+    # Now the first derivative is the usual one and differentiating it again raises.
+    options = dict(SECOND_DERIVATIVE_CASES[case])
+    dtype = options.pop("dtype", torch.float32)
+    q, k, v = (torch.randn(N, H, n, e, dtype=dtype) for n, e in ((L, E), (S, E), (S, EV)))
+    if options.get("attn_mask") == "float":
+        options["attn_mask"] = torch.randn(N, H, L, S)
+    if options.get("sinks") == "sinks":
+        options["sinks"] = torch.randn(H)
+    target = dict(q=q, k=k, v=v)[wrt].requires_grad_(True)
+    output = attn_torch.scaled_dot_product_attention(q, k, v, **options)
+    (expected,) = torch.autograd.grad(output.sum(), target)
+    output = attn_torch.scaled_dot_product_attention(q, k, v, **options)
+    (gradient,) = torch.autograd.grad(output.sum(), target, create_graph=True)
+    assert gradient.dtype == dtype and torch.equal(gradient, expected)
+    assert gradient.requires_grad
+    with pytest.raises(RuntimeError, match="attn: double backward is not supported"):
+        torch.autograd.grad(gradient.square().sum(), target)
+
+
+def test_first_order_training_compiles_after_the_second_derivative_fix():
+    # The refusal runs only where the backward records a graph: a compiled training step gives
+    # the eager gradients.
+    q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
+    call = lambda q, k, v: attn_torch.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, window=(2, 0))
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    eager_gradients = torch.autograd.grad(call(q, k, v).square().sum(), (q, k, v))
+    compiled_gradients = torch.autograd.grad(compiled(q, k, v).square().sum(), (q, k, v))
+    for name, mine, theirs in zip("qkv", compiled_gradients, eager_gradients):
+        assert_relative(mine, theirs, GRADIENT_RTOL, f"compiled d {name}")
 
 
 # --- torch.func transforms ------------------------------------------------------------------------
@@ -1180,7 +1234,7 @@ def test_plain_training_calls_take_the_lean_function_and_match_the_operators(mon
     output = attn_torch.scaled_dot_product_attention(q, k, v)
     assert applied == [1]
     (d_query,) = torch.autograd.grad(output.square().sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
         d_query.sum().backward()
 
 
@@ -1518,3 +1572,78 @@ def test_override_sdpa_nests_and_restores_in_any_order():
             pass
         assert F.scaled_dot_product_attention._attn_override is override
     assert F.scaled_dot_product_attention is original
+
+
+# --- tensors with the negative bit ----------------------------------------------------------------
+
+
+def negative_leaf(*shape):
+    """A leaf whose values are those of a lazily negated view (z.conj().imag: the negative bit
+    set, which PyTorch's DLPack export drops), and the same values materialised."""
+    view = torch.randn(*shape, dtype=torch.complex64).conj().imag.detach().requires_grad_(True)
+    assert view.is_neg()
+    return view, view.detach().resolve_neg().requires_grad_(True)
+
+
+@pytest.mark.parametrize("options", [{}, {"window": (3, 0)}, {"dropout_p": 0.0, "softcap": 9.0}],
+                         ids=["plain", "window", "softcap"])
+def test_negative_views_compute_as_their_values(options):
+    # Outputs and gradients (of query, key, value and a float mask, with a negated grad_output
+    # too) as for the materialised tensors, bit for bit, and as PyTorch's within tolerance.
+    pairs = [negative_leaf(N, H, L, E), negative_leaf(N, H, S, E), negative_leaf(N, H, S, EV),
+             negative_leaf(L, S)]
+    negative, plain = [p[0] for p in pairs], [p[1] for p in pairs]
+    grad_output = torch.randn(N, H, L, EV, dtype=torch.complex64).conj().imag
+    assert grad_output.is_neg()
+    results = []
+    for q, k, v, mask in (negative, plain):
+        output = attn_torch.scaled_dot_product_attention(q, k, v, mask, **options)
+        results.append((output, torch.autograd.grad(output, (q, k, v, mask), grad_output)))
+    (output, gradients), (expected, expected_gradients) = results
+    assert torch.equal(output, expected)
+    for name, mine, theirs in zip(("q", "k", "v", "mask"), gradients, expected_gradients):
+        assert torch.equal(mine, theirs), f"d {name}"
+    if not options:
+        reference = F.scaled_dot_product_attention(*plain)
+        assert_relative(output, reference, OUTPUT_RTOL, "output against PyTorch")
+        reference_gradients = torch.autograd.grad(reference, plain, grad_output.resolve_neg())
+        for name, mine, theirs in zip(("q", "k", "v", "mask"), gradients, reference_gradients):
+            assert_relative(mine, theirs, GRADIENT_RTOL, f"d {name} against PyTorch")
+
+
+def test_negative_views_in_inference_match_pytorch():
+    q, k, v = (torch.randn(N, H, n, e, dtype=torch.complex64).conj().imag
+               for n, e in ((L, E), (S, E), (S, EV)))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert_relative(attn_torch.scaled_dot_product_attention(q, k, v, is_causal=True), expected,
+                    OUTPUT_RTOL, "plain")
+    assert_relative(attn_torch.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=1e4),
+                    expected, OUTPUT_RTOL, "general")
+
+
+@pytest.mark.parametrize("queries", [4, 67])
+@pytest.mark.parametrize("factor", [1e3, 1e4, 3e4, 1e5])
+def test_scores_of_large_magnitude_give_torchs_gradients(queries, factor):
+    """q and k scaled far up (scores of 1e6 to 1e10, each row's largest ahead by far): P is
+    one-hot, and dV = Pᵀ dO exact, as PyTorch's float32 pass gives it. attn's backward used to
+    rebuild P from the forward's float log-sum-exp, off by 2^δ for δ a few ulps of such scores:
+    dV 7e9 off at 1e4, NaN at 3e4. dQ and dK are the float64 reference's 0 within float32's
+    round-off of dP − D (times |k| or |q|), as PyTorch's own."""
+    generator = torch.Generator().manual_seed(int(factor) + queries)
+    q = (torch.randn(1, 2, queries, 8, generator=generator) * factor).requires_grad_()
+    k = (torch.randn(1, 2, 80, 8, generator=generator) * factor).requires_grad_()
+    v = torch.randn(1, 2, 80, 3, generator=generator).requires_grad_()
+    grad_out = torch.randn(1, 2, queries, 3, generator=generator)
+    out = attn_torch.scaled_dot_product_attention(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    wide = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*wide)
+    expected_grads = torch.autograd.grad(expected, wide, grad_out.double())
+    assert_relative(out, expected, OUTPUT_RTOL, "output")
+    assert_relative(grads[2], expected_grads[2], GRADIENT_RTOL, "grad value")
+    # dS of the one key: dP − D, two float dot products of 3 terms, within 12 ulps of Σ|dO||V|.
+    ds = 12 * 2.0**-24 * 3 * grad_out.abs().max().item() * v.abs().max().item()
+    for name, gradient, other in (("grad query", grads[0], k), ("grad key", grads[1], q)):
+        bound = ds / 8**0.5 * other.abs().max().item() * (queries if name == "grad key" else 1)
+        error = (gradient.double() - expected_grads[0 if name == "grad query" else 1]).abs().max()
+        assert error.item() <= bound, f"{name}: max error {error.item():.3g} > {bound:.3g}"

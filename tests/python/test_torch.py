@@ -279,6 +279,27 @@ def test_attn_torch_modules_backward_again_through_a_retained_graph(kind):
     assert_close(grads[0], grads[1], "queries.grad after two passes")
 
 
+@pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))
+def test_attn_torch_modules_refuse_a_second_derivative(kind):
+    # A gradient made with create_graph=True (of the inputs and of the parameters) equals the
+    # first-order one, and differentiating it again raises instead of silently giving zero.
+    _, make_module, (query_size, key_size, value_size) = MODULE_PAIRS[kind]
+    module = make_module()
+    q, k = torch.randn(2, 3, query_size), torch.randn(2, 5, key_size)
+    v = torch.randn(2, 5, value_size)
+    queries = q.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(module(queries, k, v).sum(), queries)
+    (gradient,) = torch.autograd.grad(module(queries, k, v).sum(), queries, create_graph=True)
+    assert_close(gradient, expected, "queries' gradient under create_graph=True")
+    with pytest.raises(RuntimeError, match="attn: double backward is not supported"):
+        gradient.square().sum().backward()
+    parameters = list(module.parameters())
+    if parameters:
+        gradients = torch.autograd.grad(module(q, k, v).sum(), parameters, create_graph=True)
+        with pytest.raises(RuntimeError, match="attn: double backward is not supported"):
+            gradients[0].square().sum().backward()
+
+
 def test_attn_torch_dropout_follows_torch_manual_seed():
     module = attn_torch.DotProductAttention(0.5)
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
@@ -556,3 +577,87 @@ def test_composed_modules_under_autocast_compile_whole(kind):
     torch._dynamo.reset()
     compiled = torch.compile(call, fullgraph=True, backend="aot_eager")(queries, keys, values)
     assert torch.equal(compiled, call(queries, keys, values))
+
+
+# --- tensors with the negative bit ----------------------------------------------------------------
+# z.conj().imag (and torch._neg_view) is a lazily negated view: the storage holds −values, and
+# PyTorch's DLPack export hands over that storage without the sign. attn resolves the bit
+# (resolve_neg, a copy) wherever a tensor enters it, so these read as their values.
+
+
+def negative_view(*shape, dtype=torch.float32):
+    """A tensor of `shape` with the negative bit set, and the same values materialised."""
+    if dtype == torch.float32:
+        view = torch.randn(*shape, dtype=torch.complex64).conj().imag
+    else:
+        view = torch._neg_view(torch.randn(*shape).to(dtype))
+    assert view.is_neg()
+    plain = view.resolve_neg()
+    assert not plain.is_neg() and torch.equal(view, plain)
+    return view, plain
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_top_level_functions_read_negative_views_with_their_sign(dtype):
+    q, q_plain = negative_view(2, 3, 4, 8, dtype=dtype)
+    k, k_plain = negative_view(2, 3, 6, 8, dtype=dtype)
+    v, v_plain = negative_view(2, 3, 6, 5, dtype=dtype)
+    mask, mask_plain = negative_view(4, 6)
+    expected = attn.scaled_dot_product_attention(q_plain, k_plain, v_plain, mask_plain)
+    assert not torch.equal(expected, attn.scaled_dot_product_attention(
+        q_plain.neg(), k_plain, v_plain, mask_plain)), "the sign of the query matters here"
+    got = attn.scaled_dot_product_attention(q, k, v, mask)
+    assert torch.equal(got, expected)
+    reference = F.scaled_dot_product_attention(q_plain.float(), k_plain.float(), v_plain.float(),
+                                               mask_plain)
+    assert torch.allclose(got.float(), reference, rtol=1e-2 if dtype != torch.float32 else 1e-5,
+                          atol=1e-2 if dtype != torch.float32 else 1e-5)
+    scores, scores_plain = negative_view(2, 4, 6)
+    softmax = attn.masked_softmax(scores, torch.tensor([3, 6]))
+    assert torch.equal(softmax, attn.masked_softmax(scores_plain, torch.tensor([3, 6])))
+    assert_close(softmax[1], torch.softmax(scores_plain[1], dim=-1), "masked_softmax")
+
+
+def test_the_layers_read_negative_views_with_their_sign():
+    layer = attn.MultiHeadAttention(8, 8, 8, 8, 2, 0.0)
+    x, x_plain = negative_view(2, 3, 8)
+    assert torch.equal(layer(x, x, x), layer(x_plain, x_plain, x_plain))
+
+
+# --- torch tensors that require grad, refused by the functions outside autograd -------------------
+
+
+def test_top_level_functions_refuse_tensors_that_record_autograd():
+    # Their result never requires grad: a tensor that does, in grad mode, would lose its gradient
+    # without a word (as tensor.numpy() refuses it, attn refuses it, naming it and
+    # attn.torch's function).
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
+    expected = attn.scaled_dot_product_attention(q, k, v)
+    for name in ("query", "key", "value"):
+        inputs = {"query": q, "key": k, "value": v}
+        inputs[name] = inputs[name].clone().requires_grad_(True)
+        with pytest.raises(ValueError, match=rf"^{name}: expected a tensor that does not require "
+                                             r"grad .*attn.torch.scaled_dot_product_attention"):
+            attn.scaled_dot_product_attention(**inputs)
+        with torch.no_grad():
+            assert torch.equal(attn.scaled_dot_product_attention(**inputs), expected)
+        detached = {key: value.detach() for key, value in inputs.items()}
+        assert torch.equal(attn.scaled_dot_product_attention(**detached), expected)
+    for name, extra in (("attn_mask", torch.zeros(4, 6)), ("sinks", torch.zeros(3)),
+                        ("alibi_slopes", torch.zeros(3))):
+        with pytest.raises(ValueError, match=rf"^{name}: expected a tensor that does not require"):
+            attn.scaled_dot_product_attention(q, k, v, **{name: extra.requires_grad_(True)})
+    attn_torch_output = attn_torch.scaled_dot_product_attention(q.requires_grad_(True), k, v)
+    assert attn_torch_output.requires_grad and torch.equal(attn_torch_output.detach(), expected)
+    scores = torch.randn(2, 4, 6, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^X: expected a tensor that does not require grad"):
+        attn.masked_softmax(scores)
+    with torch.inference_mode():
+        assert torch.equal(attn.masked_softmax(scores), attn.masked_softmax(scores.detach()))
+    weights = [torch.randn(7, 8), torch.randn(7, 8), torch.randn(1, 7, requires_grad=True)]
+    with pytest.raises(ValueError, match=r"^w_v: .*attn.torch.AdditiveAttention"):
+        attn.additive_attention(torch.randn(2, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 5),
+                                *weights)
+    with pytest.raises(ValueError, match=r"^keys: .*attn.torch.GaussianKernelPooling"):
+        attn.gaussian_kernel_pooling(torch.randn(2, 4, 2), torch.randn(2, 6, 2, requires_grad=True),
+                                     torch.randn(2, 6, 3))

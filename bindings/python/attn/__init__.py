@@ -4,9 +4,11 @@ attention, Nadaraya–Watson Gaussian-kernel pooling).
 
 Arrays go in as NumPy arrays or anything speaking DLPack (PyTorch CPU tensors among them); float32
 C-contiguous ones are read in place, without a copy. Results come back as NumPy arrays, or as
-PyTorch tensors when the queries were one. ``attn.torch`` wraps the layers as ``torch.nn.Module``s
-with autograd support. ``KVCache`` holds keys and values for decoding (float32, float16, bfloat16
-or int8), which ``scaled_dot_product_attention(query, cache)`` reads in that precision.
+PyTorch tensors when the queries were one. The functions run outside autograd, so they refuse a
+torch tensor that requires grad while grad mode is on (its gradient would be lost):
+``attn.torch`` has ``scaled_dot_product_attention`` and the layers as ``torch.nn.Module``s with
+autograd support. ``KVCache`` holds keys and values for decoding (float32, float16, bfloat16 or
+int8), which ``scaled_dot_product_attention(query, cache)`` reads in that precision.
 """
 
 import os as _os

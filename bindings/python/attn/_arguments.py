@@ -10,6 +10,7 @@ nanobind builds an instance without looking up a replaced ``__init__``; the cons
 their arguments in C++, ``scalar_argument`` in bindings/python/arrays.hpp.)
 """
 
+import collections.abc
 import functools
 import operator
 import os
@@ -75,7 +76,25 @@ def _accepts_one(annotation, value):
         return isinstance(value, str)
     if annotation == "os.PathLike":
         return isinstance(value, os.PathLike)
+    if annotation == _STRING_MAPPING:
+        return _string_mapping_problem(value) is None
     return True
+
+
+_STRING_MAPPING = "collections.abc.Mapping[str, str]"
+
+
+def _string_mapping_problem(value):
+    """What nanobind's Mapping[str, str] caster refuses in ``value`` (", not list", "; its value
+    for key 'epoch' is int"), or None where it takes it."""
+    if not isinstance(value, collections.abc.Mapping):
+        return f", not {_type_name(value)}"
+    for key, item in value.items():
+        if not isinstance(key, str):
+            return f"; its key {key!r} is {_type_name(key)}"
+        if not isinstance(item, str):
+            return f"; its value for key {key!r} is {_type_name(item)} (convert it with str())"
+    return None
 
 
 def _accepts(annotation, value):
@@ -115,6 +134,9 @@ def explain(callable_name, signature, args, kwargs):
                 return f"{callable_name}() missing required argument '{name}'"
             continue
         value = given[name]
+        if annotation == _STRING_MAPPING and (problem := _string_mapping_problem(value)):
+            return (f"{callable_name}(): argument '{name}' must be a mapping of str to str "
+                    f"({_STRING_MAPPING}){problem}")
         if not _accepts(annotation, value):
             number = _index(value)
             if "int" in _split_top_level(annotation.replace("|", ",")) and number is not None:

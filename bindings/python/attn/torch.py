@@ -67,20 +67,60 @@ __all__ = [
 _SEED_BOUND = 2**62
 
 
-def _once_differentiable(backward):
-    """torch.autograd.function.once_differentiable, without its cost where it does nothing: in a
-    backward pass that records no graph (grad mode off, create_graph=False: nearly every call)
-    the wrapped function runs as it is; otherwise once_differentiable's wrapper runs, which makes
-    differentiating the gradients again an error. Its no_grad block cost ~2 µs a training step,
-    4% of a (1, 8, 8, 64) step on one Zen 5 core."""
-    guarded = torch.autograd.function.once_differentiable(backward)
+# The error of a second derivative through any of attn's autograd Functions.
+_NO_SECOND_DERIVATIVE = (
+    "attn: double backward is not supported: {} has no second derivative (a gradient made with "
+    "create_graph=True can't be differentiated again through attn)"
+)
 
-    def wrapper(ctx, *grads):
-        if torch.is_grad_enabled():
-            return guarded(ctx, *grads)
-        return backward(ctx, *grads)
 
-    return wrapper
+class _SecondDerivativeRefused(torch.autograd.Function):
+    """The identity on a backward's gradients, its node linked to ``sources`` (the first-order
+    call's inputs that require grad, on which the gradients depend), raising
+    _NO_SECOND_DERIVATIVE when differentiated, as PyTorch's operators without a double backward
+    raise. The links make ``torch.autograd.grad(gradient, query)`` reach the error too, where
+    once_differentiable's DelayedError, linked to nothing, gets "appears to not have been used in
+    the graph"."""
+
+    @staticmethod
+    def forward(ctx, name, count, *tensors):
+        ctx.name = name
+        return tensors[:count]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(_NO_SECOND_DERIVATIVE.format(ctx.name))
+
+
+def _first_order_only(name, sources):
+    """Decorates a Function's backward: run as it is where the backward records no graph (grad
+    mode off, create_graph=False: nearly every call, which pays one is_grad_enabled test); under
+    create_graph=True run without recording, its gradients returned through
+    _SecondDerivativeRefused, linked to ``sources(ctx)``. The true second derivative is not zero,
+    so gradients returned detached would drop it without a word: that is what
+    torch.autograd.function.once_differentiable did here, attaching its error only where a
+    grad_output requires grad (not ``output.sum()``'s); its no_grad block also cost ~2 µs a
+    training step, 4% of a (1, 8, 8, 64) step on one Zen 5 core."""
+
+    def decorate(backward):
+        def wrapper(ctx, *grads):
+            if not torch.is_grad_enabled():
+                return backward(ctx, *grads)
+            linked = [t for t in sources(ctx) if t is not None and t.requires_grad]
+            with torch.no_grad():
+                gradients = backward(ctx, *grads)
+            single = not isinstance(gradients, tuple)
+            gradients = (gradients,) if single else gradients
+            refused = _SecondDerivativeRefused.apply(name, len(gradients), *gradients, *linked)
+            return refused[0] if single else refused
+
+        return wrapper
+
+    return decorate
+
+
+def _saved_tensors(ctx):
+    return ctx.saved_tensors
 
 
 class _Lease:
@@ -110,13 +150,15 @@ class _LayerFunction(torch.autograd.Function):
         marker._attn_lease = lease
         ctx.save_for_backward(marker)
         ctx.parameter_names = parameter_names
+        # What the gradients depend on, for a second derivative's refusal (_first_order_only).
+        ctx.inputs = (queries, keys, values, *parameters)
         ctx.input_dtypes = (queries.dtype, keys.dtype, values.dtype)
         ctx.parameter_dtypes = [parameter.dtype for parameter in parameters]
         _follow_torch_threads()
         return layer(queries, keys, values, valid_lens, causal=causal)
 
     @staticmethod
-    @_once_differentiable
+    @_first_order_only("the attn layer of attn.torch's module", lambda ctx: ctx.inputs)
     def backward(ctx, grad_output):
         (marker,) = ctx.saved_tensors
         layer = marker._attn_layer
@@ -841,7 +883,7 @@ class _OperatorSdpaBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        raise RuntimeError("attn's scaled_dot_product_attention has no second derivative")
+        raise RuntimeError(_NO_SECOND_DERIVATIVE.format("attn's scaled_dot_product_attention"))
 
 
 def _autograd_kernel(operator, cpu_kernel, function, tensors):
@@ -894,7 +936,7 @@ class _EagerSdpa(torch.autograd.Function):
         return result
 
     @staticmethod
-    @_once_differentiable
+    @_first_order_only("attn's scaled_dot_product_attention", _saved_tensors)
     def backward(ctx, grad_output, _grad_log_sum_exp):
         return _gradients(ctx, grad_output, _backward)
 
@@ -939,7 +981,7 @@ class _TransformedSdpaBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        raise RuntimeError("attn's scaled_dot_product_attention has no second derivative")
+        raise RuntimeError(_NO_SECOND_DERIVATIVE.format("attn's scaled_dot_product_attention"))
 
 
 class _PlainSdpa(torch.autograd.Function):
@@ -961,7 +1003,7 @@ class _PlainSdpa(torch.autograd.Function):
         return output
 
     @staticmethod
-    @_once_differentiable
+    @_first_order_only("attn's scaled_dot_product_attention", _saved_tensors)
     def backward(ctx, grad_output):
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
