@@ -70,7 +70,9 @@ void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
       .add_option("--stream-mib", options.stream_mib,
                   "Buffer of the stream-read ceiling in MiB (default: 1024, or 4x the L3 with "
                   "--quick, within a quarter of the available memory)")
-      ->transform(number_check(options.stream_mib, from_to(1, 1048576)));
+      ->transform(number_check(options.stream_mib, from_to(1, 1048576)))
+      // Absent means the size the help names, which the 0 it is held as is not a value to type.
+      ->default_str("");
 }
 
 void check_decode_options(DecodeBenchOptions& options, bool quick) {

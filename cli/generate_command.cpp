@@ -377,7 +377,9 @@ void add_generate_command(CLI::App& app) {
   command
       ->add_option("--threads", options->threads,
                    "Threads for attention and the projections (default: OpenMP's)")
-      ->transform(number_check(options->threads, from_to(1, 1024)));
+      ->transform(number_check(options->threads, from_to(1, 1024)))
+      // Absent means OpenMP's count, which the 0 it is held as is not a value to type.
+      ->default_str("");
   command->callback([options] { run(*options); });
 }
 

@@ -2,8 +2,12 @@
 // message on stderr and exit code 1.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <streambuf>
 #include <string>
 
 #include "attn/core/error.hpp"
@@ -30,9 +34,93 @@ std::string usage_failure(const CLI::App* app, const CLI::Error& error) {
          " --help' for more information.\n";
 }
 
+// std::cout's output through stdio, as the standard library's own buffer passes it, keeping the
+// system's reason of the first write that failed: stdio keeps only a flag, and errno is long
+// overwritten by the end of the command (a flush that failed in --version's std::endl left
+// nothing for a later flush to retry, and no reason).
+class ReasonKeepingStdout final : public std::streambuf {
+ public:
+  // errno of the first failed write or flush; 0 when none failed.
+  int first_error() const { return first_error_; }
+
+ protected:
+  int_type overflow(int_type character) override {
+    if (traits_type::eq_int_type(character, traits_type::eof())) {
+      return traits_type::not_eof(character);
+    }
+    if (std::fputc(traits_type::to_char_type(character), stdout) == EOF) {
+      remember_failure();
+      return traits_type::eof();
+    }
+    return character;
+  }
+  std::streamsize xsputn(const char* text, std::streamsize count) override {
+    const size_t written = std::fwrite(text, 1, static_cast<size_t>(count), stdout);
+    if (written != static_cast<size_t>(count)) remember_failure();
+    return static_cast<std::streamsize>(written);
+  }
+  int sync() override {
+    if (std::fflush(stdout) == 0) return 0;
+    remember_failure();
+    return -1;
+  }
+
+ private:
+  void remember_failure() {
+    if (first_error_ == 0) first_error_ = errno != 0 ? errno : EIO;
+  }
+  int first_error_ = 0;
+};
+
+// Installs ReasonKeepingStdout under std::cout for the life of main, and puts the original back
+// before it goes (the standard library flushes std::cout at exit, std::exit's included).
+class StandardOutputWatch {
+ public:
+  StandardOutputWatch() : original_(std::cout.rdbuf(&buffer_)) {}
+  ~StandardOutputWatch() { std::cout.rdbuf(original_); }
+  StandardOutputWatch(const StandardOutputWatch&) = delete;
+  StandardOutputWatch& operator=(const StandardOutputWatch&) = delete;
+
+  // Writes to a full disk or a closed file may fail only when stdout's buffer is flushed, after a
+  // command returned success; checked once, at the end, for every command, --help and --version
+  // included. Returns `status`, or 1 with a message on stderr when output was lost.
+  int checked(int status) {
+    std::cout.flush();
+    if (buffer_.first_error() == 0 && std::ferror(stdout) == 0) return status;
+    const int reason = buffer_.first_error() != 0 ? buffer_.first_error() : EIO;
+    std::cerr << "attn: error: cannot write to standard output (" << std::strerror(reason) << ")\n";
+    return 1;
+  }
+
+ private:
+  ReasonKeepingStdout buffer_;
+  std::streambuf* original_;
+};
+
+int run(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help and --version end parsing with code 0; every usage error is reported as 1.
+    return app.exit(error) == 0 ? 0 : 1;
+  } catch (const attn::Error& error) {
+    std::cerr << "attn: error: " << error.what() << '\n';
+    return 1;
+  } catch (const std::exception& error) {
+    // Out of memory or a failing standard-library call: still a message, never a crash.
+    std::cerr << "attn: error: " << error.what() << '\n';
+    return 1;
+  }
+  if (app.get_subcommands().empty()) std::cout << app.help();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Static: it outlives main's locals when std::exit ends a failed ring run, and goes before the
+  // standard streams' final flush.
+  static StandardOutputWatch standard_output;
   CLI::App app{
       "attn: the attention mechanisms of \"Dive into Deep Learning\" (masked softmax, additive, "
       "dot-product and multi-head attention) on the CPU.\nExit status: 0 on success, 1 on any "
@@ -50,19 +138,5 @@ int main(int argc, char** argv) {
   attn::cli::add_bench_command(app);
   attn::cli::add_generate_command(app);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& error) {
-    // --help and --version end parsing with code 0; every usage error is reported as 1.
-    return app.exit(error) == 0 ? 0 : 1;
-  } catch (const attn::Error& error) {
-    std::cerr << "attn: error: " << error.what() << '\n';
-    return 1;
-  } catch (const std::exception& error) {
-    // Out of memory or a failing standard-library call: still a message, never a crash.
-    std::cerr << "attn: error: " << error.what() << '\n';
-    return 1;
-  }
-  if (app.get_subcommands().empty()) std::cout << app.help();
-  return 0;
+  return standard_output.checked(run(app, argc, argv));
 }

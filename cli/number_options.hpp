@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -23,14 +24,19 @@ namespace attn::cli {
 
 // What a numeric option accepts besides the values of its type. Integers: kAny is every value
 // of the type. Floats: kAny is every number, NaN and infinities included (the commands that take
-// them say why they refuse one); the bounded kinds take finite values only.
+// them say why they refuse one); the bounded kinds, kFinite among them, take finite values only.
+// A float written as a finite number is refused whatever the bounds when its type cannot hold it:
+// 1e39 is no float, and 1e-50 is no float but 0.
 struct NumberBounds {
-  enum class Kind { kAny, kPositive, kNonNegative, kRange };
+  enum class Kind { kAny, kFinite, kPositive, kNonNegative, kRange };
   Kind kind = Kind::kAny;
   double min = 0.0;  // kRange: [min, max]
   double max = 0.0;
 };
 
+inline NumberBounds finite() {
+  return {NumberBounds::Kind::kFinite};
+}
 inline NumberBounds positive() {
   return {NumberBounds::Kind::kPositive};
 }
@@ -72,6 +78,7 @@ std::string integer_limit(T value) {
 inline bool within(double value, const NumberBounds& bounds) {
   switch (bounds.kind) {
     case NumberBounds::Kind::kAny:
+    case NumberBounds::Kind::kFinite:
       return true;
     case NumberBounds::Kind::kPositive:
       return value > 0.0;
@@ -89,6 +96,8 @@ inline std::string expected(const NumberBounds& bounds, bool integer) {
   switch (bounds.kind) {
     case NumberBounds::Kind::kAny:
       return integer ? "an integer" : "a number";
+    case NumberBounds::Kind::kFinite:
+      return "a " + noun;
     case NumberBounds::Kind::kPositive:
       return "a positive " + noun;
     case NumberBounds::Kind::kNonNegative:
@@ -135,6 +144,7 @@ std::string check_integer(std::string& text, const NumberBounds& bounds) {
         range = "an integer from 0 to " + integer_limit(std::numeric_limits<T>::max());
         break;
       case NumberBounds::Kind::kAny:
+      case NumberBounds::Kind::kFinite:
         range = "an integer from " + integer_limit(std::numeric_limits<T>::min()) + " to " +
                 integer_limit(std::numeric_limits<T>::max());
         break;
@@ -148,20 +158,33 @@ std::string check_integer(std::string& text, const NumberBounds& bounds) {
   return "";
 }
 
-// A float: the whole text a number (CLI11 reads it with strtold too, to the same value), finite
-// in T when bounded.
+// A float: the whole text a number (CLI11 reads it with strtold too, to the same value) that T
+// holds, finite in T when bounded. Messages quote the text as typed, never the value it became.
 template <class T>
 std::string check_real(const std::string& text, const NumberBounds& bounds) {
   char* stop = nullptr;
+  errno = 0;
   // strtold skips leading spaces, which CLI11 does not: refused as any other stray character.
   const long double parsed = text.empty() || std::isspace(static_cast<unsigned char>(text[0]))
                                  ? 0.0L
                                  : std::strtold(text.c_str(), &stop);
+  const bool beyond_long_double = errno == ERANGE;
   if (stop == nullptr || stop != text.c_str() + text.size()) {
     return "expected " + expected(bounds, false) + ", got '" + text + "'";
   }
-  if (bounds.kind == NumberBounds::Kind::kAny) return "";
   const auto value = static_cast<T>(parsed);
+  // "inf" and "nan" are typed as such; a finite number that T turns into an infinity or, from
+  // nonzero, into 0 is one T cannot hold.
+  const bool overflows = beyond_long_double ? std::fabs(parsed) > 1.0L
+                                            : std::isfinite(parsed) && !std::isfinite(value);
+  const bool underflows =
+      (beyond_long_double && std::fabs(parsed) <= 1.0L) || (parsed != 0.0L && value == T{0});
+  if (overflows || underflows) {
+    const std::string type = std::is_same_v<T, float> ? "float" : "double";
+    return "expected " + expected(bounds, false) + ", got " + text + ", which is out of " + type +
+           " range (it " + (overflows ? "overflows to infinity" : "underflows to 0") + ")";
+  }
+  if (bounds.kind == NumberBounds::Kind::kAny) return "";
   if (!std::isfinite(value) || !within(static_cast<double>(value), bounds)) {
     return "expected " + expected(bounds, false) + ", got " + text;
   }
@@ -173,6 +196,8 @@ inline std::string description(const NumberBounds& bounds) {
   switch (bounds.kind) {
     case NumberBounds::Kind::kAny:
       return "";
+    case NumberBounds::Kind::kFinite:
+      return "FINITE";
     case NumberBounds::Kind::kPositive:
       return "POSITIVE";
     case NumberBounds::Kind::kNonNegative:

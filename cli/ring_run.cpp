@@ -25,6 +25,7 @@
 #include "attn/dist/sequence_shards.hpp"
 #include "attn/io/npy.hpp"
 #include "attn/io/npy_rows.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "command_support.hpp"
 
 namespace attn::cli {
@@ -150,20 +151,9 @@ class RingInputs {
       values_ = with_context(
           "--values", [&] { return read_shard(arguments.values, "values", key_shards_, rank); });
       if (arguments.valid_lens) read_valid_lens(*arguments.valid_lens, rank);
-      if (arguments.scale) {
-        if (!std::isfinite(*arguments.scale)) {
-          throw ValueError("--scale: expected a finite number, got " +
-                           std::to_string(*arguments.scale));
-        }
-        options_.scale = arguments.scale;
-      }
-      if (arguments.softcap) {
-        if (!(*arguments.softcap > 0.0F && std::isfinite(*arguments.softcap))) {
-          throw ValueError("--softcap: expected a positive finite number, got " +
-                           std::to_string(*arguments.softcap));
-        }
-        options_.softcap = arguments.softcap;
-      }
+      // Finite, and a positive softcap, as read (number_check in run_command.cpp).
+      if (arguments.scale) options_.scale = arguments.scale;
+      if (arguments.softcap) options_.softcap = arguments.softcap;
       if (arguments.window) options_.window = parse_window(*arguments.window);
       apply_causal_and_alignment(arguments, options_);
       if (arguments.alibi) {
@@ -204,6 +194,8 @@ class RingInputs {
   const Shape& query_file() const { return query_file_; }
   const Shape& key_file() const { return key_file_; }
   const Shape& value_file() const { return value_file_; }
+  // The type the results are written in: float16 when the inputs all are, else float32.
+  std::optional<HalfType> stored_half() const { return stored_half_; }
 
   // The output file's shape: the queries' layout with the values' size per head.
   Shape output_file_shape() const {
@@ -223,10 +215,20 @@ class RingInputs {
 
   // The files' shapes from their headers, checked as a single-process run checks them.
   void read_shapes(const RunArguments& arguments) {
-    query_file_ =
-        with_context("--queries", [&] { return read_npy_header(arguments.queries); }).shape;
-    key_file_ = with_context("--keys", [&] { return read_npy_header(arguments.keys); }).shape;
-    value_file_ = with_context("--values", [&] { return read_npy_header(arguments.values); }).shape;
+    const NpyHeader query_header =
+        with_context("--queries", [&] { return read_npy_header(arguments.queries); });
+    const NpyHeader key_header =
+        with_context("--keys", [&] { return read_npy_header(arguments.keys); });
+    const NpyHeader value_header =
+        with_context("--values", [&] { return read_npy_header(arguments.values); });
+    query_file_ = query_header.shape;
+    key_file_ = key_header.shape;
+    value_file_ = value_header.shape;
+    // As a single-process run (shared_half_type): float16 files, all three, give float16 results.
+    const bool float16 = query_header.dtype == NpyDType::kFloat16 &&
+                         key_header.dtype == NpyDType::kFloat16 &&
+                         value_header.dtype == NpyDType::kFloat16;
+    stored_half_ = float16 ? std::optional<HalfType>(HalfType::kFloat16) : std::nullopt;
     const int rank = query_file_.rank();
     if (rank != 3 && rank != 4) {
       throw ShapeError("queries: expected (B, n, d) or (N, H, L, E) (rank 3 or 4), got shape " +
@@ -315,6 +317,7 @@ class RingInputs {
   SequenceShards query_shards_{0, 1}, key_shards_{0, 1};
   Tensor queries_, keys_, values_, grad_output_;
   bool split_heads_ = false;
+  std::optional<HalfType> stored_half_;
   int64_t query_heads_ = 1, kv_heads_ = 1;
   std::vector<float> alibi_;
   AttentionOptions options_;
@@ -399,6 +402,7 @@ std::vector<OutputFile> output_files(const RingRunRequest& request, bool gradien
 // layouts; empty tensors elsewhere.
 struct RingResults {
   Tensor output, grad_queries, grad_keys, grad_values;
+  std::optional<HalfType> stored_half;  // the inputs' type, which the files are written in
   double forward_seconds = 0.0, forward_wait = 0.0, backward_seconds = 0.0;
 };
 
@@ -447,6 +451,7 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
   });
 
   RingResults results;
+  results.stored_half = inputs->stored_half();
   auto start = std::chrono::steady_clock::now();
   const dist::RingAttentionForward forward = name_ring_sources(arguments, [&] {
     return dist::ring_attention_forward(MPI_COMM_WORLD, inputs->query(), inputs->key(),
@@ -483,6 +488,28 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
   return results;
 }
 
+// `values` written as a single-process run writes them (PyTorch's output dtype follows its
+// inputs'): rounded once to float16 when the inputs were float16, else float32 as they are. A
+// value past float16's range is an error, as there, not an infinity in the file.
+void save_in_stored_type(const std::filesystem::path& file, const Tensor& values,
+                         std::optional<HalfType> stored_half) {
+  if (!stored_half) return save_npy(file, values);
+  std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
+  narrow_to_half(*stored_half, values.data(), bits.data(), bits.size());
+  // Infinities and NaNs are the bits whose exponent field is all ones.
+  constexpr uint16_t kExponent = 0x7C00;
+  const auto culprit = std::find_if(bits.begin(), bits.end(),
+                                    [](uint16_t word) { return (word & kExponent) == kExponent; });
+  if (culprit != bits.end()) {
+    const int64_t index = culprit - bits.begin();
+    throw ValueError("the result holds " + std::to_string(values.data()[index]) +
+                     " at flat index " + std::to_string(index) +
+                     " although every input is finite (it overflows " +
+                     half_type_name(*stored_half) + "); scale the inputs down");
+  }
+  save_npy_float16(file, bits, values.shape());
+}
+
 // Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting. Every
 // file is checked before the first is written, and all are written or none (StagedOutputs, as a
 // single-process run's): the gradients' directory, when this run creates it, goes again with them.
@@ -500,11 +527,14 @@ void write_results(const RingRunRequest& request, const RingResults& results, in
            {std::pair{"queries", &results.grad_queries}, std::pair{"keys", &results.grad_keys},
             std::pair{"values", &results.grad_values}}) {
         staged.write("--grads-out", gradient_path(request, name),
-                     [&](const std::filesystem::path& file) { save_npy(file, *gradient); });
+                     [&](const std::filesystem::path& file) {
+                       save_in_stored_type(file, *gradient, results.stored_half);
+                     });
       }
     }
-    staged.write("--out", request.out,
-                 [&](const std::filesystem::path& file) { save_npy(file, results.output); });
+    staged.write("--out", request.out, [&](const std::filesystem::path& file) {
+      save_in_stored_type(file, results.output, results.stored_half);
+    });
     staged.commit();
   });
   if (gradients)

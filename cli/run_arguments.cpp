@@ -144,20 +144,9 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
       options_.valid_lens = reading_valid_lens(
           [&] { return load_npy_valid_lengths(*arguments.valid_lens, "valid_lens"); });
     }
-    if (arguments.scale) {
-      if (!std::isfinite(*arguments.scale)) {
-        throw ValueError("--scale: expected a finite number, got " +
-                         std::to_string(*arguments.scale));
-      }
-      options_.scale = arguments.scale;
-    }
-    if (arguments.softcap) {
-      if (!(*arguments.softcap > 0.0F && std::isfinite(*arguments.softcap))) {
-        throw ValueError("--softcap: expected a positive finite number, got " +
-                         std::to_string(*arguments.softcap));
-      }
-      options_.softcap = arguments.softcap;
-    }
+    // Finite, and a positive softcap, as read (number_check in run_command.cpp).
+    if (arguments.scale) options_.scale = arguments.scale;
+    if (arguments.softcap) options_.softcap = arguments.softcap;
     if (arguments.window) options_.window = parse_window(*arguments.window);
     apply_causal_and_alignment(arguments, options_);
     read_mask(arguments);

@@ -859,7 +859,7 @@ void add_run_command(CLI::App& app) {
                                ->type_name("FILE");
   options->scale_option =
       command->add_option("--scale", options->scale, "Score scale for dot-product")
-          ->transform(number_check(options->scale))
+          ->transform(number_check(options->scale, finite()))
           ->default_str("1/sqrt(query size)");
   command
       ->add_option("--queries", options->queries,
@@ -867,7 +867,8 @@ void add_run_command(CLI::App& app) {
                    "float16), or a safetensors tensor (F32, F64, F16 or BF16; FILE.safetensors "
                    "holding one tensor, or FILE.safetensors:NAME). float16 or bfloat16 queries, "
                    "keys and values run dot-product attention in that type; every layer writes "
-                   "its output and the inputs' gradients in the inputs' type, as PyTorch")
+                   "its output and the inputs' gradients in the inputs' type, as PyTorch, "
+                   "except float64: computed and written in float32")
       ->type_name("FILE")
       ->required();
   command
@@ -920,7 +921,7 @@ void add_run_command(CLI::App& app) {
       command
           ->add_option("--softcap", options->softcap,
                        "Soft-capping: scores s become X*tanh(s/X) (Gemma 2); dot-product")
-          ->transform(number_check(options->softcap))
+          ->transform(number_check(options->softcap, positive()))
           ->type_name("X")
           ->default_str("");
   options->alibi_option = command

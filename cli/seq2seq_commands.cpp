@@ -227,6 +227,10 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
             << options.lr << ", batch " << options.batch_size << ", " << epochs << " epochs, seed "
             << options.seed << "\n";
 
+  // Before training, which takes a while: a file in the way of --out fails now, not after it.
+  const fs::path out = options.out;
+  create_output_directory(out);
+
   Seq2SeqTrainingOptions training;
   training.epochs = epochs;
   training.batch_size = options.batch_size;
@@ -240,11 +244,6 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
             << format_rate(static_cast<double>(history.tokens) / std::max(history.seconds, 1e-9))
             << " tokens/s)\n";
 
-  const fs::path out = options.out;
-  std::error_code error;
-  fs::create_directories(out, error);
-  if (error || !fs::is_directory(out))
-    throw FileError("--out " + options.out + ": cannot create the directory");
   const int64_t batches = (source.count + options.batch_size - 1) / options.batch_size;
   with_context("--out", [&] { save_loss_curve(history, batches, out / "loss.png"); });
   std::cout << "loss curve: " << (out / "loss.png").string() << "\n";
@@ -258,7 +257,8 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
 
   const int64_t samples =
       std::min<int64_t>(options.samples, static_cast<int64_t>(translations.size()));
-  std::cout << "\nheld-out translations:\n";
+  // --samples 0 asks for none: no empty header, no heatmaps to name.
+  if (samples > 0) std::cout << "\nheld-out translations:\n";
   for (int64_t i = 0; i < samples; ++i) {
     const auto at = static_cast<size_t>(i);
     std::cout << "  " << data.held_out[at].source << " => " << translations[at].text
@@ -267,8 +267,10 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
     const fs::path heatmap = out / ("attention_" + std::to_string(i + 1) + ".png");
     save_attention_heatmap(translations[at], heatmap, data.held_out[at].source);
   }
-  std::cout << "attention heatmaps: " << (out / "attention_1.png").string() << " ... attention_"
-            << samples << ".png\n";
+  if (samples > 0) {
+    std::cout << "attention heatmaps: " << (out / "attention_1.png").string() << " ... attention_"
+              << samples << ".png\n";
+  }
   std::cout << "held-out (" << scores.count << " pairs): BLEU " << std::setprecision(4)
             << scores.bleu << ", exact match " << std::setprecision(1) << 100.0 * scores.exact_match
             << "%\n";

@@ -52,9 +52,6 @@ void check_options(const NadarayaWatsonCommandOptions& options) {
     throw ValueError("--epochs: expected a whole number from 1 to " + std::to_string(kMaxEpochs) +
                      ", got " + std::to_string(options.epochs));
   }
-  if (!std::isfinite(options.lr) || !(options.lr > 0.0F)) {
-    throw ValueError("--lr: expected a finite learning rate > 0, got " + lr_text(options.lr));
-  }
 }
 
 std::string fixed(double value, int decimals) {
@@ -211,7 +208,7 @@ void add_train_nadaraya_watson_command(CLI::App& train) {
       ->add_option("--epochs", options->epochs, "SGD steps on the full training set (1 to 100000)")
       ->transform(number_check(options->epochs));
   command->add_option("--lr", options->lr, "SGD learning rate (> 0)")
-      ->transform(number_check(options->lr));
+      ->transform(number_check(options->lr, positive()));
   command->callback([options] { train_nadaraya_watson(*options); });
 }
 

@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -159,6 +161,28 @@ TEST_F(CliTest, SubcommandHelpShowsOptionsAndDefaults) {
   }
 }
 
+// An option whose absence means "automatic" shows no default: the value it is held as (0) is one
+// it refuses when typed. Its help says what absence means instead.
+TEST_F(CliTest, HelpShowsNoDefaultThatItsOptionRefuses) {
+  for (const auto& [command, option, absence] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"generate", "--threads", "(default: OpenMP's)"},
+           {"bench", "--stream-mib", "(default: 1024, or 4x the L3"}}) {
+    const CommandResult help = attn(command + " --help");
+    ASSERT_EQ(help.exit_code, 0) << help.err;
+    const size_t at = help.out.find("  " + option + " ");
+    ASSERT_NE(at, std::string::npos) << help.out;
+    // The option's entry: up to the next option's line.
+    const std::string entry = help.out.substr(at, help.out.find("\n  -", at + 1) - at);
+    EXPECT_EQ(entry.find("=0"), std::string::npos) << entry;
+    EXPECT_NE(entry.find(absence), std::string::npos) << entry;
+    expect_error(command + " " + option + " 0", option + ": expected ");
+  }
+  // float64 inputs are the exception to "written in the inputs' type", and the help says so.
+  EXPECT_NE(attn("run --help").out.find("except float64: computed and written in float32"),
+            std::string::npos);
+}
+
 TEST_F(CliTest, UnknownOptionIsAUsageErrorWithExitCode1) {
   write_inputs(4, 4, 6, 15);
   expect_error("run --layer dot-product " + kInputArguments + " --out o.npy --bogus", "--bogus");
@@ -168,6 +192,27 @@ TEST_F(CliTest, UnknownOptionIsAUsageErrorWithExitCode1) {
   expect_error("run --layer dot-product " + kInputArguments, "--out is required");
   EXPECT_FALSE(fs::exists(path("o.npy")));
   expect_error("frobnicate", "frobnicate");
+}
+
+// Output lost to a full disk is an error, not a silent success: --help, --version and every
+// command that prints report it once, naming standard output and the system's reason.
+TEST_F(CliTest, AFailedWriteToStandardOutputIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "needs /dev/full, whose writes always fail";
+  write_inputs(4, 4, 6, 16);
+  save("w.npy", Tensor::full(Shape{1, 2, 2}, 0.5F));
+  const std::string expected =
+      "attn: error: cannot write to standard output (" + std::string(std::strerror(ENOSPC)) + ")\n";
+  for (const std::string& arguments :
+       std::vector<std::string>{"--version", "--help", "run --help", "demo --out pictures",
+                                "run --layer dot-product " + kInputArguments + " --out o.npy",
+                                "heatmap w.npy --out h.png"}) {
+    const std::string command = "cd '" + directory_.string() + "' && '" ATTN_CLI_PATH "' " +
+                                arguments + " > /dev/full 2> stderr.txt";
+    const int status = std::system(command.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << arguments;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << arguments;
+    EXPECT_EQ(read_text(path("stderr.txt")), expected) << arguments;
+  }
 }
 
 // --- demo ---
@@ -719,9 +764,11 @@ TEST_F(CliTest, TrainRejectsBadEpochsAndLearningRates) {
   expect_error("train nadaraya-watson --epochs -3", "got -3");
   expect_error("train nadaraya-watson --epochs 100001", "got 100001");
   expect_error("train nadaraya-watson --epochs many", "--epochs");
-  expect_error("train nadaraya-watson --lr 0", "--lr: expected a finite learning rate > 0");
-  expect_error("train nadaraya-watson --lr -0.5", "--lr: expected a finite learning rate > 0");
-  expect_error("train nadaraya-watson --lr nan", "--lr: expected a finite learning rate > 0");
+  expect_error("train nadaraya-watson --lr 0", "--lr: expected a positive finite number, got 0");
+  expect_error("train nadaraya-watson --lr -0.5",
+               "--lr: expected a positive finite number, got -0.5");
+  expect_error("train nadaraya-watson --lr nan",
+               "--lr: expected a positive finite number, got nan");
   expect_error("train nadaraya-watson --lr fast", "--lr");
   EXPECT_NE(attn("train nadaraya-watson --lr fast").err.find("attn train nadaraya-watson --help"),
             std::string::npos);
@@ -741,13 +788,13 @@ TEST_F(CliTest, NumericOptionsRefuseEmptyAndOutOfRangeText) {
   const std::string seq2seq = "train seq2seq --out never ";
   for (const auto& [command, option, expected] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
-           {run, "--scale", "a number"},
-           {run, "--softcap", "a number"},
+           {run, "--scale", "a finite number"},
+           {run, "--softcap", "a positive finite number"},
            {run, "--heads", "an integer"},
            {run + "--heads 2", "--kv-heads", "an integer"},
            {"train nadaraya-watson", "--seed", "an integer"},
            {"train nadaraya-watson", "--epochs", "an integer"},
-           {"train nadaraya-watson", "--lr", "a number"},
+           {"train nadaraya-watson", "--lr", "a positive finite number"},
            {seq2seq, "--seed", "an integer"},
            {seq2seq, "--epochs", "a positive integer"},
            {seq2seq, "--lr", "a positive finite number"},
@@ -806,6 +853,42 @@ TEST_F(CliTest, NumericOptionsRefuseEmptyAndOutOfRangeText) {
   const CommandResult epochs = attn("train nadaraya-watson --out pictures --epochs 010");
   ASSERT_EQ(epochs.exit_code, 0) << epochs.err;
   EXPECT_EQ(epoch_lines(epochs.out).size(), 10U) << epochs.out;
+}
+
+// A float option's message quotes the text as typed (never -0.000000 for -1e-9, or inf for 1e39),
+// and a finite number its type cannot hold is refused, not read as an infinity or as 0.
+TEST_F(CliTest, FloatOptionsQuoteTheTypedTextAndRefuseWhatTheirTypeCannotHold) {
+  write_inputs(4, 4, 6, 43);
+  const std::string run = "run --layer dot-product " + kInputArguments + " --out o.npy ";
+  const std::string overflows = ", which is out of float range (it overflows to infinity)";
+  const std::string underflows = ", which is out of float range (it underflows to 0)";
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {run + "--softcap -1e-9", "--softcap: expected a positive finite number, got -1e-9"},
+           {run + "--softcap 1e39",
+            "--softcap: expected a positive finite number, got 1e39" + overflows},
+           {run + "--softcap 1e-50",
+            "--softcap: expected a positive finite number, got 1e-50" + underflows},
+           {run + "--scale 1e39", "--scale: expected a finite number, got 1e39" + overflows},
+           {run + "--scale -1e39", "--scale: expected a finite number, got -1e39" + overflows},
+           {run + "--scale 1e-50", "--scale: expected a finite number, got 1e-50" + underflows},
+           {run + "--scale inf", "--scale: expected a finite number, got inf"},
+           {run + "--scale nan", "--scale: expected a finite number, got nan"},
+           {"train nadaraya-watson --lr 1e300",
+            "--lr: expected a positive finite number, got 1e300" + overflows},
+           {"train nadaraya-watson --lr 5e-324",
+            "--lr: expected a positive finite number, got 5e-324" + underflows},
+           {"bench --max-working-set-mib 1e400",
+            "--max-working-set-mib: expected a positive finite number, got 1e400, which is out of "
+            "double range (it overflows to infinity)"},
+           {"bench --max-working-set-mib 1e-400",
+            "--max-working-set-mib: expected a positive finite number, got 1e-400, which is out "
+            "of double range (it underflows to 0)"}}) {
+    expect_error(arguments, message);
+  }
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  // Zero typed as zero, and float's smallest subnormal, are numbers a float holds.
+  ASSERT_EQ(attn(run + "--scale 0").exit_code, 0);
+  ASSERT_EQ(attn(run + "--scale 1e-45").exit_code, 0);
 }
 
 // heatmap, train and translate name the option or file a problem is about, not the library

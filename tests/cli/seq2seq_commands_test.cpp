@@ -60,6 +60,32 @@ TEST_F(CliTest, TrainSeq2SeqWritesTheModelDirectoryAndPictures) {
   EXPECT_EQ(vocab["source"][Vocabulary::kEos], "<eos>");
 }
 
+// A file in the way of --out is found before training, as train nadaraya-watson and demo find
+// it, with the system's reason; not after a run that may take minutes.
+TEST_F(CliTest, TrainSeq2SeqChecksItsOutputDirectoryBeforeTraining) {
+  std::ofstream(path("occupied")) << "a file, not a directory";
+  const std::string arguments =
+      "train seq2seq --out occupied --examples 600 --held-out 50 --epochs 1 --batch-size 32";
+  expect_error(arguments, "--out: cannot create the directory 'occupied' (Not a directory)");
+  const CommandResult result = attn(arguments);
+  EXPECT_EQ(result.out.find("epoch   1/1"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("trained in"), std::string::npos) << result.out;
+  EXPECT_EQ(read_text(path("occupied")), "a file, not a directory");
+}
+
+// --samples 0 prints no translations, so neither their header nor a range of heatmaps.
+TEST_F(CliTest, TrainSeq2SeqWithoutSamplesPrintsNoSampleHeaders) {
+  const CommandResult result = attn(
+      "train seq2seq --out model --examples 600 --held-out 50 --epochs 1 --batch-size 32 "
+      "--samples 0");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out.find("held-out translations"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("attention heatmaps"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("held-out (50 pairs): BLEU "), std::string::npos) << result.out;
+  EXPECT_FALSE(fs::exists(path("model/attention_1.png")));
+  EXPECT_TRUE(starts_with_bytes(path("model/loss.png"), kPngSignature));
+}
+
 TEST_F(CliTest, TranslatePrintsWhatTheLibraryTranslatesAndDrawsTheHeatmap) {
   ASSERT_EQ(attn(kShortDateRun).exit_code, 0);
   const CommandResult result = attn("translate --model model '3 march 1987' --heatmap h.svg");

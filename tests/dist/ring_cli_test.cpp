@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "attn/core/half.hpp"
 #include "attn/core/random.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/io/npy.hpp"
+#include "attn/io/npy_rows.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -130,6 +132,61 @@ TEST_F(RingCliTest, RingRunsMatchASingleProcessRun) {
       }
     }
   }
+}
+
+// float16 files, written as a single-process run writes them: the output and the gradients in
+// float16 too (PyTorch's dtypes follow the inputs'), within float16's rounding of its values; and
+// a gradient past float16's range an error, as there.
+TEST_F(RingCliTest, Float16InputsGiveFloat16Outputs) {
+  Rng rng(8);
+  const auto save_float16 = [&](const std::string& name, const Tensor& values) {
+    std::vector<uint16_t> bits;
+    for (const float value : values.span())
+      bits.push_back(float_to_half_bits(HalfType::kFloat16, value));
+    save_npy_float16(path(name), bits, values.shape());
+  };
+  for (const char* name : {"q.npy", "k.npy", "v.npy", "g.npy"})
+    save_float16(name, testing::random_tensor(Shape{2, 13, 8}, rng));
+  const std::string arguments =
+      "run --layer dot-product --queries q.npy --keys k.npy --values v.npy --causal top-left "
+      "--out-grad g.npy";
+  const CommandResult reference = attn(arguments + " --out single.npy --grads-out single");
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const CommandResult result = ring(2, arguments + " --out ring.npy --grads-out ring");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (const std::string file :
+       {"ring.npy", "ring/queries.npy", "ring/keys.npy", "ring/values.npy"}) {
+    EXPECT_EQ(read_npy_header(path(file)).dtype, NpyDType::kFloat16) << file;
+  }
+  // Two float16 roundings of one exact result differ by at most one step of float16 (2^-10 of
+  // the largest value, relative).
+  const auto expect_close = [&](const std::string& ring_file, const std::string& single_file) {
+    const Tensor a = load_npy_tensor(path(ring_file), "ring");
+    const Tensor b = load_npy_tensor(path(single_file), "single");
+    ASSERT_EQ(a.shape(), b.shape()) << ring_file;
+    double largest = 0.0, worst = 0.0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      largest = std::max(largest, std::fabs(static_cast<double>(b.data()[i])));
+      worst = std::max(worst, std::fabs(static_cast<double>(a.data()[i]) - b.data()[i]));
+    }
+    EXPECT_LE(worst, 0x1p-10 * largest) << ring_file;
+  };
+  expect_close("ring.npy", "single.npy");
+  for (const char* gradient : {"queries", "keys", "values"}) {
+    expect_close(std::string("ring/") + gradient + ".npy",
+                 std::string("single/") + gradient + ".npy");
+  }
+  // G of 60000 everywhere: key 0's value gradient sums it over every query that sees key 0 (with
+  // weight 1 for query 0 alone under the causal mask), past float16's 65504.
+  save_float16("big.npy", Tensor::full(Shape{2, 13, 8}, 60000.0F));
+  const CommandResult overflow =
+      ring(2,
+           "run --layer dot-product --queries q.npy --keys k.npy --values v.npy --causal top-left "
+           "--out-grad big.npy --out big_out.npy --grads-out big_grads");
+  EXPECT_EQ(overflow.exit_code, 1);
+  EXPECT_NE(overflow.err.find("(it overflows float16); scale the inputs down"), std::string::npos)
+      << overflow.err;
+  EXPECT_FALSE(fs::exists(path("big_out.npy")));
 }
 
 // A NaN in rows that only rank 1 reads: every rank stops, rank 0 says which rank and file.
