@@ -141,9 +141,9 @@ class CallOptions {
       dropout_name = "dropout";
     }
     if (!(dropout_p >= 0.0F && dropout_p <= 1.0F)) {
-      throw nb::value_error((dropout_name + ": expected a probability in [0, 1], got " +
-                             std::to_string(dropout_p))
-                                .c_str());
+      throw nb::value_error(
+          (dropout_name + ": expected a probability in [0, 1], got " + std::to_string(dropout_p))
+              .c_str());
     }
     // Dropout of every weight (p = 1), as PyTorch's (and nn.Dropout(1.0)): a zero output. attn's
     // kernels take p < 1 (each kept weight is scaled by 1/(1 − p)), so the pass runs without
@@ -191,9 +191,8 @@ class CallOptions {
   // ValueError where drops_all(): for the calls that have no output to zero (`why`).
   void refuse_dropping_all(std::string_view why) const {
     if (!drops_all_) return;
-    throw nb::value_error(("dropout_p: expected a probability in [0, 1) " + std::string(why) +
-                           ", got 1")
-                              .c_str());
+    throw nb::value_error(
+        ("dropout_p: expected a probability in [0, 1) " + std::string(why) + ", got 1").c_str());
   }
 
  private:

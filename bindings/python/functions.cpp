@@ -71,9 +71,9 @@ void bind_functions(nb::module_& module) {
          nb::handle valid_lens, nb::handle need_weights_value) {
         const bool need_weights =
             scalar_argument<bool>(need_weights_value, "additive_attention", "need_weights", "bool");
-        for (const auto& [tensor, name] : {std::pair{q, "queries"}, std::pair{k, "keys"},
-                                           std::pair{v, "values"}, std::pair{W_q, "W_q"},
-                                           std::pair{W_k, "W_k"}, std::pair{w_v, "w_v"}}) {
+        for (const auto& [tensor, name] :
+             {std::pair{q, "queries"}, std::pair{k, "keys"}, std::pair{v, "values"},
+              std::pair{W_q, "W_q"}, std::pair{W_k, "W_k"}, std::pair{w_v, "w_v"}}) {
           refuse_recording_tensor(tensor, name, "attn.additive_attention",
                                   "attn.torch.AdditiveAttention");
         }
@@ -124,8 +124,9 @@ void bind_functions(nb::module_& module) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle width_value, nb::handle valid_lens,
          nb::handle need_weights_value) {
         constexpr std::string_view kName = "gaussian_kernel_pooling";
-        for (const auto& [tensor, name] : {std::pair{q, "queries"}, std::pair{k, "keys"},
-                                           std::pair{v, "values"}, std::pair{width_value, "width"}}) {
+        for (const auto& [tensor, name] :
+             {std::pair{q, "queries"}, std::pair{k, "keys"}, std::pair{v, "values"},
+              std::pair{width_value, "width"}}) {
           refuse_recording_tensor(tensor, name, "attn.gaussian_kernel_pooling",
                                   "attn.torch.GaussianKernelPooling");
         }
