@@ -107,6 +107,10 @@ def _first_order_only(name, sources):
             if not torch.is_grad_enabled():
                 return backward(ctx, *grads)
             linked = [t for t in sources(ctx) if t is not None and t.requires_grad]
+            # Inputs already freed (weak references): a leaf of its own still gives the gradients
+            # the refusing node, so differentiating them again raises rather than reads 0.
+            if not linked:
+                linked = [torch.zeros((), requires_grad=True)]
             with torch.no_grad():
                 gradients = backward(ctx, *grads)
             single = not isinstance(gradients, tuple)
@@ -150,15 +154,19 @@ class _LayerFunction(torch.autograd.Function):
         marker._attn_lease = lease
         ctx.save_for_backward(marker)
         ctx.parameter_names = parameter_names
-        # What the gradients depend on, for a second derivative's refusal (_first_order_only).
-        ctx.inputs = (queries, keys, values, *parameters)
+        # What the gradients depend on, for a second derivative's refusal (_first_order_only):
+        # weak references, so that the graph keeps no activation alive that nothing else needs (a
+        # freed input is one nobody can differentiate with respect to).
+        ctx.inputs = tuple(_weakref.ref(tensor) for tensor in (queries, keys, values, *parameters))
         ctx.input_dtypes = (queries.dtype, keys.dtype, values.dtype)
         ctx.parameter_dtypes = [parameter.dtype for parameter in parameters]
         _follow_torch_threads()
         return layer(queries, keys, values, valid_lens, causal=causal)
 
     @staticmethod
-    @_first_order_only("the attn layer of attn.torch's module", lambda ctx: ctx.inputs)
+    @_first_order_only(
+        "the attn layer of attn.torch's module", lambda ctx: [ref() for ref in ctx.inputs]
+    )
     def backward(ctx, grad_output):
         (marker,) = ctx.saved_tensors
         layer = marker._attn_layer
