@@ -1539,6 +1539,35 @@ def test_override_sdpa_leaves_what_attn_does_not_compute_to_pytorch(attn_calls):
     assert str(attn_error.value) == str(torch_error.value)
 
 
+def test_override_sdpa_gives_pytorchs_errors_where_attn_would_compute(attn_calls):
+    """Calls PyTorch refuses and attn's own function takes — a mask with is_causal, a mask of one
+    axis, a floating mask neither float32 nor of the query's dtype — raise PyTorch's error word
+    for word under the override; float32 masks with half queries, which PyTorch takes, stay
+    attn's."""
+    q = torch.randn(N, H, L, E)
+    calls = [
+        dict(attn_mask=torch.zeros(L, L), is_causal=True),
+        dict(attn_mask=torch.zeros(L)),
+        dict(attn_mask=torch.zeros(L, L, dtype=torch.float64)),
+        dict(attn_mask=torch.zeros(L, L, dtype=torch.bfloat16)),
+    ]
+    errors = []
+    with attn_torch.override_sdpa():
+        for call in calls:
+            with pytest.raises((RuntimeError, IndexError)) as error:
+                F.scaled_dot_product_attention(q, q, q, **call)
+            errors.append((type(error.value), str(error.value)))
+        half = q.bfloat16()
+        out = F.scaled_dot_product_attention(half, half, half, attn_mask=torch.zeros(L, L))
+    assert len(attn_calls) == 1, "the float32 mask with bf16 queries ran through attn"
+    expected = F.scaled_dot_product_attention(half, half, half, attn_mask=torch.zeros(L, L))
+    assert_relative(out.float(), expected.float(), 1e-2, "bf16 output")
+    for call, (kind, message) in zip(calls, errors):
+        with pytest.raises((RuntimeError, IndexError)) as torch_error:
+            F.scaled_dot_product_attention(q, q, q, **call)
+        assert (kind, message) == (type(torch_error.value), str(torch_error.value))
+
+
 def test_override_sdpa_compiles_to_attns_operator():
     q = torch.randn(N, H, L, E)
     graphs = []

@@ -1561,12 +1561,14 @@ def scaled_dot_product_attention(
 # --- torch.nn.functional.scaled_dot_product_attention replaced by attn's --------------------------
 
 
-def _computes(query, key, value, attn_mask):
+def _computes(query, key, value, attn_mask, is_causal=False):
     """Whether attn computes PyTorch's call on these arguments as PyTorch would: plain CPU
     tensors (not nested, of either layout, nor sparse, nor on other devices), query, key and
     value in float32, float16 or bfloat16 (PyTorch computes float64 in float64, attn in
     float32), a bool or floating mask (attn would read an integer one as valid lengths, which
-    PyTorch refuses)."""
+    PyTorch refuses). Calls PyTorch refuses and attn's own function takes go to PyTorch's for
+    its error: a mask with is_causal, a mask of one axis, a floating mask neither float32 nor of
+    the query's dtype."""
 
     def plain(tensor):
         return (
@@ -1578,9 +1580,11 @@ def _computes(query, key, value, attn_mask):
 
     if not all(plain(x) and x.dtype in _DIRECT_DTYPE_SET for x in (query, key, value)):
         return False
-    return attn_mask is None or (
-        plain(attn_mask) and (attn_mask.is_floating_point() or attn_mask.dtype == torch.bool)
-    )
+    if attn_mask is None:
+        return True
+    if not plain(attn_mask) or is_causal is True or attn_mask.dim() < 2:
+        return False
+    return attn_mask.dtype in (torch.bool, torch.float32, query.dtype)
 
 
 class override_sdpa:
@@ -1614,7 +1618,7 @@ class override_sdpa:
             if (
                 not later_arguments
                 and not _under_torch_func()
-                and _computes(query, key, value, attn_mask)
+                and _computes(query, key, value, attn_mask, is_causal)
             ):
                 return scaled_dot_product_attention(
                     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
