@@ -205,13 +205,16 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
   // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9): grad_output over the rows'
   // weight totals, which cancels the factor their P carries (row_totals.hpp).
   Tensor rescaled_grad_output;
-  if (!options.log_sum_exp_spans_more_keys &&
-      functional_detail::log_sum_exp_loses_precision(log_sum_exp)) {
-    rescaled_grad_output = functional_detail::grad_output_over_row_totals(
-        prepared, grad_output, log_sum_exp, [&](size_t s, const float* lse, float* totals) {
-          additive_attention_row_totals(prepared.query(s), prepared.key(s), parameters.w_v, lse,
-                                        prepared.valid_lens(), prepared.kernel_options(s), totals);
-        });
+  if (functional_detail::log_sum_exp_loses_precision(log_sum_exp, options)) {
+    std::vector<float> totals(log_sum_exp.size(), 1.0F);
+    for (size_t s = 0; s < prepared.slices(); ++s) {
+      additive_attention_row_totals(prepared.query(s), prepared.key(s), parameters.w_v,
+                                    prepared.slice_log_sum_exp(log_sum_exp, s),
+                                    prepared.valid_lens(), prepared.kernel_options(s),
+                                    prepared.slice_log_sum_exp(std::span<float>(totals), s));
+    }
+    rescaled_grad_output =
+        functional_detail::grad_output_over_row_totals(prepared, grad_output, totals);
     grad_output = rescaled_grad_output;
   }
   const auto shifts = prepared.gradient_shifts(

@@ -152,8 +152,7 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_value", grad_value, value);
   // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9, row_totals.hpp) take the
   // widened route below, whose float pass recomputes their log-sum-exp from its own scores.
-  const bool imprecise_rows = !options.log_sum_exp_spans_more_keys &&
-                              functional_detail::log_sum_exp_loses_precision(log_sum_exp);
+  const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
   if (!imprecise_rows && functional_detail::backward_without_scans(
                              type, query, key, value, output, grad_output, log_sum_exp, options,

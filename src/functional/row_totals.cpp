@@ -14,25 +14,21 @@ constexpr float kPreciseLogSumExp = 256.0F;
 constexpr double kStray = 1e-6;
 }  // namespace
 
-bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp) {
-  return std::any_of(log_sum_exp.begin(), log_sum_exp.end(), [](float value) {
-    return std::isfinite(value) && std::fabs(value) > kPreciseLogSumExp;
-  });
+bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp,
+                                 const AttentionOptions& options) {
+  return !options.log_sum_exp_spans_more_keys &&
+         std::any_of(log_sum_exp.begin(), log_sum_exp.end(), [](float value) {
+           return std::isfinite(value) && std::fabs(value) > kPreciseLogSumExp;
+         });
 }
 
 Tensor grad_output_over_row_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
-                                   std::span<const float> log_sum_exp,
-                                   const SliceRowTotals& slice_totals) {
-  std::vector<float> totals(log_sum_exp.size(), 1.0F);
-  for (size_t s = 0; s < prepared.slices(); ++s) {
-    slice_totals(s, prepared.slice_log_sum_exp(log_sum_exp, s),
-                 prepared.slice_log_sum_exp(std::span<float>(totals), s));
-  }
+                                   std::span<const float> totals) {
   Tensor copy = scaled_copy(grad_output, 0);
   const HeadsLayout layout = prepared.output_layout("grad_output", ConstStridedView(copy));
   for (size_t s = 0; s < prepared.slices(); ++s) {
     const HeadsView rows = layout.slice(copy.data(), s);
-    const float* slice_total = prepared.slice_log_sum_exp(std::span<const float>(totals), s);
+    const float* slice_total = prepared.slice_log_sum_exp(totals, s);
     for (int64_t b = 0; b < rows.batch; ++b) {
       for (int64_t h = 0; h < rows.heads; ++h) {
         for (int64_t i = 0; i < rows.rows; ++i) {

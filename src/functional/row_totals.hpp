@@ -4,32 +4,29 @@
 // the backward exact again.
 #pragma once
 
-#include <functional>
 #include <span>
 
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
+#include "attn/functional/attention_options.hpp"
 #include "functional/prepared_attention.hpp"
 
 namespace attn::functional_detail {
 
 // Whether some row's log-sum-exp is finite and beyond 256 in magnitude, where its float rounding
-// (half an ulp, 2^−24·|lse|) exceeds 1.5e−5 of every P of the row. Below it the kernels' own error
-// dominates; above it the rows' totals are worth a pass.
-bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp);
-
-// Computes slice s's row totals into `totals` from its log-sum-exp `log_sum_exp` (both the slice's
-// rows, in the log-sum-exp's order): the kernel's totals mode for the call's kind of scores.
-using SliceRowTotals = std::function<void(size_t s, const float* log_sum_exp, float* totals)>;
+// (half an ulp, 2^−24·|lse|) exceeds 1.5e−5 of every P of the row, and it is this call's own (not
+// a ring's block pair's, over more keys: options.log_sum_exp_spans_more_keys). Below it the
+// kernels' own error dominates; above it a pass of scores for the rows' totals is worth it.
+bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp,
+                                 const AttentionOptions& options);
 
 // A contiguous copy of `grad_output` (output-shaped, laid out by `prepared`) whose row i is divided
-// by its total (slice_totals, every slice of `prepared`) where that total strays from 1 by more
-// than 1e−6. With P'_i = c_i·P_i and dO'_i = dO_i / c_i: dV = Σ_i P'_iᵀ dO'_i, D'_i = D_i / c_i,
-// dP'_i = dP_i / c_i and dS'_i = P'_i ⊙ (dP'_i − D'_i) are exactly the true ones, dropout, the
+// by its total (`totals`, one per row in the log-sum-exp's order) where that total strays from 1
+// by more than 1e−6. With P'_i = c_i·P_i and dO'_i = dO_i / c_i: dV = Σ_i P'_iᵀ dO'_i, D'_i = D_i /
+// c_i, dP'_i = dP_i / c_i and dS'_i = P'_i ⊙ (dP'_i − D'_i) are exactly the true ones, dropout, the
 // soft cap's derivative and the sinks' gradient included (each linear in those terms). Rows whose
 // total is 0 see nothing and stay.
 Tensor grad_output_over_row_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
-                                   std::span<const float> log_sum_exp,
-                                   const SliceRowTotals& slice_totals);
+                                   std::span<const float> totals);
 
 }  // namespace attn::functional_detail

@@ -80,13 +80,6 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, ConstStrid
 
 namespace {
 
-// Whether a pass recomputing P should recompute the log-sum-exp too: some row's float value lost
-// log(sum) to its magnitude (row_totals.hpp), and it is this call's (not a ring's, over more keys).
-bool recomputes_log_sum_exp(std::span<const float> log_sum_exp, const AttentionOptions& options) {
-  return !options.log_sum_exp_spans_more_keys &&
-         functional_detail::log_sum_exp_loses_precision(log_sum_exp);
-}
-
 // flash_attention_recomputed_log_sum_exp over every slice of `prepared`, with the kernel options
 // the pass that reads it uses (`mask_gradient` as it passes it), and the rows' P totals when
 // `totals` is not null.
@@ -116,7 +109,7 @@ void scaled_dot_product_attention_backward(
   // recomputed from the forward's, its P would be off by 2^δ, δ a few of its ulps, which
   // overflows or vanishes at large magnitudes. Such calls take a pass of scores first, for a
   // log-sum-exp from the very scores the backward computes (|lse| > 256 needs scores beyond ±240).
-  const bool imprecise_rows = recomputes_log_sum_exp(log_sum_exp, options);
+  const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
   if (!imprecise_rows && functional_detail::backward_without_scans(
                              query, key, value, output, grad_output, log_sum_exp, options,
@@ -126,6 +119,9 @@ void scaled_dot_product_attention_backward(
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
   const bool mask_gradient = grad_mask.data() != nullptr;
   const bool sinks_gradient = !grad_sinks.empty();
+  functional_detail::start_option_gradients(options, grad_mask, grad_sinks);
+  prepared.output_layout("output", output);
+  prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
   // The recomputed log-sum-exp gives each row's largest score P = 1; where the float lost log(sum)
   // (ties at 1e9) its row's P totals the keys' count, which dividing grad_output's row cancels.
@@ -135,17 +131,10 @@ void scaled_dot_product_attention_backward(
                      : std::vector<float>();
   Tensor rescaled_grad_output;
   if (imprecise_rows) {
-    rescaled_grad_output = functional_detail::grad_output_over_row_totals(
-        prepared, grad_output, log_sum_exp, [&](size_t s, const float*, float* slice_totals) {
-          std::copy_n(prepared.slice_log_sum_exp(std::span<const float>(totals), s),
-                      totals.size() / prepared.slices(), slice_totals);
-        });
+    rescaled_grad_output =
+        functional_detail::grad_output_over_row_totals(prepared, grad_output, totals);
     grad_output = rescaled_grad_output;
   }
-  functional_detail::start_option_gradients(options, grad_mask, grad_sinks);
-  prepared.output_layout("output", output);
-  prepared.output_layout("grad_output", grad_output);
-  prepared.require_log_sum_exp(log_sum_exp, false);
   const auto grad_q = prepared.input_layout("grad_query", grad_query, query.shape());
   const auto grad_k = prepared.input_layout("grad_key", grad_key, key.shape());
   const auto grad_v = prepared.input_layout("grad_value", grad_value, value.shape());
@@ -237,7 +226,7 @@ Tensor attention_weights(ConstStridedView query, ConstStridedView key,
   const auto layout = prepared.layout_like_scores(weights);
   // Rows whose float log-sum-exp lost log(sum) take their own, as the backward pass does: exp(S −
   // lse) from the forward's would be off by a factor per row that could vanish.
-  const bool imprecise_rows = recomputes_log_sum_exp(log_sum_exp, options);
+  const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
   const std::vector<float> recomputed =
       imprecise_rows ? recomputed_log_sum_exp(prepared, log_sum_exp.size(), false)
                      : std::vector<float>();

@@ -34,11 +34,11 @@ struct WeightsArgs {
   // 2 the scores are the fp32 backward pass's FMA products bit for bit, so that its P of a row's
   // largest score is 2⁰ = 1 exactly at any magnitude (LogSumExpKind::kRecomputedBaseTwo).
   float* recomputed_log_sum_exp = nullptr;
-  float* recomputed_totals =
-      nullptr;  // with it, optional: each row's Σ 2^(S − that lse), its sink's in
-  bool log_sum_exp_in_unit = false;  // log_sum_exp already times the unit (a recomputed one)
-  // Scores and log-sum-exp times this unit, exponentials then in base 2 where it is log2 e: the
-  // fp32 backward pass's P (flash_attention_backward.cpp), whose totals must be its own.
+  // With it, optional: each row's Σ 2^(S − that log-sum-exp), its sink's term included.
+  float* recomputed_totals = nullptr;
+  // Scores times this unit, exponentials then in base 2 where it is log2 e: the fp32 backward
+  // pass's P (flash_attention_backward.cpp). A log-sum-exp read is in the same unit (natural for
+  // 1, a recomputed one for log2 e).
   float unit = 1.0F;
 };
 
@@ -129,11 +129,9 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   const bool recomputes = args.recomputed_log_sum_exp != nullptr;
   const float* lse =
       recomputes ? nullptr : args.log_sum_exp + (b * args.q.heads + h) * n + first_query;
-  const float lse_unit = args.log_sum_exp_in_unit ? 1.0F : args.unit;
   for (size_t r = 0; r < br; ++r) {
-    s.lse[r] = !recomputes && r < rows && lse[r] > -std::numeric_limits<float>::infinity()
-                   ? lse_unit * lse[r]
-                   : 0.0F;
+    s.lse[r] =
+        !recomputes && r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? lse[r] : 0.0F;
   }
   // Zeros only in the query vectors the score products read.
   const size_t vectors = args.additive_weights != nullptr
@@ -294,10 +292,7 @@ void flash_attention_weights(ConstHeadsView q, ConstHeadsView k, const float* lo
                              const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                              HeadsView weights, LogSumExpKind kind) {
   weights_detail::WeightsArgs args{q, k, log_sum_exp, &valid_lens, options, weights, nullptr};
-  if (kind == LogSumExpKind::kRecomputedBaseTwo) {
-    args.unit = std::numbers::log2e_v<float>;
-    args.log_sum_exp_in_unit = true;
-  }
+  if (kind == LogSumExpKind::kRecomputedBaseTwo) args.unit = std::numbers::log2e_v<float>;
   compute_weights(args);
 }
 
@@ -320,16 +315,6 @@ void flash_attention_recomputed_log_sum_exp(ConstHeadsView q, ConstHeadsView k,
     if (totals != nullptr)
       std::fill_n(totals + head * q.rows, q.rows, options.sinks != nullptr ? 1.0F : 0.0F);
   }
-  compute_weights(args);
-}
-
-void flash_attention_row_totals(ConstHeadsView q, ConstHeadsView k, const float* log_sum_exp,
-                                const ValidLengths& valid_lens,
-                                const FlashAttentionOptions& options, float* totals,
-                                bool base_two) {
-  weights_detail::WeightsArgs args{q, k, log_sum_exp, &valid_lens, options, {}, nullptr};
-  args.row_totals = totals;
-  if (base_two) args.unit = std::numbers::log2e_v<float>;
   compute_weights(args);
 }
 

@@ -120,13 +120,20 @@ SdpaTestCase make_case(const Config& config, uint64_t seed) {
 
 // Forward, weights and backward of a prepared case against the reference: the float mask's
 // gradient with `mask_gradient`, the sinks' with `sinks_gradient`.
-void check_case(SdpaTestCase& c, bool mask_gradient, bool sinks_gradient,
-                double weights_tolerance = kForwardTolerance) {
-  const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+// The forward pass and its weights of a prepared case against the reference; returns the pass.
+AttentionForward check_forward(const SdpaTestCase& c,
+                               double weights_tolerance = kForwardTolerance) {
+  AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
   const reference::SdpaForward expected = c.expected_forward();
   EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance)) << "output";
   const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
   EXPECT_TRUE(close_to(weights, expected.weights, weights_tolerance)) << "weights";
+  return forward;
+}
+
+void check_case(SdpaTestCase& c, bool mask_gradient, bool sinks_gradient,
+                double weights_tolerance = kForwardTolerance) {
+  const AttentionForward forward = check_forward(c, weights_tolerance);
 
   const AttentionBackward grads = scaled_dot_product_attention_backward(
       c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options, mask_gradient,
@@ -388,11 +395,7 @@ TEST_P(FunctionalSdpa, ScoresOfLargeMagnitudeGiveExactWeightsAndGradients) {
           }
         }
       }
-      const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
-      const reference::SdpaForward expected = c.expected_forward();
-      EXPECT_TRUE(close_to(forward.output, expected.out, kForwardTolerance)) << "output";
-      const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
-      EXPECT_TRUE(close_to(weights, expected.weights, kForwardTolerance)) << "weights";
+      const AttentionForward forward = check_forward(c);
       const AttentionBackward grads = scaled_dot_product_attention_backward(
           c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
       const reference::SdpaGradients expected_grads = c.expected_backward();

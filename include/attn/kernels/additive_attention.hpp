@@ -52,7 +52,10 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
                                 const ValidLengths& valid_lens,
                                 const FlashAttentionOptions& options, HeadsView weights);
 
-// Each row's total of those weights, as flash_attention_row_totals.
+// Each row's total of those weights with its sink's, Σ_j exp(S_ij − lse_i) + exp(sink − lse_i),
+// into `totals` (B·H·n): 1 up to rounding, except where the float log-sum-exp lost log(sum) to
+// its own magnitude (rows of scores near −1e9, as a large additive mask gives them), whose
+// weights and gradients then all carry the total as one factor.
 void additive_attention_row_totals(ConstHeadsView projected_queries, ConstHeadsView projected_keys,
                                    std::span<const float> w_v, const float* log_sum_exp,
                                    const ValidLengths& valid_lens,

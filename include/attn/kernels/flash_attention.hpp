@@ -156,15 +156,4 @@ void flash_attention_recomputed_log_sum_exp(ConstHeadsView q, ConstHeadsView k,
                                             const FlashAttentionOptions& options,
                                             float* log_sum_exp_base_two, float* totals = nullptr);
 
-// Each row's total of those weights with its sink's, Σ_j exp(S_ij − lse_i) + exp(sink − lse_i),
-// into `totals` (B·H·n): 1 up to rounding, except where the float log-sum-exp lost log(sum) to
-// its own magnitude (rows of scores near −1e9, as a large additive mask gives them), whose
-// weights and gradients then all carry the total as one factor.
-// `base_two`: P as the fp32 backward pass computes it (scores and log-sum-exp in base 2, each
-// rounded to float), whose rows' factor then cancels exactly.
-void flash_attention_row_totals(ConstHeadsView q, ConstHeadsView k, const float* log_sum_exp,
-                                const ValidLengths& valid_lens,
-                                const FlashAttentionOptions& options, float* totals,
-                                bool base_two = false);
-
 }  // namespace attn
