@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -25,7 +26,6 @@
 #include "attn/dist/sequence_shards.hpp"
 #include "attn/io/npy.hpp"
 #include "attn/io/npy_rows.hpp"
-#include "attn/kernels/half_conversion.hpp"
 #include "command_support.hpp"
 
 namespace attn::cli {
@@ -489,25 +489,15 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
 }
 
 // `values` written as a single-process run writes them (PyTorch's output dtype follows its
-// inputs'): rounded once to float16 when the inputs were float16, else float32 as they are. A
-// value past float16's range is an error, as there, not an infinity in the file.
+// inputs'): rounded once to float16 when the inputs were float16 (in_stored_type), else float32;
+// a value past that range an error naming `option`, as there, not an infinity in the file.
 void save_in_stored_type(const std::filesystem::path& file, const Tensor& values,
-                         std::optional<HalfType> stored_half) {
+                         std::optional<HalfType> stored_half, const std::string& option) {
   if (!stored_half) return save_npy(file, values);
-  std::vector<uint16_t> bits(static_cast<size_t>(values.numel()));
-  narrow_to_half(*stored_half, values.data(), bits.data(), bits.size());
-  // Infinities and NaNs are the bits whose exponent field is all ones.
-  constexpr uint16_t kExponent = 0x7C00;
-  const auto culprit = std::find_if(bits.begin(), bits.end(),
-                                    [](uint16_t word) { return (word & kExponent) == kExponent; });
-  if (culprit != bits.end()) {
-    const int64_t index = culprit - bits.begin();
-    throw ValueError("the result holds " + std::to_string(values.data()[index]) +
-                     " at flat index " + std::to_string(index) +
-                     " although every input is finite (it overflows " +
-                     half_type_name(*stored_half) + "); scale the inputs down");
-  }
-  save_npy_float16(file, bits, values.shape());
+  const ResultTensor rounded = in_stored_type(stored_half, values);
+  require_finite_result(rounded, option);
+  const auto& half = std::get<HalfResult>(rounded);
+  save_npy_float16(file, half.bits, half.shape);
 }
 
 // Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting. Every
@@ -528,12 +518,12 @@ void write_results(const RingRunRequest& request, const RingResults& results, in
             std::pair{"values", &results.grad_values}}) {
         staged.write("--grads-out", gradient_path(request, name),
                      [&](const std::filesystem::path& file) {
-                       save_in_stored_type(file, *gradient, results.stored_half);
+                       save_in_stored_type(file, *gradient, results.stored_half, "--grads-out");
                      });
       }
     }
     staged.write("--out", request.out, [&](const std::filesystem::path& file) {
-      save_in_stored_type(file, results.output, results.stored_half);
+      save_in_stored_type(file, results.output, results.stored_half, "--out");
     });
     staged.commit();
   });

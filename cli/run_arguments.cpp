@@ -49,6 +49,13 @@ Shape with_last(const Shape& shape, int64_t last) {
   return Shape::from_dims(dims, shape.rank());
 }
 
+[[noreturn]] void throw_overflow(const std::string& option, const std::string& value, int64_t index,
+                                 const std::string& dtype) {
+  throw ValueError(option + ": the result holds " + value + " at flat index " +
+                   std::to_string(index) + " although every input is finite (it overflows " +
+                   dtype + "); scale the inputs down");
+}
+
 }  // namespace
 
 void rethrow_with_sources(const Error& error, const RunArguments& arguments) {
@@ -387,6 +394,43 @@ Shape FunctionalInputs::output_shape() const {
   if (!split_heads_) return with_last(query_shape_, value_shape_.dim(-1));
   return Shape{query_shape_.dim(0), query_shape_.dim(1),
                query_heads_ * (value_shape_.dim(2) / kv_heads_)};
+}
+
+// `values` as written for inputs stored in `type` (PyTorch's output dtype follows its inputs'):
+// rounded once to it, or as they are when the inputs were float32.
+ResultTensor in_stored_type(std::optional<HalfType> type, Tensor values) {
+  if (!type) return values;
+  HalfResult half{*type, values.shape(),
+                  std::vector<uint16_t>(static_cast<size_t>(values.numel()))};
+  narrow_to_half(*type, values.data(), half.bits.data(), half.bits.size());
+  return half;
+}
+
+void require_finite_result(const Tensor& tensor, const std::string& option) {
+  // The vectorised scan first (element by element with numel() per step, this check was 2% of an
+  // n = 4096 run with 32 heads on two threads), the culprit searched for only when there is one.
+  if (all_finite(tensor)) return;
+  for (int64_t index = 0; index < tensor.numel(); ++index) {
+    if (!std::isfinite(tensor.data()[index])) {
+      throw_overflow(option, std::to_string(tensor.data()[index]), index, "float32");
+    }
+  }
+}
+
+void require_finite_result(const HalfResult& tensor, const std::string& option) {
+  // Infinities and NaNs are the bits whose exponent field is all ones.
+  const uint16_t exponent = tensor.type == HalfType::kFloat16 ? 0x7C00 : 0x7F80;
+  const auto culprit =
+      std::find_if(tensor.bits.begin(), tensor.bits.end(),
+                   [exponent](uint16_t bits) { return (bits & exponent) == exponent; });
+  if (culprit == tensor.bits.end()) return;
+  const float value = half_bits_to_float(tensor.type, *culprit);
+  throw_overflow(option, std::to_string(value), culprit - tensor.bits.begin(),
+                 half_type_name(tensor.type));
+}
+
+void require_finite_result(const ResultTensor& tensor, const std::string& option) {
+  std::visit([&](const auto& values) { require_finite_result(values, option); }, tensor);
 }
 
 }  // namespace attn::cli

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -220,5 +221,28 @@ class FunctionalInputs {
   std::vector<float> sinks_;
   AttentionOptions options_;
 };
+
+// A half run's result as the half kernels wrote it, or a float result rounded once to its inputs'
+// type: 16-bit words of `type`.
+struct HalfResult {
+  HalfType type = HalfType::kFloat16;
+  Shape shape;
+  std::vector<uint16_t> bits;
+};
+
+// A result as it is written: float32 values, or 16-bit words (never widened: a float copy beside
+// them cost an output-sized allocation, two passes).
+using ResultTensor = std::variant<Tensor, HalfResult>;
+
+// `values` as written for inputs stored in `type` (PyTorch's output dtype follows its inputs'):
+// rounded once to it, or as they are when the inputs were float32.
+ResultTensor in_stored_type(std::optional<HalfType> type, Tensor values);
+
+// The last guard of "finite in, finite out": the functions and layers raise their own errors for a
+// result that overflows, and no file holding an infinity or a NaN is ever written with exit 0. A
+// ValueError naming `option`, the value, its index and the type it overflows.
+void require_finite_result(const Tensor& tensor, const std::string& option);
+void require_finite_result(const HalfResult& tensor, const std::string& option);
+void require_finite_result(const ResultTensor& tensor, const std::string& option);
 
 }  // namespace attn::cli

@@ -234,31 +234,9 @@ LayerInputs load_layer_inputs(const RunOptions& options) {
   return inputs;
 }
 
-// A half run's result as the half kernels wrote it, or a float result rounded once to its inputs'
-// type: 16-bit words of `type`.
-struct HalfResult {
-  HalfType type = HalfType::kFloat16;
-  Shape shape;
-  std::vector<uint16_t> bits;
-};
-
-// A result as it is written: float32 values, or 16-bit words (never widened: a float copy beside
-// them cost an output-sized allocation, two passes).
-using ResultTensor = std::variant<Tensor, HalfResult>;
-
 const Shape& shape_of(const ResultTensor& tensor) {
   if (const auto* half = std::get_if<HalfResult>(&tensor)) return half->shape;
   return std::get<Tensor>(tensor).shape();
-}
-
-// `values` as written for inputs stored in `type` (PyTorch's output dtype follows its inputs'):
-// rounded once to it, or as they are when the inputs were float32.
-ResultTensor in_stored_type(std::optional<HalfType> type, Tensor values) {
-  if (!type) return values;
-  HalfResult half{*type, values.shape(),
-                  std::vector<uint16_t>(static_cast<size_t>(values.numel()))};
-  narrow_to_half(*type, values.data(), half.bits.data(), half.bits.size());
-  return half;
 }
 
 // One gradient of sum(output · G), under the name of its file in --grads-out.
@@ -633,42 +611,6 @@ void check_output_tensor_name(const RunOptions& options) {
     probe.emplace(split->name, Tensor(Shape{1}));
     serialize_safetensors(probe);
   });
-}
-
-[[noreturn]] void throw_overflow(const std::string& option, const std::string& value, int64_t index,
-                                 const std::string& dtype) {
-  throw ValueError(option + ": the result holds " + value + " at flat index " +
-                   std::to_string(index) + " although every input is finite (it overflows " +
-                   dtype + "); scale the inputs down");
-}
-
-// The last guard of "finite in, finite out": the functions and layers raise their own errors for a
-// result that overflows, and no file holding an infinity or a NaN is ever written with exit 0.
-void require_finite_result(const Tensor& tensor, const std::string& option) {
-  // The vectorised scan first (element by element with numel() per step, this check was 2% of an
-  // n = 4096 run with 32 heads on two threads), the culprit searched for only when there is one.
-  if (all_finite(tensor)) return;
-  for (int64_t index = 0; index < tensor.numel(); ++index) {
-    if (!std::isfinite(tensor.data()[index])) {
-      throw_overflow(option, std::to_string(tensor.data()[index]), index, "float32");
-    }
-  }
-}
-
-void require_finite_result(const HalfResult& tensor, const std::string& option) {
-  // Infinities and NaNs are the bits whose exponent field is all ones.
-  const uint16_t exponent = tensor.type == HalfType::kFloat16 ? 0x7C00 : 0x7F80;
-  const auto culprit =
-      std::find_if(tensor.bits.begin(), tensor.bits.end(),
-                   [exponent](uint16_t bits) { return (bits & exponent) == exponent; });
-  if (culprit == tensor.bits.end()) return;
-  const float value = half_bits_to_float(tensor.type, *culprit);
-  throw_overflow(option, std::to_string(value), culprit - tensor.bits.begin(),
-                 half_type_name(tensor.type));
-}
-
-void require_finite_result(const ResultTensor& tensor, const std::string& option) {
-  std::visit([&](const auto& values) { require_finite_result(values, option); }, tensor);
 }
 
 // Every file the run reads, by the option that names it.
