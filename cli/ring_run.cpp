@@ -224,11 +224,14 @@ class RingInputs {
     query_file_ = query_header.shape;
     key_file_ = key_header.shape;
     value_file_ = value_header.shape;
-    // As a single-process run (shared_half_type): float16 files, all three, give float16 results.
-    const bool float16 = query_header.dtype == NpyDType::kFloat16 &&
-                         key_header.dtype == NpyDType::kFloat16 &&
-                         value_header.dtype == NpyDType::kFloat16;
-    stored_half_ = float16 ? std::optional<HalfType>(HalfType::kFloat16) : std::nullopt;
+    // As a single-process run: float16 files, all three, give float16 results; a mix of float16
+    // and float files is refused, naming the input that differs.
+    const auto half_of = [](const NpyHeader& header) {
+      return header.dtype == NpyDType::kFloat16 ? std::optional<HalfType>(HalfType::kFloat16)
+                                                : std::nullopt;
+    };
+    stored_half_ =
+        dot_product_half_type({half_of(query_header), half_of(key_header), half_of(value_header)});
     const int rank = query_file_.rank();
     if (rank != 3 && rank != 4) {
       throw ShapeError("queries: expected (B, n, d) or (N, H, L, E) (rank 3 or 4), got shape " +

@@ -228,6 +228,23 @@ std::optional<HalfType> shared_half_type(const InputFile (&files)[3]) {
   return shared ? files[0].half : std::nullopt;
 }
 
+std::optional<HalfType> dot_product_half_type(const std::optional<HalfType> (&types)[3]) {
+  const char* names[] = {"queries", "keys", "values"};
+  std::optional<HalfType> first_half;
+  for (const std::optional<HalfType>& type : types) first_half = first_half ? first_half : type;
+  if (!first_half) return std::nullopt;
+  for (int index = 0; index < 3; ++index) {
+    if (types[index] != first_half) {
+      const std::string type = half_type_name(*first_half);
+      throw ValueError(
+          std::string(names[index]) + ": expected " + type + " data like the other inputs (a " +
+          type + " run reads queries, keys and values all in " + type + "), got " +
+          (types[index] ? half_type_name(*types[index]) : std::string("float32 or float64")));
+    }
+  }
+  return first_half;
+}
+
 void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily family) {
   const std::string* paths[] = {&arguments.queries, &arguments.keys, &arguments.values};
   const char* names[] = {"queries", "keys", "values"};
@@ -241,23 +258,11 @@ void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily fa
     files[index] =
         with_context(flags[index], [&] { return read_input_file(*paths[index], names[index]); });
   }
-  std::optional<HalfType> first_half;
-  for (const InputFile& file : files) first_half = first_half ? first_half : file.half;
-  // Dot-product attention runs in float16 or bfloat16 when its inputs are, as PyTorch's does, and
-  // then all three must be of that type (PyTorch refuses a mix); additive attention computes in
-  // float32 on any floats, and rounds its output to the inputs' type when they share one.
-  if (family == ScoreFamily::kDotProduct && first_half) {
-    for (int index = 0; index < 3; ++index) {
-      if (files[index].half != first_half) {
-        const std::string type = half_type_name(*first_half);
-        throw ValueError(std::string(names[index]) + ": expected " + type +
-                         " data like the other inputs (a " + type +
-                         " run reads queries, keys and values all in " + type + "), got " +
-                         (files[index].half ? half_type_name(*files[index].half)
-                                            : std::string("float32 or float64")));
-      }
-    }
-    half_ = first_half;
+  // Dot-product attention runs in float16 or bfloat16 when its inputs are, as PyTorch's does;
+  // additive attention computes in float32 on any floats, and rounds its output to the inputs'
+  // type when they share one.
+  if (family == ScoreFamily::kDotProduct) {
+    half_ = dot_product_half_type({files[0].half, files[1].half, files[2].half});
   } else {
     stored_half_ = shared_half_type(files);
   }

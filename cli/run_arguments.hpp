@@ -93,6 +93,10 @@ struct InputFile {
 InputFile read_input_file(const std::string& path, const std::string& name);
 // The half type queries, keys and values are all stored in; none when they differ or are floats.
 std::optional<HalfType> shared_half_type(const InputFile (&files)[3]);
+// The half type a dot-product run computes in, given each input's stored type (queries, keys,
+// values): none when all are float32 or float64; when one is float16 or bfloat16, all three must
+// be (PyTorch refuses a mix), else a ValueError naming the first input that differs.
+std::optional<HalfType> dot_product_half_type(const std::optional<HalfType> (&types)[3]);
 // A safetensors path split into its file and the tensor's name: FILE.safetensors (name empty) or
 // FILE.safetensors:NAME, FILE ending at the first ".safetensors" followed by ':' or the end, so
 // that NAME may hold ':' itself; none when `path` is neither.

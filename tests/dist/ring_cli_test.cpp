@@ -187,6 +187,22 @@ TEST_F(RingCliTest, Float16InputsGiveFloat16Outputs) {
   EXPECT_NE(overflow.err.find("(it overflows float16); scale the inputs down"), std::string::npos)
       << overflow.err;
   EXPECT_FALSE(fs::exists(path("big_out.npy")));
+  // float16 queries with float32 keys and values: refused as a single-process run refuses them
+  // (PyTorch refuses the mix), not computed and written in float32.
+  save("k32.npy", testing::random_tensor(Shape{2, 13, 8}, rng));
+  save("v32.npy", testing::random_tensor(Shape{2, 13, 8}, rng));
+  const std::string mixed =
+      "run --layer dot-product --queries q.npy --keys k32.npy --values v32.npy --out mixed.npy";
+  const CommandResult single_mixed = attn(mixed);
+  const CommandResult ring_mixed = ring(2, mixed);
+  EXPECT_EQ(single_mixed.exit_code, 1);
+  EXPECT_EQ(ring_mixed.exit_code, 1);
+  const std::string refusal =
+      "keys: expected float16 data like the other inputs (a float16 run reads queries, keys and "
+      "values all in float16), got float32 or float64";
+  EXPECT_NE(single_mixed.err.find(refusal), std::string::npos) << single_mixed.err;
+  EXPECT_NE(ring_mixed.err.find(refusal), std::string::npos) << ring_mixed.err;
+  EXPECT_FALSE(fs::exists(path("mixed.npy")));
 }
 
 // A NaN in rows that only rank 1 reads: every rank stops, rank 0 says which rank and file.
