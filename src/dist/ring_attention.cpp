@@ -173,6 +173,30 @@ void merge_partial(float* output, float* log_sum_exp, int64_t total_rows, int64_
   }
 }
 
+// Merges one pair's base-2 log-sum-exps and row totals (scaled_dot_product_attention_log_sum_exp_
+// base_two's, outer × rows) into rows [offset, offset + rows) of the accumulated ones: the larger
+// log-sum-exp stays as it is (a float the backward's scores meet bit for bit), and the totals
+// rescale to it, T = T_a·2^(lse_a − lse) + T_b·2^(lse_b − lse), the differences exact in double.
+void merge_base_two(float* log_sum_exp, double* totals, int64_t total_rows, int64_t offset,
+                    const float* part_log_sum_exp, const float* part_totals, int64_t outer,
+                    int64_t rows) {
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float b = part_log_sum_exp[o * rows + i];
+      if (b == kNegativeInfinity) continue;
+      float& a = log_sum_exp[o * total_rows + offset + i];
+      double& total = totals[o * total_rows + offset + i];
+      const double part_total = part_totals[o * rows + i];
+      if (b > a) {
+        total = total * std::exp2(static_cast<double>(a) - b) + part_total;
+        a = b;
+      } else {
+        total += part_total * std::exp2(static_cast<double>(b) - a);
+      }
+    }
+  }
+}
+
 std::string shape_text(const Shape& shape, std::string_view rows_name) {
   std::string text = "(";
   for (int a = 0; a < shape.rank(); ++a) {
@@ -576,6 +600,64 @@ void wait(std::span<MPI_Request> requests, RingStatistics& statistics) {
   statistics.wait_seconds += seconds_since(start);
 }
 
+// Every rank's key/value block passes this rank once, in ring order, the next one arriving from the
+// left while the current one goes right; `compute(pair, keys, values)` runs on each pair of this
+// rank's query chunks and the block's key chunks that some query sees (the others are skipped).
+template <typename ComputePair>
+void visit_every_block(const Communicator& ring_comm, const Ring& ring, ConstStridedView key,
+                       ConstStridedView value, RingStatistics& statistics, ComputePair compute) {
+  const int rank = ring.rank(), ranks = ring.ranks();
+  // Two blocks: the one being computed (and sent on), the one arriving.
+  std::vector<float> current(static_cast<size_t>(ring.max_block_floats()));
+  std::vector<float> next(current.size());
+  copy_contiguous(key, current.data());
+  copy_contiguous(value, current.data() + ring.kv_outer() * key.dim(-2) * ring.head_size());
+  for (int step = 0; step < ranks; ++step) {
+    const int owner = (rank - step + ranks) % ranks;
+    std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const bool more = step + 1 < ranks;
+    if (more) {
+      const int incoming = (owner - 1 + ranks) % ranks;
+      MPI_Irecv(next.data(), static_cast<int>(ring.block_floats(incoming)), MPI_FLOAT,
+                ring_comm.left(), kKeyValueTag, ring_comm.get(), &requests[0]);
+      MPI_Isend(current.data(), static_cast<int>(ring.block_floats(owner)), MPI_FLOAT,
+                ring_comm.right(), kKeyValueTag, ring_comm.get(), &requests[1]);
+      // A first poll at once: a large message's rendezvous starts only inside an MPI call.
+      progress(requests);
+    }
+    const ConstStridedView keys = ring.block_keys(current.data(), owner);
+    const ConstStridedView values = ring.block_values(current.data(), owner);
+    for (const Pair& pair : ring.pairs(owner)) {
+      if (!ring.visible(pair)) {
+        ++statistics.pairs_skipped;
+        continue;
+      }
+      const auto start = Clock::now();
+      compute(pair, keys, values);
+      ++statistics.pairs_computed;
+      statistics.compute_seconds += seconds_since(start);
+      if (more) progress(requests);
+    }
+    if (more) {
+      wait(requests, statistics);
+      std::swap(current, next);
+    }
+  }
+}
+
+// Whether some rank's forward log-sum-exp is finite and beyond 256 in magnitude: there its float
+// rounding moves P by more than 1.5e−5, as the functional backward's own test (row_totals.hpp)
+// says, and the backward takes base-2 log-sum-exps recomputed from its own scores instead.
+bool some_log_sum_exp_loses_precision(const Communicator& ring_comm,
+                                      std::span<const float> log_sum_exp) {
+  const int local = std::any_of(log_sum_exp.begin(), log_sum_exp.end(), [](float value) {
+    return std::isfinite(value) && std::fabs(value) > 256.0F;
+  });
+  int any = 0;
+  MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_LOR, ring_comm.get());
+  return any != 0;
+}
+
 }  // namespace
 
 RingStatistics last_ring_statistics() {
@@ -587,7 +669,6 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
                                             const AttentionOptions& options, Sharding sharding) {
   const Communicator ring_comm(comm);
   const Ring ring = prepare_ring(ring_comm, query, key, value, options, sharding);
-  const int rank = ring.rank(), ranks = ring.ranks();
   const int64_t rows = ring.query_length_local(), outer = ring.query_outer();
   const int64_t cols = ring.value_size();
 
@@ -596,54 +677,22 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
   result.log_sum_exp.assign(static_cast<size_t>(outer * rows), kNegativeInfinity);
   RingStatistics statistics;
   try {
-    // Two blocks: the one being computed (and sent on), the one arriving.
-    std::vector<float> current(static_cast<size_t>(ring.max_block_floats()));
-    std::vector<float> next(current.size());
-    copy_contiguous(key, current.data());
-    copy_contiguous(value, current.data() + ring.kv_outer() * key.dim(-2) * ring.head_size());
     std::vector<float> part_output, part_log_sum_exp;
-    for (int step = 0; step < ranks; ++step) {
-      const int owner = (rank - step + ranks) % ranks;
-      std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-      const bool more = step + 1 < ranks;
-      if (more) {
-        // The next block comes from the left while this one goes right, both while computing.
-        const int incoming = (owner - 1 + ranks) % ranks;
-        MPI_Irecv(next.data(), static_cast<int>(ring.block_floats(incoming)), MPI_FLOAT,
-                  ring_comm.left(), kKeyValueTag, ring_comm.get(), &requests[0]);
-        MPI_Isend(current.data(), static_cast<int>(ring.block_floats(owner)), MPI_FLOAT,
-                  ring_comm.right(), kKeyValueTag, ring_comm.get(), &requests[1]);
-        // A first poll at once: a large message's rendezvous starts only inside an MPI call.
-        progress(requests);
-      }
-      const ConstStridedView keys = ring.block_keys(current.data(), owner);
-      const ConstStridedView values = ring.block_values(current.data(), owner);
-      for (const Pair& pair : ring.pairs(owner)) {
-        if (!ring.visible(pair)) {
-          ++statistics.pairs_skipped;
-          continue;
-        }
-        const auto start = Clock::now();
-        const int64_t q_rows = pair.query.length;
-        part_output.resize(static_cast<size_t>(outer * q_rows * cols));
-        part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
-        const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
-        scaled_dot_product_attention(
-            q, rows_of(keys, pair.key_offset, pair.key.length),
-            rows_of(values, pair.key_offset, pair.key.length), ring.pair_options(pair),
-            MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)),
-            part_log_sum_exp);
-        merge_partial(result.output.data(), result.log_sum_exp.data(), rows, pair.query_offset,
-                      part_output.data(), part_log_sum_exp.data(), outer, q_rows, cols);
-        ++statistics.pairs_computed;
-        statistics.compute_seconds += seconds_since(start);
-        if (more) progress(requests);
-      }
-      if (more) {
-        wait(requests, statistics);
-        std::swap(current, next);
-      }
-    }
+    visit_every_block(
+        ring_comm, ring, key, value, statistics,
+        [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
+          const int64_t q_rows = pair.query.length;
+          part_output.resize(static_cast<size_t>(outer * q_rows * cols));
+          part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
+          const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
+          scaled_dot_product_attention(
+              q, rows_of(keys, pair.key_offset, pair.key.length),
+              rows_of(values, pair.key_offset, pair.key.length), ring.pair_options(pair),
+              MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)),
+              part_log_sum_exp);
+          merge_partial(result.output.data(), result.log_sum_exp.data(), rows, pair.query_offset,
+                        part_output.data(), part_log_sum_exp.data(), outer, q_rows, cols);
+        });
   } catch (const std::exception& error) {
     abort_all_ranks(ring_comm.get(), std::string("ring attention forward: ") + error.what());
   }
@@ -666,7 +715,44 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
   RingAttentionBackward result;
   result.query = Tensor(query.shape());
   RingStatistics statistics;
+  // At scores beyond about ±1e4 the forward's float log-sum-exp sits a few of its ulps away from
+  // the scores the backward computes, which moves P by 2^δ: a first round of the ring then takes
+  // each row's log-sum-exp in base 2 from the very scores the backward computes, and the row's
+  // total at it, which divides the row of grad_output (as the one-process backward does).
+  const bool base_two = some_log_sum_exp_loses_precision(ring_comm, log_sum_exp);
+  std::vector<float> base_two_log_sum_exp;
+  Tensor grad_output_over_totals;
   try {
+    if (base_two) {
+      base_two_log_sum_exp.assign(static_cast<size_t>(outer * rows), kNegativeInfinity);
+      std::vector<double> totals(base_two_log_sum_exp.size(), 0.0);
+      std::vector<float> part_log_sum_exp, part_totals;
+      visit_every_block(ring_comm, ring, key, value, statistics,
+                        [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
+                          const int64_t q_rows = pair.query.length;
+                          part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
+                          part_totals.resize(part_log_sum_exp.size());
+                          scaled_dot_product_attention_log_sum_exp_base_two(
+                              rows_of(query, pair.query_offset, q_rows),
+                              rows_of(keys, pair.key_offset, pair.key.length),
+                              rows_of(values, pair.key_offset, pair.key.length),
+                              ring.pair_options(pair), part_log_sum_exp, part_totals);
+                          merge_base_two(base_two_log_sum_exp.data(), totals.data(), rows,
+                                         pair.query_offset, part_log_sum_exp.data(),
+                                         part_totals.data(), outer, q_rows);
+                        });
+      grad_output_over_totals = Tensor(grad_output.shape());
+      copy_contiguous(grad_output, grad_output_over_totals.data());
+      for (int64_t row = 0; row < outer * rows; ++row) {
+        const double total = totals[static_cast<size_t>(row)];
+        if (!(total > 0.0) || total == 1.0) continue;  // a row that sees nothing, or exact
+        float* values = grad_output_over_totals.data() + row * cols;
+        for (int64_t c = 0; c < cols; ++c)
+          values[c] = static_cast<float>(static_cast<double>(values[c]) / total);
+      }
+      grad_output = grad_output_over_totals;
+      log_sum_exp = base_two_log_sum_exp;
+    }
     std::vector<float> current(static_cast<size_t>(ring.max_block_floats()));
     std::vector<float> next(current.size());
     copy_contiguous(key, current.data());
@@ -676,7 +762,8 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
     std::vector<float> contribution(current.size()), incoming(current.size()),
         outgoing(current.size());
     MPI_Request outgoing_request = MPI_REQUEST_NULL;
-    // The forward pass's log-sum-exp of each query chunk, contiguous as the API takes it.
+    // The forward pass's log-sum-exp (or the base-2 one) of each query chunk, contiguous as the
+    // API takes it.
     std::vector<std::vector<float>> chunk_log_sum_exp;
     for (const Pair& pair : ring.pairs(rank)) {
       if (pair.query_index < chunk_log_sum_exp.size()) continue;  // one per query chunk
@@ -724,10 +811,12 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
         // FlashAttention-2's backward decomposes over key blocks given the whole sequence's
         // output and log-sum-exp: this pair's exact share of dQ, and its queries' exact share of
         // this block's dK and dV.
-        scaled_dot_product_attention_backward(
-            q, k, v, rows_of(output, pair.query_offset, q_rows),
-            rows_of(grad_output, pair.query_offset, q_rows), chunk_log_sum_exp[pair.query_index],
-            ring.pair_options(pair), grad_query, grad_key, grad_value);
+        AttentionOptions pair_options = ring.pair_options(pair);
+        pair_options.log_sum_exp_recomputed_base_two = base_two;
+        scaled_dot_product_attention_backward(q, k, v, rows_of(output, pair.query_offset, q_rows),
+                                              rows_of(grad_output, pair.query_offset, q_rows),
+                                              chunk_log_sum_exp[pair.query_index], pair_options,
+                                              grad_query, grad_key, grad_value);
         add_rows(result.query.data(), rows, pair.query_offset, grad_query.data(), outer, q_rows,
                  head);
         add_rows(contribution.data(), block_rows, pair.key_offset, grad_key.data(), kv_outer,

@@ -150,6 +150,11 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
+  if (options.log_sum_exp_recomputed_base_two) {
+    throw ValueError(
+        "options.log_sum_exp_recomputed_base_two: expected false in a half-precision backward "
+        "pass (a base-2 log-sum-exp is the float pass's), got true");
+  }
   // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9, row_totals.hpp) take the
   // widened route below, whose float pass recomputes their log-sum-exp from its own scores.
   const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);

@@ -16,7 +16,7 @@ constexpr double kStray = 1e-6;
 
 bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp,
                                  const AttentionOptions& options) {
-  return !options.log_sum_exp_spans_more_keys &&
+  return !options.log_sum_exp_spans_more_keys && !options.log_sum_exp_recomputed_base_two &&
          std::any_of(log_sum_exp.begin(), log_sum_exp.end(), [](float value) {
            return std::isfinite(value) && std::fabs(value) > kPreciseLogSumExp;
          });

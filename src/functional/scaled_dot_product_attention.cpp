@@ -100,6 +100,21 @@ std::vector<float> recomputed_log_sum_exp(const PreparedAttention& prepared, siz
 
 }  // namespace
 
+void scaled_dot_product_attention_log_sum_exp_base_two(ConstStridedView query, ConstStridedView key,
+                                                       ConstStridedView value,
+                                                       const AttentionOptions& options,
+                                                       std::span<float> log_sum_exp_base_two,
+                                                       std::span<float> totals) {
+  const PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
+  prepared.require_log_sum_exp(log_sum_exp_base_two, false);
+  prepared.require_log_sum_exp(totals, false);
+  for (size_t s = 0; s < prepared.slices(); ++s) {
+    flash_attention_recomputed_log_sum_exp(
+        prepared.query(s), prepared.key(s), prepared.valid_lens(), prepared.kernel_options(s),
+        prepared.slice_log_sum_exp(log_sum_exp_base_two, s), prepared.slice_log_sum_exp(totals, s));
+  }
+}
+
 void scaled_dot_product_attention_backward(
     ConstStridedView query, ConstStridedView key, ConstStridedView value, ConstStridedView output,
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
@@ -110,10 +125,12 @@ void scaled_dot_product_attention_backward(
   // overflows or vanishes at large magnitudes. Such calls take a pass of scores first, for a
   // log-sum-exp from the very scores the backward computes (|lse| > 256 needs scores beyond ±240).
   const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
+  // A caller's base-2 log-sum-exp (a ring's block pairs at large scores) takes the same kernel.
+  const bool base_two = imprecise_rows || options.log_sum_exp_recomputed_base_two;
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
-  if (!imprecise_rows && functional_detail::backward_without_scans(
-                             query, key, value, output, grad_output, log_sum_exp, options,
-                             grad_query, grad_key, grad_value, grad_mask, grad_sinks)) {
+  if (!base_two && functional_detail::backward_without_scans(
+                       query, key, value, output, grad_output, log_sum_exp, options, grad_query,
+                       grad_key, grad_value, grad_mask, grad_sinks)) {
     return;
   }
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
@@ -168,7 +185,7 @@ void scaled_dot_product_attention_backward(
         grad_v.slice(grad_value.data(), s),
         mask_gradient ? prepared.mask_gradient(grad_mask.data(), s) : ScoreMaskGradient{},
         sinks_gradient ? grad_sinks.data() : nullptr, nullptr,
-        imprecise_rows ? LogSumExpKind::kRecomputedBaseTwo : LogSumExpKind::kForward);
+        base_two ? LogSumExpKind::kRecomputedBaseTwo : LogSumExpKind::kForward);
   }
   const int both = shifts.grad_output + shifts.value;
   if (both == 0) return;

@@ -114,6 +114,9 @@ struct RingCase {
   Sharding sharding = Sharding::kZigZag;
   // Rank 4 only: the shards handed over as heads inside (B, L_r, H·E) arrays, through strides.
   bool split_heads = false;
+  // false: scores so large (|lse| > 256) that dQ and dK, whose exact values there are nearly 0,
+  // are float noise of order ulp(S) in any order of summation; they are required finite only.
+  bool compare_score_gradients = true;
   uint64_t seed = 1;
 };
 
@@ -229,11 +232,17 @@ void run_case(const RingCase& c) {
   const RingAttentionBackward grads =
       ring_attention_backward(MPI_COMM_WORLD, q_view, k_view, v_view, forward.output, g,
                               forward.log_sum_exp, ring_options, c.sharding);
-  EXPECT_TRUE(close(values_of(grads.query),
-                    values_of(shard_of(whole_grads.query, query_shards.chunks(rank))),
-                    "grad query"));
-  EXPECT_TRUE(close(values_of(grads.key),
-                    values_of(shard_of(whole_grads.key, key_shards.chunks(rank))), "grad key"));
+  if (c.compare_score_gradients) {
+    EXPECT_TRUE(close(values_of(grads.query),
+                      values_of(shard_of(whole_grads.query, query_shards.chunks(rank))),
+                      "grad query"));
+    EXPECT_TRUE(close(values_of(grads.key),
+                      values_of(shard_of(whole_grads.key, key_shards.chunks(rank))), "grad key"));
+  } else {
+    for (const Tensor* gradient : {&grads.query, &grads.key}) {
+      for (const float x : gradient->span()) ASSERT_TRUE(std::isfinite(x));
+    }
+  }
   EXPECT_TRUE(close(values_of(grads.value),
                     values_of(shard_of(whole_grads.value, key_shards.chunks(rank))), "grad value"));
 }
@@ -315,6 +324,25 @@ TEST(RingAttention, ScaleSoftcapAlibi) {
     c.softcap = 5.0F;
     c.alibi = true;
   }));
+}
+
+// Scores of order 1e5: the forward's float log-sum-exp is some ulps of 0.01 off the scores the
+// backward computes, which moved every P of a row by 2^δ (dV 0.6% off at scale 1e4, half off at
+// 1e10); the backward's base-2 round makes dV the one-process backward's, exact at any magnitude.
+TEST(RingAttention, ScoresOfLargeMagnitudeGiveTheOneProcessGradients) {
+  for (const float scale : {1e4F, 1e10F}) {
+    run_case(ring_case([&](RingCase& c) {
+      c.scale = scale;
+      c.compare_score_gradients = false;
+    }));
+    run_case(ring_case([&](RingCase& c) {
+      c.scale = scale;
+      c.causal = true;
+      c.kv_heads = 2;
+      c.lengths = Lengths::kPerBatch;
+      c.compare_score_gradients = false;
+    }));
+  }
 }
 
 TEST(RingAttention, ValueSizeDiffersFromHeadSize) {

@@ -770,6 +770,15 @@ TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrong) {
                                               StridedView<uint16_t>(gk.data(), Shape{2, 2, 5, 8}),
                                               StridedView<uint16_t>(gv.data(), Shape{2, 2, 5, 6})),
         ValueError, "finite values, got NaN at flat index 4");
+    out[4] = 0;
+    AttentionOptions base_two;
+    base_two.log_sum_exp_recomputed_base_two = true;
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention_backward(type, q.view(), k.view(), v.view(), output, output,
+                                              lse, base_two),
+        ValueError,
+        "options.log_sum_exp_recomputed_base_two: expected false in a half-precision backward "
+        "pass (a base-2 log-sum-exp is the float pass's), got true");
   }
 }
 

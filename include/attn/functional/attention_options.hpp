@@ -134,6 +134,13 @@ struct AttentionOptions {
   // rounding moved it, the backward recounts the row's weights to cancel that (over this call's
   // keys only, which would be wrong for a block).
   bool log_sum_exp_spans_more_keys = false;
+  // For the float backward pass: the log_sum_exp given is in base 2, from
+  // scaled_dot_product_attention_log_sum_exp_base_two (merged over a row's key blocks by the
+  // caller), and the caller has divided each row of grad_output by that row's total. The backward
+  // then takes P = 2^(S·log2 e − lse) with its scores computed bit for bit as that function's, so
+  // that P stays exact where |lse| passes 256 and the forward's float log-sum-exp would not be
+  // (ring attention's block pairs at large scores). Taken as given, as log_sum_exp_spans_more_keys.
+  bool log_sum_exp_recomputed_base_two = false;
 };
 
 }  // namespace attn

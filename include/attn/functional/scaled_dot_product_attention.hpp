@@ -97,6 +97,19 @@ void scaled_dot_product_attention_backward(
     MutableStridedView grad_value, MutableStridedView grad_mask = {},
     std::span<float> grad_sinks = {});
 
+// For callers that split each row's keys into blocks (ring attention) and meet scores too large
+// for the forward's float log-sum-exp (|lse| > 256): each query row's log-sum-exp in base 2 over
+// this call's keys, log2 Σ_j 2^(S_ij·log2 e) (sinks joining as in the forward; −∞ for a row that
+// sees no key), from scores computed bit for bit as the backward pass computes them under
+// options.log_sum_exp_recomputed_base_two, and the row's total Σ_j 2^(S_ij·log2 e − lse) at the
+// float lse written (between 1 and the row's key count; 0 for a row that sees no key). Both spans
+// hold log_sum_exp_size(query) floats, in the forward's order.
+void scaled_dot_product_attention_log_sum_exp_base_two(ConstStridedView query, ConstStridedView key,
+                                                       ConstStridedView value,
+                                                       const AttentionOptions& options,
+                                                       std::span<float> log_sum_exp_base_two,
+                                                       std::span<float> totals);
+
 // Half precision, as PyTorch's fp16 and bf16 attention: query, key, value (and output, grad_output
 // and the gradients of query, key and value) hold `type`'s bits; everything else (masks, slopes,
 // sinks, log_sum_exp, the mask's and the sinks' gradients) stays float. Shapes, options, checks
