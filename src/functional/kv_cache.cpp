@@ -15,6 +15,7 @@
 #include "attn/kernels/half_conversion.hpp"
 #include "attn/kernels/int8_quantization.hpp"
 #include "functional/attention_layout.hpp"
+#include "functional/memory_overlap.hpp"
 
 namespace attn {
 
@@ -229,6 +230,17 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
       appended[static_cast<size_t>(b)] = count;
     }
   }
+  // Rows of this cache's own storage (a prefix copied for another beam) are read from copies: the
+  // storage may move as it grows, and the rows are stored into it.
+  Tensor key_source, value_source;
+  const auto in_storage = [&](const ConstStridedView& view) {
+    return functional_detail::writes_over_reads(
+        {functional_detail::region_of(keys_.data(), keys_.size()),
+         functional_detail::region_of(values_.data(), values_.size())},
+        {functional_detail::region_of(view)});
+  };
+  if (in_storage(keys)) keys = key_source = functional_detail::contiguous_copy(keys);
+  if (in_storage(values)) values = value_source = functional_detail::contiguous_copy(values);
   // The room first: tokens no memory holds (an expanded view of 2⁴⁰ rows, stride 0) fail here at
   // once, not after a scan of every entry. The storage may grow; what it holds does not change.
   int64_t needed = 0;

@@ -17,6 +17,7 @@
 #include "functional/attention_layout.hpp"
 #include "functional/decode_route.hpp"
 #include "functional/finite_range.hpp"
+#include "functional/memory_overlap.hpp"
 #include "functional/prefill_without_scans.hpp"
 #include "functional/prepared_attention.hpp"
 #include "functional/row_totals.hpp"
@@ -37,6 +38,16 @@ int64_t log_sum_exp_size(const Shape& query) {
 void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
                                   ConstStridedView value, const AttentionOptions& options,
                                   MutableStridedView output, std::span<float> log_sum_exp) {
+  if (functional_detail::forward_writes_over_inputs<float>(output, log_sum_exp, query, key, value,
+                                                           options)) {
+    Tensor apart;
+    apart.assign_uninitialized(output.shape());
+    std::vector<float> apart_log_sum_exp(log_sum_exp.size());
+    scaled_dot_product_attention(query, key, value, options, apart, apart_log_sum_exp);
+    functional_detail::store_into(apart.data(), output);
+    std::copy(apart_log_sum_exp.begin(), apart_log_sum_exp.end(), log_sum_exp.begin());
+    return;
+  }
   // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp); the
   // prefill path below when it declines or finds something non-finite.
   if (functional_detail::decode_without_scans(query, key, value, options, output, log_sum_exp))
@@ -120,6 +131,24 @@ void scaled_dot_product_attention_backward(
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
     MutableStridedView grad_value, MutableStridedView grad_mask, std::span<float> grad_sinks) {
+  if (functional_detail::backward_writes_over_inputs<float>(
+          grad_query, grad_key, grad_value, grad_mask, grad_sinks, query, key, value, output,
+          grad_output, log_sum_exp, options)) {
+    // Gradients over an input (written in place of the queries): computed apart, then stored.
+    Tensor apart[3];
+    const MutableStridedView gradients[] = {grad_query, grad_key, grad_value};
+    for (int g = 0; g < 3; ++g) apart[g].assign_uninitialized(gradients[g].shape());
+    Tensor apart_mask(grad_mask.data() != nullptr ? grad_mask.shape() : Shape{0});
+    std::vector<float> apart_sinks(grad_sinks.size());
+    scaled_dot_product_attention_backward(
+        query, key, value, output, grad_output, log_sum_exp, options, apart[0], apart[1], apart[2],
+        grad_mask.data() != nullptr ? MutableStridedView(apart_mask) : MutableStridedView(),
+        apart_sinks);
+    for (int g = 0; g < 3; ++g) functional_detail::store_into(apart[g].data(), gradients[g]);
+    if (grad_mask.data() != nullptr) functional_detail::store_into(apart_mask.data(), grad_mask);
+    std::copy(apart_sinks.begin(), apart_sinks.end(), grad_sinks.begin());
+    return;
+  }
   // A row masked to −1e9, or of scores beyond ±1e4, loses log(sum) from its float log-sum-exp:
   // recomputed from the forward's, its P would be off by 2^δ, δ a few of its ulps, which
   // overflows or vanishes at large magnitudes. Such calls take a pass of scores first, for a

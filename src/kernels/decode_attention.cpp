@@ -2114,9 +2114,11 @@ namespace {
 void require_cache_tensor(const CacheTensorView& t, std::string_view name, const ConstHeadsView& q,
                           int64_t cols) {
   const int64_t stored = cache_dtype_size(t.dtype);
-  if (t.data == nullptr || t.batch != q.batch || t.heads <= 0 || q.heads % t.heads != 0 ||
-      t.cols != cols || t.capacity < 0 || (t.dtype == CacheDType::kInt8 && t.scales == nullptr) ||
-      stored <= 0) {
+  // A cache of capacity 0 (nothing appended yet) has no storage: null data, nothing to read.
+  const bool storage = t.capacity > 0;
+  if ((storage && t.data == nullptr) || t.batch != q.batch || t.heads <= 0 ||
+      q.heads % t.heads != 0 || t.cols != cols || t.capacity < 0 ||
+      (storage && t.dtype == CacheDType::kInt8 && t.scales == nullptr) || stored <= 0) {
     throw ShapeError(std::string(name) + ": expected a cache of " + std::to_string(q.batch) +
                      " sequences, a number of heads dividing the queries' " +
                      std::to_string(q.heads) + ", rows of " + std::to_string(cols) + ", got " +

@@ -109,6 +109,48 @@ TEST(KVCache, StoresStridedRowsAsTheirContiguousCopies) {
   }
 }
 
+// A cache of capacity 0 has no storage until its first append: attention against it is every
+// row's zero output, as against a cache with room and nothing in it (it threw a ShapeError whose
+// "got" was its "expected"), in every dtype, on the decode kernel and the prefill path.
+TEST(KVCacheAttention, ACacheOfCapacityZeroGivesZeroOutputs) {
+  Rng rng(31);
+  for (const CacheDType dtype : kDTypes) {
+    for (const int64_t n : {1, 40}) {
+      KVCache cache(2, 2, 8, 0, dtype);
+      const Tensor q = random_tensor(Shape{2, 2, n, 8}, rng);
+      const AttentionForward forward = scaled_dot_product_attention(q, cache);
+      for (const float x : forward.output.span()) ASSERT_EQ(x, 0.0F) << static_cast<int>(dtype);
+      std::vector<uint16_t> half_query(static_cast<size_t>(q.numel()), 0x3C00);
+      const HalfAttentionForward half = scaled_dot_product_attention(
+          HalfType::kFloat16, StridedView<const uint16_t>(half_query.data(), q.shape()), cache);
+      for (const uint16_t bits : half.output.bits) ASSERT_EQ(bits, 0U);
+    }
+  }
+}
+
+// Rows of the cache's own storage appended again (a prefix copied for another beam) while the
+// append grows the storage: read before the old storage goes (they were read after it was freed).
+TEST(KVCache, AppendsRowsOfItsOwnStorage) {
+  Rng rng(32);
+  const int64_t d = 8, tokens = 4;
+  const Tensor k = random_tensor(Shape{1, 1, tokens, d}, rng),
+               v = random_tensor(Shape{1, 1, tokens, d}, rng);
+  KVCache cache(1, 1, d, tokens);
+  cache.append(k, v);
+  const CacheTensorView keys = cache.keys_view(), values = cache.values_view();
+  const ConstStridedView own_keys(static_cast<const float*>(keys.data), k.shape()),
+      own_values(static_cast<const float*>(values.data), v.shape());
+  cache.append(own_keys, own_values);  // grows from 4 to 8 tokens
+  ASSERT_EQ(cache.lengths()[0], 2 * tokens);
+  const Tensor stored_keys = cache.keys(), stored_values = cache.values();
+  for (int64_t t = 0; t < 2 * tokens; ++t) {
+    for (int64_t c = 0; c < d; ++c) {
+      ASSERT_EQ(stored_keys(0, 0, t, c), k(0, 0, t % tokens, c)) << t;
+      ASSERT_EQ(stored_values(0, 0, t, c), v(0, 0, t % tokens, c)) << t;
+    }
+  }
+}
+
 // Attention through the cache: n new queries at the end of sequences of different lengths.
 void check_attention(CacheDType dtype, int64_t n, int64_t q_heads, int64_t kv_heads, bool causal,
                      std::optional<SlidingWindow> window, bool sinks, uint64_t seed,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/core/half.hpp"
 #include "attn/kernels/decode_attention.hpp"
 #include "every_simd_target.hpp"
 #include "sdpa_test_case.hpp"
@@ -1311,6 +1312,61 @@ TEST(FunctionalSdpaLayout, StridedViewsGiveTheContiguousResult) {
   EXPECT_TRUE(close_to(
       scaled_dot_product_attention(q_strided, k, v, options).output,
       testing::to_doubles(scaled_dot_product_attention(q_copy, k, v, options).output), 0.0));
+}
+
+// Outputs written over inputs, as an engine saving memory does (the output in place of the
+// values or the queries; gradients in place of the queries, keys or grad_output): the result of
+// separate outputs. Over the values, the kernels read V rows a later tile had overwritten
+// (0.5–0.67 off at L = 128).
+TEST(FunctionalSdpaLayout, OutputsOverInputsGiveTheSeparateResult) {
+  Rng rng(21);
+  const int64_t B = 2, H = 2, L = 128, E = 16;
+  const Shape shape{B, H, L, E};
+  const Tensor q = testing::random_tensor(shape, rng), k = testing::random_tensor(shape, rng),
+               v = testing::random_tensor(shape, rng), g = testing::random_tensor(shape, rng);
+  for (const bool causal : {false, true}) {
+    AttentionOptions options;
+    options.causal = causal;
+    const AttentionForward separate = scaled_dot_product_attention(q, k, v, options);
+    const AttentionBackward grads = scaled_dot_product_attention_backward(
+        q, k, v, separate.output, g, separate.log_sum_exp, options);
+    for (const int over : {0, 1, 2}) {  // the output over the queries, keys or values
+      Tensor inputs[3] = {q, k, v};
+      std::vector<float> log_sum_exp(separate.log_sum_exp.size());
+      scaled_dot_product_attention(inputs[0], inputs[1], inputs[2], options, inputs[over],
+                                   log_sum_exp);
+      EXPECT_EQ(inputs[over].values(), separate.output.values()) << over << " causal " << causal;
+      EXPECT_EQ(log_sum_exp, separate.log_sum_exp);
+    }
+    // Each gradient over its own input, and dV over grad_output.
+    Tensor gq = q, gk = k, gv = v, go = g;
+    scaled_dot_product_attention_backward(gq, gk, v, separate.output, go, separate.log_sum_exp,
+                                          options, gq, gk, go);
+    EXPECT_EQ(gq.values(), grads.query.values()) << causal;
+    EXPECT_EQ(gk.values(), grads.key.values()) << causal;
+    EXPECT_EQ(go.values(), grads.value.values()) << causal;
+    // Half precision: the output over the values' bits.
+    for (const HalfType type : {HalfType::kFloat16, HalfType::kBFloat16}) {
+      const auto bits_of = [&](const Tensor& x) {
+        std::vector<uint16_t> bits;
+        for (const float value : x.span()) bits.push_back(float_to_half_bits(type, value));
+        return bits;
+      };
+      const std::vector<uint16_t> hq = bits_of(q), hk = bits_of(k);
+      std::vector<uint16_t> hv = bits_of(v);
+      const HalfAttentionForward half =
+          scaled_dot_product_attention(type, StridedView<const uint16_t>(hq.data(), shape),
+                                       StridedView<const uint16_t>(hk.data(), shape),
+                                       StridedView<const uint16_t>(hv.data(), shape), options);
+      std::vector<float> log_sum_exp(half.log_sum_exp.size());
+      scaled_dot_product_attention(type, StridedView<const uint16_t>(hq.data(), shape),
+                                   StridedView<const uint16_t>(hk.data(), shape),
+                                   StridedView<const uint16_t>(hv.data(), shape), options,
+                                   StridedView<uint16_t>(hv.data(), shape), log_sum_exp);
+      EXPECT_EQ(hv, std::vector<uint16_t>(half.output.bits.begin(), half.output.bits.end()))
+          << causal;
+    }
+  }
 }
 
 // A non-finite element of a strided view is named by its flat index in the view's own C order,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -79,6 +80,22 @@ class StridedView {
   // Row-major without gaps: what a Tensor of this shape would hold (a view without elements always
   // is: any strides describe it).
   bool is_contiguous() const { return shape_.numel() == 0 || *this == StridedView(data_, shape_); }
+
+  // Elements from data() up to the farthest one the view reaches, inclusive: (Σ (dim − 1)·stride)
+  // + 1, 0 for a view without elements, INT64_MAX where that overflows (no memory holds such a
+  // view). Two views whose spans share no byte read and write separate memory.
+  int64_t span_elements() const {
+    if (numel() == 0) return 0;
+    int64_t last = 0;
+    for (int axis = 0; axis < rank(); ++axis) {
+      int64_t reach = 0;
+      if (__builtin_mul_overflow(shape_[axis] - 1, stride(axis), &reach) ||
+          __builtin_add_overflow(last, reach, &last) || last == INT64_MAX) {
+        return INT64_MAX;
+      }
+    }
+    return last + 1;
+  }
 
   bool operator==(const StridedView& other) const {
     if (data_ != other.data_ || shape_ != other.shape_) return false;

@@ -1,0 +1,97 @@
+// Whether a call's outputs may share memory with its inputs (an output view over the values, a
+// cache appending rows of its own storage), and the copies that keep such calls exact.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+
+#include "attn/core/strided_view.hpp"
+#include "attn/functional/attention_options.hpp"
+
+namespace attn::functional_detail {
+
+// The bytes from a view's first element to its farthest one (span_elements), or a plain array's.
+struct MemoryRegion {
+  const void* begin = nullptr;
+  uint64_t bytes = 0;  // UINT64_MAX where the span overflows
+};
+template <class T>
+MemoryRegion region_of(const StridedView<T>& view) {
+  const int64_t elements = view.span_elements();
+  const uint64_t bytes = static_cast<uint64_t>(elements) > UINT64_MAX / sizeof(T)
+                             ? UINT64_MAX
+                             : static_cast<uint64_t>(elements) * sizeof(T);
+  return {view.data(), bytes};
+}
+template <class T>
+MemoryRegion region_of(const T* data, size_t count) {
+  return {data, static_cast<uint64_t>(count) * sizeof(T)};
+}
+
+// Whether two regions share a byte (never when either is empty); compared as addresses and
+// distances, so that no region's end can wrap.
+bool regions_overlap(MemoryRegion a, MemoryRegion b);
+
+// Whether some region of `written` overlaps some region of `read`.
+bool writes_over_reads(std::initializer_list<MemoryRegion> written,
+                       std::initializer_list<MemoryRegion> read);
+
+// The regions an attention call reads through its options: the mask, ALiBi slopes and sinks.
+struct OptionRegions {
+  MemoryRegion mask, slopes, sinks;
+};
+OptionRegions option_regions(const AttentionOptions& options);
+
+// Whether a forward pass's output or log-sum-exp may share memory with what it reads (query, key,
+// value, the mask, ALiBi slopes, sinks): written over the values, or over key rows a later tile
+// still reads, the kernels would read what they wrote. Such calls compute apart, then store.
+template <class T>
+bool forward_writes_over_inputs(const StridedView<T>& output, std::span<const float> log_sum_exp,
+                                const StridedView<const T>& query, const StridedView<const T>& key,
+                                const StridedView<const T>& value,
+                                const AttentionOptions& options) {
+  const OptionRegions regions = option_regions(options);
+  return writes_over_reads({region_of(output), region_of(log_sum_exp.data(), log_sum_exp.size())},
+                           {region_of(query), region_of(key), region_of(value), regions.mask,
+                            regions.slopes, regions.sinks});
+}
+
+// The same for a backward pass: its gradients against its inputs, output, grad_output and
+// log-sum-exp.
+template <class T>
+bool backward_writes_over_inputs(
+    const StridedView<T>& grad_query, const StridedView<T>& grad_key,
+    const StridedView<T>& grad_value, const MutableStridedView& grad_mask,
+    std::span<const float> grad_sinks, const StridedView<const T>& query,
+    const StridedView<const T>& key, const StridedView<const T>& value,
+    const StridedView<const T>& output, const StridedView<const T>& grad_output,
+    std::span<const float> log_sum_exp, const AttentionOptions& options) {
+  const OptionRegions regions = option_regions(options);
+  return writes_over_reads(
+      {region_of(grad_query), region_of(grad_key), region_of(grad_value), region_of(grad_mask),
+       region_of(grad_sinks.data(), grad_sinks.size())},
+      {region_of(query), region_of(key), region_of(value), region_of(output),
+       region_of(grad_output), region_of(log_sum_exp.data(), log_sum_exp.size()), regions.mask,
+       regions.slopes, regions.sinks});
+}
+
+// Stores a contiguous array of to's shape into `to`, element by element.
+template <class T>
+void store_into(const T* from, const StridedView<T>& to) {
+  const int rank = to.rank();
+  const int64_t count = to.numel();
+  int64_t index[Shape::kMaxRank] = {};
+  for (int64_t flat = 0; flat < count; ++flat) {
+    int64_t offset = 0;
+    for (int axis = 0; axis < rank; ++axis) offset += index[axis] * to.stride(axis);
+    to.data()[offset] = from[flat];
+    for (int axis = rank - 1; axis >= 0; --axis) {
+      if (++index[axis] < to.dim(axis)) break;
+      index[axis] = 0;
+    }
+  }
+}
+
+}  // namespace attn::functional_detail
