@@ -142,7 +142,7 @@ class CallOptions {
     }
     if (!(dropout_p >= 0.0F && dropout_p <= 1.0F)) {
       throw nb::value_error(
-          (dropout_name + ": expected a probability in [0, 1], got " + std::to_string(dropout_p))
+          (dropout_name + ": expected a probability in [0, 1], got " + number_text(dropout_p))
               .c_str());
     }
     // Dropout of every weight (p = 1), as PyTorch's (and nn.Dropout(1.0)): a zero output. attn's

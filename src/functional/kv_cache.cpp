@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <span>
 #include <string>
 
 #include "attn/core/error.hpp"
@@ -193,7 +194,7 @@ void KVCache::require_storable(std::string_view name, float largest) const {
   if (std::isfinite(back)) return;
   const char* dtype = type == HalfType::kFloat16 ? "float16" : "bfloat16";
   throw ValueError(std::string(name) + ": expected magnitudes a " + dtype + " cache holds, got " +
-                   std::to_string(largest) + ", which rounds to infinity; scale the " +
+                   number_text(largest) + ", which rounds to infinity; scale the " +
                    std::string(name) + " down or use a float32 cache");
 }
 
@@ -334,10 +335,10 @@ void check_cache_options(const AttentionOptions& options, int64_t query_heads) {
                      "masks and dropout are for the prefill call without a cache)");
   }
   if (options.scale && !std::isfinite(*options.scale))
-    throw ValueError("scale: expected a finite number, got " + std::to_string(*options.scale));
+    throw ValueError("scale: expected a finite number, got " + number_text(*options.scale));
   if (options.softcap && !(*options.softcap > 0.0F && std::isfinite(*options.softcap))) {
     throw ValueError("softcap: expected a positive finite number, got " +
-                     std::to_string(*options.softcap));
+                     number_text(*options.softcap));
   }
   if (options.window && (options.window->left < -1 || options.window->right < -1)) {
     throw ValueError("window: expected sizes ≥ 0 (−1 for unbounded), got (" +
@@ -426,7 +427,12 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
   if (group * n <= kMaxDecodeRows) {
     decode_attention_forward(q, cache.keys_view(), cache.values_view(), cache.lengths().data(),
                              decode_options(options, scale), out, result.log_sum_exp.data());
-    return result;
+    // The kernel's unnormalised sums reach a row's key count times max|v|: values near float's
+    // maximum overflow there (3e38 gave inf), where the prefill path below scales them first, and
+    // names scores that overflow instead of answering inf or NaN.
+    const std::span<const float> written = result.output.span();
+    if (std::all_of(written.begin(), written.end(), [](float x) { return std::isfinite(x); }))
+      return result;
   }
   // Prefill against the cache: each sequence on fp32 copies of its cached rows, its queries'
   // diagonal at lengths[b] − n + i.
@@ -482,7 +488,14 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
         decode_options(options, scale),
         output_heads(result.output.bits.data(), batch, heads, n, cache.value_dim()),
         result.log_sum_exp.data());
-    return result;
+    // As the float overload: a non-finite entry (a sum that overflowed, or a value past the
+    // type's range) takes the float call, which redoes overflowing sums on the prefill path.
+    const uint16_t exponent = type == HalfType::kFloat16 ? 0x7C00 : 0x7F80;
+    const auto& bits = result.output.bits;
+    if (std::none_of(bits.begin(), bits.end(),
+                     [&](uint16_t x) { return (x & exponent) == exponent; })) {
+      return result;
+    }
   }
   AttentionForward wide =
       scaled_dot_product_attention(functional_detail::widened_copy(type, query), cache, options);

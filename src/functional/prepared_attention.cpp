@@ -163,7 +163,7 @@ void PreparedAttention::check_options(Family family) const {
   const int64_t heads = query_layout_.heads;
   if (!(options_.dropout >= 0.0F && options_.dropout < 1.0F)) {
     throw ValueError("dropout: expected a probability in [0, 1), got " +
-                     std::to_string(options_.dropout));
+                     number_text(options_.dropout));
   }
   if (family == kAdditive) {
     const char* refused = options_.scale                   ? "scale"
@@ -179,7 +179,7 @@ void PreparedAttention::check_options(Family family) const {
     }
   }
   if (options_.scale && !std::isfinite(*options_.scale)) {
-    throw ValueError("scale: expected a finite number, got " + std::to_string(*options_.scale));
+    throw ValueError("scale: expected a finite number, got " + number_text(*options_.scale));
   }
   if (options_.window && (options_.window->left < -1 || options_.window->right < -1)) {
     throw ValueError("window: expected sizes ≥ 0 (−1 for unbounded), got (" +
@@ -188,7 +188,7 @@ void PreparedAttention::check_options(Family family) const {
   }
   if (options_.softcap && !(*options_.softcap > 0.0F && std::isfinite(*options_.softcap))) {
     throw ValueError("softcap: expected a positive finite number, got " +
-                     std::to_string(*options_.softcap));
+                     number_text(*options_.softcap));
   }
   functional_detail::require_per_head("alibi_slopes", options_.alibi_slopes, heads);
   functional_detail::require_per_head("sinks", options_.sinks, heads);
@@ -235,7 +235,7 @@ void PreparedAttention::check_magnitudes(Family family, float query_max, float k
   require_mask_values();
   if (family == kDotProduct && !scores_within_range(query_max, key_max)) {
     throw ValueError("query, key: scores could overflow float32 (|scale|·E·max|q|·max|k| = " +
-                     std::to_string(score_bound(query_max, key_max)) + "); scale the inputs down");
+                     number_text(score_bound(query_max, key_max)) + "); scale the inputs down");
   }
 }
 

@@ -46,14 +46,14 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
   }
   if (!(options.dropout >= 0.0F && options.dropout < 1.0F)) {
     throw ValueError("dropout: expected a probability in [0, 1) for the fused kernel, got " +
-                     std::to_string(options.dropout));
+                     number_text(options.dropout));
   }
   if (!std::isfinite(options.scale)) {
-    throw ValueError("scale: expected a finite number, got " + std::to_string(options.scale));
+    throw ValueError("scale: expected a finite number, got " + number_text(options.scale));
   }
   if (!(options.softcap >= 0.0F && std::isfinite(options.softcap))) {
     throw ValueError("softcap: expected a positive number (0 for none), got " +
-                     std::to_string(options.softcap));
+                     number_text(options.softcap));
   }
   if (options.window_left < -1 || options.window_right < -1) {
     throw ValueError("window: expected sizes ≥ 0 (−1 for unbounded), got (" +

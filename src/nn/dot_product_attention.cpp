@@ -13,7 +13,7 @@ namespace attn {
 DotProductAttention::DotProductAttention(float dropout, std::optional<float> scale, uint64_t seed)
     : AttentionLayer(dropout, seed), scale_(scale) {
   if (scale_ && !std::isfinite(*scale_)) {
-    throw ValueError("scale: expected a finite number, got " + std::to_string(*scale_));
+    throw ValueError("scale: expected a finite number, got " + number_text(*scale_));
   }
 }
 

@@ -10,7 +10,7 @@ namespace attn {
 
 Dropout::Dropout(float p, uint64_t seed) : p_(p), rng_(seed) {
   if (!(p >= 0.0F && p <= 1.0F)) {
-    throw ValueError("dropout: expected a probability in [0, 1], got " + std::to_string(p));
+    throw ValueError("dropout: expected a probability in [0, 1], got " + number_text(p));
   }
 }
 

@@ -128,6 +128,24 @@ TEST(KVCacheAttention, ACacheOfCapacityZeroGivesZeroOutputs) {
   }
 }
 
+// Values near float's maximum: the decode kernel's unnormalised sums overflowed (inf, no error);
+// such calls are redone on the prefill path, which scales the values first: equal scores give
+// the values' average, 3e38, float32 and bf16 queries alike.
+TEST(KVCacheAttention, ValuesNearFloatsMaximumGiveTheirAverage) {
+  KVCache cache(1, 2, 4, 8);
+  cache.append(Tensor(Shape{1, 2, 8, 4}), Tensor::full(Shape{1, 2, 8, 4}, 3e38F));
+  Rng rng(33);
+  const Tensor q = random_tensor(Shape{1, 2, 1, 4}, rng);
+  const AttentionForward forward = scaled_dot_product_attention(q, cache);
+  for (const float x : forward.output.span()) ASSERT_NEAR(x, 3e38F, 3e38F * 1e-6F);
+  std::vector<uint16_t> half_query;
+  for (const float x : q.span()) half_query.push_back(float_to_half_bits(HalfType::kBFloat16, x));
+  const HalfAttentionForward half = scaled_dot_product_attention(
+      HalfType::kBFloat16, StridedView<const uint16_t>(half_query.data(), q.shape()), cache);
+  for (const uint16_t bits : half.output.bits)
+    ASSERT_EQ(bits, float_to_half_bits(HalfType::kBFloat16, 3e38F));
+}
+
 // Rows of the cache's own storage appended again (a prefix copied for another beam) while the
 // append grows the storage: read before the old storage goes (they were read after it was freed).
 TEST(KVCache, AppendsRowsOfItsOwnStorage) {

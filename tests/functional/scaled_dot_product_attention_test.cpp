@@ -1490,14 +1490,19 @@ TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
   window.window = SlidingWindow{-2, 0};
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, window), ValueError,
                        "window: expected sizes ≥ 0 (−1 for unbounded), got (-2, 0)");
+  // Numbers quoted as given, the shortest text that reads back as the same float (six fixed
+  // decimals showed −1e−9 as -0.000000 and the float after 1 as 1.000000).
   AttentionOptions softcap;
-  softcap.softcap = -1.0F;
+  softcap.softcap = -1e-9F;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, softcap), ValueError,
-                       "softcap: expected a positive finite number");
+                       "softcap: expected a positive finite number, got -1e-09");
   AttentionOptions dropout;
   dropout.dropout = 1.0F;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, dropout), ValueError,
                        "dropout: expected a probability in [0, 1), got 1");
+  dropout.dropout = std::nextafter(1.0F, 2.0F);
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, dropout), ValueError,
+                       "dropout: expected a probability in [0, 1), got 1.0000001");
   AttentionOptions lengths;
   lengths.valid_lens = ValidLengths::per_batch({1, 6});
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, lengths), ValueError,

@@ -26,6 +26,12 @@ class Error : public std::runtime_error {
   const char* argument_ = "";
 };
 
+// A number as a message gives it: the shortest text that reads back as the same float (-1e-09,
+// 1.0000001, 3.4028235e+38, nan, inf), where std::to_string's six fixed decimals showed -1e-9 as
+// -0.000000 and a dropout just past 1 as 1.000000.
+std::string number_text(float value);
+std::string number_text(double value);
+
 // A tensor of the wrong rank or shape, or shapes that do not agree with each other.
 class ShapeError : public Error {
  public:
