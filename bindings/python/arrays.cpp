@@ -451,6 +451,14 @@ void refuse_recording_tensor(nb::handle object, std::string_view name, std::stri
   if (enabled == nullptr) throw nb::python_error();
   Py_DECREF(enabled);
   if (enabled != Py_True) return;
+  if (instead.empty()) {
+    throw nb::value_error((std::string(name) + ": expected a tensor that does not require grad (" +
+                           std::string(function) +
+                           " stores it outside autograd: no gradient flows back through it), "
+                           "got one that requires grad while grad mode is on; pass " +
+                           std::string(name) + ".detach(), or call under torch.no_grad()")
+                              .c_str());
+  }
   throw nb::value_error((std::string(name) + ": expected a tensor that does not require grad (" +
                          std::string(function) +
                          " runs outside autograd: its result would not require grad, the graph "

@@ -34,7 +34,8 @@ Framework framework_of(nb::handle object);
 // ValueError naming `name` where `object` is a torch tensor that requires grad while grad mode is
 // on: `function` (attn's, outside autograd) would return a result with requires_grad=False, the
 // graph cut without a word, as tensor.numpy() refuses such tensors. `instead` names what records
-// autograd. Non-torch objects and None pass.
+// autograd; empty where nothing does (a cache that stores the tensor: no gradient flows through
+// it). Non-torch objects and None pass.
 void refuse_recording_tensor(nb::handle object, std::string_view name, std::string_view function,
                              std::string_view instead);
 

@@ -152,6 +152,8 @@ void bind_kv_cache(nb::module_& module) {
   cls.def(
       "append",
       [](BoundCache& bound, nb::handle keys, nb::handle values, nb::handle counts) {
+        refuse_recording_tensor(keys, "keys", "attn.KVCache.append", "");
+        refuse_recording_tensor(values, "values", "attn.KVCache.append", "");
         const StridedInput k(keys, "keys", 4, 4, HalfInputs::kAccept);
         const StridedInput v(values, "values", 4, 4, HalfInputs::kAccept);
         if (k.half_type() != v.half_type()) {
@@ -175,7 +177,8 @@ void bind_kv_cache(nb::module_& module) {
       "converted to the cache's dtype (a bfloat16 cache keeps bfloat16 entries bit for bit).\n"
       "counts (B ints <= T, a list or an integer array): sequence b takes only its first\n"
       "counts[b] tokens (ragged batches). A bad shape, count or non-finite entry raises and\n"
-      "appends nothing (the storage may have grown).");
+      "appends nothing (the storage may have grown). A tensor that requires grad is refused\n"
+      "while grad mode is on (no gradient flows through the cache): pass its .detach().");
   cls.def(
       "reserve",
       [](BoundCache& bound, int64_t capacity) {

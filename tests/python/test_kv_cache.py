@@ -487,6 +487,37 @@ def test_append_reads_negative_views_with_their_sign():
                        output)
 
 
+def test_append_refuses_tensors_that_record_autograd():
+    # Keys a projection computed under grad mode: the cache stores their values, and no gradient
+    # could flow back through it; refused as tensor.numpy() refuses them (they were taken, the
+    # graph cut without a word), taken detached or under no_grad.
+    cache = attn.KVCache(B, HKV, D, 4)
+    keys = torch.randn(B, HKV, 1, D, requires_grad=True)
+    values = torch.randn(B, HKV, 1, D)
+    for first, second, name in ((keys, values, "keys"), (values, keys, "values")):
+        with pytest.raises(ValueError, match=(
+            rf"^{name}: expected a tensor that does not require grad \(attn.KVCache.append stores "
+            rf"it outside autograd: no gradient flows back through it\), got one that requires "
+            rf"grad while grad mode is on; pass {name}.detach\(\), or call under "
+            r"torch.no_grad\(\)$")):
+            cache.append(first, second)
+    assert list(cache.lengths) == [0] * B
+    cache.append(keys.detach(), values)
+    with torch.no_grad():
+        cache.append(keys, values)
+    assert list(cache.lengths) == [2] * B
+    np.testing.assert_array_equal(cache.keys()[:, :, 1:2], keys.detach().numpy())
+
+
+def test_a_cache_of_capacity_zero_gives_zero_outputs():
+    # Nothing appended, no storage: every row sees no key (it raised a ShapeError whose "got"
+    # read as its "expected").
+    cache = attn.KVCache(B, HKV, D, 0)
+    query = torch.randn(B, HQ, 1, D)
+    output = attn.scaled_dot_product_attention(query, cache, None, enable_gqa=True)
+    assert torch.equal(torch.as_tensor(output), torch.zeros(B, HQ, 1, D))
+
+
 def test_more_queries_than_a_sequence_holds_align_bottom_right():
     # n queries are the last n tokens: with fewer cached (a ragged append, left padding) the
     # first sit at negative positions, as FlashAttention aligns more queries than keys

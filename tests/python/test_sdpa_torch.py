@@ -17,6 +17,7 @@ F = torch.nn.functional
 
 import attn  # noqa: E402
 import attn.torch as attn_torch  # noqa: E402
+import torch.utils.flop_counter  # noqa: E402
 from torch_reference import reference_sdpa  # noqa: E402
 
 # Outputs: float32 on both sides, sums of at most a few dozen O(1) products; attn's fast exp and
@@ -312,6 +313,26 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
     for view, (passed, address) in zip(views, seen):
         assert passed.data_ptr() == view.data_ptr() and passed.stride() == view.stride()
         assert address == view.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [((2, 4, 64, 32), (2, 4, 48, 32), (2, 4, 48, 32)), ((3, 64, 32),) * 3,
+     ((2, 8, 5, 16), (2, 2, 40, 16), (2, 2, 40, 16))],
+    ids=["4d", "3d", "gqa"],
+)
+def test_flop_counter_counts_as_for_torch(shapes):
+    # FlopCounterMode (what MFU reports and transformers' flop estimates read) counted 0 for
+    # attn's operators: now PyTorch's own count, forward and backward, causal not subtracted.
+    # (Value sizes equal to the queries': PyTorch's flash kernel then runs and counts its
+    # backward's recomputed scores, as attn's does; its math path, taken otherwise, counts none.)
+    counts = []
+    for function in (F.scaled_dot_product_attention, attn_torch.scaled_dot_product_attention):
+        q, k, v = (torch.randn(shape, requires_grad=True) for shape in shapes)
+        with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+            function(q, k, v, is_causal=True, enable_gqa=q.shape[-3] != k.shape[-3]).sum().backward()
+        counts.append(counter.get_total_flops())
+    assert counts[1] == counts[0] > 0
 
 
 def test_float64_inputs_give_float64_results():

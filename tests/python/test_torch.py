@@ -1,5 +1,7 @@
 # attn side by side with the book's PyTorch code on random inputs (outputs, weights, gradients),
 # PyTorch tensors in and out without copies, and attn.torch's modules training inside PyTorch.
+import pickle
+
 import numpy as np
 import pytest
 
@@ -216,6 +218,91 @@ def test_attn_torch_modules_train_like_the_book(kind):
     for name, tensor in reference.state_dict().items():
         assert_close(module.state_dict()[name], tensor, name)
     assert module.attention_weights.shape[1:] == (4, 6)
+
+
+@pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))
+def test_attn_torch_modules_in_a_float64_model_give_float64(kind):
+    # A .double() model: the output and every gradient in float64, as the book's modules give
+    # them (attn's were float32, which the model's next float64 layer refused), within float32
+    # round-off of the book's float64 (attn computes the attention in float32).
+    make_reference, make_module, (query_size, key_size, value_size) = MODULE_PAIRS[kind]
+    reference, module = make_reference(), make_module()
+    module.load_state_dict(reference.state_dict())
+    reference.double()
+    module.double()
+    inputs = [torch.randn(3, 4, query_size), torch.randn(3, 6, key_size), torch.randn(3, 6, value_size)]
+    results = []
+    for attention in (reference, module):
+        q, k, v = (x.double().requires_grad_(True) for x in inputs)
+        output = attention(q, k, v, torch.tensor([2, 6, 3]))
+        output.pow(2).sum().backward()
+        grads = {name: p.grad for name, p in attention.named_parameters()}
+        results.append((output, q.grad, k.grad, v.grad, grads))
+    (expected, *expected_grads, expected_params), (output, *grads, params) = results
+    assert output.dtype == torch.float64
+    assert_close(output, expected, "output")
+    for name, grad, want in zip(("queries", "keys", "values"), grads, expected_grads):
+        assert grad.dtype == torch.float64, name
+        assert_close(grad, want, name)
+    for name, grad in params.items():
+        assert grad.dtype == torch.float64, name
+        assert_close(grad, expected_params[name], name)
+    assert module.attention_weights.dtype == torch.float64
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))
+def test_attn_torch_modules_in_a_half_model_give_its_dtype(kind, dtype):
+    # A .bfloat16() or .half() model outside autocast (its inputs refused before, the message
+    # naming a state dict the user never passed): the output in its dtype, within a few roundings
+    # of the book's float64 module on the same rounded parameters and inputs — 8 u of the
+    # output's largest entry (u the dtype's unit roundoff: the projections and the attention each
+    # round once in the composed modules, their sums in fp32).
+    make_reference, make_module, (query_size, key_size, value_size) = MODULE_PAIRS[kind]
+    reference, module = make_reference(), make_module()
+    module.load_state_dict(reference.state_dict())
+    module.to(dtype)
+    reference.load_state_dict({n: p.double() for n, p in module.state_dict().items()})
+    reference.double()
+    inputs = [
+        torch.randn(3, 4, query_size).to(dtype).requires_grad_(True),
+        torch.randn(3, 6, key_size).to(dtype).requires_grad_(True),
+        torch.randn(3, 6, value_size).to(dtype).requires_grad_(True),
+    ]
+    lens = torch.tensor([2, 6, 3])
+    output = module(*inputs, lens)
+    assert output.dtype == dtype
+    with torch.no_grad():
+        expected = reference(*(x.double() for x in inputs), lens)
+    bound = 8 * ROUNDOFF[dtype] * float(expected.abs().max())
+    assert float((output.detach().double() - expected).abs().max()) <= bound
+    output.float().sum().backward()
+    for name, p in [*module.named_parameters(), *zip(("q", "k", "v"), inputs)]:
+        assert p.grad.dtype == dtype, name
+
+
+@pytest.mark.parametrize("kind", [*sorted(MODULE_PAIRS), "general"])
+def test_attn_torch_modules_pickle_and_save_whole(kind, tmp_path):
+    # torch.save(model), pickle and spawned processes need the modules to pickle (attn's layer
+    # objects refused): the copy computes what the module computes, in its mode, and trains.
+    if kind == "general":
+        module, (query_size, key_size, value_size) = COMPOSED["general"][0](), (6, 5, 3)
+    else:
+        module = MODULE_PAIRS[kind][1]()
+        query_size, key_size, value_size = MODULE_PAIRS[kind][2]
+    queries, keys = torch.randn(2, 3, query_size), torch.randn(2, 5, key_size)
+    values, lens = torch.randn(2, 5, value_size), torch.tensor([3, 5])
+    module.eval()
+    expected = module(queries, keys, values, lens)
+    torch.save(module, tmp_path / "module.pt")
+    for copy in (pickle.loads(pickle.dumps(module)),
+                 torch.load(tmp_path / "module.pt", weights_only=False)):
+        assert type(copy) is type(module) and not copy.training
+        assert torch.equal(copy.attention_weights, module.attention_weights)
+        assert torch.equal(copy(queries, keys, values, lens), expected)
+        q = queries.clone().requires_grad_(True)
+        copy.train()(q, keys, values, lens).sum().backward()
+        assert q.grad is not None
 
 
 @pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))

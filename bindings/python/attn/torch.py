@@ -25,6 +25,7 @@ Threads: these calls use ``torch.get_num_threads()`` threads, as PyTorch's own o
 """
 
 import copy as _copy
+import math as _math
 import numbers as _numbers
 import warnings
 import weakref as _weakref
@@ -33,6 +34,7 @@ from typing import Optional
 import numpy as _np
 import torch
 from torch import nn
+from torch.utils import flop_counter as _flop_counter
 
 import attn as _attn
 from attn import _attn as _extension
@@ -244,8 +246,10 @@ class _AttnModule(nn.Module):
         """Copies ``parameters`` (``_current_parameters()``) into ``layer``, each once into the
         layer's own storage."""
         if self._parameter_names:
+            # A float64 or half model's parameters in float32, the layer's type (.float() returns
+            # a float32 parameter itself); their gradients go back in their own dtype.
             layer.load_state_dict(
-                {name: p.detach() for name, p in zip(self._parameter_names, parameters)}
+                {name: p.detach().float() for name, p in zip(self._parameter_names, parameters)}
             )
         return layer.train(self.training)
 
@@ -259,7 +263,13 @@ class _AttnModule(nn.Module):
         does under autocast (projections by PyTorch's linear, attention by attn's half kernels),
         the other modules in float32 with the output and the weights cast. Those three also
         compose PyTorch's linear with attn's function while torch.compile traces a float32 call,
-        so that ``torch.compile(fullgraph=True)`` holds."""
+        so that ``torch.compile(fullgraph=True)`` holds.
+
+        Outside autocast, inputs all float64, float16 or bfloat16 (a model moved by ``.double()``,
+        ``.half()`` or ``.bfloat16()``) give an output in their dtype, as the book's modules do:
+        DotProductAttention, MultiHeadAttention and GeneralAttention compose PyTorch's linear in
+        that dtype with attn's function (float64 attention computed in float32, as that function
+        computes it), the other modules compute in float32 and cast."""
         if (
             _cpu_autocast()
             and all(
@@ -268,7 +278,23 @@ class _AttnModule(nn.Module):
             )
         ):
             return self._autocast_forward(queries, keys, values, valid_lens, causal)
+        if (
+            isinstance(queries, _Tensor)
+            and queries.dtype in _OTHER_FLOAT_DTYPES
+            and all(isinstance(x, _Tensor) and x.dtype == queries.dtype for x in (keys, values))
+        ):
+            return self._other_dtype_forward(queries, keys, values, valid_lens, causal)
         return self._layer_forward(queries, keys, values, valid_lens, causal)
+
+    def _other_dtype_forward(self, queries, keys, values, valid_lens, causal):
+        """float64, float16 or bfloat16 inputs outside autocast: attn's float32 layer on them in
+        float32, the output (and its gradient's way back) and the weights in their dtype."""
+        dtype = queries.dtype
+        output = self._layer_forward(
+            queries.float(), keys.float(), values.float(), valid_lens, causal
+        )
+        self._weights_dtype = dtype
+        return output.to(dtype)
 
     def _layer_forward(self, queries, keys, values, valid_lens, causal):
         """The call through attn's layer (_LayerFunction)."""
@@ -336,6 +362,22 @@ class _AttnModule(nn.Module):
 
     def extra_repr(self):
         return repr(self._template).split("(", 1)[1][:-1]
+
+    def __getstate__(self):
+        """For pickle and torch.save: the module without attn's layer objects, which do not
+        pickle; __setstate__ makes the template again from the constructor's arguments (the
+        parameters are the module's own), and later calls make their layers from it."""
+        state = self.__dict__.copy()
+        state["_template"] = None
+        state["_spare_layers"] = []
+        state["_weights_layer"] = None
+        state["_attention_weights"] = self.attention_weights  # computed now, if a call left some
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        arguments, keywords = self._arguments
+        self._template = type(self)(*arguments, **keywords)._template
 
 
 class _ComposedCallWeights:
@@ -412,6 +454,9 @@ class _ComposedModule(_AttnModule):
     def _autocast_forward(self, queries, keys, values, valid_lens, causal):
         return self._composed_forward(queries, keys, values, valid_lens, causal)
 
+    def _other_dtype_forward(self, queries, keys, values, valid_lens, causal):
+        return self._composed_forward(queries, keys, values, valid_lens, causal)
+
 
 class AdditiveAttention(_AttnModule):
     """The book's AdditiveAttention, computed by attn: parameters ``W_q.weight``,
@@ -421,6 +466,7 @@ class AdditiveAttention(_AttnModule):
         super().__init__(
             _attn.AdditiveAttention(key_size, query_size, num_hiddens, dropout, seed=seed)
         )
+        self._arguments = ((key_size, query_size, num_hiddens, dropout), {"seed": seed})
 
 
 class DotProductAttention(_ComposedModule):
@@ -428,6 +474,7 @@ class DotProductAttention(_ComposedModule):
 
     def __init__(self, dropout=0.0, *, scale=None, seed=0):
         super().__init__(_attn.DotProductAttention(dropout, scale=scale, seed=seed))
+        self._arguments = ((dropout,), {"scale": scale, "seed": seed})
         self._dropout, self._scale = dropout, scale
 
     def _composed_forward(self, queries, keys, values, valid_lens, causal):
@@ -460,6 +507,10 @@ class MultiHeadAttention(_ComposedModule):
             _attn.MultiHeadAttention(
                 key_size, query_size, value_size, num_hiddens, num_heads, dropout, bias, seed=seed
             )
+        )
+        self._arguments = (
+            (key_size, query_size, value_size, num_hiddens, num_heads, dropout, bias),
+            {"seed": seed},
         )
         self._dropout, self._num_heads, self._bias = dropout, num_heads, bias
         self._sizes = {
@@ -494,6 +545,7 @@ class GeneralAttention(_ComposedModule):
 
     def __init__(self, query_size, key_size, dropout=0.0, *, seed=0):
         super().__init__(_attn.GeneralAttention(query_size, key_size, dropout, seed=seed))
+        self._arguments = ((query_size, key_size, dropout), {"seed": seed})
         self._dropout = dropout
         self._sizes = {
             "queries": (query_size, "the layer's input size"),
@@ -517,6 +569,7 @@ class GaussianKernelPooling(_AttnModule):
 
     def __init__(self, width=1.0, dropout=0.0, *, seed=0):
         super().__init__(_attn.GaussianKernelPooling(width, dropout, seed=seed))
+        self._arguments = ((width, dropout), {"seed": seed})
 
 
 # --- scaled_dot_product_attention as custom operators -------------------------------------------
@@ -691,6 +744,24 @@ def _sdpa_backward_fake(
 
 torch.library.register_fake("attn::sdpa", _sdpa_fake, lib=_operators)
 torch.library.register_fake("attn::sdpa_backward", _sdpa_backward_fake, lib=_operators)
+
+
+# FlopCounterMode counts the operators as PyTorch counts its own SDPA (torch.utils.flop_counter's
+# sdpa_flop and sdpa_backward_flop): every (query row, key) pair's products, whatever masks,
+# causal or windows hide — Q·Kᵀ and P·V forward; the scores again, dP, dV, dQ and dK backward.
+# Arguments arrive as shapes (None for an absent tensor).
+def _sdpa_flops(query, key, value, *_, out_shape=None, **__):
+    pairs = _math.prod(query[:-1]) * key[-2]
+    return 2 * pairs * (query[-1] + value[-1])
+
+
+def _sdpa_backward_flops(grad_output, query, key, value, *_, out_shape=None, **__):
+    pairs = _math.prod(query[:-1]) * key[-2]
+    return 2 * pairs * (3 * query[-1] + 2 * value[-1])
+
+
+_flop_counter.register_flop_formula(torch.ops.attn.sdpa)(_sdpa_flops)
+_flop_counter.register_flop_formula(torch.ops.attn.sdpa_backward)(_sdpa_backward_flops)
 
 
 # --- vmap of the operators ------------------------------------------------------------------------
@@ -1091,6 +1162,9 @@ def _cpu_autocast():
 # The dtypes torch.autocast casts for scaled_dot_product_attention, one of its lower-precision
 # operators on the CPU: float32, float16 and bfloat16 (float64 stays as it is).
 _AUTOCAST_CAST_DTYPES = frozenset((torch.float32, *_HALF_DTYPES))
+# The module inputs attn's float32 layers do not take as they are: a .double(), .half() or
+# .bfloat16() model's (_AttnModule._other_dtype_forward).
+_OTHER_FLOAT_DTYPES = frozenset((torch.float64, *_HALF_DTYPES))
 
 
 def _autocast_inputs(*tensors):

@@ -40,8 +40,8 @@ def _warn_once_about_weights():
     global _warned_about_weights
     _warned_about_weights = True
     warnings.warn(
-        "attn does not return attention weights (output_attentions=True gives None): use "
-        'attn_implementation="eager" for them',
+        "attn does not return attention weights (with output_attentions=True the outputs' "
+        'attentions come back empty, as with "sdpa"): use attn_implementation="eager" for them',
         stacklevel=3,
     )
 
