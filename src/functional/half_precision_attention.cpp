@@ -89,6 +89,7 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
                                   std::span<float> log_sum_exp) {
+  functional_detail::require_own_elements("output", output);
   if (functional_detail::forward_writes_over_inputs<uint16_t>(output, log_sum_exp, query, key,
                                                               value, options)) {
     // An output over an input: computed apart, then stored (as the float overload).
@@ -163,6 +164,9 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
+  functional_detail::require_own_elements("grad_query", grad_query);
+  functional_detail::require_own_elements("grad_key", grad_key);
+  functional_detail::require_own_elements("grad_value", grad_value);
   if (functional_detail::backward_writes_over_inputs<uint16_t>(
           grad_query, grad_key, grad_value, grad_mask, grad_sinks, query, key, value, output,
           grad_output, log_sum_exp, options)) {

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <string>
+#include <string_view>
 
+#include "attn/core/error.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/functional/attention_options.hpp"
 
@@ -75,6 +78,22 @@ bool backward_writes_over_inputs(
       {region_of(query), region_of(key), region_of(value), region_of(output),
        region_of(grad_output), region_of(log_sum_exp.data(), log_sum_exp.size()), regions.mask,
        regions.slopes, regions.sinks});
+}
+
+// ValueError naming `name` unless each element of an output view is its own memory: an axis of
+// more than one element with stride 0 would have several results written to one place, the
+// last one winning (PyTorch refuses such out= tensors too).
+template <class T>
+void require_own_elements(std::string_view name, const StridedView<T>& view) {
+  if (view.numel() == 0) return;
+  for (int axis = 0; axis < view.rank(); ++axis) {
+    if (view.dim(axis) > 1 && view.stride(axis) == 0) {
+      throw ValueError(std::string(name) +
+                       ": expected a view whose elements are each their own memory (no stride 0 "
+                       "on an axis of more than one element), got stride 0 on axis " +
+                       std::to_string(axis) + " of shape " + view.shape().str());
+    }
+  }
 }
 
 // Stores a contiguous array of to's shape into `to`, element by element.

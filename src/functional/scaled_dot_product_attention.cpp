@@ -38,6 +38,7 @@ int64_t log_sum_exp_size(const Shape& query) {
 void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
                                   ConstStridedView value, const AttentionOptions& options,
                                   MutableStridedView output, std::span<float> log_sum_exp) {
+  functional_detail::require_own_elements("output", output);
   if (functional_detail::forward_writes_over_inputs<float>(output, log_sum_exp, query, key, value,
                                                            options)) {
     Tensor apart;
@@ -131,6 +132,9 @@ void scaled_dot_product_attention_backward(
     ConstStridedView grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, MutableStridedView grad_query, MutableStridedView grad_key,
     MutableStridedView grad_value, MutableStridedView grad_mask, std::span<float> grad_sinks) {
+  functional_detail::require_own_elements("grad_query", grad_query);
+  functional_detail::require_own_elements("grad_key", grad_key);
+  functional_detail::require_own_elements("grad_value", grad_value);
   if (functional_detail::backward_writes_over_inputs<float>(
           grad_query, grad_key, grad_value, grad_mask, grad_sinks, query, key, value, output,
           grad_output, log_sum_exp, options)) {

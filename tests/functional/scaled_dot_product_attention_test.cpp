@@ -1345,6 +1345,22 @@ TEST(FunctionalSdpaLayout, OutputsOverInputsGiveTheSeparateResult) {
     EXPECT_EQ(gq.values(), grads.query.values()) << causal;
     EXPECT_EQ(gk.values(), grads.key.values()) << causal;
     EXPECT_EQ(go.values(), grads.value.values()) << causal;
+    // An output whose heads all write one place (stride 0) is refused, as PyTorch refuses such
+    // out= tensors: each head's result would overwrite the last.
+    Tensor one_head(Shape{B, 1, L, E});
+    const int64_t shared[4] = {L * E, 0, E, 1};
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(q, k, v, options,
+                                     MutableStridedView(one_head.data(), shape, shared)),
+        ValueError,
+        "output: expected a view whose elements are each their own memory (no stride 0 on an "
+        "axis of more than one element), got stride 0 on axis 1 of shape (2, 2, 128, 16)");
+    Tensor grad_q(shape), grad_v(shape);
+    EXPECT_THROW_MESSAGE(scaled_dot_product_attention_backward(
+                             q, k, v, separate.output, g, separate.log_sum_exp, options, grad_q,
+                             MutableStridedView(one_head.data(), shape, shared), grad_v),
+                         ValueError,
+                         "grad_key: expected a view whose elements are each their own memory");
     // Half precision: the output over the values' bits.
     for (const HalfType type : {HalfType::kFloat16, HalfType::kBFloat16}) {
       const auto bits_of = [&](const Tensor& x) {
