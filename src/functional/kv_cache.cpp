@@ -15,6 +15,7 @@
 #include "attn/core/half.hpp"
 #include "attn/kernels/half_conversion.hpp"
 #include "attn/kernels/int8_quantization.hpp"
+#include "core/magnitude_scan.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/memory_overlap.hpp"
 
@@ -430,9 +431,10 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
     // The kernel's unnormalised sums reach a row's key count times max|v|: values near float's
     // maximum overflow there (3e38 gave inf), where the prefill path below scales them first, and
     // names scores that overflow instead of answering inf or NaN.
-    const std::span<const float> written = result.output.span();
-    if (std::all_of(written.begin(), written.end(), [](float x) { return std::isfinite(x); }))
+    if (core_detail::largest_magnitude_bits(result.output.data(), result.output.numel()) <
+        core_detail::kFirstNonFinite) {
       return result;
+    }
   }
   // Prefill against the cache: each sequence on fp32 copies of its cached rows, its queries'
   // diagonal at lengths[b] − n + i.
@@ -491,11 +493,9 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
     // As the float overload: a non-finite entry (a sum that overflowed, or a value past the
     // type's range) takes the float call, which redoes overflowing sums on the prefill path.
     const uint16_t exponent = type == HalfType::kFloat16 ? 0x7C00 : 0x7F80;
-    const auto& bits = result.output.bits;
-    if (std::none_of(bits.begin(), bits.end(),
-                     [&](uint16_t x) { return (x & exponent) == exponent; })) {
-      return result;
-    }
+    bool non_finite = false;  // one pass without an early exit, which the compiler vectorises
+    for (const uint16_t x : result.output.bits) non_finite |= (x & exponent) == exponent;
+    if (!non_finite) return result;
   }
   AttentionForward wide =
       scaled_dot_product_attention(functional_detail::widened_copy(type, query), cache, options);
