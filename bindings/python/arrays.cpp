@@ -177,6 +177,27 @@ nb::ndarray<nb::ro> import_array(nb::handle object, std::string_view name,
                                device)
                                   .c_str());
       }
+      // A nested or sparse tensor: no strided data to export; its layout, not its type, is what
+      // attn does not read.
+      const nb::object nested = nb::getattr(object, "is_nested", nb::none());
+      if (nested.ptr() == Py_True) {
+        throw nb::type_error((std::string(name) +
+                              ": expected a strided tensor, got a nested one (pad it, e.g. "
+                              ".to_padded_tensor(0), and pass valid lengths or a mask)")
+                                 .c_str());
+      }
+      const nb::object layout = nb::getattr(object, "layout", nb::none());
+      const nb::object layout_text = nb::steal(PyObject_Str(layout.ptr()));
+      const char* layout_utf8 =
+          layout_text.is_valid() ? PyUnicode_AsUTF8(layout_text.ptr()) : nullptr;
+      if (layout_utf8 == nullptr) PyErr_Clear();
+      if (layout_utf8 != nullptr && std::string_view(layout_utf8) != "torch.strided" &&
+          !layout.is_none()) {
+        throw nb::type_error((std::string(name) +
+                              ": expected a strided tensor, got one of layout " + layout_utf8 +
+                              " (convert it with .to_dense())")
+                                 .c_str());
+      }
     }
     // An array of a dtype DLPack has no code for (object, strings, datetimes) fails the export:
     // name the dtype rather than the type, which was the one expected.

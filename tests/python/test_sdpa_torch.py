@@ -335,6 +335,24 @@ def test_flop_counter_counts_as_for_torch(shapes):
     assert counts[1] == counts[0] > 0
 
 
+def test_sparse_and_nested_tensors_are_named_by_their_layout():
+    # They were "expected a NumPy array or a tensor supporting DLPack, got torch.Tensor of dtype
+    # torch.float32" (a jagged one reached the operator: NotImplementedError attn.sdpa.default).
+    q = torch.randn(2, 2, 4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's prototype warning for strided nested tensors
+        cases = [
+            (q.to_sparse(), r"got one of layout torch.sparse_coo \(convert it with .to_dense\(\)\)"),
+            (torch.nested.nested_tensor([q[0], q[0]]), "got a nested one"),
+            (torch.nested.nested_tensor([q[0], q[0]], layout=torch.jagged), "got a nested one"),
+        ]
+    for x, message in cases:
+        for function in (attn.scaled_dot_product_attention,
+                         attn_torch.scaled_dot_product_attention):
+            with pytest.raises(TypeError, match=r"^query: expected a strided tensor, " + message):
+                function(x, q, q)
+
+
 def test_float64_inputs_give_float64_results():
     q, k, v = (leaf(N, H, L, E, dtype=torch.float64) for _ in range(3))
     output = attn_torch.scaled_dot_product_attention(q, k, v)

@@ -1510,6 +1510,14 @@ def scaled_dot_product_attention(
                 if broadcast is None:
                     raise
             return scaled_dot_product_attention(*broadcast, attn_mask, 0.0, *options)
+    # Nested tensors (jagged ones are a tensor subclass, which would reach the operator and its
+    # NotImplementedError): refused in the words of the array import's refusal of strided ones.
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if isinstance(tensor, _Tensor) and tensor.is_nested:
+            raise TypeError(
+                f"{name}: expected a strided tensor, got a nested one (pad it, e.g. "
+                ".to_padded_tensor(0), and pass valid lengths or a mask)"
+            )
     if isinstance(key, _attn.KVCache):
         extras = None
         if (
