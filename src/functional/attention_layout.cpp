@@ -420,4 +420,11 @@ void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedVi
   });
 }
 
+void require_half_type(HalfType type) {
+  if (type != HalfType::kFloat16 && type != HalfType::kBFloat16) {
+    throw ValueError("type: expected HalfType::kFloat16 or HalfType::kBFloat16, got the value " +
+                     std::to_string(static_cast<int>(type)));
+  }
+}
+
 }  // namespace attn::functional_detail

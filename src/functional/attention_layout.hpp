@@ -86,6 +86,9 @@ Tensor contiguous_copy(const ConstStridedView& view);
 // Half-precision tensors (fp16 or bf16 bits, `type`), for the functional API's half overloads.
 using ConstHalfStridedView = StridedView<const uint16_t>;
 using MutableHalfStridedView = StridedView<uint16_t>;
+// ValueError unless `type` is HalfType::kFloat16 or kBFloat16 (a value cast from another integer
+// would be read as bfloat16 without a word).
+void require_half_type(HalfType type);
 // require_mask_values on a float mask's half-precision entries (NaN or +∞ in `type`).
 void require_mask_values(std::string_view name, HalfType type, const ConstHalfStridedView& view);
 // require_finite's scan and message on half-precision data; returns the largest magnitude.

@@ -89,6 +89,7 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
                                   std::span<float> log_sum_exp) {
+  functional_detail::require_half_type(type);
   functional_detail::require_own_elements("output", output);
   if (functional_detail::forward_writes_over_inputs<uint16_t>(output, log_sum_exp, query, key,
                                                               value, options)) {
@@ -161,6 +162,7 @@ void scaled_dot_product_attention_backward(
     const AttentionOptions& options, StridedView<uint16_t> grad_query,
     StridedView<uint16_t> grad_key, StridedView<uint16_t> grad_value, MutableStridedView grad_mask,
     std::span<float> grad_sinks) {
+  functional_detail::require_half_type(type);
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);

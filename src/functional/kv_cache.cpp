@@ -60,6 +60,12 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capa
   if (capacity < 0) {
     throw ValueError("capacity: expected a number of tokens ≥ 0, got " + std::to_string(capacity));
   }
+  if (dtype != CacheDType::kFloat32 && dtype != CacheDType::kFloat16 &&
+      dtype != CacheDType::kBFloat16 && dtype != CacheDType::kInt8) {
+    throw ValueError(
+        "dtype: expected CacheDType::kFloat32, kFloat16, kBFloat16 or kInt8, got the value " +
+        std::to_string(static_cast<int>(dtype)));
+  }
   // One token per sequence must be addressable (bytes_per_token and every row offset then are).
   if (store_bytes(batch_, kv_heads_, 1, head_dim_ + value_dim_, cache_dtype_size(dtype_)) < 0) {
     throw ValueError("batch, kv_heads, head_dim, value_dim: expected sizes whose one token (" +
@@ -269,6 +275,7 @@ void KVCache::append(ConstStridedView keys, ConstStridedView values,
 
 void KVCache::append(HalfType type, StridedView<const uint16_t> keys,
                      StridedView<const uint16_t> values, std::span<const int64_t> counts) {
+  functional_detail::require_half_type(type);
   append(functional_detail::widened_copy(type, keys), functional_detail::widened_copy(type, values),
          counts);
 }
@@ -473,6 +480,7 @@ AttentionForward scaled_dot_product_attention(ConstStridedView query, const KVCa
 HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
                                                   const KVCache& cache,
                                                   const AttentionOptions& options) {
+  functional_detail::require_half_type(type);
   check_cache_query(query.shape(), cache, options);
   const int64_t batch = query.dim(0), heads = query.dim(1), n = query.dim(2);
   if ((heads / cache.kv_heads()) * n <= kMaxDecodeRows &&

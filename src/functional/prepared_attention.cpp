@@ -161,6 +161,14 @@ PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView ke
 
 void PreparedAttention::check_options(Family family) const {
   const int64_t heads = query_layout_.heads;
+  if (options_.alignment != DiagonalAlignment::kTopLeft &&
+      options_.alignment != DiagonalAlignment::kBottomRight &&
+      options_.alignment != DiagonalAlignment::kOffset) {
+    throw ValueError(
+        "alignment: expected DiagonalAlignment::kTopLeft, kBottomRight or kOffset, got the "
+        "value " +
+        std::to_string(static_cast<int>(options_.alignment)));
+  }
   if (!(options_.dropout >= 0.0F && options_.dropout < 1.0F)) {
     throw ValueError("dropout: expected a probability in [0, 1), got " +
                      number_text(options_.dropout));

@@ -146,6 +146,29 @@ TEST(KVCacheAttention, ValuesNearFloatsMaximumGiveTheirAverage) {
     ASSERT_EQ(bits, float_to_half_bits(HalfType::kBFloat16, 3e38F));
 }
 
+// Enumerators cast from out-of-range integers are refused, naming the argument and the value
+// (a HalfType(9) was read as bfloat16, a DiagonalAlignment(7) as no known diagonal, without a
+// word).
+TEST(KVCache, RefusesEnumeratorsOutOfRange) {
+  EXPECT_THROW_MESSAGE(KVCache(1, 1, 8, 4, static_cast<CacheDType>(9)), ValueError,
+                       "dtype: expected CacheDType::kFloat32, kFloat16, kBFloat16 or kInt8, got "
+                       "the value 9");
+  KVCache cache(1, 1, 8, 4);
+  std::vector<uint16_t> bits(8, 0x3C00);
+  const StridedView<const uint16_t> row(bits.data(), Shape{1, 1, 1, 8});
+  EXPECT_THROW_MESSAGE(cache.append(static_cast<HalfType>(9), row, row), ValueError,
+                       "type: expected HalfType::kFloat16 or HalfType::kBFloat16, got the value 9");
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(static_cast<HalfType>(9), row, row, row),
+                       ValueError, "type: expected HalfType::kFloat16 or HalfType::kBFloat16");
+  AttentionOptions options;
+  options.causal = true;
+  options.alignment = static_cast<DiagonalAlignment>(7);
+  const Tensor q(Shape{1, 1, 3, 8});
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, q, q, options), ValueError,
+                       "alignment: expected DiagonalAlignment::kTopLeft, kBottomRight or kOffset, "
+                       "got the value 7");
+}
+
 // Rows of the cache's own storage appended again (a prefix copied for another beam) while the
 // append grows the storage: read before the old storage goes (they were read after it was freed).
 TEST(KVCache, AppendsRowsOfItsOwnStorage) {
