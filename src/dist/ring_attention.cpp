@@ -645,14 +645,12 @@ void visit_every_block(const Communicator& ring_comm, const Ring& ring, ConstStr
   }
 }
 
-// Whether some rank's forward log-sum-exp is finite and beyond 256 in magnitude: there its float
-// rounding moves P by more than 1.5e−5, as the functional backward's own test (row_totals.hpp)
-// says, and the backward takes base-2 log-sum-exps recomputed from its own scores instead.
+// Whether some rank's forward log-sum-exp is beyond float's precision
+// (log_sum_exp_beyond_float_precision): the backward then takes base-2 log-sum-exps recomputed
+// from its own scores.
 bool some_log_sum_exp_loses_precision(const Communicator& ring_comm,
                                       std::span<const float> log_sum_exp) {
-  const int local = std::any_of(log_sum_exp.begin(), log_sum_exp.end(), [](float value) {
-    return std::isfinite(value) && std::fabs(value) > 256.0F;
-  });
+  const int local = log_sum_exp_beyond_float_precision(log_sum_exp) ? 1 : 0;
   int any = 0;
   MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_LOR, ring_comm.get());
   return any != 0;

@@ -294,6 +294,22 @@ Tensor contiguous_copy(const ConstStridedView& view) {
   return copy;
 }
 
+namespace {
+template <class T>
+void store_all_elements(const T* from, const StridedView<T>& to) {
+  T* destination = to.data();
+  for_each_element(to.shape(), to.strides(),
+                   [&](int64_t offset, int64_t flat) { destination[offset] = from[flat]; });
+}
+}  // namespace
+
+void store_elements(const float* from, const MutableStridedView& to) {
+  store_all_elements(from, to);
+}
+void store_elements(const uint16_t* from, const MutableHalfStridedView& to) {
+  store_all_elements(from, to);
+}
+
 float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& whole,
                      RowRange rows) {
   // Both formats keep the sign in the top bit and order magnitudes as their other bits do, with an

@@ -82,6 +82,8 @@ bool rows_contiguous(const StridedView<T>& view) {
 
 // A contiguous copy of a view (for inputs whose last axis is not contiguous).
 Tensor contiguous_copy(const ConstStridedView& view);
+// The reverse: a contiguous array of to's shape, in C order, into the elements of `to`.
+void store_elements(const float* from, const MutableStridedView& to);
 
 // Half-precision tensors (fp16 or bf16 bits, `type`), for the functional API's half overloads.
 using ConstHalfStridedView = StridedView<const uint16_t>;
@@ -96,6 +98,7 @@ float require_finite(std::string_view name, HalfType type, const ConstHalfStride
                      RowRange rows = {});
 // A contiguous copy of the bits.
 std::vector<uint16_t> contiguous_copy(const ConstHalfStridedView& view);
+void store_elements(const uint16_t* from, const MutableHalfStridedView& to);
 // A contiguous float32 tensor of the values (exact: every fp16 and bf16 value is a float).
 Tensor widened_copy(HalfType type, const ConstHalfStridedView& view);
 // Writes `from` (a contiguous tensor of to's shape) into `to`, each value rounded to `type`.

@@ -94,13 +94,10 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
   if (functional_detail::forward_writes_over_inputs<uint16_t>(output, log_sum_exp, query, key,
                                                               value, options)) {
     // An output over an input: computed apart, then stored (as the float overload).
-    std::vector<uint16_t> apart(static_cast<size_t>(output.numel()));
-    std::vector<float> apart_log_sum_exp(log_sum_exp.size());
-    scaled_dot_product_attention(type, query, key, value, options,
-                                 StridedView<uint16_t>(apart.data(), output.shape()),
-                                 apart_log_sum_exp);
-    functional_detail::store_into(apart.data(), output);
-    std::copy(apart_log_sum_exp.begin(), apart_log_sum_exp.end(), log_sum_exp.begin());
+    functional_detail::forward_apart(
+        output, log_sum_exp, [&](StridedView<uint16_t> apart, std::span<float> apart_log_sum_exp) {
+          scaled_dot_product_attention(type, query, key, value, options, apart, apart_log_sum_exp);
+        });
     return;
   }
   // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp).
@@ -166,6 +163,11 @@ void scaled_dot_product_attention_backward(
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
+  if (options.log_sum_exp_recomputed_base_two) {
+    throw ValueError(
+        "options.log_sum_exp_recomputed_base_two: expected false in a half-precision backward "
+        "pass (a base-2 log-sum-exp is the float pass's), got true");
+  }
   functional_detail::require_own_elements("grad_query", grad_query);
   functional_detail::require_own_elements("grad_key", grad_key);
   functional_detail::require_own_elements("grad_value", grad_value);
@@ -173,27 +175,14 @@ void scaled_dot_product_attention_backward(
           grad_query, grad_key, grad_value, grad_mask, grad_sinks, query, key, value, output,
           grad_output, log_sum_exp, options)) {
     // Gradients over an input: computed apart, then stored (as the float overload).
-    const StridedView<uint16_t> gradients[] = {grad_query, grad_key, grad_value};
-    std::vector<uint16_t> apart[3];
-    for (int g = 0; g < 3; ++g) apart[g].resize(static_cast<size_t>(gradients[g].numel()));
-    Tensor apart_mask(grad_mask.data() != nullptr ? grad_mask.shape() : Shape{0});
-    std::vector<float> apart_sinks(grad_sinks.size());
-    scaled_dot_product_attention_backward(
-        type, query, key, value, output, grad_output, log_sum_exp, options,
-        StridedView<uint16_t>(apart[0].data(), grad_query.shape()),
-        StridedView<uint16_t>(apart[1].data(), grad_key.shape()),
-        StridedView<uint16_t>(apart[2].data(), grad_value.shape()),
-        grad_mask.data() != nullptr ? MutableStridedView(apart_mask) : MutableStridedView(),
-        apart_sinks);
-    for (int g = 0; g < 3; ++g) functional_detail::store_into(apart[g].data(), gradients[g]);
-    if (grad_mask.data() != nullptr) functional_detail::store_into(apart_mask.data(), grad_mask);
-    std::copy(apart_sinks.begin(), apart_sinks.end(), grad_sinks.begin());
+    functional_detail::backward_apart<uint16_t>(
+        {grad_query, grad_key, grad_value}, grad_mask, grad_sinks,
+        [&](StridedView<uint16_t> gq, StridedView<uint16_t> gk, StridedView<uint16_t> gv,
+            MutableStridedView gm, std::span<float> gs) {
+          scaled_dot_product_attention_backward(type, query, key, value, output, grad_output,
+                                                log_sum_exp, options, gq, gk, gv, gm, gs);
+        });
     return;
-  }
-  if (options.log_sum_exp_recomputed_base_two) {
-    throw ValueError(
-        "options.log_sum_exp_recomputed_base_two: expected false in a half-precision backward "
-        "pass (a base-2 log-sum-exp is the float pass's), got true");
   }
   // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9, row_totals.hpp) take the
   // widened route below, whose float pass recomputes their log-sum-exp from its own scores.

@@ -2,16 +2,19 @@
 // cache appending rows of its own storage), and the copies that keep such calls exact.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/functional/attention_options.hpp"
+#include "functional/attention_layout.hpp"
 
 namespace attn::functional_detail {
 
@@ -96,21 +99,35 @@ void require_own_elements(std::string_view name, const StridedView<T>& view) {
   }
 }
 
-// Stores a contiguous array of to's shape into `to`, element by element.
-template <class T>
-void store_into(const T* from, const StridedView<T>& to) {
-  const int rank = to.rank();
-  const int64_t count = to.numel();
-  int64_t index[Shape::kMaxRank] = {};
-  for (int64_t flat = 0; flat < count; ++flat) {
-    int64_t offset = 0;
-    for (int axis = 0; axis < rank; ++axis) offset += index[axis] * to.stride(axis);
-    to.data()[offset] = from[flat];
-    for (int axis = rank - 1; axis >= 0; --axis) {
-      if (++index[axis] < to.dim(axis)) break;
-      index[axis] = 0;
-    }
-  }
+// A forward call whose output or log-sum-exp may overlap its inputs: `call(output, log_sum_exp)`
+// into fresh storage of their shapes, then stored into `output` and `log_sum_exp`.
+template <class T, class Call>
+void forward_apart(const StridedView<T>& output, std::span<float> log_sum_exp, const Call& call) {
+  std::vector<T> apart(static_cast<size_t>(output.numel()));
+  std::vector<float> apart_log_sum_exp(log_sum_exp.size());
+  call(StridedView<T>(apart.data(), output.shape()), std::span<float>(apart_log_sum_exp));
+  store_elements(apart.data(), output);
+  std::copy(apart_log_sum_exp.begin(), apart_log_sum_exp.end(), log_sum_exp.begin());
+}
+
+// The same for a backward call: `call(grad_query, grad_key, grad_value, grad_mask, grad_sinks)`
+// into fresh storage (no mask gradient where `grad_mask` has no data), then stored.
+template <class T, class Call>
+void backward_apart(const StridedView<T> (&gradients)[3], const MutableStridedView& grad_mask,
+                    std::span<float> grad_sinks, const Call& call) {
+  std::vector<T> apart[3];
+  for (int g = 0; g < 3; ++g) apart[g].resize(static_cast<size_t>(gradients[g].numel()));
+  const bool mask = grad_mask.data() != nullptr;
+  std::vector<float> apart_mask(mask ? static_cast<size_t>(grad_mask.numel()) : 0);
+  std::vector<float> apart_sinks(grad_sinks.size());
+  call(StridedView<T>(apart[0].data(), gradients[0].shape()),
+       StridedView<T>(apart[1].data(), gradients[1].shape()),
+       StridedView<T>(apart[2].data(), gradients[2].shape()),
+       mask ? MutableStridedView(apart_mask.data(), grad_mask.shape()) : MutableStridedView(),
+       std::span<float>(apart_sinks));
+  for (int g = 0; g < 3; ++g) store_elements(apart[g].data(), gradients[g]);
+  if (mask) store_elements(apart_mask.data(), grad_mask);
+  std::copy(apart_sinks.begin(), apart_sinks.end(), grad_sinks.begin());
 }
 
 }  // namespace attn::functional_detail

@@ -5,21 +5,19 @@
 #include <cmath>
 #include <vector>
 
+#include "attn/functional/scaled_dot_product_attention.hpp"
 #include "functional/finite_range.hpp"
 
 namespace attn::functional_detail {
 
 namespace {
-constexpr float kPreciseLogSumExp = 256.0F;
 constexpr double kStray = 1e-6;
 }  // namespace
 
 bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp,
                                  const AttentionOptions& options) {
   return !options.log_sum_exp_spans_more_keys && !options.log_sum_exp_recomputed_base_two &&
-         std::any_of(log_sum_exp.begin(), log_sum_exp.end(), [](float value) {
-           return std::isfinite(value) && std::fabs(value) > kPreciseLogSumExp;
-         });
+         log_sum_exp_beyond_float_precision(log_sum_exp);
 }
 
 Tensor grad_output_over_row_totals(const PreparedAttention& prepared, ConstStridedView grad_output,

@@ -13,8 +13,8 @@
 
 namespace attn::functional_detail {
 
-// Whether some row's log-sum-exp is finite and beyond 256 in magnitude, where its float rounding
-// (half an ulp, 2^−24·|lse|) exceeds 1.5e−5 of every P of the row, and it is this call's own (not
+// Whether some row's log-sum-exp is beyond float's precision (log_sum_exp_beyond_float_precision:
+// finite and beyond 256 in magnitude), and it is this call's own (not
 // a ring's block pair's, over more keys: options.log_sum_exp_spans_more_keys; nor a caller's base
 // 2 one, options.log_sum_exp_recomputed_base_two, whose totals it divided out). Below it the
 // kernels' own error dominates; above it a pass of scores for the rows' totals is worth it.

@@ -27,6 +27,13 @@ namespace attn {
 
 using functional_detail::PreparedAttention;
 
+bool log_sum_exp_beyond_float_precision(std::span<const float> log_sum_exp) {
+  constexpr float kPreciseLogSumExp = 256.0F;
+  return std::any_of(log_sum_exp.begin(), log_sum_exp.end(), [](float value) {
+    return std::isfinite(value) && std::fabs(value) > kPreciseLogSumExp;
+  });
+}
+
 int64_t log_sum_exp_size(const Shape& query) {
   if (query.rank() < 2) return 0;
   // The product of every axis but E, formed directly: numel / E divides by zero when E = 0.
@@ -41,12 +48,10 @@ void scaled_dot_product_attention(ConstStridedView query, ConstStridedView key,
   functional_detail::require_own_elements("output", output);
   if (functional_detail::forward_writes_over_inputs<float>(output, log_sum_exp, query, key, value,
                                                            options)) {
-    Tensor apart;
-    apart.assign_uninitialized(output.shape());
-    std::vector<float> apart_log_sum_exp(log_sum_exp.size());
-    scaled_dot_product_attention(query, key, value, options, apart, apart_log_sum_exp);
-    functional_detail::store_into(apart.data(), output);
-    std::copy(apart_log_sum_exp.begin(), apart_log_sum_exp.end(), log_sum_exp.begin());
+    functional_detail::forward_apart(
+        output, log_sum_exp, [&](MutableStridedView apart, std::span<float> apart_log_sum_exp) {
+          scaled_dot_product_attention(query, key, value, options, apart, apart_log_sum_exp);
+        });
     return;
   }
   // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp); the
@@ -139,18 +144,13 @@ void scaled_dot_product_attention_backward(
           grad_query, grad_key, grad_value, grad_mask, grad_sinks, query, key, value, output,
           grad_output, log_sum_exp, options)) {
     // Gradients over an input (written in place of the queries): computed apart, then stored.
-    Tensor apart[3];
-    const MutableStridedView gradients[] = {grad_query, grad_key, grad_value};
-    for (int g = 0; g < 3; ++g) apart[g].assign_uninitialized(gradients[g].shape());
-    Tensor apart_mask(grad_mask.data() != nullptr ? grad_mask.shape() : Shape{0});
-    std::vector<float> apart_sinks(grad_sinks.size());
-    scaled_dot_product_attention_backward(
-        query, key, value, output, grad_output, log_sum_exp, options, apart[0], apart[1], apart[2],
-        grad_mask.data() != nullptr ? MutableStridedView(apart_mask) : MutableStridedView(),
-        apart_sinks);
-    for (int g = 0; g < 3; ++g) functional_detail::store_into(apart[g].data(), gradients[g]);
-    if (grad_mask.data() != nullptr) functional_detail::store_into(apart_mask.data(), grad_mask);
-    std::copy(apart_sinks.begin(), apart_sinks.end(), grad_sinks.begin());
+    functional_detail::backward_apart<float>(
+        {grad_query, grad_key, grad_value}, grad_mask, grad_sinks,
+        [&](MutableStridedView gq, MutableStridedView gk, MutableStridedView gv,
+            MutableStridedView gm, std::span<float> gs) {
+          scaled_dot_product_attention_backward(query, key, value, output, grad_output, log_sum_exp,
+                                                options, gq, gk, gv, gm, gs);
+        });
     return;
   }
   // A row masked to −1e9, or of scores beyond ±1e4, loses log(sum) from its float log-sum-exp:

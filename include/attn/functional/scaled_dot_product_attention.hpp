@@ -97,8 +97,14 @@ void scaled_dot_product_attention_backward(
     MutableStridedView grad_value, MutableStridedView grad_mask = {},
     std::span<float> grad_sinks = {});
 
+// Whether some row's forward log-sum-exp is finite and beyond 256 in magnitude, where its float
+// rounding (half an ulp, 2^−24·|lse|) moves P by more than 1.5e−5: the backward pass then takes a
+// base-2 log-sum-exp recomputed from its own scores (a row masked to −1e9, or scores beyond ±1e4).
+bool log_sum_exp_beyond_float_precision(std::span<const float> log_sum_exp);
+
 // For callers that split each row's keys into blocks (ring attention) and meet scores too large
-// for the forward's float log-sum-exp (|lse| > 256): each query row's log-sum-exp in base 2 over
+// for the forward's float log-sum-exp (log_sum_exp_beyond_float_precision): each query row's
+// log-sum-exp in base 2 over
 // this call's keys, log2 Σ_j 2^(S_ij·log2 e) (sinks joining as in the forward; −∞ for a row that
 // sees no key), from scores computed bit for bit as the backward pass computes them under
 // options.log_sum_exp_recomputed_base_two, and the row's total Σ_j 2^(S_ij·log2 e − lse) at the
