@@ -277,24 +277,16 @@ class _AttnModule(nn.Module):
                 for x in (queries, keys, values)
             )
         ):
-            return self._autocast_forward(queries, keys, values, valid_lens, causal)
+            return self._forward_in(
+                torch.get_autocast_dtype("cpu"), queries, keys, values, valid_lens, causal
+            )
         if (
             isinstance(queries, _Tensor)
             and queries.dtype in _OTHER_FLOAT_DTYPES
             and all(isinstance(x, _Tensor) and x.dtype == queries.dtype for x in (keys, values))
         ):
-            return self._other_dtype_forward(queries, keys, values, valid_lens, causal)
+            return self._forward_in(queries.dtype, queries, keys, values, valid_lens, causal)
         return self._layer_forward(queries, keys, values, valid_lens, causal)
-
-    def _other_dtype_forward(self, queries, keys, values, valid_lens, causal):
-        """float64, float16 or bfloat16 inputs outside autocast: attn's float32 layer on them in
-        float32, the output (and its gradient's way back) and the weights in their dtype."""
-        dtype = queries.dtype
-        output = self._layer_forward(
-            queries.float(), keys.float(), values.float(), valid_lens, causal
-        )
-        self._weights_dtype = dtype
-        return output.to(dtype)
 
     def _layer_forward(self, queries, keys, values, valid_lens, causal):
         """The call through attn's layer (_LayerFunction)."""
@@ -329,14 +321,15 @@ class _AttnModule(nn.Module):
             self._spare_layers.append([layer, _weakref.ref(lease)])
         return layer, lease
 
-    def _autocast_forward(self, queries, keys, values, valid_lens, causal):
-        """Under autocast: attn's float32 layer on the inputs in float32, the output (and its
-        gradient's way back) and the weights in the autocast dtype."""
+    def _forward_in(self, dtype, queries, keys, values, valid_lens, causal):
+        """A call whose output is to be in `dtype` (autocast's, or a float64 or half model's):
+        attn's float32 layer on the inputs in float32, the output (and its gradient's way back)
+        and the weights in `dtype`."""
         output = self._layer_forward(
             queries.float(), keys.float(), values.float(), valid_lens, causal
         )
-        self._weights_dtype = torch.get_autocast_dtype("cpu")  # the weights as the output
-        return output.to(self._weights_dtype)
+        self._weights_dtype = dtype  # the weights as the output
+        return output.to(dtype)
 
     def _attend(self, queries, keys, values, valid_lens, causal, scale):
         """The attention of the composed modules: queries (B, H, n, E), keys (B, H, m, E), values
@@ -451,10 +444,8 @@ class _ComposedModule(_AttnModule):
 
     forward.__doc__ = _AttnModule.forward.__doc__
 
-    def _autocast_forward(self, queries, keys, values, valid_lens, causal):
-        return self._composed_forward(queries, keys, values, valid_lens, causal)
-
-    def _other_dtype_forward(self, queries, keys, values, valid_lens, causal):
+    def _forward_in(self, dtype, queries, keys, values, valid_lens, causal):
+        # PyTorch's linear in the inputs' dtype (autocast's under autocast), attn's function.
         return self._composed_forward(queries, keys, values, valid_lens, causal)
 
 
@@ -1163,7 +1154,7 @@ def _cpu_autocast():
 # operators on the CPU: float32, float16 and bfloat16 (float64 stays as it is).
 _AUTOCAST_CAST_DTYPES = frozenset((torch.float32, *_HALF_DTYPES))
 # The module inputs attn's float32 layers do not take as they are: a .double(), .half() or
-# .bfloat16() model's (_AttnModule._other_dtype_forward).
+# .bfloat16() model's (_AttnModule._forward_in).
 _OTHER_FLOAT_DTYPES = frozenset((torch.float64, *_HALF_DTYPES))
 
 
