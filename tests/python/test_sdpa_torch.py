@@ -1398,6 +1398,38 @@ def test_meta_tensors_are_refused_naming_the_device(where):
             call(tensors["query"], tensors["key"], tensors["value"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_meta_tensors_give_pytorchs_shapes(dtype):
+    # A model on the meta device (shape inference, FlopCounterMode's counts without data): with
+    # query, key and value all there, PyTorch's function gives a meta output and gradients; attn's
+    # refused them as tensors outside CPU memory. Shapes that disagree are refused on meta as on
+    # the CPU, naming the argument.
+    def meta(*shape, grad=False):
+        return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
+
+    query, key, value = meta(2, 6, 5, 8, grad=True), meta(2, 3, 7, 8), meta(2, 3, 7, 4)
+    mask = torch.empty(5, 7, device="meta", dtype=torch.bool)
+    for arguments in ({}, {"attn_mask": mask}, {"window": (2, 0), "softcap": 3.0}):
+        output = attn_torch.scaled_dot_product_attention(query, key, value, enable_gqa=True,
+                                                         **arguments)
+        assert (output.device.type, output.shape, output.dtype) == ("meta", (2, 6, 5, 4), dtype)
+        output.sum().backward()
+        assert (query.grad.device.type, query.grad.shape) == ("meta", query.shape)
+        query.grad = None
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        attn_torch.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+    assert counter.get_total_flops() == 2 * (2 * 6 * 5 * 7) * (8 + 4)
+    refusals = [
+        ((query, key, value), "key: expected 6 heads"),
+        ((query, key[..., :3], value), r"key: expected the last axis 8 \(that of query\)"),
+        ((query, key, value[:, :, :6]),
+         r"value: expected the shape of key \(2, 3, 7\) up to the last axis, got \(2, 3, 6\)"),
+    ]
+    for tensors, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            attn_torch.scaled_dot_product_attention(*tensors)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "query_shape, keys",

@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as _np
 import torch
 from torch import nn
+from torch import _check_value
 from torch.utils import flop_counter as _flop_counter
 
 import attn as _attn
@@ -619,6 +620,33 @@ def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed
 
 
 def _sdpa_fake(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options):
+    # The shapes' agreement that the output's shape rests on, checked as attn's kernels check it
+    # (ValueError naming the argument), so that meta tensors and tracing refuse what a call would.
+    enable_gqa = options[3]
+    _check_value(
+        key.dim() >= 2 and key.shape[-1] == query.shape[-1],
+        lambda: f"key: expected the last axis {query.shape[-1]} (that of query), got shape "
+        f"{tuple(key.shape)}",
+    )
+    _check_value(
+        value.dim() == key.dim() and value.shape[:-1] == key.shape[:-1],
+        lambda: f"value: expected the shape of key {tuple(key.shape[:-1])} up to the last axis, "
+        f"got {tuple(value.shape[:-1])}",
+    )
+    if query.dim() >= 3 and key.dim() >= 3 and value.dim() >= 3:
+        heads, kv_heads = query.shape[-3], key.shape[-3]
+        if enable_gqa:
+            _check_value(
+                heads % kv_heads == 0,
+                lambda: "enable_gqa: expected the key/value heads to divide the query's "
+                f"{heads} heads, got {kv_heads}",
+            )
+        else:
+            _check_value(
+                heads == kv_heads,
+                lambda: f"key: expected {heads} heads (those of query; set enable_gqa for "
+                f"grouped-query attention), got {kv_heads}",
+            )
     # The output in the query's dtype (float16 and bfloat16 too); the log-sum-exp always float32.
     output = query.new_empty((*query.shape[:-1], value.shape[-1]))
     return output, query.new_empty(query.shape[:-1], dtype=torch.float32)
@@ -1218,6 +1246,13 @@ def _general_call(eager, query, key, value, options):
     return _sdpa(query, key, value, *options)[0]
 
 
+def _on_meta(*tensors):
+    """Whether every one of the tensors (None allowed, and skipped) is on the meta device: a mix
+    with CPU tensors is refused naming the device, as PyTorch refuses it."""
+    return all(tensor is None or isinstance(tensor, _Tensor) and tensor.is_meta
+               for tensor in tensors)
+
+
 def _under_torch_func():
     """Whether a torch.func transform is running this call (eagerly: Dynamo reads a transform's
     stack as never empty, so compiled calls are not)."""
@@ -1500,7 +1535,11 @@ def scaled_dot_product_attention(
                 broadcast = _broadcast_leading(query, key, value, enable_gqa)
                 if broadcast is None:
                     raise
-            return scaled_dot_product_attention(*broadcast, attn_mask, 0.0, *options)
+                return scaled_dot_product_attention(*broadcast, attn_mask, 0.0, *options)
+            except ValueError:
+                # Meta tensors go on to the general path, which gives them the operator's shapes.
+                if not _on_meta(query, key, value, attn_mask):
+                    raise
     # Nested tensors (jagged ones are a tensor subclass, which would reach the operator and its
     # NotImplementedError): refused in the words of the array import's refusal of strided ones.
     for name, tensor in (("query", query), ("key", key), ("value", value)):
@@ -1622,6 +1661,14 @@ def scaled_dot_product_attention(
             if broadcast is None:
                 raise
             output = _general_call(eager, *broadcast, options)
+        except ValueError:
+            # Tensors on the meta device (shape inference; FlopCounterMode over a model built on
+            # it), which attn's kernels refuse: the operator's fake implementation gives the
+            # output's shape and dtype, as PyTorch's function gives them, and its gradients'.
+            if eager is None or not _on_meta(*computed, attn_mask, alibi_slopes, sinks):
+                raise
+            computed = _broadcast_leading(*computed, enable_gqa) or computed
+            output = _general_call(None, *computed, options)
     except ValueError as error:  # attn.ShapeError is one
         if lengths_from_mask and str(error).startswith("valid_lens"):
             raise _mask_lengths_error(error) from None
