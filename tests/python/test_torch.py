@@ -250,6 +250,43 @@ def test_attn_torch_modules_in_a_float64_model_give_float64(kind):
     assert module.attention_weights.dtype == torch.float64
 
 
+@pytest.mark.parametrize("setting", ["float64", "autocast", "compile"])
+@pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))
+def test_attention_weights_are_the_calls_after_its_inputs_change(kind, setting):
+    # The composed modules compute a call's weights when they are read: they read the caller's
+    # queries, keys and valid_lens then, so a caller reusing its buffers in place changed the
+    # weights of a call made before (uniform weights after queries.zero_(), a length of 3 read
+    # for one of 1). The book's modules keep the call's weights; attn's must equal them.
+    make_reference, make_module, (query_size, key_size, value_size) = MODULE_PAIRS[kind]
+    reference, module = make_reference(), make_module()
+    module.load_state_dict(reference.state_dict())
+    dtype = torch.float64 if setting == "float64" else torch.float32
+    reference.to(dtype)
+    module.to(dtype)
+    inputs = [torch.randn(2, 4, query_size), torch.randn(2, 6, key_size),
+              torch.randn(2, 6, value_size)]
+    call = torch.compile(module) if setting == "compile" else module
+    weights = []
+    for attention in (reference, call):
+        q, k, v = (x.to(dtype, copy=True) for x in inputs)
+        lengths = torch.tensor([1, 5])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setting == "autocast"):
+            attention(q, k, v, lengths)
+        q.zero_()
+        k.mul_(3.0)
+        lengths.fill_(6)
+        read = module.attention_weights if attention is call else (
+            reference.attention.attention_weights if kind == "multi_head"
+            else reference.attention_weights
+        )
+        weights.append(read.detach().float())
+    expected, actual = weights
+    # bf16 autocast: both compute from the same bf16-rounded inputs, weights within bf16's
+    # rounding of the output (2^-8); otherwise float32 round-off.
+    tolerance = 2.0**-7 if setting == "autocast" else 1e-5
+    np.testing.assert_allclose(actual.numpy(), expected.numpy(), atol=tolerance, rtol=tolerance)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))
 def test_attn_torch_modules_in_a_half_model_give_its_dtype(kind, dtype):

@@ -332,13 +332,16 @@ class _AttnModule(nn.Module):
         self._weights_dtype = dtype  # the weights as the output
         return output.to(dtype)
 
-    def _attend(self, queries, keys, values, valid_lens, causal, scale):
+    def _attend(self, queries, keys, values, valid_lens, causal, scale, callers=()):
         """The attention of the composed modules: queries (B, H, n, E), keys (B, H, m, E), values
         (B, H, m, Ev) projected → (B, H, n, Ev) by scaled_dot_product_attention (under autocast
         its cast, attn's half kernels), dropout in training mode; the weights (B·H, n, m) are
-        computed from the same tensors when read."""
-        if valid_lens is not None and not isinstance(valid_lens, _Tensor):
-            valid_lens = torch.as_tensor(valid_lens)
+        computed from the same tensors when read. `callers` names those of queries and keys that
+        are (views of) the caller's tensors, which the weights keep a copy of, as they keep one of
+        valid_lens: a caller that reuses its buffers in place must not change the weights of a
+        call made before (the book's modules keep the call's weights)."""
+        if valid_lens is not None:
+            valid_lens = torch.as_tensor(valid_lens).clone()
         # Cast here rather than inside the call, so that the weights come from what it computed.
         if _cpu_autocast():
             queries, keys, values = _autocast_inputs(queries, keys, values)
@@ -347,9 +350,13 @@ class _AttnModule(nn.Module):
             queries, keys, values, dropout_p=dropout, scale=scale, valid_lens=valid_lens,
             causal=causal,
         )
+        kept_queries, kept_keys = queries.detach(), keys.detach()
+        if "queries" in callers:
+            kept_queries = kept_queries.clone()
+        if "keys" in callers:
+            kept_keys = kept_keys.clone()
         self._weights_layer = _ComposedCallWeights(
-            queries.detach(), keys.detach(), values.detach(), valid_lens, causal, scale,
-            output.dtype,
+            kept_queries, kept_keys, values.shape, valid_lens, causal, scale, output.dtype
         )
         self._attention_weights, self._weights_dtype = None, None
         return output
@@ -379,14 +386,16 @@ class _ComposedCallWeights:
     (need_weights) from the call's (projected) queries and keys, (B, H, n, m) as (B·H, n, m),
     and returned in the call's dtype, as the book's modules keep theirs under autocast."""
 
-    def __init__(self, queries, keys, values, valid_lens, causal, scale, dtype):
-        self._call = (queries, keys, values, valid_lens, causal, scale, dtype)
+    def __init__(self, queries, keys, values_shape, valid_lens, causal, scale, dtype):
+        self._call = (queries, keys, values_shape, valid_lens, causal, scale, dtype)
 
     @property
     def attention_weights(self):
-        queries, keys, values, valid_lens, causal, scale, dtype = self._call
+        queries, keys, values_shape, valid_lens, causal, scale, dtype = self._call
+        # The weights do not depend on the values: one column stands for them.
+        values = keys.new_zeros((*values_shape[:-1], 1), dtype=torch.float32)
         _, weights = _attn.scaled_dot_product_attention(
-            queries.float(), keys.float(), values.float(), scale=scale, valid_lens=valid_lens,
+            queries.float(), keys.float(), values, scale=scale, valid_lens=valid_lens,
             causal=causal, need_weights=True,
         )
         return torch.as_tensor(weights).flatten(0, 1).to(dtype)
@@ -473,7 +482,7 @@ class DotProductAttention(_ComposedModule):
         _check_layer_inputs(queries, keys, values, {})
         output = self._attend(
             queries.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), valid_lens, causal,
-            self._scale,
+            self._scale, callers=("queries", "keys"),
         )
         return output.squeeze(1)
 
@@ -550,7 +559,7 @@ class GeneralAttention(_ComposedModule):
         projected = nn.functional.linear(queries, self.get_parameter("W.weight"))
         output = self._attend(
             projected.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), valid_lens, causal,
-            1.0,
+            1.0, callers=("keys",),
         )
         return output.squeeze(1)
 
