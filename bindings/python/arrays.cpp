@@ -725,12 +725,26 @@ ValidLengths to_valid_lengths(nb::handle object, std::string_view name) {
   if (object.is_none()) return {};
   const std::string label(name);
   if (nb::isinstance<nb::list>(object) || nb::isinstance<nb::tuple>(object)) {
+    // Python ints and whatever stands for one by __index__ (NumPy's integer scalars, as
+    // list(np.array(...)) gives them; 0-d integer tensors), never a bool or a float.
     auto to_length = [&](nb::handle item, const std::string& where) {
+      const bool is_bool = nb::isinstance<nb::bool_>(item);
+      nb::object integer;
+      if (!is_bool) {
+        if (nb::isinstance<nb::int_>(item)) {
+          integer = nb::borrow(item);
+        } else if (PyObject* index = PyNumber_Index(item.ptr())) {
+          integer = nb::steal(index);
+        } else {
+          PyErr_Clear();
+        }
+      }
       int64_t value = 0;
-      if (nb::isinstance<nb::bool_>(item) || !nb::try_cast(item, value, /*convert=*/false)) {
+      if (!integer.is_valid() || !nb::try_cast(integer, value, /*convert=*/false)) {
         throw nb::type_error((where + ": expected an integer length, got " +
-                              python_type_name(item) +
-                              (nb::isinstance<nb::int_>(item) ? " out of the int64 range" : ""))
+                              (integer.is_valid() ? nb::str(integer).c_str() +
+                                                        std::string(", out of the int64 range")
+                                                  : python_type_name(item)))
                                  .c_str());
       }
       return value;

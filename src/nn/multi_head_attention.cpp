@@ -11,7 +11,8 @@ namespace attn {
 namespace {
 
 int64_t checked_heads(int64_t num_hiddens, int64_t num_heads) {
-  if (num_heads <= 0 || num_hiddens <= 0 || num_hiddens % num_heads != 0) {
+  require_positive_size("num_hiddens", num_hiddens);
+  if (num_heads <= 0 || num_hiddens % num_heads != 0) {
     throw ValueError("num_heads: expected a positive divisor of num_hiddens = " +
                      std::to_string(num_hiddens) + ", got " + std::to_string(num_heads));
   }

@@ -6,16 +6,13 @@
 #include <unordered_map>
 
 #include "attn/core/error.hpp"
+#include "attn/seq2seq/unicode_lowercase.hpp"
 
 namespace attn {
 
 namespace {
 
 const std::vector<std::string> kReserved = {"<pad>", "<bos>", "<eos>", "<unk>"};
-
-char lower(char c) {
-  return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
 
 enum class CharClass { kSpace, kLetter, kDigit, kOther };
 
@@ -52,9 +49,11 @@ std::string preprocess_text(std::string_view text) {
       spaced += ' ';
       i += 1;
     } else {
-      spaced += lower(text[i]);
+      spaced += text[i];
     }
   }
+  // Lower-cased after the spaces are replaced, as the book's text.replace(...).lower().
+  spaced = lowercase_utf8(spaced);
   std::string out;
   out.reserve(spaced.size() + spaced.size() / 4);
   for (size_t i = 0; i < spaced.size(); ++i) {
@@ -84,8 +83,7 @@ std::vector<std::string> tokenize(std::string_view text, TokenizerKind kind) {
   }
   std::string current;
   CharClass current_class = CharClass::kSpace;
-  for (const char raw : text) {
-    const char c = lower(raw);
+  for (const char c : lowercase_utf8(text)) {
     const CharClass kind_of_c = classify(c);
     const bool continues =
         !current.empty() && kind_of_c == current_class && kind_of_c != CharClass::kOther;

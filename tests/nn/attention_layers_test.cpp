@@ -436,6 +436,10 @@ TEST(MultiHeadAttention, BookShapeAndErrors) {
   EXPECT_THROW_MESSAGE(MultiHeadAttention(4, 4, 4, 10, 3, 0.0F), ValueError,
                        "num_heads: expected a positive divisor of num_hiddens = 10, got 3");
   EXPECT_THROW_MESSAGE(MultiHeadAttention(4, 4, 4, 12, 0, 0.0F), ValueError, "got 0");
+  // A size of 0 hidden units is the size's error, not the heads' (it read "num_heads: expected a
+  // positive divisor of num_hiddens = 0, got 2").
+  EXPECT_THROW_MESSAGE(MultiHeadAttention(4, 4, 4, 0, 2, 0.0F), ValueError,
+                       "num_hiddens: expected a positive size, got 0");
   EXPECT_THROW_MESSAGE(attention(x, y, Tensor(Shape{2, 6, 99})), ShapeError,
                        "values: expected the last dimension to be 100");
 }

@@ -111,6 +111,21 @@ def test_mismatched_shapes_are_shape_errors():
         attn.AdditiveAttention(2, 3, 4)(normal(1, 1, 4), normal(1, 2, 2), normal(1, 2, 1))
 
 
+def test_lists_of_numpy_integers_are_valid_lens():
+    # list(np.array([...])) holds NumPy integer scalars, not ints: they were refused with
+    # "expected an integer length, got int64". Anything with __index__ is an integer length.
+    queries, keys, values = normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2)
+    expected = attn.scaled_dot_product_attention(queries, keys, values, valid_lens=[2, 4])
+    for lengths in (list(np.array([2, 4])), [np.int32(2), np.uint8(4)], [2, np.int64(4)]):
+        actual = attn.scaled_dot_product_attention(queries, keys, values, valid_lens=lengths)
+        np.testing.assert_array_equal(actual, expected)
+    scores = normal(2, 3, 5)
+    np.testing.assert_array_equal(
+        attn.masked_softmax(scores, [[np.int16(1), 2, 3], list(np.array([5, 4, 3]))]),
+        attn.masked_softmax(scores, [[1, 2, 3], [5, 4, 3]]),
+    )
+
+
 @pytest.mark.parametrize(
     "valid_lens, error, message",
     [
@@ -135,11 +150,13 @@ def test_mismatched_shapes_are_shape_errors():
             r"valid_lens\[1\]: expected 3 lengths \(as in row 0\), got 2",
         ),
         ([1, 2.5], TypeError, r"valid_lens\[1\]: expected an integer length, got float"),
-        ([True, 2], TypeError, r"valid_lens\[0\]: expected an integer length, got bool"),
+        ([True, 2], TypeError, r"valid_lens\[0\]: expected an integer length, got bool$"),
+        ([np.float32(2), 2], TypeError, r"valid_lens\[0\]: expected an integer length, got"),
         (
             [2**70, 1],
             TypeError,
-            r"valid_lens\[0\]: expected an integer length, got int out of the int64 range",
+            r"valid_lens\[0\]: expected an integer length, got 1180591620717411303424, out of the "
+            "int64 range",
         ),
         (
             np.array([2**64 - 1, 1], np.uint64),
@@ -159,6 +176,7 @@ def test_mismatched_shapes_are_shape_errors():
         "ragged",
         "float_item",
         "bool_item",
+        "numpy_float_item",
         "huge_int",
         "huge_uint",
         "str",

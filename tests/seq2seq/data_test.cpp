@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "attn/seq2seq/bleu.hpp"
 #include "attn/seq2seq/corpus.hpp"
 #include "attn/seq2seq/dates.hpp"
+#include "attn/seq2seq/unicode_lowercase.hpp"
 #include "attn/seq2seq/vocabulary.hpp"
 #include "test_support.hpp"
 
@@ -28,6 +31,31 @@ TEST(Tokenizer, BookPreprocessingSpacesPunctuationAndLowerCases) {
   EXPECT_EQ(tokenize("Va\xC2\xA0!", TokenizerKind::kBook), (Tokens{"va", "!"}));
   EXPECT_EQ(tokenize("Attends\xE2\x80\xAF?", TokenizerKind::kBook), (Tokens{"attends", "?"}));
   EXPECT_EQ(tokenize("  ", TokenizerKind::kBook), Tokens{});
+}
+
+TEST(Tokenizer, LowerCasesAsPythonsStrLower) {
+  // The book lower-cases its corpus with str.lower(); attn lower-cased ASCII letters only, so
+  // "À" and "Écoute" (sentence starts in fra.txt) stayed apart from "à" and "écoute". The fixture
+  // (tools/make_unicode_lowercase.py) holds str.lower()'s results: every code point it changes, and
+  // sentences with İ and final sigmas.
+  std::ifstream fixture(std::filesystem::path(ATTN_FIXTURES_DIR) / "seq2seq" / "lowercase.txt");
+  ASSERT_TRUE(fixture) << "tests/fixtures/seq2seq/lowercase.txt";
+  int cases = 0;
+  for (std::string line; std::getline(fixture, line); ++cases) {
+    const size_t tab = line.find('\t');
+    ASSERT_NE(tab, std::string::npos) << line;
+    EXPECT_EQ(lowercase_utf8(line.substr(0, tab)), line.substr(tab + 1)) << "case " << cases;
+  }
+  EXPECT_EQ(cases, 55);
+  EXPECT_EQ(tokenize("\xC3\x80 l'aide\xC2\xA0!", TokenizerKind::kBook),
+            (Tokens{"\xC3\xA0", "l'aide", "!"}));  // À → à
+  // Bytes that are not UTF-8 (a lone continuation byte, a truncated sequence, an overlong '/')
+  // are kept as they are; the letters around them are still lower-cased.
+  EXPECT_EQ(lowercase_utf8("A\x80"
+                           "B\xC3"),
+            "a\x80"
+            "b\xC3");
+  EXPECT_EQ(lowercase_utf8("\xC0\xAFZ"), "\xC0\xAFz");
 }
 
 TEST(Tokenizer, DatesSplitLettersDigitsAndSymbols) {

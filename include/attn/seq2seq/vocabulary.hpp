@@ -13,8 +13,8 @@ namespace attn {
 
 enum class TokenizerKind {
   // The book's preprocessing for its English–French file: non-breaking spaces become spaces, the
-  // text is lower-cased (ASCII letters), a space is put before , . ! ? that follow a non-space,
-  // then the text is split at spaces.
+  // text is lower-cased as Python's str.lower() does (attn/seq2seq/unicode_lowercase.hpp), a space
+  // is put before , . ! ? that follow a non-space, then the text is split at spaces.
   kBook,
   // For the date task: lower-cased, then runs of letters, runs of digits and every other visible
   // character alone ("03/03/87" → 03 / 03 / 87, "1987-03-03" → 1987 - 03 - 03).
