@@ -436,7 +436,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     // (Depths past the tile's size, a row at a time through widened_row.)
     const bool in_scores = s.scores_size >= depth;
     float* widened = in_scores ? s.scores : s.widened_row;
-    const size_t group = in_scores ? std::min(br, s.scores_size / depth) : 1;
+    // (Queries of depth 0 — PyTorch's E = 0, every score 0 — are a group of the tile's rows.)
+    const size_t group = in_scores ? std::min(br, s.scores_size / std::max<size_t>(depth, 1)) : 1;
     for (size_t r0 = 0; r0 < tile.rows; r0 += group) {
       const size_t rows = std::min(group, tile.rows - r0);
       for (size_t r = 0; r < rows; ++r) {

@@ -60,7 +60,10 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
                      std::to_string(options.window_left) + ", " +
                      std::to_string(options.window_right) + ")");
   }
-  if (options.mask.kind != MaskKind::kNone && options.mask.data == nullptr) {
+  // (An empty batch, head or query axis, or no keys, leaves the mask no entries: a mask of no
+  // entries, such as an empty vector's null data, is then what PyTorch takes, and never read.)
+  const bool reads_mask = q.batch > 0 && q.heads > 0 && q.rows > 0 && k.rows > 0;
+  if (options.mask.kind != MaskKind::kNone && options.mask.data == nullptr && reads_mask) {
     throw ValueError("attn_mask: expected the mask's entries, got a null pointer");
   }
   if (options.key_ranges != nullptr && options.key_range_heads != q.heads) {

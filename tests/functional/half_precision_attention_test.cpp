@@ -285,6 +285,48 @@ TEST_P(HalfPrecisionSdpa, DecodingShapesMatchTheFloatPath) {
   }
 }
 
+TEST_P(HalfPrecisionSdpa, QueriesOfDepthZeroGiveTheValuesMean) {
+  // E = 0, as PyTorch takes it: every score is 0, each output row the mean of the values it sees.
+  // The half prefill divided by the depth when widening the queries (SIGFPE); decode-sized and
+  // prefill-sized query counts, plain and causal, forward and backward.
+  uint64_t seed = 40;
+  for (const HalfType type : kTypes) {
+    for (const int64_t n : {1, 3, 40, 100}) {
+      Inputs in(type, Shape{1, 2, n, 0}, Shape{1, 2, 50, 0}, Shape{1, 2, 50, 5}, seed++);
+      const std::string what = "depth 0, n = " + std::to_string(n);
+      in.expect_matches(type, {}, what);
+      AttentionOptions causal;
+      causal.causal = true;
+      causal.alignment = DiagonalAlignment::kBottomRight;
+      in.expect_matches(type, causal, what + ", causal");
+      // dV_j = Σ_i P_ij·dO_i with P_ij = 1/50: within the rounding of dO and dV to `type`.
+      const HalfAttentionForward forward =
+          scaled_dot_product_attention(type, in.q.view(), in.k.view(), in.v.view());
+      const HalfArray grad_out(type, testing::random_tensor(Shape{1, 2, n, 5}, in.rng));
+      const HalfAttentionBackward gradients = scaled_dot_product_attention_backward(
+          type, in.q.view(), in.k.view(), in.v.view(),
+          HalfView(forward.output.bits.data(), forward.output.shape), grad_out.view(),
+          forward.log_sum_exp, {});
+      EXPECT_EQ(gradients.query.bits.size(), 0U);
+      EXPECT_EQ(gradients.key.bits.size(), 0U);
+      ASSERT_EQ(gradients.value.bits.size(), 2U * 50 * 5);
+      const double unit = type == HalfType::kFloat16 ? 0x1p-11 : 0x1p-8;
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t j = 0; j < 50; ++j)
+          for (int64_t c = 0; c < 5; ++c) {
+            double want = 0.0, size = 0.0;
+            for (int64_t i = 0; i < n; ++i) {
+              want += grad_out.widened.data()[(h * n + i) * 5 + c] / 50.0;
+              size += std::fabs(grad_out.widened.data()[(h * n + i) * 5 + c]) / 50.0;
+            }
+            const double got = half_bits_to_float(
+                type, gradients.value.bits[static_cast<size_t>((h * 50 + j) * 5 + c)]);
+            EXPECT_NEAR(got, want, unit * size + 1e-6) << what << " dV " << h << " " << j;
+          }
+    }
+  }
+}
+
 TEST_P(HalfPrecisionSdpa, Fp16DropoutIsTheFloatPathsDropout) {
   // Exact for fp16 on every target: the same seeds drop the same weights.
   Inputs in(HalfType::kFloat16, Shape{2, 2, 21, 8}, Shape{2, 2, 33, 8}, Shape{2, 2, 33, 8}, 50);

@@ -1318,6 +1318,48 @@ TEST(FunctionalSdpaLayout, StridedViewsGiveTheContiguousResult) {
 // values or the queries; gradients in place of the queries, keys or grad_output): the result of
 // separate outputs. Over the values, the kernels read V rows a later tile had overwritten
 // (0.5–0.67 off at L = 128).
+TEST(FunctionalSdpaLayout, EmptyAxesTakeAMaskOfNoEntries) {
+  // An empty batch, head or query axis leaves the mask no entries (its data may be null, as an
+  // empty vector's is): PyTorch returns the empty output, attn refused "attn_mask: expected the
+  // mask's entries, got a null pointer". Float and bool masks, forward and backward, float and
+  // half.
+  struct Case {
+    Shape query, key, mask;
+  };
+  const Case cases[] = {
+      {Shape{0, 3, 5, 8}, Shape{0, 3, 7, 8}, Shape{0, 3, 5, 7}},
+      {Shape{0, 3, 5, 8}, Shape{0, 3, 7, 8}, Shape{0, 1, 1, 7}},
+      {Shape{2, 0, 5, 8}, Shape{2, 0, 7, 8}, Shape{2, 0, 5, 7}},
+      {Shape{2, 3, 0, 8}, Shape{2, 3, 7, 8}, Shape{0, 7}},
+      {Shape{2, 3, 5, 8}, Shape{2, 3, 0, 8}, Shape{5, 0}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.query.str() + " mask " + c.mask.str());
+    const Tensor q(c.query), k(c.key), v(c.key);
+    AttentionOptions additive, boolean;
+    additive.attn_mask = AttentionMask::additive(StridedView<const float>(nullptr, c.mask));
+    boolean.attn_mask = AttentionMask::boolean(StridedView<const uint8_t>(nullptr, c.mask));
+    for (const AttentionOptions* options : {&additive, &boolean}) {
+      const AttentionForward forward = scaled_dot_product_attention(q, k, v, *options);
+      EXPECT_EQ(forward.output.shape(), c.query);
+      // With no keys each row's output is 0, as PyTorch's (0 · nothing).
+      for (const float x : forward.output.values()) EXPECT_EQ(x, 0.0F);
+      const AttentionBackward gradients = scaled_dot_product_attention_backward(
+          q, k, v, forward.output, forward.output, forward.log_sum_exp, *options,
+          options == &additive);
+      EXPECT_EQ(gradients.query.shape(), c.query);
+      EXPECT_EQ(gradients.attn_mask.shape(), options == &additive ? c.mask : Shape{0});
+      const std::vector<uint16_t> q16(static_cast<size_t>(c.query.numel())),
+          k16(static_cast<size_t>(c.key.numel()));
+      const HalfAttentionForward half = scaled_dot_product_attention(
+          HalfType::kBFloat16, StridedView<const uint16_t>(q16.data(), c.query),
+          StridedView<const uint16_t>(k16.data(), c.key),
+          StridedView<const uint16_t>(k16.data(), c.key), *options);
+      EXPECT_EQ(half.output.shape, c.query);
+    }
+  }
+}
+
 TEST(FunctionalSdpaLayout, OutputsOverInputsGiveTheSeparateResult) {
   Rng rng(21);
   const int64_t B = 2, H = 2, L = 128, E = 16;
