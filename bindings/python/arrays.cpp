@@ -440,12 +440,17 @@ Framework framework_of(nb::handle object) {
   for (size_t i = 0; i < seen_count; ++i) {
     if (seen[i].type == type) return seen[i].framework;
   }
-  // torch.Tensor's module is "torch", nn.Parameter's "torch.nn.parameter".
-  const nb::object module = nb::getattr(object.type(), "__module__", nb::none());
+  // torch.Tensor's module is "torch", nn.Parameter's "torch.nn.parameter"; a user's subclass of
+  // torch.Tensor (class Sub(torch.Tensor)) has its own module, and torch's classes among its bases.
   Framework framework = Framework::kNumpy;
-  if (nb::isinstance<nb::str>(module)) {
-    const std::string_view name = nb::borrow<nb::str>(module).c_str();
-    if (name == "torch" || name.starts_with("torch.")) framework = Framework::kTorch;
+  PyObject* const bases = type->tp_mro;
+  const Py_ssize_t count = bases != nullptr && PyTuple_Check(bases) ? PyTuple_GET_SIZE(bases) : 0;
+  for (Py_ssize_t i = 0; i < count && framework == Framework::kNumpy; ++i) {
+    const nb::object module = nb::getattr(PyTuple_GET_ITEM(bases, i), "__module__", nb::none());
+    if (nb::isinstance<nb::str>(module)) {
+      const std::string_view name = nb::borrow<nb::str>(module).c_str();
+      if (name == "torch" || name.starts_with("torch.")) framework = Framework::kTorch;
+    }
   }
   if (seen_count < seen.size()) {
     Py_INCREF(reinterpret_cast<PyObject*>(type));

@@ -335,6 +335,42 @@ def test_flop_counter_counts_as_for_torch(shapes):
     assert counts[1] == counts[0] > 0
 
 
+class _UserTensor(torch.Tensor):
+    """A subclass of torch.Tensor defined outside torch (a user's, or a library's)."""
+
+
+def test_subclasses_of_tensor_are_tensors():
+    # A subclass defined outside torch was taken for a NumPy array by its module's name: attn's
+    # function returned an ndarray, attn.torch's failed "Unable to cast [[...]] to Tensor" (the
+    # whole output printed), and under autograd refused it as no tensor. PyTorch returns the
+    # subclass.
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    sub = [x.as_subclass(_UserTensor) for x in (q, k, v)]
+    output = attn.scaled_dot_product_attention(*sub)
+    assert isinstance(output, torch.Tensor)
+    torch.testing.assert_close(torch.as_tensor(output), expected, rtol=1e-5, atol=1e-6)
+    output = attn_torch.scaled_dot_product_attention(*sub)
+    assert isinstance(output, _UserTensor)
+    torch.testing.assert_close(output.as_subclass(torch.Tensor), expected, rtol=1e-5, atol=1e-6)
+    query = q.clone().as_subclass(_UserTensor).requires_grad_()
+    attn_torch.scaled_dot_product_attention(query, k, v).sum().backward()
+    reference = q.clone().requires_grad_()
+    torch.nn.functional.scaled_dot_product_attention(reference, k, v).sum().backward()
+    torch.testing.assert_close(query.grad.as_subclass(torch.Tensor), reference.grad, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_a_complex_mask_is_named_as_a_mask():
+    # attn.torch read a complex mask as integer valid lengths: the error named valid_lens and a
+    # warning called its entries a tokenizer's attention_mask.
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError, match="attn_mask: expected a bool mask.* got complex64"):
+            attn_torch.scaled_dot_product_attention(q, k, v, torch.zeros(5, 7, dtype=torch.complex64))
+
+
 def test_sparse_and_nested_tensors_are_named_by_their_layout():
     # They were "expected a NumPy array or a tensor supporting DLPack, got torch.Tensor of dtype
     # torch.float32" (a jagged one reached the operator: NotImplementedError attn.sdpa.default).

@@ -1128,7 +1128,10 @@ def _is_lengths(attn_mask):
     if isinstance(attn_mask, (list, tuple)):
         return True
     if isinstance(attn_mask, torch.Tensor):
-        return not attn_mask.is_floating_point() and attn_mask.dtype != torch.bool
+        # (Complex masks are no lengths: the mask's own check names their dtype.)
+        return not (
+            attn_mask.is_floating_point() or attn_mask.is_complex() or attn_mask.dtype == torch.bool
+        )
     return attn_mask is not None and _np.issubdtype(_np.asarray(attn_mask).dtype, _np.integer)
 
 
@@ -1630,8 +1633,12 @@ def scaled_dot_product_attention(
     sinks = _as_float32(_as_tensor(sinks, torch.float32, "sinks"))
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         attn_mask = torch.as_tensor(attn_mask)
-    if attn_mask is not None and attn_mask.dtype not in _PLAIN_MASK_DTYPES:
-        attn_mask = _as_float32(attn_mask)
+    if (
+        attn_mask is not None
+        and attn_mask.dtype not in _PLAIN_MASK_DTYPES
+        and attn_mask.is_floating_point()
+    ):
+        attn_mask = _as_float32(attn_mask)  # (others, complex ones, refused naming their dtype)
     window_left, window_right = _window_arguments(window)
     # Dropout of every weight (dropout_p = 1), as PyTorch: a zero output and zero gradients. attn's
     # kernels take probabilities below 1 (each kept weight is scaled by 1/(1 − p)): the pass without
