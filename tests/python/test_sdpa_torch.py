@@ -1675,6 +1675,27 @@ def test_override_sdpa_gives_pytorchs_errors_where_attn_would_compute(attn_calls
         assert (kind, message) == (type(torch_error.value), str(torch_error.value))
 
 
+def test_override_sdpa_gives_pytorchs_result_for_inputs_that_are_not_finite():
+    # attn refuses NaN and infinite inputs; a model written for PyTorch's function (an fp16
+    # overflow upstream, a scale of inf) gets PyTorch's NaN-carrying result under the override,
+    # as its docstring promises for calls attn does not compute as PyTorch would.
+    q = torch.randn(N, H, L, E)
+    nan_query = q.clone()
+    nan_query[0, 0, 1, 2] = float("nan")
+    infinite_key = q.clone()
+    infinite_key[1, 0, 3, 0] = float("inf")
+    calls = [((nan_query, q, q), {}), ((q, infinite_key, q), {"is_causal": True}),
+             ((q, q, q), {"scale": float("inf")})]
+    with attn_torch.override_sdpa():
+        got = [F.scaled_dot_product_attention(*tensors, **options) for tensors, options in calls]
+    for (tensors, options), output in zip(calls, got):
+        expected = F.scaled_dot_product_attention(*tensors, **options)
+        assert torch.equal(output.isnan(), expected.isnan())
+        torch.testing.assert_close(output, expected, equal_nan=True)
+    with pytest.raises(ValueError, match="query: expected finite values, got NaN"):
+        attn_torch.scaled_dot_product_attention(nan_query, q, q)  # attn's own function refuses
+
+
 def test_override_sdpa_compiles_to_attns_operator():
     q = torch.randn(N, H, L, E)
     graphs = []

@@ -1756,9 +1756,16 @@ class override_sdpa:
                 and not _under_torch_func()
                 and _computes(query, key, value, attn_mask, is_causal)
             ):
-                return scaled_dot_product_attention(
-                    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-                )
+                try:
+                    return scaled_dot_product_attention(
+                        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+                    )
+                except ValueError as error:
+                    # Inputs that are not finite (an fp16 overflow upstream; a scale of inf),
+                    # which attn refuses: PyTorch's function carries them on, as a model written
+                    # for it expects.
+                    if "finite" not in str(error):
+                        raise
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                             **later_arguments)
