@@ -726,24 +726,20 @@ std::vector<float> to_float_vector(nb::handle object, std::string_view name) {
   return values;
 }
 
+nb::object as_python_int(nb::handle item) {
+  if (nb::isinstance<nb::bool_>(item)) return {};
+  if (nb::isinstance<nb::int_>(item)) return nb::borrow(item);
+  if (PyObject* index = PyNumber_Index(item.ptr())) return nb::steal(index);
+  PyErr_Clear();
+  return {};
+}
+
 ValidLengths to_valid_lengths(nb::handle object, std::string_view name) {
   if (object.is_none()) return {};
   const std::string label(name);
   if (nb::isinstance<nb::list>(object) || nb::isinstance<nb::tuple>(object)) {
-    // Python ints and whatever stands for one by __index__ (NumPy's integer scalars, as
-    // list(np.array(...)) gives them; 0-d integer tensors), never a bool or a float.
     auto to_length = [&](nb::handle item, const std::string& where) {
-      const bool is_bool = nb::isinstance<nb::bool_>(item);
-      nb::object integer;
-      if (!is_bool) {
-        if (nb::isinstance<nb::int_>(item)) {
-          integer = nb::borrow(item);
-        } else if (PyObject* index = PyNumber_Index(item.ptr())) {
-          integer = nb::steal(index);
-        } else {
-          PyErr_Clear();
-        }
-      }
+      const nb::object integer = as_python_int(item);
       int64_t value = 0;
       if (!integer.is_valid() || !nb::try_cast(integer, value, /*convert=*/false)) {
         throw nb::type_error((where + ": expected an integer length, got " +

@@ -31,6 +31,11 @@ enum class Framework { kNumpy, kTorch };
 // kNumpy for anything else.
 Framework framework_of(nb::handle object);
 
+// `item` as a Python int where it is one or stands for one by __index__ (NumPy's integer scalars,
+// as list(np.array(...)) gives them; 0-d integer tensors); an invalid object for anything else,
+// a bool and a float included.
+nb::object as_python_int(nb::handle item);
+
 // ValueError naming `name` where `object` is a torch tensor that requires grad while grad mode is
 // on: `function` (attn's, outside autograd) would return a result with requires_grad=False, the
 // graph cut without a word, as tensor.numpy() refuses such tensors. `instead` names what records

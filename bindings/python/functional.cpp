@@ -80,7 +80,8 @@ struct ScalarArguments {
 int64_t window_side(nb::handle item, const char* side) {
   if (item.is_none()) return -1;
   int64_t value = 0;
-  if (nb::isinstance<nb::bool_>(item) || !nb::try_cast(item, value, /*convert=*/false)) {
+  const nb::object integer = as_python_int(item);
+  if (!integer.is_valid() || !nb::try_cast(integer, value, /*convert=*/false)) {
     throw nb::type_error((std::string("window: expected (left, right) as ints or None, got ") +
                           side + " of type " + python_type(item))
                              .c_str());
@@ -313,11 +314,14 @@ nb::object attend_to_cache_call(nb::handle q, BoundCache& cache, nb::handle v, n
   // The seed only matters for dropout, which a cache call refuses.
   const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes,
                          softcap, sinks, valid_lens, alignment, causal, dropout, 0);
-  if (call.drops_all()) {
-    // The library's refusal of any dropout here, which p = 1 (run as 0, zeroed) would miss.
+  if (call.drops_all() || call.options().dropout > 0.0F) {
+    // The library's refusal of any dropout here (which p = 1, run as 0 and zeroed, would miss),
+    // under the name the caller gave it.
     throw nb::value_error(
-        "dropout: not taken with a KV cache (the cache's lengths are the valid lengths; masks "
-        "and dropout are for the prefill call without a cache)");
+        (std::string(dropout.has_value() ? "dropout" : "dropout_p") +
+         ": not taken with a KV cache (the cache's lengths are the valid lengths; masks and "
+         "dropout are for the prefill call without a cache)")
+            .c_str());
   }
   return naming_mask_lengths(call, [&] { return attend_to_cache(q, cache, call.options()); });
 }

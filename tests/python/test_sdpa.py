@@ -198,6 +198,7 @@ def test_strict_inputs_accept_views_and_refuse_copies():
         (dict(window=3), TypeError, r"window: expected None or a pair"),
         (dict(window=(1, -2)), ValueError, r"window: expected right ≥ 0"),
         (dict(window=(1.5, 0)), TypeError, r"window: expected \(left, right\) as ints"),
+        (dict(window=(True, 0)), TypeError, r"window: expected \(left, right\) as ints"),
         (dict(alignment="top-right"), ValueError, r"alignment: expected \"top-left\""),
         (dict(alibi_slopes=[0.5, 0.25]), attn.ShapeError, r"alibi_slopes"),
         (dict(sinks=["a", 1, 2]), TypeError, r"sinks\[0\]: expected a number"),
@@ -221,6 +222,7 @@ def test_strict_inputs_accept_views_and_refuse_copies():
         "window_int",
         "window_negative",
         "window_float",
+        "window_bool",
         "alignment",
         "alibi_count",
         "sinks_str",
@@ -364,3 +366,21 @@ def test_dropout_of_every_weight_gives_zeros(argument):
     # Shapes are still checked: the pass runs without dropout before its output is zeroed.
     with pytest.raises(attn.ShapeError, match="key"):
         attn.scaled_dot_product_attention(q, k[..., :3], v, **{argument: 1.0})
+
+
+def test_window_sides_may_be_numpy_integers():
+    # Sizes computed with NumPy (np.int64) were refused ("got left of type numpy.int64").
+    import torch
+
+    import attn.torch as attn_torch
+
+    q, k, v = (torch.randn(1, 2, 9, 4) for _ in range(3))
+    for call in (attn.scaled_dot_product_attention, attn_torch.scaled_dot_product_attention):
+        expected = call(q, k, v, window=(3, 0))
+        for window in ((np.int64(3), np.int32(0)), (np.int64(3), None), [np.uint8(3), 0]):
+            right = window[1]
+            want = expected if right is not None else call(q, k, v, window=(3, None))
+            np.testing.assert_array_equal(np.asarray(call(q, k, v, window=window)), np.asarray(want))
+        with pytest.raises(TypeError, match=r"window: expected \(left, right\) as ints or None, "
+                                            r"got right of type float64"):
+            call(q, k, v, window=(3, np.float64(0)))

@@ -27,6 +27,7 @@ Threads: these calls use ``torch.get_num_threads()`` threads, as PyTorch's own o
 import copy as _copy
 import math as _math
 import numbers as _numbers
+from operator import index as _operator_index
 import warnings
 import weakref as _weakref
 from typing import Optional
@@ -592,7 +593,21 @@ def _window_arguments(window):
             "window: expected None or a pair (left, right) of ints (-1 or None: unbounded), got "
             f"{type(window).__name__}"
         )
-    return tuple(-1 if side is None else side for side in window)
+    return tuple(_window_side(side, name) for side, name in zip(window, ("left", "right")))
+
+
+def _window_side(side, name):
+    """-1 for None, the int of an int or of what stands for one by __index__ (NumPy's integers)."""
+    if side is None:
+        return -1
+    if not isinstance(side, bool):
+        try:
+            return _operator_index(side)
+        except TypeError:
+            pass
+    raise TypeError(
+        f"window: expected (left, right) as ints or None, got {name} of type {type(side).__name__}"
+    )
 
 
 def _window(window_left, window_right):
