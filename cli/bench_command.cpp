@@ -245,7 +245,49 @@ CaseRow measure_case(const AttentionCase& entry, const AttentionShape& shape, in
   return row;
 }
 
+// Why `entry` does not run at n = `length`, or nothing when it runs.
+std::optional<std::string> attention_skip_reason(const AttentionCase& entry,
+                                                 const BenchOptions& options, int64_t length) {
+  if (entry.max_length > 0 && length > entry.max_length) {
+    return "it runs up to n=" + std::to_string(entry.max_length);
+  }
+  if (entry.working_set_bytes(shape_for(options, length)) >
+      options.max_working_set_mib * 1024 * 1024) {
+    return "its working set exceeds --max-working-set-mib";
+  }
+  return std::nullopt;
+}
+
+// Options under which every case chosen is skipped used to measure the ceilings, print a table's
+// header without a row and exit 0: an error before anything is measured instead, with the reasons.
+void require_a_case_that_runs(const BenchOptions& options) {
+  std::vector<std::string> reasons;
+  for (const std::string& name : selected_attention_cases(options)) {
+    for (const int64_t length : options.sizes) {
+      const std::optional<std::string> reason =
+          attention_skip_reason(bench::find_attention_case(name), options, length);
+      if (!reason) return;
+      reasons.push_back(name + " n=" + std::to_string(length) + ": " + *reason);
+    }
+  }
+  const std::vector<std::string> decode_reasons =
+      decode_skip_reasons(options.decode, selected_decode_cases(options));
+  if (decode_reasons.empty() && !selected_decode_cases(options).empty()) return;
+  reasons.insert(reasons.end(), decode_reasons.begin(), decode_reasons.end());
+  std::string listed;
+  constexpr size_t kListed = 3;
+  for (size_t index = 0; index < std::min(reasons.size(), kListed); ++index) {
+    listed += (index == 0 ? "" : "; ") + reasons[index];
+  }
+  if (reasons.size() > kListed) {
+    listed += "; and " + std::to_string(reasons.size() - kListed) + " more";
+  }
+  throw ValueError("--cases: expected at least one case that runs with these options, got none: " +
+                   listed);
+}
+
 BenchReport run_benchmarks(const BenchOptions& options) {
+  require_a_case_that_runs(options);
   BenchReport report;
   report.cpu = cpu_description();
   report.simd_target = simd_target();
@@ -269,7 +311,6 @@ BenchReport run_benchmarks(const BenchOptions& options) {
         bench::measure_fma_peak(threads, options.quick ? 0.05 : 0.3, options.quick ? 2 : 5);
     report.best_fma_rate[threads] = report.peaks[threads].gflops;
   }
-  const double budget = options.max_working_set_mib * 1024 * 1024;
   for (const int64_t length : options.sizes) {
     if (attention_cases.empty()) break;
     const AttentionShape shape = shape_for(options, length);
@@ -284,18 +325,8 @@ BenchReport run_benchmarks(const BenchOptions& options) {
     }
     for (const std::string& name : attention_cases) {
       const AttentionCase& entry = bench::find_attention_case(name);
-      if (entry.max_length > 0 && length > entry.max_length) {
-        if (verbose) {
-          progress("skipping " + name + " n=" + std::to_string(length) +
-                   ": it runs up to n=" + std::to_string(entry.max_length));
-        }
-        continue;
-      }
-      if (entry.working_set_bytes(shape) > budget) {
-        if (verbose) {
-          progress("skipping " + name + " n=" + std::to_string(length) +
-                   ": its working set exceeds --max-working-set-mib");
-        }
+      if (const std::optional<std::string> reason = attention_skip_reason(entry, options, length)) {
+        if (verbose) progress("skipping " + name + " n=" + std::to_string(length) + ": " + *reason);
         continue;
       }
       for (const int threads : options.threads) {

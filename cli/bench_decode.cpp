@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -37,9 +38,16 @@ void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
       ->transform(number_check(options.batches, from_to(1, 4096)));
   command
       .add_option("--decode-queries", options.queries,
-                  "Decode cases: new queries n per sequence, comma-separated")
+                  "Decode cases: new queries n per sequence, comma-separated; n x (heads / "
+                  "kv-heads) at most " +
+                      std::to_string(kMaxDecodeRows) + ", the decode kernel's rows (n <= " +
+                      std::to_string(kMaxDecodeRows / (options.heads / options.kv_heads)) +
+                      " with the default " + std::to_string(options.heads) + " heads over " +
+                      std::to_string(options.kv_heads) + ")")
       ->delimiter(',')
-      ->transform(number_check(options.queries, from_to(1, 64)));
+      // The range of one query head per key/value head; check_decode_options checks the rest,
+      // which depends on --decode-heads and --decode-kv-heads.
+      ->transform(number_check(options.queries, from_to(1, kMaxDecodeRows)));
   command
       .add_option("--decode-lengths", options.lengths,
                   "Decode cases: cached tokens m per sequence, comma-separated (e.g. "
@@ -91,11 +99,57 @@ void check_decode_options(DecodeBenchOptions& options, bool quick) {
   for (const int64_t n : options.queries) {
     // More rows than the decode kernel takes go to the prefill kernel: not a decode step.
     if (n * group > kMaxDecodeRows) {
-      throw ValueError(
-          "--decode-queries: expected n x (heads / kv-heads) <= " + std::to_string(kMaxDecodeRows) +
-          " (the decode kernel's rows), got " + std::to_string(n) + " x " + std::to_string(group));
+      throw ValueError("--decode-queries: expected at most " +
+                       std::to_string(kMaxDecodeRows / group) +
+                       " new queries with --decode-heads " + std::to_string(options.heads) +
+                       " over --decode-kv-heads " + std::to_string(options.kv_heads) + " (n x " +
+                       std::to_string(group) + " query heads per key/value head must be at most " +
+                       std::to_string(kMaxDecodeRows) +
+                       ", the decode kernel's rows; more are a prefill, not a decode step), got " +
+                       std::to_string(n));
     }
   }
+}
+
+namespace {
+
+// Why `entry`'s cache of `batch` x `length` tokens is not filled, or nothing when it runs: the
+// cache is the case's memory, and sizes that would crowd the machine are skipped.
+std::optional<std::string> decode_skip_reason(const DecodeBenchOptions& options,
+                                              const bench::DecodeCase& entry, int64_t batch,
+                                              int64_t length, int64_t available) {
+  const double scales = entry.dtype == CacheDType::kInt8 ? 8.0 : 0.0;
+  const double cache_bytes =
+      static_cast<double>(batch * length * options.kv_heads) *
+      (2.0 * static_cast<double>(options.head_dim * cache_dtype_size(entry.dtype)) + scales);
+  if (available > 0 && cache_bytes > 0.5 * static_cast<double>(available)) {
+    return "its cache (" + std::to_string(static_cast<int64_t>(cache_bytes / (1 << 20))) +
+           " MiB) exceeds half the available memory";
+  }
+  return std::nullopt;
+}
+
+std::string decode_case_text(const bench::DecodeCase& entry, int64_t batch, int64_t length) {
+  return entry.name + " B=" + std::to_string(batch) + " m=" + std::to_string(length);
+}
+
+}  // namespace
+
+std::vector<std::string> decode_skip_reasons(const DecodeBenchOptions& options,
+                                             const std::vector<const bench::DecodeCase*>& cases) {
+  std::vector<std::string> reasons;
+  const int64_t available = bench::available_memory();
+  for (const int64_t batch : options.batches) {
+    for (const int64_t length : options.lengths) {
+      for (const bench::DecodeCase* entry : cases) {
+        const std::optional<std::string> reason =
+            decode_skip_reason(options, *entry, batch, length, available);
+        if (!reason) return {};
+        reasons.push_back(decode_case_text(*entry, batch, length) + ": " + *reason);
+      }
+    }
+  }
+  return reasons;
 }
 
 DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
@@ -126,17 +180,10 @@ DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
       for (const bench::DecodeCase* entry : cases) {
         const bench::DecodeShape shape{batch, options.heads, options.kv_heads, options.head_dim,
                                        length};
-        const std::string where =
-            entry->name + " B=" + std::to_string(batch) + " m=" + std::to_string(length);
-        // The cache is the case's memory: skip sizes that would crowd the machine.
-        const double scales = entry->dtype == CacheDType::kInt8 ? 8.0 : 0.0;
-        const double cache_bytes =
-            static_cast<double>(batch * length * options.kv_heads) *
-            (2.0 * static_cast<double>(options.head_dim * cache_dtype_size(entry->dtype)) + scales);
-        if (available > 0 && cache_bytes > 0.5 * static_cast<double>(available)) {
-          progress("skipping " + where + ": its cache (" +
-                   std::to_string(static_cast<int64_t>(cache_bytes / (1 << 20))) +
-                   " MiB) exceeds half the available memory");
+        const std::string where = decode_case_text(*entry, batch, length);
+        if (const std::optional<std::string> reason =
+                decode_skip_reason(options, *entry, batch, length, available)) {
+          progress("skipping " + where + ": " + *reason);
           continue;
         }
         progress("filling the cache of " + where);

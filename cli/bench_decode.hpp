@@ -57,6 +57,10 @@ struct DecodeReport {
   std::vector<DecodeRow> rows;
 };
 
+// Why each chosen case is skipped at each batch size and length (its cache past half the
+// available memory), or nothing when at least one of them runs.
+std::vector<std::string> decode_skip_reasons(const DecodeBenchOptions& options,
+                                             const std::vector<const bench::DecodeCase*>& cases);
 DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
                                    const std::vector<const bench::DecodeCase*>& cases,
                                    const std::vector<int>& threads, bool quick, bool no_ceilings,

@@ -81,7 +81,8 @@ void check_output(const OutputFile& output) {
   }
   const std::string extension = lower_extension(output.path);
   if (output.kind == OutputKind::kNpy && extension != ".npy") {
-    throw ValueError(output.option + ": expected a file name ending in .npy, got '" +
+    const std::string reason = output.kind_reason.empty() ? "" : " (" + output.kind_reason + ")";
+    throw ValueError(output.option + ": expected a file name ending in .npy" + reason + ", got '" +
                      output.path.string() + "'");
   }
   if (output.kind == OutputKind::kArray && extension != ".npy" && extension != ".safetensors") {

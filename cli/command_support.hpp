@@ -56,6 +56,10 @@ struct OutputFile {
   std::string option;
   std::filesystem::path path;
   OutputKind kind = OutputKind::kAny;
+  // Why the kind is narrower than the option's usual one, for the message when the extension does
+  // not fit ("--ring writes .npy files only"), so `--out x.safetensors` with --ring is not refused
+  // as though --out never took safetensors; empty for none.
+  std::string kind_reason = {};
 };
 
 // Checks every output of a command before the first is written, so that a bad one cannot fail the

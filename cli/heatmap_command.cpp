@@ -23,8 +23,23 @@ namespace {
 struct HeatmapCommandOptions {
   std::string weights;
   std::string out;
+  std::string titles;  // --titles as typed, split in draw()
+  const CLI::Option* titles_option = nullptr;
   HeatmapOptions heatmap;
 };
+
+// "a,,b" is three titles, the second empty (a panel left untitled): CLI11's delimiter dropped
+// empty fields, so the count no longer matched what was typed ("expected 3 titles, got 2").
+std::vector<std::string> split_titles(const std::string& text) {
+  std::vector<std::string> titles;
+  size_t start = 0;
+  for (size_t comma = text.find(','); comma != std::string::npos; comma = text.find(',', start)) {
+    titles.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  titles.push_back(text.substr(start));
+  return titles;
+}
 
 // save_heatmaps names itself in its messages ("save_heatmaps: ..."); the user gave a weights file,
 // options and --out: the source of the argument at fault goes in front instead.
@@ -47,7 +62,8 @@ struct HeatmapCommandOptions {
   rethrow_with_message(error, source + ": " + message);
 }
 
-void draw(const HeatmapCommandOptions& options) {
+void draw(HeatmapCommandOptions& options) {
+  if (options.titles_option->count() > 0) options.heatmap.titles = split_titles(options.titles);
   check_outputs({{"--out", options.out, OutputKind::kPicture}}, {{"weights", options.weights}});
   const Tensor weights =
       with_context("weights", [&] { return load_npy_tensor(options.weights, "weights"); });
@@ -84,11 +100,12 @@ void add_heatmap_command(CLI::App& app) {
       ->required();
   command->add_option("--xlabel", options->heatmap.xlabel, "Label of the x axis");
   command->add_option("--ylabel", options->heatmap.ylabel, "Label of the y axis");
-  command
-      ->add_option("--titles", options->heatmap.titles,
-                   "One title per panel, comma-separated, row by row")
-      ->delimiter(',')
-      ->default_str("none");
+  options->titles_option =
+      command
+          ->add_option("--titles", options->titles,
+                       "One title per panel, comma-separated, row by row (an empty one leaves its "
+                       "panel untitled)")
+          ->default_str("none");
   CLI::Option* rows =
       command->add_option("--rows", options->heatmap.rows, "Rows of panels (with --cols)")
           ->transform(number_check(options->heatmap.rows, positive()))

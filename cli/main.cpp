@@ -3,12 +3,14 @@
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <iostream>
 #include <streambuf>
 #include <string>
+#include <vector>
 
 #include "attn/core/error.hpp"
 #include "bench_command.hpp"
@@ -26,12 +28,27 @@ namespace {
 std::string usage_failure(const CLI::App* app, const CLI::Error& error) {
   // Down to the innermost one, e.g. `attn train nadaraya-watson`.
   std::string command = "attn";
+  const CLI::App* innermost = app;
   for (auto selected = app->get_subcommands(); !selected.empty();
        selected = selected.front()->get_subcommands()) {
-    command += " " + selected.front()->get_name();
+    innermost = selected.front();
+    command += " " + innermost->get_name();
   }
-  return "attn: error: " + std::string(error.what()) + "\nRun '" + command +
-         " --help' for more information.\n";
+  std::string message = error.what();
+  // CLI11 checks that a required subcommand was given before it reports the words it could not
+  // place, so `attn train bogus` read "A subcommand is required" without naming `bogus`.
+  const std::vector<std::string> unplaced = innermost->remaining();
+  if (innermost->get_require_subcommand_min() > 0 && innermost->get_subcommands().empty() &&
+      !unplaced.empty()) {
+    std::string choices;
+    for (const CLI::App* subcommand :
+         innermost->get_subcommands([](const CLI::App*) { return true; })) {
+      choices += (choices.empty() ? "" : ", ") + subcommand->get_name();
+    }
+    message = "expected a subcommand of '" + command + "' (" + choices + "), got '" +
+              unplaced.front() + "'";
+  }
+  return "attn: error: " + message + "\nRun '" + command + " --help' for more information.\n";
 }
 
 // std::cout's output through stdio, as the standard library's own buffer passes it, keeping the
@@ -118,6 +135,13 @@ int run(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past a file-size limit (ulimit -f) must fail with EFBIG rather than kill the process:
+  // the writers then remove their temporary files and empty --grads-out folders, and the error
+  // names the file with the system's reason. By default SIGXFSZ ended attn at once (exit 153, no
+  // message, the temporaries left behind). SIGPIPE keeps its default, as for other Unix tools: a
+  // reader that closed the pipe (attn bench | head) ends attn at once, where ignoring it would let
+  // a long benchmark run on to its end for nobody.
+  std::signal(SIGXFSZ, SIG_IGN);
   // Static: it outlives main's locals when std::exit ends a failed ring run, and goes before the
   // standard streams' final flush.
   static StandardOutputWatch standard_output;

@@ -391,11 +391,13 @@ std::filesystem::path gradient_path(const RingRunRequest& request, const std::st
 }
 
 std::vector<OutputFile> output_files(const RingRunRequest& request, bool gradients) {
-  std::vector<OutputFile> outputs = {{"--out", request.out, OutputKind::kNpy}};
+  // A one-process run also writes safetensors; rank 0 writes the gathered results as .npy only.
+  const std::string reason = "--ring writes .npy files only";
+  std::vector<OutputFile> outputs = {{"--out", request.out, OutputKind::kNpy, reason}};
   if (gradients) {
     for (const char* name : {"queries", "keys", "values"}) {
       outputs.push_back({"--grads-out (" + std::string(name) + ")", gradient_path(request, name),
-                         OutputKind::kNpy});
+                         OutputKind::kNpy, reason});
     }
   }
   return outputs;

@@ -150,6 +150,7 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
     if (arguments.valid_lens) {
       options_.valid_lens = reading_valid_lens(
           [&] { return load_npy_valid_lengths(*arguments.valid_lens, "valid_lens"); });
+      check_valid_lens();
     }
     // Finite, and a positive softcap, as read (number_check in run_command.cpp).
     if (arguments.scale) options_.scale = arguments.scale;
@@ -355,6 +356,29 @@ void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily fa
   options_.enable_gqa = kv_heads_ != query_heads_;
 }
 
+Shape FunctionalInputs::scores_shape() const {
+  return with_last(call_shape(query_shape_, query_heads_),
+                   call_shape(key_shape_, kv_heads_).dim(-2));
+}
+
+// The functional API checks the lengths against (B, n, m) alone and names those as "the scores",
+// which for rank-4 inputs, or heads, are (B, H, n, m): the shape the user can recognise is named
+// here first.
+void FunctionalInputs::check_valid_lens() const {
+  const ValidLengths& lengths = options_.valid_lens;
+  const Shape valid_shape = lengths.shape();
+  if (valid_shape.rank() == 0) return;
+  const Shape scores = scores_shape();
+  const bool matches = valid_shape.dim(0) == scores.dim(0) &&
+                       (valid_shape.rank() == 1 || valid_shape.dim(1) == scores.dim(-2));
+  if (matches) return;
+  const std::string expected = valid_shape.rank() == 1 ? Shape{scores.dim(0)}.str()
+                                                       : Shape{scores.dim(0), scores.dim(-2)}.str();
+  throw ShapeError("valid_lens: expected shape " + expected + " to match the scores " +
+                   scores.str() + " " + scores_description(scores.rank()) + ", got shape " +
+                   valid_shape.str());
+}
+
 void FunctionalInputs::read_mask(const RunArguments& arguments) {
   if (!arguments.mask) return;
   NpyArray mask = with_context("--mask", [&] { return read_npy(*arguments.mask); });
@@ -363,8 +387,7 @@ void FunctionalInputs::read_mask(const RunArguments& arguments) {
         "attn_mask: expected a bool or float32/float64 mask, got an integer array "
         "(valid lengths go to --valid-lens)");
   }
-  const Shape scores =
-      with_last(call_shape(query_shape_, query_heads_), call_shape(key_shape_, kv_heads_).dim(-2));
+  const Shape scores = scores_shape();
   if (!broadcasts(mask.shape, scores)) {
     throw ShapeError("attn_mask: expected a shape that broadcasts to the scores " + scores.str() +
                      " " + scores_description(scores.rank()) +

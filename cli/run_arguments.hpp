@@ -204,7 +204,10 @@ class FunctionalInputs {
   Shape call_shape(const Shape& shape, int64_t heads) const {
     return as_heads(static_cast<const float*>(nullptr), shape, heads).shape();
   }
+  // The scores the functional API computes: (B, n, m), or (B, H, n, m) with heads.
+  Shape scores_shape() const;
   void read_inputs(const RunArguments& arguments, ScoreFamily family);
+  void check_valid_lens() const;
   void read_mask(const RunArguments& arguments);
   std::vector<float> read_per_head(const std::string& path, const std::string& flag,
                                    const std::string& name, const std::string& what) const;

@@ -295,6 +295,24 @@ struct TranslateOptions {
   std::string heatmap;
 };
 
+// The encoder reads num_steps tokens, <eos> included, and the rest of a longer sentence is dropped
+// as the book's truncate_pad drops it: a translation of part of the sentence, with nothing to say
+// so unless the command says it (the library stays quiet; Translation counts the tokens).
+void warn_when_cut(const Translation& translation, int64_t num_steps) {
+  const int64_t length = translation.source_length;
+  if (length < num_steps) return;
+  std::cerr << "attn translate: warning: the sentence has " << length << " tokens and the model "
+            << "reads " << num_steps << " (num_steps in its config.json, <eos> included): ";
+  if (length == num_steps) {
+    std::cerr << "it reads every token but not the <eos> that ends the sentence";
+  } else {
+    const int64_t dropped = length - num_steps;
+    std::cerr << "the last " << dropped << (dropped == 1 ? " token is" : " tokens are")
+              << " not translated, nor the <eos>";
+  }
+  std::cerr << "\n";
+}
+
 void translate_command(const TranslateOptions& options) {
   // Translator::load says "no such model directory" for anything but a directory; a file that
   // exists is a different mistake (a model file given for its folder, say).
@@ -315,6 +333,7 @@ void translate_command(const TranslateOptions& options) {
   }
   Translator translator = with_context("--model", [&] { return Translator::load(options.model); });
   const Translation translation = translator.translate(options.text);
+  warn_when_cut(translation, translator.num_steps());
   std::cout << translation.text << "\n";
   if (!options.heatmap.empty()) {
     save_attention_heatmap(translation, options.heatmap, options.text);

@@ -22,6 +22,10 @@ std::string quoted_excerpt(std::string_view line) {
 }  // namespace
 
 std::vector<TextPair> parse_tsv_pairs(std::string_view text, std::string_view source_name) {
+  // Windows editors start UTF-8 files with a byte order mark, which is no text: kept, it became
+  // part of the first source token ("\xef\xbb\xbfgo"), a word of the vocabulary of its own.
+  constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
+  if (text.starts_with(kByteOrderMark)) text.remove_prefix(kByteOrderMark.size());
   std::vector<TextPair> pairs;
   size_t line_number = 0;
   size_t start = 0;

@@ -157,6 +157,9 @@ std::vector<Translation> Translator::translate(const std::vector<std::vector<std
   model_.eval();
   const EncodedSequences encoded = encode_sequences(sources, source_vocabulary_, num_steps_);
   std::vector<Translation> translations(sources.size());
+  for (size_t index = 0; index < sources.size(); ++index) {
+    translations[index].source_length = static_cast<int64_t>(sources[index].size());
+  }
   const int64_t count = encoded.count, steps = num_steps_;
   for (int64_t first = 0; first < count; first += batch_size) {
     const int64_t batch = std::min(batch_size, count - first);

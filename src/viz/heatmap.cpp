@@ -257,7 +257,7 @@ HeatmapLayout layout_heatmaps(const Grid& grid, const HeatmapOptions& options,
   const double panel_size = options.panel_size;
   if (!(panel_size >= kMinPanelSize && panel_size <= kMaxPanelSize)) {
     throw ValueError("save_heatmaps: panel_size must be between 1 and 14400 points, got " +
-                         std::to_string(panel_size),
+                         number_text(panel_size),
                      "panel_size");
   }
 
@@ -377,8 +377,8 @@ double png_scale(const HeatmapLayout& layout) {
   if (scale > 0.0) return scale;
   throw ValueError("save_heatmaps: a PNG of " + std::to_string(layout.grid.rows) + " × " +
                        std::to_string(layout.grid.cols) + " panels would be " +
-                       std::to_string(std::ceil(layout.width)) + " × " +
-                       std::to_string(std::ceil(layout.height)) +
+                       number_text(std::ceil(layout.width)) + " × " +
+                       number_text(std::ceil(layout.height)) +
                        " pixels, more than Cairo's images hold (32767 a side, 64 Mi in all); use "
                        "fewer panels, a smaller panel_size, or .svg / .pdf",
                    "path");

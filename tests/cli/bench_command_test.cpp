@@ -269,6 +269,26 @@ TEST_F(CliTest, BenchRejectsUnknownCasesAndBadSizes) {
   expect_error("bench --cases decode-int8 --decode-kv-heads 3", "--decode-kv-heads");
   // 17 queries × 4 query heads per key/value head are more rows than the decode kernel takes.
   expect_error("bench --cases decode-int8 --decode-queries 17", "--decode-queries");
+  // 64 is in the range --help gives, and refused saying why: 64 x 4 rows are more than 64.
+  expect_error("bench --cases decode-int8 --decode-queries 64",
+               "--decode-queries: expected at most 16 new queries with --decode-heads 32 over "
+               "--decode-kv-heads 8 (n x 4 query heads per key/value head must be at most 64");
+  EXPECT_NE(attn("bench --help").out.find("n x (heads / kv-heads) at most 64"), std::string::npos);
+  // Options under which every chosen case is skipped: an error naming why, before any measuring
+  // (it printed a header without a row and exited 0).
+  const CommandResult skipped = attn("bench --cases plain-additive --sizes 2048 --no-ceilings");
+  EXPECT_EQ(skipped.exit_code, 1) << skipped.err;
+  EXPECT_NE(
+      skipped.err.find("attn: error: --cases: expected at least one case that runs with "
+                       "these options, got none: plain-additive n=2048: it runs up to n=1024"),
+      std::string::npos)
+      << skipped.err;
+  EXPECT_EQ(skipped.out, "");
+  expect_error("bench --cases plain --sizes 1024 --max-working-set-mib 1",
+               "plain n=1024: its working set exceeds --max-working-set-mib");
+  // A decode cache of 4096 x 2^24 tokens of 8 key/value heads is past any machine's memory.
+  expect_error("bench --cases decode-float32 --decode-batch 4096 --decode-lengths 16777216",
+               "got none: decode-float32 B=4096 m=16777216: its cache (");
   expect_error("bench --cases decode-int8 --decode-lengths 0", "--decode-lengths");
   expect_error("bench --cases decode-int8 --decode-query-dtype bf16",
                "--decode-query-dtype: bf16 not in {bfloat16,cache,float16,float32}");

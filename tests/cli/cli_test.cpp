@@ -777,6 +777,10 @@ TEST_F(CliTest, TrainRejectsBadEpochsAndLearningRates) {
   EXPECT_NE(attn("train nadaraya-watson --lr fast").err.find("attn train nadaraya-watson --help"),
             std::string::npos);
   expect_error("train", "A subcommand is required");
+  // A word that is no subcommand is named, with the choices (it read "A subcommand is required").
+  expect_error("train bogus",
+               "expected a subcommand of 'attn train' (nadaraya-watson, seq2seq), got 'bogus'");
+  EXPECT_NE(attn("train bogus").err.find("Run 'attn train --help'"), std::string::npos);
   expect_error("train nadaraya-watson --epochs 0 --out never", "--epochs");
   EXPECT_FALSE(fs::exists(path("never")));
   EXPECT_FALSE(fs::exists(path("attn-nadaraya-watson")));
@@ -907,7 +911,18 @@ TEST_F(CliTest, MessagesNameTheOptionOrFile) {
   expect_error("heatmap w.npy --out h.png --rows 2 --cols 2",
                "--rows/--cols: rows = 2, cols = 2 does not match");
   expect_error("heatmap w.npy --out h.png --panel-size 20000", "--panel-size: panel_size must be");
+  // Numbers as a number reads, not std::to_string's 31 digits and six decimals.
+  expect_error("heatmap w.npy --out h.png --panel-size 1e30",
+               "--panel-size: panel_size must be between 1 and 14400 points, got 1e+30");
   expect_error("heatmap w.npy --out h.png --panel-size 14000", "--out: a PNG of 1 × 3 panels");
+  const std::string too_large = attn("heatmap w.npy --out h.png --panel-size 14000").err;
+  EXPECT_TRUE(std::regex_search(too_large, std::regex(R"(would be [0-9]+ × [0-9]+ pixels)")))
+      << too_large;
+  // An empty title is a title: "a,,b" is three, the middle panel untitled (it read as two).
+  EXPECT_EQ(attn("heatmap w.npy --out t.svg --titles a,,b").exit_code, 0);
+  EXPECT_TRUE(fs::exists(path("t.svg")));
+  expect_error("heatmap w.npy --out h.png --titles a,,b,c", "--titles: expected 3 titles");
+  EXPECT_NE(attn("heatmap w.npy --out h.png --titles a,,b,c").err.find("got 4"), std::string::npos);
   save("none.npy", Tensor(Shape{0, 2, 2}));
   expect_error("heatmap none.npy --out h.png",
                "weights none.npy: weights (0, 2, 2) hold no panels");

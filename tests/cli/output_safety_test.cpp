@@ -4,7 +4,10 @@
 // a result that would overflow float is an error instead of an infinite file, and hostile input
 // files (empty giants, deep JSON, FIFOs) are clean errors.
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <limits>
 
@@ -89,6 +92,49 @@ TEST_F(OutputSafetyTest, AWriteThatFailsMidwayKeepsTheOldOutput) {
             std::string::npos)
       << read_text(path("stderr.txt"));
   EXPECT_EQ(read_text(path("old.npy")), old_);
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    EXPECT_EQ(entry.path().filename().string().find(".attn-"), std::string::npos)
+        << "temporary file left: " << entry.path();
+  }
+}
+
+// SIGXFSZ's default action, whatever the process running the tests was given, so that attn
+// meets it as a shell started from a terminal would, then the previous one again.
+class DefaultSignalActions {
+ public:
+  DefaultSignalActions() : xfsz_(std::signal(SIGXFSZ, SIG_DFL)) {}
+  ~DefaultSignalActions() { std::signal(SIGXFSZ, xfsz_); }
+  DefaultSignalActions(const DefaultSignalActions&) = delete;
+  DefaultSignalActions& operator=(const DefaultSignalActions&) = delete;
+
+ private:
+  void (*xfsz_)(int);
+};
+
+// The same without the shell's `trap '' XFSZ`: a file-size limit used to kill attn with SIGXFSZ
+// (exit 153, no message), leaving its temporary files and an empty --grads-out folder behind.
+TEST_F(OutputSafetyTest, AFileSizeLimitIsAnErrorThatLeavesNothingBehind) {
+  Rng rng(34);
+  save("q.npy", random_tensor(Shape{2, 2048, 4}, rng));
+  save("g.npy", random_tensor(Shape{2, 2048, 6}, rng));
+  save("w.npy", random_tensor(Shape{4, 64, 64}, rng));
+  const DefaultSignalActions default_actions;
+  const auto limited = [&](const std::string& arguments) {
+    const std::string command = "cd '" + directory_.string() + "' && ulimit -f 64 && '" +
+                                ATTN_CLI_PATH "' " + arguments + " 2> stderr.txt";
+    const int status = std::system(command.c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << arguments << ": " << status;
+    return read_text(path("stderr.txt"));
+  };
+  std::string err = limited("run --layer dot-product " + kInputArguments +
+                            " --out old.npy --out-grad g.npy --grads-out gr");
+  EXPECT_NE(err.find("cannot write the file (File too large)"), std::string::npos) << err;
+  EXPECT_EQ(read_text(path("old.npy")), old_);
+  EXPECT_FALSE(fs::exists(path("gr")));
+  // An SVG of 4 panels of 64 × 64 cells, a rectangle each, is far past 64 KiB.
+  err = limited("heatmap w.npy --out h.svg");
+  EXPECT_NE(err.find("File too large"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(path("h.svg")));
   for (const auto& entry : fs::directory_iterator(directory_)) {
     EXPECT_EQ(entry.path().filename().string().find(".attn-"), std::string::npos)
         << "temporary file left: " << entry.path();

@@ -171,6 +171,24 @@ TEST_F(RunAttentionTest, RankFourInputsArePyTorchsLayout) {
                           scaled_dot_product_attention(queries_, keys_, values_, lengths).output));
 }
 
+// Lengths that do not fit rank-4 inputs name the scores the user's files make, (N, H, L, S), and
+// with --heads the split ones; the library named (2, 5, 6), the heads left out.
+TEST_F(RunAttentionTest, ValidLengthsOfTheWrongShapeNameTheRealScores) {
+  write_qkv(Shape{2, 2, 5, 8}, Shape{2, 2, 6, 8}, Shape{2, 2, 6, 8}, 25);
+  save_npy(path("lens.npy"), std::vector<int64_t>{1, 2, 3}, Shape{3});
+  expect_error("run " + kDot + " --valid-lens lens.npy --out o.npy",
+               "valid_lens: expected shape (2,) to match the scores (2, 2, 5, 6) (B, H, n, m), "
+               "got shape (3,)");
+  save_npy(path("lens.npy"), std::vector<int64_t>{1, 2, 3, 4}, Shape{2, 2});
+  expect_error("run " + kDot + " --valid-lens lens.npy --out o.npy",
+               "valid_lens: expected shape (2, 5) to match the scores (2, 2, 5, 6) (B, H, n, m), "
+               "got shape (2, 2)");
+  write_qkv(Shape{2, 3, 12}, Shape{2, 5, 12}, Shape{2, 5, 8}, 26);
+  expect_error("run " + kDot + " --heads 4 --valid-lens lens.npy --out o.npy",
+               "valid_lens: expected shape (2, 3) to match the scores (2, 4, 3, 5) (B, H, n, m)");
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
 // --- masks ---
 
 TEST_F(RunAttentionTest, BoolMasksOfEveryBroadcastShape) {

@@ -96,6 +96,30 @@ TEST_F(CliTest, TranslatePrintsWhatTheLibraryTranslatesAndDrawsTheHeatmap) {
   EXPECT_NE(result.err.find("attention heatmap: h.svg"), std::string::npos) << result.err;
 }
 
+// A sentence longer than the model reads is cut, as the book's truncate_pad cuts it; translate
+// says so on stderr (it translated part of the sentence without a word).
+TEST_F(CliTest, TranslateWarnsWhenTheSentenceIsLongerThanTheModelReads) {
+  ASSERT_EQ(attn(kShortDateRun + " --num-steps 6").exit_code, 0);
+  const std::string sentence = "on wednesday, the 3rd of march, 1987";
+  Translator translator = Translator::load(path("model"));
+  const int64_t length = translator.translate(sentence).source_length;
+  ASSERT_GT(length, 6);
+  CommandResult result = attn("translate --model model '" + sentence + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("attn translate: warning: the sentence has " + std::to_string(length) +
+                            " tokens and the model reads 6 (num_steps in its config.json, <eos> "
+                            "included): the last " +
+                            std::to_string(length - 6) + " tokens are not translated"),
+            std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.out, translator.translate(sentence).text + "\n");
+  // One that fits, <eos> and all: no warning.
+  ASSERT_LT(translator.translate("3 march").source_length, 6);
+  result = attn("translate --model model '3 march'");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+}
+
 TEST_F(CliTest, TrainSeq2SeqReadsATabSeparatedCorpus) {
   std::ofstream(path("pairs.tsv")) << "Go.\tVa !\nGo!\tVa !\nGo.\tMarche.\nGo!\tMarche !\n";
   const CommandResult result = attn("train seq2seq --data pairs.tsv --out corpus --epochs 2");

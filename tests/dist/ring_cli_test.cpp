@@ -257,6 +257,15 @@ TEST_F(RingCliTest, MissingFilesAndRefusedFlagsAreErrorsOnEveryRank) {
                 "--out o.npy");
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.err.find("--keys: --ring reads .npy inputs"), std::string::npos) << result.err;
+  // A safetensors --out, which a single-process run writes, is refused naming --ring as the
+  // reason (it read as though --out took .npy files only).
+  result = ring(1, inputs + "q.npy --out o.safetensors");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("--out: expected a file name ending in .npy (--ring writes .npy files "
+                            "only), got 'o.safetensors'"),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(fs::exists(path("o.safetensors")));
 }
 
 // All outputs or none, as a single-process run: an --out that fails last leaves no gradient

@@ -146,6 +146,19 @@ TEST(Corpus, ParsesTabSeparatedPairs) {
   EXPECT_EQ(corpus.target[1], (Tokens{"salut", "!"}));
 }
 
+// A byte order mark before the first line (Windows editors write one) is not part of its source:
+// it was, and the first token became "\xef\xbb\xbfgo".
+TEST(Corpus, ALeadingByteOrderMarkIsSkipped) {
+  const std::string bom = "\xEF\xBB\xBF";
+  const std::vector<TextPair> pairs =
+      parse_tsv_pairs(bom + "Go.\tVa !\nHi.\tSalut !\n", "fra-eng.txt");
+  ASSERT_EQ(pairs.size(), 2U);
+  EXPECT_EQ(pairs[0].source, "Go.");
+  EXPECT_EQ(tokenize_pairs(pairs, TokenizerKind::kBook).source[0], (Tokens{"go", "."}));
+  // Only at the start of the text: elsewhere it is the line's text.
+  EXPECT_EQ(parse_tsv_pairs("a\tb\n" + bom + "c\td\n", "c.tsv")[1].source, bom + "c");
+}
+
 TEST(Corpus, MalformedLinesAreClearErrors) {
   EXPECT_THROW_MESSAGE(parse_tsv_pairs("Go.\tVa !\nno tab here\n", "fra-eng.txt"), FileError,
                        "fra-eng.txt:2: expected \"source<TAB>target\" (one tab), got 0 tabs in "

@@ -21,8 +21,11 @@ namespace attn {
 struct Translation {
   std::vector<std::string> source_tokens;  // what the encoder read: tokens (<unk> for unknown
                                            // ones), then <eos>, cut at num_steps
-  std::vector<std::string> tokens;         // the prediction, without <eos>
-  std::string text;                        // the prediction detokenised
+  // The source's tokens before the cut, <eos> not counted: more than num_steps - 1 means the
+  // encoder did not read the whole sentence, which the caller may want to say.
+  int64_t source_length = 0;
+  std::vector<std::string> tokens;  // the prediction, without <eos>
+  std::string text;                 // the prediction detokenised
   // (decoding steps, source_tokens.size()): one row per predicted token, plus the step that
   // predicted <eos> when it came before the step limit.
   Tensor attention;
