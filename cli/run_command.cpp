@@ -407,6 +407,65 @@ Result run_dot_product(const RunOptions& options, GradOutput* grad_output, bool 
   return result;
 }
 
+// The gradient of sum(output · G) with respect to an additive layer's float --mask (what
+// PyTorch's autograd leaves in a float mask added to the scores): dS = P ⊙ (G·Vᵀ − rowsum(G ⊙ O))
+// per (query, key), summed over the axes the mask is broadcast along. The additive kernels carry
+// no mask gradient, so this one is computed from the weights (B·…, n, m), asked for with
+// --grads-out only, in double; evaluation mode (no dropout), as attn run runs.
+Tensor additive_mask_gradient(const Tensor& weights, ConstStridedView values, const Tensor& output,
+                              const Tensor& grad_output, const Shape& mask_shape) {
+  const int rank = weights.rank();
+  const int64_t rows = weights.dim(rank - 2), keys = weights.dim(rank - 1);
+  const int64_t depth = values.dim(values.rank() - 1);
+  const int64_t slices = rows * keys == 0 ? 0 : weights.numel() / (rows * keys);
+  // Each score axis's step through the mask: 0 where the mask has 1 (or no) entry along it.
+  std::vector<int64_t> mask_step(static_cast<size_t>(rank), 0);
+  int64_t stride = 1;
+  for (int axis = mask_shape.rank() - 1; axis >= 0; --axis) {
+    const int score_axis = rank - mask_shape.rank() + axis;
+    if (score_axis >= 0 && mask_shape[axis] != 1)
+      mask_step[static_cast<size_t>(score_axis)] = stride;
+    stride *= mask_shape[axis];
+  }
+  std::vector<double> sums(static_cast<size_t>(mask_shape.numel()), 0.0);
+  std::vector<int64_t> index(static_cast<size_t>(rank), 0);  // the score's multi-index
+  for (int64_t slice = 0; slice < slices; ++slice) {
+    // The values' matrix of this slice: its leading axes are the scores'.
+    int64_t value_offset = 0, rest = slice;
+    for (int axis = rank - 3; axis >= 0; --axis) {
+      const int value_axis = values.rank() - rank + axis;
+      const int64_t position = rest % weights.dim(axis);
+      rest /= weights.dim(axis);
+      index[static_cast<size_t>(axis)] = position;
+      if (value_axis >= 0) value_offset += position * values.stride(value_axis);
+    }
+    int64_t mask_base = 0;
+    for (int axis = 0; axis < rank - 2; ++axis)
+      mask_base += index[static_cast<size_t>(axis)] * mask_step[static_cast<size_t>(axis)];
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* g = grad_output.data() + (slice * rows + i) * depth;
+      const float* o = output.data() + (slice * rows + i) * depth;
+      double row_dot = 0.0;
+      for (int64_t c = 0; c < depth; ++c) row_dot += static_cast<double>(g[c]) * o[c];
+      for (int64_t j = 0; j < keys; ++j) {
+        const double p = weights.data()[(slice * rows + i) * keys + j];
+        if (p == 0.0) continue;
+        const float* v = values.data() + value_offset + j * values.stride(values.rank() - 2);
+        double dp = 0.0;
+        for (int64_t c = 0; c < depth; ++c)
+          dp += static_cast<double>(g[c]) * v[c * values.stride(values.rank() - 1)];
+        sums[static_cast<size_t>(mask_base + i * mask_step[static_cast<size_t>(rank - 2)] +
+                                 j * mask_step[static_cast<size_t>(rank - 1)])] +=
+            p * (dp - row_dot);
+      }
+    }
+  }
+  Tensor gradient(mask_shape);
+  for (int64_t e = 0; e < gradient.numel(); ++e)
+    gradient.data()[e] = static_cast<float>(sums[static_cast<size_t>(e)]);
+  return gradient;
+}
+
 // Additive attention through attn::additive_attention with the parameters read from --params.
 Result run_additive(const RunOptions& options, const StateDict& state, GradOutput* grad_output,
                     bool need_weights) {
@@ -458,6 +517,13 @@ Result run_additive(const RunOptions& options, const StateDict& state, GradOutpu
     // The state dict's w_v.weight is nn.Linear's (1, h) matrix.
     gradients.w_v.reshape(Shape{1, hidden});
     result.gradients.push_back({"w_v.weight", std::move(gradients.w_v)});
+    if (inputs.has_float_mask()) {
+      const Tensor weights = additive_attention_weights(inputs.query(), inputs.key(), parameters,
+                                                        forward.log_sum_exp, inputs.options());
+      result.gradients.push_back(
+          {"attn_mask", additive_mask_gradient(weights, inputs.value(), forward.output, grad,
+                                               inputs.options().attn_mask.shape())});
+    }
   }
   result.output = in_stored_type(inputs.stored_half(), std::move(forward.output));
   return result;

@@ -700,6 +700,52 @@ TEST_F(RunAttentionTest, AdditiveTakesMasksWindowsAndCausal) {
   EXPECT_TRUE(same_values(load("grads/w_v.weight.npy"), expected.w_v));
 }
 
+TEST_F(RunAttentionTest, AdditiveWritesTheFloatMasksGradient) {
+  // --grads-out promises attn_mask.npy for a float --mask; the additive layer wrote none (exit 0).
+  // Against central differences of sum(output · G) through the library's forward, in float32:
+  // step 1e-2 on masks of magnitude 1, so the differences' rounding (36 outputs near 1, 2⁻²⁴
+  // each, over the step) and their h² error are both under 1e-3.
+  write_qkv(Shape{2, 3, 4}, Shape{2, 5, 3}, Shape{2, 5, 6}, 39);
+  const AdditiveAttention layer(/*key_size=*/3, /*query_size=*/4, /*num_hiddens=*/7, 0.0F, 40);
+  const StateDict state = layer.state_dict();
+  save_safetensors(path("p.safetensors"), state);
+  Rng rng(41);
+  const Tensor grad_output = random_tensor(Shape{2, 3, 6}, rng);
+  save("g.npy", grad_output);
+  const AdditiveParameters parameters{state.at("W_q.weight"), state.at("W_k.weight"),
+                                      state.at("w_v.weight").span()};
+  for (const Shape& mask_shape : {Shape{3, 5}, Shape{2, 1, 5}}) {
+    SCOPED_TRACE(mask_shape.str());
+    Tensor mask = random_tensor(mask_shape, rng);
+    save("mask.npy", mask);
+    const CommandResult result = attn(
+        "run --layer additive --params p.safetensors --queries q.npy --keys k.npy --values v.npy "
+        "--mask mask.npy --out o.npy --out-grad g.npy --grads-out grads");
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    const Tensor gradient = load("grads/attn_mask.npy");
+    ASSERT_EQ(gradient.shape(), mask_shape);
+    const auto loss = [&](const Tensor& entries) {
+      AttentionOptions options;
+      options.attn_mask = AttentionMask::additive(entries);
+      const AttentionForward forward =
+          additive_attention(queries_, keys_, values_, parameters, options);
+      double total = 0.0;
+      for (int64_t e = 0; e < forward.output.numel(); ++e)
+        total += static_cast<double>(forward.output.data()[e]) * grad_output.data()[e];
+      return total;
+    };
+    for (int64_t e = 0; e < mask.numel(); ++e) {
+      const float entry = mask.data()[e];
+      mask.data()[e] = entry + 1e-2F;
+      const double above = loss(mask);
+      mask.data()[e] = entry - 1e-2F;
+      const double below = loss(mask);
+      mask.data()[e] = entry;
+      EXPECT_NEAR(gradient.data()[e], (above - below) / 2e-2, 1e-3) << "entry " << e;
+    }
+  }
+}
+
 TEST_F(RunAttentionTest, GeneralLayerInfersItsSizesFromW) {
   // Queries of size 4 scored against keys of size 3 through W (3, 4).
   write_qkv(Shape{2, 3, 4}, Shape{2, 5, 3}, Shape{2, 5, 6}, 36);
