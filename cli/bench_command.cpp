@@ -270,9 +270,9 @@ void require_a_case_that_runs(const BenchOptions& options) {
       reasons.push_back(name + " n=" + std::to_string(length) + ": " + *reason);
     }
   }
-  const std::vector<std::string> decode_reasons =
-      decode_skip_reasons(options.decode, selected_decode_cases(options));
-  if (decode_reasons.empty() && !selected_decode_cases(options).empty()) return;
+  const auto decode_cases = selected_decode_cases(options);
+  const std::vector<std::string> decode_reasons = decode_skip_reasons(options.decode, decode_cases);
+  if (decode_reasons.empty() && !decode_cases.empty()) return;
   reasons.insert(reasons.end(), decode_reasons.begin(), decode_reasons.end());
   std::string listed;
   constexpr size_t kListed = 3;

@@ -428,20 +428,16 @@ Tensor additive_mask_gradient(const Tensor& weights, ConstStridedView values, co
     stride *= mask_shape[axis];
   }
   std::vector<double> sums(static_cast<size_t>(mask_shape.numel()), 0.0);
-  std::vector<int64_t> index(static_cast<size_t>(rank), 0);  // the score's multi-index
   for (int64_t slice = 0; slice < slices; ++slice) {
-    // The values' matrix of this slice: its leading axes are the scores'.
-    int64_t value_offset = 0, rest = slice;
+    // This slice's values matrix and mask entries: its position along the scores' leading axes.
+    int64_t value_offset = 0, mask_base = 0, rest = slice;
     for (int axis = rank - 3; axis >= 0; --axis) {
       const int value_axis = values.rank() - rank + axis;
       const int64_t position = rest % weights.dim(axis);
       rest /= weights.dim(axis);
-      index[static_cast<size_t>(axis)] = position;
       if (value_axis >= 0) value_offset += position * values.stride(value_axis);
+      mask_base += position * mask_step[static_cast<size_t>(axis)];
     }
-    int64_t mask_base = 0;
-    for (int axis = 0; axis < rank - 2; ++axis)
-      mask_base += index[static_cast<size_t>(axis)] * mask_step[static_cast<size_t>(axis)];
     for (int64_t i = 0; i < rows; ++i) {
       const float* g = grad_output.data() + (slice * rows + i) * depth;
       const float* o = output.data() + (slice * rows + i) * depth;
