@@ -1804,3 +1804,102 @@ def test_scores_of_large_magnitude_give_torchs_gradients(queries, factor):
         bound = ds / 8**0.5 * other.abs().max().item() * (queries if name == "grad key" else 1)
         error = (gradient.double() - expected_grads[0 if name == "grad query" else 1]).abs().max()
         assert error.item() <= bound, f"{name}: max error {error.item():.3g} > {bound:.3g}"
+
+
+# --- grad_output that is not finite: PyTorch's answer (GradScaler counts on it) ------------------
+def _gradients_of(call, inputs, grad_output):
+    leaves = [tensor.detach().clone().requires_grad_(True) for tensor in inputs]
+    call(*leaves).backward(grad_output)
+    return [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize(
+    "case", ["plain", "causal", "grouped", "float_mask", "float16", "two_dimensional"])
+def test_a_grad_output_that_is_not_finite_gives_pytorchs_gradients(case):
+    # PyTorch carries ∞ or NaN in grad_output into every key of its head, its row of dQ and its
+    # columns of dV; attn gives NaN at exactly those entries and PyTorch's value everywhere else.
+    kv_heads = 2 if case == "grouped" else H
+    dtype = torch.float16 if case == "float16" else torch.float32
+    shape = (L, E) if case == "two_dimensional" else (N, H, L, E)
+    kv_shape = (S,) if case == "two_dimensional" else (N, kv_heads, S)
+    inputs = [torch.randn(*shape), torch.randn(*kv_shape, E), torch.randn(*kv_shape, EV)]
+    options = {"is_causal": case == "causal", "enable_gqa": case == "grouped"}
+    if case == "float_mask":
+        inputs.append(torch.randn(L, S))  # broadcast over batch and heads: its gradient sums them
+    inputs = [tensor.to(dtype) for tensor in inputs]
+    grad_output = torch.randn(*shape[:-1], EV).to(dtype)
+    if case == "two_dimensional":
+        grad_output[1, 2] = float("inf")
+    else:
+        grad_output[0, 1, 2, 3] = float("inf")  # in a head of the first key/value group
+        grad_output[1, 3, 0, 0] = float("nan")
+        grad_output[1, 3, 4, 5] = -float("inf")
+
+    def attn_call(q, k, v, *mask):
+        return attn_torch.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask[0] if mask else None, **options)
+
+    def torch_call(q, k, v, *mask):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask[0] if mask else None, **options)
+
+    got = _gradients_of(attn_call, inputs, grad_output)
+    expected = _gradients_of(torch_call, [tensor.double() for tensor in inputs],
+                             grad_output.double())
+    # float16: gradients rounded to float16 (2⁻¹¹ relative) on attn's side, float64 on PyTorch's.
+    rtol = 4e-3 if dtype == torch.float16 else GRADIENT_RTOL
+    for name, actual, wanted in zip(("query", "key", "value", "attn_mask"), got, expected):
+        assert actual.dtype == dtype, name
+        reached = ~wanted.isfinite()
+        assert reached.any() and not reached.all() or name == "key", name
+        assert torch.equal(actual.isnan(), reached), name
+        if not reached.all():
+            assert_relative(actual[~reached], wanted[~reached], rtol, name)
+
+
+def test_a_grad_output_that_is_not_finite_reaches_the_sinks_of_its_heads():
+    q, k, v = torch.randn(N, H, L, E), torch.randn(N, H, S, E), torch.randn(N, H, S, EV)
+    sinks = torch.randn(H, requires_grad=True)
+    grad_output = torch.randn(N, H, L, EV)
+    grad_output[1, 2, 3, 0] = float("inf")
+    attn_torch.scaled_dot_product_attention(q, k, v, sinks=sinks).backward(grad_output)
+    assert torch.equal(sinks.grad.isnan(), torch.arange(H) == 2)
+    # the other heads' sinks as with a finite grad_output
+    finite = sinks.detach().clone().requires_grad_(True)
+    attn_torch.scaled_dot_product_attention(q, k, v, sinks=finite).backward(
+        grad_output.nan_to_num(posinf=0.0))
+    assert torch.equal(sinks.grad[:2], finite.grad[:2])
+    assert torch.equal(sinks.grad[3:], finite.grad[3:])
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_float16_training_under_a_gradscaler_skips_the_steps_that_overflow(override):
+    # The GradScaler's scale (2¹⁷ here) overflows float16's grad_output (max 65504) on the
+    # first step: PyTorch's SDPA gives gradients that are not finite, so the scaler skips the
+    # optimizer's step and halves its scale until the gradients fit, then steps. attn's function,
+    # called directly or through the override, must let the same happen.
+    weights = torch.nn.Linear(E, 3 * E)
+    optimizer = torch.optim.SGD(weights.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**17, growth_interval=1000)
+    x = torch.randn(N, L, E)
+    before = weights.weight.detach().clone()
+    scales = []
+    for _ in range(6):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            q, k, v = weights(x).chunk(3, dim=-1)
+            if override:
+                with attn_torch.override_sdpa():
+                    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                out = attn_torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+            assert out.dtype == torch.float16
+            loss = out.float().pow(2).sum()  # grad_output 2¹⁸·out: float16 overflows past |out| = 0.25
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    assert scales[0] == 2.0**16, scales  # the first step overflowed and was skipped
+    assert scales[-1] == scales[-2], scales  # then the gradients fit
+    assert weights.weight.isfinite().all()
+    assert not torch.equal(weights.weight.detach(), before)  # a later step did update

@@ -785,3 +785,38 @@ def test_top_level_functions_refuse_tensors_that_record_autograd():
     with pytest.raises(ValueError, match=r"^keys: .*attn.torch.GaussianKernelPooling"):
         attn.gaussian_kernel_pooling(torch.randn(2, 4, 2), torch.randn(2, 6, 2, requires_grad=True),
                                      torch.randn(2, 6, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", sorted(MODULE_PAIRS))
+def test_a_grad_output_that_is_not_finite_gives_the_books_gradients(kind, dtype):
+    # A GradScaler's overflow reaches the attention as ∞ in grad_output: the book's modules carry
+    # it into gradients that are not finite (the scaler then skips the step), where attn's layer
+    # refused it. attn's gradients must be not finite at exactly the book's entries (attn's own
+    # write NaN where the book has ±∞ or NaN) and equal to the book's elsewhere. float32 runs attn's
+    # layers, float64 its composition of PyTorch's linear and attn's function where it has one.
+    make_reference, make_module, (query_size, key_size, value_size) = MODULE_PAIRS[kind]
+    reference, module = make_reference(), make_module()
+    module.load_state_dict(reference.state_dict())
+    reference.to(dtype)
+    module.to(dtype)
+    inputs = [torch.randn(3, 4, query_size), torch.randn(3, 6, key_size),
+              torch.randn(3, 6, value_size)]
+    results = []
+    for attention in (reference, module):
+        q, k, v = (x.to(dtype).requires_grad_(True) for x in inputs)
+        output = attention(q, k, v, torch.tensor([2, 6, 3]))
+        grad_output = torch.randn(output.shape, generator=torch.Generator().manual_seed(5))
+        grad_output[1, 2, 0] = float("inf")
+        grad_output[2, 0, 1] = float("nan")
+        output.backward(grad_output.to(dtype))
+        grads = {name: p.grad for name, p in attention.named_parameters()}
+        results.append({"queries": q.grad, "keys": k.grad, "values": v.grad, **grads})
+    assert sorted(results[0]) == sorted(results[1])
+    for name, expected in results[0].items():
+        actual = results[1][name]
+        reached = ~expected.isfinite()
+        assert torch.equal(~actual.isfinite(), reached), name
+        assert reached.any(), name
+        if not reached.all():
+            assert_close(actual[~reached].float(), expected[~reached].float(), name)

@@ -165,7 +165,11 @@ class _LayerFunction(torch.autograd.Function):
         ctx.input_dtypes = (queries.dtype, keys.dtype, values.dtype)
         ctx.parameter_dtypes = [parameter.dtype for parameter in parameters]
         _follow_torch_threads()
-        return layer(queries, keys, values, valid_lens, causal=causal)
+        output = layer(queries, keys, values, valid_lens, causal=causal)
+        # Read only for a grad_output that is not finite (_layer_gradients_reached); a copy, as
+        # the caller may reuse its buffer before the backward pass.
+        ctx.valid_lens = None if valid_lens is None else torch.as_tensor(valid_lens).clone()
+        return output
 
     @staticmethod
     @_first_order_only(
@@ -176,7 +180,18 @@ class _LayerFunction(torch.autograd.Function):
         layer = marker._attn_layer
         layer.zero_grad()
         _follow_torch_threads()
-        gradients = layer.backward(grad_output.contiguous())
+        grad_output = grad_output.contiguous()
+        try:
+            bad = None
+            gradients = layer.backward(grad_output)
+        except ValueError as error:
+            if not str(error).startswith(_GRAD_OUTPUT_NOT_FINITE):
+                raise
+            # A grad_output that is not finite (a GradScaler's overflow): the book's modules
+            # give gradients that are not finite, which the scaler counts on; as _carrying_non_finite.
+            bad = grad_output.isfinite().logical_not_()
+            layer.zero_grad()
+            gradients = layer.backward(grad_output.masked_fill(bad, 0))
         input_grads = [
             gradients[name].to(dtype)
             for name, dtype in zip(("queries", "keys", "values"), ctx.input_dtypes)
@@ -186,7 +201,43 @@ class _LayerFunction(torch.autograd.Function):
             torch.from_numpy(parameter_grads[name]).to(dtype)
             for name, dtype in zip(ctx.parameter_names, ctx.parameter_dtypes)
         ]
+        if bad is not None:
+            input_grads, parameter_grads = _layer_gradients_reached(
+                bad, ctx.valid_lens, input_grads, ctx.parameter_names, parameter_grads)
         return (None, None, None, None, None, *input_grads, *parameter_grads)
+
+
+def _layer_gradients_reached(bad, valid_lens, input_grads, parameter_names, parameter_grads):
+    """The gradients of an attn.torch module's inputs and parameters with NaN where the book's
+    module would carry ∞ or NaN from the elements ``bad`` of its grad_output (B, n, v): as in
+    _carrying_non_finite, the rows of dQ, the keys of the batch entry within those rows' valid
+    lengths and, where the values enter
+    the output unmixed, dV's columns; under MultiHeadAttention's W_o every column of the
+    attention's output row, so all of dV's entry, and W_o's gradient at the output's columns.
+    Every other parameter takes a sum over the rows reached: all of it."""
+    nan = float("nan")
+    rows = bad.any(-1)  # (B, n)
+    entries = rows.any(-1)[:, None, None]  # (B, 1, 1)
+    columns = bad.any(-2).unsqueeze(-2)  # (B, 1, v)
+    output_columns = bad.flatten(0, -2).any(0)  # (v,)
+    mixed = "W_o.weight" in parameter_names
+    d_queries, d_keys, d_values = input_grads
+    if valid_lens is not None:
+        valid_lens = torch.as_tensor(valid_lens)
+    input_grads = [
+        d_queries.masked_fill(rows.unsqueeze(-1), nan),
+        d_keys.masked_fill(_keys_reached(rows, valid_lens, d_keys.shape[-2]).unsqueeze(-1), nan),
+        d_values.masked_fill(entries if mixed else columns, nan),
+    ]
+    reached = {
+        "W_o.weight": output_columns.unsqueeze(-1),  # (v, hidden): row c feeds output column c
+        "W_o.bias": output_columns,
+    }
+    parameter_grads = [
+        grad.masked_fill(reached.get(name, rows.any()), nan)
+        for name, grad in zip(parameter_names, parameter_grads)
+    ]
+    return input_grads, parameter_grads
 
 
 def _register_parameter(module, name, value):
@@ -684,28 +735,98 @@ def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, va
     here and in _forward: a shared dict of them cost ~1 µs a call, 7% of a decode-sized call."""
     if _torch_threads() != _followed_threads[0]:
         _follow_torch_threads()
-    return _extension._sdpa_backward(
-        query,
-        key,
-        value,
-        output,
-        grad_output,
-        log_sum_exp,
-        attn_mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        window=_window(window_left, window_right),
-        alibi_slopes=alibi_slopes,
-        softcap=softcap,
-        sinks=sinks,
-        valid_lens=valid_lens,
-        alignment=alignment,
-        seed=0 if seed is None else int(seed),
-        mask_gradient=mask_gradient,
-        sinks_gradient=sinks_gradient,
-    )
+
+    def gradients(grad_output):
+        return _extension._sdpa_backward(
+            query,
+            key,
+            value,
+            output,
+            grad_output,
+            log_sum_exp,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            window=_window(window_left, window_right),
+            alibi_slopes=alibi_slopes,
+            softcap=softcap,
+            sinks=sinks,
+            valid_lens=valid_lens,
+            alignment=alignment,
+            seed=0 if seed is None else int(seed),
+            mask_gradient=mask_gradient,
+            sinks_gradient=sinks_gradient,
+        )
+
+    return _carrying_non_finite(gradients, grad_output, valid_lens)
+
+
+_GRAD_OUTPUT_NOT_FINITE = "grad_output: expected finite values"
+
+
+def _flags_summed_to(flags, shape):
+    """Boolean ``flags`` reduced, by any, to ``shape``, which broadcasts against them (a mask's
+    or the sinks' shape against the scores' or the heads')."""
+    flags = flags.to(torch.float32)
+    flags = flags.broadcast_to(torch.broadcast_shapes(flags.shape, shape))
+    return flags.sum_to_size(shape) > 0
+
+
+def _keys_reached(rows, valid_lens, keys):
+    """(…, keys) flags: the keys that the rows of grad_output flagged in ``rows`` (…, L) carry
+    ∞ or NaN into. Every key, as in PyTorch's SDPA (a masked key's P of 0 times ∞ is NaN there
+    too), but valid lengths, (B,) or (B, L) with B the first axis, are the book's masked_softmax,
+    whose assignment of −10⁶ cuts the gradient of the keys past a row's length."""
+    if valid_lens is None:
+        return rows.any(-1, keepdim=True).expand(*rows.shape[:-1], keys)
+    lengths = valid_lens.to(torch.int64)
+    lengths = lengths.view(
+        lengths.shape[0], *[1] * (rows.dim() - lengths.dim()), *lengths.shape[1:])
+    limit = torch.where(rows, lengths, 0).amax(-1, keepdim=True)
+    return torch.arange(keys) < limit
+
+
+def _carrying_non_finite(gradients, grad_output, valid_lens=None):
+    """``gradients(grad_output)``, the 5-tuple of attn's backward, where a grad_output that is not
+    finite gets PyTorch's answer instead of attn's refusal: fp16 training under a GradScaler counts
+    on an overflowed grad_output giving gradients that are not finite, and skips that step.
+
+    PyTorch's SDPA carries a row i of grad_output holding ∞ or NaN, through dS = P ⊙ (dP − D),
+    into every key of the head (dK; _keys_reached), that row of dQ, and dV's columns where it
+    holds them (a masked or dropped key's P of 0 times ∞ is NaN, so no key escapes). attn computes the gradients
+    with those elements as 0, which gives PyTorch's value at every entry they do not reach, and
+    sets the entries they reach to NaN (PyTorch's are ±∞ or NaN there, by the signs and zeros of
+    the other factors)."""
+    try:
+        return gradients(grad_output)
+    except ValueError as error:
+        if not str(error).startswith(_GRAD_OUTPUT_NOT_FINITE):
+            raise
+    bad = grad_output.isfinite().logical_not_()
+    d_query, d_key, d_value, d_mask, d_sinks = gradients(grad_output.masked_fill(bad, 0))
+    nan = float("nan")
+    rows = bad.any(-1)  # (..., L): the rows of dQ and dS reached
+    d_query = d_query.masked_fill(rows.unsqueeze(-1), nan)
+    if grad_output.dim() >= 3:
+        # Axis -3 holds the heads (or a batch axis, groups of one): a key/value head carries on
+        # what any query head of its group received.
+        groups = (d_key.shape[-3], grad_output.shape[-3] // d_key.shape[-3])
+        keys = _keys_reached(rows, valid_lens, d_key.shape[-2]).unflatten(-2, groups).any(-2)
+        columns = bad.any(-2).unflatten(-2, groups).any(-2)
+        d_key = d_key.masked_fill(keys.unsqueeze(-1), nan)
+        d_value = d_value.masked_fill(columns.unsqueeze(-2), nan)
+    else:
+        d_key = d_key.masked_fill(rows.any(), nan)
+        d_value = d_value.masked_fill(bad.any(-2), nan)
+    if d_mask is not None:
+        scores = (*rows.shape, d_key.shape[-2])
+        d_mask = d_mask.masked_fill(
+            _flags_summed_to(rows.unsqueeze(-1).expand(scores), d_mask.shape), nan)
+    if d_sinks is not None:
+        d_sinks = d_sinks.masked_fill(_flags_summed_to(rows.any(-1), d_sinks.shape), nan)
+    return d_query, d_key, d_value, d_mask, d_sinks
 
 
 def _backward_operator(grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens,
@@ -1132,8 +1253,11 @@ class _PlainSdpa(torch.autograd.Function):
         query, key, value, output, log_sum_exp, attn_mask = ctx.saved_tensors
         if _torch_threads() != _followed_threads[0]:
             _follow_torch_threads()
-        d_query, d_key, d_value, _, _ = _extension._sdpa_backward(
-            query, key, value, output, grad_output, log_sum_exp, attn_mask, 0.0, *ctx.options)
+        options = ctx.options
+        d_query, d_key, d_value, _, _ = _carrying_non_finite(
+            lambda grad_output: _extension._sdpa_backward(
+                query, key, value, output, grad_output, log_sum_exp, attn_mask, 0.0, *options),
+            grad_output)
         return d_query, d_key, d_value, None, None, None, None
 
 
