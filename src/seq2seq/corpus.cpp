@@ -38,13 +38,19 @@ std::vector<TextPair> parse_tsv_pairs(std::string_view text, std::string_view so
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
     const std::string where = std::string(source_name) + ":" + std::to_string(line_number) + ": ";
+    // A third column is the attribution that Tatoeba's downloads (manythings.org's fra-eng.zip)
+    // carry on every line, "CC-BY 2.0 (France) Attribution: tatoeba.org #…": not part of a pair.
     const size_t tabs = static_cast<size_t>(std::count(line.begin(), line.end(), '\t'));
-    if (tabs != 1) {
-      throw FileError(where + "expected \"source<TAB>target\" (one tab), got " +
+    if (tabs != 1 && tabs != 2) {
+      throw FileError(where +
+                      "expected \"source<TAB>target\", or a third column of attribution after "
+                      "another tab (one or two tabs), got " +
                       std::to_string(tabs) + " tabs in " + quoted_excerpt(line));
     }
     const size_t tab = line.find('\t');
-    TextPair pair{std::string(line.substr(0, tab)), std::string(line.substr(tab + 1))};
+    const size_t target_end = tabs == 2 ? line.find('\t', tab + 1) : line.size();
+    TextPair pair{std::string(line.substr(0, tab)),
+                  std::string(line.substr(tab + 1, target_end - tab - 1))};
     if (pair.source.find_first_not_of(' ') == std::string::npos ||
         pair.target.find_first_not_of(' ') == std::string::npos) {
       throw FileError(where + "expected a non-empty source and target, got " +

@@ -141,7 +141,8 @@ TEST_F(CliTest, TrainSeq2SeqReadsATabSeparatedCorpus) {
 TEST_F(CliTest, Seq2SeqCommandsReportBadInputClearly) {
   std::ofstream(path("bad.tsv")) << "go .\tva !\nhi .\tsalut !\nno tab here\n";
   expect_error("train seq2seq --data bad.tsv --out never",
-               "--data: bad.tsv:3: expected \"source<TAB>target\" (one tab), got 0 tabs");
+               "--data: bad.tsv:3: expected \"source<TAB>target\", or a third column of "
+               "attribution after another tab (one or two tabs), got 0 tabs");
   expect_error("train seq2seq --data missing.tsv --out never", "missing.tsv");
   EXPECT_FALSE(fs::exists(path("never")));
   expect_error("translate --model nowhere 'march 3'", "--model: nowhere: no such model directory");

@@ -159,11 +159,30 @@ TEST(Corpus, ALeadingByteOrderMarkIsSkipped) {
   EXPECT_EQ(parse_tsv_pairs("a\tb\n" + bom + "c\td\n", "c.tsv")[1].source, bom + "c");
 }
 
+// Tatoeba's downloads (manythings.org's fra-eng.zip, the book's source) carry a third column of
+// attribution on every line; it was refused ("got 2 tabs").
+TEST(Corpus, AThirdColumnOfAttributionIsIgnored) {
+  const std::vector<TextPair> pairs = parse_tsv_pairs(
+      "Go.\tVa !\tCC-BY 2.0 (France) Attribution: tatoeba.org #2877272 (CM) & #1158250 "
+      "(Wittydev)\r\nHi.\tSalut !\t\nRun!\tCours !\n",
+      "fra.txt");
+  ASSERT_EQ(pairs.size(), 3U);
+  EXPECT_EQ(pairs[0].source, "Go.");
+  EXPECT_EQ(pairs[0].target, "Va !");
+  EXPECT_EQ(pairs[1].target, "Salut !");
+  EXPECT_EQ(pairs[2].target, "Cours !");
+  EXPECT_THROW_MESSAGE(parse_tsv_pairs("a\t\tc\n", "c.tsv"), FileError,
+                       "c.tsv:1: expected a non-empty source and target");
+}
+
 TEST(Corpus, MalformedLinesAreClearErrors) {
   EXPECT_THROW_MESSAGE(parse_tsv_pairs("Go.\tVa !\nno tab here\n", "fra-eng.txt"), FileError,
-                       "fra-eng.txt:2: expected \"source<TAB>target\" (one tab), got 0 tabs in "
+                       "fra-eng.txt:2: expected \"source<TAB>target\", or a third column of "
+                       "attribution after another tab (one or two tabs), got 0 tabs in "
                        "\"no tab here\"");
-  EXPECT_THROW_MESSAGE(parse_tsv_pairs("a\tb\tc\n", "c.tsv"), FileError, "c.tsv:1:");
+  EXPECT_THROW_MESSAGE(parse_tsv_pairs("a\tb\tc\td\n", "c.tsv"), FileError,
+                       "c.tsv:1: expected \"source<TAB>target\", or a third column of attribution "
+                       "after another tab (one or two tabs), got 3 tabs");
   EXPECT_THROW_MESSAGE(parse_tsv_pairs("a\tb\n \tb\n", "c.tsv"), FileError,
                        "c.tsv:2: expected a non-empty source and target");
   EXPECT_THROW_MESSAGE(parse_tsv_pairs("\n\n", "empty.tsv"), FileError,

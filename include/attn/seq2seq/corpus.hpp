@@ -23,9 +23,10 @@ struct ParallelCorpus {
   TokenizerKind tokenizer = TokenizerKind::kBook;
 };
 
-// One "source<TAB>target" pair a line; blank lines (and a trailing '\r') are ignored. FileError
-// naming `source_name` and the line number for a line without exactly one tab, or with a side
-// that has no token, and for a text without any pair.
+// One "source<TAB>target" pair a line, a third column after another tab ignored (the attribution
+// of Tatoeba's downloads); blank lines (and a trailing '\r') are ignored. FileError naming
+// `source_name` and the line number for a line with no tab or more than two, or with a side that
+// has no token, and for a text without any pair.
 std::vector<TextPair> parse_tsv_pairs(std::string_view text, std::string_view source_name);
 // The same for a file; FileError naming it when it cannot be read.
 std::vector<TextPair> read_tsv_pairs(const std::filesystem::path& path);
