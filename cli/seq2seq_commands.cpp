@@ -351,7 +351,8 @@ void add_train_seq2seq_command(CLI::App& train) {
       "Without --data, the bundled task: dates in many written forms (\"3 march 1987\", "
       "\"tuesday, march 3, 1987\", \"03/03/87\", ...) to ISO form (\"1987-03-03\"), generated "
       "from --seed. With --data, a tab-separated file of \"source<TAB>target\" lines (like the "
-      "book's fra-eng; a third column, Tatoeba's attribution, is ignored), lower-cased with spaces before punctuation. Writes to --out: loss.png, "
+      "book's fra-eng; a third column, Tatoeba's attribution, is ignored), lower-cased with spaces "
+      "before punctuation. Writes to --out: loss.png, "
       "attention_<i>.png heatmaps, model.safetensors, vocab.json and config.json (for 'attn "
       "translate').");
   command->add_option("--data", options->data, "Tab-separated parallel corpus")

@@ -17,7 +17,7 @@ given NumPy / safetensors version. The files, each a few hundred bytes:
     i8_scalar.npy         int64 (): -7
     f4_0x3.npy            float32 (0, 3), no data
     f4_v2.npy, f4_v3.npy  float32 (2,): [1.5, -1] in format versions 2.0 and 3.0
-    f4_fortran.npy        float32 (2, 3) in Fortran order (attn must refuse it)
+    f4_fortran.npy        float32 (2, 3) in Fortran order (attn reads it in C order)
     f4_big_endian.npy     '>f4' (3,) (attn must refuse it)
     f4_rank5.npy          float32 (1, 1, 1, 1, 2) (attn reads ranks up to 8)
     params.safetensors    {'W_q.weight': (2, 3) float32, 'bias': (2,) float32,

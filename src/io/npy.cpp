@@ -381,11 +381,6 @@ NpyLayout parse_npy_header(std::span<const std::byte> bytes, std::string_view so
   }
 
   const DTypeInfo& dtype = dtype_from_descr(*fields.descr, source);
-  if (*fields.fortran_order) {
-    fail(source,
-         "Fortran-order arrays are not supported: expected 'fortran_order': False "
-         "(save a C-contiguous array, e.g. np.ascontiguousarray)");
-  }
   const std::vector<int64_t>& dims = *fields.shape;
   if (dims.size() > static_cast<size_t>(Shape::kMaxRank)) {
     fail(source, "expected a rank of at most " + std::to_string(Shape::kMaxRank) + ", got shape " +
@@ -400,7 +395,39 @@ NpyLayout parse_npy_header(std::span<const std::byte> bytes, std::string_view so
   }
 
   return {dtype.dtype, Shape::from_dims(dims.data(), static_cast<int>(dims.size())),
-          header_start + static_cast<size_t>(header_length), static_cast<uint64_t>(*expected_size)};
+          header_start + static_cast<size_t>(header_length), static_cast<uint64_t>(*expected_size),
+          *fields.fortran_order};
+}
+
+std::vector<std::byte> c_order_data(const NpyLayout& layout, std::vector<std::byte> data) {
+  const Shape& shape = layout.shape;
+  const int rank = shape.rank();
+  if (!layout.fortran_order || rank < 2 || shape.numel() == 0) return data;
+  // Walk the C-order destination with an odometer over the axes, last fastest; the source element
+  // of index (i0, …, ir−1) lies at Σ ik·Fk elements, Fk the product of the extents before k.
+  const auto itemsize = static_cast<size_t>(npy_itemsize(layout.dtype));
+  int64_t fortran_strides[Shape::kMaxRank];
+  int64_t index[Shape::kMaxRank] = {};
+  fortran_strides[0] = 1;
+  for (int k = 1; k < rank; ++k) fortran_strides[k] = fortran_strides[k - 1] * shape[k - 1];
+  std::vector<std::byte> c_order(data.size());
+  const int64_t last = rank - 1;
+  const int64_t inner = shape[static_cast<int>(last)];
+  int64_t source = 0;
+  for (size_t out = 0; out < c_order.size();) {
+    for (int64_t i = 0; i < inner; ++i, out += itemsize) {
+      std::memcpy(c_order.data() + out,
+                  data.data() + static_cast<size_t>(source + i * fortran_strides[last]) * itemsize,
+                  itemsize);
+    }
+    for (int k = static_cast<int>(last) - 1; k >= 0; --k) {
+      source += fortran_strides[k];
+      if (++index[k] < shape[k]) break;
+      source -= index[k] * fortran_strides[k];
+      index[k] = 0;
+    }
+  }
+  return c_order;
 }
 
 void check_npy_data_size(const NpyLayout& layout, uint64_t size, std::string_view source) {
@@ -450,6 +477,11 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
   const io_detail::NpyLayout layout = io_detail::parse_npy_header(bytes, source);
   const std::span<const std::byte> data = bytes.subspan(layout.data_offset);
   io_detail::check_npy_data_size(layout, data.size(), source);
+  if (layout.fortran_order) {
+    const std::vector<std::byte> c_order =
+        io_detail::c_order_data(layout, std::vector<std::byte>(data.begin(), data.end()));
+    return io_detail::decode_npy_data(layout.dtype, layout.shape, c_order, source);
+  }
   return io_detail::decode_npy_data(layout.dtype, layout.shape, data, source);
 }
 
@@ -470,15 +502,20 @@ Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name)
     case NpyDType::kFloat32: {
       Tensor tensor;
       tensor.assign_uninitialized(layout.shape);
-      file.read_into(layout.data_offset, std::as_writable_bytes(tensor.span()));
+      if (layout.fortran_order) {
+        const std::vector<std::byte> c_order = io_detail::c_order_data(layout, file.read_data());
+        std::memcpy(tensor.data(), c_order.data(), c_order.size());
+      } else {
+        file.read_into(layout.data_offset, std::as_writable_bytes(tensor.span()));
+      }
       return tensor;
     }
     case NpyDType::kFloat64:
       return Tensor(layout.shape, decode<double, float, Tensor::Storage>(
-                                      file.read_at(layout.data_offset, layout.data_size)));
+                                      io_detail::c_order_data(layout, file.read_data())));
     case NpyDType::kFloat16:
       return Tensor(layout.shape, decode_float16<Tensor::Storage>(
-                                      file.read_at(layout.data_offset, layout.data_size)));
+                                      io_detail::c_order_data(layout, file.read_data())));
     case NpyDType::kInt32:
     case NpyDType::kInt64:
     case NpyDType::kBool:
@@ -499,7 +536,12 @@ NpyFloat16 load_npy_float16(const std::filesystem::path& path, std::string_view 
                     std::string(dtype_info(layout.dtype).descr) + "'");
   }
   NpyFloat16 result{layout.shape, std::vector<uint16_t>(static_cast<size_t>(layout.shape.numel()))};
-  file.read_into(layout.data_offset, std::as_writable_bytes(std::span(result.bits)));
+  if (layout.fortran_order) {
+    const std::vector<std::byte> c_order = io_detail::c_order_data(layout, file.read_data());
+    std::memcpy(result.bits.data(), c_order.data(), c_order.size());
+  } else {
+    file.read_into(layout.data_offset, std::as_writable_bytes(std::span(result.bits)));
+  }
   return result;
 }
 

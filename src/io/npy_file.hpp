@@ -40,6 +40,10 @@ class NpyFile {
   void read_into(uint64_t offset, std::span<std::byte> bytes) const {
     file_.read_into(offset, bytes);
   }
+  // All of the data, as stored.
+  std::vector<std::byte> read_data() const {
+    return read_at(layout_.data_offset, layout_.data_size);
+  }
 
  private:
   RegularFile file_;

@@ -1,7 +1,9 @@
 // read_npy_header and read_npy_rows: a .npy file's header, then only the chosen rows of one axis,
-// each read at its own offset — what lets every rank of a ring read just its shard.
+// each read at its own offset — what lets every rank of a ring read just its shard (a
+// Fortran-order file is read whole).
 #include "attn/io/npy_rows.hpp"
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -45,15 +47,23 @@ NpyArray read_npy_rows(const std::filesystem::path& path, int axis,
   int64_t dims[Shape::kMaxRank];
   for (int d = 0; d < rank; ++d) dims[d] = d == a ? rows : shape[d];
   const Shape selected = Shape::from_dims(dims, rank);
+  // A Fortran-order file's rows are not contiguous runs: it is read whole and rearranged first.
+  const std::vector<std::byte> whole =
+      file.layout().fortran_order ? io_detail::c_order_data(file.layout(), file.read_data())
+                                  : std::vector<std::byte>();
   std::vector<std::byte> data(static_cast<size_t>(outer * rows * inner));
   size_t at = 0;
   for (int64_t o = 0; o < outer; ++o) {
     for (const NpyRowRange& range : ranges) {
       const auto bytes = static_cast<size_t>(range.count * inner);
       if (bytes == 0) continue;
-      file.read_into(
-          file.layout().data_offset + static_cast<uint64_t>((o * shape[a] + range.begin) * inner),
-          std::span(data).subspan(at, bytes));
+      const auto offset = static_cast<uint64_t>((o * shape[a] + range.begin) * inner);
+      const std::span<std::byte> piece = std::span(data).subspan(at, bytes);
+      if (file.layout().fortran_order) {
+        std::memcpy(piece.data(), whole.data() + offset, bytes);
+      } else {
+        file.read_into(file.layout().data_offset + offset, piece);
+      }
       at += bytes;
     }
   }

@@ -1,6 +1,7 @@
 // NumPy .npy files: reading float32/float64/float16 (as float32; float16 also as its bits),
-// int32/int64 and bool arrays in C order, and writing float32, float16, int64 and bool ones. Every
-// header field is checked against the bytes that follow.
+// int32/int64 and bool arrays (in C order, rearranged from Fortran order where a file has it), and
+// writing float32, float16, int64 and bool ones. Every header field is checked against the bytes
+// that follow.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +36,8 @@ struct NpyArray {
 };
 
 // Parses the bytes of a .npy file; `source` names it in error messages. Throws FileError for a bad
-// magic, version, header, dtype (anything but little-endian <f4 <f8 <f2 <i4 <i8, or |b1), Fortran
-// order, a rank above 8, or a data size that disagrees with the header. A bool byte other than 0
+// magic, version, header, dtype (anything but little-endian <f4 <f8 <f2 <i4 <i8, or |b1), a rank
+// above 8, or a data size that disagrees with the header. A bool byte other than 0
 // or 1 is refused too (FileError naming its index): NumPy never writes one, so such a file holds
 // some other data under a bool header, and guessing "nonzero = true" would hide that.
 NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source);
