@@ -165,6 +165,9 @@ FunctionalInputs::FunctionalInputs(const RunArguments& arguments, ScoreFamily fa
     if (arguments.sinks) {
       sinks_ = read_per_head(*arguments.sinks, "--sinks", "sinks", "sink logit");
       options_.sinks = sinks_;
+      if (read_npy_header(*arguments.sinks).dtype == NpyDType::kFloat16) {
+        sinks_half_ = HalfType::kFloat16;
+      }
     }
   });
 }
@@ -395,6 +398,7 @@ void FunctionalInputs::read_mask(const RunArguments& arguments) {
                      mask.shape.str());
   }
   mask_shape_ = mask.shape;
+  if (mask.dtype == NpyDType::kFloat16) mask_half_ = HalfType::kFloat16;
   if (mask.is_bool()) {
     bool_mask_ = std::move(mask.bools);
     options_.attn_mask =

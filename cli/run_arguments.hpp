@@ -166,6 +166,10 @@ class FunctionalInputs {
   // Additive inputs stored in one half type (widened to float32 for the call): the output is
   // rounded back to it, as PyTorch's output dtype follows its inputs'.
   std::optional<HalfType> stored_half() const { return stored_half_; }
+  // float16 where the --mask or --sinks file holds float16: its gradient is written in that type,
+  // as PyTorch's autograd gives a tensor's gradient its dtype.
+  std::optional<HalfType> mask_stored_half() const { return mask_half_; }
+  std::optional<HalfType> sinks_stored_half() const { return sinks_half_; }
   StridedView<const uint16_t> query16() const {
     return as_heads(query_halves_.data(), query_shape_, query_heads_);
   }
@@ -214,7 +218,7 @@ class FunctionalInputs {
 
   Shape query_shape_, key_shape_, value_shape_;
   Tensor queries_, keys_, values_;  // float runs only
-  std::optional<HalfType> half_, stored_half_;
+  std::optional<HalfType> half_, stored_half_, mask_half_, sinks_half_;
   std::vector<uint16_t> query_halves_, key_halves_, value_halves_;  // half runs only
   bool split_heads_ = false;
   int64_t query_heads_ = 1;

@@ -359,8 +359,12 @@ Result run_dot_product_half(const RunArguments& arguments, const FunctionalInput
   result.gradients = input_gradients(HalfResult{kType, inputs.query_shape(), std::move(queries)},
                                      HalfResult{kType, inputs.key_shape(), std::move(keys)},
                                      HalfResult{kType, inputs.value_shape(), std::move(values)});
-  if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
-  if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
+  if (inputs.has_float_mask())
+    result.gradients.push_back(
+        {"attn_mask", in_stored_type(inputs.mask_stored_half(), std::move(mask))});
+  if (inputs.has_sinks())
+    result.gradients.push_back(
+        {"sinks", in_stored_type(inputs.sinks_stored_half(), std::move(sinks))});
   return result;
 }
 
@@ -400,8 +404,12 @@ Result run_dot_product(const RunOptions& options, GradOutput* grad_output, bool 
           inputs.has_sinks() ? sinks.span() : std::span<float>());
     });
     result.gradients = input_gradients(std::move(queries), std::move(keys), std::move(values));
-    if (inputs.has_float_mask()) result.gradients.push_back({"attn_mask", std::move(mask)});
-    if (inputs.has_sinks()) result.gradients.push_back({"sinks", std::move(sinks)});
+    if (inputs.has_float_mask())
+      result.gradients.push_back(
+          {"attn_mask", in_stored_type(inputs.mask_stored_half(), std::move(mask))});
+    if (inputs.has_sinks())
+      result.gradients.push_back(
+          {"sinks", in_stored_type(inputs.sinks_stored_half(), std::move(sinks))});
   }
   result.output = std::move(output);
   return result;
@@ -517,8 +525,10 @@ Result run_additive(const RunOptions& options, const StateDict& state, GradOutpu
       const Tensor weights = additive_attention_weights(inputs.query(), inputs.key(), parameters,
                                                         forward.log_sum_exp, inputs.options());
       result.gradients.push_back(
-          {"attn_mask", additive_mask_gradient(weights, inputs.value(), forward.output, grad,
-                                               inputs.options().attn_mask.shape())});
+          {"attn_mask",
+           in_stored_type(inputs.mask_stored_half(),
+                          additive_mask_gradient(weights, inputs.value(), forward.output, grad,
+                                                 inputs.options().attn_mask.shape()))});
     }
   }
   result.output = in_stored_type(inputs.stored_half(), std::move(forward.output));
@@ -969,8 +979,9 @@ void add_run_command(CLI::App& app) {
           ->add_option("--grads-out", options->grads_out,
                        "Directory for the gradients (with --out-grad): queries.npy, keys.npy, "
                        "values.npy, one <state-dict name>.npy per parameter, attn_mask.npy for a "
-                       "float --mask and sinks.npy for --sinks (.safetensors files instead, each "
-                       "one tensor under that name, when --out is .safetensors)")
+                       "float --mask and sinks.npy for --sinks (each in its file's type, as "
+                       "PyTorch's .grad; .safetensors files instead, each one tensor under that "
+                       "name, when --out is .safetensors)")
           ->type_name("DIR");
   command->add_flag("--ring", options->ring,
                     "Ring attention over MPI: run as `mpirun -np P attn run --ring ...`; each rank "

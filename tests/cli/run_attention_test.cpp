@@ -358,6 +358,66 @@ TEST_F(RunAttentionTest, GradientsIncludeTheFloatMaskAndTheSinks) {
             (std::set<std::string>{"queries.npy", "keys.npy", "values.npy"}));
 }
 
+// The gradient of a float16 --mask or --sinks is float16, as PyTorch's autograd gives a tensor's
+// gradient its dtype (they were written float32): the float32 gradient of the widened values,
+// rounded once. A float32 mask beside float16 inputs keeps float32.
+TEST_F(RunAttentionTest, AFloat16MaskAndSinksGetFloat16Gradients) {
+  write_qkv(Shape{2, 3, 8}, Shape{2, 5, 4}, Shape{2, 5, 3}, 33);
+  Rng rng(34);
+  std::vector<uint16_t> mask_bits(15), sinks_bits = {float_to_half(0.5F), float_to_half(-0.25F)};
+  for (uint16_t& bits : mask_bits) bits = float_to_half(rng.normal());
+  save_npy_float16(path("mask16.npy"), mask_bits, Shape{3, 5});
+  save_npy_float16(path("sinks16.npy"), sinks_bits, Shape{2});
+  const Tensor grad_output = random_tensor(Shape{2, 3, 6}, rng);
+  save("g.npy", grad_output);
+  const CommandResult result = attn("run " + kDot +
+                                    " --heads 2 --kv-heads 1 --mask mask16.npy --sinks "
+                                    "sinks16.npy --out o.npy --out-grad g.npy --grads-out grads");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+
+  const auto widened = [](const std::vector<uint16_t>& bits, const Shape& shape) {
+    Tensor tensor(shape);
+    for (size_t i = 0; i < bits.size(); ++i) tensor.span()[i] = half_to_float(bits[i]);
+    return tensor;
+  };
+  const Tensor mask = widened(mask_bits, Shape{3, 5}), sinks = widened(sinks_bits, Shape{2});
+  AttentionOptions options;
+  options.enable_gqa = true;
+  options.attn_mask = AttentionMask::additive(mask);
+  options.sinks = sinks.span();
+  const Tensor q = to_heads(queries_, 2), k = to_heads(keys_, 1), v = to_heads(values_, 1);
+  const AttentionForward forward = scaled_dot_product_attention(q, k, v, options);
+  const AttentionBackward expected = scaled_dot_product_attention_backward(
+      q, k, v, forward.output, to_heads(grad_output, 2), forward.log_sum_exp, options, true, true);
+  for (const auto& [name, gradient] :
+       {std::pair{"attn_mask", &expected.attn_mask}, std::pair{"sinks", &expected.sinks}}) {
+    const NpyArray file = read_npy(path(std::string("grads/") + name + ".npy"));
+    EXPECT_EQ(file.dtype, NpyDType::kFloat16) << name;
+    EXPECT_EQ(file.shape, gradient->shape()) << name;
+    std::vector<uint16_t> rounded;
+    for (const float value : gradient->span()) rounded.push_back(float_to_half(value));
+    EXPECT_EQ(file.halves, rounded) << name;
+  }
+  EXPECT_EQ(read_npy(path("grads/queries.npy")).dtype, NpyDType::kFloat32);  // the inputs' type
+
+  // float16 inputs with a float32 mask: the mask's gradient in float32.
+  for (const std::string name : {"q", "k", "v"}) {
+    const Shape shape = name == "q"   ? Shape{2, 3, 8}
+                        : name == "k" ? Shape{2, 5, 4}
+                                      : Shape{2, 5, 3};
+    std::vector<uint16_t> bits(static_cast<size_t>(shape.numel()));
+    for (uint16_t& element : bits) element = float_to_half(rng.normal());
+    save_npy_float16(path(name + "16.npy"), bits, shape);
+  }
+  save("mask32.npy", mask);
+  const CommandResult half = attn(
+      "run --layer dot-product --queries q16.npy --keys k16.npy --values v16.npy --heads 2 "
+      "--kv-heads 1 --mask mask32.npy --out o16.npy --out-grad g.npy --grads-out grads16");
+  ASSERT_EQ(half.exit_code, 0) << half.err;
+  EXPECT_EQ(read_npy(path("grads16/attn_mask.npy")).dtype, NpyDType::kFloat32);
+  EXPECT_EQ(read_npy(path("grads16/queries.npy")).dtype, NpyDType::kFloat16);
+}
+
 // --- float16 ---
 
 // A rank-3 (B, L, count·d) file's elements viewed as (B, count, L, d) heads, as --heads reads them.
