@@ -253,11 +253,28 @@ namespace {
 
 // 1 when values[0, count) hold a NaN or +∞ (a float mask's −∞ is allowed), branch-free: the
 // comparison is false for exactly those.
-uint32_t holds_nan_or_plus_infinity(const float* values, int64_t count) {
-  constexpr float kInfinity = std::numeric_limits<float>::infinity();
+// The largest mask entry the kernels take: they add entries in base 2 (times log2 e), where one
+// past 2^127 · log2 e ≈ 2.45e38 overflows (3e38 gave NaN weights and gradients where the forward
+// was right); entries below −2^127 add −2^127 instead (score_modifiers-inl.h).
+constexpr float kLargestMaskEntry = 0x1p127F;
+
+// 1 when [values, values + count) holds a NaN, +∞ or an entry past kLargestMaskEntry.
+uint32_t holds_nan_or_too_large(const float* values, int64_t count) {
   uint32_t bad = 0;
-  for (int64_t i = 0; i < count; ++i) bad |= values[i] < kInfinity ? 0U : 1U;
+  for (int64_t i = 0; i < count; ++i) bad |= values[i] <= kLargestMaskEntry ? 0U : 1U;
   return bad;
+}
+
+[[noreturn]] void refuse_mask_entry(std::string_view name, float value, int64_t flat) {
+  if (std::isnan(value) || value == std::numeric_limits<float>::infinity()) {
+    throw ValueError(std::string(name) + ": expected finite values or -inf, got " +
+                     (std::isnan(value) ? "NaN" : "inf") + " at flat index " +
+                     std::to_string(flat));
+  }
+  throw ValueError(std::string(name) +
+                   ": expected entries of at most 2^127 (1.7e38: attn adds "
+                   "them to the scores in base 2, where larger ones overflow), got " +
+                   number_text(value) + " at flat index " + std::to_string(flat));
 }
 
 }  // namespace
@@ -266,17 +283,13 @@ void require_mask_values(std::string_view name, const ConstStridedView& view) {
   // A mask with a contiguous last axis is checked run by run, vectorised and on the OpenMP threads
   // from a million entries (entry by entry this was 4% of a causal n = 2048 call with the mask as
   // floats, Zen 5); the entries are walked one by one to name a culprit, or for other strides.
-  if (rows_contiguous(view) && largest_over_runs<uint32_t>(view, holds_nan_or_plus_infinity) == 0) {
+  if (rows_contiguous(view) && largest_over_runs<uint32_t>(view, holds_nan_or_too_large) == 0) {
     return;
   }
   const float* data = view.data();
   for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
     const float value = data[offset];
-    if (std::isnan(value) || value == std::numeric_limits<float>::infinity()) {
-      throw ValueError(std::string(name) + ": expected finite values or -inf, got " +
-                       (std::isnan(value) ? "NaN" : "inf") + " at flat index " +
-                       std::to_string(flat));
-    }
+    if (!(value <= kLargestMaskEntry)) refuse_mask_entry(name, value, flat);
   });
 }
 
@@ -350,17 +363,19 @@ float require_finite(std::string_view name, HalfType type, const ConstHalfStride
 
 namespace {
 
-// 1 when half bits [0, count) with this all-ones exponent hold a NaN or +∞: a magnitude above
-// ∞'s (NaN of either sign) or +∞ itself. Branch-free, in signed 16-bit comparisons with constants,
-// which SSE2 has (pcmpgtw, pcmpeqw), so that the baseline build vectorises it: with unsigned ones
-// and captured values it stayed scalar, a sixth of a bf16 call at n = 256 with a bf16 mask.
-template <int16_t kExponent>
-uint16_t holds_half_nan_or_plus_infinity(const uint16_t* run, int64_t count) {
+// 1 when half bits [0, count) with this all-ones exponent hold a NaN or an entry above the
+// largest taken (kLargest: fp16's largest finite, bf16's 2^127): a magnitude above ∞'s (NaN of
+// either sign) or a positive value above kLargest, +∞ among them. Branch-free, in signed 16-bit
+// comparisons with constants, which SSE2 has (pcmpgtw), so that the baseline build vectorises it:
+// with unsigned ones and captured values it stayed scalar, a sixth of a bf16 call at n = 256 with
+// a bf16 mask.
+template <int16_t kExponent, int16_t kLargest>
+uint16_t holds_half_nan_or_too_large(const uint16_t* run, int64_t count) {
   int16_t bad = 0;
   for (int64_t j = 0; j < count; ++j) {
     const auto bits = static_cast<int16_t>(run[j]);
     const auto magnitude = static_cast<int16_t>(bits & 0x7fff);
-    bad |= static_cast<int16_t>((magnitude > kExponent) | (bits == kExponent));
+    bad |= static_cast<int16_t>((magnitude > kExponent) | (bits > kLargest));
   }
   return static_cast<uint16_t>(bad);
 }
@@ -368,24 +383,23 @@ uint16_t holds_half_nan_or_plus_infinity(const uint16_t* run, int64_t count) {
 }  // namespace
 
 void require_mask_values(std::string_view name, HalfType type, const ConstHalfStridedView& view) {
-  // As the float scan: NaN and +∞ are the bits with an all-ones exponent other than −∞'s, found run
-  // by run over contiguous rows, element by element to name the first.
-  const uint16_t exponent = type == HalfType::kFloat16 ? 0x7c00U : 0x7f80U;
-  const auto minus_infinity = static_cast<uint16_t>(0x8000U | exponent);
+  // As the float scan: NaN, +∞ and (bf16) entries past 2^127 found run by run over contiguous
+  // rows, element by element to name the first.
+  constexpr int16_t kFloat16Largest = 0x7bff, kBFloat16Largest = 0x7f00;  // 65504, 2^127
+  const bool float16 = type == HalfType::kFloat16;
   if (rows_contiguous(view)) {
     const uint16_t bad =
-        type == HalfType::kFloat16
-            ? largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7c00>)
-            : largest_over_runs<uint16_t>(view, holds_half_nan_or_plus_infinity<0x7f80>);
+        float16 ? largest_over_runs<uint16_t>(view, holds_half_nan_or_too_large<0x7c00, 0x7bff>)
+                : largest_over_runs<uint16_t>(view, holds_half_nan_or_too_large<0x7f80, 0x7f00>);
     if (bad == 0) return;
   }
+  const int16_t exponent = float16 ? 0x7c00 : 0x7f80;
+  const int16_t largest = float16 ? kFloat16Largest : kBFloat16Largest;
   const uint16_t* data = view.data();
   for_each_element(view.shape(), view.strides(), [&](int64_t offset, int64_t flat) {
-    const uint16_t bits = data[offset];
-    if ((bits & exponent) != exponent || bits == minus_infinity) return;
-    throw ValueError(std::string(name) + ": expected finite values or -inf, got " +
-                     ((bits & 0x7fffU) != exponent ? "NaN" : "inf") + " at flat index " +
-                     std::to_string(flat));
+    const auto bits = static_cast<int16_t>(data[offset]);
+    if ((bits & 0x7fff) <= exponent && bits <= largest) return;
+    refuse_mask_entry(name, half_bits_to_float(type, data[offset]), flat);
   });
 }
 

@@ -70,7 +70,8 @@ float require_finite(std::string_view name, const ConstStridedView& view, RowRan
 // naming `name` and the index of the first NaN or ±∞ (ALiBi slopes, sinks).
 void require_per_head(std::string_view name, std::span<const float> values, int64_t heads);
 
-// ValueError naming `name` and the index of the first NaN or +∞ (an additive mask may hold −∞).
+// ValueError naming `name` and the index of the first NaN, +∞ or entry above 2^127 (an additive
+// mask may hold −∞; the kernels add entries in base 2, where larger ones overflow).
 void require_mask_values(std::string_view name, const ConstStridedView& view);
 
 // Whether a view's rows lie back to back along its last axis (stride 1, or at most one element;
@@ -91,7 +92,7 @@ using MutableHalfStridedView = StridedView<uint16_t>;
 // ValueError unless `type` is HalfType::kFloat16 or kBFloat16 (a value cast from another integer
 // would be read as bfloat16 without a word).
 void require_half_type(HalfType type);
-// require_mask_values on a float mask's half-precision entries (NaN or +∞ in `type`).
+// require_mask_values on a float mask's half-precision entries (NaN, +∞, bf16 above 2^127).
 void require_mask_values(std::string_view name, HalfType type, const ConstHalfStridedView& view);
 // require_finite's scan and message on half-precision data; returns the largest magnitude.
 float require_finite(std::string_view name, HalfType type, const ConstHalfStridedView& view,

@@ -253,6 +253,25 @@ TEST(HalfMaskValues, NaNAndPlusInfinityAreRefusedByName) {
     AttentionOptions options;
     options.attn_mask = AttentionMask::additive(type, HalfView(hidden.data(), Shape{4, 4}));
     EXPECT_NO_THROW((void)scaled_dot_product_attention(q, q, q, options));
+    // fp16's largest and bf16's 2^127 are taken, bf16 past 2^127 refused (as float32 masks: it
+    // overflows the base-2 scores), contiguous and strided; float's lowest adds −2^127.
+    for (const bool strided : {false, true}) {
+      std::vector<uint16_t> large(16, 0);
+      const Shape shape{4, 4};
+      const std::vector<int64_t> strides =
+          strided ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{4, 1};
+      large[6] = type == HalfType::kFloat16 ? 0x7bffU : 0x7f00U;
+      large[9] = type == HalfType::kFloat16 ? 0xfbffU : 0xff7fU;
+      options.attn_mask = AttentionMask::additive(type, HalfView(large.data(), shape, strides));
+      EXPECT_NO_THROW((void)scaled_dot_product_attention(q, q, q, options));
+      if (type == HalfType::kFloat16) continue;
+      large[6] = 0x7f01U;  // the bf16 after 2^127
+      EXPECT_THROW_MESSAGE((void)scaled_dot_product_attention(q, q, q, options), ValueError,
+                           "attn_mask: expected entries of at most 2^127 (1.7e38: attn adds them "
+                           "to the scores in base 2, where larger ones overflow), got " +
+                               number_text(bfloat16_to_float(0x7f01U)) + " at flat index " +
+                               (strided ? "9" : "6"));
+    }
   }
 }
 

@@ -1535,6 +1535,22 @@ TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
   nan_mask.data()[7] = INFINITY;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, mask), ValueError,
                        "attn_mask: expected finite values or -inf, got inf at flat index 7");
+  // Entries past 2^127 overflow the base-2 scores: 3e38 gave NaN weights and gradients (the
+  // forward was right), so they are refused, contiguous or strided; 2^127 itself is taken.
+  nan_mask.data()[7] = 0x1p127F;
+  EXPECT_NO_THROW(scaled_dot_product_attention(q, k4, v4, mask));
+  nan_mask.data()[7] = 3e38F;
+  const std::string too_large =
+      "attn_mask: expected entries of at most 2^127 (1.7e38: attn adds them to the scores in base "
+      "2, where larger ones overflow), got 3e+38 at flat index ";
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, mask), ValueError, too_large + "7");
+  const int64_t transposed[] = {1, 5};
+  mask.attn_mask = AttentionMask::additive(
+      ConstStridedView(nan_mask.data(), Shape{5, 3}, transposed));  // its transpose, broadcast
+  EXPECT_THROW_MESSAGE(
+      scaled_dot_product_attention(Tensor(Shape{2, 4, 5, 8}), Tensor(Shape{2, 4, 3, 8}),
+                                   Tensor(Shape{2, 4, 3, 6}), mask),
+      ValueError, too_large + "7");
   const std::vector<float> three{1, 2, 3}, four{1, 2, 3, NAN};
   AttentionOptions per_head;
   per_head.alibi_slopes = three;
