@@ -2,14 +2,19 @@
 // message on stderr and exit code 1.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
 #include <streambuf>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "attn/core/error.hpp"
@@ -17,6 +22,7 @@
 #include "demo_command.hpp"
 #include "generate_command.hpp"
 #include "heatmap_command.hpp"
+#include "ring_run.hpp"
 #include "run_command.hpp"
 #include "seq2seq_commands.hpp"
 #include "train_command.hpp"
@@ -114,17 +120,44 @@ class StandardOutputWatch {
   std::streambuf* original_;
 };
 
+// Whether this process is a rank other than 0 of an `attn run --ring` job under mpirun. Errors
+// found before MPI starts (the flags, the checks of `attn run` itself) are every rank's alike, and
+// each rank printed its own copy; rank 0 alone reports them.
+bool quiet_ring_rank(int argc, char** argv) {
+  if (std::find(argv + 1, argv + argc, std::string_view("--ring")) == argv + argc) return false;
+  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    const char* rank = std::getenv(variable);
+    if (rank != nullptr) return std::string_view(rank) != "0";
+  }
+  return false;
+}
+
+// A failure's status on a quiet rank: 1, after a pause. mpirun ends the whole job at the first
+// non-zero exit, which would cut rank 0 off before its message; rank 0 fails the same way at
+// once, so its message is out before this rank's exit.
+int quiet_failure() {
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  return 1;
+}
+
 int run(CLI::App& app, int argc, char** argv) {
+  const bool ring_rank = quiet_ring_rank(argc, argv);
+  // Errors after run_ring started are its own to report (rank 0's collective message; a failure
+  // on one rank alone is printed there).
+  const auto quiet = [&] { return ring_rank && !attn::cli::ring_started(); };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     // --help and --version end parsing with code 0; every usage error is reported as 1.
+    if (quiet()) return error.get_exit_code() == 0 ? 0 : quiet_failure();
     return app.exit(error) == 0 ? 0 : 1;
   } catch (const attn::Error& error) {
+    if (quiet()) return quiet_failure();
     std::cerr << "attn: error: " << error.what() << '\n';
     return 1;
   } catch (const std::exception& error) {
     // Out of memory or a failing standard-library call: still a message, never a crash.
+    if (quiet()) return quiet_failure();
     std::cerr << "attn: error: " << error.what() << '\n';
     return 1;
   }

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -104,14 +105,21 @@ std::vector<NpyRowRange> row_ranges(const SequenceShards& shards, int rank) {
   return ranges;
 }
 
+// FileError unless `dtype` is one a float input may have (the readers widen float16 exactly).
+void require_float_data(const std::string& name, const std::string& path, NpyDType dtype) {
+  if (dtype != NpyDType::kInt32 && dtype != NpyDType::kInt64 && dtype != NpyDType::kBool) return;
+  throw FileError(name + " (" + path + "): expected float32, float64 or float16 data, got " +
+                  (dtype == NpyDType::kBool    ? "bool"
+                   : dtype == NpyDType::kInt32 ? "integer (int32)"
+                                               : "integer (int64)") +
+                  " data");
+}
+
 // This rank's rows (along axis −2, the sequence in both file layouts) of a float .npy file.
 Tensor read_shard(const std::string& path, const std::string& name, const SequenceShards& shards,
                   int rank) {
   NpyArray array = read_npy_rows(path, -2, row_ranges(shards, rank));
-  if (array.is_integer() || array.is_bool()) {
-    throw FileError(name + " (" + path + "): expected float32 or float64 data, got " +
-                    (array.is_bool() ? "bool" : "integer") + " data");
-  }
+  require_float_data(name, path, array.dtype);
   return Tensor(array.shape, std::move(array.floats));
 }
 
@@ -224,6 +232,14 @@ class RingInputs {
     query_file_ = query_header.shape;
     key_file_ = key_header.shape;
     value_file_ = value_header.shape;
+    // Integer or bool data named before the types are compared (integer keys beside float16
+    // queries read "expected float16 data ..., got float32 or float64").
+    for (const auto& [flag, name, path, header] :
+         {std::tuple{"--queries", "queries", &arguments.queries, &query_header},
+          std::tuple{"--keys", "keys", &arguments.keys, &key_header},
+          std::tuple{"--values", "values", &arguments.values, &value_header}}) {
+      with_context(flag, [&] { require_float_data(name, *path, header->dtype); });
+    }
     // As a single-process run: float16 files, all three, give float16 results; a mix of float16
     // and float files is refused, naming the input that differs.
     const auto half_of = [](const NpyHeader& header) {
@@ -260,6 +276,9 @@ class RingInputs {
                          std::to_string(query_heads_) + " (grouped-query attention), got shape " +
                          key_file_.str());
       }
+      // Here, not in a rank's shard: the attention's own check named a shard's shape, (1, 2, 1,
+      // 7) for a file of (1, 2, 6, 7).
+      require_dim("keys", key_file_, -1, query_file_.dim(-1), "the size of each query");
     } else if (arguments.heads) {
       query_heads_ = *arguments.heads;
       if (query_heads_ < 1) {
@@ -291,6 +310,8 @@ class RingInputs {
     } else if (arguments.kv_heads) {
       throw ValueError("--kv-heads: needs --heads (the query heads that --kv-heads " +
                        std::to_string(*arguments.kv_heads) + " key/value heads serve)");
+    } else {
+      require_dim("keys", key_file_, -1, query_file_.dim(-1), "the size of each query");
     }
   }
 
@@ -298,6 +319,19 @@ class RingInputs {
   void read_valid_lens(const std::string& path, int rank) {
     options_.valid_lens = reading_valid_lens([&] {
       const NpyHeader header = read_npy_header(path);
+      // The file's shape against the whole scores', as a single-process run checks it: a rank's
+      // columns of it named a shard's shapes ((1, 4) for (1, 12)).
+      if ((header.shape.rank() == 1 || header.shape.rank() == 2) &&
+          (header.shape[0] != query_file_[0] ||
+           (header.shape.rank() == 2 && header.shape[1] != query_file_.dim(-2)))) {
+        throw ShapeError("valid_lens: expected shape " +
+                         (header.shape.rank() == 1
+                              ? Shape{query_file_[0]}.str()
+                              : Shape{query_file_[0], query_file_.dim(-2)}.str()) +
+                         " (the batch size of queries" +
+                         (header.shape.rank() == 1 ? std::string() : ", then their number") +
+                         "), got shape " + header.shape.str());
+      }
       if (header.shape.rank() == 2 && header.shape[1] == query_file_.dim(-2)) {
         const NpyArray lengths = read_npy_rows(path, 1, row_ranges(query_shards_, rank));
         if (!lengths.is_integer()) {
@@ -493,43 +527,53 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
   return results;
 }
 
-// `values` written as a single-process run writes them (PyTorch's output dtype follows its
-// inputs'): rounded once to float16 when the inputs were float16 (in_stored_type), else float32;
-// a value past that range an error naming `option`, as there, not an infinity in the file.
-void save_in_stored_type(const std::filesystem::path& file, const Tensor& values,
-                         std::optional<HalfType> stored_half, const std::string& option) {
-  if (!stored_half) return save_npy(file, values);
-  const ResultTensor rounded = in_stored_type(stored_half, values);
-  require_finite_result(rounded, option);
-  const auto& half = std::get<HalfResult>(rounded);
-  save_npy_float16(file, half.bits, half.shape);
+// A result as its file holds it, as a single-process run writes it (PyTorch's output dtype follows
+// its inputs'): rounded once to float16 when the inputs were float16 (in_stored_type), else
+// float32; checked finite, naming `option`, before any file is written (an output of NaN, from
+// ALiBi slopes of −1e37, was written with exit 0 where a single-process run refuses it).
+ResultTensor stored_result(Tensor values, std::optional<HalfType> stored_half,
+                           const std::string& option) {
+  ResultTensor result = in_stored_type(stored_half, std::move(values));
+  require_finite_result(result, option);
+  return result;
+}
+
+void save_result(const std::filesystem::path& file, const ResultTensor& result) {
+  if (const auto* half = std::get_if<HalfResult>(&result)) {
+    return save_npy_float16(file, half->bits, half->shape);
+  }
+  save_npy(file, std::get<Tensor>(result));
 }
 
 // Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting. Every
 // file is checked before the first is written, and all are written or none (StagedOutputs, as a
 // single-process run's): the gradients' directory, when this run creates it, goes again with them.
-void write_results(const RingRunRequest& request, const RingResults& results, int ranks) {
+void write_results(const RingRunRequest& request, RingResults results, int ranks) {
   const bool gradients = request.out_grad.has_value();
   std::string summary = "attn run: dot-product attention as ring attention over " +
                         std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
                         " (zig-zag shards), output " + results.output.shape().str() + " -> " +
                         request.out;
+  std::vector<std::pair<std::string, ResultTensor>> gradient_files;
+  if (gradients) {
+    for (auto& [name, gradient] :
+         {std::pair{"queries", &results.grad_queries}, std::pair{"keys", &results.grad_keys},
+          std::pair{"values", &results.grad_values}}) {
+      gradient_files.emplace_back(name, stored_result(std::move(*gradient), results.stored_half,
+                                                      "--grads-out (" + std::string(name) + ")"));
+    }
+  }
+  const ResultTensor output =
+      stored_result(std::move(results.output), results.stored_half, "--out");
   write_with_gradients_directory(gradients ? *request.grads_out : std::string(), [&] {
     check_outputs(output_files(request, gradients), input_files(request));
     StagedOutputs staged;
-    if (gradients) {
-      for (const auto& [name, gradient] :
-           {std::pair{"queries", &results.grad_queries}, std::pair{"keys", &results.grad_keys},
-            std::pair{"values", &results.grad_values}}) {
-        staged.write("--grads-out", gradient_path(request, name),
-                     [&](const std::filesystem::path& file) {
-                       save_in_stored_type(file, *gradient, results.stored_half, "--grads-out");
-                     });
-      }
+    for (const auto& [name, gradient] : gradient_files) {
+      staged.write("--grads-out", gradient_path(request, name),
+                   [&](const std::filesystem::path& file) { save_result(file, gradient); });
     }
-    staged.write("--out", request.out, [&](const std::filesystem::path& file) {
-      save_in_stored_type(file, results.output, results.stored_half, "--out");
-    });
+    staged.write("--out", request.out,
+                 [&](const std::filesystem::path& file) { save_result(file, output); });
     staged.commit();
   });
   if (gradients)
@@ -542,7 +586,16 @@ void write_results(const RingRunRequest& request, const RingResults& results, in
 
 }  // namespace
 
+namespace {
+bool started = false;
+}  // namespace
+
+bool ring_started() {
+  return started;
+}
+
 void run_ring(const RingRunRequest& request) {
+  started = true;
   MpiSession session;
   std::optional<RingResults> results;
   try {
@@ -555,7 +608,7 @@ void run_ring(const RingRunRequest& request) {
     session.finalize();
     std::exit(1);
   }
-  if (session.rank() == 0) write_results(request, *results, session.size());
+  if (session.rank() == 0) write_results(request, std::move(*results), session.size());
 }
 
 }  // namespace attn::cli

@@ -27,4 +27,9 @@ struct RingRunRequest {
 // while the others exit with status 1 quietly. Without MPI in the build: ValueError naming --ring.
 void run_ring(const RingRunRequest& request);
 
+// Whether run_ring has started in this process: its errors from then on are reported by rank 0
+// alone (run_ring's own doing); those before it, the flags' and `attn run`'s own checks, are every
+// rank's alike, and main reports them from rank 0 alone too.
+bool ring_started();
+
 }  // namespace attn::cli

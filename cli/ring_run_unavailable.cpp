@@ -10,4 +10,8 @@ void run_ring(const RingRunRequest& /*request*/) {
       "libopenmpi-dev and openmpi-bin, and rebuild)");
 }
 
+bool ring_started() {
+  return false;
+}
+
 }  // namespace attn::cli

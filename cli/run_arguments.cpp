@@ -233,20 +233,30 @@ std::optional<HalfType> shared_half_type(const InputFile (&files)[3]) {
 }
 
 std::optional<HalfType> dot_product_half_type(const std::optional<HalfType> (&types)[3]) {
+  if (types[0] == types[1] && types[1] == types[2]) return types[0];
   const char* names[] = {"queries", "keys", "values"};
-  std::optional<HalfType> first_half;
-  for (const std::optional<HalfType>& type : types) first_half = first_half ? first_half : type;
-  if (!first_half) return std::nullopt;
+  const auto type_text = [](const std::optional<HalfType>& type) {
+    return type ? half_type_name(*type) : std::string("float32 or float64");
+  };
+  // The odd one out is the input whose type the other two do not share (it named the first that
+  // differed from the first half input: queries for float32 queries and values beside float16
+  // keys).
+  int odd = -1;
   for (int index = 0; index < 3; ++index) {
-    if (types[index] != first_half) {
-      const std::string type = half_type_name(*first_half);
-      throw ValueError(
-          std::string(names[index]) + ": expected " + type + " data like the other inputs (a " +
-          type + " run reads queries, keys and values all in " + type + "), got " +
-          (types[index] ? half_type_name(*types[index]) : std::string("float32 or float64")));
-    }
+    if (types[(index + 1) % 3] == types[(index + 2) % 3]) odd = index;
   }
-  return first_half;
+  if (odd < 0) {
+    throw ValueError("queries, keys, values: expected one type for all three, got " +
+                     type_text(types[0]) + ", " + type_text(types[1]) + " and " +
+                     type_text(types[2]));
+  }
+  const std::optional<HalfType>& expected = types[(odd + 1) % 3];
+  const std::string type = type_text(expected);
+  const std::string reason =
+      expected ? "a " + type + " run reads queries, keys and values all in " + type
+               : "float16 or bfloat16 inputs run in their type when all three are";
+  throw ValueError(std::string(names[odd]) + ": expected " + type +
+                   " data like the other inputs (" + reason + "), got " + type_text(types[odd]));
 }
 
 void FunctionalInputs::read_inputs(const RunArguments& arguments, ScoreFamily family) {

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -645,6 +646,32 @@ void visit_every_block(const Communicator& ring_comm, const Ring& ring, ConstStr
   }
 }
 
+// A block pair's failure (an overflow the functional API names: a result past float's range)
+// held until the ring is done: the rank passes on the blocks it owes without computing more
+// pairs, and then every rank throws the lowest failing rank's error (report). Thrown at once it
+// aborted the job from the failing rank alone, each rank printing its own copy.
+class DeferredFailure {
+ public:
+  template <typename Action>
+  void run(Action&& action) {
+    if (failure_) return;
+    try {
+      std::forward<Action>(action)();
+    } catch (const std::exception&) {
+      failure_ = std::current_exception();
+    }
+  }
+  // Collective: every rank calls it.
+  void report(MPI_Comm comm) const {
+    check_on_all_ranks(comm, [&] {
+      if (failure_) std::rethrow_exception(failure_);
+    });
+  }
+
+ private:
+  std::exception_ptr failure_;
+};
+
 // Whether some rank's forward log-sum-exp is beyond float's precision
 // (log_sum_exp_beyond_float_precision): the backward then takes base-2 log-sum-exps recomputed
 // from its own scores.
@@ -674,26 +701,30 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
   result.output = Tensor(with_axis(query.shape(), -1, cols));
   result.log_sum_exp.assign(static_cast<size_t>(outer * rows), kNegativeInfinity);
   RingStatistics statistics;
+  DeferredFailure failure;
   try {
     std::vector<float> part_output, part_log_sum_exp;
     visit_every_block(
         ring_comm, ring, key, value, statistics,
         [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
-          const int64_t q_rows = pair.query.length;
-          part_output.resize(static_cast<size_t>(outer * q_rows * cols));
-          part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
-          const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
-          scaled_dot_product_attention(
-              q, rows_of(keys, pair.key_offset, pair.key.length),
-              rows_of(values, pair.key_offset, pair.key.length), ring.pair_options(pair),
-              MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)),
-              part_log_sum_exp);
-          merge_partial(result.output.data(), result.log_sum_exp.data(), rows, pair.query_offset,
-                        part_output.data(), part_log_sum_exp.data(), outer, q_rows, cols);
+          failure.run([&] {
+            const int64_t q_rows = pair.query.length;
+            part_output.resize(static_cast<size_t>(outer * q_rows * cols));
+            part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
+            const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
+            scaled_dot_product_attention(
+                q, rows_of(keys, pair.key_offset, pair.key.length),
+                rows_of(values, pair.key_offset, pair.key.length), ring.pair_options(pair),
+                MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)),
+                part_log_sum_exp);
+            merge_partial(result.output.data(), result.log_sum_exp.data(), rows, pair.query_offset,
+                          part_output.data(), part_log_sum_exp.data(), outer, q_rows, cols);
+          });
         });
   } catch (const std::exception& error) {
     abort_all_ranks(ring_comm.get(), std::string("ring attention forward: ") + error.what());
   }
+  failure.report(ring_comm.get());
   last_statistics = statistics;
   return result;
 }
@@ -720,6 +751,7 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
   const bool base_two = some_log_sum_exp_loses_precision(ring_comm, log_sum_exp);
   std::vector<float> base_two_log_sum_exp;
   Tensor grad_output_over_totals;
+  DeferredFailure failure;
   try {
     if (base_two) {
       base_two_log_sum_exp.assign(static_cast<size_t>(outer * rows), kNegativeInfinity);
@@ -727,17 +759,19 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
       std::vector<float> part_log_sum_exp, part_totals;
       visit_every_block(ring_comm, ring, key, value, statistics,
                         [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
-                          const int64_t q_rows = pair.query.length;
-                          part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
-                          part_totals.resize(part_log_sum_exp.size());
-                          scaled_dot_product_attention_log_sum_exp_base_two(
-                              rows_of(query, pair.query_offset, q_rows),
-                              rows_of(keys, pair.key_offset, pair.key.length),
-                              rows_of(values, pair.key_offset, pair.key.length),
-                              ring.pair_options(pair), part_log_sum_exp, part_totals);
-                          merge_base_two(base_two_log_sum_exp.data(), totals.data(), rows,
-                                         pair.query_offset, part_log_sum_exp.data(),
-                                         part_totals.data(), outer, q_rows);
+                          failure.run([&] {
+                            const int64_t q_rows = pair.query.length;
+                            part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
+                            part_totals.resize(part_log_sum_exp.size());
+                            scaled_dot_product_attention_log_sum_exp_base_two(
+                                rows_of(query, pair.query_offset, q_rows),
+                                rows_of(keys, pair.key_offset, pair.key.length),
+                                rows_of(values, pair.key_offset, pair.key.length),
+                                ring.pair_options(pair), part_log_sum_exp, part_totals);
+                            merge_base_two(base_two_log_sum_exp.data(), totals.data(), rows,
+                                           pair.query_offset, part_log_sum_exp.data(),
+                                           part_totals.data(), outer, q_rows);
+                          });
                         });
       grad_output_over_totals = Tensor(grad_output.shape());
       copy_contiguous(grad_output, grad_output_over_totals.data());
@@ -799,28 +833,30 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
           continue;
         }
         const auto start = Clock::now();
-        const int64_t q_rows = pair.query.length, k_rows = pair.key.length;
-        const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
-        const ConstStridedView k = rows_of(keys, pair.key_offset, k_rows);
-        const ConstStridedView v = rows_of(values, pair.key_offset, k_rows);
-        if (grad_query.shape() != q.shape()) grad_query = Tensor(q.shape());
-        if (grad_key.shape() != k.shape()) grad_key = Tensor(k.shape());
-        if (grad_value.shape() != v.shape()) grad_value = Tensor(v.shape());
-        // FlashAttention-2's backward decomposes over key blocks given the whole sequence's
-        // output and log-sum-exp: this pair's exact share of dQ, and its queries' exact share of
-        // this block's dK and dV.
-        AttentionOptions pair_options = ring.pair_options(pair);
-        pair_options.log_sum_exp_recomputed_base_two = base_two;
-        scaled_dot_product_attention_backward(q, k, v, rows_of(output, pair.query_offset, q_rows),
-                                              rows_of(grad_output, pair.query_offset, q_rows),
-                                              chunk_log_sum_exp[pair.query_index], pair_options,
-                                              grad_query, grad_key, grad_value);
-        add_rows(result.query.data(), rows, pair.query_offset, grad_query.data(), outer, q_rows,
-                 head);
-        add_rows(contribution.data(), block_rows, pair.key_offset, grad_key.data(), kv_outer,
-                 k_rows, head);
-        add_rows(contribution.data() + key_floats, block_rows, pair.key_offset, grad_value.data(),
-                 kv_outer, k_rows, cols);
+        failure.run([&] {
+          const int64_t q_rows = pair.query.length, k_rows = pair.key.length;
+          const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
+          const ConstStridedView k = rows_of(keys, pair.key_offset, k_rows);
+          const ConstStridedView v = rows_of(values, pair.key_offset, k_rows);
+          if (grad_query.shape() != q.shape()) grad_query = Tensor(q.shape());
+          if (grad_key.shape() != k.shape()) grad_key = Tensor(k.shape());
+          if (grad_value.shape() != v.shape()) grad_value = Tensor(v.shape());
+          // FlashAttention-2's backward decomposes over key blocks given the whole sequence's
+          // output and log-sum-exp: this pair's exact share of dQ, and its queries' exact share
+          // of this block's dK and dV.
+          AttentionOptions pair_options = ring.pair_options(pair);
+          pair_options.log_sum_exp_recomputed_base_two = base_two;
+          scaled_dot_product_attention_backward(q, k, v, rows_of(output, pair.query_offset, q_rows),
+                                                rows_of(grad_output, pair.query_offset, q_rows),
+                                                chunk_log_sum_exp[pair.query_index], pair_options,
+                                                grad_query, grad_key, grad_value);
+          add_rows(result.query.data(), rows, pair.query_offset, grad_query.data(), outer, q_rows,
+                   head);
+          add_rows(contribution.data(), block_rows, pair.key_offset, grad_key.data(), kv_outer,
+                   k_rows, head);
+          add_rows(contribution.data() + key_floats, block_rows, pair.key_offset, grad_value.data(),
+                   kv_outer, k_rows, cols);
+        });
         ++statistics.pairs_computed;
         statistics.compute_seconds += seconds_since(start);
         progress(requests);
@@ -865,6 +901,7 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
   } catch (const std::exception& error) {
     abort_all_ranks(ring_comm.get(), std::string("ring attention backward: ") + error.what());
   }
+  failure.report(ring_comm.get());
   last_statistics = statistics;
   return result;
 }

@@ -535,10 +535,17 @@ TEST_F(RunAttentionTest, Float16FilesRunInHalfPrecisionAndWriteFloat16) {
                                heads_view(masked_out.data(), out_shape, 2), lse);
   EXPECT_EQ(read_npy(path("om.npy")).halves, masked_out);
 
-  // float16 queries with float32 keys: refused, naming the odd one out.
+  // float16 queries and values with float32 keys: refused, naming the odd one out.
   save("k.npy", random_tensor(Shape{2, 5, 4}, rng));
   expect_error("run " + kDot + " --heads 2 --kv-heads 1 --out o.npy",
                "keys: expected float16 data like the other inputs");
+  // float32 queries and values beside them: the keys again (it named the queries).
+  save("q.npy", random_tensor(Shape{2, 3, 8}, rng));
+  save("v.npy", random_tensor(Shape{2, 5, 3}, rng));
+  save_npy_float16(path("k.npy"), std::vector<uint16_t>(40, float_to_half(0.5F)), Shape{2, 5, 4});
+  expect_error("run " + kDot + " --heads 2 --kv-heads 1 --out o.npy",
+               "keys: expected float32 or float64 data like the other inputs (float16 or bfloat16 "
+               "inputs run in their type when all three are), got float16");
 }
 
 // G is read in the precision the run computes in: a float32 G for a float16 run is rounded once

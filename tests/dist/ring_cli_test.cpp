@@ -197,12 +197,81 @@ TEST_F(RingCliTest, Float16InputsGiveFloat16Outputs) {
   const CommandResult ring_mixed = ring(2, mixed);
   EXPECT_EQ(single_mixed.exit_code, 1);
   EXPECT_EQ(ring_mixed.exit_code, 1);
+  // The odd one out is named: the queries, beside float32 keys and values.
   const std::string refusal =
-      "keys: expected float16 data like the other inputs (a float16 run reads queries, keys and "
-      "values all in float16), got float32 or float64";
+      "queries: expected float32 or float64 data like the other inputs (float16 or bfloat16 "
+      "inputs run in their type when all three are), got float16";
   EXPECT_NE(single_mixed.err.find(refusal), std::string::npos) << single_mixed.err;
   EXPECT_NE(ring_mixed.err.find(refusal), std::string::npos) << ring_mixed.err;
   EXPECT_FALSE(fs::exists(path("mixed.npy")));
+}
+
+// A result that is not finite (ALiBi slopes of −1e37 give NaN) is refused as a single-process run
+// refuses it: the ring wrote it with exit 0. A gradient that overflows in one block pair stops
+// every rank with one message (each rank printed its own, with MPI_Abort's). Errors of the flags
+// come once (each rank printed its own), and shapes are the files' (a shard's were named).
+TEST_F(RingCliTest, ErrorsAreASingleProcessRunsOnceEach) {
+  Rng rng(9);
+  for (const char* name : {"q.npy", "k.npy", "v.npy"})
+    save(name, testing::random_tensor(Shape{1, 29, 16}, rng));
+  save("alibi.npy", Tensor(Shape{2}, {-1e37F, -1.0F}));
+  const std::string inputs = "run --layer dot-product --queries q.npy --keys k.npy --values v.npy";
+  const std::string not_finite =
+      "--out: the result holds -nan at flat index 0 although every input is finite";
+  const CommandResult single = attn(inputs + " --heads 2 --alibi alibi.npy --out single.npy");
+  EXPECT_NE(single.err.find(not_finite), std::string::npos) << single.err;
+  CommandResult result = ring(2, inputs + " --heads 2 --alibi alibi.npy --out o.npy");
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find(not_finite), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+
+  Tensor big_values = testing::random_tensor(Shape{1, 29, 16}, rng);
+  for (float& value : big_values.span()) value *= 1e20F;
+  save("v_big.npy", big_values);
+  save("g_big.npy", big_values);
+  result = ring(4,
+                "run --layer dot-product --queries q.npy --keys k.npy --values v_big.npy --out "
+                "o.npy --out-grad g_big.npy --grads-out gr");
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("attn: error: rank "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("the exact result overflows float32"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("attn: error:"), result.err.rfind("attn: error:")) << result.err;
+  EXPECT_EQ(result.err.find("MPI_ABORT"), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(path("gr")));
+
+  for (const std::string& flags :
+       {std::string(" --out o.npy --scale abc"), std::string(" --out o.npy --out-grad g_big.npy"),
+        std::string("")}) {
+    result = ring(4, inputs + flags);
+    EXPECT_EQ(result.exit_code, 1) << flags;
+    EXPECT_NE(result.err.find("attn: error:"), std::string::npos) << flags << result.err;
+    EXPECT_EQ(result.err.find("attn: error:"), result.err.rfind("attn: error:"))
+        << flags << result.err;
+  }
+
+  save("k_e7.npy", testing::random_tensor(Shape{1, 29, 7}, rng));
+  result = ring(3,
+                "run --layer dot-product --queries q.npy --keys k_e7.npy --values v.npy --out "
+                "o.npy");
+  EXPECT_NE(result.err.find("keys: expected the last dimension to be 16 (the size of each "
+                            "query), got shape (1, 29, 7)"),
+            std::string::npos)
+      << result.err;
+  std::vector<int64_t> lengths(3 * 29, 5);
+  save_npy(path("lengths.npy"), lengths, Shape{3, 29});
+  result = ring(3, inputs + " --valid-lens lengths.npy --out o.npy");
+  EXPECT_NE(result.err.find("valid_lens: expected shape (1, 29) (the batch size of queries, then "
+                            "their number), got shape (3, 29)"),
+            std::string::npos)
+      << result.err;
+  save_npy(path("k_int.npy"), std::vector<int64_t>(29 * 16, 1), Shape{1, 29, 16});
+  result = ring(2,
+                "run --layer dot-product --queries q.npy --keys k_int.npy --values v.npy --out "
+                "o.npy");
+  EXPECT_NE(result.err.find("keys (k_int.npy): expected float32, float64 or float16 data, got "
+                            "integer (int64) data"),
+            std::string::npos)
+      << result.err;
 }
 
 // A NaN in rows that only rank 1 reads: every rank stops, rank 0 says which rank and file.
