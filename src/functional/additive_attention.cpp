@@ -59,6 +59,32 @@ void check_parameters(const ConstStridedView& queries, const ConstStridedView& k
   }
 }
 
+// The inputs' shapes against each other, named as the caller passed them, before any projection:
+// found later, on the projections, the messages named "key" and "query" and shapes such as (2, 3,
+// 7) of num_hiddens that the caller never passed. `values` may be null (the weights).
+void check_input_shapes(const ConstStridedView& queries, const ConstStridedView& keys,
+                        const ConstStridedView* values) {
+  if (queries.rank() < 2 || keys.rank() < 2) {
+    throw ShapeError("queries, keys: expected tensors of rank 2 to 8 shaped (..., L, D), got " +
+                     queries.shape().str() + " and " + keys.shape().str());
+  }
+  const auto leading = [](const Shape& shape, int kept) {
+    int64_t dims[Shape::kMaxRank];
+    for (int axis = 0; axis + kept < shape.rank(); ++axis) dims[axis] = shape[axis];
+    return Shape::from_dims(dims, shape.rank() - kept);
+  };
+  if (keys.rank() != queries.rank() || leading(keys.shape(), 2) != leading(queries.shape(), 2)) {
+    throw ShapeError("keys: expected the axes before (S, key size) to be those of queries " +
+                     leading(queries.shape(), 2).str() + ", got shape " + keys.shape().str() +
+                     " (queries " + queries.shape().str() + ")");
+  }
+  if (values != nullptr &&
+      (values->rank() != keys.rank() || leading(values->shape(), 1) != leading(keys.shape(), 1))) {
+    throw ShapeError("values: expected the shape of keys " + leading(keys.shape(), 1).str() +
+                     " up to the last axis, got shape " + values->shape().str());
+  }
+}
+
 // A contiguous version of `view`: itself when it already is, else a copy kept in `copy`.
 const float* contiguous_data(const ConstStridedView& view, Tensor& copy) {
   if (view.is_contiguous()) return view.data();
@@ -155,6 +181,7 @@ AttentionForward additive_attention(ConstStridedView queries, ConstStridedView k
                                     ConstStridedView values, const AdditiveParameters& parameters,
                                     const AttentionOptions& options,
                                     AdditiveProjections* projections) {
+  check_input_shapes(queries, keys, &values);
   auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
   PreparedAttention prepared(projected_queries, projected_keys, values, options,
                              PreparedAttention::kAdditive);
@@ -188,6 +215,7 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
                                               std::span<const float> log_sum_exp,
                                               const AttentionOptions& options,
                                               const AdditiveProjections* projections) {
+  check_input_shapes(queries, keys, &values);
   std::pair<Tensor, Tensor> computed;
   const auto [projected_queries, projected_keys] =
       projections_for(queries, keys, parameters, projections, computed);
@@ -277,6 +305,7 @@ Tensor additive_attention_weights(ConstStridedView queries, ConstStridedView key
                                   std::span<const float> log_sum_exp,
                                   const AttentionOptions& options,
                                   const AdditiveProjections* projections) {
+  check_input_shapes(queries, keys, nullptr);
   std::pair<Tensor, Tensor> computed;
   const auto [projected_queries, projected_keys] =
       projections_for(queries, keys, parameters, projections, computed);

@@ -267,6 +267,22 @@ TEST(FunctionalAdditiveArguments, NamesWhatIsWrong) {
   EXPECT_THROW_MESSAGE(additive_attention_weights(q, k, p, lse, {}, &wrong), ShapeError,
                        "projections.keys: expected shape (1, 4, 6) (the forward pass's "
                        "projection), got (1, 3, 6)");
+  // The inputs' shapes against each other, as passed: these were found on the projections and
+  // named "key: expected the leading axes of query (1, 2, 6) ..." and "the shape of key (1, 4, 6)".
+  const std::string batch_error =
+      "keys: expected the axes before (S, key size) to be those of queries (1,), got shape (2, 4, "
+      "5) (queries (1, 2, 3))";
+  EXPECT_THROW_MESSAGE(additive_attention(q, Tensor(Shape{2, 4, 5}), Tensor(Shape{2, 4, 2}), p),
+                       ShapeError, batch_error);
+  EXPECT_THROW_MESSAGE(
+      additive_attention_weights(q, Tensor(Shape{2, 4, 5}), p, std::vector<float>(2), {}),
+      ShapeError, batch_error);
+  EXPECT_THROW_MESSAGE(additive_attention(q, k, Tensor(Shape{1, 9, 2}), p), ShapeError,
+                       "values: expected the shape of keys (1, 4) up to the last axis, got shape "
+                       "(1, 9, 2)");
+  EXPECT_THROW_MESSAGE(additive_attention_backward(q, k, Tensor(Shape{1, 9, 2}), p, Tensor(),
+                                                   Tensor(), std::vector<float>(2), {}),
+                       ShapeError, "values: expected the shape of keys (1, 4)");
 }
 
 }  // namespace
