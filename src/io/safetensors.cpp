@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -229,6 +230,26 @@ Tensor::Storage decode(std::span<const std::byte> data) {
   return values;
 }
 
+// An F64 tensor's values rounded to float32, attn's type: a finite value past float's range
+// (1e300) is a FileError naming the tensor, as load_state_dict and the Python functions refuse
+// such values; it became ∞ without a word, which the next call named as the parameter's own.
+// Infinities and NaN stay what they are, for the checks of their use.
+Tensor::Storage decode_float64(std::span<const std::byte> data, std::string_view source,
+                               const std::string& name) {
+  Tensor::Storage values = decode<double>(data);
+  for (size_t index = 0; index < values.size(); ++index) {
+    if (!std::isinf(values[index])) continue;
+    double value;
+    std::memcpy(&value, data.data() + index * sizeof(double), sizeof(double));
+    if (std::isinf(value)) continue;
+    fail_tensor(source, name,
+                "expected F64 values float32 holds (within ±3.4e38; attn computes in float32), "
+                "got " +
+                    number_text(value) + " at flat index " + std::to_string(index));
+  }
+  return values;
+}
+
 // The header of a file of `file_size` bytes whose first bytes are `bytes` (the whole file, or
 // its length and header alone): the length, the JSON and the tiling of the data checked, the
 // entries in offset order and the data's offset returned, the metadata into `metadata` (when
@@ -291,7 +312,7 @@ void parse_file(std::span<const std::byte> bytes, std::string_view source, State
     Tensor::Storage values =
         entry.dtype == "F32" ? decode<float>(data)
         : entry.dtype == "F64"
-            ? decode<double>(data)
+            ? decode_float64(data, source, entry.name)
             : decode_half(data, entry.dtype == "F16" ? HalfType::kFloat16 : HalfType::kBFloat16);
     tensors->emplace(entry.name, Tensor(entry.shape, std::move(values)));
   }
@@ -366,7 +387,7 @@ SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path,
   } else {
     std::vector<std::byte> data(static_cast<size_t>(bytes));  // F64: rounded to float32
     file.read_into(offset, data);
-    result.floats = Tensor(chosen->shape, decode<double>(data));
+    result.floats = Tensor(chosen->shape, decode_float64(data, file.source(), chosen->name));
   }
   return result;
 }

@@ -174,6 +174,34 @@ TEST(Safetensors, ReadsF64AndOffsetsInAnyOrder) {
   EXPECT_EQ(loaded.at("a").to_vector(), std::vector<float>{7.5F});
 }
 
+// An F64 value past float's range became ∞ without a word (the next call named the parameter,
+// not the file): refused, naming the file and the tensor, by both readers; ±∞ and NaN stay, for
+// the checks of their use, and float's largest rounds to itself.
+TEST(Safetensors, F64ValuesPastFloatsRangeAreNamed) {
+  const std::vector<double> doubles = {1.0, 3.4028234663852886e38,
+                                       -std::numeric_limits<double>::infinity(), 1e300};
+  const std::string header = "{" + entry("W.weight", "[2,2]", "[0,32]", "F64") + "}";
+  std::vector<std::byte> bytes = make_safetensors(header, 0);
+  const auto* double_bytes = reinterpret_cast<const std::byte*>(doubles.data());
+  bytes.insert(bytes.end(), double_bytes, double_bytes + 32);
+  const std::string message =
+      "big.safetensors: tensor 'W.weight': expected F64 values float32 holds (within ±3.4e38; "
+      "attn computes in float32), got 1e+300 at flat index 3";
+  EXPECT_THROW_MESSAGE(parse_safetensors(bytes, "big.safetensors"), FileError, message);
+  const TempDirectory directory;
+  const std::filesystem::path file = directory.path() / "big.safetensors";
+  std::ofstream(file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  EXPECT_THROW_MESSAGE(load_safetensors_tensor(file, "W.weight"), FileError,
+                       "tensor 'W.weight': expected F64 values float32 holds");
+  std::memcpy(bytes.data() + bytes.size() - 8, &doubles[0], 8);  // 1.0 in place of 1e300
+  const std::vector<float> loaded =
+      parse_safetensors(bytes, "big.safetensors").at("W.weight").to_vector();
+  EXPECT_EQ(loaded[1], std::numeric_limits<float>::max());
+  EXPECT_EQ(loaded[2], -std::numeric_limits<float>::infinity());
+}
+
 TEST(Safetensors, WritingRejectsNamesItCannotStore) {
   StateDict reserved;
   reserved.emplace("__metadata__", Tensor(Shape{1}));
