@@ -7,6 +7,7 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -326,9 +327,57 @@ nb::object attend_to_cache_call(nb::handle q, BoundCache& cache, nb::handle v, n
   return naming_mask_lengths(call, [&] { return attend_to_cache(q, cache, call.options()); });
 }
 
+// query, key and value with their leading axes broadcast against each other, as PyTorch's
+// function broadcasts them (its math path's matmuls; attn.torch expands its tensors alike): every
+// axis before (L, E) / (S, E), or with enable_gqa the batch axes before the heads, aligned from
+// the right, an axis of 1 or a missing one repeated by a stride of 0 (no copy). Unchanged where
+// they already agree or do not broadcast: the functional API's shape error then names the
+// argument.
+template <class T>
+std::array<StridedView<const T>, 3> broadcast_leading(
+    const std::array<StridedView<const T>, 3>& views, bool enable_gqa) {
+  const int kept = enable_gqa ? 3 : 2;
+  int rank = 0;
+  for (const auto& view : views) {
+    if (view.rank() < kept) return views;
+    rank = std::max(rank, view.rank());
+  }
+  std::array<int64_t, Shape::kMaxRank> leading{};
+  const int leading_rank = rank - kept;
+  for (int axis = 0; axis < leading_rank; ++axis) {
+    int64_t size = 1;
+    for (const auto& view : views) {
+      const int own = axis - (rank - view.rank());
+      if (own < 0 || view.dim(own) == 1) continue;
+      if (size != 1 && size != view.dim(own)) return views;
+      size = view.dim(own);
+    }
+    leading[static_cast<size_t>(axis)] = size;
+  }
+  bool changed = false;
+  std::array<StridedView<const T>, 3> result = views;
+  for (size_t v = 0; v < views.size(); ++v) {
+    const auto& view = views[v];
+    std::array<int64_t, Shape::kMaxRank> dims{}, strides{};
+    for (int axis = 0; axis < rank; ++axis) {
+      const int own = axis - (rank - view.rank());
+      const bool repeated = axis < leading_rank && (own < 0 || view.dim(own) != leading[axis]);
+      dims[static_cast<size_t>(axis)] = axis < leading_rank ? leading[axis] : view.dim(own);
+      strides[static_cast<size_t>(axis)] = repeated ? 0 : view.stride(own);
+    }
+    const Shape shape = Shape::from_dims(dims.data(), rank);
+    if (shape == view.shape()) continue;
+    changed = true;
+    result[v] = StridedView<const T>(
+        view.data(), shape, std::span<const int64_t>(strides.data(), static_cast<size_t>(rank)));
+  }
+  return changed ? result : views;
+}
+
 // scaled_dot_product_attention on arrays: the output, and (output, weights) when need_weights.
 nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, bool need_weights) {
   const Framework framework = inputs.query.framework();
+  const bool grouped = call.options().enable_gqa;
   if (const std::optional<HalfType> half = common_half_type(inputs)) {
     HalfAttentionForward forward;
     // The weights in the inputs' dtype, as torch.nn.MultiheadAttention returns its weights.
@@ -336,12 +385,13 @@ nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, b
     {
       nb::gil_scoped_release release;
       const ThreadSettingScope thread_setting;
-      forward = half_forward(*half, inputs, call.options());
+      const auto [query, key, value] = broadcast_leading<uint16_t>(
+          {inputs.query.half_view(), inputs.key.half_view(), inputs.value.half_view()}, grouped);
+      forward = scaled_dot_product_attention(*half, query, key, value, call.options());
       if (call.drops_all()) std::fill(forward.output.bits.begin(), forward.output.bits.end(), 0);
       if (need_weights) {
         const Tensor wide =
-            attention_weights(*half, inputs.query.half_view(), inputs.key.half_view(),
-                              forward.log_sum_exp, call.options());
+            attention_weights(*half, query, key, forward.log_sum_exp, call.options());
         weights.shape = wide.shape();
         weights.bits.resize(static_cast<size_t>(wide.numel()));
         narrow_to_half(*half, wide.data(), weights.bits.data(), weights.bits.size());
@@ -356,15 +406,15 @@ nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, b
   {
     nb::gil_scoped_release release;
     const ThreadSettingScope thread_setting;
-    forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
-                                           inputs.value.view(), call.options());
+    const auto [query, key, value] = broadcast_leading<float>(
+        {inputs.query.view(), inputs.key.view(), inputs.value.view()}, grouped);
+    forward = scaled_dot_product_attention(query, key, value, call.options());
     if (call.drops_all()) {
       std::fill_n(forward.output.data(), forward.output.numel(), 0.0F);
     }
     // Computed on request only, from the log-sum-exp of this pass.
     if (need_weights) {
-      weights = attention_weights(inputs.query.view(), inputs.key.view(), forward.log_sum_exp,
-                                  call.options());
+      weights = attention_weights(query, key, forward.log_sum_exp, call.options());
     }
   }
   nb::object output = to_python(std::move(forward.output), framework);

@@ -265,3 +265,15 @@ def test_float64_beyond_float32_is_named_not_turned_into_infinity(tmp_path):
 def test_an_array_of_a_dtype_without_dlpack_names_the_dtype():
     with pytest.raises(TypeError, match="X: expected a NumPy array .* got ndarray of dtype object"):
         attn.masked_softmax(np.ones((2, 3, 4), dtype=object))
+
+
+def test_additive_attention_function_names_the_inputs_shapes_as_passed():
+    # They were found on the projections: "key: expected the leading axes of query (2, 3, 7)",
+    # shapes of num_hiddens the caller never passed.
+    q, W_q, W_k, w_v = normal(2, 3, 5), normal(7, 5), normal(7, 4), normal(1, 7)
+    with pytest.raises(ValueError, match=r"keys: expected the axes before \(S, key size\) to be "
+                                         r"those of queries \(2,\), got shape \(3, 6, 4\)"):
+        attn.additive_attention(q, normal(3, 6, 4), normal(3, 6, 3), W_q, W_k, w_v)
+    with pytest.raises(ValueError, match=r"values: expected the shape of keys \(2, 6\) up to the "
+                                         r"last axis, got shape \(2, 9, 3\)"):
+        attn.additive_attention(q, normal(2, 6, 4), normal(2, 9, 3), W_q, W_k, w_v)

@@ -333,3 +333,21 @@ def test_constructor_arguments_take_what_converts():
     assert attn.MultiHeadAttention.__init__.__doc__.startswith(
         "__init__(self, key_size: int, query_size: int, value_size: int, num_hiddens: int, "
         "num_heads: int, dropout: float = 0.0, bias: bool = False, *, seed: int = 0) -> None")
+
+
+def test_float64_safetensors_values_past_float32_are_refused(tmp_path):
+    # 1e300 in an F64 tensor became inf without a word (load_state_dict refuses the same values):
+    # both readers name the file and the tensor.
+    import json
+    import struct
+
+    path = tmp_path / "f64.safetensors"
+    header = json.dumps(
+        {"W.weight": {"dtype": "F64", "shape": [2, 2], "data_offsets": [0, 32]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header
+                     + np.array([[1e300, 1], [1, 1]]).tobytes())
+    message = r"tensor 'W.weight': expected F64 values float32 holds .* got 1e\+300 at flat index 0"
+    with pytest.raises(attn.FileError, match=message):
+        attn.load_safetensors(path)
+    with pytest.raises(attn.FileError, match=message):
+        attn.GeneralAttention(2, 2).load(path)

@@ -384,3 +384,52 @@ def test_window_sides_may_be_numpy_integers():
         with pytest.raises(TypeError, match=r"window: expected \(left, right\) as ints or None, "
                                             r"got right of type float64"):
             call(q, k, v, window=(3, np.float64(0)))
+
+
+@pytest.mark.parametrize(
+    "shapes, options",
+    [
+        (((2, 4), (1, 4), (1, 4)), {}),  # a key/value batch of one
+        (((2, 4), (4,), (4,)), {}),  # key and value of lower rank
+        (((2, 1), (1, 3), (1, 3)), {}),  # each side broadcast
+        (((3, 4), (1, 2), (1, 2)), {"enable_gqa": True}),  # batch broadcast, heads grouped
+    ],
+    ids=["batch_of_one", "lower_rank", "both_sides", "grouped"],
+)
+def test_leading_axes_broadcast_as_pytorchs(shapes, options):
+    # PyTorch's function (and attn.torch's) broadcasts the axes before (L, E) / (S, E): a
+    # key/value batch of one was a ShapeError here. Stride-0 views, compared with the inputs
+    # broadcast by NumPy first.
+    (q_lead, k_lead, v_lead) = shapes
+    q, k, v = normal(*q_lead, 5, 8), normal(*k_lead, 7, 8), normal(*v_lead, 7, 6)
+    output, weights = attn.scaled_dot_product_attention(q, k, v, need_weights=True, **options)
+    grouped = options.get("enable_gqa", False)
+    kept = 3 if grouped else 2
+    leading = np.broadcast_shapes(q.shape[:-kept], k.shape[:-kept], v.shape[:-kept])
+    expand = lambda x: np.broadcast_to(x, (*leading, *x.shape[-kept:]))  # noqa: E731
+    q_full, k_full, v_full = expand(q), expand(k), expand(v)
+    if grouped:
+        groups = q_full.shape[-3] // k_full.shape[-3]
+        k_full, v_full = np.repeat(k_full, groups, axis=-3), np.repeat(v_full, groups, axis=-3)
+    expected_output, expected_weights = ref.sdpa(q_full, k_full, v_full)
+    assert output.shape == expected_output.shape
+    np.testing.assert_allclose(output, expected_output, **TOLERANCE)
+    np.testing.assert_allclose(weights, expected_weights, **TOLERANCE)
+    half = attn.scaled_dot_product_attention(
+        q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), **options)
+    assert half.dtype == np.float16 and half.shape == output.shape
+    # Axes that do not broadcast are still named.
+    with pytest.raises(ValueError, match="key: expected the leading axes of query"):
+        attn.scaled_dot_product_attention(normal(2, 5, 8), normal(3, 7, 8), normal(3, 7, 6))
+
+
+def test_mask_entries_past_two_to_the_127_are_refused():
+    # 3e38 overflowed the base-2 scores of the weights and the backward: NaN weights, no error.
+    q, k, v = qkv(1, 1, L=3, S=5)
+    mask = np.zeros((3, 5), np.float32)
+    mask[0, 1] = 2.0**127
+    attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True)
+    mask[2, 3] = 3e38
+    with pytest.raises(ValueError, match=r"attn_mask: expected entries of at most 2\^127 .* got "
+                                         r"3e\+38 at flat index 13"):
+        attn.scaled_dot_product_attention(q, k, v, attn_mask=mask, need_weights=True)
