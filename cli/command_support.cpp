@@ -36,6 +36,11 @@ void write_with_gradients_directory(const std::string& gradients_directory,
   std::error_code error;
   const bool existed = gradients && std::filesystem::exists(gradients_directory, error);
   if (gradients) create_output_directory(gradients_directory, "--grads-out");
+  // A folder this run made goes with its files if a signal ends the run before they are written.
+  PendingRemoval pending;
+  if (gradients && !existed) {
+    pending = PendingRemoval(gradients_directory, PendingRemoval::Kind::kFolder);
+  }
   try {
     write();
   } catch (...) {
@@ -153,7 +158,8 @@ void StagedOutputs::write(const std::string& option, const fs::path& target,
                       std::strerror(errno) + ")");
     }
   }
-  staged_.push_back({option, target, temporary});
+  staged_.push_back(
+      {option, target, temporary, PendingRemoval(temporary, PendingRemoval::Kind::kFile)});
   try {
     write(temporary);
   } catch (const Error& error) {
@@ -178,6 +184,7 @@ void StagedOutputs::commit() {
       throw FileError(staged.option + ": " + staged.target.string() + ": cannot write the file (" +
                       std::strerror(errno) + ")");
     }
+    staged.pending.release();
     staged.temporary.clear();
   }
   staged_.clear();

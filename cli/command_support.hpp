@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/core/pending_removal.hpp"
 #include "attn/viz/heatmap.hpp"
 
 namespace attn::cli {
@@ -97,6 +98,7 @@ class StagedOutputs {
     std::string option;
     std::filesystem::path target;
     std::filesystem::path temporary;
+    PendingRemoval pending;  // the temporary, for a signal that ends the run before commit()
   };
   std::vector<Staged> staged_;
 };

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/core/pending_removal.hpp"
 #include "bench_command.hpp"
 #include "demo_command.hpp"
 #include "generate_command.hpp"
@@ -175,6 +176,10 @@ int main(int argc, char** argv) {
   // reader that closed the pipe (attn bench | head) ends attn at once, where ignoring it would let
   // a long benchmark run on to its end for nobody.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Ctrl-C (or SIGTERM, SIGHUP: mpirun passes them on to its ranks) mid-write left the staged
+  // temporaries of `attn run` and a --grads-out folder it had made: removed, then the process ends
+  // by the signal as before.
+  attn::remove_pending_paths_on_signals();
   // Static: it outlives main's locals when std::exit ends a failed ring run, and goes before the
   // standard streams' final flush.
   static StandardOutputWatch standard_output;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/core/pending_removal.hpp"
 
 namespace attn::file_access {
 
@@ -136,6 +137,8 @@ inline void write_atomically(const std::filesystem::path& target,
     if (fd < 0 && (errno != EEXIST || attempt > 100)) fail(system_reason(errno));
   }
   Descriptor reserved(fd);
+  // Removed by the program's signal handler too, should SIGINT end it mid-write.
+  const PendingRemoval pending(temporary, PendingRemoval::Kind::kFile);
   const auto remove_temporary = [&temporary] { ::unlink(temporary.c_str()); };
   try {
     if (exists) ::fchmod(reserved.get(), existing.st_mode & 07777);
