@@ -300,6 +300,18 @@ std::vector<NamedGradient> input_gradients(ResultTensor queries, ResultTensor ke
   return named;
 }
 
+// A float mask's and the sinks' gradients after the inputs', each in its file's type (float16 for
+// a float16 file, as PyTorch's .grad keeps a tensor's dtype).
+void append_option_gradients(const FunctionalInputs& inputs, Tensor mask, Tensor sinks,
+                             std::vector<NamedGradient>& gradients) {
+  if (inputs.has_float_mask()) {
+    gradients.push_back({"attn_mask", in_stored_type(inputs.mask_stored_half(), std::move(mask))});
+  }
+  if (inputs.has_sinks()) {
+    gradients.push_back({"sinks", in_stored_type(inputs.sinks_stored_half(), std::move(sinks))});
+  }
+}
+
 // The backward pass of a layer with parameters: gradients start from zero (a fresh layer's, but
 // backward() accumulates), then the inputs' and every parameter's under its state-dict name.
 template <class Layer>
@@ -359,12 +371,7 @@ Result run_dot_product_half(const RunArguments& arguments, const FunctionalInput
   result.gradients = input_gradients(HalfResult{kType, inputs.query_shape(), std::move(queries)},
                                      HalfResult{kType, inputs.key_shape(), std::move(keys)},
                                      HalfResult{kType, inputs.value_shape(), std::move(values)});
-  if (inputs.has_float_mask())
-    result.gradients.push_back(
-        {"attn_mask", in_stored_type(inputs.mask_stored_half(), std::move(mask))});
-  if (inputs.has_sinks())
-    result.gradients.push_back(
-        {"sinks", in_stored_type(inputs.sinks_stored_half(), std::move(sinks))});
+  append_option_gradients(inputs, std::move(mask), std::move(sinks), result.gradients);
   return result;
 }
 
@@ -404,12 +411,7 @@ Result run_dot_product(const RunOptions& options, GradOutput* grad_output, bool 
           inputs.has_sinks() ? sinks.span() : std::span<float>());
     });
     result.gradients = input_gradients(std::move(queries), std::move(keys), std::move(values));
-    if (inputs.has_float_mask())
-      result.gradients.push_back(
-          {"attn_mask", in_stored_type(inputs.mask_stored_half(), std::move(mask))});
-    if (inputs.has_sinks())
-      result.gradients.push_back(
-          {"sinks", in_stored_type(inputs.sinks_stored_half(), std::move(sinks))});
+    append_option_gradients(inputs, std::move(mask), std::move(sinks), result.gradients);
   }
   result.output = std::move(output);
   return result;
