@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -510,9 +511,25 @@ Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name)
       }
       return tensor;
     }
-    case NpyDType::kFloat64:
-      return Tensor(layout.shape, decode<double, float, Tensor::Storage>(
-                                      io_detail::c_order_data(layout, file.read_data())));
+    case NpyDType::kFloat64: {
+      // A finite value past float's range (1e300) is refused here, naming the file: rounded to
+      // ∞, the call named it as an infinite input ("got inf") the file never held. ±∞ and NaN
+      // stay, for the checks of their use. (Masks, read by read_npy, keep the rounding: NumPy's
+      // float64 lowest, which masks fill, becomes −∞ there.)
+      const std::vector<std::byte> data = io_detail::c_order_data(layout, file.read_data());
+      Tensor::Storage values = decode<double, float, Tensor::Storage>(data);
+      for (size_t index = 0; index < values.size(); ++index) {
+        if (!std::isinf(values[index])) continue;
+        double value;
+        std::memcpy(&value, data.data() + index * sizeof(double), sizeof(double));
+        if (std::isinf(value)) continue;
+        throw FileError(std::string(name) + " (" + source +
+                        "): expected float64 values float32 holds (within ±3.4e38; attn computes "
+                        "in float32), got " +
+                        number_text(value) + " at flat index " + std::to_string(index));
+      }
+      return Tensor(layout.shape, std::move(values));
+    }
     case NpyDType::kFloat16:
       return Tensor(layout.shape, decode_float16<Tensor::Storage>(
                                       io_detail::c_order_data(layout, file.read_data())));

@@ -272,8 +272,10 @@ TEST(Npy, ReadsFilesNumPyWrote) {
   const NpyArray f8 = read_npy(fixture("f8_3.npy"));
   EXPECT_EQ(f8.dtype, NpyDType::kFloat64);
   EXPECT_EQ(f8.floats, (std::vector<float>{0.1F, -2.5F, std::numeric_limits<float>::infinity()}));
-  // load_npy_tensor decodes into the tensor's storage itself: the same values and shapes.
-  EXPECT_EQ(load_npy_tensor(fixture("f8_3.npy"), "f8").to_vector(), f8.floats);
+  // load_npy_tensor decodes into the tensor's storage itself: the same values and shapes; an
+  // input's float64 value past float's range is named there (Float64InputsPastFloatsRangeAreNamed).
+  EXPECT_THROW_MESSAGE(load_npy_tensor(fixture("f8_3.npy"), "f8"), FileError,
+                       "got 1e+300 at flat index 2");
   const Tensor f4_tensor = load_npy_tensor(fixture("f4_2x3.npy"), "f4");
   EXPECT_EQ(f4_tensor.shape(), f4.shape);
   EXPECT_EQ(f4_tensor.to_vector(), f4.floats);
@@ -371,6 +373,25 @@ TEST(Npy, FortranOrderReadsAsTheSameArray) {
     }
   }
   EXPECT_EQ(rows.floats, expected);
+}
+
+// A float64 input value past float's range was rounded to ∞ and refused later as "got inf", a
+// value the file never held: load_npy_tensor names the file's value; ±∞ stays (a mask's −∞ is
+// meaningful), and read_npy (masks) keeps rounding.
+TEST(Npy, Float64InputsPastFloatsRangeAreNamed) {
+  const TempDirectory dir;
+  const std::vector<double> values = {1.0, -std::numeric_limits<double>::infinity(), -1e300};
+  const std::vector<std::byte> bytes =
+      make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", value_bytes(values));
+  const std::filesystem::path file = dir.path() / "big.npy";
+  std::ofstream(file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  EXPECT_THROW_MESSAGE(load_npy_tensor(file, "queries"), FileError,
+                       "queries (" + file.string() +
+                           "): expected float64 values float32 holds (within ±3.4e38; attn "
+                           "computes in float32), got -1e+300 at flat index 2");
+  EXPECT_EQ(read_npy(file).floats[2], -std::numeric_limits<float>::infinity());
 }
 
 TEST(Npy, RejectsFilesNumPyWroteThatAttnCannotHold) {
