@@ -4,7 +4,7 @@
 The Python module links its kernels in, so bench/ab_kernels.py (which swaps libattn_kernels.so)
 cannot compare two of its builds. Copy the installed package aside before rebuilding it, e.g.
 
-    cp -a build/venv/lib/python3.*/site-packages/attn /tmp/attn-old/
+    mkdir -p /tmp/attn-old && cp -a build/venv/lib/python3.*/site-packages/attn /tmp/attn-old/
     (change, then pip install . again)
     build/venv/bin/python bench/ab_python.py --old /tmp/attn-old --sizes 1024 --threads 1 \\
         --layout bnhd --rounds 4

@@ -7,7 +7,7 @@
 """Compare attn's attention kernels with PyTorch's on the CPU.
 
 Run with a Python that has torch, e.g.
-    /opt/torchenv/bin/python bench/compare_pytorch.py --attn build-bench/cli/attn \
+    build/venv/bin/python bench/compare_pytorch.py --attn build-bench/cli/attn \
         --sizes 128,512,1024,2048,4096 --threads 1,2 --json-out docs/benchmarks.json
 Add --onnx-mha (onnxruntime and onnx installed) for the onnxruntime-mha rows.
 """

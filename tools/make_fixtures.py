@@ -47,7 +47,7 @@ What it does
     attn's exact masking gives.
 
 How to run (from the repository root)
-    /opt/torchenv/bin/python tools/make_fixtures.py
+    build/venv/bin/python tools/make_fixtures.py
     Needs torch, numpy and safetensors from PyPI; only regenerating the fixtures needs them, the
     test suite never does.
 

@@ -5,7 +5,7 @@
 
 Run from the repository root with the venv that has numpy, torch and safetensors:
 
-    /opt/torchenv/bin/python tools/make_io_fixtures.py
+    build/venv/bin/python tools/make_io_fixtures.py
 
 Every array is written from fixed values (no randomness), so a rerun writes the same bytes for a
 given NumPy / safetensors version. The files, each a few hundred bytes:

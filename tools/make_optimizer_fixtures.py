@@ -5,7 +5,7 @@ torch.optim.Adam(lr=0.01, weight_decay=0.1) (other arguments at their defaults) 
 initial parameter with the same three gradients, and torch.nn.utils.clip_grad_norm_ on two
 gradients. attn's tests compare their own optimizers against these numbers.
 
-Run: /opt/torchenv/bin/python tools/make_optimizer_fixtures.py  (PyTorch from PyPI; the tests
+Run: build/venv/bin/python tools/make_optimizer_fixtures.py  (PyTorch from PyPI; the tests
 only read the committed file). Deterministic: same bytes on every run.
 """
 

@@ -35,7 +35,7 @@ What it does
                                   its gradients under "grads.<name>".
 
 How to run (from the repository root)
-    /opt/torchenv/bin/python tools/make_seq2seq_fixtures.py
+    build/venv/bin/python tools/make_seq2seq_fixtures.py
     Needs torch and safetensors; the test suite does not.
 """
 
