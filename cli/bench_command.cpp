@@ -36,6 +36,7 @@
 #include "bench/memory_probe.hpp"
 #include "bench_decode.hpp"
 #include "command_support.hpp"
+#include "file_name_check.hpp"
 #include "number_options.hpp"
 
 namespace attn::cli {
@@ -688,7 +689,8 @@ void add_bench_command(CLI::App& app) {
                     "the cases alone, e.g. under perf record");
   command->add_flag("--json", options->json, "Print JSON instead of the table");
   command->add_option("--json-out", options->json_out, "Also write the JSON to this file")
-      ->type_name("FILE");
+      ->type_name("FILE")
+      ->check(file_name_check());
   command->add_option("--batch", options->batch, "Batch size B")
       ->transform(number_check(options->batch, from_to(1, 4096)));
   command->add_option("--heads", options->heads, "Heads H")

@@ -141,6 +141,30 @@ int quiet_failure() {
   return 1;
 }
 
+// The arguments with each "--name=" (nothing after '=') split into "--name" and an empty value:
+// CLI11 took the next argument as its value (`--xlabel= --ylabel=` labelled the x axis
+// "--ylabel="), where the value typed is empty, which the options then accept (a label) or refuse
+// by name (a number, a file). Arguments after a lone "--" stay as they are.
+std::vector<std::string> with_empty_values_split(int argc, char** argv) {
+  std::vector<std::string> arguments;
+  bool options = true;
+  for (int index = 0; index < argc; ++index) {
+    std::string argument = argv[index];
+    if (argument == "--") options = false;
+    const bool empty_value = options && index > 0 && argument.size() > 3 &&
+                             argument.starts_with("--") && argument.back() == '=' &&
+                             argument.find('=') == argument.size() - 1;
+    if (empty_value) {
+      argument.pop_back();
+      arguments.push_back(std::move(argument));
+      arguments.emplace_back();
+    } else {
+      arguments.push_back(std::move(argument));
+    }
+  }
+  return arguments;
+}
+
 int run(CLI::App& app, int argc, char** argv) {
   const bool ring_rank = quiet_ring_rank(argc, argv);
   // Errors after run_ring started are its own to report (rank 0's collective message; a failure
@@ -200,5 +224,9 @@ int main(int argc, char** argv) {
   attn::cli::add_bench_command(app);
   attn::cli::add_generate_command(app);
 
-  return standard_output.checked(run(app, argc, argv));
+  std::vector<std::string> arguments = with_empty_values_split(argc, argv);
+  std::vector<char*> pointers;
+  for (std::string& argument : arguments) pointers.push_back(argument.data());
+  pointers.push_back(nullptr);
+  return standard_output.checked(run(app, static_cast<int>(arguments.size()), pointers.data()));
 }

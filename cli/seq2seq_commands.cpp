@@ -33,6 +33,7 @@
 #include "attn/viz/heatmap.hpp"
 #include "attn/viz/line_plot.hpp"
 #include "command_support.hpp"
+#include "file_name_check.hpp"
 #include "number_options.hpp"
 
 namespace attn::cli {
@@ -357,6 +358,7 @@ void add_train_seq2seq_command(CLI::App& train) {
       "translate').");
   command->add_option("--data", options->data, "Tab-separated parallel corpus")
       ->type_name("FILE")
+      ->check(file_name_check())
       ->default_str("the date task");
   command->add_option("--out", options->out, "Directory for the model and pictures")
       ->type_name("DIR")
@@ -408,7 +410,8 @@ void add_translate_command(CLI::App& app) {
   command
       ->add_option("--heatmap", options->heatmap,
                    "Also draw the attention weights (.png, .svg or .pdf)")
-      ->type_name("FILE");
+      ->type_name("FILE")
+      ->check(file_name_check());
   command->callback([options] { translate_command(*options); });
 }
 

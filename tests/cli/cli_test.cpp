@@ -899,6 +899,33 @@ TEST_F(CliTest, FloatOptionsQuoteTheTypedTextAndRefuseWhatTheirTypeCannotHold) {
   ASSERT_EQ(attn(run + "--scale 1e-45").exit_code, 0);
 }
 
+// An empty file name is an error naming its option (`--data ""`, an unset shell variable, trained
+// the bundled date task; an empty --heatmap or --json-out wrote nothing, exit 0), and "--name="
+// is the option with an empty value (CLI11 took the next argument: `--xlabel= --ylabel=` labelled
+// the x axis "--ylabel=").
+TEST_F(CliTest, EmptyValuesAreTheValuesTyped) {
+  for (const auto& [arguments, message] :
+       {std::pair<std::string, std::string>{"train seq2seq --data '' --out m",
+                                            "--data: expected a file name, got ''"},
+        {"train seq2seq --data= --epochs 1 --out m", "--data: expected a file name, got ''"},
+        {"translate --model m 'hello' --heatmap ''", "--heatmap: expected a file name, got ''"},
+        {"bench --json-out ''", "--json-out: expected a file name, got ''"},
+        {"bench --json-out= --quick", "--json-out: expected a file name, got ''"},
+        {"train nadaraya-watson --epochs= --out nw", "--epochs: expected an integer, got ''"}}) {
+    expect_error(arguments, message);
+  }
+  EXPECT_FALSE(fs::exists(path("m")));
+  EXPECT_FALSE(fs::exists(path("nw")));
+  save("w.npy", Tensor::full(Shape{2, 3}, 0.5F));
+  // The same picture as with labels given as '' (Cairo draws text as glyphs: compared as bytes),
+  // not the default labels' picture.
+  ASSERT_EQ(attn("heatmap w.npy --out equals.png --xlabel= --ylabel=").exit_code, 0);
+  ASSERT_EQ(attn("heatmap w.npy --out quoted.png --xlabel '' --ylabel ''").exit_code, 0);
+  ASSERT_EQ(attn("heatmap w.npy --out default.png").exit_code, 0);
+  EXPECT_EQ(read_text(path("equals.png")), read_text(path("quoted.png")));
+  EXPECT_NE(read_text(path("equals.png")), read_text(path("default.png")));
+}
+
 // heatmap, train and translate name the option or file a problem is about, not the library
 // function that found it.
 TEST_F(CliTest, MessagesNameTheOptionOrFile) {
