@@ -231,6 +231,13 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
   // Before training, which takes a while: a file in the way of --out fails now, not after it.
   const fs::path out = options.out;
   create_output_directory(out);
+  // The model's files too (a folder named config.json failed after training), every one of them.
+  check_outputs({{"--out", out / "model.safetensors"},
+                 {"--out", out / "vocab.json"},
+                 {"--out", out / "config.json"},
+                 {"--out", out / "loss.png", OutputKind::kPicture}},
+                options.data.empty() ? std::vector<CommandFile>{}
+                                     : std::vector<CommandFile>{{"--data", options.data}});
 
   Seq2SeqTrainingOptions training;
   training.epochs = epochs;

@@ -3,6 +3,7 @@
 #include "attn/seq2seq/corpus.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "attn/core/error.hpp"
 #include "core/file_access.hpp"
@@ -17,6 +18,45 @@ std::string quoted_excerpt(std::string_view line) {
   for (char& c : excerpt)
     if (c == '\t') c = ' ';
   return "\"" + excerpt + (line.size() > kMaximum ? "...\"" : "\"");
+}
+
+}  // namespace
+
+namespace {
+
+// The byte offset of the first byte of `line` that does not begin or continue a UTF-8 sequence
+// (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF), or npos when it is all
+// UTF-8 text.
+size_t first_non_utf8(std::string_view line) {
+  size_t at = 0;
+  while (at < line.size()) {
+    const auto lead = static_cast<unsigned char>(line[at]);
+    size_t length = 1;
+    unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+    if (lead < 0x80) {
+      ++at;
+      continue;
+    } else if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else {
+      return at;
+    }
+    if (at + length > line.size()) return at;
+    for (size_t k = 1; k < length; ++k) {
+      const auto byte = static_cast<unsigned char>(line[at + k]);
+      if (byte < (k == 1 ? low : 0x80) || byte > (k == 1 ? high : 0xBF)) return at;
+    }
+    at += length;
+  }
+  return std::string_view::npos;
 }
 
 }  // namespace
@@ -38,6 +78,16 @@ std::vector<TextPair> parse_tsv_pairs(std::string_view text, std::string_view so
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
     const std::string where = std::string(source_name) + ":" + std::to_string(line_number) + ": ";
+    // The tokens become vocab.json's strings, which JSON holds as UTF-8: a Latin-1 corpus trained
+    // to its end and then failed to write its vocabulary.
+    if (const size_t bad = first_non_utf8(line); bad != std::string_view::npos) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(line[bad]));
+      throw FileError(where + "expected UTF-8 text, got the byte " + byte + " at byte " +
+                      std::to_string(bad + 1) +
+                      " of the line (convert the file, e.g. iconv -f "
+                      "latin1 -t utf-8)");
+    }
     // A third column is the attribution that Tatoeba's downloads (manythings.org's fra-eng.zip)
     // carry on every line, "CC-BY 2.0 (France) Attribution: tatoeba.org #…": not part of a pair.
     const size_t tabs = static_cast<size_t>(std::count(line.begin(), line.end(), '\t'));

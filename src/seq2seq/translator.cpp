@@ -228,10 +228,20 @@ void Translator::save(const std::filesystem::path& directory,
     throw FileError(directory.string() + ": cannot create the model directory" +
                     (error ? " (" + error.message() + ")" : std::string()));
   }
-  save_safetensors(directory / "model.safetensors", model_.state_dict(), {{"format", kFormatName}});
+  // Every file's bytes first: a token that is not UTF-8 (a Latin-1 corpus) failed vocab.json's
+  // JSON after model.safetensors was replaced, leaving new weights beside the old vocabulary.
+  const std::vector<std::byte> weights =
+      serialize_safetensors(model_.state_dict(), {{"format", kFormatName}});
   const nlohmann::json vocab = {{"source", source_vocabulary_.tokens()},
                                 {"target", target_vocabulary_.tokens()}};
-  write_text(directory / "vocab.json", vocab.dump() + "\n");
+  std::string vocab_text;
+  try {
+    vocab_text = vocab.dump() + "\n";
+  } catch (const nlohmann::json::type_error& not_utf8) {
+    throw ValueError((directory / "vocab.json").string() +
+                     ": expected tokens of UTF-8 text, got one that is not (" + not_utf8.what() +
+                     ")");
+  }
   const Seq2SeqConfig& config = model_.config();
   nlohmann::json training = nlohmann::json::object();
   for (const auto& [key, value] : training_record) training[key] = value;
@@ -247,7 +257,10 @@ void Translator::save(const std::filesystem::path& directory,
                                 {"dropout", config.dropout},
                                 {"attend_to_eos", config.attend_to_eos},
                                 {"training", training}};
-  write_text(directory / "config.json", hyper.dump(2) + "\n");
+  const std::string config_text = hyper.dump(2) + "\n";
+  file_access::write_bytes_atomically(directory / "model.safetensors", weights);
+  write_text(directory / "vocab.json", vocab_text);
+  write_text(directory / "config.json", config_text);
 }
 
 Translator Translator::load(const std::filesystem::path& directory) {

@@ -71,6 +71,17 @@ TEST_F(CliTest, TrainSeq2SeqChecksItsOutputDirectoryBeforeTraining) {
   EXPECT_EQ(result.out.find("epoch   1/1"), std::string::npos) << result.out;
   EXPECT_EQ(result.out.find("trained in"), std::string::npos) << result.out;
   EXPECT_EQ(read_text(path("occupied")), "a file, not a directory");
+  // The model's own files too: a folder named config.json failed after the whole run, with
+  // model.safetensors and vocab.json written beside no config.json.
+  fs::create_directories(path("model/config.json"));
+  const CommandResult blocked =
+      attn("train seq2seq --out model --examples 600 --held-out 50 --epochs 1 --batch-size 32");
+  EXPECT_EQ(blocked.exit_code, 1);
+  EXPECT_NE(blocked.err.find("--out model/config.json: is a directory, expected a file name"),
+            std::string::npos)
+      << blocked.err;
+  EXPECT_EQ(blocked.out.find("trained in"), std::string::npos) << blocked.out;
+  EXPECT_FALSE(fs::exists(path("model/model.safetensors")));
 }
 
 // --samples 0 prints no translations, so neither their header nor a range of heatmaps.

@@ -175,6 +175,19 @@ TEST(Corpus, AThirdColumnOfAttributionIsIgnored) {
                        "c.tsv:1: expected a non-empty source and target");
 }
 
+// Tokens become vocab.json's strings, which JSON holds as UTF-8: a Latin-1 corpus trained to its
+// end, then failed with the JSON library's own message after model.safetensors was replaced.
+TEST(Corpus, TextThatIsNotUtf8IsNamedByItsLine) {
+  EXPECT_THROW_MESSAGE(parse_tsv_pairs("Go.\tVa !\nWait!\tArr\xEAte !\n", "fra.txt"), FileError,
+                       "fra.txt:2: expected UTF-8 text, got the byte 0xEA at byte 10 of the line");
+  for (const std::string bad : {"\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82"}) {
+    EXPECT_THROW(parse_tsv_pairs("a" + bad + "\tb\n", "c.tsv"), FileError) << bad.size();
+  }
+  const std::vector<TextPair> pairs =
+      parse_tsv_pairs("caf\xC3\xA9 \xE2\x82\xAC\t\xF0\x9F\x98\x80\n", "c.tsv");
+  EXPECT_EQ(pairs[0].target, "\xF0\x9F\x98\x80");
+}
+
 TEST(Corpus, MalformedLinesAreClearErrors) {
   EXPECT_THROW_MESSAGE(parse_tsv_pairs("Go.\tVa !\nno tab here\n", "fra-eng.txt"), FileError,
                        "fra-eng.txt:2: expected \"source<TAB>target\", or a third column of "
