@@ -16,6 +16,7 @@
 #include "attn/core/half.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
+#include "io/float64_range.hpp"
 #include "io/limits.hpp"
 #include "io/npy_file.hpp"
 #include "io/npy_layout.hpp"
@@ -518,15 +519,11 @@ Tensor load_npy_tensor(const std::filesystem::path& path, std::string_view name)
       // float64 lowest, which masks fill, becomes −∞ there.)
       const std::vector<std::byte> data = io_detail::c_order_data(layout, file.read_data());
       Tensor::Storage values = decode<double, float, Tensor::Storage>(data);
-      for (size_t index = 0; index < values.size(); ++index) {
-        if (!std::isinf(values[index])) continue;
-        double value;
-        std::memcpy(&value, data.data() + index * sizeof(double), sizeof(double));
-        if (std::isinf(value)) continue;
+      if (const auto past = io_detail::first_float64_past_float_range(data, values)) {
         throw FileError(std::string(name) + " (" + source +
                         "): expected float64 values float32 holds (within ±3.4e38; attn computes "
                         "in float32), got " +
-                        number_text(value) + " at flat index " + std::to_string(index));
+                        number_text(past->value) + " at flat index " + std::to_string(past->index));
       }
       return Tensor(layout.shape, std::move(values));
     }

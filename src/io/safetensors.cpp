@@ -17,6 +17,7 @@
 #include "io/bounded_json.hpp"
 #include "io/excerpt.hpp"
 #include "io/file_bytes.hpp"
+#include "io/float64_range.hpp"
 #include "io/limits.hpp"
 #include "io/regular_file.hpp"
 
@@ -237,15 +238,11 @@ Tensor::Storage decode(std::span<const std::byte> data) {
 Tensor::Storage decode_float64(std::span<const std::byte> data, std::string_view source,
                                const std::string& name) {
   Tensor::Storage values = decode<double>(data);
-  for (size_t index = 0; index < values.size(); ++index) {
-    if (!std::isinf(values[index])) continue;
-    double value;
-    std::memcpy(&value, data.data() + index * sizeof(double), sizeof(double));
-    if (std::isinf(value)) continue;
+  if (const auto past = io_detail::first_float64_past_float_range(data, values)) {
     fail_tensor(source, name,
                 "expected F64 values float32 holds (within ±3.4e38; attn computes in float32), "
                 "got " +
-                    number_text(value) + " at flat index " + std::to_string(index));
+                    number_text(past->value) + " at flat index " + std::to_string(past->index));
   }
   return values;
 }
