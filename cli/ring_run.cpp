@@ -321,30 +321,16 @@ class RingInputs {
       const NpyHeader header = read_npy_header(path);
       // The file's shape against the whole scores', as a single-process run checks it: a rank's
       // columns of it named a shard's shapes ((1, 4) for (1, 12)).
-      if ((header.shape.rank() == 1 || header.shape.rank() == 2) &&
-          (header.shape[0] != query_file_[0] ||
-           (header.shape.rank() == 2 && header.shape[1] != query_file_.dim(-2)))) {
-        throw ShapeError("valid_lens: expected shape " +
-                         (header.shape.rank() == 1
-                              ? Shape{query_file_[0]}.str()
-                              : Shape{query_file_[0], query_file_.dim(-2)}.str()) +
-                         " (the batch size of queries" +
-                         (header.shape.rank() == 1 ? std::string() : ", then their number") +
-                         "), got shape " + header.shape.str());
+      if (header.shape.rank() == 1 || header.shape.rank() == 2) {
+        check_valid_lens_shape(header.shape, query_file_, key_file_.dim(-2));
       }
-      if (header.shape.rank() == 2 && header.shape[1] == query_file_.dim(-2)) {
+      if (header.shape.rank() == 2) {
         const NpyArray lengths = read_npy_rows(path, 1, row_ranges(query_shards_, rank));
         if (!lengths.is_integer()) {
           throw FileError("valid_lens (" + path +
                           "): expected int32 or int64 valid lengths, got a float or bool dtype");
         }
         return ValidLengths::from_shape(std::span<const int64_t>(lengths.integers), lengths.shape);
-      }
-      if (header.shape.rank() == 2) {
-        throw ShapeError("valid_lens (" + path + "): expected (B,) or (B, n) = (" +
-                         std::to_string(query_file_[0]) + ", " +
-                         std::to_string(query_file_.dim(-2)) + "), got shape " +
-                         header.shape.str());
       }
       return load_npy_valid_lengths(path, "valid_lens");
     });
@@ -538,13 +524,6 @@ ResultTensor stored_result(Tensor values, std::optional<HalfType> stored_half,
   return result;
 }
 
-void save_result(const std::filesystem::path& file, const ResultTensor& result) {
-  if (const auto* half = std::get_if<HalfResult>(&result)) {
-    return save_npy_float16(file, half->bits, half->shape);
-  }
-  save_npy(file, std::get<Tensor>(result));
-}
-
 // Rank 0 alone, after every collective step: a failure here cannot leave a rank waiting. Every
 // file is checked before the first is written, and all are written or none (StagedOutputs, as a
 // single-process run's): the gradients' directory, when this run creates it, goes again with them.
@@ -569,11 +548,13 @@ void write_results(const RingRunRequest& request, RingResults results, int ranks
     check_outputs(output_files(request, gradients), input_files(request));
     StagedOutputs staged;
     for (const auto& [name, gradient] : gradient_files) {
-      staged.write("--grads-out", gradient_path(request, name),
-                   [&](const std::filesystem::path& file) { save_result(file, gradient); });
+      staged.write(
+          "--grads-out", gradient_path(request, name),
+          [&](const std::filesystem::path& file) { save_tensor(file.string(), gradient, name); });
     }
-    staged.write("--out", request.out,
-                 [&](const std::filesystem::path& file) { save_result(file, output); });
+    staged.write("--out", request.out, [&](const std::filesystem::path& file) {
+      save_tensor(file.string(), output, "output");
+    });
     staged.commit();
   });
   if (gradients)

@@ -374,22 +374,26 @@ Shape FunctionalInputs::scores_shape() const {
                    call_shape(key_shape_, kv_heads_).dim(-2));
 }
 
+void FunctionalInputs::check_valid_lens() const {
+  const Shape valid_shape = options_.valid_lens.shape();
+  if (valid_shape.rank() == 0) return;
+  check_valid_lens_shape(valid_shape, call_shape(query_shape_, query_heads_),
+                         call_shape(key_shape_, kv_heads_).dim(-2));
+}
+
 // The functional API checks the lengths against (B, n, m) alone and names those as "the scores",
 // which for rank-4 inputs, or heads, are (B, H, n, m): the shape the user can recognise is named
 // here first.
-void FunctionalInputs::check_valid_lens() const {
-  const ValidLengths& lengths = options_.valid_lens;
-  const Shape valid_shape = lengths.shape();
-  if (valid_shape.rank() == 0) return;
-  const Shape scores = scores_shape();
-  const bool matches = valid_shape.dim(0) == scores.dim(0) &&
-                       (valid_shape.rank() == 1 || valid_shape.dim(1) == scores.dim(-2));
+void check_valid_lens_shape(const Shape& lengths, const Shape& queries, int64_t keys) {
+  const Shape scores = with_last(queries, keys);
+  const bool matches =
+      lengths.dim(0) == scores.dim(0) && (lengths.rank() == 1 || lengths.dim(1) == scores.dim(-2));
   if (matches) return;
-  const std::string expected = valid_shape.rank() == 1 ? Shape{scores.dim(0)}.str()
-                                                       : Shape{scores.dim(0), scores.dim(-2)}.str();
+  const std::string expected =
+      lengths.rank() == 1 ? Shape{scores.dim(0)}.str() : Shape{scores.dim(0), scores.dim(-2)}.str();
   throw ShapeError("valid_lens: expected shape " + expected + " to match the scores " +
                    scores.str() + " " + scores_description(scores.rank()) + ", got shape " +
-                   valid_shape.str());
+                   lengths.str());
 }
 
 void FunctionalInputs::read_mask(const RunArguments& arguments) {
@@ -473,6 +477,22 @@ void require_finite_result(const HalfResult& tensor, const std::string& option) 
 
 void require_finite_result(const ResultTensor& tensor, const std::string& option) {
   std::visit([&](const auto& values) { require_finite_result(values, option); }, tensor);
+}
+
+// float32 values, or 16-bit words, as they are: .npy, or one tensor of a safetensors file, named
+// by FILE.safetensors:NAME or else `name`.
+void save_tensor(const std::string& path, const ResultTensor& tensor, const std::string& name) {
+  const auto* half = std::get_if<HalfResult>(&tensor);
+  if (const std::optional<SafetensorsPath> split = split_safetensors_path(path)) {
+    const std::string& tensor_name = split->name.empty() ? name : split->name;
+    if (half != nullptr)
+      return save_safetensors_half(split->file, tensor_name, half->type, half->shape, half->bits);
+    StateDict one;
+    one.emplace(tensor_name, std::get<Tensor>(tensor));
+    return save_safetensors(split->file, one);
+  }
+  if (half != nullptr) return save_npy_float16(path, half->bits, half->shape);
+  save_npy(path, std::get<Tensor>(tensor));
 }
 
 }  // namespace attn::cli

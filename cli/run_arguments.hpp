@@ -256,4 +256,12 @@ void require_finite_result(const Tensor& tensor, const std::string& option);
 void require_finite_result(const HalfResult& tensor, const std::string& option);
 void require_finite_result(const ResultTensor& tensor, const std::string& option);
 
+// float32 values, or 16-bit words, as they are: .npy, or one tensor of a safetensors file, named
+// by FILE.safetensors:NAME or else `name`.
+void save_tensor(const std::string& path, const ResultTensor& tensor, const std::string& name);
+
+// Valid lengths of shape `lengths` ((B,) or (B, n)) against queries of shape (B, [H,] n, d) and
+// `keys` keys: a ShapeError naming the scores they must match.
+void check_valid_lens_shape(const Shape& lengths, const Shape& queries, int64_t keys);
+
 }  // namespace attn::cli

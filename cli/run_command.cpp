@@ -642,22 +642,6 @@ void check_format(const std::string& option, const std::filesystem::path& path,
   }
 }
 
-// float32 values, or 16-bit words, as they are: .npy, or one tensor of a safetensors file, named
-// by FILE.safetensors:NAME or else `name`.
-void save_tensor(const std::string& path, const ResultTensor& tensor, const std::string& name) {
-  const auto* half = std::get_if<HalfResult>(&tensor);
-  if (const std::optional<SafetensorsPath> split = split_safetensors_path(path)) {
-    const std::string& tensor_name = split->name.empty() ? name : split->name;
-    if (half != nullptr)
-      return save_safetensors_half(split->file, tensor_name, half->type, half->shape, half->bits);
-    StateDict one;
-    one.emplace(tensor_name, std::get<Tensor>(tensor));
-    return save_safetensors(split->file, one);
-  }
-  if (half != nullptr) return save_npy_float16(path, half->bits, half->shape);
-  save_npy(path, std::get<Tensor>(tensor));
-}
-
 // save_tensor of `path` (FILE, or FILE.safetensors:NAME) through `staged`: FILE is staged, NAME
 // kept.
 void stage_tensor(StagedOutputs& staged, const std::string& option, const std::string& path,

@@ -260,8 +260,8 @@ TEST_F(RingCliTest, ErrorsAreASingleProcessRunsOnceEach) {
   std::vector<int64_t> lengths(3 * 29, 5);
   save_npy(path("lengths.npy"), lengths, Shape{3, 29});
   result = ring(3, inputs + " --valid-lens lengths.npy --out o.npy");
-  EXPECT_NE(result.err.find("valid_lens: expected shape (1, 29) (the batch size of queries, then "
-                            "their number), got shape (3, 29)"),
+  EXPECT_NE(result.err.find("valid_lens: expected shape (1, 29) to match the scores (1, 29, 29) "
+                            "(B, n, m), got shape (3, 29)"),
             std::string::npos)
       << result.err;
   save_npy(path("k_int.npy"), std::vector<int64_t>(29 * 16, 1), Shape{1, 29, 16});
