@@ -354,7 +354,6 @@ std::array<StridedView<const T>, 3> broadcast_leading(
     }
     leading[static_cast<size_t>(axis)] = size;
   }
-  bool changed = false;
   std::array<StridedView<const T>, 3> result = views;
   for (size_t v = 0; v < views.size(); ++v) {
     const auto& view = views[v];
@@ -367,11 +366,10 @@ std::array<StridedView<const T>, 3> broadcast_leading(
     }
     const Shape shape = Shape::from_dims(dims.data(), rank);
     if (shape == view.shape()) continue;
-    changed = true;
     result[v] = StridedView<const T>(
         view.data(), shape, std::span<const int64_t>(strides.data(), static_cast<size_t>(rank)));
   }
-  return changed ? result : views;
+  return result;
 }
 
 // scaled_dot_product_attention on arrays: the output, and (output, weights) when need_weights.
