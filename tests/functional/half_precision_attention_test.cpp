@@ -173,7 +173,9 @@ void expect_forward_matches(HalfType type, HalfView q, HalfView k, HalfView v,
     k_max = std::max(k_max, std::fabs(static_cast<double>(wide_key.data()[e])));
   const double scale =
       options.scale ? std::fabs(*options.scale) : 1.0 / std::sqrt(static_cast<double>(depth));
-  const double score_bound = static_cast<double>(depth * depth) * 0x1p-23 * scale * q_max * k_max;
+  // (Depth 0: every score is 0, and the default scale 1/√0 is ∞, whose product with 0 is NaN.)
+  const double score_bound =
+      depth == 0 ? 0.0 : static_cast<double>(depth * depth) * 0x1p-23 * scale * q_max * k_max;
   for (size_t r = 0; r < lse.size(); ++r) {
     const double want = expected.log_sum_exp[r];
     if (std::isinf(want)) {
