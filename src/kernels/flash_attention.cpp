@@ -35,6 +35,7 @@
 #include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
+#include "kernels/split_parts_range.hpp"
 #include "kernels/spread_prefetch.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_SHARED
@@ -77,6 +78,9 @@ struct ForwardArgs {
   // → 0.190 of the products' (means of 11 rounds each, spread ±0.012, bench/sample_shares.py at
   // n = 1024, B = 4, 8 heads of 64 on the layers' layout, Emerald Rapids; 0.150 → 0.145 at 4096).
   bool stream_output = false;
+  // False: fp32 (and fp16) scores never go to the AMX tiles in three bf16 parts, as FlashForward
+  // reruns a pass whose operands lay outside split_parts_in_range.
+  bool parts_on_tiles = true;
 };
 
 constexpr size_t kQueryVectors = 4;   // Br = 4 · lanes: the register tile's width (kMaxVectors)
@@ -1663,9 +1667,9 @@ void FlashForward(const ForwardArgs& call) {
   // at 1024). One threshold for every mask, so that a mask and the option it equals (a causal
   // one) give the same bits.
   const bool split_candidate =
-      (!call.half || call.half_type == HalfType::kFloat16) && call.additive_weights == nullptr &&
-      call.options.dropout == 0.0F && call.options.window_left < 0 &&
-      call.options.window_right < 0 &&
+      call.parts_on_tiles && (!call.half || call.half_type == HalfType::kFloat16) &&
+      call.additive_weights == nullptr && call.options.dropout == 0.0F &&
+      call.options.window_left < 0 && call.options.window_right < 0 &&
       (amx_use() == AmxUse::kModel ||  // (tests: the model takes every length)
        std::min(call.q.rows, call.k.rows) >= kMinRowsOnTiles) &&
       FloatOnTiles();
@@ -1777,6 +1781,10 @@ void FlashForward(const ForwardArgs& call) {
     return block_tiles(next_task.head_index, next_task.first);
   };
   const bool next_window = PrefetchesNextWindow(args);
+  // On tiles in three parts, the magnitudes read are checked after the pass (split_parts_in_range,
+  // at no cost where the caller asked for them); collected here where it did not.
+  std::atomic<uint32_t> split_read_bits[3] = {0U, 0U, 0U};
+  if (split && args.read_magnitude_bits == nullptr) args.read_magnitude_bits = split_read_bits;
   run_parallel_tasks(
       tasks, "flash_attention_forward", TaskSchedule::kDynamic,
       [&] {
@@ -1815,6 +1823,21 @@ void FlashForward(const ForwardArgs& call) {
         if (args.stream_output) hwy::FlushStream();
       },
       threads);
+  // fp32 values under 2^-110 lose their parts on the tiles (read as 0 below 2^-126): with q·c or
+  // k past 2^64, or values under 2^-80, the output was 0.6% off (q ~ 1e-35 · k ~ 1e35) to 47% off
+  // (1e-37 · 1e37). Such a pass is done again on FMAs, which overwrite every output.
+  if (split) {
+    const auto largest = [&](size_t i) {
+      return static_cast<double>(std::bit_cast<float>(args.read_magnitude_bits[i].load()));
+    };
+    const double scale = std::fabs(static_cast<double>(args.options.scale));
+    if (!split_parts_in_range(scale * largest(0)) || !split_parts_in_range(largest(1)) ||
+        !split_parts_in_range(largest(2))) {
+      ForwardArgs on_fmas = call;
+      on_fmas.parts_on_tiles = false;
+      FlashForward(on_fmas);
+    }
+  }
 }
 
 }  // namespace HWY_NAMESPACE

@@ -24,6 +24,7 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/flash_attention.hpp"
+#include "core/magnitude_scan.hpp"
 #include "kernels/cache_sizes.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/dropout_hash.hpp"
@@ -32,6 +33,7 @@
 #include "kernels/rows_view.hpp"
 #include "kernels/score_masks.hpp"
 #include "kernels/scratch_memory.hpp"
+#include "kernels/split_parts_range.hpp"
 
 #ifndef ATTN_FLASH_ATTENTION_BACKWARD_SHARED
 #define ATTN_FLASH_ATTENTION_BACKWARD_SHARED
@@ -58,6 +60,9 @@ struct BackwardArgs {
   // fp32 gradients larger than the threads' L2s (FlashBackward sets it): rows of whole aligned
   // vectors written with streaming stores (WriteGradientRow).
   bool stream_gradients = false;
+  // False: the fp32 products never go to the AMX tiles in three bf16 parts, as FlashBackward
+  // reruns a pass whose operands lay outside split_parts_in_range.
+  bool parts_on_tiles = true;
   // log_sum_exp is flash_attention_recomputed_log_sum_exp's (LogSumExpKind::kRecomputedBaseTwo):
   // in base 2 already, from scores computed as this pass's FMA Gemm computes them, so the pass
   // takes the Gemm for every tile's scores (no FewQueryProducts, no AMX tiles).
@@ -137,9 +142,9 @@ BackwardProducts ChooseBackwardProducts(const BackwardArgs& args) {
 bool FloatProductsOnTiles(const BackwardArgs& args, BackwardProducts products) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const FlashAttentionOptions& options = args.options;
-  return products == BackwardProducts::kFloat && !args.recomputed_log_sum_exp &&
-         options.dropout == 0.0F && options.window_left < 0 && options.window_right < 0 &&
-         args.q.cols % 32 == 0 && args.v.cols % 32 == 0 &&
+  return products == BackwardProducts::kFloat && args.parts_on_tiles &&
+         !args.recomputed_log_sum_exp && options.dropout == 0.0F && options.window_left < 0 &&
+         options.window_right < 0 && args.q.cols % 32 == 0 && args.v.cols % 32 == 0 &&
          (amx_use() == AmxUse::kModel ||
           std::min(args.q.rows, args.k.rows) >= flash_backward_detail::kMinRowsOnTiles) &&
          cpu_has_avx512_bf16() && fp32_on_amx() && amx_tiles_in_use();
@@ -1405,6 +1410,28 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
   }
 }
 
+// The largest magnitude of a view's rows (core's scan: NaN and ∞ above every finite value).
+float LargestMagnitude(const ConstHeadsView& view) {
+  uint32_t bits = 0;
+  for (int64_t b = 0; b < view.batch; ++b) {
+    for (int64_t h = 0; h < view.heads; ++h) {
+      for (int64_t r = 0; r < view.rows; ++r) {
+        bits = std::max(bits, core_detail::largest_magnitude_bits(
+                                  view.matrix(b, h) + r * view.row_stride, view.cols));
+      }
+    }
+  }
+  return std::bit_cast<float>(bits);
+}
+
+// Whether fp32 products with these largest magnitudes of q, k, v and grad_out (q times the
+// scale, as it enters the products) keep fp32's accuracy in three bf16 parts on the tiles: each
+// operand in split_parts_in_range, and dS, whose scale is grad_out's times v's, too.
+bool SplitPartsInRange(double query, double key, double value, double grad_out) {
+  return split_parts_in_range(query) && split_parts_in_range(key) && split_parts_in_range(value) &&
+         split_parts_in_range(grad_out) && split_parts_in_range(value * grad_out);
+}
+
 void FlashBackward(const BackwardArgs& call) {
   const hn::ScalableTag<float> d;
   BackwardArgs args = call;
@@ -1458,6 +1485,25 @@ void FlashBackward(const BackwardArgs& call) {
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
   const BackwardProducts products = ChooseBackwardProducts(args);
   const bool float_on_tiles = FloatProductsOnTiles(args, products);
+  // fp32 on tiles in three parts loses the parts of values under 2^-110 (split_parts_range.hpp):
+  // a pass whose operands lie outside that range runs on FMAs. The magnitudes are those the pass
+  // reads, checked after it (before the sinks' gradient is added); a mask's gradient, added into
+  // the caller's as the pass runs, has them scanned first (next to its n·m entries, a small read).
+  const double scale = std::fabs(static_cast<double>(args.options.scale));
+  const bool check_parts = float_on_tiles && !args.half;
+  const auto rerun_on_fmas = [&] {
+    BackwardArgs on_fmas = call;
+    on_fmas.parts_on_tiles = false;
+    FlashBackward(on_fmas);
+  };
+  if (check_parts && args.grad_mask.data != nullptr &&
+      !SplitPartsInRange(scale * LargestMagnitude(args.q), LargestMagnitude(args.k),
+                         LargestMagnitude(args.v), LargestMagnitude(args.grad_out))) {
+    return rerun_on_fmas();
+  }
+  std::atomic<uint32_t> split_read_bits[5] = {0U, 0U, 0U, 0U, 0U};
+  if (check_parts && args.read_magnitude_bits == nullptr)
+    args.read_magnitude_bits = split_read_bits;
   const size_t lanes = hn::Lanes(d);
   const bool rows_in_place = !args.half && DenseRows(args.q, lanes) && DenseRows(args.k, lanes) &&
                              DenseRows(args.v, lanes);
@@ -1490,6 +1536,14 @@ void FlashBackward(const BackwardArgs& call) {
         }
       },
       static_cast<int>(threads));
+  if (check_parts && args.grad_mask.data == nullptr) {
+    const auto largest = [&](size_t i) {
+      return static_cast<double>(std::bit_cast<float>(args.read_magnitude_bits[i].load()));
+    };
+    if (!SplitPartsInRange(scale * largest(0), largest(1), largest(2), largest(4))) {
+      return rerun_on_fmas();
+    }
+  }
   target.sum_private_copies();
   if (chunks > 1) SumPartialGradQ(args, chunks, partial_grad_q);
   if (args.grad_sinks != nullptr) {

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -182,12 +183,25 @@ struct DoubleCase {
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.0F, magnitude = 1.0F;
   int threads = 1;
+  // Powers of two q, k, v and grad_out are multiplied by after drawing; gradients other than 1
+  // are then compared in units of their own magnitude.
+  float query_factor = 1.0F, key_factor = 1.0F, value_factor = 1.0F, grad_factor = 1.0F;
+  // A dense (B, Hq, n, m) float mask of normal entries, its gradient checked too.
+  bool float_mask = false;
 };
 void check_against_double_reference(const DoubleCase& c, Rng& rng, int64_t target) {
-  const DenseHeads q(c.batch, c.q_heads, c.queries, c.depth, &rng, c.magnitude);
-  const DenseHeads k(c.batch, c.kv_heads, c.keys, c.depth, &rng, c.magnitude);
-  const DenseHeads v(c.batch, c.kv_heads, c.keys, c.value_depth, &rng);
-  const DenseHeads grad_out(c.batch, c.q_heads, c.queries, c.value_depth, &rng);
+  const auto times = [](DenseHeads heads, float factor) {
+    for (float& value : heads.values) value *= factor;
+    return heads;
+  };
+  const DenseHeads q =
+      times(DenseHeads(c.batch, c.q_heads, c.queries, c.depth, &rng, c.magnitude), c.query_factor);
+  const DenseHeads k =
+      times(DenseHeads(c.batch, c.kv_heads, c.keys, c.depth, &rng, c.magnitude), c.key_factor);
+  const DenseHeads v =
+      times(DenseHeads(c.batch, c.kv_heads, c.keys, c.value_depth, &rng), c.value_factor);
+  const DenseHeads grad_out =
+      times(DenseHeads(c.batch, c.q_heads, c.queries, c.value_depth, &rng), c.grad_factor);
   const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
   reference::SdpaProblem problem = reference::problem_of_case(c, scale);
   FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
@@ -199,6 +213,16 @@ void check_against_double_reference(const DoubleCase& c, Rng& rng, int64_t targe
     for (int64_t h = 0; h < c.q_heads; ++h) sinks.push_back(static_cast<float>(h % 3) - 1.0F);
     problem.sinks.assign(sinks.begin(), sinks.end());
     options.sinks = sinks.data();
+  }
+  std::vector<float> mask, grad_mask;
+  if (c.float_mask) {
+    const int64_t keys = c.keys, rows = c.batch * c.q_heads * c.queries;
+    for (int64_t index = 0; index < rows * keys; ++index) mask.push_back(rng.normal());
+    grad_mask.assign(mask.size(), 0.0F);
+    problem.mask_kind = reference::SdpaProblem::Mask::kFloat;
+    problem.mask.assign(mask.begin(), mask.end());
+    options.mask = {MaskKind::kFloat, mask.data(), c.q_heads * c.queries * keys,
+                    c.queries * keys, keys,        1};
   }
   ValidLengths lengths;
   if (c.lengths) {
@@ -217,9 +241,14 @@ void check_against_double_reference(const DoubleCase& c, Rng& rng, int64_t targe
   std::vector<float> grad_sinks(sinks.size(), 0.0F);
   const int threads_before = omp_get_max_threads();
   omp_set_num_threads(c.threads);
-  flash_attention_backward(q.view(), k.view(), v.view(), out.view(), grad_out.view(), lse.data(),
-                           lengths, options, grad_q.view(), grad_k.view(), grad_v.view(), {},
-                           c.sinks ? grad_sinks.data() : nullptr);
+  flash_attention_backward(
+      q.view(), k.view(), v.view(), out.view(), grad_out.view(), lse.data(), lengths, options,
+      grad_q.view(), grad_k.view(), grad_v.view(),
+      c.float_mask
+          ? ScoreMaskGradient{MaskKind::kFloat, grad_mask.data(), options.mask.batch_stride,
+                              options.mask.head_stride, options.mask.row_stride, 1}
+          : ScoreMaskGradient{},
+      c.sinks ? grad_sinks.data() : nullptr);
   omp_set_num_threads(threads_before);
   const reference::SdpaGradients expected =
       reference::sdpa_backward(problem, q.doubles(), k.doubles(), v.doubles(), grad_out.doubles());
@@ -234,12 +263,33 @@ void check_against_double_reference(const DoubleCase& c, Rng& rng, int64_t targe
   const Shape q_shape{c.batch * c.q_heads, c.queries, c.depth},
       k_shape{c.batch * c.kv_heads, c.keys, c.depth},
       v_shape{c.batch * c.kv_heads, c.keys, c.value_depth};
-  EXPECT_TRUE(close_to(ConstTensorView(grad_q.values.data(), q_shape), expected.q, tolerance))
-      << where << " dQ";
-  EXPECT_TRUE(close_to(ConstTensorView(grad_k.values.data(), k_shape), expected.k, tolerance))
-      << where << " dK";
-  EXPECT_TRUE(close_to(ConstTensorView(grad_v.values.data(), v_shape), expected.v, tolerance))
-      << where << " dV";
+  // With factors, each gradient in units of its largest expected magnitude (close_to's floor of 1
+  // would pass gradients of 2^-100 whatever they held).
+  const bool factors = c.query_factor != 1.0F || c.key_factor != 1.0F || c.value_factor != 1.0F ||
+                       c.grad_factor != 1.0F;
+  const auto check = [&](const DenseHeads& actual, std::vector<double> wanted, const Shape& shape,
+                         const char* name) {
+    double unit = 1.0;
+    if (factors) {
+      double largest = 0.0;
+      for (const double value : wanted) largest = std::max(largest, std::abs(value));
+      if (largest > 0.0) unit = 1.0 / largest;
+    }
+    std::vector<float> scaled(actual.values.size());
+    for (size_t i = 0; i < scaled.size(); ++i)
+      scaled[i] = static_cast<float>(static_cast<double>(actual.values[i]) * unit);
+    for (double& value : wanted) value *= unit;
+    EXPECT_TRUE(close_to(ConstTensorView(scaled.data(), shape), wanted, tolerance))
+        << where << " " << name;
+  };
+  check(grad_q, expected.q, q_shape, "dQ");
+  check(grad_k, expected.k, k_shape, "dK");
+  check(grad_v, expected.v, v_shape, "dV");
+  if (c.float_mask) {
+    DenseHeads grad_mask_heads(c.batch, c.q_heads, c.queries, c.keys, nullptr);
+    grad_mask_heads.values = grad_mask;
+    check(grad_mask_heads, expected.mask, Shape{c.batch * c.q_heads, c.queries, c.keys}, "dMask");
+  }
   for (size_t h = 0; h < sinks.size(); ++h) {
     EXPECT_NEAR(grad_sinks[h], expected.sinks[h],
                 tolerance * std::max(1.0, std::abs(expected.sinks[h])))
@@ -300,6 +350,39 @@ TEST_P(FlashAttentionBackward, FloatOnAmxTileModelMatchesTheDoubleReference) {
     GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
   Rng rng(98);
   for (const DoubleCase& c : kFloatOnTilesCases) check_against_double_reference(c, rng, GetParam());
+}
+
+// Operands whose bf16 parts fall under 2^-126, which the tiles read as 0 (q of 2^-118 against k of
+// 2^118, values or grad_out of 2^-118, q·c past 2^64), run on FMAs, to the fp32 path's tolerance in
+// units of each gradient's magnitude; operands of 2^±60 stay on the tiles and pass as well. On the
+// hardware (heads of 384) and in the tile model; sinks (whose gradient is added after the pass)
+// and a float mask's gradient (added during it: its operands are scanned before).
+TEST_P(FlashAttentionBackward, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const testing::ScopedAmxUse amx(use);
+    const testing::ScopedFp32OnAmx on(true);
+    if (!flash_attention_float_on_tiles()) continue;
+    Rng rng(100);
+    DoubleCase base{1, 2, 1, 390, 400, 64, 64, true, false, true};
+    for (const auto& [q, k, v, g] :
+         {std::array{0x1p-118F, 0x1p118F, 1.0F, 1.0F}, std::array{0x1p118F, 0x1p-118F, 1.0F, 1.0F},
+          std::array{1.0F, 1.0F, 0x1p-118F, 1.0F}, std::array{1.0F, 1.0F, 1.0F, 0x1p-118F},
+          std::array{0x1p-60F, 0x1p60F, 0x1p60F, 0x1p-60F}}) {
+      for (const bool float_mask : {false, true}) {
+        DoubleCase c = base;
+        c.float_mask = float_mask;
+        c.query_factor = q;
+        c.key_factor = k;
+        c.value_factor = v;
+        c.grad_factor = g;
+        check_against_double_reference(c, rng, GetParam());
+      }
+    }
+    ran = true;
+  }
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
 }
 
 // On the hardware the tiles take heads of at least 384 queries and keys.

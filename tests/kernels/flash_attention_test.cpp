@@ -40,6 +40,9 @@ struct Case {
   int mask_kind;  // 0 none, 1 per batch, 2 per query
   bool causal;
   float magnitude;
+  // Powers of two the queries, keys and values are multiplied by after drawing (the output, and
+  // its tolerance, then in units of the values' factor).
+  float query_factor = 1.0F, key_factor = 1.0F, value_factor = 1.0F;
 };
 
 ValidLengths mask_for(const Case& c, Rng& rng) {
@@ -64,9 +67,17 @@ ValidLengths mask_for(const Case& c, Rng& rng) {
 
 // Runs the kernel on (B, n, heads·d) tensors viewed head by head, and the reference head by head.
 void check_case(const Case& c, Rng& rng, int64_t target) {
-  const Tensor q = random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng, c.magnitude);
-  const Tensor k = random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng, c.magnitude);
-  const Tensor v = random_tensor(Shape{c.batch, c.keys, c.heads * c.value_depth}, rng);
+  const auto times = [](Tensor tensor, float factor) {
+    for (float& value : tensor.span()) value *= factor;
+    return tensor;
+  };
+  const Tensor q =
+      times(random_tensor(Shape{c.batch, c.queries, c.heads * c.depth}, rng, c.magnitude),
+            c.query_factor);
+  const Tensor k = times(random_tensor(Shape{c.batch, c.keys, c.heads * c.depth}, rng, c.magnitude),
+                         c.key_factor);
+  const Tensor v =
+      times(random_tensor(Shape{c.batch, c.keys, c.heads * c.value_depth}, rng), c.value_factor);
   const ValidLengths mask = mask_for(c, rng);
   Tensor out = Tensor::full(Shape{c.batch, c.queries, c.heads * c.value_depth}, std::nanf(""));
   std::vector<float> lse(static_cast<size_t>(c.batch * c.heads * c.queries));
@@ -111,7 +122,9 @@ void check_case(const Case& c, Rng& rng, int64_t target) {
   }
   // Scores of magnitude s carry float32 rounding ~s·2⁻²⁴ into the exponent: scale the bound.
   const double tolerance = kTolerance * std::max(1.0F, c.magnitude * c.magnitude);
-  EXPECT_TRUE(close_to(out, expected, tolerance))
+  const double unit = 1.0 / static_cast<double>(c.value_factor);
+  for (double& value : expected) value *= unit;
+  EXPECT_TRUE(close_to(times(out, static_cast<float>(unit)), expected, tolerance))
       << "target " << hwy::TargetName(target) << " B=" << c.batch << " H=" << c.heads
       << " n=" << c.queries << " m=" << c.keys << " d=" << c.depth << " dv=" << c.value_depth
       << " mask=" << c.mask_kind << " causal=" << c.causal;
@@ -200,6 +213,29 @@ TEST_P(FlashAttention, FloatOnAmxMatchesReferenceInQueryBlocks) {
     ran = true;
   }
   omp_set_num_threads(saved_threads);
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
+}
+
+// The tiles read the bf16 parts under 2^-126 as 0: queries of 2^-118 against keys of 2^118 (scores
+// of 1) read 0.6% off the reference, values of 2^-120 0.4% of the output's magnitude (1e-37 ·
+// 1e37: 47%). Such calls run on FMAs, to the fp32 path's tolerance; q·c or k past 2^64 likewise.
+// On the hardware (heads of 384) and in the tile model.
+TEST_P(FlashAttention, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const testing::ScopedAmxUse amx(use);
+    const testing::ScopedFp32OnAmx on(true);
+    if (!flash_attention_float_on_tiles()) continue;
+    Rng rng(94);
+    for (const Case& c : {Case{1, 2, 400, 390, 64, 64, 0, false, 1.0F, 0x1p-118F, 0x1p118F},
+                          Case{1, 1, 390, 400, 64, 32, 2, true, 1.0F, 0x1p118F, 0x1p-118F},
+                          Case{2, 1, 384, 384, 32, 64, 1, false, 1.0F, 0x1p-60F, 0x1p60F},
+                          Case{1, 1, 400, 400, 64, 64, 0, false, 1.0F, 1.0F, 1.0F, 0x1p-120F}}) {
+      check_case(c, rng, GetParam());
+    }
+    ran = true;
+  }
   if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
 }
 
