@@ -1424,11 +1424,13 @@ float LargestMagnitude(const ConstHeadsView& view) {
   return std::bit_cast<float>(bits);
 }
 
-// Whether fp32 products with these largest magnitudes of q, k, v and grad_out (q times the
-// scale, as it enters the products) keep fp32's accuracy in three bf16 parts on the tiles: each
-// operand in split_parts_in_range, and dS, whose scale is grad_out's times v's, too.
-bool SplitPartsInRange(double query, double key, double value, double grad_out) {
-  return split_parts_in_range(query) && split_parts_in_range(key) && split_parts_in_range(value) &&
+// Whether fp32 products with these largest magnitudes of q, k, v and grad_out keep fp32's accuracy
+// in three bf16 parts on the tiles: each operand as the products take it in split_parts_in_range
+// (q times the scale in Sᵀ = K·c·Qᵀ, q itself in dK += dSᵀ·Q: a scale of 1e34 over queries of
+// 1e-34 left dK 86% off), and dS, whose scale is grad_out's times v's.
+bool SplitPartsInRange(double scale, double query, double key, double value, double grad_out) {
+  return split_parts_in_range(scale * query) && split_parts_in_range(query) &&
+         split_parts_in_range(key) && split_parts_in_range(value) &&
          split_parts_in_range(grad_out) && split_parts_in_range(value * grad_out);
 }
 
@@ -1497,7 +1499,7 @@ void FlashBackward(const BackwardArgs& call) {
     FlashBackward(on_fmas);
   };
   if (check_parts && args.grad_mask.data != nullptr &&
-      !SplitPartsInRange(scale * LargestMagnitude(args.q), LargestMagnitude(args.k),
+      !SplitPartsInRange(scale, LargestMagnitude(args.q), LargestMagnitude(args.k),
                          LargestMagnitude(args.v), LargestMagnitude(args.grad_out))) {
     return rerun_on_fmas();
   }
@@ -1540,7 +1542,7 @@ void FlashBackward(const BackwardArgs& call) {
     const auto largest = [&](size_t i) {
       return static_cast<double>(std::bit_cast<float>(args.read_magnitude_bits[i].load()));
     };
-    if (!SplitPartsInRange(scale * largest(0), largest(1), largest(2), largest(4))) {
+    if (!SplitPartsInRange(scale, largest(0), largest(1), largest(2), largest(4))) {
       return rerun_on_fmas();
     }
   }

@@ -183,6 +183,7 @@ struct DoubleCase {
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.0F, magnitude = 1.0F;
   int threads = 1;
+  float scale = 0.0F;  // 0: 1/√d
   // Powers of two q, k, v and grad_out are multiplied by after drawing; gradients other than 1
   // are then compared in units of their own magnitude.
   float query_factor = 1.0F, key_factor = 1.0F, value_factor = 1.0F, grad_factor = 1.0F;
@@ -202,7 +203,7 @@ void check_against_double_reference(const DoubleCase& c, Rng& rng, int64_t targe
       times(DenseHeads(c.batch, c.kv_heads, c.keys, c.value_depth, &rng), c.value_factor);
   const DenseHeads grad_out =
       times(DenseHeads(c.batch, c.q_heads, c.queries, c.value_depth, &rng), c.grad_factor);
-  const float scale = 1.0F / std::sqrt(static_cast<float>(c.depth));
+  const float scale = c.scale != 0.0F ? c.scale : 1.0F / std::sqrt(static_cast<float>(c.depth));
   reference::SdpaProblem problem = reference::problem_of_case(c, scale);
   FlashAttentionOptions options = testing::kernel_options(scale, c.causal);
   options.window_left = c.window_left;
@@ -353,10 +354,11 @@ TEST_P(FlashAttentionBackward, FloatOnAmxTileModelMatchesTheDoubleReference) {
 }
 
 // Operands whose bf16 parts fall under 2^-126, which the tiles read as 0 (q of 2^-118 against k of
-// 2^118, values or grad_out of 2^-118, q·c past 2^64), run on FMAs, to the fp32 path's tolerance in
-// units of each gradient's magnitude; operands of 2^±60 stay on the tiles and pass as well. On the
-// hardware (heads of 384) and in the tile model; sinks (whose gradient is added after the pass)
-// and a float mask's gradient (added during it: its operands are scanned before).
+// 2^118, values or grad_out of 2^-118, q of 2^-113 under a scale of 2^110), run on FMAs, to the
+// fp32 path's tolerance in units of each gradient's magnitude; operands of 2^±60 stay on the tiles
+// and pass as well. On the hardware (heads of 384) and in the tile model; sinks (whose gradient is
+// added after the pass) and a float mask's gradient (added during it: its operands are scanned
+// before).
 TEST_P(FlashAttentionBackward, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
   bool ran = false;
   for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
@@ -369,7 +371,8 @@ TEST_P(FlashAttentionBackward, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
     for (const auto& [q, k, v, g] :
          {std::array{0x1p-118F, 0x1p118F, 1.0F, 1.0F}, std::array{0x1p118F, 0x1p-118F, 1.0F, 1.0F},
           std::array{1.0F, 1.0F, 0x1p-118F, 1.0F}, std::array{1.0F, 1.0F, 1.0F, 0x1p-118F},
-          std::array{0x1p-60F, 0x1p60F, 0x1p60F, 0x1p-60F}}) {
+          std::array{0x1p-60F, 0x1p60F, 0x1p60F, 0x1p-60F},
+          std::array{0x1p-113F, 1.0F, 1.0F, 1.0F}}) {
       for (const bool float_mask : {false, true}) {
         DoubleCase c = base;
         c.float_mask = float_mask;
@@ -377,6 +380,9 @@ TEST_P(FlashAttentionBackward, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
         c.key_factor = k;
         c.value_factor = v;
         c.grad_factor = g;
+        // Queries of 2^-113 under a scale of 2^110 (scores of about 1): dK's products take the
+        // queries unscaled.
+        if (q == 0x1p-113F) c.scale = 0x1p110F;
         check_against_double_reference(c, rng, GetParam());
       }
     }
