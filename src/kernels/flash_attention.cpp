@@ -1034,7 +1034,8 @@ ATTN_BF16_TARGET void PackKeyValuePairs(const ForwardArgs& args, int64_t b, int6
   for (int64_t j = s.packed_end; j < end; j += 2) {
     for (int64_t row = j; row < j + 2; ++row) {
       uint32_t* pairs = s.key_pairs + static_cast<size_t>(row) * depth_pairs;
-      pairs[depth_pairs - 1] = 0U;  // an odd depth's padding
+      if (depth_pairs == 0) continue;  // (depth 0, PyTorch's E = 0: no storage to copy)
+      pairs[depth_pairs - 1] = 0U;     // an odd depth's padding
       if (row < keys) std::memcpy(pairs, k + row * args.k16.row_stride, depth * sizeof(uint16_t));
     }
     const uint16_t* first = v + j * args.v16.row_stride;

@@ -36,7 +36,8 @@ HWY_INLINE size_t PairsOfRow(size_t cols, bool on_tiles) {
 // pair in memory; the words past cols 0 (an odd count's last one half 0).
 HWY_INLINE void CopyRowAsPairs(const uint16_t* row, size_t cols, size_t pairs, uint32_t* out) {
   std::fill(out + cols / 2, out + pairs, 0U);
-  std::memcpy(out, row, cols * sizeof(uint16_t));
+  // (Rows of depth 0, PyTorch's E = 0, may have no storage: memcpy's null source is undefined.)
+  if (cols != 0) std::memcpy(out, row, cols * sizeof(uint16_t));
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
