@@ -1,6 +1,8 @@
 // Tensor and view construction, reshaping and slicing, with the shape checks shared by all layers.
 #include "attn/core/tensor.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -8,6 +10,7 @@
 #include <limits>
 
 #include "attn/core/error.hpp"
+#include "core/fork_safety.hpp"
 #include "core/magnitude_scan.hpp"
 
 namespace attn {
@@ -56,6 +59,7 @@ void in_chunks(int64_t total, const Pass& pass) {
     return;
   }
   const int64_t chunks = parallel_chunks(total);
+  core_detail::note_parallel_region(omp_get_max_threads());
 #pragma omp parallel for
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t begin = chunk * kParallelChunk;
@@ -155,6 +159,7 @@ uint32_t largest_magnitude_bits(const float* values, int64_t count) {
   if (count <= kParallelFrom) return core_detail::largest_magnitude_bits(values, count);
   const int64_t chunks = parallel_chunks(count);
   uint32_t largest = 0;
+  core_detail::note_parallel_region(omp_get_max_threads());
 #pragma omp parallel for reduction(max : largest)
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t begin = chunk * kParallelChunk;

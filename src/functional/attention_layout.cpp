@@ -1,6 +1,8 @@
 // The functional API's tensor layouts: axis roles, heads views per slice, broadcasting, scans.
 #include "functional/attention_layout.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -12,6 +14,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/half_conversion.hpp"
+#include "core/fork_safety.hpp"
 #include "core/magnitude_scan.hpp"
 
 namespace attn::functional_detail {
@@ -163,6 +166,7 @@ Bits largest_over_runs(const StridedView<const T>& view, const RunLargest& run_l
     return largest;
   }
   const auto run_count = static_cast<int64_t>(runs.size());
+  core_detail::note_parallel_region(omp_get_max_threads());
 #pragma omp parallel for reduction(max : largest)
   for (int64_t r = 0; r < run_count; ++r) {
     const auto& [first, size] = runs[static_cast<size_t>(r)];

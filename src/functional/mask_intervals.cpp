@@ -1,9 +1,12 @@
 // mask_intervals: an attention mask's rows read as intervals of visible keys.
 #include "functional/mask_intervals.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <limits>
 
+#include "core/fork_safety.hpp"
 #include "kernels/score_masks.hpp"
 
 namespace attn::functional_detail {
@@ -57,6 +60,7 @@ bool head_intervals(const ScoreMask& mask, const T* entries, int64_t b, int64_t 
     return true;
   }
   int intervals = 1;
+  core_detail::note_parallel_region(omp_get_max_threads());
 #pragma omp parallel for reduction(&& : intervals)
   for (int64_t i = 0; i < rows; ++i) intervals = intervals && row_of(i);
   return intervals != 0;

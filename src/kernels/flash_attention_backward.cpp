@@ -93,6 +93,7 @@ constexpr size_t kMaxKeyBlockTiles = 16;       // 1024 keys: beyond it a block s
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include "core/fork_safety.hpp"
 #include "kernels/amx_tiles-inl.h"
 #include "kernels/backward_tiles-inl.h"
 #include "kernels/dropout-inl.h"
@@ -1388,6 +1389,7 @@ void SumPartialGradQ(const BackwardArgs& args, size_t chunks, const std::vector<
   // Each thread's sum, allocated here: a std::bad_alloc thrown inside the OpenMP region could not
   // leave it (std::terminate), while here it reaches the caller.
   std::vector<float> buffers(depth * static_cast<size_t>(omp_get_max_threads()));
+  core_detail::note_parallel_region(omp_get_max_threads());
 #pragma omp parallel
   {
     float* sum = buffers.data() + depth * static_cast<size_t>(omp_get_thread_num());

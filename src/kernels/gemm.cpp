@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "core/fork_safety.hpp"
 #include "kernels/parallel_tasks.hpp"
 
 namespace attn {
@@ -63,6 +64,7 @@ const LinearPrimitive& linear_primitive(int64_t rows, int64_t in, int64_t out, b
   constexpr size_t kCached = 8;
   thread_local std::vector<LinearPrimitive> cache;
   const int threads = omp_get_max_threads();
+  core_detail::note_parallel_region(threads);  // oneDNN's OpenMP regions, on this thread
   for (const LinearPrimitive& cached : cache) {
     if (cached.rows == rows && cached.in == in && cached.out == out &&
         cached.bias_added == bias_added && cached.threads == threads)

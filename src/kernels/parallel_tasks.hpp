@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attn/core/error.hpp"
+#include "core/fork_safety.hpp"
 #include "kernels/scratch_memory.hpp"
 
 namespace attn {
@@ -70,6 +71,7 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
   }
   bool out_of_memory = false;
   std::size_t refused_bytes = 0;
+  core_detail::note_parallel_region(threads);
 #pragma omp parallel num_threads(threads)
   {
     auto scratch = make_scratch();
@@ -110,6 +112,7 @@ void for_each_index(int64_t count, bool parallel, const Body& body) {
     for (int64_t i = 0; i < count; ++i) body(i);
     return;
   }
+  core_detail::note_parallel_region(omp_get_max_threads());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) body(i);
 }

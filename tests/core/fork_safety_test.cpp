@@ -1,0 +1,54 @@
+// A process forked after attn ran on several OpenMP threads runs attn (on one thread) instead of
+// hanging: the child's next region of two threads waited forever for the pool GNU OpenMP had kept
+// in the parent (an attn call in the child never returned).
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <thread>
+
+#include "attn/core/tensor.hpp"
+#include "attn/functional/scaled_dot_product_attention.hpp"
+
+namespace attn {
+namespace {
+
+TEST(ForkSafety, AChildForkedAfterThreadsRunsAttentionInsteadOfHanging) {
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const Tensor q = Tensor::full(Shape{4, 8, 256, 64}, 0.5F);
+  const AttentionForward parent = scaled_dot_product_attention(q, q, q);
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(30);  // a hang ends the child with SIGALRM
+    const AttentionForward again = scaled_dot_product_attention(q, q, q);
+    _exit(again.output.data()[0] == parent.output.data()[0] && omp_get_max_threads() == 1 ? 0 : 3);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  omp_set_num_threads(saved_threads);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "the child ended by signal " << WTERMSIG(status)
+                                    << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's output differed, or it kept 2 threads";
+}
+
+// A thread that never started a region of more than one thread keeps its count in a child.
+TEST(ForkSafety, AChildForkedFromAThreadWithoutThreadsKeepsItsCount) {
+  int child_threads = 0;
+  std::thread([&] {
+    omp_set_num_threads(3);
+    const pid_t child = fork();
+    if (child == 0) _exit(omp_get_max_threads());
+    int status = 0;
+    waitpid(child, &status, 0);
+    child_threads = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }).join();
+  EXPECT_EQ(child_threads, 3);
+}
+
+}  // namespace
+}  // namespace attn
