@@ -360,12 +360,7 @@ TEST_P(FlashAttentionBackward, FloatOnAmxTileModelMatchesTheDoubleReference) {
 // added after the pass) and a float mask's gradient (added during it: its operands are scanned
 // before).
 TEST_P(FlashAttentionBackward, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
-  bool ran = false;
-  for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
-    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
-    const testing::ScopedAmxUse amx(use);
-    const testing::ScopedFp32OnAmx on(true);
-    if (!flash_attention_float_on_tiles()) continue;
+  const bool ran = testing::for_each_float_tiles_use([&] {
     Rng rng(100);
     DoubleCase base{1, 2, 1, 390, 400, 64, 64, true, false, true};
     for (const auto& [q, k, v, g] :
@@ -386,8 +381,7 @@ TEST_P(FlashAttentionBackward, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
         check_against_double_reference(c, rng, GetParam());
       }
     }
-    ran = true;
-  }
+  });
   if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
 }
 

@@ -202,16 +202,10 @@ std::vector<Case> float_on_amx_block_cases() {
 TEST_P(FlashAttention, FloatOnAmxMatchesReferenceInQueryBlocks) {
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  bool ran = false;
-  for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
-    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
-    const testing::ScopedAmxUse amx(use);
-    const testing::ScopedFp32OnAmx on(true);
-    if (!flash_attention_float_on_tiles()) continue;
+  const bool ran = testing::for_each_float_tiles_use([&] {
     Rng rng(93);
     for (const Case& c : float_on_amx_block_cases()) check_case(c, rng, GetParam());
-    ran = true;
-  }
+  });
   omp_set_num_threads(saved_threads);
   if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
 }
@@ -221,12 +215,7 @@ TEST_P(FlashAttention, FloatOnAmxMatchesReferenceInQueryBlocks) {
 // 1e37: 47%). Such calls run on FMAs, to the fp32 path's tolerance; q·c or k past 2^64 likewise.
 // On the hardware (heads of 384) and in the tile model.
 TEST_P(FlashAttention, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
-  bool ran = false;
-  for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
-    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
-    const testing::ScopedAmxUse amx(use);
-    const testing::ScopedFp32OnAmx on(true);
-    if (!flash_attention_float_on_tiles()) continue;
+  const bool ran = testing::for_each_float_tiles_use([&] {
     Rng rng(94);
     for (const Case& c : {Case{1, 2, 400, 390, 64, 64, 0, false, 1.0F, 0x1p-118F, 0x1p118F},
                           Case{1, 1, 390, 400, 64, 32, 2, true, 1.0F, 0x1p118F, 0x1p-118F},
@@ -234,8 +223,7 @@ TEST_P(FlashAttention, FloatOnAmxKeepsItsAccuracyAtExtremeMagnitudes) {
                           Case{1, 1, 400, 400, 64, 64, 0, false, 1.0F, 1.0F, 1.0F, 0x1p-120F}}) {
       check_case(c, rng, GetParam());
     }
-    ran = true;
-  }
+  });
   if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
 }
 

@@ -1,9 +1,11 @@
 // Process-wide choices of where the bf16 kernels multiply (AMX tiles, vdpbf16ps or fp32 on
-// widened values), set for one test's lifetime and restored after it, failed or not.
+// widened values), set for one test's lifetime and restored after it, failed or not; a test body
+// run under each use of the tiles by fp32.
 #pragma once
 
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
+#include "attn/kernels/flash_attention.hpp"
 
 namespace attn::testing {
 
@@ -42,5 +44,22 @@ class ScopedFp32OnAmx {
  private:
   bool before_;
 };
+
+// Runs body() with fp32 on AMX tiles, on the hardware where this CPU offers them and in the C++
+// model of the tiles; whether either ran (neither where the target lacks AVX512-BF16, which the
+// parts' packing needs).
+template <class Body>
+bool for_each_float_tiles_use(const Body& body) {
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kWhereAvailable, AmxUse::kModel}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const ScopedAmxUse amx(use);
+    const ScopedFp32OnAmx on(true);
+    if (!flash_attention_float_on_tiles()) continue;
+    body();
+    ran = true;
+  }
+  return ran;
+}
 
 }  // namespace attn::testing
