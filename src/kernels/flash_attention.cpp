@@ -1828,12 +1828,11 @@ void FlashForward(const ForwardArgs& call) {
   // k past 2^64, or values under 2^-80, the output was 0.6% off (q ~ 1e-35 · k ~ 1e35) to 47% off
   // (1e-37 · 1e37). Such a pass is done again on FMAs, which overwrite every output.
   if (split) {
-    const auto largest = [&](size_t i) {
-      return static_cast<double>(std::bit_cast<float>(args.read_magnitude_bits[i].load()));
-    };
+    const std::atomic<uint32_t>* read = args.read_magnitude_bits;
     const double scale = std::fabs(static_cast<double>(args.options.scale));
-    if (!split_parts_in_range(scale * largest(0)) || !split_parts_in_range(largest(1)) ||
-        !split_parts_in_range(largest(2))) {
+    if (!split_parts_in_range(scale * recorded_magnitude(read[0])) ||
+        !split_parts_in_range(recorded_magnitude(read[1])) ||
+        !split_parts_in_range(recorded_magnitude(read[2]))) {
       ForwardArgs on_fmas = call;
       on_fmas.parts_on_tiles = false;
       FlashForward(on_fmas);

@@ -1541,10 +1541,9 @@ void FlashBackward(const BackwardArgs& call) {
       },
       static_cast<int>(threads));
   if (check_parts && args.grad_mask.data == nullptr) {
-    const auto largest = [&](size_t i) {
-      return static_cast<double>(std::bit_cast<float>(args.read_magnitude_bits[i].load()));
-    };
-    if (!SplitPartsInRange(scale, largest(0), largest(1), largest(2), largest(4))) {
+    const std::atomic<uint32_t>* read = args.read_magnitude_bits;
+    if (!SplitPartsInRange(scale, recorded_magnitude(read[0]), recorded_magnitude(read[1]),
+                           recorded_magnitude(read[2]), recorded_magnitude(read[4]))) {
       return rerun_on_fmas();
     }
   }

@@ -3,7 +3,10 @@
 // 2^-110 are lost. The fp32 passes on tiles check the largest magnitudes they read against this.
 #pragma once
 
+#include <atomic>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 namespace attn {
 
@@ -16,6 +19,11 @@ namespace attn {
 inline bool split_parts_in_range(double largest) {
   if (!std::isfinite(largest) || largest == 0.0) return true;
   return largest >= 0x1p-80 && largest <= 0x1p64;
+}
+
+// The largest magnitude a pass recorded in `bits` (a float's bits, raised as it read its rows).
+inline double recorded_magnitude(const std::atomic<uint32_t>& bits) {
+  return static_cast<double>(std::bit_cast<float>(bits.load()));
 }
 
 }  // namespace attn
