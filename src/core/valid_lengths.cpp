@@ -17,7 +17,11 @@ ValidLengths ValidLengths::per_batch(std::vector<int64_t> lengths) {
 }
 
 ValidLengths ValidLengths::per_query(std::vector<int64_t> lengths, int64_t batch, int64_t queries) {
-  if (batch < 0 || queries < 0 || static_cast<int64_t>(lengths.size()) != batch * queries) {
+  if (batch < 0 || queries < 0) {
+    throw ShapeError("valid_lens: expected a shape (batch, queries) of sizes ≥ 0, got (" +
+                     std::to_string(batch) + ", " + std::to_string(queries) + ")");
+  }
+  if (static_cast<int64_t>(lengths.size()) != batch * queries) {
     throw ShapeError("valid_lens: shape (" + std::to_string(batch) + ", " +
                      std::to_string(queries) + ") needs " + std::to_string(batch * queries) +
                      " lengths, got " + std::to_string(lengths.size()));

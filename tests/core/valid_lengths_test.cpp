@@ -49,6 +49,13 @@ TEST(ValidLengths, CheckNamesIndexAndValue) {
   EXPECT_NO_THROW(ValidLengths::per_batch({0, 4}).check("valid_lens", 2, 3, 4));
 }
 
+TEST(ValidLengths, PerQueryRefusesNegativeSizes) {
+  // (−1)·(−2) = 2 lengths: the count matched, and the message read "needs 2 lengths, got 2".
+  EXPECT_THROW_MESSAGE(ValidLengths::per_query({1, 2}, -1, -2), ShapeError,
+                       "valid_lens: expected a shape (batch, queries) of sizes ≥ 0, got (-1, -2)");
+  EXPECT_THROW_MESSAGE(ValidLengths::per_query({}, 0, -1), ShapeError, "got (0, -1)");
+}
+
 TEST(ValidLengths, CausalMaskIsAlignedBottomRight) {
   // n = 2 queries, m = 4 keys: query 0 sees keys 0..2, query 1 sees all four.
   EXPECT_EQ(ValidLengths().with_causal_mask(1, 2, 4).values(), (std::vector<int64_t>{3, 4}));
