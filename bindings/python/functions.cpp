@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "arrays.hpp"
@@ -52,10 +53,15 @@ void bind_functions(nb::module_& module) {
         const InputTensor scores(X, "X", 3);
         const ValidLengths lengths = to_valid_lengths(valid_lens, "valid_lens");
         Tensor weights;
-        {
+        try {
           nb::gil_scoped_release release;
           const ThreadSettingScope thread_setting;
           weights = masked_softmax(scores.view(), lengths);
+        } catch (const attn::ValueError& error) {
+          // The kernel names its argument "scores"; this signature calls it X, as the book does.
+          const std::string_view message = error.what();
+          if (error.argument() != "scores" || !message.starts_with("scores")) throw;
+          throw attn::ValueError("X" + std::string(message.substr(6)), "X");
         }
         return to_python(std::move(weights), scores.framework());
       },

@@ -31,9 +31,14 @@ void masked_softmax(ConstTensorView scores, const ValidLengths& valid_lens, Tens
         row_max = row[j] > row_max ? row[j] : row_max;
       }
       if (has_nan || row_max == std::numeric_limits<float>::infinity()) {
-        throw ValueError("scores[" + std::to_string(b) + ", " + std::to_string(i) +
-                         "]: expected finite scores, got " + (has_nan ? "NaN" : "+inf") +
-                         " (check the inputs for NaN, infinity or overflow)");
+        // The first entry at fault, found only on this path.
+        int64_t j = 0;
+        while (!std::isnan(row[j]) && row[j] != std::numeric_limits<float>::infinity()) ++j;
+        throw ValueError("scores[" + std::to_string(b) + ", " + std::to_string(i) + ", " +
+                             std::to_string(j) + "]: expected a finite score, got " +
+                             (std::isnan(row[j]) ? "NaN" : "+inf") +
+                             " (check the inputs for NaN, infinity or overflow)",
+                         "scores");
       }
       if (row_max == -std::numeric_limits<float>::infinity()) {
         for (int64_t j = 0; j < keys; ++j) out[j] = 0.0F;

@@ -60,11 +60,18 @@ TEST(MaskedSoftmax, AllMinusInfinityRowIsFullyMasked) {
 
 TEST(MaskedSoftmax, RejectsNaNAndPlusInfinityInValidScores) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THROW_MESSAGE(masked_softmax(Tensor(Shape{1, 2, 2}, {0, 0, 0, nan})), ValueError,
-                       "scores[0, 1]: expected finite scores, got NaN");
-  EXPECT_THROW_MESSAGE(
-      masked_softmax(Tensor(Shape{1, 1, 2}, {std::numeric_limits<float>::infinity(), 0})),
-      ValueError, "got +inf");
+  EXPECT_THROW_MESSAGE(masked_softmax(Tensor(Shape{1, 2, 3}, {0, 0, 0, 0, nan, 0})), ValueError,
+                       "scores[0, 1, 1]: expected a finite score, got NaN");
+  // The first entry at fault is named, +inf after a NaN as well as before one.
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_THROW_MESSAGE(masked_softmax(Tensor(Shape{1, 1, 3}, {0, inf, nan})), ValueError,
+                       "scores[0, 0, 1]: expected a finite score, got +inf");
+  try {
+    masked_softmax(Tensor(Shape{1, 1, 2}, {nan, 0}));
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& error) {
+    EXPECT_EQ(error.argument(), "scores");  // what callers with another name rename
+  }
   // A NaN beyond the valid length is masked, so it is never read.
   const Tensor weights =
       masked_softmax(Tensor(Shape{1, 1, 2}, {0, nan}), ValidLengths::per_batch({1}));

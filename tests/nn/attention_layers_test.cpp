@@ -117,7 +117,7 @@ TEST(DotProductAttention, FusedPathRejectsNonFiniteInputs) {
   k(0, 1, 1) = 3e38F;
   q(0, 0, 1) = 3e38F;
   EXPECT_THROW_MESSAGE(attention(q, k, v), ValueError,
-                       "scores[0, 0]: expected finite scores, got +inf");
+                       "scores[0, 0, 1]: expected a finite score, got +inf");
 }
 
 TEST(AdditiveAttention, MatchesReference) {

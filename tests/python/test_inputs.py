@@ -227,7 +227,8 @@ def test_additive_attention_function_checks_weight_shapes():
 def test_non_finite_scores_are_value_errors():
     scores = normal(1, 1, 3)
     scores[0, 0, 1] = np.nan
-    with pytest.raises(ValueError, match="NaN"):
+    # Named as the Python signature names it (the C++ kernel's argument is "scores"), with the entry.
+    with pytest.raises(ValueError, match=r"^X\[0, 0, 1\]: expected a finite score, got NaN"):
         attn.masked_softmax(scores)
 
 
