@@ -30,6 +30,15 @@ void create_output_directory(const std::filesystem::path& directory, const std::
   }
 }
 
+void check_gradients_directory(const std::string& directory) {
+  std::error_code error;
+  if (std::filesystem::exists(directory, error) &&
+      !std::filesystem::is_directory(directory, error)) {
+    throw FileError("--grads-out: cannot create the directory '" + directory +
+                    "' (a file is in the way)");
+  }
+}
+
 void write_with_gradients_directory(const std::string& gradients_directory,
                                     const std::function<void()>& write) {
   const bool gradients = !gradients_directory.empty();

@@ -36,6 +36,10 @@ decltype(auto) with_context(const std::string& context, Action&& action) {
 void create_output_directory(const std::filesystem::path& directory,
                              const std::string& option = "--out");
 
+// FileError unless --grads-out `directory` could be created: the directory is made only once
+// there is something to write into it, so a file in its place is found here, before the work.
+void check_gradients_directory(const std::string& directory);
+
 // Runs `write` (which checks and stages a run's outputs) after creating `gradients_directory`
 // (--grads-out; none when empty); when `write` throws, a directory this call created is removed
 // again, so a failed run leaves no output behind, empty folders included.

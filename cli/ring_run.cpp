@@ -143,12 +143,40 @@ Tensor merge_heads(const Tensor& heads) {
 }
 
 // One rank's inputs: the files' headers, its shards of their rows, and the options from the flags.
+// Read in two steps, so that the headers can be compared with rank 0's before any rank cuts its
+// shard from them (a rank whose file held 14 keys against rank 0's 13 read rows of neither).
 class RingInputs {
  public:
-  RingInputs(const RingRunRequest& request, int rank, int ranks) {
+  // The headers: shapes and types, checked as a single-process run checks them.
+  explicit RingInputs(const RingRunRequest& request) {
+    const RunArguments& arguments = request.arguments;
+    name_sources(arguments, [&] { read_shapes(arguments); });
+    if (request.out_grad) {
+      const Shape expected = output_file_shape();
+      with_context("--out-grad", [&] {
+        const NpyHeader header = read_npy_header(*request.out_grad);
+        if (header.shape != expected) {
+          throw ShapeError(*request.out_grad + " has shape " + header.shape.str() +
+                           ", expected the shape of the output " + expected.str() +
+                           " (G is the gradient of a loss with respect to it)");
+        }
+        fields_.emplace_back("--out-grad", file_text(header));
+      });
+    }
+    if (arguments.valid_lens) {
+      with_context("--valid-lens", [&] {
+        fields_.emplace_back("--valid-lens", file_text(read_npy_header(*arguments.valid_lens)));
+      });
+    }
+  }
+
+  // Each input file's shape and type, as text, for the comparison with rank 0's.
+  const std::vector<std::pair<std::string, std::string>>& file_fields() const { return fields_; }
+
+  // This rank's shards of the rows, and the options.
+  void read_rows(const RingRunRequest& request, int rank, int ranks) {
     const RunArguments& arguments = request.arguments;
     name_sources(arguments, [&] {
-      read_shapes(arguments);
       query_shards_ = SequenceShards(query_file_.dim(-2), ranks);
       key_shards_ = SequenceShards(key_file_.dim(-2), ranks);
       queries_ = with_context("--queries", [&] {
@@ -177,16 +205,8 @@ class RingInputs {
       options_.enable_gqa = kv_heads_ != query_heads_;
     });
     if (request.out_grad) {
-      const Shape expected = output_file_shape();
-      grad_output_ = with_context("--out-grad", [&] {
-        const NpyHeader header = read_npy_header(*request.out_grad);
-        if (header.shape != expected) {
-          throw ShapeError(*request.out_grad + " has shape " + header.shape.str() +
-                           ", expected the shape of the output " + expected.str() +
-                           " (G is the gradient of a loss with respect to it)");
-        }
-        return read_shard(*request.out_grad, "G", query_shards_, rank);
-      });
+      grad_output_ = with_context(
+          "--out-grad", [&] { return read_shard(*request.out_grad, "G", query_shards_, rank); });
     }
   }
   RingInputs(const RingInputs&) = delete;
@@ -232,6 +252,9 @@ class RingInputs {
     query_file_ = query_header.shape;
     key_file_ = key_header.shape;
     value_file_ = value_header.shape;
+    fields_ = {{"--queries", file_text(query_header)},
+               {"--keys", file_text(key_header)},
+               {"--values", file_text(value_header)}};
     // Integer or bool data named before the types are compared (integer keys beside float16
     // queries read "expected float16 data ..., got float32 or float64").
     for (const auto& [flag, name, path, header] :
@@ -336,6 +359,32 @@ class RingInputs {
     });
   }
 
+  // "(2, 13, 8) float32": what rank 0's file of the same flag must hold too.
+  static std::string file_text(const NpyHeader& header) {
+    const char* type = "bool";
+    switch (header.dtype) {
+      case NpyDType::kFloat32:
+        type = "float32";
+        break;
+      case NpyDType::kFloat64:
+        type = "float64";
+        break;
+      case NpyDType::kFloat16:
+        type = "float16";
+        break;
+      case NpyDType::kInt32:
+        type = "int32";
+        break;
+      case NpyDType::kInt64:
+        type = "int64";
+        break;
+      case NpyDType::kBool:
+        break;
+    }
+    return header.shape.str() + " " + type;
+  }
+
+  std::vector<std::pair<std::string, std::string>> fields_;
   Shape query_file_, key_file_, value_file_;
   SequenceShards query_shards_{0, 1}, key_shards_{0, 1};
   Tensor queries_, keys_, values_, grad_output_;
@@ -472,7 +521,21 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
     }
     // Before any work: --out is not an input, has a .npy name in an existing folder, ...
     check_outputs(output_files(request, false), input_files(request));
-    inputs.emplace(request, rank, ranks);
+    if (request.grads_out) check_gradients_directory(*request.grads_out);
+    inputs.emplace(request);
+  });
+  // Every rank reads the same inputs (on several machines, each one's copy of the files): a
+  // file that differs from rank 0's in shape or type is named before any rank reads its rows.
+  const std::optional<dist::FieldDifference> difference =
+      dist::first_difference_from_root(MPI_COMM_WORLD, inputs->file_fields());
+  dist::check_on_all_ranks(MPI_COMM_WORLD, [&] {
+    if (difference) {
+      throw ShapeError(difference->name + ": expected the array rank 0 reads, " +
+                       difference->root_text + ", got " + difference->text +
+                       " (every rank reads the same inputs; on several machines, each one's "
+                       "copy of a file must hold the same array)");
+    }
+    inputs->read_rows(request, rank, ranks);
   });
 
   RingResults results;

@@ -733,13 +733,7 @@ void run(const RunOptions& options) {
   // gradients included, before the first file is written.
   const std::vector<CommandFile> inputs = input_files(options);
   const bool gradients = options.grads_out_option->count() > 0;
-  // The gradients' directory is created only once there is something to write into it.
-  std::error_code error;
-  if (gradients && std::filesystem::exists(options.grads_out, error) &&
-      !std::filesystem::is_directory(options.grads_out, error)) {
-    throw FileError("--grads-out: cannot create the directory '" + options.grads_out +
-                    "' (a file is in the way)");
-  }
+  if (gradients) check_gradients_directory(options.grads_out);
   check_outputs(output_files(options, {}), inputs);
   check_output_tensor_name(options);
   StateDict state;

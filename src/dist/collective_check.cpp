@@ -1,7 +1,8 @@
-// check_on_all_ranks and abort_all_ranks: one rank's failure made every rank's, before or while
-// they exchange data.
+// check_on_all_ranks, first_difference_from_root and abort_all_ranks: one rank's failure made
+// every rank's, before or while they exchange data.
 #include "attn/dist/collective_check.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <exception>
 #include <iostream>
@@ -62,6 +63,30 @@ void check_on_all_ranks(MPI_Comm comm, const std::function<void()>& check) {
   message.resize(static_cast<size_t>(header[1]));
   MPI_Bcast(message.data(), header[1], MPI_CHAR, first, comm);
   throw_kind(header[0], size > 1 ? "rank " + std::to_string(first) + ": " + message : message);
+}
+
+std::optional<FieldDifference> first_difference_from_root(
+    MPI_Comm comm, const std::vector<std::pair<std::string, std::string>>& fields) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // Rank 0's fields as "<text>\n" each: one broadcast of the length, one of the text.
+  std::string root;
+  if (rank == 0) {
+    for (const auto& field : fields) root += field.second + "\n";
+  }
+  auto size = static_cast<long long>(root.size());
+  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm);
+  root.resize(static_cast<size_t>(size));
+  MPI_Bcast(root.data(), static_cast<int>(size), MPI_CHAR, 0, comm);
+  if (rank == 0) return std::nullopt;
+  size_t at = 0;
+  for (const auto& [name, text] : fields) {
+    const size_t end = std::min(root.find('\n', at), root.size());
+    std::string root_text = root.substr(std::min(at, root.size()), end - std::min(at, end));
+    if (root_text != text) return FieldDifference{name, std::move(root_text), text};
+    at = end + 1;
+  }
+  return std::nullopt;
 }
 
 void abort_all_ranks(MPI_Comm comm, const std::string& message) {

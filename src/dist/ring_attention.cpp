@@ -267,20 +267,6 @@ std::vector<std::pair<std::string, std::string>> agreement_fields(const ConstStr
           {"valid_lens", lengths}};
 }
 
-// Rank 0's fields to every rank: "<name>\n<text>\n" each, one broadcast of its length, one of it.
-std::string broadcast_fields(MPI_Comm comm, int rank,
-                             const std::vector<std::pair<std::string, std::string>>& fields) {
-  std::string text;
-  if (rank == 0) {
-    for (const auto& [name, value] : fields) text += name + "\n" + value + "\n";
-  }
-  auto size = static_cast<long long>(text.size());
-  MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm);
-  text.resize(static_cast<size_t>(size));
-  MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, comm);
-  return text;
-}
-
 // One (query chunk, key chunk) pair: where each lies in the sequence and in its shard or block.
 struct Pair {
   SequenceChunk query;
@@ -469,7 +455,7 @@ Ring prepare_ring(const Communicator& comm, const ConstStridedView& query,
   long long total[2] = {0, 0};
   MPI_Allreduce(local, total, 2, MPI_LONG_LONG, MPI_SUM, comm.get());
   const auto fields = agreement_fields(query, key, value, options, sharding);
-  const std::string root_fields = broadcast_fields(comm.get(), comm.rank(), fields);
+  const std::optional<FieldDifference> difference = first_difference_from_root(comm.get(), fields);
 
   float maxima[2] = {0.0F, 0.0F};
   check_on_all_ranks(comm.get(), [&] {
@@ -494,22 +480,15 @@ Ring prepare_ring(const Communicator& comm, const ConstStridedView& query,
                        ": not available in ring attention (which takes valid lengths, causal, "
                        "windows, scale, grouped heads, softcap and ALiBi)");
     }
-    if (comm.rank() != 0) {
-      size_t at = 0;
-      for (const auto& [name, text] : fields) {
-        const size_t name_end = root_fields.find('\n', at);
-        const size_t text_end = root_fields.find('\n', name_end + 1);
-        const std::string root_text = root_fields.substr(name_end + 1, text_end - name_end - 1);
-        if (root_text != text) {
-          const std::string message = name + ": expected what rank 0 has, " + root_text + ", got " +
-                                      text +
-                                      " (every rank holds the same axes but its own rows, with "
-                                      "the same options)";
-          if (name == "options" || name == "valid_lens") throw ValueError(message);
-          throw ShapeError(message);
-        }
-        at = text_end + 1;
+    if (difference) {
+      const std::string message = difference->name + ": expected what rank 0 has, " +
+                                  difference->root_text + ", got " + difference->text +
+                                  " (every rank holds the same axes but its own rows, with "
+                                  "the same options)";
+      if (difference->name == "options" || difference->name == "valid_lens") {
+        throw ValueError(message);
       }
+      throw ShapeError(message);
     }
     const SequenceShards query_shards(total[0], comm.size(), sharding);
     const SequenceShards key_shards(total[1], comm.size(), sharding);

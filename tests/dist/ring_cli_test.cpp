@@ -71,6 +71,16 @@ class RingCliTest : public ::testing::Test {
                  " " ATTN_MPIEXEC_FLAGS " '" ATTN_CLI_PATH "' " + arguments + " --ring");
   }
 
+  // One rank per argument list (MPI's MPMD form), as when each machine has its own copy of a file.
+  CommandResult ring_per_rank(const std::vector<std::string>& arguments) const {
+    std::string command = "env " ATTN_MPI_ENVIRONMENT " '" ATTN_MPIEXEC "' " ATTN_MPIEXEC_FLAGS;
+    for (size_t rank = 0; rank < arguments.size(); ++rank) {
+      command += std::string(rank == 0 ? "" : " :") + " -n 1 '" ATTN_CLI_PATH "' " +
+                 arguments[rank] + " --ring";
+    }
+    return shell(command);
+  }
+
   void save(const std::string& name, const Tensor& tensor) const { save_npy(path(name), tensor); }
 
   fs::path directory_;
@@ -335,6 +345,67 @@ TEST_F(RingCliTest, MissingFilesAndRefusedFlagsAreErrorsOnEveryRank) {
             std::string::npos)
       << result.err;
   EXPECT_FALSE(fs::exists(path("o.safetensors")));
+}
+
+// Each rank cuts its rows from its own copy of a file: a copy that differs from rank 0's in shape
+// or type is named before any rank reads rows (13 keys against rank 0's 14 gave exit 0 and an
+// output over keys of neither file; 13 queries against 14 ended in MPI_ERR_TRUNCATE).
+TEST_F(RingCliTest, RanksWhoseFilesDifferAreNamed) {
+  Rng rng(6);
+  save("q.npy", testing::random_tensor(Shape{2, 13, 8}, rng));
+  save("k.npy", testing::random_tensor(Shape{2, 13, 8}, rng));
+  save("v.npy", testing::random_tensor(Shape{2, 13, 8}, rng));
+  save("k14.npy", testing::random_tensor(Shape{2, 14, 8}, rng));
+  save("v14.npy", testing::random_tensor(Shape{2, 14, 8}, rng));
+  save("q14.npy", testing::random_tensor(Shape{2, 14, 8}, rng));
+  const std::string head = "run --layer dot-product ";
+  CommandResult result =
+      ring_per_rank({head + "--queries q.npy --keys k.npy --values v.npy --out o.npy",
+                     head + "--queries q.npy --keys k14.npy --values v14.npy --out o.npy"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("attn: error: rank 1: --keys: expected the array rank 0 reads, (2, "
+                            "13, 8) float32, got (2, 14, 8) float32"),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  result = ring_per_rank({head + "--queries q.npy --keys k.npy --values v.npy --out o.npy",
+                          head + "--queries q14.npy --keys k.npy --values v.npy --out o.npy"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("rank 1: --queries: expected the array rank 0 reads"),
+            std::string::npos)
+      << result.err;
+  // The type too: rank 0's output type follows its own files.
+  for (const char* name : {"q16.npy", "k16.npy", "v16.npy"})
+    save_npy_float16(path(name), std::vector<uint16_t>(2 * 13 * 8, 0x3C00), Shape{2, 13, 8});
+  result = ring_per_rank({head + "--queries q.npy --keys k.npy --values v.npy --out o.npy",
+                          head + "--queries q16.npy --keys k16.npy --values v16.npy --out o.npy"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("rank 1: --queries: expected the array rank 0 reads, (2, 13, 8) "
+                            "float32, got (2, 13, 8) float16"),
+            std::string::npos)
+      << result.err;
+  // The same arrays on every rank run.
+  result = ring_per_rank({head + "--queries q.npy --keys k.npy --values v.npy --out o.npy",
+                          head + "--queries q.npy --keys k.npy --values v.npy --out o.npy"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+}
+
+// A file where --grads-out's folder would go is found before the work, as in a single-process
+// run (the ring ran its forward and backward passes first, then failed "Not a directory").
+TEST_F(RingCliTest, AFileInTheWayOfTheGradientsIsFoundFirst) {
+  Rng rng(7);
+  for (const char* name : {"q.npy", "k.npy", "v.npy", "g.npy"})
+    save(name, testing::random_tensor(Shape{1, 9, 8}, rng));
+  std::ofstream(path("gr")) << "a file";
+  const CommandResult result = ring(2,
+                                    "run --layer dot-product --queries q.npy --keys k.npy "
+                                    "--values v.npy --out-grad g.npy --grads-out gr --out o.npy");
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("--grads-out: cannot create the directory 'gr' (a file is in the way)"),
+            std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.out.find("forward"), std::string::npos) << result.out;
+  EXPECT_FALSE(fs::exists(path("o.npy")));
 }
 
 // All outputs or none, as a single-process run: an --out that fails last leaves no gradient
