@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "io/float64_range.hpp"
 #include "io/npy_file.hpp"
 #include "io/npy_layout.hpp"
 
@@ -67,7 +68,32 @@ NpyArray read_npy_rows(const std::filesystem::path& path, int axis,
       at += bytes;
     }
   }
-  return io_detail::decode_npy_data(file.layout().dtype, selected, data, file.source());
+  NpyArray array = io_detail::decode_npy_data(file.layout().dtype, selected, data, file.source());
+  if (array.dtype == NpyDType::kFloat64) {
+    // As load_npy_tensor: a finite value float32 cannot hold is named as the file holds it, at its
+    // index in the whole array (rounded to ∞, a rank named an infinity at an index of its shard).
+    if (const auto past = io_detail::first_float64_past_float_range(data, array.floats)) {
+      const int64_t inner_elements = inner / io_detail::npy_itemsize(NpyDType::kFloat64);
+      const int64_t per_outer = rows * inner_elements;
+      const auto index = static_cast<int64_t>(past->index);
+      int64_t within = index % per_outer, file_row = 0;
+      for (const NpyRowRange& range : ranges) {
+        if (within < range.count * inner_elements) {
+          file_row = range.begin + within / inner_elements;
+          within %= inner_elements;
+          break;
+        }
+        within -= range.count * inner_elements;
+      }
+      const int64_t file_index =
+          ((index / per_outer) * shape[a] + file_row) * inner_elements + within;
+      throw FileError(file.source() +
+                      ": expected float64 values float32 holds (within ±3.4e38; attn computes in "
+                      "float32), got " +
+                      number_text(past->value) + " at flat index " + std::to_string(file_index));
+    }
+  }
+  return array;
 }
 
 }  // namespace attn

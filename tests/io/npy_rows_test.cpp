@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,46 @@ Tensor numbered() {
     for (int64_t i = 0; i < 7; ++i)
       for (int64_t c = 0; c < 3; ++c) tensor(b, i, c) = static_cast<float>(100 * b + 10 * i + c);
   return tensor;
+}
+
+// A little-endian float64 .npy file of `shape` (rank 3) holding `values`.
+void save_float64(const fs::path& file, const Shape& shape, const std::vector<double>& values) {
+  std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (" +
+                       std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + ", " +
+                       std::to_string(shape[2]) + "), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream out(file, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const auto length = static_cast<uint16_t>(header.size());
+  const char length_bytes[2] = {static_cast<char>(length & 0xFF), static_cast<char>(length >> 8)};
+  out.write(length_bytes, 2);
+  out << header;
+  out.write(reinterpret_cast<const char*>(values.data()),
+            static_cast<std::streamsize>(values.size() * sizeof(double)));
+}
+
+// As load_npy_tensor: a float64 value past float's range, in the rows read, is named as the file
+// holds it at its index in the whole array (a ring rank named "inf at flat index 11 of this
+// rank's shard"); rows not read are not judged.
+TEST_F(NpyRowsTest, Float64ValuesPastFloatRangeAreNamedAtTheirIndexInTheFile) {
+  std::vector<double> values(2 * 7 * 3, 0.5);
+  values[0] = -1e300;                  // (0, 0, 0): in no range read below
+  values[(1 * 7 + 5) * 3 + 2] = 1e39;  // (1, 5, 2): flat index 38
+  save_float64(path("x.npy"), Shape{2, 7, 3}, values);
+  const std::vector<NpyRowRange> ranges = {{5, 2}, {1, 2}};
+  EXPECT_THROW_MESSAGE(read_npy_rows(path("x.npy"), -2, ranges), FileError,
+                       "expected float64 values float32 holds (within ±3.4e38; attn computes in "
+                       "float32), got 1e+39 at flat index 38");
+  const std::vector<NpyRowRange> first = {{0, 1}};
+  EXPECT_THROW_MESSAGE(read_npy_rows(path("x.npy"), 1, first), FileError,
+                       "got -1e+300 at flat index 0");
+  // ±∞ in the file stays what it is, for the checks of its use.
+  values[0] = -std::numeric_limits<double>::infinity();
+  values[38] = 0.5;
+  save_float64(path("x.npy"), Shape{2, 7, 3}, values);
+  const NpyArray rows = read_npy_rows(path("x.npy"), 1, first);
+  EXPECT_EQ(rows.floats[0], -std::numeric_limits<float>::infinity());
 }
 
 TEST_F(NpyRowsTest, HeaderAloneGivesShapeAndDtype) {

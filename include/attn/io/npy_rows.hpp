@@ -28,8 +28,9 @@ struct NpyRowRange {
 // The ranges of `axis` (negative counts from the end) of a .npy array, concatenated along that
 // axis in the order given: the file's shape with the ranges' total at `axis`, decoded as read_npy
 // decodes. Reads the header, then seeks to each range once per index of the axes before `axis`;
-// memory is the selection's. FileError as read_npy; ShapeError naming the path for an axis
-// outside the array or a range outside [0, size of the axis].
+// memory is the selection's. FileError as read_npy, and for a finite float64 value past float's
+// range (as load_npy_tensor, naming it and its flat index in the whole array); ShapeError naming
+// the path for an axis outside the array or a range outside [0, size of the axis].
 NpyArray read_npy_rows(const std::filesystem::path& path, int axis,
                        std::span<const NpyRowRange> ranges);
 
