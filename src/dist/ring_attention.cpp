@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <numbers>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -23,6 +24,7 @@ namespace attn::dist {
 namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+constexpr float kPositiveInfinity = std::numeric_limits<float>::infinity();
 // Tags on the call's own duplicate communicator: blocks travel one way, gradient partials too;
 // MPI keeps messages of one tag between two ranks in order, which is all the ring relies on.
 constexpr int kKeyValueTag = 1;
@@ -194,6 +196,50 @@ void merge_base_two(float* log_sum_exp, double* totals, int64_t total_rows, int6
       } else {
         total += part_total * std::exp2(static_cast<double>(b) - a);
       }
+    }
+  }
+}
+
+// Merges one pair's partial attention with its row denominators exact (T·2^lse: the base-2
+// log-sum-exp and total of scaled_dot_product_attention_log_sum_exp_base_two) into rows
+// [offset, offset + rows) of the accumulated ones, kept the same way: each side weighs
+// T·2^(lse − M) over the sum at the larger M, the differences of floats exact in double. The float
+// natural log-sum-exps of merge_partial lose log(sum) beside scores past 2^24 (two keys tied at
+// 1e15 on two ranks weighed 0.47 and 0.53; ALiBi slopes of −1e30 gave weights summing to 2).
+void merge_partial_exact(float* output, float* log_sum_exp, double* totals, int64_t total_rows,
+                         int64_t offset, const float* part_output, const float* part_log_sum_exp,
+                         const float* part_totals, int64_t outer, int64_t rows, int64_t cols) {
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float b = part_log_sum_exp[o * rows + i];
+      const double part_total = part_totals[o * rows + i];
+      float& a = log_sum_exp[o * total_rows + offset + i];
+      double& total = totals[o * total_rows + offset + i];
+      float* out = output + (o * total_rows + offset + i) * cols;
+      const float* part = part_output + (o * rows + i) * cols;
+      if (std::isnan(b) || b == kPositiveInfinity || !std::isfinite(part_total)) {
+        // Scores past float's range (ALiBi slopes near −1e37): the row is not finite, as its
+        // first round's, for the callers' checks of the result; it stays so.
+        std::fill_n(out, cols, std::numeric_limits<float>::quiet_NaN());
+        a = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      if (b == kNegativeInfinity || !(part_total > 0.0) || std::isnan(a)) continue;
+      if (a == kNegativeInfinity) {
+        std::copy_n(part, cols, out);
+        a = b;
+        total = part_total;
+        continue;
+      }
+      const float high = std::max(a, b);
+      const double share_a = total * std::exp2(static_cast<double>(a) - high);
+      const double share_b = part_total * std::exp2(static_cast<double>(b) - high);
+      const double merged = share_a + share_b;
+      const auto weight_a = static_cast<float>(share_a / merged);
+      const auto weight_b = static_cast<float>(share_b / merged);
+      for (int64_t c = 0; c < cols; ++c) out[c] = weight_a * out[c] + weight_b * part[c];
+      a = high;
+      total = merged;
     }
   }
 }
@@ -704,6 +750,47 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
     abort_all_ranks(ring_comm.get(), std::string("ring attention forward: ") + error.what());
   }
   failure.report(ring_comm.get());
+  // Where some row's log-sum-exp is past float's precision (|lse| > 256), the pairs' float
+  // log-sum-exps weigh them inexactly: a second round merges every pair again by its exact
+  // denominator (merge_partial_exact), as the backward takes its base-2 log-sum-exps.
+  if (some_log_sum_exp_loses_precision(ring_comm, result.log_sum_exp)) {
+    std::fill(result.output.data(), result.output.data() + result.output.numel(), 0.0F);
+    std::vector<float> base_two(result.log_sum_exp.size(), kNegativeInfinity);
+    std::vector<double> totals(base_two.size(), 0.0);
+    try {
+      std::vector<float> part_output, part_log_sum_exp, part_totals;
+      visit_every_block(
+          ring_comm, ring, key, value, statistics,
+          [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
+            failure.run([&] {
+              const int64_t q_rows = pair.query.length;
+              part_output.resize(static_cast<size_t>(outer * q_rows * cols));
+              part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
+              part_totals.resize(part_log_sum_exp.size());
+              const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
+              const ConstStridedView k = rows_of(keys, pair.key_offset, pair.key.length);
+              const ConstStridedView v = rows_of(values, pair.key_offset, pair.key.length);
+              const AttentionOptions pair_options = ring.pair_options(pair);
+              scaled_dot_product_attention(
+                  q, k, v, pair_options,
+                  MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)));
+              scaled_dot_product_attention_log_sum_exp_base_two(q, k, v, pair_options,
+                                                                part_log_sum_exp, part_totals);
+              merge_partial_exact(result.output.data(), base_two.data(), totals.data(), rows,
+                                  pair.query_offset, part_output.data(), part_log_sum_exp.data(),
+                                  part_totals.data(), outer, q_rows, cols);
+            });
+          });
+    } catch (const std::exception& error) {
+      abort_all_ranks(ring_comm.get(), std::string("ring attention forward: ") + error.what());
+    }
+    failure.report(ring_comm.get());
+    for (size_t row = 0; row < base_two.size(); ++row) {
+      if (base_two[row] == kNegativeInfinity) continue;
+      result.log_sum_exp[row] = static_cast<float>(
+          (static_cast<double>(base_two[row]) + std::log2(totals[row])) * std::numbers::ln2);
+    }
+  }
   last_statistics = statistics;
   return result;
 }

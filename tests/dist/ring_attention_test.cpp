@@ -345,6 +345,36 @@ TEST(RingAttention, ScoresOfLargeMagnitudeGiveTheOneProcessGradients) {
   }
 }
 
+// Keys tied at a score past float's precision, in one chunk and across ranks: each query weighs
+// them alike, so its output is their values' mean. The pairs' float log-sum-exps lose log(sum)
+// beside such scores (1e15 + log 2 is 1e15 in float, and the merge's sum in double an eighth):
+// two keys tied at 1e15 on two ranks weighed 0.47 and 0.53, at 1e20 one took all.
+TEST(RingAttention, KeysTiedAtScoresPastFloatPrecisionWeighAlike) {
+  const int rank = world_rank(), ranks = world_size();
+  const int64_t length = 16;
+  const std::vector<int64_t> tied = {0, 1, 5, 9, 14};
+  for (const float big : {1e7F, 1e15F, 1e30F}) {
+    Tensor query(Shape{length, 1}), key(Shape{length, 1}), value(Shape{length, 1});
+    for (int64_t j = 0; j < length; ++j) {
+      query(j, 0) = 1.0F;
+      key(j, 0) = std::find(tied.begin(), tied.end(), j) != tied.end() ? big : 0.0F;
+      value(j, 0) = static_cast<float>(j);
+    }
+    const SequenceShards shards(length, ranks);
+    const Tensor q = shard_of(query, shards.chunks(rank));
+    const Tensor k = shard_of(key, shards.chunks(rank));
+    const Tensor v = shard_of(value, shards.chunks(rank));
+    AttentionOptions options;
+    options.scale = 1.0F;
+    const RingAttentionForward forward =
+        ring_attention_forward(MPI_COMM_WORLD, q, k, v, options, Sharding::kZigZag);
+    const std::vector<float> mean(static_cast<size_t>(q.dim(0)), (0 + 1 + 5 + 9 + 14) / 5.0F);
+    EXPECT_TRUE(close(values_of(forward.output), mean, "output at " + std::to_string(big)));
+    // The log-sum-exp is the scores' too: big + log 5, to float's rounding of big.
+    for (const float lse : forward.log_sum_exp) EXPECT_NEAR(lse, big, 2e-7 * big + 1.61);
+  }
+}
+
 TEST(RingAttention, ValueSizeDiffersFromHeadSize) {
   run_case(ring_case([](RingCase& c) {
     c.head_size = 16;
