@@ -652,7 +652,13 @@ void run_ring(const RingRunRequest& request) {
     session.finalize();
     std::exit(1);
   }
-  if (session.rank() == 0) write_results(request, std::move(*results), session.size());
+  // MPI ends on every rank before rank 0 writes, so the others exit: a signal that stops the job
+  // then reaches rank 0, whose handlers remove its staged files. While the others waited in
+  // MPI_Finalize, mpirun's SIGTERM ended one of them and the job's SIGKILL took rank 0 mid-write,
+  // leaving hidden full-size temporaries behind (about one interrupted run in five).
+  const int rank = session.rank(), ranks = session.size();
+  session.finalize();
+  if (rank == 0) write_results(request, std::move(*results), ranks);
 }
 
 }  // namespace attn::cli
