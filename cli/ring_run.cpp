@@ -28,6 +28,7 @@
 #include "attn/io/npy.hpp"
 #include "attn/io/npy_rows.hpp"
 #include "command_support.hpp"
+#include "progress_line.hpp"
 
 namespace attn::cli {
 
@@ -540,6 +541,9 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
 
   RingResults results;
   results.stored_half = inputs->stored_half();
+  // Rank 0's pairs done, on its standard error (mpirun forwards it: a line every 10 s from 10 s).
+  std::optional<ProgressLine> progress;
+  if (rank == 0) progress.emplace("attn run --ring");
   auto start = std::chrono::steady_clock::now();
   const dist::RingAttentionForward forward = name_ring_sources(arguments, [&] {
     return dist::ring_attention_forward(MPI_COMM_WORLD, inputs->query(), inputs->key(),
@@ -557,6 +561,7 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
     });
     results.backward_seconds = slowest(seconds_since(start));
   }
+  progress.reset();
   // Past the checks, a failure is one rank's alone (memory): stop every rank rather than leave
   // the others waiting for its rows.
   try {

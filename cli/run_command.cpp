@@ -37,6 +37,7 @@
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
 #include "number_options.hpp"
+#include "progress_line.hpp"
 #include "ring_run.hpp"
 #include "run_arguments.hpp"
 
@@ -748,14 +749,19 @@ void run(const RunOptions& options) {
   const bool need_weights =
       options.weights_out_option->count() > 0 || options.heatmap_option->count() > 0;
   Result result;
-  if (options.layer == kAdditive) {
-    result = run_additive(options, state, grad, need_weights);
-  } else if (options.layer == kDotProduct) {
-    result = run_dot_product(options, grad, need_weights);
-  } else if (options.layer == kMultiHead) {
-    result = run_multi_head(options, state, grad, need_weights);
-  } else {
-    result = run_general(options, state, grad, need_weights);
+  {
+    // The kernels' progress on standard error while they run (from 1 s on a terminal, 10 s in a
+    // log), gone before the results are written.
+    const ProgressLine progress("attn run");
+    if (options.layer == kAdditive) {
+      result = run_additive(options, state, grad, need_weights);
+    } else if (options.layer == kDotProduct) {
+      result = run_dot_product(options, grad, need_weights);
+    } else if (options.layer == kMultiHead) {
+      result = run_multi_head(options, state, grad, need_weights);
+    } else {
+      result = run_general(options, state, grad, need_weights);
+    }
   }
 
   require_finite_result(result.output, "--out");

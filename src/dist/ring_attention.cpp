@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "attn/core/error.hpp"
+#include "attn/core/work_progress.hpp"
 #include "attn/dist/collective_check.hpp"
 #include "attn/functional/scaled_dot_product_attention.hpp"
 
@@ -626,13 +627,39 @@ void wait(std::span<MPI_Request> requests, RingStatistics& statistics) {
   statistics.wait_seconds += seconds_since(start);
 }
 
+// A pass's pairs as the tasks of its work (attn::WorkProgress: attn run --ring's progress line):
+// planned when the pass starts, each done as it is computed. A pair's own kernel tasks are counted
+// apart, under a WorkProgress of its own that nobody reads, so that a watcher sees pairs, not the
+// kernel calls that each pair starts again.
+class PairsProgress {
+ public:
+  PairsProgress(const Ring& ring, const char* work) {
+    int64_t visible = 0;
+    for (int owner = 0; owner < ring.ranks(); ++owner) {
+      for (const Pair& pair : ring.pairs(owner)) visible += ring.visible(pair) ? 1 : 0;
+    }
+    note_tasks_planned(visible, work);
+  }
+  template <typename Compute>
+  void run(Compute&& compute) const {
+    {
+      const WorkProgress kernel_tasks;
+      std::forward<Compute>(compute)();
+    }
+    note_task_done();
+  }
+};
+
 // Every rank's key/value block passes this rank once, in ring order, the next one arriving from the
 // left while the current one goes right; `compute(pair, keys, values)` runs on each pair of this
-// rank's query chunks and the block's key chunks that some query sees (the others are skipped).
+// rank's query chunks and the block's key chunks that some query sees (the others are skipped),
+// each a task of `work` (PairsProgress).
 template <typename ComputePair>
 void visit_every_block(const Communicator& ring_comm, const Ring& ring, ConstStridedView key,
-                       ConstStridedView value, RingStatistics& statistics, ComputePair compute) {
+                       ConstStridedView value, RingStatistics& statistics, const char* work,
+                       ComputePair compute) {
   const int rank = ring.rank(), ranks = ring.ranks();
+  const PairsProgress pairs_progress(ring, work);
   // Two blocks: the one being computed (and sent on), the one arriving.
   std::vector<float> current(static_cast<size_t>(ring.max_block_floats()));
   std::vector<float> next(current.size());
@@ -659,7 +686,7 @@ void visit_every_block(const Communicator& ring_comm, const Ring& ring, ConstStr
         continue;
       }
       const auto start = Clock::now();
-      compute(pair, keys, values);
+      pairs_progress.run([&] { compute(pair, keys, values); });
       ++statistics.pairs_computed;
       statistics.compute_seconds += seconds_since(start);
       if (more) progress(requests);
@@ -730,7 +757,7 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
   try {
     std::vector<float> part_output, part_log_sum_exp;
     visit_every_block(
-        ring_comm, ring, key, value, statistics,
+        ring_comm, ring, key, value, statistics, "ring attention forward",
         [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
           failure.run([&] {
             const int64_t q_rows = pair.query.length;
@@ -760,7 +787,7 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
     try {
       std::vector<float> part_output, part_log_sum_exp, part_totals;
       visit_every_block(
-          ring_comm, ring, key, value, statistics,
+          ring_comm, ring, key, value, statistics, "ring attention forward, exact merge",
           [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
             failure.run([&] {
               const int64_t q_rows = pair.query.length;
@@ -823,22 +850,22 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
       base_two_log_sum_exp.assign(static_cast<size_t>(outer * rows), kNegativeInfinity);
       std::vector<double> totals(base_two_log_sum_exp.size(), 0.0);
       std::vector<float> part_log_sum_exp, part_totals;
-      visit_every_block(ring_comm, ring, key, value, statistics,
-                        [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
-                          failure.run([&] {
-                            const int64_t q_rows = pair.query.length;
-                            part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
-                            part_totals.resize(part_log_sum_exp.size());
-                            scaled_dot_product_attention_log_sum_exp_base_two(
-                                rows_of(query, pair.query_offset, q_rows),
-                                rows_of(keys, pair.key_offset, pair.key.length),
-                                rows_of(values, pair.key_offset, pair.key.length),
-                                ring.pair_options(pair), part_log_sum_exp, part_totals);
-                            merge_base_two(base_two_log_sum_exp.data(), totals.data(), rows,
-                                           pair.query_offset, part_log_sum_exp.data(),
-                                           part_totals.data(), outer, q_rows);
-                          });
-                        });
+      visit_every_block(
+          ring_comm, ring, key, value, statistics, "ring attention backward, log-sum-exps",
+          [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
+            failure.run([&] {
+              const int64_t q_rows = pair.query.length;
+              part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
+              part_totals.resize(part_log_sum_exp.size());
+              scaled_dot_product_attention_log_sum_exp_base_two(
+                  rows_of(query, pair.query_offset, q_rows),
+                  rows_of(keys, pair.key_offset, pair.key.length),
+                  rows_of(values, pair.key_offset, pair.key.length), ring.pair_options(pair),
+                  part_log_sum_exp, part_totals);
+              merge_base_two(base_two_log_sum_exp.data(), totals.data(), rows, pair.query_offset,
+                             part_log_sum_exp.data(), part_totals.data(), outer, q_rows);
+            });
+          });
       grad_output_over_totals = Tensor(grad_output.shape());
       copy_contiguous(grad_output, grad_output_over_totals.data());
       for (int64_t row = 0; row < outer * rows; ++row) {
@@ -871,6 +898,7 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
           chunk.push_back(log_sum_exp[static_cast<size_t>(o * rows + pair.query_offset + i)]);
     }
     Tensor grad_query, grad_key, grad_value;
+    const PairsProgress pairs_progress(ring, "ring attention backward");
     for (int step = 0; step < ranks; ++step) {
       const int owner = (rank - step + ranks) % ranks;
       const int64_t block_rows = ring.block_keys(current.data(), owner).dim(-2);
@@ -899,29 +927,32 @@ RingAttentionBackward ring_attention_backward(MPI_Comm comm, ConstStridedView qu
           continue;
         }
         const auto start = Clock::now();
-        failure.run([&] {
-          const int64_t q_rows = pair.query.length, k_rows = pair.key.length;
-          const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
-          const ConstStridedView k = rows_of(keys, pair.key_offset, k_rows);
-          const ConstStridedView v = rows_of(values, pair.key_offset, k_rows);
-          if (grad_query.shape() != q.shape()) grad_query = Tensor(q.shape());
-          if (grad_key.shape() != k.shape()) grad_key = Tensor(k.shape());
-          if (grad_value.shape() != v.shape()) grad_value = Tensor(v.shape());
-          // FlashAttention-2's backward decomposes over key blocks given the whole sequence's
-          // output and log-sum-exp: this pair's exact share of dQ, and its queries' exact share
-          // of this block's dK and dV.
-          AttentionOptions pair_options = ring.pair_options(pair);
-          pair_options.log_sum_exp_recomputed_base_two = base_two;
-          scaled_dot_product_attention_backward(q, k, v, rows_of(output, pair.query_offset, q_rows),
-                                                rows_of(grad_output, pair.query_offset, q_rows),
-                                                chunk_log_sum_exp[pair.query_index], pair_options,
-                                                grad_query, grad_key, grad_value);
-          add_rows(result.query.data(), rows, pair.query_offset, grad_query.data(), outer, q_rows,
-                   head);
-          add_rows(contribution.data(), block_rows, pair.key_offset, grad_key.data(), kv_outer,
-                   k_rows, head);
-          add_rows(contribution.data() + key_floats, block_rows, pair.key_offset, grad_value.data(),
-                   kv_outer, k_rows, cols);
+        pairs_progress.run([&] {
+          failure.run([&] {
+            const int64_t q_rows = pair.query.length, k_rows = pair.key.length;
+            const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
+            const ConstStridedView k = rows_of(keys, pair.key_offset, k_rows);
+            const ConstStridedView v = rows_of(values, pair.key_offset, k_rows);
+            if (grad_query.shape() != q.shape()) grad_query = Tensor(q.shape());
+            if (grad_key.shape() != k.shape()) grad_key = Tensor(k.shape());
+            if (grad_value.shape() != v.shape()) grad_value = Tensor(v.shape());
+            // FlashAttention-2's backward decomposes over key blocks given the whole sequence's
+            // output and log-sum-exp: this pair's exact share of dQ, and its queries' exact share
+            // of this block's dK and dV.
+            AttentionOptions pair_options = ring.pair_options(pair);
+            pair_options.log_sum_exp_recomputed_base_two = base_two;
+            scaled_dot_product_attention_backward(q, k, v,
+                                                  rows_of(output, pair.query_offset, q_rows),
+                                                  rows_of(grad_output, pair.query_offset, q_rows),
+                                                  chunk_log_sum_exp[pair.query_index], pair_options,
+                                                  grad_query, grad_key, grad_value);
+            add_rows(result.query.data(), rows, pair.query_offset, grad_query.data(), outer, q_rows,
+                     head);
+            add_rows(contribution.data(), block_rows, pair.key_offset, grad_key.data(), kv_outer,
+                     k_rows, head);
+            add_rows(contribution.data() + key_floats, block_rows, pair.key_offset,
+                     grad_value.data(), kv_outer, k_rows, cols);
+          });
         });
         ++statistics.pairs_computed;
         statistics.compute_seconds += seconds_since(start);

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attn/core/error.hpp"
+#include "attn/core/work_progress.hpp"
 #include "core/fork_safety.hpp"
 #include "kernels/scratch_memory.hpp"
 
@@ -60,13 +61,17 @@ template <class MakeScratch, class Body>
 void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule,
                         const MakeScratch& make_scratch, const Body& body, int max_threads = 0) {
   const int threads = team_threads(max_threads);
+  note_tasks_planned(tasks, kernel);
   // One thread to run on, or one task: the calling thread runs them, outside any OpenMP region.
   // Entering one costs libgomp 0.35 µs and a futex system call even for a team of one
   // (for_each_index); a decode-sized call (1 query, 8 heads of 64, 16 keys) entered three.
   if (tasks <= 1 || threads == 1) {
     auto scratch = make_scratch();
     if (scratch.memory == nullptr) throw scratch_allocation_error(kernel, scratch.memory);
-    for (int64_t task = 0; task < tasks; ++task) body(task, scratch, 0);
+    for (int64_t task = 0; task < tasks; ++task) {
+      body(task, scratch, 0);
+      note_task_done();
+    }
     return;
   }
   bool out_of_memory = false;
@@ -91,11 +96,13 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         if (usable) body(task, scratch, thread);
+        note_task_done();
       }
     } else {
 #pragma omp for schedule(static, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         if (usable) body(task, scratch, thread);
+        note_task_done();
       }
     }
   }
