@@ -1,6 +1,5 @@
 // ProgressLine: "attn run: flash_attention_backward 45% (12 s)" on standard error while a long
-// computation runs, from the kernels' task counts (attn::WorkProgress), redrawn in place on a
-// terminal and as a line every so often elsewhere (a log, mpirun's forwarded output).
+// computation runs (attn::WorkProgress's counts), in place on a terminal, as lines elsewhere.
 #pragma once
 
 #include <chrono>
@@ -43,6 +42,7 @@ class ProgressLine {
 
  private:
   void watch();
+  void report();  // one report, under mutex_
 
   WorkProgress progress_;
   std::string command_;
@@ -54,7 +54,7 @@ class ProgressLine {
   std::condition_variable stop_signal_;
   bool stopping_ = false;
   size_t drawn_width_ = 0;  // of the line drawn in place, to erase it
-  std::thread watcher_;     // last: starts once everything above is ready
+  std::thread watcher_;     // none where the system refused a thread: the run goes on unreported
 };
 
 }  // namespace attn::cli

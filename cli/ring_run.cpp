@@ -148,35 +148,46 @@ Tensor merge_heads(const Tensor& heads) {
 // shard from them (a rank whose file held 14 keys against rank 0's 13 read rows of neither).
 class RingInputs {
  public:
-  // The headers: shapes and types, checked as a single-process run checks them.
+  // The headers alone (shapes and types), unchecked: a rank whose file differs from rank 0's is
+  // named by that file before any check of one file against another names a consequence of it.
   explicit RingInputs(const RingRunRequest& request) {
     const RunArguments& arguments = request.arguments;
-    name_sources(arguments, [&] { read_shapes(arguments); });
-    if (request.out_grad) {
-      const Shape expected = output_file_shape();
-      with_context("--out-grad", [&] {
-        const NpyHeader header = read_npy_header(*request.out_grad);
-        if (header.shape != expected) {
-          throw ShapeError(*request.out_grad + " has shape " + header.shape.str() +
-                           ", expected the shape of the output " + expected.str() +
-                           " (G is the gradient of a loss with respect to it)");
-        }
-        fields_.emplace_back("--out-grad", file_text(header));
-      });
-    }
-    if (arguments.valid_lens) {
-      with_context("--valid-lens", [&] {
-        fields_.emplace_back("--valid-lens", file_text(read_npy_header(*arguments.valid_lens)));
-      });
-    }
+    const auto read = [&](const char* flag, const std::string& path) {
+      return with_context(flag, [&] { return read_npy_header(path); });
+    };
+    query_header_ = read("--queries", arguments.queries);
+    key_header_ = read("--keys", arguments.keys);
+    value_header_ = read("--values", arguments.values);
+    if (request.out_grad) out_grad_header_ = read("--out-grad", *request.out_grad);
+    if (arguments.valid_lens) valid_lens_header_ = read("--valid-lens", *arguments.valid_lens);
+    const auto text = [](const std::optional<NpyHeader>& header) {
+      return header ? file_text(*header) : std::string("none");
+    };
+    fields_ = {{"--queries", file_text(query_header_)},
+               {"--keys", file_text(key_header_)},
+               {"--values", file_text(value_header_)},
+               {"--out-grad", text(out_grad_header_)},
+               {"--valid-lens", text(valid_lens_header_)}};
   }
 
   // Each input file's shape and type, as text, for the comparison with rank 0's.
   const std::vector<std::pair<std::string, std::string>>& file_fields() const { return fields_; }
 
-  // This rank's shards of the rows, and the options.
+  // The headers checked as a single-process run checks them, then this rank's shards of the
+  // rows, and the options.
   void read_rows(const RingRunRequest& request, int rank, int ranks) {
     const RunArguments& arguments = request.arguments;
+    name_sources(arguments, [&] { check_shapes(arguments); });
+    if (out_grad_header_) {
+      const Shape expected = output_file_shape();
+      with_context("--out-grad", [&] {
+        if (out_grad_header_->shape != expected) {
+          throw ShapeError(*request.out_grad + " has shape " + out_grad_header_->shape.str() +
+                           ", expected the shape of the output " + expected.str() +
+                           " (G is the gradient of a loss with respect to it)");
+        }
+      });
+    }
     name_sources(arguments, [&] {
       query_shards_ = SequenceShards(query_file_.dim(-2), ranks);
       key_shards_ = SequenceShards(key_file_.dim(-2), ranks);
@@ -243,19 +254,13 @@ class RingInputs {
   }
 
   // The files' shapes from their headers, checked as a single-process run checks them.
-  void read_shapes(const RunArguments& arguments) {
-    const NpyHeader query_header =
-        with_context("--queries", [&] { return read_npy_header(arguments.queries); });
-    const NpyHeader key_header =
-        with_context("--keys", [&] { return read_npy_header(arguments.keys); });
-    const NpyHeader value_header =
-        with_context("--values", [&] { return read_npy_header(arguments.values); });
+  void check_shapes(const RunArguments& arguments) {
+    const NpyHeader& query_header = query_header_;
+    const NpyHeader& key_header = key_header_;
+    const NpyHeader& value_header = value_header_;
     query_file_ = query_header.shape;
     key_file_ = key_header.shape;
     value_file_ = value_header.shape;
-    fields_ = {{"--queries", file_text(query_header)},
-               {"--keys", file_text(key_header)},
-               {"--values", file_text(value_header)}};
     // Integer or bool data named before the types are compared (integer keys beside float16
     // queries read "expected float16 data ..., got float32 or float64").
     for (const auto& [flag, name, path, header] :
@@ -385,6 +390,8 @@ class RingInputs {
     return header.shape.str() + " " + type;
   }
 
+  NpyHeader query_header_, key_header_, value_header_;
+  std::optional<NpyHeader> out_grad_header_, valid_lens_header_;
   std::vector<std::pair<std::string, std::string>> fields_;
   Shape query_file_, key_file_, value_file_;
   SequenceShards query_shards_{0, 1}, key_shards_{0, 1};
@@ -656,6 +663,9 @@ void run_ring(const RingRunRequest& request) {
     MPI_Barrier(MPI_COMM_WORLD);
     session.finalize();
     std::exit(1);
+  } catch (const std::exception& error) {
+    // One rank's own failure between collective steps (memory): the others would wait for it.
+    dist::abort_all_ranks(MPI_COMM_WORLD, error.what());
   }
   // MPI ends on every rank before rank 0 writes, so the others exit: a signal that stops the job
   // then reaches rank 0, whose handlers remove its staged files. While the others waited in

@@ -15,7 +15,7 @@ WorkProgress::~WorkProgress() {
   counting.store(previous_);
 }
 
-void note_tasks_planned(int64_t tasks, const char* work) {
+void core_detail::note_tasks_planned(int64_t tasks, const char* work) {
   WorkProgress* progress = counting.load(std::memory_order_acquire);
   if (progress == nullptr) return;
   if (std::strcmp(progress->work_.load(std::memory_order_relaxed), work) != 0) {
@@ -27,7 +27,7 @@ void note_tasks_planned(int64_t tasks, const char* work) {
   }
 }
 
-void note_task_done() {
+void core_detail::note_task_done() {
   if (WorkProgress* progress = counting.load(std::memory_order_acquire)) {
     progress->done_.fetch_add(1, std::memory_order_relaxed);
   }

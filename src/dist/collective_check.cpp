@@ -69,22 +69,38 @@ std::optional<FieldDifference> first_difference_from_root(
     MPI_Comm comm, const std::vector<std::pair<std::string, std::string>>& fields) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  // Rank 0's fields as "<text>\n" each: one broadcast of the length, one of the text.
+  // Rank 0's fields as "<name>\n<text>\n" each: one broadcast of the length, one of the text.
   std::string root;
   if (rank == 0) {
-    for (const auto& field : fields) root += field.second + "\n";
+    for (const auto& [name, text] : fields) root += name + "\n" + text + "\n";
   }
   auto size = static_cast<long long>(root.size());
   MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm);
   root.resize(static_cast<size_t>(size));
   MPI_Bcast(root.data(), static_cast<int>(size), MPI_CHAR, 0, comm);
   if (rank == 0) return std::nullopt;
-  size_t at = 0;
-  for (const auto& [name, text] : fields) {
-    const size_t end = std::min(root.find('\n', at), root.size());
-    std::string root_text = root.substr(std::min(at, root.size()), end - std::min(at, end));
-    if (root_text != text) return FieldDifference{name, std::move(root_text), text};
-    at = end + 1;
+  std::vector<std::pair<std::string, std::string>> root_fields;
+  for (size_t at = 0; at < root.size();) {
+    const size_t name_end = std::min(root.find('\n', at), root.size());
+    const size_t text_end =
+        std::min(root.find('\n', std::min(name_end + 1, root.size())), root.size());
+    root_fields.emplace_back(
+        root.substr(at, name_end - at),
+        root.substr(std::min(name_end + 1, text_end), text_end - std::min(name_end + 1, text_end)));
+    at = text_end + 1;
+  }
+  // A field one side has and the other lacks (a flag given to some ranks only) differs too.
+  for (size_t i = 0; i < std::max(fields.size(), root_fields.size()); ++i) {
+    if (i >= fields.size())
+      return FieldDifference{root_fields[i].first, root_fields[i].second, "none"};
+    if (i >= root_fields.size()) return FieldDifference{fields[i].first, "none", fields[i].second};
+    if (root_fields[i] != fields[i]) {
+      return FieldDifference{fields[i].first,
+                             root_fields[i].first == fields[i].first
+                                 ? root_fields[i].second
+                                 : root_fields[i].first + " " + root_fields[i].second,
+                             fields[i].second};
+    }
   }
   return std::nullopt;
 }

@@ -638,7 +638,7 @@ class PairsProgress {
     for (int owner = 0; owner < ring.ranks(); ++owner) {
       for (const Pair& pair : ring.pairs(owner)) visible += ring.visible(pair) ? 1 : 0;
     }
-    note_tasks_planned(visible, work);
+    core_detail::note_tasks_planned(visible, work);
   }
   template <typename Compute>
   void run(Compute&& compute) const {
@@ -646,7 +646,7 @@ class PairsProgress {
       const WorkProgress kernel_tasks;
       std::forward<Compute>(compute)();
     }
-    note_task_done();
+    core_detail::note_task_done();
   }
 };
 
@@ -782,9 +782,12 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
   // denominator (merge_partial_exact), as the backward takes its base-2 log-sum-exps.
   if (some_log_sum_exp_loses_precision(ring_comm, result.log_sum_exp)) {
     std::fill(result.output.data(), result.output.data() + result.output.numel(), 0.0F);
-    std::vector<float> base_two(result.log_sum_exp.size(), kNegativeInfinity);
-    std::vector<double> totals(base_two.size(), 0.0);
+    std::vector<float> base_two;
+    std::vector<double> totals;
     try {
+      // (Memory refused here is one rank's failure: inside, so the others do not wait.)
+      base_two.assign(result.log_sum_exp.size(), kNegativeInfinity);
+      totals.assign(base_two.size(), 0.0);
       std::vector<float> part_output, part_log_sum_exp, part_totals;
       visit_every_block(
           ring_comm, ring, key, value, statistics, "ring attention forward, exact merge",

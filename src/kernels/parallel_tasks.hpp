@@ -61,7 +61,7 @@ template <class MakeScratch, class Body>
 void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule,
                         const MakeScratch& make_scratch, const Body& body, int max_threads = 0) {
   const int threads = team_threads(max_threads);
-  note_tasks_planned(tasks, kernel);
+  core_detail::note_tasks_planned(tasks, kernel);
   // One thread to run on, or one task: the calling thread runs them, outside any OpenMP region.
   // Entering one costs libgomp 0.35 µs and a futex system call even for a team of one
   // (for_each_index); a decode-sized call (1 query, 8 heads of 64, 16 keys) entered three.
@@ -70,7 +70,7 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
     if (scratch.memory == nullptr) throw scratch_allocation_error(kernel, scratch.memory);
     for (int64_t task = 0; task < tasks; ++task) {
       body(task, scratch, 0);
-      note_task_done();
+      core_detail::note_task_done();
     }
     return;
   }
@@ -96,13 +96,13 @@ void run_parallel_tasks(int64_t tasks, const char* kernel, TaskSchedule schedule
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         if (usable) body(task, scratch, thread);
-        note_task_done();
+        core_detail::note_task_done();
       }
     } else {
 #pragma omp for schedule(static, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         if (usable) body(task, scratch, thread);
-        note_task_done();
+        core_detail::note_task_done();
       }
     }
   }

@@ -20,7 +20,7 @@ using std::chrono::milliseconds;
 TEST(ProgressText, GivesTheWorkItsShareAndTheSeconds) {
   EXPECT_EQ(progress_text("flash_attention_backward", 45, 100, 12.7),
             "flash_attention_backward 45% (12 s)");
-  EXPECT_EQ(progress_text("", 0, 0, 0.5), "starting (0 s)");
+  EXPECT_EQ(progress_text("", 0, 0, 0.5), "computing (0 s)");
   // More done than planned (a task noted after a count restarted) reads 100%, not more.
   EXPECT_EQ(progress_text("x", 7, 5, 1.0), "x 100% (1 s)");
 }
@@ -58,21 +58,21 @@ TEST(ProgressLine, ReportsTheKernelsTasksAsLines) {
   {
     const ProgressLine line("attn run", false, {milliseconds(0), milliseconds(5)},
                             reports.writer());
-    note_tasks_planned(4, "flash_attention_forward");
-    note_task_done();
+    core_detail::note_tasks_planned(4, "flash_attention_forward");
+    core_detail::note_task_done();
     EXPECT_TRUE(reports.wait_for("attn run: flash_attention_forward 25% ("));
     // Another kernel's call starts the counts again.
-    note_tasks_planned(2, "flash_attention_backward");
-    note_task_done();
-    note_task_done();
+    core_detail::note_tasks_planned(2, "flash_attention_backward");
+    core_detail::note_task_done();
+    core_detail::note_task_done();
     EXPECT_TRUE(reports.wait_for("attn run: flash_attention_backward 100% ("));
   }
   const std::vector<std::string> texts = reports.texts();
   ASSERT_FALSE(texts.empty());
   for (const std::string& text : texts) EXPECT_EQ(text.back(), '\n') << text;
   // Nothing counts once the line is gone.
-  note_tasks_planned(1, "after");
-  note_task_done();
+  core_detail::note_tasks_planned(1, "after");
+  core_detail::note_task_done();
   EXPECT_EQ(reports.texts().size(), texts.size());
 }
 
@@ -80,7 +80,7 @@ TEST(ProgressLine, InPlaceRedrawsOneLineAndErasesIt) {
   Reports reports;
   {
     const ProgressLine line("attn run", true, {milliseconds(0), milliseconds(5)}, reports.writer());
-    note_tasks_planned(10, "flash_attention_forward");
+    core_detail::note_tasks_planned(10, "flash_attention_forward");
     EXPECT_TRUE(reports.wait_for("\rattn run: flash_attention_forward 0% ("));
   }
   const std::vector<std::string> texts = reports.texts();
@@ -96,8 +96,8 @@ TEST(ProgressLine, AShortRunReportsNothing) {
   {
     const ProgressLine line("attn run", false, {std::chrono::seconds(60), milliseconds(5)},
                             reports.writer());
-    note_tasks_planned(1, "flash_attention_forward");
-    note_task_done();
+    core_detail::note_tasks_planned(1, "flash_attention_forward");
+    core_detail::note_task_done();
   }
   EXPECT_TRUE(reports.texts().empty());
 }

@@ -384,6 +384,27 @@ TEST_F(RingCliTest, RanksWhoseFilesDifferAreNamed) {
                             "float32, got (2, 13, 8) float16"),
             std::string::npos)
       << result.err;
+  // The file that differs is named, not a check of another file against it (rank 1's G, of
+  // rank 0's output shape, was named against its own 14 queries).
+  save("g.npy", testing::random_tensor(Shape{2, 13, 8}, rng));
+  const std::string gradients = " --out-grad g.npy --grads-out gr";
+  result = ring_per_rank(
+      {head + "--queries q.npy --keys k.npy --values v.npy --out o.npy" + gradients,
+       head + "--queries q14.npy --keys k.npy --values v.npy --out o.npy" + gradients});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("rank 1: --queries: expected the array rank 0 reads"),
+            std::string::npos)
+      << result.err;
+  // A flag given to rank 0 only (the ranks would have run different passes).
+  result =
+      ring_per_rank({head + "--queries q.npy --keys k.npy --values v.npy --out o.npy" + gradients,
+                     head + "--queries q.npy --keys k.npy --values v.npy --out o.npy"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("rank 1: --out-grad: expected the array rank 0 reads, (2, 13, 8) "
+                            "float32, got none"),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(fs::exists(path("o.npy")));
   // The same arrays on every rank run.
   result = ring_per_rank({head + "--queries q.npy --keys k.npy --values v.npy --out o.npy",
                           head + "--queries q.npy --keys k.npy --values v.npy --out o.npy"});

@@ -25,10 +25,11 @@ struct FieldDifference {
   std::string text;
 };
 
-// A collective call on `comm`: rank 0's `fields` (name, text; the same names in the same order on
-// every rank, texts without newlines) reach every rank, and each rank but 0 gets the first of its
-// own that differs from rank 0's (nullopt on rank 0 and where all agree). Text, so that a
-// difference reads as the user would write it ("(2, 13, 8)" against "(2, 14, 8)").
+// A collective call on `comm`: rank 0's `fields` (name, text; names and texts without newlines)
+// reach every rank, and each rank but 0 gets the first of its own that differs from rank 0's in
+// name or text, or that one side lacks ("none" for the missing text); nullopt on rank 0 and where
+// all agree. Text, so that a difference reads as the user would write it ("(2, 13, 8)" against
+// "(2, 14, 8)").
 std::optional<FieldDifference> first_difference_from_root(
     MPI_Comm comm, const std::vector<std::pair<std::string, std::string>>& fields);
 
