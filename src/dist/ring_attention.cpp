@@ -177,10 +177,25 @@ void merge_partial(float* output, float* log_sum_exp, int64_t total_rows, int64_
   }
 }
 
+// Adds a part's row denominator T_b·2^b to a row's accumulated T·2^a, kept at the larger
+// exponent (a float the backward's scores meet bit for bit), the differences of floats exact in
+// double: T = T·2^(a − M) + T_b·2^(b − M). Returns the two terms' shares of the new T, the weights
+// of the row's old and new partial outputs.
+struct DenominatorShares {
+  double kept = 0.0;
+  double added = 0.0;
+};
+DenominatorShares add_denominator(float& a, double& total, float b, double part_total) {
+  const float high = std::max(a, b);
+  const double kept = total * std::exp2(static_cast<double>(a) - high);
+  const double added = part_total * std::exp2(static_cast<double>(b) - high);
+  a = high;
+  total = kept + added;
+  return {kept / total, added / total};
+}
+
 // Merges one pair's base-2 log-sum-exps and row totals (scaled_dot_product_attention_log_sum_exp_
-// base_two's, outer × rows) into rows [offset, offset + rows) of the accumulated ones: the larger
-// log-sum-exp stays as it is (a float the backward's scores meet bit for bit), and the totals
-// rescale to it, T = T_a·2^(lse_a − lse) + T_b·2^(lse_b − lse), the differences exact in double.
+// base_two's, outer × rows) into rows [offset, offset + rows) of the accumulated ones.
 void merge_base_two(float* log_sum_exp, double* totals, int64_t total_rows, int64_t offset,
                     const float* part_log_sum_exp, const float* part_totals, int64_t outer,
                     int64_t rows) {
@@ -188,25 +203,17 @@ void merge_base_two(float* log_sum_exp, double* totals, int64_t total_rows, int6
     for (int64_t i = 0; i < rows; ++i) {
       const float b = part_log_sum_exp[o * rows + i];
       if (b == kNegativeInfinity) continue;
-      float& a = log_sum_exp[o * total_rows + offset + i];
-      double& total = totals[o * total_rows + offset + i];
-      const double part_total = part_totals[o * rows + i];
-      if (b > a) {
-        total = total * std::exp2(static_cast<double>(a) - b) + part_total;
-        a = b;
-      } else {
-        total += part_total * std::exp2(static_cast<double>(b) - a);
-      }
+      add_denominator(log_sum_exp[o * total_rows + offset + i], totals[o * total_rows + offset + i],
+                      b, part_totals[o * rows + i]);
     }
   }
 }
 
-// Merges one pair's partial attention with its row denominators exact (T·2^lse: the base-2
-// log-sum-exp and total of scaled_dot_product_attention_log_sum_exp_base_two) into rows
-// [offset, offset + rows) of the accumulated ones, kept the same way: each side weighs
-// T·2^(lse − M) over the sum at the larger M, the differences of floats exact in double. The float
-// natural log-sum-exps of merge_partial lose log(sum) beside scores past 2^24 (two keys tied at
-// 1e15 on two ranks weighed 0.47 and 0.53; ALiBi slopes of −1e30 gave weights summing to 2).
+// Merges one pair's partial attention with its row denominators exact (T·2^lse, as
+// merge_base_two takes them) into rows [offset, offset + rows) of the accumulated ones, each
+// output weighed by its denominator's share. The float natural log-sum-exps of merge_partial lose
+// log(sum) beside scores past 2^24 (two keys tied at 1e15 on two ranks weighed 0.47 and 0.53;
+// ALiBi slopes of −1e30 gave weights summing to 2).
 void merge_partial_exact(float* output, float* log_sum_exp, double* totals, int64_t total_rows,
                          int64_t offset, const float* part_output, const float* part_log_sum_exp,
                          const float* part_totals, int64_t outer, int64_t rows, int64_t cols) {
@@ -215,9 +222,7 @@ void merge_partial_exact(float* output, float* log_sum_exp, double* totals, int6
       const float b = part_log_sum_exp[o * rows + i];
       const double part_total = part_totals[o * rows + i];
       float& a = log_sum_exp[o * total_rows + offset + i];
-      double& total = totals[o * total_rows + offset + i];
       float* out = output + (o * total_rows + offset + i) * cols;
-      const float* part = part_output + (o * rows + i) * cols;
       if (std::isnan(b) || b == kPositiveInfinity || !std::isfinite(part_total)) {
         // Scores past float's range (ALiBi slopes near −1e37): the row is not finite, as its
         // first round's, for the callers' checks of the result; it stays so.
@@ -226,21 +231,12 @@ void merge_partial_exact(float* output, float* log_sum_exp, double* totals, int6
         continue;
       }
       if (b == kNegativeInfinity || !(part_total > 0.0) || std::isnan(a)) continue;
-      if (a == kNegativeInfinity) {
-        std::copy_n(part, cols, out);
-        a = b;
-        total = part_total;
-        continue;
-      }
-      const float high = std::max(a, b);
-      const double share_a = total * std::exp2(static_cast<double>(a) - high);
-      const double share_b = part_total * std::exp2(static_cast<double>(b) - high);
-      const double merged = share_a + share_b;
-      const auto weight_a = static_cast<float>(share_a / merged);
-      const auto weight_b = static_cast<float>(share_b / merged);
-      for (int64_t c = 0; c < cols; ++c) out[c] = weight_a * out[c] + weight_b * part[c];
-      a = high;
-      total = merged;
+      const DenominatorShares shares =
+          add_denominator(a, totals[o * total_rows + offset + i], b, part_total);
+      const auto kept = static_cast<float>(shares.kept);
+      const auto added = static_cast<float>(shares.added);
+      const float* part = part_output + (o * rows + i) * cols;
+      for (int64_t c = 0; c < cols; ++c) out[c] = kept * out[c] + added * part[c];
     }
   }
 }
@@ -754,67 +750,56 @@ RingAttentionForward ring_attention_forward(MPI_Comm comm, ConstStridedView quer
   result.log_sum_exp.assign(static_cast<size_t>(outer * rows), kNegativeInfinity);
   RingStatistics statistics;
   DeferredFailure failure;
-  try {
-    std::vector<float> part_output, part_log_sum_exp;
-    visit_every_block(
-        ring_comm, ring, key, value, statistics, "ring attention forward",
-        [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
-          failure.run([&] {
-            const int64_t q_rows = pair.query.length;
-            part_output.resize(static_cast<size_t>(outer * q_rows * cols));
-            part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
-            const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
-            scaled_dot_product_attention(
-                q, rows_of(keys, pair.key_offset, pair.key.length),
-                rows_of(values, pair.key_offset, pair.key.length), ring.pair_options(pair),
-                MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)),
-                part_log_sum_exp);
-            merge_partial(result.output.data(), result.log_sum_exp.data(), rows, pair.query_offset,
-                          part_output.data(), part_log_sum_exp.data(), outer, q_rows, cols);
-          });
-        });
-  } catch (const std::exception& error) {
-    abort_all_ranks(ring_comm.get(), std::string("ring attention forward: ") + error.what());
-  }
-  failure.report(ring_comm.get());
   // Where some row's log-sum-exp is past float's precision (|lse| > 256), the pairs' float
   // log-sum-exps weigh them inexactly: a second round merges every pair again by its exact
   // denominator (merge_partial_exact), as the backward takes its base-2 log-sum-exps.
-  if (some_log_sum_exp_loses_precision(ring_comm, result.log_sum_exp)) {
-    std::fill(result.output.data(), result.output.data() + result.output.numel(), 0.0F);
-    std::vector<float> base_two;
-    std::vector<double> totals;
+  std::vector<float> part_output, part_log_sum_exp, part_totals, base_two;
+  std::vector<double> totals;
+  const auto forward_pair = [&](const Pair& pair, ConstStridedView keys, ConstStridedView values,
+                                bool exact) {
+    const int64_t q_rows = pair.query.length;
+    part_output.resize(static_cast<size_t>(outer * q_rows * cols));
+    part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
+    const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
+    const ConstStridedView k = rows_of(keys, pair.key_offset, pair.key.length);
+    const ConstStridedView v = rows_of(values, pair.key_offset, pair.key.length);
+    const AttentionOptions pair_options = ring.pair_options(pair);
+    scaled_dot_product_attention(
+        q, k, v, pair_options,
+        MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)),
+        exact ? std::span<float>() : std::span<float>(part_log_sum_exp));
+    if (!exact) {
+      merge_partial(result.output.data(), result.log_sum_exp.data(), rows, pair.query_offset,
+                    part_output.data(), part_log_sum_exp.data(), outer, q_rows, cols);
+      return;
+    }
+    part_totals.resize(part_log_sum_exp.size());
+    scaled_dot_product_attention_log_sum_exp_base_two(q, k, v, pair_options, part_log_sum_exp,
+                                                      part_totals);
+    merge_partial_exact(result.output.data(), base_two.data(), totals.data(), rows,
+                        pair.query_offset, part_output.data(), part_log_sum_exp.data(),
+                        part_totals.data(), outer, q_rows, cols);
+  };
+  const auto round = [&](const char* work, bool exact) {
     try {
-      // (Memory refused here is one rank's failure: inside, so the others do not wait.)
-      base_two.assign(result.log_sum_exp.size(), kNegativeInfinity);
-      totals.assign(base_two.size(), 0.0);
-      std::vector<float> part_output, part_log_sum_exp, part_totals;
-      visit_every_block(
-          ring_comm, ring, key, value, statistics, "ring attention forward, exact merge",
-          [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
-            failure.run([&] {
-              const int64_t q_rows = pair.query.length;
-              part_output.resize(static_cast<size_t>(outer * q_rows * cols));
-              part_log_sum_exp.resize(static_cast<size_t>(outer * q_rows));
-              part_totals.resize(part_log_sum_exp.size());
-              const ConstStridedView q = rows_of(query, pair.query_offset, q_rows);
-              const ConstStridedView k = rows_of(keys, pair.key_offset, pair.key.length);
-              const ConstStridedView v = rows_of(values, pair.key_offset, pair.key.length);
-              const AttentionOptions pair_options = ring.pair_options(pair);
-              scaled_dot_product_attention(
-                  q, k, v, pair_options,
-                  MutableStridedView(part_output.data(), with_axis(q.shape(), -1, cols)));
-              scaled_dot_product_attention_log_sum_exp_base_two(q, k, v, pair_options,
-                                                                part_log_sum_exp, part_totals);
-              merge_partial_exact(result.output.data(), base_two.data(), totals.data(), rows,
-                                  pair.query_offset, part_output.data(), part_log_sum_exp.data(),
-                                  part_totals.data(), outer, q_rows, cols);
-            });
-          });
+      if (exact) {  // (memory refused here is one rank's failure: inside, so the others do not
+                    // wait)
+        base_two.assign(result.log_sum_exp.size(), kNegativeInfinity);
+        totals.assign(base_two.size(), 0.0);
+      }
+      visit_every_block(ring_comm, ring, key, value, statistics, work,
+                        [&](const Pair& pair, ConstStridedView keys, ConstStridedView values) {
+                          failure.run([&] { forward_pair(pair, keys, values, exact); });
+                        });
     } catch (const std::exception& error) {
       abort_all_ranks(ring_comm.get(), std::string("ring attention forward: ") + error.what());
     }
     failure.report(ring_comm.get());
+  };
+  round("ring attention forward", false);
+  if (some_log_sum_exp_loses_precision(ring_comm, result.log_sum_exp)) {
+    std::fill(result.output.data(), result.output.data() + result.output.numel(), 0.0F);
+    round("ring attention forward, exact merge", true);
     for (size_t row = 0; row < base_two.size(); ++row) {
       if (base_two[row] == kNegativeInfinity) continue;
       result.log_sum_exp[row] = static_cast<float>(
