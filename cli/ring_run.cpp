@@ -189,8 +189,8 @@ class RingInputs {
       });
     }
     name_sources(arguments, [&] {
-      query_shards_ = SequenceShards(query_file_.dim(-2), ranks);
-      key_shards_ = SequenceShards(key_file_.dim(-2), ranks);
+      query_shards_ = SequenceShards(query_file().dim(-2), ranks);
+      key_shards_ = SequenceShards(key_file().dim(-2), ranks);
       queries_ = with_context("--queries", [&] {
         return read_shard(arguments.queries, "queries", query_shards_, rank);
       });
@@ -231,16 +231,16 @@ class RingInputs {
   const AttentionOptions& options() const { return options_; }
   const SequenceShards& query_shards() const { return query_shards_; }
   const SequenceShards& key_shards() const { return key_shards_; }
-  const Shape& query_file() const { return query_file_; }
-  const Shape& key_file() const { return key_file_; }
-  const Shape& value_file() const { return value_file_; }
+  const Shape& query_file() const { return query_header_.shape; }
+  const Shape& key_file() const { return key_header_.shape; }
+  const Shape& value_file() const { return value_header_.shape; }
   // The type the results are written in: float16 when the inputs all are, else float32.
   std::optional<HalfType> stored_half() const { return stored_half_; }
 
   // The output file's shape: the queries' layout with the values' size per head.
   Shape output_file_shape() const {
-    if (!split_heads_) return with_axis(query_file_, -1, value_file_.dim(-1));
-    return Shape{query_file_[0], query_file_[1], query_heads_ * (value_file_[2] / kv_heads_)};
+    if (!split_heads_) return with_axis(query_file(), -1, value_file().dim(-1));
+    return Shape{query_file()[0], query_file()[1], query_heads_ * (value_file()[2] / kv_heads_)};
   }
   // A functional-layout result (contiguous) in its file's layout.
   Tensor to_file_layout(const Tensor& tensor) const {
@@ -255,18 +255,12 @@ class RingInputs {
 
   // The files' shapes from their headers, checked as a single-process run checks them.
   void check_shapes(const RunArguments& arguments) {
-    const NpyHeader& query_header = query_header_;
-    const NpyHeader& key_header = key_header_;
-    const NpyHeader& value_header = value_header_;
-    query_file_ = query_header.shape;
-    key_file_ = key_header.shape;
-    value_file_ = value_header.shape;
     // Integer or bool data named before the types are compared (integer keys beside float16
     // queries read "expected float16 data ..., got float32 or float64").
     for (const auto& [flag, name, path, header] :
-         {std::tuple{"--queries", "queries", &arguments.queries, &query_header},
-          std::tuple{"--keys", "keys", &arguments.keys, &key_header},
-          std::tuple{"--values", "values", &arguments.values, &value_header}}) {
+         {std::tuple{"--queries", "queries", &arguments.queries, &query_header_},
+          std::tuple{"--keys", "keys", &arguments.keys, &key_header_},
+          std::tuple{"--values", "values", &arguments.values, &value_header_}}) {
       with_context(flag, [&] { require_float_data(name, *path, header->dtype); });
     }
     // As a single-process run: float16 files, all three, give float16 results; a mix of float16
@@ -275,18 +269,18 @@ class RingInputs {
       return header.dtype == NpyDType::kFloat16 ? std::optional<HalfType>(HalfType::kFloat16)
                                                 : std::nullopt;
     };
-    stored_half_ =
-        dot_product_half_type({half_of(query_header), half_of(key_header), half_of(value_header)});
-    const int rank = query_file_.rank();
+    stored_half_ = dot_product_half_type(
+        {half_of(query_header_), half_of(key_header_), half_of(value_header_)});
+    const int rank = query_file().rank();
     if (rank != 3 && rank != 4) {
       throw ShapeError("queries: expected (B, n, d) or (N, H, L, E) (rank 3 or 4), got shape " +
-                       query_file_.str());
+                       query_file().str());
     }
-    require_rank("keys", key_file_, rank);
-    require_rank("values", value_file_, rank);
-    require_dim("keys", key_file_, 0, query_file_[0], "the batch size of queries");
-    require_dim("values", value_file_, 0, query_file_[0], "the batch size of queries");
-    require_dim("values", value_file_, -2, key_file_.dim(-2), "the number of keys");
+    require_rank("keys", key_file(), rank);
+    require_rank("values", value_file(), rank);
+    require_dim("keys", key_file(), 0, query_file()[0], "the batch size of queries");
+    require_dim("values", value_file(), 0, query_file()[0], "the batch size of queries");
+    require_dim("values", value_file(), -2, key_file().dim(-2), "the number of keys");
     if (rank == 4) {
       for (const auto& [flag, given] : {std::pair{"--heads", arguments.heads.has_value()},
                                         std::pair{"--kv-heads", arguments.kv_heads.has_value()}}) {
@@ -297,17 +291,17 @@ class RingInputs {
                            flag + " splits the last axis of rank-3 inputs)");
         }
       }
-      query_heads_ = query_file_[1];
-      kv_heads_ = key_file_[1];
-      require_dim("values", value_file_, 1, kv_heads_, "the heads of keys");
+      query_heads_ = query_file()[1];
+      kv_heads_ = key_file()[1];
+      require_dim("values", value_file(), 1, kv_heads_, "the heads of keys");
       if (kv_heads_ == 0 || query_heads_ % kv_heads_ != 0) {
         throw ShapeError("keys: expected a number of heads (axis 1) dividing the queries' " +
                          std::to_string(query_heads_) + " (grouped-query attention), got shape " +
-                         key_file_.str());
+                         key_file().str());
       }
       // Here, not in a rank's shard: the attention's own check named a shard's shape, (1, 2, 1,
       // 7) for a file of (1, 2, 6, 7).
-      require_dim("keys", key_file_, -1, query_file_.dim(-1), "the size of each query");
+      require_dim("keys", key_file(), -1, query_file().dim(-1), "the size of each query");
     } else if (arguments.heads) {
       query_heads_ = *arguments.heads;
       if (query_heads_ < 1) {
@@ -323,24 +317,24 @@ class RingInputs {
                          std::to_string(kv_heads_));
       }
       split_heads_ = true;
-      if (query_file_[2] % query_heads_ != 0) {
+      if (query_file()[2] % query_heads_ != 0) {
         throw ShapeError("queries: expected a last axis that splits into --heads " +
-                         std::to_string(query_heads_) + " heads, got shape " + query_file_.str());
+                         std::to_string(query_heads_) + " heads, got shape " + query_file().str());
       }
-      const int64_t size = query_file_[2] / query_heads_;
-      require_dim("keys", key_file_, -1, kv_heads_ * size,
+      const int64_t size = query_file()[2] / query_heads_;
+      require_dim("keys", key_file(), -1, kv_heads_ * size,
                   kv_flag + " " + std::to_string(kv_heads_) + " × the queries' head size " +
                       std::to_string(size));
-      if (value_file_[2] % kv_heads_ != 0) {
+      if (value_file()[2] % kv_heads_ != 0) {
         throw ShapeError("values: expected a last axis that splits into " +
                          std::to_string(kv_heads_) + " heads (" + kv_flag + "), got shape " +
-                         value_file_.str());
+                         value_file().str());
       }
     } else if (arguments.kv_heads) {
       throw ValueError("--kv-heads: needs --heads (the query heads that --kv-heads " +
                        std::to_string(*arguments.kv_heads) + " key/value heads serve)");
     } else {
-      require_dim("keys", key_file_, -1, query_file_.dim(-1), "the size of each query");
+      require_dim("keys", key_file(), -1, query_file().dim(-1), "the size of each query");
     }
   }
 
@@ -351,7 +345,7 @@ class RingInputs {
       // The file's shape against the whole scores', as a single-process run checks it: a rank's
       // columns of it named a shard's shapes ((1, 4) for (1, 12)).
       if (header.shape.rank() == 1 || header.shape.rank() == 2) {
-        check_valid_lens_shape(header.shape, query_file_, key_file_.dim(-2));
+        check_valid_lens_shape(header.shape, query_file(), key_file().dim(-2));
       }
       if (header.shape.rank() == 2) {
         const NpyArray lengths = read_npy_rows(path, 1, row_ranges(query_shards_, rank));
@@ -367,33 +361,16 @@ class RingInputs {
 
   // "(2, 13, 8) float32": what rank 0's file of the same flag must hold too.
   static std::string file_text(const NpyHeader& header) {
-    const char* type = "bool";
-    switch (header.dtype) {
-      case NpyDType::kFloat32:
-        type = "float32";
-        break;
-      case NpyDType::kFloat64:
-        type = "float64";
-        break;
-      case NpyDType::kFloat16:
-        type = "float16";
-        break;
-      case NpyDType::kInt32:
-        type = "int32";
-        break;
-      case NpyDType::kInt64:
-        type = "int64";
-        break;
-      case NpyDType::kBool:
-        break;
-    }
-    return header.shape.str() + " " + type;
+    // Indexed by NpyDType, in its order.
+    static constexpr const char* kTypes[] = {"float32", "float64", "float16",
+                                             "int32",   "int64",   "bool"};
+    static_assert(static_cast<size_t>(NpyDType::kBool) + 1 == std::size(kTypes));
+    return header.shape.str() + " " + kTypes[static_cast<size_t>(header.dtype)];
   }
 
   NpyHeader query_header_, key_header_, value_header_;
   std::optional<NpyHeader> out_grad_header_, valid_lens_header_;
   std::vector<std::pair<std::string, std::string>> fields_;
-  Shape query_file_, key_file_, value_file_;
   SequenceShards query_shards_{0, 1}, key_shards_{0, 1};
   Tensor queries_, keys_, values_, grad_output_;
   bool split_heads_ = false;
