@@ -59,9 +59,10 @@ void bind_functions(nb::module_& module) {
           weights = masked_softmax(scores.view(), lengths);
         } catch (const attn::ValueError& error) {
           // The kernel names its argument "scores"; this signature calls it X, as the book does.
+          constexpr std::string_view kKernelName = "scores";
           const std::string_view message = error.what();
-          if (error.argument() != "scores" || !message.starts_with("scores")) throw;
-          throw attn::ValueError("X" + std::string(message.substr(6)), "X");
+          if (error.argument() != kKernelName || !message.starts_with(kKernelName)) throw;
+          throw attn::ValueError("X" + std::string(message.substr(kKernelName.size())), "X");
         }
         return to_python(std::move(weights), scores.framework());
       },

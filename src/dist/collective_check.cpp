@@ -79,16 +79,13 @@ std::optional<FieldDifference> first_difference_from_root(
   root.resize(static_cast<size_t>(size));
   MPI_Bcast(root.data(), static_cast<int>(size), MPI_CHAR, 0, comm);
   if (rank == 0) return std::nullopt;
-  std::vector<std::pair<std::string, std::string>> root_fields;
-  for (size_t at = 0; at < root.size();) {
-    const size_t name_end = std::min(root.find('\n', at), root.size());
-    const size_t text_end =
-        std::min(root.find('\n', std::min(name_end + 1, root.size())), root.size());
-    root_fields.emplace_back(
-        root.substr(at, name_end - at),
-        root.substr(std::min(name_end + 1, text_end), text_end - std::min(name_end + 1, text_end)));
-    at = text_end + 1;
+  // Its lines, two a field (every one ends in a newline, and neither part holds one).
+  std::vector<std::string> lines;
+  for (size_t at = 0, end; (end = root.find('\n', at)) != std::string::npos; at = end + 1) {
+    lines.push_back(root.substr(at, end - at));
   }
+  std::vector<std::pair<std::string, std::string>> root_fields;
+  for (size_t i = 0; i + 1 < lines.size(); i += 2) root_fields.emplace_back(lines[i], lines[i + 1]);
   // A field one side has and the other lacks (a flag given to some ranks only) differs too.
   for (size_t i = 0; i < std::max(fields.size(), root_fields.size()); ++i) {
     if (i >= fields.size())
