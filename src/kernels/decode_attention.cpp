@@ -98,45 +98,62 @@ constexpr PrefetchInto kPrefetchLevel = PrefetchInto::kL2;  // prefetcht1
 // One query row's output and log-sum-exp from its splits' partial results — split k's running
 // maximum max_of(k), sum sum_of(k) and unnormalised output values_of(k) (dv floats) — merged by
 // log-sum-exp, the sink (null: none) joining the denominator once with no value; a row that saw
-// nothing gets zeros and −∞. The tasks of an unsplit call write their rows with it, the call merges
-// split rows with it after its tasks: either way the same operations, so the same bits. Returns
-// the largest magnitude bits written (core/magnitude_scan.hpp: NaN and ±∞ from kFirstNonFinite).
+// nothing gets zeros and the sink's score or −∞. The tasks of an unsplit call write their rows
+// with it, the call merges split rows with it after its tasks: either way the same operations, so
+// the same bits. Returns the largest magnitude bits written (core/magnitude_scan.hpp: NaN and ±∞
+// from kFirstNonFinite).
 template <class MaxOf, class SumOf, class ValuesOf>
 uint32_t MergeRow(int64_t splits, const MaxOf& max_of, const SumOf& sum_of,
                   const ValuesOf& values_of, const float* sink, int64_t dv, float* destination,
                   float* log_sum_exp) {
-  float top = sink != nullptr ? *sink : -std::numeric_limits<float>::infinity();
+  float top = -std::numeric_limits<float>::infinity();  // the splits' largest maximum
   for (int64_t split = 0; split < splits; ++split) top = std::max(top, max_of(split));
+  const float sink_score = sink != nullptr ? *sink : -std::numeric_limits<float>::infinity();
   if (top == -std::numeric_limits<float>::infinity()) {
     std::fill_n(destination, dv, 0.0F);
-    if (log_sum_exp != nullptr) *log_sum_exp = top;
+    if (log_sum_exp != nullptr) *log_sum_exp = sink_score;
     return 0;
   }
   // The split that holds the maximum (the only one, unsplit) weighs exactly e⁰ = 1.
   const auto weight = [&](int64_t split) {
     return max_of(split) == top ? 1.0F : std::exp(max_of(split) - top);
   };
-  double sum = sink != nullptr ? std::exp(static_cast<double>(*sink) - top) : 0.0;
+  // A sink above every score shifts the sum instead, and the scores keep `share` = e^(top − sink)
+  // of it in double: weighed against the sink in float, their exponentials fell under float's
+  // range 88 below it and the row's outputs (then under 1e−33 of the values) came out up to a
+  // fifth off.
+  const double shift = std::max(static_cast<double>(top), static_cast<double>(sink_score));
+  const double share = std::exp(static_cast<double>(top) - shift);
+  double sum = sink != nullptr ? std::exp(static_cast<double>(sink_score) - shift) : 0.0;
   for (int64_t split = 0; split < splits; ++split) {
-    if (sum_of(split) != 0.0F) sum += static_cast<double>(sum_of(split)) * weight(split);
+    if (sum_of(split) != 0.0F) sum += static_cast<double>(sum_of(split)) * weight(split) * share;
   }
   const float inverse = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0F;
   // O = Σ (weight / sum) · O_split in one pass over the row: unsplit, O_split · (1 / sum).
   bool written = false;
   for (int64_t split = 0; split < splits; ++split) {
     if (sum_of(split) == 0.0F) continue;
-    const float factor = weight(split) * inverse;
     const float* values = values_of(split);
-    if (written) {
-      for (int64_t t = 0; t < dv; ++t) destination[t] += factor * values[t];
+    if (share < 1.0) {  // in double, each output rounded once, as float's subnormals hold them
+      const double factor = static_cast<double>(weight(split)) * share / sum;
+      for (int64_t t = 0; t < dv; ++t) {
+        const double term = factor * static_cast<double>(values[t]);
+        destination[t] =
+            static_cast<float>(written ? static_cast<double>(destination[t]) + term : term);
+      }
     } else {
-      for (int64_t t = 0; t < dv; ++t) destination[t] = factor * values[t];
+      const float factor = weight(split) * inverse;
+      if (written) {
+        for (int64_t t = 0; t < dv; ++t) destination[t] += factor * values[t];
+      } else {
+        for (int64_t t = 0; t < dv; ++t) destination[t] = factor * values[t];
+      }
     }
     written = true;
   }
   if (!written) std::fill_n(destination, dv, 0.0F);
   if (log_sum_exp != nullptr) {
-    *log_sum_exp = sum > 0.0 ? top + static_cast<float>(std::log(sum))
+    *log_sum_exp = sum > 0.0 ? static_cast<float>(shift) + static_cast<float>(std::log(sum))
                              : -std::numeric_limits<float>::infinity();
   }
   uint32_t largest = 0;

@@ -390,8 +390,10 @@ ATTN_BF16_TARGET void SplitQueryPairs(const ForwardArgs& args, int64_t b, int64_
 #endif
 
 // The rows' key ranges and dropout keys, Qᵀ with the scale folded in (zero in padding lanes), and
-// the online softmax's starting state: running max −∞ and sum 0, or the head's sink logit with
-// sum exp(0) = 1, so the sink joins every row's denominator.
+// the online softmax's starting state: running max −∞ and sum 0. A head's sink joins the rows'
+// denominators as they are written (WriteOutputRows), not here: started at the sink, a running
+// maximum 88 or more above every score flushed each P = exp(S − max) under float's normal range
+// and left outputs (then under 1e−33 of the values) up to a fifth off.
 QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_t first_query,
                            size_t br, Scratch& s) {
   QueryTile tile;
@@ -471,13 +473,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     if (args.additive_exponential)
       DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   }
-  const bool sink = args.options.sinks != nullptr;
-  const float start_max =
-      sink ? args.options.sinks[h] * args.score_unit() : -std::numeric_limits<float>::infinity();
-  for (size_t r = 0; r < br; ++r) {
-    s.row_max[r] = r < tile.rows ? start_max : -std::numeric_limits<float>::infinity();
-    s.row_sum[r] = r < tile.rows && sink ? 1.0F : 0.0F;
-  }
+  std::fill_n(s.row_max, br, -std::numeric_limits<float>::infinity());
+  std::fill_n(s.row_sum, br, 0.0F);
   return tile;
 }
 
@@ -746,16 +743,76 @@ HWY_INLINE void DropWeights(D d, const Applier& applier, int64_t key0, size_t bc
   }
 }
 
-// O / sum into `out` (a row that saw no key has sum 0 and gets a zero output), and each row's
-// log-sum-exp.
+// A row's normalisation with its head's sink (score `sink` in the pass's unit) joined: the factor
+// that takes O (the row's scores' exponentials relative to `row_max`, summing to `row_sum` > 0) to
+// the output, in double, and the log-sum-exp of the scores and the sink in base e. The sink's
+// share is taken from the log-sum-exp of the scores alone, a = max + log sum, so that a sink far
+// above them gives a tiny factor, not exponentials under float's range: the scores keep
+// 1 / (1 + u^(sink − a)) of the weight (u = 2 or e), written from the smaller side.
+struct SinkJoined {
+  double factor;
+  float log_sum_exp;
+};
+inline SinkJoined JoinSink(bool base_two, float row_max, float row_sum, float sink) {
+  const auto power = [base_two](double x) { return base_two ? std::exp2(x) : std::exp(x); };
+  const double scores =
+      static_cast<double>(row_max) +
+      (base_two ? std::log2(static_cast<double>(row_sum)) : std::log(static_cast<double>(row_sum)));
+  const double above = static_cast<double>(sink) - scores;  // NaN stays NaN below
+  const double share =
+      above > 0.0 ? power(-above) / (1.0 + power(-above)) : 1.0 / (1.0 + power(above));
+  const double top = std::max(scores, static_cast<double>(sink));
+  const double joined =
+      (std::isnan(above) ? above : top) +
+      (base_two ? std::log2(1.0 + power(-std::abs(above))) : std::log1p(power(-std::abs(above))));
+  return {share / static_cast<double>(row_sum),
+          static_cast<float>(base_two ? std::numbers::ln2 * joined : joined)};
+}
+
+// O / sum into `out` (a row that saw no key has sum 0 and gets a zero output), the head's sink
+// joining the denominator (JoinSink), and each row's log-sum-exp.
 void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_padded,
                      const Scratch& s) {
   const size_t dv = static_cast<size_t>(args.v.cols);
+  const bool sink = args.options.sinks != nullptr;
+  const float sink_score = sink ? args.options.sinks[tile.head] * args.score_unit() : 0.0F;
+  float* lse = args.log_sum_exp == nullptr
+                   ? nullptr
+                   : args.log_sum_exp + (tile.batch * args.q.heads + tile.head) * args.q.rows +
+                         tile.first_query;
   for (size_t r = 0; r < tile.rows; ++r) {
     const float sum = s.row_sum[r];
-    const float inverse = sum > 0.0F ? 1.0F / sum : 0.0F;
+    float inverse = sum > 0.0F ? 1.0F / sum : 0.0F;
     const float* row = s.output + r * dv_padded;
     const int64_t query = tile.first_query + static_cast<int64_t>(r);
+    if (lse != nullptr) {
+      if (sum > 0.0F) {
+        lse[r] = args.base_two  // log2 of the sum, then base e: ln 2 · (max + log2 sum)
+                     ? std::numbers::ln2_v<float> * (s.row_max[r] + std::log2(sum))
+                     : s.row_max[r] + std::log(sum);
+      } else {  // no key: the sink's score alone, or −∞
+        lse[r] = sink ? args.options.sinks[tile.head] : -std::numeric_limits<float>::infinity();
+      }
+    }
+    if (sink && sum > 0.0F) {
+      const SinkJoined joined = JoinSink(args.base_two, s.row_max[r], sum, sink_score);
+      if (lse != nullptr) lse[r] = joined.log_sum_exp;
+      inverse = static_cast<float>(joined.factor);
+      if (!(joined.factor >= std::numeric_limits<float>::min())) {
+        // Outputs near or under float's normal range (or NaN): each element's product in double,
+        // rounded once, as float's subnormals hold them.
+        float* destination =
+            args.half ? s.widened_row
+                      : args.out.matrix(tile.batch, tile.head) + query * args.out.row_stride;
+        for (size_t t = 0; t < dv; ++t)
+          destination[t] = static_cast<float>(static_cast<double>(row[t]) * joined.factor);
+        if (args.half) {
+          NarrowRow(hn::ScalableTag<float>(), args.half_type, s.widened_row, dv,
+                    args.out16.matrix(tile.batch, tile.head) + query * args.out16.row_stride);
+        }
+        continue;
+      }
+    }
     if (args.half) {
       const hn::ScalableTag<float> d;
       for (size_t t = 0; t < dv; t += hn::Lanes(d))
@@ -770,19 +827,6 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
           hn::Stream(hn::Mul(hn::Load(d, row + t), hn::Set(d, inverse)), d, destination + t);
       } else {
         for (size_t t = 0; t < dv; ++t) destination[t] = row[t] * inverse;
-      }
-    }
-  }
-  if (args.log_sum_exp != nullptr) {
-    float* lse =
-        args.log_sum_exp + (tile.batch * args.q.heads + tile.head) * args.q.rows + tile.first_query;
-    for (size_t r = 0; r < tile.rows; ++r) {
-      if (s.row_sum[r] <= 0.0F) {
-        lse[r] = -std::numeric_limits<float>::infinity();
-      } else if (args.base_two) {  // log2 of the sum, then base e: ln 2 · (max + log2 sum)
-        lse[r] = std::numbers::ln2_v<float> * (s.row_max[r] + std::log2(s.row_sum[r]));
-      } else {
-        lse[r] = s.row_max[r] + std::log(s.row_sum[r]);
       }
     }
   }

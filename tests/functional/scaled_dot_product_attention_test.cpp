@@ -331,6 +331,45 @@ TEST_P(FunctionalSdpa, ExplicitDiagonalOffsetsMatchTheReference) {
   }
 }
 
+// A sink 70 to 100 above every score: the outputs are e^(score − sink) times the values, 1e−30 to
+// 1e−44, and keep float's accuracy relative to the largest of them (subnormal outputs round to
+// 2⁻¹⁴⁹, under 1e−5 of 1e−39; past 1e−44 every output is within 2⁻¹⁴⁹ of 0 and the test reads the
+// bound as that). The rows' running maxima started at the sink, so each P = exp(S − sink) fell
+// under float's normal range and the outputs came out up to a fifth off, all zero at 95 (the
+// Python measurement of docs/reliability.md). Few queries (the decode kernel), many (the prefill
+// kernels), and 400 × 400 (fp32 on AMX tiles where the CPU has them).
+TEST_P(FunctionalSdpa, SinksFarAboveEveryScoreKeepTheOutputsAccurate) {
+  for (const SdpaShape shape : {SdpaShape{2, 4, 2, 3, 37, 8, 6}, SdpaShape{1, 2, 1, 67, 45, 16, 8},
+                                SdpaShape{1, 1, 1, 400, 400, 16, 8}}) {
+    for (const float above : {70.0F, 85.0F, 88.0F, 95.0F, 100.0F}) {
+      SCOPED_TRACE("queries " + std::to_string(shape.queries) + ", sinks " + std::to_string(above) +
+                   " above the scores");
+      SdpaTestCase c(shape, 950);
+      c.set_sinks();
+      for (float& sink : c.sinks) sink += above;
+      c.problem.sinks.assign(c.sinks.begin(), c.sinks.end());
+      const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+      const reference::SdpaForward expected = c.expected_forward();
+      double largest = 0.0, worst = 0.0;
+      for (size_t i = 0; i < expected.out.size(); ++i) {
+        largest = std::max(largest, std::abs(expected.out[i]));
+        const double error =
+            std::abs(static_cast<double>(forward.output.data()[i]) - expected.out[i]);
+        worst = std::isnan(error) ? INFINITY : std::max(worst, error);
+      }
+      EXPECT_GT(largest, 0.0);
+      EXPECT_LE(worst, std::max(kForwardTolerance * largest, 0x1p-149))
+          << "largest output " << largest;
+      // The log-sum-exp of a row is its sink's logit plus e^(lse of the scores − sink).
+      for (size_t i = 0; i < forward.log_sum_exp.size(); ++i) {
+        const float sink =
+            c.sinks[(i / static_cast<size_t>(shape.queries)) % static_cast<size_t>(shape.q_heads)];
+        EXPECT_NEAR(forward.log_sum_exp[i], sink, 1e-6 * sink) << i;
+      }
+    }
+  }
+}
+
 // A row an additive mask pushes to −1e4, −1e9 or float's lowest (transformers' masks) — a zero
 // query, so its scores are the mask's exactly and the reference's double softmax is uniform, as
 // PyTorch's is. The float log-sum-exp loses log(S) to rounding there: the weights came out as S
