@@ -11,6 +11,7 @@
 #include "attn/kernels/flash_attention.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/decode_route.hpp"
+#include "functional/dominant_sinks.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/memory_overlap.hpp"
 #include "functional/prefill_without_scans.hpp"
@@ -186,7 +187,11 @@ void scaled_dot_product_attention_backward(
   }
   // Rows whose float log-sum-exp lost log(sum) (a row masked to −1e9, row_totals.hpp) take the
   // widened route below, whose float pass recomputes their log-sum-exp from its own scores.
-  const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
+  // Rows whose sink outweighs every score likewise (dominant_sinks.hpp).
+  const bool imprecise_rows =
+      functional_detail::log_sum_exp_loses_precision(log_sum_exp, options) ||
+      functional_detail::rows_near_their_sinks(
+          log_sum_exp, query.rank() >= 2 ? query.shape()[query.rank() - 2] : 0, options);
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
   if (!imprecise_rows && functional_detail::backward_without_scans(
                              type, query, key, value, output, grad_output, log_sum_exp, options,

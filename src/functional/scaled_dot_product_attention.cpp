@@ -16,6 +16,7 @@
 #include "attn/kernels/flash_attention.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/decode_route.hpp"
+#include "functional/dominant_sinks.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/memory_overlap.hpp"
 #include "functional/prefill_without_scans.hpp"
@@ -115,6 +116,48 @@ std::vector<float> recomputed_log_sum_exp(const PreparedAttention& prepared, siz
   return recomputed;
 }
 
+// The backward pass of a call some of whose rows have a sink that outweighs every score (their
+// float log-sum-exp is the sink's, and P = exp(S − lse) falls under float's range 88 below it:
+// dQ, dK and dV came out up to a quarter off): a pass over the scores alone, on their own base-2
+// log-sum-exp, with grad_output's rows times the scores' share (dominant_sinks.hpp), and the sinks'
+// gradient in double. False, having done nothing, where those rows' outputs are all zero.
+bool backward_beside_dominant_sinks(ConstStridedView query, ConstStridedView key,
+                                    ConstStridedView value, ConstStridedView output,
+                                    ConstStridedView grad_output,
+                                    std::span<const float> log_sum_exp,
+                                    const AttentionOptions& options, MutableStridedView grad_query,
+                                    MutableStridedView grad_key, MutableStridedView grad_value,
+                                    MutableStridedView grad_mask, std::span<float> grad_sinks) {
+  // The call's own checks first (the sinks' count among them), then a layout without sinks.
+  const PreparedAttention checked(query, key, value, options, PreparedAttention::kDotProduct);
+  checked.output_layout("output", output);
+  checked.output_layout("grad_output", grad_output);
+  checked.require_log_sum_exp(log_sum_exp, false);
+  AttentionOptions scores_only = options;
+  scores_only.sinks = {};
+  const PreparedAttention prepared(query, key, value, scores_only, PreparedAttention::kDotProduct);
+  if (!functional_detail::outputs_beside_sinks(prepared, output, log_sum_exp, options.sinks))
+    return false;
+  const bool mask_gradient = grad_mask.data() != nullptr;
+  std::vector<float> totals;
+  const std::vector<float> scores_log_sum_exp =
+      recomputed_log_sum_exp(prepared, log_sum_exp.size(), mask_gradient, &totals);
+  const Tensor shared_grad_output = functional_detail::grad_output_beside_sinks(
+      prepared, grad_output, scores_log_sum_exp, totals, options.sinks);
+  scores_only.log_sum_exp_recomputed_base_two = true;
+  scaled_dot_product_attention_backward(query, key, value, output, shared_grad_output,
+                                        scores_log_sum_exp, scores_only, grad_query, grad_key,
+                                        grad_value, grad_mask, {});
+  if (!grad_sinks.empty()) {
+    functional_detail::sinks_gradient_beside_scores(prepared, output, grad_output,
+                                                    scores_log_sum_exp, options.sinks, grad_sinks);
+    functional_detail::require_finite_result(grad_sinks.data(),
+                                             static_cast<int64_t>(grad_sinks.size()), "grad_sinks",
+                                             "query, key, value and grad_output");
+  }
+  return true;
+}
+
 }  // namespace
 
 void scaled_dot_product_attention_log_sum_exp_base_two(ConstStridedView query, ConstStridedView key,
@@ -151,6 +194,13 @@ void scaled_dot_product_attention_backward(
           scaled_dot_product_attention_backward(query, key, value, output, grad_output, log_sum_exp,
                                                 options, gq, gk, gv, gm, gs);
         });
+    return;
+  }
+  // Rows whose sink outweighs every score: a pass over the scores alone (dominant_sinks.hpp).
+  const int64_t queries = query.rank() >= 2 ? query.shape()[query.rank() - 2] : 0;
+  if (functional_detail::rows_near_their_sinks(log_sum_exp, queries, options) &&
+      backward_beside_dominant_sinks(query, key, value, output, grad_output, log_sum_exp, options,
+                                     grad_query, grad_key, grad_value, grad_mask, grad_sinks)) {
     return;
   }
   // A row masked to −1e9, or of scores beyond ±1e4, loses log(sum) from its float log-sum-exp:
