@@ -1,5 +1,6 @@
 // The attn command-line tool: sets up the subcommands and turns every error into a one-line
 // message on stderr and exit code 1.
+#include <omp.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/pending_removal.hpp"
+#include "attn/core/threads.hpp"
 #include "bench_command.hpp"
 #include "demo_command.hpp"
 #include "generate_command.hpp"
@@ -204,6 +206,10 @@ int main(int argc, char** argv) {
   // temporaries of `attn run` and a --grads-out folder it had made: removed, then the process ends
   // by the signal as before.
   attn::remove_pending_paths_on_signals();
+  // OMP_NUM_THREADS above attn's maximum is capped to it, as the Python module caps it: at 100000
+  // GNU OpenMP crashed at the first parallel region of many threads (`attn run` at n = 8192,
+  // `attn generate`'s first projection), and a few thousand started that many threads.
+  if (omp_get_max_threads() > attn::kMaxThreads) omp_set_num_threads(attn::kMaxThreads);
   // Static: it outlives main's locals when std::exit ends a failed ring run, and goes before the
   // standard streams' final flush.
   static StandardOutputWatch standard_output;

@@ -2,6 +2,7 @@
 // greedy tokens, which agree across dtypes on a short run; bad flags are refused.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -26,6 +27,18 @@ std::map<std::string, std::vector<int>> generated_tokens(const std::string& out)
     for (int token = 0; numbers >> token;) tokens[match[1].str()].push_back(token);
   }
   return tokens;
+}
+
+// OMP_NUM_THREADS above 1024 is capped to 1024, as the Python module caps it (docs/reliability.md):
+// at 100000 GNU OpenMP crashed at the first projection's parallel region (exit by SIGSEGV after the
+// banner, which read "100000 thread(s)").
+TEST_F(CliTest, AHugeOmpNumThreadsIsCapped) {
+  ASSERT_EQ(setenv("OMP_NUM_THREADS", "100000", 1), 0);
+  const CommandResult result = attn("generate --layers 1 --prompt 4 --tokens 1 --dtype float32");
+  unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find(", 1024 thread(s)"), std::string::npos) << result.out;
+  EXPECT_EQ(generated_tokens(result.out).count("float32"), 1U) << result.out;
 }
 
 // A prompt of 20 tokens is prefilled through the prefill kernel (20 new queries × 4 query heads per
