@@ -9,11 +9,13 @@
 
 namespace attn::cli {
 
-// Declared as ->check(file_name_check()).
-inline CLI::Validator file_name_check() {
+// Declared as ->check(file_name_check()); a folder's option as ->check(file_name_check("a
+// directory name")) (an empty --grads-out wrote queries.npy, keys.npy, ... into the working
+// directory).
+inline CLI::Validator file_name_check(std::string expected = "a file name") {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
-        return text.empty() ? "expected a file name, got ''" : std::string();
+      [expected](std::string& text) -> std::string {
+        return text.empty() ? "expected " + expected + ", got ''" : std::string();
       },
       "");
 }

@@ -36,6 +36,7 @@
 #include "attn/nn/state_dict.hpp"
 #include "attn/viz/heatmap.hpp"
 #include "command_support.hpp"
+#include "file_name_check.hpp"
 #include "number_options.hpp"
 #include "progress_line.hpp"
 #include "ring_run.hpp"
@@ -968,7 +969,8 @@ void add_run_command(CLI::App& app) {
                        "float --mask and sinks.npy for --sinks (each in its file's type, as "
                        "PyTorch's .grad; .safetensors files instead, each one tensor under that "
                        "name, when --out is .safetensors)")
-          ->type_name("DIR");
+          ->type_name("DIR")
+          ->check(file_name_check("a directory name"));
   command->add_flag("--ring", options->ring,
                     "Ring attention over MPI: run as `mpirun -np P attn run --ring ...`; each rank "
                     "reads only its zig-zag shard of every input, rank 0 writes --out and the "

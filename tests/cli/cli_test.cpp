@@ -911,9 +911,14 @@ TEST_F(CliTest, EmptyValuesAreTheValuesTyped) {
         {"translate --model m 'hello' --heatmap ''", "--heatmap: expected a file name, got ''"},
         {"bench --json-out ''", "--json-out: expected a file name, got ''"},
         {"bench --json-out= --quick", "--json-out: expected a file name, got ''"},
-        {"train nadaraya-watson --epochs= --out nw", "--epochs: expected an integer, got ''"}}) {
+        {"train nadaraya-watson --epochs= --out nw", "--epochs: expected an integer, got ''"},
+        // (It wrote queries.npy, keys.npy and values.npy into the working directory, exit 0.)
+        {"run --layer dot-product " + kInputArguments +
+             " --out o.npy --out-grad g.npy --grads-out ''",
+         "--grads-out: expected a directory name, got ''"}}) {
     expect_error(arguments, message);
   }
+  EXPECT_FALSE(fs::exists(path("queries.npy")));
   EXPECT_FALSE(fs::exists(path("m")));
   EXPECT_FALSE(fs::exists(path("nw")));
   save("w.npy", Tensor::full(Shape{2, 3}, 0.5F));
