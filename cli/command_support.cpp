@@ -7,7 +7,11 @@
 
 #include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
+#include <string>
 #include <system_error>
 
 namespace attn::cli {
@@ -28,6 +32,18 @@ void create_output_directory(const std::filesystem::path& directory, const std::
     throw FileError(option + ": cannot create the directory '" + directory.string() + "'" +
                     (error ? " (" + error.message() + ")" : std::string(" (not a directory)")));
   }
+}
+
+std::string float_text(float value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+double shortest_double(float value) {
+  char digits[32];
+  const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
+  return std::strtod(std::string(digits, end).c_str(), nullptr);
 }
 
 void check_gradients_directory(const std::string& directory) {

@@ -33,6 +33,13 @@ decltype(auto) with_context(const std::string& context, Action&& action) {
 
 // Creates `directory` and its parents unless it exists; FileError naming `option` and the
 // directory when that fails or a file is in the way.
+// A float as it is typed (3e+38, 0.5, 0.005): std::to_string wrote 3e38 in 39 digits and 1e-7 as
+// 0.000000.
+std::string float_text(float value);
+// The double nearest the float's shortest decimal (0.005F as 0.005, not 0.004999999888241291), for
+// JSON records that show the value given.
+double shortest_double(float value);
+
 void create_output_directory(const std::filesystem::path& directory,
                              const std::string& option = "--out");
 

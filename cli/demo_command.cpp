@@ -180,6 +180,13 @@ void multi_head_example(Rng& rng, uint64_t seed, const std::filesystem::path& di
 void run_demo(const DemoOptions& options) {
   const std::filesystem::path directory = options.out;
   create_output_directory(directory);
+  // Every picture's place before the first is drawn (a folder named dot_product.png failed after
+  // two pictures had been replaced).
+  std::vector<OutputFile> pictures;
+  for (const char* name :
+       {"masked_softmax.png", "additive.png", "dot_product.png", "multi_head.png"})
+    pictures.push_back({"--out", directory / name, OutputKind::kPicture});
+  check_outputs(pictures, {});
   std::cout << "attn demo: the attention examples of \"Dive into Deep Learning\" (seed "
             << options.seed << ")\n";
   // One generator for all random inputs, in the order the book draws them.

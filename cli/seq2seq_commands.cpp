@@ -152,8 +152,13 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
+// The heatmap of held-out sample i (from 0) in --out.
+fs::path heatmap_path(const fs::path& out, int64_t i) {
+  return out / ("attention_" + std::to_string(i + 1) + ".png");
+}
+
 void save_attention_heatmap(const Translation& translation, const fs::path& path,
-                            const std::string& title) {
+                            const std::string& title, const std::string& option) {
   if (translation.attention.numel() == 0) return;
   HeatmapOptions heatmap;
   heatmap.xlabel = "Source tokens (keys)";
@@ -164,7 +169,7 @@ void save_attention_heatmap(const Translation& translation, const fs::path& path
   if (static_cast<int64_t>(heatmap.y_tick_labels.size()) < translation.attention.dim(0))
     heatmap.y_tick_labels.push_back("<eos>");
   heatmap.panel_size = 240.0;
-  with_context("--heatmap", [&] { save_heatmaps(translation.attention, path, heatmap); });
+  with_context(option, [&] { save_heatmaps(translation.attention, path, heatmap); });
 }
 
 void save_loss_curve(const Seq2SeqTrainingHistory& history, int64_t batches_per_epoch,
@@ -230,14 +235,22 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
 
   // Before training, which takes a while: a file in the way of --out fails now, not after it.
   const fs::path out = options.out;
+  std::error_code ignored;
+  const bool out_existed = fs::exists(out, ignored);
   create_output_directory(out);
-  // The model's files too (a folder named config.json failed after training), every one of them.
-  check_outputs({{"--out", out / "model.safetensors"},
-                 {"--out", out / "vocab.json"},
-                 {"--out", out / "config.json"},
-                 {"--out", out / "loss.png", OutputKind::kPicture}},
-                options.data.empty() ? std::vector<CommandFile>{}
-                                     : std::vector<CommandFile>{{"--data", options.data}});
+  // The model's files too (a folder named config.json failed after training), every one of them,
+  // and the held-out samples' heatmaps (a folder named attention_3.png failed after training,
+  // and the model was never saved).
+  const int64_t samples =
+      std::min<int64_t>(options.samples, static_cast<int64_t>(held_out.source.size()));
+  std::vector<OutputFile> outputs = {{"--out", out / "model.safetensors"},
+                                     {"--out", out / "vocab.json"},
+                                     {"--out", out / "config.json"},
+                                     {"--out", out / "loss.png", OutputKind::kPicture}};
+  for (int64_t i = 0; i < samples; ++i)
+    outputs.push_back({"--out", heatmap_path(out, i), OutputKind::kPicture});
+  check_outputs(outputs, options.data.empty() ? std::vector<CommandFile>{}
+                                              : std::vector<CommandFile>{{"--data", options.data}});
 
   Seq2SeqTrainingOptions training;
   training.epochs = epochs;
@@ -245,9 +258,19 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
   training.lr = options.lr;
   training.seed = options.seed;
   ProgressBar bar;
-  const Seq2SeqTrainingHistory history =
-      train_seq2seq(model, source, target, training,
-                    [&bar](const Seq2SeqTrainingProgress& progress) { bar.update(progress); });
+  Seq2SeqTrainingHistory history;
+  try {
+    history =
+        train_seq2seq(model, source, target, training,
+                      [&bar](const Seq2SeqTrainingProgress& progress) { bar.update(progress); });
+  } catch (const ValueError& error) {
+    // Gradients or a loss that are not finite: the learning rate the user gave sent the weights
+    // off (the library names clip_grad_norm, which found it). A folder this run made goes.
+    if (!out_existed) fs::remove(out, ignored);
+    rethrow_with_message(error, "--lr: training diverged with learning rate " +
+                                    float_text(options.lr) + " (" + error.what() +
+                                    "); try a smaller learning rate");
+  }
   std::cout << "trained in " << std::fixed << std::setprecision(1) << history.seconds << " s ("
             << format_rate(static_cast<double>(history.tokens) / std::max(history.seconds, 1e-9))
             << " tokens/s)\n";
@@ -263,8 +286,17 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
   for (const Translation& translation : translations) predictions.push_back(translation.tokens);
   const TranslationScores scores = score_translations(predictions, held_out.target);
 
-  const int64_t samples =
-      std::min<int64_t>(options.samples, static_cast<int64_t>(translations.size()));
+  // The model first: a picture that then fails to draw costs no training.
+  translator.save(out, {{"epochs", epochs},
+                        {"batch_size", options.batch_size},
+                        {"lr", shortest_double(options.lr)},
+                        {"seed", options.seed},
+                        {"training_pairs", static_cast<int64_t>(train.source.size())},
+                        {"seconds", history.seconds},
+                        {"final_loss", history.epoch_losses.back()},
+                        {"held_out_pairs", scores.count},
+                        {"held_out_bleu", scores.bleu},
+                        {"held_out_exact_match", scores.exact_match}});
   // --samples 0 asks for none: no empty header, no heatmaps to name.
   if (samples > 0) std::cout << "\nheld-out translations:\n";
   for (int64_t i = 0; i < samples; ++i) {
@@ -272,8 +304,8 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
     std::cout << "  " << data.held_out[at].source << " => " << translations[at].text
               << "  (reference " << data.held_out[at].target << ", BLEU " << std::setprecision(3)
               << bleu(translations[at].tokens, held_out.target[at]) << ")\n";
-    const fs::path heatmap = out / ("attention_" + std::to_string(i + 1) + ".png");
-    save_attention_heatmap(translations[at], heatmap, data.held_out[at].source);
+    save_attention_heatmap(translations[at], heatmap_path(out, i), data.held_out[at].source,
+                           "--out");
   }
   if (samples > 0) {
     std::cout << "attention heatmaps: " << (out / "attention_1.png").string() << " ... attention_"
@@ -283,16 +315,6 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
             << scores.bleu << ", exact match " << std::setprecision(1) << 100.0 * scores.exact_match
             << "%\n";
 
-  translator.save(out, {{"epochs", static_cast<double>(epochs)},
-                        {"batch_size", static_cast<double>(options.batch_size)},
-                        {"lr", options.lr},
-                        {"seed", static_cast<double>(options.seed)},
-                        {"training_pairs", static_cast<double>(train.source.size())},
-                        {"seconds", history.seconds},
-                        {"final_loss", history.epoch_losses.back()},
-                        {"held_out_pairs", static_cast<double>(scores.count)},
-                        {"held_out_bleu", scores.bleu},
-                        {"held_out_exact_match", scores.exact_match}});
   std::cout << "model: " << (out / "model.safetensors").string() << ", "
             << (out / "vocab.json").string() << ", " << (out / "config.json").string() << "\n";
 }
@@ -344,7 +366,7 @@ void translate_command(const TranslateOptions& options) {
   warn_when_cut(translation, translator.num_steps());
   std::cout << translation.text << "\n";
   if (!options.heatmap.empty()) {
-    save_attention_heatmap(translation, options.heatmap, options.text);
+    save_attention_heatmap(translation, options.heatmap, options.text, "--heatmap");
     std::cerr << "attention heatmap: " << options.heatmap << "\n";
   }
 }

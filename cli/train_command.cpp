@@ -39,14 +39,6 @@ struct NadarayaWatsonCommandOptions {
   float lr = 0.5F;
 };
 
-// A learning rate as it is typed (3e+38, 0.5): std::to_string wrote 3e38 in 39 digits and 1e-7 as
-// 0.000000.
-std::string lr_text(float lr) {
-  std::ostringstream text;
-  text << lr;
-  return text.str();
-}
-
 void check_options(const NadarayaWatsonCommandOptions& options) {
   if (options.epochs < 1 || options.epochs > kMaxEpochs) {
     throw ValueError("--epochs: expected a whole number from 1 to " + std::to_string(kMaxEpochs) +
@@ -122,6 +114,13 @@ void train_nadaraya_watson(const NadarayaWatsonCommandOptions& options) {
   check_options(options);
   const std::filesystem::path directory = options.out;
   create_output_directory(directory);
+  // Every picture's place before training (a folder named weights_parametric.png failed after two
+  // pictures had been replaced).
+  std::vector<OutputFile> pictures;
+  for (const char* name :
+       {"regression.png", "weights_nonparametric.png", "weights_parametric.png", "loss.png"})
+    pictures.push_back({"--out", directory / name, OutputKind::kPicture});
+  check_outputs(pictures, {});
 
   const NadarayaWatsonData data = make_nadaraya_watson_data(options.seed);
   std::cout << "attn train nadaraya-watson: the book's kernel regression (seed " << options.seed
@@ -142,7 +141,7 @@ void train_nadaraya_watson(const NadarayaWatsonCommandOptions& options) {
       if (!std::isfinite(loss)) {
         throw ValueError("--lr: training diverged at epoch " + std::to_string(epoch) + " (loss " +
                          std::to_string(loss) + "); try a smaller learning rate than " +
-                         lr_text(options.lr));
+                         float_text(options.lr));
       }
       std::cout << "epoch " << epoch << ", loss " << fixed(loss, 3) << "\n";
     });
@@ -152,7 +151,7 @@ void train_nadaraya_watson(const NadarayaWatsonCommandOptions& options) {
     const std::string message = error.what();
     if (message.starts_with("--")) throw;
     rethrow_with_message(error, "--lr: training diverged with learning rate " +
-                                    lr_text(options.lr) + " (" + message +
+                                    float_text(options.lr) + " (" + message +
                                     "); try a smaller learning rate");
   }
   std::cout << "width w: initial " << width_text(fit.initial_width) << ", trained "

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <variant>
 
 #include "attn/core/error.hpp"
 #include "attn/io/safetensors.hpp"
@@ -221,7 +222,7 @@ Translation Translator::translate(std::string_view text) {
 }
 
 void Translator::save(const std::filesystem::path& directory,
-                      const std::map<std::string, double>& training_record) const {
+                      const std::map<std::string, RecordValue>& training_record) const {
   std::error_code error;
   std::filesystem::create_directories(directory, error);
   if (error || !std::filesystem::is_directory(directory)) {
@@ -244,7 +245,8 @@ void Translator::save(const std::filesystem::path& directory,
   }
   const Seq2SeqConfig& config = model_.config();
   nlohmann::json training = nlohmann::json::object();
-  for (const auto& [key, value] : training_record) training[key] = value;
+  for (const auto& [key, value] : training_record)
+    training[key] = std::visit([](auto number) { return nlohmann::json(number); }, value);
   const nlohmann::json hyper = {{"format", kFormatName},
                                 {"version", kFormatVersion},
                                 {"tokenizer", tokenizer_name(tokenizer_)},

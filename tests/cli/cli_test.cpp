@@ -275,6 +275,21 @@ TEST_F(CliTest, DemoReportsAnOutputDirectoryThatCannotBeCreated) {
   expect_error("demo --out occupied", "occupied");
 }
 
+// Every picture's place is checked before the first is drawn: a folder named dot_product.png
+// failed after masked_softmax.png and additive.png had been replaced; train nadaraya-watson's
+// weights_parametric.png likewise, after regression.png and weights_nonparametric.png.
+TEST_F(CliTest, PicturesInTheWayAreFoundBeforeAnyIsWritten) {
+  fs::create_directories(path("demo/dot_product.png"));
+  expect_error("demo --out demo", "--out demo/dot_product.png: is a directory");
+  EXPECT_FALSE(fs::exists(path("demo/masked_softmax.png")));
+  EXPECT_FALSE(fs::exists(path("demo/additive.png")));
+  fs::create_directories(path("nw/weights_parametric.png"));
+  expect_error("train nadaraya-watson --out nw --epochs 2",
+               "--out nw/weights_parametric.png: is a directory");
+  EXPECT_FALSE(fs::exists(path("nw/regression.png")));
+  EXPECT_FALSE(fs::exists(path("nw/weights_nonparametric.png")));
+}
+
 // --- run ---
 
 TEST_F(CliTest, RunDotProductMatchesTheReference) {

@@ -82,14 +82,45 @@ TEST_F(CliTest, TrainSeq2SeqChecksItsOutputDirectoryBeforeTraining) {
       << blocked.err;
   EXPECT_EQ(blocked.out.find("trained in"), std::string::npos) << blocked.out;
   EXPECT_FALSE(fs::exists(path("model/model.safetensors")));
+  // And the held-out samples' heatmaps: a folder named attention_2.png failed after training,
+  // with no model saved.
+  fs::create_directories(path("samples/attention_2.png"));
+  const CommandResult heatmap_blocked = attn(
+      "train seq2seq --out samples --examples 600 --held-out 50 --epochs 1 --batch-size 32 "
+      "--samples 2");
+  EXPECT_EQ(heatmap_blocked.exit_code, 1);
+  EXPECT_NE(heatmap_blocked.err.find(
+                "--out samples/attention_2.png: is a directory, expected a file name"),
+            std::string::npos)
+      << heatmap_blocked.err;
+  EXPECT_EQ(heatmap_blocked.out.find("trained in"), std::string::npos) << heatmap_blocked.out;
+}
+
+// A learning rate that sends the weights off names --lr (the library's clip_grad_norm found the
+// gradients not finite, and the message named it alone), and the folder the run made goes.
+TEST_F(CliTest, TrainSeq2SeqNamesTheLearningRateWhenTrainingDiverges) {
+  expect_error("train seq2seq --out diverged --examples 200 --held-out 20 --epochs 1 --lr 1e30",
+               "--lr: training diverged with learning rate 1e+30 (clip_grad_norm: expected finite "
+               "gradients");
+  EXPECT_FALSE(fs::exists(path("diverged")));
 }
 
 // --samples 0 prints no translations, so neither their header nor a range of heatmaps.
+// config.json records the run's settings as given: the seed whole (12345678901234567891 was
+// written as 1.2345678901234567e+19), the learning rate as typed (0.005, not
+// 0.004999999888241291) and the counts as integers.
 TEST_F(CliTest, TrainSeq2SeqWithoutSamplesPrintsNoSampleHeaders) {
   const CommandResult result = attn(
       "train seq2seq --out model --examples 600 --held-out 50 --epochs 1 --batch-size 32 "
-      "--samples 0");
+      "--samples 0 --seed 12345678901234567891 --lr 0.005");
   ASSERT_EQ(result.exit_code, 0) << result.err;
+  const nlohmann::json training =
+      nlohmann::json::parse(read_text(path("model/config.json")))["training"];
+  EXPECT_EQ(training["seed"].dump(), "12345678901234567891");
+  EXPECT_EQ(training["lr"].dump(), "0.005");
+  EXPECT_EQ(training["batch_size"].dump(), "32");
+  EXPECT_EQ(training["epochs"].dump(), "1");
+  EXPECT_EQ(training["held_out_pairs"].dump(), "50");
   EXPECT_EQ(result.out.find("held-out translations"), std::string::npos) << result.out;
   EXPECT_EQ(result.out.find("attention heatmaps"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("held-out (50 pairs): BLEU "), std::string::npos) << result.out;

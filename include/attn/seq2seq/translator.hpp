@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "attn/core/tensor.hpp"
@@ -49,8 +50,11 @@ class Translator {
   // and config.json (hyper-parameters, tokenizer, num_steps, and `training_record` under
   // "training": epochs, seconds, scores, ...) into `directory`, creating it; each file through a
   // temporary file renamed over the old one. FileError when that fails.
+  // A record's value: a count or seed as the integer it is (a seed past 2^53 lost digits as a
+  // double), a measure as a double.
+  using RecordValue = std::variant<double, int64_t, uint64_t>;
   void save(const std::filesystem::path& directory,
-            const std::map<std::string, double>& training_record = {}) const;
+            const std::map<std::string, RecordValue>& training_record = {}) const;
   // FileError naming the directory or file when it is missing, unreadable or not a regular file
   // (refused before reading, so a FIFO cannot block), or a field that is absent, of the wrong type
   // or out of range; ShapeError (from the strict state-dict loading) when the tensors do not fit
