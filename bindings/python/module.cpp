@@ -35,18 +35,18 @@ std::atomic<int> num_threads_setting{std::min(omp_get_max_threads(), attn::kMaxT
 // torch.get_num_threads() (_follow_num_threads).
 std::atomic<bool> num_threads_chosen{false};
 
-// Whether a computation on this thread has run on more than one OpenMP thread: GNU OpenMP then
-// keeps a pool of threads for it (one pool per thread that starts parallel regions).
-thread_local bool started_threads = false;
-// Whether this process was forked from a thread that had: its pool's threads were not copied, and
-// GNU OpenMP would wait for them forever at the next parallel region of more than one thread
-// (measured: an attn call in a child forked after one in the parent hung; PyTorch's own matmul
-// hangs there too). attn runs on one thread in such a process.
+// Whether this process was forked from a thread whose OpenMP pool could not be released before
+// the fork (attn::forked_after_threads: its pool's threads were not copied, and GNU OpenMP would
+// wait for them forever at the next parallel region of more than one thread). attn runs on one
+// thread in such a process. attn's core releases the forking thread's pool before every fork
+// otherwise (src/core/fork_safety.cpp), PyTorch's parallel work's included, and a child keeps
+// its count.
 std::atomic<bool> forked_after_threads{false};
 
-// pthread_atfork's child handler: runs in the child, on the thread that forked.
+// pthread_atfork's child handler: runs in the child, on the thread that forked, after attn's
+// core's (registered first, when its library loaded).
 void after_fork_in_child() {
-  if (!started_threads) return;
+  if (!attn::forked_after_threads()) return;
   forked_after_threads.store(true);
   num_threads_setting.store(1);
 }
@@ -87,7 +87,6 @@ void translate_attn_errors(const std::exception_ptr& error, void* /*payload*/) {
 
 attn::python::ThreadSettingScope::ThreadSettingScope() : previous_(omp_get_max_threads()) {
   const int threads = num_threads_setting.load();
-  if (threads > 1) started_threads = true;
   // Cheap, but skipped when unchanged: OpenMP keeps the value per calling thread.
   changed_ = previous_ != threads;
   if (changed_) omp_set_num_threads(threads);

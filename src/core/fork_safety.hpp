@@ -5,9 +5,10 @@
 
 namespace attn::core_detail {
 
-// Records that a parallel region of `threads` threads starts on the calling thread. A process
-// forked later from this thread runs OpenMP regions started on that thread (attn's, and any
-// other) on one thread instead of hanging: a pthread_atfork child handler sets its count to 1.
+// Records that a parallel region of `threads` threads starts on the calling thread. Before a fork
+// a pthread_atfork handler releases the forking thread's OpenMP pool (omp_pause_resource_all), so
+// the child starts its own threads; where that fails (a fork inside a parallel region), a child
+// forked from a thread that ran such regions runs them on one thread instead of hanging.
 void note_parallel_region(int threads);
 
 }  // namespace attn::core_detail

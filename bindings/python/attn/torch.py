@@ -28,6 +28,7 @@ import copy as _copy
 import math as _math
 import numbers as _numbers
 from operator import index as _operator_index
+import threading as _threading
 import warnings
 import weakref as _weakref
 from typing import Optional
@@ -36,6 +37,7 @@ import numpy as _np
 import torch
 from torch import nn
 from torch import _check_value
+from torch.autograd import forward_ad as _forward_ad
 from torch.utils import flop_counter as _flop_counter
 
 import attn as _attn
@@ -138,6 +140,26 @@ class _Lease:
     __slots__ = ("__weakref__",)
 
 
+# is_grads_batched hands a backward pass a legacy batched tensor (torch.func's vmap, whose batched
+# tensors the operators' batching rules take, hands a functorch one).
+_is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda tensor: False)
+
+# Held while a module finds and claims a spare layer (_AttnModule._call_layer).
+_SPARE_LAYERS_LOCK = _threading.Lock()
+
+
+def _check_not_batched(grad_output, name):
+    """NotImplementedError for a batched grad_output (torch.autograd.grad(...,
+    is_grads_batched=True), jacobian(..., vectorize=True)): attn's backward takes one gradient at
+    a time, and the batched tensor failed its conversion with a TypeError naming its type."""
+    if _is_legacy_batched(grad_output):
+        raise NotImplementedError(
+            f"{name}: batched gradients (is_grads_batched=True, or jacobian/hessian with "
+            "vectorize=True) are not supported by its backward pass; compute them one at a time "
+            "(is_grads_batched=False, vectorize=False)"
+        )
+
+
 class _LayerFunction(torch.autograd.Function):
     """forward: ``layer(queries, keys, values, valid_lens)``; backward: ``layer.backward`` for
     the inputs and ``layer.grads()`` for the parameters (passed after the inputs, in
@@ -151,11 +173,13 @@ class _LayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, layer, lease, parameter_names, valid_lens, causal, queries, keys, values, *parameters
+        ctx, layer, lease, lock, parameter_names, valid_lens, causal, queries, keys, values,
+        *parameters
     ):
         marker = torch.empty(0)
         marker._attn_layer = layer
         marker._attn_lease = lease
+        marker._attn_lock = lock
         ctx.save_for_backward(marker)
         ctx.parameter_names = parameter_names
         # What the gradients depend on, for a second derivative's refusal (_first_order_only):
@@ -177,7 +201,15 @@ class _LayerFunction(torch.autograd.Function):
     )
     def backward(ctx, grad_output):
         (marker,) = ctx.saved_tensors
-        layer = marker._attn_layer
+        # One backward pass at a time per layer: threads that take gradients of one graph at once
+        # (retain_graph=True) each ran zero_grad, backward and grads on the same layer, and read
+        # each other's parameter gradients (3.3 relative error, no error raised).
+        with marker._attn_lock:
+            return _LayerFunction._backward(ctx, marker._attn_layer, grad_output)
+
+    @staticmethod
+    def _backward(ctx, layer, grad_output):
+        _check_not_batched(grad_output, "the attn layer of attn.torch's module")
         layer.zero_grad()
         _follow_torch_threads()
         grad_output = grad_output.contiguous()
@@ -204,7 +236,7 @@ class _LayerFunction(torch.autograd.Function):
         if bad is not None:
             input_grads, parameter_grads = _layer_gradients_reached(
                 bad, ctx.valid_lens, input_grads, ctx.parameter_names, parameter_grads)
-        return (None, None, None, None, None, *input_grads, *parameter_grads)
+        return (None, None, None, None, None, None, *input_grads, *parameter_grads)
 
 
 def _layer_gradients_reached(bad, valid_lens, input_grads, parameter_names, parameter_grads):
@@ -291,9 +323,18 @@ class _AttnModule(nn.Module):
         return self._load(_copy.copy(self._template), self._current_parameters())
 
     def _current_parameters(self):
-        """The parameters in ``_parameter_names`` order (get_parameter walks the submodules: ~6 µs
-        for each of 8 parameters, so a call fetches them once)."""
-        return [self.get_parameter(name) for name in self._parameter_names]
+        """The parameters in ``_parameter_names`` order (a call fetches them once)."""
+        return [self._tensor(name) for name in self._parameter_names]
+
+    def _tensor(self, name):
+        """The parameter under a dotted name, or the plain tensor that stands in its place under
+        ``torch.func.functional_call`` (get_parameter refused it: "`weight` is not an
+        nn.Parameter")."""
+        owner = self
+        *path, leaf = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        return getattr(owner, leaf)
 
     def _load(self, layer, parameters):
         """Copies ``parameters`` (``_current_parameters()``) into ``layer``, each once into the
@@ -343,12 +384,21 @@ class _AttnModule(nn.Module):
 
     def _layer_forward(self, queries, keys, values, valid_lens, causal):
         """The call through attn's layer (_LayerFunction)."""
+        if _under_transform():
+            raise NotImplementedError(
+                f"attn.torch.{type(self).__name__}: torch.func transforms (grad, vmap, jacrev, "
+                "...) are not supported by its layer; DotProductAttention, MultiHeadAttention "
+                "and GeneralAttention take them, and so does "
+                "attn.torch.scaled_dot_product_attention"
+            )
         parameters = self._current_parameters()
-        layer, lease = self._call_layer(parameters)
-        if self.training:
+        layer, lease, lock = self._call_layer(parameters)
+        # (Dropout of 0 draws nothing, as PyTorch's F.dropout does not: the book's model draws the
+        # same random numbers after the call.)
+        if self.training and getattr(self, "_dropout", 1.0) > 0:
             layer.seed_dropout(int(torch.randint(0, _SEED_BOUND, (1,)).item()))
         output = _LayerFunction.apply(
-            layer, lease, self._parameter_names, valid_lens, causal, queries, keys, values,
+            layer, lease, lock, self._parameter_names, valid_lens, causal, queries, keys, values,
             *parameters
         )
         self._weights_layer, self._attention_weights, self._weights_dtype = layer, None, None
@@ -365,14 +415,19 @@ class _AttnModule(nn.Module):
         keeps its buffers."""
         self._weights_layer = None  # this call replaces the last call's weights
         lease = _Lease()
-        for spare in self._spare_layers:
-            if spare[1]() is None:
-                spare[1] = _weakref.ref(lease)
-                return self._load(spare[0], parameters), lease
-        layer = self._load(_copy.copy(self._template), parameters)
-        if len(self._spare_layers) < self._MAX_SPARE_LAYERS:
-            self._spare_layers.append([layer, _weakref.ref(lease)])
-        return layer, lease
+        # A spare is found free and claimed under one lock: two threads calling one module could
+        # both find the same layer free between the test and the claim, and one call's backward
+        # then read the other's forward (gradients 1.2 relative off, no error).
+        with _SPARE_LAYERS_LOCK:
+            for spare in self._spare_layers:
+                if spare[1]() is None:
+                    spare[1] = _weakref.ref(lease)
+                    return self._load(spare[0], parameters), lease, spare[2]
+            layer = self._load(_copy.copy(self._template), parameters)
+            lock = _threading.Lock()  # the layer's backward passes, one at a time
+            if len(self._spare_layers) < self._MAX_SPARE_LAYERS:
+                self._spare_layers.append([layer, _weakref.ref(lease), lock])
+        return layer, lease, lock
 
     def _forward_in(self, dtype, queries, keys, values, valid_lens, causal):
         """A call whose output is to be in `dtype` (autocast's, or a float64 or half model's):
@@ -493,8 +548,10 @@ class _ComposedModule(_AttnModule):
     layer, 6–30% faster than the composition (Zen 4)."""
 
     def forward(self, queries, keys, values, valid_lens=None, *, causal=False):
+        # (Under a torch.func transform too — grad, vmap, functional_call's per-sample gradients —
+        # which attn's layer objects cannot take: the composition's operators can.)
         if (
-            torch.compiler.is_compiling()
+            (torch.compiler.is_compiling() or _under_transform())
             and not _cpu_autocast()
             and all(
                 isinstance(x, _Tensor) and x.dtype == torch.float32
@@ -520,6 +577,7 @@ class AdditiveAttention(_AttnModule):
             _attn.AdditiveAttention(key_size, query_size, num_hiddens, dropout, seed=seed)
         )
         self._arguments = ((key_size, query_size, num_hiddens, dropout), {"seed": seed})
+        self._dropout = dropout
 
 
 class DotProductAttention(_ComposedModule):
@@ -578,8 +636,8 @@ class MultiHeadAttention(_ComposedModule):
         heads = self._num_heads
 
         def project(x, name):
-            weight = self.get_parameter(name + ".weight")
-            bias = self.get_parameter(name + ".bias") if self._bias else None
+            weight = self._tensor(name + ".weight")
+            bias = self._tensor(name + ".bias") if self._bias else None
             return nn.functional.linear(x, weight, bias)
 
         def split(x):  # (B, rows, h) → (B, H, rows, h / H)
@@ -608,7 +666,7 @@ class GeneralAttention(_ComposedModule):
     def _composed_forward(self, queries, keys, values, valid_lens, causal):
         # (W q)·k unscaled: W by PyTorch's linear (under autocast in its dtype), then attn's.
         _check_layer_inputs(queries, keys, values, self._sizes)
-        projected = nn.functional.linear(queries, self.get_parameter("W.weight"))
+        projected = nn.functional.linear(queries, self._tensor("W.weight"))
         output = self._attend(
             projected.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), valid_lens, causal,
             1.0, callers=("keys",),
@@ -623,6 +681,7 @@ class GaussianKernelPooling(_AttnModule):
     def __init__(self, width=1.0, dropout=0.0, *, seed=0):
         super().__init__(_attn.GaussianKernelPooling(width, dropout, seed=seed))
         self._arguments = ((width, dropout), {"seed": seed})
+        self._dropout = dropout
 
 
 # --- scaled_dot_product_attention as custom operators -------------------------------------------
@@ -1053,6 +1112,7 @@ def _gradients(ctx, grad_output, backward):
         attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[_MASK]
     )
     sinks_gradient = sinks is not None and ctx.needs_input_grad[_SINKS]
+    _check_not_batched(grad_output, "attn's scaled_dot_product_attention")
     if grad_output.stride(-1) != 1:
         grad_output = grad_output.contiguous()
     d_query, d_key, d_value, d_mask, d_sinks = backward(
@@ -1248,6 +1308,7 @@ class _PlainSdpa(torch.autograd.Function):
     @staticmethod
     @_first_order_only("attn's scaled_dot_product_attention", _saved_tensors)
     def backward(ctx, grad_output):
+        _check_not_batched(grad_output, "attn's scaled_dot_product_attention")
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
         query, key, value, output, log_sum_exp, attn_mask = ctx.saved_tensors
@@ -1441,6 +1502,25 @@ def _operator_required():
     )
 
 
+def _under_transform():
+    """Whether a torch.func transform (grad, vmap, jvp, ...) is running."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _refuse_tangents(*tensors):
+    """NotImplementedError where an input carries a forward-mode tangent (inside
+    torch.autograd.forward_ad.dual_level()), as PyTorch's own function refuses it: attn has no
+    forward derivative, and a call whose inputs needed no grad returned the output with the
+    tangent dropped (silently zero)."""
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and _forward_ad.unpack_dual(tensor).tangent is not None:
+            raise NotImplementedError(
+                "attn's scaled_dot_product_attention: forward-mode AD (torch.autograd.forward_ad) "
+                "is not supported: an input carries a tangent; use reverse mode (backward, "
+                "torch.func.jacrev) instead"
+            )
+
+
 def _eager_plain(query, key, value):
     """_eager for the plain call's three tensors, whose types the caller has checked, without
     _eager's loop."""
@@ -1621,6 +1701,8 @@ def scaled_dot_product_attention(
     Scalar arguments take what PyTorch's take (is_causal and enable_gqa only True or False;
     dropout_p and scale a Python or NumPy real or a 0-dim tensor) and refuse the rest with
     PyTorch's TypeError, word for word; attn's softcap, causal, dropout and alignment alike."""
+    if _forward_ad._current_level >= 0:  # (one attribute read outside dual_level())
+        _refuse_tangents(query, key, value, attn_mask, alibi_slopes, sinks)
     if _cpu_autocast():
         query, key, value, attn_mask = _autocast_inputs(query, key, value, attn_mask)
     # The plain call (no dropout or attn's extra arguments; plain tensors of one dtype that attn

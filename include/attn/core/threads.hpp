@@ -1,5 +1,6 @@
 // The thread counts attn accepts for its OpenMP kernels, checked wherever a count comes in (the
-// Python module's set_num_threads, `attn bench --threads`).
+// Python module's set_num_threads, `attn bench --threads`), and whether a forked process may use
+// more than one.
 #pragma once
 
 #include <cstdint>
@@ -22,5 +23,11 @@ inline void check_thread_count(int64_t threads, std::string_view name) {
                      std::to_string(kMaxThreads) + "], got " + std::to_string(threads));
   }
 }
+
+// Whether this process was forked from a thread that had run attn's parallel regions and whose
+// OpenMP pool could not be released before the fork (a fork inside a parallel region): GNU OpenMP
+// cannot start threads again there, so attn runs on one thread in it. Elsewhere attn releases the
+// forking thread's pool before every fork, and a child keeps its thread count.
+bool forked_after_threads();
 
 }  // namespace attn
