@@ -401,8 +401,8 @@ void FunctionalInputs::read_mask(const RunArguments& arguments) {
   NpyArray mask = with_context("--mask", [&] { return read_npy(*arguments.mask); });
   if (mask.is_integer()) {
     throw FileError(
-        "attn_mask: expected a bool or float32/float64 mask, got an integer array "
-        "(valid lengths go to --valid-lens)");
+        "attn_mask: expected a bool or floating-point (float16, bfloat16, float32, float64) mask, "
+        "got an integer array (valid lengths go to --valid-lens)");
   }
   const Shape scores = scores_shape();
   if (!broadcasts(mask.shape, scores)) {

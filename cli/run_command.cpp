@@ -966,9 +966,10 @@ void add_run_command(CLI::App& app) {
           ->add_option("--grads-out", options->grads_out,
                        "Directory for the gradients (with --out-grad): queries.npy, keys.npy, "
                        "values.npy, one <state-dict name>.npy per parameter, attn_mask.npy for a "
-                       "float --mask and sinks.npy for --sinks (each in its file's type, as "
-                       "PyTorch's .grad; .safetensors files instead, each one tensor under that "
-                       "name, when --out is .safetensors)")
+                       "float --mask and sinks.npy for --sinks (the inputs', mask's and sinks' "
+                       "each in its file's type, as PyTorch's .grad; the parameters' in float32, "
+                       "the type --params are computed in; .safetensors files instead, each one "
+                       "tensor under that name, when --out is .safetensors)")
           ->type_name("DIR")
           ->check(file_name_check("a directory name"));
   command->add_flag("--ring", options->ring,

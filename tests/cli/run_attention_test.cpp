@@ -934,7 +934,8 @@ TEST_F(RunAttentionTest, MaskErrorsNameTheFlagAndTheFile) {
                "broadcasts to the scores (2, 2, 3, 5) (B, H, n, m)");
   save_npy(path("ints.npy"), std::vector<int64_t>{1, 0, 1, 1, 1}, Shape{5});
   expect_error("run " + kDot + " --mask ints.npy --out o.npy",
-               "expected a bool or float32/float64 mask, got an integer array");
+               "expected a bool or floating-point (float16, bfloat16, float32, float64) mask, "
+               "got an integer array");
   expect_error("run " + kDot + " --mask absent.npy --out o.npy", "--mask: absent.npy");
   EXPECT_FALSE(fs::exists(path("o.npy")));
 }
