@@ -70,6 +70,13 @@ float require_finite(std::string_view name, const ConstStridedView& view, RowRan
 // naming `name` and the index of the first NaN or ±∞ (ALiBi slopes, sinks).
 void require_per_head(std::string_view name, std::span<const float> values, int64_t heads);
 
+// require_per_head for ALiBi slopes, and a ValueError naming the index of the first whose
+// magnitude passes float's largest over log2 e (2.36e38): the kernels' base-2 scores take the
+// slope times log2 e, which overflowed, and ∞ times the diagonal's distance 0 gave NaN outputs.
+// A negative slope (scores that grow with the distance) must also keep its term at
+// `longest_distance` finite: +∞ there gave NaN outputs.
+void require_alibi_slopes(std::span<const float> slopes, int64_t heads, int64_t longest_distance);
+
 // ValueError naming `name` and the index of the first NaN, +∞ or entry above 2^127 (an additive
 // mask may hold −∞; the kernels add entries in base 2, where larger ones overflow).
 void require_mask_values(std::string_view name, const ConstStridedView& view);

@@ -198,7 +198,8 @@ void PreparedAttention::check_options(Family family) const {
     throw ValueError("softcap: expected a positive finite number, got " +
                      number_text(*options_.softcap));
   }
-  functional_detail::require_per_head("alibi_slopes", options_.alibi_slopes, heads);
+  functional_detail::require_alibi_slopes(options_.alibi_slopes, heads,
+                                          query_layout_.rows + key_layout_.rows);
   functional_detail::require_per_head("sinks", options_.sinks, heads);
   if (!options_.valid_lens.is_all()) {
     if (roles_.batch < 0) {

@@ -351,6 +351,10 @@ TEST(KVCacheAttention, RefusesWhatACacheDoesNotTake) {
   slopes.alibi_slopes = not_finite;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, slopes), ValueError,
                        "alibi_slopes: expected finite values, got inf at index 2");
+  const std::vector<float> steep{0.5F, 0.25F, -3e38F, 1.0F};
+  slopes.alibi_slopes = steep;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, slopes), ValueError,
+                       "alibi_slopes: expected slopes of magnitude at most 2.3586574e+38");
   AttentionOptions dropout = gqa;
   dropout.dropout = 0.5F;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, cache, dropout), ValueError,

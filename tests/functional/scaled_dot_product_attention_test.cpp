@@ -1622,6 +1622,20 @@ TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
   per_head.alibi_slopes = three;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ShapeError,
                        "alibi_slopes: expected one value per query head (4), got 3");
+  // Slopes past float's largest over log2 e overflowed in the kernels' base-2 scores, and ∞ times
+  // the diagonal's distance 0 gave NaN outputs, silently (3e38 at 70 queries).
+  const std::vector<float> steep{0.5F, 0.25F, 3e38F, 0.125F};
+  per_head.alibi_slopes = steep;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ValueError,
+                       "alibi_slopes: expected slopes of magnitude at most 2.3586574e+38 (float's "
+                       "largest over log2 e: the kernels' base-2 scores take the slope times log2 "
+                       "e), got 3e+38 at index 2");
+  // A negative slope whose term overflows to +∞ at the farthest key (8 positions here).
+  const std::vector<float> rising{0.5F, -1e38F, 0.25F, 0.125F};
+  per_head.alibi_slopes = rising;
+  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ValueError,
+                       "alibi_slopes: expected negative slopes of magnitude at most 2.9483218e+37 "
+                       "(float's largest over log2 e and the 8 positions");
   per_head = {};
   per_head.sinks = four;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ValueError,
