@@ -820,3 +820,44 @@ def test_a_grad_output_that_is_not_finite_gives_the_books_gradients(kind, dtype)
         assert reached.any(), name
         if not reached.all():
             assert_close(actual[~reached].float(), expected[~reached].float(), name)
+
+
+@pytest.mark.parametrize("options", [{}, {"bias": False}, {"kdim": 24, "vdim": 40}])
+def test_multi_head_attention_from_torchs_layer_computes_its_output(options):
+    # PyTorch's nn.MultiheadAttention keeps W_q, W_k, W_v in one in_proj_weight (or q_, k_,
+    # v_proj_weight where kdim or vdim differ) and W_o as out_proj: from_torch maps them, so a
+    # model's trained layer runs on attn; padding masks are valid lengths, a causal mask causal.
+    torch.manual_seed(0)
+    layer = torch.nn.MultiheadAttention(32, 4, batch_first=True, **options).eval()
+    module = attn.torch.MultiHeadAttention.from_torch(layer)
+    queries = torch.randn(2, 7, 32)
+    keys = torch.randn(2, 9, options.get("kdim", 32))
+    values = torch.randn(2, 9, options.get("vdim", 32))
+    expected, _ = layer(queries, keys, values, need_weights=False)
+    torch.testing.assert_close(module(queries, keys, values), expected, rtol=1e-5, atol=1e-6)
+    padding = torch.arange(9)[None, :] >= torch.tensor([5, 9])[:, None]
+    expected, _ = layer(queries, keys, values, key_padding_mask=padding, need_weights=False)
+    torch.testing.assert_close(module(queries, keys, values, torch.tensor([5, 9])), expected,
+                               rtol=1e-5, atol=1e-6)
+    # Gradients reach the inputs as through PyTorch's layer.
+    x = torch.randn(2, 9, 32, requires_grad=True)
+    if "kdim" not in options:
+        causal_mask = torch.nn.Transformer.generate_square_subsequent_mask(9)
+        expected, _ = layer(x, x, x, attn_mask=causal_mask, is_causal=True, need_weights=False)
+        (expected_grad,) = torch.autograd.grad(expected.pow(2).sum(), x)
+        output = module(x, x, x, causal=True)
+        torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
+        (grad,) = torch.autograd.grad(output.pow(2).sum(), x)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_attention_from_torch_refuses_what_the_books_layer_lacks():
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        attn.torch.MultiHeadAttention.from_torch(
+            torch.nn.MultiheadAttention(8, 2, add_bias_kv=True))
+    with pytest.raises(TypeError, match="expected a torch.nn.MultiheadAttention, got Linear"):
+        attn.torch.MultiHeadAttention.from_torch(torch.nn.Linear(2, 2))
+    double = torch.nn.MultiheadAttention(16, 2, batch_first=True).double().eval()
+    module = attn.torch.MultiHeadAttention.from_torch(double)
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    assert module(x, x, x).dtype == torch.float64

@@ -629,6 +629,47 @@ class MultiHeadAttention(_ComposedModule):
             for name, size in (("queries", query_size), ("keys", key_size), ("values", value_size))
         }
 
+    @classmethod
+    def from_torch(cls, layer):
+        """This module holding the parameters of ``torch.nn.MultiheadAttention`` `layer` (copies,
+        in its dtype, in its training mode): called on (B, n, ·) tensors as the layer is with
+        ``batch_first=True`` and ``need_weights=False``, it computes the same output; the layer's
+        ``key_padding_mask`` of padded tails is ``valid_lens`` here, ``is_causal=True`` with a
+        square causal mask is ``causal=True``. in_proj_weight (or q_, k_, v_proj_weight where
+        kdim or vdim differ from embed_dim) gives W_q, W_k and W_v, out_proj W_o; bias=True
+        carries in_proj_bias and out_proj.bias. add_bias_kv and add_zero_attn are refused."""
+        if not isinstance(layer, nn.MultiheadAttention):
+            raise TypeError(
+                "layer: expected a torch.nn.MultiheadAttention, got " + type(layer).__name__)
+        if layer.bias_k is not None or layer.add_zero_attn:
+            raise ValueError(
+                "layer: expected a MultiheadAttention without add_bias_kv and add_zero_attn "
+                "(the book's layer has neither), got one with "
+                + ("add_bias_kv" if layer.bias_k is not None else "add_zero_attn"))
+        bias = layer.in_proj_bias is not None
+        if bias != (layer.out_proj.bias is not None):
+            raise ValueError(
+                "layer: expected biases on both the input and output projections or on neither "
+                "(the book's layer has one flag for both), got "
+                + ("in_proj_bias without out_proj.bias" if bias else
+                   "out_proj.bias without in_proj_bias"))
+        embed = layer.embed_dim
+        module = cls(layer.kdim, embed, layer.vdim, embed, layer.num_heads, layer.dropout, bias)
+        if layer._qkv_same_embed_dim:
+            weights = layer.in_proj_weight.chunk(3)
+        else:
+            weights = (layer.q_proj_weight, layer.k_proj_weight, layer.v_proj_weight)
+        sources = dict(zip(("W_q.weight", "W_k.weight", "W_v.weight"), weights))
+        sources["W_o.weight"] = layer.out_proj.weight
+        if bias:
+            sources.update(zip(("W_q.bias", "W_k.bias", "W_v.bias"), layer.in_proj_bias.chunk(3)))
+            sources["W_o.bias"] = layer.out_proj.bias
+        dtype = layer.out_proj.weight.dtype
+        with torch.no_grad():
+            for name, parameter in module.named_parameters():
+                parameter.copy_(sources[name])
+        return module.to(dtype).train(layer.training)
+
     def _composed_forward(self, queries, keys, values, valid_lens, causal):
         # The book's forward: W_q, W_k, W_v and W_o are PyTorch's linear (under autocast in its
         # dtype), the heads' attention attn's kernels on (B, H, rows, h / H) views.
