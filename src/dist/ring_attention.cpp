@@ -533,6 +533,8 @@ Ring prepare_ring(const Communicator& comm, const ConstStridedView& query,
       }
       throw ShapeError(message);
     }
+    // The whole sequence's distances: a block pair's call checks only its own.
+    check_alibi_slope_range(options.alibi_slopes, total[0] + total[1]);
     const SequenceShards query_shards(total[0], comm.size(), sharding);
     const SequenceShards key_shards(total[1], comm.size(), sharding);
     for (const auto& [name, view, shards, whole] :

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <numbers>
 #include <string>
 #include <utility>
 #include <vector>
@@ -186,32 +185,6 @@ void require_per_head(std::string_view name, std::span<const float> values, int6
     if (!std::isfinite(values[h])) {
       throw ValueError(std::string(name) + ": expected finite values, got " +
                        std::to_string(values[h]) + " at index " + std::to_string(h));
-    }
-  }
-}
-
-void require_alibi_slopes(std::span<const float> slopes, int64_t heads, int64_t longest_distance) {
-  require_per_head("alibi_slopes", slopes, heads);
-  const double largest =
-      static_cast<double>(std::numeric_limits<float>::max()) / std::numbers::log2e;
-  const double steepest_rise =
-      largest / static_cast<double>(std::max<int64_t>(1, longest_distance));
-  for (size_t h = 0; h < slopes.size(); ++h) {
-    const double slope = slopes[h];
-    if (std::fabs(slope) > largest) {
-      throw ValueError("alibi_slopes: expected slopes of magnitude at most " +
-                       number_text(static_cast<float>(largest)) +
-                       " (float's largest over log2 e: the kernels' base-2 scores take the slope "
-                       "times log2 e), got " +
-                       number_text(slopes[h]) + " at index " + std::to_string(h));
-    }
-    if (-slope > steepest_rise) {
-      throw ValueError("alibi_slopes: expected negative slopes of magnitude at most " +
-                       number_text(static_cast<float>(steepest_rise)) +
-                       " (float's largest over log2 e and the " + std::to_string(longest_distance) +
-                       " positions a query can be from a key: its score would overflow to +∞), "
-                       "got " +
-                       number_text(slopes[h]) + " at index " + std::to_string(h));
     }
   }
 }

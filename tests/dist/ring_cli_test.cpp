@@ -216,8 +216,10 @@ TEST_F(RingCliTest, Float16InputsGiveFloat16Outputs) {
   EXPECT_FALSE(fs::exists(path("mixed.npy")));
 }
 
-// A result that is not finite (ALiBi slopes of −1e37 give NaN) is refused as a single-process run
-// refuses it: the ring wrote it with exit 0. A gradient that overflows in one block pair stops
+// ALiBi slopes the scores cannot hold (−1e37 over 58 positions: +∞ scores, NaN outputs) are
+// refused as a single-process run refuses them, before any block is computed (the ring's block
+// pairs saw only their own distances; it once wrote the NaN with exit 0). A gradient that
+// overflows in one block pair stops
 // every rank with one message (each rank printed its own, with MPI_Abort's). Errors of the flags
 // come once (each rank printed its own), and shapes are the files' (a shard's were named).
 TEST_F(RingCliTest, ErrorsAreASingleProcessRunsOnceEach) {
@@ -226,13 +228,15 @@ TEST_F(RingCliTest, ErrorsAreASingleProcessRunsOnceEach) {
     save(name, testing::random_tensor(Shape{1, 29, 16}, rng));
   save("alibi.npy", Tensor(Shape{2}, {-1e37F, -1.0F}));
   const std::string inputs = "run --layer dot-product --queries q.npy --keys k.npy --values v.npy";
-  // (NaN's sign bit is the arithmetic's: the ring's merge writes a positive one.)
-  const std::string not_finite = "nan at flat index 0 although every input is finite";
+  const std::string steep =
+      "alibi_slopes: expected negative slopes of magnitude at most 4.0666507e+36 (float's largest "
+      "over log2 e and the 58 positions a query can be from a key";
   const CommandResult single = attn(inputs + " --heads 2 --alibi alibi.npy --out single.npy");
-  EXPECT_NE(single.err.find(not_finite), std::string::npos) << single.err;
+  EXPECT_NE(single.err.find(steep), std::string::npos) << single.err;
   CommandResult result = ring(2, inputs + " --heads 2 --alibi alibi.npy --out o.npy");
   EXPECT_EQ(result.exit_code, 1) << result.err;
-  EXPECT_NE(result.err.find(not_finite), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find(steep), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("attn: error:"), result.err.rfind("attn: error:")) << result.err;
   EXPECT_FALSE(fs::exists(path("o.npy")));
 
   Tensor big_values = testing::random_tensor(Shape{1, 29, 16}, rng);

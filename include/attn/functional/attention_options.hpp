@@ -143,4 +143,11 @@ struct AttentionOptions {
   bool log_sum_exp_recomputed_base_two = false;
 };
 
+// ValueError naming alibi_slopes and the index of the first slope the kernels' base-2 scores cannot
+// hold: a magnitude past float's largest over log2 e (2.36e38; the slope times log2 e overflowed,
+// and ∞ times the diagonal's distance 0 gave NaN), or a negative slope whose term reaches +∞ at
+// `longest_distance` positions from the diagonal (L + S). The functional calls check their own;
+// ring attention checks the whole sequence's, which no block pair sees.
+void check_alibi_slope_range(std::span<const float> slopes, int64_t longest_distance);
+
 }  // namespace attn
