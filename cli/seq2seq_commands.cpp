@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -235,8 +236,14 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
 
   // Before training, which takes a while: a file in the way of --out fails now, not after it.
   const fs::path out = options.out;
+  // The folders this run makes (the path's missing tail), removed again if training fails.
   std::error_code ignored;
-  const bool out_existed = fs::exists(out, ignored);
+  std::vector<fs::path> made;
+  for (fs::path folder = out; !folder.empty() && !fs::exists(folder, ignored);
+       folder = folder.parent_path()) {
+    made.push_back(folder);
+    if (folder == folder.parent_path()) break;
+  }
   create_output_directory(out);
   // The model's files too (a folder named config.json failed after training), every one of them,
   // and the held-out samples' heatmaps (a folder named attention_3.png failed after training,
@@ -264,9 +271,11 @@ void train_seq2seq_command(const TrainSeq2SeqOptions& options) {
         train_seq2seq(model, source, target, training,
                       [&bar](const Seq2SeqTrainingProgress& progress) { bar.update(progress); });
   } catch (const ValueError& error) {
+    // The folders this run made go (empty: nothing is written before training ends).
+    for (const fs::path& folder : made) fs::remove(folder, ignored);
     // Gradients or a loss that are not finite: the learning rate the user gave sent the weights
-    // off (the library names clip_grad_norm, which found it). A folder this run made goes.
-    if (!out_existed) fs::remove(out, ignored);
+    // off (the library names clip_grad_norm, which found it).
+    if (std::string_view(error.what()).find("finite") == std::string_view::npos) throw;
     rethrow_with_message(error, "--lr: training diverged with learning rate " +
                                     float_text(options.lr) + " (" + error.what() +
                                     "); try a smaller learning rate");

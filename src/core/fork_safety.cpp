@@ -19,8 +19,10 @@ namespace {
 // pool for it).
 thread_local bool started_threads = false;
 
-// Set in the parent just before a fork: whether the forking thread's OpenMP pool was released.
-std::atomic<bool> pool_released{false};
+// Set in the parent just before a fork, on the forking thread (whose copy the child runs on):
+// whether its OpenMP pool was released. Per thread, so that two threads forking at once each
+// read their own.
+thread_local bool pool_released = false;
 std::atomic<bool> forked_after_threads{false};
 
 // Runs in the parent, on the thread about to fork. GNU OpenMP keeps a pool of threads for each
@@ -32,14 +34,14 @@ std::atomic<bool> forked_after_threads{false};
 // starts threads of its own, and the parent again at its next region. It fails inside a parallel
 // region: the child then runs on one thread (after_fork_in_child).
 void before_fork() {
-  pool_released.store(omp_pause_resource_all(omp_pause_soft) == 0);
+  pool_released = omp_pause_resource_all(omp_pause_soft) == 0;
 }
 
 // Runs in the child, on the thread that forked (the child's only thread). omp_set_num_threads
 // only writes the thread's own count. The Python module keeps its own count on top
 // (bindings/python/module.cpp), reading forked_after_threads().
 void after_fork_in_child() {
-  if (pool_released.load() || !started_threads) return;
+  if (pool_released || !started_threads) return;
   forked_after_threads.store(true);
   omp_set_num_threads(1);
 }

@@ -1,5 +1,6 @@
-// The ALiBi slopes the kernels' base-2 scores can hold: the public range check (ring attention
-// calls it with the whole sequence's distances) and the functional calls' checks around it.
+// The per-head logits the kernels' base-2 scores can hold: ALiBi slopes (the public range check,
+// which ring attention calls with the whole sequence's distances, and the functional calls'
+// checks around it) and sinks.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -38,6 +39,21 @@ void check_alibi_slope_range(std::span<const float> slopes, int64_t longest_dist
 }
 
 namespace functional_detail {
+
+void require_sinks(std::span<const float> sinks, int64_t heads) {
+  require_per_head("sinks", sinks, heads);
+  const double largest =
+      static_cast<double>(std::numeric_limits<float>::max()) / std::numbers::log2e;
+  for (size_t h = 0; h < sinks.size(); ++h) {
+    if (std::fabs(static_cast<double>(sinks[h])) > largest) {
+      throw ValueError("sinks: expected logits of magnitude at most " +
+                       number_text(static_cast<float>(largest)) +
+                       " (float's largest over log2 e: the kernels' base-2 scores take them "
+                       "times log2 e), got " +
+                       number_text(sinks[h]) + " at index " + std::to_string(h));
+    }
+  }
+}
 
 void require_alibi_slopes(std::span<const float> slopes, int64_t heads, int64_t longest_distance) {
   require_per_head("alibi_slopes", slopes, heads);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
+#include <type_traits>
 
 #include "functional/finite_range.hpp"
 
@@ -56,29 +58,47 @@ void for_each_row(const PreparedAttention& prepared, StridedView<T> view, const 
 
 }  // namespace
 
-bool rows_near_their_sinks(std::span<const float> log_sum_exp, int64_t queries,
+template <class T>
+bool sinks_outweigh_scores(std::span<const float> log_sum_exp, StridedView<const T> output,
                            const AttentionOptions& options) {
   if (options.sinks.empty() || options.log_sum_exp_spans_more_keys ||
-      options.log_sum_exp_recomputed_base_two || queries <= 0) {
+      options.log_sum_exp_recomputed_base_two || output.rank() < 2) {
     return false;
   }
-  const auto heads = static_cast<int64_t>(options.sinks.size());
-  for (size_t r = 0; r < log_sum_exp.size(); ++r) {
-    const int64_t h = (static_cast<int64_t>(r) / queries) % heads;
-    if (near_sink(log_sum_exp[r], options.sinks[static_cast<size_t>(h)])) return true;
+  const Shape& shape = output.shape();
+  const std::span<const int64_t> strides = output.strides();
+  const int last = output.rank() - 1;
+  int64_t rows = 1;
+  for (int axis = 0; axis < last; ++axis) rows *= shape[axis];
+  // (A log-sum-exp of another size is refused by the pass this check precedes.)
+  if (rows != static_cast<int64_t>(log_sum_exp.size()) || rows == 0) return false;
+  const int64_t queries = shape[last - 1], heads = static_cast<int64_t>(options.sinks.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!near_sink(log_sum_exp[static_cast<size_t>(r)],
+                   options.sinks[static_cast<size_t>((r / queries) % heads)])) {
+      continue;
+    }
+    int64_t offset = 0;
+    for (int64_t axis = last - 1, rest = r; axis >= 0; --axis) {
+      offset += (rest % shape[static_cast<int>(axis)]) * strides[static_cast<size_t>(axis)];
+      rest /= shape[static_cast<int>(axis)];
+    }
+    for (int64_t e = 0; e < shape[last]; ++e) {
+      const T value = output.data()[offset + e * strides[static_cast<size_t>(last)]];
+      if constexpr (std::is_same_v<T, float>) {
+        if (value != 0.0F) return true;
+      } else if ((value & 0x7FFFU) != 0) {  // a half's bits other than the sign
+        return true;
+      }
+    }
   }
   return false;
 }
 
-bool outputs_beside_sinks(const PreparedAttention& prepared, ConstStridedView output,
-                          std::span<const float> log_sum_exp, std::span<const float> sinks) {
-  bool found = false;
-  for_each_row(prepared, output, [&](const float* row, int64_t cols, int64_t h, size_t r) {
-    if (found || !near_sink(log_sum_exp[r], sinks[static_cast<size_t>(h)])) return;
-    found = std::any_of(row, row + cols, [](float x) { return x != 0.0F; });
-  });
-  return found;
-}
+template bool sinks_outweigh_scores<float>(std::span<const float>, StridedView<const float>,
+                                           const AttentionOptions&);
+template bool sinks_outweigh_scores<uint16_t>(std::span<const float>, StridedView<const uint16_t>,
+                                              const AttentionOptions&);
 
 Tensor grad_output_beside_sinks(const PreparedAttention& prepared, ConstStridedView grad_output,
                                 std::span<const float> scores_log_sum_exp,

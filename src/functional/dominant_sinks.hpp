@@ -12,17 +12,16 @@
 namespace attn::functional_detail {
 
 // Whether some row's log-sum-exp lies within 2⁻¹⁶·max(1, |sink|) of its head's sink (its scores
-// then hold under about that share of its weight; `queries` rows per head, in the log-sum-exp's
-// order (..., H, L)). False without sinks and for a ring's or a caller's base-2 log-sum-exp
-// (options.log_sum_exp_spans_more_keys, options.log_sum_exp_recomputed_base_two). Reads the
-// log-sum-exp only: a row that sees no key also has lse = sink (see outputs_beside_sinks).
-bool rows_near_their_sinks(std::span<const float> log_sum_exp, int64_t queries,
+// then hold under about that share of its weight) and its output (the forward's, float or a
+// half's bits, shaped (..., H, L, Ev) in the log-sum-exp's order) is not all zero. A row that sees
+// no key has lse = sink too, and output 0: nothing to differentiate there, and such rows (padding,
+// valid lengths of 0, a left-padded causal mask) took the widened half route and two scans of the
+// inputs for nothing. False without sinks, for a ring's or a caller's base-2 log-sum-exp
+// (options.log_sum_exp_spans_more_keys, options.log_sum_exp_recomputed_base_two), and for an
+// output whose rows do not match the log-sum-exp (the pass refuses those).
+template <class T>
+bool sinks_outweigh_scores(std::span<const float> log_sum_exp, StridedView<const T> output,
                            const AttentionOptions& options);
-
-// Whether one of those rows has an output that is not all zero: a row that sees no key (output 0)
-// has nothing to differentiate, nor one whose output fell wholly under float's range.
-bool outputs_beside_sinks(const PreparedAttention& prepared, ConstStridedView output,
-                          std::span<const float> log_sum_exp, std::span<const float> sinks);
 
 // A contiguous copy of `grad_output` (laid out by `prepared`, whose options have no sinks) for a
 // backward pass without sinks on `scores_log_sum_exp`, the base-2 log-sum-exp of each row's scores

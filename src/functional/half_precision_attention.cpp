@@ -190,8 +190,7 @@ void scaled_dot_product_attention_backward(
   // Rows whose sink outweighs every score likewise (dominant_sinks.hpp).
   const bool imprecise_rows =
       functional_detail::log_sum_exp_loses_precision(log_sum_exp, options) ||
-      functional_detail::rows_near_their_sinks(
-          log_sum_exp, query.rank() >= 2 ? query.shape()[query.rank() - 2] : 0, options);
+      functional_detail::sinks_outweigh_scores(log_sum_exp, output, options);
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
   if (!imprecise_rows && functional_detail::backward_without_scans(
                              type, query, key, value, output, grad_output, log_sum_exp, options,

@@ -353,7 +353,7 @@ void check_cache_options(const AttentionOptions& options, int64_t query_heads) {
                      std::to_string(options.window->left) + ", " +
                      std::to_string(options.window->right) + ")");
   }
-  functional_detail::require_per_head("sinks", options.sinks, query_heads);
+  functional_detail::require_sinks(options.sinks, query_heads);
   // (A cache's positions are fewer than 2^25: ALiBi's decode kernel takes at most 2^24 keys.)
   functional_detail::require_alibi_slopes(options.alibi_slopes, query_heads, int64_t{1} << 25);
 }

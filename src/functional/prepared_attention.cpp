@@ -200,7 +200,7 @@ void PreparedAttention::check_options(Family family) const {
   }
   functional_detail::require_alibi_slopes(options_.alibi_slopes, heads,
                                           query_layout_.rows + key_layout_.rows);
-  functional_detail::require_per_head("sinks", options_.sinks, heads);
+  functional_detail::require_sinks(options_.sinks, heads);
   if (!options_.valid_lens.is_all()) {
     if (roles_.batch < 0) {
       throw ValueError(

@@ -120,8 +120,8 @@ std::vector<float> recomputed_log_sum_exp(const PreparedAttention& prepared, siz
 // float log-sum-exp is the sink's, and P = exp(S − lse) falls under float's range 88 below it:
 // dQ, dK and dV came out up to a quarter off): a pass over the scores alone, on their own base-2
 // log-sum-exp, with grad_output's rows times the scores' share (dominant_sinks.hpp), and the sinks'
-// gradient in double. False, having done nothing, where those rows' outputs are all zero.
-bool backward_beside_dominant_sinks(ConstStridedView query, ConstStridedView key,
+// gradient in double.
+void backward_beside_dominant_sinks(ConstStridedView query, ConstStridedView key,
                                     ConstStridedView value, ConstStridedView output,
                                     ConstStridedView grad_output,
                                     std::span<const float> log_sum_exp,
@@ -136,8 +136,6 @@ bool backward_beside_dominant_sinks(ConstStridedView query, ConstStridedView key
   AttentionOptions scores_only = options;
   scores_only.sinks = {};
   const PreparedAttention prepared(query, key, value, scores_only, PreparedAttention::kDotProduct);
-  if (!functional_detail::outputs_beside_sinks(prepared, output, log_sum_exp, options.sinks))
-    return false;
   const bool mask_gradient = grad_mask.data() != nullptr;
   std::vector<float> totals;
   const std::vector<float> scores_log_sum_exp =
@@ -155,7 +153,6 @@ bool backward_beside_dominant_sinks(ConstStridedView query, ConstStridedView key
                                              static_cast<int64_t>(grad_sinks.size()), "grad_sinks",
                                              "query, key, value and grad_output");
   }
-  return true;
 }
 
 }  // namespace
@@ -197,10 +194,9 @@ void scaled_dot_product_attention_backward(
     return;
   }
   // Rows whose sink outweighs every score: a pass over the scores alone (dominant_sinks.hpp).
-  const int64_t queries = query.rank() >= 2 ? query.shape()[query.rank() - 2] : 0;
-  if (functional_detail::rows_near_their_sinks(log_sum_exp, queries, options) &&
-      backward_beside_dominant_sinks(query, key, value, output, grad_output, log_sum_exp, options,
-                                     grad_query, grad_key, grad_value, grad_mask, grad_sinks)) {
+  if (functional_detail::sinks_outweigh_scores(log_sum_exp, output, options)) {
+    backward_beside_dominant_sinks(query, key, value, output, grad_output, log_sum_exp, options,
+                                   grad_query, grad_key, grad_value, grad_mask, grad_sinks);
     return;
   }
   // A row masked to −1e9, or of scores beyond ±1e4, loses log(sum) from its float log-sum-exp:

@@ -99,10 +99,16 @@ TEST_F(CliTest, TrainSeq2SeqChecksItsOutputDirectoryBeforeTraining) {
 // A learning rate that sends the weights off names --lr (the library's clip_grad_norm found the
 // gradients not finite, and the message named it alone), and the folder the run made goes.
 TEST_F(CliTest, TrainSeq2SeqNamesTheLearningRateWhenTrainingDiverges) {
-  expect_error("train seq2seq --out diverged --examples 200 --held-out 20 --epochs 1 --lr 1e30",
+  expect_error("train seq2seq --out diverged/a/b --examples 200 --held-out 20 --epochs 1 --lr 1e30",
                "--lr: training diverged with learning rate 1e+30 (clip_grad_norm: expected finite "
                "gradients");
-  EXPECT_FALSE(fs::exists(path("diverged")));
+  EXPECT_FALSE(fs::exists(path("diverged")));  // every folder it made (a/b alone went)
+  // A folder that was there stays.
+  fs::create_directories(path("kept"));
+  expect_error("train seq2seq --out kept/new --examples 200 --held-out 20 --epochs 1 --lr 1e30",
+               "--lr: training diverged");
+  EXPECT_TRUE(fs::exists(path("kept")));
+  EXPECT_FALSE(fs::exists(path("kept/new")));
 }
 
 // --samples 0 prints no translations, so neither their header nor a range of heatmaps.
