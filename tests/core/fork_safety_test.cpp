@@ -16,25 +16,36 @@
 namespace attn {
 namespace {
 
+// Forks a child that runs `child_check` (its exit status: 0 when it held) with a 30 s alarm, and
+// expects it to end by exiting 0, not by SIGALRM (a hang) or another signal.
+template <class Check>
+void expect_child_holds(const Check& child_check, const char* failure) {
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(30);  // a hang ends the child with SIGALRM
+    _exit(child_check() ? 0 : 3);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "the child ended by signal " << WTERMSIG(status)
+                                    << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << failure;
+}
+
 TEST(ForkSafety, AChildForkedAfterThreadsRunsAttentionInsteadOfHanging) {
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(2);
   const Tensor q = Tensor::full(Shape{4, 8, 256, 64}, 0.5F);
   const AttentionForward parent = scaled_dot_product_attention(q, q, q);
-  const pid_t child = fork();
-  if (child == 0) {
-    alarm(30);  // a hang ends the child with SIGALRM
-    const AttentionForward again = scaled_dot_product_attention(q, q, q);
-    _exit(again.output.data()[0] == parent.output.data()[0] && omp_get_max_threads() == 2 ? 0 : 3);
-  }
-  ASSERT_GT(child, 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  expect_child_holds(
+      [&] {
+        const AttentionForward again = scaled_dot_product_attention(q, q, q);
+        return again.output.data()[0] == parent.output.data()[0] && omp_get_max_threads() == 2;
+      },
+      "the child's output differed, or it lost its 2 threads");
   omp_set_num_threads(saved_threads);
-  ASSERT_FALSE(WIFSIGNALED(status)) << "the child ended by signal " << WTERMSIG(status)
-                                    << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's output differed, or it lost its 2 threads";
 }
 
 // Another library's parallel region on the forking thread (PyTorch's operators share GNU OpenMP
@@ -47,20 +58,9 @@ TEST(ForkSafety, AChildForkedAfterAnotherLibrarysParallelWorkRunsAttention) {
   members += 1;
   ASSERT_EQ(members, 2);
   const Tensor q = Tensor::full(Shape{4, 8, 256, 64}, 0.5F);
-  const pid_t child = fork();
-  if (child == 0) {
-    alarm(30);  // a hang ends the child with SIGALRM
-    const AttentionForward forward = scaled_dot_product_attention(q, q, q);
-    _exit(forward.output.data()[0] == 0.5F ? 0 : 3);
-  }
-  ASSERT_GT(child, 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  expect_child_holds([&] { return scaled_dot_product_attention(q, q, q).output.data()[0] == 0.5F; },
+                     "the child's output differed");
   omp_set_num_threads(saved_threads);
-  ASSERT_FALSE(WIFSIGNALED(status)) << "the child ended by signal " << WTERMSIG(status)
-                                    << (WTERMSIG(status) == SIGALRM ? " (SIGALRM: it hung)" : "");
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's output differed";
 }
 
 // A thread that never started a region of more than one thread keeps its count in a child.
