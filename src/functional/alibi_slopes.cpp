@@ -42,15 +42,17 @@ namespace functional_detail {
 
 void require_sinks(std::span<const float> sinks, int64_t heads) {
   require_per_head("sinks", sinks, heads);
-  const double largest =
-      static_cast<double>(std::numeric_limits<float>::max()) / std::numbers::log2e;
+  // 2^127, the bound of an additive mask's entries: past float's largest over log2 e a sink
+  // overflowed in the base-2 scores (NaN gradients), and below −2^127 it fell under a row that a
+  // mask of float's lowest hides, whose entries are raised to −2^127 (the values' average came
+  // out where the sink takes every weight).
+  const double largest = std::ldexp(1.0, 127);
   for (size_t h = 0; h < sinks.size(); ++h) {
     if (std::fabs(static_cast<double>(sinks[h])) > largest) {
-      throw ValueError("sinks: expected logits of magnitude at most " +
-                       number_text(static_cast<float>(largest)) +
-                       " (float's largest over log2 e: the kernels' base-2 scores take them "
-                       "times log2 e), got " +
-                       number_text(sinks[h]) + " at index " + std::to_string(h));
+      throw ValueError(
+          "sinks: expected logits of magnitude at most 2^127 (1.7e38, as an additive "
+          "mask's entries), got " +
+          number_text(sinks[h]) + " at index " + std::to_string(h));
     }
   }
 }

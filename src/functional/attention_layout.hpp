@@ -78,8 +78,8 @@ void require_per_head(std::string_view name, std::span<const float> values, int6
 void require_alibi_slopes(std::span<const float> slopes, int64_t heads, int64_t longest_distance);
 
 // require_per_head for sinks, and a ValueError naming the index of the first of magnitude past
-// float's largest over log2 e (3e38 overflowed times log2 e: an infinite log-sum-exp, NaN
-// gradients).
+// 2^127 (3e38 overflowed times log2 e: an infinite log-sum-exp, NaN gradients; −1.8e38 fell under
+// the −2^127 that a mask's lower entries are raised to).
 void require_sinks(std::span<const float> sinks, int64_t heads);
 
 // ValueError naming `name` and the index of the first NaN, +∞ or entry above 2^127 (an additive

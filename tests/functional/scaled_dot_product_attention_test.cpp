@@ -1640,13 +1640,16 @@ TEST(FunctionalSdpaArguments, NamesWhatIsWrong) {
   per_head.sinks = four;
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ValueError,
                        "sinks: expected finite values, got nan at index 3");
-  // A sink of 3e38 overflowed times log2 e: an infinite log-sum-exp and NaN gradients.
-  const std::vector<float> huge_sink{1, 2, -3e38F, 0};
-  per_head.sinks = huge_sink;
-  EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ValueError,
-                       "sinks: expected logits of magnitude at most 2.3586574e+38 (float's "
-                       "largest over log2 e: the kernels' base-2 scores take them times log2 e), "
-                       "got -3e+38 at index 2");
+  // A sink of 3e38 overflowed times log2 e (an infinite log-sum-exp, NaN gradients); one of
+  // −1.8e38 fell under a row a mask of float's lowest hides (raised to −2^127).
+  for (const float sink : {3e38F, -1.8e38F}) {
+    const std::vector<float> huge_sink{1, 2, sink, 0};
+    per_head.sinks = huge_sink;
+    EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, per_head), ValueError,
+                         "sinks: expected logits of magnitude at most 2^127 (1.7e38, as an "
+                         "additive mask's entries), got " +
+                             number_text(sink) + " at index 2");
+  }
   AttentionOptions window;
   window.window = SlidingWindow{-2, 0};
   EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k4, v4, window), ValueError,

@@ -354,6 +354,14 @@ def test_attn_torch_takes_a_cache_for_inference():
         attn_torch.scaled_dot_product_attention(leaf, cache, None, enable_gqa=True)
     with torch.no_grad():
         attn_torch.scaled_dot_product_attention(leaf, cache, None, enable_gqa=True)
+    # A model's sinks and slopes are parameters: named as the query is (attn's own function's
+    # message sent the user to attn.torch's, the very function called).
+    for name in ("sinks", "alibi_slopes"):
+        parameter = torch.nn.Parameter(torch.rand(HQ))
+        with pytest.raises(ValueError, match=f"^{name}: requires grad, but attention against a "
+                                             "KVCache has no backward pass"):
+            attn_torch.scaled_dot_product_attention(
+                query.detach(), cache, None, enable_gqa=True, **{name: parameter})
 
 
 def test_threads_share_a_cache():

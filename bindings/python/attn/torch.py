@@ -1610,6 +1610,16 @@ def _cache_attention(query, cache, value, attn_mask, dropout_p, is_causal, scale
             "query: requires grad, but attention against a KVCache has no backward pass "
             "(decode under torch.no_grad() or torch.inference_mode())"
         )
+    # A model's sinks or slopes are parameters: named as the query is (the message of attn's own
+    # function sent the user to this very function).
+    for name in ("sinks", "alibi_slopes"):
+        tensor = None if extras is None else extras.get(name)
+        if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name}: requires grad, but attention against a KVCache has no backward pass "
+                f"(pass {name}.detach(), or decode under torch.no_grad() or "
+                "torch.inference_mode())"
+            )
     dtype = query.dtype
     computed = query if dtype in _DIRECT_DTYPE_SET else _as_float32(query)
     if _torch_threads() != _followed_threads[0]:
