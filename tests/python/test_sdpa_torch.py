@@ -1903,3 +1903,21 @@ def test_float16_training_under_a_gradscaler_skips_the_steps_that_overflow(overr
     assert scales[-1] == scales[-2], scales  # then the gradients fit
     assert weights.weight.isfinite().all()
     assert not torch.equal(weights.weight.detach(), before)  # a later step did update
+
+
+def test_float64_options_beyond_float32_are_named_as_given():
+    # float64 sinks, slopes or mask entries past float32's range became ∞ in the conversion and
+    # were refused as "expected finite values, got inf", naming a value the user never gave; a
+    # float64 model's masks of float64's lowest still hide their keys.
+    q, k, v = (torch.randn(1, 2, 3, 8) for _ in range(3))
+    huge = torch.tensor([1e300, 0.0], dtype=torch.float64)
+    for name in ("sinks", "alibi_slopes"):
+        with pytest.raises(ValueError, match=f"^{name}: expected values float32 holds .* got "
+                                             r"1e\+300 at flat index 0"):
+            attn.torch.scaled_dot_product_attention(q, k, v, **{name: huge})
+    with pytest.raises(ValueError, match=r"^attn_mask: expected values float32 holds .* got 1e\+300"):
+        attn.torch.scaled_dot_product_attention(q, k, v, torch.full((3, 3), 1e300, dtype=torch.float64))
+    mask = torch.zeros(3, 3, dtype=torch.float64)
+    mask[0, 1:] = torch.finfo(torch.float64).min
+    output = attn.torch.scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(output[:, :, 0], v[:, :, 0], rtol=0, atol=0)

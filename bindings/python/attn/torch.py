@@ -1407,10 +1407,34 @@ def _mask_lengths_error(error):
     return type(error)(f"{_MASK_LENGTHS}: {error}")
 
 
-def _as_float32(tensor):
+def _as_float32(tensor, name=None, below_is_minus_infinity=False):
+    """`tensor` in float32. A float64 one (`name` given: the argument) whose finite values float32
+    cannot hold is a ValueError naming the first, as attn's own functions name it (the
+    conversion's ∞ was refused as "expected finite values, got inf"); not while torch.compile or a
+    torch.func transform traces the call, whose values are not there to read. With
+    `below_is_minus_infinity` (an additive mask: a float64 model's transformers masks hold
+    float64's lowest), values below float32's range are −∞, as the conversion makes them."""
     if tensor is None or tensor.dtype == torch.float32:
         return tensor
+    if (
+        name is not None
+        and tensor.dtype == torch.float64
+        and not torch.compiler.is_compiling()
+        and not _under_transform()
+    ):
+        beyond = (tensor if below_is_minus_infinity else tensor.abs()) > _FLOAT32_MAX
+        beyond &= tensor.isfinite()
+        if bool(beyond.any()):
+            index = int(beyond.flatten().nonzero()[0])
+            value = float(tensor.flatten()[index])
+            raise ValueError(
+                f"{name}: expected values float32 holds (within ±3.4e38; attn computes in "
+                f"float32), got {value:g} at flat index {index}"
+            )
     return tensor.to(torch.float32)
+
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -1901,8 +1925,9 @@ def scaled_dot_product_attention(
     )
     if lengths_from_mask:
         _warn_if_token_mask(valid_lens, key)
-    alibi_slopes = _as_float32(_as_tensor(alibi_slopes, torch.float32, "alibi_slopes"))
-    sinks = _as_float32(_as_tensor(sinks, torch.float32, "sinks"))
+    alibi_slopes = _as_float32(
+        _as_tensor(alibi_slopes, torch.float32, "alibi_slopes"), "alibi_slopes")
+    sinks = _as_float32(_as_tensor(sinks, torch.float32, "sinks"), "sinks")
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         attn_mask = torch.as_tensor(attn_mask)
     if (
@@ -1910,7 +1935,8 @@ def scaled_dot_product_attention(
         and attn_mask.dtype not in _PLAIN_MASK_DTYPES
         and attn_mask.is_floating_point()
     ):
-        attn_mask = _as_float32(attn_mask)  # (others, complex ones, refused naming their dtype)
+        # (others, complex ones, refused naming their dtype)
+        attn_mask = _as_float32(attn_mask, "attn_mask", below_is_minus_infinity=True)
     window_left, window_right = _window_arguments(window)
     # Dropout of every weight (dropout_p = 1), as PyTorch: a zero output and zero gradients. attn's
     # kernels take probabilities below 1 (each kept weight is scaled by 1/(1 − p)): the pass without
