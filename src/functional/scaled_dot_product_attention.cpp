@@ -128,14 +128,14 @@ void backward_beside_dominant_sinks(ConstStridedView query, ConstStridedView key
                                     const AttentionOptions& options, MutableStridedView grad_query,
                                     MutableStridedView grad_key, MutableStridedView grad_value,
                                     MutableStridedView grad_mask, std::span<float> grad_sinks) {
-  // The call's own checks first (the sinks' count among them), then a layout without sinks.
-  const PreparedAttention checked(query, key, value, options, PreparedAttention::kDotProduct);
-  checked.output_layout("output", output);
-  checked.output_layout("grad_output", grad_output);
-  checked.require_log_sum_exp(log_sum_exp, false);
+  // A layout without sinks (one scan of the inputs), with the call's own checks of the sinks.
   AttentionOptions scores_only = options;
   scores_only.sinks = {};
   const PreparedAttention prepared(query, key, value, scores_only, PreparedAttention::kDotProduct);
+  functional_detail::require_sinks(options.sinks, prepared.query_layout().heads);
+  prepared.output_layout("output", output);
+  prepared.output_layout("grad_output", grad_output);
+  prepared.require_log_sum_exp(log_sum_exp, false);
   const bool mask_gradient = grad_mask.data() != nullptr;
   std::vector<float> totals;
   const std::vector<float> scores_log_sum_exp =

@@ -782,29 +782,13 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
                          tile.first_query;
   for (size_t r = 0; r < tile.rows; ++r) {
     const float sum = s.row_sum[r];
-    float inverse = sum > 0.0F ? 1.0F / sum : 0.0F;
     const float* row = s.output + r * dv_padded;
     const int64_t query = tile.first_query + static_cast<int64_t>(r);
-    if (lse != nullptr) {
-      if (sum > 0.0F) {
-        lse[r] = args.base_two  // log2 of the sum, then base e: ln 2 · (max + log2 sum)
-                     ? std::numbers::ln2_v<float> * (s.row_max[r] + std::log2(sum))
-                     : s.row_max[r] + std::log(sum);
-      } else {  // no key: the sink's score alone, or −∞
-        lse[r] = sink ? args.options.sinks[tile.head] : -std::numeric_limits<float>::infinity();
-      }
-    }
+    float inverse = 0.0F;
     // A sink up to 2^40 (e^40) times the row's largest exponential joins in float, as a term of
     // the sum (the double JoinSink cost 7–15% of a call of 128 queries and keys, 8 heads of 64).
     const float sink_above = sink_score - s.row_max[r];
-    if (sink && sum > 0.0F && sink_above <= 40.0F) {
-      const float total = sum + (args.base_two ? std::exp2(sink_above) : std::exp(sink_above));
-      inverse = 1.0F / total;
-      if (lse != nullptr) {
-        lse[r] = args.base_two ? std::numbers::ln2_v<float> * (s.row_max[r] + std::log2(total))
-                               : s.row_max[r] + std::log(total);
-      }
-    } else if (sink && sum > 0.0F) {
+    if (sink && sum > 0.0F && !(sink_above <= 40.0F)) {
       const SinkJoined joined = JoinSink(args.base_two, s.row_max[r], sum, sink_score);
       if (lse != nullptr) lse[r] = joined.log_sum_exp;
       inverse = static_cast<float>(joined.factor);
@@ -821,6 +805,19 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
                     args.out16.matrix(tile.batch, tile.head) + query * args.out16.row_stride);
         }
         continue;
+      }
+    } else {
+      const float total = sink && sum > 0.0F
+                              ? sum + (args.base_two ? std::exp2(sink_above) : std::exp(sink_above))
+                              : sum;
+      inverse = total > 0.0F ? 1.0F / total : 0.0F;
+      // In base 2: log2 of the total, then base e, ln 2 · (max + log2 total). A row that saw no
+      // key: the sink's score alone, or −∞.
+      if (lse != nullptr) {
+        lse[r] = total <= 0.0F   ? (sink ? args.options.sinks[tile.head]
+                                         : -std::numeric_limits<float>::infinity())
+                 : args.base_two ? std::numbers::ln2_v<float> * (s.row_max[r] + std::log2(total))
+                                 : s.row_max[r] + std::log(total);
       }
     }
     if (args.half) {
