@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
+#include "functional/row_totals.hpp"
 
 namespace attn::functional_detail {
 
@@ -156,7 +158,7 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
                             std::span<const float> log_sum_exp, const AttentionOptions& options,
                             MutableStridedView grad_query, MutableStridedView grad_key,
                             MutableStridedView grad_value, MutableStridedView grad_mask,
-                            std::span<float> grad_sinks) {
+                            std::span<float> grad_sinks, bool recount_rows) {
   if (!rows_contiguous(query) || !rows_contiguous(key) || !rows_contiguous(value) ||
       !rows_contiguous(output) || !rows_contiguous(grad_output)) {
     return false;
@@ -166,20 +168,42 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
   const PreparedAttention prepared(query, key, value, options, PreparedAttention::kShapesOnly);
   const CheckedBackward checked(prepared, options, grad_mask, grad_sinks);
   const auto out = prepared.output_layout("output", output);
-  const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
   const auto grad_q = prepared.input_layout("grad_query", grad_query, query.shape());
   const auto grad_k = prepared.input_layout("grad_key", grad_key, key.shape());
   const auto grad_v = prepared.input_layout("grad_value", grad_value, value.shape());
+  // Recounted rows: a non-finite key gives a non-finite log-sum-exp here, and the pass below, which
+  // reads the same keys, reports it (the scanned path then names it).
+  std::vector<float> recounted, totals;
+  Tensor rescaled_grad_output;
+  if (recount_rows) {
+    recounted.resize(log_sum_exp.size());
+    totals.resize(log_sum_exp.size());
+    for (size_t s = 0; s < prepared.slices(); ++s) {
+      flash_attention_recomputed_log_sum_exp(
+          prepared.query(s), prepared.key(s), prepared.valid_lens(),
+          prepared.kernel_options(s, checked.mask_gradient),
+          prepared.slice_log_sum_exp(std::span<float>(recounted), s),
+          prepared.slice_log_sum_exp(std::span<float>(totals), s));
+    }
+    if (rows_stray(totals)) {
+      rescaled_grad_output = grad_output_over_row_totals(prepared, grad_output, totals);
+      grad_output = rescaled_grad_output;
+    }
+  }
+  const std::span<const float> lse = recount_rows ? recounted : log_sum_exp;
+  const auto grad_out = prepared.output_layout("grad_output", grad_output);
   return checked.run(
       [&](size_t s, BackwardReadMagnitudes* read) {
         flash_attention_backward(
             prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
-            grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(log_sum_exp, s),
+            grad_out.slice(grad_output.data(), s), prepared.slice_log_sum_exp(lse, s),
             prepared.valid_lens(), prepared.kernel_options(s, checked.mask_gradient),
             grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
             grad_v.slice(grad_value.data(), s), checked.mask_gradient_of(s),
-            checked.sinks_gradient(), read);
+            checked.sinks_gradient(), read,
+            recount_rows ? LogSumExpKind::kRecomputedBaseTwo : LogSumExpKind::kForward);
       },
       [&](size_t s) {
         fill_heads(grad_q.slice(grad_query.data(), s), 0.0F);

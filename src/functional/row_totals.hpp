@@ -6,6 +6,7 @@
 
 #include <span>
 
+#include "attn/core/shape.hpp"
 #include "attn/core/strided_view.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/functional/attention_options.hpp"
@@ -21,12 +22,27 @@ namespace attn::functional_detail {
 bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp,
                                  const AttentionOptions& options);
 
+// Whether a call of at most kMaxDecodeQueries queries per head has a row whose scores reach far
+// from 0 (|lse| beyond kFarFromZero + log(keys)), on its own log-sum-exp (as above). Such a call's
+// forward ran on the decode kernel, or on the prefill kernel's tile of few rows, and its float
+// log-sum-exp and the backward's recomputed scores then disagree by a few ulps of the scores'
+// magnitude: P = exp(S − lse) sums to 1 ± 3e−5 instead of 1 ± 2e−6, and the gradients carry it
+// (dV 1.5e−5 off at scores near 60, where PyTorch's read 2.4e−6;
+// tools/gradient_error_by_magnitude.py). The backward then counts each row's total from its own
+// scores (its base-2 log-sum-exp and totals, as for the rows above): one more product of the five,
+// for calls whose backward is mostly reading K and V.
+bool few_queries_far_from_zero(const Shape& query, const Shape& key,
+                               std::span<const float> log_sum_exp, const AttentionOptions& options);
+
 // A contiguous copy of `grad_output` (output-shaped, laid out by `prepared`) whose row i is divided
 // by its total (`totals`, one per row in the log-sum-exp's order) where that total strays from 1
 // by more than 1e−6. With P'_i = c_i·P_i and dO'_i = dO_i / c_i: dV = Σ_i P'_iᵀ dO'_i, D'_i = D_i /
 // c_i, dP'_i = dP_i / c_i and dS'_i = P'_i ⊙ (dP'_i − D'_i) are exactly the true ones, dropout, the
 // soft cap's derivative and the sinks' gradient included (each linear in those terms). Rows whose
 // total is 0 see nothing and stay.
+// Whether some row's total (> 0) strays from 1 by more than grad_output_over_row_totals leaves.
+bool rows_stray(std::span<const float> totals);
+
 Tensor grad_output_over_row_totals(const PreparedAttention& prepared, ConstStridedView grad_output,
                                    std::span<const float> totals);
 

@@ -203,13 +203,20 @@ void scaled_dot_product_attention_backward(
   // recomputed from the forward's, its P would be off by 2^δ, δ a few of its ulps, which
   // overflows or vanishes at large magnitudes. Such calls take a pass of scores first, for a
   // log-sum-exp from the very scores the backward computes (|lse| > 256 needs scores beyond ±240).
-  const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
+  // So do calls of a few queries whose scores reach far from 0: their forward (the decode kernel,
+  // or the prefill's tile of few rows) and the backward round each score apart by a few of its
+  // ulps, which P = exp(S − lse) from the forward's log-sum-exp carries (row_totals.hpp).
+  const bool recount_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options) ||
+                            functional_detail::few_queries_far_from_zero(query.shape(), key.shape(),
+                                                                         log_sum_exp, options);
   // A caller's base-2 log-sum-exp (a ring's block pairs at large scores) takes the same kernel.
-  const bool base_two = imprecise_rows || options.log_sum_exp_recomputed_base_two;
-  // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
-  if (!base_two && functional_detail::backward_without_scans(
-                       query, key, value, output, grad_output, log_sum_exp, options, grad_query,
-                       grad_key, grad_value, grad_mask, grad_sinks)) {
+  const bool base_two = recount_rows || options.log_sum_exp_recomputed_base_two;
+  // Plain and recounted rows: the kernel, which reports what it read, checked after
+  // (prefill_without_scans.hpp).
+  if (!options.log_sum_exp_recomputed_base_two &&
+      functional_detail::backward_without_scans(query, key, value, output, grad_output, log_sum_exp,
+                                                options, grad_query, grad_key, grad_value,
+                                                grad_mask, grad_sinks, recount_rows)) {
     return;
   }
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
@@ -223,10 +230,10 @@ void scaled_dot_product_attention_backward(
   // (ties at 1e9) its row's P totals the keys' count, which dividing grad_output's row cancels.
   std::vector<float> totals;
   const std::vector<float> recomputed =
-      imprecise_rows ? recomputed_log_sum_exp(prepared, log_sum_exp.size(), mask_gradient, &totals)
-                     : std::vector<float>();
+      recount_rows ? recomputed_log_sum_exp(prepared, log_sum_exp.size(), mask_gradient, &totals)
+                   : std::vector<float>();
   Tensor rescaled_grad_output;
-  if (imprecise_rows) {
+  if (recount_rows) {
     rescaled_grad_output =
         functional_detail::grad_output_over_row_totals(prepared, grad_output, totals);
     grad_output = rescaled_grad_output;
@@ -254,7 +261,7 @@ void scaled_dot_product_attention_backward(
   }
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
-  const std::span<const float> lse = imprecise_rows ? recomputed : log_sum_exp;
+  const std::span<const float> lse = recount_rows ? recomputed : log_sum_exp;
   for (size_t s = 0; s < prepared.slices(); ++s) {
     flash_attention_backward(
         prepared.query(s), prepared.key(s), prepared.value(s), out.slice(output.data(), s),
@@ -322,7 +329,12 @@ Tensor attention_weights(ConstStridedView query, ConstStridedView key,
   const auto layout = prepared.layout_like_scores(weights);
   // Rows whose float log-sum-exp lost log(sum) take their own, as the backward pass does: exp(S −
   // lse) from the forward's would be off by a factor per row that could vanish.
-  const bool imprecise_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
+  // So do a few queries' rows at scores far from 0, whose forward summed each score in another
+  // order (row_totals.hpp): their weights then sum to 1 as the backward's P does.
+  const bool imprecise_rows =
+      functional_detail::log_sum_exp_loses_precision(log_sum_exp, options) ||
+      functional_detail::few_queries_far_from_zero(query.shape(), key.shape(), log_sum_exp,
+                                                   options);
   const std::vector<float> recomputed =
       imprecise_rows ? recomputed_log_sum_exp(prepared, log_sum_exp.size(), false)
                      : std::vector<float>();

@@ -31,8 +31,9 @@ struct WeightsArgs {
   float* row_totals = nullptr;        // set: each row's total into it (B·H·n), no weights written
   // Set: each row's log-sum-exp of its own scores in the unit's base, with its sink's term, into it
   // (B·H·n; −∞ for a row that sees nothing), no weights written and log_sum_exp not read. In base
-  // 2 the scores are the fp32 backward pass's FMA products bit for bit, so that its P of a row's
-  // largest score is 2⁰ = 1 exactly at any magnitude (LogSumExpKind::kRecomputedBaseTwo).
+  // 2 the scores are the fp32 backward pass's FMA products bit for bit (its Gemm, or in heads of at
+  // most kFewQueries queries its FewQueryProducts), so that its P of a row's largest score is
+  // 2⁰ = 1 exactly at any magnitude (LogSumExpKind::kRecomputedBaseTwo).
   float* recomputed_log_sum_exp = nullptr;
   // With it, optional: each row's Σ 2^(S − that log-sum-exp), its sink's term included.
   float* recomputed_totals = nullptr;
@@ -141,6 +142,10 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
                       args.options.scale * args.unit, br, vectors * hn::Lanes(d), s.q_transposed);
   if (args.additive_exponential)
     DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
+  // A recount for the backward of a head of at most kFewQueries queries: its scores as that pass's
+  // (FewQueryProducts, dot products along the head, where a vector's lanes would hold one query).
+  const bool few_query_products = recomputes && args.additive_weights == nullptr &&
+                                  args.unit != 1.0F && n <= static_cast<int64_t>(kFewQueries);
   const bool totals_only = args.row_totals != nullptr;
   const bool writes_weights = !totals_only && !recomputes;
   float* out =
@@ -152,6 +157,10 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   // Recomputing: each row's running maximum score, totals[r] then Σ 2^(S − maximum) (or e^).
   std::vector<float> maxima(recomputes ? rows : 0, -std::numeric_limits<float>::infinity());
   const bool base_two = args.unit != 1.0F;
+  // A row's total is at least 1 (its largest score's term): a term under 2⁻⁵⁴ (shifts below −54
+  // in base 2, −38 in base e) is under half its ulp and leaves it as it was, so it is not
+  // computed — most of a row's scores at the large magnitudes that ask for this pass.
+  const double negligible = base_two ? -54.0 : -38.0;
   const auto add_score = [&](size_t r, float score) {
     if (!(score > -std::numeric_limits<float>::infinity())) return;  // masked
     if (score > maxima[r]) {
@@ -160,7 +169,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       maxima[r] = score;
     } else {
       const double shift = static_cast<double>(score) - maxima[r];
-      totals[r] += base_two ? std::exp2(shift) : std::exp(shift);
+      if (shift >= negligible) totals[r] += base_two ? std::exp2(shift) : std::exp(shift);
     }
   };
   const float* keys = args.k.matrix(b, kv_head);
@@ -181,6 +190,10 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       AdditiveScoresOfQueries<kQueryVectors, false>(d, rows, bc, key_rows, key_stride,
                                                     s.q_transposed, br, depth,
                                                     args.additive_weights, s.scores);
+    } else if (few_query_products) {
+      FewQueryProducts(bc, rows, br, key_rows, key_stride, q,
+                       static_cast<size_t>(args.q.row_stride), depth,
+                       args.options.scale * args.unit, s.scores);
     } else {
       GemmZeroPaddedColumns(d, bc, kQueryVectors, rows, key_rows, key_stride, 1, s.q_transposed, br,
                             depth, s.scores, br);

@@ -64,8 +64,9 @@ struct BackwardArgs {
   // reruns a pass whose operands lay outside split_parts_in_range.
   bool parts_on_tiles = true;
   // log_sum_exp is flash_attention_recomputed_log_sum_exp's (LogSumExpKind::kRecomputedBaseTwo):
-  // in base 2 already, from scores computed as this pass's FMA Gemm computes them, so the pass
-  // takes the Gemm for every tile's scores (no FewQueryProducts, no AMX tiles).
+  // in base 2 already, from scores computed as this pass's FMA products compute them, so the pass
+  // takes those for every tile's scores (no AMX tiles; FewQueryProducts only in heads of at most
+  // kFewQueries queries, as the recount).
   bool recomputed_log_sum_exp = false;
 };
 
@@ -951,10 +952,11 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // On AMX tiles Sᵀ is left unscaled and c enters P's exponent where the modifiers allow it.
   [[maybe_unused]] const bool scale_in_exponent = ModifiersCommuteWithScale(options);
   const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
-  // A recomputed log-sum-exp is in base 2 already, and its scores are the Gemm's: tiles of few
-  // queries take the Gemm too (FewQueryProducts sums in another order, other bits).
+  // A recomputed log-sum-exp is in base 2 already, and its scores are the Gemm's but in heads of
+  // at most kFewQueries queries (FewQueryProducts sums in another order, other bits): the last
+  // tile of a longer head takes the Gemm too.
   const float lse_unit = args.recomputed_log_sum_exp ? 1.0F : score_unit;
-  const size_t few_queries = args.recomputed_log_sum_exp ? 0 : kFewQueries;
+  const size_t few_queries = args.recomputed_log_sum_exp && n > kFewQueries ? 0 : kFewQueries;
 
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
   // The fp32 products' operands (the bf16 path has its pairs instead).

@@ -488,6 +488,56 @@ TEST_P(FunctionalSdpa, ScoresOfLargeMagnitudeGiveExactWeightsAndGradients) {
   }
 }
 
+// A few queries (the decode kernel's shapes, and the backward's FewQueryProducts for at most 4)
+// at scores far from 0: the forward sums each score in another order than the backward, so P =
+// exp(S − lse) from the forward's log-sum-exp summed to 1 ± 3.3e−5 over a row (L = 16) instead of
+// within float rounding, and dV carried it (1.4e−5 off where PyTorch reads 2.4e−6). The backward
+// now recounts those rows from its own scores. With grad_output one-hot in row i, column 0, dV's
+// column 0 is P's row i as the backward computes it: it sums to 1 within 2e−6 (m = 300 terms,
+// each within a few float ulps of its own, measured 1.1e−6 at most; 1.2e−5 and 3.3e−5 before).
+// The weights, which the same recount serves, likewise. dV against double within 6e−6 of its
+// largest (4e−6 measured; 2.4e−5 before), and dQ, dK within the usual tolerance.
+TEST_P(FunctionalSdpa, FewQueriesAtLargeScoresWeighTheirKeysToOne) {
+  constexpr double kRowTotal = 2e-6;
+  constexpr double kValueGradient = 6e-6;
+  uint64_t seed = 960;
+  for (const int64_t n : {1, 3, 4, 10, 16}) {
+    const SdpaShape shape{2, 4, 2, n, 300, 64, 32};
+    SCOPED_TRACE("queries " + std::to_string(n));
+    SdpaTestCase c(shape, seed++, 4.0F);  // scores ~ N(0, 16²), reaching ±50 over 300 keys
+    c.set_scale(1.0F / 8.0F);
+    const AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+    const float largest = *std::max_element(forward.log_sum_exp.begin(), forward.log_sum_exp.end());
+    ASSERT_GT(largest, 40.0F) << "the scores should reach far from 0";
+    const Tensor weights = attention_weights(c.q, c.k, forward.log_sum_exp, c.options);
+    for (int64_t row = 0; row < weights.numel() / shape.keys; ++row) {
+      double total = 0.0;
+      for (int64_t j = 0; j < shape.keys; ++j) total += weights.data()[row * shape.keys + j];
+      ASSERT_NEAR(total, 1.0, kRowTotal) << "weights of row " << row;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor one_hot(c.grad_out.shape());  // zeros
+      for (int64_t head = 0; head < shape.batch * shape.q_heads; ++head)
+        one_hot.data()[(head * n + i) * shape.value_depth] = 1.0F;
+      const AttentionBackward grads = scaled_dot_product_attention_backward(
+          c.q, c.k, c.v, forward.output, one_hot, forward.log_sum_exp, c.options);
+      // dV sums over the 2 query heads of each key/value head: totals of 2.
+      for (int64_t kv = 0; kv < shape.batch * shape.kv_heads; ++kv) {
+        double total = 0.0;
+        for (int64_t j = 0; j < shape.keys; ++j)
+          total += grads.value.data()[(kv * shape.keys + j) * shape.value_depth];
+        ASSERT_NEAR(total, 2.0, 2.0 * kRowTotal) << "P of query " << i << ", key/value head " << kv;
+      }
+    }
+    const AttentionBackward grads = scaled_dot_product_attention_backward(
+        c.q, c.k, c.v, forward.output, c.grad_out, forward.log_sum_exp, c.options);
+    const reference::SdpaGradients expected = c.expected_backward();
+    EXPECT_TRUE(close_to(grads.value, expected.v, kValueGradient)) << "grad value";
+    EXPECT_TRUE(close_to(grads.query, expected.q, kBackwardTolerance)) << "grad query";
+    EXPECT_TRUE(close_to(grads.key, expected.k, kBackwardTolerance)) << "grad key";
+  }
+}
+
 // FlashAttention-2's backward decomposes over key blocks given the whole rows' log-sum-exp (ring
 // attention's block pairs): with log_sum_exp_spans_more_keys the blocks' dQ add up to the whole
 // call's and their dK, dV are its rows. Scores near ±400 put |lse| past 256, where a call that
@@ -605,12 +655,11 @@ TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
 // split, group sizes 1–8, and valid lengths per batch element (0 and m among them) or, for one
 // query, per query.
 TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
-  // attention_weights recomputes each score and subtracts the forward's log-sum-exp: the prefill
-  // kernels sum a score in the weights kernel's order, so their float roundings cancel; the decode
-  // kernel sums in its own. With entries ~N(0, 9), scale 0.3 and E = 32, scores reach ~60, whose
-  // float ulp is 3.8e-6: weights then differ from double by a few such ulps (1.8e-5 measured), the
-  // output and gradients stay within their usual tolerances.
-  constexpr double kDecodeWeightsTolerance = 4e-5;
+  // attention_weights recomputes each score: the prefill kernels sum a score in the weights
+  // kernel's order, so their float roundings cancel against the forward's log-sum-exp; the decode
+  // kernel sums in its own, so where scores reach far from 0 (entries ~N(0, 9), scale 0.3 and
+  // E = 32: ~60, whose float ulp is 3.8e-6) the weights take their own rows' log-sum-exp (they were
+  // 1.8e-5 off before it, against the forward's 1e-5).
   uint64_t seed = 500;
   for (const int64_t n : {1, 4, 16}) {
     for (const int64_t group : {1, 4, 8}) {
@@ -633,8 +682,7 @@ TEST_P(FunctionalSdpa, DecodingShapesMatchTheReference) {
         check({.shape = shape, .causal = Causal::kTopLeft, .alibi = true, .sinks = true}, seed++);
         check({.shape = shape, .window_left = 10, .window_right = 0}, seed++);
         check({.shape = shape, .window_left = 10, .window_right = 3}, seed++);
-        check({.shape = shape, .lengths = n == 1, .scale = 0.3F, .magnitude = 3.0F}, seed++,
-              kDecodeWeightsTolerance);
+        check({.shape = shape, .lengths = n == 1, .scale = 0.3F, .magnitude = 3.0F}, seed++);
         for (const bool causal : {false, true}) {
           // Per-batch lengths: with causal, not decoding-shaped (the diagonal is the last key's,
           // not the sequence's), so the prefill kernel answers; the same test either way.
