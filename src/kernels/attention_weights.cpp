@@ -113,6 +113,43 @@ void RenormalizeRows(const WeightsArgs& args, int64_t h, size_t rows, const Tile
   }
 }
 
+// A recount's key tile (base 2; `keys` rows of Br lanes, the first `rows` lanes the tile's queries)
+// added to each query's running maximum and its total Σ 2^(S − maximum) (in double, at least 1 once
+// a score is seen): the tile's maxima as vectors, each total rescaled where its maximum moved, then
+// the tile's exponentials (ProbabilityExp2, the backward's own 2^x, 1.6e−7) added lane by lane.
+// (A scalar double exp2 per score took most of a 16-query recount: 9 ns a score.)
+template <class D>
+HWY_INLINE void AddTileToTotals(D d, size_t keys, size_t br, size_t rows, const float* scores,
+                                float* maxima, double* totals) {
+  const size_t lanes = hn::Lanes(d);
+  const auto minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
+  HWY_ALIGN float moved_from[hn::MaxLanes(d)];
+  HWY_ALIGN float exponentials[hn::MaxLanes(d)];
+  for (size_t r0 = 0; r0 < rows; r0 += lanes) {
+    const size_t count = std::min(lanes, rows - r0);
+    auto tile_max = minus_infinity;
+    for (size_t j = 0; j < keys; ++j)
+      tile_max = hn::Max(tile_max, hn::Load(d, scores + j * br + r0));
+    HWY_ALIGN float old_max[hn::MaxLanes(d)];
+    hn::Store(hn::LoadU(d, maxima + r0), d, old_max);
+    const auto new_max = hn::Max(hn::Load(d, old_max), tile_max);
+    hn::Store(new_max, d, moved_from);
+    hn::StoreU(new_max, d, maxima + r0);
+    for (size_t l = 0; l < count; ++l) {
+      if (moved_from[l] > old_max[l] && totals[r0 + l] > 0.0) {
+        totals[r0 + l] *= std::exp2(static_cast<double>(old_max[l]) - moved_from[l]);
+      }
+    }
+    // Lanes that have seen nothing keep −∞ scores against 0: 2^−∞ = 0, never ∞ − ∞.
+    const auto base = hn::IfThenElse(hn::Eq(new_max, minus_infinity), hn::Zero(d), new_max);
+    for (size_t j = 0; j < keys; ++j) {
+      const auto shifted = hn::Sub(hn::Load(d, scores + j * br + r0), base);
+      hn::Store(ProbabilityExp2(d, shifted), d, exponentials);
+      for (size_t l = 0; l < count; ++l) totals[r0 + l] += exponentials[l];
+    }
+  }
+}
+
 void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_query,
                  WeightsScratch& s) {
   const hn::ScalableTag<float> d;
@@ -153,23 +190,18 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   for (size_t r = 0; r < rows && writes_weights; ++r)
     std::fill_n(out + static_cast<int64_t>(r) * args.weights.row_stride, m, 0.0F);
   // Summed in double: a float sum of m weights would carry m ulps.
-  std::vector<double> totals(totals_only || recomputes ? rows : 0, 0.0);
-  // Recomputing: each row's running maximum score, totals[r] then Σ 2^(S − maximum) (or e^).
-  std::vector<float> maxima(recomputes ? rows : 0, -std::numeric_limits<float>::infinity());
+  std::vector<double> totals(totals_only || recomputes ? br : 0, 0.0);
+  // Recomputing (in base 2: flash_attention_recomputed_log_sum_exp's unit): each row's running
+  // maximum score, totals[r] then Σ 2^(S − maximum), a key tile at a time (AddTileToTotals).
+  std::vector<float> maxima(recomputes ? br : 0, -std::numeric_limits<float>::infinity());
   const bool base_two = args.unit != 1.0F;
-  // A row's total is at least 1 (its largest score's term): a term under 2⁻⁵⁴ (shifts below −54
-  // in base 2, −38 in base e) is under half its ulp and leaves it as it was, so it is not
-  // computed — most of a row's scores at the large magnitudes that ask for this pass.
-  const double negligible = base_two ? -54.0 : -38.0;
-  const auto add_score = [&](size_t r, float score) {
-    if (!(score > -std::numeric_limits<float>::infinity())) return;  // masked
-    if (score > maxima[r]) {
-      const double shift = static_cast<double>(maxima[r]) - score;
-      totals[r] = totals[r] * (base_two ? std::exp2(shift) : std::exp(shift)) + 1.0;
-      maxima[r] = score;
+  // The sink as one more score (a float, as the scores are).
+  const auto add_sink = [&](size_t r, float sink) {
+    if (sink > maxima[r]) {
+      totals[r] = totals[r] * std::exp2(static_cast<double>(maxima[r]) - sink) + 1.0;
+      maxima[r] = sink;
     } else {
-      const double shift = static_cast<double>(score) - maxima[r];
-      if (shift >= negligible) totals[r] += base_two ? std::exp2(shift) : std::exp(shift);
+      totals[r] += std::exp2(static_cast<double>(sink) - maxima[r]);
     }
   };
   const float* keys = args.k.matrix(b, kv_head);
@@ -201,9 +233,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
     ApplyScoreModifiers(d, args.options, tile, key0, bc, br, br, coverage == MaskCoverage::kSome,
                         s.scores, nullptr, args.unit);
     if (recomputes) {
-      for (size_t r = 0; r < rows; ++r) {
-        for (size_t j = 0; j < bc; ++j) add_score(r, s.scores[j * br + r]);
-      }
+      AddTileToTotals(d, bc, br, rows, s.scores, maxima.data(), totals.data());
       continue;
     }
     if (args.unit != 1.0F) {
@@ -228,7 +258,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
     float* row_lse = args.recomputed_log_sum_exp + (b * args.q.heads + h) * n + first_query;
     for (size_t r = 0; r < rows; ++r) {
       // The sink as one more score, in the keys' unit (a float, as the scores are).
-      if (args.options.sinks != nullptr) add_score(r, args.options.sinks[h] * args.unit);
+      if (args.options.sinks != nullptr) add_sink(r, args.options.sinks[h] * args.unit);
       // A row's largest score plus a log of at least 0: exactly that score where the others add
       // less than its half ulp.
       const bool sees = maxima[r] > -std::numeric_limits<float>::infinity();
