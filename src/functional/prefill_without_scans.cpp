@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attn/core/tensor.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "functional/attention_layout.hpp"
@@ -158,7 +159,7 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
                             std::span<const float> log_sum_exp, const AttentionOptions& options,
                             MutableStridedView grad_query, MutableStridedView grad_key,
                             MutableStridedView grad_value, MutableStridedView grad_mask,
-                            std::span<float> grad_sinks, bool recount_rows) {
+                            std::span<float> grad_sinks, RowSource rows) {
   if (!rows_contiguous(query) || !rows_contiguous(key) || !rows_contiguous(value) ||
       !rows_contiguous(output) || !rows_contiguous(grad_output)) {
     return false;
@@ -167,17 +168,24 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
   // caller's.
   const PreparedAttention prepared(query, key, value, options, PreparedAttention::kShapesOnly);
   const CheckedBackward checked(prepared, options, grad_mask, grad_sinks);
-  const auto out = prepared.output_layout("output", output);
+  prepared.output_layout("output", output);
   prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
   const auto grad_q = prepared.input_layout("grad_query", grad_query, query.shape());
   const auto grad_k = prepared.input_layout("grad_key", grad_key, key.shape());
   const auto grad_v = prepared.input_layout("grad_value", grad_value, value.shape());
+  const auto zero_slice = [&](size_t s) {
+    fill_heads(grad_q.slice(grad_query.data(), s), 0.0F);
+    fill_heads(grad_k.slice(grad_key.data(), s), 0.0F);
+    fill_heads(grad_v.slice(grad_value.data(), s), 0.0F);
+  };
   // Recounted rows: a non-finite key gives a non-finite log-sum-exp here, and the pass below, which
   // reads the same keys, reports it (the scanned path then names it).
   std::vector<float> recounted, totals;
-  Tensor rescaled_grad_output;
-  if (recount_rows) {
+  Tensor rescaled_grad_output, output_again;
+  const bool recounted_rows =
+      rows == RowSource::kRecounted || rows == RowSource::kRecountedWithTotals;
+  if (recounted_rows) {
     recounted.resize(log_sum_exp.size());
     totals.resize(log_sum_exp.size());
     for (size_t s = 0; s < prepared.slices(); ++s) {
@@ -187,12 +195,23 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
           prepared.slice_log_sum_exp(std::span<float>(recounted), s),
           prepared.slice_log_sum_exp(std::span<float>(totals), s));
     }
-    if (rows_stray(totals)) {
+    if (rows == RowSource::kRecountedWithTotals && rows_stray(totals)) {
       rescaled_grad_output = grad_output_over_row_totals(prepared, grad_output, totals);
       grad_output = rescaled_grad_output;
     }
+  } else if (rows == RowSource::kForwardAgain) {
+    // The prefill kernels' output and log-sum-exp: checked as a forward call is (false for what it
+    // leaves to the scanned path, which then recounts the rows instead).
+    output_again = Tensor(output.shape());
+    recounted.resize(log_sum_exp.size());
+    if (!prefill_without_scans(query, key, value, options, output_again, recounted)) {
+      for (size_t s = 0; s < prepared.slices(); ++s) zero_slice(s);
+      return false;
+    }
+    output = output_again;
   }
-  const std::span<const float> lse = recount_rows ? recounted : log_sum_exp;
+  const std::span<const float> lse = rows != RowSource::kGiven ? recounted : log_sum_exp;
+  const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
   return checked.run(
       [&](size_t s, BackwardReadMagnitudes* read) {
@@ -203,13 +222,9 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
             grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
             grad_v.slice(grad_value.data(), s), checked.mask_gradient_of(s),
             checked.sinks_gradient(), read,
-            recount_rows ? LogSumExpKind::kRecomputedBaseTwo : LogSumExpKind::kForward);
+            recounted_rows ? LogSumExpKind::kRecomputedBaseTwo : LogSumExpKind::kForward);
       },
-      [&](size_t s) {
-        fill_heads(grad_q.slice(grad_query.data(), s), 0.0F);
-        fill_heads(grad_k.slice(grad_key.data(), s), 0.0F);
-        fill_heads(grad_v.slice(grad_value.data(), s), 0.0F);
-      });
+      zero_slice);
 }
 
 bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,

@@ -37,16 +37,26 @@ bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
 // grad_out whole, the keys and values of the 64-key tiles it reads): finiteness, the scores'
 // bound, and sums that need no scaling (PreparedAttention::gradient_shifts zero). Otherwise, or
 // for inputs with a strided last axis, false with zeros in every gradient: the caller takes the
-// scanned path. `recount_rows`: the pass takes each row's base-2 log-sum-exp from its own scores
-// (flash_attention_recomputed_log_sum_exp, on the rows unscanned), and grad_output's rows divided
-// by their totals where those stray from 1 (row_totals.hpp), instead of `log_sum_exp`, which then
-// only sizes the rows.
+// scanned path. `rows` says where the pass takes each row's P and D = dO·O from (RowSource).
+enum class RowSource {
+  kGiven,  // the caller's log-sum-exp and output
+  // Each row's base-2 log-sum-exp recounted from the pass's own scores
+  // (flash_attention_recomputed_log_sum_exp, on the rows unscanned); the caller's output for D.
+  kRecounted,
+  // The same, and grad_output's rows divided by their totals where those stray from 1
+  // (row_totals.hpp: rows whose float log-sum-exp lost log(sum)).
+  kRecountedWithTotals,
+  // The output and log-sum-exp of the prefill kernels run again (prefill_without_scans), whose
+  // score tiles of more than kBackwardFewQueries queries the backward's Gemm computes alike: P sums
+  // to 1 and D = dO·O is the backward's own P times V.
+  kForwardAgain,
+};
 bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
                             ConstStridedView output, ConstStridedView grad_output,
                             std::span<const float> log_sum_exp, const AttentionOptions& options,
                             MutableStridedView grad_query, MutableStridedView grad_key,
                             MutableStridedView grad_value, MutableStridedView grad_mask,
-                            std::span<float> grad_sinks, bool recount_rows);
+                            std::span<float> grad_sinks, RowSource rows);
 // The same for the half backward pass (the half kernel's magnitudes, of the floats its inputs
 // widen to): sums that need scaling are left to the scanned path, which widens the inputs.
 bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,

@@ -203,12 +203,21 @@ void scaled_dot_product_attention_backward(
   // recomputed from the forward's, its P would be off by 2^δ, δ a few of its ulps, which
   // overflows or vanishes at large magnitudes. Such calls take a pass of scores first, for a
   // log-sum-exp from the very scores the backward computes (|lse| > 256 needs scores beyond ±240).
+  const bool lost_precision = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options);
   // So do calls of a few queries whose scores reach far from 0: their forward (the decode kernel,
   // or the prefill's tile of few rows) and the backward round each score apart by a few of its
-  // ulps, which P = exp(S − lse) from the forward's log-sum-exp carries (row_totals.hpp).
-  const bool recount_rows = functional_detail::log_sum_exp_loses_precision(log_sum_exp, options) ||
-                            functional_detail::few_queries_far_from_zero(query.shape(), key.shape(),
-                                                                         log_sum_exp, options);
+  // ulps, which P = exp(S − lse) from the forward's log-sum-exp carries (row_totals.hpp). Heads
+  // of more than kBackwardFewQueries queries run the prefill forward again instead, whose output
+  // then agrees with P too (D = dO·O; prefill_without_scans.hpp's RowSource).
+  const bool few_far = !lost_precision && functional_detail::few_queries_far_from_zero(
+                                              query.shape(), key.shape(), log_sum_exp, options);
+  const bool recount_rows = lost_precision || few_far;
+  using functional_detail::RowSource;
+  RowSource rows = lost_precision ? RowSource::kRecountedWithTotals : RowSource::kGiven;
+  if (few_far) {
+    rows = query.shape()[query.rank() - 2] > kBackwardFewQueries ? RowSource::kForwardAgain
+                                                                 : RowSource::kRecounted;
+  }
   // A caller's base-2 log-sum-exp (a ring's block pairs at large scores) takes the same kernel.
   const bool base_two = recount_rows || options.log_sum_exp_recomputed_base_two;
   // Plain and recounted rows: the kernel, which reports what it read, checked after
@@ -216,7 +225,7 @@ void scaled_dot_product_attention_backward(
   if (!options.log_sum_exp_recomputed_base_two &&
       functional_detail::backward_without_scans(query, key, value, output, grad_output, log_sum_exp,
                                                 options, grad_query, grad_key, grad_value,
-                                                grad_mask, grad_sinks, recount_rows)) {
+                                                grad_mask, grad_sinks, rows)) {
     return;
   }
   PreparedAttention prepared(query, key, value, options, PreparedAttention::kDotProduct);
@@ -233,7 +242,7 @@ void scaled_dot_product_attention_backward(
       recount_rows ? recomputed_log_sum_exp(prepared, log_sum_exp.size(), mask_gradient, &totals)
                    : std::vector<float>();
   Tensor rescaled_grad_output;
-  if (recount_rows) {
+  if (lost_precision) {
     rescaled_grad_output =
         functional_detail::grad_output_over_row_totals(prepared, grad_output, totals);
     grad_output = rescaled_grad_output;

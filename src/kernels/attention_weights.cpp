@@ -179,10 +179,12 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
                       args.options.scale * args.unit, br, vectors * hn::Lanes(d), s.q_transposed);
   if (args.additive_exponential)
     DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
-  // A recount for the backward of a head of at most kFewQueries queries: its scores as that pass's
-  // (FewQueryProducts, dot products along the head, where a vector's lanes would hold one query).
-  const bool few_query_products = recomputes && args.additive_weights == nullptr &&
-                                  args.unit != 1.0F && n <= static_cast<int64_t>(kFewQueries);
+  // Base 2 (a recount, or weights from its log-sum-exp) in a head of at most kFewQueries queries:
+  // the scores as the backward computes them there (FewQueryProducts, dot products along the
+  // head, where a vector's lanes would hold one query), so that the recount, the weights and the
+  // backward agree bit for bit (at scores of 1e9 one ulp is 2^±128 in P).
+  const bool few_query_products = args.additive_weights == nullptr && args.unit != 1.0F &&
+                                  n <= static_cast<int64_t>(kFewQueries);
   const bool totals_only = args.row_totals != nullptr;
   const bool writes_weights = !totals_only && !recomputes;
   float* out =

@@ -17,6 +17,7 @@
 
 #include "attn/core/half.hpp"
 #include "attn/core/valid_lengths.hpp"
+#include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/fused_options.hpp"
 #include "attn/kernels/heads_view.hpp"
 #include "kernels/dropout_hash.hpp"
@@ -106,7 +107,7 @@ inline float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, si
 }
 
 // Tiles of at most this many queries compute Sᵀ and dPᵀ by FewQueryProducts rather than the Gemm.
-inline constexpr size_t kFewQueries = 4;
+inline constexpr auto kFewQueries = static_cast<size_t>(kBackwardFewQueries);
 
 // Sᵀ or dPᵀ of a tile of `rows` ≤ kFewQueries queries, by dot products along the head:
 // c[j·width + r] = scale · (a_j · b_r) for keys j < bc and queries r < rows, 0 in the padding lanes

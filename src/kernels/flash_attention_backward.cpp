@@ -952,11 +952,13 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
   // On AMX tiles Sᵀ is left unscaled and c enters P's exponent where the modifiers allow it.
   [[maybe_unused]] const bool scale_in_exponent = ModifiersCommuteWithScale(options);
   const float* head_lse = args.log_sum_exp + (b * args.q.heads + h) * args.q.rows;
-  // A recomputed log-sum-exp is in base 2 already, and its scores are the Gemm's but in heads of
-  // at most kFewQueries queries (FewQueryProducts sums in another order, other bits): the last
-  // tile of a longer head takes the Gemm too.
+  // A recomputed log-sum-exp is in base 2 already.
   const float lse_unit = args.recomputed_log_sum_exp ? 1.0F : score_unit;
-  const size_t few_queries = args.recomputed_log_sum_exp && n > kFewQueries ? 0 : kFewQueries;
+  // Heads of at most kFewQueries queries compute Sᵀ and dPᵀ by FewQueryProducts; every tile of a
+  // longer head, its last too, by the Gemm, as the forward's and the recount's tiles sum them
+  // (FewQueryProducts sums in another order, other bits: the SCALAR target's tiles of 4 rows, or a
+  // last tile of a few rows, would otherwise break P's agreement with their log-sum-exp).
+  const size_t few_queries = n <= kFewQueries ? kFewQueries : 0;
 
   // The query side: padded and transposed copies, D, log-sum-exp and key ranges per query.
   // The fp32 products' operands (the bf16 path has its pairs instead).

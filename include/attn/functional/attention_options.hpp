@@ -131,8 +131,9 @@ struct AttentionOptions {
   // For the backward pass: the log_sum_exp given is the whole row's over more keys than this call
   // sees (ring attention's block pairs, FlashAttention-2's decomposition over key blocks). The
   // backward then takes it as given; otherwise, where a row's |log-sum-exp| passes 256 and float
-  // rounding moved it, the backward recounts the row's weights to cancel that (over this call's
-  // keys only, which would be wrong for a block).
+  // rounding moved it, or a call of at most 16 queries has scores far from 0 (|lse| beyond
+  // 8 + log of the keys), the backward recounts the rows' weights from its own scores (over this
+  // call's keys only, which would be wrong for a block).
   bool log_sum_exp_spans_more_keys = false;
   // For the float backward pass: the log_sum_exp given is in base 2, from
   // scaled_dot_product_attention_log_sum_exp_base_two (merged over a row's key blocks by the

@@ -14,6 +14,11 @@
 namespace attn {
 
 // The log-sum-exp that a pass recomputing P (the backward pass, the weights) is given.
+// The backward pass computes the scores of a query tile of at most this many queries by dot
+// products along the head (where a vector's lanes would each hold a query), larger tiles by its
+// tile products: the sums run in other orders, so the two give other last bits.
+inline constexpr int64_t kBackwardFewQueries = 4;
+
 enum class LogSumExpKind {
   kForward,            // the forward pass's, natural: P = exp(S − lse)
   kRecomputedBaseTwo,  // flash_attention_recomputed_log_sum_exp's: P = 2^(S·log2 e − lse)
