@@ -24,13 +24,12 @@ bool log_sum_exp_loses_precision(std::span<const float> log_sum_exp,
 
 // Whether a call of at most kMaxDecodeQueries queries per head has a row whose scores reach far
 // from 0 (|lse| beyond kFarFromZero + log(keys)), on its own log-sum-exp (as above). Such a call's
-// forward ran on the decode kernel, or on the prefill kernel's tile of few rows, and its float
-// log-sum-exp and the backward's recomputed scores then disagree by a few ulps of the scores'
-// magnitude: P = exp(S − lse) sums to 1 ± 3e−5 instead of 1 ± 2e−6, and the gradients carry it
-// (dV 1.5e−5 off at scores near 60, where PyTorch's read 2.4e−6;
-// tools/gradient_error_by_magnitude.py). The backward then counts each row's total from its own
-// scores (its base-2 log-sum-exp and totals, as for the rows above): one more product of the five,
-// for calls whose backward is mostly reading K and V.
+// forward ran on the decode kernel, or on prefill tiles beside the backward's FewQueryProducts,
+// and its float log-sum-exp and output then disagree with the backward's recomputed scores by a
+// few ulps of the scores' magnitude: P = exp(S − lse) summed to 1 ± 3e−5, and the gradients
+// carried it (dV 5× PyTorch's error near ±60; tools/gradient_error_by_magnitude.py). The backward
+// then takes its rows from its own scores (prefill_without_scans.hpp's RowSource; docs/kernels.md,
+// "A few queries' backward at scores far from 0").
 bool few_queries_far_from_zero(const Shape& query, const Shape& key,
                                std::span<const float> log_sum_exp, const AttentionOptions& options);
 

@@ -105,8 +105,9 @@ bool flash_attention_bfloat16_backward_native(int64_t depth, int64_t value_depth
 // `kind` kRecomputedBaseTwo: `log_sum_exp` is flash_attention_recomputed_log_sum_exp's, and the
 // pass computes its scores as that function does (FMA products, none on AMX tiles), so that its P
 // agrees with that log-sum-exp bit for bit: for rows whose forward log-sum-exp is too large to be
-// exact in a float (|lse| beyond a few hundred), and for a few queries' rows at scores far from 0
-// (their forward, on the decode kernel or the prefill's tiles, summed each score in another order).
+// exact in a float (|lse| beyond a few hundred), and for rows of heads of at most
+// kBackwardFewQueries queries at scores far from 0 (their forward summed each score in another
+// order than this pass's dot products along the head).
 // `read`, when not null, receives the largest magnitudes of the rows the pass read, as the
 // forward's `read` (NaN or +∞ where one is not finite): every row of q, out and grad_out, and the
 // key and value rows of the whole 64-key tiles some query's range reaches.
