@@ -430,8 +430,9 @@ def test_few_queries_at_large_scores_give_gradients_as_accurate_as_torchs(querie
     # Scores reaching ±80: the forward of a few queries (the decode kernel; the prefill's tiles
     # beside the backward's dot products for up to 4) summed each score in another order than the
     # backward, whose P from the forward's log-sum-exp then left dV 1.4e-5 off float64 where
-    # PyTorch's float32 is 2.4e-6 off (tools/gradient_error_by_magnitude.py). The backward recounts
-    # such rows: dV within 6e-6 of float64 relative to its largest (4e-6 measured), over 300 keys.
+    # PyTorch's float32 is 2.4e-6 off (tools/gradient_error_by_magnitude.py). The backward takes
+    # such rows from its own scores (docs/kernels.md): dV within 6e-6 of float64 relative to its
+    # largest (4e-6 measured), over 300 keys.
     torch.manual_seed(7)
     q = (torch.randn(2, 4, queries, 64) * 2.0).requires_grad_(True)
     k, v = leaf(2, 4, 300, 64), leaf(2, 4, 300, 32)
