@@ -9,6 +9,7 @@
 #include "attn/core/tensor.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
+#include "core/magnitude_scan.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
@@ -200,6 +201,23 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
       grad_output = rescaled_grad_output;
     }
   } else if (rows == RowSource::kForwardAgain) {
+    // The caller's output, which the pass no longer reads, is still checked as the pass checks
+    // it: one not finite goes to the scanned path, which names it (a few queries' rows).
+    const auto given = prepared.output_layout("output", output);
+    for (size_t s = 0; s < prepared.slices(); ++s) {
+      const ConstHeadsView view = given.slice(output.data(), s);
+      for (int64_t b = 0; b < view.batch; ++b) {
+        for (int64_t h = 0; h < view.heads; ++h) {
+          for (int64_t i = 0; i < view.rows; ++i) {
+            if (core_detail::largest_magnitude_bits(view.matrix(b, h) + i * view.row_stride,
+                                                    view.cols) >= core_detail::kFirstNonFinite) {
+              for (size_t t = 0; t < prepared.slices(); ++t) zero_slice(t);
+              return false;
+            }
+          }
+        }
+      }
+    }
     // The prefill kernels' output and log-sum-exp: checked as a forward call is (false for what it
     // leaves to the scanned path, which then recounts the rows instead).
     output_again = Tensor(output.shape());

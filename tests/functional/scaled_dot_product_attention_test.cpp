@@ -603,6 +603,23 @@ TEST_P(FunctionalSdpa, FewQueriesAtLargeScoresTakeGradOutputAtFloatsMaximum) {
   }
 }
 
+// Heads of 5–16 queries at scores far from 0 run the forward again for their rows, and no longer
+// read the caller's output: a NaN in it is still named (it went unnoticed, the gradients finite).
+TEST_P(FunctionalSdpa, FewQueriesAtLargeScoresNameANonFiniteOutput) {
+  for (const int64_t n : {3, 8}) {
+    SCOPED_TRACE("queries " + std::to_string(n));
+    SdpaTestCase c({1, 2, 2, n, 200, 64, 8}, 995, 1.6F);
+    c.set_scale(1.0F);  // scores ~ N(0, 20²)
+    AttentionForward forward = scaled_dot_product_attention(c.q, c.k, c.v, c.options);
+    ASSERT_GT(*std::max_element(forward.log_sum_exp.begin(), forward.log_sum_exp.end()), 30.0F);
+    forward.output.data()[1] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention_backward(c.q, c.k, c.v, forward.output, c.grad_out,
+                                              forward.log_sum_exp, c.options),
+        ValueError, "output: expected finite values, got NaN at flat index 1");
+  }
+}
+
 // FlashAttention-2's backward decomposes over key blocks given the whole rows' log-sum-exp (ring
 // attention's block pairs): with log_sum_exp_spans_more_keys the blocks' dQ add up to the whole
 // call's and their dK, dV are its rows. Scores near ±400 put |lse| past 256, where a call that
