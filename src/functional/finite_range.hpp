@@ -29,6 +29,9 @@ void scale_heads(const HeadsView& view, int shift);
 // Multiplies `count` contiguous floats by 2^shift.
 void scale_values(float* data, int64_t count, int shift);
 
+// Whether every value of `view` is finite (no NaN, no ±∞).
+bool heads_finite(const ConstHeadsView& view);
+
 // ValueError "<name>: the exact result overflows float32 ..." when a value of `view` is not finite
 // after scaling back: the sums were kept in range, so only the exact result can be out of it.
 void require_finite_result(const ConstHeadsView& view, std::string_view name,

@@ -9,7 +9,6 @@
 #include "attn/core/tensor.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/heads_view.hpp"
-#include "core/magnitude_scan.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
@@ -205,17 +204,9 @@ bool backward_without_scans(ConstStridedView query, ConstStridedView key, ConstS
     // it: one not finite goes to the scanned path, which names it (a few queries' rows).
     const auto given = prepared.output_layout("output", output);
     for (size_t s = 0; s < prepared.slices(); ++s) {
-      const ConstHeadsView view = given.slice(output.data(), s);
-      for (int64_t b = 0; b < view.batch; ++b) {
-        for (int64_t h = 0; h < view.heads; ++h) {
-          for (int64_t i = 0; i < view.rows; ++i) {
-            if (core_detail::largest_magnitude_bits(view.matrix(b, h) + i * view.row_stride,
-                                                    view.cols) >= core_detail::kFirstNonFinite) {
-              for (size_t t = 0; t < prepared.slices(); ++t) zero_slice(t);
-              return false;
-            }
-          }
-        }
+      if (!heads_finite(given.slice(output.data(), s))) {
+        for (size_t t = 0; t < prepared.slices(); ++t) zero_slice(t);
+        return false;
       }
     }
     // The prefill kernels' output and log-sum-exp: checked as a forward call is (false for what it

@@ -211,13 +211,14 @@ void scaled_dot_product_attention_backward(
   // then agrees with P too (D = dO·O; prefill_without_scans.hpp's RowSource).
   const bool few_far = !lost_precision && functional_detail::few_queries_far_from_zero(
                                               query.shape(), key.shape(), log_sum_exp, options);
-  const bool recount_rows = lost_precision || few_far;
   using functional_detail::RowSource;
   RowSource rows = lost_precision ? RowSource::kRecountedWithTotals : RowSource::kGiven;
   if (few_far) {
     rows = query.shape()[query.rank() - 2] > kBackwardFewQueries ? RowSource::kForwardAgain
                                                                  : RowSource::kRecounted;
   }
+  // The scanned path below recounts every such row (the forward again's among them).
+  const bool recount_rows = rows != RowSource::kGiven;
   // A caller's base-2 log-sum-exp (a ring's block pairs at large scores) takes the same kernel.
   const bool base_two = recount_rows || options.log_sum_exp_recomputed_base_two;
   // Plain and recounted rows: the kernel, which reports what it read, checked after

@@ -29,9 +29,9 @@ struct WeightsArgs {
   const float* additive_weights;      // w_v for additive scores; null for dot products
   bool additive_exponential = false;  // additive scores in the exponential form, as the forward
   float* row_totals = nullptr;        // set: each row's total into it (B·H·n), no weights written
-  // Set: each row's log-sum-exp of its own scores in the unit's base, with its sink's term, into it
-  // (B·H·n; −∞ for a row that sees nothing), no weights written and log_sum_exp not read. In base
-  // 2 the scores are the fp32 backward pass's FMA products bit for bit (its Gemm, or in heads of at
+  // Set: each row's base-2 log-sum-exp of its own scores (unit log2 e), with its sink's term, into
+  // it (B·H·n; −∞ for a row that sees nothing), no weights written and log_sum_exp not read. The
+  // scores are the fp32 backward pass's FMA products bit for bit (its Gemm, or in heads of at
   // most kFewQueries queries its FewQueryProducts), so that its P of a row's largest score is
   // 2⁰ = 1 exactly at any magnitude (LogSumExpKind::kRecomputedBaseTwo).
   float* recomputed_log_sum_exp = nullptr;
@@ -123,23 +123,21 @@ HWY_INLINE void AddTileToTotals(D d, size_t keys, size_t br, size_t rows, const 
                                 float* maxima, double* totals) {
   const size_t lanes = hn::Lanes(d);
   const auto minus_infinity = hn::Set(d, -std::numeric_limits<float>::infinity());
-  HWY_ALIGN float moved_from[hn::MaxLanes(d)];
+  HWY_ALIGN float new_maxima[hn::MaxLanes(d)];
   HWY_ALIGN float exponentials[hn::MaxLanes(d)];
   for (size_t r0 = 0; r0 < rows; r0 += lanes) {
     const size_t count = std::min(lanes, rows - r0);
     auto tile_max = minus_infinity;
     for (size_t j = 0; j < keys; ++j)
       tile_max = hn::Max(tile_max, hn::Load(d, scores + j * br + r0));
-    HWY_ALIGN float old_max[hn::MaxLanes(d)];
-    hn::Store(hn::LoadU(d, maxima + r0), d, old_max);
-    const auto new_max = hn::Max(hn::Load(d, old_max), tile_max);
-    hn::Store(new_max, d, moved_from);
-    hn::StoreU(new_max, d, maxima + r0);
+    const auto new_max = hn::Max(hn::LoadU(d, maxima + r0), tile_max);
+    hn::Store(new_max, d, new_maxima);
     for (size_t l = 0; l < count; ++l) {
-      if (moved_from[l] > old_max[l] && totals[r0 + l] > 0.0) {
-        totals[r0 + l] *= std::exp2(static_cast<double>(old_max[l]) - moved_from[l]);
+      if (new_maxima[l] > maxima[r0 + l] && totals[r0 + l] > 0.0) {
+        totals[r0 + l] *= std::exp2(static_cast<double>(maxima[r0 + l]) - new_maxima[l]);
       }
     }
+    hn::StoreU(new_max, d, maxima + r0);
     // Lanes that have seen nothing keep −∞ scores against 0: 2^−∞ = 0, never ∞ − ∞.
     const auto base = hn::IfThenElse(hn::Eq(new_max, minus_infinity), hn::Zero(d), new_max);
     for (size_t j = 0; j < keys; ++j) {
@@ -196,7 +194,6 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
   // Recomputing (in base 2: flash_attention_recomputed_log_sum_exp's unit): each row's running
   // maximum score, totals[r] then Σ 2^(S − maximum), a key tile at a time (AddTileToTotals).
   std::vector<float> maxima(recomputes ? br : 0, -std::numeric_limits<float>::infinity());
-  const bool base_two = args.unit != 1.0F;
   // The sink as one more score (a float, as the scores are).
   const auto add_sink = [&](size_t r, float sink) {
     if (sink > maxima[r]) {
@@ -264,16 +261,13 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
       // A row's largest score plus a log of at least 0: exactly that score where the others add
       // less than its half ulp.
       const bool sees = maxima[r] > -std::numeric_limits<float>::infinity();
-      row_lse[r] = sees
-                       ? static_cast<float>(static_cast<double>(maxima[r]) +
-                                            (base_two ? std::log2(totals[r]) : std::log(totals[r])))
-                       : -std::numeric_limits<float>::infinity();
+      row_lse[r] = sees ? static_cast<float>(static_cast<double>(maxima[r]) + std::log2(totals[r]))
+                        : -std::numeric_limits<float>::infinity();
       // Where the float lost log(sum) (ties at scores of 1e9), the row's P total that many times 1.
       if (args.recomputed_totals != nullptr) {
         const double shift = static_cast<double>(maxima[r]) - row_lse[r];
         args.recomputed_totals[(b * args.q.heads + h) * n + first_query + static_cast<int64_t>(r)] =
-            sees ? static_cast<float>(totals[r] * (base_two ? std::exp2(shift) : std::exp(shift)))
-                 : 0.0F;
+            sees ? static_cast<float>(totals[r] * std::exp2(shift)) : 0.0F;
       }
     }
     return;
