@@ -370,8 +370,7 @@ def test_dropout_of_every_weight_gives_zeros(argument):
 
 def test_window_sides_may_be_numpy_integers():
     # Sizes computed with NumPy (np.int64) were refused ("got left of type numpy.int64").
-    import torch
-
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     import attn.torch as attn_torch
 
     q, k, v = (torch.randn(1, 2, 9, 4) for _ in range(3))

@@ -8,10 +8,13 @@ import threading
 import time
 
 import pytest
-import torch
-import torch.autograd.forward_ad as fwAD
 
-import attn.torch as attn_torch
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the threads and transforms tests need it"
+)
+import torch.autograd.forward_ad as fwAD  # noqa: E402
+
+import attn.torch as attn_torch  # noqa: E402
 
 
 def _relative(actual, expected):
