@@ -713,7 +713,16 @@ std::vector<float> to_float_vector(nb::handle object, std::string_view name) {
                               "]: expected a number, got " + python_type_name(item))
                                  .c_str());
       }
-      values.push_back(static_cast<float>(value));
+      const auto narrowed = static_cast<float>(value);
+      // As require_float_range does for arrays: a finite double beyond float32's range would
+      // otherwise reach the checks downstream as "expected finite values, got inf".
+      if (std::isinf(narrowed) && std::isfinite(value)) {
+        std::ostringstream text;
+        text << std::string(name) << "[" << index << "]: expected values float32 holds (within "
+             << "±3.4e38; attn computes in float32), got " << value;
+        throw nb::value_error(text.str().c_str());
+      }
+      values.push_back(narrowed);
     }
     return values;
   }
