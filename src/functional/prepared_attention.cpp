@@ -318,6 +318,10 @@ void PreparedAttention::lay_out_mask() {
   // mask whose first axis is 1, (1, N or 1, L or 1, S or 1), is accepted there (no other rank
   // above the scores' is). That axis is dropped here; the mask's gradient keeps its shape.
   const Shape& full = mask.shape();
+  // The kernels refuse a null mask too, but the mask's key ranges are read before they run.
+  if (mask.data() == nullptr && scores_shape_.numel() > 0 && full.numel() > 0) {
+    throw ValueError("attn_mask: expected the mask's entries, got a null pointer");
+  }
   const bool batch_of_heads = scores_shape_.rank() == 3 && full.rank() == 4 && full[0] == 1 &&
                               broadcasts_to(Shape::from_dims(full.data() + 1, 3), scores_shape_);
   const size_t dropped = batch_of_heads ? 1 : 0;

@@ -1556,6 +1556,32 @@ TEST(FunctionalSdpaLayout, EmptyAxesTakeAMaskOfNoEntries) {
   }
 }
 
+TEST(FunctionalSdpaLayout, AMaskWithoutItsEntriesIsNamed) {
+  // A mask of entries whose data is null: the key ranges read it before the kernels' check
+  // (a segmentation fault at 1, 16, 17 and 64 queries). Bool, float and half masks, forward and
+  // backward.
+  for (const int64_t L : {1, 16, 17, 64}) {
+    SCOPED_TRACE("L = " + std::to_string(L));
+    const Tensor q(Shape{1, 1, L, 8}), k(Shape{1, 1, 64, 8});
+    const Shape mask{L, 64};
+    AttentionOptions masks[3];
+    masks[0].attn_mask = AttentionMask::boolean(StridedView<const uint8_t>(nullptr, mask));
+    masks[1].attn_mask = AttentionMask::additive(StridedView<const float>(nullptr, mask));
+    masks[2].attn_mask = AttentionMask::additive(HalfType::kBFloat16,
+                                                 StridedView<const uint16_t>(nullptr, mask));
+    for (const AttentionOptions& options : masks) {
+      EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, k, options), ValueError,
+                                "attn_mask: expected the mask's entries, got a null pointer");
+      const Tensor output(Shape{1, 1, L, 8});
+      const std::vector<float> log_sum_exp(static_cast<size_t>(L));
+      EXPECT_THROW_MESSAGE(scaled_dot_product_attention_backward(q, k, k, output, output,
+                                                                      log_sum_exp, options),
+                                ValueError,
+                                "attn_mask: expected the mask's entries, got a null pointer");
+    }
+  }
+}
+
 TEST(FunctionalSdpaLayout, OutputsOverInputsGiveTheSeparateResult) {
   Rng rng(21);
   const int64_t B = 2, H = 2, L = 128, E = 16;
