@@ -9,6 +9,7 @@
 #include "functional/finite_range.hpp"
 #include "functional/mask_intervals.hpp"
 #include "kernels/dropout_hash.hpp"
+#include "kernels/kernel_arguments.hpp"
 #include "kernels/score_masks.hpp"
 
 namespace attn::functional_detail {
@@ -169,6 +170,7 @@ void PreparedAttention::check_options(Family family) const {
         "value " +
         std::to_string(static_cast<int>(options_.alignment)));
   }
+  require_diagonal_offset(options_.diagonal_offset);
   if (!(options_.dropout >= 0.0F && options_.dropout < 1.0F)) {
     throw ValueError("dropout: expected a probability in [0, 1), got " +
                      number_text(options_.dropout));

@@ -22,6 +22,15 @@ void require_matrices(const ConstHeadsView& view, std::string_view name, int64_t
   }
 }
 
+void require_diagonal_offset(int64_t diagonal_offset) {
+  if (diagonal_offset <= -Shape::kMaxElements || diagonal_offset >= Shape::kMaxElements) {
+    throw ValueError("diagonal_offset: expected an offset within ±" +
+                     std::to_string(Shape::kMaxElements - 1) +
+                     " (past any tensor's keys either way), got " +
+                     std::to_string(diagonal_offset));
+  }
+}
+
 bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
                                const ConstHeadsView& v, const ConstHeadsView& out,
                                const ValidLengths& valid_lens,
@@ -55,6 +64,7 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
     throw ValueError("softcap: expected a positive number (0 for none), got " +
                      number_text(options.softcap));
   }
+  require_diagonal_offset(options.diagonal_offset);
   if (options.window_left < -1 || options.window_right < -1) {
     throw ValueError("window: expected sizes ≥ 0 (−1 for unbounded), got (" +
                      std::to_string(options.window_left) + ", " +

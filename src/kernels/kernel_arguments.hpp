@@ -24,6 +24,11 @@ bool check_attention_arguments(const ConstHeadsView& q, const ConstHeadsView& k,
                                const ValidLengths& valid_lens,
                                const FlashAttentionOptions& options);
 
+// ValueError unless |diagonal_offset| < Shape::kMaxElements (2^61 − 1), as a window's sides are
+// bounded (SlidingWindow::bounded): a query's diagonal key plus a side then stays within int64
+// (INT64_MAX wrapped around and hid every key).
+void require_diagonal_offset(int64_t diagonal_offset);
+
 // ShapeError unless w_v holds one weight per hidden unit and the keys have the queries' heads;
 // ValueError for the options additive attention does not take (scale ≠ 1 is ignored: w_v carries
 // it; softcap, ALiBi and sinks are refused).

@@ -701,6 +701,38 @@ TEST_P(FunctionalSdpa, WindowSidesPastAnyTensorAreUnbounded) {
   }
 }
 
+// A diagonal offset is refused past ±(2^61 − 2), where a query's diagonal key plus a window side
+// could leave int64: INT64_MAX wrapped around and hid every key (zero outputs, no error). Within
+// it, causal offsets far either way see every key or none.
+TEST(FunctionalSdpaOptions, DiagonalOffsetsPastAnyTensorAreRefused) {
+  Rng rng(77);
+  const Tensor q = testing::random_tensor(Shape{1, 2, 5, 4}, rng),
+               k = testing::random_tensor(Shape{1, 2, 8, 4}, rng),
+               v = testing::random_tensor(Shape{1, 2, 8, 3}, rng);
+  const AttentionForward unmasked = scaled_dot_product_attention(q, k, v, AttentionOptions{});
+  AttentionOptions options;
+  options.causal = true;
+  options.alignment = DiagonalAlignment::kOffset;
+  for (const int64_t offset : {INT64_MAX, INT64_MAX - 100, Shape::kMaxElements, INT64_MIN,
+                               -Shape::kMaxElements}) {
+    SCOPED_TRACE("offset " + std::to_string(offset));
+    options.diagonal_offset = offset;
+    EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, v, options), ValueError,
+                         "diagonal_offset: expected an offset within ±2305843009213693950");
+    options.window = SlidingWindow{2, 2};
+    EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, v, options), ValueError,
+                         "got " + std::to_string(offset));
+    options.window.reset();
+  }
+  options.diagonal_offset = Shape::kMaxElements - 1;
+  const AttentionForward sees_all = scaled_dot_product_attention(q, k, v, options);
+  // (Another kernel route may sum in another order: within float rounding.)
+  EXPECT_TRUE(close_to(sees_all.output, testing::to_doubles(unmasked.output), 1e-6));
+  options.diagonal_offset = -(Shape::kMaxElements - 1);
+  const AttentionForward sees_none = scaled_dot_product_attention(q, k, v, options);
+  for (const float x : sees_none.output.values()) EXPECT_EQ(x, 0.0F);
+}
+
 TEST_P(FunctionalSdpa, RandomCombinationsMatchTheReference) {
   Rng rng(4242);
   const auto pick = [&](int64_t count) {

@@ -109,6 +109,7 @@ struct AttentionOptions {
   DiagonalAlignment alignment = DiagonalAlignment::kTopLeft;
   // With alignment kOffset: query i's diagonal key is i + diagonal_offset (queries and keys that
   // are blocks of one longer sequence: the first query's position minus the first key's).
+  // Within ±(Shape::kMaxElements − 1), past any tensor's keys either way; beyond, a ValueError.
   int64_t diagonal_offset = 0;
   std::optional<SlidingWindow> window;
   AttentionMask attn_mask;
