@@ -254,6 +254,14 @@ TEST(FunctionalAdditiveArguments, NamesWhatIsWrong) {
                        "w_v: expected finite values, got inf at index 3");
   EXPECT_THROW_MESSAGE(additive_attention_weights(q, k, infinite, std::vector<float>(2), {}),
                        ValueError, "w_v: expected finite values");
+  // Finite weights whose scores could overflow (Σ|w_v| bounds them): a NaN output before.
+  Tensor huge_w_v(Shape{6});
+  std::fill_n(huge_w_v.data(), 6, 1e37F);
+  const AdditiveParameters huge{W_q, W_k, huge_w_v.span()};
+  EXPECT_THROW_MESSAGE(additive_attention(q, k, v, huge), ValueError,
+                       "w_v: scores could overflow float32 (Σ|w_v| = 6e+37");
+  EXPECT_THROW_MESSAGE(additive_attention_weights(q, k, huge, std::vector<float>(2), {}),
+                       ValueError, "w_v: scores could overflow float32");
   AttentionOptions softcap;
   softcap.softcap = 2.0F;
   EXPECT_THROW_MESSAGE(additive_attention(q, k, v, p, softcap), ValueError,

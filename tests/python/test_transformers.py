@@ -208,6 +208,40 @@ def test_register_names_the_implementation():
     assert "attn" in ALL_MASK_ATTENTION_FUNCTIONS
 
 
+@pytest.mark.parametrize("model_type", ["bloom", "xglm", "mpt"])
+def test_a_model_whose_attention_is_its_own_code_is_refused(model_type):
+    # BLOOM, XGLM and MPT compute attention themselves and took only the mask from attn's name:
+    # BLOOM and XGLM added SDPA's boolean mask to their float scores (logits 80-110% off eager's,
+    # causality lost, no warning), MPT failed on a mask left out ("'NoneType' object has no
+    # attribute 'to'"). transformers refuses "sdpa" for them; attn now does too, by name.
+    config = transformers.AutoConfig.for_model(
+        model_type, vocab_size=128, hidden_size=64, d_model=64, n_layer=1, num_layers=1,
+        n_layers=1, n_head=4, n_heads=4, attention_heads=4, ffn_dim=128,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="attn")
+    with pytest.raises(ValueError, match=f'the "{model_type}" models compute attention in their '
+                                         'own code.*use attn_implementation="eager"'):
+        model(input_ids=torch.randint(0, 128, (1, 6)))
+
+
+def test_models_of_other_flags_are_not_refused():
+    # T5's attention reaches attn although its class declares no attention backend (it takes
+    # SDPA); gpt-oss declares the backend but not SDPA: neither flag alone marks a model refused.
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                   num_heads=4, decoder_start_token_id=0)
+    eager = transformers.AutoModelForSeq2SeqLM.from_config(
+        copy.deepcopy(config), attn_implementation="eager").eval()
+    mine = transformers.AutoModelForSeq2SeqLM.from_config(
+        copy.deepcopy(config), attn_implementation="attn").eval()
+    mine.load_state_dict(eager.state_dict())
+    ids = torch.randint(0, 128, (2, 7))
+    with torch.no_grad():
+        expected = eager(input_ids=ids, decoder_input_ids=ids).logits
+        actual = mine(input_ids=ids, decoder_input_ids=ids).logits
+    assert_relative(actual, expected, LOGITS_RTOL, "T5 logits")
+
+
 def test_bfloat16_model_is_as_accurate_as_eager_in_bfloat16():
     # A bf16 model: attn's bf16 kernels (forward and backward, vdpbf16ps where the CPU has it)
     # against eager attention in bf16, both measured against the same model in float32. Each

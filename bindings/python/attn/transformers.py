@@ -103,11 +103,69 @@ def attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
+# transformers' masking_utils.sdpa_mask, once register() imported it.
+_sdpa_mask = None
+
+# model_type → whether that model's attention can take attn (see _mask).
+_attention_reaches_attn = {}
+
+
+def _model_attention_reaches_attn(config) -> bool:
+    """Whether the model of ``config`` runs its attention through transformers' interfaces.
+    Models that neither take an attention backend nor SDPA (BLOOM, XGLM, MPT: their classes'
+    ``_supports_attention_backend`` and ``_supports_sdpa`` both False) compute attention in their
+    own code, and only the mask comes from the implementation's name; transformers refuses
+    ``"sdpa"`` for them. A model type not found is given the benefit of the doubt."""
+    model_type = getattr(config, "model_type", None)
+    known = _attention_reaches_attn.get(model_type)
+    if known is not None:
+        return known
+    reaches = True
+    try:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        class_name = MODEL_MAPPING_NAMES.get(model_type)
+        if isinstance(class_name, (tuple, list)):
+            class_name = class_name[0]
+        model_class = getattr(transformers, class_name, None) if class_name else None
+        if model_class is not None:
+            reaches = bool(
+                getattr(model_class, "_supports_attention_backend", True)
+                or getattr(model_class, "_supports_sdpa", True)
+            )
+    except (ImportError, AttributeError):
+        pass
+    _attention_reaches_attn[model_type] = reaches
+    return reaches
+
+
+def _mask(*args, config=None, **kwargs):
+    """SDPA's boolean masks (``masking_utils.sdpa_mask``), refused for a model whose attention
+    never reaches attn: it would add them to its own float scores (BLOOM, XGLM: logits 80-110%
+    off eager's, causality lost) or fail on a mask left out for ``is_causal`` (MPT)."""
+    # (Checked in eager calls: a compiled graph need not trace the lookup's imports.)
+    if (
+        config is not None
+        and not torch.compiler.is_compiling()
+        and not _model_attention_reaches_attn(config)
+    ):
+        raise ValueError(
+            f'attn_implementation="{getattr(config, "_attn_implementation", NAME)}": the '
+            f'"{config.model_type}" models compute attention in their own code, not through '
+            'transformers\' AttentionInterface (transformers refuses "sdpa" for them too), so '
+            'attn cannot run it; use attn_implementation="eager"'
+        )
+    return _sdpa_mask(*args, config=config, **kwargs)
+
+
 def register(name: str = NAME) -> str:
     """Registers attn with transformers under ``name`` (default ``"attn"``): its
     ``AttentionInterface`` gets :func:`attention_forward`, its ``AttentionMaskInterface`` the
-    boolean masks of SDPA (``masking_utils.sdpa_mask``), which attn takes as they are. Returns
-    ``name``, to pass as ``attn_implementation``. Calling it again is harmless."""
+    boolean masks of SDPA (``masking_utils.sdpa_mask``), which attn takes as they are. A model
+    whose attention is its own code (BLOOM, XGLM, MPT) is refused by name at its first forward
+    call, as transformers refuses "sdpa" for it. Returns ``name``, to pass as
+    ``attn_implementation``. Calling it again is harmless."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -116,6 +174,8 @@ def register(name: str = NAME) -> str:
             "attn.transformers.register() needs Hugging Face transformers >= 5 "
             "(pip install transformers)"
         ) from error
+    global _sdpa_mask
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    _sdpa_mask = sdpa_mask
+    AttentionMaskInterface.register(name, _mask)
     return name
