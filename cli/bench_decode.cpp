@@ -165,7 +165,14 @@ DecodeReport run_decode_benchmarks(const DecodeBenchOptions& options,
                               : bench::default_stream_read_bytes(quick);
     for (const int count : threads) {
       progress("stream read, " + std::to_string(count) + " thread(s)");
-      report.stream_read[count] = bench::measure_stream_read(count, bytes, quick ? 2 : 5);
+      try {
+        report.stream_read[count] = bench::measure_stream_read(count, bytes, quick ? 2 : 5);
+      } catch (const ValueError& error) {
+        // A buffer the system refuses: say which option sized it.
+        if (options.stream_mib <= 0) throw;
+        throw ValueError(std::string("--stream-mib: ") + error.what() +
+                         " (choose a smaller buffer, or leave the option out)");
+      }
     }
   }
   const bench::DecodeQueryDType query_dtype = query_dtypes().at(options.query_dtype);
