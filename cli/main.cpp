@@ -167,12 +167,45 @@ std::vector<std::string> with_empty_values_split(int argc, char** argv) {
   return arguments;
 }
 
+// ValueError for an empty item in a comma-separated option's value ("--threads 1,,2", "--sizes
+// 128,"): CLI11 drops empty items when it splits, so the run went on with fewer values than
+// typed, where an empty value alone is refused by name.
+void refuse_empty_list_items(const CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> list_options;
+  for (const CLI::App* command : app.get_subcommands([](const CLI::App*) { return true; })) {
+    for (const CLI::Option* option : command->get_options()) {
+      if (option->get_delimiter() != ',') continue;
+      for (const std::string& name : option->get_lnames()) list_options.push_back("--" + name);
+    }
+  }
+  for (int index = 1; index < argc; ++index) {
+    const std::string_view argument = argv[index];
+    if (argument == "--") return;
+    for (const std::string& name : list_options) {
+      std::string_view value;
+      if (argument == name && index + 1 < argc) {
+        value = argv[index + 1];
+      } else if (argument.starts_with(name + "=")) {
+        value = argument.substr(name.size() + 1);
+      } else {
+        continue;
+      }
+      if (!value.empty() && (value.front() == ',' || value.back() == ',' ||
+                             value.find(",,") != std::string_view::npos)) {
+        throw attn::ValueError(name + ": expected comma-separated values, got an empty item in '" +
+                               std::string(value) + "'");
+      }
+    }
+  }
+}
+
 int run(CLI::App& app, int argc, char** argv) {
   const bool ring_rank = quiet_ring_rank(argc, argv);
   // Errors after run_ring started are its own to report (rank 0's collective message; a failure
   // on one rank alone is printed there).
   const auto quiet = [&] { return ring_rank && !attn::cli::ring_started(); };
   try {
+    refuse_empty_list_items(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     // --help and --version end parsing with code 0; every usage error is reported as 1.

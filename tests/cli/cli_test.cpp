@@ -926,6 +926,12 @@ TEST_F(CliTest, EmptyValuesAreTheValuesTyped) {
         {"translate --model m 'hello' --heatmap ''", "--heatmap: expected a file name, got ''"},
         {"bench --json-out ''", "--json-out: expected a file name, got ''"},
         {"bench --json-out= --quick", "--json-out: expected a file name, got ''"},
+        // An empty item of a comma-separated list (CLI11 dropped it: 1,,2 ran threads 1 and 2).
+        {"bench --threads 1,,2 --quick",
+         "--threads: expected comma-separated values, got an empty item in '1,,2'"},
+        {"bench --quick --sizes=128,",
+         "--sizes: expected comma-separated values, got an empty item"},
+        {"bench --quick --cases ,fused", "--cases: expected comma-separated values"},
         {"train nadaraya-watson --epochs= --out nw", "--epochs: expected an integer, got ''"},
         // (It wrote queries.npy, keys.npy and values.npy into the working directory, exit 0.)
         {"run --layer dot-product " + kInputArguments +
