@@ -24,10 +24,9 @@ void require_matrices(const ConstHeadsView& view, std::string_view name, int64_t
 
 void require_diagonal_offset(int64_t diagonal_offset) {
   if (diagonal_offset <= -Shape::kMaxElements || diagonal_offset >= Shape::kMaxElements) {
-    throw ValueError("diagonal_offset: expected an offset within ±" +
-                     std::to_string(Shape::kMaxElements - 1) +
-                     " (past any tensor's keys either way), got " +
-                     std::to_string(diagonal_offset));
+    throw ValueError(
+        "diagonal_offset: expected an offset within ±" + std::to_string(Shape::kMaxElements - 1) +
+        " (past any tensor's keys either way), got " + std::to_string(diagonal_offset));
   }
 }
 

@@ -713,8 +713,8 @@ TEST(FunctionalSdpaOptions, DiagonalOffsetsPastAnyTensorAreRefused) {
   AttentionOptions options;
   options.causal = true;
   options.alignment = DiagonalAlignment::kOffset;
-  for (const int64_t offset : {INT64_MAX, INT64_MAX - 100, Shape::kMaxElements, INT64_MIN,
-                               -Shape::kMaxElements}) {
+  for (const int64_t offset :
+       {INT64_MAX, INT64_MAX - 100, Shape::kMaxElements, INT64_MIN, -Shape::kMaxElements}) {
     SCOPED_TRACE("offset " + std::to_string(offset));
     options.diagonal_offset = offset;
     EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, v, options), ValueError,
@@ -1599,17 +1599,16 @@ TEST(FunctionalSdpaLayout, AMaskWithoutItsEntriesIsNamed) {
     AttentionOptions masks[3];
     masks[0].attn_mask = AttentionMask::boolean(StridedView<const uint8_t>(nullptr, mask));
     masks[1].attn_mask = AttentionMask::additive(StridedView<const float>(nullptr, mask));
-    masks[2].attn_mask = AttentionMask::additive(HalfType::kBFloat16,
-                                                 StridedView<const uint16_t>(nullptr, mask));
+    masks[2].attn_mask =
+        AttentionMask::additive(HalfType::kBFloat16, StridedView<const uint16_t>(nullptr, mask));
     for (const AttentionOptions& options : masks) {
       EXPECT_THROW_MESSAGE(scaled_dot_product_attention(q, k, k, options), ValueError,
-                                "attn_mask: expected the mask's entries, got a null pointer");
+                           "attn_mask: expected the mask's entries, got a null pointer");
       const Tensor output(Shape{1, 1, L, 8});
       const std::vector<float> log_sum_exp(static_cast<size_t>(L));
-      EXPECT_THROW_MESSAGE(scaled_dot_product_attention_backward(q, k, k, output, output,
-                                                                      log_sum_exp, options),
-                                ValueError,
-                                "attn_mask: expected the mask's entries, got a null pointer");
+      EXPECT_THROW_MESSAGE(
+          scaled_dot_product_attention_backward(q, k, k, output, output, log_sum_exp, options),
+          ValueError, "attn_mask: expected the mask's entries, got a null pointer");
     }
   }
 }

@@ -309,12 +309,14 @@ TEST_P(FlashAttention, RejectsInconsistentShapes) {
   EXPECT_THROW_MESSAGE(split_heads(q, 3, "q"), ShapeError,
                        "q: expected the last dimension to split into 3 heads");
   // An offset whose diagonal keys would leave int64 (INT64_MAX hid every key, without an error).
-  FlashAttentionOptions offset{.causal = true, .alignment = DiagonalAlignment::kOffset,
-                               .diagonal_offset = INT64_MAX, .mask = {}};
-  EXPECT_THROW_MESSAGE(flash_attention_forward(single_head(q, "q"), single_head(k, "k"),
-                                               single_head(v, "v"), {}, offset,
-                                               single_head(out, "out")),
-                       ValueError, "diagonal_offset: expected an offset within ±");
+  FlashAttentionOptions offset{.causal = true,
+                               .alignment = DiagonalAlignment::kOffset,
+                               .diagonal_offset = INT64_MAX,
+                               .mask = {}};
+  EXPECT_THROW_MESSAGE(
+      flash_attention_forward(single_head(q, "q"), single_head(k, "k"), single_head(v, "v"), {},
+                              offset, single_head(out, "out")),
+      ValueError, "diagonal_offset: expected an offset within ±");
 }
 
 // A sliding window over inputs past half the L3 (25 MB here: 2 heads of 512 over 1536 queries
