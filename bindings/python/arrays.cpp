@@ -700,6 +700,13 @@ MaskInput::MaskInput(nb::handle object, std::string_view name) {
   mask_ = AttentionMask::additive(StridedView<const float>(float_copy_.data(), shape));
 }
 
+void throw_beyond_float(std::string_view name, double value) {
+  std::ostringstream text;
+  text << std::string(name) << ": expected a number float32 holds (within ±3.4e38; attn computes "
+       << "in float32), got " << value;
+  throw nb::value_error(text.str().c_str());
+}
+
 std::vector<float> to_float_vector(nb::handle object, std::string_view name) {
   std::vector<float> values;
   if (object.is_none()) return values;
@@ -717,10 +724,7 @@ std::vector<float> to_float_vector(nb::handle object, std::string_view name) {
       // As require_float_range does for arrays: a finite double beyond float32's range would
       // otherwise reach the checks downstream as "expected finite values, got inf".
       if (std::isinf(narrowed) && std::isfinite(value)) {
-        std::ostringstream text;
-        text << std::string(name) << "[" << index << "]: expected values float32 holds (within "
-             << "±3.4e38; attn computes in float32), got " << value;
-        throw nb::value_error(text.str().c_str());
+        throw_beyond_float(std::string(name) + "[" + std::to_string(index) + "]", value);
       }
       values.push_back(narrowed);
     }

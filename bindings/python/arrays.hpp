@@ -5,11 +5,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "attn/core/half.hpp"
@@ -183,12 +185,24 @@ nb::dict to_python(StateDict&& state, Framework framework);
 // list of the whole signature.
 [[noreturn]] void throw_argument_type(std::string_view function, std::string_view name,
                                       std::string_view expected, nb::handle value);
+// ValueError "<name>: expected a number float32 holds (within ±3.4e38; attn computes in
+// float32), got <value>".
+[[noreturn]] void throw_beyond_float(std::string_view name, double value);
 template <typename Value>
 Value scalar_argument(nb::handle value, std::string_view function, std::string_view name,
                       std::string_view expected) {
   Value converted{};
   if (!nb::try_cast(value, converted, /*convert=*/true))
     throw_argument_type(function, name, expected, value);
+  if constexpr (std::is_same_v<Value, float>) {
+    // A finite Python float beyond float32 (scale=1e300) became ±∞, refused downstream as
+    // "expected a finite number, got inf": named as the number typed.
+    double typed = 0.0;
+    if (std::isinf(converted) && nb::try_cast(value, typed, /*convert=*/true) &&
+        std::isfinite(typed)) {
+      throw_beyond_float(name, typed);
+    }
+  }
   return converted;
 }
 template <typename Value>

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <random>
 #include <span>
@@ -82,10 +83,20 @@ int64_t window_side(nb::handle item, const char* side) {
   if (item.is_none()) return -1;
   int64_t value = 0;
   const nb::object integer = as_python_int(item);
-  if (!integer.is_valid() || !nb::try_cast(integer, value, /*convert=*/false)) {
+  if (!integer.is_valid()) {
     throw nb::type_error((std::string("window: expected (left, right) as ints or None, got ") +
                           side + " of type " + python_type(item))
                              .c_str());
+  }
+  if (!nb::try_cast(integer, value, /*convert=*/false)) {
+    // An int past int64 (2**63): a side past any tensor's keys, which SlidingWindow::bounded
+    // reads as unbounded; one below int64 is a negative size like any other.
+    if (PyObject_RichCompareBool(integer.ptr(), nb::int_(0).ptr(), Py_GT) == 1) {
+      return std::numeric_limits<int64_t>::max();
+    }
+    throw nb::value_error((std::string("window: expected ") + side +
+                           " ≥ 0, or -1 / None for unbounded, got " + nb::str(integer).c_str())
+                              .c_str());
   }
   if (value < -1) {
     throw nb::value_error((std::string("window: expected ") + side +

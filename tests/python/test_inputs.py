@@ -255,10 +255,16 @@ def test_float64_beyond_float32_is_named_not_turned_into_infinity(tmp_path):
         attn.scaled_dot_product_attention(query, normal(1, 3, 4), normal(1, 3, 4))
     # Lists of numbers are narrowed element by element: the same words name the element.
     for argument in ("sinks", "alibi_slopes"):
-        with pytest.raises(ValueError, match=rf"{argument}\[1\]: expected values float32 holds "
-                                             r".* got 1e\+300"):
+        with pytest.raises(ValueError, match=rf"{argument}\[1\]: expected a number float32 "
+                                             r"holds .* got 1e\+300"):
             attn.scaled_dot_product_attention(normal(1, 2, 2, 4), normal(1, 2, 3, 4),
                                               normal(1, 2, 3, 4), **{argument: [0.5, 1e300]})
+    # So are scalars: scale=1e300 read "scale: expected a finite number, got inf".
+    for argument in ("scale", "softcap"):
+        with pytest.raises(ValueError, match=rf"{argument}: expected a number float32 holds .* "
+                                             r"got 1e\+300"):
+            attn.scaled_dot_product_attention(normal(1, 2, 2, 4), normal(1, 2, 3, 4),
+                                              normal(1, 2, 3, 4), **{argument: 1e300})
     # A float64 mask's −1e300 hides a key as float's lowest does: a row of them ties and is
     # averaged (PyTorch's math in float64 gives the same), where −∞ hid the row wholly.
     mask = np.zeros((2, 3))

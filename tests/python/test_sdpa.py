@@ -383,6 +383,12 @@ def test_window_sides_may_be_numpy_integers():
         with pytest.raises(TypeError, match=r"window: expected \(left, right\) as ints or None, "
                                             r"got right of type float64"):
             call(q, k, v, window=(3, np.float64(0)))
+        # An int past int64 reaches past any tensor's keys, as None (it read "got left of type
+        # int"); one below int64 is a negative side like -5.
+        np.testing.assert_array_equal(np.asarray(call(q, k, v, window=(2**63, 0))),
+                                      np.asarray(call(q, k, v, window=(None, 0))))
+        with pytest.raises(ValueError, match="window: expected left ≥ 0.* got -" + str(2**70)):
+            call(q, k, v, window=(-2**70, 0))
 
 
 @pytest.mark.parametrize(

@@ -1939,6 +1939,11 @@ def test_float64_options_beyond_float32_are_named_as_given():
             attn.torch.scaled_dot_product_attention(q, k, v, **{name: huge})
     with pytest.raises(ValueError, match=r"^attn_mask: expected values float32 holds .* got 1e\+300"):
         attn.torch.scaled_dot_product_attention(q, k, v, torch.full((3, 3), 1e300, dtype=torch.float64))
+    # Scalars alike: scale or softcap of 1e300 read "expected a ... finite number, got inf".
+    for name in ("scale", "softcap"):
+        with pytest.raises(ValueError, match=f"^{name}: expected a number float32 holds .* got "
+                                             r"1e\+300"):
+            attn.torch.scaled_dot_product_attention(q, k, v, **{name: 1e300})
     mask = torch.zeros(3, 3, dtype=torch.float64)
     mask[0, 1:] = torch.finfo(torch.float64).min
     output = attn.torch.scaled_dot_product_attention(q, k, v, mask)

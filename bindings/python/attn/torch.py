@@ -1687,13 +1687,23 @@ def _bool_argument(name, value):
 def _float_argument(name, value, optional=False):
     """`value` as a float where PyTorch's SDPA takes it as one (a Python or NumPy real, a bool, a
     real 0-dim tensor; None when `optional`); else PyTorch's TypeError for the argument."""
-    if type(value) is float or (value is None and optional):
+    if value is None and optional:
         return value
-    if isinstance(value, (_numbers.Real, torch.SymFloat, torch.SymInt)) or (
-        isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex()
-    ):
-        return float(value)
-    raise _argument_error(name, "float", value)
+    if type(value) is not float:
+        if not (
+            isinstance(value, (_numbers.Real, torch.SymFloat, torch.SymInt))
+            or (isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex())
+        ):
+            raise _argument_error(name, "float", value)
+        value = float(value)
+    # A finite number past float32 (softcap=1e300) would reach attn as ±inf and be refused as
+    # "got inf": named as typed.
+    if type(value) is float and _FLOAT32_MAX < abs(value) < float("inf"):
+        raise ValueError(
+            f"{name}: expected a number float32 holds (within ±3.4e38; attn computes in "
+            f"float32), got {value:g}"
+        )
+    return value
 
 
 def _checked_sdpa_arguments(dropout_p, is_causal, scale, enable_gqa, softcap, alignment, causal,
