@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/parallel_tasks.hpp"
 
@@ -42,7 +43,11 @@ void QuantiseRows(const float* from, size_t from_stride, size_t rows, size_t col
     }
     float largest = full > 0 ? hn::GetLane(hn::MaxOfLanes(d, largest_lanes)) : 0.0F;
     for (size_t c = full; c < cols; ++c) largest = std::max(largest, std::fabs(row[c]));
-    const float scale = largest > 0.0F ? largest / 127.0F : 1.0F;
+    float scale = largest > 0.0F ? largest / 127.0F : 1.0F;
+    // Rows at float's ends: 127·scale rounded up past FLT_MAX for a row holding it (read back as
+    // ∞), and largest / 127 rounded to 0 under 1.8e-43 (every element read back as 0).
+    while (std::isinf(scale * 127.0F)) scale = std::nextafter(scale, 0.0F);
+    scale = std::max(scale, std::numeric_limits<float>::denorm_min());
     scales[r] = scale;
     const auto scale_lanes = hn::Set(d, scale);
     for (size_t c = 0; c < full; c += lanes) {

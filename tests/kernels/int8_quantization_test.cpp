@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "attn/core/random.hpp"
@@ -25,6 +26,9 @@ void quantise_reference(const std::vector<float>& from, size_t stride, size_t ro
     float largest = 0.0F;
     for (size_t c = 0; c < cols; ++c) largest = std::max(largest, std::fabs(from[r * stride + c]));
     scales[r] = largest > 0.0F ? largest / 127.0F : 1.0F;
+    // At float's ends: 127·scale within FLT_MAX, and a scale of at least the least subnormal.
+    while (std::isinf(scales[r] * 127.0F)) scales[r] = std::nextafter(scales[r], 0.0F);
+    scales[r] = std::max(scales[r], std::numeric_limits<float>::denorm_min());
     for (size_t c = 0; c < cols; ++c) {
       to[r * cols + c] = static_cast<int8_t>(
           std::clamp<long>(std::lround(from[r * stride + c] / scales[r]), -127, 127));
@@ -87,6 +91,32 @@ TEST_P(Int8Quantization, RowsOfZerosGetScaleOneAndZeros) {
   EXPECT_EQ(scales, std::vector<float>(3, 1.0F));
   EXPECT_EQ(got, std::vector<int8_t>(3 * 40, 0));
   quantize_rows_int8(nullptr, 0, 0, 40, nullptr, nullptr);  // no rows: nothing touched
+}
+
+// Rows at float's ends read back within half a step of their scale: a row holding FLT_MAX read
+// back ∞ (127·(FLT_MAX / 127) rounds up past it), and a row under 1.8e-43 read back as zeros (its
+// scale underflowed to 0).
+TEST_P(Int8Quantization, RowsAtFloatsEndsReadBackWithinTheirBound) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  for (const float largest : {kMax, std::nextafter(kMax, 0.0F), 3e38F, 1e-44F, 1e-45F, 3e-43F}) {
+    SCOPED_TRACE(largest);
+    const size_t cols = 37;
+    std::vector<float> from(cols);
+    for (size_t c = 0; c < cols; ++c)
+      from[c] = largest * (static_cast<float>(c) / static_cast<float>(cols - 1)) *
+                (c % 2 == 1 ? -1.0F : 1.0F);
+    expect_as_reference(from, cols, 1, cols);
+    std::vector<int8_t> got(cols);
+    float scale = 0.0F;
+    quantize_rows_int8(from.data(), cols, 1, cols, got.data(), &scale);
+    for (size_t c = 0; c < cols; ++c) {
+      const float read = static_cast<float>(got[c]) * scale;
+      ASSERT_TRUE(std::isfinite(read)) << "column " << c;
+      // Half a step, and the scale's own rounding at the ends (one step under 1e-43).
+      EXPECT_LE(std::fabs(static_cast<double>(read) - from[c]), static_cast<double>(scale))
+          << "column " << c;
+    }
+  }
 }
 
 // A million values and more run on the OpenMP threads in blocks of rows: the same bytes.
