@@ -1827,8 +1827,12 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
       rows >= kMinPairRows && KeysReadAsPairs(args.keys) &&
       (rows <= 4 ? QueryPairs(args, s, b, g, rows, rows, depth_pairs, 1, s.q_pairs)
                  : QueryPairs(args, s, b, g, rows, row_lanes, 1, row_lanes, s.q_pairs));
-  // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs).
-  const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16;
+  // With them, bf16 values take P·V on vdpbf16ps, P rounded to bf16 (ValuesOnPairs), for a bf16
+  // call's queries, whose output is bf16: float32 queries that bf16 holds (an upcast bf16 model's)
+  // keep P in fp32, as their dtype asks (P rounded there left their outputs 2.6e-4 off, against
+  // 6e-7 for queries a hair away from bf16 values). Their scores on pairs are exact products.
+  const bool pair_values = pair_scores && args.values.dtype == CacheDType::kBFloat16 &&
+                           args.half != nullptr && args.half->type == HalfType::kBFloat16;
   // The rows' queries (row r: head g·G + r / n, query r % n), scaled (unless the pairs hold them);
   // their key ranges. Every split reads all its rows' queries: the first checks them as it does (a
   // call that skipped scanning its queries learns of a NaN or ±∞ here, also in a row that sees no
