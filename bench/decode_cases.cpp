@@ -3,12 +3,15 @@
 #include "bench/decode_cases.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "attn/core/half.hpp"
 #include "attn/core/random.hpp"
 #include "attn/core/tensor.hpp"
 #include "attn/functional/attention_options.hpp"
+#include "attn/kernels/half_conversion.hpp"
 #include "bench/ceilings.hpp"
 
 namespace attn::bench {
@@ -61,6 +64,8 @@ PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t head
   struct State {
     std::shared_ptr<const KVCache> cache;
     Tensor query;
+    std::optional<HalfType> half;  // a bf16 or fp16 model's queries, passed in their dtype
+    std::vector<uint16_t> bits;    // their bits
     AttentionOptions options;
   };
   auto state = std::make_shared<State>();
@@ -69,17 +74,19 @@ PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t head
   state->query =
       random_tensor(Shape{state->cache->batch(), heads, queries, state->cache->head_dim()}, rng);
   // A model whose cache holds bf16 or fp16 computes its queries in that dtype too: by default the
-  // queries are values of it, as a bf16 or fp16 call's are once widened (a bf16 or int8 cache's
-  // many-row decoding scores on vdpbf16ps only for bf16 queries).
+  // queries are of it, passed as a bf16 or fp16 call passes them (the half overload: a bf16
+  // cache's many-row decoding takes both products on vdpbf16ps only for bf16 queries).
   if (query_dtype == DecodeQueryDType::kCache) {
     const CacheDType dtype = state->cache->dtype();
     query_dtype = dtype == CacheDType::kBFloat16  ? DecodeQueryDType::kBFloat16
                   : dtype == CacheDType::kFloat16 ? DecodeQueryDType::kFloat16
                                                   : DecodeQueryDType::kFloat32;
   }
-  for (float& x : state->query.span()) {
-    if (query_dtype == DecodeQueryDType::kBFloat16) x = bfloat16_to_float(float_to_bfloat16(x));
-    if (query_dtype == DecodeQueryDType::kFloat16) x = half_to_float(float_to_half(x));
+  if (query_dtype == DecodeQueryDType::kBFloat16) state->half = HalfType::kBFloat16;
+  if (query_dtype == DecodeQueryDType::kFloat16) state->half = HalfType::kFloat16;
+  if (state->half) {
+    state->bits.resize(static_cast<size_t>(state->query.numel()));
+    narrow_to_half(*state->half, state->query.data(), state->bits.data(), state->bits.size());
   }
   state->options.causal = true;
   state->options.enable_gqa = true;
@@ -89,7 +96,13 @@ PreparedDecode prepare_decode(std::shared_ptr<const KVCache> cache, int64_t head
         static_cast<double>(length) * static_cast<double>(state->cache->bytes_per_token());
   }
   prepared.run = [state] {
-    scaled_dot_product_attention(state->query, *state->cache, state->options);
+    if (state->half) {
+      scaled_dot_product_attention(
+          *state->half, StridedView<const uint16_t>(state->bits.data(), state->query.shape()),
+          *state->cache, state->options);
+    } else {
+      scaled_dot_product_attention(state->query, *state->cache, state->options);
+    }
   };
   return prepared;
 }

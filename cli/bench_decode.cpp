@@ -69,9 +69,10 @@ void add_decode_options(CLI::App& command, DecodeBenchOptions& options) {
                    "read from it");
   command
       .add_option("--decode-query-dtype", options.query_dtype,
-                  "Decode cases: the dtype the queries are values of (a model's own): cache (a "
-                  "bf16 or fp16 cache's, float32 beside float32 and int8 caches), float32, "
-                  "bfloat16 or float16")
+                  "Decode cases: the queries' dtype (a model's own): cache (a bf16 or fp16 "
+                  "cache's, float32 beside float32 and int8 caches), float32, bfloat16 or "
+                  "float16 (half queries go in as a half model passes them, the output in "
+                  "their dtype)")
       ->check(CLI::IsMember(query_dtypes()))
       ->default_str("cache");
   command
@@ -251,8 +252,8 @@ void print_decode_table(const DecodeReport& report, const DecodeBenchOptions& op
   out << "\ndecode: attn::scaled_dot_product_attention(query, cache), causal, " << options.heads
       << " query heads over " << options.kv_heads << " key/value heads of " << options.head_dim
       << "; queries: "
-      << (options.query_dtype == "cache" ? std::string("values of a bf16 or fp16 cache's dtype")
-                                         : options.query_dtype + " values")
+      << (options.query_dtype == "cache" ? std::string("a bf16 or fp16 cache's dtype")
+                                         : options.query_dtype)
       << "; median of " << options.repeats << " passes after one warm-up, each after ";
   if (report.evicted_bytes > 0) {
     out << "an eviction read of " << report.evicted_bytes / (1 << 20)

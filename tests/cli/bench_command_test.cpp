@@ -196,7 +196,7 @@ TEST_F(CliTest, BenchDecodeCasesTakeTheQueriesDtypeTheyAreGiven) {
   const nlohmann::json report = nlohmann::json::parse(read_text(path("q.json")));
   EXPECT_EQ(report["decode_shape"]["query_dtype"], "bfloat16");
   EXPECT_EQ(report["decode"].size(), 2U);
-  EXPECT_NE(result.out.find("queries: bfloat16 values"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("queries: bfloat16;"), std::string::npos) << result.out;
 }
 
 // Useful flops count only the pairs a window or mask lets through: at n = 40 and a window of 7,
