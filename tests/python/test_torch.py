@@ -1,5 +1,6 @@
 # attn side by side with the book's PyTorch code on random inputs (outputs, weights, gradients),
 # PyTorch tensors in and out without copies, and attn.torch's modules training inside PyTorch.
+import copy
 import pickle
 
 import numpy as np
@@ -861,3 +862,72 @@ def test_multi_head_attention_from_torch_refuses_what_the_books_layer_lacks():
     module = attn.torch.MultiHeadAttention.from_torch(double)
     x = torch.randn(1, 5, 16, dtype=torch.float64)
     assert module(x, x, x).dtype == torch.float64
+
+
+def test_modules_hold_their_parameters_as_the_books_do():
+    # The book's modules hold nn.Linear projections in their constructor's order. attn's held bare
+    # modules in sorted order: an optimizer's state resumed by position from a book model moved
+    # each matrix's moments onto another (Adam: 0.09-0.14 off after one step, no error), and the book's
+    # init_seq2seq (`type(m) == nn.Linear`) left them at PyTorch's default.
+    torch.manual_seed(3)
+    pairs = [
+        (book.MultiHeadAttention(5, 6, 7, 8, 2, 0.0, bias=True),
+         attn.torch.MultiHeadAttention(5, 6, 7, 8, 2, 0.0, bias=True)),
+        (book.AdditiveAttention(5, 6, 8, 0.0), attn.torch.AdditiveAttention(5, 6, 8, 0.0)),
+    ]
+    queries, keys, values = torch.randn(2, 3, 6), torch.randn(2, 4, 5), torch.randn(2, 4, 7)
+    for theirs, mine in pairs:
+        theirs_names = [name for name, _ in theirs.named_parameters()]
+        assert [name for name, _ in mine.named_parameters()] == theirs_names
+        for name, module in theirs.named_children():
+            if type(module) is torch.nn.Linear:
+                assert type(getattr(mine, name)) is torch.nn.Linear, name
+        # The book's Xavier initialisation reaches attn's projections alike (the biases copied).
+        mine.load_state_dict(theirs.state_dict())
+        for model in (theirs, mine):
+            torch.manual_seed(11)
+            model.apply(lambda m: type(m) is torch.nn.Linear and torch.nn.init.xavier_uniform_(m.weight))
+        for (name, mine_p), (_, theirs_p) in zip(mine.named_parameters(), theirs.named_parameters()):
+            torch.testing.assert_close(mine_p, theirs_p, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(mine(queries, keys, values), theirs(queries, keys, values),
+                                   rtol=1e-5, atol=1e-6)
+        # An optimizer's state saved from one and loaded into the other by position (momentum:
+        # an update linear in the gradients, which Adam's first steps are not).
+        for model in (theirs, mine):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            model(queries, keys, values).pow(2).sum().backward()
+            optimizer.step()
+            model.saved = optimizer.state_dict()
+        resumed = torch.optim.SGD(mine.parameters(), lr=0.1, momentum=0.9)
+        resumed.load_state_dict(copy.deepcopy(theirs.saved))  # (buffers of its own)
+        for model, optimizer in ((theirs, None), (mine, resumed)):
+            if optimizer is None:
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                optimizer.load_state_dict(copy.deepcopy(model.saved))
+            model.zero_grad()
+            model(queries, keys, values).pow(2).sum().backward()
+            optimizer.step()
+        for (name, mine_p), (_, theirs_p) in zip(mine.named_parameters(), theirs.named_parameters()):
+            torch.testing.assert_close(mine_p, theirs_p, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_multi_head_attention_keeps_its_weights_where_the_book_does():
+    # The book's Transformer reads blk.attention.attention.attention_weights.
+    module = attn.torch.MultiHeadAttention(5, 6, 7, 8, 2)
+    module(torch.randn(2, 3, 6), torch.randn(2, 4, 5), torch.randn(2, 4, 7))
+    assert module.attention.attention_weights is module.attention_weights
+    assert module.attention_weights.shape == (4, 3, 4)
+    copied = pickle.loads(pickle.dumps(module))
+    torch.testing.assert_close(copied.attention.attention_weights, module.attention_weights)
+
+
+@pytest.mark.parametrize("kind", ["dot", "additive"])
+def test_a_failed_call_leaves_the_last_calls_weights(kind):
+    # A call that raised wiped the weights of the call before, which the book's modules keep.
+    module = (attn.torch.DotProductAttention() if kind == "dot"
+              else attn.torch.AdditiveAttention(4, 4, 6))
+    module(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6))
+    with pytest.raises(attn.ShapeError):
+        module(torch.randn(2, 3, 4), torch.randn(2, 5, 3), torch.randn(2, 5, 6))
+    assert module.attention_weights is not None and module.attention_weights.shape == (2, 3, 5)
+    torch.testing.assert_close(module.attention_weights.sum(-1), torch.ones(2, 3))

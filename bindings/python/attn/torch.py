@@ -272,29 +272,55 @@ def _layer_gradients_reached(bad, valid_lens, input_grads, parameter_names, para
     return input_grads, parameter_grads
 
 
-def _register_parameter(module, name, value):
-    """Registers ``value`` under a dotted state-dict name, making the submodules on the way
-    (``W_q.weight`` → submodule ``W_q``, parameter ``weight``)."""
-    *path, leaf = name.split(".")
-    owner = module
-    for part in path:
-        if not hasattr(owner, part):
-            owner.add_module(part, nn.Module())
-        owner = getattr(owner, part)
-    owner.register_parameter(leaf, nn.Parameter(value))
+def _register_parameters(module, state, book_order):
+    """Registers the layer's ``state`` (dotted names → tensors) on ``module``: a projection's
+    ``weight`` (out, in) and ``bias`` as an ``nn.Linear`` submodule, as the book's modules hold
+    them (its initialisers test ``type(m) == nn.Linear``: xavier_uniform_ had skipped attn's),
+    anything else as a parameter under its name. Submodules and parameters come in the book's
+    order (``book_order``: the submodules' names as its constructor makes them), which
+    ``named_parameters()`` follows and an optimizer's state, saved by position, relies on (the
+    layer's own names are sorted: a book model's Adam state resumed onto attn's
+    MultiHeadAttention moved each matrix's moments to another, without an error)."""
+    rank = {prefix: index for index, prefix in enumerate(book_order)}
+    grouped = {}
+    for name in sorted(state, key=lambda name: rank.get(name.split(".")[0], len(rank))):
+        prefix, _, leaf = name.rpartition(".")
+        grouped.setdefault(prefix, {})[leaf] = torch.from_numpy(state[name])
+    for prefix, leaves in grouped.items():
+        weight = leaves.get("weight")
+        if prefix and "." not in prefix and set(leaves) <= {"weight", "bias"} and (
+            weight is not None and weight.dim() == 2
+        ):
+            bias = leaves.get("bias")
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                               device="meta")
+            linear.weight = nn.Parameter(weight)
+            if bias is not None:
+                linear.bias = nn.Parameter(bias)
+            module.add_module(prefix, linear)
+            continue
+        for leaf, value in leaves.items():
+            owner = module
+            for part in prefix.split(".") if prefix else ():
+                if not hasattr(owner, part):
+                    owner.add_module(part, nn.Module())
+                owner = getattr(owner, part)
+            owner.register_parameter(leaf, nn.Parameter(value))
 
 
 class _AttnModule(nn.Module):
     """Shared by the modules: parameters from an attn layer, forward through _LayerFunction."""
 
+    # The book module's submodules in its constructor's order, where it differs from the sorted
+    # names of attn's layer.
+    _BOOK_ORDER = ()
+
     def __init__(self, layer):
         super().__init__()
         # Never run: a template holding the hyper-parameters, copied on each call.
         self._template = layer
-        state = layer.state_dict()
-        self._parameter_names = list(state)
-        for name, value in state.items():
-            _register_parameter(self, name, torch.from_numpy(value))
+        _register_parameters(self, layer.state_dict(), self._BOOK_ORDER)
+        self._parameter_names = [name for name, _ in self.named_parameters()]
         # The last call's layer, until its weights are read (attention_weights), and the weights.
         self._weights_layer = None
         self._attention_weights = None
@@ -413,14 +439,16 @@ class _AttnModule(nn.Module):
         while there is room. A copy cost 0.3–1 ms at 256 hidden units (its parameters and
         buffers, fresh pages), more than a Bahdanau decoder step's attention; a reused layer
         keeps its buffers."""
-        self._weights_layer = None  # this call replaces the last call's weights
+        # The last call's layer, whose weights are still to be read, is not reused: a call that
+        # fails leaves them as they were (they read None after one).
+        pending = self._weights_layer
         lease = _Lease()
         # A spare is found free and claimed under one lock: two threads calling one module could
         # both find the same layer free between the test and the claim, and one call's backward
         # then read the other's forward (gradients 1.2 relative off, no error).
         with _SPARE_LAYERS_LOCK:
             for spare in self._spare_layers:
-                if spare[1]() is None:
+                if spare[1]() is None and spare[0] is not pending:
                     spare[1] = _weakref.ref(lease)
                     return self._load(spare[0], parameters), lease, spare[2]
             layer = self._load(_copy.copy(self._template), parameters)
@@ -486,6 +514,9 @@ class _AttnModule(nn.Module):
         self.__dict__.update(state)
         arguments, keywords = self._arguments
         self._template = type(self)(*arguments, **keywords)._template
+        for child in self.children():
+            if isinstance(child, _InnerAttention):
+                child._outer = _weakref.ref(self)
 
 
 class _ComposedCallWeights:
@@ -569,8 +600,10 @@ class _ComposedModule(_AttnModule):
 
 
 class AdditiveAttention(_AttnModule):
-    """The book's AdditiveAttention, computed by attn: parameters ``W_q.weight``,
-    ``W_k.weight``, ``w_v.weight``."""
+    """The book's AdditiveAttention, computed by attn: parameters ``W_k.weight``,
+    ``W_q.weight``, ``w_v.weight``, each an ``nn.Linear`` without bias as the book's."""
+
+    _BOOK_ORDER = ("W_k", "W_q", "w_v")
 
     def __init__(self, key_size, query_size, num_hiddens, dropout=0.0, *, seed=0):
         super().__init__(
@@ -597,10 +630,33 @@ class DotProductAttention(_ComposedModule):
         return output.squeeze(1)
 
 
+class _InnerAttention(nn.Module):
+    """``attention`` of a MultiHeadAttention, where the book's module keeps its
+    DotProductAttention: its ``attention_weights`` are the outer module's (the book's Transformer
+    reads ``blk.attention.attention.attention_weights``). It holds no parameters."""
+
+    def __init__(self, outer):
+        super().__init__()
+        self._outer = _weakref.ref(outer)
+
+    @property
+    def attention_weights(self):
+        outer = self._outer() if self._outer is not None else None
+        return None if outer is None else outer.attention_weights
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_outer"] = None  # a weak reference does not pickle; the outer module sets it again
+        return state
+
+
 class MultiHeadAttention(_ComposedModule):
     """The book's MultiHeadAttention, computed by attn: parameters ``W_q``, ``W_k``, ``W_v``,
-    ``W_o`` ``.weight`` (and ``.bias`` with bias=True). ``attention_weights`` after a call are
-    the inner attention's, (B·num_heads, n, m)."""
+    ``W_o`` ``.weight`` (and ``.bias`` with bias=True), each an ``nn.Linear`` as the book's, in
+    its order. ``attention_weights`` after a call are the inner attention's, (B·num_heads, n, m),
+    also read as ``attention.attention_weights``, where the book keeps them."""
+
+    _BOOK_ORDER = ("W_q", "W_k", "W_v", "W_o")
 
     def __init__(
         self,
@@ -624,6 +680,7 @@ class MultiHeadAttention(_ComposedModule):
             {"seed": seed},
         )
         self._dropout, self._num_heads, self._bias = dropout, num_heads, bias
+        self.attention = _InnerAttention(self)
         self._sizes = {
             name: (size, "the layer's input size")
             for name, size in (("queries", query_size), ("keys", key_size), ("values", value_size))
