@@ -181,11 +181,16 @@ void bind_kv_cache(nb::module_& module) {
       "while grad mode is on (no gradient flows through the cache): pass its .detach().");
   cls.def(
       "reserve",
-      [](BoundCache& bound, int64_t capacity) {
+      [](BoundCache& bound, nb::handle capacity_value) {
+        // Converted as the constructor converts its sizes: a wrong type names the argument (it
+        // got nanobind's list of the whole signature).
+        const auto capacity =
+            scalar_argument<int64_t>(capacity_value, "KVCache.reserve", "capacity", "int");
         nb::gil_scoped_release release;
         bound.write([&](KVCache& cache) { cache.reserve(capacity); });
       },
-      "capacity"_a, "Makes room for `capacity` tokens per sequence now (never shrinks).");
+      nb::sig("def reserve(self, capacity: int) -> None"), "capacity"_a.none(),
+      "Makes room for `capacity` tokens per sequence now (never shrinks).");
   cls.def(
       "clear", [](BoundCache& bound) { bound.write([](KVCache& cache) { cache.clear(); }); },
       "Empties every sequence; the storage stays.");

@@ -421,6 +421,11 @@ def test_constructor_errors():
     with pytest.raises(ValueError, match="capacity"):
         cache.reserve(2**62)
     assert cache.capacity == 2
+    # A wrong type is named as the constructor names it (it got nanobind's whole signature).
+    for wrong, kind in ((5.5, "float"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=rf"^KVCache.reserve\(\): argument 'capacity' must be "
+                                            rf"int, not {kind}$"):
+            cache.reserve(wrong)
 
 
 def test_append_errors_leave_the_cache_unchanged():
