@@ -62,11 +62,28 @@ std::string excerpt(const nlohmann::json& value) {
   return io_detail::json_excerpt(value);
 }
 
+// The bytes of one element of a safetensors dtype: the four attn reads, and the others the format
+// names (a tokenizer's I64 ids, a BOOL mask), whose byte ranges are checked as any tensor's so that
+// a file holding them beside float tensors still gives those.
 std::optional<int64_t> itemsize_of(std::string_view dtype) {
-  if (dtype == "F32") return 4;
-  if (dtype == "F64") return 8;
-  if (dtype == "F16" || dtype == "BF16") return 2;
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "BOOL" || dtype == "U8" || dtype == "I8" || dtype == "F8_E4M3" ||
+      dtype == "F8_E5M2") {
+    return 1;
+  }
   return std::nullopt;
+}
+
+bool readable(std::string_view dtype) {
+  return dtype == "F32" || dtype == "F64" || dtype == "F16" || dtype == "BF16";
+}
+
+[[noreturn]] void unsupported_dtype(std::string_view source, const TensorEntry& entry) {
+  fail_tensor(source, entry.name,
+              "unsupported dtype '" + io_detail::escaped(entry.dtype) +
+                  "': expected F32, F64, F16 or BF16");
 }
 
 const nlohmann::json& field(const nlohmann::json& info, const char* key, std::string_view name,
@@ -141,11 +158,7 @@ TensorEntry read_entry(const std::string& name, const nlohmann::json& info,
   entry.end =
       static_cast<uint64_t>(non_negative_integer(offsets[1], "'data_offsets'", name, source));
   const std::optional<int64_t> itemsize = itemsize_of(entry.dtype);
-  if (!itemsize) {
-    fail_tensor(source, name,
-                "unsupported dtype '" + io_detail::escaped(entry.dtype) +
-                    "': expected F32, F64, F16 or BF16");
-  }
+  if (!itemsize) unsupported_dtype(source, entry);
   if (entry.begin > entry.end) {
     fail_tensor(source, name,
                 "data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
@@ -305,6 +318,9 @@ void parse_file(std::span<const std::byte> bytes, std::string_view source, State
   if (tensors == nullptr) return;
   const std::span<const std::byte> buffer = bytes.subspan(header.data_offset);
   for (const TensorEntry& entry : header.entries) {
+    if (!readable(entry.dtype)) unsupported_dtype(source, entry);
+  }
+  for (const TensorEntry& entry : header.entries) {
     const std::span<const std::byte> data = buffer.subspan(entry.begin, entry.end - entry.begin);
     Tensor::Storage values =
         entry.dtype == "F32" ? decode<float>(data)
@@ -371,6 +387,8 @@ SafetensorsTensor load_safetensors_tensor(const std::filesystem::path& path,
                      : "no tensor '" + io_detail::escaped(name) + "': it holds " +
                            (held.empty() ? std::string("none") : held));
   }
+  // The other tensors may be of any dtype the format names (a BOOL attention mask beside them).
+  if (!readable(chosen->dtype)) unsupported_dtype(source, *chosen);
   SafetensorsTensor result;
   result.shape = chosen->shape;
   const uint64_t offset = header.data_offset + chosen->begin, bytes = chosen->end - chosen->begin;

@@ -338,12 +338,52 @@ TEST(SafetensorsMalformed, RankAndSizes) {
 }
 
 TEST(SafetensorsMalformed, UnsupportedDtypesNameTheTensor) {
-  for (const std::string dtype : {"I64", "I32", "U8", "BOOL", "F8_E4M3", "f32", "bf16"}) {
+  // Dtypes the format names, each its own size, and names it does not (checked first).
+  for (const auto& [dtype, bytes] : {std::pair<std::string, int>{"I64", 8},
+                                     {"I32", 4},
+                                     {"U8", 1},
+                                     {"BOOL", 1},
+                                     {"F8_E4M3", 1},
+                                     {"f32", 4},
+                                     {"bf16", 2}}) {
+    const std::string offsets = "[0," + std::to_string(bytes) + "]";
     EXPECT_THROW_MESSAGE(
-        parse_safetensors(make_safetensors("{" + entry("layer.w", "[1]", "[0,4]", dtype) + "}", 4),
+        parse_safetensors(make_safetensors("{" + entry("layer.w", "[1]", offsets, dtype) + "}",
+                                           static_cast<size_t>(bytes)),
                           "dtype.st"),
         FileError, "dtype.st: tensor 'layer.w': unsupported dtype '" + dtype + "'");
   }
+}
+
+// A float tensor chosen from a file that also holds tensors attn does not read (a tokenizer's I64
+// ids, a BOOL attention mask, as transformers' files hold them): `attn run FILE:q` refused the
+// whole file ("tensor 'attention_mask': unsupported dtype 'BOOL'"). Their byte ranges are still
+// checked; choosing one of them names its dtype.
+TEST(SafetensorsFiles, AFloatTensorIsChosenBesideOthersOfAnyDtype) {
+  const TempDirectory directory;
+  const std::vector<std::byte> bytes = make_safetensors(
+      "{" + entry("attention_mask", "[3]", "[0,3]", "BOOL") + "," +
+          entry("input_ids", "[1]", "[3,11]", "I64") + "," + entry("q", "[2]", "[11,19]") + "}",
+      19);
+  const std::filesystem::path file = directory.path() / "mixed.safetensors";
+  std::ofstream(file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  const SafetensorsTensor q = load_safetensors_tensor(file, "q");
+  EXPECT_EQ(q.shape, Shape{2});
+  std::vector<float> expected(2);
+  std::memcpy(expected.data(), bytes.data() + bytes.size() - 8, 8);
+  EXPECT_EQ(q.floats.to_vector(), expected);
+  EXPECT_THROW_MESSAGE(load_safetensors_tensor(file, "attention_mask"), FileError,
+                       "tensor 'attention_mask': unsupported dtype 'BOOL'");
+  EXPECT_THROW_MESSAGE(load_safetensors(file), FileError,
+                       "tensor 'attention_mask': unsupported dtype 'BOOL'");
+  EXPECT_TRUE(load_safetensors_metadata(file).empty());
+  // A range that does not fit its dtype is refused whichever tensor is chosen.
+  const std::vector<std::byte> short_ids = make_safetensors(
+      "{" + entry("input_ids", "[1]", "[0,4]", "I64") + "," + entry("q", "[1]", "[4,8]") + "}", 8);
+  EXPECT_THROW_MESSAGE(parse_safetensors(short_ids, "ids.st"), FileError,
+                       "tensor 'input_ids': shape (1,) of I64 needs 1 elements of 8 bytes");
 }
 
 TEST(SafetensorsMalformed, OffsetsThatDoNotTileTheData) {
