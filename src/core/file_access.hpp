@@ -125,13 +125,17 @@ inline void write_atomically(const std::filesystem::path& target,
   if (exists && !S_ISREG(existing.st_mode)) {
     fail("expected a regular file or a new name, got " + file_kind(existing.st_mode));
   }
-  // A name no other writer picks: this process, a counter, and O_EXCL against anyone else.
+  // A name no other writer picks: this process, a counter, and O_EXCL against anyone else. The
+  // target's name is cut to 200 bytes in it, so that the whole stays within the 255 bytes a file
+  // name may have (a target of 236 bytes or more could not be written).
   static std::atomic<uint64_t> counter{0};
+  std::string stem = target.filename().string();
+  if (stem.size() > 200) stem.resize(200);
   std::filesystem::path temporary;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
-    temporary = folder / ("." + target.filename().string() + ".attn-" + std::to_string(::getpid()) +
-                          "-" + std::to_string(counter++) + ".tmp");
+    temporary = folder / ("." + stem + ".attn-" + std::to_string(::getpid()) + "-" +
+                          std::to_string(counter++) + ".tmp");
     // 0666 under the umask, as a plain create would give.
     fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && (errno != EEXIST || attempt > 100)) fail(system_reason(errno));

@@ -355,6 +355,21 @@ TEST(SafetensorsMalformed, UnsupportedDtypesNameTheTensor) {
   }
 }
 
+// A file name of up to 255 bytes, the most one may have, is written: the temporary beside it
+// (".NAME.attn-PID-N.tmp") went past that limit from 236 bytes on ("File name too long").
+TEST(SafetensorsFiles, TheLongestFileNamesAreWritten) {
+  const TempDirectory directory;
+  for (const size_t length : {size_t{200}, size_t{236}, size_t{255}}) {
+    const std::filesystem::path file = directory.path() / std::string(length, 'n');
+    save_safetensors(file, {{"x", Tensor::full(Shape{2}, 1.5F)}});
+    EXPECT_EQ(load_safetensors(file).at("x").to_vector(), (std::vector<float>{1.5F, 1.5F}));
+  }
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(directory.path()))
+    ++entries;
+  EXPECT_EQ(entries, 3U);  // no temporary left behind
+}
+
 // A float tensor chosen from a file that also holds tensors attn does not read (a tokenizer's I64
 // ids, a BOOL attention mask, as transformers' files hold them): `attn run FILE:q` refused the
 // whole file ("tensor 'attention_mask': unsupported dtype 'BOOL'"). Their byte ranges are still
