@@ -892,7 +892,18 @@ StateInputs::StateInputs(nb::handle mapping, std::string_view argument) {
       throw nb::type_error(
           (std::string(argument) + ": expected str keys, got " + python_type_name(key)).c_str());
     }
-    const std::string name = nb::borrow<nb::str>(key).c_str();
+    // Every character of the name (c_str() stopped at a NUL: 'a' and 'a\0b' became one entry, a
+    // tensor lost without a word), and a ValueError for a str UTF-8 cannot encode (a lone
+    // surrogate made a null pointer, "basic_string: construction from null").
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(key.ptr(), &size);
+    if (utf8 == nullptr) {
+      PyErr_Clear();
+      throw nb::value_error((std::string(argument) + ": expected names UTF-8 can encode, got " +
+                             nb::repr(key).c_str())
+                                .c_str());
+    }
+    const std::string name(utf8, static_cast<size_t>(size));
     inputs_.push_back(
         std::make_unique<InputTensor>(item[1], std::string(argument) + "['" + name + "']", -1));
     views_.insert_or_assign(name, inputs_.back()->view());
@@ -912,7 +923,8 @@ nb::dict to_python(const StateDict& state, Framework framework) {
 
 nb::dict to_python(StateDict&& state, Framework framework) {
   nb::dict result;
-  for (auto& [name, tensor] : state) result[name.c_str()] = to_python(std::move(tensor), framework);
+  for (auto& [name, tensor] : state)
+    result[nb::str(name.data(), name.size())] = to_python(std::move(tensor), framework);
   return result;
 }
 

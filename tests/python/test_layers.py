@@ -214,6 +214,15 @@ def test_safetensors_functions_round_trip(tmp_path):
     assert sorted(loaded) == ["a", "b"] and loaded["a"].dtype == np.float32
     np.testing.assert_array_equal(loaded["a"], tensors["a"])
     np.testing.assert_array_equal(loaded["b"], [1.0])
+    # Names are kept whole: one holding a NUL was cut there, so "a\0b" overwrote "a" (a tensor lost
+    # without a word, in saving and in loading alike); a name UTF-8 cannot encode is named.
+    tensors = {"a": np.ones(2, np.float32), "a\0b": np.full(3, 5.0, np.float32)}
+    attn.save_safetensors(tmp_path / "nul.safetensors", tensors)
+    loaded = attn.load_safetensors(tmp_path / "nul.safetensors")
+    assert sorted(loaded) == ["a", "a\0b"]
+    np.testing.assert_array_equal(loaded["a\0b"], tensors["a\0b"])
+    with pytest.raises(ValueError, match="tensors: expected names UTF-8 can encode"):
+        attn.save_safetensors(tmp_path / "bad.safetensors", {"a\udc80": np.ones(2, np.float32)})
 
 
 def test_file_errors_are_oserrors_with_the_path(tmp_path):
