@@ -207,6 +207,24 @@ def test_save_and_load_safetensors(tmp_path, case):
             attn.load(case.params_path)
 
 
+def test_load_checks_the_metadatas_sizes_against_the_tensors_first(tmp_path):
+    # A file of metadata alone, sizes 40000: attn.load built the layer (25 GB of parameters, or a
+    # MemoryError) before looking at its tensors. Now a FileError, the layer never built; a
+    # file whose tensors hold what its sizes ask still loads.
+    path = tmp_path / "sizes.safetensors"
+    sizes = {"key_size": 40000, "query_size": 40000, "value_size": 40000, "num_hiddens": 40000}
+    attn.save_safetensors(path, {"w": np.ones(4, np.float32)},
+                          {"layer": "MultiHeadAttention", "num_heads": "1", "dropout": "0.0",
+                           "bias": "False", **{k: str(v) for k, v in sizes.items()}})
+    with pytest.raises(attn.FileError, match=r"ask for a MultiHeadAttention of 6400000000 "
+                                             r"parameters, but the file holds 4 values"):
+        attn.load(path)
+    for layer in (attn.MultiHeadAttention(3, 4, 5, 8, 2, bias=True), attn.AdditiveAttention(3, 4, 6),
+                  attn.GeneralAttention(4, 3)):
+        layer.save(tmp_path / "layer.safetensors")
+        assert repr(attn.load(tmp_path / "layer.safetensors")) == repr(layer)
+
+
 def test_safetensors_functions_round_trip(tmp_path):
     tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(1)}
     attn.save_safetensors(tmp_path / "t.safetensors", tensors, {"note": "hi"})

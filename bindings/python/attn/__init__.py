@@ -11,6 +11,7 @@ autograd support. ``KVCache`` holds keys and values for decoding (float32, float
 int8), which ``scaled_dot_product_attention(query, cache)`` reads in that precision.
 """
 
+import math as _math
 import os as _os
 from importlib import metadata as _metadata
 
@@ -126,6 +127,29 @@ def _argument(path, key, text):
     )
 
 
+def _parameter_count(name, kwargs):
+    """The parameter values a layer ``name`` built from ``kwargs`` holds, None where a size is
+    not a non-negative int (the constructor then says what is wrong)."""
+    sizes = {key: kwargs.get(key) for key in
+             ("key_size", "query_size", "value_size", "num_hiddens")}
+    def size(key):
+        value = sizes[key]
+        return value if type(value) is int and value >= 0 else None
+    if name == "MultiHeadAttention":
+        parts = [size(k) for k in ("key_size", "query_size", "value_size", "num_hiddens")]
+        if None in parts:
+            return None
+        k, q, v, h = parts
+        return h * (q + k + v + h) + (4 * h if kwargs.get("bias") else 0)
+    if name == "AdditiveAttention":
+        parts = [size(k) for k in ("key_size", "query_size", "num_hiddens")]
+        return None if None in parts else parts[2] * (parts[0] + parts[1] + 1)
+    if name == "GeneralAttention":
+        parts = [size(k) for k in ("key_size", "query_size")]
+        return None if None in parts else parts[0] * parts[1]
+    return None  # DotProductAttention, GaussianKernelPooling: no sizes
+
+
 def load(path):
     """Rebuilds a layer saved with ``layer.save(path)``: its class and constructor arguments from
     the file's metadata, its parameters from the tensors. Training mode, as a new layer.
@@ -145,6 +169,16 @@ def load(path):
     kwargs = {
         key: _argument(path, key, value) for key, value in metadata.items() if key != "layer"
     }
+    # The parameters the metadata's sizes ask for, checked against the values the file holds
+    # before any is allocated: a 200-byte file of sizes 40000 asked for 25 GB (MemoryError, or
+    # the machine's memory) before its tensors were looked at.
+    wanted = _parameter_count(name, kwargs)
+    held = sum(_math.prod(array.shape) for array in load_safetensors(path).values())
+    if wanted is not None and wanted > held:
+        raise FileError(
+            f"{_os.fspath(path)}: metadata sizes {kwargs} ask for a {name} of {wanted} "
+            f"parameters, but the file holds {held} values"
+        )
     try:
         layer = _LAYERS[name](**kwargs)
     except (TypeError, ValueError) as error:
