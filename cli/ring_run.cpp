@@ -504,9 +504,13 @@ RingResults compute_on_every_rank(const RingRunRequest& request, const MpiSessio
                        ": not available with --ring (the whole (n, m) weights are what ring "
                        "attention never holds)");
     }
-    // Before any work: --out is not an input, has a .npy name in an existing folder, ...
-    check_outputs(output_files(request, false), input_files(request));
-    if (request.grads_out) check_gradients_directory(*request.grads_out);
+    // Before any work: --out is not an input, has a .npy name in an existing folder, ... on
+    // rank 0, which alone writes (on several machines the others need not have its folders: they
+    // stopped the run, "rank 1: --out sub/o.npy: the folder 'sub' does not exist").
+    if (rank == 0) {
+      check_outputs(output_files(request, false), input_files(request));
+      if (request.grads_out) check_gradients_directory(*request.grads_out);
+    }
     inputs.emplace(request);
   });
   // Every rank reads the same inputs (on several machines, each one's copy of the files): a

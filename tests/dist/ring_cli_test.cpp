@@ -413,6 +413,17 @@ TEST_F(RingCliTest, RanksWhoseFilesDifferAreNamed) {
   result = ring_per_rank({head + "--queries q.npy --keys k.npy --values v.npy --out o.npy",
                           head + "--queries q.npy --keys k.npy --values v.npy --out o.npy"});
   EXPECT_EQ(result.exit_code, 0) << result.err;
+  // Rank 0 alone writes: another rank's output folders need not exist, as on another machine
+  // (it stopped the run: "rank 1: --out elsewhere/o.npy: the folder 'elsewhere' does not exist").
+  fs::create_directories(path("sub"));
+  result = ring_per_rank(
+      {head + "--queries q.npy --keys k.npy --values v.npy --out sub/o.npy" + gradients,
+       head + "--queries q.npy --keys k.npy --values v.npy --out elsewhere/o.npy --out-grad g.npy "
+              "--grads-out elsewhere/gr"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_TRUE(fs::exists(path("sub/o.npy")));
+  EXPECT_TRUE(fs::exists(path("gr/queries.npy")));
+  EXPECT_FALSE(fs::exists(path("elsewhere")));
 }
 
 // A file where --grads-out's folder would go is found before the work, as in a single-process
