@@ -385,10 +385,20 @@ class RingInputs {
 Tensor gather_rows(const Tensor& local, const SequenceShards& shards, const Shape& shape, int rank,
                    int ranks) {
   constexpr int kTag = 7;
+  // MPI's counts are ints: a rank's rows go in pieces of at most 2^30 floats, the same on both
+  // sides (rows past 2^31 floats, 8.6 GB, had sent a count wrapped around), in order (messages
+  // of one tag from one rank do not overtake each other).
+  static constexpr int64_t kPiece = int64_t{1} << 30;
+  const auto pieces = [](int64_t count, const auto& each) {
+    for (int64_t at = 0; at < count; at += kPiece)
+      each(at, static_cast<int>(std::min(kPiece, count - at)));
+  };
   const int64_t cols = shape.dim(-1), rows = shape.dim(-2);
   const int64_t outer = rows * cols == 0 ? 0 : shape.numel() / (rows * cols);
   if (rank != 0) {
-    MPI_Send(local.data(), static_cast<int>(local.numel()), MPI_FLOAT, 0, kTag, MPI_COMM_WORLD);
+    pieces(local.numel(), [&](int64_t at, int count) {
+      MPI_Send(local.data() + at, count, MPI_FLOAT, 0, kTag, MPI_COMM_WORLD);
+    });
     return {};
   }
   Tensor whole(shape);
@@ -398,8 +408,10 @@ Tensor gather_rows(const Tensor& local, const SequenceShards& shards, const Shap
     const float* data = local.data();
     if (r != 0) {
       received.resize(static_cast<size_t>(outer * local_rows * cols));
-      MPI_Recv(received.data(), static_cast<int>(received.size()), MPI_FLOAT, r, kTag,
-               MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      pieces(static_cast<int64_t>(received.size()), [&](int64_t at, int count) {
+        MPI_Recv(received.data() + at, count, MPI_FLOAT, r, kTag, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+      });
       data = received.data();
     }
     for (int64_t o = 0; o < outer; ++o) {
