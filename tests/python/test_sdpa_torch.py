@@ -1706,8 +1706,12 @@ def test_override_sdpa_gives_pytorchs_result_for_inputs_that_are_not_finite():
     nan_query[0, 0, 1, 2] = float("nan")
     infinite_key = q.clone()
     infinite_key[1, 0, 3, 0] = float("inf")
+    # And magnitudes attn's float32 base-2 scores do not hold, which PyTorch computes: a mask
+    # entry of 2e38 (attn refuses entries past 2^127), a float64 value past float32.
+    big_mask = torch.zeros(L, L)
+    big_mask[0, 1] = 2e38
     calls = [((nan_query, q, q), {}), ((q, infinite_key, q), {"is_causal": True}),
-             ((q, q, q), {"scale": float("inf")})]
+             ((q, q, q), {"scale": float("inf")}), ((q, q, q), {"attn_mask": big_mask})]
     with attn_torch.override_sdpa():
         got = [F.scaled_dot_product_attention(*tensors, **options) for tensors, options in calls]
     for (tensors, options), output in zip(calls, got):

@@ -2088,6 +2088,11 @@ def _computes(query, key, value, attn_mask, is_causal=False):
     return attn_mask.dtype in (torch.bool, torch.float32, query.dtype)
 
 
+# The words of attn's refusals that override_sdpa hands to PyTorch's own function (inputs it
+# computes with NaN or ∞ carried on, or at magnitudes attn's float32 scores do not hold).
+_OVERRIDE_GIVES_PYTORCH_THESE = ("finite", "2^127", "float32 holds")
+
+
 class override_sdpa:
     """Makes ``torch.nn.functional.scaled_dot_product_attention`` attn's, so that a model that
     calls PyTorch's function — directly, or through ``torch.nn.MultiheadAttention`` and
@@ -2126,10 +2131,12 @@ class override_sdpa:
                         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
                     )
                 except ValueError as error:
-                    # Inputs that are not finite (an fp16 overflow upstream; a scale of inf),
-                    # which attn refuses: PyTorch's function carries them on, as a model written
-                    # for it expects.
-                    if "finite" not in str(error):
+                    # Inputs that are not finite (an fp16 overflow upstream; a scale of inf), or
+                    # past what attn's float32 base-2 scores hold (mask entries past 2^127,
+                    # float64 values past float32), which attn refuses: PyTorch's function
+                    # carries them on, as a model written for it expects.
+                    message = str(error)
+                    if not any(words in message for words in _OVERRIDE_GIVES_PYTORCH_THESE):
                         raise
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
