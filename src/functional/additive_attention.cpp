@@ -59,12 +59,12 @@ void check_parameters(const ConstStridedView& queries, const ConstStridedView& k
                        " at index " + std::to_string(t));
     }
   }
-  // |score| ≤ Σ|w_v| (each tanh within ±1): bounded far from float's limit, as the dot-product
-  // scores are (PreparedAttention::scores_within_range). Finite weights of 1e38 made scores of
+  // |score| ≤ Σ|w_v| (each tanh within ±1): bounded as the dot-product scores are
+  // (PreparedAttention::kScoreLimit). Finite weights of 1e38 made scores of
   // ±∞ and a NaN output, named only as an output that "overflows float32".
   double score_bound = 0.0;
   for (const float weight : parameters.w_v) score_bound += std::fabs(static_cast<double>(weight));
-  if (score_bound >= 1e37) {
+  if (score_bound >= PreparedAttention::kScoreLimit) {
     std::ostringstream bound;
     bound << std::setprecision(3) << score_bound;
     throw ValueError("w_v: scores could overflow float32 (Σ|w_v| = " + bound.str() +

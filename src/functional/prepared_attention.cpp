@@ -258,7 +258,7 @@ double PreparedAttention::score_bound(float query_max, float key_max) const {
 bool PreparedAttention::scores_within_range(float query_max, float key_max) const {
   // The kernels never hold a score to check it: bound them all through |s| ≤ |scale|·E·max|q|·
   // max|k| instead, far from float's limit.
-  return score_bound(query_max, key_max) < 1e37;
+  return score_bound(query_max, key_max) < kScoreLimit;
 }
 
 void PreparedAttention::require_mask_values() const {

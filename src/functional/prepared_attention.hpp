@@ -140,6 +140,8 @@ class PreparedAttention {
   // Whether every dot-product score stays far within float's range for inputs of these largest
   // magnitudes (|scale|·E·max|q|·max|k| < 10³⁷): construction throws ValueError otherwise.
   bool scores_within_range(float query_max, float key_max) const;
+  // The bound every score must stay under, dot-product or additive (far from float's limit).
+  static constexpr double kScoreLimit = 1e37;
   // The powers of two a backward pass scales grad_output (by 2^−grad_output) and value and output
   // (by 2^−value) with, so that every sum stays below kSafeMagnitude: dV ≤ L·G·max|dO|,
   // dS ≤ 2·Ev·max|dO|·max(|v|, |o|), dQ ≤ S·dS·query_factor, dK ≤ L·G·dS·key_factor, and the

@@ -128,26 +128,23 @@ def _argument(path, key, text):
 
 
 def _parameter_count(name, kwargs):
-    """The parameter values a layer ``name`` built from ``kwargs`` holds, None where a size is
-    not a non-negative int (the constructor then says what is wrong)."""
-    sizes = {key: kwargs.get(key) for key in
-             ("key_size", "query_size", "value_size", "num_hiddens")}
-    def size(key):
-        value = sizes[key]
-        return value if type(value) is int and value >= 0 else None
-    if name == "MultiHeadAttention":
-        parts = [size(k) for k in ("key_size", "query_size", "value_size", "num_hiddens")]
-        if None in parts:
-            return None
-        k, q, v, h = parts
-        return h * (q + k + v + h) + (4 * h if kwargs.get("bias") else 0)
-    if name == "AdditiveAttention":
-        parts = [size(k) for k in ("key_size", "query_size", "num_hiddens")]
-        return None if None in parts else parts[2] * (parts[0] + parts[1] + 1)
-    if name == "GeneralAttention":
-        parts = [size(k) for k in ("key_size", "query_size")]
-        return None if None in parts else parts[0] * parts[1]
-    return None  # DotProductAttention, GaussianKernelPooling: no sizes
+    """The parameter values a layer ``name`` built from ``kwargs`` holds, None where it has no
+    sizes or a size is not a non-negative int (the constructor then says what is wrong)."""
+    formulas = {
+        "MultiHeadAttention": (("key_size", "query_size", "value_size", "num_hiddens"),
+                               lambda k, q, v, h: h * (q + k + v + h)
+                               + (4 * h if kwargs.get("bias") else 0)),
+        "AdditiveAttention": (("key_size", "query_size", "num_hiddens"),
+                              lambda k, q, h: h * (k + q + 1)),
+        "GeneralAttention": (("key_size", "query_size"), lambda k, q: k * q),
+    }
+    if name not in formulas:
+        return None  # DotProductAttention, GaussianKernelPooling: no sizes
+    keys, count = formulas[name]
+    sizes = [kwargs.get(key) for key in keys]
+    if not all(type(size) is int and size >= 0 for size in sizes):
+        return None
+    return count(*sizes)
 
 
 def load(path):
@@ -173,8 +170,9 @@ def load(path):
     # before any is allocated: a 200-byte file of sizes 40000 asked for 25 GB (MemoryError, or
     # the machine's memory) before its tensors were looked at.
     wanted = _parameter_count(name, kwargs)
-    held = sum(_math.prod(array.shape) for array in load_safetensors(path).values())
-    if wanted is not None and wanted > held:
+    if wanted is not None and wanted > (
+        held := sum(_math.prod(array.shape) for array in load_safetensors(path).values())
+    ):
         raise FileError(
             f"{_os.fspath(path)}: metadata sizes {kwargs} ask for a {name} of {wanted} "
             f"parameters, but the file holds {held} values"

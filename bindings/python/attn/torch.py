@@ -1755,7 +1755,7 @@ def _float_argument(name, value, optional=False):
         value = float(value)
     # A finite number past float32 (softcap=1e300) would reach attn as ±inf and be refused as
     # "got inf": named as typed.
-    if type(value) is float and _FLOAT32_MAX < abs(value) < float("inf"):
+    if _FLOAT32_MAX < abs(value) < float("inf"):
         raise ValueError(
             f"{name}: expected a number float32 holds (within ±3.4e38; attn computes in "
             f"float32), got {value:g}"
