@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attn/core/error.hpp"
+#include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/half_conversion.hpp"
 #include "core/fork_safety.hpp"
 #include "core/magnitude_scan.hpp"
@@ -452,6 +453,27 @@ void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedVi
   for_each_row(to, [&](uint16_t* row, int64_t flat) {
     narrow_to_half(type, from.data() + flat, row, cols);
   });
+}
+
+void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedView& to,
+                   const MutableHalfStridedView& residual) {
+  const auto count = static_cast<size_t>(to.numel());
+  std::vector<uint16_t> rounded(count), residual_bits(count);
+  narrow_to_half(type, from.data(), rounded.data(), count);
+  for (size_t i = 0; i < count; ++i)
+    residual_bits[i] = output_residual(type, from.data()[i], rounded[i]);
+  store_elements(rounded.data(), to);
+  store_elements(residual_bits.data(), residual);
+}
+
+Tensor widened_copy(HalfType type, const ConstHalfStridedView& rounded,
+                    const ConstHalfStridedView& residual) {
+  Tensor values(rounded.shape());
+  const std::vector<uint16_t> rounded_bits = contiguous_copy(rounded);
+  const std::vector<uint16_t> residual_bits = contiguous_copy(residual);
+  for (size_t i = 0; i < rounded_bits.size(); ++i)
+    values.data()[i] = output_with_residual(type, rounded_bits[i], residual_bits[i]);
+  return values;
 }
 
 void require_half_type(HalfType type) {

@@ -116,5 +116,13 @@ void store_elements(const uint16_t* from, const MutableHalfStridedView& to);
 Tensor widened_copy(HalfType type, const ConstHalfStridedView& view);
 // Writes `from` (a contiguous tensor of to's shape) into `to`, each value rounded to `type`.
 void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedView& to);
+// The same, and each value's rounding residual (output_residual in flash_attention.hpp) into
+// `residual`, of to's shape.
+void store_rounded(HalfType type, const Tensor& from, const MutableHalfStridedView& to,
+                   const MutableHalfStridedView& residual);
+// A contiguous float32 tensor of a rounded output's values before their rounding: `rounded`
+// widened plus the residuals in `residual` (output_with_residual), of its shape.
+Tensor widened_copy(HalfType type, const ConstHalfStridedView& rounded,
+                    const ConstHalfStridedView& residual);
 
 }  // namespace attn::functional_detail

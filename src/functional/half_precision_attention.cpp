@@ -83,38 +83,70 @@ void require_gradient_shape(std::string_view name, const MutableHalfStridedView&
   }
 }
 
+// The forward's output_residual checked: output's shape, each element its own memory, and apart
+// from everything the call reads or writes (ValueError naming it otherwise: a residual is a new
+// buffer of a training call, never a view that computing apart would have to cover too).
+void require_residual_apart(const MutableHalfStridedView& residual,
+                            const MutableHalfStridedView& output, std::span<float> log_sum_exp,
+                            const ConstHalfStridedView& query, const ConstHalfStridedView& key,
+                            const ConstHalfStridedView& value, const AttentionOptions& options) {
+  if (residual.shape() != output.shape()) {
+    throw ShapeError("output_residual: expected shape " + output.shape().str() +
+                     " (that of output), got " + residual.shape().str());
+  }
+  functional_detail::require_own_elements("output_residual", residual);
+  const functional_detail::OptionRegions regions = functional_detail::option_regions(options);
+  using functional_detail::region_of;
+  if (functional_detail::writes_over_reads(
+          {region_of(residual)},
+          {region_of(output), region_of(log_sum_exp.data(), log_sum_exp.size()), region_of(query),
+           region_of(key), region_of(value), regions.mask, regions.slopes, regions.sinks})) {
+    throw ValueError(
+        "output_residual: expected memory of its own, apart from the inputs, the output and the "
+        "log-sum-exp, got a view that shares some of theirs");
+  }
+}
+
 }  // namespace
 
 void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
                                   StridedView<const uint16_t> key,
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
-                                  std::span<float> log_sum_exp) {
+                                  std::span<float> log_sum_exp,
+                                  StridedView<uint16_t> output_residual) {
   functional_detail::require_half_type(type);
   functional_detail::require_own_elements("output", output);
+  const bool residual = output_residual.data() != nullptr;
+  if (residual)
+    require_residual_apart(output_residual, output, log_sum_exp, query, key, value, options);
   if (functional_detail::forward_writes_over_inputs<uint16_t>(output, log_sum_exp, query, key,
                                                               value, options)) {
     // An output over an input: computed apart, then stored (as the float overload).
     functional_detail::forward_apart(
         output, log_sum_exp, [&](StridedView<uint16_t> apart, std::span<float> apart_log_sum_exp) {
-          scaled_dot_product_attention(type, query, key, value, options, apart, apart_log_sum_exp);
+          scaled_dot_product_attention(type, query, key, value, options, apart, apart_log_sum_exp,
+                                       output_residual);
         });
     return;
   }
-  // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp).
-  if (functional_detail::decode_without_scans(type, query, key, value, options, output,
-                                              log_sum_exp)) {
+  // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp). It writes
+  // no residuals: a training call that asks for them takes the prefill kernel.
+  if (!residual && functional_detail::decode_without_scans(type, query, key, value, options, output,
+                                                           log_sum_exp)) {
     return;
   }
   // Other calls on plain rows: the half kernel, which reports what it read, checked after.
   if (functional_detail::prefill_without_scans(type, query, key, value, options, output,
-                                               log_sum_exp)) {
+                                               log_sum_exp, output_residual)) {
     return;
   }
   CheckedHalfInputs inputs(type, query, key, value, options);
   const HalfInput &q = inputs.q, &k = inputs.k, &v = inputs.v;
   PreparedAttention& prepared = inputs.prepared;
   const auto out = prepared.output_layout("output", output);
+  const auto residual_layout =
+      residual ? prepared.output_layout("output_residual", output_residual) : out;
   prepared.require_log_sum_exp(log_sum_exp, true);
   if (functional_detail::shift_for(prepared.value_sum_bound()) > 0) {
     // bf16 values near float's maximum: the float path scales them down by a power of two for its
@@ -126,7 +158,11 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
     Tensor wide_output(functional_detail::output_shape(wide_query, wide_value));
     scaled_dot_product_attention(wide_query, wide_key, wide_value, options, wide_output,
                                  log_sum_exp);
-    functional_detail::store_rounded(type, wide_output, output);
+    if (residual) {
+      functional_detail::store_rounded(type, wide_output, output, output_residual);
+    } else {
+      functional_detail::store_rounded(type, wide_output, output);
+    }
     return;
   }
   for (size_t s = 0; s < prepared.slices(); ++s) {
@@ -134,22 +170,29 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
         type, prepared.query_layout().slice(q.data(), s), prepared.key_layout().slice(k.data(), s),
         prepared.value_layout().slice(v.data(), s), prepared.valid_lens(),
         prepared.kernel_options(s), out.slice(output.data(), s),
-        log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s));
+        log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), nullptr,
+        residual ? residual_layout.slice(output_residual.data(), s) : HalfHeadsView{});
   }
 }
 
 HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
                                                   StridedView<const uint16_t> key,
                                                   StridedView<const uint16_t> value,
-                                                  const AttentionOptions& options) {
+                                                  const AttentionOptions& options,
+                                                  bool output_residual) {
   HalfAttentionForward result;
   const Shape shape = functional_detail::output_shape(query.shape(), value.shape());
   // Unwritten until the kernel's threads write every element (no serial zero-fill first).
   result.output = {type, shape, HalfTensor::Storage(static_cast<size_t>(shape.numel()))};
   result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(query.shape())));
+  StridedView<uint16_t> residual;
+  if (output_residual) {
+    result.output_residual = {type, shape, HalfTensor::Storage(static_cast<size_t>(shape.numel()))};
+    residual = StridedView<uint16_t>(result.output_residual.bits.data(), shape);
+  }
   scaled_dot_product_attention(type, query, key, value, options,
                                StridedView<uint16_t>(result.output.bits.data(), shape),
-                               result.log_sum_exp);
+                               result.log_sum_exp, residual);
   return result;
 }
 
@@ -159,8 +202,16 @@ void scaled_dot_product_attention_backward(
     StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, StridedView<uint16_t> grad_query,
     StridedView<uint16_t> grad_key, StridedView<uint16_t> grad_value, MutableStridedView grad_mask,
-    std::span<float> grad_sinks) {
+    std::span<float> grad_sinks, StridedView<const uint16_t> output_residual) {
   functional_detail::require_half_type(type);
+  const bool residual = output_residual.data() != nullptr;
+  if (residual) {
+    if (output_residual.shape() != output.shape()) {
+      throw ShapeError("output_residual: expected shape " + output.shape().str() +
+                       " (that of output), got " + output_residual.shape().str());
+    }
+    functional_detail::require_finite("output_residual", type, output_residual);
+  }
   require_gradient_shape("grad_query", grad_query, query);
   require_gradient_shape("grad_key", grad_key, key);
   require_gradient_shape("grad_value", grad_value, value);
@@ -181,7 +232,8 @@ void scaled_dot_product_attention_backward(
         [&](StridedView<uint16_t> gq, StridedView<uint16_t> gk, StridedView<uint16_t> gv,
             MutableStridedView gm, std::span<float> gs) {
           scaled_dot_product_attention_backward(type, query, key, value, output, grad_output,
-                                                log_sum_exp, options, gq, gk, gv, gm, gs);
+                                                log_sum_exp, options, gq, gk, gv, gm, gs,
+                                                output_residual);
         });
     return;
   }
@@ -192,9 +244,10 @@ void scaled_dot_product_attention_backward(
       functional_detail::log_sum_exp_loses_precision(log_sum_exp, options) ||
       functional_detail::sinks_outweigh_scores(log_sum_exp, output, options);
   // Plain rows: the kernel, which reports what it read, checked after (prefill_without_scans.hpp).
-  if (!imprecise_rows && functional_detail::backward_without_scans(
-                             type, query, key, value, output, grad_output, log_sum_exp, options,
-                             grad_query, grad_key, grad_value, grad_mask, grad_sinks)) {
+  if (!imprecise_rows &&
+      functional_detail::backward_without_scans(
+          type, query, key, value, output, grad_output, log_sum_exp, options, grad_query, grad_key,
+          grad_value, grad_mask, grad_sinks, output_residual)) {
     return;
   }
   // The float overload's checks, in its order.
@@ -204,6 +257,9 @@ void scaled_dot_product_attention_backward(
   functional_detail::start_option_gradients(options, grad_mask, grad_sinks);
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  const HalfInput residual_rows(output_residual);  // its rows contiguous
+  const auto residual_layout =
+      residual ? prepared.output_layout("output_residual", residual_rows.view()) : out;
   prepared.require_log_sum_exp(log_sum_exp, false);
   const auto shape_of = [](const MutableHalfStridedView& gradient) {
     return MutableStridedView(nullptr, gradient.shape(), gradient.strides());
@@ -225,7 +281,9 @@ void scaled_dot_product_attention_backward(
     const Tensor wide_query = functional_detail::widened_copy(type, query);
     const Tensor wide_key = functional_detail::widened_copy(type, key);
     const Tensor wide_value = functional_detail::widened_copy(type, value);
-    const Tensor wide_output = functional_detail::widened_copy(type, output);
+    const Tensor wide_output = residual
+                                   ? functional_detail::widened_copy(type, output, output_residual)
+                                   : functional_detail::widened_copy(type, output);
     const Tensor wide_grad_output = functional_detail::widened_copy(type, grad_output);
     Tensor wide_grad_query(query.shape()), wide_grad_key(key.shape()),
         wide_grad_value(value.shape());
@@ -249,7 +307,8 @@ void scaled_dot_product_attention_backward(
         grad_v.slice(grad_value.data(), s),
         grad_mask.data() != nullptr ? prepared.mask_gradient(grad_mask.data(), s)
                                     : ScoreMaskGradient{},
-        grad_sinks.empty() ? nullptr : grad_sinks.data());
+        grad_sinks.empty() ? nullptr : grad_sinks.data(), nullptr,
+        residual ? residual_layout.slice(residual_rows.data(), s) : ConstHalfHeadsView{});
   }
 }
 
@@ -257,7 +316,8 @@ HalfAttentionBackward scaled_dot_product_attention_backward(
     HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
     StridedView<const uint16_t> value, StridedView<const uint16_t> output,
     StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
-    const AttentionOptions& options, bool mask_gradient, bool sinks_gradient) {
+    const AttentionOptions& options, bool mask_gradient, bool sinks_gradient,
+    StridedView<const uint16_t> output_residual) {
   functional_detail::OptionGradients option_gradients =
       functional_detail::new_option_gradients(options, mask_gradient, sinks_gradient);
   // Unwritten until the kernel's threads write every element (TensorAllocator leaves new ones
@@ -274,7 +334,7 @@ HalfAttentionBackward scaled_dot_product_attention_backward(
       StridedView<uint16_t>(grads.key.bits.data(), grads.key.shape),
       StridedView<uint16_t>(grads.value.bits.data(), grads.value.shape),
       mask_gradient ? MutableStridedView(grads.attn_mask) : MutableStridedView(),
-      grads.sinks.span());
+      grads.sinks.span(), output_residual);
   return grads;
 }
 

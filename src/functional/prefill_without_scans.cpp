@@ -129,7 +129,7 @@ bool prefill_without_scans(ConstStridedView query, ConstStridedView key, ConstSt
 bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
                            StridedView<const uint16_t> key, StridedView<const uint16_t> value,
                            const AttentionOptions& options, StridedView<uint16_t> output,
-                           std::span<float> log_sum_exp) {
+                           std::span<float> log_sum_exp, StridedView<uint16_t> output_residual) {
   if (!rows_contiguous(query) || !rows_contiguous(key) || !rows_contiguous(value)) return false;
   // The shapes as float views without data (kShapesOnly reads none): the layouts, in elements,
   // address the half bits.
@@ -140,6 +140,12 @@ bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
                                    PreparedAttention::kShapesOnly);
   const auto out = prepared.output_layout(
       "output", MutableStridedView(nullptr, output.shape(), output.strides()));
+  const bool residual = output_residual.data() != nullptr;
+  const auto residual_layout =
+      residual ? prepared.output_layout("output_residual",
+                                        MutableStridedView(nullptr, output_residual.shape(),
+                                                           output_residual.strides()))
+               : out;
   prepared.require_log_sum_exp(log_sum_exp, true);
   return run_checked(
       prepared,
@@ -149,7 +155,8 @@ bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
             prepared.key_layout().slice(key.data(), s),
             prepared.value_layout().slice(value.data(), s), prepared.valid_lens(),
             prepared.kernel_options(s), out.slice(output.data(), s),
-            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), read);
+            log_sum_exp.empty() ? nullptr : prepared.slice_log_sum_exp(log_sum_exp, s), read,
+            residual ? residual_layout.slice(output_residual.data(), s) : HalfHeadsView{});
       },
       [&](size_t s) { fill_heads(out.slice(output.data(), s), uint16_t{0}); }, log_sum_exp);
 }
@@ -243,9 +250,11 @@ bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
                             std::span<const float> log_sum_exp, const AttentionOptions& options,
                             StridedView<uint16_t> grad_query, StridedView<uint16_t> grad_key,
                             StridedView<uint16_t> grad_value, MutableStridedView grad_mask,
-                            std::span<float> grad_sinks) {
+                            std::span<float> grad_sinks,
+                            StridedView<const uint16_t> output_residual) {
   if (!rows_contiguous(query) || !rows_contiguous(key) || !rows_contiguous(value) ||
-      !rows_contiguous(output) || !rows_contiguous(grad_output)) {
+      !rows_contiguous(output) || !rows_contiguous(grad_output) ||
+      !rows_contiguous(output_residual)) {
     return false;
   }
   // The scanned path's checks of shapes, layouts and options, in its order, on float views
@@ -258,6 +267,9 @@ bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
   const CheckedBackward checked(prepared, options, grad_mask, grad_sinks);
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
+  const bool residual = output_residual.data() != nullptr;
+  const auto residual_layout =
+      residual ? prepared.output_layout("output_residual", output_residual) : out;
   prepared.require_log_sum_exp(log_sum_exp, false);
   const auto grad_q = prepared.input_layout("grad_query", shape_only(grad_query), query.shape());
   const auto grad_k = prepared.input_layout("grad_key", shape_only(grad_key), key.shape());
@@ -273,7 +285,8 @@ bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
             prepared.valid_lens(), prepared.kernel_options(s, checked.mask_gradient),
             grad_q.slice(grad_query.data(), s), grad_k.slice(grad_key.data(), s),
             grad_v.slice(grad_value.data(), s), checked.mask_gradient_of(s),
-            checked.sinks_gradient(), read);
+            checked.sinks_gradient(), read,
+            residual ? residual_layout.slice(output_residual.data(), s) : ConstHalfHeadsView{});
       },
       [&](size_t s) {
         fill_heads(grad_q.slice(grad_query.data(), s), uint16_t{0});

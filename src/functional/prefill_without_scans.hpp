@@ -27,10 +27,12 @@ bool prefill_without_scans(ConstStridedView query, ConstStridedView key, ConstSt
                            std::span<float> log_sum_exp);
 // The same for half-precision q, k, v (the half kernel's magnitudes, of the floats they widen to):
 // values that need scaling are left to the scanned path, which widens them.
+// `output_residual` as the half scaled_dot_product_attention's.
 bool prefill_without_scans(HalfType type, StridedView<const uint16_t> query,
                            StridedView<const uint16_t> key, StridedView<const uint16_t> value,
                            const AttentionOptions& options, StridedView<uint16_t> output,
-                           std::span<float> log_sum_exp);
+                           std::span<float> log_sum_exp,
+                           StridedView<uint16_t> output_residual = {});
 
 // The float backward pass (scaled_dot_product_attention_backward's arguments) on the fused
 // backward kernel, checked after the pass from the magnitudes of the rows it read (q, out and
@@ -66,6 +68,7 @@ bool backward_without_scans(HalfType type, StridedView<const uint16_t> query,
                             std::span<const float> log_sum_exp, const AttentionOptions& options,
                             StridedView<uint16_t> grad_query, StridedView<uint16_t> grad_key,
                             StridedView<uint16_t> grad_value, MutableStridedView grad_mask,
-                            std::span<float> grad_sinks);
+                            std::span<float> grad_sinks,
+                            StridedView<const uint16_t> output_residual = {});
 
 }  // namespace attn::functional_detail

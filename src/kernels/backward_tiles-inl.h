@@ -131,6 +131,9 @@ struct HalfQuerySide {
   HalfType type;
   ConstHalfHeadsView out, grad_out;
   float* out_row;  // dv floats of scratch: one widened output row
+  // Data not null: the forward's rounding residuals of out (flash_attention_backward's
+  // out_residual), added back to each widened row before D.
+  ConstHalfHeadsView out_residual{};
 };
 
 // The query side of head (b, h), once per head: dO's rows in place (DenseRows) or padded to
@@ -190,6 +193,12 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
         WidenRow(d, half->type,
                  half->out.matrix(b, h) + static_cast<int64_t>(i) * half->out.row_stride, dv,
                  half->out_row);
+        if (half->out_residual.data != nullptr) {
+          AddResidualRow(half->type,
+                         half->out_residual.matrix(b, h) +
+                             static_cast<int64_t>(i) * half->out_residual.row_stride,
+                         dv, half->out_row);
+        }
         out_row = half->out_row;
       } else {
         out_row = out.matrix(b, h) + static_cast<int64_t>(i) * out.row_stride;

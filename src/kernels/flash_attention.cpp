@@ -68,6 +68,8 @@ struct ForwardArgs {
   HalfType half_type = HalfType::kBFloat16;
   ConstHalfHeadsView q16{}, k16{}, v16{};
   HalfHeadsView out16{};
+  // Data not null: each output row's rounding residual (flash_attention_forward's out_residual).
+  HalfHeadsView residual16{};
   // When not null, three running maxima (query, key, value) of the magnitude bits of the rows the
   // pass reads (flash_attention_forward's `read`; half inputs as the floats they widen to), which
   // each task raises as it ends.
@@ -769,6 +771,20 @@ inline SinkJoined JoinSink(bool base_two, float row_max, float row_sum, float si
           static_cast<float>(base_two ? std::numbers::ln2 * joined : joined)};
 }
 
+// A half pass's output row `query` of `tile` from its dv floats: rounded into out16, and its
+// residual into residual16 where asked for.
+void StoreHalfRow(const ForwardArgs& args, const QueryTile& tile, int64_t query,
+                  const float* widened) {
+  const size_t dv = static_cast<size_t>(args.v.cols);
+  uint16_t* rounded = args.out16.matrix(tile.batch, tile.head) + query * args.out16.row_stride;
+  NarrowRow(hn::ScalableTag<float>(), args.half_type, widened, dv, rounded);
+  if (args.residual16.data != nullptr) {
+    StoreResidualRow(
+        args.half_type, widened, rounded, dv,
+        args.residual16.matrix(tile.batch, tile.head) + query * args.residual16.row_stride);
+  }
+}
+
 // O / sum into `out` (a row that saw no key has sum 0 and gets a zero output), the head's sink
 // joining the denominator (JoinSink), and each row's log-sum-exp.
 void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_padded,
@@ -800,10 +816,7 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
                       : args.out.matrix(tile.batch, tile.head) + query * args.out.row_stride;
         for (size_t t = 0; t < dv; ++t)
           destination[t] = static_cast<float>(static_cast<double>(row[t]) * joined.factor);
-        if (args.half) {
-          NarrowRow(hn::ScalableTag<float>(), args.half_type, s.widened_row, dv,
-                    args.out16.matrix(tile.batch, tile.head) + query * args.out16.row_stride);
-        }
+        if (args.half) StoreHalfRow(args, tile, query, s.widened_row);
         continue;
       }
     } else {
@@ -824,8 +837,7 @@ void WriteOutputRows(const ForwardArgs& args, const QueryTile& tile, size_t dv_p
       const hn::ScalableTag<float> d;
       for (size_t t = 0; t < dv; t += hn::Lanes(d))
         hn::Store(hn::Mul(hn::Load(d, row + t), hn::Set(d, inverse)), d, s.widened_row + t);
-      NarrowRow(d, args.half_type, s.widened_row, dv,
-                args.out16.matrix(tile.batch, tile.head) + query * args.out16.row_stride);
+      StoreHalfRow(args, tile, query, s.widened_row);
     } else {
       float* destination = args.out.matrix(tile.batch, tile.head) + query * args.out.row_stride;
       if (args.stream_output) {
@@ -1929,10 +1941,14 @@ bool flash_attention_bfloat16_native([[maybe_unused]] int64_t depth) {
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                              ConstHalfHeadsView v, const ValidLengths& valid_lens,
                              const FlashAttentionOptions& options, HalfHeadsView out,
-                             float* log_sum_exp, ReadMagnitudes* read) {
+                             float* log_sum_exp, ReadMagnitudes* read, HalfHeadsView out_residual) {
   if (read != nullptr) *read = {};
   const ConstHeadsView q_shape = shape_only(q), k_shape = shape_only(k), v_shape = shape_only(v);
   const HeadsView out_shape = shape_only(out);
+  if (out_residual.data != nullptr) {
+    require_matrices(shape_only(ConstHalfHeadsView(out_residual)), "out_residual", out.batch,
+                     out.heads, out.rows, out.cols, "as out");
+  }
   if (!check_attention_arguments(q_shape, k_shape, v_shape, out_shape, valid_lens, options)) return;
   flash_detail::ForwardArgs args{q_shape,     k_shape,     v_shape, out_shape,
                                  log_sum_exp, &valid_lens, options};
@@ -1942,6 +1958,7 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
   args.k16 = k;
   args.v16 = v;
   args.out16 = out;
+  args.residual16 = out_residual;
   RunForward(args, read);
 }
 

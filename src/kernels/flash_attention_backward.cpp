@@ -53,6 +53,7 @@ struct BackwardArgs {
   bool half = false;
   HalfType half_type = HalfType::kBFloat16;
   ConstHalfHeadsView q16{}, k16{}, v16{}, out16{}, grad_out16{};
+  ConstHalfHeadsView residual16{};  // data not null: out16's rounding residuals (out_residual)
   HalfHeadsView grad_q16{}, grad_k16{}, grad_v16{};
   // fp32 passes: when not null, five running maxima (q, k, v, out, grad_out) of the magnitude bits
   // of the rows the pass reads (flash_attention_backward's `read`), raised as each task ends.
@@ -980,7 +981,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
     InterleavedRowPairs(args.grad_out16, b, h, 0, tiles * br / 2, dv_padded, s.grad_out_row_pairs);
   }
 #endif
-  const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row};
+  const HalfQuerySide half_query_side{args.half_type, args.out16, args.grad_out16, s.row,
+                                      args.residual16};
   if (args.read_magnitude_bits != nullptr) {
     // The head's query-side rows, just before PrepareQueryTiles and the products read them again
     // (from cache where a head's rows fit it).
@@ -1641,8 +1643,12 @@ void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHead
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HalfHeadsView grad_q, HalfHeadsView grad_k, HalfHeadsView grad_v,
                               ScoreMaskGradient grad_mask, float* grad_sinks,
-                              BackwardReadMagnitudes* read) {
+                              BackwardReadMagnitudes* read, ConstHalfHeadsView out_residual) {
   if (read != nullptr) *read = {};
+  if (out_residual.data != nullptr) {
+    require_matrices(shape_only(out_residual), "out_residual", out.batch, out.heads, out.rows,
+                     out.cols, "as out");
+  }
   flash_backward_detail::BackwardArgs args{
       shape_only(q),      shape_only(k), shape_only(v), shape_only(out),    shape_only(grad_out),
       log_sum_exp,        &valid_lens,   options,       shape_only(grad_q), shape_only(grad_k),
@@ -1658,6 +1664,7 @@ void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHead
   args.v16 = v;
   args.out16 = out;
   args.grad_out16 = grad_out;
+  args.residual16 = out_residual;
   args.grad_q16 = grad_q;
   args.grad_k16 = grad_k;
   args.grad_v16 = grad_v;

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "attn/core/half.hpp"
+#include "attn/kernels/flash_attention.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -88,6 +89,22 @@ template <class D>
 HWY_INLINE void NarrowRow(D d, HalfType type, const float* HWY_RESTRICT from, size_t count,
                           uint16_t* HWY_RESTRICT to) {
   NarrowScaledRow(d, type, from, count, 1.0F, false, to);
+}
+
+// The rounding residuals (output_residual) of `count` floats that `rounded` holds rounded to
+// `type`, into `residual`. Scalar: a row's dv elements, once per query, beside its m·d products.
+inline void StoreResidualRow(HalfType type, const float* HWY_RESTRICT exact,
+                             const uint16_t* HWY_RESTRICT rounded, size_t count,
+                             uint16_t* HWY_RESTRICT residual) {
+  for (size_t i = 0; i < count; ++i) residual[i] = output_residual(type, exact[i], rounded[i]);
+}
+
+// `row`, `count` floats widened from a rounded output, plus the residuals StoreResidualRow wrote
+// for it (output_with_residual).
+inline void AddResidualRow(HalfType type, const uint16_t* HWY_RESTRICT residual, size_t count,
+                           float* HWY_RESTRICT row) {
+  const float unscale = 1.0F / output_residual_scale(type);
+  for (size_t i = 0; i < count; ++i) row[i] += half_bits_to_float(type, residual[i]) * unscale;
 }
 
 }  // namespace HWY_NAMESPACE

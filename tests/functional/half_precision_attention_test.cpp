@@ -755,6 +755,162 @@ TEST_P(HalfPrecisionSdpa, NonFiniteGradOutputFoundAfterThePassLeavesZeros) {
 
 ATTN_INSTANTIATE_FOR_EVERY_SIMD_TARGET(HalfPrecisionSdpa);
 
+// A training call's residuals (output_residual) on each route of the forward and backward passes:
+// the plain kernel call, inputs with a strided last axis (the scanned path's copies), decoding
+// shapes (which then take the prefill kernel), bf16 values near float's maximum (the float path
+// on widened copies), and an output over the query's memory (computed apart). Where the kernel
+// widens, the output's bits are those of a call without residuals, each residual is that of the
+// float path's output (output_residual), and the gradients are the float backward's on the
+// widened inputs and the output before its rounding (output_with_residual), rounded once.
+TEST_P(HalfPrecisionSdpa, ResidualsReachTheBackwardOnEveryRoute) {
+  struct Route {
+    const char* name;
+    Shape q, k, v;
+    float value_scale;
+    bool strided_key, output_over_query;
+  };
+  const Route routes[] = {
+      {"plain", Shape{2, 4, 37, 16}, Shape{2, 2, 45, 16}, Shape{2, 2, 45, 16}, 1.0F, false, false},
+      {"strided key", Shape{1, 2, 19, 8}, Shape{1, 2, 8, 30}, Shape{1, 2, 30, 8}, 1.0F, true,
+       false},
+      {"decoding shape", Shape{2, 4, 1, 64}, Shape{2, 2, 300, 64}, Shape{2, 2, 300, 64}, 1.0F,
+       false, false},
+      {"near float's maximum", Shape{1, 2, 11, 8}, Shape{1, 2, 40, 8}, Shape{1, 2, 40, 8}, 0x1p120F,
+       false, false},
+      {"output over the query", Shape{1, 2, 21, 8}, Shape{1, 2, 30, 8}, Shape{1, 2, 30, 8}, 1.0F,
+       false, true},
+  };
+  uint64_t seed = 700;
+  for (const HalfType type : kTypes) {
+    for (const Route& route : routes) {
+      if (route.value_scale > 1.0F && type == HalfType::kFloat16) continue;  // fp16 ends at 65504
+      SCOPED_TRACE(std::string(type_name(type)) + ", " + route.name);
+      Inputs in(type, route.q, route.k, route.v, seed++, route.value_scale);
+      // The strided key: its (…, 30, 8) view of (…, 8, 30) storage, last axis 30 apart.
+      const Shape strided_shape{1, 2, 30, 8};
+      const std::vector<int64_t> strides{480, 240, 1, 30};
+      const HalfView key = route.strided_key ? in.k.view(strided_shape, strides) : in.k.view();
+      const ConstStridedView wide_key =
+          route.strided_key ? in.k.wide(strided_shape, strides) : ConstStridedView(in.k.widened);
+      const Shape key_shape = key.shape();
+      AttentionOptions options;
+      options.enable_gqa = route.q.dim(1) != key_shape.dim(1);
+      options.causal = !route.strided_key;
+      const Shape out_shape = with_last(route.q, route.v.dim(-1));
+      const auto count = static_cast<size_t>(out_shape.numel());
+      const HalfAttentionForward plain =
+          scaled_dot_product_attention(type, in.q.view(), key, in.v.view(), options);
+      // The output over the query: a copy of the query's bits, the output written over it.
+      std::vector<uint16_t> query_bits = in.q.bits;
+      const HalfView query =
+          route.output_over_query ? HalfView(query_bits.data(), route.q) : in.q.view();
+      std::vector<uint16_t> out_bits(count), residual_bits(count, 0xffffU);
+      uint16_t* out = route.output_over_query ? query_bits.data() : out_bits.data();
+      std::vector<float> lse(plain.log_sum_exp.size());
+      scaled_dot_product_attention(type, query, key, in.v.view(), options,
+                                   StridedView<uint16_t>(out, out_shape), lse,
+                                   StridedView<uint16_t>(residual_bits.data(), out_shape));
+      // Decoding shapes: without residuals the decode kernel, with them the prefill kernel, whose
+      // sums run in another order (within an ulp of the output and a few of the log-sum-exp; bf16
+      // on bf16 products rounds P in the prefill kernel alone: compared below no further).
+      const bool decoding = route.q.dim(-2) == 1;
+      const bool widened = widened_kernel(type, route.q.dim(-1));
+      for (size_t e = 0; e < count && (widened || !decoding); ++e) {
+        ASSERT_LE(std::abs(int{out[e]} - int{plain.output.bits[e]}), decoding ? 1 : 0)
+            << "output " << e;
+      }
+      for (size_t r = 0; r < lse.size() && (widened || !decoding); ++r) {
+        ASSERT_NEAR(lse[r], plain.log_sum_exp[r],
+                    decoding ? 1e-6 * (1.0 + std::abs(plain.log_sum_exp[r])) : 0.0)
+            << "log_sum_exp " << r;
+      }
+      const HalfAttentionForward fresh =
+          scaled_dot_product_attention(type, in.q.view(), key, in.v.view(), options, true);
+      EXPECT_EQ(fresh.output_residual.shape, out_shape);
+      EXPECT_EQ(std::vector<uint16_t>(fresh.output_residual.bits.begin(),
+                                      fresh.output_residual.bits.end()),
+                residual_bits);
+      EXPECT_TRUE(plain.output_residual.bits.empty());
+      if (!widened) continue;  // P rounded to bf16: no float path to match
+      const AttentionForward wide =
+          scaled_dot_product_attention(in.q.widened, wide_key, in.v.widened, options);
+      Tensor exact_out(out_shape);
+      for (size_t e = 0; e < count; ++e) {
+        exact_out.data()[e] = output_with_residual(type, out[e], residual_bits[e]);
+        if (decoding) {
+          // The decode kernel's output against the prefill kernel's before rounding: a few ulps.
+          ASSERT_NEAR(exact_out.data()[e], wide.output.data()[e], 1e-6) << "output " << e;
+        } else {
+          ASSERT_EQ(residual_bits[e], output_residual(type, wide.output.data()[e], out[e]))
+              << "residual " << e;
+        }
+      }
+      const HalfArray grad_out(type, testing::random_tensor(out_shape, in.rng));
+      const HalfAttentionBackward got = scaled_dot_product_attention_backward(
+          type, in.q.view(), key, in.v.view(), HalfView(out, out_shape), grad_out.view(), lse,
+          options, false, false, HalfView(residual_bits.data(), out_shape));
+      const AttentionBackward want =
+          scaled_dot_product_attention_backward(in.q.widened, wide_key, in.v.widened, exact_out,
+                                                grad_out.widened, lse, options, false, false);
+      const std::pair<const HalfTensor*, const Tensor*> pairs[] = {
+          {&got.query, &want.query}, {&got.key, &want.key}, {&got.value, &want.value}};
+      for (const auto& [half, expected] : pairs) {
+        for (int64_t e = 0; e < expected->numel(); ++e) {
+          ASSERT_EQ(half->bits[static_cast<size_t>(e)],
+                    float_to_half_bits(type, expected->data()[e]))
+              << "gradient element " << e;
+        }
+      }
+    }
+  }
+}
+
+TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrongWithResiduals) {
+  for (const HalfType type : kTypes) {
+    SCOPED_TRACE(type_name(type));
+    Rng rng(3);
+    const HalfArray q(type, testing::random_tensor(Shape{1, 2, 20, 8}, rng));
+    const HalfArray k(type, testing::random_tensor(Shape{1, 2, 24, 8}, rng));
+    const Shape out_shape{1, 2, 20, 8};
+    std::vector<uint16_t> out(320), residual(320);
+    std::vector<float> lse(40);
+    const StridedView<uint16_t> output(out.data(), out_shape);
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k.view(), k.view(), {}, output, lse,
+                                     StridedView<uint16_t>(residual.data(), Shape{1, 2, 8, 20})),
+        ShapeError,
+        "output_residual: expected shape (1, 2, 20, 8) (that of output), got (1, 2, 8, 20)");
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(type, q.view(), k.view(), k.view(), {}, output, lse,
+                                     StridedView<uint16_t>(out.data() + 8, out_shape)),
+        ValueError,
+        "output_residual: expected memory of its own, apart from the inputs, the "
+        "output and the log-sum-exp");
+    EXPECT_THROW_MESSAGE(
+        scaled_dot_product_attention(
+            type, q.view(), k.view(), k.view(), {}, output, lse,
+            StridedView<uint16_t>(residual.data(), out_shape, std::vector<int64_t>{320, 0, 8, 1})),
+        ValueError, "output_residual: expected a view whose elements are each their own memory");
+    scaled_dot_product_attention(type, q.view(), k.view(), k.view(), {}, output, lse,
+                                 StridedView<uint16_t>(residual.data(), out_shape));
+    std::vector<uint16_t> gq(320), gk(384), gv(384);
+    const auto backward = [&](const HalfView& given_residual) {
+      scaled_dot_product_attention_backward(
+          type, q.view(), k.view(), k.view(), HalfView(out.data(), out_shape),
+          HalfView(out.data(), out_shape), lse, {},
+          StridedView<uint16_t>(gq.data(), q.view().shape()),
+          StridedView<uint16_t>(gk.data(), k.view().shape()),
+          StridedView<uint16_t>(gv.data(), k.view().shape()), {}, {}, given_residual);
+    };
+    EXPECT_THROW_MESSAGE(backward(HalfView(residual.data(), Shape{1, 2, 20, 4})), ShapeError,
+                         "output_residual: expected shape (1, 2, 20, 8) (that of output), got "
+                         "(1, 2, 20, 4)");
+    residual[17] = float_to_half_bits(type, NAN);
+    EXPECT_THROW_MESSAGE(backward(HalfView(residual.data(), out_shape)), ValueError,
+                         "output_residual: expected finite values, got NaN at flat index 17");
+  }
+}
+
 TEST(HalfPrecisionSdpaArguments, NamesWhatIsWrong) {
   for (const HalfType type : kTypes) {
     SCOPED_TRACE(type_name(type));

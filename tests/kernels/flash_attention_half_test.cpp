@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -226,9 +227,9 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng, bool with_backward =
                           lse.data());
 
   const bool native = type == HalfType::kBFloat16 && flash_attention_bfloat16_native(c.depth);
+  std::vector<float> out32(out16.bits.size());
   if (!native) {
     // Widened to fp32 as packed: the fp32 kernel on the widened values, rounded once.
-    std::vector<float> out32(out16.bits.size());
     std::vector<float> lse32(lse.size());
     flash_attention_forward(q16.float_view(q), k16.float_view(k), v16.float_view(v), lengths,
                             options, out16.float_view(out32), lse32.data());
@@ -293,93 +294,118 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng, bool with_backward =
   std::vector<float> grad_out;
   const HalfHeads grad_out16 =
       random_heads(type, c.batch, c.q_heads, c.queries, c.value_depth, 1.0F, rng, grad_out);
-  std::vector<float> out(out16.bits.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = half_bits_to_float(type, out16.bits[i]);
-  HalfHeads grad_q16(c.batch, c.q_heads, c.queries, c.depth);
-  HalfHeads grad_k16(c.batch, c.kv_heads, c.keys, c.depth);
-  HalfHeads grad_v16(c.batch, c.kv_heads, c.keys, c.value_depth);
-  std::vector<float> sink_grads16(sinks.size(), 0.0F), sink_grads32(sinks.size(), 0.0F);
-  flash_attention_backward(type, q16.view(), k16.view(), v16.view(), out16.view(),
-                           grad_out16.view(), lse.data(), lengths, options, grad_q16.view(),
-                           grad_k16.view(), grad_v16.view(), {},
-                           c.sinks ? sink_grads16.data() : nullptr);
-  std::vector<float> grad_q(grad_q16.bits.size()), grad_k(grad_k16.bits.size()),
-      grad_v(grad_v16.bits.size());
-  flash_attention_backward(q16.float_view(q), k16.float_view(k), v16.float_view(v),
-                           out16.float_view(out), grad_out16.float_view(grad_out), lse.data(),
-                           lengths, options, grad_q16.float_view(grad_q),
-                           grad_k16.float_view(grad_k), grad_v16.float_view(grad_v), {},
-                           c.sinks ? sink_grads32.data() : nullptr);
-  const std::pair<const HalfHeads*, const std::vector<float>*> gradients[] = {
-      {&grad_q16, &grad_q}, {&grad_k16, &grad_k}, {&grad_v16, &grad_v}};
-  std::vector<double> bound_q(grad_q.size()), bound_k(grad_k.size()), bound_v(grad_v.size());
-  if (backward_native) {
-    for (int64_t b = 0; b < c.batch; ++b)
-      for (int64_t h = 0; h < c.q_heads; ++h)
-        for (int64_t i = 0; i < c.queries; ++i) {
-          double delta = 0.0;
-          for (int64_t t = 0; t < c.value_depth; ++t) {
-            const size_t e = at(c.q_heads, c.queries, c.value_depth, b, h, i, t);
-            delta += static_cast<double>(grad_out[e]) * out[e];
-          }
-          for (int64_t j = 0; j < c.keys; ++j) {
-            const size_t score = problem.score_index(b, h, i, j);
-            const double p = expected.weights[score];
-            if (p == 0.0) continue;
-            const double z = problem.dropout.empty() ? 1.0 : problem.dropout[score];
-            const int64_t kv = h / group;
-            double grad_p = 0.0;
-            for (int64_t t = 0; t < c.value_depth; ++t) {
-              grad_p += static_cast<double>(
-                            grad_out[at(c.q_heads, c.queries, c.value_depth, b, h, i, t)]) *
-                        v[at(c.kv_heads, c.keys, c.value_depth, b, kv, j, t)];
-            }
-            const double grad_s = p * (z * std::abs(grad_p) + std::abs(delta));
-            for (int64_t t = 0; t < c.depth; ++t) {
-              bound_q[at(c.q_heads, c.queries, c.depth, b, h, i, t)] +=
-                  scale * grad_s * std::abs(k[at(c.kv_heads, c.keys, c.depth, b, kv, j, t)]);
-              bound_k[at(c.kv_heads, c.keys, c.depth, b, kv, j, t)] +=
-                  scale * grad_s * std::abs(q[at(c.q_heads, c.queries, c.depth, b, h, i, t)]);
-            }
-            for (int64_t t = 0; t < c.value_depth; ++t) {
-              bound_v[at(c.kv_heads, c.keys, c.value_depth, b, kv, j, t)] +=
-                  p * z * std::abs(grad_out[at(c.q_heads, c.queries, c.value_depth, b, h, i, t)]);
-            }
-          }
-        }
+  std::vector<float> rounded_out(out16.bits.size());
+  for (size_t i = 0; i < rounded_out.size(); ++i)
+    rounded_out[i] = half_bits_to_float(type, out16.bits[i]);
+
+  // The forward again with its rounding residuals: the same output and log-sum-exp, and on the
+  // widened path each residual that of the fp32 kernel's output (output_residual).
+  HalfHeads again16(c.batch, c.q_heads, c.queries, c.value_depth);
+  HalfHeads residual16(c.batch, c.q_heads, c.queries, c.value_depth);
+  std::vector<float> lse_again(lse.size());
+  flash_attention_forward(type, q16.view(), k16.view(), v16.view(), lengths, options,
+                          again16.view(), lse_again.data(), nullptr, residual16.view());
+  ASSERT_EQ(again16.bits, out16.bits);
+  EXPECT_EQ(lse_again, lse);
+  std::vector<float> exact_out(out16.bits.size());
+  for (size_t i = 0; i < exact_out.size(); ++i) {
+    if (!native) {
+      ASSERT_EQ(residual16.bits[i], output_residual(type, out32[i], out16.bits[i]))
+          << "residual of element " << i;
+    }
+    exact_out[i] = output_with_residual(type, out16.bits[i], residual16.bits[i]);
   }
-  const std::vector<double>* bounds[] = {&bound_q, &bound_k, &bound_v};
-  for (const auto& [half, wide] : gradients) {
-    const char* name = half == &grad_q16 ? "q" : half == &grad_k16 ? "k" : "v";
-    const std::vector<double>& bound = *bounds[half == &grad_q16 ? 0 : half == &grad_k16 ? 1 : 2];
-    double largest_gradient = 0.0;
-    for (const float value : *wide)
-      largest_gradient = std::max<double>(largest_gradient, std::abs(value));
-    for (size_t i = 0; i < wide->size(); ++i) {
-      if (backward_native) {
-        const double want = (*wide)[i];
-        ASSERT_NEAR(half_bits_to_float(type, half->bits[i]), want,
-                    0x1p-8 * (std::abs(want) + bound[i]) + 1e-5 * largest_gradient)
-            << "gradient " << name << ", element " << i << ", n=" << c.queries << " m=" << c.keys
-            << " d=" << c.depth;
-      } else {
-        ASSERT_EQ(half->bits[i], float_to_half_bits(type, (*wide)[i]))
-            << "gradient " << name << ", element " << i << ", n=" << c.queries << " m=" << c.keys
-            << " d=" << c.depth;
+
+  // The backward from the rounded output alone, then with its residuals (D from exact_out).
+  for (const bool with_residual : {false, true}) {
+    const std::vector<float>& out = with_residual ? exact_out : rounded_out;
+    HalfHeads grad_q16(c.batch, c.q_heads, c.queries, c.depth);
+    HalfHeads grad_k16(c.batch, c.kv_heads, c.keys, c.depth);
+    HalfHeads grad_v16(c.batch, c.kv_heads, c.keys, c.value_depth);
+    std::vector<float> sink_grads16(sinks.size(), 0.0F), sink_grads32(sinks.size(), 0.0F);
+    flash_attention_backward(
+        type, q16.view(), k16.view(), v16.view(), out16.view(), grad_out16.view(), lse.data(),
+        lengths, options, grad_q16.view(), grad_k16.view(), grad_v16.view(), {},
+        c.sinks ? sink_grads16.data() : nullptr, nullptr,
+        with_residual ? ConstHalfHeadsView(residual16.view()) : ConstHalfHeadsView{});
+    std::vector<float> grad_q(grad_q16.bits.size()), grad_k(grad_k16.bits.size()),
+        grad_v(grad_v16.bits.size());
+    flash_attention_backward(q16.float_view(q), k16.float_view(k), v16.float_view(v),
+                             out16.float_view(out), grad_out16.float_view(grad_out), lse.data(),
+                             lengths, options, grad_q16.float_view(grad_q),
+                             grad_k16.float_view(grad_k), grad_v16.float_view(grad_v), {},
+                             c.sinks ? sink_grads32.data() : nullptr);
+    const std::pair<const HalfHeads*, const std::vector<float>*> gradients[] = {
+        {&grad_q16, &grad_q}, {&grad_k16, &grad_k}, {&grad_v16, &grad_v}};
+    std::vector<double> bound_q(grad_q.size()), bound_k(grad_k.size()), bound_v(grad_v.size());
+    if (backward_native) {
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t h = 0; h < c.q_heads; ++h)
+          for (int64_t i = 0; i < c.queries; ++i) {
+            double delta = 0.0;
+            for (int64_t t = 0; t < c.value_depth; ++t) {
+              const size_t e = at(c.q_heads, c.queries, c.value_depth, b, h, i, t);
+              delta += static_cast<double>(grad_out[e]) * out[e];
+            }
+            for (int64_t j = 0; j < c.keys; ++j) {
+              const size_t score = problem.score_index(b, h, i, j);
+              const double p = expected.weights[score];
+              if (p == 0.0) continue;
+              const double z = problem.dropout.empty() ? 1.0 : problem.dropout[score];
+              const int64_t kv = h / group;
+              double grad_p = 0.0;
+              for (int64_t t = 0; t < c.value_depth; ++t) {
+                grad_p += static_cast<double>(
+                              grad_out[at(c.q_heads, c.queries, c.value_depth, b, h, i, t)]) *
+                          v[at(c.kv_heads, c.keys, c.value_depth, b, kv, j, t)];
+              }
+              const double grad_s = p * (z * std::abs(grad_p) + std::abs(delta));
+              for (int64_t t = 0; t < c.depth; ++t) {
+                bound_q[at(c.q_heads, c.queries, c.depth, b, h, i, t)] +=
+                    scale * grad_s * std::abs(k[at(c.kv_heads, c.keys, c.depth, b, kv, j, t)]);
+                bound_k[at(c.kv_heads, c.keys, c.depth, b, kv, j, t)] +=
+                    scale * grad_s * std::abs(q[at(c.q_heads, c.queries, c.depth, b, h, i, t)]);
+              }
+              for (int64_t t = 0; t < c.value_depth; ++t) {
+                bound_v[at(c.kv_heads, c.keys, c.value_depth, b, kv, j, t)] +=
+                    p * z * std::abs(grad_out[at(c.q_heads, c.queries, c.value_depth, b, h, i, t)]);
+              }
+            }
+          }
+    }
+    const std::vector<double>* bounds[] = {&bound_q, &bound_k, &bound_v};
+    for (const auto& [half, wide] : gradients) {
+      const char* name = half == &grad_q16 ? "q" : half == &grad_k16 ? "k" : "v";
+      const std::vector<double>& bound = *bounds[half == &grad_q16 ? 0 : half == &grad_k16 ? 1 : 2];
+      double largest_gradient = 0.0;
+      for (const float value : *wide)
+        largest_gradient = std::max<double>(largest_gradient, std::abs(value));
+      for (size_t i = 0; i < wide->size(); ++i) {
+        if (backward_native) {
+          const double want = (*wide)[i];
+          ASSERT_NEAR(half_bits_to_float(type, half->bits[i]), want,
+                      0x1p-8 * (std::abs(want) + bound[i]) + 1e-5 * largest_gradient)
+              << "gradient " << name << ", element " << i << ", n=" << c.queries << " m=" << c.keys
+              << " d=" << c.depth;
+        } else {
+          ASSERT_EQ(half->bits[i], float_to_half_bits(type, (*wide)[i]))
+              << "gradient " << name << ", element " << i << ", n=" << c.queries << " m=" << c.keys
+              << " d=" << c.depth;
+        }
       }
     }
-  }
-  for (size_t h = 0; h < sinks.size(); ++h) {
-    if (backward_native) {
-      EXPECT_NEAR(sink_grads16[h], sink_grads32[h],
-                  1e-5 * std::max(1.0F, std::abs(sink_grads32[h])));
-    } else {
-      EXPECT_EQ(sink_grads16[h], sink_grads32[h]);
+    for (size_t h = 0; h < sinks.size(); ++h) {
+      if (backward_native) {
+        EXPECT_NEAR(sink_grads16[h], sink_grads32[h],
+                    1e-5 * std::max(1.0F, std::abs(sink_grads32[h])));
+      } else {
+        EXPECT_EQ(sink_grads16[h], sink_grads32[h]);
+      }
     }
+    check_gradients_against_reference(type, c, problem, expected, qd, kd, vd, out, grad_out,
+                                      backward_native, {&bound_q, &bound_k, &bound_v},
+                                      {&grad_q16, &grad_k16, &grad_v16}, sink_grads16);
   }
-  check_gradients_against_reference(type, c, problem, expected, qd, kd, vd, out, grad_out,
-                                    backward_native, {&bound_q, &bound_k, &bound_v},
-                                    {&grad_q16, &grad_k16, &grad_v16}, sink_grads16);
 }
 
 const HalfCase kCases[] = {
@@ -605,6 +631,75 @@ TEST_P(FlashAttentionHalf, Float16OnAmxTileModelMatchesReferenceOnRoundedInputs)
     GTEST_SKIP() << "no AVX512-BF16 on this target: fp32 does not take the tiles";
   Rng rng(83);
   for (const HalfCase& c : kCases) check_case(HalfType::kFloat16, c, rng);
+}
+
+// Where one key dominates each row (q and k ×`magnitude`: scores in the hundreds), dS = P ⊙
+// (dP − D) is a small difference, and D from the rounded output alone stands beside it: fp16's and
+// bf16's dQ and dK then stray past the fp32 kernels' bound against the double reference (1e-5 of
+// the largest gradient times the scores' magnitude², plus each element's own rounding; as
+// PyTorch's half backward, which reads the rounded output too). With the forward's residuals,
+// within it. On the widened path (fp16, and bf16 without bf16 products), where the output before
+// rounding is the fp32 kernel's. Returns the elements past the bound [without, with residuals].
+std::array<int64_t, 2> GradientsPastTheBound(HalfType type, float magnitude, uint64_t seed) {
+  const HalfCase c{1, 1, 1, 64, 64, 128, 128, false, -1, -1, false, false, false, 0.0F, magnitude};
+  Rng rng(seed);
+  std::vector<float> q, k, v, grad_out;
+  const HalfHeads q16 = random_heads(type, 1, 1, 64, 128, magnitude, rng, q);
+  const HalfHeads k16 = random_heads(type, 1, 1, 64, 128, magnitude, rng, k);
+  const HalfHeads v16 = random_heads(type, 1, 1, 64, 128, 1.0F, rng, v);
+  const HalfHeads grad_out16 = random_heads(type, 1, 1, 64, 128, 1.0F, rng, grad_out);
+  const float scale = 1.0F / std::sqrt(128.0F);
+  const FlashAttentionOptions options = testing::kernel_options(scale, false, 0.0F, 0);
+  HalfHeads out16(1, 1, 64, 128), residual16(1, 1, 64, 128);
+  std::vector<float> lse(64);
+  flash_attention_forward(type, q16.view(), k16.view(), v16.view(), {}, options, out16.view(),
+                          lse.data(), nullptr, residual16.view());
+  const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
+      grad_out_d(grad_out.begin(), grad_out.end());
+  const reference::SdpaGradients want =
+      reference::sdpa_backward(reference::problem_of_case(c, scale), qd, kd, vd, grad_out_d);
+  const double rounding = type == HalfType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  std::array<int64_t, 2> past{};
+  for (const bool with_residual : {false, true}) {
+    HalfHeads grad_q16(1, 1, 64, 128), grad_k16(1, 1, 64, 128), grad_v16(1, 1, 64, 128);
+    flash_attention_backward(
+        type, q16.view(), k16.view(), v16.view(), out16.view(), grad_out16.view(), lse.data(), {},
+        options, grad_q16.view(), grad_k16.view(), grad_v16.view(), {}, nullptr, nullptr,
+        with_residual ? ConstHalfHeadsView(residual16.view()) : ConstHalfHeadsView{});
+    const std::pair<const HalfHeads*, const std::vector<double>*> pairs[] = {
+        {&grad_q16, &want.q}, {&grad_k16, &want.k}, {&grad_v16, &want.v}};
+    for (const auto& [got, expected] : pairs) {
+      double largest = 1.0;
+      for (const double value : *expected) largest = std::max(largest, std::abs(value));
+      for (size_t e = 0; e < expected->size(); ++e) {
+        const double tolerance = 1e-5 * std::max(1.0F, magnitude * magnitude) * largest +
+                                 rounding * std::abs((*expected)[e]);
+        if (std::abs(half_bits_to_float(type, got->bits[e]) - (*expected)[e]) > tolerance)
+          ++past[with_residual ? 1 : 0];
+      }
+    }
+  }
+  return past;
+}
+
+TEST_P(FlashAttentionHalf, ResidualKeepsGradientsOfPeakedRowsWhereTheRoundedOutputLosesThem) {
+  const ScopedAmxUse vectors(AmxUse::kNever);
+  const ScopedBf16DotUse dot(Bf16DotUse::kNever);
+  ASSERT_FALSE(flash_attention_bfloat16_native(128));
+  for (const HalfType type : {HalfType::kFloat16, HalfType::kBFloat16}) {
+    for (const float magnitude : {10.0F, 20.0F}) {
+      int64_t without = 0;
+      for (uint64_t seed = 1; seed <= 4; ++seed) {
+        const std::array<int64_t, 2> past = GradientsPastTheBound(type, magnitude, seed);
+        std::printf("%s x%g seed %d: %lld / %lld elements past the bound\n",
+                    type == HalfType::kFloat16 ? "fp16" : "bf16", magnitude, int(seed),
+                    static_cast<long long>(past[0]), static_cast<long long>(past[1]));
+        EXPECT_EQ(past[1], 0) << "with residuals, x" << magnitude << " seed " << seed;
+        without += past[0];
+      }
+      EXPECT_GT(without, 0) << "without residuals, x" << magnitude;
+    }
+  }
 }
 
 TEST_P(FlashAttentionHalf, RejectsInconsistentShapes) {

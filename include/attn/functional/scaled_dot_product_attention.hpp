@@ -128,11 +128,16 @@ void scaled_dot_product_attention_log_sum_exp_base_two(ConstStridedView query, C
 // PyTorch does, adding at most 2⁻⁸·Σ_j P_ij·|v_j| to an output. Values so large that the float
 // path scales them down (bf16 near float's maximum) are computed by the float overload on the
 // widened inputs, then rounded.
+// `output_residual`, when its data is not null (output's shape, any strides, apart from the
+// inputs and the output), receives each output element's rounding residual
+// (flash_attention_forward's out_residual): a training call passes it to the backward pass, whose
+// gradients then lose no accuracy to the output's rounding where one key dominates a row.
 void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
                                   StridedView<const uint16_t> key,
                                   StridedView<const uint16_t> value,
                                   const AttentionOptions& options, StridedView<uint16_t> output,
-                                  std::span<float> log_sum_exp = {});
+                                  std::span<float> log_sum_exp = {},
+                                  StridedView<uint16_t> output_residual = {});
 // A half-precision tensor: `type`'s bits, contiguous, of `shape`. Its storage, as Tensor's, is
 // 64-byte aligned and leaves new elements unwritten (TensorAllocator): a forward pass's output is
 // first touched by the kernel's threads that write it.
@@ -142,17 +147,19 @@ struct HalfTensor {
   Shape shape;
   Storage bits;
 };
-// A half-precision forward pass's output (in `type`) and log-sum-exp (float, as the float
-// overload's).
+// A half-precision forward pass's output (in `type`), log-sum-exp (float, as the float
+// overload's), and the output's rounding residuals where asked for (else empty).
 struct HalfAttentionForward {
   HalfTensor output;
   std::vector<float> log_sum_exp;
+  HalfTensor output_residual;
 };
-// The same into new storage.
+// The same into new storage; `output_residual`: whether to compute the residuals.
 HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,
                                                   StridedView<const uint16_t> key,
                                                   StridedView<const uint16_t> value,
-                                                  const AttentionOptions& options = {});
+                                                  const AttentionOptions& options = {},
+                                                  bool output_residual = false);
 // The backward pass in half precision, read in place, each gradient of query, key and value
 // rounded once to `type` (grad_query, grad_key and grad_value shaped as their inputs, any
 // strides); grad_mask and grad_sinks as the float overload's. fp16, and bf16 where bf16 products
@@ -165,13 +172,18 @@ HalfAttentionForward scaled_dot_product_attention(HalfType type, StridedView<con
 // kernels round them: each gradient element may move by 2⁻⁸ times the sum of its terms'
 // magnitudes. Values so large that the float path scales them take the float overload on widened
 // copies, as the forward pass does.
+// `output_residual` (data not null): the forward pass's residuals of this output, which D =
+// rowsum(dO ∘ O) then adds back; without them D carries the output's rounding, which where one
+// key dominates a row (dP − D cancelling) moves dQ and dK by up to its size (fp16 at scores of a
+// few hundred), as PyTorch's half backward, which reads the rounded output alike.
 void scaled_dot_product_attention_backward(
     HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
     StridedView<const uint16_t> value, StridedView<const uint16_t> output,
     StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
     const AttentionOptions& options, StridedView<uint16_t> grad_query,
     StridedView<uint16_t> grad_key, StridedView<uint16_t> grad_value,
-    MutableStridedView grad_mask = {}, std::span<float> grad_sinks = {});
+    MutableStridedView grad_mask = {}, std::span<float> grad_sinks = {},
+    StridedView<const uint16_t> output_residual = {});
 
 // The half-precision pass's gradients: query, key and value in `type`, the float attn_mask's and
 // the sinks' in float (empty unless asked for).
@@ -187,7 +199,8 @@ HalfAttentionBackward scaled_dot_product_attention_backward(
     HalfType type, StridedView<const uint16_t> query, StridedView<const uint16_t> key,
     StridedView<const uint16_t> value, StridedView<const uint16_t> output,
     StridedView<const uint16_t> grad_output, std::span<const float> log_sum_exp,
-    const AttentionOptions& options, bool mask_gradient = false, bool sinks_gradient = false);
+    const AttentionOptions& options, bool mask_gradient = false, bool sinks_gradient = false,
+    StridedView<const uint16_t> output_residual = {});
 // The attention weights (float) of a half-precision forward pass, from its log-sum-exp: those of
 // the widened query and key.
 Tensor attention_weights(HalfType type, StridedView<const uint16_t> query,

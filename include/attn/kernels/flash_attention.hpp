@@ -4,6 +4,7 @@
 // threads through OpenMP. The additive family is in additive_attention.hpp.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "attn/core/half.hpp"
@@ -64,10 +65,37 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
 // to an output. Elsewhere, and for fp16, the kernel widens each row to fp32 as it
 // packs it and computes exactly as the fp32 pass does on the widened values. `read` as the fp32
 // pass's, in the floats the inputs widen to.
+// `out_residual`, when its data is not null (shaped as `out`), receives each output element's
+// rounding residual, (o − rounded o) · output_residual_scale(type) rounded to `type` (0 where the
+// rounded output is not finite): for the backward pass, whose D = rowsum(dO ∘ O) from the rounded
+// output alone carries that rounding into every dS = P ⊙ (dP − D), which is small where one key
+// dominates a row (fp16 dQ off by 1e-2–1 of its largest at scores of a few hundred; 1e-6–1e-3
+// with the residual).
 void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                              ConstHalfHeadsView v, const ValidLengths& valid_lens,
                              const FlashAttentionOptions& options, HalfHeadsView out,
-                             float* log_sum_exp = nullptr, ReadMagnitudes* read = nullptr);
+                             float* log_sum_exp = nullptr, ReadMagnitudes* read = nullptr,
+                             HalfHeadsView out_residual = {});
+
+// The factor an output's rounding residual is stored scaled by: 2^8 for bf16, 2^11 for fp16
+// (whose residuals of outputs below 2^-3 would otherwise fall among its subnormals). An element's
+// residual is at most half an ulp of it, so the scaled one is at most its magnitude.
+constexpr float output_residual_scale(HalfType type) {
+  return type == HalfType::kFloat16 ? 2048.0F : 256.0F;
+}
+// The residual of an output `exact` that was rounded to `rounded` (its bits): (exact − rounded) ·
+// output_residual_scale(type), rounded to `type`; 0 where the rounded value is not finite.
+inline uint16_t output_residual(HalfType type, float exact, uint16_t rounded) {
+  const float kept = half_bits_to_float(type, rounded);
+  return float_to_half_bits(
+      type, std::isfinite(kept) ? (exact - kept) * output_residual_scale(type) : 0.0F);
+}
+// The output before its rounding, from the rounded bits and their residual: within the residual's
+// own rounding (2⁻¹⁷ of the output in bf16, 2⁻²² in fp16, where normal).
+inline float output_with_residual(HalfType type, uint16_t rounded, uint16_t residual) {
+  return half_bits_to_float(type, rounded) +
+         half_bits_to_float(type, residual) * (1.0F / output_residual_scale(type));
+}
 
 // True when the bf16 forward pass on heads of `depth` (q, k) runs its products on bf16 pairs under
 // the SIMD target dispatch picks: on AMX tiles where they are in use (amx_tiles_in_use(); a depth
@@ -130,14 +158,16 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
 // and dP from exact products of the inputs (the scores equal the bf16 forward's), dV, dK and dQ
 // with P ⊙ Z and dS rounded to bf16, as FlashAttention's bf16 kernels round them, so each gradient
 // element may move by 2⁻⁸ times the sum of its terms' magnitudes. `read` as the float pass's, of
-// the floats the inputs widen to.
+// the floats the inputs widen to. `out_residual`, when its data is not null, is the forward's
+// (shaped as `out`): D = rowsum(dO ∘ O) then takes O as out + out_residual / output_residual_scale.
 void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
                               ConstHalfHeadsView v, ConstHalfHeadsView out,
                               ConstHalfHeadsView grad_out, const float* log_sum_exp,
                               const ValidLengths& valid_lens, const FlashAttentionOptions& options,
                               HalfHeadsView grad_q, HalfHeadsView grad_k, HalfHeadsView grad_v,
                               ScoreMaskGradient grad_mask = {}, float* grad_sinks = nullptr,
-                              BackwardReadMagnitudes* read = nullptr);
+                              BackwardReadMagnitudes* read = nullptr,
+                              ConstHalfHeadsView out_residual = {});
 
 // The attention weights of a forward pass, P_ij = exp(S_ij − log_sum_exp_i) (before dropout),
 // recomputed tile by tile exactly as the backward pass does, into `weights` (B·H: n × m,
