@@ -291,9 +291,9 @@ std::optional<HalfType> common_half_type(const QueryKeyValue& inputs) {
 
 // A half-precision forward pass on the inputs' bits. Call without the GIL.
 HalfAttentionForward half_forward(HalfType type, const QueryKeyValue& inputs,
-                                  const AttentionOptions& options) {
+                                  const AttentionOptions& options, bool output_residual = false) {
   return scaled_dot_product_attention(type, inputs.query.half_view(), inputs.key.half_view(),
-                                      inputs.value.half_view(), options);
+                                      inputs.value.half_view(), options, output_residual);
 }
 
 // The log-sum-exp as an array shaped as the query's rows, query.shape[:-1].
@@ -530,7 +530,8 @@ void bind_functional(nb::module_& module) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, float dropout_p,
          bool is_causal, std::optional<float> scale, bool enable_gqa, nb::handle window,
          nb::handle alibi_slopes, std::optional<float> softcap, nb::handle sinks,
-         nb::handle valid_lens, const std::string& alignment, uint64_t seed) {
+         nb::handle valid_lens, const std::string& alignment, uint64_t seed,
+         bool output_residual) {
         const QueryKeyValue inputs(q, k, v);
         const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                alibi_slopes, softcap, sinks, valid_lens, alignment, false,
@@ -542,11 +543,16 @@ void bind_functional(nb::module_& module) {
           {
             nb::gil_scoped_release release;
             const ThreadSettingScope thread_setting;
-            forward = half_forward(*half, inputs, call.options());
+            forward = half_forward(*half, inputs, call.options(), output_residual);
           }
-          return nb::make_tuple(to_python(std::move(forward.output), framework),
-                                log_sum_exp_to_python(std::move(forward.log_sum_exp),
-                                                      inputs.query.shape(), framework));
+          nb::object output = to_python(std::move(forward.output), framework);
+          nb::object log_sum_exp = log_sum_exp_to_python(std::move(forward.log_sum_exp),
+                                                         inputs.query.shape(), framework);
+          if (output_residual) {
+            return nb::make_tuple(output, log_sum_exp,
+                                  to_python(std::move(forward.output_residual), framework));
+          }
+          return nb::make_tuple(output, log_sum_exp);
         }
         AttentionForward forward;
         {
@@ -555,13 +561,18 @@ void bind_functional(nb::module_& module) {
           forward = scaled_dot_product_attention(inputs.query.view(), inputs.key.view(),
                                                  inputs.value.view(), call.options());
         }
-        return nb::make_tuple(
-            to_python(std::move(forward.output), framework),
-            log_sum_exp_to_python(std::move(forward.log_sum_exp), inputs.query.shape(), framework));
+        nb::object output = to_python(std::move(forward.output), framework);
+        nb::object log_sum_exp =
+            log_sum_exp_to_python(std::move(forward.log_sum_exp), inputs.query.shape(), framework);
+        if (output_residual) return nb::make_tuple(output, log_sum_exp, nb::none());
+        return nb::make_tuple(output, log_sum_exp);
       },
-      ATTN_SDPA_ARGUMENTS, "seed"_a = 0,
+      ATTN_SDPA_ARGUMENTS, "seed"_a = 0, "output_residual"_a = false,
       "(output, log_sum_exp) of scaled_dot_product_attention, log_sum_exp shaped query.shape[:-1]\n"
-      "(pass it back unchanged to _sdpa_backward). For attn.torch's custom operator.");
+      "(pass it back unchanged to _sdpa_backward). With output_residual, (output, log_sum_exp,\n"
+      "residual): for float16 and bfloat16 inputs the output's rounding residuals (shaped as it,\n"
+      "in its dtype; pass them to _sdpa_backward's output_residual), None for float32. For\n"
+      "attn.torch's custom operator.");
 
   module.def(
       "_sdpa_backward",
@@ -569,9 +580,16 @@ void bind_functional(nb::module_& module) {
          nb::handle attn_mask, float dropout_p, bool is_causal, std::optional<float> scale,
          bool enable_gqa, nb::handle window, nb::handle alibi_slopes, std::optional<float> softcap,
          nb::handle sinks, nb::handle valid_lens, const std::string& alignment, uint64_t seed,
-         bool mask_gradient, bool sinks_gradient) {
+         bool mask_gradient, bool sinks_gradient, nb::handle output_residual) {
         const QueryKeyValue inputs(q, k, v);
         const StridedInput output(o, "output", 2, Shape::kMaxRank, HalfInputs::kAccept);
+        // The forward's residuals: None, or an empty tensor (the operator's stand-in for none).
+        std::optional<StridedInput> residual;
+        if (!output_residual.is_none()) {
+          residual.emplace(output_residual, "output_residual", 1, Shape::kMaxRank,
+                           HalfInputs::kAccept);
+          if (residual->shape().numel() == 0) residual.reset();
+        }
         const StridedInput grad_output(grad_o, "grad_output", 2, Shape::kMaxRank,
                                        HalfInputs::kAccept);
         const std::optional<HalfType> half = common_half_type(inputs);
@@ -599,6 +617,15 @@ void bind_functional(nb::module_& module) {
           if (sinks_gradient) sinks_grad = to_python(std::move(sinks_values), framework);
           return std::make_pair(mask_grad, sinks_grad);
         };
+        if (residual) {
+          require_query_type(*residual, "output_residual", inputs.query);
+          if (!half) {
+            throw nb::value_error(("output_residual: expected None or an empty tensor for float32 "
+                                   "inputs (their output is not rounded), got shape " +
+                                   residual->shape().str())
+                                      .c_str());
+          }
+        }
         if (half) {
           HalfAttentionBackward gradients;
           {
@@ -607,7 +634,8 @@ void bind_functional(nb::module_& module) {
             gradients = scaled_dot_product_attention_backward(
                 *half, inputs.query.half_view(), inputs.key.half_view(), inputs.value.half_view(),
                 output.half_view(), grad_output.half_view(), lse_values, call.options(),
-                mask_gradient, sinks_gradient);
+                mask_gradient, sinks_gradient,
+                residual ? residual->half_view() : StridedView<const uint16_t>());
           }
           auto [mask_grad, sinks_grad] =
               option_gradients(std::move(gradients.attn_mask), std::move(gradients.sinks));
@@ -638,8 +666,11 @@ void bind_functional(nb::module_& module) {
       "softcap"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
       "valid_lens"_a.none() = nb::none(), "alignment"_a = "top-left", "seed"_a = 0,
       "mask_gradient"_a = false, "sinks_gradient"_a = false,
+      "output_residual"_a.none() = nb::none(),
       "(d query, d key, d value, d attn_mask or None, d sinks or None): the gradients of\n"
-      "sum(output * grad_output) for _sdpa_forward's inputs and options. For attn.torch.");
+      "sum(output * grad_output) for _sdpa_forward's inputs and options, with D = rowsum(dO * O)\n"
+      "from the output before its rounding where output_residual (_sdpa_forward's) is given.\n"
+      "For attn.torch.");
 }
 
 #undef ATTN_SDPA_ARGUMENTS

@@ -194,7 +194,7 @@ inline int64_t PrepareQueryTiles(const ConstHeadsView& out, const ConstHeadsView
                  half->out.matrix(b, h) + static_cast<int64_t>(i) * half->out.row_stride, dv,
                  half->out_row);
         if (half->out_residual.data != nullptr) {
-          AddResidualRow(half->type,
+          AddResidualRow(d, half->type,
                          half->out_residual.matrix(b, h) +
                              static_cast<int64_t>(i) * half->out_residual.row_stride,
                          dv, half->out_row);

@@ -780,7 +780,7 @@ void StoreHalfRow(const ForwardArgs& args, const QueryTile& tile, int64_t query,
   NarrowRow(hn::ScalableTag<float>(), args.half_type, widened, dv, rounded);
   if (args.residual16.data != nullptr) {
     StoreResidualRow(
-        args.half_type, widened, rounded, dv,
+        hn::ScalableTag<float>(), args.half_type, widened, rounded, dv,
         args.residual16.matrix(tile.batch, tile.head) + query * args.residual16.row_stride);
   }
 }

@@ -105,6 +105,38 @@ def test_numpy_float16_forward_and_backward_operators():
     assert grads[3] is None and grads[4] is None
 
 
+def test_numpy_float16_residuals_reach_the_backward():
+    # _sdpa_forward(output_residual=True) adds the output's rounding residuals; _sdpa_backward
+    # with them is the float32 backward on the output before its rounding, rounded once.
+    q, k, v = half_inputs()
+    options = (None, 0.0, True, None, True)  # attn_mask, dropout_p, is_causal, scale, enable_gqa
+    output, log_sum_exp, residual = attn._attn._sdpa_forward(q, k, v, *options,
+                                                             output_residual=True)
+    assert residual.dtype == np.float16 and residual.shape == output.shape
+    wide = [x.astype(np.float32) for x in (q, k, v)]
+    expected, _ = attn._attn._sdpa_forward(*wide, *options)
+    np.testing.assert_array_equal(output, expected.astype(np.float16))
+    # The residual is (exact − rounded)·2¹¹ rounded to fp16: exact to within 2⁻²² of the output,
+    # or, where the scaled residual is subnormal in fp16 (outputs below 2⁻³), 2⁻²⁴/2¹¹ absolute.
+    exact = output.astype(np.float32) + residual.astype(np.float32) / 2048
+    np.testing.assert_allclose(exact, expected, rtol=2.0**-21, atol=2.0**-35)
+    grad_output = normal(N, H, L, EV, dtype=np.float16)
+    grads = attn._attn._sdpa_backward(q, k, v, output, grad_output, log_sum_exp, *options,
+                                      output_residual=residual)
+    wide_grads = attn._attn._sdpa_backward(*wide, exact, grad_output.astype(np.float32),
+                                           log_sum_exp, *options)
+    for got, want in zip(grads[:3], wide_grads[:3]):
+        np.testing.assert_array_equal(got, want.astype(np.float16))
+    # float32 calls have no residuals: None back, and a non-empty one refused.
+    assert attn._attn._sdpa_forward(*wide, *options, output_residual=True)[2] is None
+    with pytest.raises(ValueError, match="output_residual: expected None or an empty tensor"):
+        attn._attn._sdpa_backward(*wide, expected, grad_output.astype(np.float32), log_sum_exp,
+                                  *options, output_residual=expected)
+    with pytest.raises(TypeError, match="output_residual: expected the dtype of query"):
+        attn._attn._sdpa_backward(q, k, v, output, grad_output, log_sum_exp, *options,
+                                  output_residual=residual.astype(np.float32))
+
+
 # --- torch bfloat16 and float16 against torch.nn.functional ------------------------------------
 def torch_case(dtype, options):
     """Grouped-head q, k, v in `dtype` and the options with their mask made: "bool" a (L, S)
@@ -319,3 +351,95 @@ def test_nan_in_a_bfloat16_key_is_a_value_error():
         attn.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     with pytest.raises(ValueError, match=message):
         attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+# --- Peaked rows: D = rowsum(dO ∘ O) from the output before its rounding ------------------------
+# Where one key dominates each row (q and k ×10: scores in the hundreds), dS = P ⊙ (dP − D) is a
+# small difference, and D from the rounded output alone (as PyTorch's half backward takes it)
+# moves dQ and dK past the float32 kernels' bound against float64 on the same rounded inputs: 1e-5
+# of the largest gradient times the scores' magnitude², plus the element's own rounding. Every
+# route of attn.torch's autograd keeps the forward's residuals for its backward and stays within
+# it; without them (the extension called with none) hundreds of elements are past it.
+PEAKED_MAGNITUDE = 10.0
+# bf16 on bf16 products (AMX tiles, or vdpbf16ps where it outpaces FMAs) rounds P to bf16 in the
+# forward's P·V, as PyTorch's bf16 kernels do: its output before rounding is not the exact one,
+# so the bound here holds on the widened path alone (fp16 everywhere; bf16 elsewhere).
+BF16_PRODUCTS = "bf16 runs on bf16 products here (P rounded to bf16 before P·V)"
+
+
+def bf16_widened():
+    return (not attn.amx_status().startswith("AMX-BF16 in use")
+            and attn.bf16_dot_status().startswith("bf16 widened"))
+
+
+def peaked_case(dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(1, 1, 64, 128, generator=generator) * PEAKED_MAGNITUDE for _ in range(2))
+    v, grad_output = (torch.randn(1, 1, 64, 128, generator=generator) for _ in range(2))
+    return [t.to(dtype) for t in (q, k, v, grad_output)]
+
+
+def elements_past_the_bound(dtype, gradients, q, k, v, grad_output):
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves).backward(grad_output.double())
+    rounding = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    past = 0
+    for got, leaf in zip(gradients, leaves):
+        want = leaf.grad
+        largest = max(1.0, float(want.abs().max()))
+        bound = 1e-5 * PEAKED_MAGNITUDE**2 * largest + rounding * want.abs()
+        past += int(((got.double() - want).abs() > bound).sum())
+    return past
+
+
+def autograd_routes():
+    """Each route of attn.torch's autograd, as a function of (q, k, v, grad_output) → gradients."""
+
+    def plain(q, k, v, grad_output):  # _PlainSdpa
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        attn_torch.scaled_dot_product_attention(*leaves).backward(grad_output)
+        return [t.grad for t in leaves]
+
+    def general(q, k, v, grad_output):  # _EagerSdpa (valid lengths take the general path)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        lengths = torch.tensor([64])
+        attn_torch.scaled_dot_product_attention(*leaves, valid_lens=lengths).backward(grad_output)
+        return [t.grad for t in leaves]
+
+    def compiled(q, k, v, grad_output):  # the operators, traced by AOTAutograd
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        function = torch.compile(attn_torch.scaled_dot_product_attention, fullgraph=True,
+                                 backend="aot_eager")
+        function(*leaves).backward(grad_output)
+        return [t.grad for t in leaves]
+
+    def transformed(q, k, v, grad_output):  # _TransformedSdpa under torch.func.vjp
+        _, vjp = torch.func.vjp(attn_torch.scaled_dot_product_attention, q, k, v)
+        return list(vjp(grad_output))
+
+    return {"plain": plain, "general": general, "compiled": compiled, "transformed": transformed}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("route", list(autograd_routes()))
+def test_peaked_rows_keep_their_gradients_on_every_autograd_route(dtype, route):
+    if dtype == torch.bfloat16 and not bf16_widened():
+        pytest.skip(BF16_PRODUCTS)
+    function = autograd_routes()[route]
+    for seed in range(3):
+        q, k, v, grad_output = peaked_case(dtype, seed)
+        assert elements_past_the_bound(dtype, function(q, k, v, grad_output), q, k, v,
+                                       grad_output) == 0, seed
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_peaked_rows_lose_their_gradients_without_the_residuals(dtype):
+    if dtype == torch.bfloat16 and not bf16_widened():
+        pytest.skip(BF16_PRODUCTS)
+    past = 0
+    for seed in range(3):
+        q, k, v, grad_output = peaked_case(dtype, seed)
+        output, log_sum_exp = attn._attn._sdpa_forward(q, k, v)
+        gradients = attn._attn._sdpa_backward(q, k, v, output, grad_output, log_sum_exp)[:3]
+        past += elements_past_the_bound(dtype, gradients, q, k, v, grad_output)
+    assert past > 0

@@ -269,9 +269,9 @@ def test_transposed_inputs_as_transformers_passes_them(monkeypatch):
     forward = attn_torch._extension._sdpa_forward
     exported = []
 
-    def record(query, key, value, *args):
+    def record(query, key, value, *args, **kwargs):
         exported.extend((query, key, value))
-        return forward(query, key, value, *args)
+        return forward(query, key, value, *args, **kwargs)
 
     monkeypatch.setattr(attn_torch._extension, "_sdpa_forward", record)
     with torch.enable_grad():
@@ -854,8 +854,12 @@ def test_operators_pass_opcheck():
         0,
         5.0,
         "top-left",
+        False,
     )
     torch.library.opcheck(torch.ops.attn.sdpa.default, arguments)
+    # bf16 inputs with the output's rounding residuals (the autograd kernels ask for them).
+    half = tuple(t.detach().bfloat16().requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(torch.ops.attn.sdpa.default, (*half, *arguments[3:-1], True))
 
 
 def test_the_operators_autograd_kernel_skips_the_redispatch_only_where_nothing_lies_below():
@@ -873,8 +877,8 @@ def test_the_operators_autograd_kernel_skips_the_redispatch_only_where_nothing_l
             return func(*args, **(kwargs or {}))
 
     q, k, v = torch.randn(N, HQ, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV)
-    options = (None, None, None, None, None, 0.0, True, None, True, 2, 0, 5.0, "top-left")
-    body = attn_torch._forward(q, k, v, *options)
+    options = (None, None, None, None, None, 0.0, True, None, True, 2, 0, 5.0, "top-left", False)
+    body = attn_torch._forward_operator(q, k, v, *options)
     for grad_mode in (True, False):
         with torch.set_grad_enabled(grad_mode):
             direct = torch.ops.attn.sdpa.default(q, k, v, *options)
@@ -886,7 +890,7 @@ def test_the_operators_autograd_kernel_skips_the_redispatch_only_where_nothing_l
     with FakeTensorMode() as fake_mode:
         fake = torch.ops.attn.sdpa.default(*(fake_mode.from_tensor(x) for x in (q, k, v)),
                                            *options)
-    assert [tuple(x.shape) for x in fake] == [(N, HQ, L, EV), (N, HQ, L)]
+    assert [tuple(x.shape) for x in fake] == [(N, HQ, L, EV), (N, HQ, L), (0,)]
     assert all(type(x).__name__ == "FakeTensor" for x in fake)
 
 
@@ -895,7 +899,8 @@ def test_the_operators_refuse_a_second_derivative():
     # create_graph=True can't be differentiated again: a clear error, not a silent zero.
     q, k, v = leaf(N, H, L, E), leaf(N, H, S, E), leaf(N, H, S, EV)
     output = torch.ops.attn.sdpa.default(
-        q, k, v, None, None, None, None, None, 0.0, False, None, False, -1, -1, None, "top-left"
+        q, k, v, None, None, None, None, None, 0.0, False, None, False, -1, -1, None, "top-left",
+        False
     )[0]
     expected = attn_torch.scaled_dot_product_attention(q, k, v)
     (d_query,) = torch.autograd.grad(output.square().sum(), q, create_graph=True)
@@ -1129,7 +1134,8 @@ def test_inference_calls_skip_the_operator_and_match_it(monkeypatch):
     mask, sinks = torch.randn(N, 1, L, S), torch.randn(HQ)
     options = dict(enable_gqa=True, sinks=sinks, window=(3, 0), softcap=4.0)
     through_operator = torch.ops.attn.sdpa.default(
-        q, k, v, mask, None, None, sinks, None, 0.0, False, None, True, 3, 0, 4.0, "top-left"
+        q, k, v, mask, None, None, sinks, None, 0.0, False, None, True, 3, 0, 4.0, "top-left",
+        False
     )[0]
     calls = []
     original = attn_torch._sdpa
@@ -1150,7 +1156,7 @@ def test_inference_calls_skip_the_operator_and_match_it(monkeypatch):
         computed = [a.float() if dtype == torch.float64 else a for a in args]
         slow = torch.ops.attn.sdpa.default(
             *computed, None, None, None, None, None, 0.0, False, None, True, -1, -1, None,
-            "top-left"
+            "top-left", False
         )[0].to(dtype)
         assert fast.dtype == dtype and torch.equal(fast, slow), dtype
     transposed = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
@@ -1239,7 +1245,7 @@ def test_plain_inference_calls_with_a_mask_take_attns_function_and_match_the_ope
             output = attn_torch.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
             expected = torch.ops.attn.sdpa.default(
                 q, k, v, mask.float() if mask.is_floating_point() else mask, None, None, None,
-                None, 0.0, False, None, True, -1, -1, None, "top-left")[0]
+                None, 0.0, False, None, True, -1, -1, None, "top-left", False)[0]
         assert direct == ([1] if taken else []), (mask.dtype, mask.requires_grad)
         assert torch.equal(output, expected), mask.dtype
 
@@ -1263,7 +1269,7 @@ def test_bottom_right_alignment_takes_attns_function_where_nothing_is_causal(mon
                     qt, kt, vt, is_causal=is_causal, enable_gqa=True, alignment="bottom-right")
                 expected = torch.ops.attn.sdpa.default(
                     qt, kt, vt, None, None, None, None, None, 0.0, is_causal, None, True, -1, -1,
-                    None, "bottom-right")[0]
+                    None, "bottom-right", False)[0]
             assert direct == ([1] if taken else []), (dtype, is_causal)
             assert torch.equal(output, expected), (dtype, is_causal)
     with torch.no_grad():

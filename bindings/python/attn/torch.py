@@ -826,10 +826,15 @@ def _window(window_left, window_right):
 
 
 def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, dropout_p,
-             is_causal, scale, enable_gqa, window_left, window_right, softcap, alignment):
+             is_causal, scale, enable_gqa, window_left, window_right, softcap, alignment,
+             output_residual):
     """The attn::sdpa operator's body, on its arguments, for the operator and the eager calls
     alike: the extension reads torch tensors in place (torch._C._to_dlpack) and returns tensors
-    (torch._C._from_dlpack)."""
+    (torch._C._from_dlpack): (output, log_sum_exp), and with ``output_residual`` a third, the
+    output's rounding residuals for the backward pass (float16 and bfloat16; None for float32).
+    The autograd Functions ask for them: their backward then takes D = rowsum(dO ∘ O) from the
+    output before its rounding, which where one key dominates a row keeps dQ and dK within the
+    float32 kernels' bound (docs/kernels.md)."""
     if _torch_threads() != _followed_threads[0]:
         _follow_torch_threads()
     return _extension._sdpa_forward(
@@ -848,7 +853,17 @@ def _forward(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed
         valid_lens=valid_lens,
         alignment=alignment,
         seed=0 if seed is None else int(seed),
+        output_residual=output_residual,
     )
+
+
+def _forward_operator(query, *arguments):
+    """attn::sdpa's CPU kernel: _forward's results, the residuals an empty tensor where there are
+    none (the schema returns three tensors)."""
+    result = _forward(query, *arguments)
+    if len(result) == 3 and result[2] is not None:
+        return result
+    return result[0], result[1], query.new_empty(0)
 
 
 def _sdpa_fake(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options):
@@ -879,14 +894,19 @@ def _sdpa_fake(query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, se
                 lambda: f"key: expected {heads} heads (those of query; set enable_gqa for "
                 f"grouped-query attention), got {kv_heads}",
             )
-    # The output in the query's dtype (float16 and bfloat16 too); the log-sum-exp always float32.
+    # The output in the query's dtype (float16 and bfloat16 too); the log-sum-exp always float32;
+    # the residuals shaped as the output where asked for on half inputs, else empty.
     output = query.new_empty((*query.shape[:-1], value.shape[-1]))
-    return output, query.new_empty(query.shape[:-1], dtype=torch.float32)
+    residual = (
+        query.new_empty(output.shape) if options[-1] and query.dtype in _HALF_DTYPES
+        else query.new_empty(0)
+    )
+    return output, query.new_empty(query.shape[:-1], dtype=torch.float32), residual
 
 
-def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens,
-              alibi_slopes, sinks, seed, dropout_p, is_causal, scale, enable_gqa, window_left,
-              window_right, softcap, alignment, mask_gradient, sinks_gradient):
+def _backward(grad_output, query, key, value, output, log_sum_exp, output_residual, attn_mask,
+              valid_lens, alibi_slopes, sinks, seed, dropout_p, is_causal, scale, enable_gqa,
+              window_left, window_right, softcap, alignment, mask_gradient, sinks_gradient):
     """The attn::sdpa_backward operator's body, on its arguments: (d query, d key, d value,
     d attn_mask or None, d sinks or None), tensors as _forward's. The keywords are spelled out
     here and in _forward: a shared dict of them cost ~1 µs a call, 7% of a decode-sized call."""
@@ -915,6 +935,7 @@ def _backward(grad_output, query, key, value, output, log_sum_exp, attn_mask, va
             seed=0 if seed is None else int(seed),
             mask_gradient=mask_gradient,
             sinks_gradient=sinks_gradient,
+            output_residual=output_residual,
         )
 
     return _carrying_non_finite(gradients, grad_output, valid_lens)
@@ -986,16 +1007,16 @@ def _carrying_non_finite(gradients, grad_output, valid_lens=None):
     return d_query, d_key, d_value, d_mask, d_sinks
 
 
-def _backward_operator(grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens,
-                       alibi_slopes, sinks, seed, dropout_p, is_causal, scale, enable_gqa,
-                       window_left, window_right, softcap, alignment, mask_gradient,
-                       sinks_gradient):
+def _backward_operator(grad_output, query, key, value, output, log_sum_exp, output_residual,
+                       attn_mask, valid_lens, alibi_slopes, sinks, seed, dropout_p, is_causal,
+                       scale, enable_gqa, window_left, window_right, softcap, alignment,
+                       mask_gradient, sinks_gradient):
     """attn::sdpa_backward's CPU kernel: _backward's gradients, with empty float32 tensors for
     the mask's and the sinks' when not asked for (the schema returns five tensors)."""
     d_query, d_key, d_value, d_mask, d_sinks = _backward(
-        grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens, alibi_slopes,
-        sinks, seed, dropout_p, is_causal, scale, enable_gqa, window_left, window_right, softcap,
-        alignment, mask_gradient, sinks_gradient)
+        grad_output, query, key, value, output, log_sum_exp, output_residual, attn_mask,
+        valid_lens, alibi_slopes, sinks, seed, dropout_p, is_causal, scale, enable_gqa,
+        window_left, window_right, softcap, alignment, mask_gradient, sinks_gradient)
     # The mask's and the sinks' gradients are float32 whatever the inputs' dtype.
     return (
         d_query,
@@ -1017,26 +1038,27 @@ _operators.define(
     "sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, Tensor? valid_lens, "
     "Tensor? alibi_slopes, Tensor? sinks, Tensor? seed, float dropout_p, bool is_causal, "
     "float? scale, bool enable_gqa, SymInt window_left, SymInt window_right, float? softcap, "
-    "str alignment) -> (Tensor, Tensor)",
+    "str alignment, bool output_residual) -> (Tensor, Tensor, Tensor)",
     tags=(torch.Tag.pt2_compliant_tag,),
 )
 _operators.define(
     "sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor output, "
-    "Tensor log_sum_exp, Tensor? attn_mask, Tensor? valid_lens, Tensor? alibi_slopes, "
+    "Tensor log_sum_exp, Tensor? output_residual, Tensor? attn_mask, Tensor? valid_lens, Tensor? alibi_slopes, "
     "Tensor? sinks, Tensor? seed, float dropout_p, bool is_causal, float? scale, bool enable_gqa, "
     "SymInt window_left, SymInt window_right, float? softcap, str alignment, bool mask_gradient, "
     "bool sinks_gradient) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     tags=(torch.Tag.pt2_compliant_tag,),
 )
-# attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L)).
+# attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L), the output's rounding
+# residuals where output_residual is set and the inputs are half (else an empty tensor)).
 _sdpa = torch.ops.attn.sdpa.default
 # attn's backward pass: gradients of query, key, value, and of the float attn_mask and the sinks
 # when asked for (empty tensors otherwise).
 _sdpa_backward = torch.ops.attn.sdpa_backward.default
-_operators.impl("sdpa", _forward, "CPU")
+_operators.impl("sdpa", _forward_operator, "CPU")
 _operators.impl("sdpa_backward", _backward_operator, "CPU")
 # How many leading arguments of each operator are (optional) tensors.
-_SDPA_TENSORS, _SDPA_BACKWARD_TENSORS = 8, 11
+_SDPA_TENSORS, _SDPA_BACKWARD_TENSORS = 8, 12
 
 
 def _sdpa_backward_fake(
@@ -1046,6 +1068,7 @@ def _sdpa_backward_fake(
     value,
     output,
     log_sum_exp,
+    output_residual,
     attn_mask,
     valid_lens,
     alibi_slopes,
@@ -1152,19 +1175,29 @@ def _sdpa_vmap(info, in_dims, query, key, value, attn_mask, valid_lens, alibi_sl
     arguments = (query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options)
     rows = list(zip(arguments[:3], in_dims[:3]))
     _refuse_error_randomness(info, options[0])
+    # The residuals: per sample where the inputs are half and they are asked for, else empty.
+    residual_dim = 0 if options[-1] and query.dtype in _HALF_DTYPES else None
     if not _batched_whole(info, rows, attn_mask, valid_lens, in_dims[3:8], options[0]):
-        return _per_sample(_sdpa, info, in_dims, arguments, (0, 0))
+        return _per_sample(_sdpa, info, in_dims, arguments, (0, 0, residual_dim))
     merge, batch = query.dim() == 5, info.batch_size
-    output, log_sum_exp = _sdpa(*(_merged(x, d, merge) for x, d in rows), attn_mask, None,
-                                alibi_slopes, sinks, seed, *options)
-    return (_split(output, batch, merge), _split(log_sum_exp, batch, merge)), (0, 0)
+    output, log_sum_exp, residual = _sdpa(*(_merged(x, d, merge) for x, d in rows), attn_mask,
+                                          None, alibi_slopes, sinks, seed, *options)
+    if residual_dim is not None:
+        residual = _split(residual, batch, merge)
+    return (
+        (_split(output, batch, merge), _split(log_sum_exp, batch, merge), residual),
+        (0, 0, residual_dim),
+    )
 
 
 @torch.library.register_vmap("attn::sdpa_backward")
 def _sdpa_backward_vmap(info, in_dims, grad_output, query, key, value, output, log_sum_exp,
-                        attn_mask, valid_lens, alibi_slopes, sinks, seed, *options):
-    arguments = (grad_output, query, key, value, output, log_sum_exp, attn_mask, valid_lens,
-                 alibi_slopes, sinks, seed, *options)
+                        output_residual, attn_mask, valid_lens, alibi_slopes, sinks, seed,
+                        *options):
+    arguments = (grad_output, query, key, value, output, log_sum_exp, output_residual, attn_mask,
+                 valid_lens, alibi_slopes, sinks, seed, *options)
+    # Residuals (of half inputs) go whole batched as the output is, or per sample.
+    residual = output_residual is not None and output_residual.numel() > 0
     mask_gradient, sinks_gradient = options[-2], options[-1]
     rows = list(zip(arguments[:5], in_dims[:5]))  # the log-sum-exp checked apart: fewer axes
     _refuse_error_randomness(info, options[0])
@@ -1172,14 +1205,17 @@ def _sdpa_backward_vmap(info, in_dims, grad_output, query, key, value, output, l
         mask_gradient
         or sinks_gradient
         or in_dims[5] is None
-        or not _batched_whole(info, rows, attn_mask, valid_lens, in_dims[6:11], options[0])
+        or (residual and in_dims[6] is None)
+        or not _batched_whole(info, rows, attn_mask, valid_lens, in_dims[7:12], options[0])
     ):
         out_dims = (0, 0, 0, 0 if mask_gradient else None, 0 if sinks_gradient else None)
         return _per_sample(_sdpa_backward, info, in_dims, arguments, out_dims)
     merge, batch = query.dim() == 5, info.batch_size
     d_query, d_key, d_value, d_mask, d_sinks = _sdpa_backward(
         *(_merged(x, d, merge) for x, d in rows),
-        _merged(log_sum_exp, in_dims[5], merge).contiguous(), attn_mask, None, alibi_slopes,
+        _merged(log_sum_exp, in_dims[5], merge).contiguous(),
+        _merged(output_residual, in_dims[6], merge) if residual else output_residual, attn_mask,
+        None, alibi_slopes,
         sinks, seed, *options,
     )
     gradients = tuple(_split(g, batch, merge) for g in (d_query, d_key, d_value))
@@ -1191,21 +1227,25 @@ _MASK, _SINKS = 3, 6
 
 
 def _sdpa_setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options = inputs
-    result, log_sum_exp = output
+    # (The last option, output_residual, is the forward's alone: sdpa_backward takes the rest.)
+    query, key, value, attn_mask, valid_lens, alibi_slopes, sinks, seed, *options, _ = inputs
+    result, log_sum_exp, residual = output
     ctx.save_for_backward(
-        query, key, value, result, log_sum_exp, attn_mask, valid_lens, alibi_slopes, sinks, seed
+        query, key, value, result, log_sum_exp, residual, attn_mask, valid_lens, alibi_slopes,
+        sinks, seed
     )
     ctx.options = options
-    ctx.mark_non_differentiable(log_sum_exp)
+    if residual is None:
+        ctx.mark_non_differentiable(log_sum_exp)
+    else:
+        ctx.mark_non_differentiable(log_sum_exp, residual)
 
 
 def _gradients(ctx, grad_output, backward):
     """The gradients of the inputs saved by _sdpa_setup_context, from ``backward``: the
     attn::sdpa_backward operator, or the eager path's direct call of its body."""
-    query, key, value, result, log_sum_exp, attn_mask, valid_lens, alibi_slopes, sinks, seed = (
-        ctx.saved_tensors
-    )
+    (query, key, value, result, log_sum_exp, residual, attn_mask, valid_lens, alibi_slopes, sinks,
+     seed) = ctx.saved_tensors
     mask_gradient = (
         attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[_MASK]
     )
@@ -1220,6 +1260,7 @@ def _gradients(ctx, grad_output, backward):
         value,
         result,
         log_sum_exp,
+        residual,
         attn_mask,
         valid_lens,
         alibi_slopes,
@@ -1238,7 +1279,7 @@ def _gradients(ctx, grad_output, backward):
         None,
         d_sinks.to(sinks.dtype) if sinks_gradient else None,
         None,
-        *([None] * len(ctx.options)),
+        *([None] * (len(ctx.options) + 1)),  # the options and output_residual
     )
 
 
@@ -1263,12 +1304,13 @@ class _OperatorSdpa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):
         *inputs, operator, below = inputs
+        inputs[-1] = True  # output_residual: the backward pass takes them
         output = _below_autograd(operator, below, inputs)
         _sdpa_setup_context(ctx, inputs, output)
         return output
 
     @staticmethod
-    def backward(ctx, grad_output, _grad_log_sum_exp):
+    def backward(ctx, grad_output, _grad_log_sum_exp, _grad_residual):
         return *_gradients(ctx, grad_output, _sdpa_backward), None, None
 
 
@@ -1309,7 +1351,7 @@ def _autograd_kernel(operator, cpu_kernel, function, tensors):
 
 
 _operators.impl(
-    "sdpa", _autograd_kernel(_sdpa, _forward, _OperatorSdpa, _SDPA_TENSORS), "Autograd",
+    "sdpa", _autograd_kernel(_sdpa, _forward_operator, _OperatorSdpa, _SDPA_TENSORS), "Autograd",
     with_keyset=True,
 )
 _operators.impl(
@@ -1332,13 +1374,14 @@ class _EagerSdpa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):
         query, key, value, *options = inputs
-        result = _forward(query, key, value, *options)
+        # (output, log_sum_exp, the output's rounding residuals or None for float32)
+        result = _forward(query, key, value, *options[:-1], True)
         _sdpa_setup_context(ctx, inputs, result)
         return result
 
     @staticmethod
     @_first_order_only("attn's scaled_dot_product_attention", _saved_tensors)
-    def backward(ctx, grad_output, _grad_log_sum_exp):
+    def backward(ctx, grad_output, _grad_log_sum_exp, _grad_residual):
         return _gradients(ctx, grad_output, _backward)
 
 
@@ -1354,14 +1397,14 @@ class _TransformedSdpa(torch.autograd.Function):
 
     @staticmethod
     def forward(*inputs):
-        return _sdpa(*inputs)
+        return _sdpa(*inputs[:-1], True)  # with the residuals, for the backward pass
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _sdpa_setup_context(ctx, inputs, output)
 
     @staticmethod
-    def backward(ctx, grad_output, _grad_log_sum_exp):
+    def backward(ctx, grad_output, _grad_log_sum_exp, _grad_residual):
         return _gradients(ctx, grad_output, _TransformedSdpaBackward.apply)
 
 
@@ -1397,9 +1440,9 @@ class _PlainSdpa(torch.autograd.Function):
     def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
         if _torch_threads() != _followed_threads[0]:
             _follow_torch_threads()
-        output, log_sum_exp = _extension._sdpa_forward(
-            query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
-        ctx.save_for_backward(query, key, value, output, log_sum_exp, attn_mask)
+        output, log_sum_exp, residual = _extension._sdpa_forward(
+            query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, output_residual=True)
+        ctx.save_for_backward(query, key, value, output, log_sum_exp, attn_mask, residual)
         ctx.options = (is_causal, scale, enable_gqa)
         return output
 
@@ -1409,13 +1452,14 @@ class _PlainSdpa(torch.autograd.Function):
         _check_not_batched(grad_output, "attn's scaled_dot_product_attention")
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
-        query, key, value, output, log_sum_exp, attn_mask = ctx.saved_tensors
+        query, key, value, output, log_sum_exp, attn_mask, residual = ctx.saved_tensors
         if _torch_threads() != _followed_threads[0]:
             _follow_torch_threads()
         options = ctx.options
         d_query, d_key, d_value, _, _ = _carrying_non_finite(
             lambda grad_output: _extension._sdpa_backward(
-                query, key, value, output, grad_output, log_sum_exp, attn_mask, 0.0, *options),
+                query, key, value, output, grad_output, log_sum_exp, attn_mask, 0.0, *options,
+                output_residual=residual),
             grad_output)
         return d_query, d_key, d_value, None, None, None, None
 
@@ -2027,6 +2071,7 @@ def scaled_dot_product_attention(
         window_right,
         None if softcap is None else float(softcap),
         alignment,
+        False,  # output_residual: the autograd Functions ask for them
     )
     eager = _eager(computed_query, computed_key, computed_value, attn_mask, valid_lens,
                    alibi_slopes, sinks)
