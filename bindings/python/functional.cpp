@@ -530,8 +530,7 @@ void bind_functional(nb::module_& module) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, float dropout_p,
          bool is_causal, std::optional<float> scale, bool enable_gqa, nb::handle window,
          nb::handle alibi_slopes, std::optional<float> softcap, nb::handle sinks,
-         nb::handle valid_lens, const std::string& alignment, uint64_t seed,
-         bool output_residual) {
+         nb::handle valid_lens, const std::string& alignment, uint64_t seed, bool output_residual) {
         const QueryKeyValue inputs(q, k, v);
         const CallOptions call(attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                alibi_slopes, softcap, sinks, valid_lens, alignment, false,
