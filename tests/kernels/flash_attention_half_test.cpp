@@ -98,6 +98,8 @@ size_t at(int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64
 // dS_ij = P_ij (Z_ij dP_ij − D_i) carries into dQ_it (c·δ_i·Σ_j P_ij |k_jt|), dK_jt
 // (c·Σ_i P_ij δ_i |q_it|) and the sink's gradient (Σ_i p_sink,i δ_i); and, on the bf16 dot-product
 // path, 2⁻⁸ of the rounding bound of P ⊙ Z and dS (`native_bounds`, from check_case).
+// Given the forward's residuals, the pass's D is that of the output they restore (`out` then):
+// within 2⁻¹⁷ of the fp32 kernel's output in bf16, 2⁻²² in fp16, which the same term bounds.
 void check_gradients_against_reference(
     HalfType type, const HalfCase& c, const reference::SdpaProblem& problem,
     const reference::SdpaForward& forward, const std::vector<double>& q,
@@ -318,6 +320,7 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng, bool with_backward =
 
   // The backward from the rounded output alone, then with its residuals (D from exact_out).
   for (const bool with_residual : {false, true}) {
+    SCOPED_TRACE(with_residual ? "with the forward's residuals" : "from the rounded output");
     const std::vector<float>& out = with_residual ? exact_out : rounded_out;
     HalfHeads grad_q16(c.batch, c.q_heads, c.queries, c.depth);
     HalfHeads grad_k16(c.batch, c.kv_heads, c.keys, c.depth);
