@@ -402,6 +402,14 @@ const float* float_data(const nb::ndarray<nb::ro>& array, std::string_view name,
                             dtype_name(array.dtype()))
                                .c_str());
     }
+    if (!aligned) {
+      throw nb::value_error((std::string(name) +
+                             ": expected float32 data aligned to 4 bytes (strict inputs: no "
+                             "copies), got an unaligned array (data address ≡ " +
+                             std::to_string(reinterpret_cast<uintptr_t>(data) % alignof(float)) +
+                             " mod 4)")
+                                .c_str());
+    }
     throw nb::value_error((std::string(name) + ": expected " + std::string(requirement) +
                            " (strict inputs: no copies), got strides " + strides_string(array) +
                            " (in elements) for shape " + shape_string(array))

@@ -56,6 +56,7 @@ struct ScalarArguments {
   bool enable_gqa = false;
   std::optional<float> softcap;
   std::string alignment;
+  bool alignment_given = false;  // not None: the caller chose it
   bool need_weights = false;
   std::optional<uint64_t> seed;
   bool causal = false;
@@ -70,7 +71,10 @@ struct ScalarArguments {
         scale(optional_scalar_argument<float>(scale_value, "scale", "float or None")),
         enable_gqa(scalar_argument<bool>(enable_gqa_value, "enable_gqa", "bool")),
         softcap(optional_scalar_argument<float>(softcap_value, "softcap", "float or None")),
-        alignment(scalar_argument<std::string>(alignment_value, "alignment", "str")),
+        alignment(alignment_value.is_none()
+                      ? std::string("top-left")
+                      : scalar_argument<std::string>(alignment_value, "alignment", "str or None")),
+        alignment_given(!alignment_value.is_none()),
         need_weights(scalar_argument<bool>(need_weights_value, "need_weights", "bool")),
         seed(
             optional_scalar_argument<uint64_t>(seed_value, "seed", "an int in [0, 2**64) or None")),
@@ -434,13 +438,14 @@ nb::object attend_arrays(const QueryKeyValue& inputs, const CallOptions& call, b
 // The arguments scaled_dot_product_attention and _sdpa_forward share, in order. Every one lets
 // None through: scaled_dot_product_attention converts its scalars itself, naming the argument
 // whose value it refuses (_sdpa_forward's typed ones refuse None as nanobind does).
-#define ATTN_SDPA_ARGUMENTS                                                                       \
+#define ATTN_SDPA_ARGUMENTS_BEFORE_ALIGNMENT                                                       \
   "query"_a.none(), "key"_a.none(), "value"_a.none(),                                             \
       "attn_mask"_a.none() = nb::none(), "dropout_p"_a.none() = 0.0F,                             \
       "is_causal"_a.none() = false, "scale"_a.none() = nb::none(), "enable_gqa"_a.none() = false, \
       nb::kw_only(), "window"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),        \
       "softcap"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),                             \
-      "valid_lens"_a.none() = nb::none(), "alignment"_a.none() = "top-left"
+      "valid_lens"_a.none() = nb::none()
+#define ATTN_SDPA_ARGUMENTS ATTN_SDPA_ARGUMENTS_BEFORE_ALIGNMENT, "alignment"_a.none() = "top-left"
 
 }  // namespace
 
@@ -471,6 +476,15 @@ void bind_functional(nb::module_& module) {
           throw nb::type_error(
               "value: got a KVCache; pass the cache as key (value None or the same cache)");
         }
+        // (Caches ignore alignment: their queries sit at their sequences' ends.)
+        if (scalars.causal && scalars.alignment_given && scalars.alignment != "bottom-right") {
+          throw nb::value_error(("alignment: causal=True is the book's causal, aligned "
+                                 "bottom-right, got alignment=\"" +
+                                 scalars.alignment +
+                                 "\" beside it; for a causal mask aligned top-left pass "
+                                 "is_causal=True instead")
+                                    .c_str());
+        }
         const QueryKeyValue inputs(q, k, v);
         // A random seed only when dropout will use it (random_device may be slow).
         const bool drops = scalars.dropout_p > 0.0F || scalars.dropout.value_or(0.0F) > 0.0F;
@@ -484,7 +498,8 @@ void bind_functional(nb::module_& module) {
         return naming_mask_lengths(
             call, [&] { return attend_arrays(inputs, call, scalars.need_weights); });
       },
-      ATTN_SDPA_ARGUMENTS, "need_weights"_a.none() = false, "seed"_a.none() = nb::none(),
+      ATTN_SDPA_ARGUMENTS_BEFORE_ALIGNMENT, "alignment"_a.none() = nb::none(),
+      "need_weights"_a.none() = false, "seed"_a.none() = nb::none(),
       "causal"_a.none() = false, "dropout"_a.none() = nb::none(),
       "PyTorch's scaled_dot_product_attention on the CPU, with attn's additions.\n\n"
       "query (..., H_q, L, E), key (..., H_kv, S, E), value (..., H_kv, S, Ev) -> (..., H_q, L,\n"
@@ -508,9 +523,10 @@ void bind_functional(nb::module_& module) {
       "(-1/None: unbounded). alibi_slopes (H_q floats): scores get\n"
       "-slope*|diagonal - j|. softcap: scores s become softcap*tanh(s/softcap). sinks (H_q\n"
       "floats): one logit per head joining each softmax denominator. valid_lens: None, (B,) or\n"
-      "(B, L) integer lengths, B the first axis. alignment: \"top-left\" (PyTorch's is_causal)\n"
-      "or \"bottom-right\" (FlashAttention's: the last query on the last key) for causal,\n"
-      "window and ALiBi. A query that sees no key gets a zero output.\n\n"
+      "(B, L) integer lengths, B the first axis. alignment: \"top-left\" (PyTorch's is_causal;\n"
+      "None: this, or with causal=True bottom-right) or \"bottom-right\" (FlashAttention's: the\n"
+      "last query on the last key) for causal, window and ALiBi; causal=True beside an explicit\n"
+      "\"top-left\" is a ValueError. A query that sees no key gets a zero output.\n\n"
       "The book's API keeps working: causal=True is causal aligned bottom-right; dropout= is\n"
       "dropout_p's old name; need_weights=True returns (output, weights), the weights (...,\n"
       "H_q, L, S) before dropout, computed only then.\n\n"
@@ -673,5 +689,6 @@ void bind_functional(nb::module_& module) {
 }
 
 #undef ATTN_SDPA_ARGUMENTS
+#undef ATTN_SDPA_ARGUMENTS_BEFORE_ALIGNMENT
 
 }  // namespace attn::python

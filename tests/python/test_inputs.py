@@ -56,6 +56,16 @@ def test_strict_inputs_refuse_copies():
             ValueError, match=r"X: expected a C-contiguous, aligned array \(strict inputs"
         ):
             attn.masked_softmax(x[:, :, ::2])
+        # An unaligned array (float32 data one byte into a buffer) is named as such: its strides
+        # are a C-contiguous array's, so a message about strides would not say what is wrong.
+        buffer = np.zeros(4 * 24 + 1, np.uint8)
+        unaligned = buffer[1:].view(np.float32).reshape(2, 3, 4)
+        assert unaligned.flags.c_contiguous and not unaligned.flags.aligned
+        with pytest.raises(
+            ValueError, match=r"X: expected float32 data aligned to 4 bytes .* got an unaligned "
+            r"array \(data address ≡ 1 mod 4\)"
+        ):
+            attn.masked_softmax(unaligned)
     finally:
         attn.set_strict_inputs(False)
 

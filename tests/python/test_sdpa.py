@@ -95,6 +95,26 @@ def test_causal_alignments(alignment, L, S):
     np.testing.assert_allclose(output, expected, **TOLERANCE)
 
 
+def test_the_books_causal_beside_an_explicit_top_left_alignment_is_refused():
+    # causal=True is the book's causal, aligned bottom-right: beside alignment="top-left" one of
+    # the two would be ignored without a word (it was: bottom-right won). "bottom-right" or None
+    # beside it agree with it; is_causal=True is the top-left one.
+    q, k, v = qkv(2, 3, L=4, S=6)
+    with pytest.raises(ValueError, match=r'alignment: causal=True is the book\'s causal, aligned '
+                       r'bottom-right, got alignment="top-left" beside it; for a causal mask '
+                       r"aligned top-left pass is_causal=True instead"):
+        attn.scaled_dot_product_attention(q, k, v, causal=True, alignment="top-left")
+    bottom_right, _ = ref.sdpa(q, k, v, is_causal=True, alignment="bottom-right")
+    for alignment in (None, "bottom-right"):
+        np.testing.assert_allclose(
+            attn.scaled_dot_product_attention(q, k, v, causal=True, alignment=alignment),
+            bottom_right, **TOLERANCE)
+    top_left, _ = ref.sdpa(q, k, v, is_causal=True, alignment="top-left")
+    np.testing.assert_allclose(
+        attn.scaled_dot_product_attention(q, k, v, is_causal=True, alignment=None), top_left,
+        **TOLERANCE)
+
+
 def test_a_query_that_sees_no_key_gets_zeros():
     q, k, v = qkv(2, 3, L=6, S=4)
     # Bottom-right with L > S: the first two queries see no key.
@@ -252,7 +272,7 @@ def test_bad_arguments_name_themselves(arguments, error, message):
         ("scale", "x", "float or None"),
         ("enable_gqa", 0, "bool"),
         ("softcap", [1.0], "float or None"),
-        ("alignment", 3, "str"),
+        ("alignment", 3, "str or None"),
         ("need_weights", 1, "bool"),
         ("seed", 1.5, r"an int in \[0, 2\*\*64\) or None"),
         ("causal", None, "bool"),

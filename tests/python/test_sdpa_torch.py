@@ -594,7 +594,7 @@ def test_scalar_arguments_torch_converts_run_as_there(name, value):
 @pytest.mark.parametrize(
     "name, value, expected",
     [("softcap", "30", "float"), ("causal", 1, "bool"), ("dropout", "0.1", "float"),
-     ("alignment", None, "str")],
+     ("alignment", 3, "str or None")],
 )
 def test_attns_own_scalar_arguments_are_named_alike(name, value, expected):
     query = torch.randn(1, 2, 3, 8)
@@ -1248,6 +1248,25 @@ def test_plain_inference_calls_with_a_mask_take_attns_function_and_match_the_ope
                 None, 0.0, False, None, True, -1, -1, None, "top-left", False)[0]
         assert direct == ([1] if taken else []), (mask.dtype, mask.requires_grad)
         assert torch.equal(output, expected), mask.dtype
+
+
+def test_the_books_causal_beside_an_explicit_top_left_alignment_is_refused():
+    # As attn.scaled_dot_product_attention: causal=True is aligned bottom-right, so an explicit
+    # alignment="top-left" beside it is refused rather than ignored; None or "bottom-right" agree.
+    q, k, v = torch.randn(N, HQ, L, E), torch.randn(N, HKV, S, E), torch.randn(N, HKV, S, EV)
+    with pytest.raises(ValueError, match=r'alignment: causal=True is the book\'s causal, aligned '
+                       r'bottom-right, got alignment="top-left" beside it'):
+        attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True, causal=True,
+                                                alignment="top-left")
+    expected = attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True,
+                                                       alignment="bottom-right")
+    for alignment in (None, "bottom-right"):
+        assert torch.equal(attn_torch.scaled_dot_product_attention(
+            q, k, v, enable_gqa=True, causal=True, alignment=alignment), expected)
+    assert torch.equal(
+        attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True,
+                                                alignment=None),
+        attn_torch.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True))
 
 
 def test_bottom_right_alignment_takes_attns_function_where_nothing_is_causal(monkeypatch):

@@ -50,7 +50,7 @@ def scaled_dot_product_attention(
     softcap: float | None = None,
     sinks: Floats = None,
     valid_lens: ValidLens = None,
-    alignment: Literal["top-left", "bottom-right"] = "top-left",
+    alignment: Literal["top-left", "bottom-right"] | None = None,
     need_weights: bool = False,
     seed: int | None = None,
     causal: bool = False,
@@ -60,9 +60,10 @@ def scaled_dot_product_attention(
     value (..., H_kv, S, Ev) -> (..., H_q, L, Ev), rank 2 to 8. attn_mask: bool (True: attend) or
     float (added), broadcastable to (..., H_q, L, S); integers or a list there are valid_lens.
     is_causal and window=(left, right) (-1/None: unbounded) follow `alignment`; alibi_slopes and
-    sinks hold H_q floats; softcap caps the scores. The book's causal=True is causal aligned
-    bottom-right, dropout= is dropout_p. Returns the output, or (output, weights) with
-    need_weights=True.
+    sinks hold H_q floats; softcap caps the scores. alignment None is "top-left" (PyTorch's), or
+    with the book's causal=True, which is causal aligned bottom-right, "bottom-right" (an explicit
+    "top-left" beside causal=True is a ValueError). dropout= is dropout_p. Returns the output, or
+    (output, weights) with need_weights=True.
 
     float16 (NumPy or torch) and bfloat16 (torch) query, key and value, all three of one dtype
     (a mix raises TypeError), are read in place and computed by attn's half kernels (fp32 scores,

@@ -1812,8 +1812,8 @@ def _checked_sdpa_arguments(dropout_p, is_causal, scale, enable_gqa, softcap, al
     """The scalar arguments of scaled_dot_product_attention checked as PyTorch checks its own
     (attn's additions alike): a wrong type is a TypeError naming the argument, in PyTorch's words
     where PyTorch has the argument."""
-    if not isinstance(alignment, str):
-        raise _argument_error("alignment", "str", alignment)
+    if alignment is not None and not isinstance(alignment, str):
+        raise _argument_error("alignment", "str or None", alignment)
     return (
         _float_argument("dropout_p", dropout_p),
         _bool_argument("is_causal", is_causal),
@@ -1841,7 +1841,7 @@ def scaled_dot_product_attention(
     softcap: Optional[float] = None,
     sinks: Optional[torch.Tensor] = None,
     valid_lens: Optional[torch.Tensor] = None,
-    alignment: str = "top-left",
+    alignment: str | None = None,
     causal: bool = False,
     dropout: Optional[float] = None,
 ) -> torch.Tensor:
@@ -1921,7 +1921,11 @@ def scaled_dot_product_attention(
         # alignment="bottom-right" for every step makes its one-query steps here (8 heads of 64
         # over 1024 bf16 keys, one thread of the Xeon dev: 92-106 → 86 µs warm, 295-298 → 218-243
         # µs with the cache read from memory).
-        and (alignment == "top-left" or alignment == "bottom-right" and is_causal is False)
+        and (
+            alignment is None
+            or alignment == "top-left"
+            or alignment == "bottom-right" and is_causal is False
+        )
         and (dtype := query.dtype) in _DIRECT_DTYPE_SET
         and key.dtype is dtype
         and value.dtype is dtype
@@ -1975,7 +1979,7 @@ def scaled_dot_product_attention(
             or softcap is not None
             or sinks is not None
             or valid_lens is not None
-            or alignment != "top-left"
+            or alignment is not None
             or causal
             or dropout is not None
         ):
@@ -2022,7 +2026,15 @@ def scaled_dot_product_attention(
                 "causal: the book's causal=True (aligned bottom-right) and is_causal=True "
                 "(PyTorch's, aligned top-left) were both given; give one"
             )
+        if alignment is not None and alignment != "bottom-right":
+            raise ValueError(
+                "alignment: causal=True is the book's causal, aligned bottom-right, got "
+                f'alignment="{alignment}" beside it; for a causal mask aligned top-left pass '
+                "is_causal=True instead"
+            )
         is_causal, alignment = True, "bottom-right"
+    elif alignment is None:
+        alignment = "top-left"
     lengths_from_mask = _is_lengths(attn_mask)
     if lengths_from_mask:
         if valid_lens is not None:
