@@ -1274,6 +1274,40 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
   }
 }
 
+// The magnitude of a running maximum (c·S, base 2) from which the steps scale Sᵀ in place first
+// rather than in the exponent: c·S − shift in one rounding is c·S's exact product less the rounded
+// maximum, off by up to half an ulp of c·S, which below this is at most 32 (P within 2^±32 of its
+// value, consistent with the row's sum) and past 2^31 beyond float's exponents: bf16 queries of
+// 4e9 on AMX tiles overflowed P and the row's sum to ∞, and the output to NaN.
+constexpr float kLargeShift = 0x1p30F;
+
+// Whether any of the first kVectors shifts has a magnitude of kLargeShift or more.
+template <size_t kVectors>
+HWY_INLINE bool LargeShifts(const FloatVector* shift) {
+  const hn::ScalableTag<float> d;
+  auto large = hn::Ge(hn::Abs(shift[0]), hn::Set(d, kLargeShift));
+  for (size_t g = 1; g < kVectors; ++g)
+    large = hn::Or(large, hn::Ge(hn::Abs(shift[g]), hn::Set(d, kLargeShift)));
+  return !hn::AllFalse(d, large);
+}
+
+// ExponentialsToPairs, with Sᵀ scaled in place first (each c·S rounded as the maxima were, so a
+// row's largest gives exactly 2⁰) where a shift is large (LargeShifts) and `scale` is not 1 (with
+// c = 1 the fused form is exact already). A separate pass: written as a product and a difference
+// in one expression, the compiler contracts them back into the multiply-add.
+template <size_t kVectors, bool kSplit>
+ATTN_BF16_TARGET HWY_INLINE void ShiftedExponentialsToPairs(size_t bc, size_t br, float scale,
+                                                            Scratch& s, const FloatVector* shift,
+                                                            FloatVector* sum) {
+  const hn::ScalableTag<float> d;
+  if (scale != 1.0F && LargeShifts<kVectors>(shift)) {
+    amx::ScaleInPlace(s.scores, bc * br, scale);
+    ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, 1.0F), s, shift, sum);
+  } else {
+    ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, scale), s, shift, sum);
+  }
+}
+
 // OnlineSoftmaxStep for the bf16 path without dropout, P into bf16 pairs (ExponentialsToPairs), on
 // Sᵀ scaled by `scale` > 0 here (1: already scaled).
 template <size_t kVectors, bool kSplit>
@@ -1283,7 +1317,7 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
   FloatVector shift[kVectors], sum[kVectors];
   OnlineSoftmaxMax<kVectors, true>(d, bc, br, s, shift, scale);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
-  ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, scale), s, shift, sum);
+  ShiftedExponentialsToPairs<kVectors, kSplit>(bc, br, scale, s, shift, sum);
   AddToRowSums<kVectors>(d, sum, s);
 }
 
@@ -1304,6 +1338,9 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, fl
     if (!hn::AllFalse(d, hn::Eq(shift[g], minus_infinity))) return false;
     sum[g] = hn::Zero(d);
   }
+  // Large shifts: the full step, which scales Sᵀ in place (ShiftedExponentialsToPairs); this step
+  // must leave Sᵀ as it is when it gives way.
+  if (scale != 1.0F && LargeShifts<kVectors>(shift)) return false;
   ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, scale), s, shift, sum);
   for (size_t g = 0; g < kVectors; ++g) {
     if (!hn::AllFalse(d, RoseAboveMargin(d, sum[g]))) return false;

@@ -541,6 +541,59 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxTileModelMatchesReference) {
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
 }
 
+// Scores past 2^31 in base 2 on the tiles (bf16 queries of 1e4–4e9 against keys of 1 to 1e5):
+// the exponent's c·S − max in one rounding is off by up to half an ulp of c·S there, past
+// float's exponents, and P overflowed to ∞, the row's sum with it, the output to NaN (240 of 1120
+// outputs at queries of 4e9). The steps scale Sᵀ in place first for such maxima: every output
+// and log-sum-exp finite, each output within P's rounding (2⁻⁸ of max|v|) and its own of the fp32
+// kernel's on the widened inputs, each log-sum-exp within 2⁻²⁰ of it. On the tile model, on the
+// hardware where it has AMX, and on vdpbf16ps (tiles off).
+TEST_P(FlashAttentionHalf, BFloat16ScoresPastTwoToTheThirtyOneStayFinite) {
+  struct Case {
+    int64_t queries, keys;
+    float query_magnitude, key_magnitude;
+  };
+  const Case cases[] = {{70, 70, 4e9F, 1.0F}, {1, 40, 1e10F, 1.0F}, {20, 12, 1e5F, 1e5F},
+                        {130, 200, 3e8F, 8.0F}};
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kModel, AmxUse::kWhereAvailable, AmxUse::kNever}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const ScopedAmxUse amx(use);
+    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+    if (!flash_attention_bfloat16_native(16)) continue;
+    ran = true;
+    Rng rng(97);
+    for (const Case& c : cases) {
+      const HalfType type = HalfType::kBFloat16;
+      std::vector<float> q, k, v;
+      const HalfHeads q16 = random_heads(type, 1, 2, c.queries, 16, c.query_magnitude, rng, q);
+      const HalfHeads k16 = random_heads(type, 1, 2, c.keys, 16, c.key_magnitude, rng, k);
+      const HalfHeads v16 = random_heads(type, 1, 2, c.keys, 16, 1.0F, rng, v);
+      const FlashAttentionOptions options = testing::kernel_options(0.25F, false, 0.0F, 0);
+      HalfHeads out16(1, 2, c.queries, 16);
+      std::vector<float> lse(static_cast<size_t>(2 * c.queries)), lse32(lse.size());
+      flash_attention_forward(type, q16.view(), k16.view(), v16.view(), {}, options, out16.view(),
+                              lse.data());
+      std::vector<float> out32(out16.bits.size());
+      flash_attention_forward(q16.float_view(q), k16.float_view(k), v16.float_view(v), {}, options,
+                              out16.float_view(out32), lse32.data());
+      float value_max = 0.0F;
+      for (const float x : v) value_max = std::max(value_max, std::abs(x));
+      for (size_t e = 0; e < out32.size(); ++e) {
+        const float got = half_bits_to_float(type, out16.bits[e]);
+        ASSERT_TRUE(std::isfinite(got)) << "output " << e << ", use " << static_cast<int>(use);
+        ASSERT_NEAR(got, out32[e], 0x1p-8F * value_max + 0x1p-8F * std::abs(out32[e]))
+            << "output " << e << ", use " << static_cast<int>(use) << ", queries " << c.queries;
+      }
+      for (size_t r = 0; r < lse.size(); ++r) {
+        ASSERT_TRUE(std::isfinite(lse[r])) << "log_sum_exp " << r;
+        ASSERT_NEAR(lse[r], lse32[r], 0x1p-20F * std::abs(lse32[r])) << "log_sum_exp " << r;
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: no bf16 products to check";
+}
+
 // Without tiles the backward's products follow the forward's: vdpbf16ps wherever it takes them.
 TEST_P(FlashAttentionHalf, BFloat16BackwardOnVectorsWhereTheForwardIs) {
   const ScopedAmxUse vectors(AmxUse::kNever);
