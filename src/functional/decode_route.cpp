@@ -203,7 +203,7 @@ bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStr
 bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
                           StridedView<const uint16_t> key, StridedView<const uint16_t> value,
                           const AttentionOptions& options, StridedView<uint16_t> output,
-                          std::span<float> log_sum_exp) {
+                          std::span<float> log_sum_exp, StridedView<uint16_t> output_residual) {
   if (!may_decode_without_scans(query.shape(), key.shape(), options) || !rows_contiguous(query) ||
       !rows_contiguous(key) || !rows_contiguous(value)) {
     return false;
@@ -222,6 +222,12 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
                                  PreparedAttention::kShapesOnly);
   const auto out_layout =
       shapes.output_layout("output", MutableStridedView(nullptr, output.shape(), output.strides()));
+  const bool residual = output_residual.data() != nullptr;
+  const auto residual_layout =
+      residual ? shapes.output_layout("output_residual",
+                                      MutableStridedView(nullptr, output_residual.shape(),
+                                                         output_residual.strides()))
+               : out_layout;
   shapes.require_log_sum_exp(log_sum_exp, true);
   const auto route = decode_route(shapes);
   if (!route) return false;
@@ -236,7 +242,8 @@ bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
         cache_tensor(stored, shapes.key_layout().slice(key.data(), s)),
         cache_tensor(stored, shapes.value_layout().slice(value.data(), s)), route->lengths.data(),
         route->for_slice(shapes, s), out_layout.slice(output.data(), s),
-        log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s));
+        log_sum_exp.empty() ? nullptr : shapes.slice_log_sum_exp(log_sum_exp, s),
+        residual ? residual_layout.slice(output_residual.data(), s) : HalfHeadsView{});
   }
   if (finite) return true;
   // The kernel's checks, as the float call's: the output zeroed, the scanned path names the input.

@@ -34,9 +34,10 @@ inline constexpr int64_t kMaxDecodeQueries = 16;
 bool decode_without_scans(ConstStridedView query, ConstStridedView key, ConstStridedView value,
                           const AttentionOptions& options, MutableStridedView output,
                           std::span<float> log_sum_exp);
+// `output_residual` as the half scaled_dot_product_attention's.
 bool decode_without_scans(HalfType type, StridedView<const uint16_t> query,
                           StridedView<const uint16_t> key, StridedView<const uint16_t> value,
                           const AttentionOptions& options, StridedView<uint16_t> output,
-                          std::span<float> log_sum_exp);
+                          std::span<float> log_sum_exp, StridedView<uint16_t> output_residual = {});
 
 }  // namespace attn::functional_detail

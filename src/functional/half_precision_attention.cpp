@@ -130,10 +130,9 @@ void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> que
         });
     return;
   }
-  // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp). It writes
-  // no residuals: a training call that asks for them takes the prefill kernel.
-  if (!residual && functional_detail::decode_without_scans(type, query, key, value, options, output,
-                                                           log_sum_exp)) {
+  // Decoding shapes: the decode kernel, which checks what it reads (decode_route.hpp).
+  if (functional_detail::decode_without_scans(type, query, key, value, options, output, log_sum_exp,
+                                              output_residual)) {
     return;
   }
   // Other calls on plain rows: the half kernel, which reports what it read, checked after.
@@ -225,7 +224,7 @@ void scaled_dot_product_attention_backward(
   functional_detail::require_own_elements("grad_value", grad_value);
   if (functional_detail::backward_writes_over_inputs<uint16_t>(
           grad_query, grad_key, grad_value, grad_mask, grad_sinks, query, key, value, output,
-          grad_output, log_sum_exp, options)) {
+          grad_output, log_sum_exp, options, output_residual)) {
     // Gradients over an input: computed apart, then stored (as the float overload).
     functional_detail::backward_apart<uint16_t>(
         {grad_query, grad_key, grad_value}, grad_mask, grad_sinks,

@@ -64,8 +64,8 @@ bool forward_writes_over_inputs(const StridedView<T>& output, std::span<const fl
                             regions.slopes, regions.sinks});
 }
 
-// The same for a backward pass: its gradients against its inputs, output, grad_output and
-// log-sum-exp.
+// The same for a backward pass: its gradients against its inputs, output, grad_output,
+// log-sum-exp and the output's rounding residuals (half passes).
 template <class T>
 bool backward_writes_over_inputs(
     const StridedView<T>& grad_query, const StridedView<T>& grad_key,
@@ -73,19 +73,24 @@ bool backward_writes_over_inputs(
     std::span<const float> grad_sinks, const StridedView<const T>& query,
     const StridedView<const T>& key, const StridedView<const T>& value,
     const StridedView<const T>& output, const StridedView<const T>& grad_output,
-    std::span<const float> log_sum_exp, const AttentionOptions& options) {
+    std::span<const float> log_sum_exp, const AttentionOptions& options,
+    const StridedView<const T>& output_residual = {}) {
   const OptionRegions regions = option_regions(options);
   return writes_over_reads(
       {region_of(grad_query), region_of(grad_key), region_of(grad_value), region_of(grad_mask),
        region_of(grad_sinks.data(), grad_sinks.size())},
       {region_of(query), region_of(key), region_of(value), region_of(output),
-       region_of(grad_output), region_of(log_sum_exp.data(), log_sum_exp.size()), regions.mask,
-       regions.slopes, regions.sinks});
+       region_of(grad_output), region_of(log_sum_exp.data(), log_sum_exp.size()),
+       region_of(output_residual), regions.mask, regions.slopes, regions.sinks});
 }
 
 // ValueError naming `name` unless each element of an output view is its own memory: an axis of
 // more than one element with stride 0 would have several results written to one place, the
-// last one winning (PyTorch refuses such out= tensors too).
+// last one winning (PyTorch refuses such out= tensors too), and so would strides that make rows
+// overlap (a row stride below the row's length): the kernels' threads would race on them. The
+// test is the usual sufficient one: the axes of more than one element sorted by |stride|, each
+// stride past the span of the smaller ones (a view interleaving two axes without sharing an
+// element fails it too, and is refused with the same words).
 template <class T>
 void require_own_elements(std::string_view name, const StridedView<T>& view) {
   if (view.numel() == 0) return;
@@ -96,6 +101,28 @@ void require_own_elements(std::string_view name, const StridedView<T>& view) {
                        "on an axis of more than one element), got stride 0 on axis " +
                        std::to_string(axis) + " of shape " + view.shape().str());
     }
+  }
+  std::vector<int> axes;
+  for (int axis = 0; axis < view.rank(); ++axis)
+    if (view.dim(axis) > 1) axes.push_back(axis);
+  const auto magnitude = [&](int axis) {
+    const int64_t stride = view.stride(axis);
+    return stride < 0 ? -static_cast<uint64_t>(stride) : static_cast<uint64_t>(stride);
+  };
+  std::stable_sort(axes.begin(), axes.end(),
+                   [&](int a, int b) { return magnitude(a) < magnitude(b); });
+  uint64_t span = 0;  // the farthest element of the smaller axes, in elements
+  for (const int axis : axes) {
+    if (magnitude(axis) <= span) {
+      std::string strides;
+      for (int a = 0; a < view.rank(); ++a)
+        strides += (a == 0 ? "" : ", ") + std::to_string(view.stride(a));
+      throw ValueError(std::string(name) +
+                       ": expected a view whose elements are each their own memory, got strides (" +
+                       strides + ") for shape " + view.shape().str() + ": axis " +
+                       std::to_string(axis) + "'s stride reaches elements of the axes below it");
+    }
+    span += magnitude(axis) * static_cast<uint64_t>(view.dim(axis) - 1);
   }
 }
 

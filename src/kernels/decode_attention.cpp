@@ -49,6 +49,7 @@ struct HalfRows {
   HalfType type;
   ConstHalfHeadsView q;
   HalfHeadsView out;
+  HalfHeadsView residual;  // data not null: the outputs' rounding residuals
 };
 
 struct DecodeArgs {
@@ -2071,7 +2072,13 @@ void DecodeTask(D d, const DecodeArgs& args, int64_t b, int64_t g, int64_t split
                                           : nullptr));
       if (args.half != nullptr) {
         const HalfHeadsView& out16 = args.half->out;
-        NarrowRow(df, args.half->type, s.output_row, dv, out16.matrix(b, h) + i * out16.row_stride);
+        uint16_t* rounded = out16.matrix(b, h) + i * out16.row_stride;
+        NarrowRow(df, args.half->type, s.output_row, dv, rounded);
+        const HalfHeadsView& residual = args.half->residual;
+        if (residual.data != nullptr) {
+          StoreResidualRow(df, args.half->type, s.output_row, rounded, dv,
+                           residual.matrix(b, h) + i * residual.row_stride);
+        }
       }
     }
     if (largest >= core_detail::kFirstNonFinite)
@@ -2316,8 +2323,14 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
 
 bool decode_attention_forward(HalfType type, ConstHalfHeadsView q, const CacheTensorView& keys,
                               const CacheTensorView& values, const int64_t* lengths,
-                              const DecodeOptions& options, HalfHeadsView out, float* log_sum_exp) {
-  const HalfRows half{type, q, out};
+                              const DecodeOptions& options, HalfHeadsView out, float* log_sum_exp,
+                              HalfHeadsView out_residual) {
+  if (out_residual.data != nullptr &&
+      (out_residual.batch != out.batch || out_residual.heads != out.heads ||
+       out_residual.rows != out.rows || out_residual.cols != out.cols)) {
+    throw ShapeError("out_residual: expected the shape of out");
+  }
+  const HalfRows half{type, q, out, out_residual};
   return DecodeAttentionForward(shape_only(q), keys, values, lengths, options, shape_only(out),
                                 log_sum_exp, &half);
 }

@@ -1985,6 +1985,9 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
   if (out_residual.data != nullptr) {
     require_matrices(shape_only(ConstHalfHeadsView(out_residual)), "out_residual", out.batch,
                      out.heads, out.rows, out.cols, "as out");
+    if (out_residual.data == out.data && out.rows > 0 && out.cols > 0) {
+      throw ValueError("out_residual: expected memory apart from out, got out's own data");
+    }
   }
   if (!check_attention_arguments(q_shape, k_shape, v_shape, out_shape, valid_lens, options)) return;
   flash_detail::ForwardArgs args{q_shape,     k_shape,     v_shape, out_shape,

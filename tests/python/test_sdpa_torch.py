@@ -1766,6 +1766,43 @@ def test_override_sdpa_compiles_to_attns_operator():
     assert len(graphs) == 1 and "attn.sdpa" in graphs[0], graphs
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_override_sdpa_reaches_compiled_multihead_attention(dtype):
+    # Dynamo keeps F.multi_head_attention_forward (nn.MultiheadAttention, nn.Transformer*) whole
+    # and AOTAutograd runs it on fake and functional tensors: the override takes those too, so
+    # the compiled layer's graphs hold attn's operators (they held PyTorch's flash attention), and
+    # its output and gradients are the eager layer's under the override.
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch.manual_seed(3)
+    graphs = []
+
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module.code)
+        return graph_module.forward
+
+    layer = torch.nn.MultiheadAttention(32, 4, batch_first=True).to(dtype)
+    x = torch.randn(2, 10, 32, dtype=dtype)
+    with attn_torch.override_sdpa():
+        eager = layer(x, x, x, need_weights=False)[0]
+        (eager_grad,) = torch.autograd.grad(eager.float().square().sum(), layer.in_proj_weight)
+        torch._dynamo.reset()
+        compiled_layer = torch.compile(lambda x: layer(x, x, x, need_weights=False)[0],
+                                       backend=aot_autograd(fw_compiler=record,
+                                                            bw_compiler=record))
+        compiled = compiled_layer(x)
+        (compiled_grad,) = torch.autograd.grad(compiled.float().square().sum(),
+                                               layer.in_proj_weight)
+    torch._dynamo.reset()
+    assert len(graphs) == 2, graphs
+    assert "attn.sdpa.default" in graphs[0] and "attn.sdpa_backward.default" in graphs[1]
+    assert not any("_scaled_dot_product" in graph for graph in graphs)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6) if dtype == torch.float32 \
+        else torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(compiled_grad, eager_grad,
+                               **({} if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)))
+
+
 def test_override_sdpa_nests_and_restores_in_any_order():
     original = F.scaled_dot_product_attention
     outer = attn_torch.override_sdpa()  # a plain call: in place until restored

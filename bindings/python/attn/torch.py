@@ -1050,7 +1050,9 @@ _operators.define(
     tags=(torch.Tag.pt2_compliant_tag,),
 )
 # attn's forward pass: (output (..., H_q, L, Ev), log-sum-exp (..., H_q, L), the output's rounding
-# residuals where output_residual is set and the inputs are half (else an empty tensor)).
+# residuals where output_residual is set and the inputs are half (else an empty tensor)). Callers
+# pass output_residual False; the autograd kernels set it wherever they record a backward pass
+# (so a call with an input requiring grad returns residuals whatever its flag said).
 _sdpa = torch.ops.attn.sdpa.default
 # attn's backward pass: gradients of query, key, value, and of the float attn_mask and the sinks
 # when asked for (empty tensors otherwise).
@@ -2130,7 +2132,7 @@ def _computes(query, key, value, attn_mask, is_causal=False):
 
     def plain(tensor):
         return (
-            type(tensor) is _Tensor
+            (type(tensor) is _Tensor or type(tensor) in _TRACED_TENSOR_TYPES)
             and tensor.device.type == "cpu"
             and not tensor.is_nested
             and not tensor.is_sparse
@@ -2143,6 +2145,14 @@ def _computes(query, key, value, attn_mask, is_causal=False):
     if not plain(attn_mask) or is_causal is True or attn_mask.dim() < 2:
         return False
     return attn_mask.dtype in (torch.bool, torch.float32, query.dtype)
+
+
+# The tensors of a compiled graph's tracing that _computes takes as plain ones: Dynamo keeps
+# F.multi_head_attention_forward (nn.MultiheadAttention, the nn.Transformer* layers) whole in its
+# graph, and AOTAutograd runs it on these, whose calls of the function then reach attn's
+# operators (they were handed to PyTorch's, and a compiled layer never ran attn).
+_TRACED_TENSOR_TYPES = frozenset((torch._subclasses.fake_tensor.FakeTensor,
+                                  torch._subclasses.functional_tensor.FunctionalTensor))
 
 
 # The words of attn's refusals that override_sdpa hands to PyTorch's own function (inputs it

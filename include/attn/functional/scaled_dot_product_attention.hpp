@@ -128,8 +128,8 @@ void scaled_dot_product_attention_log_sum_exp_base_two(ConstStridedView query, C
 // PyTorch does, adding at most 2⁻⁸·Σ_j P_ij·|v_j| to an output. Values so large that the float
 // path scales them down (bf16 near float's maximum) are computed by the float overload on the
 // widened inputs, then rounded.
-// `output_residual`, when its data is not null (output's shape, any strides, apart from the
-// inputs and the output), receives each output element's rounding residual
+// `output_residual`, when its data is not null (output's shape, its last axis contiguous as the
+// output's, apart from the inputs and the output), receives each output element's rounding residual
 // (flash_attention_forward's out_residual): a training call passes it to the backward pass, whose
 // gradients then lose no accuracy to the output's rounding where one key dominates a row.
 void scaled_dot_product_attention(HalfType type, StridedView<const uint16_t> query,

@@ -78,11 +78,13 @@ bool decode_attention_forward(ConstHeadsView q, const CacheTensorView& keys,
                               const DecodeOptions& options, HeadsView out,
                               float* log_sum_exp = nullptr);
 // The same with fp16 or bf16 queries and outputs (`type`): each query widened exactly, each output
-// element the float overload's rounded once to `type`.
+// element the float overload's rounded once to `type`; `out_residual`, when its data is not null,
+// each element's rounding residual as flash_attention_forward's (output_residual in
+// flash_attention.hpp).
 bool decode_attention_forward(HalfType type, ConstHalfHeadsView q, const CacheTensorView& keys,
                               const CacheTensorView& values, const int64_t* lengths,
                               const DecodeOptions& options, HalfHeadsView out,
-                              float* log_sum_exp = nullptr);
+                              float* log_sum_exp = nullptr, HalfHeadsView out_residual = {});
 
 // The largest n·(H / H_kv) decode_attention_forward takes.
 constexpr int64_t kMaxDecodeRows = 64;

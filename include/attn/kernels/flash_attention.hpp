@@ -78,8 +78,8 @@ void flash_attention_forward(HalfType type, ConstHalfHeadsView q, ConstHalfHeads
                              HalfHeadsView out_residual = {});
 
 // The factor an output's rounding residual is stored scaled by: 2^8 for bf16, 2^11 for fp16
-// (whose residuals of outputs below 2^-3 would otherwise fall among its subnormals). An element's
-// residual is at most half an ulp of it, so the scaled one is at most its magnitude.
+// (whose residuals of outputs below 2^-3 would otherwise fall among its subnormals). A normal
+// element's residual is at most half an ulp of it, so the scaled one is at most its magnitude.
 constexpr float output_residual_scale(HalfType type) {
   return type == HalfType::kFloat16 ? 2048.0F : 256.0F;
 }
