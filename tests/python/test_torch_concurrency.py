@@ -122,6 +122,14 @@ def test_forward_mode_ad_is_refused_by_name():
         # Outside the tangents, the same call computes.
         plain = attn_torch.scaled_dot_product_attention(q, k, v)
     assert torch.equal(plain, attn_torch.scaled_dot_product_attention(q, k, v))
+    # torch.func's forward mode, jacfwd and hessian (jacfwd of jacrev), gets the same words
+    # (hessian got PyTorch's generic "implement the jvp function" for custom Functions).
+    def attend(q):
+        return attn_torch.scaled_dot_product_attention(q, k, v)
+
+    for transform in (torch.func.jacfwd(attend), torch.func.hessian(lambda q: attend(q).sum())):
+        with pytest.raises(NotImplementedError, match="forward-mode AD .* is not supported"):
+            transform(q)
 
 
 @pytest.mark.parametrize("kind", ["plain", "window", "module"])

@@ -1409,6 +1409,13 @@ class _TransformedSdpa(torch.autograd.Function):
     def backward(ctx, grad_output, _grad_log_sum_exp, _grad_residual):
         return _gradients(ctx, grad_output, _TransformedSdpaBackward.apply)
 
+    @staticmethod
+    def jvp(ctx, *tangents):
+        # Forward mode under a transform (torch.func.jacfwd, hessian = jacfwd(jacrev)): attn's
+        # refusal, as _refuse_tangents words it (PyTorch's generic "implement the jvp function"
+        # otherwise).
+        raise NotImplementedError(_NO_FORWARD_MODE)
+
 
 class _TransformedSdpaBackward(torch.autograd.Function):
     """attn::sdpa_backward as a Function, so that _TransformedSdpa's backward reaches the
@@ -1682,11 +1689,14 @@ def _refuse_tangents(*tensors):
     tangent dropped (silently zero)."""
     for tensor in tensors:
         if isinstance(tensor, torch.Tensor) and _forward_ad.unpack_dual(tensor).tangent is not None:
-            raise NotImplementedError(
-                "attn's scaled_dot_product_attention: forward-mode AD (torch.autograd.forward_ad) "
-                "is not supported: an input carries a tangent; use reverse mode (backward, "
-                "torch.func.jacrev) instead"
-            )
+            raise NotImplementedError(_NO_FORWARD_MODE)
+
+
+_NO_FORWARD_MODE = (
+    "attn's scaled_dot_product_attention: forward-mode AD (torch.autograd.forward_ad) "
+    "is not supported: an input carries a tangent; use reverse mode (backward, "
+    "torch.func.jacrev) instead"
+)
 
 
 def _eager_plain(query, key, value):
