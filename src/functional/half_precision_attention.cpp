@@ -83,6 +83,14 @@ void require_gradient_shape(std::string_view name, const MutableHalfStridedView&
   }
 }
 
+// ShapeError unless output_residual has the output's shape (forward and backward alike).
+void require_residual_shape(const Shape& residual, const Shape& output) {
+  if (residual != output) {
+    throw ShapeError("output_residual: expected shape " + output.str() + " (that of output), got " +
+                     residual.str());
+  }
+}
+
 // The forward's output_residual checked: output's shape, each element its own memory, and apart
 // from everything the call reads or writes (ValueError naming it otherwise: a residual is a new
 // buffer of a training call, never a view that computing apart would have to cover too).
@@ -90,10 +98,7 @@ void require_residual_apart(const MutableHalfStridedView& residual,
                             const MutableHalfStridedView& output, std::span<float> log_sum_exp,
                             const ConstHalfStridedView& query, const ConstHalfStridedView& key,
                             const ConstHalfStridedView& value, const AttentionOptions& options) {
-  if (residual.shape() != output.shape()) {
-    throw ShapeError("output_residual: expected shape " + output.shape().str() +
-                     " (that of output), got " + residual.shape().str());
-  }
+  require_residual_shape(residual.shape(), output.shape());
   functional_detail::require_own_elements("output_residual", residual);
   const functional_detail::OptionRegions regions = functional_detail::option_regions(options);
   using functional_detail::region_of;
@@ -205,10 +210,7 @@ void scaled_dot_product_attention_backward(
   functional_detail::require_half_type(type);
   const bool residual = output_residual.data() != nullptr;
   if (residual) {
-    if (output_residual.shape() != output.shape()) {
-      throw ShapeError("output_residual: expected shape " + output.shape().str() +
-                       " (that of output), got " + output_residual.shape().str());
-    }
+    require_residual_shape(output_residual.shape(), output.shape());
     functional_detail::require_finite("output_residual", type, output_residual);
   }
   require_gradient_shape("grad_query", grad_query, query);

@@ -34,6 +34,7 @@
 #include "attn/kernels/half_conversion.hpp"
 #include "core/magnitude_scan.hpp"
 #include "kernels/cache_sizes.hpp"
+#include "kernels/kernel_arguments.hpp"
 #include "kernels/parallel_tasks.hpp"
 #include "kernels/prefetch.hpp"
 #include "kernels/score_masks.hpp"
@@ -2325,10 +2326,9 @@ bool decode_attention_forward(HalfType type, ConstHalfHeadsView q, const CacheTe
                               const CacheTensorView& values, const int64_t* lengths,
                               const DecodeOptions& options, HalfHeadsView out, float* log_sum_exp,
                               HalfHeadsView out_residual) {
-  if (out_residual.data != nullptr &&
-      (out_residual.batch != out.batch || out_residual.heads != out.heads ||
-       out_residual.rows != out.rows || out_residual.cols != out.cols)) {
-    throw ShapeError("out_residual: expected the shape of out");
+  if (out_residual.data != nullptr) {
+    require_matrices(shape_only(ConstHalfHeadsView(out_residual)), "out_residual", out.batch,
+                     out.heads, out.rows, out.cols, "as out");
   }
   const HalfRows half{type, q, out, out_residual};
   return DecodeAttentionForward(shape_only(q), keys, values, lengths, options, shape_only(out),

@@ -131,6 +131,7 @@ HWY_INLINE void AddResidualRow(D d, HalfType type, const uint16_t* HWY_RESTRICT 
   constexpr size_t kChunk = 256;
   HWY_ALIGN float widened[kChunk];
   const float unscale = 1.0F / output_residual_scale(type);
+  const auto unscale_vector = hn::Set(d, unscale);
   const size_t lanes = hn::Lanes(d);
   for (size_t first = 0; first < count; first += kChunk) {
     const size_t n = std::min(kChunk, count - first);
@@ -138,8 +139,8 @@ HWY_INLINE void AddResidualRow(D d, HalfType type, const uint16_t* HWY_RESTRICT 
     size_t i = 0;
     for (; i + lanes <= n; i += lanes) {
       hn::StoreU(
-          hn::MulAdd(hn::Load(d, widened + i), hn::Set(d, unscale), hn::LoadU(d, row + first + i)),
-          d, row + first + i);
+          hn::MulAdd(hn::Load(d, widened + i), unscale_vector, hn::LoadU(d, row + first + i)), d,
+          row + first + i);
     }
     for (; i < n; ++i) row[first + i] += widened[i] * unscale;
   }
