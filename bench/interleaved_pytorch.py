@@ -147,7 +147,8 @@ def main():
     # Which products attn's calls in this process take: a run whose attn.torch rows differ from
     # `attn bench`'s kernel rows (Emerald Rapids, 12-04: 77.7 against 61.5 ms) shows here whether
     # this process had the AMX tiles.
-    print(f"attn products: {attn.amx_status()}; {attn.bf16_dot_status()}")
+    print(f"attn products: {attn.amx_status()}; {attn.bf16_dot_status()}; "
+          f"{attn.bf16_probabilities_status()}")
     print("ratio = PyTorch ms / attn ms per round: the median over rounds [lowest, highest]; "
           "best = PyTorch's fastest pass / attn's fastest pass over all rounds; "
           "GFLOP/s count visible pairs, 4d (forward) or 8d (backward) per pair\n")

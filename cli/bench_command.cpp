@@ -29,6 +29,7 @@
 #include "attn/io/files.hpp"
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
+#include "attn/kernels/bfloat16_probabilities.hpp"
 #include "attn/kernels/simd_target.hpp"
 #include "bench/attention_cases.hpp"
 #include "bench/ceilings.hpp"
@@ -118,6 +119,7 @@ struct BenchReport {
   std::string simd_target;  // the kernels' Highway target in this run
   std::string amx;          // amx_status(): whether the bf16 forward runs on AMX tiles
   std::string bf16_dot;     // bf16_dot_status(): vdpbf16ps, or bf16 widened to fp32
+  std::string bf16_p;       // bf16_probabilities_status() where bf16 has bf16 products, else ""
   std::string load_before;
   std::string load_after;
   std::string sgemm_library;
@@ -297,6 +299,9 @@ BenchReport run_benchmarks(const BenchOptions& options) {
   report.bf16_dot = report.simd_target.starts_with("AVX3")
                         ? bf16_dot_status()
                         : "bf16 widened to fp32 (no bf16 products below AVX-512)";
+  // (Only where bf16 has bf16 products: widened, P is fp32's.)
+  if (report.simd_target.starts_with("AVX3") && (amx_tiles_in_use() || bf16_dot_in_use()))
+    report.bf16_p = bf16_probabilities_status();
   report.load_before = load_average();
   report.sgemm_library = bench::sgemm_library();
   const bool verbose = !options.json;
@@ -454,7 +459,8 @@ void print_table(const BenchReport& report, const BenchOptions& options) {
             << "heads/4 key/value heads); median and best of " << options.repeats
             << " passes after one warm-up\n"
             << "machine: " << report.cpu << "; kernels on Highway target " << report.simd_target
-            << "; " << report.amx << "; " << report.bf16_dot << "\n"
+            << "; " << report.amx << "; " << report.bf16_dot
+            << (report.bf16_p.empty() ? "" : "; " + report.bf16_p) << "\n"
             << "load average (1, 5, 15 min): " << report.load_before << " before, "
             << report.load_after << " after\n";
   for (const auto& [threads, peak] : report.peaks) {
@@ -564,6 +570,7 @@ void write_json(const BenchReport& report, const BenchOptions& options, std::ost
   document["simd_target"] = report.simd_target;
   document["amx"] = report.amx;
   document["bf16_dot"] = report.bf16_dot;
+  document["bf16_probabilities"] = report.bf16_p;
   document["load_average_before"] = report.load_before;
   document["load_average_after"] = report.load_after;
   document["sgemm_library"] = report.sgemm_library;

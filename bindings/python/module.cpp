@@ -20,6 +20,7 @@
 #include "attn/core/threads.hpp"
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
+#include "attn/kernels/bfloat16_probabilities.hpp"
 #include "attn/kernels/simd_target.hpp"
 #include "bindings.hpp"
 
@@ -185,6 +186,13 @@ NB_MODULE(_attn, module) {
       "outpace fp32 FMAs: AMD's Zen 4 and 5), 'bf16 widened to fp32 (...)' (Intel's cores, whose\n"
       "vdpbf16ps makes half the FMAs' products per cycle; CPUs without AVX512-BF16). Set\n"
       "ATTN_BF16_DOT=1 (always vdpbf16ps) or 0 (never) in the environment before importing attn.");
+
+  module.def(
+      "bf16_probabilities_status", [] { return attn::bf16_probabilities_status(); },
+      "How bf16 attention on bf16 products gives the softmax's probabilities P to P·V: in\n"
+      "two bf16 parts (within 2^-16 of P) on AMX tiles and rounded to bf16 (2^-8, as PyTorch's\n"
+      "bf16 kernels) on vdpbf16ps by default. Set ATTN_BF16_P=split or rounded in the\n"
+      "environment before importing attn to choose one everywhere.");
 
   module.def(
       "empty_cache", [] { attn::release_cached_tensor_storage(); },

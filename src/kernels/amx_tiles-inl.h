@@ -296,19 +296,20 @@ ATTN_AMX_TARGET HWY_NOINLINE void ProductOnTiles(Tiles& tiles, const uint32_t* a
 // loads instead of 18: the fp32 backward 1.08–1.10× faster at n = 1024 and 4096, 1 and 2 threads,
 // on a Sapphire Rapids-class core; the forward, whose B stays in L1, read 1.00× / 0.98× in that
 // order. The terms' order differs, so the sums round differently.
-// `lo` says which operands' lo parts may be nonzero: an fp16 (or bf16) value is a bf16 hi and mid
-// exactly, its lo 0 (NaN where mid is NaN), so the pair that reads a zero lo is left out, with
-// the same sums. The fp16 backward's K, V, Q and dO, unscaled, take five or four of the six
-// (1.09 / 1.12× at n = 1024 / 4096, 1 thread, Sapphire Rapids-class); the fp16 forward's K and V
-// read 0.99–1.00× with it, and do not pass it.
-struct SplitLoParts {
-  bool a = true, b = true;
+// `parts` says how many of each operand's parts may be nonzero, and the products that read a zero
+// part are left out, with the same sums: an fp16 value is a bf16 hi and mid exactly, its lo 0
+// (NaN where mid is NaN): two parts; a bf16 value is its hi alone: one. The fp16 backward's K, V,
+// Q and dO, unscaled, take five or four of the six (1.09 / 1.12× at n = 1024 / 4096, 1 thread,
+// Sapphire Rapids-class); the fp16 forward's K and V read 0.99–1.00× with it, and do not pass it.
+// The bf16 forward's P·V takes Vᵀ in one part and P in three: hi·lo, hi·mid, hi·hi.
+struct SplitPartCounts {
+  size_t a = 3, b = 3;
 };
 template <bool kAccumulate, bool kFewestLoads = false, class Tiles>
 ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(
     Tiles& tiles, const uint32_t* a, size_t a_stride, size_t a_part, const uint32_t* b,
     size_t b_stride, size_t b_part, size_t pairs, float* c, size_t c_stride, size_t rows,
-    size_t cols, size_t a_step = kPairs, SplitLoParts lo = {}) {
+    size_t cols, size_t a_step = kPairs, SplitPartCounts parts = {}) {
   const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = b_stride * sizeof(uint32_t);
   const size_t a_part_bytes = a_part * sizeof(uint32_t), b_part_bytes = b_part * sizeof(uint32_t);
   const size_t a_step_bytes = a_step * sizeof(uint32_t), b_step_bytes = kPairs * b_bytes;
@@ -343,26 +344,32 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(
         if constexpr (kFewestLoads) {
           // Each pair changes one operand from the one before: 7 loads of a part's two tiles.
           load_a(0);  // hi · lo, hi · mid
-          if (lo.b) times_b(2);
-          times_b(1);
-          load_a(1);  // mid · mid, mid · hi
-          times_loaded_b();
-          times_b(0);
-          load_a(0);  // hi · hi
-          times_loaded_b();
-          if (lo.a) {
+          if (parts.b > 2) times_b(2);
+          if (parts.b > 1) times_b(1);
+          if (parts.a > 1) {
+            load_a(1);  // mid · mid, mid · hi
+            if (parts.b > 1) times_loaded_b();
+            times_b(0);
+            load_a(0);  // hi · hi
+            times_loaded_b();
+          } else {
+            times_b(0);  // hi · hi
+          }
+          if (parts.a > 2) {
             load_a(2);  // lo · hi
             times_loaded_b();
           }
         } else {
           load_a(0);  // hi · (lo, mid, hi)
-          if (lo.b) times_b(2);
-          times_b(1);
+          if (parts.b > 2) times_b(2);
+          if (parts.b > 1) times_b(1);
           times_b(0);
-          load_a(1);  // mid · (mid, hi)
-          times_b(1);
-          times_b(0);
-          if (lo.a) {
+          if (parts.a > 1) {
+            load_a(1);  // mid · (mid, hi)
+            if (parts.b > 1) times_b(1);
+            times_b(0);
+          }
+          if (parts.a > 2) {
             load_a(2);  // lo · hi
             times_b(0);
           }

@@ -27,6 +27,7 @@
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
+#include "attn/kernels/bfloat16_probabilities.hpp"
 #include "kernels/cache_sizes.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/dropout_hash.hpp"
@@ -202,6 +203,10 @@ struct Scratch {
   // hi, mid and lo (SplitThreeBF16), each part *_part_words after the one before; split_rows
   // stages the parts of fp32 rows as bf16 rows (3 × Br query rows of d, or 6 value rows).
   size_t split_parts = 1;
+  // P's bf16 parts: three (hi, mid, lo: P exactly) in the fp32 forward on tiles; in the bf16
+  // forward two (hi + lo, within 2^-16 of P) where bf16_probabilities_split(), else one (P rounded
+  // to bf16). probability_pairs holds each part probability_part_words after the one before.
+  size_t probability_parts = 1;
   size_t query_part_words = 0, probability_part_words = 0, key_part_words = 0,
          value_pair_part_words = 0, value_part_words = 0;
   uint16_t* split_rows = nullptr;
@@ -216,13 +221,14 @@ struct Scratch {
   }
 
   Scratch(size_t br, size_t depth, size_t dv_padded, size_t keys, size_t lanes, bool bf16_pairs,
-          bool amx_tiles = false, size_t parts = 1) {
+          bool amx_tiles = false, size_t parts = 1, bool split_probabilities = false) {
     const size_t bc = bf16_pairs ? flash_detail::kKeyTileBF16 : flash_detail::kKeyTile;
     const size_t key_blocks = hwy::RoundUpTo(keys, 32);
     dv_tiles = hwy::RoundUpTo(dv_padded, 32);
     value_block_words = dv_tiles * 16;
     pair_depth = PairsOfRow(depth, amx_tiles);
     split_parts = parts;
+    probability_parts = parts > 1 ? 3 : split_probabilities ? 2 : 1;
     query_part_words = bf16_pairs ? pair_depth * br : 0;
     memory = carve_scratch(lanes, [&](const auto& take) {
       for (Slot& slot : slots) {
@@ -244,7 +250,7 @@ struct Scratch {
       if (bf16_pairs) {
         const size_t key_pairs_count = (keys + 1) / 2;
         probability_part_words = bc / 2 * br;
-        probability_pairs = as_uint32(take(parts * probability_part_words));
+        probability_pairs = as_uint32(take(probability_parts * probability_part_words));
         if (amx_tiles) {
           key_part_words = key_blocks * pair_depth;
           value_pair_part_words = 16 * dv_tiles;
@@ -1228,12 +1234,12 @@ ATTN_AMX_TARGET void PackSplitKeyValueBlocks(const ForwardArgs& args, int64_t b,
 
 using FloatVector = hn::Vec<hn::ScalableTag<float>>;
 
-// P = 2^y for the pairs: the bf16 path's (RoundedProbabilityExp2, rounded to bf16 next) or, with
-// kSplit, fp32's (ProbabilityExp2).
-template <bool kSplit>
+// P = 2^y for the pairs: in one part the bf16 path's (RoundedProbabilityExp2, rounded to bf16
+// next), in more fp32's (ProbabilityExp2).
+template <size_t kParts>
 HWY_INLINE FloatVector PairProbability(FloatVector y) {
   const hn::ScalableTag<float> d;
-  return kSplit ? ProbabilityExp2(d, y) : RoundedProbabilityExp2(d, y);
+  return kParts > 1 ? ProbabilityExp2(d, y) : RoundedProbabilityExp2(d, y);
 }
 
 // P = 2^(c·S − shift) for a key tile's Sᵀ (bc × Br; c = `scale`, 1 where Sᵀ holds scaled
@@ -1241,10 +1247,10 @@ HWY_INLINE FloatVector PairProbability(FloatVector y) {
 // into bf16 pairs of adjacent keys (s.probability_pairs; a key past bc is 0), never stored as
 // floats; P's column sums added to `sum`. Over the first kVectors query vectors (those holding a
 // query), as the steps below.
-// kSplit (the fp32 forward on AMX tiles): P in fp32's accuracy (ProbabilityExp2), summed as it
-// is, and stored as its three bf16 parts' pairs (SplitThreeBF16), each in its own third of
-// s.probability_pairs.
-template <size_t kVectors, bool kSplit>
+// kParts (Scratch::probability_parts) 2 or 3: P in fp32's accuracy (ProbabilityExp2), summed as it
+// is, and stored as its bf16 parts' pairs (StoreProbabilityParts), each part
+// s.probability_part_words after the one before.
+template <size_t kVectors, size_t kParts>
 ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, FloatVector scale,
                                                      Scratch& s, const FloatVector* shift,
                                                      FloatVector* sum) {
@@ -1256,20 +1262,11 @@ ATTN_BF16_TARGET HWY_INLINE void ExponentialsToPairs(size_t bc, size_t br, Float
       const FloatVector odd_score =
           j + 1 < bc ? hn::Load(d, s.scores + (j + 1) * br + g * 16) : minus_infinity;
       // c·S − shift in one rounding: the multiply-add costs what the subtraction did.
-      const FloatVector even = PairProbability<kSplit>(hn::MulSub(scale, even_score, shift[g]));
-      const FloatVector odd = PairProbability<kSplit>(hn::MulSub(scale, odd_score, shift[g]));
+      const FloatVector even = PairProbability<kParts>(hn::MulSub(scale, even_score, shift[g]));
+      const FloatVector odd = PairProbability<kParts>(hn::MulSub(scale, odd_score, shift[g]));
       sum[g] = hn::Add(sum[g], hn::Add(even, odd));
-      if constexpr (kSplit) {
-        const SplitParts even_parts = SplitThreeBF16(even.raw);
-        const SplitParts odd_parts = SplitThreeBF16(odd.raw);
-        uint32_t* pairs = s.probability_pairs + j / 2 * br + g * 16;
-        const size_t part = s.probability_part_words;
-        _mm512_storeu_si512(pairs, PartPairs(even_parts.hi, odd_parts.hi));
-        _mm512_storeu_si512(pairs + part, PartPairs(even_parts.mid, odd_parts.mid));
-        _mm512_storeu_si512(pairs + 2 * part, PartPairs(even_parts.lo, odd_parts.lo));
-      } else {
-        StoreProbabilityPairs(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16);
-      }
+      StoreProbabilityParts<kParts>(even.raw, odd.raw, s.probability_pairs + j / 2 * br + g * 16,
+                                    s.probability_part_words);
     }
   }
 }
@@ -1295,29 +1292,29 @@ HWY_INLINE bool LargeShifts(const FloatVector* shift) {
 // row's largest gives exactly 2⁰) where a shift is large (LargeShifts) and `scale` is not 1 (with
 // c = 1 the fused form is exact already). A separate pass: written as a product and a difference
 // in one expression, the compiler contracts them back into the multiply-add.
-template <size_t kVectors, bool kSplit>
+template <size_t kVectors, size_t kParts>
 ATTN_BF16_TARGET HWY_INLINE void ShiftedExponentialsToPairs(size_t bc, size_t br, float scale,
                                                             Scratch& s, const FloatVector* shift,
                                                             FloatVector* sum) {
   const hn::ScalableTag<float> d;
   if (scale != 1.0F && LargeShifts<kVectors>(shift)) {
     amx::ScaleInPlace(s.scores, bc * br, scale);
-    ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, 1.0F), s, shift, sum);
+    ExponentialsToPairs<kVectors, kParts>(bc, br, hn::Set(d, 1.0F), s, shift, sum);
   } else {
-    ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, scale), s, shift, sum);
+    ExponentialsToPairs<kVectors, kParts>(bc, br, hn::Set(d, scale), s, shift, sum);
   }
 }
 
 // OnlineSoftmaxStep for the bf16 path without dropout, P into bf16 pairs (ExponentialsToPairs), on
 // Sᵀ scaled by `scale` > 0 here (1: already scaled).
-template <size_t kVectors, bool kSplit>
+template <size_t kVectors, size_t kParts>
 ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, float scale,
                                                           Scratch& s) {
   const hn::ScalableTag<float> d;
   FloatVector shift[kVectors], sum[kVectors];
   OnlineSoftmaxMax<kVectors, true>(d, bc, br, s, shift, scale);
   for (size_t g = 0; g < kVectors; ++g) sum[g] = hn::Zero(d);
-  ShiftedExponentialsToPairs<kVectors, kSplit>(bc, br, scale, s, shift, sum);
+  ShiftedExponentialsToPairs<kVectors, kParts>(bc, br, scale, s, shift, sum);
   AddToRowSums<kVectors>(d, sum, s);
 }
 
@@ -1327,7 +1324,7 @@ ATTN_BF16_TARGET HWY_INLINE void OnlineSoftmaxStepToPairs(size_t bc, size_t br, 
 // nothing that the full step would not overwrite, when a row has no finite maximum yet or its
 // scores rose above it by more than kLazyMaxMargin (RoseAboveMargin, read from its sum); the
 // scores are intact then, and the caller takes the full step.
-template <size_t kVectors, bool kSplit>
+template <size_t kVectors, size_t kParts>
 ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, float scale,
                                                         Scratch& s) {
   const hn::ScalableTag<float> d;
@@ -1341,7 +1338,7 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, fl
   // Large shifts: the full step, which scales Sᵀ in place (ShiftedExponentialsToPairs); this step
   // must leave Sᵀ as it is when it gives way.
   if (scale != 1.0F && LargeShifts<kVectors>(shift)) return false;
-  ExponentialsToPairs<kVectors, kSplit>(bc, br, hn::Set(d, scale), s, shift, sum);
+  ExponentialsToPairs<kVectors, kParts>(bc, br, hn::Set(d, scale), s, shift, sum);
   for (size_t g = 0; g < kVectors; ++g) {
     if (!hn::AllFalse(d, RoseAboveMargin(d, sum[g]))) return false;
   }
@@ -1352,28 +1349,28 @@ ATTN_BF16_TARGET HWY_INLINE bool LazySoftmaxStepToPairs(size_t bc, size_t br, fl
 
 // The bf16 path's step without dropout over the first kVectors query vectors: the lazy step, or
 // the full one where it gives way. Returns whether O needs its rescale (false: every factor is 1).
-template <size_t kVectors, bool kSplit>
+template <size_t kVectors, size_t kParts>
 ATTN_BF16_TARGET HWY_INLINE bool SoftmaxStepToPairs(size_t bc, size_t br, float scale, Scratch& s) {
-  if (LazySoftmaxStepToPairs<kVectors, kSplit>(bc, br, scale, s)) return false;
-  OnlineSoftmaxStepToPairs<kVectors, kSplit>(bc, br, scale, s);
+  if (LazySoftmaxStepToPairs<kVectors, kParts>(bc, br, scale, s)) return false;
+  OnlineSoftmaxStepToPairs<kVectors, kParts>(bc, br, scale, s);
   return true;
 }
 
 // SoftmaxStepToPairs over the `vectors` (1 to kQueryVectors) query vectors that hold a query. A
 // switch: a lambda (WithStaticCount) does not take this function's target attributes in Clang,
 // which then refuses to inline the steps into it.
-template <bool kSplit = false>
+template <size_t kParts>
 ATTN_BF16_TARGET HWY_INLINE bool SoftmaxStepToPairsOver(size_t vectors, size_t bc, size_t br,
                                                         float scale, Scratch& s) {
   switch (vectors) {
     case 1:
-      return SoftmaxStepToPairs<1, kSplit>(bc, br, scale, s);
+      return SoftmaxStepToPairs<1, kParts>(bc, br, scale, s);
     case 2:
-      return SoftmaxStepToPairs<2, kSplit>(bc, br, scale, s);
+      return SoftmaxStepToPairs<2, kParts>(bc, br, scale, s);
     case 3:
-      return SoftmaxStepToPairs<3, kSplit>(bc, br, scale, s);
+      return SoftmaxStepToPairs<3, kParts>(bc, br, scale, s);
     default:
-      return SoftmaxStepToPairs<flash_detail::kQueryVectors, kSplit>(bc, br, scale, s);
+      return SoftmaxStepToPairs<flash_detail::kQueryVectors, kParts>(bc, br, scale, s);
   }
 }
 
@@ -1435,7 +1432,7 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
   }
   // P's pairs past the tile's last key are 0, to whole tiles of 16 pairs.
   const size_t pairs = (bc + 1) / 2, tile_pairs = hwy::RoundUpTo(pairs, amx::kPairs);
-  for (size_t part = 0; part < s.split_parts; ++part) {
+  for (size_t part = 0; part < s.probability_parts; ++part) {
     uint32_t* probabilities = s.probability_pairs + part * s.probability_part_words;
     std::fill(probabilities + pairs * br, probabilities + tile_pairs * br, 0U);
   }
@@ -1453,6 +1450,19 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
     }
     return;
   }
+  if (s.probability_parts > 1) {  // bf16: Vᵀ in one part, P in two
+    const amx::SplitPartCounts values_in_one{1, s.probability_parts};
+    if (first) {
+      amx::SplitProductOnTiles<false>(tiles, value_blocks, amx::kPairs, 0, s.probability_pairs, br,
+                                      s.probability_part_words, tile_pairs, s.output_transposed, br,
+                                      s.dv_tiles, br, s.value_block_words, values_in_one);
+    } else {
+      amx::SplitProductOnTiles<true>(tiles, value_blocks, amx::kPairs, 0, s.probability_pairs, br,
+                                     s.probability_part_words, tile_pairs, s.output_transposed, br,
+                                     s.dv_tiles, br, s.value_block_words, values_in_one);
+    }
+    return;
+  }
   if (first) {
     amx::ValuesOnTiles<false>(tiles, value_blocks, s.value_block_words, s.dv_tiles, tile_pairs,
                               s.probability_pairs, br, s.output_transposed);
@@ -1463,17 +1473,17 @@ ATTN_AMX_TARGET HWY_INLINE void AccumulateValuesOnTiles(Tiles& tiles, int64_t ke
 }
 
 // FlashForwardTile on bf16 inputs with bf16 products: Sᵀ = K Qᵀ over pairs of dimensions, the
-// score modifiers, softmax and dropout on fp32 Sᵀ as there, then P rounded to bf16 pairs for
-// O += P V. The products run on vdpbf16ps (Tiles = VectorProducts) or on AMX tiles (hardware or
-// model, amx_tiles-inl.h), which accumulate Oᵀ instead of O so that P's pairs, already laid out
-// as their B operand, need no turning. Key tiles start at even keys (pairs never straddle two
-// tiles; on AMX tiles, at multiples of 32, whole blocks of tiles): a tile that would start
-// elsewhere starts that many keys earlier, which no row sees and the modifiers mask.
-// `count` (≤ kMaxQueryBlock) consecutive query tiles from `first_query`, as FlashForwardTiles
-// takes them: tiles whose first key step is the same take each key step in turn while its packed
-// keys and values are in L1/L2 (the fp32 forward's three parts of a head's 4096 keys of 64 make
-// 3 MiB, more than a Sapphire Rapids L2), each tile meeting the same steps in the same order as
-// alone; the others one after another.
+// score modifiers, softmax and dropout on fp32 Sᵀ as there, then O += P V with P as bf16 pairs:
+// in one or two bf16 parts (Scratch::probability_parts, bfloat16_probabilities.hpp). The products
+// run on vdpbf16ps (Tiles = VectorProducts) or on AMX tiles (hardware or model, amx_tiles-inl.h),
+// which accumulate Oᵀ instead of O so that P's pairs, already laid out as their B operand, need no
+// turning. Key tiles start at even keys (pairs never straddle two tiles; on AMX tiles, at multiples
+// of 32, whole blocks of tiles): a tile that would start elsewhere starts that many keys earlier,
+// which no row sees and the modifiers mask. `count` (≤ kMaxQueryBlock) consecutive query tiles from
+// `first_query`, as FlashForwardTiles takes them: tiles whose first key step is the same take each
+// key step in turn while its packed keys and values are in L1/L2 (the fp32 forward's three parts of
+// a head's 4096 keys of 64 make 3 MiB, more than a Sapphire Rapids L2), each tile meeting the same
+// steps in the same order as alone; the others one after another.
 template <class Tiles>
 ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, int64_t h,
                                           int64_t first_query, size_t count, size_t br,
@@ -1612,11 +1622,14 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
         if (dropout) {
           OnlineSoftmaxStepOver<true>(d, vectors, bc, br, s);
           DropWeights(d, dropout_applier, key0, bc, br, width, s);
-          PackProbabilityPairs(s.scores, bc, br, width, s.probability_pairs);
-        } else if (split) {
-          rescale = SoftmaxStepToPairsOver<true>(vectors, bc, br, exponent_scale, s);
+          PackProbabilityParts(s.scores, bc, br, width, s.probability_pairs,
+                               s.probability_part_words, s.probability_parts);
+        } else if (s.probability_parts == 3) {
+          rescale = SoftmaxStepToPairsOver<3>(vectors, bc, br, exponent_scale, s);
+        } else if (s.probability_parts == 2) {
+          rescale = SoftmaxStepToPairsOver<2>(vectors, bc, br, exponent_scale, s);
         } else {
-          rescale = SoftmaxStepToPairsOver(vectors, bc, br, exponent_scale, s);
+          rescale = SoftmaxStepToPairsOver<1>(vectors, bc, br, exponent_scale, s);
         }
         if constexpr (kOnTiles) {
           AccumulateValuesOnTiles(tiles, key0, bc, br, rescale, output_empty[t], s);
@@ -1632,15 +1645,24 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
                 const auto [p0, p1] = any ? PairsHolding(static_cast<size_t>(seen.begin - key0),
                                                          static_cast<size_t>(seen.end - key0))
                                           : std::pair<size_t, size_t>{0, 0};
-                GemmBF16<true>(rows, dv_padded / kLanes, s.probability_pairs + p0 * br + r0, 1, br,
-                               s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded,
-                               dv_padded, p1 - p0, s.output + r0 * dv_padded, dv_padded,
-                               rescale ? s.row_rescale + r0 : nullptr);
+                for (size_t part = 0; part < s.probability_parts; ++part) {
+                  GemmBF16<true>(
+                      rows, dv_padded / kLanes,
+                      s.probability_pairs + part * s.probability_part_words + p0 * br + r0, 1, br,
+                      s.value_pairs + (static_cast<size_t>(key0 / 2) + p0) * dv_padded, dv_padded,
+                      p1 - p0, s.output + r0 * dv_padded, dv_padded,
+                      rescale && part == 0 ? s.row_rescale + r0 : nullptr);
+                }
               });
         } else {
-          GemmBF16<true>(tile.rows, dv_padded / kLanes, s.probability_pairs, 1, br,
-                         s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
-                         (bc + 1) / 2, s.output, dv_padded, rescale ? s.row_rescale : nullptr);
+          // (P in two parts: P·V once for each, the rescale with the first.)
+          for (size_t part = 0; part < s.probability_parts; ++part) {
+            GemmBF16<true>(tile.rows, dv_padded / kLanes,
+                           s.probability_pairs + part * s.probability_part_words, 1, br,
+                           s.value_pairs + static_cast<size_t>(key0 / 2) * dv_padded, dv_padded,
+                           (bc + 1) / 2, s.output, dv_padded,
+                           rescale && part == 0 ? s.row_rescale : nullptr);
+          }
         }
       }
     }
@@ -1784,6 +1806,8 @@ void FlashForward(const ForwardArgs& call) {
 #endif
   // Either runs FlashForwardTileBF16 on bf16 pairs.
   const bool bf16_pairs = native_bf16 || split;
+  // bf16's P in two parts for P·V (bfloat16_probabilities.hpp).
+  const bool split_probabilities = native_bf16 && bf16_probabilities_split(amx_tiles);
   // Query tiles of Br rows: 4 vectors, or on AMX tiles for heads of at most 32 queries the tiles'
   // least, 32 (2 × 2 tiles of 16): the products and the softmax over a 64-row tile cost the same
   // for 17 queries as for 64.
@@ -1891,7 +1915,7 @@ void FlashForward(const ForwardArgs& call) {
       [&] {
         return Scratch(br, static_cast<size_t>(args.q.cols), dv_padded,
                        static_cast<size_t>(args.k.rows), lanes, bf16_pairs, amx_tiles,
-                       split ? 3 : 1);
+                       split ? 3 : 1, split_probabilities);
       },
       [&](int64_t task, Scratch& scratch, int) {
         const TaskBlocks blocks = task_blocks(task);

@@ -551,20 +551,20 @@ ATTN_AMX_TARGET void TileProduct(BackwardScratch& s, const uint32_t* a, size_t a
 // amx::SplitProductOnTiles (C = A·B, or C += A·B with kAccumulate, over operands of three bf16
 // parts each) on the thread's tiles, in the order of fewest tile loads: the five products' B
 // operands come from L2 as their A operands do.
-// `lo`: the operands whose lo parts may be nonzero (amx::SplitLoParts).
+// `parts`: how many of each operand's parts may be nonzero (amx::SplitPartCounts).
 template <bool kAccumulate>
 ATTN_AMX_TARGET void SplitTileProduct(BackwardScratch& s, const uint32_t* a, size_t a_stride,
                                       size_t a_part, const uint32_t* b, size_t b_stride,
                                       size_t b_part, size_t pairs, float* c, size_t c_stride,
-                                      size_t rows, size_t cols, amx::SplitLoParts lo) {
+                                      size_t rows, size_t cols, amx::SplitPartCounts parts) {
   if (s.amx_model != nullptr) {
     return amx::SplitProductOnTiles<kAccumulate, true>(*s.amx_model, a, a_stride, a_part, b,
                                                        b_stride, b_part, pairs, c, c_stride, rows,
-                                                       cols, amx::kPairs, lo);
+                                                       cols, amx::kPairs, parts);
   }
   amx::AmxHardwareTiles tiles;
   amx::SplitProductOnTiles<kAccumulate, true>(tiles, a, a_stride, a_part, b, b_stride, b_part,
-                                              pairs, c, c_stride, rows, cols, amx::kPairs, lo);
+                                              pairs, c, c_stride, rows, cols, amx::kPairs, parts);
 }
 
 // Rows first + 2p and first + 2p + 1 of `rows` (`count` rows of `cols` floats from `first` on;
@@ -1028,8 +1028,8 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
 
   const bool dropout = options.dropout > 0.0F;
   // fp16 inputs on the split products: K, V, Q and dO, widened unscaled, have lo parts of 0
-  // (amx::SplitLoParts); c·Qᵀ, P and dS do not.
-  [[maybe_unused]] const bool inputs_in_two = args.half;
+  // (amx::SplitPartCounts: two parts); c·Qᵀ, P and dS do not.
+  [[maybe_unused]] const size_t input_parts = args.half ? 2 : 3;
   const DropoutApplier<decltype(d)> dropout_applier(d, options.dropout);
   const size_t keys_end =
       std::min(static_cast<size_t>(extent), chunk.last_tile * flash_backward_detail::kKeyTile);
@@ -1127,7 +1127,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           SplitTileProduct<false>(
               s, s.split_key_pairs + slot * s.split_d_pairs, s.split_d_pairs, s.key_part_words,
               s.split_query_pairs + tile * s.split_d_pairs * br, br, s.query_part_words,
-              s.split_d_pairs, s.probabilities, width, bc, br, {!inputs_in_two, true});
+              s.split_d_pairs, s.probabilities, width, bc, br, {input_parts, 3});
         } else
 #endif
             if (rows <= few_queries) {
@@ -1178,7 +1178,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           SplitTileProduct<true>(s, s.split_used, br / 2, s.tile_part_words,
                                  s.split_grad_out_row_pairs + first / 2 * dv_padded, dv_padded,
                                  s.grad_out_row_part_words, br / 2, s.grad_v_rows.row(key0),
-                                 s.grad_v_rows.stride, bc, dv_padded, {true, !inputs_in_two});
+                                 s.grad_v_rows.stride, bc, dv_padded, {3, input_parts});
         } else
 #endif
         {
@@ -1201,7 +1201,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                                   s.split_dv_pairs, s.value_part_words,
                                   s.split_grad_out_pairs + tile * s.split_dv_pairs * br, br,
                                   s.grad_out_part_words, s.split_dv_pairs, s.grad_scores, width, bc,
-                                  br, {!inputs_in_two, !inputs_in_two});
+                                  br, {input_parts, input_parts});
         } else
 #endif
             if (rows <= few_queries) {
@@ -1261,7 +1261,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           SplitTileProduct<true>(s, s.split_grad_scores, br / 2, s.tile_part_words,
                                  s.split_query_row_pairs + first / 2 * d_padded, d_padded,
                                  s.query_row_part_words, br / 2, s.grad_k_rows.row(key0),
-                                 s.grad_k_rows.stride, bc, d_padded, {true, !inputs_in_two});
+                                 s.grad_k_rows.stride, bc, d_padded, {3, input_parts});
         } else
 #endif
         {
@@ -1275,7 +1275,7 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           SplitTileProduct<true>(s, s.split_key_transposed + slot / 2 * d_padded, bc / 2,
                                  s.key_row_part_words, s.split_grad_score_key_pairs, br,
                                  s.tile_part_words, bc / 2, s.grad_q_transposed + first * d_padded,
-                                 br, d_padded, br, {!inputs_in_two, true});
+                                 br, d_padded, br, {input_parts, 3});
         } else
 #endif
             if (crossed) {

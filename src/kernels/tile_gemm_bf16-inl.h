@@ -249,6 +249,60 @@ ATTN_BF16_TARGET HWY_INLINE __m512i PartPairs(__m512 even, __m512 odd) {
                          _mm512_castps_si512(odd));
 }
 
+// P of an even key and the next (16 queries each) as `kParts` bf16 parts' pairs, each part
+// `part_words` after the one before: one, rounded (StoreProbabilityPairs); two, hi and lo each
+// rounded to nearest even (hi + lo within 2^-16 of P: hi within 2^-8 of it, lo of the rest);
+// three, SplitThreeBF16's (P exactly).
+template <size_t kParts>
+ATTN_BF16_TARGET HWY_INLINE void StoreProbabilityParts(__m512 even, __m512 odd, uint32_t* pairs,
+                                                       size_t part_words) {
+  static_assert(kParts >= 1 && kParts <= 3);
+  const __m512i interleave = _mm512_load_si512(kPairInterleave);
+  if constexpr (kParts == 1) {
+    StoreProbabilityPairs(even, odd, pairs);
+  } else if constexpr (kParts == 2) {
+    const __m512i hi = _mm512_permutexvar_epi16(
+        interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even)));
+    _mm512_storeu_si512(pairs, hi);
+    // The parts as floats: the even key's in the low half of each pair, the odd key's high.
+    const __m512 even_hi = _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16));
+    const __m512 odd_hi =
+        _mm512_castsi512_ps(_mm512_and_si512(hi, _mm512_set1_epi32(static_cast<int>(0xFFFF0000U))));
+    const __m512i lo = _mm512_permutexvar_epi16(
+        interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_sub_ps(odd, odd_hi),
+                                                                  _mm512_sub_ps(even, even_hi))));
+    _mm512_storeu_si512(pairs + part_words, lo);
+  } else {
+    const SplitParts even_parts = SplitThreeBF16(even);
+    const SplitParts odd_parts = SplitThreeBF16(odd);
+    _mm512_storeu_si512(pairs, PartPairs(even_parts.hi, odd_parts.hi));
+    _mm512_storeu_si512(pairs + part_words, PartPairs(even_parts.mid, odd_parts.mid));
+    _mm512_storeu_si512(pairs + 2 * part_words, PartPairs(even_parts.lo, odd_parts.lo));
+  }
+}
+
+// PackProbabilityPairs in `parts` bf16 parts (StoreProbabilityParts), each part's pairs
+// `part_words` after the one before (the dropout step).
+ATTN_BF16_TARGET HWY_INLINE void PackProbabilityParts(const float* probabilities, size_t bc,
+                                                      size_t br, size_t width, uint32_t* pairs,
+                                                      size_t part_words, size_t parts) {
+  for (size_t j = 0; j < bc; j += 2) {
+    for (size_t r = 0; r < width; r += 16) {
+      const __m512 even = _mm512_loadu_ps(probabilities + j * br + r);
+      const __m512 odd =
+          j + 1 < bc ? _mm512_loadu_ps(probabilities + (j + 1) * br + r) : _mm512_setzero_ps();
+      uint32_t* out = pairs + j / 2 * br + r;
+      if (parts == 1) {
+        StoreProbabilityParts<1>(even, odd, out, part_words);
+      } else if (parts == 2) {
+        StoreProbabilityParts<2>(even, odd, out, part_words);
+      } else {
+        StoreProbabilityParts<3>(even, odd, out, part_words);
+      }
+    }
+  }
+}
+
 // A row of `count` floats times `scale` as three bf16 rows (SplitThreeBF16), the elements from
 // count to `padded` (≥ count) 0 in each.
 ATTN_BF16_TARGET HWY_INLINE void SplitRowBF16x3(const float* row, size_t count, size_t padded,

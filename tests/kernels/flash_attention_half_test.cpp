@@ -248,8 +248,12 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng, bool with_backward =
   // Per element: the fp32 kernel's 1e-5 of the output's magnitude (scaled, as the fp32 test does,
   // by the scores' magnitude, whose float rounding enters the exponent), plus rounding the output
   // to `type` (half an ulp: 2⁻⁸ relative for bf16's 8 significant bits, 2⁻¹¹ for fp16's 11), plus,
-  // on the bf16 dot-product path, P rounded to bf16 in P·V: 2⁻⁸·Σ_j P_ij·|v_j|.
+  // on the bf16 dot-product path, P's bf16 form in P·V: rounded, 2⁻⁸·Σ_j P_ij·|v_j|; split
+  // (bf16_probabilities_split), hi + lo each rounded, 2⁻¹⁶·Σ_j P_ij·|v_j|.
   const double output_rounding = type == HalfType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double probability_rounding = !native                                        ? 0.0
+                                      : bf16_probabilities_split(amx_tiles_in_use()) ? 0x1p-16
+                                                                                     : 0x1p-8;
   const double base = 1e-5 * std::max(1.0F, c.magnitude * c.magnitude) * std::max(largest, 1e-30);
   const int64_t group = c.q_heads / c.kv_heads;
   for (int64_t b = 0; b < c.batch; ++b)
@@ -267,8 +271,8 @@ void check_case(HalfType type, const HalfCase& c, Rng& rng, bool with_backward =
                     ((b * c.kv_heads + h / group) * c.keys + j) * c.value_depth + t)]);
           }
           const double want = expected.out[index];
-          const double tolerance = base + output_rounding * std::abs(want) +
-                                   (native ? 0x1p-8 * weighted_magnitude : 0.0);
+          const double tolerance =
+              base + output_rounding * std::abs(want) + probability_rounding * weighted_magnitude;
           const double got = half_bits_to_float(type, out16.bits[index]);
           ASSERT_NEAR(got, want, tolerance)
               << (type == HalfType::kBFloat16 ? "bf16" : "fp16") << " native=" << native
@@ -553,8 +557,8 @@ TEST_P(FlashAttentionHalf, BFloat16ScoresPastTwoToTheThirtyOneStayFinite) {
     int64_t queries, keys;
     float query_magnitude, key_magnitude;
   };
-  const Case cases[] = {{70, 70, 4e9F, 1.0F}, {1, 40, 1e10F, 1.0F}, {20, 12, 1e5F, 1e5F},
-                        {130, 200, 3e8F, 8.0F}};
+  const Case cases[] = {
+      {70, 70, 4e9F, 1.0F}, {1, 40, 1e10F, 1.0F}, {20, 12, 1e5F, 1e5F}, {130, 200, 3e8F, 8.0F}};
   bool ran = false;
   for (const AmxUse use : {AmxUse::kModel, AmxUse::kWhereAvailable, AmxUse::kNever}) {
     if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
@@ -630,6 +634,96 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxMatchesReference) {
   Rng rng(84);
   for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
+}
+
+// P's bf16 form in P·V, seen where a row's values cancel (|o| far under Σ_j P_j·|v_j|): 2048 keys
+// of values ±1-ish against nearly uniform weights, the output before its rounding read back from
+// the forward's residuals (within 2⁻¹⁷ of it). Split (hi + lo), each output is within
+// 2⁻¹⁶·Σ P|v| of the double reference on the same rounded inputs, plus 2⁻²⁰·Σ P|v| for fp32's
+// exponentials and sums, and 2⁻¹⁶|o| for the residual; rounded to bf16, P misses that bound
+// by more than 4× somewhere (it is off by up to 2⁻⁸·Σ P|v|), so the bound would catch a split
+// that fell back to rounding. On the tile model, the hardware where it has AMX, and vdpbf16ps.
+TEST_P(FlashAttentionHalf, BFloat16SplitProbabilitiesKeepCancellingRowsExact) {
+  const HalfType type = HalfType::kBFloat16;
+  const int64_t heads = 2, queries = 32, keys = 2048, depth = 64;
+  Rng rng(131);
+  std::vector<float> q, k, v;
+  const HalfHeads q16 = random_heads(type, 1, heads, queries, depth, 0.3F, rng, q);
+  const HalfHeads k16 = random_heads(type, 1, heads, keys, depth, 0.3F, rng, k);
+  const HalfHeads v16 = random_heads(type, 1, heads, keys, depth, 1.0F, rng, v);
+  const float scale = 0.125F;
+  // The double reference: o and Σ_j P_j·|v_j| per output element.
+  std::vector<double> want(static_cast<size_t>(heads * queries * depth)), weighted(want.size());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < queries; ++i) {
+      std::vector<double> p(static_cast<size_t>(keys));
+      double largest = -std::numeric_limits<double>::infinity(), total = 0.0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double score = 0.0;
+        for (int64_t t = 0; t < depth; ++t)
+          score += static_cast<double>(q[at(heads, queries, depth, 0, h, i, t)]) *
+                   k[at(heads, keys, depth, 0, h, j, t)];
+        p[static_cast<size_t>(j)] = score * scale;
+        largest = std::max(largest, score * scale);
+      }
+      for (double& x : p) total += x = std::exp(x - largest);
+      for (int64_t t = 0; t < depth; ++t) {
+        const size_t e = at(heads, queries, depth, 0, h, i, t);
+        for (int64_t j = 0; j < keys; ++j) {
+          const double value = v[at(heads, keys, depth, 0, h, j, t)];
+          want[e] += p[static_cast<size_t>(j)] / total * value;
+          weighted[e] += p[static_cast<size_t>(j)] / total * std::abs(value);
+        }
+      }
+    }
+  const FlashAttentionOptions options = testing::kernel_options(scale, false, 0.0F, 0);
+  // The largest error over Σ P|v| (less the residual's share) under `choice`.
+  const auto relative_error = [&](Bf16Probabilities choice) {
+    const testing::ScopedBf16Probabilities probabilities(choice);
+    HalfHeads out16(1, heads, queries, depth), residual16(1, heads, queries, depth);
+    std::vector<float> lse(static_cast<size_t>(heads * queries));
+    flash_attention_forward(type, q16.view(), k16.view(), v16.view(), {}, options, out16.view(),
+                            lse.data(), nullptr, residual16.view());
+    double worst = 0.0;
+    for (size_t e = 0; e < want.size(); ++e) {
+      const double got = output_with_residual(type, out16.bits[e], residual16.bits[e]);
+      worst =
+          std::max(worst, (std::abs(got - want[e]) - 0x1p-16 * std::abs(want[e])) / weighted[e]);
+    }
+    return worst;
+  };
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kModel, AmxUse::kWhereAvailable, AmxUse::kNever}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const ScopedAmxUse amx(use);
+    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+    if (!flash_attention_bfloat16_native(depth)) continue;
+    ran = true;
+    const double split = relative_error(Bf16Probabilities::kSplit);
+    const double rounded = relative_error(Bf16Probabilities::kRounded);
+    EXPECT_LE(split, 0x1p-16 + 0x1p-20) << "P split, AMX use " << static_cast<int>(use);
+    EXPECT_GT(rounded, 4 * (0x1p-16 + 0x1p-20)) << "P rounded, AMX use " << static_cast<int>(use);
+  }
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
+}
+
+// Each product family under the choice that is not its default: P split on vdpbf16ps, rounded on
+// the tile model (and on the hardware where it has AMX), over the AMX shapes and kCases.
+TEST_P(FlashAttentionHalf, BFloat16OtherProbabilityFormMatchesReference) {
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kNever, AmxUse::kModel, AmxUse::kWhereAvailable}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const ScopedAmxUse amx(use);
+    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+    if (!flash_attention_bfloat16_native(64)) continue;
+    const testing::ScopedBf16Probabilities probabilities(
+        use == AmxUse::kNever ? Bf16Probabilities::kSplit : Bf16Probabilities::kRounded);
+    ran = true;
+    Rng rng(137);
+    for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng, false);
+    for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng, false);
+  }
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
 }
 
 // Half gradients larger than the L2s of every thread the call could use go out in streaming stores

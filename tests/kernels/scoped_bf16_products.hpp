@@ -5,6 +5,7 @@
 
 #include "attn/kernels/amx.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
+#include "attn/kernels/bfloat16_probabilities.hpp"
 #include "attn/kernels/flash_attention.hpp"
 
 namespace attn::testing {
@@ -31,6 +32,20 @@ class ScopedBf16DotUse {
 
  private:
   Bf16DotUse before_;
+};
+
+// Sets bf16_probabilities() for a scope.
+class ScopedBf16Probabilities {
+ public:
+  explicit ScopedBf16Probabilities(Bf16Probabilities choice) : before_(bf16_probabilities()) {
+    set_bf16_probabilities(choice);
+  }
+  ~ScopedBf16Probabilities() { set_bf16_probabilities(before_); }
+  ScopedBf16Probabilities(const ScopedBf16Probabilities&) = delete;
+  ScopedBf16Probabilities& operator=(const ScopedBf16Probabilities&) = delete;
+
+ private:
+  Bf16Probabilities before_;
 };
 
 // Sets fp32_on_amx() for a scope.

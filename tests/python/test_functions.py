@@ -199,6 +199,18 @@ def test_amx_status_says_whether_bf16_runs_on_tiles():
         assert status.startswith("AMX-BF16 in use"), status
 
 
+def test_bf16_probabilities_status_follows_the_environment():
+    status = attn.bf16_probabilities_status()
+    setting = os.environ.get("ATTN_BF16_P")
+    if setting == "rounded":
+        assert status == "bf16 P rounded to bf16 for P·V", status
+    elif setting == "split":
+        assert status == "bf16 P in two bf16 parts for P·V", status
+    else:  # split where the tiles make it cheap
+        assert status.endswith(
+            "bf16 P in two bf16 parts for P·V on AMX tiles, rounded on vdpbf16ps"), status
+
+
 def test_bf16_dot_status_says_whether_bf16_widens():
     status = attn.bf16_dot_status()
     setting = os.environ.get("ATTN_BF16_DOT")

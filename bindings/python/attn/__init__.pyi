@@ -134,6 +134,11 @@ def bf16_dot_status() -> str:
     ('bf16 widened to fp32 (...)': Intel's cores, CPUs without AVX512-BF16; ATTN_BF16_DOT=1 or 0
     forces either)."""
 
+def bf16_probabilities_status() -> str:
+    """How bf16 attention on bf16 products gives P to P·V: in two bf16 parts (within 2^-16 of P)
+    on AMX tiles and rounded to bf16 (2^-8, as PyTorch's bf16 kernels) on vdpbf16ps by default;
+    ATTN_BF16_P=split or rounded chooses one everywhere."""
+
 def set_strict_inputs(strict: bool) -> None:
     """When strict, inputs that would need a copy (not float32 or not C-contiguous) are refused."""
 

@@ -60,11 +60,12 @@ void flash_attention_forward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView 
 // PyTorch's bf16/fp16 attention: scores, softmax and the output accumulate in fp32, and the output
 // is rounded once (to nearest even). bf16 inputs run on bf16 products where they are faster than
 // fp32 FMAs — AMX tiles, or the CPU's bf16 dot products (vdpbf16ps) on AMD's cores; see
-// flash_attention_bfloat16_native(d) — and the probabilities then enter P·V rounded to bf16, as
-// PyTorch's and FlashAttention's bf16 kernels round them, which adds at most 2⁻⁸·Σ_j P_ij·|v_j|
-// to an output. Elsewhere, and for fp16, the kernel widens each row to fp32 as it
-// packs it and computes exactly as the fp32 pass does on the widened values. `read` as the fp32
-// pass's, in the floats the inputs widen to.
+// flash_attention_bfloat16_native(d) — and the probabilities then enter P·V as
+// bf16_probabilities() says (bfloat16_probabilities.hpp): by default in two bf16 parts on AMX
+// tiles, which adds at most 2⁻¹⁶·Σ_j P_ij·|v_j| to an output, and rounded to bf16 on vdpbf16ps,
+// as PyTorch's and FlashAttention's bf16 kernels round them, at most 2⁻⁸·Σ_j P_ij·|v_j|. Elsewhere,
+// and for fp16, the kernel widens each row to fp32 as it packs it and computes exactly as the fp32
+// pass does on the widened values. `read` as the fp32 pass's, in the floats the inputs widen to.
 // `out_residual`, when its data is not null (shaped as `out`), receives each output element's
 // rounding residual, (o − rounded o) · output_residual_scale(type) rounded to `type` (0 where the
 // rounded output is not finite): for the backward pass, whose D = rowsum(dO ∘ O) from the rounded
