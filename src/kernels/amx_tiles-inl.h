@@ -343,9 +343,11 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(
         };
         if constexpr (kFewestLoads) {
           // Each pair changes one operand from the one before: 7 loads of a part's two tiles.
-          load_a(0);  // hi · lo, hi · mid
-          if (parts.b > 2) times_b(2);
-          if (parts.b > 1) times_b(1);
+          if (parts.b > 1) {
+            load_a(0);  // hi · lo, hi · mid
+            if (parts.b > 2) times_b(2);
+            times_b(1);
+          }
           if (parts.a > 1) {
             load_a(1);  // mid · mid, mid · hi
             if (parts.b > 1) times_loaded_b();
@@ -353,6 +355,7 @@ ATTN_AMX_TARGET HWY_NOINLINE void SplitProductOnTiles(
             load_a(0);  // hi · hi
             times_loaded_b();
           } else {
+            if (parts.b == 1) load_a(0);
             times_b(0);  // hi · hi
           }
           if (parts.a > 2) {

@@ -23,6 +23,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/kernels/amx.hpp"
+#include "attn/kernels/bfloat16_probabilities.hpp"
 #include "attn/kernels/flash_attention.hpp"
 #include "core/magnitude_scan.hpp"
 #include "kernels/cache_sizes.hpp"
@@ -221,6 +222,10 @@ struct BackwardScratch : BackwardTileBuffers {
   uint32_t* used_query_pairs = nullptr;
   uint32_t* grad_score_query_pairs = nullptr;
   uint32_t* grad_score_key_pairs = nullptr;
+  // P ⊙ Z's and dS's parts: 2 (hi + lo, bf16_probabilities_split()) or 1 (rounded); each part of
+  // used_query_pairs and grad_score_query_pairs tile_pair_words after the one before, of
+  // grad_score_key_pairs key_pair_words.
+  size_t probability_parts = 1, tile_pair_words = 0, key_pair_words = 0;
   // On AMX tiles, Kᵀ's rows of pairs of adjacent keys per key tile (key_rows/2 × d_padded, as
   // split_key_transposed below): A of dQᵀ += Kᵀ·dSᵀ, whose B is dS's pairs of adjacent keys.
   uint32_t* key_transposed_pairs = nullptr;
@@ -280,13 +285,15 @@ struct BackwardScratch : BackwardTileBuffers {
   RowsView queries, keys, values;
 
   BackwardScratch(size_t n, size_t m, size_t d, size_t dv, size_t lanes, BackwardProducts products,
-                  bool float_on_tiles, bool in_place, bool store_gradients, bool one_query_head)
+                  bool float_on_tiles, bool in_place, bool store_gradients, bool one_query_head,
+                  bool split_probabilities)
       : block_rows(one_query_head),
         split_products(float_on_tiles),
         amx_products(products == BackwardProducts::kAmx || products == BackwardProducts::kAmxModel),
         store_key_value(store_gradients),
         rows_in_place(in_place) {
     const bool bf16_pairs = products != BackwardProducts::kFloat;
+    probability_parts = bf16_pairs && split_probabilities ? 2 : 1;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if (products == BackwardProducts::kAmxModel || (split_products && amx_use() == AmxUse::kModel))
       amx_model = std::make_unique<amx::AmxTileModel>();
@@ -331,9 +338,11 @@ struct BackwardScratch : BackwardTileBuffers {
         query_row_pairs = as_uint32(take(n_padded / 2 * d_padded));
         grad_out_row_pairs = as_uint32(take(n_padded / 2 * dv_padded));
         key_row_pairs = as_uint32(take((key_rows + 1) / 2 * d_padded));
-        used_query_pairs = as_uint32(take(bc * br / 2));
-        grad_score_query_pairs = as_uint32(take(bc * br / 2));
-        grad_score_key_pairs = as_uint32(take((bc + 1) / 2 * br));
+        tile_pair_words = bc * br / 2;
+        key_pair_words = (bc + 1) / 2 * br;
+        used_query_pairs = as_uint32(take(probability_parts * tile_pair_words));
+        grad_score_query_pairs = as_uint32(take(probability_parts * tile_pair_words));
+        grad_score_key_pairs = as_uint32(take(probability_parts * key_pair_words));
         key_transposed_pairs = as_uint32(take(amx_products ? (key_rows + 1) / 2 * d_padded : 0));
       }
       query_part_words = n_padded * split_d_pairs;
@@ -507,20 +516,29 @@ ATTN_BF16_TARGET void InterleavedRowPairs(const ConstHalfHeadsView& half, int64_
   }
 }
 
-// Each of `rows` rows of a transposed tile (br floats) rounded to bf16 pairs of adjacent lanes,
-// over its lanes [0, width) rounded up to 32 (RowToPairs' step; the lanes past width are not read).
+// Each of `rows` rows of a transposed tile (br floats) as bf16 pairs of adjacent lanes, over its
+// lanes [0, width) rounded up to 32 (RowToPairs' step; the lanes past width are not read): rounded
+// to bf16, or with `parts` 2 as hi and lo (RowToPairParts), part 1 `part_words` after part 0.
 ATTN_BF16_TARGET void TileRowsToPairs(const float* tile, size_t rows, size_t br, size_t width,
-                                      uint32_t* pairs) {
+                                      uint32_t* pairs, size_t parts, size_t part_words) {
   const size_t lanes = hwy::RoundUpTo(width, 32);
-  for (size_t j = 0; j < rows; ++j) RowToPairs(tile + j * br, lanes, pairs + j * br / 2);
+  for (size_t j = 0; j < rows; ++j) {
+    if (parts == 2) {
+      RowToPairParts(tile + j * br, lanes, pairs + j * br / 2, part_words);
+    } else {
+      RowToPairs(tile + j * br, lanes, pairs + j * br / 2);
+    }
+  }
 }
 
-// dSᵀ (bc × br) rounded to bf16 twice over, its lanes [0, width): pairs of adjacent queries (dK's
-// operand) and pairs of adjacent keys (dQ's).
+// dSᵀ (bc × br) in bf16 twice over (in `s.probability_parts` parts), its lanes [0, width): pairs
+// of adjacent queries (dK's operand) and pairs of adjacent keys (dQ's).
 ATTN_BF16_TARGET void GradScorePairs(const float* grad_scores, size_t bc, size_t br, size_t width,
-                                     uint32_t* query_pairs, uint32_t* key_pairs) {
-  TileRowsToPairs(grad_scores, bc, br, width, query_pairs);
-  PackProbabilityPairs(grad_scores, bc, br, width, key_pairs);
+                                     const BackwardScratch& s) {
+  TileRowsToPairs(grad_scores, bc, br, width, s.grad_score_query_pairs, s.probability_parts,
+                  s.tile_pair_words);
+  PackProbabilityParts(grad_scores, bc, br, width, s.grad_score_key_pairs, s.key_pair_words,
+                       s.probability_parts);
 }
 
 // The AMX tiles of the thread: configured for the products of a query head, released after them.
@@ -565,6 +583,20 @@ ATTN_AMX_TARGET void SplitTileProduct(BackwardScratch& s, const uint32_t* a, siz
   amx::AmxHardwareTiles tiles;
   amx::SplitProductOnTiles<kAccumulate, true>(tiles, a, a_stride, a_part, b, b_stride, b_part,
                                               pairs, c, c_stride, rows, cols, amx::kPairs, parts);
+}
+
+// The bf16 path's accumulating products on the tiles: TileProduct where P ⊙ Z and dS are rounded,
+// SplitTileProduct over their two parts (`parts`: the operands' part counts, 2 for P ⊙ Z or dS, 1
+// for the bf16 inputs) where they are split.
+ATTN_AMX_TARGET void PartsTileProduct(BackwardScratch& s, const uint32_t* a, size_t a_stride,
+                                      size_t a_part, const uint32_t* b, size_t b_stride,
+                                      size_t b_part, size_t pairs, float* c, size_t c_stride,
+                                      size_t rows, size_t cols, amx::SplitPartCounts parts) {
+  if (parts.a == 1 && parts.b == 1) {
+    return TileProduct<true>(s, a, a_stride, b, b_stride, pairs, c, c_stride, rows, cols);
+  }
+  SplitTileProduct<true>(s, a, a_stride, a_part, b, b_stride, b_part, pairs, c, c_stride, rows,
+                         cols, parts);
 }
 
 // Rows first + 2p and first + 2p + 1 of `rows` (`count` rows of `cols` floats from `first` on;
@@ -1140,7 +1172,10 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
         ApplyScoreModifiers(d, options, query_tile, key_begin, bc, stride, width,
                             coverage == MaskCoverage::kSome, s.probabilities, s.softcap_tanh,
                             score_unit);
-        if (bf16_products) {
+        if (bf16_products && s.probability_parts == 2) {  // P in fp32's accuracy, split next
+          ProbabilitiesFromScores<ProbabilityExp::kNatural>(d, bc, stride, width, s.lse + first,
+                                                            s.probabilities, exponent_scale);
+        } else if (bf16_products) {
           ProbabilitiesFromScores<ProbabilityExp::kRoundedToBFloat16>(
               d, bc, stride, width, s.lse + first, s.probabilities, exponent_scale);
         } else {
@@ -1154,25 +1189,32 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
                        s.probabilities, s.dropped);
           used = s.dropped;
         }
-        // dV += (P ⊙ Z)ᵀ dO: on the bf16 path with P ⊙ Z rounded to bf16, as the forward pass
-        // rounds P for P·V (and FlashAttention's bf16 kernels round P and dS).
+        // dV += (P ⊙ Z)ᵀ dO: on the bf16 path with P ⊙ Z in bf16 as the forward pass gives P to
+        // P·V: in two parts (s.probability_parts), or rounded (as FlashAttention's bf16 kernels
+        // round P and dS).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_products) {
-          TileRowsToPairs(used, bc, br, width, s.used_query_pairs);
+          TileRowsToPairs(used, bc, br, width, s.used_query_pairs, s.probability_parts,
+                          s.tile_pair_words);
         }
         if (on_tiles) {
-          TileProduct<true>(s, s.used_query_pairs, br / 2,
-                            s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, br / 2,
-                            s.grad_v + slot * dv_padded, dv_padded, bc, dv_padded);
+          PartsTileProduct(s, s.used_query_pairs, br / 2, s.tile_pair_words,
+                           s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, 0, br / 2,
+                           s.grad_v + slot * dv_padded, dv_padded, bc, dv_padded,
+                           {s.probability_parts, 1});
         } else if (bf16_products && crossed) {
-          KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
-                                    s.used_query_pairs, br / 2,
-                                    s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded,
-                                    dv_padded / lanes, s.grad_v + slot * dv_padded, dv_padded);
+          for (size_t part = 0; part < s.probability_parts; ++part) {
+            KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
+                                      s.used_query_pairs + part * s.tile_pair_words, br / 2,
+                                      s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded,
+                                      dv_padded / lanes, s.grad_v + slot * dv_padded, dv_padded);
+          }
         } else if (bf16_products) {
-          GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs, br / 2, 1,
-                         s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded, (rows + 1) / 2,
-                         s.grad_v + slot * dv_padded, dv_padded, nullptr);
+          for (size_t part = 0; part < s.probability_parts; ++part) {
+            GemmBF16<true>(bc, dv_padded / lanes, s.used_query_pairs + part * s.tile_pair_words,
+                           br / 2, 1, s.grad_out_row_pairs + first / 2 * dv_padded, dv_padded,
+                           (rows + 1) / 2, s.grad_v + slot * dv_padded, dv_padded, nullptr);
+          }
         } else if (split_tile) {  // the whole tile: P = 0 where a query sees none of the keys
           SplitTilePairs(used, bc * br, s.split_used, s.tile_part_words);
           SplitTileProduct<true>(s, s.split_used, br / 2, s.tile_part_words,
@@ -1223,32 +1265,39 @@ float FlashBackwardQueryHead(const BackwardArgs& args, int64_t b, int64_t h, con
           SoftcapBackward(d, bc, stride, width, s.softcap_tanh, s.grad_scores);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
         if (bf16_products) {  // dK += dSᵀ Q (scaled at the end); dQ += dS K
-          GradScorePairs(s.grad_scores, bc, br, width, s.grad_score_query_pairs,
-                         s.grad_score_key_pairs);
+          GradScorePairs(s.grad_scores, bc, br, width, s);
           if (on_tiles) {
-            TileProduct<true>(s, s.grad_score_query_pairs, br / 2,
-                              s.query_row_pairs + first / 2 * d_padded, d_padded, br / 2,
-                              s.grad_k + slot * d_padded, d_padded, bc, d_padded);
+            PartsTileProduct(s, s.grad_score_query_pairs, br / 2, s.tile_pair_words,
+                             s.query_row_pairs + first / 2 * d_padded, d_padded, 0, br / 2,
+                             s.grad_k + slot * d_padded, d_padded, bc, d_padded,
+                             {s.probability_parts, 1});
             // dQᵀ += Kᵀ·dSᵀ: dS's key pairs as they lie (as the fp32 tiles' dQᵀ).
-            TileProduct<true>(s, s.key_transposed_pairs + slot / 2 * d_padded, bc / 2,
-                              s.grad_score_key_pairs, br, bc / 2,
-                              s.grad_q_transposed + first * d_padded, br, d_padded, br);
-          } else if (crossed) {
-            KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
-                                      s.grad_score_query_pairs, br / 2,
-                                      s.query_row_pairs + first / 2 * d_padded, d_padded,
-                                      d_padded / lanes, s.grad_k + slot * d_padded, d_padded);
-            QueriesOverVisibleKeyPairs(s.first + first, s.last + first, rows, key_begin, bc,
-                                       s.grad_score_key_pairs, br,
-                                       s.key_row_pairs + slot / 2 * d_padded, d_padded,
-                                       d_padded / lanes, s.grad_q + first * d_padded, d_padded);
+            PartsTileProduct(s, s.key_transposed_pairs + slot / 2 * d_padded, bc / 2, 0,
+                             s.grad_score_key_pairs, br, s.key_pair_words, bc / 2,
+                             s.grad_q_transposed + first * d_padded, br, d_padded, br,
+                             {1, s.probability_parts});
           } else {
-            GemmBF16<true>(bc, d_padded / lanes, s.grad_score_query_pairs, br / 2, 1,
-                           s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
-                           s.grad_k + slot * d_padded, d_padded, nullptr);
-            GemmBF16<true>(rows, d_padded / lanes, s.grad_score_key_pairs, 1, br,
-                           s.key_row_pairs + slot / 2 * d_padded, d_padded, (bc + 1) / 2,
-                           s.grad_q + first * d_padded, d_padded, nullptr);
+            for (size_t part = 0; part < s.probability_parts; ++part) {
+              const uint32_t* query_pairs = s.grad_score_query_pairs + part * s.tile_pair_words;
+              const uint32_t* key_pairs = s.grad_score_key_pairs + part * s.key_pair_words;
+              if (crossed) {
+                KeysOverVisibleQueryPairs(s.first + first, s.last + first, rows, key_begin, bc,
+                                          query_pairs, br / 2,
+                                          s.query_row_pairs + first / 2 * d_padded, d_padded,
+                                          d_padded / lanes, s.grad_k + slot * d_padded, d_padded);
+                QueriesOverVisibleKeyPairs(s.first + first, s.last + first, rows, key_begin, bc,
+                                           key_pairs, br, s.key_row_pairs + slot / 2 * d_padded,
+                                           d_padded, d_padded / lanes, s.grad_q + first * d_padded,
+                                           d_padded);
+              } else {
+                GemmBF16<true>(bc, d_padded / lanes, query_pairs, br / 2, 1,
+                               s.query_row_pairs + first / 2 * d_padded, d_padded, (rows + 1) / 2,
+                               s.grad_k + slot * d_padded, d_padded, nullptr);
+                GemmBF16<true>(rows, d_padded / lanes, key_pairs, 1, br,
+                               s.key_row_pairs + slot / 2 * d_padded, d_padded, (bc + 1) / 2,
+                               s.grad_q + first * d_padded, d_padded, nullptr);
+              }
+            }
           }
           continue;
         }
@@ -1495,6 +1544,11 @@ void FlashBackward(const BackwardArgs& call) {
   std::vector<float> grad_sinks_by_head(static_cast<size_t>(args.q.batch * args.q.heads));
   const BackwardProducts products = ChooseBackwardProducts(args);
   const bool float_on_tiles = FloatProductsOnTiles(args, products);
+  // P ⊙ Z and dS in two bf16 parts, as the forward's P (bfloat16_probabilities.hpp).
+  const bool split_probabilities =
+      products != BackwardProducts::kFloat &&
+      bf16_probabilities_split(products == BackwardProducts::kAmx ||
+                               products == BackwardProducts::kAmxModel);
   // fp32 on tiles in three parts loses the parts of values under 2^-110 (split_parts_range.hpp):
   // a pass whose operands lie outside that range runs on FMAs. The magnitudes are those the pass
   // reads, checked after it (before the sinks' gradient is added); a mask's gradient, added into
@@ -1527,7 +1581,7 @@ void FlashBackward(const BackwardArgs& call) {
         return BackwardScratch(static_cast<size_t>(args.q.rows), static_cast<size_t>(args.k.rows),
                                static_cast<size_t>(args.q.cols), static_cast<size_t>(args.v.cols),
                                lanes, products, float_on_tiles, rows_in_place, store_key_value,
-                               args.q.heads == args.k.heads);
+                               args.q.heads == args.k.heads, split_probabilities);
       },
       [&](int64_t task, BackwardScratch& scratch, int thread) {
         const int64_t head_task = task / static_cast<int64_t>(chunks);

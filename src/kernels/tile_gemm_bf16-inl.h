@@ -216,6 +216,25 @@ ATTN_BF16_TARGET HWY_INLINE void RowToPairs(const float* row, size_t count, uint
   }
 }
 
+// RowToPairs as two bf16 parts, hi = each element rounded to nearest even (as RowToPairs) and lo =
+// the remainder rounded likewise, lo's pairs `part_words` after hi's.
+ATTN_BF16_TARGET HWY_INLINE void RowToPairParts(const float* row, size_t count, uint32_t* pairs,
+                                                size_t part_words) {
+  for (size_t r = 0; r < count; r += 32) {
+    const __m512 low = _mm512_loadu_ps(row + r), high = _mm512_loadu_ps(row + r + 16);
+    const __m512bh hi = _mm512_cvtne2ps_pbh(high, low);
+    _mm512_storeu_si512(pairs + r / 2, reinterpret_cast<__m512i>(hi));
+    const __m512i hi_bits = reinterpret_cast<__m512i>(hi);
+    const __m512 low_hi = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi_bits)), 16));
+    const __m512 high_hi = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi_bits, 1)), 16));
+    const __m512bh lo =
+        _mm512_cvtne2ps_pbh(_mm512_sub_ps(high, high_hi), _mm512_sub_ps(low, low_hi));
+    _mm512_storeu_si512(pairs + part_words + r / 2, reinterpret_cast<__m512i>(lo));
+  }
+}
+
 // fp32 on bf16 products (the fp32 forward on AMX tiles): x = hi + mid + lo exactly, each part a
 // float whose low 16 bits are 0, so a bf16 as it stands. hi keeps x's top 16 bits (truncation:
 // never rounds past the largest float to ∞); mid is the remainder x − hi (exact, at most 16

@@ -97,7 +97,8 @@ size_t at(int64_t heads, int64_t rows, int64_t cols, int64_t b, int64_t h, int64
 // (as PyTorch's half kernels do), off the reference's by δ_i = Σ_t |dO_it|·|Õ_it − O_it|, which
 // dS_ij = P_ij (Z_ij dP_ij − D_i) carries into dQ_it (c·δ_i·Σ_j P_ij |k_jt|), dK_jt
 // (c·Σ_i P_ij δ_i |q_it|) and the sink's gradient (Σ_i p_sink,i δ_i); and, on the bf16 dot-product
-// path, 2⁻⁸ of the rounding bound of P ⊙ Z and dS (`native_bounds`, from check_case).
+// path, the bound of P ⊙ Z's and dS's bf16 form (`native_bounds`, from check_case) times 2⁻⁸
+// rounded or 2⁻¹⁶ split in two parts (bf16_probabilities_split).
 // Given the forward's residuals, the pass's D is that of the output they restore (`out` then):
 // within 2⁻¹⁷ of the fp32 kernel's output in bf16, 2⁻²² in fp16, which the same term bounds.
 void check_gradients_against_reference(
@@ -136,6 +137,9 @@ void check_gradients_against_reference(
         }
       }
   const double rounding = type == HalfType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double probability_rounding = !native                                        ? 0.0
+                                      : bf16_probabilities_split(amx_tiles_in_use()) ? 0x1p-16
+                                                                                     : 0x1p-8;
   const double scores = std::max(1.0F, c.magnitude * c.magnitude);
   const std::vector<double>* wanted[] = {&want.q, &want.k, &want.v};
   const std::vector<double> no_move(want.v.size());
@@ -147,7 +151,7 @@ void check_gradients_against_reference(
     for (size_t e = 0; e < wanted[g]->size(); ++e) {
       const double expected = (*wanted[g])[e];
       const double tolerance = 1e-5 * scores * largest + rounding * std::abs(expected) +
-                               (*moved[g])[e] + (native ? 0x1p-8 * (*native_bounds[g])[e] : 0.0);
+                               (*moved[g])[e] + probability_rounding * (*native_bounds[g])[e];
       ASSERT_NEAR(half_bits_to_float(type, gradients[g]->bits[e]), expected, tolerance)
           << "gradient " << names[g] << " against the double reference, element " << e
           << (type == HalfType::kBFloat16 ? " bf16" : " fp16") << " native=" << native
@@ -707,8 +711,89 @@ TEST_P(FlashAttentionHalf, BFloat16SplitProbabilitiesKeepCancellingRowsExact) {
   if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
 }
 
-// Each product family under the choice that is not its default: P split on vdpbf16ps, rounded on
-// the tile model (and on the hardware where it has AMX), over the AMX shapes and kCases.
+// dS's bf16 form in dQ = c·Σ_j dS_ij·k_j, seen where dQ cancels: every key the same row, so that
+// Σ_j dS_ij = 0 makes dQ exactly 0 while its terms are not. Split (hi + lo), each dQ element is
+// within 2⁻¹⁶ of the sum of its terms' magnitudes (c·Σ_j |dS_ij|·|k_jt|), plus what D moves
+// (taken from the output restored by its residual, within 2⁻¹⁶ of it: c·|k_t|·2⁻¹⁶·Σ_t
+// |dO_it·O_it|), plus 2⁻²⁰ of the terms for fp32's sums; rounded, dS misses that bound by more
+// than 4× somewhere (each dS off by up to 2⁻⁸ of itself). On the tile model, the hardware where it
+// has AMX, and vdpbf16ps.
+TEST_P(FlashAttentionHalf, BFloat16SplitGradScoresKeepCancellingQueryGradientsExact) {
+  const HalfType type = HalfType::kBFloat16;
+  const int64_t queries = 64, keys = 1024, depth = 64;
+  Rng rng(139);
+  std::vector<float> q, k_row, v, grad_out;
+  const HalfHeads q16 = random_heads(type, 1, 1, queries, depth, 1.0F, rng, q);
+  const HalfHeads key_row = random_heads(type, 1, 1, 1, depth, 1.0F, rng, k_row);
+  HalfHeads k16(1, 1, keys, depth);
+  for (int64_t j = 0; j < keys; ++j)
+    std::copy(key_row.bits.begin(), key_row.bits.end(), k16.bits.begin() + j * depth);
+  const HalfHeads v16 = random_heads(type, 1, 1, keys, depth, 1.0F, rng, v);
+  const HalfHeads grad_out16 = random_heads(type, 1, 1, queries, depth, 1.0F, rng, grad_out);
+  const float scale = 0.125F;
+  const FlashAttentionOptions options = testing::kernel_options(scale, false, 0.0F, 0);
+  // The uniform weights' dS_ij = (dP_ij − D_i) / m, dP_ij = dO_i·v_j, D_i = Σ_j dP_ij / m.
+  std::vector<double> terms(static_cast<size_t>(queries * depth)), moved(terms.size());
+  for (int64_t i = 0; i < queries; ++i) {
+    std::vector<double> dp(static_cast<size_t>(keys));
+    double delta = 0.0, absolute = 0.0;
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t t = 0; t < depth; ++t)
+        dp[static_cast<size_t>(j)] +=
+            static_cast<double>(grad_out[at(1, queries, depth, 0, 0, i, t)]) *
+            v[at(1, keys, depth, 0, 0, j, t)];
+      delta += dp[static_cast<size_t>(j)] / static_cast<double>(keys);
+    }
+    for (const double x : dp) absolute += std::abs(x - delta) / static_cast<double>(keys);
+    double output_terms = 0.0;  // Σ_t |dO_it·O_it|, O_it = Σ_j v_jt / m
+    for (int64_t t = 0; t < depth; ++t) {
+      double o = 0.0;
+      for (int64_t j = 0; j < keys; ++j) o += v[at(1, keys, depth, 0, 0, j, t)];
+      output_terms +=
+          std::abs(grad_out[at(1, queries, depth, 0, 0, i, t)] * o / static_cast<double>(keys));
+    }
+    for (int64_t t = 0; t < depth; ++t) {
+      const size_t e = at(1, queries, depth, 0, 0, i, t);
+      terms[e] = scale * absolute * std::abs(k_row[static_cast<size_t>(t)]);
+      moved[e] = scale * std::abs(k_row[static_cast<size_t>(t)]) * 0x1p-16 * output_terms;
+    }
+  }
+  // The largest |dQ| (the reference's is 0) less what D moves, over the terms' magnitudes.
+  const auto relative_error = [&](Bf16Probabilities choice) {
+    const testing::ScopedBf16Probabilities probabilities(choice);
+    HalfHeads out16(1, 1, queries, depth), residual16(1, 1, queries, depth);
+    std::vector<float> lse(static_cast<size_t>(queries));
+    flash_attention_forward(type, q16.view(), k16.view(), v16.view(), {}, options, out16.view(),
+                            lse.data(), nullptr, residual16.view());
+    HalfHeads grad_q(1, 1, queries, depth), grad_k(1, 1, keys, depth), grad_v(1, 1, keys, depth);
+    flash_attention_backward(type, q16.view(), k16.view(), v16.view(), out16.view(),
+                             grad_out16.view(), lse.data(), {}, options, grad_q.view(),
+                             grad_k.view(), grad_v.view(), {}, nullptr, nullptr, residual16.view());
+    double worst = 0.0;
+    for (size_t e = 0; e < terms.size(); ++e) {
+      const double got = std::abs(half_bits_to_float(type, grad_q.bits[e]));
+      worst = std::max(worst, (got - moved[e]) / terms[e]);
+    }
+    return worst;
+  };
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kModel, AmxUse::kWhereAvailable, AmxUse::kNever}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const ScopedAmxUse amx(use);
+    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+    if (!flash_attention_bfloat16_backward_native(depth, depth)) continue;
+    ran = true;
+    const double split = relative_error(Bf16Probabilities::kSplit);
+    const double rounded = relative_error(Bf16Probabilities::kRounded);
+    EXPECT_LE(split, 0x1p-16 + 0x1p-20) << "dS split, AMX use " << static_cast<int>(use);
+    EXPECT_GT(rounded, 4 * (0x1p-16 + 0x1p-20)) << "dS rounded, AMX use " << static_cast<int>(use);
+  }
+  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
+}
+
+// Each product family under the choice that is not its default: P (and the backward's P ⊙ Z and
+// dS) split on vdpbf16ps, rounded on the tile model (and on the hardware where it has AMX), over
+// the AMX shapes and kCases, forward and backward.
 TEST_P(FlashAttentionHalf, BFloat16OtherProbabilityFormMatchesReference) {
   bool ran = false;
   for (const AmxUse use : {AmxUse::kNever, AmxUse::kModel, AmxUse::kWhereAvailable}) {
@@ -720,8 +805,8 @@ TEST_P(FlashAttentionHalf, BFloat16OtherProbabilityFormMatchesReference) {
         use == AmxUse::kNever ? Bf16Probabilities::kSplit : Bf16Probabilities::kRounded);
     ran = true;
     Rng rng(137);
-    for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng, false);
-    for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng, false);
+    for (const HalfCase& c : kAmxCases) check_case(HalfType::kBFloat16, c, rng);
+    for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
   }
   if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
 }

@@ -157,8 +157,9 @@ void flash_attention_backward(ConstHeadsView q, ConstHeadsView k, ConstHeadsView
 // inputs are widened exactly as each row is packed, so the gradients are the float pass's on the
 // widened inputs, rounded. bf16 where it is true: all five products run on vdpbf16ps, the scores
 // and dP from exact products of the inputs (the scores equal the bf16 forward's), dV, dK and dQ
-// with P ⊙ Z and dS rounded to bf16, as FlashAttention's bf16 kernels round them, so each gradient
-// element may move by 2⁻⁸ times the sum of its terms' magnitudes. `read` as the float pass's, of
+// with P ⊙ Z and dS in bf16 as bf16_probabilities() gives the forward's P to P·V: in two parts
+// (by default on AMX tiles), each gradient element within 2⁻¹⁶ of the sum of its terms'
+// magnitudes, or rounded (on vdpbf16ps, as FlashAttention's bf16 kernels round them), 2⁻⁸. `read` as the float pass's, of
 // the floats the inputs widen to. `out_residual`, when its data is not null, is the forward's
 // (shaped as `out`): D = rowsum(dO ∘ O) then takes O as out + out_residual / output_residual_scale.
 void flash_attention_backward(HalfType type, ConstHalfHeadsView q, ConstHalfHeadsView k,
