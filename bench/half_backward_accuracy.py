@@ -82,7 +82,7 @@ def main():
                         metavar=("B", "H", "L", "E"))
     arguments = parser.parse_args()
     print(f"attn {attn.__version__}, PyTorch {torch.__version__}; {attn.amx_status()}; "
-          f"{attn.bf16_dot_status()}")
+          f"{attn.bf16_dot_status()}; {attn.bf16_probabilities_status()}")
     print("shape (B, H, L = S, E):", tuple(arguments.shape))
     print("dtype     x   | dQ, dK error / largest:  attn          attn, no residuals  PyTorch")
     for dtype in (torch.float16, torch.bfloat16):
