@@ -30,7 +30,9 @@
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
 #include "attn/kernels/bfloat16_dot.hpp"
+#include "attn/kernels/bfloat16_probabilities.hpp"
 #include "attn/kernels/decode_attention.hpp"
+#include "attn/kernels/flash_attention.hpp"
 #include "attn/kernels/half_conversion.hpp"
 #include "core/magnitude_scan.hpp"
 #include "kernels/cache_sizes.hpp"
@@ -211,10 +213,17 @@ struct DecodeScratch {
   // pairs of two adjacent keys' entries in one column (Bc/2 × dv_padded)
   uint32_t* probability_pairs;
   uint32_t* value_pairs;
+  // With split_probabilities, P's rounding remainders (Bc × R) and their pairs, Bc/2 × R words
+  // after P's in probability_pairs; `ones` (R) rescales O by nothing for their pass.
+  bool split_probabilities;
+  float* remainders;
+  float* ones;
   float* half_queries;  // R × d: a half call's rows' queries, widened (WidenQueries)
   float* output_row;    // dv_padded: a half call's output row before its rounding
 
-  DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes, bool half) {
+  DecodeScratch(size_t max_rows, size_t depth, size_t dv_padded, size_t lanes, bool half,
+                bool split = false)
+      : split_probabilities(split) {
     memory = carve_scratch(lanes, [&](const auto& take) {
       q_rows = take(depth * max_rows);
       scores = take(kKeyTile * max_rows);
@@ -230,11 +239,14 @@ struct DecodeScratch {
       widened_rows = take(kKeyTile * std::max(depth, dv_padded));
       q_columns = take(depth * max_rows);
       q_pairs = as_uint32(take((depth + 1) / 2 * max_rows));
-      probability_pairs = as_uint32(take(kKeyTile / 2 * max_rows));
+      probability_pairs = as_uint32(take((split ? 2 : 1) * kKeyTile / 2 * max_rows));
+      remainders = take(split ? kKeyTile * max_rows : 0);
+      ones = take(split ? max_rows : 0);
       value_pairs = as_uint32(take(kKeyTile / 2 * dv_padded));
       half_queries = take(half ? depth * max_rows : 0);
       output_row = take(half ? dv_padded : 0);
     });
+    if (split) std::fill_n(ones, max_rows, 1.0F);
   }
 };
 
@@ -1117,43 +1129,68 @@ ATTN_BF16_TARGET HWY_INLINE void InterleavedValues(size_t bc, const CacheRows& v
   }
 }
 
+// InterleavedValues for `rows` (3 to 8) rows, P's pairs `pairs` (row_lanes words a key pair: 4 for
+// 3–4 rows, 8 for 5–8), O's rows rescaled by `rescale`.
+ATTN_BF16_TARGET void InterleavedValuesOfRows(size_t rows, size_t bc, const CacheRows& values,
+                                              size_t dv, size_t dv_padded, const uint32_t* pairs,
+                                              float* output, const float* rescale,
+                                              const TilePrefetch* later) {
+  switch (rows) {
+    case 3:
+      return InterleavedValues<3, 4>(bc, values, dv, dv_padded, pairs, output, rescale, later);
+    case 4:
+      return InterleavedValues<4, 4>(bc, values, dv, dv_padded, pairs, output, rescale, later);
+    case 5:
+      return InterleavedValues<5>(bc, values, dv, dv_padded, pairs, output, rescale);
+    case 6:
+      return InterleavedValues<6>(bc, values, dv, dv_padded, pairs, output, rescale);
+    case 7:
+      return InterleavedValues<7>(bc, values, dv, dv_padded, pairs, output, rescale);
+    default:
+      return InterleavedValues<8>(bc, values, dv, dv_padded, pairs, output, rescale);
+  }
+}
+
+// `count` floats of P less their bf16 rounding (nearest even), into `remainders` (whole vectors of
+// 16 read and written: both hold kKeyTile rows of lanes): what P's second bf16 part rounds.
+ATTN_BF16_TARGET HWY_INLINE void RoundingRemainders(const float* HWY_RESTRICT p, size_t count,
+                                                    float* HWY_RESTRICT remainders) {
+  for (size_t e = 0; e < count; e += 16) {
+    const __m512 x = _mm512_loadu_ps(p + e);
+    const __m512 hi = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(x));
+    _mm512_storeu_ps(remainders + e, _mm512_sub_ps(x, hi));
+  }
+}
+
 // O = O · rescale + P V (s.output, s.row_rescale) for rows [0, rows) over a tile's bc bf16 value
 // rows on vdpbf16ps, as the prefill's bf16 path and PyTorch's CPU kernels compute it: P (Pᵀ in
 // s.scores, bc × row_lanes floats) rounded to bf16 pairs of adjacent keys, each pair of value rows
 // interleaved into pairs of one column's two entries (once per tile, for every row), the sums in
-// fp32.
+// fp32. Where s.split_probabilities (bfloat16_probabilities.hpp), P·V is taken again over P's
+// rounding remainders, rounded to bf16 in turn: P within 2⁻¹⁶ instead of 2⁻⁸.
 ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(size_t bc, const CacheRows& values, size_t dv,
                                                  size_t dv_padded, size_t row_lanes, size_t rows,
                                                  DecodeScratch& s, const TilePrefetch& prefetch) {
-  if (row_lanes == 4) {  // 3–4 rows: likewise, P's pairs 4 words a key pair; memory-bound, so
-    // this pass requests the later tile's value lines as it reads its own (from the score pass
-    // instead, 0.73–0.79x, Zen 4)
-    PackFourRowProbabilityPairs(s.scores, bc, s.probability_pairs);
-    switch (rows) {
-      case 3:
-        return InterleavedValues<3, 4>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                       s.row_rescale, &prefetch);
-      default:
-        return InterleavedValues<4, 4>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                       s.row_rescale, &prefetch);
+  const bool split = s.split_probabilities;
+  uint32_t* lo_pairs = s.probability_pairs + kKeyTile / 2 * row_lanes;
+  if (split) RoundingRemainders(s.scores, hwy::RoundUpTo(bc * row_lanes, 16), s.remainders);
+  if (row_lanes == 4 || row_lanes == 8) {
+    // 3–4 rows: likewise, P's pairs 4 words a key pair; memory-bound, so this pass requests the
+    // later tile's value lines as it reads its own (from the score pass instead, 0.73–0.79x, Zen
+    // 4). 5 to 8 rows: the value rows interleaved in registers.
+    if (row_lanes == 4) {
+      PackFourRowProbabilityPairs(s.scores, bc, s.probability_pairs);
+      if (split) PackFourRowProbabilityPairs(s.remainders, bc, lo_pairs);
+    } else {
+      PackEightRowProbabilityPairs(s.scores, bc, s.probability_pairs);
+      if (split) PackEightRowProbabilityPairs(s.remainders, bc, lo_pairs);
     }
-  }
-  if (row_lanes == 8) {  // 5 to 8 rows: the value rows interleaved in registers
-    PackEightRowProbabilityPairs(s.scores, bc, s.probability_pairs);
-    switch (rows) {
-      case 5:
-        return InterleavedValues<5>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                    s.row_rescale);
-      case 6:
-        return InterleavedValues<6>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                    s.row_rescale);
-      case 7:
-        return InterleavedValues<7>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                    s.row_rescale);
-      default:
-        return InterleavedValues<8>(bc, values, dv, dv_padded, s.probability_pairs, s.output,
-                                    s.row_rescale);
+    InterleavedValuesOfRows(rows, bc, values, dv, dv_padded, s.probability_pairs, s.output,
+                            s.row_rescale, &prefetch);
+    if (split) {  // (the value rows from L1 again, the rescale applied already)
+      InterleavedValuesOfRows(rows, bc, values, dv, dv_padded, lo_pairs, s.output, s.ones, nullptr);
     }
+    return;
   }
   const size_t pairs = (bc + 1) / 2;
   for (size_t p = 0; p < pairs; ++p) {
@@ -1166,6 +1203,11 @@ ATTN_BF16_TARGET HWY_NOINLINE void ValuesOnPairs(size_t bc, const CacheRows& val
   PackProbabilityPairs(s.scores, bc, row_lanes, row_lanes, s.probability_pairs);
   GemmBF16<true>(rows, dv_padded / 16, s.probability_pairs, 1, row_lanes, s.value_pairs, dv_padded,
                  pairs, s.output, dv_padded, s.row_rescale);
+  if (split) {
+    PackProbabilityPairs(s.remainders, bc, row_lanes, row_lanes, lo_pairs);
+    GemmBF16<true>(rows, dv_padded / 16, lo_pairs, 1, row_lanes, s.value_pairs, dv_padded, pairs,
+                   s.output, dv_padded, nullptr);
+  }
 }
 #else
 constexpr bool kScoresOnPairs = false;
@@ -2107,11 +2149,16 @@ void DecodeForward(const DecodeArgs& args) {
       hwy::RoundUpTo(static_cast<size_t>(rows), std::max<size_t>(full_lanes, 4));
   const size_t dv_padded = hwy::RoundUpTo(static_cast<size_t>(args.values.cols), full_lanes);
   const int64_t tasks = args.q.batch * args.keys.heads * args.splits;
+  // A bf16 call against bf16 values takes P·V on vdpbf16ps (ValuesOnPairs), P split in two parts
+  // where bf16_probabilities_split() says so for vector products.
+  const bool split_probabilities = args.half != nullptr && args.half->type == HalfType::kBFloat16 &&
+                                   args.values.dtype == CacheDType::kBFloat16 &&
+                                   bf16_probabilities_split(false);
   run_parallel_tasks(
       tasks, "decode_attention_forward", TaskSchedule::kDynamic,
       [&] {
         return DecodeScratch(max_rows, static_cast<size_t>(args.q.cols), dv_padded, full_lanes,
-                             args.half != nullptr);
+                             args.half != nullptr, split_probabilities);
       },
       [&](int64_t task, DecodeScratch& scratch, int) {
         const int64_t split = task % args.splits, head = task / args.splits;
@@ -2303,9 +2350,15 @@ bool DecodeAttentionForward(ConstHeadsView q, const CacheTensorView& keys,
                 half != nullptr ? merged.data() : out.matrix(b, h) + i * out.row_stride,
                 log_sum_exp != nullptr ? log_sum_exp + (b * q.heads + h) * q.rows + i : nullptr));
         if (half != nullptr) {
-          narrow_to_half(half->type, merged.data(),
-                         half->out.matrix(b, h) + i * half->out.row_stride,
-                         static_cast<size_t>(dv));
+          uint16_t* rounded = half->out.matrix(b, h) + i * half->out.row_stride;
+          narrow_to_half(half->type, merged.data(), rounded, static_cast<size_t>(dv));
+          // The residuals of the merged row, as the unsplit tasks write theirs (they were left
+          // unwritten here: a backward read whatever the buffer held).
+          if (half->residual.data != nullptr) {
+            uint16_t* residual = half->residual.matrix(b, h) + i * half->residual.row_stride;
+            for (int64_t t = 0; t < dv; ++t)
+              residual[t] = output_residual(half->type, merged[static_cast<size_t>(t)], rounded[t]);
+          }
         }
       }
     }

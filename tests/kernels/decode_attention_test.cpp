@@ -17,6 +17,7 @@
 
 #include "attn/core/error.hpp"
 #include "attn/core/half.hpp"
+#include "attn/kernels/flash_attention.hpp"
 #include "every_simd_target.hpp"
 #include "scoped_bf16_products.hpp"
 #include "sdpa_reference.hpp"
@@ -291,9 +292,10 @@ TEST_P(DecodeAttention, MatchesTheReferenceForEveryCacheType) {
 
 // The half overload (fp16 or bf16 queries and outputs, read and written in place, rows padded
 // apart) gives the float overload's outputs on the widened queries, each rounded once (bf16 on
-// vdpbf16ps: within P's rounding to bf16, which the float overload does not do), and the same
-// log-sum-exp: splits of the keys merged after the tasks (2000 keys of one head) and unsplit
-// tasks, one row a key/value head and 4, 8, 12 and 64, windows, soft-capping, sinks and ALiBi.
+// vdpbf16ps: within P's rounding to bf16, which the float overload does not do), their rounding
+// residuals, and the same log-sum-exp: splits of the keys merged after the tasks (2000 keys of one
+// head) and unsplit tasks, one row a key/value head and 4, 8, 12 and 64, windows, soft-capping,
+// sinks and ALiBi.
 TEST_P(DecodeAttention, HalfQueriesAndOutputsGiveTheFloatCallsRounded) {
   const Case cases[] = {
       {3, 8, 2, 1, 300, 64, 64, true, -1, -1, 0.0F, false},
@@ -351,6 +353,7 @@ TEST_P(DecodeAttention, HalfQueriesAndOutputsGiveTheFloatCallsRounded) {
         };
         std::vector<float> out32(static_cast<size_t>(rows * c.value_depth));
         std::vector<uint16_t> out16(static_cast<size_t>(rows * out_stride), 0xFFFF);
+        std::vector<uint16_t> residual16(out16.size(), 0xFFFF);
         std::vector<float> lse32(static_cast<size_t>(rows)), lse16(static_cast<size_t>(rows));
         const bool finite32 = decode_attention_forward(
             ConstHeadsView(view(q32.data(), c.depth, c.depth)), keys.view, values.view,
@@ -358,7 +361,8 @@ TEST_P(DecodeAttention, HalfQueriesAndOutputsGiveTheFloatCallsRounded) {
             lse32.data());
         const bool finite16 = decode_attention_forward(
             type, ConstHalfHeadsView(view(q16.data(), c.depth, q_stride)), keys.view, values.view,
-            lengths.data(), options, view(out16.data(), c.value_depth, out_stride), lse16.data());
+            lengths.data(), options, view(out16.data(), c.value_depth, out_stride), lse16.data(),
+            view(residual16.data(), c.value_depth, out_stride));
         EXPECT_EQ(finite16, finite32);
         EXPECT_EQ(lse16, lse32);
         double largest_value = 0.0;
@@ -371,7 +375,22 @@ TEST_P(DecodeAttention, HalfQueriesAndOutputsGiveTheFloatCallsRounded) {
               continue;
             }
             const float wide = out32[static_cast<size_t>(r * c.value_depth + t)];
-            if (got == float_to_half_bits(type, wide)) continue;
+            if (got == float_to_half_bits(type, wide)) {
+              // Its rounding residual, on every route (the keys split over tasks and merged
+              // after them too: 2000 keys of one head left them unwritten): the float call's own
+              // where the half call widens, within P's rounding of it on vdpbf16ps.
+              const uint16_t residual = residual16[static_cast<size_t>(r * out_stride + t)];
+              if (type == HalfType::kBFloat16 && bf16_dot_in_use() &&
+                  (GetParam() == HWY_AVX3 || GetParam() == HWY_AVX3_DL)) {
+                ASSERT_NEAR(output_with_residual(type, got, residual), wide,
+                            0x1p-8 * largest_value + 0x1p-16 * std::abs(wide))
+                    << "residual, row " << r << ", column " << t;
+              } else {
+                ASSERT_EQ(residual, output_residual(type, wide, got))
+                    << "residual, row " << r << ", column " << t;
+              }
+              continue;
+            }
             // Only a bf16 call's P·V on vdpbf16ps rounds P to bf16 (ValuesOnPairs; the float call
             // keeps P in fp32): each weight within 2⁻⁹, so 2⁻⁸·max|v| more, and the output's own
             // rounding, 2⁻⁸ of it.
@@ -381,6 +400,85 @@ TEST_P(DecodeAttention, HalfQueriesAndOutputsGiveTheFloatCallsRounded) {
                 << "row " << r << ", column " << t;
           }
         }
+      }
+    }
+  }
+}
+
+// A bf16 call's P·V on vdpbf16ps where a row's values cancel (2048 cached keys, nearly uniform
+// weights, values ~N(0, 1)): with P split in two bf16 parts (ATTN_BF16_P=split) each output, read
+// back before its rounding from its residual, is within 2⁻¹⁶·Σ_j P_j·|v_j| of the double
+// reference on the stored inputs (plus 2⁻²⁰ of it for fp32's sums and 2⁻¹⁶|o| for the residual);
+// with P rounded (the default on vdpbf16ps) it misses that bound by more than 4× somewhere. Rows
+// of a key/value head: 4 (the 4-lane pairs), 8 (8-lane pairs) and 16 (GemmBF16's tiles).
+TEST_P(DecodeAttention, BFloat16SplitProbabilitiesKeepCancellingOutputsExact) {
+  const testing::ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+  const int64_t keys = 2048, depth = 64;
+  for (const int64_t rows : {4, 8, 16}) {
+    const int64_t q_heads = rows;  // one key/value head, one query each
+    Rng rng(static_cast<uint64_t>(700 + rows));
+    const StoredTensor key_cache(CacheDType::kBFloat16, 1, 1, keys, depth, rng);
+    const StoredTensor value_cache(CacheDType::kBFloat16, 1, 1, keys, depth, rng);
+    std::vector<uint16_t> q16(static_cast<size_t>(q_heads * depth));
+    std::vector<double> q(q16.size());
+    for (size_t e = 0; e < q16.size(); ++e) {
+      q16[e] = float_to_bfloat16(0.05F * rng.normal());
+      q[e] = bfloat16_to_float(q16[e]);
+    }
+    const float scale = 0.125F;
+    std::vector<double> want(static_cast<size_t>(q_heads * depth)), weighted(want.size());
+    for (int64_t h = 0; h < q_heads; ++h) {
+      std::vector<double> p(static_cast<size_t>(keys));
+      double largest = -std::numeric_limits<double>::infinity(), total = 0.0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double score = 0.0;
+        for (int64_t t = 0; t < depth; ++t)
+          score += q[static_cast<size_t>(h * depth + t)] *
+                   key_cache.widened[static_cast<size_t>(j * depth + t)];
+        p[static_cast<size_t>(j)] = score * scale;
+        largest = std::max(largest, score * scale);
+      }
+      for (double& x : p) total += x = std::exp(x - largest);
+      for (int64_t t = 0; t < depth; ++t) {
+        for (int64_t j = 0; j < keys; ++j) {
+          const double value = value_cache.widened[static_cast<size_t>(j * depth + t)];
+          want[static_cast<size_t>(h * depth + t)] += p[static_cast<size_t>(j)] / total * value;
+          weighted[static_cast<size_t>(h * depth + t)] +=
+              p[static_cast<size_t>(j)] / total * std::abs(value);
+        }
+      }
+    }
+    DecodeOptions options;
+    options.scale = scale;
+    options.causal = false;
+    const std::vector<int64_t> lengths{keys};
+    // The largest error over Σ P|v| (less the residual's share) under `choice`.
+    const auto relative_error = [&](Bf16Probabilities choice) {
+      const testing::ScopedBf16Probabilities probabilities(choice);
+      std::vector<uint16_t> out(want.size()), residual(want.size());
+      const auto view = [&](uint16_t* data) {
+        return HalfHeadsView{data, 1, q_heads, 1, depth, q_heads * depth, depth, depth};
+      };
+      decode_attention_forward(
+          HalfType::kBFloat16,
+          ConstHalfHeadsView{q16.data(), 1, q_heads, 1, depth, q_heads * depth, depth, depth},
+          key_cache.view, value_cache.view, lengths.data(), options, view(out.data()), nullptr,
+          view(residual.data()));
+      double worst = 0.0;
+      for (size_t e = 0; e < want.size(); ++e) {
+        const double got = output_with_residual(HalfType::kBFloat16, out[e], residual[e]);
+        worst =
+            std::max(worst, (std::abs(got - want[e]) - 0x1p-16 * std::abs(want[e])) / weighted[e]);
+      }
+      return worst;
+    };
+    const double split = relative_error(Bf16Probabilities::kSplit);
+    const double rounded = relative_error(Bf16Probabilities::kRounded);
+    EXPECT_LE(split, 0x1p-16 + 0x1p-20) << rows << " rows, P split";
+    // (Rounded P only where the target multiplies on vdpbf16ps; elsewhere bf16 widens.)
+    if (GetParam() == HWY_AVX3 || GetParam() == HWY_AVX3_DL) {
+      if (bf16_dot_available()) {
+        EXPECT_GT(rounded, 4 * (0x1p-16 + 0x1p-20)) << rows << " rows";
       }
     }
   }

@@ -15,6 +15,7 @@ namespace attn {
 //   (split, the bf16 forward ran 1.30-1.34x slower and still 2.1-2.2x the fp32 forward on a
 //   Sapphire Rapids-class core, docs/benchmarks.md, 2026-12-07); kRounded on vdpbf16ps, whose P·V
 //   is half the pass (split, the bf16 forward there would fall under issue 14's 1.8x the fp32).
+// The decode kernel's bf16 calls against bf16 caches take vector products (split under kSplit).
 // Inputs widened to fp32 (CPUs without either) take fp32's P as it is, under any choice.
 enum class Bf16Probabilities { kRounded, kSplit, kWhereCheap };
 
