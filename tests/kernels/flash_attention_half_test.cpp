@@ -640,6 +640,29 @@ TEST_P(FlashAttentionHalf, BFloat16OnAmxMatchesReference) {
   for (const HalfCase& c : kCases) check_case(HalfType::kBFloat16, c, rng);
 }
 
+// Under each product family (the tile model, the hardware where it has AMX, vdpbf16ps) where
+// native() says bf16 takes bf16 products: relative_error(choice), the largest error over the sum
+// of its terms' magnitudes, within 2⁻¹⁶ + 2⁻²⁰ with `what` split and past 4 times that rounded.
+// Whether any family ran.
+template <class Native, class RelativeError>
+bool SplitWithinItsBoundRoundedPastIt(const char* what, const Native& native,
+                                      const RelativeError& relative_error) {
+  constexpr double kBound = 0x1p-16 + 0x1p-20;
+  bool ran = false;
+  for (const AmxUse use : {AmxUse::kModel, AmxUse::kWhereAvailable, AmxUse::kNever}) {
+    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
+    const ScopedAmxUse amx(use);
+    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
+    if (!native()) continue;
+    ran = true;
+    EXPECT_LE(relative_error(Bf16Probabilities::kSplit), kBound)
+        << what << " split, AMX use " << static_cast<int>(use);
+    EXPECT_GT(relative_error(Bf16Probabilities::kRounded), 4 * kBound)
+        << what << " rounded, AMX use " << static_cast<int>(use);
+  }
+  return ran;
+}
+
 // P's bf16 form in P·V, seen where a row's values cancel (|o| far under Σ_j P_j·|v_j|): 2048 keys
 // of values ±1-ish against nearly uniform weights, the output before its rounding read back from
 // the forward's residuals (within 2⁻¹⁷ of it). Split (hi + lo), each output is within
@@ -696,19 +719,10 @@ TEST_P(FlashAttentionHalf, BFloat16SplitProbabilitiesKeepCancellingRowsExact) {
     }
     return worst;
   };
-  bool ran = false;
-  for (const AmxUse use : {AmxUse::kModel, AmxUse::kWhereAvailable, AmxUse::kNever}) {
-    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
-    const ScopedAmxUse amx(use);
-    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
-    if (!flash_attention_bfloat16_native(depth)) continue;
-    ran = true;
-    const double split = relative_error(Bf16Probabilities::kSplit);
-    const double rounded = relative_error(Bf16Probabilities::kRounded);
-    EXPECT_LE(split, 0x1p-16 + 0x1p-20) << "P split, AMX use " << static_cast<int>(use);
-    EXPECT_GT(rounded, 4 * (0x1p-16 + 0x1p-20)) << "P rounded, AMX use " << static_cast<int>(use);
+  if (!SplitWithinItsBoundRoundedPastIt(
+          "P", [&] { return flash_attention_bfloat16_native(depth); }, relative_error)) {
+    GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
   }
-  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
 }
 
 // dS's bf16 form in dQ = c·Σ_j dS_ij·k_j, seen where dQ cancels: every key the same row, so that
@@ -776,19 +790,11 @@ TEST_P(FlashAttentionHalf, BFloat16SplitGradScoresKeepCancellingQueryGradientsEx
     }
     return worst;
   };
-  bool ran = false;
-  for (const AmxUse use : {AmxUse::kModel, AmxUse::kWhereAvailable, AmxUse::kNever}) {
-    if (use == AmxUse::kWhereAvailable && !amx_available()) continue;
-    const ScopedAmxUse amx(use);
-    const ScopedBf16DotUse dot(Bf16DotUse::kAlways);
-    if (!flash_attention_bfloat16_backward_native(depth, depth)) continue;
-    ran = true;
-    const double split = relative_error(Bf16Probabilities::kSplit);
-    const double rounded = relative_error(Bf16Probabilities::kRounded);
-    EXPECT_LE(split, 0x1p-16 + 0x1p-20) << "dS split, AMX use " << static_cast<int>(use);
-    EXPECT_GT(rounded, 4 * (0x1p-16 + 0x1p-20)) << "dS rounded, AMX use " << static_cast<int>(use);
+  if (!SplitWithinItsBoundRoundedPastIt(
+          "dS", [&] { return flash_attention_bfloat16_backward_native(depth, depth); },
+          relative_error)) {
+    GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
   }
-  if (!ran) GTEST_SKIP() << "no AVX512-BF16 on this target: bf16 is widened to fp32";
 }
 
 // Each product family under the choice that is not its default: P (and the backward's P ⊙ Z and
