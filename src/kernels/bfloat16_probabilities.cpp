@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attn/kernels/amx.hpp"
+#include "attn/kernels/bfloat16_dot.hpp"
+
 namespace attn {
 namespace {
 
@@ -52,15 +55,13 @@ std::string bf16_probabilities_status() {
     status =
         "ATTN_BF16_P='" + std::string(setting) + "' not understood (expected rounded or split); ";
   }
-  switch (bf16_probabilities()) {
-    case Bf16Probabilities::kRounded:
-      return status + "bf16 P rounded to bf16 for P·V";
-    case Bf16Probabilities::kSplit:
-      return status + "bf16 P in two bf16 parts for P·V";
-    case Bf16Probabilities::kWhereCheap:
-      break;
-  }
-  return status + "bf16 P in two bf16 parts for P·V on AMX tiles, rounded on vdpbf16ps";
+  // What runs here: the setting matters only where bf16 has bf16 products.
+  const bool on_tiles = amx_tiles_in_use() && bf16_dot_available();
+  if (!on_tiles && !bf16_dot_in_use()) return status + "bf16 widened to fp32: P in fp32 for P·V";
+  return status +
+         (bf16_probabilities_split(on_tiles) ? "bf16 P in two bf16 parts for P·V"
+                                             : "bf16 P rounded to bf16 for P·V") +
+         (on_tiles ? " on AMX tiles" : " on vdpbf16ps");
 }
 
 }  // namespace attn

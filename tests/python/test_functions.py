@@ -202,13 +202,14 @@ def test_amx_status_says_whether_bf16_runs_on_tiles():
 def test_bf16_probabilities_status_follows_the_environment():
     status = attn.bf16_probabilities_status()
     setting = os.environ.get("ATTN_BF16_P")
-    if setting == "rounded":
-        assert status == "bf16 P rounded to bf16 for P·V", status
-    elif setting == "split":
-        assert status == "bf16 P in two bf16 parts for P·V", status
-    else:  # split where the tiles make it cheap
-        assert status.endswith(
-            "bf16 P in two bf16 parts for P·V on AMX tiles, rounded on vdpbf16ps"), status
+    on_tiles = attn.amx_status().startswith("AMX-BF16 in use")
+    if not on_tiles and attn.bf16_dot_status().startswith(("bf16 widened", "no AVX512-BF16")):
+        assert status.endswith("bf16 widened to fp32: P in fp32 for P·V"), status
+        return
+    split = setting == "split" or (setting != "rounded" and on_tiles)
+    form = "P in two bf16 parts" if split else "P rounded to bf16"
+    where = "AMX tiles" if on_tiles else "vdpbf16ps"
+    assert status.endswith(f"bf16 {form} for P·V on {where}"), status
 
 
 def test_bf16_dot_status_says_whether_bf16_widens():

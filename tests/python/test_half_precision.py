@@ -371,14 +371,8 @@ BF16_PRODUCTS = ("bf16 runs on bf16 products here with P rounded to bf16 before 
 def bf16_probabilities_exact():
     """Whether bf16's P reaches P·V within fp32's accuracy here: widened to fp32, or on bf16
     products with P in two parts (attn.bf16_probabilities_status())."""
-    split = attn.bf16_probabilities_status()
-    on_tiles = attn.amx_status().startswith("AMX-BF16 in use")
-    on_vectors = not on_tiles and not attn.bf16_dot_status().startswith("bf16 widened")
-    if on_tiles:
-        return split.endswith("P in two bf16 parts for P·V") or "on AMX tiles" in split
-    if on_vectors:
-        return split.endswith("P in two bf16 parts for P·V")
-    return True
+    status = attn.bf16_probabilities_status()
+    return "P in two bf16 parts" in status or "widened to fp32" in status
 
 
 def peaked_case(dtype, seed):

@@ -29,8 +29,10 @@ void set_bf16_probabilities(Bf16Probabilities choice);
 // (`on_tiles`) or on vdpbf16ps.
 bool bf16_probabilities_split(bool on_tiles);
 
-// One line for benchmark headers: "bf16 P split in two parts on AMX tiles, rounded on vdpbf16ps"
-// and the like, after a note naming an ATTN_BF16_P value not understood.
+// One line for benchmark headers, of what runs here under the current choice: "bf16 P in two bf16
+// parts for P·V on AMX tiles", "bf16 P rounded to bf16 for P·V on vdpbf16ps", "bf16 widened to
+// fp32: P in fp32 for P·V" (no bf16 products in use), after a note naming an ATTN_BF16_P value not
+// understood.
 std::string bf16_probabilities_status();
 
 }  // namespace attn
