@@ -12,7 +12,7 @@ namespace attn {
 // - kSplit: P = hi + lo, two bf16 parts each rounded to nearest (within 2^-16 of P: the bound of
 //   fp32's own sums over 256 keys), P·V taken once per part;
 // - kWhereCheap (the default): kSplit on AMX tiles, whose products are a small share of the pass
-//   (split, the bf16 forward ran 1.30-1.34x slower and still 2.1-2.2x the fp32 forward on a
+//   (split, the bf16 forward ran 1.30-1.34x slower and still 2.1-2.5x the fp32 forward on a
 //   Sapphire Rapids-class core, docs/benchmarks.md, 2026-12-07); kRounded on vdpbf16ps, whose P·V
 //   is half the pass (split, the bf16 forward there would fall under issue 14's 1.8x the fp32).
 // The decode kernel's bf16 calls against bf16 caches take vector products (split under kSplit).
