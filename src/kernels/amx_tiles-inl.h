@@ -16,9 +16,11 @@
 
 #include <hwy/highway.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -159,7 +161,9 @@ class AmxTileModel {
     std::memset(tiles_[kTile], 0, sizeof tiles_[kTile]);
   }
   // C[m][n] += A.bf16[m][2k]·B.bf16[k][2n] + A.bf16[m][2k + 1]·B.bf16[k][2n + 1], in that order,
-  // for k over A's pairs; each product is exact in fp32.
+  // for k over A's pairs; each product is exact in fp32. As the hardware (probed on a Sapphire
+  // Rapids-class core, AmxTiles.ModelFlushesDenormalsAsTheHardwareDoes), a denormal C read, product
+  // or sum is ±0: 32 products of 2^-128 give 0, not 2^-123.
   template <int kC, int kA, int kB>
   void DotBF16() {
     Require(kC);
@@ -173,10 +177,10 @@ class AmxTileModel {
     }
     for (size_t m = 0; m < rows; ++m) {
       for (size_t n = 0; n < columns; ++n) {
-        float sum = Float(kC, m, n);
+        float sum = Flushed(Float(kC, m, n));
         for (size_t k = 0; k < pairs; ++k) {
-          sum += Half(kA, m, 2 * k) * Half(kB, k, 2 * n);
-          sum += Half(kA, m, 2 * k + 1) * Half(kB, k, 2 * n + 1);
+          sum = Flushed(sum + Flushed(Half(kA, m, 2 * k) * Half(kB, k, 2 * n)));
+          sum = Flushed(sum + Flushed(Half(kA, m, 2 * k + 1) * Half(kB, k, 2 * n + 1)));
         }
         std::memcpy(tiles_[kC][m] + 4 * n, &sum, sizeof sum);
       }
@@ -192,6 +196,10 @@ class AmxTileModel {
     float value;
     std::memcpy(&value, tiles_[tile][row] + 4 * column, sizeof value);
     return value;
+  }
+  // x, or ±0 where x is denormal.
+  static float Flushed(float x) {
+    return std::fabs(x) < std::numeric_limits<float>::min() ? std::copysign(0.0F, x) : x;
   }
   // A bf16 operand as TDPBF16PS reads it: denormals as ±0 (measured on a Sapphire Rapids-class
   // core: fp32 in three parts lost the parts under 2^-126, split_parts_range.hpp).

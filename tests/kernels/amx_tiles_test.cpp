@@ -249,6 +249,56 @@ TEST_P(AmxTiles, HardwareProductsMatchTheirDefinition) {
   check_general_products(true, "hardware");
 }
 
+// C += A·B on 32 × 32 tiles over 16 pairs where products, sums or C's start fall under 2^-126:
+// TDPBF16PS reads a denormal C as 0 and flushes each denormal product and sum (probed on a
+// Sapphire Rapids-class core), and so must the model the tests run in its place on CPUs without
+// AMX (it kept them: 32 products of 2^-128 summed to 2^-123 where the hardware gives 0). C[0][0]
+// of each case, on the model and, where the CPU has AMX, on the hardware.
+void check_denormals(bool hardware, const std::string& which) {
+  struct Case {
+    const char* name;
+    float a_low, b_low, a_high, b_high;  // each row's pairs and each column's
+    bool every_pair;                     // all 16 pairs, or the first alone
+    float start, want;
+  };
+  const Case cases[] = {
+      {"one product of 2^-128", 0x1p-64F, 0x1p-64F, 0.0F, 0.0F, false, 0.0F, 0.0F},
+      {"32 products of 2^-128", 0x1p-64F, 0x1p-64F, 0x1p-64F, 0x1p-64F, true, 0.0F, 0.0F},
+      {"C of 2^-130", 0.0F, 0.0F, 0.0F, 0.0F, false, 0x1p-130F, 0.0F},
+      {"C of 2^-126", 0.0F, 0.0F, 0.0F, 0.0F, false, 0x1p-126F, 0x1p-126F},
+      {"2^-120 less 2^-120 (1 - 2^-8)", 0x1p-60F, 0x1p-60F, -0x1p-60F, 0x1p-60F - 0x1p-68F, false,
+       0.0F, 0.0F},
+      {"1.5 · 2^-126 less 2^-126", 0x1p-63F, -0x1p-63F, 0.0F, 0.0F, false, 0x1.8p-126F, 0.0F},
+      {"2^-100 plus 32 products of 2^-128", 0x1p-64F, 0x1p-64F, 0x1p-64F, 0x1p-64F, true, 0x1p-100F,
+       0x1p-100F},
+  };
+  const size_t rows = 32, cols = 32, pairs = 16;
+  const auto pair_of = [](float low, float high) {
+    return float_to_half_bits(HalfType::kBFloat16, low) |
+           static_cast<uint32_t>(float_to_half_bits(HalfType::kBFloat16, high)) << 16;
+  };
+  for (const Case& c : cases) {
+    std::vector<uint32_t> a(rows * pairs, 0U), b(pairs * cols, 0U);
+    const size_t used = c.every_pair ? pairs : 1;
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t k = 0; k < used; ++k) a[i * pairs + k] = pair_of(c.a_low, c.a_high);
+    for (size_t k = 0; k < used; ++k)
+      for (size_t j = 0; j < cols; ++j) b[k * cols + j] = pair_of(c.b_low, c.b_high);
+    std::vector<float> out(rows * cols, c.start);
+    ASSERT_TRUE(HWY_DYNAMIC_DISPATCH(EvaluateGeneralProduct)(
+        hardware, true, a.data(), pairs, b.data(), cols, pairs, out.data(), cols, rows, cols));
+    EXPECT_EQ(out[0], c.want) << which << ": " << c.name;
+  }
+}
+
+TEST_P(AmxTiles, ModelFlushesDenormalsAsTheHardwareDoes) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "the AMX path's code needs AVX512-BF16";
+  if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
+    GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
+  check_denormals(false, "model");
+  if (amx_available()) check_denormals(true, "hardware");
+}
+
 TEST_P(AmxTiles, ModelFaultsOnUnconfiguredTiles) {
   if (GetParam() != HWY_AVX3 && GetParam() != HWY_AVX3_DL)
     GTEST_SKIP() << "the AMX path is compiled for the AVX-512 targets only";
