@@ -44,7 +44,7 @@ struct AdditiveBackwardArgs {
   HeadsView grad_queries, grad_keys, grad_values;
   float* grad_weights;  // queries.cols values
   // Scores and u in the exponential form (additive_scores-inl.h), as the forward pass chose.
-  bool exponential = false;
+  AdditiveScoreForm form = AdditiveScoreForm::kTanh;
 };
 
 constexpr size_t kQueryVectors = 4;  // Br = 4 · lanes, as the forward kernel
@@ -288,7 +288,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
     TransposeScaledTile(a + static_cast<int64_t>(first) * args.queries.row_stride,
                         static_cast<size_t>(args.queries.row_stride), rows, hidden, 1.0F, br,
                         vectors * lanes, at);
-    if (args.exponential) DoubledExponentialsOfVectors(d, at, hidden, br, vectors);
+    if (exponential(args.form)) DoubledExponentialsOfVectors(d, at, hidden, br, vectors);
   }
 
   const bool dropout = args.options.dropout > 0.0F;
@@ -303,7 +303,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
     // The key tile's rows as the scores read them: b, or e^{2b} in the exponential form.
     const float* key_rows = keys + key0 * key_stride;
     size_t key_rows_stride = key_stride;
-    if (args.exponential) {
+    if (exponential(args.form)) {
       DoubledExponentialRows(d, key_rows, key_stride, bc, hidden, s.key_exponentials);
       key_rows = s.key_exponentials;
       key_rows_stride = hidden;
@@ -321,13 +321,14 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       const size_t active = std::min(bc, static_cast<size_t>(ranges.end - key_begin));
       const float* at = s.queries_transposed + tile * hidden * br;
       // Sᵀ as the forward pass computed it, masked, then Pᵀ = exp(Sᵀ − lse).
-      if (args.exponential) {
-        AdditiveScoresOfQueries<kQueryVectors, true>(d, rows, active, key_rows, key_rows_stride, at,
-                                                     br, hidden, args.weights, s.probabilities);
+      if (exponential(args.form)) {
+        AdditiveScoresOfQueries<kQueryVectors, true>(
+            d, rows, active, key_rows, key_rows_stride, at, br, hidden, args.weights,
+            s.probabilities, args.form == AdditiveScoreForm::kExponentialQuads);
       } else {
         AdditiveScoresOfQueries<kQueryVectors, false>(d, rows, active, key_rows, key_rows_stride,
-                                                      at, br, hidden, args.weights,
-                                                      s.probabilities);
+                                                      at, br, hidden, args.weights, s.probabilities,
+                                                      false);
       }
       const QueryTile query_tile{b,
                                  h,
@@ -360,7 +361,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       GradScoresFromGradProbabilities(d, active, br, br, s.probabilities, used, s.delta + first,
                                       s.grad_scores);
       float* grad_q_transposed = s.grad_queries_transposed + tile * hidden * br;
-      if (args.exponential) {
+      if (exponential(args.form)) {
         AdditiveGradientsOfQueries<true>(d, rows, active, key_rows, key_rows_stride, at, br, hidden,
                                          args.weights, s.grad_scores, grad_q_transposed,
                                          s.grad_keys, s.grad_weight_lanes);
@@ -374,7 +375,7 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       const auto key = static_cast<int64_t>(key0 + j);
       float* grad_key_row = grad_keys_head + key * args.grad_keys.row_stride;
       for (size_t t = 0; t < hidden; ++t) {
-        const float weight = args.exponential ? 4.0F * args.weights[t] : 1.0F;
+        const float weight = exponential(args.form) ? 4.0F * args.weights[t] : 1.0F;
         grad_key_row[t] = weight * s.grad_keys.Value(d, j, t, hidden);
       }
       std::copy_n(s.grad_values + j * dv_padded, dv,
@@ -517,7 +518,7 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
                                                       grad_projected_keys,
                                                       grad_v,
                                                       grad_w_v.data()};
-  args.exponential = additive_exponential_form(a, projected_keys, w_v);
+  args.form = additive_score_form(a, projected_keys, w_v);
   HWY_DYNAMIC_DISPATCH(AdditiveBackward)(args);
 }
 

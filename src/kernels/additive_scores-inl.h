@@ -8,10 +8,12 @@
 // step (AccumulateReciprocalPair): about a quarter of the tanh's instructions per term. On the
 // Xeons' ports the reciprocal estimate is 3 micro-ops, 2 on the port every multiply-add shares;
 // sharing it raised the static bound (tools/port_model.py) from 26.6% to 33.4% of the FMA peak.
-// It needs e^{2(q + k)}, and the product of two terms' denominators, far from float's overflow and
+// Where inputs are smaller still, four terms share one (AccumulateScaledQuad: 19 operations per
+// four terms against 22, none of them a register copy).
+// It needs e^{2(q + k)}, and the product of the terms' denominators, far from float's overflow and
 // subnormals, so the kernels take it only when every projected query and key lies within
-// ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit
-// (kernel_arguments.hpp); past that, the direct form.
+// ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit, and four
+// terms a reciprocal within the quads' limits (kernel_arguments.hpp); past that, the direct form.
 // Error: a relative error δ of E·F moves tanh by at most δ/2 (its derivative in log(E·F) is
 // 2EF/(EF + 1)² ≤ 1/2); E and F are within 1 ulp, the products and the reciprocal after its
 // Newton step within a few more, so each term is within ~3e−7 of tanh, as AdditiveTanh is.
@@ -89,6 +91,31 @@ HWY_INLINE hn::Vec<D> AccumulateReciprocalPair(D d, hn::Vec<D> e0, hn::Vec<D> f0
   const auto a0 = hn::MulAdd(e0, f0, one), a1 = hn::MulAdd(e1, f1, one);
   const auto numerator = hn::MulAdd(w1, a0, hn::Mul(w0, a1));
   return hn::MulAdd(numerator, NewtonReciprocal(d, hn::Mul(a0, a1)), acc);
+}
+
+// acc + Σ_{t<4} w̃_t / ã_t with ã_t = f_t + g_t (f = e^{2k}, read from `keys`; g = e^{−2q}) and
+// w̃_t = w_t·g_t: the terms w_t / (e_t·f_t + 1) with numerator and denominator divided by e_t. As
+// one quotient: the pairs' N01 = w̃0·ã1 + w̃1·ã0 over D01 = ã0·ã1 (and N23 / D23), then (N01·D23 +
+// N23·D01) / (D01·D23), one reciprocal for four terms. Every operand is a sum or product of
+// longer-lived values, so no register is copied for a destructive multiply-add (the form e·f + 1
+// copied e or 1 for each). With |q|, |k| ≤ kAdditiveQuadLimit each ã lies in [2e^−16, 2e^16]:
+// D01·D23 within [2^−89, 2^97], and with |w| ≤ kAdditiveQuadWeightLimit the numerator (at most
+// 4·max|w|·D01·D23, as each |w̃_t| ≤ |w_t|·ã_t) below 2^123. Its rounding error over the
+// denominator is within a few ulps of Σ |w_t| / (e_t·f_t + 1), as the pairs'.
+template <class D>
+HWY_INLINE hn::Vec<D> AccumulateScaledQuad(D d, const float* HWY_RESTRICT key_exponentials,
+                                           const hn::Vec<D> (&g)[4], const hn::Vec<D> (&wg)[4],
+                                           hn::Vec<D> acc) {
+  const auto a0 = hn::Add(hn::Set(d, key_exponentials[0]), g[0]);
+  const auto a1 = hn::Add(hn::Set(d, key_exponentials[1]), g[1]);
+  const auto a2 = hn::Add(hn::Set(d, key_exponentials[2]), g[2]);
+  const auto a3 = hn::Add(hn::Set(d, key_exponentials[3]), g[3]);
+  const auto numerator01 = hn::MulAdd(wg[1], a0, hn::Mul(wg[0], a1));
+  const auto numerator23 = hn::MulAdd(wg[3], a2, hn::Mul(wg[2], a3));
+  const auto denominator01 = hn::Mul(a0, a1), denominator23 = hn::Mul(a2, a3);
+  const auto numerator =
+      hn::MulAdd(numerator23, denominator01, hn::Mul(numerator01, denominator23));
+  return hn::MulAdd(numerator, NewtonReciprocal(d, hn::Mul(denominator01, denominator23)), acc);
 }
 
 // Sᵀ (MR keys × NR query vectors) of additive attention: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j,
@@ -194,24 +221,85 @@ HWY_INLINE void DoubledExponentialsOfVectors(D d, float* q_transposed, size_t de
   for (size_t t = 0; t < depth; ++t) DoubledExponentialsInPlace(d, q_transposed + t * br, width);
 }
 
+// AdditiveScores' exponential form with four terms a reciprocal (AccumulateScaledQuad), for the
+// bc keys of a tile against NR query vectors. For each four hidden units and query vector, g =
+// e^{−2q} (the reciprocal of Qᵀ's e^{2q}: within 2 ulps) and w̃ = w·g are formed once and serve
+// every key; the sums accumulate in `scores` (a load and a store per key and four units, beside
+// some twenty vector operations). Hidden units past a multiple of four take the pairs' terms.
+template <size_t NR, class D>
+HWY_NOINLINE void AdditiveScoresQuads(D d, size_t bc, const float* HWY_RESTRICT keys,
+                                      size_t key_stride, const float* HWY_RESTRICT q_transposed,
+                                      size_t br, size_t depth, const float* HWY_RESTRICT weights,
+                                      float* HWY_RESTRICT scores) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  for (size_t j = 0; j < bc; ++j)
+    for (size_t v = 0; v < NR; ++v) hn::Store(hn::Zero(d), d, scores + j * br + v * lanes);
+  size_t t = 0;
+  for (; t + 4 <= depth; t += 4) {
+    for (size_t v = 0; v < NR; ++v) {
+      V g[4], wg[4];
+      for (size_t i = 0; i < 4; ++i) {
+        g[i] = NewtonReciprocal(d, hn::Load(d, q_transposed + (t + i) * br + v * lanes));
+        wg[i] = hn::Mul(hn::Set(d, weights[t + i]), g[i]);
+      }
+      for (size_t j = 0; j < bc; ++j) {
+        float* sums = scores + j * br + v * lanes;
+        hn::Store(AccumulateScaledQuad(d, keys + j * key_stride + t, g, wg, hn::Load(d, sums)), d,
+                  sums);
+      }
+    }
+  }
+  float weight_sum = 0.0F;
+  for (size_t u = 0; u < depth; ++u) weight_sum += weights[u];
+  const V sum = hn::Set(d, weight_sum), two = hn::Set(d, 2.0F);
+  for (size_t j = 0; j < bc; ++j) {
+    for (size_t v = 0; v < NR; ++v) {
+      float* sums = scores + j * br + v * lanes;
+      V acc = hn::Load(d, sums);
+      for (size_t u = t; u < depth; ++u) {
+        const V term = ReciprocalOfProductPlusOne(d, hn::Load(d, q_transposed + u * br + v * lanes),
+                                                  hn::Set(d, keys[j * key_stride + u]));
+        acc = hn::MulAdd(hn::Set(d, weights[u]), term, acc);
+      }
+      hn::Store(hn::NegMulAdd(two, acc, sum), d, sums);
+    }
+  }
+}
+
+// AdditiveScores<NR> in the form asked: four terms a reciprocal where `quads` (the inputs within
+// the quads' limits, kernel_arguments.hpp), else two, or the direct tanh.
+template <size_t NR, bool kExponential, class D>
+HWY_INLINE void AdditiveScoresInForm(D d, bool quads, size_t bc, const float* keys,
+                                     size_t key_stride, const float* q_transposed, size_t br,
+                                     size_t depth, const float* weights, float* scores) {
+  if (kExponential && quads) {
+    AdditiveScoresQuads<NR>(d, bc, keys, key_stride, q_transposed, br, depth, weights, scores);
+    return;
+  }
+  AdditiveScores<NR, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                   scores);
+}
+
 // AdditiveScores<kVectors> for a tile of `queries` real queries: the products of the query vectors
 // that hold one (AdditiveScoreVectors), zeros in the others. A padding lane's score is never read,
 // so this changes no result; a tile of one query (the book's Bahdanau decoder, a query per step)
-// costs a quarter of the tile on AVX-512.
+// costs a quarter of the tile on AVX-512. `quads`: four terms a reciprocal (exponential form only).
 template <size_t kVectors, bool kExponential, class D>
 HWY_INLINE void AdditiveScoresOfQueries(D d, size_t queries, size_t bc, const float* keys,
                                         size_t key_stride, const float* q_transposed, size_t br,
-                                        size_t depth, const float* weights, float* scores) {
+                                        size_t depth, const float* weights, float* scores,
+                                        bool quads) {
   const size_t vectors = AdditiveScoreVectors<kVectors>(d, queries);
   if (vectors == 1) {
-    AdditiveScores<1, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
-                                    scores);
+    AdditiveScoresInForm<1, kExponential>(d, quads, bc, keys, key_stride, q_transposed, br, depth,
+                                          weights, scores);
   } else if (vectors == 2) {
-    AdditiveScores<2, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
-                                    scores);
+    AdditiveScoresInForm<2, kExponential>(d, quads, bc, keys, key_stride, q_transposed, br, depth,
+                                          weights, scores);
   } else {
-    AdditiveScores<kVectors, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth,
-                                           weights, scores);
+    AdditiveScoresInForm<kVectors, kExponential>(d, quads, bc, keys, key_stride, q_transposed, br,
+                                                 depth, weights, scores);
     return;
   }
   const size_t lanes = hn::Lanes(d);

@@ -26,9 +26,10 @@ struct WeightsArgs {
   const ValidLengths* valid_lens;
   FlashAttentionOptions options;
   HeadsView weights;
-  const float* additive_weights;      // w_v for additive scores; null for dot products
-  bool additive_exponential = false;  // additive scores in the exponential form, as the forward
-  float* row_totals = nullptr;        // set: each row's total into it (B·H·n), no weights written
+  const float* additive_weights;  // w_v for additive scores; null for dot products
+  // The additive scores' form, as the forward pass chose it.
+  AdditiveScoreForm additive_form = AdditiveScoreForm::kTanh;
+  float* row_totals = nullptr;  // set: each row's total into it (B·H·n), no weights written
   // Set: each row's base-2 log-sum-exp of its own scores (unit log2 e), with its sink's term, into
   // it (B·H·n; −∞ for a row that sees nothing), no weights written and log_sum_exp not read. The
   // scores are the fp32 backward pass's FMA products bit for bit (its Gemm, or in heads of at
@@ -175,7 +176,7 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
                              : VectorsHolding(d, rows, kQueryVectors);
   TransposeScaledTile(q, static_cast<size_t>(args.q.row_stride), rows, depth,
                       args.options.scale * args.unit, br, vectors * hn::Lanes(d), s.q_transposed);
-  if (args.additive_exponential)
+  if (exponential(args.additive_form))
     DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   // Base 2 (a recount, or weights from its log-sum-exp) in a head of at most kFewQueries queries:
   // the scores as the backward computes them there (FewQueryProducts, dot products along the
@@ -213,14 +214,15 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
         mask_coverage(args.options.mask, b, h, first_query, rows, key0, bc);
     if (coverage == MaskCoverage::kNone) continue;
     const float* key_rows = keys + key0 * args.k.row_stride;
-    if (args.additive_exponential) {
+    if (exponential(args.additive_form)) {
       DoubledExponentialRows(d, key_rows, key_stride, bc, depth, s.key_rows);
-      AdditiveScoresOfQueries<kQueryVectors, true>(d, rows, bc, s.key_rows, depth, s.q_transposed,
-                                                   br, depth, args.additive_weights, s.scores);
+      AdditiveScoresOfQueries<kQueryVectors, true>(
+          d, rows, bc, s.key_rows, depth, s.q_transposed, br, depth, args.additive_weights,
+          s.scores, args.additive_form == AdditiveScoreForm::kExponentialQuads);
     } else if (args.additive_weights != nullptr) {
       AdditiveScoresOfQueries<kQueryVectors, false>(d, rows, bc, key_rows, key_stride,
                                                     s.q_transposed, br, depth,
-                                                    args.additive_weights, s.scores);
+                                                    args.additive_weights, s.scores, false);
     } else if (few_query_products) {
       FewQueryProducts(bc, rows, br, key_rows, key_stride, q,
                        static_cast<size_t>(args.q.row_stride), depth,
@@ -368,7 +370,7 @@ void additive_attention_row_totals(ConstHeadsView projected_queries, ConstHeadsV
       projected_queries, projected_keys,
       log_sum_exp,       &valid_lens,
       additive,          {},
-      w_v.data(),        additive_exponential_form(projected_queries, projected_keys, w_v)};
+      w_v.data(),        additive_score_form(projected_queries, projected_keys, w_v)};
   args.row_totals = totals;
   compute_weights(args);
 }
@@ -381,7 +383,7 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;
   compute_weights({projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights,
-                   w_v.data(), additive_exponential_form(projected_queries, projected_keys, w_v)});
+                   w_v.data(), additive_score_form(projected_queries, projected_keys, w_v)});
 }
 
 }  // namespace attn

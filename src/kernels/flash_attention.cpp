@@ -52,9 +52,9 @@ struct ForwardArgs {
   // Null for dot-product scores; otherwise w_v (q.cols values) and additive scores
   // S_ij = Σ_t w_t tanh(q_it + k_jt), with q and k the projected queries and keys.
   const float* additive_weights = nullptr;
-  // Additive scores in the exponential form (additive_scores-inl.h): the packed keys and Qᵀ hold
-  // e^{2k} and e^{2q}.
-  bool additive_exponential = false;
+  // How additive scores are computed (additive_scores-inl.h); in the exponential forms the packed
+  // keys and Qᵀ hold e^{2k} and e^{2q}.
+  AdditiveScoreForm additive_form = AdditiveScoreForm::kTanh;
   // The softmax in base 2 (FlashForward sets it for dot-product scores): Qᵀ (or the bf16 products'
   // scale) carries log2 e, so scores, the modifiers' terms, running maxima and sinks are log2 e
   // times their natural values and P = 2^(S − max) by ProbabilityExp2 (RoundedProbabilityExp2 for
@@ -315,7 +315,7 @@ void PackKeysAndValues(const ForwardArgs& args, int64_t b, int64_t h, int64_t be
         s.read_key.Add(key_row, depth);
         s.read_value.Add(value_row, dv);
       }
-      if (args.additive_exponential) DoubledExponentialsInPlace(d, key_row, depth);
+      if (exponential(args.additive_form)) DoubledExponentialsInPlace(d, key_row, depth);
     }
     std::fill(value_row + dv, value_row + dv_padded, 0.0F);
   }
@@ -478,7 +478,7 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
     // The rows again, from L1.
     if (args.read_magnitude_bits != nullptr)
       s.read_query.AddRows(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth);
-    if (args.additive_exponential)
+    if (exponential(args.additive_form))
       DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   }
   std::fill_n(s.row_max, br, -std::numeric_limits<float>::infinity());
@@ -917,14 +917,15 @@ HWY_INLINE void KeyTileScores(D d, const ForwardArgs& args, const QueryTile& til
   const size_t br = flash_detail::kQueryVectors * lanes;
   const size_t depth = static_cast<size_t>(args.q.cols);
   const float* key_rows = rows.keys.row(static_cast<size_t>(key0));
-  if (args.additive_exponential) {
+  if (exponential(args.additive_form)) {
     AdditiveScoresOfQueries<flash_detail::kQueryVectors, true>(
         d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
-        args.additive_weights, s.scores);
+        args.additive_weights, s.scores,
+        args.additive_form == AdditiveScoreForm::kExponentialQuads);
   } else if (args.additive_weights != nullptr) {
     AdditiveScoresOfQueries<flash_detail::kQueryVectors, false>(
         d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
-        args.additive_weights, s.scores);
+        args.additive_weights, s.scores, false);
   } else if (crossed) {
     ScoresOfVisibleLanes(d, tile, key0, bc, vectors, key_rows, rows.keys.stride, s.q_transposed, br,
                          depth, s.scores);
@@ -1855,8 +1856,8 @@ void FlashForward(const ForwardArgs& call) {
   // Keys and values read in place rather than packed per thread (the packed copy would be the
   // same memory again): fp32 rows (not the exponential form's e^{2k}), values DenseRows, keys back
   // to back too (their elements are broadcast one at a time: no whole vectors needed).
-  const bool rows_in_place = !args.half && !args.additive_exponential && DenseRows(args.v, lanes) &&
-                             args.k.row_stride == args.k.cols;
+  const bool rows_in_place = !args.half && !exponential(args.additive_form) &&
+                             DenseRows(args.v, lanes) && args.k.row_stride == args.k.cols;
   const int64_t heads = args.q.batch * args.q.heads;
   // A task: where keys and values are packed, blocks of one query head in a row, as many as leave
   // 4 tasks per thread for the dynamic schedule to balance (a whole head each where there are that
@@ -2065,7 +2066,7 @@ void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView
   }
   flash_detail::ForwardArgs args{projected_queries, projected_keys, values,   out,
                                  log_sum_exp,       &valid_lens,    additive, w_v.data()};
-  args.additive_exponential = additive_exponential_form(projected_queries, projected_keys, w_v);
+  args.additive_form = additive_score_form(projected_queries, projected_keys, w_v);
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);
 }
 

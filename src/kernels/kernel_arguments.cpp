@@ -1,6 +1,7 @@
 // The fused kernels' shared argument checks.
 #include "kernels/kernel_arguments.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -112,31 +113,42 @@ void require_log_sum_exp(const float* log_sum_exp, int64_t query_rows) {
 }
 
 namespace {
-// Whether every element of `view` lies within ±limit (NaN and ±∞ do not).
-bool within(const ConstHeadsView& view, float limit) {
-  uint32_t limit_bits = 0;
-  std::memcpy(&limit_bits, &limit, sizeof limit_bits);
+// The bits of the largest |element| of `view` (NaN and ±∞ compare above every finite limit).
+uint32_t largest_magnitude_bits(const ConstHeadsView& view) {
+  uint32_t largest = 0;
   for (int64_t b = 0; b < view.batch; ++b) {
     for (int64_t h = 0; h < view.heads; ++h) {
       const float* matrix = view.matrix(b, h);
       for (int64_t r = 0; r < view.rows; ++r) {
-        if (core_detail::largest_magnitude_bits(matrix + r * view.row_stride, view.cols) >
-            limit_bits)
-          return false;
+        largest = std::max(
+            largest, core_detail::largest_magnitude_bits(matrix + r * view.row_stride, view.cols));
       }
     }
   }
-  return true;
+  return largest;
+}
+
+uint32_t bits_of(float limit) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &limit, sizeof bits);
+  return bits;
 }
 }  // namespace
 
-bool additive_exponential_form(const ConstHeadsView& projected_queries,
-                               const ConstHeadsView& projected_keys, std::span<const float> w_v) {
+AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
+                                      const ConstHeadsView& projected_keys,
+                                      std::span<const float> w_v) {
   const auto count = static_cast<int64_t>(w_v.size());
   const ConstHeadsView weights{w_v.data(), 1, 1, 1, count, count, count, count};
-  return within(projected_queries, kAdditiveExponentialLimit) &&
-         within(projected_keys, kAdditiveExponentialLimit) &&
-         within(weights, kAdditiveExponentialWeightLimit);
+  const uint32_t inputs =
+      std::max(largest_magnitude_bits(projected_queries), largest_magnitude_bits(projected_keys));
+  const uint32_t weight = largest_magnitude_bits(weights);
+  if (inputs <= bits_of(kAdditiveQuadLimit) && weight <= bits_of(kAdditiveQuadWeightLimit))
+    return AdditiveScoreForm::kExponentialQuads;
+  if (inputs <= bits_of(kAdditiveExponentialLimit) &&
+      weight <= bits_of(kAdditiveExponentialWeightLimit))
+    return AdditiveScoreForm::kExponentialPairs;
+  return AdditiveScoreForm::kTanh;
 }
 
 }  // namespace attn

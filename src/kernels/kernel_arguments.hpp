@@ -45,11 +45,27 @@ inline constexpr float kAdditiveExponentialLimit = 10.5F;
 // below 2^64 · 2 e^42 < 2^126.
 inline constexpr float kAdditiveExponentialWeightLimit = 0x1p64F;
 
-// Whether every element of the projected queries and keys lies within ±kAdditiveExponentialLimit
-// and every weight within ±kAdditiveExponentialWeightLimit (NaN and ±∞ do not). The forward,
-// backward and weights kernels ask it of the same inputs, so they all compute the same scores.
-bool additive_exponential_form(const ConstHeadsView& projected_queries,
-                               const ConstHeadsView& projected_keys, std::span<const float> w_v);
+// The largest |q| and |k| for four terms a reciprocal (AccumulateScaledQuad): each scaled
+// denominator e^{2k} + e^{−2q} within [2e^−16, 2e^16], the product of four within [2^−89, 2^97].
+inline constexpr float kAdditiveQuadLimit = 8.0F;
+// The largest |w_v| element for four terms a reciprocal: the numerator, at most 4·max|w| times the
+// denominators' product, stays below 2^123.
+inline constexpr float kAdditiveQuadWeightLimit = 0x1p24F;
+
+// How the additive kernels compute a score's terms (additive_scores-inl.h): tanh directly, or in
+// the exponential form with two or four terms a reciprocal.
+enum class AdditiveScoreForm { kTanh, kExponentialPairs, kExponentialQuads };
+inline bool exponential(AdditiveScoreForm form) {
+  return form != AdditiveScoreForm::kTanh;
+}
+
+// The exponential form where every element of the projected queries and keys lies within
+// ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit (NaN and ±∞
+// do not), its quads within the quads' limits; else kTanh. The forward, backward and weights
+// kernels ask it of the same inputs, so they all compute the same scores.
+AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
+                                      const ConstHeadsView& projected_keys,
+                                      std::span<const float> w_v);
 
 // Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's) for
 // the `query_rows` query rows (B·H·n) there are; none have none (an empty span's data may be null).

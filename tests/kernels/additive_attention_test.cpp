@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
+#include <limits>
+#include <vector>
+
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/nn/additive_attention.hpp"
 #include "every_simd_target.hpp"
+#include "kernels/kernel_arguments.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -123,6 +128,72 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheExponentialFormsLimits) {
     EXPECT_TRUE(close_to(out, expected.output.values, kTolerance))
         << hwy::TargetName(GetParam()) << " inputs " << c.fixed << " weights x" << c.weight_scale;
   }
+}
+
+// Four terms share a reciprocal where every input lies within ±8 and every weight within ±2^24
+// (kAdditiveQuadLimit, kAdditiveQuadWeightLimit): the scaled denominators e^{2k} + e^{−2q} of four
+// units multiply to within [2^−89, 2^97] and the numerator stays below 2^123. Every input here is
+// ±`limit` or within it (half of them at the limit, signs at random, so that some quads meet the
+// largest and the smallest products), and one weight is ±`weight_limit`: at 7.99 and 2^24 the
+// quads' extremes; 8.01 and 2^25 fall to the pairs' form. h = 11: two quads and a remainder of
+// three units. Weights of 2^24 make one-hot softmax weights.
+TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheQuadsLimits) {
+  Rng rng(29);
+  const int64_t n = 40, m = 70, hidden = 11;
+  struct Limits {
+    float input, weight;
+    AdditiveScoreForm form;
+  };
+  for (const Limits& c : {Limits{7.99F, 1.0F, AdditiveScoreForm::kExponentialQuads},
+                          Limits{7.99F, 0x1p24F, AdditiveScoreForm::kExponentialQuads},
+                          Limits{8.01F, 1.0F, AdditiveScoreForm::kExponentialPairs},
+                          Limits{7.99F, 0x1p25F, AdditiveScoreForm::kExponentialPairs}}) {
+    Tensor a(Shape{1, n, hidden}), b(Shape{1, m, hidden});
+    for (Tensor* input : {&a, &b}) {
+      for (float& x : input->span()) {
+        const float sign = rng.uniform(-1.0F, 1.0F) < 0.0F ? -1.0F : 1.0F;
+        x = rng.uniform(0.0F, 1.0F) < 0.5F ? sign * c.input : rng.uniform(-c.input, c.input);
+      }
+    }
+    Tensor w = random_tensor(Shape{hidden}, rng);
+    for (float& x : w.span()) x = std::clamp(x, -1.0F, 1.0F) * c.weight;
+    w.span()[3] = -c.weight;
+    const Tensor v = random_tensor(Shape{1, m, 3}, rng);
+    ASSERT_EQ(additive_score_form(single_head(a, "a"), single_head(b, "b"), w.span()), c.form)
+        << "inputs " << c.input << " weights " << c.weight;
+    Tensor out(Shape{1, n, 3});
+    additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
+                               single_head(v, "v"), {}, {}, single_head(out, "out"));
+    const auto expected = reference::additive_attention(
+        testing::to_reference(a), testing::to_reference(b), testing::to_reference(v),
+        testing::expand(ValidLengths{}, 1, n, m), identity(hidden), identity(hidden), to_doubles(w),
+        {});
+    EXPECT_TRUE(close_to(out, expected.output.values, kTolerance))
+        << hwy::TargetName(GetParam()) << " inputs " << c.input << " weights " << c.weight;
+  }
+}
+
+// The form each range of inputs and weights takes: the quads within ±8 and ±2^24, the pairs within
+// ±10.5 and ±2^64, else (or with a NaN or ∞ anywhere) the direct tanh.
+TEST(AdditiveScoreForm, FollowsTheLargestInputAndWeight) {
+  const auto form = [](float query, float key, float weight) {
+    const std::vector<float> a{0.5F, query}, b{key, -0.25F}, w{1.0F, weight};
+    const ConstHeadsView queries{a.data(), 1, 1, 1, 2, 2, 2, 2};
+    const ConstHeadsView keys{b.data(), 1, 1, 1, 2, 2, 2, 2};
+    return additive_score_form(queries, keys, w);
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(form(8.0F, -8.0F, 0x1p24F), AdditiveScoreForm::kExponentialQuads);
+  EXPECT_EQ(form(-8.01F, 0.0F, 1.0F), AdditiveScoreForm::kExponentialPairs);
+  EXPECT_EQ(form(0.0F, 8.01F, 1.0F), AdditiveScoreForm::kExponentialPairs);
+  EXPECT_EQ(form(1.0F, 1.0F, -0x1.000002p24F), AdditiveScoreForm::kExponentialPairs);
+  EXPECT_EQ(form(10.5F, -10.5F, 0x1p64F), AdditiveScoreForm::kExponentialPairs);
+  EXPECT_EQ(form(10.51F, 0.0F, 1.0F), AdditiveScoreForm::kTanh);
+  EXPECT_EQ(form(0.0F, 0.0F, 0x1.000002p64F), AdditiveScoreForm::kTanh);
+  EXPECT_EQ(form(nan, 0.0F, 1.0F), AdditiveScoreForm::kTanh);
+  EXPECT_EQ(form(0.0F, -inf, 1.0F), AdditiveScoreForm::kTanh);
+  EXPECT_EQ(form(0.0F, 0.0F, nan), AdditiveScoreForm::kTanh);
 }
 
 TEST_P(AdditiveAttentionKernel, ChecksTheWeightCount) {
