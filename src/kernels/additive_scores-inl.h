@@ -96,8 +96,8 @@ HWY_INLINE hn::Vec<D> AccumulateReciprocalPair(D d, hn::Vec<D> e0, hn::Vec<D> f0
 // acc + Σ_{t<4} w̃_t / ã_t with ã_t = f_t + g_t (f = e^{2k}, read from `keys`; g = e^{−2q}) and
 // w̃_t = w_t·g_t: the terms w_t / (e_t·f_t + 1) with numerator and denominator divided by e_t. As
 // one quotient: the pairs' N01 = w̃0·ã1 + w̃1·ã0 over D01 = ã0·ã1 (and N23 / D23), then (N01·D23 +
-// N23·D01) / (D01·D23), one reciprocal for four terms. Every operand is a sum or product of
-// longer-lived values, so no register is copied for a destructive multiply-add (the form e·f + 1
+// N23·D01) / (D01·D23), one reciprocal for four terms. Each ã is a sum of longer-lived values,
+// into a new register, so no register is copied for a destructive multiply-add (the form e·f + 1
 // copied e or 1 for each). With |q|, |k| ≤ kAdditiveQuadLimit each ã lies in [2e^−16, 2e^16]:
 // D01·D23 within [2^−89, 2^97], and with |w| ≤ kAdditiveQuadWeightLimit the numerator (at most
 // 4·max|w|·D01·D23, as each |w̃_t| ≤ |w_t|·ã_t) below 2^123. Its rounding error over the
@@ -110,12 +110,17 @@ HWY_INLINE hn::Vec<D> AccumulateScaledQuad(D d, const float* HWY_RESTRICT key_ex
   const auto a1 = hn::Add(hn::Set(d, key_exponentials[1]), g[1]);
   const auto a2 = hn::Add(hn::Set(d, key_exponentials[2]), g[2]);
   const auto a3 = hn::Add(hn::Set(d, key_exponentials[3]), g[3]);
-  const auto numerator01 = hn::MulAdd(wg[1], a0, hn::Mul(wg[0], a1));
-  const auto numerator23 = hn::MulAdd(wg[3], a2, hn::Mul(wg[2], a3));
+  // Written step by step, the denominators first: so ordered, GCC 12 allocates the loop without
+  // a register copy; the nested form of the same operations made it copy three per four terms.
   const auto denominator01 = hn::Mul(a0, a1), denominator23 = hn::Mul(a2, a3);
-  const auto numerator =
-      hn::MulAdd(numerator23, denominator01, hn::Mul(numerator01, denominator23));
-  return hn::MulAdd(numerator, NewtonReciprocal(d, hn::Mul(denominator01, denominator23)), acc);
+  auto numerator01 = hn::Mul(wg[0], a1);
+  numerator01 = hn::MulAdd(wg[1], a0, numerator01);
+  auto numerator23 = hn::Mul(wg[2], a3);
+  numerator23 = hn::MulAdd(wg[3], a2, numerator23);
+  auto numerator = hn::Mul(numerator01, denominator23);
+  numerator = hn::MulAdd(numerator23, denominator01, numerator);
+  const auto reciprocal = NewtonReciprocal(d, hn::Mul(denominator01, denominator23));
+  return hn::MulAdd(numerator, reciprocal, acc);
 }
 
 // Sᵀ (MR keys × NR query vectors) of additive attention: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j,

@@ -217,7 +217,8 @@ ATTN_BF16_TARGET HWY_INLINE void RowToPairs(const float* row, size_t count, uint
 }
 
 // RowToPairs as two bf16 parts, hi = each element rounded to nearest even (as RowToPairs) and lo =
-// the remainder rounded likewise, lo's pairs `part_words` after hi's.
+// the remainder rounded likewise, lo's pairs `part_words` after hi's. hi as floats comes from its
+// rounded words widened back (a shuffle and a shift per 16 elements), not from a second rounding.
 ATTN_BF16_TARGET HWY_INLINE void RowToPairParts(const float* row, size_t count, uint32_t* pairs,
                                                 size_t part_words) {
   for (size_t r = 0; r < count; r += 32) {
@@ -276,10 +277,10 @@ template <size_t kParts>
 ATTN_BF16_TARGET HWY_INLINE void StoreProbabilityParts(__m512 even, __m512 odd, uint32_t* pairs,
                                                        size_t part_words) {
   static_assert(kParts >= 1 && kParts <= 3);
-  const __m512i interleave = _mm512_load_si512(kPairInterleave);
   if constexpr (kParts == 1) {
     StoreProbabilityPairs(even, odd, pairs);
   } else if constexpr (kParts == 2) {
+    const __m512i interleave = _mm512_load_si512(kPairInterleave);
     const __m512i hi = _mm512_permutexvar_epi16(
         interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even)));
     _mm512_storeu_si512(pairs, hi);
