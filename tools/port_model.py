@@ -14,8 +14,8 @@ vector (one vector of queries against one key) as the kernel runs them at head s
                                       full step's pass for the maximum and its exponentials')
   additive     h terms w/(e·f+1), two per reciprocal (AdditiveScoreRows, exponential form;
                replaces QK), and its softmax in base e: the full step's pass for the maximum and
-               its exponentials by Cody–Waite reduction; then again with four terms per
-               reciprocal (AdditiveScoresQuads, the form inputs within ±8 take)
+               its exponentials by Cody–Waite reduction; then again with four and eight terms
+               per reciprocal (AdditiveScoresShared, the forms inputs within ±8 and ±4 take)
 
 The bound is the counted flops over the modelled cycles, against 2 FMA pipes of the target's
 width — the FMA peak `attn bench` measures. It leaves out what happens once per tile (packing K
@@ -53,7 +53,7 @@ def symbols(library):
     result = []
     for line in out.splitlines():
         parts = line.split(" ", 3)
-        if len(parts) == 4 and parts[2].lower() == "t":
+        if len(parts) == 4 and parts[2].lower() in ("t", "w"):
             result.append((parts[3], int(parts[0], 16), int(parts[1], 16)))
     return result
 
@@ -143,17 +143,23 @@ def target_loops(library, table, target):
             lambda b: count(b, ("vrcp14ps", "vrcpps")) == (16 if target == "AVX3" else 8)
             and count(b, ("vminps",)) == 0),
     }
-    # four terms a reciprocal: the loop over a key tile's keys, one vector of queries
-    found["additive_quads"] = find_loop(
-        library, table, rf"attn::{namespace}::AdditiveScoresQuads<4ul",
-        lambda b: 0 < count(b, ("vrcp14ps", "vrcpps")) < 4 and len(b) < 150)
+    # four and eight terms a reciprocal: the loop over a key tile's keys, one vector of queries
+    rcps = lambda b: count(b, ("vrcp14ps", "vrcpps"))
+    # (eight only on AVX-512: AVX2's 16 registers take four, AdditiveScoresInForm)
+    shared = (("additive_quads", 4), ("additive_eights", 8)) if target == "AVX3" else (
+        ("additive_quads", 4),)
+    for name, terms in shared:
+        found[name] = find_loop(
+            library, table, rf"attn::{namespace}::AdditiveScoresShared<{terms}ul, 4ul",
+            lambda b, terms=terms: 0 < rcps(b) < 4 and count(b, ("vaddps",)) == terms * rcps(b)
+            and len(b) < 200)
     # per iteration: multiply-adds of the tile (qk, pv), score vectors (exp, max), term vectors
     # of the additive tile (4 x 4 on AVX-512, 2 x 4 on AVX2), two terms per reciprocal
     per_iteration = {"qk": tile, "pv": tile, "exp": 4, "exp_natural": 4, "max": 4,
                      "additive": 2 * (16 if target == "AVX3" else 8),
-                     # four term vectors per reciprocal, however far the compiler unrolled
-                     "additive_quads": 4 * count(found["additive_quads"] or [],
-                                                 ("vrcp14ps", "vrcpps"))}
+                     # four (eight) term vectors per reciprocal, however far it was unrolled
+                     "additive_quads": 4 * rcps(found["additive_quads"] or []),
+                     "additive_eights": 8 * rcps(found.get("additive_eights") or [])}
     # The lazy step needs no pass of its own for the maximum (found all the same: the first key
     # tile and any tile that raises a maximum past the margin take the full step).
     uses_max_pass = lazy_max is None
@@ -200,13 +206,15 @@ def main():
                   f"additive terms {HEAD * unit['additive']:.1f}, "
                   f"base-e exp {unit['exp_natural']:.2f}")
             bounds = (100 * ideal_dot / dot, 100 * ideal_additive / additive)
-            quads = ""
-            if "additive_quads" in unit:
-                additive_quads = additive + HEAD * (unit["additive_quads"] - unit["additive"])
-                bounds += (100 * ideal_additive / additive_quads,)
-                quads = f", four terms a reciprocal {bounds[2]:.1f}%"
+            shared = ""
+            for name, words in (("additive_quads", "four"), ("additive_eights", "eight")):
+                if name not in unit:
+                    continue
+                bound = 100 * ideal_additive / (additive + HEAD * (unit[name] - unit["additive"]))
+                bounds += (bound,)
+                shared += f", {words} terms a reciprocal {bound:.1f}%"
             print(f"  fp32 forward bound {bounds[0]:.1f}% of the FMA peak; "
-                  f"additive (exponential form) {bounds[1]:.1f}%{quads}")
+                  f"additive (exponential form) {bounds[1]:.1f}%{shared}")
             if not all(0 < bound <= 100 for bound in bounds):
                 failures.append(f"{target} on {cpu}: bounds {bounds} outside (0, 100]%")
             if args.loops:

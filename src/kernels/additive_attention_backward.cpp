@@ -322,9 +322,9 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
       const float* at = s.queries_transposed + tile * hidden * br;
       // Sᵀ as the forward pass computed it, masked, then Pᵀ = exp(Sᵀ − lse).
       if (exponential(args.form)) {
-        AdditiveScoresOfQueries<kQueryVectors, true>(
-            d, rows, active, key_rows, key_rows_stride, at, br, hidden, args.weights,
-            s.probabilities, args.form == AdditiveScoreForm::kExponentialQuads);
+        AdditiveScoresOfQueries<kQueryVectors, true>(d, rows, active, key_rows, key_rows_stride, at,
+                                                     br, hidden, args.weights, s.probabilities,
+                                                     terms_per_reciprocal(args.form));
       } else {
         AdditiveScoresOfQueries<kQueryVectors, false>(d, rows, active, key_rows, key_rows_stride,
                                                       at, br, hidden, args.weights, s.probabilities,

@@ -8,12 +8,13 @@
 // step (AccumulateReciprocalPair): about a quarter of the tanh's instructions per term. On the
 // Xeons' ports the reciprocal estimate is 3 micro-ops, 2 on the port every multiply-add shares;
 // sharing it raised the static bound (tools/port_model.py) from 26.6% to 33.4% of the FMA peak.
-// Where inputs are smaller still, four terms share one (AccumulateScaledQuad: 19 operations per
-// four terms against 22, none of them a register copy).
+// Where inputs are smaller still, four or eight terms share one (AccumulateScaledTerms: 19
+// operations per four terms, 35 per eight, against the pairs' 22 per four, none a register copy).
 // It needs e^{2(q + k)}, and the product of the terms' denominators, far from float's overflow and
 // subnormals, so the kernels take it only when every projected query and key lies within
-// ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit, and four
-// terms a reciprocal within the quads' limits (kernel_arguments.hpp); past that, the direct form.
+// ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit, and four or
+// eight terms a reciprocal within narrower limits (kernel_arguments.hpp); past that, the direct
+// form.
 // Error: a relative error δ of E·F moves tanh by at most δ/2 (its derivative in log(E·F) is
 // 2EF/(EF + 1)² ≤ 1/2); E and F are within 1 ulp, the products and the reciprocal after its
 // Newton step within a few more, so each term is within ~3e−7 of tanh, as AdditiveTanh is.
@@ -93,34 +94,39 @@ HWY_INLINE hn::Vec<D> AccumulateReciprocalPair(D d, hn::Vec<D> e0, hn::Vec<D> f0
   return hn::MulAdd(numerator, NewtonReciprocal(d, hn::Mul(a0, a1)), acc);
 }
 
-// acc + Σ_{t<4} w̃_t / ã_t with ã_t = f_t + g_t (f = e^{2k}, read from `keys`; g = e^{−2q}) and
-// w̃_t = w_t·g_t: the terms w_t / (e_t·f_t + 1) with numerator and denominator divided by e_t. As
-// one quotient: the pairs' N01 = w̃0·ã1 + w̃1·ã0 over D01 = ã0·ã1 (and N23 / D23), then (N01·D23 +
-// N23·D01) / (D01·D23), one reciprocal for four terms. Each ã is a sum of longer-lived values,
-// into a new register, so no register is copied for a destructive multiply-add (the form e·f + 1
-// copied e or 1 for each). With |q|, |k| ≤ kAdditiveQuadLimit each ã lies in [2e^−16, 2e^16]:
-// D01·D23 within [2^−89, 2^97], and with |w| ≤ kAdditiveQuadWeightLimit the numerator (at most
-// 4·max|w|·D01·D23, as each |w̃_t| ≤ |w_t|·ã_t) below 2^123. Its rounding error over the
-// denominator is within a few ulps of Σ |w_t| / (e_t·f_t + 1), as the pairs'.
-template <class D>
-HWY_INLINE hn::Vec<D> AccumulateScaledQuad(D d, const float* HWY_RESTRICT key_exponentials,
-                                           const hn::Vec<D> (&g)[4], const hn::Vec<D> (&wg)[4],
-                                           hn::Vec<D> acc) {
-  const auto a0 = hn::Add(hn::Set(d, key_exponentials[0]), g[0]);
-  const auto a1 = hn::Add(hn::Set(d, key_exponentials[1]), g[1]);
-  const auto a2 = hn::Add(hn::Set(d, key_exponentials[2]), g[2]);
-  const auto a3 = hn::Add(hn::Set(d, key_exponentials[3]), g[3]);
-  // Written step by step, the denominators first: so ordered, GCC 12 allocates the loop without
-  // a register copy; the nested form of the same operations made it copy three per four terms.
-  const auto denominator01 = hn::Mul(a0, a1), denominator23 = hn::Mul(a2, a3);
-  auto numerator01 = hn::Mul(wg[0], a1);
-  numerator01 = hn::MulAdd(wg[1], a0, numerator01);
-  auto numerator23 = hn::Mul(wg[2], a3);
-  numerator23 = hn::MulAdd(wg[3], a2, numerator23);
-  auto numerator = hn::Mul(numerator01, denominator23);
-  numerator = hn::MulAdd(numerator23, denominator01, numerator);
-  const auto reciprocal = NewtonReciprocal(d, hn::Mul(denominator01, denominator23));
-  return hn::MulAdd(numerator, reciprocal, acc);
+// acc + Σ_{t<kTerms} w̃_t / ã_t with ã_t = f_t + g_t (f = e^{2k}, read from `keys`; g = e^{−2q})
+// and w̃_t = w_t·g_t: the terms w_t / (e_t·f_t + 1) with numerator and denominator divided by e_t.
+// As one quotient, built as a tree: each pair's N = w̃0·ã1 + w̃1·ã0 over D = ã0·ã1, then each two
+// quotients' N = N0·D1 + N1·D0 over D0·D1, to one reciprocal for kTerms (4 or 8) terms. Each ã is a
+// sum of longer-lived values into a new register, so no register is copied for a destructive
+// multiply-add (the form e·f + 1 copied e or 1 for each). Every ã lies in [2e^−2L, 2e^2L] for
+// inputs within ±L, and each |w̃_t| ≤ |w_t|·ã_t, so the numerator is at most kTerms·max|w| times
+// the denominator: kernel_arguments.hpp's limits keep the denominator within [2^−89, 2^101] and the
+// numerator below 2^124 (the quads' L = 8, max|w| 2^24; the eights' L = 4, 2^20). Its rounding
+// error over the denominator is within a few ulps of Σ |w_t| / (e_t·f_t + 1), as the pairs'.
+// Written step by step, the denominators first: so ordered, GCC 12 allocates the loop without a
+// register copy (the nested form of the same operations made it copy three per four terms).
+template <size_t kTerms, class D>
+HWY_INLINE hn::Vec<D> AccumulateScaledTerms(D d, const float* HWY_RESTRICT key_exponentials,
+                                            const hn::Vec<D> (&g)[kTerms],
+                                            const hn::Vec<D> (&wg)[kTerms], hn::Vec<D> acc) {
+  static_assert(kTerms == 4 || kTerms == 8);
+  using V = hn::Vec<D>;
+  V a[kTerms], numerators[kTerms / 2], denominators[kTerms / 2];
+  for (size_t t = 0; t < kTerms; ++t) a[t] = hn::Add(hn::Set(d, key_exponentials[t]), g[t]);
+  for (size_t p = 0; p < kTerms / 2; ++p) denominators[p] = hn::Mul(a[2 * p], a[2 * p + 1]);
+  for (size_t p = 0; p < kTerms / 2; ++p) {
+    numerators[p] = hn::Mul(wg[2 * p], a[2 * p + 1]);
+    numerators[p] = hn::MulAdd(wg[2 * p + 1], a[2 * p], numerators[p]);
+  }
+  for (size_t width = kTerms / 2; width > 1; width /= 2) {
+    for (size_t p = 0; p < width / 2; ++p) {
+      V numerator = hn::Mul(numerators[2 * p], denominators[2 * p + 1]);
+      numerators[p] = hn::MulAdd(numerators[2 * p + 1], denominators[2 * p], numerator);
+      denominators[p] = hn::Mul(denominators[2 * p], denominators[2 * p + 1]);
+    }
+  }
+  return hn::MulAdd(numerators[0], NewtonReciprocal(d, denominators[0]), acc);
 }
 
 // Sᵀ (MR keys × NR query vectors) of additive attention: Sᵀ[j, i] = Σ_t w_t tanh(qᵀ[t, i] + k[j,
@@ -226,34 +232,53 @@ HWY_INLINE void DoubledExponentialsOfVectors(D d, float* q_transposed, size_t de
   for (size_t t = 0; t < depth; ++t) DoubledExponentialsInPlace(d, q_transposed + t * br, width);
 }
 
-// AdditiveScores' exponential form with four terms a reciprocal (AccumulateScaledQuad), for the
-// bc keys of a tile against NR query vectors. For each four hidden units and query vector, g =
-// e^{−2q} (the reciprocal of Qᵀ's e^{2q}: within 2 ulps) and w̃ = w·g are formed once and serve
-// every key; the sums accumulate in `scores` (a load and a store per key and four units, beside
-// some twenty vector operations). Hidden units past a multiple of four take the pairs' terms.
-template <size_t NR, class D>
-HWY_NOINLINE void AdditiveScoresQuads(D d, size_t bc, const float* HWY_RESTRICT keys,
-                                      size_t key_stride, const float* HWY_RESTRICT q_transposed,
-                                      size_t br, size_t depth, const float* HWY_RESTRICT weights,
-                                      float* HWY_RESTRICT scores) {
+// The sums of AdditiveScoresShared over hidden units [t, t + kUnits·k), the most whole steps of
+// kUnits from t that fit in `depth`, accumulated in `scores`; returns the first unit left.
+template <size_t kUnits, size_t NR, class D>
+HWY_INLINE size_t AccumulateSharedSteps(D d, size_t t, size_t bc, const float* HWY_RESTRICT keys,
+                                        size_t key_stride, const float* HWY_RESTRICT q_transposed,
+                                        size_t br, size_t depth, const float* HWY_RESTRICT weights,
+                                        float* HWY_RESTRICT scores) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
-  for (size_t j = 0; j < bc; ++j)
-    for (size_t v = 0; v < NR; ++v) hn::Store(hn::Zero(d), d, scores + j * br + v * lanes);
-  size_t t = 0;
-  for (; t + 4 <= depth; t += 4) {
+  for (; t + kUnits <= depth; t += kUnits) {
     for (size_t v = 0; v < NR; ++v) {
-      V g[4], wg[4];
-      for (size_t i = 0; i < 4; ++i) {
+      V g[kUnits], wg[kUnits];
+      for (size_t i = 0; i < kUnits; ++i) {
         g[i] = NewtonReciprocal(d, hn::Load(d, q_transposed + (t + i) * br + v * lanes));
         wg[i] = hn::Mul(hn::Set(d, weights[t + i]), g[i]);
       }
       for (size_t j = 0; j < bc; ++j) {
         float* sums = scores + j * br + v * lanes;
-        hn::Store(AccumulateScaledQuad(d, keys + j * key_stride + t, g, wg, hn::Load(d, sums)), d,
-                  sums);
+        hn::Store(
+            AccumulateScaledTerms<kUnits>(d, keys + j * key_stride + t, g, wg, hn::Load(d, sums)),
+            d, sums);
       }
     }
+  }
+  return t;
+}
+
+// AdditiveScores' exponential form with kTerms (4 or 8) terms a reciprocal (AccumulateScaledTerms),
+// for the bc keys of a tile against NR query vectors. For each kTerms hidden units and query
+// vector, g = e^{−2q} (the reciprocal of Qᵀ's e^{2q}: within 2 ulps) and w̃ = w·g are formed once
+// and serve every key; the sums accumulate in `scores` (a load and a store per key and kTerms
+// units, beside some twenty to forty vector operations). Hidden units past a multiple of kTerms
+// take four a reciprocal where kTerms is 8, then one term each.
+template <size_t kTerms, size_t NR, class D>
+HWY_NOINLINE void AdditiveScoresShared(D d, size_t bc, const float* HWY_RESTRICT keys,
+                                       size_t key_stride, const float* HWY_RESTRICT q_transposed,
+                                       size_t br, size_t depth, const float* HWY_RESTRICT weights,
+                                       float* HWY_RESTRICT scores) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  for (size_t j = 0; j < bc; ++j)
+    for (size_t v = 0; v < NR; ++v) hn::Store(hn::Zero(d), d, scores + j * br + v * lanes);
+  size_t t = AccumulateSharedSteps<kTerms, NR>(d, 0, bc, keys, key_stride, q_transposed, br, depth,
+                                               weights, scores);
+  if constexpr (kTerms == 8) {
+    t = AccumulateSharedSteps<4, NR>(d, t, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                     scores);
   }
   float weight_sum = 0.0F;
   for (size_t u = 0; u < depth; ++u) weight_sum += weights[u];
@@ -272,38 +297,45 @@ HWY_NOINLINE void AdditiveScoresQuads(D d, size_t bc, const float* HWY_RESTRICT 
   }
 }
 
-// AdditiveScores<NR> in the form asked: four terms a reciprocal where `quads` (the inputs within
-// the quads' limits, kernel_arguments.hpp), else two, or the direct tanh.
+// AdditiveScores<NR> in the form asked: `terms` (2, 4 or 8, kernel_arguments.hpp's
+// terms_per_reciprocal) terms a reciprocal in the exponential form, else the direct tanh. Eight
+// only with 32 vector registers (AVX-512): with AVX2's 16 the step's 16 vectors of g and w̃ spill,
+// and eight ran 1.00–1.09× the pairs against four's 1.14–1.20× (Xeon dev, 2026-12-07), so there
+// eight take four's form (whose limits contain eight's).
 template <size_t NR, bool kExponential, class D>
-HWY_INLINE void AdditiveScoresInForm(D d, bool quads, size_t bc, const float* keys,
+HWY_INLINE void AdditiveScoresInForm(D d, size_t terms, size_t bc, const float* keys,
                                      size_t key_stride, const float* q_transposed, size_t br,
                                      size_t depth, const float* weights, float* scores) {
-  if (kExponential && quads) {
-    AdditiveScoresQuads<NR>(d, bc, keys, key_stride, q_transposed, br, depth, weights, scores);
-    return;
+  constexpr bool kEightFit = HWY_MAX_BYTES >= 64;
+  if (kExponential && kEightFit && terms == 8) {
+    AdditiveScoresShared<kEightFit ? 8 : 4, NR>(d, bc, keys, key_stride, q_transposed, br, depth,
+                                                weights, scores);
+  } else if (kExponential && terms >= 4) {
+    AdditiveScoresShared<4, NR>(d, bc, keys, key_stride, q_transposed, br, depth, weights, scores);
+  } else {
+    AdditiveScores<NR, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                     scores);
   }
-  AdditiveScores<NR, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
-                                   scores);
 }
 
 // AdditiveScores<kVectors> for a tile of `queries` real queries: the products of the query vectors
 // that hold one (AdditiveScoreVectors), zeros in the others. A padding lane's score is never read,
 // so this changes no result; a tile of one query (the book's Bahdanau decoder, a query per step)
-// costs a quarter of the tile on AVX-512. `quads`: four terms a reciprocal (exponential form only).
+// costs a quarter of the tile on AVX-512. `terms`: terms a reciprocal (the exponential form's).
 template <size_t kVectors, bool kExponential, class D>
 HWY_INLINE void AdditiveScoresOfQueries(D d, size_t queries, size_t bc, const float* keys,
                                         size_t key_stride, const float* q_transposed, size_t br,
                                         size_t depth, const float* weights, float* scores,
-                                        bool quads) {
+                                        size_t terms) {
   const size_t vectors = AdditiveScoreVectors<kVectors>(d, queries);
   if (vectors == 1) {
-    AdditiveScoresInForm<1, kExponential>(d, quads, bc, keys, key_stride, q_transposed, br, depth,
+    AdditiveScoresInForm<1, kExponential>(d, terms, bc, keys, key_stride, q_transposed, br, depth,
                                           weights, scores);
   } else if (vectors == 2) {
-    AdditiveScoresInForm<2, kExponential>(d, quads, bc, keys, key_stride, q_transposed, br, depth,
+    AdditiveScoresInForm<2, kExponential>(d, terms, bc, keys, key_stride, q_transposed, br, depth,
                                           weights, scores);
   } else {
-    AdditiveScoresInForm<kVectors, kExponential>(d, quads, bc, keys, key_stride, q_transposed, br,
+    AdditiveScoresInForm<kVectors, kExponential>(d, terms, bc, keys, key_stride, q_transposed, br,
                                                  depth, weights, scores);
     return;
   }

@@ -216,13 +216,13 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
     const float* key_rows = keys + key0 * args.k.row_stride;
     if (exponential(args.additive_form)) {
       DoubledExponentialRows(d, key_rows, key_stride, bc, depth, s.key_rows);
-      AdditiveScoresOfQueries<kQueryVectors, true>(
-          d, rows, bc, s.key_rows, depth, s.q_transposed, br, depth, args.additive_weights,
-          s.scores, args.additive_form == AdditiveScoreForm::kExponentialQuads);
+      AdditiveScoresOfQueries<kQueryVectors, true>(d, rows, bc, s.key_rows, depth, s.q_transposed,
+                                                   br, depth, args.additive_weights, s.scores,
+                                                   terms_per_reciprocal(args.additive_form));
     } else if (args.additive_weights != nullptr) {
       AdditiveScoresOfQueries<kQueryVectors, false>(d, rows, bc, key_rows, key_stride,
                                                     s.q_transposed, br, depth,
-                                                    args.additive_weights, s.scores, false);
+                                                    args.additive_weights, s.scores, 1);
     } else if (few_query_products) {
       FewQueryProducts(bc, rows, br, key_rows, key_stride, q,
                        static_cast<size_t>(args.q.row_stride), depth,

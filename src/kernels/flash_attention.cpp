@@ -920,12 +920,11 @@ HWY_INLINE void KeyTileScores(D d, const ForwardArgs& args, const QueryTile& til
   if (exponential(args.additive_form)) {
     AdditiveScoresOfQueries<flash_detail::kQueryVectors, true>(
         d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
-        args.additive_weights, s.scores,
-        args.additive_form == AdditiveScoreForm::kExponentialQuads);
+        args.additive_weights, s.scores, terms_per_reciprocal(args.additive_form));
   } else if (args.additive_weights != nullptr) {
     AdditiveScoresOfQueries<flash_detail::kQueryVectors, false>(
         d, tile.rows, bc, key_rows, rows.keys.stride, s.q_transposed, br, depth,
-        args.additive_weights, s.scores, false);
+        args.additive_weights, s.scores, 1);
   } else if (crossed) {
     ScoresOfVisibleLanes(d, tile, key0, bc, vectors, key_rows, rows.keys.stride, s.q_transposed, br,
                          depth, s.scores);

@@ -143,6 +143,8 @@ AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
   const uint32_t inputs =
       std::max(largest_magnitude_bits(projected_queries), largest_magnitude_bits(projected_keys));
   const uint32_t weight = largest_magnitude_bits(weights);
+  if (inputs <= bits_of(kAdditiveEightLimit) && weight <= bits_of(kAdditiveEightWeightLimit))
+    return AdditiveScoreForm::kExponentialEights;
   if (inputs <= bits_of(kAdditiveQuadLimit) && weight <= bits_of(kAdditiveQuadWeightLimit))
     return AdditiveScoreForm::kExponentialQuads;
   if (inputs <= bits_of(kAdditiveExponentialLimit) &&

@@ -2,6 +2,7 @@
 // heads included), options in range, lengths that fit. Each names the argument and what it got.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -45,23 +46,40 @@ inline constexpr float kAdditiveExponentialLimit = 10.5F;
 // below 2^64 · 2 e^42 < 2^126.
 inline constexpr float kAdditiveExponentialWeightLimit = 0x1p64F;
 
-// The largest |q| and |k| for four terms a reciprocal (AccumulateScaledQuad): each scaled
+// The largest |q| and |k| for four terms a reciprocal (AccumulateScaledTerms): each scaled
 // denominator e^{2k} + e^{−2q} within [2e^−16, 2e^16], the product of four within [2^−89, 2^97].
 inline constexpr float kAdditiveQuadLimit = 8.0F;
 // The largest |w_v| element for four terms a reciprocal: the numerator, at most 4·max|w| times the
 // denominators' product, stays below 2^123.
 inline constexpr float kAdditiveQuadWeightLimit = 0x1p24F;
+// The same for eight terms a reciprocal: each scaled denominator within [2e^−8, 2e^8], the product
+// of eight within [2^−85, 2^101], the numerator (at most 8·max|w| times it) below 2^124.
+inline constexpr float kAdditiveEightLimit = 4.0F;
+inline constexpr float kAdditiveEightWeightLimit = 0x1p20F;
 
 // How the additive kernels compute a score's terms (additive_scores-inl.h): tanh directly, or in
-// the exponential form with two or four terms a reciprocal.
-enum class AdditiveScoreForm { kTanh, kExponentialPairs, kExponentialQuads };
+// the exponential form with two, four or eight terms a reciprocal.
+enum class AdditiveScoreForm { kTanh, kExponentialPairs, kExponentialQuads, kExponentialEights };
 inline bool exponential(AdditiveScoreForm form) {
   return form != AdditiveScoreForm::kTanh;
+}
+// The terms that share a reciprocal in `form` (AdditiveScoresOfQueries' `terms`; 1 for kTanh).
+inline size_t terms_per_reciprocal(AdditiveScoreForm form) {
+  switch (form) {
+    case AdditiveScoreForm::kExponentialEights:
+      return 8;
+    case AdditiveScoreForm::kExponentialQuads:
+      return 4;
+    case AdditiveScoreForm::kExponentialPairs:
+      return 2;
+    default:
+      return 1;
+  }
 }
 
 // The exponential form where every element of the projected queries and keys lies within
 // ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit (NaN and ±∞
-// do not), its quads within the quads' limits; else kTanh. The forward, backward and weights
+// do not), its quads and eights within theirs; else kTanh. The forward, backward and weights
 // kernels ask it of the same inputs, so they all compute the same scores.
 AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
                                       const ConstHeadsView& projected_keys,

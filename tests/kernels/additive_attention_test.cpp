@@ -131,20 +131,25 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheExponentialFormsLimits) {
 }
 
 // Four terms share a reciprocal where every input lies within ±8 and every weight within ±2^24
-// (kAdditiveQuadLimit, kAdditiveQuadWeightLimit): the scaled denominators e^{2k} + e^{−2q} of four
-// units multiply to within [2^−89, 2^97] and the numerator stays below 2^123. Every input here is
-// ±`limit` or within it (half of them at the limit, signs at random, so that some quads meet the
-// largest and the smallest products), and one weight is ±`weight_limit`: at 7.99 and 2^24 the
-// quads' extremes; 8.01 and 2^25 fall to the pairs' form. h = 11: two quads and a remainder of
-// three units. Weights of 2^24 make one-hot softmax weights.
-TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheQuadsLimits) {
+// (kAdditiveQuadLimit, kAdditiveQuadWeightLimit), eight within ±4 and ±2^20: the scaled
+// denominators e^{2k} + e^{−2q} multiply to within [2^−89, 2^101] and the numerator stays below
+// 2^124. Every input here is ±`limit` or within it (half of them at the limit, signs at random, so
+// that some products meet the largest and the smallest denominators), and one weight is
+// ±`weight_limit`: each form at its extremes, and just past them the next form. h = 15: one step
+// of eight units, one of four and three single units; or three of four and three. Weights of 2^20
+// and more make one-hot softmax weights.
+TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheSharedReciprocalsLimits) {
   Rng rng(29);
-  const int64_t n = 40, m = 70, hidden = 11;
+  const int64_t n = 40, m = 70, hidden = 15;
   struct Limits {
     float input, weight;
     AdditiveScoreForm form;
   };
-  for (const Limits& c : {Limits{7.99F, 1.0F, AdditiveScoreForm::kExponentialQuads},
+  for (const Limits& c : {Limits{3.99F, 1.0F, AdditiveScoreForm::kExponentialEights},
+                          Limits{3.99F, 0x1p20F, AdditiveScoreForm::kExponentialEights},
+                          Limits{4.01F, 1.0F, AdditiveScoreForm::kExponentialQuads},
+                          Limits{3.99F, 0x1p21F, AdditiveScoreForm::kExponentialQuads},
+                          Limits{7.99F, 1.0F, AdditiveScoreForm::kExponentialQuads},
                           Limits{7.99F, 0x1p24F, AdditiveScoreForm::kExponentialQuads},
                           Limits{8.01F, 1.0F, AdditiveScoreForm::kExponentialPairs},
                           Limits{7.99F, 0x1p25F, AdditiveScoreForm::kExponentialPairs}}) {
@@ -173,8 +178,9 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheQuadsLimits) {
   }
 }
 
-// The form each range of inputs and weights takes: the quads within ±8 and ±2^24, the pairs within
-// ±10.5 and ±2^64, else (or with a NaN or ∞ anywhere) the direct tanh.
+// The form each range of inputs and weights takes: eight terms a reciprocal within ±4 and ±2^20,
+// four within ±8 and ±2^24, two within ±10.5 and ±2^64, else (or with a NaN or ∞ anywhere) the
+// direct tanh.
 TEST(AdditiveScoreForm, FollowsTheLargestInputAndWeight) {
   const auto form = [](float query, float key, float weight) {
     const std::vector<float> a{0.5F, query}, b{key, -0.25F}, w{1.0F, weight};
@@ -184,6 +190,9 @@ TEST(AdditiveScoreForm, FollowsTheLargestInputAndWeight) {
   };
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(form(4.0F, -4.0F, 0x1p20F), AdditiveScoreForm::kExponentialEights);
+  EXPECT_EQ(form(0.0F, 4.01F, 1.0F), AdditiveScoreForm::kExponentialQuads);
+  EXPECT_EQ(form(1.0F, 1.0F, 0x1.000002p20F), AdditiveScoreForm::kExponentialQuads);
   EXPECT_EQ(form(8.0F, -8.0F, 0x1p24F), AdditiveScoreForm::kExponentialQuads);
   EXPECT_EQ(form(-8.01F, 0.0F, 1.0F), AdditiveScoreForm::kExponentialPairs);
   EXPECT_EQ(form(0.0F, 8.01F, 1.0F), AdditiveScoreForm::kExponentialPairs);
