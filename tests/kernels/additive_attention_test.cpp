@@ -94,6 +94,21 @@ TEST_P(AdditiveAttentionKernel, MatchesReference) {
   }
 }
 
+// The forward pass of one unmasked head (projected queries a, keys b, weights w, values v: batch
+// 1) against the double reference, within kTolerance.
+::testing::AssertionResult ForwardMatchesReference(const Tensor& a, const Tensor& b,
+                                                   const Tensor& w, const Tensor& v) {
+  const int64_t n = a.dim(1), m = b.dim(1), hidden = a.dim(2);
+  Tensor out(Shape{1, n, v.dim(2)});
+  additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
+                             single_head(v, "v"), {}, {}, single_head(out, "out"));
+  const auto expected = reference::additive_attention(
+      testing::to_reference(a), testing::to_reference(b), testing::to_reference(v),
+      testing::expand(ValidLengths{}, 1, n, m), identity(hidden), identity(hidden), to_doubles(w),
+      {});
+  return close_to(out, expected.output.values, kTolerance);
+}
+
 // The exponential form shares a reciprocal between two terms: (w0·a1 + w1·a0) / (a0·a1) with
 // a = e^{2(q + k)} + 1. Hidden unit 0 sits at `fixed` for every query and key (the same a0 for
 // every pair, so the softmax ignores it), the others within ±`spread`. Inputs up to 10.4 and
@@ -118,14 +133,7 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheExponentialFormsLimits) {
     Tensor w = random_tensor(Shape{hidden}, rng);
     for (float& x : w.span()) x *= c.weight_scale;
     const Tensor v = random_tensor(Shape{1, m, 3}, rng);
-    Tensor out(Shape{1, n, 3});
-    additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
-                               single_head(v, "v"), {}, {}, single_head(out, "out"));
-    const auto expected = reference::additive_attention(
-        testing::to_reference(a), testing::to_reference(b), testing::to_reference(v),
-        testing::expand(ValidLengths{}, 1, n, m), identity(hidden), identity(hidden), to_doubles(w),
-        {});
-    EXPECT_TRUE(close_to(out, expected.output.values, kTolerance))
+    EXPECT_TRUE(ForwardMatchesReference(a, b, w, v))
         << hwy::TargetName(GetParam()) << " inputs " << c.fixed << " weights x" << c.weight_scale;
   }
 }
@@ -166,14 +174,7 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheSharedReciprocalsLimits) {
     const Tensor v = random_tensor(Shape{1, m, 3}, rng);
     ASSERT_EQ(additive_score_form(single_head(a, "a"), single_head(b, "b"), w.span()), c.form)
         << "inputs " << c.input << " weights " << c.weight;
-    Tensor out(Shape{1, n, 3});
-    additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
-                               single_head(v, "v"), {}, {}, single_head(out, "out"));
-    const auto expected = reference::additive_attention(
-        testing::to_reference(a), testing::to_reference(b), testing::to_reference(v),
-        testing::expand(ValidLengths{}, 1, n, m), identity(hidden), identity(hidden), to_doubles(w),
-        {});
-    EXPECT_TRUE(close_to(out, expected.output.values, kTolerance))
+    EXPECT_TRUE(ForwardMatchesReference(a, b, w, v))
         << hwy::TargetName(GetParam()) << " inputs " << c.input << " weights " << c.weight;
   }
 }
