@@ -6,6 +6,7 @@
 #include <hwy/targets.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -15,6 +16,7 @@
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/nn/additive_attention.hpp"
 #include "every_simd_target.hpp"
+#include "kernels/kernel_arguments.hpp"
 #include "test_support.hpp"
 
 namespace attn {
@@ -171,19 +173,37 @@ TEST_P(AdditiveAttentionBackwardKernel, MatchesReference) {
 // The kernels take the exponential form of the scores while every projected query and key lies
 // within ±10.5 (kAdditiveExponentialLimit), the direct tanh past it: inputs of magnitude up to 10.4
 // put e^{2(a+b)} near e^{±42} and a pair of terms' denominators' product near e^84, the form's
-// extremes; 30 sends the same shapes down the direct form.
+// extremes; 30 sends the same shapes down the direct form. Inputs clamped to ±3.99 and ±7.99 (many
+// at the limit) take eight and four terms a reciprocal at their extremes (additive_score_form), in
+// the forward pass and in the backward pass's recomputed scores alike.
 // Saturated tanh makes (1 − u²) tiny, the gradients' hardest case for either form.
-TEST_P(AdditiveAttentionBackwardKernel, MatchesReferenceInBothScoreForms) {
+TEST_P(AdditiveAttentionBackwardKernel, MatchesReferenceInEveryScoreForm) {
   Rng rng(7);
-  for (const float input_scale : {10.4F, 30.0F}) {
+  struct Inputs {
+    float scale, clamp;  // inputs x·scale, then within ±clamp (0: not clamped)
+    AdditiveScoreForm form;
+  };
+  for (const Inputs& inputs : {Inputs{10.4F, 0.0F, AdditiveScoreForm::kTanh},
+                               Inputs{30.0F, 0.0F, AdditiveScoreForm::kTanh},
+                               Inputs{3.0F, 3.99F, AdditiveScoreForm::kExponentialEights},
+                               Inputs{6.0F, 7.99F, AdditiveScoreForm::kExponentialQuads}}) {
     for (const Case& c : {Case{2, 2, 37, 131, 19, 7, 2, false, 1.0F, 0.0F},
                           Case{1, 1, 20, 90, 8, 5, 2, true, 0.3F, 0.0F}}) {
       FusedRun run(c, rng);
-      for (float& x : run.a.span()) x *= input_scale;
-      for (float& x : run.b.span()) x *= input_scale;
-      run.expect_matches_reference(c, run.backward(c),
-                                   "target " + std::string(hwy::TargetName(GetParam())) +
-                                       " inputs x" + std::to_string(input_scale) + describe(c));
+      for (Tensor* input : {&run.a, &run.b}) {
+        for (float& x : input->span()) {
+          x *= inputs.scale;
+          if (inputs.clamp > 0.0F) x = std::clamp(x, -inputs.clamp, inputs.clamp);
+        }
+      }
+      const std::string where = "target " + std::string(hwy::TargetName(GetParam())) + " inputs x" +
+                                std::to_string(inputs.scale) + describe(c);
+      const auto whole = [](const Tensor& t) {  // every element, as one row
+        return ConstHeadsView{t.data(), 1, 1, 1, t.numel(), t.numel(), t.numel(), t.numel()};
+      };
+      ASSERT_EQ(additive_score_form(whole(run.a), whole(run.b), run.w.span()), inputs.form)
+          << where;
+      run.expect_matches_reference(c, run.backward(c), where);
     }
   }
 }
