@@ -29,6 +29,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "kernels/fast_math-inl.h"
 
@@ -196,10 +197,7 @@ HWY_NOINLINE void AdditiveScores(D d, size_t bc, const float* keys, size_t key_s
   // The tanh needs registers of its own: 2 rows of 4 accumulators. The exponential form's term
   // needs fewer: 32 registers take 4 × 4 accumulators beside the step's vectors, 16 take 2 × 4.
   constexpr size_t kRows = kExponential && HWY_MAX_BYTES >= 64 ? 4 : 2;
-  float weight_sum = 0.0F;
-  if constexpr (kExponential) {
-    for (size_t t = 0; t < depth; ++t) weight_sum += weights[t];
-  }
+  const float weight_sum = kExponential ? std::accumulate(weights, weights + depth, 0.0F) : 0.0F;
   size_t j = 0;
   for (; j + kRows <= bc; j += kRows) {
     AdditiveScoreRows<kRows, NR, kExponential>(d, keys + j * key_stride, key_stride, q_transposed,
@@ -280,9 +278,8 @@ HWY_NOINLINE void AdditiveScoresShared(D d, size_t bc, const float* HWY_RESTRICT
     t = AccumulateSharedSteps<4, NR>(d, t, bc, keys, key_stride, q_transposed, br, depth, weights,
                                      scores);
   }
-  float weight_sum = 0.0F;
-  for (size_t u = 0; u < depth; ++u) weight_sum += weights[u];
-  const V sum = hn::Set(d, weight_sum), two = hn::Set(d, 2.0F);
+  const V sum = hn::Set(d, std::accumulate(weights, weights + depth, 0.0F));
+  const V two = hn::Set(d, 2.0F);
   for (size_t j = 0; j < bc; ++j) {
     for (size_t v = 0; v < NR; ++v) {
       float* sums = scores + j * br + v * lanes;
@@ -306,16 +303,20 @@ template <size_t NR, bool kExponential, class D>
 HWY_INLINE void AdditiveScoresInForm(D d, size_t terms, size_t bc, const float* keys,
                                      size_t key_stride, const float* q_transposed, size_t br,
                                      size_t depth, const float* weights, float* scores) {
-  constexpr bool kEightFit = HWY_MAX_BYTES >= 64;
-  if (kExponential && kEightFit && terms == 8) {
-    AdditiveScoresShared<kEightFit ? 8 : 4, NR>(d, bc, keys, key_stride, q_transposed, br, depth,
-                                                weights, scores);
-  } else if (kExponential && terms >= 4) {
-    AdditiveScoresShared<4, NR>(d, bc, keys, key_stride, q_transposed, br, depth, weights, scores);
-  } else {
-    AdditiveScores<NR, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
-                                     scores);
+  if constexpr (kExponential) {
+    if constexpr (HWY_MAX_BYTES >= 64) {
+      if (terms == 8) {
+        return AdditiveScoresShared<8, NR>(d, bc, keys, key_stride, q_transposed, br, depth,
+                                           weights, scores);
+      }
+    }
+    if (terms >= 4) {
+      return AdditiveScoresShared<4, NR>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                         scores);
+    }
   }
+  AdditiveScores<NR, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                   scores);
 }
 
 // AdditiveScores<kVectors> for a tile of `queries` real queries: the products of the query vectors

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "attn/kernels/amx.hpp"
-#include "attn/kernels/bfloat16_dot.hpp"
+#include "attn/kernels/flash_attention.hpp"
 
 namespace attn {
 namespace {
@@ -55,9 +55,10 @@ std::string bf16_probabilities_status() {
     status =
         "ATTN_BF16_P='" + std::string(setting) + "' not understood (expected rounded or split); ";
   }
-  // What runs here: the setting matters only where bf16 has bf16 products.
-  const bool on_tiles = amx_tiles_in_use() && bf16_dot_available();
-  if (!on_tiles && !bf16_dot_in_use()) return status + "bf16 widened to fp32: P in fp32 for P·V";
+  // What runs here, as the forward decides it: the setting matters only on bf16 products.
+  if (!flash_attention_bfloat16_native(0))
+    return status + "bf16 widened to fp32: P in fp32 for P·V";
+  const bool on_tiles = amx_tiles_in_use();
   return status +
          (bf16_probabilities_split(on_tiles) ? "bf16 P in two bf16 parts for P·V"
                                              : "bf16 P rounded to bf16 for P·V") +

@@ -133,6 +133,17 @@ uint32_t bits_of(float limit) {
   std::memcpy(&bits, &limit, sizeof bits);
   return bits;
 }
+
+// Each exponential form with the largest |input| and |weight| it takes, fewest reciprocals first.
+struct FormLimits {
+  AdditiveScoreForm form;
+  float input, weight;
+};
+constexpr FormLimits kFormLimits[] = {
+    {AdditiveScoreForm::kExponentialEights, kAdditiveEightLimit, kAdditiveEightWeightLimit},
+    {AdditiveScoreForm::kExponentialQuads, kAdditiveQuadLimit, kAdditiveQuadWeightLimit},
+    {AdditiveScoreForm::kExponentialPairs, kAdditiveExponentialLimit,
+     kAdditiveExponentialWeightLimit}};
 }  // namespace
 
 AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
@@ -143,13 +154,9 @@ AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
   const uint32_t inputs =
       std::max(largest_magnitude_bits(projected_queries), largest_magnitude_bits(projected_keys));
   const uint32_t weight = largest_magnitude_bits(weights);
-  if (inputs <= bits_of(kAdditiveEightLimit) && weight <= bits_of(kAdditiveEightWeightLimit))
-    return AdditiveScoreForm::kExponentialEights;
-  if (inputs <= bits_of(kAdditiveQuadLimit) && weight <= bits_of(kAdditiveQuadWeightLimit))
-    return AdditiveScoreForm::kExponentialQuads;
-  if (inputs <= bits_of(kAdditiveExponentialLimit) &&
-      weight <= bits_of(kAdditiveExponentialWeightLimit))
-    return AdditiveScoreForm::kExponentialPairs;
+  for (const FormLimits& limits : kFormLimits) {
+    if (inputs <= bits_of(limits.input) && weight <= bits_of(limits.weight)) return limits.form;
+  }
   return AdditiveScoreForm::kTanh;
 }
 

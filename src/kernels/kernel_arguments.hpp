@@ -58,23 +58,19 @@ inline constexpr float kAdditiveEightLimit = 4.0F;
 inline constexpr float kAdditiveEightWeightLimit = 0x1p20F;
 
 // How the additive kernels compute a score's terms (additive_scores-inl.h): tanh directly, or in
-// the exponential form with two, four or eight terms a reciprocal.
-enum class AdditiveScoreForm { kTanh, kExponentialPairs, kExponentialQuads, kExponentialEights };
+// the exponential form with two, four or eight terms a reciprocal (each form's value its count).
+enum class AdditiveScoreForm : size_t {
+  kTanh = 1,
+  kExponentialPairs = 2,
+  kExponentialQuads = 4,
+  kExponentialEights = 8
+};
 inline bool exponential(AdditiveScoreForm form) {
   return form != AdditiveScoreForm::kTanh;
 }
 // The terms that share a reciprocal in `form` (AdditiveScoresOfQueries' `terms`; 1 for kTanh).
 inline size_t terms_per_reciprocal(AdditiveScoreForm form) {
-  switch (form) {
-    case AdditiveScoreForm::kExponentialEights:
-      return 8;
-    case AdditiveScoreForm::kExponentialQuads:
-      return 4;
-    case AdditiveScoreForm::kExponentialPairs:
-      return 2;
-    default:
-      return 1;
-  }
+  return static_cast<size_t>(form);
 }
 
 // The exponential form where every element of the projected queries and keys lies within
