@@ -94,6 +94,25 @@ struct KeySums {
     float* partial = lanes + index * hn::Lanes(d);
     hn::Store(hn::Add(hn::Load(d, partial), values), d, partial);
   }
+  // values' first `count` lanes to key j's hidden units t, t + 1, …: a tile of one query, whose
+  // vectors run over the units (OneQueryAdditiveGradients).
+  template <class D>
+  void AddUnits(D d, size_t j, size_t t, size_t count, size_t depth, hn::Vec<D> values) const {
+    const size_t index = j * depth + t;
+    if (lanes == nullptr && count == hn::Lanes(d)) {
+      hn::StoreU(hn::Add(hn::LoadU(d, sums + index), values), d, sums + index);
+      return;
+    }
+    HWY_ALIGN float stored[HWY_MAX_BYTES / sizeof(float)];
+    hn::Store(values, d, stored);
+    for (size_t l = 0; l < count; ++l) {
+      if (lanes == nullptr) {
+        sums[index + l] += stored[l];
+      } else {
+        lanes[(index + l) * hn::Lanes(d)] += stored[l];
+      }
+    }
+  }
   template <class D>
   float Value(D d, size_t j, size_t t, size_t depth) const {
     const size_t index = j * depth + t;
@@ -224,15 +243,83 @@ HWY_NOINLINE void AdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT ke
   }
 }
 
+// `values`' first `count` lanes added to data[0], data[stride], data[2·stride], …
+template <class D>
+HWY_INLINE void AddStrided(D d, hn::Vec<D> values, size_t count, float* data, size_t stride) {
+  HWY_ALIGN float stored[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(values, d, stored);
+  for (size_t l = 0; l < count; ++l) data[l * stride] += stored[l];
+}
+
+// AdditiveGradients for a tile of one query, whose row PrepareAdditiveQueries left contiguous in
+// `query` (e^{2a} in the exponential form): vectors over the hidden units, each key's dS (lane 0
+// of its row of dSᵀ) broadcast, the same terms as AdditiveGradients' lanes. daᵀ's and dw's lanes
+// (one query's column of daᵀ, lane 0 of dw's per-unit vectors) are added to where that layout
+// keeps them, once per vector of units.
+template <bool kExponential, class D>
+HWY_NOINLINE void OneQueryAdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT keys,
+                                            size_t key_stride, const float* HWY_RESTRICT query,
+                                            size_t br, size_t depth,
+                                            const float* HWY_RESTRICT weights,
+                                            const float* HWY_RESTRICT grad_scores,
+                                            float* HWY_RESTRICT grad_q_transposed,
+                                            const KeySums& grad_keys,
+                                            float* HWY_RESTRICT grad_weight_lanes) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  float grad_score_sum = 0.0F;  // Σ_j dS_j
+  for (size_t j = 0; j < bc; ++j) grad_score_sum += grad_scores[j * br];
+  for (size_t t = 0; t < depth; t += lanes) {
+    const size_t count = std::min(lanes, depth - t);
+    const auto load = [&](const float* data) {
+      return count == lanes ? hn::LoadU(d, data) : LoadPadded(d, data, count);
+    };
+    const V q = load(query + t), weight = load(weights + t);
+    V grad_query = hn::Zero(d), grad_weight = hn::Zero(d);
+    for (size_t j = 0; j < bc; ++j) {
+      const V key = load(keys + j * key_stride + t);
+      const V grad_score = hn::Set(d, grad_scores[j * br]);
+      V g;
+      if constexpr (kExponential) {
+        // As AdditiveGradients: s = dS·R, g = s (1 − R) (its factor 4w_t applied below and at
+        // the key rows' write-out), dS·u = dS − 2s (dw's Σ_j dS added below).
+        const V reciprocal = ReciprocalOfProductPlusOne(d, q, key);
+        const V product = hn::Mul(grad_score, reciprocal);
+        grad_weight = hn::Add(grad_weight, product);
+        g = hn::NegMulAdd(product, reciprocal, product);
+      } else {
+        const V weighted = hn::Mul(grad_score, weight);
+        const V u = AdditiveTanh(d, hn::Add(q, key));
+        g = hn::NegMulAdd(hn::Mul(weighted, u), u, weighted);  // dS w (1 − u²)
+        grad_weight = hn::MulAdd(grad_score, u, grad_weight);
+      }
+      grad_query = hn::Add(grad_query, g);
+      grad_keys.AddUnits(d, j, t, count, depth, g);
+    }
+    if constexpr (kExponential) {
+      grad_query = hn::Mul(hn::Mul(hn::Set(d, 4.0F), weight), grad_query);
+      grad_weight = hn::NegMulAdd(hn::Set(d, 2.0F), grad_weight, hn::Set(d, grad_score_sum));
+    }
+    AddStrided(d, grad_query, count, grad_q_transposed + t * br, br);
+    AddStrided(d, grad_weight, count, grad_weight_lanes + t * lanes, lanes);
+  }
+}
+
 // AdditiveGradients for a query tile of `queries` real queries, over the query vectors that hold
 // one (AdditiveScoreVectors): a padding lane's dS is zero, so the others add nothing. A tile of
-// one query (a Bahdanau decoder step) skips three quarters of the tanh work on AVX-512.
+// one query (a Bahdanau decoder step) takes OneQueryAdditiveGradients.
 template <bool kExponential, class D>
 void AdditiveGradientsOfQueries(D d, size_t queries, size_t bc, const float* keys,
                                 size_t key_stride, const float* q_transposed, size_t br,
                                 size_t depth, const float* weights, const float* grad_scores,
                                 float* grad_q_transposed, const KeySums& grad_keys,
                                 float* grad_weight_lanes) {
+  if (queries == 1) {
+    OneQueryAdditiveGradients<kExponential>(d, bc, keys, key_stride, q_transposed, br, depth,
+                                            weights, grad_scores, grad_q_transposed, grad_keys,
+                                            grad_weight_lanes);
+    return;
+  }
   switch (AdditiveScoreVectors<kQueryVectors>(d, queries)) {
     case 1:
       AdditiveGradients<1, kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
@@ -284,11 +371,9 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* at = s.queries_transposed + tile * hidden * br;
     const size_t first = tile * br, rows = std::min(br, n - first);
-    const size_t vectors = AdditiveScoreVectors<kQueryVectors>(d, rows);
-    TransposeScaledTile(a + static_cast<int64_t>(first) * args.queries.row_stride,
-                        static_cast<size_t>(args.queries.row_stride), rows, hidden, 1.0F, br,
-                        vectors * lanes, at);
-    if (exponential(args.form)) DoubledExponentialsOfVectors(d, at, hidden, br, vectors);
+    PrepareAdditiveQueries<kQueryVectors>(d, a + static_cast<int64_t>(first) * args.queries.row_stride,
+                                          static_cast<size_t>(args.queries.row_stride), rows,
+                                          hidden, 1.0F, br, exponential(args.form), at);
   }
 
   const bool dropout = args.options.dropout > 0.0F;

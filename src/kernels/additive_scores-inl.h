@@ -32,6 +32,7 @@
 #include <numeric>
 
 #include "kernels/fast_math-inl.h"
+#include "kernels/transpose_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn {
@@ -184,6 +185,61 @@ HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t ke
   }
 }
 
+// A vector of the `count` (≤ lanes) floats at `data`, zeros past them: a row's last, partial vector.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadPadded(D d, const float* data, size_t count) {
+  HWY_ALIGN float padded[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::copy_n(data, count, padded);
+  return hn::Load(d, padded);
+}
+
+// The term w_t·tanh(q_t + k_t), or in the exponential form w_t / (e^{2q_t}·e^{2k_t} + 1), added to
+// `acc`, for the lanes of one vector of hidden units.
+template <bool kExponential, class D>
+HWY_INLINE hn::Vec<D> AccumulateOneQueryTerm(D d, hn::Vec<D> query, hn::Vec<D> key,
+                                             hn::Vec<D> weight, hn::Vec<D> acc) {
+  const auto term = kExponential ? ReciprocalOfProductPlusOne(d, query, key)
+                                 : AdditiveTanh(d, hn::Add(query, key));
+  return hn::MulAdd(weight, term, acc);
+}
+
+// Sᵀ of a tile of one query (PrepareAdditiveQueries' row) against bc keys: each key's score in
+// lane 0 of its row of Sᵀ, zeros in the rest of that row's first vector. A term per hidden unit,
+// each with its own reciprocal (or tanh): the shared reciprocals of the forms with several terms
+// pay off across query lanes, which this tile does not have. Padding units (zero query, key and
+// weight) add w·term = 0.
+template <bool kExponential, class D>
+HWY_NOINLINE void OneQueryAdditiveScores(D d, size_t bc, const float* HWY_RESTRICT keys,
+                                         size_t key_stride, const float* HWY_RESTRICT query,
+                                         size_t br, size_t depth,
+                                         const float* HWY_RESTRICT weights,
+                                         float* HWY_RESTRICT scores) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  const float weight_sum = kExponential ? std::accumulate(weights, weights + depth, 0.0F) : 0.0F;
+  const size_t whole = depth / lanes * lanes;
+  for (size_t j = 0; j < bc; ++j) {
+    const float* key = keys + j * key_stride;
+    // Two sums, so that consecutive vectors' multiply-adds do not wait on each other.
+    V acc[2] = {hn::Zero(d), hn::Zero(d)};
+    for (size_t t = 0; t < whole; t += lanes) {
+      V& sum = acc[(t / lanes) % 2];
+      sum = AccumulateOneQueryTerm<kExponential>(d, hn::LoadU(d, query + t), hn::LoadU(d, key + t),
+                                                 hn::LoadU(d, weights + t), sum);
+    }
+    if (whole < depth) {
+      const size_t left = depth - whole;
+      acc[0] = AccumulateOneQueryTerm<kExponential>(
+          d, LoadPadded(d, query + whole, left), LoadPadded(d, key + whole, left),
+          LoadPadded(d, weights + whole, left), acc[0]);
+    }
+    const float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc[0], acc[1])));
+    float* row = scores + j * br;
+    hn::StoreU(hn::Zero(d), d, row);
+    row[0] = kExponential ? std::fma(-2.0F, sum, weight_sum) : sum;
+  }
+}
+
 // Sᵀ (bc × Br, Br = NR vectors of queries, rows br floats apart) for one key tile. The forward and
 // backward kernels both call this, so the backward pass recomputes the forward pass's scores with
 // the same arithmetic, and its probabilities agree with the forward pass's log-sum-exp.
@@ -228,6 +284,28 @@ HWY_INLINE void DoubledExponentialsOfVectors(D d, float* q_transposed, size_t de
     return;
   }
   for (size_t t = 0; t < depth; ++t) DoubledExponentialsInPlace(d, q_transposed + t * br, width);
+}
+
+// The query tile as the additive kernels' scores and gradients read it: Qᵀ scaled (`depth` rows br
+// floats apart, zeros in the padding lanes of the query vectors read), or, for a tile of one query,
+// its row scaled as it is (`depth` contiguous floats): a Bahdanau decoder step has one query per
+// call, and vectors over its hidden units (OneQueryAdditiveScores) do whole vectors of work where
+// Qᵀ's vectors held one query in one lane (the book's step, B = 64, 10 keys, 256 units: the scores
+// and the query's e^{2q} were 8× the work on AVX2). e^{2q} in the exponential form: each element
+// is computed as in Qᵀ (DoubledExponentialsInPlace), so either layout gives the same values.
+template <size_t kVectors, class D>
+HWY_INLINE void PrepareAdditiveQueries(D d, const float* rows, size_t row_stride, size_t queries,
+                                       size_t depth, float scale, size_t br, bool exponential,
+                                       float* q_transposed) {
+  if (queries == 1) {
+    for (size_t t = 0; t < depth; ++t) q_transposed[t] = rows[t] * scale;
+    if (exponential) DoubledExponentialsInPlace(d, q_transposed, depth);
+    return;
+  }
+  const size_t vectors = AdditiveScoreVectors<kVectors>(d, queries);
+  TransposeScaledTile(rows, row_stride, queries, depth, scale, br, vectors * hn::Lanes(d),
+                      q_transposed);
+  if (exponential) DoubledExponentialsOfVectors(d, q_transposed, depth, br, vectors);
 }
 
 // The sums of AdditiveScoresShared over hidden units [t, t + kUnits·k), the most whole steps of
@@ -321,13 +399,21 @@ HWY_INLINE void AdditiveScoresInForm(D d, size_t terms, size_t bc, const float* 
 
 // AdditiveScores<kVectors> for a tile of `queries` real queries: the products of the query vectors
 // that hold one (AdditiveScoreVectors), zeros in the others. A padding lane's score is never read,
-// so this changes no result; a tile of one query (the book's Bahdanau decoder, a query per step)
-// costs a quarter of the tile on AVX-512. `terms`: terms a reciprocal (the exponential form's).
+// so this changes no result. A tile of one query (the book's Bahdanau decoder, a query per step)
+// holds its row (PrepareAdditiveQueries) and takes OneQueryAdditiveScores. `terms`: terms a
+// reciprocal (the exponential form's).
 template <size_t kVectors, bool kExponential, class D>
 HWY_INLINE void AdditiveScoresOfQueries(D d, size_t queries, size_t bc, const float* keys,
                                         size_t key_stride, const float* q_transposed, size_t br,
                                         size_t depth, const float* weights, float* scores,
                                         size_t terms) {
+  if (queries == 1) {
+    OneQueryAdditiveScores<kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
+                                         scores);
+    for (size_t j = 0; j < bc; ++j)
+      std::fill(scores + j * br + hn::Lanes(d), scores + (j + 1) * br, 0.0F);
+    return;
+  }
   const size_t vectors = AdditiveScoreVectors<kVectors>(d, queries);
   if (vectors == 1) {
     AdditiveScoresInForm<1, kExponential>(d, terms, bc, keys, key_stride, q_transposed, br, depth,

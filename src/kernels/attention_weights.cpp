@@ -171,13 +171,15 @@ void WeightsTile(const WeightsArgs& args, int64_t b, int64_t h, int64_t first_qu
         !recomputes && r < rows && lse[r] > -std::numeric_limits<float>::infinity() ? lse[r] : 0.0F;
   }
   // Zeros only in the query vectors the score products read.
-  const size_t vectors = args.additive_weights != nullptr
-                             ? AdditiveScoreVectors<kQueryVectors>(d, rows)
-                             : VectorsHolding(d, rows, kQueryVectors);
-  TransposeScaledTile(q, static_cast<size_t>(args.q.row_stride), rows, depth,
-                      args.options.scale * args.unit, br, vectors * hn::Lanes(d), s.q_transposed);
-  if (exponential(args.additive_form))
-    DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
+  if (args.additive_weights != nullptr) {
+    PrepareAdditiveQueries<kQueryVectors>(d, q, static_cast<size_t>(args.q.row_stride), rows, depth,
+                                          args.options.scale * args.unit, br,
+                                          exponential(args.additive_form), s.q_transposed);
+  } else {
+    TransposeScaledTile(q, static_cast<size_t>(args.q.row_stride), rows, depth,
+                        args.options.scale * args.unit, br,
+                        VectorsHolding(d, rows, kQueryVectors) * hn::Lanes(d), s.q_transposed);
+  }
   // Base 2 (a recount, or weights from its log-sum-exp) in a head of at most kFewQueries queries:
   // the scores as the backward computes them there (FewQueryProducts, dot products along the
   // head, where a vector's lanes would hold one query), so that the recount, the weights and the

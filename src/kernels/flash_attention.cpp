@@ -469,17 +469,20 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
   } else {
     // Zeros only in the query vectors the score products read.
     const hn::ScalableTag<float> d;
-    const size_t vectors = args.additive_weights != nullptr
-                               ? AdditiveScoreVectors<flash_detail::kQueryVectors>(d, tile.rows)
-                               : VectorsHolding(d, tile.rows, flash_detail::kQueryVectors);
     const float* rows = args.q.matrix(b, h) + first_query * args.q.row_stride;
-    TransposeScaledTile(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
-                        vectors * hn::Lanes(d), s.q_transposed);
+    if (args.additive_weights != nullptr) {
+      PrepareAdditiveQueries<flash_detail::kQueryVectors>(
+          d, rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
+          exponential(args.additive_form), s.q_transposed);
+    } else {
+      TransposeScaledTile(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale,
+                          br, VectorsHolding(d, tile.rows, flash_detail::kQueryVectors) *
+                                  hn::Lanes(d),
+                          s.q_transposed);
+    }
     // The rows again, from L1.
     if (args.read_magnitude_bits != nullptr)
       s.read_query.AddRows(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth);
-    if (exponential(args.additive_form))
-      DoubledExponentialsOfVectors(d, s.q_transposed, depth, br, vectors);
   }
   std::fill_n(s.row_max, br, -std::numeric_limits<float>::infinity());
   std::fill_n(s.row_sum, br, 0.0F);

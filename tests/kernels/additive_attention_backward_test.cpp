@@ -208,6 +208,29 @@ TEST_P(AdditiveAttentionBackwardKernel, MatchesReferenceInEveryScoreForm) {
   }
 }
 
+// Tiles of one query (OneQueryAdditiveGradients: vectors over the hidden units): n = 1 with 256
+// units and with a tail of units, two strided heads and per-query lengths, dropout, and n = 17,
+// 33, 65 (one query after a full tile on SSE4, AVX2, AVX-512: db's lane-wise sums), in every score
+// form (inputs within ±3.99, ±7.99, ±10.4 and ±20).
+TEST_P(AdditiveAttentionBackwardKernel, MatchesReferenceForTilesOfOneQuery) {
+  Rng rng(43);
+  for (const float limit : {3.99F, 7.99F, 10.4F, 20.0F}) {
+    for (const Case& c : {Case{3, 1, 1, 10, 256, 4, 1, false, 1.0F, 0.0F},
+                          Case{2, 2, 1, 70, 19, 3, 2, false, 1.0F, 0.0F},
+                          Case{2, 1, 1, 30, 21, 3, 0, false, 1.0F, 0.4F},
+                          Case{1, 1, 17, 20, 19, 3, 2, false, 1.0F, 0.0F},
+                          Case{1, 1, 33, 20, 40, 3, 2, true, 1.0F, 0.0F},
+                          Case{1, 1, 65, 12, 19, 3, 0, false, 1.0F, 0.0F}}) {
+      FusedRun run(c, rng);
+      for (Tensor* input : {&run.a, &run.b})
+        for (float& x : input->span()) x = rng.uniform(-limit, limit);
+      run.expect_matches_reference(c, run.backward(c),
+                                   "target " + std::string(hwy::TargetName(GetParam())) +
+                                       " inputs within " + std::to_string(limit) + describe(c));
+    }
+  }
+}
+
 // Fewer heads than threads splits each head's keys into chunks whose partial sums are added after
 // the parallel region: the same gradients (within rounding) as one thread, and bit-identical
 // results from repeated calls with the same thread count.
