@@ -459,7 +459,19 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
     for (size_t j = 0; j < bc; ++j) {
       const auto key = static_cast<int64_t>(key0 + j);
       float* grad_key_row = grad_keys_head + key * args.grad_keys.row_stride;
-      for (size_t t = 0; t < hidden; ++t) {
+      size_t t = 0;
+      if (s.grad_keys.lanes == nullptr) {
+        // The sums as they are, in vectors (element by element this was 1.5% of the book's
+        // decoder training step, B = 64, 10 keys, 256 units, Zen 3).
+        const float* sums = s.grad_keys.sums + j * hidden;
+        for (; t + lanes <= hidden; t += lanes) {
+          const auto weight = exponential(args.form)
+                                  ? hn::Mul(hn::Set(d, 4.0F), hn::LoadU(d, args.weights + t))
+                                  : hn::Set(d, 1.0F);
+          hn::StoreU(hn::Mul(weight, hn::LoadU(d, sums + t)), d, grad_key_row + t);
+        }
+      }
+      for (; t < hidden; ++t) {
         const float weight = exponential(args.form) ? 4.0F * args.weights[t] : 1.0F;
         grad_key_row[t] = weight * s.grad_keys.Value(d, j, t, hidden);
       }
