@@ -51,6 +51,10 @@ const GemmShape kShapes[] = {
     {1024, 64, 1024, false, "output 1024x1024 . 1024x64"},
     {16384, 512, 512, true, "projection 16384x512 . (512x512)^T"},
     {8, 4096, 4096, true, "decode 8x4096 . (4096x4096)^T"},
+    // The book's Bahdanau decoder step (B = 64, 10 encoder steps, 256 hidden units): the keys'
+    // projection, and the query's (one row per sequence).
+    {640, 256, 256, true, "bahdanau keys 640x256 . (256x256)^T"},
+    {64, 256, 256, true, "bahdanau query 64x256 . (256x256)^T"},
 };
 
 using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int,
