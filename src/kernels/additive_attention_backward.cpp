@@ -366,7 +366,13 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
   // Per task: transposed copies, D, log-sum-exp, lengths and dropout keys per query.
   PrepareQueryTiles(args.out, args.grad_out, lse, *args.valid_lens, args.options, args.keys.rows, b,
                     h, br, dv_padded, s);
-  std::fill(s.grad_queries_transposed, s.grad_queries_transposed + tiles * br * hidden, 0.0F);
+  if (n == 1) {
+    // One query: only lane 0 of daᵀ's rows is added to and read (OneQueryAdditiveGradients);
+    // clearing all br lanes was a 2 MB fill per call at the book's decoder step (B = 64 tasks).
+    for (size_t t = 0; t < hidden; ++t) s.grad_queries_transposed[t * br] = 0.0F;
+  } else {
+    std::fill(s.grad_queries_transposed, s.grad_queries_transposed + tiles * br * hidden, 0.0F);
+  }
   std::fill(s.grad_weight_lanes, s.grad_weight_lanes + hidden * lanes, 0.0F);
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* at = s.queries_transposed + tile * hidden * br;
