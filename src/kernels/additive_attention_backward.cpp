@@ -257,14 +257,11 @@ HWY_INLINE void AddStrided(D d, hn::Vec<D> values, size_t count, float* data, si
 // (one query's column of daᵀ, lane 0 of dw's per-unit vectors) are added to where that layout
 // keeps them, once per vector of units.
 template <bool kExponential, class D>
-HWY_NOINLINE void OneQueryAdditiveGradients(D d, size_t bc, const float* HWY_RESTRICT keys,
-                                            size_t key_stride, const float* HWY_RESTRICT query,
-                                            size_t br, size_t depth,
-                                            const float* HWY_RESTRICT weights,
-                                            const float* HWY_RESTRICT grad_scores,
-                                            float* HWY_RESTRICT grad_q_transposed,
-                                            const KeySums& grad_keys,
-                                            float* HWY_RESTRICT grad_weight_lanes) {
+HWY_NOINLINE void OneQueryAdditiveGradients(
+    D d, size_t bc, const float* HWY_RESTRICT keys, size_t key_stride,
+    const float* HWY_RESTRICT query, size_t br, size_t depth, const float* HWY_RESTRICT weights,
+    const float* HWY_RESTRICT grad_scores, float* HWY_RESTRICT grad_q_transposed,
+    const KeySums& grad_keys, float* HWY_RESTRICT grad_weight_lanes) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   float grad_score_sum = 0.0F;  // Σ_j dS_j
@@ -377,7 +374,8 @@ void AdditiveBackwardTask(const AdditiveBackwardArgs& args, int64_t b, int64_t h
   for (size_t tile = 0; tile < tiles; ++tile) {
     float* at = s.queries_transposed + tile * hidden * br;
     const size_t first = tile * br, rows = std::min(br, n - first);
-    PrepareAdditiveQueries<kQueryVectors>(d, a + static_cast<int64_t>(first) * args.queries.row_stride,
+    PrepareAdditiveQueries<kQueryVectors>(d,
+                                          a + static_cast<int64_t>(first) * args.queries.row_stride,
                                           static_cast<size_t>(args.queries.row_stride), rows,
                                           hidden, 1.0F, br, exponential(args.form), at);
   }

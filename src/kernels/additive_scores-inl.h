@@ -185,7 +185,8 @@ HWY_INLINE void AdditiveScoreRows(D d, const float* HWY_RESTRICT keys, size_t ke
   }
 }
 
-// A vector of the `count` (≤ lanes) floats at `data`, zeros past them: a row's last, partial vector.
+// A vector of the `count` (≤ lanes) floats at `data`, zeros past them: a row's last, partial
+// vector.
 template <class D>
 HWY_INLINE hn::Vec<D> LoadPadded(D d, const float* data, size_t count) {
   HWY_ALIGN float padded[HWY_MAX_BYTES / sizeof(float)] = {};
@@ -211,8 +212,7 @@ HWY_INLINE hn::Vec<D> AccumulateOneQueryTerm(D d, hn::Vec<D> query, hn::Vec<D> k
 template <bool kExponential, class D>
 HWY_NOINLINE void OneQueryAdditiveScores(D d, size_t bc, const float* HWY_RESTRICT keys,
                                          size_t key_stride, const float* HWY_RESTRICT query,
-                                         size_t br, size_t depth,
-                                         const float* HWY_RESTRICT weights,
+                                         size_t br, size_t depth, const float* HWY_RESTRICT weights,
                                          float* HWY_RESTRICT scores) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
@@ -229,9 +229,9 @@ HWY_NOINLINE void OneQueryAdditiveScores(D d, size_t bc, const float* HWY_RESTRI
     }
     if (whole < depth) {
       const size_t left = depth - whole;
-      acc[0] = AccumulateOneQueryTerm<kExponential>(
-          d, LoadPadded(d, query + whole, left), LoadPadded(d, key + whole, left),
-          LoadPadded(d, weights + whole, left), acc[0]);
+      acc[0] = AccumulateOneQueryTerm<kExponential>(d, LoadPadded(d, query + whole, left),
+                                                    LoadPadded(d, key + whole, left),
+                                                    LoadPadded(d, weights + whole, left), acc[0]);
     }
     const float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc[0], acc[1])));
     float* row = scores + j * br;

@@ -475,9 +475,8 @@ QueryTile PrepareQueryTile(const ForwardArgs& args, int64_t b, int64_t h, int64_
           d, rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
           exponential(args.additive_form), s.q_transposed);
     } else {
-      TransposeScaledTile(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale,
-                          br, VectorsHolding(d, tile.rows, flash_detail::kQueryVectors) *
-                                  hn::Lanes(d),
+      TransposeScaledTile(rows, static_cast<size_t>(args.q.row_stride), tile.rows, depth, scale, br,
+                          VectorsHolding(d, tile.rows, flash_detail::kQueryVectors) * hn::Lanes(d),
                           s.q_transposed);
     }
     // The rows again, from L1.

@@ -180,20 +180,21 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceAtTheSharedReciprocalsLimits) {
   }
 }
 
-// A tile of one query keeps its row and sums vectors over the hidden units (OneQueryAdditiveScores):
-// n = 1 (a Bahdanau decoder step) and n = 17, 33, 65 (a full tile and one query after it on SSE4,
-// AVX2 and AVX-512), hidden units that fill whole vectors (256) and leave a tail (19), in every
-// score form (inputs within ±3.99, ±7.99, ±10.4, then ±20: eight, four, two terms a reciprocal,
-// then tanh), per-query lengths: the outputs, and the weights additive_attention_weights computes
-// again from the forward pass's log-sum-exp, against the double reference.
+// A tile of one query keeps its row and sums vectors over the hidden units
+// (OneQueryAdditiveScores): n = 1 (a Bahdanau decoder step) and n = 17, 33, 65 (a full tile and one
+// query after it on SSE4, AVX2 and AVX-512), hidden units that fill whole vectors (256) and leave a
+// tail (19), in every score form (inputs within ±3.99, ±7.99, ±10.4, then ±20: eight, four, two
+// terms a reciprocal, then tanh), per-query lengths: the outputs, and the weights
+// additive_attention_weights computes again from the forward pass's log-sum-exp, against the double
+// reference.
 TEST_P(AdditiveAttentionKernel, MatchesReferenceForTilesOfOneQuery) {
   Rng rng(31);
   for (const float limit : {3.99F, 7.99F, 10.4F, 20.0F}) {
-    for (const Case& c : {Case{3, 1, 10, 256, 4, 2, false, 0.0F, 0.0F},
-                          Case{2, 1, 70, 19, 3, 2, false, 0.0F, 0.0F},
-                          Case{1, 17, 20, 19, 3, 2, false, 0.0F, 0.0F},
-                          Case{1, 33, 20, 40, 3, 2, false, 0.0F, 0.0F},
-                          Case{1, 65, 12, 19, 3, 0, false, 0.0F, 0.0F}}) {
+    for (const Case& c :
+         {Case{3, 1, 10, 256, 4, 2, false, 0.0F, 0.0F}, Case{2, 1, 70, 19, 3, 2, false, 0.0F, 0.0F},
+          Case{1, 17, 20, 19, 3, 2, false, 0.0F, 0.0F},
+          Case{1, 33, 20, 40, 3, 2, false, 0.0F, 0.0F},
+          Case{1, 65, 12, 19, 3, 0, false, 0.0F, 0.0F}}) {
       Tensor a(Shape{c.batch, c.queries, c.hidden}), b(Shape{c.batch, c.keys, c.hidden});
       for (Tensor* input : {&a, &b})
         for (float& x : input->span()) x = rng.uniform(-limit, limit);
@@ -202,9 +203,8 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceForTilesOfOneQuery) {
       std::vector<int64_t> lengths;
       for (int64_t index = 0; index < c.batch * c.queries; ++index)
         lengths.push_back(c.keys - index % 4);
-      const ValidLengths mask = c.mask_kind == 2
-                                    ? ValidLengths::per_query(lengths, c.batch, c.queries)
-                                    : ValidLengths{};
+      const ValidLengths mask =
+          c.mask_kind == 2 ? ValidLengths::per_query(lengths, c.batch, c.queries) : ValidLengths{};
       Tensor out(Shape{c.batch, c.queries, c.value_depth});
       std::vector<float> lse(static_cast<size_t>(c.batch * c.queries));
       additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
@@ -215,8 +215,8 @@ TEST_P(AdditiveAttentionKernel, MatchesReferenceForTilesOfOneQuery) {
                                  mask, {}, single_head(weights, "weights"));
       const auto expected = reference::additive_attention(
           testing::to_reference(a), testing::to_reference(b), testing::to_reference(v),
-          testing::expand(mask, c.batch, c.queries, c.keys), identity(c.hidden),
-          identity(c.hidden), to_doubles(w), {});
+          testing::expand(mask, c.batch, c.queries, c.keys), identity(c.hidden), identity(c.hidden),
+          to_doubles(w), {});
       const std::string where = std::string(hwy::TargetName(GetParam())) + " inputs within " +
                                 std::to_string(limit) + " n=" + std::to_string(c.queries) +
                                 " h=" + std::to_string(c.hidden);
