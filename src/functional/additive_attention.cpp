@@ -14,7 +14,6 @@
 #include "attn/core/error.hpp"
 #include "attn/kernels/additive_attention.hpp"
 #include "attn/kernels/gemm.hpp"
-#include "core/magnitude_scan.hpp"
 #include "functional/attention_layout.hpp"
 #include "functional/finite_range.hpp"
 #include "functional/prepared_attention.hpp"
@@ -158,12 +157,10 @@ std::pair<Tensor, Tensor> project_inputs(const ConstStridedView& queries,
   check_parameters(queries, keys, parameters);
   std::pair<Tensor, Tensor> projected{project(queries, parameters.W_q),
                                       project(keys, parameters.W_k)};
-  const auto finite = [](const Tensor& projection) {
-    return projection.numel() > 0 &&
-           core_detail::largest_magnitude_bits(projection.data(), projection.numel()) <
-               core_detail::kFirstNonFinite;
+  const auto proves_finite = [](const Tensor& projection) {
+    return projection.numel() > 0 && all_finite(projection);
   };
-  if (!finite(projected.first) || !finite(projected.second)) {
+  if (!proves_finite(projected.first) || !proves_finite(projected.second)) {
     // Named as before: a non-finite input by name and index, else the overflow of finite ones.
     functional_detail::require_finite("queries", queries);
     functional_detail::require_finite("keys", keys);

@@ -407,15 +407,11 @@ HWY_INLINE void AdditiveScoresOfQueries(D d, size_t queries, size_t bc, const fl
                                         size_t key_stride, const float* q_transposed, size_t br,
                                         size_t depth, const float* weights, float* scores,
                                         size_t terms) {
+  const size_t vectors = AdditiveScoreVectors<kVectors>(d, queries);
   if (queries == 1) {
     OneQueryAdditiveScores<kExponential>(d, bc, keys, key_stride, q_transposed, br, depth, weights,
                                          scores);
-    for (size_t j = 0; j < bc; ++j)
-      std::fill(scores + j * br + hn::Lanes(d), scores + (j + 1) * br, 0.0F);
-    return;
-  }
-  const size_t vectors = AdditiveScoreVectors<kVectors>(d, queries);
-  if (vectors == 1) {
+  } else if (vectors == 1) {
     AdditiveScoresInForm<1, kExponential>(d, terms, bc, keys, key_stride, q_transposed, br, depth,
                                           weights, scores);
   } else if (vectors == 2) {
