@@ -80,6 +80,15 @@ Tensor::Tensor(const Shape& shape) {
   assign_zeros(shape);
 }
 
+Tensor::Tensor(const Tensor& other) {
+  assign(other.view());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) assign(other.view());
+  return *this;
+}
+
 Tensor::Tensor(const Shape& shape, Storage values) : values_(std::move(values)), shape_(shape) {
   require_value_count(shape, values_.size());
 }

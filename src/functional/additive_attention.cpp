@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -150,25 +152,31 @@ void project_backward(const ConstStridedView& x, const ConstStridedView& weight,
 // projection is not finite or empty: a NaN or ±∞ among x's or W's elements makes every element
 // of its row or column of x·Wᵀ NaN or ±∞ (0·∞ is NaN), so finite projections prove finite inputs
 // (the book's decoder step, B = 64, 10 keys, 256 units, had scanned 310 thousand input floats a
-// call for that).
-std::pair<Tensor, Tensor> project_inputs(const ConstStridedView& queries,
-                                         const ConstStridedView& keys,
-                                         const AdditiveParameters& parameters) {
+// call for that). The scan's largest magnitudes go to PreparedAttention and the kernels, which
+// scanned the projections twice more.
+struct Projections {
+  Tensor queries, keys;
+  PreparedAttention::ScannedMagnitudes magnitudes;
+};
+
+Projections project_inputs(const ConstStridedView& queries, const ConstStridedView& keys,
+                           const AdditiveParameters& parameters) {
   check_parameters(queries, keys, parameters);
-  std::pair<Tensor, Tensor> projected{project(queries, parameters.W_q),
-                                      project(keys, parameters.W_k)};
-  const auto proves_finite = [](const Tensor& projection) {
-    return projection.numel() > 0 && all_finite(projection);
+  Projections projected{project(queries, parameters.W_q), project(keys, parameters.W_k), {}};
+  projected.magnitudes = {max_magnitude(projected.queries), max_magnitude(projected.keys)};
+  const auto proves_finite = [](const Tensor& projection, float magnitude) {
+    return projection.numel() > 0 && std::isfinite(magnitude);
   };
-  if (!proves_finite(projected.first) || !proves_finite(projected.second)) {
+  if (!proves_finite(projected.queries, projected.magnitudes.query) ||
+      !proves_finite(projected.keys, projected.magnitudes.key)) {
     // Named as before: a non-finite input by name and index, else the overflow of finite ones.
     functional_detail::require_finite("queries", queries);
     functional_detail::require_finite("keys", keys);
     functional_detail::require_finite("W_q", parameters.W_q);
     functional_detail::require_finite("W_k", parameters.W_k);
-    functional_detail::require_finite_result(projected.first.data(), projected.first.numel(),
+    functional_detail::require_finite_result(projected.queries.data(), projected.queries.numel(),
                                              "queries·W_qᵀ", "queries and W_q");
-    functional_detail::require_finite_result(projected.second.data(), projected.second.numel(),
+    functional_detail::require_finite_result(projected.keys.data(), projected.keys.numel(),
                                              "keys·W_kᵀ", "keys and W_k");
   }
   return projected;
@@ -190,10 +198,10 @@ std::pair<ConstStridedView, ConstStridedView> projections_for(const ConstStrided
                                                               const ConstStridedView& keys,
                                                               const AdditiveParameters& parameters,
                                                               const AdditiveProjections* kept,
-                                                              std::pair<Tensor, Tensor>& computed) {
+                                                              Projections& computed) {
   if (kept == nullptr) {
     computed = project_inputs(queries, keys, parameters);
-    return {computed.first, computed.second};
+    return {computed.queries, computed.keys};
   }
   check_parameters(queries, keys, parameters);
   require_projection("projections.queries", kept->queries, queries, parameters.W_q.dim(0));
@@ -208,9 +216,9 @@ AttentionForward additive_attention(ConstStridedView queries, ConstStridedView k
                                     const AttentionOptions& options,
                                     AdditiveProjections* projections) {
   check_input_shapes(queries, keys, &values);
-  auto [projected_queries, projected_keys] = project_inputs(queries, keys, parameters);
+  auto [projected_queries, projected_keys, magnitudes] = project_inputs(queries, keys, parameters);
   PreparedAttention prepared(projected_queries, projected_keys, values, options,
-                             PreparedAttention::kAdditive);
+                             PreparedAttention::kAdditive, magnitudes);
   AttentionForward result;
   result.output = Tensor(functional_detail::output_shape(projected_queries, values));
   result.log_sum_exp.resize(static_cast<size_t>(log_sum_exp_size(queries.shape())));
@@ -242,11 +250,13 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
                                               const AttentionOptions& options,
                                               const AdditiveProjections* projections) {
   check_input_shapes(queries, keys, &values);
-  std::pair<Tensor, Tensor> computed;
+  Projections computed;
   const auto [projected_queries, projected_keys] =
       projections_for(queries, keys, parameters, projections, computed);
+  // (Projections kept by the caller are scanned here: they are the caller's to change.)
+  const auto scanned = projections == nullptr ? std::optional(computed.magnitudes) : std::nullopt;
   PreparedAttention prepared(projected_queries, projected_keys, values, options,
-                             PreparedAttention::kAdditive);
+                             PreparedAttention::kAdditive, scanned);
   prepared.output_layout("output", output);
   prepared.output_layout("grad_output", grad_output);
   prepared.require_log_sum_exp(log_sum_exp, false);
@@ -286,10 +296,13 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
   }
   const auto out = prepared.output_layout("output", output);
   const auto grad_out = prepared.output_layout("grad_output", grad_output);
-  Tensor grad_projected_queries(projected_queries.shape()),
-      grad_projected_keys(projected_keys.shape());
+  // The kernel overwrites these three (additive_attention.hpp), slice by slice: no fill first
+  // (the book's decoder step filled 340 thousand floats a call here).
+  Tensor grad_projected_queries, grad_projected_keys;
+  grad_projected_queries.assign_uninitialized(projected_queries.shape());
+  grad_projected_keys.assign_uninitialized(projected_keys.shape());
   AdditiveGradients grads;
-  grads.values = Tensor(values.shape());
+  grads.values.assign_uninitialized(values.shape());
   grads.w_v = Tensor(Shape{static_cast<int64_t>(parameters.w_v.size())});
   Tensor slice_grad_w_v(grads.w_v.shape());
   const auto grad_a = prepared.layout_like_query(grad_projected_queries);
@@ -312,14 +325,19 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
   }
   project_backward(queries, parameters.W_q, grad_projected_queries, grads.queries, grads.W_q);
   project_backward(keys, parameters.W_k, grad_projected_keys, grads.keys, grads.W_k);
-  // The projections' products can overflow too: every gradient is checked, not only scaled ones.
-  for (const auto& [gradient, name] :
-       {std::pair<const Tensor*, const char*>{&grads.queries, "grad_queries"},
-        {&grads.keys, "grad_keys"},
-        {&grads.values, "grad_values"},
-        {&grads.W_q, "grad_W_q"},
-        {&grads.W_k, "grad_W_k"},
-        {&grads.w_v, "grad_w_v"}}) {
+  // The projections' products can overflow too, and nothing bounds them without scanning their
+  // inputs: they are checked. The kernel's own gradients, dV and w_v's, stay within the bounds
+  // gradient_shifts took (finite_range.hpp) where it scaled nothing back up, and where no row's
+  // P carried its total (rows over row totals above), so only then are they left unscanned.
+  const bool kernel_gradients_bounded = both == 0 && rescaled_grad_output.numel() == 0;
+  for (const auto& [gradient, name, bounded] :
+       {std::tuple<const Tensor*, const char*, bool>{&grads.queries, "grad_queries", false},
+        {&grads.keys, "grad_keys", false},
+        {&grads.values, "grad_values", kernel_gradients_bounded},
+        {&grads.W_q, "grad_W_q", false},
+        {&grads.W_k, "grad_W_k", false},
+        {&grads.w_v, "grad_w_v", kernel_gradients_bounded}}) {
+    if (bounded) continue;
     functional_detail::require_finite_result(gradient->data(), gradient->numel(), name,
                                              "queries, keys, values, parameters and grad_output");
   }
@@ -332,11 +350,12 @@ Tensor additive_attention_weights(ConstStridedView queries, ConstStridedView key
                                   const AttentionOptions& options,
                                   const AdditiveProjections* projections) {
   check_input_shapes(queries, keys, nullptr);
-  std::pair<Tensor, Tensor> computed;
+  Projections computed;
   const auto [projected_queries, projected_keys] =
       projections_for(queries, keys, parameters, projections, computed);
+  const auto scanned = projections == nullptr ? std::optional(computed.magnitudes) : std::nullopt;
   const PreparedAttention prepared(projected_queries, projected_keys, std::nullopt, options,
-                                   PreparedAttention::kAdditive);
+                                   PreparedAttention::kAdditive, scanned);
   prepared.require_log_sum_exp(log_sum_exp, false);
   Tensor weights(prepared.scores_shape());
   const auto layout = prepared.layout_like_scores(weights);

@@ -90,7 +90,8 @@ void start_option_gradients(const AttentionOptions& options, const MutableStride
 
 PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView key,
                                      std::optional<ConstStridedView> value,
-                                     const AttentionOptions& options, Family family)
+                                     const AttentionOptions& options, Family family,
+                                     std::optional<ScannedMagnitudes> scanned)
     : options_(options) {
   const int rank = query.rank();
   if (rank < 2) {
@@ -151,7 +152,7 @@ PreparedAttention::PreparedAttention(ConstStridedView query, ConstStridedView ke
                                : (depth > 0 ? 1.0F / std::sqrt(static_cast<float>(depth)) : 1.0F);
   check_options(family);
   lay_out_mask();
-  if (family != kShapesOnly) check_values(family);
+  if (family != kShapesOnly) check_values(family, scanned);
   // A mask of intervals becomes the kernels' key ranges (one slice: the ranges are per call).
   if (options_.attn_mask.has_value() && slices() == 1 &&
       !mask_intervals(slice_mask(0), query_layout_.batch, query_layout_.heads, query_layout_.rows,
@@ -217,12 +218,13 @@ void PreparedAttention::check_options(Family family) const {
   }
 }
 
-void PreparedAttention::check_values(Family family) {
+void PreparedAttention::check_values(Family family, std::optional<ScannedMagnitudes> scanned) {
   const RowRange keys = family == kDotProduct ? keys_read() : RowRange{};
-  const float query_max = require_finite("query", query_);
-  const float key_max = require_finite("key", key_, keys);
+  const float query_max = scanned ? scanned->query : require_finite("query", query_);
+  const float key_max = scanned ? scanned->key : require_finite("key", key_, keys);
   const float value_max = require_finite("value", value_, keys);
   check_magnitudes(family, query_max, key_max, value_max);
+  if (family == kAdditive) additive_input_bound_ = std::max(query_max, key_max);
 }
 
 RowRange PreparedAttention::keys_read() const {
@@ -382,6 +384,7 @@ FlashAttentionOptions PreparedAttention::kernel_options(size_t s, bool mask_entr
     kernel.mask = slice_mask(s);
   }
   kernel.dropout = options_.dropout;
+  kernel.additive_input_bound = additive_input_bound_;
   // Each slice is its own kernel call, with heads numbered from 0: give it its own seed.
   kernel.seed =
       s == 0 ? options_.seed : dropout_hash::mix64(options_.seed ^ dropout_hash::mix64(s));

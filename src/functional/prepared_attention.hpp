@@ -51,12 +51,19 @@ class PreparedAttention {
                   // so views of half-precision data, or of none, may stand in for them
   };
 
+  // The largest |element| of query and key, from the caller's own scan of these very tensors
+  // (finite): additive attention's projections, which it scans as it projects.
+  struct ScannedMagnitudes {
+    float query = 0.0F;
+    float key = 0.0F;
+  };
+
   // Checks ranks, shapes, heads, options and finiteness (ShapeError / ValueError naming the
   // argument); `value` may be absent when only the scores are wanted. Copies an input only when
-  // its last axis is not contiguous.
+  // its last axis is not contiguous. With `scanned`, query and key are not scanned again.
   PreparedAttention(ConstStridedView query, ConstStridedView key,
                     std::optional<ConstStridedView> value, const AttentionOptions& options,
-                    Family family);
+                    Family family, std::optional<ScannedMagnitudes> scanned = std::nullopt);
 
   size_t slices() const { return query_layout_.slice_offsets.size(); }
   ConstHeadsView query(size_t s) const { return query_layout_.slice(query_.data(), s); }
@@ -165,7 +172,7 @@ class PreparedAttention {
                              std::string_view expected_description) const;
   HeadsLayout contiguous_layout(const Tensor& tensor) const;
   void check_options(Family family) const;
-  void check_values(Family family);
+  void check_values(Family family, std::optional<ScannedMagnitudes> scanned);
   void check_magnitudes(Family family, float query_max, float key_max, float value_max);
   double score_bound(float query_max, float key_max) const;
   void lay_out_mask();
@@ -183,6 +190,10 @@ class PreparedAttention {
   int64_t rows_per_slice_ = 0;  // batch · heads · L: the log-sum-exp values of one slice
   float scale_ = 1.0F;
   float query_max_ = 0.0F, key_max_ = 0.0F, value_max_ = 0.0F;
+  // kAdditive: max(query_max_, key_max_), which the kernels' options carry
+  // (FlashAttentionOptions::additive_input_bound) so that they choose their score form unscanned;
+  // −1 for the other families.
+  float additive_input_bound_ = -1.0F;
   // The mask read as a tensor of the scores' shape (stride 0 on broadcast axes).
   HeadsLayout mask_layout_;
   // The mask's gradient: a contiguous tensor of the mask's own shape, read the same way.

@@ -619,7 +619,7 @@ void additive_attention_backward(ConstHeadsView projected_queries, ConstHeadsVie
                                                       grad_projected_keys,
                                                       grad_v,
                                                       grad_w_v.data()};
-  args.form = additive_score_form(a, projected_keys, w_v);
+  args.form = additive_score_form(a, projected_keys, w_v, options.additive_input_bound);
   HWY_DYNAMIC_DISPATCH(AdditiveBackward)(args);
 }
 

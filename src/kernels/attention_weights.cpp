@@ -369,10 +369,14 @@ void additive_attention_row_totals(ConstHeadsView projected_queries, ConstHeadsV
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;
   weights_detail::WeightsArgs args{
-      projected_queries, projected_keys,
-      log_sum_exp,       &valid_lens,
-      additive,          {},
-      w_v.data(),        additive_score_form(projected_queries, projected_keys, w_v)};
+      projected_queries,
+      projected_keys,
+      log_sum_exp,
+      &valid_lens,
+      additive,
+      {},
+      w_v.data(),
+      additive_score_form(projected_queries, projected_keys, w_v, options.additive_input_bound)};
   args.row_totals = totals;
   compute_weights(args);
 }
@@ -384,8 +388,9 @@ void additive_attention_weights(ConstHeadsView projected_queries, ConstHeadsView
   require_additive_arguments(w_v, options, projected_queries, projected_keys);
   FlashAttentionOptions additive = options;
   additive.scale = 1.0F;
-  compute_weights({projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights,
-                   w_v.data(), additive_score_form(projected_queries, projected_keys, w_v)});
+  compute_weights(
+      {projected_queries, projected_keys, log_sum_exp, &valid_lens, additive, weights, w_v.data(),
+       additive_score_form(projected_queries, projected_keys, w_v, options.additive_input_bound)});
 }
 
 }  // namespace attn

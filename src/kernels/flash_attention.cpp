@@ -2067,7 +2067,8 @@ void additive_attention_forward(ConstHeadsView projected_queries, ConstHeadsView
   }
   flash_detail::ForwardArgs args{projected_queries, projected_keys, values,   out,
                                  log_sum_exp,       &valid_lens,    additive, w_v.data()};
-  args.additive_form = additive_score_form(projected_queries, projected_keys, w_v);
+  args.additive_form =
+      additive_score_form(projected_queries, projected_keys, w_v, options.additive_input_bound);
   HWY_DYNAMIC_DISPATCH(FlashForward)(args);
 }
 

@@ -148,11 +148,13 @@ constexpr FormLimits kFormLimits[] = {
 
 AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
                                       const ConstHeadsView& projected_keys,
-                                      std::span<const float> w_v) {
+                                      std::span<const float> w_v, float input_bound) {
   const auto count = static_cast<int64_t>(w_v.size());
   const ConstHeadsView weights{w_v.data(), 1, 1, 1, count, count, count, count};
-  const uint32_t inputs =
-      std::max(largest_magnitude_bits(projected_queries), largest_magnitude_bits(projected_keys));
+  // (A bound ≥ 0 compares as its bits, as the scan's magnitudes do; NaN is not ≥ 0.)
+  const uint32_t inputs = input_bound >= 0.0F ? bits_of(input_bound)
+                                              : std::max(largest_magnitude_bits(projected_queries),
+                                                         largest_magnitude_bits(projected_keys));
   const uint32_t weight = largest_magnitude_bits(weights);
   for (const FormLimits& limits : kFormLimits) {
     if (inputs <= bits_of(limits.input) && weight <= bits_of(limits.weight)) return limits.form;

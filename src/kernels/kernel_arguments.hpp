@@ -76,10 +76,12 @@ inline size_t terms_per_reciprocal(AdditiveScoreForm form) {
 // The exponential form where every element of the projected queries and keys lies within
 // ±kAdditiveExponentialLimit and every weight within ±kAdditiveExponentialWeightLimit (NaN and ±∞
 // do not), its quads and eights within theirs; else kTanh. The forward, backward and weights
-// kernels ask it of the same inputs, so they all compute the same scores.
+// kernels ask it of the same inputs, so they all compute the same scores. `input_bound` ≥ 0 stands
+// for the projections' largest magnitude (FlashAttentionOptions::additive_input_bound: the
+// caller's scan of them), which is then not scanned again.
 AdditiveScoreForm additive_score_form(const ConstHeadsView& projected_queries,
                                       const ConstHeadsView& projected_keys,
-                                      std::span<const float> w_v);
+                                      std::span<const float> w_v, float input_bound = -1.0F);
 
 // Throws ValueError unless `log_sum_exp` is given (a backward pass needs the forward pass's) for
 // the `query_rows` query rows (B·H·n) there are; none have none (an empty span's data may be null).

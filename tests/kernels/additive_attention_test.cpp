@@ -5,6 +5,7 @@
 #include <hwy/targets.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -251,6 +252,76 @@ TEST(AdditiveScoreForm, FollowsTheLargestInputAndWeight) {
   EXPECT_EQ(form(nan, 0.0F, 1.0F), AdditiveScoreForm::kTanh);
   EXPECT_EQ(form(0.0F, -inf, 1.0F), AdditiveScoreForm::kTanh);
   EXPECT_EQ(form(0.0F, 0.0F, nan), AdditiveScoreForm::kTanh);
+}
+
+// A bound the caller gives (FlashAttentionOptions::additive_input_bound) stands for the scan of the
+// projections, at the same limits; the weights are scanned still; a negative bound (the default)
+// or NaN scans.
+TEST(AdditiveScoreForm, AGivenBoundStandsForTheInputs) {
+  const std::vector<float> a{0.5F, 9.0F}, b{-0.25F, 1.0F}, w{1.0F, 2.0F};
+  const ConstHeadsView queries{a.data(), 1, 1, 1, 2, 2, 2, 2};
+  const ConstHeadsView keys{b.data(), 1, 1, 1, 2, 2, 2, 2};
+  EXPECT_EQ(additive_score_form(queries, keys, w), AdditiveScoreForm::kExponentialPairs);
+  EXPECT_EQ(additive_score_form(queries, keys, w, 4.0F), AdditiveScoreForm::kExponentialEights);
+  EXPECT_EQ(additive_score_form(queries, keys, w, 8.0F), AdditiveScoreForm::kExponentialQuads);
+  EXPECT_EQ(additive_score_form(queries, keys, w, 10.51F), AdditiveScoreForm::kTanh);
+  EXPECT_EQ(additive_score_form(queries, keys, w, 0.0F), AdditiveScoreForm::kExponentialEights);
+  EXPECT_EQ(additive_score_form(queries, keys, w, -1.0F), AdditiveScoreForm::kExponentialPairs);
+  EXPECT_EQ(additive_score_form(queries, keys, w, std::numeric_limits<float>::quiet_NaN()),
+            AdditiveScoreForm::kExponentialPairs);
+  const std::vector<float> heavy{1.0F, 0x1p25F};
+  EXPECT_EQ(additive_score_form(queries, keys, heavy, 1.0F), AdditiveScoreForm::kExponentialPairs);
+}
+
+// The forward, weights and backward kernels take the form from the options' bound when one is
+// given: inputs within ±1 (eight terms a reciprocal when scanned) under a bound of 20 (tanh) give
+// other roundings of the same results, and a bound equal to the inputs' largest magnitude gives
+// the scanned run's bits.
+TEST_P(AdditiveAttentionKernel, TakesTheFormFromAGivenBound) {
+  Rng rng(37);
+  const int64_t batch = 2, n = 9, m = 21, hidden = 19, dv = 3;
+  Tensor a(Shape{batch, n, hidden}), b(Shape{batch, m, hidden});
+  for (Tensor* input : {&a, &b})
+    for (float& x : input->span()) x = rng.uniform(-1.0F, 1.0F);
+  const Tensor v = random_tensor(Shape{batch, m, dv}, rng);
+  const Tensor w = random_tensor(Shape{hidden}, rng);
+  const Tensor g = random_tensor(Shape{batch, n, dv}, rng);
+  float largest = 0.0F;
+  for (const Tensor* input : {&a, &b})
+    for (const float x : input->span()) largest = std::max(largest, std::fabs(x));
+  struct Run {
+    Tensor out, weights, grad_a, grad_b, grad_v, grad_w;
+  };
+  const auto run = [&](float bound) {
+    FlashAttentionOptions options;
+    options.additive_input_bound = bound;
+    Run r{Tensor(Shape{batch, n, dv}), Tensor(Shape{batch, n, m}), Tensor(a.shape()),
+          Tensor(b.shape()),           Tensor(v.shape()),          Tensor(Shape{hidden})};
+    std::vector<float> lse(static_cast<size_t>(batch * n));
+    additive_attention_forward(single_head(a, "a"), single_head(b, "b"), w.span(),
+                               single_head(v, "v"), {}, options, single_head(r.out, "out"),
+                               lse.data());
+    additive_attention_weights(single_head(a, "a"), single_head(b, "b"), w.span(), lse.data(), {},
+                               options, single_head(r.weights, "weights"));
+    additive_attention_backward(single_head(a, "a"), single_head(b, "b"), w.span(),
+                                single_head(v, "v"), single_head(r.out, "out"), single_head(g, "g"),
+                                lse.data(), {}, options, single_head(r.grad_a, "grad_a"),
+                                single_head(r.grad_b, "grad_b"), r.grad_w.span(),
+                                single_head(r.grad_v, "grad_v"));
+    return r;
+  };
+  const Run scanned = run(-1.0F), exact = run(largest), loose = run(20.0F);
+  const auto same = [](const Tensor& x, const Tensor& y) { return x.to_vector() == y.to_vector(); };
+  EXPECT_TRUE(same(scanned.out, exact.out) && same(scanned.weights, exact.weights) &&
+              same(scanned.grad_a, exact.grad_a) && same(scanned.grad_b, exact.grad_b) &&
+              same(scanned.grad_w, exact.grad_w))
+      << hwy::TargetName(GetParam());
+  EXPECT_FALSE(same(scanned.out, loose.out) && same(scanned.grad_a, loose.grad_a))
+      << hwy::TargetName(GetParam()) << ": the bound of 20 did not change the form";
+  EXPECT_TRUE(close_to(loose.out, to_doubles(scanned.out), kTolerance));
+  EXPECT_TRUE(close_to(loose.weights, to_doubles(scanned.weights), kTolerance));
+  EXPECT_TRUE(close_to(loose.grad_a, to_doubles(scanned.grad_a), kTolerance));
+  EXPECT_TRUE(close_to(loose.grad_b, to_doubles(scanned.grad_b), kTolerance));
 }
 
 TEST_P(AdditiveAttentionKernel, ChecksTheWeightCount) {

@@ -63,6 +63,13 @@ class Tensor {
   using Storage = std::vector<float, TensorAllocator<float>>;
 
   Tensor() = default;
+  // Copies in vectors (on the OpenMP threads from a few MB on, as `assign`): the storage's own
+  // copy went element by element, through the allocator's construct (scalar loads and stores).
+  Tensor(const Tensor& other);
+  Tensor& operator=(const Tensor& other);
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  ~Tensor() = default;
   // Zero-filled (on the OpenMP threads from a few MB on, as `assign` copies).
   explicit Tensor(const Shape& shape);
   // Takes `values`, which must hold exactly shape.numel() elements (ShapeError otherwise).

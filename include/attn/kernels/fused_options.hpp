@@ -75,6 +75,12 @@ struct FlashAttentionOptions {
   // of as `mask`: the kernels then skip tiles by the ranges and read no mask.
   const int64_t* key_ranges = nullptr;
   int64_t key_range_heads = 0;
+  // The additive kernels only: a bound the caller has already established on |element| of the
+  // projected queries and keys (finite, ≥ every element's magnitude: the functional API's own
+  // finiteness scan), from which the kernels choose their score form instead of scanning both
+  // again; negative (the default): they scan. An understated bound can take a form past its range
+  // (kernel_arguments.hpp), so give one only from a scan of these very tensors.
+  float additive_input_bound = -1.0F;
   // Added (kFloat) or applied (kBool) after soft-capping and ALiBi. Last, so that designated
   // initialisers of the fields above may leave it out.
   ScoreMask mask;
