@@ -193,20 +193,24 @@ void require_projection(std::string_view name, const Tensor& projection,
 }
 
 // W_q q and W_k k for a pass after the forward: the caller's kept projections (checked against the
-// shapes projecting gives), or computed again into `computed`.
-std::pair<ConstStridedView, ConstStridedView> projections_for(const ConstStridedView& queries,
-                                                              const ConstStridedView& keys,
-                                                              const AdditiveParameters& parameters,
-                                                              const AdditiveProjections* kept,
-                                                              Projections& computed) {
+// shapes projecting gives), or computed again into `computed`, whose scan's magnitudes come with
+// them (kept projections are the caller's to change: PreparedAttention scans those itself).
+struct ProjectionViews {
+  ConstStridedView queries, keys;
+  std::optional<PreparedAttention::ScannedMagnitudes> scanned;
+};
+
+ProjectionViews projections_for(const ConstStridedView& queries, const ConstStridedView& keys,
+                                const AdditiveParameters& parameters,
+                                const AdditiveProjections* kept, Projections& computed) {
   if (kept == nullptr) {
     computed = project_inputs(queries, keys, parameters);
-    return {computed.queries, computed.keys};
+    return {computed.queries, computed.keys, computed.magnitudes};
   }
   check_parameters(queries, keys, parameters);
   require_projection("projections.queries", kept->queries, queries, parameters.W_q.dim(0));
   require_projection("projections.keys", kept->keys, keys, parameters.W_q.dim(0));
-  return {kept->queries, kept->keys};
+  return {kept->queries, kept->keys, std::nullopt};
 }
 
 }  // namespace
@@ -251,10 +255,8 @@ AdditiveGradients additive_attention_backward(ConstStridedView queries, ConstStr
                                               const AdditiveProjections* projections) {
   check_input_shapes(queries, keys, &values);
   Projections computed;
-  const auto [projected_queries, projected_keys] =
+  const auto [projected_queries, projected_keys, scanned] =
       projections_for(queries, keys, parameters, projections, computed);
-  // (Projections kept by the caller are scanned here: they are the caller's to change.)
-  const auto scanned = projections == nullptr ? std::optional(computed.magnitudes) : std::nullopt;
   PreparedAttention prepared(projected_queries, projected_keys, values, options,
                              PreparedAttention::kAdditive, scanned);
   prepared.output_layout("output", output);
@@ -351,9 +353,8 @@ Tensor additive_attention_weights(ConstStridedView queries, ConstStridedView key
                                   const AdditiveProjections* projections) {
   check_input_shapes(queries, keys, nullptr);
   Projections computed;
-  const auto [projected_queries, projected_keys] =
+  const auto [projected_queries, projected_keys, scanned] =
       projections_for(queries, keys, parameters, projections, computed);
-  const auto scanned = projections == nullptr ? std::optional(computed.magnitudes) : std::nullopt;
   const PreparedAttention prepared(projected_queries, projected_keys, std::nullopt, options,
                                    PreparedAttention::kAdditive, scanned);
   prepared.require_log_sum_exp(log_sum_exp, false);
