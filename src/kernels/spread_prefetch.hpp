@@ -22,34 +22,40 @@ class SpreadPrefetch {
   SpreadPrefetch() = default;
   // `rows` rows of `row_bytes` bytes each, `stride` bytes apart from `first`, requested for
   // reading (prefetcht1) also where they will be written: PREFETCHW for the forward's output rows
-  // measured level to 0.8% slower (Zen 1, 2026-11-30). Each row's lines are counted from its
-  // first byte (a row that starts inside a line leaves its last, partial line to the hardware). At
-  // most kMaxRanges ranges; more are ignored.
+  // measured level to 0.8% slower (Zen 1, 2026-11-30). Each row's lines are counted from the line
+  // holding its first byte, one more where rows may start inside a line (`first` or `stride` not
+  // a multiple of 64), so that a row's last, partial line is requested too: left to the hardware,
+  // the bf16 forward's packing of (B, S, H·E) rows that start 16 bytes into a line waited on every
+  // third line (Zen 4). At most kMaxRanges ranges; more are ignored.
   void add(const void* first, std::int64_t rows, std::int64_t row_bytes, std::int64_t stride) {
     if (count_ == kMaxRanges || first == nullptr || rows <= 0 || row_bytes <= 0) return;
-    ranges_[count_++] = {static_cast<const char*>(first), rows, (row_bytes + 63) / 64, stride};
-    lines_left_ += rows * ((row_bytes + 63) / 64);
+    const bool misaligned = reinterpret_cast<std::uintptr_t>(first) % 64 != 0 || stride % 64 != 0;
+    const std::int64_t lines = (row_bytes + 63) / 64 + (misaligned ? 1 : 0);
+    ranges_[count_++] = {static_cast<const char*>(first), rows, lines, stride};
+    lines_left_ += rows * lines;
   }
   std::int64_t lines_left() const { return lines_left_; }
   // The line the next request starts at (null when none is left).
   const void* next_line() const {
     if (current_ == count_) return nullptr;
-    const Range& range = ranges_[current_];
-    return range.first + row_ * range.stride + line_ * 64;
+    return LineAt(ranges_[current_], row_, line_);
   }
   // Lines to request per step of `steps` to request them all, at most kMaxLinesPerStep: a short
   // task (n = 128: two key tiles) requesting its next task's 512 lines in two bursts ran 5% slower
   // (Zen 5), its rows being in L2 already.
   // `max_lines` may raise that bound for lines that come from memory, not L2.
+  // (At least raise_max_lines()'s bound.)
   std::int64_t lines_per_step(std::int64_t steps, std::int64_t max_lines = kMaxLinesPerStep) const {
-    return std::min(max_lines, (lines_left_ + steps - 1) / std::max<std::int64_t>(steps, 1));
+    return std::min(std::max(max_lines, max_lines_),
+                    (lines_left_ + steps - 1) / std::max<std::int64_t>(steps, 1));
   }
+  // Raises lines_per_step's bound to `max_lines` for rows added that come from L3 or memory.
+  void raise_max_lines(std::int64_t max_lines) { max_lines_ = std::max(max_lines_, max_lines); }
   // Requests the next `lines` lines (fewer when fewer are left).
   void request(std::int64_t lines) {
     for (; lines > 0 && current_ < count_; --lines) {
       const Range& range = ranges_[current_];
-      const char* line = range.first + row_ * range.stride + line_ * 64;
-      PrefetchLine<PrefetchInto::kL2>(line);
+      PrefetchLine<PrefetchInto::kL2>(LineAt(range, row_, line_));
       --lines_left_;
       if (++line_ == range.lines_per_row) {
         line_ = 0;
@@ -66,9 +72,14 @@ class SpreadPrefetch {
     const char* first;
     std::int64_t rows, lines_per_row, stride;
   };
+  // The start of line `line` of row `row`, counted from the line holding the row's first byte.
+  static const char* LineAt(const Range& range, std::int64_t row, std::int64_t line) {
+    const char* start = range.first + row * range.stride;
+    return start - reinterpret_cast<std::uintptr_t>(start) % 64 + line * 64;
+  }
   Range ranges_[kMaxRanges] = {};
   int count_ = 0, current_ = 0;
-  std::int64_t row_ = 0, line_ = 0, lines_left_ = 0;
+  std::int64_t row_ = 0, line_ = 0, lines_left_ = 0, max_lines_ = 0;
 };
 
 // Rows [first_row, first_row + rows) of matrix (b, h) of `view`, or of `half_view` on a pass over
