@@ -29,11 +29,18 @@ inline void PrefetchLine(const void* address) {
 #endif
 }
 
-// Requests the cache lines of the `bytes` bytes from `first` on (an input's row), for reading.
+// Requests the cache lines of the `bytes` bytes from `first` on (an input's row), for reading:
+// every line from the one holding the first byte to the one holding the last (rows of (B, S, H·E)
+// inputs start inside a line; counted from the first byte, a row of 256 bytes 16 into a line left
+// its fifth line to be waited on).
+// Always inlined, so that the prefetches sit in the copying kernels themselves, where
+// tests/kernels/check_prefetches.py finds them (out of line, the function is no target's).
 template <PrefetchInto kLevel>
-inline void PrefetchLines(const void* first, std::int64_t bytes) {
-  const auto* line = static_cast<const char*>(first);
-  for (std::int64_t byte = 0; byte < bytes; byte += 64) PrefetchLine<kLevel>(line + byte);
+[[gnu::always_inline]] inline void PrefetchLines(const void* first, std::int64_t bytes) {
+  if (bytes <= 0) return;
+  const auto offset = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(first) % 64);
+  const char* line = static_cast<const char*>(first) - offset;
+  for (std::int64_t byte = 0; byte < offset + bytes; byte += 64) PrefetchLine<kLevel>(line + byte);
 }
 
 }  // namespace attn

@@ -33,15 +33,17 @@ bool DenseRows(const View& view, std::size_t lanes) {
 // (2.5% of the AVX2 forward on the layers' layout at n = 1024, Zen 4); rows requested some rows
 // ahead overlap them.
 template <class View>
-void PrefetchMatrixRow(const View& view, std::int64_t b, std::int64_t h, std::int64_t row) {
+[[gnu::always_inline]] inline void PrefetchMatrixRow(const View& view, std::int64_t b,
+                                                     std::int64_t h, std::int64_t row) {
   const auto* first = view.matrix(b, h) + row * view.row_stride;
   PrefetchLines<PrefetchInto::kL1>(first, view.cols * static_cast<std::int64_t>(sizeof(*first)));
 }
 
 // The same of `half_view` when `half` (a pass on fp16/bf16 data), else of `view`.
 template <class View, class HalfView>
-void PrefetchMatrixRow(bool half, const View& view, const HalfView& half_view, std::int64_t b,
-                       std::int64_t h, std::int64_t row) {
+[[gnu::always_inline]] inline void PrefetchMatrixRow(bool half, const View& view,
+                                                     const HalfView& half_view, std::int64_t b,
+                                                     std::int64_t h, std::int64_t row) {
   if (half) {
     PrefetchMatrixRow(half_view, b, h, row);
   } else {
