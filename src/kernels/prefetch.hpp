@@ -38,9 +38,11 @@ inline void PrefetchLine(const void* address) {
 template <PrefetchInto kLevel>
 [[gnu::always_inline]] inline void PrefetchLines(const void* first, std::int64_t bytes) {
   if (bytes <= 0) return;
-  const auto offset = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(first) % 64);
-  const char* line = static_cast<const char*>(first) - offset;
-  for (std::int64_t byte = 0; byte < offset + bytes; byte += 64) PrefetchLine<kLevel>(line + byte);
+  // (Rounded down as an integer: the line may start before the row's object.)
+  const auto address = reinterpret_cast<std::uintptr_t>(first);
+  const auto offset = static_cast<std::int64_t>(address % 64);
+  for (std::int64_t byte = 0; byte < offset + bytes; byte += 64)
+    PrefetchLine<kLevel>(reinterpret_cast<const void*>(address - address % 64 + byte));
 }
 
 }  // namespace attn

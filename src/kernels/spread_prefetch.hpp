@@ -73,9 +73,11 @@ class SpreadPrefetch {
     std::int64_t rows, lines_per_row, stride;
   };
   // The start of line `line` of row `row`, counted from the line holding the row's first byte.
+  // (Rounded down as an integer: the line may start before the row's object.)
   static const char* LineAt(const Range& range, std::int64_t row, std::int64_t line) {
-    const char* start = range.first + row * range.stride;
-    return start - reinterpret_cast<std::uintptr_t>(start) % 64 + line * 64;
+    const auto start = reinterpret_cast<std::uintptr_t>(range.first + row * range.stride);
+    return reinterpret_cast<const char*>(start - start % 64 +
+                                         static_cast<std::uintptr_t>(line) * 64);
   }
   Range ranges_[kMaxRanges] = {};
   int count_ = 0, current_ = 0;
