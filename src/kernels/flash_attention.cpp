@@ -1006,14 +1006,6 @@ inline bool PrefetchesNextWindow(const ForwardArgs& args) {
   return bytes > 0.5 * static_cast<double>(l3_cache_bytes());
 }
 
-// Lines a step may request of its SpreadPrefetch: a sliding window's next task's key and value
-// rows (AddNextWindowRows) come from memory, not L2, and each task has few key steps to spread
-// them over.
-inline int64_t MaxPrefetchLines(const ForwardArgs& args) {
-  return PrefetchesNextWindow(args) ? 16 * SpreadPrefetch::kMaxLinesPerStep
-                                    : SpreadPrefetch::kMaxLinesPerStep;
-}
-
 // `count` (≤ kMaxQueryBlock) consecutive query tiles of query head (b, h), from `first_query`:
 // for each key tile some row sees, ForwardKeyTile. Tiles whose keys start at the same key (full
 // attention, lengths, causal masks) take each key tile in turn while it is in L1/L2, each until
@@ -1046,7 +1038,7 @@ void FlashForwardTiles(const ForwardArgs& args, int64_t b, int64_t h, int64_t fi
     steps += (std::max<int64_t>(tiles[t].ranges.end - tiles[t].ranges.begin, 0) + key_step - 1) /
              key_step;
   }
-  const int64_t lines_per_step = prefetch.lines_per_step(steps, MaxPrefetchLines(args));
+  const int64_t lines_per_step = prefetch.lines_per_step(steps);
   // Tiles [first, last), whose keys start at tiles[first]'s first key, up to `end`.
   const auto run_tiles = [&](size_t first, size_t last, int64_t end) {
     const int64_t begin = tiles[first].ranges.begin;
@@ -1548,7 +1540,7 @@ ATTN_AMX_TARGET void FlashForwardTileBF16(const ForwardArgs& args, int64_t b, in
   for (size_t t = 0; t < count; ++t)
     steps +=
         std::max<int64_t>((query_tiles[t].ranges.end - tile_begin[t] + key_step - 1) / key_step, 1);
-  const int64_t lines_per_step = prefetch.lines_per_step(steps, MaxPrefetchLines(args));
+  const int64_t lines_per_step = prefetch.lines_per_step(steps);
   // Tiles [group, group_end): those sharing the first key step, or each tile alone.
   for (size_t group = 0, group_end = 0; group < count; group = group_end) {
     group_end = same_begin ? count : group + 1;
@@ -1745,30 +1737,48 @@ struct TaskTiles {
   int64_t b, h, first_query, rows;
 };
 
+// Whether two tasks read the same key/value head.
+bool SameKeyValueHead(const ForwardArgs& args, const TaskTiles& a, const TaskTiles& b) {
+  const int64_t group = args.q.heads / args.k.heads;
+  return a.b == b.b && a.h / group == b.h / group;
+}
+
+// The bytes of `rows` key rows and their value rows, as the inputs hold them.
+double KeyValueBytes(const ForwardArgs& args, int64_t rows) {
+  return static_cast<double>(rows) * (args.half ? 2.0 : 4.0) *
+         static_cast<double>(args.k.cols + args.v.cols);
+}
+
+// Key and value rows [begin, end) of the key/value head that `task` reads, added to `prefetch`.
+void AddKeyValueRows(const ForwardArgs& args, const TaskTiles& task, int64_t begin, int64_t end,
+                     SpreadPrefetch& prefetch) {
+  const int64_t kv_head = task.h / (args.q.heads / args.k.heads);
+  AddMatrixRows(prefetch, args.half, args.k, args.k16, task.b, kv_head, begin, end - begin);
+  AddMatrixRows(prefetch, args.half, args.v, args.v16, task.b, kv_head, begin, end - begin);
+}
+
 // The key and value rows that a sliding window's next task (`next`, this thread's) reaches past
 // this task's (`current`), added to `prefetch`: this task's key steps then bring them from memory
 // while they compute, instead of the next task's packing waiting on each row (the packing copy
 // took 15% of a 256-key window's samples at n = 4096 on the layers' layout, Zen 5). Taken from
-// the first and last query of each task, whose ranges bound the others' under a window.
+// the first and last query of each task, whose ranges bound the others' under a window. They come
+// from memory, not L2, and a task has few key steps to spread them over: up to 512 lines a step.
 void AddNextWindowRows(const ForwardArgs& args, const TaskTiles& current, const TaskTiles& next,
                        SpreadPrefetch& prefetch) {
-  const int64_t group = args.q.heads / args.k.heads;
+  prefetch.raise_max_lines(16 * SpreadPrefetch::kMaxLinesPerStep);
   const int64_t queries = args.q.rows, keys = args.k.rows;
   const auto keys_of = [&](const TaskTiles& task, int64_t query) {
     return visible_keys(*args.valid_lens, args.options, task.b, task.h, query, queries, keys);
   };
   int64_t begin = keys_of(next, next.first_query).begin;
   const int64_t end = keys_of(next, next.first_query + next.rows - 1).end;
-  if (next.b == current.b && next.h / group == current.h / group)
+  if (SameKeyValueHead(args, current, next))
     begin = std::max(begin, keys_of(current, current.first_query + current.rows - 1).end);
   if (begin >= end) return;
   // A range that moves forward adds a tile's rows or two; one that restarts (another head, a
   // causal mask's) may add the whole head, which would only push this task's rows out of L2.
-  const int64_t row_bytes = (args.half ? 2 : 4) * (args.k.cols + args.v.cols);
-  if (static_cast<size_t>((end - begin) * row_bytes) > l2_cache_bytes() / 4) return;
-  const int64_t kv_head = next.h / group;
-  AddMatrixRows(prefetch, args.half, args.k, args.k16, next.b, kv_head, begin, end - begin);
-  AddMatrixRows(prefetch, args.half, args.v, args.v16, next.b, kv_head, begin, end - begin);
+  if (KeyValueBytes(args, end - begin) > static_cast<double>(l2_cache_bytes()) / 4.0) return;
+  AddKeyValueRows(args, next, begin, end, prefetch);
 }
 
 // The key and value rows of the next task's head (`next`, this thread's), a slice of them per
@@ -1780,18 +1790,13 @@ void AddNextWindowRows(const ForwardArgs& args, const TaskTiles& current, const 
 // evict the next head's before its packing reads them.
 void AddNextHeadRows(const ForwardArgs& args, const TaskTiles& current, const TaskTiles& next,
                      int64_t slice, int64_t slices, SpreadPrefetch& prefetch) {
-  const int64_t group = args.q.heads / args.k.heads;
-  if (next.b == current.b && next.h / group == current.h / group) return;
-  const int64_t row_bytes = (args.half ? 2 : 4) * (args.k.cols + args.v.cols);
-  if (static_cast<double>(args.k.rows) * static_cast<double>(row_bytes) >
-      static_cast<double>(l2_cache_bytes()) / 4.0) {
+  if (SameKeyValueHead(args, current, next) ||
+      KeyValueBytes(args, args.k.rows) > static_cast<double>(l2_cache_bytes()) / 4.0) {
     return;
   }
   const int64_t begin = args.k.rows * slice / slices, end = args.k.rows * (slice + 1) / slices;
   if (begin >= end) return;
-  const int64_t kv_head = next.h / group;
-  AddMatrixRows(prefetch, args.half, args.k, args.k16, next.b, kv_head, begin, end - begin);
-  AddMatrixRows(prefetch, args.half, args.v, args.v16, next.b, kv_head, begin, end - begin);
+  AddKeyValueRows(args, next, begin, end, prefetch);
   // Lines from L3 or memory, spread over the blocks: more per step than the next tile's rows.
   prefetch.raise_max_lines(4 * SpreadPrefetch::kMaxLinesPerStep);
 }
@@ -1933,6 +1938,9 @@ void FlashForward(const ForwardArgs& call) {
     return block_tiles(next_task.head_index, next_task.first);
   };
   const bool next_window = PrefetchesNextWindow(args);
+  // Whether a task copies its head's key and value rows (the bf16 pairs always; fp32 rows unless
+  // read in place).
+  const bool packs_rows = bf16_pairs || !rows_in_place;
   // On tiles in three parts, the magnitudes read are checked after the pass (split_parts_in_range,
   // at no cost where the caller asked for them); collected here where it did not.
   std::atomic<uint32_t> split_read_bits[3] = {0U, 0U, 0U};
@@ -1960,7 +1968,7 @@ void FlashForward(const ForwardArgs& call) {
           }
           if (next_window && next) {
             AddNextWindowRows(args, tiles, *next, prefetch);
-          } else if ((bf16_pairs || !rows_in_place) && task + team < tasks) {
+          } else if (packs_rows && task + team < tasks) {
             const TaskBlocks next_task = task_blocks(task + team);
             AddNextHeadRows(args, tiles, block_tiles(next_task.head_index, next_task.first),
                             index - blocks.first, blocks.end - blocks.first, prefetch);

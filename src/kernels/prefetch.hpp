@@ -29,6 +29,12 @@ inline void PrefetchLine(const void* address) {
 #endif
 }
 
+// The address of the cache line holding `address`: rounded down as an integer, since the line may
+// start before the object `address` points into.
+inline std::uintptr_t LineStart(const void* address) {
+  return reinterpret_cast<std::uintptr_t>(address) / 64 * 64;
+}
+
 // Requests the cache lines of the `bytes` bytes from `first` on (an input's row), for reading:
 // every line from the one holding the first byte to the one holding the last (rows of (B, S, H·E)
 // inputs start inside a line; counted from the first byte, a row of 256 bytes 16 into a line left
@@ -38,11 +44,10 @@ inline void PrefetchLine(const void* address) {
 template <PrefetchInto kLevel>
 [[gnu::always_inline]] inline void PrefetchLines(const void* first, std::int64_t bytes) {
   if (bytes <= 0) return;
-  // (Rounded down as an integer: the line may start before the row's object.)
-  const auto address = reinterpret_cast<std::uintptr_t>(first);
-  const auto offset = static_cast<std::int64_t>(address % 64);
-  for (std::int64_t byte = 0; byte < offset + bytes; byte += 64)
-    PrefetchLine<kLevel>(reinterpret_cast<const void*>(address - address % 64 + byte));
+  const std::uintptr_t end =
+      reinterpret_cast<std::uintptr_t>(first) + static_cast<std::uintptr_t>(bytes);
+  for (std::uintptr_t line = LineStart(first); line < end; line += 64)
+    PrefetchLine<kLevel>(reinterpret_cast<const void*>(line));
 }
 
 }  // namespace attn

@@ -43,13 +43,11 @@ class SpreadPrefetch {
   // Lines to request per step of `steps` to request them all, at most kMaxLinesPerStep: a short
   // task (n = 128: two key tiles) requesting its next task's 512 lines in two bursts ran 5% slower
   // (Zen 5), its rows being in L2 already.
-  // `max_lines` may raise that bound for lines that come from memory, not L2.
-  // (At least raise_max_lines()'s bound.)
-  std::int64_t lines_per_step(std::int64_t steps, std::int64_t max_lines = kMaxLinesPerStep) const {
-    return std::min(std::max(max_lines, max_lines_),
-                    (lines_left_ + steps - 1) / std::max<std::int64_t>(steps, 1));
+  // raise_max_lines raises that bound for rows that come from L3 or memory, not L2.
+  std::int64_t lines_per_step(std::int64_t steps) const {
+    return std::min(max_lines_, (lines_left_ + steps - 1) / std::max<std::int64_t>(steps, 1));
   }
-  // Raises lines_per_step's bound to `max_lines` for rows added that come from L3 or memory.
+  // Raises lines_per_step's bound to `max_lines` (never lowers it).
   void raise_max_lines(std::int64_t max_lines) { max_lines_ = std::max(max_lines_, max_lines); }
   // Requests the next `lines` lines (fewer when fewer are left).
   void request(std::int64_t lines) {
@@ -73,15 +71,13 @@ class SpreadPrefetch {
     std::int64_t rows, lines_per_row, stride;
   };
   // The start of line `line` of row `row`, counted from the line holding the row's first byte.
-  // (Rounded down as an integer: the line may start before the row's object.)
-  static const char* LineAt(const Range& range, std::int64_t row, std::int64_t line) {
-    const auto start = reinterpret_cast<std::uintptr_t>(range.first + row * range.stride);
-    return reinterpret_cast<const char*>(start - start % 64 +
+  static const void* LineAt(const Range& range, std::int64_t row, std::int64_t line) {
+    return reinterpret_cast<const void*>(LineStart(range.first + row * range.stride) +
                                          static_cast<std::uintptr_t>(line) * 64);
   }
   Range ranges_[kMaxRanges] = {};
   int count_ = 0, current_ = 0;
-  std::int64_t row_ = 0, line_ = 0, lines_left_ = 0, max_lines_ = 0;
+  std::int64_t row_ = 0, line_ = 0, lines_left_ = 0, max_lines_ = kMaxLinesPerStep;
 };
 
 // Rows [first_row, first_row + rows) of matrix (b, h) of `view`, or of `half_view` on a pass over

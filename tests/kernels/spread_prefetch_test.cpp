@@ -87,9 +87,10 @@ TEST(SpreadPrefetch, SpreadsItsLinesOverTheStepsUpToACap) {
   EXPECT_EQ(prefetch.lines_per_step(0), 32);   // no steps: as one, capped
   prefetch.raise_max_lines(64);                // rows from memory: a higher cap
   EXPECT_EQ(prefetch.lines_per_step(2), 64);
-  EXPECT_EQ(prefetch.lines_per_step(2, 512), 128);  // a caller's higher cap still holds
-  prefetch.raise_max_lines(16);                     // never lowered
+  prefetch.raise_max_lines(16);  // never lowered
   EXPECT_EQ(prefetch.lines_per_step(2), 64);
+  prefetch.raise_max_lines(512);  // a higher cap: every line left over two steps
+  EXPECT_EQ(prefetch.lines_per_step(2), 128);
 }
 
 TEST(SpreadPrefetch, HoldsAtMostItsRanges) {
